@@ -1,0 +1,61 @@
+#include "core/mmap.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/check.h"
+
+namespace cera {
+
+MappedFile::MappedFile(const std::string& path) : path_(path) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw_error(ErrorCode::kIo, "cannot open '%s': %s", path.c_str(), std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        ::close(fd);
+        throw_error(ErrorCode::kIo, "'%s' is not a regular file", path.c_str());
+    }
+    size_ = size_t(st.st_size);
+    if (size_ > 0) {
+        void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            int err = errno;
+            ::close(fd);
+            throw_error(ErrorCode::kIo, "cannot map '%s': %s", path.c_str(), std::strerror(err));
+        }
+        data_ = static_cast<const uint8_t*>(p);
+    }
+    ::close(fd);
+}
+
+MappedFile::~MappedFile() { reset(); }
+
+void MappedFile::reset() {
+    if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+    data_ = nullptr;
+    size_ = 0;
+}
+
+MappedFile::MappedFile(MappedFile&& o) noexcept : data_(o.data_), size_(o.size_), path_(std::move(o.path_)) {
+    o.data_ = nullptr;
+    o.size_ = 0;
+}
+
+MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
+    if (this != &o) {
+        reset();
+        data_ = o.data_;
+        size_ = o.size_;
+        path_ = std::move(o.path_);
+        o.data_ = nullptr;
+        o.size_ = 0;
+    }
+    return *this;
+}
+
+}  // namespace cera

@@ -1,0 +1,31 @@
+// A read-only memory-mapped file. Move-only; unmaps on destruction.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace cera {
+
+class MappedFile {
+   public:
+    MappedFile() = default;
+    // Maps the whole file read-only; throws cera::Error (kIo) naming the path.
+    explicit MappedFile(const std::string& path);
+    ~MappedFile();
+    MappedFile(MappedFile&& other) noexcept;
+    MappedFile& operator=(MappedFile&& other) noexcept;
+    MappedFile(const MappedFile&) = delete;
+    MappedFile& operator=(const MappedFile&) = delete;
+
+    const uint8_t* data() const { return data_; }
+    size_t size() const { return size_; }
+    const std::string& path() const { return path_; }
+
+   private:
+    void reset();
+    const uint8_t* data_ = nullptr;
+    size_t size_ = 0;
+    std::string path_;
+};
+
+}  // namespace cera
