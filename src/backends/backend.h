@@ -1,0 +1,199 @@
+// The compute-device interface the model layer calls: CPU executes each op at
+// once; CUDA queues it on a stream (and may record a whole decode step as a
+// graph, see step_begin). Designed for both from the start:
+//   - weights are uploaded once and stay resident in their GGUF types
+//     (CPU: views into the mapped file, no copy);
+//   - activations, KV caches and recurrent states live in device buffers
+//     made by alloc();
+//   - every op works on a whole batch of tokens of one sequence;
+//   - nothing inside a step needs the host: per-token values that change from
+//     one decode step to the next (token ids, positions) reach the ops only
+//     through device tensors written with write() before the step, never as
+//     host scalars. Host scalars passed to ops (eps, scales, shapes) are the
+//     same for every step of a given n_tokens.
+// Tensors are contiguous, row-major, rows of ne[0] elements (GGUF order:
+// ne[0] innermost). Shapes in the comments below are written [outer, inner],
+// i.e. [ne[1], ne[0]], using the glossary n_embd, n_head, n_head_kv, head_dim,
+// n_ff, n_vocab, n_ctx, n_tokens, n_layer.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace cera {
+
+enum class DeviceKind { kCpu, kCuda };
+const char* device_kind_name(DeviceKind kind);  // "cpu", "cuda"
+
+// A view of device memory. Not owning; alloc()/free() own buffers.
+struct Tensor {
+    void* data = nullptr;             // device pointer (plain host pointer on the CPU backend)
+    GgmlType type = GgmlType::kF32;   // element type
+    int64_t ne[4] = {0, 1, 1, 1};     // elements per dimension, ne[0] innermost and contiguous
+    DeviceKind device = DeviceKind::kCpu;
+
+    explicit operator bool() const { return data != nullptr; }
+    int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
+    int64_t rows() const { return ne[1] * ne[2] * ne[3]; }  // product of ne[1..3]
+    size_t row_bytes() const { return row_size(type, ne[0]); }
+    size_t n_bytes() const { return row_bytes() * size_t(rows()); }
+    template <class T>
+    T* as() const { return static_cast<T*>(data); }
+
+    // Rows [r0, r0 + n) of this tensor seen as 2-D [rows(), ne[0]].
+    Tensor row_slice(int64_t r0, int64_t n) const {
+        Tensor t = *this;
+        t.data = static_cast<uint8_t*>(data) + size_t(r0) * row_bytes();
+        t.ne[1] = n;
+        t.ne[2] = t.ne[3] = 1;
+        return t;
+    }
+    // The same memory seen with another shape (same element count).
+    Tensor reshaped(int64_t ne0, int64_t ne1 = 1, int64_t ne2 = 1, int64_t ne3 = 1) const {
+        Tensor t = *this;
+        t.ne[0] = ne0, t.ne[1] = ne1, t.ne[2] = ne2, t.ne[3] = ne3;
+        return t;
+    }
+};
+
+enum class RopeMode {
+    kNone,  // no rotation
+    kNorm,  // rotate adjacent pairs (2i, 2i+1): llama, granite
+    kNeox,  // rotate pairs (i, i + n_rot/2): qwen2, qwen3, lfm2
+};
+
+struct RopeParams {
+    RopeMode mode = RopeMode::kNone;
+    int n_rot = 0;             // rotated dimensions per head (<= head_dim, even); the rest pass through
+    float freq_base = 10000.0f;
+    float freq_scale = 1.0f;   // positions are multiplied by this (linear scaling)
+    Tensor freq_factors;       // f32 [n_rot/2] or empty: theta_i is divided by freq_factors[i] (llama-3 rope_freqs)
+};
+
+struct AttentionParams {
+    int n_head = 0;     // query heads
+    int n_head_kv = 0;  // key/value heads; query head h reads kv head h / (n_head / n_head_kv)
+    int head_dim = 0;
+    float scale = 0.0f;      // softmax scale, usually 1/sqrt(head_dim)
+    int sliding_window = 0;  // > 0: query at position p sees keys at positions (p - window, p]
+};
+
+enum class MoeGating { kSoftmax, kSigmoid };
+
+struct MoeParams {
+    int n_expert = 0;
+    int n_expert_used = 0;         // k
+    MoeGating gating = MoeGating::kSoftmax;
+    bool normalize_weights = true;  // divide the chosen k weights by their sum
+    float weights_scale = 1.0f;     // multiplies the (normalised) weights
+};
+
+class Backend {
+   public:
+    virtual ~Backend() = default;
+    virtual DeviceKind kind() const = 0;
+    virtual std::string description() const = 0;  // e.g. "cpu avx512, 2 threads"
+
+    // ---------------------------------------------------------------- memory
+    // Makes a weight resident on the device in its own type. `host` must stay valid for the
+    // backend's lifetime: the CPU backend returns a view of it without copying (keep the GGUF mapped).
+    virtual Tensor upload_weight(GgmlType type, std::span<const int64_t> ne, const void* host) = 0;
+    // A zero-filled device buffer; released by free() or when the backend is destroyed.
+    virtual Tensor alloc(GgmlType type, std::initializer_list<int64_t> ne) = 0;
+    virtual void free(Tensor& t) = 0;  // t becomes empty
+    // Host -> device copy of n_bytes at a byte offset into dst. The host memory may be reused on return.
+    virtual void write(const Tensor& dst, const void* host, size_t n_bytes, size_t offset = 0) = 0;
+    // Device -> host copy; waits for the queued work first.
+    virtual void read(void* host, const Tensor& src, size_t n_bytes, size_t offset = 0) = 0;
+    // Device -> device copy of src.n_bytes() bytes (dst at least as large).
+    virtual void copy(const Tensor& dst, const Tensor& src) = 0;
+    virtual void zero(const Tensor& t) = 0;
+    // Waits for every queued op.
+    virtual void synchronize() = 0;
+
+    // --------------------------------------------------------- decode graphs
+    // The model brackets the ops of one step with step_begin(key) / step_end(). A backend that
+    // has recorded a step with the same key may replay it and return true: the caller then skips
+    // the ops and step_end(). Tensors and host scalars of two steps with one key must be identical
+    // (the model keys by state and n_tokens). The CPU backend never records.
+    virtual bool step_begin(uint64_t key) { return false; }
+    virtual void step_end() {}
+
+    // ------------------------------------------------------------------- ops
+    // out[t] = scale * dequantize(table row ids[t])
+    //   table: [n_vocab, n_embd] any weight type; ids: i32 [n_tokens]; out: f32 [n_tokens, n_embd]
+    virtual void embed(const Tensor& table, const Tensor& ids, float scale, const Tensor& out) = 0;
+
+    // out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for every row r
+    //   x, out: f32 [rows, n] (out may alias x); w: f32 [n], or empty for no weight
+    virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) = 0;
+
+    // out[t][r] = sum_k W[r][k] * x[t][k] (+ bias[r])
+    //   w: [rows, k] (GGUF ne {k, rows}) any weight type; x: f32 [n_tokens, k];
+    //   bias: f32 [rows] or empty; out: f32 [n_tokens, rows] (must not alias x)
+    virtual void matmul(const Tensor& w, const Tensor& x, const Tensor& bias, const Tensor& out) = 0;
+
+    // In place on x: f32 [n_tokens, n_head * head_dim]. For each token t and head h: optional
+    // RMSNorm of the head vector with weight norm_w (f32 [head_dim]; empty = no norm), then RoPE at
+    // position pos[t] (pos: i32 [n_tokens]).
+    virtual void norm_rope(const Tensor& x, int n_head, int head_dim, const Tensor& norm_w, float eps,
+                           const Tensor& pos, const RopeParams& rope) = 0;
+
+    // k_cache[pos[t]] = k[t], v_cache[pos[t]] = v[t], converting to the cache type (F32 or F16).
+    //   k, v: f32 [n_tokens, n_head_kv * head_dim]; k_cache, v_cache: [n_ctx, n_head_kv * head_dim]
+    virtual void kv_store(const Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& k_cache,
+                          const Tensor& v_cache) = 0;
+
+    // Causal GQA softmax attention of a batch of queries of one sequence over its cache:
+    // query t sees cache rows 0..pos[t] (window-limited when p.sliding_window > 0).
+    //   q: f32 [n_tokens, n_head * head_dim]; k_cache, v_cache: [n_ctx, n_head_kv * head_dim] (F32 or F16);
+    //   pos: i32 [n_tokens]; out: f32 [n_tokens, n_head * head_dim]
+    virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& pos,
+                           const AttentionParams& p, const Tensor& out) = 0;
+
+    // LFM2 gated short convolution over a chunk of one sequence, with its rolling state:
+    //   bx = B ⊙ X;  pad = [state; bx];  conv[t][c] = sum_j w[c][j] * pad[t + j][c];  out = C ⊙ conv;
+    //   state = last L-1 rows of pad.
+    //   bcx: f32 [n_tokens, 3 * n_embd], split in this order: B, C, X; w: f32 [n_embd, L] (GGUF ne {L, n_embd});
+    //   state: f32 [L - 1, n_embd] (read and updated); out: f32 [n_tokens, n_embd]
+    virtual void short_conv(const Tensor& bcx, const Tensor& w, const Tensor& state, const Tensor& out) = 0;
+
+    // out = silu(gate) ⊙ up;  gate, up, out: f32 [n_tokens, n_ff] (out may alias gate or up)
+    virtual void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
+
+    // out = a + scale * b;  a, b, out: f32, same shape (out may alias a or b)
+    virtual void add(const Tensor& a, const Tensor& b, float scale, const Tensor& out) = 0;
+
+    // x *= s;  x: f32
+    virtual void scale(const Tensor& x, float s) = 0;
+
+    // MoE router: p = gating(logits); the k experts with the largest p + bias are chosen;
+    // their weights are p (renormalised to sum 1 when p.normalize_weights) times p.weights_scale.
+    //   logits: f32 [n_tokens, n_expert]; bias: f32 [n_expert] or empty (affects the choice only);
+    //   ids: i32 [n_tokens, k]; weights: f32 [n_tokens, k]
+    virtual void moe_route(const Tensor& logits, const Tensor& bias, const MoeParams& p, const Tensor& ids,
+                           const Tensor& weights) = 0;
+
+    // MoE SwiGLU experts: out[t] = sum_j weights[t][j] * down_e(silu(gate_e x[t]) ⊙ up_e x[t]), e = ids[t][j].
+    //   x: f32 [n_tokens, n_embd]; gate_exps, up_exps: [n_expert, n_ff_exp, n_embd] (ne {n_embd, n_ff_exp, n_expert});
+    //   down_exps: [n_expert, n_embd, n_ff_exp] (ne {n_ff_exp, n_embd, n_expert}); ids, weights: [n_tokens, k];
+    //   out: f32 [n_tokens, n_embd] (overwritten; must not alias x)
+    virtual void moe_ffn(const Tensor& x, const Tensor& gate_exps, const Tensor& up_exps, const Tensor& down_exps,
+                         const Tensor& ids, const Tensor& weights, const Tensor& out) = 0;
+};
+
+struct BackendOptions {
+    DeviceKind device = DeviceKind::kCpu;
+    int n_threads = 0;  // CPU: 0 = physical cores
+    int gpu_index = 0;  // CUDA: which device
+};
+
+// Throws cera::Error(kDevice) when the device is not available in this build or machine.
+std::unique_ptr<Backend> create_backend(const BackendOptions& opts);
+
+}  // namespace cera
