@@ -1,0 +1,130 @@
+// Quantized block layouts, byte for byte as ggml (llama.cpp) stores them in GGUF files.
+// Plain structs of fixed-width integers (fp16 scales as uint16_t bits): shared by the CPU
+// kernels and the CUDA kernels, so no std:: and nothing host-only here.
+//
+// Element order inside a block (what the reference dequantizers in quant.cpp implement):
+//   Q4_0/Q4_1:  qs[j] low nibble = element j, high nibble = element j + 16.
+//   Q5_0/Q5_1:  as Q4, plus bit j of the little-endian uint32 qh = bit 4 of element j (j < 32).
+//   Q8_0/Q8_1:  qs[j] = element j.
+//   K-quants:   256-element super-blocks of 8 (or 16) sub-blocks with 6-bit (or 8-bit) sub-scales.
+#pragma once
+#include <stdint.h>
+
+namespace cera {
+
+constexpr int kQK4_0 = 32;
+constexpr int kQK4_1 = 32;
+constexpr int kQK5_0 = 32;
+constexpr int kQK5_1 = 32;
+constexpr int kQK8_0 = 32;
+constexpr int kQK8_1 = 32;
+constexpr int kQK_K = 256;           // elements per K-quant super-block
+constexpr int kKScaleSize = 12;      // bytes of packed 6-bit scales/mins in Q4_K/Q5_K
+
+// x = d * (q - 8), q in [0, 15]
+struct BlockQ4_0 {
+    uint16_t d;                // fp16 scale
+    uint8_t qs[kQK4_0 / 2];    // nibbles
+};
+// x = d * q + m, q in [0, 15]
+struct BlockQ4_1 {
+    uint16_t d;                // fp16 scale
+    uint16_t m;                // fp16 min
+    uint8_t qs[kQK4_1 / 2];
+};
+// x = d * (q - 16), q in [0, 31]
+struct BlockQ5_0 {
+    uint16_t d;
+    uint8_t qh[4];             // 5th bits, little-endian uint32
+    uint8_t qs[kQK5_0 / 2];
+};
+// x = d * q + m, q in [0, 31]
+struct BlockQ5_1 {
+    uint16_t d;
+    uint16_t m;
+    uint8_t qh[4];
+    uint8_t qs[kQK5_1 / 2];
+};
+// x = d * q, q in [-127, 127]
+struct BlockQ8_0 {
+    uint16_t d;
+    int8_t qs[kQK8_0];
+};
+// x = d * q; s = d * sum(q) (used by the Q4_1/Q5_1 dot products)
+struct BlockQ8_1 {
+    uint16_t d;
+    uint16_t s;
+    int8_t qs[kQK8_1];
+};
+
+// 16 sub-blocks of 16: x = d * (scales & 0xF) * q - dmin * (scales >> 4), q in [0, 3]
+struct BlockQ2_K {
+    uint8_t scales[kQK_K / 16];  // low nibble scale, high nibble min
+    uint8_t qs[kQK_K / 4];       // 2-bit quants
+    uint16_t d;                  // fp16 super-block scale of the scales
+    uint16_t dmin;               // fp16 super-block scale of the mins
+};
+// 16 sub-blocks of 16: x = d * (s - 32) * (q - 4 * !hbit), s 6-bit, q 2 low bits + hmask bit
+struct BlockQ3_K {
+    uint8_t hmask[kQK_K / 8];    // high bit of each quant
+    uint8_t qs[kQK_K / 4];       // low 2 bits
+    uint8_t scales[12];          // 16 6-bit scales, packed
+    uint16_t d;                  // fp16 super-block scale
+};
+// 8 sub-blocks of 32: x = d * sc * q - dmin * m, sc/m 6-bit, q in [0, 15]
+struct BlockQ4_K {
+    uint16_t d;
+    uint16_t dmin;
+    uint8_t scales[kKScaleSize];  // 8 scales + 8 mins, 6 bits each, packed
+    uint8_t qs[kQK_K / 2];        // nibbles: qs[32*g + l] low = element 64g + l, high = 64g + 32 + l
+};
+// 8 sub-blocks of 32: as Q4_K with a 5th bit in qh
+struct BlockQ5_K {
+    uint16_t d;
+    uint16_t dmin;
+    uint8_t scales[kKScaleSize];
+    uint8_t qh[kQK_K / 8];        // bit 2g (low) / 2g+1 (high) of qh[l] = 5th bit of group g's quant l
+    uint8_t qs[kQK_K / 2];
+};
+// 16 sub-blocks of 16: x = d * scales[i] * (q - 32), q 6-bit (4 low bits in ql, 2 high in qh)
+struct BlockQ6_K {
+    uint8_t ql[kQK_K / 2];
+    uint8_t qh[kQK_K / 4];
+    int8_t scales[kQK_K / 16];
+    uint16_t d;
+};
+// Activations for the K-quant dot products: x = d * q, with per-16 sums of q.
+struct BlockQ8_K {
+    float d;
+    int8_t qs[kQK_K];
+    int16_t bsums[kQK_K / 16];
+};
+
+static_assert(sizeof(BlockQ4_0) == 18, "Q4_0 block size");
+static_assert(sizeof(BlockQ4_1) == 20, "Q4_1 block size");
+static_assert(sizeof(BlockQ5_0) == 22, "Q5_0 block size");
+static_assert(sizeof(BlockQ5_1) == 24, "Q5_1 block size");
+static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 block size");
+static_assert(sizeof(BlockQ8_1) == 36, "Q8_1 block size");
+static_assert(sizeof(BlockQ2_K) == 84, "Q2_K block size");
+static_assert(sizeof(BlockQ3_K) == 110, "Q3_K block size");
+static_assert(sizeof(BlockQ4_K) == 144, "Q4_K block size");
+static_assert(sizeof(BlockQ5_K) == 176, "Q5_K block size");
+static_assert(sizeof(BlockQ6_K) == 210, "Q6_K block size");
+static_assert(sizeof(BlockQ8_K) == 292, "Q8_K block size");
+
+// The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K block.
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline void get_scale_min_k4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+}  // namespace cera

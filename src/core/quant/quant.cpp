@@ -1,0 +1,680 @@
+// Reference quantizers/dequantizers. Every float operation follows the order of llama.cpp's
+// reference code (ggml-quants.c), so that quantizing gives the same bytes as llama-quantize
+// without an importance matrix. This file is compiled for baseline x86-64 (no FMA
+// contraction), as ggml's reference quantizers are.
+#include "core/quant/quant.h"
+
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+
+#include "core/check.h"
+#include "core/fp16.h"
+
+namespace cera {
+namespace {
+
+constexpr float kGroupMaxEps = 1e-15f;
+
+inline float h2f(uint16_t h) { return fp16_to_fp32(h); }
+inline uint16_t f2h(float f) { return fp32_to_fp16(f); }
+
+// ---- plain types ----
+
+void dequant_f32(const void* src, float* dst, int64_t n) { std::memcpy(dst, src, size_t(n) * 4); }
+void quant_f32(const float* src, void* dst, int64_t n) { std::memcpy(dst, src, size_t(n) * 4); }
+void dequant_f16(const void* src, float* dst, int64_t n) {
+    const auto* s = static_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(s[i]);
+}
+void quant_f16(const float* src, void* dst, int64_t n) {
+    auto* d = static_cast<uint16_t*>(dst);
+    for (int64_t i = 0; i < n; ++i) d[i] = fp32_to_fp16(src[i]);
+}
+void dequant_bf16(const void* src, float* dst, int64_t n) {
+    const auto* s = static_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(s[i]);
+}
+void quant_bf16(const float* src, void* dst, int64_t n) {
+    auto* d = static_cast<uint16_t*>(dst);
+    for (int64_t i = 0; i < n; ++i) d[i] = fp32_to_bf16(src[i]);
+}
+
+// ---- 32-element blocks ----
+
+void dequant_q4_0(const void* src, float* y, int64_t n) {
+    const auto* x = static_cast<const BlockQ4_0*>(src);
+    for (int64_t i = 0; i < n / kQK4_0; ++i, y += kQK4_0) {
+        const float d = h2f(x[i].d);
+        for (int j = 0; j < kQK4_0 / 2; ++j) {
+            y[j] = float((x[i].qs[j] & 0xF) - 8) * d;
+            y[j + 16] = float((x[i].qs[j] >> 4) - 8) * d;
+        }
+    }
+}
+
+void quant_q4_0(const float* x, void* dst, int64_t n) {
+    auto* y = static_cast<BlockQ4_0*>(dst);
+    for (int64_t i = 0; i < n / kQK4_0; ++i, x += kQK4_0) {
+        float amax = 0.0f, max = 0.0f;  // max: the signed value of largest magnitude (first one wins)
+        for (int j = 0; j < kQK4_0; ++j)
+            if (amax < std::fabs(x[j])) { amax = std::fabs(x[j]); max = x[j]; }
+        const float d = max / -8.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = f2h(d);
+        for (int j = 0; j < 16; ++j) {
+            const int q0 = int(int8_t(x[j] * id + 8.5f));        // truncation, as ggml's cast
+            const int q1 = int(int8_t(x[j + 16] * id + 8.5f));
+            y[i].qs[j] = uint8_t((q0 < 15 ? q0 : 15) | ((q1 < 15 ? q1 : 15) << 4));
+        }
+    }
+}
+
+void dequant_q4_1(const void* src, float* y, int64_t n) {
+    const auto* x = static_cast<const BlockQ4_1*>(src);
+    for (int64_t i = 0; i < n / kQK4_1; ++i, y += kQK4_1) {
+        const float d = h2f(x[i].d), m = h2f(x[i].m);
+        for (int j = 0; j < 16; ++j) {
+            y[j] = float(x[i].qs[j] & 0xF) * d + m;
+            y[j + 16] = float(x[i].qs[j] >> 4) * d + m;
+        }
+    }
+}
+
+void quant_q4_1(const float* x, void* dst, int64_t n) {
+    auto* y = static_cast<BlockQ4_1*>(dst);
+    for (int64_t i = 0; i < n / kQK4_1; ++i, x += kQK4_1) {
+        float min = FLT_MAX, max = -FLT_MAX;
+        for (int j = 0; j < kQK4_1; ++j) {
+            if (x[j] < min) min = x[j];
+            if (x[j] > max) max = x[j];
+        }
+        const float d = (max - min) / 15.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = f2h(d);
+        y[i].m = f2h(min);
+        for (int j = 0; j < 16; ++j) {
+            const int q0 = int(int8_t((x[j] - min) * id + 0.5f));
+            const int q1 = int(int8_t((x[j + 16] - min) * id + 0.5f));
+            y[i].qs[j] = uint8_t((q0 < 15 ? q0 : 15) | ((q1 < 15 ? q1 : 15) << 4));
+        }
+    }
+}
+
+inline uint32_t load_qh(const uint8_t* qh) {
+    uint32_t v;
+    std::memcpy(&v, qh, 4);
+    return v;  // little-endian host, as the file
+}
+
+void dequant_q5_0(const void* src, float* y, int64_t n) {
+    const auto* x = static_cast<const BlockQ5_0*>(src);
+    for (int64_t i = 0; i < n / kQK5_0; ++i, y += kQK5_0) {
+        const float d = h2f(x[i].d);
+        const uint32_t qh = load_qh(x[i].qh);
+        for (int j = 0; j < 16; ++j) {
+            const int h0 = int((qh >> j) & 1) << 4, h1 = int((qh >> (j + 16)) & 1) << 4;
+            y[j] = float(((x[i].qs[j] & 0xF) | h0) - 16) * d;
+            y[j + 16] = float(((x[i].qs[j] >> 4) | h1) - 16) * d;
+        }
+    }
+}
+
+void quant_q5_0(const float* x, void* dst, int64_t n) {
+    auto* y = static_cast<BlockQ5_0*>(dst);
+    for (int64_t i = 0; i < n / kQK5_0; ++i, x += kQK5_0) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < kQK5_0; ++j)
+            if (amax < std::fabs(x[j])) { amax = std::fabs(x[j]); max = x[j]; }
+        const float d = max / -16.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = f2h(d);
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; ++j) {
+            int q0 = int(int8_t(x[j] * id + 16.5f));
+            int q1 = int(int8_t(x[j + 16] * id + 16.5f));
+            q0 = q0 < 31 ? q0 : 31;
+            q1 = q1 < 31 ? q1 : 31;
+            y[i].qs[j] = uint8_t((q0 & 0xF) | ((q1 & 0xF) << 4));
+            qh |= uint32_t((q0 >> 4) & 1) << j;
+            qh |= uint32_t((q1 >> 4) & 1) << (j + 16);
+        }
+        std::memcpy(y[i].qh, &qh, 4);
+    }
+}
+
+void dequant_q5_1(const void* src, float* y, int64_t n) {
+    const auto* x = static_cast<const BlockQ5_1*>(src);
+    for (int64_t i = 0; i < n / kQK5_1; ++i, y += kQK5_1) {
+        const float d = h2f(x[i].d), m = h2f(x[i].m);
+        const uint32_t qh = load_qh(x[i].qh);
+        for (int j = 0; j < 16; ++j) {
+            const int h0 = int((qh >> j) & 1) << 4, h1 = int((qh >> (j + 16)) & 1) << 4;
+            y[j] = float((x[i].qs[j] & 0xF) | h0) * d + m;
+            y[j + 16] = float((x[i].qs[j] >> 4) | h1) * d + m;
+        }
+    }
+}
+
+void quant_q5_1(const float* x, void* dst, int64_t n) {
+    auto* y = static_cast<BlockQ5_1*>(dst);
+    for (int64_t i = 0; i < n / kQK5_1; ++i, x += kQK5_1) {
+        float min = FLT_MAX, max = -FLT_MAX;
+        for (int j = 0; j < kQK5_1; ++j) {
+            if (x[j] < min) min = x[j];
+            if (x[j] > max) max = x[j];
+        }
+        const float d = (max - min) / 31.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = f2h(d);
+        y[i].m = f2h(min);
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; ++j) {
+            const int q0 = int(uint8_t((x[j] - min) * id + 0.5f));
+            const int q1 = int(uint8_t((x[j + 16] - min) * id + 0.5f));
+            y[i].qs[j] = uint8_t((q0 & 0xF) | ((q1 & 0xF) << 4));
+            qh |= uint32_t((q0 >> 4) & 1) << j;
+            qh |= uint32_t((q1 >> 4) & 1) << (j + 16);
+        }
+        std::memcpy(y[i].qh, &qh, 4);
+    }
+}
+
+void dequant_q8_0(const void* src, float* y, int64_t n) {
+    const auto* x = static_cast<const BlockQ8_0*>(src);
+    for (int64_t i = 0; i < n / kQK8_0; ++i, y += kQK8_0) {
+        const float d = h2f(x[i].d);
+        for (int j = 0; j < kQK8_0; ++j) y[j] = float(x[i].qs[j]) * d;
+    }
+}
+
+void quant_q8_0(const float* x, void* dst, int64_t n) {
+    auto* y = static_cast<BlockQ8_0*>(dst);
+    for (int64_t i = 0; i < n / kQK8_0; ++i, x += kQK8_0) {
+        float amax = 0.0f;
+        for (int j = 0; j < kQK8_0; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = f2h(d);
+        for (int j = 0; j < kQK8_0; ++j) y[i].qs[j] = int8_t(std::round(x[j] * id));
+    }
+}
+
+void dequant_q8_1(const void* src, float* y, int64_t n) {
+    const auto* x = static_cast<const BlockQ8_1*>(src);
+    for (int64_t i = 0; i < n / kQK8_1; ++i, y += kQK8_1) {
+        const float d = h2f(x[i].d);
+        for (int j = 0; j < kQK8_1; ++j) y[j] = float(x[i].qs[j]) * d;
+    }
+}
+
+void quant_q8_1(const float* x, void* dst, int64_t n) {
+    auto* y = static_cast<BlockQ8_1*>(dst);
+    for (int64_t i = 0; i < n / kQK8_1; ++i, x += kQK8_1) {
+        float amax = 0.0f;
+        for (int j = 0; j < kQK8_1; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = f2h(d);
+        int sum = 0;
+        for (int j = 0; j < kQK8_1; ++j) {
+            y[i].qs[j] = int8_t(std::round(x[j] * id));
+            sum += y[i].qs[j];
+        }
+        y[i].s = f2h(float(sum) * d);
+    }
+}
+
+// ---- K-quants: dequantization ----
+
+void dequant_q2_k(const void* src, float* y, int64_t n) {
+    const auto* x = static_cast<const BlockQ2_K*>(src);
+    for (int64_t i = 0; i < n / kQK_K; ++i) {
+        const float d = h2f(x[i].d), dmin = h2f(x[i].dmin);
+        const uint8_t* q = x[i].qs;
+        int is = 0;
+        for (int half = 0; half < 2; ++half, q += 32) {
+            for (int shift = 0; shift < 8; shift += 2) {
+                for (int part = 0; part < 2; ++part) {
+                    const uint8_t sc = x[i].scales[is++];
+                    const float dl = d * float(sc & 0xF), ml = dmin * float(sc >> 4);
+                    for (int l = 0; l < 16; ++l) *y++ = dl * float((q[l + 16 * part] >> shift) & 3) - ml;
+                }
+            }
+        }
+    }
+}
+
+// The 16 6-bit scales of a Q3_K block, unpacked (still offset by 32).
+void unpack_q3_k_scales(const uint8_t* packed, int8_t* out) {
+    for (int j = 0; j < 16; ++j) {
+        const int low = j < 8 ? (packed[j] & 0xF) : (packed[j - 8] >> 4);
+        const int high = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
+        out[j] = int8_t(low | (high << 4));
+    }
+}
+
+void dequant_q3_k(const void* src, float* y, int64_t n) {
+    const auto* x = static_cast<const BlockQ3_K*>(src);
+    for (int64_t i = 0; i < n / kQK_K; ++i) {
+        const float d_all = h2f(x[i].d);
+        int8_t scales[16];
+        unpack_q3_k_scales(x[i].scales, scales);
+        const uint8_t* q = x[i].qs;
+        const uint8_t* hm = x[i].hmask;
+        uint8_t m = 1;
+        int is = 0;
+        for (int half = 0; half < 2; ++half, q += 32) {
+            for (int shift = 0; shift < 8; shift += 2, m <<= 1) {
+                for (int part = 0; part < 2; ++part) {
+                    const float dl = d_all * float(scales[is++] - 32);
+                    for (int l = 16 * part; l < 16 * part + 16; ++l)
+                        *y++ = dl * float(((q[l] >> shift) & 3) - ((hm[l] & m) ? 0 : 4));
+                }
+            }
+        }
+    }
+}
+
+void dequant_q4_k(const void* src, float* y, int64_t n) {
+    const auto* x = static_cast<const BlockQ4_K*>(src);
+    for (int64_t i = 0; i < n / kQK_K; ++i) {
+        const float d = h2f(x[i].d), dmin = h2f(x[i].dmin);
+        const uint8_t* q = x[i].qs;
+        for (int g = 0; g < 4; ++g, q += 32) {
+            uint8_t sc, m;
+            get_scale_min_k4(2 * g, x[i].scales, &sc, &m);
+            const float d1 = d * float(sc), m1 = dmin * float(m);
+            get_scale_min_k4(2 * g + 1, x[i].scales, &sc, &m);
+            const float d2 = d * float(sc), m2 = dmin * float(m);
+            for (int l = 0; l < 32; ++l) *y++ = d1 * float(q[l] & 0xF) - m1;
+            for (int l = 0; l < 32; ++l) *y++ = d2 * float(q[l] >> 4) - m2;
+        }
+    }
+}
+
+void dequant_q5_k(const void* src, float* y, int64_t n) {
+    const auto* x = static_cast<const BlockQ5_K*>(src);
+    for (int64_t i = 0; i < n / kQK_K; ++i) {
+        const float d = h2f(x[i].d), dmin = h2f(x[i].dmin);
+        const uint8_t* ql = x[i].qs;
+        const uint8_t* qh = x[i].qh;
+        for (int g = 0; g < 4; ++g, ql += 32) {
+            uint8_t sc, m;
+            get_scale_min_k4(2 * g, x[i].scales, &sc, &m);
+            const float d1 = d * float(sc), m1 = dmin * float(m);
+            get_scale_min_k4(2 * g + 1, x[i].scales, &sc, &m);
+            const float d2 = d * float(sc), m2 = dmin * float(m);
+            const uint8_t u1 = uint8_t(1 << (2 * g)), u2 = uint8_t(2 << (2 * g));
+            for (int l = 0; l < 32; ++l) *y++ = d1 * float((ql[l] & 0xF) + ((qh[l] & u1) ? 16 : 0)) - m1;
+            for (int l = 0; l < 32; ++l) *y++ = d2 * float((ql[l] >> 4) + ((qh[l] & u2) ? 16 : 0)) - m2;
+        }
+    }
+}
+
+void dequant_q6_k(const void* src, float* y, int64_t n) {
+    const auto* x = static_cast<const BlockQ6_K*>(src);
+    for (int64_t i = 0; i < n / kQK_K; ++i) {
+        const float d = h2f(x[i].d);
+        const uint8_t* ql = x[i].ql;
+        const uint8_t* qh = x[i].qh;
+        const int8_t* sc = x[i].scales;
+        for (int half = 0; half < 2; ++half, y += 128, ql += 64, qh += 32, sc += 8) {
+            for (int l = 0; l < 32; ++l) {
+                const int is = l / 16;
+                const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                y[l] = d * float(sc[is]) * float(q1);
+                y[l + 32] = d * float(sc[is + 2]) * float(q2);
+                y[l + 64] = d * float(sc[is + 4]) * float(q3);
+                y[l + 96] = d * float(sc[is + 6]) * float(q4);
+            }
+        }
+    }
+}
+
+void dequant_q8_k(const void* src, float* y, int64_t n) {
+    const auto* x = static_cast<const BlockQ8_K*>(src);
+    for (int64_t i = 0; i < n / kQK_K; ++i)
+        for (int j = 0; j < kQK_K; ++j) *y++ = x[i].d * float(x[i].qs[j]);
+}
+
+// ---- K-quants: quantization (llama.cpp's reference search, same float order) ----
+
+// Weighted least-squares fit of x ~ scale * L + min over a grid of candidate inverse scales;
+// returns scale, stores -min in *the_min. L in [0, nmax].
+float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, uint8_t* L, float* the_min,
+                       uint8_t* Laux, float rmin, float rdelta, int nstep) {
+    float min = x[0], max = x[0];
+    float sum_w = weights[0];
+    float sum_x = sum_w * x[0];
+    for (int i = 1; i < n; ++i) {
+        if (x[i] < min) min = x[i];
+        if (x[i] > max) max = x[i];
+        const float w = weights[i];
+        sum_w += w;
+        sum_x += w * x[i];
+    }
+    if (min > 0) min = 0;
+    if (max == min) {
+        for (int i = 0; i < n; ++i) L[i] = 0;
+        *the_min = -min;
+        return 0.f;
+    }
+    float iscale = float(nmax) / (max - min);
+    float scale = 1 / iscale;
+    float best_error = 0;
+    for (int i = 0; i < n; ++i) {
+        const int l = nearest_int(iscale * (x[i] - min));
+        L[i] = uint8_t(l < 0 ? 0 : (l > nmax ? nmax : l));
+        float diff = scale * float(L[i]) + min - x[i];
+        diff = diff * diff;
+        best_error += weights[i] * diff;
+    }
+    if (nstep < 1) {
+        *the_min = -min;
+        return scale;
+    }
+    for (int is = 0; is <= nstep; ++is) {
+        iscale = (rmin + rdelta * float(is) + float(nmax)) / (max - min);
+        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+        for (int i = 0; i < n; ++i) {
+            int l = nearest_int(iscale * (x[i] - min));
+            l = l < 0 ? 0 : (l > nmax ? nmax : l);
+            Laux[i] = uint8_t(l);
+            const float w = weights[i];
+            sum_l += w * float(l);
+            sum_l2 += w * float(l) * float(l);
+            sum_xl += w * float(l) * x[i];
+        }
+        const float D = sum_w * sum_l2 - sum_l * sum_l;
+        if (D > 0) {
+            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+            if (this_min > 0) {
+                this_min = 0;
+                this_scale = sum_xl / sum_l2;
+            }
+            float cur_error = 0;
+            for (int i = 0; i < n; ++i) {
+                float diff = this_scale * float(Laux[i]) + this_min - x[i];
+                diff = diff * diff;
+                cur_error += weights[i] * diff;
+            }
+            if (cur_error < best_error) {
+                for (int i = 0; i < n; ++i) L[i] = Laux[i];
+                best_error = cur_error;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    *the_min = -min;
+    return scale;
+}
+
+// Symmetric fit x ~ scale * (L - nmax) with weights x^2 (rmse_type 1, no importance weights).
+float make_qx_quants(int n, int nmax, const float* x, int8_t* L) {
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; ++i) {
+        const float ax = std::fabs(x[i]);
+        if (ax > amax) { amax = ax; max = x[i]; }
+    }
+    if (amax < kGroupMaxEps) {
+        for (int i = 0; i < n; ++i) L[i] = 0;
+        return 0.f;
+    }
+    auto clampl = [nmax](int l) { return l < -nmax ? -nmax : (l > nmax - 1 ? nmax - 1 : l); };
+    float iscale = float(-nmax) / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; ++i) {
+        const int l = clampl(nearest_int(iscale * x[i]));
+        L[i] = int8_t(l + nmax);
+        const float w = x[i] * x[i];
+        sumlx += w * x[i] * float(l);
+        suml2 += w * float(l) * float(l);
+    }
+    float scale = suml2 != 0 ? sumlx / suml2 : 0.0f;
+    float best = scale * sumlx;
+    for (int is = -9; is <= 9; ++is) {
+        if (is == 0) continue;
+        iscale = -(float(nmax) + 0.1f * float(is)) / max;
+        sumlx = suml2 = 0;
+        for (int i = 0; i < n; ++i) {
+            const int l = clampl(nearest_int(iscale * x[i]));
+            const float w = x[i] * x[i];
+            sumlx += w * x[i] * float(l);
+            suml2 += w * float(l) * float(l);
+        }
+        if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+            for (int i = 0; i < n; ++i) L[i] = int8_t(nmax + clampl(nearest_int(iscale * x[i])));
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    return scale;
+}
+
+// Packs 8 6-bit scales and 8 6-bit mins into the 12 bytes get_scale_min_k4 reads.
+void pack_k4_scales(const uint8_t* ls, const uint8_t* lm, uint8_t* out) {
+    for (int j = 0; j < 8; ++j) {
+        if (j < 4) {
+            out[j] = ls[j];
+            out[j + 4] = lm[j];
+        } else {
+            out[j + 4] = uint8_t((ls[j] & 0xF) | ((lm[j] & 0xF) << 4));
+            out[j - 4] |= uint8_t((ls[j] >> 4) << 6);
+            out[j] |= uint8_t((lm[j] >> 4) << 6);
+        }
+    }
+}
+
+// Shared by Q4_K (nmax 15) and Q5_K (nmax 31): per-32 (scale, min) fit, 6-bit sub-scales, final L.
+void quant_k4_common(const float* x, int nmax, float rmin, int nstep, uint16_t* d_out, uint16_t* dmin_out,
+                     uint8_t* scales_out, uint8_t* L) {
+    uint8_t Laux[32];
+    float weights[32], mins[8], scales[8];
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < 8; ++j) {
+        float sum_x2 = 0;
+        for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
+        const float av_x = std::sqrt(sum_x2 / 32.0f);
+        for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(x[32 * j + l]);
+        scales[j] = make_qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep);
+        if (scales[j] > max_scale) max_scale = scales[j];
+        if (mins[j] > max_min) max_min = mins[j];
+    }
+    const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
+    const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+    uint8_t ls[8], lm[8];
+    for (int j = 0; j < 8; ++j) {
+        ls[j] = uint8_t(nearest_int(inv_scale * scales[j]));
+        lm[j] = uint8_t(nearest_int(inv_min * mins[j]));
+        if (ls[j] > 63) ls[j] = 63;
+        if (lm[j] > 63) lm[j] = 63;
+    }
+    std::memset(scales_out, 0, kKScaleSize);
+    pack_k4_scales(ls, lm, scales_out);
+    *d_out = f2h(max_scale / 63.f);
+    *dmin_out = f2h(max_min / 63.f);
+    for (int j = 0; j < 8; ++j) {
+        uint8_t sc, m;
+        get_scale_min_k4(j, scales_out, &sc, &m);
+        const float d = h2f(*d_out) * float(sc);
+        if (d == 0.0f) continue;
+        const float dm = h2f(*dmin_out) * float(m);
+        for (int ii = 0; ii < 32; ++ii) {
+            const int l = nearest_int((x[32 * j + ii] + dm) / d);
+            L[32 * j + ii] = uint8_t(l < 0 ? 0 : (l > nmax ? nmax : l));
+        }
+    }
+}
+
+void quant_q4_k(const float* x, void* dst, int64_t n) {
+    auto* y = static_cast<BlockQ4_K*>(dst);
+    uint8_t L[kQK_K];
+    for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
+        quant_k4_common(x, 15, -1.f, 20, &y[i].d, &y[i].dmin, y[i].scales, L);
+        uint8_t* q = y[i].qs;
+        for (int j = 0; j < kQK_K; j += 64, q += 32)
+            for (int l = 0; l < 32; ++l) q[l] = uint8_t(L[j + l] | (L[j + l + 32] << 4));
+    }
+}
+
+void quant_q5_k(const float* x, void* dst, int64_t n) {
+    auto* y = static_cast<BlockQ5_K*>(dst);
+    uint8_t L[kQK_K];
+    for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
+        quant_k4_common(x, 31, -0.5f, 15, &y[i].d, &y[i].dmin, y[i].scales, L);
+        uint8_t* qh = y[i].qh;
+        uint8_t* ql = y[i].qs;
+        std::memset(qh, 0, kQK_K / 8);
+        uint8_t m1 = 1, m2 = 2;
+        for (int g = 0; g < kQK_K; g += 64, m1 <<= 2, m2 <<= 2, ql += 32) {
+            for (int j = 0; j < 32; ++j) {
+                int l1 = L[g + j], l2 = L[g + j + 32];
+                if (l1 > 15) { l1 -= 16; qh[j] |= m1; }
+                if (l2 > 15) { l2 -= 16; qh[j] |= m2; }
+                ql[j] = uint8_t(l1 | (l2 << 4));
+            }
+        }
+    }
+}
+
+void quant_q6_k(const float* x, void* dst, int64_t n) {
+    auto* y = static_cast<BlockQ6_K*>(dst);
+    int8_t L[kQK_K];
+    float scales[16];
+    for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
+        float max_scale = 0, max_abs_scale = 0;
+        for (int ib = 0; ib < 16; ++ib) {
+            const float scale = make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib);
+            scales[ib] = scale;
+            if (std::fabs(scale) > max_abs_scale) {
+                max_abs_scale = std::fabs(scale);
+                max_scale = scale;
+            }
+        }
+        if (max_abs_scale < kGroupMaxEps) {
+            std::memset(&y[i], 0, sizeof(BlockQ6_K));
+            continue;
+        }
+        const float iscale = -128.f / max_scale;
+        y[i].d = f2h(1 / iscale);
+        for (int ib = 0; ib < 16; ++ib) {
+            const int s = nearest_int(iscale * scales[ib]);
+            y[i].scales[ib] = int8_t(s < 127 ? s : 127);
+        }
+        for (int j = 0; j < 16; ++j) {
+            const float d = h2f(y[i].d) * float(y[i].scales[j]);
+            if (d == 0.0f) continue;
+            for (int ii = 0; ii < 16; ++ii) {
+                int l = nearest_int(x[16 * j + ii] / d);
+                l = l < -32 ? -32 : (l > 31 ? 31 : l);
+                L[16 * j + ii] = int8_t(l + 32);
+            }
+        }
+        uint8_t* ql = y[i].ql;
+        uint8_t* qh = y[i].qh;
+        for (int j = 0; j < kQK_K; j += 128, ql += 64, qh += 32) {
+            for (int l = 0; l < 32; ++l) {
+                const int a = L[j + l], b = L[j + l + 32], c = L[j + l + 64], e = L[j + l + 96];
+                ql[l] = uint8_t((a & 0xF) | ((c & 0xF) << 4));
+                ql[l + 32] = uint8_t((b & 0xF) | ((e & 0xF) << 4));
+                qh[l] = uint8_t((a >> 4) | ((b >> 4) << 2) | ((c >> 4) << 4) | ((e >> 4) << 6));
+            }
+        }
+    }
+}
+
+// Activation format: symmetric 8-bit with the largest magnitude at -127 (as ggml's Q8_K).
+void quant_q8_k(const float* x, void* dst, int64_t n) {
+    auto* y = static_cast<BlockQ8_K*>(dst);
+    for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
+        float max = 0, amax = 0;
+        for (int j = 0; j < kQK_K; ++j)
+            if (std::fabs(x[j]) > amax) { amax = std::fabs(x[j]); max = x[j]; }
+        if (amax == 0.0f) {
+            std::memset(&y[i], 0, sizeof(BlockQ8_K));
+            continue;
+        }
+        const float iscale = -127.f / max;
+        for (int j = 0; j < kQK_K; ++j) {
+            const int v = nearest_int(iscale * x[j]);
+            y[i].qs[j] = int8_t(v < 127 ? v : 127);
+        }
+        for (int j = 0; j < kQK_K / 16; ++j) {
+            int sum = 0;
+            for (int ii = 0; ii < 16; ++ii) sum += y[i].qs[16 * j + ii];
+            y[i].bsums[j] = int16_t(sum);
+        }
+        y[i].d = 1 / iscale;
+    }
+}
+
+constexpr QuantTraits kTraits[] = {
+    {GgmlType::kF32, 1, 4, dequant_f32, quant_f32},
+    {GgmlType::kF16, 1, 2, dequant_f16, quant_f16},
+    {GgmlType::kBF16, 1, 2, dequant_bf16, quant_bf16},
+    {GgmlType::kQ4_0, kQK4_0, sizeof(BlockQ4_0), dequant_q4_0, quant_q4_0},
+    {GgmlType::kQ4_1, kQK4_1, sizeof(BlockQ4_1), dequant_q4_1, quant_q4_1},
+    {GgmlType::kQ5_0, kQK5_0, sizeof(BlockQ5_0), dequant_q5_0, quant_q5_0},
+    {GgmlType::kQ5_1, kQK5_1, sizeof(BlockQ5_1), dequant_q5_1, quant_q5_1},
+    {GgmlType::kQ8_0, kQK8_0, sizeof(BlockQ8_0), dequant_q8_0, quant_q8_0},
+    {GgmlType::kQ8_1, kQK8_1, sizeof(BlockQ8_1), dequant_q8_1, quant_q8_1},
+    {GgmlType::kQ2_K, kQK_K, sizeof(BlockQ2_K), dequant_q2_k, nullptr},
+    {GgmlType::kQ3_K, kQK_K, sizeof(BlockQ3_K), dequant_q3_k, nullptr},
+    {GgmlType::kQ4_K, kQK_K, sizeof(BlockQ4_K), dequant_q4_k, quant_q4_k},
+    {GgmlType::kQ5_K, kQK_K, sizeof(BlockQ5_K), dequant_q5_k, quant_q5_k},
+    {GgmlType::kQ6_K, kQK_K, sizeof(BlockQ6_K), dequant_q6_k, quant_q6_k},
+    {GgmlType::kQ8_K, kQK_K, sizeof(BlockQ8_K), dequant_q8_k, quant_q8_k},
+};
+
+void check_row(const QuantTraits& t, int64_t n) {
+    CERA_CHECK(n >= 0 && n % t.block_size == 0, "%s row of %lld elements is not a multiple of the block size %lld",
+               type_name(t.type), (long long)n, (long long)t.block_size);
+    CERA_CHECK(type_info(t.type).type_size == t.type_size, "%s block size disagrees with dtype.cpp",
+               type_name(t.type));
+}
+
+}  // namespace
+
+const QuantTraits* quant_traits(GgmlType type) {
+    for (const QuantTraits& t : kTraits)
+        if (t.type == type) return &t;
+    return nullptr;
+}
+
+bool can_dequantize(GgmlType type) {
+    const QuantTraits* t = quant_traits(type);
+    return t != nullptr && t->dequantize != nullptr;
+}
+
+bool can_quantize(GgmlType type) {
+    const QuantTraits* t = quant_traits(type);
+    return t != nullptr && t->quantize != nullptr;
+}
+
+void dequantize_row_ref(GgmlType type, const void* src, float* dst, int64_t n) {
+    const QuantTraits* t = quant_traits(type);
+    if (t == nullptr || t->dequantize == nullptr) {
+        const TypeInfo* ti = type_info(uint32_t(type));
+        throw_error(ErrorCode::kUnsupported, "cannot dequantize tensor type %s", ti ? ti->name : "(unknown)");
+    }
+    check_row(*t, n);
+    t->dequantize(src, dst, n);
+}
+
+void quantize_row_ref(GgmlType type, const float* src, void* dst, int64_t n) {
+    const QuantTraits* t = quant_traits(type);
+    if (t == nullptr || t->quantize == nullptr) {
+        const TypeInfo* ti = type_info(uint32_t(type));
+        throw_error(ErrorCode::kUnsupported, "cannot quantize to tensor type %s", ti ? ti->name : "(unknown)");
+    }
+    check_row(*t, n);
+    t->quantize(src, dst, n);
+}
+
+}  // namespace cera
