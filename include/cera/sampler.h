@@ -1,0 +1,89 @@
+// cera::Sampler: turns a row of logits into the next token id.
+//
+// The chain runs in llama.cpp's default order:
+//   penalties (repetition / frequency / presence over the last `penalty_last_n` accepted tokens)
+//   -> top-k -> top-p -> min-p -> temperature -> draw (seeded)
+// so top-p and min-p look at the temperature-1 distribution of the penalised logits,
+// and temperature only reshapes the survivors. temperature <= 0 is greedy: the
+// arg-max of the penalised logits (ties -> the lowest id), no random draw.
+//
+// One Sampler per sequence. It allocates its buffers once (at construction, for
+// n_vocab candidates); sample() and accept() never allocate and never throw.
+// Not thread-safe: use one Sampler from one thread at a time.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace cera {
+
+// Sampling settings. The defaults match llama.cpp's CLI defaults.
+struct SamplerParams {
+    float temperature = 0.8f;        // <= 0: greedy
+    int32_t top_k = 40;              // keep the k most likely; <= 0 or >= n_vocab: off
+    float top_p = 0.95f;             // keep the smallest prefix with mass >= top_p; >= 1: off
+    float min_p = 0.05f;             // keep p >= min_p * p_max; <= 0: off
+    float repeat_penalty = 1.0f;     // logit > 0: logit / r, else logit * r; 1: off
+    float frequency_penalty = 0.0f;  // logit -= count * f
+    float presence_penalty = 0.0f;   // logit -= (count > 0) * p
+    int32_t penalty_last_n = 64;     // window of recent tokens the penalties count; 0: penalties off
+    uint64_t seed = 0;               // same seed, same logits -> same tokens
+};
+
+// One candidate of the distribution that sample() draws from.
+struct TokenProb {
+    int32_t id;
+    float logit;  // after penalties and temperature
+    float p;      // normalised over the kept candidates
+};
+
+class Sampler {
+   public:
+    // Validates params (throws cera::Error kInvalidArgument on NaN or negative values
+    // where they make no sense) and allocates buffers for n_vocab candidates.
+    Sampler(const SamplerParams& params, int32_t n_vocab);
+
+    // The next token for one row of n_vocab logits (not modified). Never allocates or throws.
+    // Does not add the token to the penalty window: call accept() for that.
+    int32_t sample(const float* logits);
+
+    // The kept candidates with their probabilities, most likely first, exactly as the
+    // next sample() on the same logits would draw from them (greedy: the single arg-max
+    // with p = 1). The span stays valid until the next call on this Sampler.
+    std::span<const TokenProb> distribution(const float* logits);
+
+    // Adds a token (prompt or generated) to the penalty window. Never allocates.
+    void accept(int32_t token);
+    // Empties the penalty window and re-seeds the generator with params().seed.
+    void reset();
+    // Empties the penalty window only; the random stream continues.
+    void clear_history();
+
+    const SamplerParams& params() const { return params_; }
+    int32_t n_vocab() const { return n_vocab_; }
+    // The tokens currently in the penalty window, oldest first (copies; for tests and tools).
+    std::vector<int32_t> history() const;
+
+   private:
+    void apply_penalties();
+    void load(const float* logits);
+    void filter();
+    uint64_t next_u64();
+    double next_uniform();  // [0, 1)
+
+    SamplerParams params_;
+    int32_t n_vocab_;
+    bool greedy_;
+    bool penalties_on_;
+    std::vector<TokenProb> cand_;   // [n_vocab] working set; the first n_cand_ are live
+    int32_t n_cand_ = 0;
+    bool sorted_ = false;           // cand_[0, n_cand_) sorted by logit, descending
+    std::vector<int32_t> ring_;     // [penalty_last_n] recent tokens
+    int32_t ring_head_ = 0, ring_size_ = 0;
+    std::vector<int32_t> count_;    // [n_vocab] occurrences of each id in the window
+    std::vector<uint32_t> stamp_;   // [n_vocab] last penalty pass that touched an id
+    uint32_t epoch_ = 0;
+    uint64_t rng_[4];               // xoshiro256** state
+};
+
+}  // namespace cera

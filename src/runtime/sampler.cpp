@@ -1,0 +1,265 @@
+// The sampler chain: penalties -> top-k -> top-p -> min-p -> temperature -> draw.
+//
+// Cost per token is O(n_vocab) (loading the logits, one max, one exp pass) plus a
+// partial sort of the survivors: top-k selects with nth_element, min-p partitions
+// by a logit threshold, and top-p sorts only as far as it has to (growing chunks),
+// so a 150k vocabulary never pays for a full sort in the common settings.
+#include "cera/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/check.h"
+
+namespace cera {
+namespace {
+
+// Descending logit, then ascending id: a strict total order (NaN is mapped to -inf on load).
+inline bool better(const TokenProb& a, const TokenProb& b) {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+}
+
+uint64_t splitmix64(uint64_t& x) {
+    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+}  // namespace
+
+Sampler::Sampler(const SamplerParams& params, int32_t n_vocab) : params_(params), n_vocab_(n_vocab) {
+    if (n_vocab <= 0) throw_error(ErrorCode::kInvalidArgument, "sampler: n_vocab must be positive, got %d", n_vocab);
+    if (std::isnan(params.temperature))
+        throw_error(ErrorCode::kInvalidArgument, "sampler: temperature is NaN");
+    if (std::isnan(params.top_p) || params.top_p < 0.0f)
+        throw_error(ErrorCode::kInvalidArgument, "sampler: top_p must be >= 0, got %g", double(params.top_p));
+    if (std::isnan(params.min_p) || params.min_p > 1.0f)
+        throw_error(ErrorCode::kInvalidArgument, "sampler: min_p must be <= 1, got %g", double(params.min_p));
+    if (!(params.repeat_penalty > 0.0f) || std::isinf(params.repeat_penalty))
+        throw_error(ErrorCode::kInvalidArgument, "sampler: repeat penalty must be > 0, got %g",
+                    double(params.repeat_penalty));
+    if (!std::isfinite(params.frequency_penalty) || !std::isfinite(params.presence_penalty))
+        throw_error(ErrorCode::kInvalidArgument, "sampler: frequency and presence penalties must be finite");
+    if (params.penalty_last_n < 0)
+        throw_error(ErrorCode::kInvalidArgument, "sampler: penalty window must be >= 0, got %d", params.penalty_last_n);
+
+    greedy_ = params.temperature <= 0.0f;
+    penalties_on_ = params.penalty_last_n > 0 && (params.repeat_penalty != 1.0f || params.frequency_penalty != 0.0f ||
+                                                  params.presence_penalty != 0.0f);
+    cand_.resize(size_t(n_vocab));
+    if (penalties_on_) {
+        ring_.assign(size_t(params.penalty_last_n), 0);
+        count_.assign(size_t(n_vocab), 0);
+        stamp_.assign(size_t(n_vocab), 0);
+    }
+    reset();
+}
+
+void Sampler::reset() {
+    clear_history();
+    uint64_t s = params_.seed;
+    for (auto& r : rng_) r = splitmix64(s);
+}
+
+void Sampler::clear_history() {
+    for (int32_t i = 0; i < ring_size_; ++i) {
+        const int32_t t = ring_[size_t((ring_head_ + i) % int32_t(ring_.size()))];
+        count_[size_t(t)] = 0;
+    }
+    ring_head_ = 0;
+    ring_size_ = 0;
+}
+
+void Sampler::accept(int32_t token) {
+    if (!penalties_on_ || token < 0 || token >= n_vocab_) return;
+    const int32_t cap = int32_t(ring_.size());
+    if (ring_size_ == cap) {  // the oldest token leaves the window
+        --count_[size_t(ring_[size_t(ring_head_)])];
+        ring_[size_t(ring_head_)] = token;
+        ring_head_ = (ring_head_ + 1) % cap;
+    } else {
+        ring_[size_t((ring_head_ + ring_size_) % cap)] = token;
+        ++ring_size_;
+    }
+    ++count_[size_t(token)];
+}
+
+std::vector<int32_t> Sampler::history() const {
+    std::vector<int32_t> out;
+    for (int32_t i = 0; i < ring_size_; ++i) out.push_back(ring_[size_t((ring_head_ + i) % int32_t(ring_.size()))]);
+    return out;
+}
+
+uint64_t Sampler::next_u64() {  // xoshiro256**
+    const uint64_t result = rotl(rng_[1] * 5, 7) * 9;
+    const uint64_t t = rng_[1] << 17;
+    rng_[2] ^= rng_[0];
+    rng_[3] ^= rng_[1];
+    rng_[1] ^= rng_[2];
+    rng_[0] ^= rng_[3];
+    rng_[2] ^= t;
+    rng_[3] = rotl(rng_[3], 45);
+    return result;
+}
+
+double Sampler::next_uniform() { return double(next_u64() >> 11) * 0x1.0p-53; }
+
+void Sampler::load(const float* logits) {
+    TokenProb* c = cand_.data();
+    for (int32_t i = 0; i < n_vocab_; ++i) {
+        const float l = logits[i];
+        c[i] = {i, std::isnan(l) ? -std::numeric_limits<float>::infinity() : l, 0.0f};
+    }
+    n_cand_ = n_vocab_;
+    sorted_ = false;
+    if (penalties_on_) apply_penalties();
+}
+
+void Sampler::apply_penalties() {
+    if (++epoch_ == 0) {  // wrapped: clear the stamps once every 2^32 passes
+        std::fill(stamp_.begin(), stamp_.end(), 0u);
+        epoch_ = 1;
+    }
+    const int32_t cap = int32_t(ring_.size());
+    for (int32_t i = 0; i < ring_size_; ++i) {
+        const int32_t t = ring_[size_t((ring_head_ + i) % cap)];
+        if (stamp_[size_t(t)] == epoch_) continue;
+        stamp_[size_t(t)] = epoch_;
+        const int32_t n = count_[size_t(t)];
+        float& l = cand_[size_t(t)].logit;
+        if (l <= 0.0f)
+            l *= params_.repeat_penalty;
+        else
+            l /= params_.repeat_penalty;
+        l -= float(n) * params_.frequency_penalty + (n > 0 ? params_.presence_penalty : 0.0f);
+    }
+}
+
+void Sampler::filter() {
+    TokenProb* c = cand_.data();
+    int32_t n = n_cand_;
+
+    // top-k: the k best, sorted.
+    const int32_t k = params_.top_k;
+    if (k > 0 && k < n) {
+        std::nth_element(c, c + k - 1, c + n, better);
+        std::sort(c, c + k, better);
+        n = k;
+        sorted_ = true;
+    }
+
+    float max_l = sorted_ ? c[0].logit : -std::numeric_limits<float>::infinity();
+    if (!sorted_)
+        for (int32_t i = 0; i < n; ++i) max_l = std::max(max_l, c[i].logit);
+    if (!std::isfinite(max_l)) {  // every logit is -inf (or +inf): keep the best one
+        std::nth_element(c, c, c + n, better);
+        n_cand_ = 1;
+        c[0].p = 1.0f;
+        sorted_ = true;
+        return;
+    }
+
+    const bool use_top_p = params_.top_p < 1.0f;
+    const bool use_min_p = params_.min_p > 0.0f;
+    int32_t limit = n;
+    if (use_min_p) {  // keep logit >= max + log(min_p), i.e. p >= min_p * p_max
+        const float threshold = max_l + std::log(params_.min_p);
+        if (sorted_) {
+            while (limit > 1 && c[limit - 1].logit < threshold) --limit;
+        } else {
+            limit = int32_t(std::partition(c, c + n, [&](const TokenProb& t) { return t.logit >= threshold; }) - c);
+        }
+        limit = std::max(limit, 1);
+    }
+    if (use_top_p) {
+        // The probabilities are those of all n candidates (after top-k), so sum over all n.
+        double z = 0.0;
+        for (int32_t i = 0; i < n; ++i) z += std::exp(double(c[i].logit) - double(max_l));
+        const double target = double(params_.top_p) * z;
+        double cum = 0.0;
+        int32_t done = sorted_ ? limit : 0;  // [0, done) is sorted
+        int32_t chunk = 64;
+        int32_t keep = limit;
+        for (int32_t i = 0; i < limit; ++i) {
+            if (i == done) {  // sort the next chunk of [i, limit)
+                const int32_t end = std::min(limit, i + chunk);
+                std::partial_sort(c + i, c + end, c + limit, better);
+                done = end;
+                chunk *= 4;
+            }
+            cum += std::exp(double(c[i].logit) - double(max_l));
+            if (cum >= target) {
+                keep = i + 1;
+                break;
+            }
+        }
+        limit = keep;
+        if (done >= limit) sorted_ = true;
+    }
+    n = limit;
+
+    // temperature, then the normalised probabilities of the survivors.
+    const float inv_t = 1.0f / params_.temperature;
+    double z = 0.0;
+    for (int32_t i = 0; i < n; ++i) {
+        c[i].logit *= inv_t;
+        const double e = std::exp(double(c[i].logit) - double(max_l) * inv_t);
+        c[i].p = float(e);
+        z += e;
+    }
+    const float inv_z = float(1.0 / z);
+    for (int32_t i = 0; i < n; ++i) c[i].p *= inv_z;
+    n_cand_ = n;
+}
+
+int32_t Sampler::sample(const float* logits) {
+    if (greedy_) {
+        if (!penalties_on_) {
+            int32_t best = 0;
+            float best_l = std::isnan(logits[0]) ? -std::numeric_limits<float>::infinity() : logits[0];
+            for (int32_t i = 1; i < n_vocab_; ++i)
+                if (logits[i] > best_l) best_l = logits[i], best = i;
+            return best;
+        }
+        load(logits);
+        int32_t best = 0;
+        for (int32_t i = 1; i < n_vocab_; ++i)
+            if (cand_[size_t(i)].logit > cand_[size_t(best)].logit) best = i;
+        return best;
+    }
+    load(logits);
+    filter();
+    // Draw u in [0, sum p) and walk the cumulative mass; the last candidate absorbs rounding.
+    double total = 0.0;
+    for (int32_t i = 0; i < n_cand_; ++i) total += cand_[size_t(i)].p;
+    const double u = next_uniform() * total;
+    double cum = 0.0;
+    for (int32_t i = 0; i < n_cand_ - 1; ++i) {
+        cum += cand_[size_t(i)].p;
+        if (u < cum) return cand_[size_t(i)].id;
+    }
+    return cand_[size_t(n_cand_ - 1)].id;
+}
+
+std::span<const TokenProb> Sampler::distribution(const float* logits) {
+    load(logits);
+    if (greedy_) {
+        int32_t best = 0;
+        for (int32_t i = 1; i < n_vocab_; ++i)
+            if (cand_[size_t(i)].logit > cand_[size_t(best)].logit) best = i;
+        std::swap(cand_[0], cand_[size_t(best)]);
+        cand_[0].p = 1.0f;
+        n_cand_ = 1;
+        return {cand_.data(), 1};
+    }
+    filter();
+    if (!sorted_) std::sort(cand_.begin(), cand_.begin() + n_cand_, better);
+    sorted_ = true;
+    return {cand_.data(), size_t(n_cand_)};
+}
+
+}  // namespace cera

@@ -1,0 +1,343 @@
+// The sampler chain against exact math on hand-made distributions, a brute-force
+// reference on a large random vocabulary, and empirical frequencies.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cera/error.h"
+#include "cera/sampler.h"
+
+namespace cera {
+namespace {
+
+SamplerParams plain() {  // every filter off, temperature 1
+    SamplerParams p;
+    p.temperature = 1.0f;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    return p;
+}
+
+std::vector<float> log_probs(std::vector<double> p) {
+    std::vector<float> l;
+    for (double x : p) l.push_back(float(std::log(x)));
+    return l;
+}
+
+std::map<int32_t, double> as_map(std::span<const TokenProb> d) {
+    std::map<int32_t, double> m;
+    for (const auto& t : d) m[t.id] = t.p;
+    return m;
+}
+
+TEST(Sampler, GreedyPicksArgMaxLowestIdOnTies) {
+    SamplerParams p = plain();
+    p.temperature = 0.0f;
+    Sampler s(p, 5);
+    std::vector<float> l = {0.1f, 3.0f, -1.0f, 3.0f, 2.9f};
+    EXPECT_EQ(s.sample(l.data()), 1);
+    auto d = s.distribution(l.data());
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0].id, 1);
+    EXPECT_EQ(d[0].p, 1.0f);
+    p.temperature = -1.0f;  // negative is greedy too
+    Sampler s2(p, 5);
+    l[4] = 7.0f;
+    EXPECT_EQ(s2.sample(l.data()), 4);
+}
+
+TEST(Sampler, TemperatureOneIsSoftmax) {
+    Sampler s(plain(), 4);
+    auto l = log_probs({0.1, 0.2, 0.3, 0.4});
+    auto m = as_map(s.distribution(l.data()));
+    ASSERT_EQ(m.size(), 4u);
+    for (int i = 0; i < 4; ++i) EXPECT_NEAR(m[i], 0.1 * (i + 1), 1e-6);
+}
+
+TEST(Sampler, TemperatureScalesLogits) {
+    SamplerParams p = plain();
+    p.temperature = 2.0f;
+    Sampler s(p, 3);
+    std::vector<float> l = {0.0f, float(std::log(2.0)), float(std::log(4.0))};  // T=2 -> 1 : sqrt2 : 2
+    auto d = s.distribution(l.data());
+    auto m = as_map(d);
+    const double z = 1 + std::sqrt(2.0) + 2;
+    EXPECT_NEAR(m[0], 1 / z, 1e-6);
+    EXPECT_NEAR(m[1], std::sqrt(2.0) / z, 1e-6);
+    EXPECT_NEAR(m[2], 2 / z, 1e-6);
+    EXPECT_EQ(d[0].id, 2);  // most likely first
+    EXPECT_NEAR(d[0].logit, std::log(4.0) / 2, 1e-6);
+}
+
+TEST(Sampler, TopKKeepsKBestRenormalised) {
+    SamplerParams p = plain();
+    p.top_k = 2;
+    Sampler s(p, 5);
+    auto l = log_probs({0.1, 0.4, 0.05, 0.25, 0.2});
+    auto d = s.distribution(l.data());
+    ASSERT_EQ(d.size(), 2u);
+    EXPECT_EQ(d[0].id, 1);
+    EXPECT_EQ(d[1].id, 3);
+    EXPECT_NEAR(d[0].p, 0.4 / 0.65, 1e-6);
+    EXPECT_NEAR(d[1].p, 0.25 / 0.65, 1e-6);
+    p.top_k = 1;
+    Sampler s1(p, 5);
+    for (int i = 0; i < 20; ++i) EXPECT_EQ(s1.sample(l.data()), 1);
+}
+
+TEST(Sampler, TopPCutOff) {
+    auto l = log_probs({0.05, 0.5, 0.15, 0.3});  // sorted: 0.5 0.3 0.15 0.05; cum 0.5 0.8 0.95 1
+    auto kept = [&](float top_p) {
+        SamplerParams p = plain();
+        p.top_p = top_p;
+        Sampler s(p, 4);
+        return as_map(s.distribution(l.data()));
+    };
+    EXPECT_EQ(kept(0.4f).size(), 1u);
+    EXPECT_EQ(kept(0.5f - 1e-4f).size(), 1u);
+    EXPECT_EQ(kept(0.5f + 1e-4f).size(), 2u);
+    EXPECT_EQ(kept(0.79f).size(), 2u);
+    EXPECT_EQ(kept(0.81f).size(), 3u);
+    EXPECT_EQ(kept(0.96f).size(), 4u);
+    auto m = kept(0.79f);
+    EXPECT_NEAR(m[1], 0.5 / 0.8, 1e-6);
+    EXPECT_NEAR(m[3], 0.3 / 0.8, 1e-6);
+}
+
+TEST(Sampler, MinPCutOff) {
+    auto l = log_probs({0.05, 0.5, 0.15, 0.3});
+    auto kept = [&](float min_p) {
+        SamplerParams p = plain();
+        p.min_p = min_p;
+        Sampler s(p, 4);
+        return as_map(s.distribution(l.data()));
+    };
+    EXPECT_EQ(kept(0.09f).size(), 4u);   // 0.05 >= 0.045
+    EXPECT_EQ(kept(0.11f).size(), 3u);   // 0.05 < 0.055 <= 0.15
+    EXPECT_EQ(kept(0.29f).size(), 3u);   // 0.15 >= 0.145
+    EXPECT_EQ(kept(0.31f).size(), 2u);
+    EXPECT_EQ(kept(0.59f).size(), 2u);
+    EXPECT_EQ(kept(0.61f).size(), 1u);
+    auto m = kept(0.2f);
+    EXPECT_NEAR(m[2], 0.15 / 0.95, 1e-6);
+}
+
+TEST(Sampler, FiltersComposeInOrder) {
+    // top-k 3 -> {0.5, 0.3, 0.15} renormalised by 0.95: 0.526 0.316 0.158;
+    // top-p 0.8 on those keeps 2 (cum 0.526, 0.842); min-p 0.7 then drops 0.3 (< 0.7*0.5).
+    auto l = log_probs({0.05, 0.5, 0.15, 0.3});
+    SamplerParams p = plain();
+    p.top_k = 3;
+    p.top_p = 0.8f;
+    Sampler a(p, 4);
+    EXPECT_EQ(a.distribution(l.data()).size(), 2u);
+    p.min_p = 0.7f;
+    Sampler b(p, 4);
+    EXPECT_EQ(b.distribution(l.data()).size(), 1u);
+    // top-p sees temperature-1 probabilities: a high temperature does not widen the cut.
+    p = plain();
+    p.top_p = 0.79f;
+    p.temperature = 5.0f;
+    Sampler c(p, 4);
+    EXPECT_EQ(c.distribution(l.data()).size(), 2u);
+}
+
+TEST(Sampler, RepetitionPenaltyDividesPositiveMultipliesNegative) {
+    SamplerParams p = plain();
+    p.repeat_penalty = 2.0f;
+    Sampler s(p, 4);
+    s.accept(0);
+    s.accept(1);
+    s.accept(1);  // counted once for the repetition penalty
+    std::vector<float> l = {2.0f, -1.0f, 0.5f, 0.0f};
+    auto d = s.distribution(l.data());
+    std::map<int32_t, float> got;
+    for (const auto& t : d) got[t.id] = t.logit;
+    EXPECT_FLOAT_EQ(got[0], 1.0f);
+    EXPECT_FLOAT_EQ(got[1], -2.0f);
+    EXPECT_FLOAT_EQ(got[2], 0.5f);
+    EXPECT_FLOAT_EQ(got[3], 0.0f);
+}
+
+TEST(Sampler, FrequencyAndPresencePenalties) {
+    SamplerParams p = plain();
+    p.frequency_penalty = 0.5f;
+    p.presence_penalty = 0.25f;
+    Sampler s(p, 4);
+    for (int32_t t : {2, 2, 2, 1}) s.accept(t);
+    std::vector<float> l = {1.0f, 1.0f, 1.0f, 1.0f};
+    std::map<int32_t, float> got;
+    for (const auto& t : s.distribution(l.data())) got[t.id] = t.logit;
+    EXPECT_FLOAT_EQ(got[0], 1.0f);
+    EXPECT_FLOAT_EQ(got[1], 1.0f - 0.5f - 0.25f);
+    EXPECT_FLOAT_EQ(got[2], 1.0f - 1.5f - 0.25f);
+    EXPECT_FLOAT_EQ(got[3], 1.0f);
+}
+
+TEST(Sampler, PenaltyWindowForgetsOldTokens) {
+    SamplerParams p = plain();
+    p.temperature = 0.0f;
+    p.repeat_penalty = 10.0f;
+    p.penalty_last_n = 2;
+    Sampler s(p, 3);
+    std::vector<float> l = {3.0f, 2.0f, 1.0f};
+    EXPECT_EQ(s.sample(l.data()), 0);
+    s.accept(0);
+    EXPECT_EQ(s.sample(l.data()), 1);  // 0 -> 0.3
+    s.accept(1);
+    EXPECT_EQ(s.sample(l.data()), 2);  // 0 -> 0.3, 1 -> 0.2
+    s.accept(2);                       // window {1, 2}: 0 is free again
+    EXPECT_EQ(s.history(), (std::vector<int32_t>{1, 2}));
+    EXPECT_EQ(s.sample(l.data()), 0);
+    s.reset();
+    EXPECT_TRUE(s.history().empty());
+    p.penalty_last_n = 0;  // window 0: penalties off
+    Sampler off(p, 3);
+    off.accept(0);
+    EXPECT_EQ(off.sample(l.data()), 0);
+}
+
+TEST(Sampler, SameSeedSameSequence) {
+    SamplerParams p = plain();
+    p.seed = 1234;
+    std::vector<float> l(100);
+    std::mt19937 g(7);
+    std::normal_distribution<float> nd;
+    for (auto& x : l) x = nd(g);
+    auto run = [&](uint64_t seed) {
+        p.seed = seed;
+        Sampler s(p, 100);
+        std::vector<int32_t> out;
+        for (int i = 0; i < 200; ++i) out.push_back(s.sample(l.data()));
+        return out;
+    };
+    EXPECT_EQ(run(1234), run(1234));
+    EXPECT_NE(run(1234), run(1235));
+    Sampler s(p, 100);  // reset() restarts the stream
+    std::vector<int32_t> a, b;
+    for (int i = 0; i < 50; ++i) a.push_back(s.sample(l.data()));
+    s.reset();
+    for (int i = 0; i < 50; ++i) b.push_back(s.sample(l.data()));
+    EXPECT_EQ(a, b);
+}
+
+// Draw many times; each frequency within 5 standard deviations of its probability,
+// and Pearson's chi-square below the 0.9999 quantile.
+void expect_frequencies(Sampler& s, const std::vector<float>& logits, const std::map<int32_t, double>& want,
+                        int draws) {
+    std::map<int32_t, int> hits;
+    for (int i = 0; i < draws; ++i) ++hits[s.sample(logits.data())];
+    double chi2 = 0.0;
+    for (const auto& [id, n] : hits) EXPECT_TRUE(want.count(id)) << "drew filtered-out token " << id;
+    for (const auto& [id, prob] : want) {
+        const double expect = prob * draws;
+        const double sd = std::sqrt(draws * prob * (1 - prob));
+        EXPECT_NEAR(hits[id], expect, 5 * sd + 1) << "token " << id;
+        chi2 += (hits[id] - expect) * (hits[id] - expect) / expect;
+    }
+    // chi-square 0.9999 quantiles for 1..5 degrees of freedom
+    const double q[] = {0, 15.14, 18.42, 21.11, 23.51, 25.74};
+    EXPECT_LT(chi2, q[want.size() - 1]);
+}
+
+TEST(Sampler, EmpiricalFrequenciesMatchProbabilities) {
+    SamplerParams p = plain();
+    p.seed = 42;
+    Sampler s(p, 5);
+    auto l = log_probs({0.4, 0.25, 0.2, 0.1, 0.05});
+    expect_frequencies(s, l, {{0, 0.4}, {1, 0.25}, {2, 0.2}, {3, 0.1}, {4, 0.05}}, 5000);
+
+    p.top_k = 3;
+    p.temperature = 0.5f;  // squares the probabilities: 0.16 0.0625 0.04 over 0.2625
+    Sampler t(p, 5);
+    const double z = 0.16 + 0.0625 + 0.04;
+    expect_frequencies(t, l, {{0, 0.16 / z}, {1, 0.0625 / z}, {2, 0.04 / z}}, 5000);
+}
+
+// A large random vocabulary exercises the chunked partial sort; compare with a
+// brute-force implementation of the same chain (full sort, double precision).
+TEST(Sampler, LargeVocabularyMatchesBruteForce) {
+    const int32_t n = 20000;
+    std::mt19937 g(99);
+    std::normal_distribution<float> nd(0.0f, 3.0f);
+    std::vector<float> l(n);
+    for (auto& x : l) x = nd(g);
+
+    struct Case {
+        int32_t top_k;
+        float top_p, min_p, temp;
+    };
+    for (const Case& c : {Case{0, 0.9f, 0.0f, 1.0f}, Case{0, 0.999f, 0.0f, 0.7f}, Case{100, 0.95f, 0.05f, 1.3f},
+                          Case{0, 1.0f, 0.01f, 1.0f}, Case{0, 0.5f, 0.001f, 2.0f}}) {
+        SamplerParams p = plain();
+        p.top_k = c.top_k;
+        p.top_p = c.top_p;
+        p.min_p = c.min_p;
+        p.temperature = c.temp;
+        Sampler s(p, n);
+        auto d = s.distribution(l.data());
+
+        std::vector<int32_t> idx(n);
+        std::iota(idx.begin(), idx.end(), 0);
+        std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+        int32_t keep = c.top_k > 0 ? c.top_k : n;
+        double z = 0;
+        for (int32_t i = 0; i < keep; ++i) z += std::exp(double(l[idx[i]]) - l[idx[0]]);
+        if (c.top_p < 1.0f) {
+            double cum = 0;
+            for (int32_t i = 0; i < keep; ++i) {
+                cum += std::exp(double(l[idx[i]]) - l[idx[0]]) / z;
+                if (cum >= c.top_p) {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        if (c.min_p > 0.0f) {
+            int32_t m = 0;
+            while (m < keep && double(l[idx[m]]) >= double(l[idx[0]]) + std::log(double(c.min_p))) ++m;
+            keep = std::max(m, 1);
+        }
+        ASSERT_EQ(int32_t(d.size()), keep) << "top_p " << c.top_p << " min_p " << c.min_p;
+        double zt = 0;
+        for (int32_t i = 0; i < keep; ++i) zt += std::exp((double(l[idx[i]]) - l[idx[0]]) / c.temp);
+        for (int32_t i = 0; i < keep; ++i) {
+            EXPECT_EQ(d[size_t(i)].id, idx[i]);
+            EXPECT_NEAR(d[size_t(i)].p, std::exp((double(l[idx[i]]) - l[idx[0]]) / c.temp) / zt, 1e-5);
+        }
+        // sample() draws only from the kept set
+        std::map<int32_t, bool> kept;
+        for (int32_t i = 0; i < keep; ++i) kept[idx[i]] = true;
+        for (int i = 0; i < 200; ++i) EXPECT_TRUE(kept.count(s.sample(l.data())));
+    }
+}
+
+TEST(Sampler, RejectsBadParams) {
+    SamplerParams p = plain();
+    p.repeat_penalty = 0.0f;
+    EXPECT_THROW(Sampler(p, 4), Error);
+    p = plain();
+    p.top_p = NAN;
+    EXPECT_THROW(Sampler(p, 4), Error);
+    p = plain();
+    p.penalty_last_n = -1;
+    EXPECT_THROW(Sampler(p, 4), Error);
+    EXPECT_THROW(Sampler(plain(), 0), Error);
+}
+
+TEST(Sampler, AllMinusInfinityStillReturnsAToken) {
+    Sampler s(plain(), 3);
+    std::vector<float> l(3, -INFINITY);
+    const int32_t t = s.sample(l.data());
+    EXPECT_GE(t, 0);
+    EXPECT_LT(t, 3);
+}
+
+}  // namespace
+}  // namespace cera
