@@ -1,0 +1,486 @@
+// CPU backend: executes each op immediately. Elementwise ops, norms, RoPE,
+// attention and the short conv are plain loops here (they move little data next
+// to the matmuls); matmuls go to the ISA-dispatched kernels (kernels.h).
+// Work is split over the thread pool only when an op is large enough to pay for
+// the hand-off (a decode step of a small model runs mostly on one thread).
+#include "backends/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <unordered_set>
+#include <vector>
+
+#include "backends/cpu/kernels.h"
+#include "core/check.h"
+#include "core/cpu_features.h"
+#include "core/fp16.h"
+#include "core/quant/quant.h"
+#include "core/threadpool.h"
+
+namespace cera {
+namespace {
+
+// Elements of work below which an op stays on the calling thread.
+constexpr int64_t kParallelMinWork = 32 * 1024;
+
+const float* f16_table() {
+    static const std::vector<float> table = [] {
+        std::vector<float> t(65536);
+        for (uint32_t i = 0; i < 65536; ++i) t[i] = fp16_to_fp32(uint16_t(i));
+        return t;
+    }();
+    return table.data();
+}
+
+// One row of n elements of `type` -> f32.
+void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
+    switch (type) {
+        case GgmlType::kF32: std::memcpy(dst, src, size_t(n) * sizeof(float)); return;
+        case GgmlType::kF16: {
+            const float* tab = f16_table();
+            const auto* s = static_cast<const uint16_t*>(src);
+            for (int64_t i = 0; i < n; ++i) dst[i] = tab[s[i]];
+            return;
+        }
+        case GgmlType::kBF16: {
+            const auto* s = static_cast<const uint16_t*>(src);
+            for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(s[i]);
+            return;
+        }
+        default: dequantize_row_ref(type, src, dst, n); return;
+    }
+}
+
+// Dot product with 8 independent partial sums (lets the compiler keep them in vector registers
+// without reassociating a single sum).
+inline float dot_f32(const float* a, const float* b, int64_t n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; ++i) s += a[i] * b[i];
+    return s;
+}
+
+// Temporary matmul until cpu::matmul lands: dequantize each weight row, dot with every token.
+void matmul_fallback(GgmlType type, const void* w, int64_t rows, int64_t k, const float* x, int64_t n_tokens,
+                     float* y, int64_t ldy, ThreadPool* pool) {
+    auto body = [&](int64_t r0, int64_t r1, int) {
+        std::vector<float> row(static_cast<size_t>(k));
+        const size_t rb = row_size(type, k);
+        for (int64_t r = r0; r < r1; ++r) {
+            dequantize_row(type, static_cast<const uint8_t*>(w) + size_t(r) * rb, row.data(), k);
+            for (int64_t t = 0; t < n_tokens; ++t) y[t * ldy + r] = dot_f32(row.data(), x + t * k, k);
+        }
+    };
+    if (pool && rows * k * n_tokens > 65536)
+        pool->parallel_for(rows, [&](int64_t a, int64_t b, int t) { body(a, b, t); }, 16);
+    else body(0, rows, 0);
+}
+
+inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+class CpuBackend final : public Backend {
+   public:
+    explicit CpuBackend(int n_threads)
+        : pool_(n_threads > 0 ? n_threads : std::max(1, cpu_features().physical_cores)) {
+        f16_table();
+    }
+    ~CpuBackend() override {
+        for (void* p : buffers_) std::free(p);
+    }
+
+    DeviceKind kind() const override { return DeviceKind::kCpu; }
+    std::string description() const override {
+        return std::string("cpu ") + cpu::isa_name(cpu::active_isa()) + ", " + std::to_string(pool_.size()) +
+               (pool_.size() == 1 ? " thread" : " threads");
+    }
+
+    // ------------------------------------------------------------ memory
+    Tensor upload_weight(GgmlType type, std::span<const int64_t> ne, const void* host) override {
+        CERA_CHECK(ne.size() <= 4);
+        Tensor t;
+        t.data = const_cast<void*>(host);
+        t.type = type;
+        for (size_t i = 0; i < 4; ++i) t.ne[i] = i < ne.size() ? ne[i] : 1;
+        return t;
+    }
+
+    Tensor alloc(GgmlType type, std::initializer_list<int64_t> ne) override {
+        CERA_CHECK(ne.size() >= 1 && ne.size() <= 4);
+        Tensor t;
+        t.type = type;
+        size_t i = 0;
+        for (int64_t n : ne) t.ne[i++] = n;
+        for (; i < 4; ++i) t.ne[i] = 1;
+        const size_t bytes = std::max<size_t>(64, (t.n_bytes() + 63) / 64 * 64);
+        void* p = std::aligned_alloc(64, bytes);
+        if (!p) throw std::bad_alloc();
+        std::memset(p, 0, bytes);
+        buffers_.insert(p);
+        t.data = p;
+        return t;
+    }
+
+    void free(Tensor& t) override {
+        if (t.data && buffers_.erase(t.data)) std::free(t.data);
+        t = Tensor{};
+    }
+
+    void write(const Tensor& dst, const void* host, size_t n_bytes, size_t offset) override {
+        std::memcpy(static_cast<uint8_t*>(dst.data) + offset, host, n_bytes);
+    }
+    void read(void* host, const Tensor& src, size_t n_bytes, size_t offset) override {
+        std::memcpy(host, static_cast<const uint8_t*>(src.data) + offset, n_bytes);
+    }
+    void copy(const Tensor& dst, const Tensor& src) override { std::memcpy(dst.data, src.data, src.n_bytes()); }
+    void zero(const Tensor& t) override { std::memset(t.data, 0, t.n_bytes()); }
+    void synchronize() override {}
+
+    // --------------------------------------------------------------- ops
+    void embed(const Tensor& table, const Tensor& ids, float scale, const Tensor& out) override {
+        const int64_t n_embd = table.ne[0], n_tokens = ids.ne[0];
+        const int32_t* id = ids.as<const int32_t>();
+        for (int64_t t = 0; t < n_tokens; ++t) {
+            CERA_CHECK(id[t] >= 0 && id[t] < table.ne[1], "token id %d outside [0, %lld)", id[t],
+                       (long long)table.ne[1]);
+            float* y = out.as<float>() + t * n_embd;
+            dequantize_row(table.type, table.as<const uint8_t>() + size_t(id[t]) * table.row_bytes(), y, n_embd);
+            if (scale != 1.0f)
+                for (int64_t i = 0; i < n_embd; ++i) y[i] *= scale;
+        }
+    }
+
+    void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override {
+        const int64_t n = x.ne[0], rows = x.rows();
+        const float* wp = w ? w.as<const float>() : nullptr;
+        for_rows(rows, n, [&](int64_t r0, int64_t r1) {
+            for (int64_t r = r0; r < r1; ++r) norm_row(x.as<const float>() + r * n, wp, eps, n, out.as<float>() + r * n);
+        });
+    }
+
+    void matmul(const Tensor& w, const Tensor& x, const Tensor& bias, const Tensor& out) override {
+        const int64_t k = w.ne[0], rows = w.rows(), n_tokens = x.rows();
+        CERA_CHECK(x.ne[0] == k && out.ne[0] == rows, "matmul shapes: w {%lld, %lld}, x ne0 %lld, out ne0 %lld",
+                   (long long)k, (long long)rows, (long long)x.ne[0], (long long)out.ne[0]);
+        matmul_fallback(w.type, w.data, rows, k, x.as<const float>(), n_tokens, out.as<float>(), rows, &pool_);
+        if (bias) {
+            const float* b = bias.as<const float>();
+            for (int64_t t = 0; t < n_tokens; ++t) {
+                float* y = out.as<float>() + t * rows;
+                for (int64_t r = 0; r < rows; ++r) y[r] += b[r];
+            }
+        }
+    }
+
+    void norm_rope(const Tensor& x, int n_head, int head_dim, const Tensor& norm_w, float eps, const Tensor& pos,
+                   const RopeParams& rope) override {
+        const int64_t n_tokens = x.rows();
+        const int half = rope.n_rot / 2;
+        const int32_t* p = pos.as<const int32_t>();
+        // cos/sin table [n_tokens, n_rot/2]
+        if (rope.mode != RopeMode::kNone) {
+            grow(rope_cs_, size_t(n_tokens) * half * 2);
+            const float* ff = rope.freq_factors ? rope.freq_factors.as<const float>() : nullptr;
+            for (int64_t t = 0; t < n_tokens; ++t) {
+                float* cs = rope_cs_.data() + t * half * 2;
+                const double position = double(p[t]) * rope.freq_scale;
+                for (int i = 0; i < half; ++i) {
+                    double theta = position * std::pow(double(rope.freq_base), -2.0 * i / rope.n_rot);
+                    if (ff) theta /= ff[i];
+                    cs[2 * i] = float(std::cos(theta));
+                    cs[2 * i + 1] = float(std::sin(theta));
+                }
+            }
+        }
+        const float* nw = norm_w ? norm_w.as<const float>() : nullptr;
+        for_rows(n_tokens * n_head, head_dim, [&](int64_t r0, int64_t r1) {
+            for (int64_t r = r0; r < r1; ++r) {
+                float* v = x.as<float>() + r * head_dim;
+                if (nw) norm_row(v, nw, eps, head_dim, v);
+                if (rope.mode == RopeMode::kNone) continue;
+                const float* cs = rope_cs_.data() + (r / n_head) * half * 2;
+                for (int i = 0; i < half; ++i) {
+                    const int i0 = rope.mode == RopeMode::kNorm ? 2 * i : i;
+                    const int i1 = rope.mode == RopeMode::kNorm ? 2 * i + 1 : i + half;
+                    const float c = cs[2 * i], s = cs[2 * i + 1];
+                    const float a = v[i0], b = v[i1];
+                    v[i0] = a * c - b * s;
+                    v[i1] = a * s + b * c;
+                }
+            }
+        });
+    }
+
+    void kv_store(const Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& k_cache,
+                  const Tensor& v_cache) override {
+        const int64_t n_tokens = k.rows(), width = k.ne[0];
+        const int32_t* p = pos.as<const int32_t>();
+        for (int64_t t = 0; t < n_tokens; ++t) {
+            CERA_CHECK(p[t] >= 0 && p[t] < k_cache.ne[1], "position %d outside the cache of %lld", p[t],
+                       (long long)k_cache.ne[1]);
+            store_row(k.as<const float>() + t * width, k_cache, p[t], width);
+            store_row(v.as<const float>() + t * width, v_cache, p[t], width);
+        }
+    }
+
+    void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& pos,
+                   const AttentionParams& ap, const Tensor& out) override {
+        const int64_t n_tokens = q.rows();
+        const int n_head = ap.n_head, hd = ap.head_dim, group = ap.n_head / ap.n_head_kv;
+        const int64_t kv_width = int64_t(ap.n_head_kv) * hd;
+        const int32_t* p = pos.as<const int32_t>();
+        int32_t max_pos = 0;
+        for (int64_t t = 0; t < n_tokens; ++t) max_pos = std::max(max_pos, p[t]);
+        const int nt = pool_.size();
+        const size_t per_thread = size_t(max_pos + 1) + 3 * size_t(hd);
+        grow(attn_scratch_, per_thread * nt);
+        const bool f16 = k_cache.type == GgmlType::kF16;
+        const float* tab = f16_table();
+        const int64_t work = n_tokens * n_head * int64_t(max_pos + 1) * hd;
+        auto body = [&](int64_t r0, int64_t r1, int thread) {
+            float* scores = attn_scratch_.data() + per_thread * thread;
+            float* acc = scores + (max_pos + 1);
+            float* row = acc + hd;
+            for (int64_t r = r0; r < r1; ++r) {
+                const int64_t t = r / n_head;
+                const int h = int(r % n_head), hk = h / group;
+                const float* qv = q.as<const float>() + t * n_head * hd + int64_t(h) * hd;
+                const int32_t end = p[t] + 1;
+                const int32_t begin = ap.sliding_window > 0 ? std::max(0, end - ap.sliding_window) : 0;
+                float mx = -INFINITY;
+                for (int32_t j = begin; j < end; ++j) {
+                    const float* kr;
+                    if (f16) {
+                        const uint16_t* s = k_cache.as<const uint16_t>() + j * kv_width + int64_t(hk) * hd;
+                        for (int d = 0; d < hd; ++d) row[d] = tab[s[d]];
+                        kr = row;
+                    } else {
+                        kr = k_cache.as<const float>() + j * kv_width + int64_t(hk) * hd;
+                    }
+                    const float s = dot_f32(qv, kr, hd) * ap.scale;
+                    scores[j - begin] = s;
+                    mx = std::max(mx, s);
+                }
+                double sum = 0;
+                for (int32_t j = 0; j < end - begin; ++j) {
+                    scores[j] = std::exp(scores[j] - mx);
+                    sum += scores[j];
+                }
+                std::fill(acc, acc + hd, 0.0f);
+                for (int32_t j = begin; j < end; ++j) {
+                    const float w = scores[j - begin];
+                    if (f16) {
+                        const uint16_t* s = v_cache.as<const uint16_t>() + j * kv_width + int64_t(hk) * hd;
+                        for (int d = 0; d < hd; ++d) acc[d] += w * tab[s[d]];
+                    } else {
+                        const float* vr = v_cache.as<const float>() + j * kv_width + int64_t(hk) * hd;
+                        for (int d = 0; d < hd; ++d) acc[d] += w * vr[d];
+                    }
+                }
+                float* o = out.as<float>() + t * n_head * hd + int64_t(h) * hd;
+                const float inv = float(1.0 / sum);
+                for (int d = 0; d < hd; ++d) o[d] = acc[d] * inv;
+            }
+        };
+        if (work < kParallelMinWork || nt == 1)
+            body(0, n_tokens * n_head, 0);
+        else
+            pool_.parallel_for(n_tokens * n_head, [&](int64_t a, int64_t b, int t) { body(a, b, t); });
+    }
+
+    void short_conv(const Tensor& bcx, const Tensor& w, const Tensor& state, const Tensor& out) override {
+        const int64_t n_tokens = bcx.rows(), n_embd = out.ne[0], L = w.ne[0], n_state = L - 1;
+        CERA_CHECK(bcx.ne[0] == 3 * n_embd && state.ne[0] == n_embd && state.ne[1] == n_state);
+        grow(conv_pad_, size_t(n_state + n_tokens) * n_embd);
+        float* pad = conv_pad_.data();
+        std::memcpy(pad, state.data, size_t(n_state * n_embd) * sizeof(float));
+        const float* in = bcx.as<const float>();
+        for (int64_t t = 0; t < n_tokens; ++t) {
+            const float* b = in + t * 3 * n_embd;
+            const float* x = b + 2 * n_embd;
+            float* d = pad + (n_state + t) * n_embd;
+            for (int64_t c = 0; c < n_embd; ++c) d[c] = b[c] * x[c];
+        }
+        const float* wp = w.as<const float>();
+        for_rows(n_tokens, n_embd * L, [&](int64_t t0, int64_t t1) {
+            for (int64_t t = t0; t < t1; ++t) {
+                const float* cg = in + t * 3 * n_embd + n_embd;
+                float* y = out.as<float>() + t * n_embd;
+                for (int64_t c = 0; c < n_embd; ++c) {
+                    float s = 0.0f;
+                    for (int64_t j = 0; j < L; ++j) s += wp[c * L + j] * pad[(t + j) * n_embd + c];
+                    y[c] = cg[c] * s;
+                }
+            }
+        });
+        std::memcpy(state.data, pad + n_tokens * n_embd, size_t(n_state * n_embd) * sizeof(float));
+    }
+
+    void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override {
+        const int64_t n = gate.n_elements();
+        const float* g = gate.as<const float>();
+        const float* u = up.as<const float>();
+        float* o = out.as<float>();
+        for_rows(n / gate.ne[0], gate.ne[0], [&](int64_t r0, int64_t r1) {
+            for (int64_t i = r0 * gate.ne[0]; i < r1 * gate.ne[0]; ++i) o[i] = silu(g[i]) * u[i];
+        });
+    }
+
+    void add(const Tensor& a, const Tensor& b, float scale, const Tensor& out) override {
+        const int64_t n = a.n_elements();
+        const float* x = a.as<const float>();
+        const float* y = b.as<const float>();
+        float* o = out.as<float>();
+        if (scale == 1.0f)
+            for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
+        else
+            for (int64_t i = 0; i < n; ++i) o[i] = x[i] + scale * y[i];
+    }
+
+    void scale(const Tensor& x, float s) override {
+        const int64_t n = x.n_elements();
+        float* v = x.as<float>();
+        for (int64_t i = 0; i < n; ++i) v[i] *= s;
+    }
+
+    void moe_route(const Tensor& logits, const Tensor& bias, const MoeParams& mp, const Tensor& ids,
+                   const Tensor& weights) override {
+        const int64_t n_tokens = logits.rows(), n_expert = logits.ne[0];
+        const int k = mp.n_expert_used;
+        CERA_CHECK(k >= 1 && k <= n_expert && ids.ne[0] == k && weights.ne[0] == k);
+        grow(route_scratch_, size_t(2 * n_expert));
+        float* prob = route_scratch_.data();
+        float* sel = prob + n_expert;
+        const float* b = bias ? bias.as<const float>() : nullptr;
+        for (int64_t t = 0; t < n_tokens; ++t) {
+            const float* l = logits.as<const float>() + t * n_expert;
+            if (mp.gating == MoeGating::kSigmoid) {
+                for (int64_t e = 0; e < n_expert; ++e) prob[e] = 1.0f / (1.0f + std::exp(-l[e]));
+            } else {
+                float mx = -INFINITY;
+                for (int64_t e = 0; e < n_expert; ++e) mx = std::max(mx, l[e]);
+                double sum = 0;
+                for (int64_t e = 0; e < n_expert; ++e) sum += prob[e] = std::exp(l[e] - mx);
+                for (int64_t e = 0; e < n_expert; ++e) prob[e] = float(prob[e] / sum);
+            }
+            for (int64_t e = 0; e < n_expert; ++e) sel[e] = prob[e] + (b ? b[e] : 0.0f);
+            int32_t* id = ids.as<int32_t>() + t * k;
+            float* wt = weights.as<float>() + t * k;
+            double wsum = 0;
+            for (int j = 0; j < k; ++j) {  // k is small: repeated argmax, ties to the lower id
+                int64_t best = -1;
+                for (int64_t e = 0; e < n_expert; ++e)
+                    if (sel[e] != -INFINITY && (best < 0 || sel[e] > sel[best])) best = e;
+                id[j] = int32_t(best);
+                wt[j] = prob[best];
+                wsum += prob[best];
+                sel[best] = -INFINITY;
+            }
+            for (int j = 0; j < k; ++j) {
+                if (mp.normalize_weights) wt[j] = float(wt[j] / wsum);
+                wt[j] *= mp.weights_scale;
+            }
+        }
+    }
+
+    void moe_ffn(const Tensor& x, const Tensor& gate_exps, const Tensor& up_exps, const Tensor& down_exps,
+                 const Tensor& ids, const Tensor& weights, const Tensor& out) override {
+        const int64_t n_tokens = x.rows(), n_embd = x.ne[0], n_ff = gate_exps.ne[1], n_expert = gate_exps.ne[2];
+        const int k = int(ids.ne[0]);
+        const int32_t* id = ids.as<const int32_t>();
+        const float* wt = weights.as<const float>();
+        // Group the (token, slot) pairs by expert so each expert's weights are read once per batch.
+        grow_i(moe_count_, size_t(n_expert + 1));
+        grow_i(moe_order_, size_t(n_tokens * k));
+        std::fill(moe_count_.begin(), moe_count_.begin() + n_expert + 1, 0);
+        for (int64_t i = 0; i < n_tokens * k; ++i) ++moe_count_[id[i] + 1];
+        for (int64_t e = 0; e < n_expert; ++e) moe_count_[e + 1] += moe_count_[e];
+        grow_i(moe_fill_, size_t(n_expert));
+        std::copy(moe_count_.begin(), moe_count_.begin() + n_expert, moe_fill_.begin());
+        for (int64_t i = 0; i < n_tokens * k; ++i) moe_order_[moe_fill_[id[i]]++] = int32_t(i);
+
+        grow(moe_x_, size_t(n_tokens * k) * n_embd);
+        grow(moe_g_, size_t(n_tokens * k) * n_ff);
+        grow(moe_u_, size_t(n_tokens * k) * n_ff);
+        grow(moe_y_, size_t(n_tokens * k) * n_embd);
+        std::memset(out.data, 0, out.n_bytes());
+        const size_t gate_stride = row_size(gate_exps.type, n_embd) * n_ff;
+        const size_t up_stride = row_size(up_exps.type, n_embd) * n_ff;
+        const size_t down_stride = row_size(down_exps.type, n_ff) * n_embd;
+        for (int64_t e = 0; e < n_expert; ++e) {
+            const int64_t b = moe_count_[e], cnt = moe_count_[e + 1] - b;
+            if (cnt == 0) continue;
+            for (int64_t i = 0; i < cnt; ++i)
+                std::memcpy(moe_x_.data() + i * n_embd, x.as<const float>() + (moe_order_[b + i] / k) * n_embd,
+                            size_t(n_embd) * sizeof(float));
+            matmul_fallback(gate_exps.type, gate_exps.as<const uint8_t>() + e * gate_stride, n_ff, n_embd, moe_x_.data(),
+                        cnt, moe_g_.data(), n_ff, &pool_);
+            matmul_fallback(up_exps.type, up_exps.as<const uint8_t>() + e * up_stride, n_ff, n_embd, moe_x_.data(), cnt,
+                        moe_u_.data(), n_ff, &pool_);
+            for (int64_t i = 0; i < cnt * n_ff; ++i) moe_g_[i] = silu(moe_g_[i]) * moe_u_[i];
+            matmul_fallback(down_exps.type, down_exps.as<const uint8_t>() + e * down_stride, n_embd, n_ff, moe_g_.data(),
+                        cnt, moe_y_.data(), n_embd, &pool_);
+            for (int64_t i = 0; i < cnt; ++i) {
+                const int32_t slot = moe_order_[b + i];
+                const float w = wt[slot];
+                float* o = out.as<float>() + (slot / k) * n_embd;
+                const float* y = moe_y_.data() + i * n_embd;
+                for (int64_t c = 0; c < n_embd; ++c) o[c] += w * y[c];
+            }
+        }
+    }
+
+   private:
+    static void norm_row(const float* x, const float* w, float eps, int64_t n, float* y) {
+        double ss = 0;
+        for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * x[i];
+        const float r = float(1.0 / std::sqrt(ss / double(n) + double(eps)));
+        if (w)
+            for (int64_t i = 0; i < n; ++i) y[i] = x[i] * r * w[i];
+        else
+            for (int64_t i = 0; i < n; ++i) y[i] = x[i] * r;
+    }
+
+    static void store_row(const float* src, const Tensor& cache, int64_t row, int64_t width) {
+        if (cache.type == GgmlType::kF16) {
+            uint16_t* d = cache.as<uint16_t>() + row * width;
+            for (int64_t i = 0; i < width; ++i) d[i] = fp32_to_fp16(src[i]);
+        } else {
+            std::memcpy(cache.as<float>() + row * width, src, size_t(width) * sizeof(float));
+        }
+    }
+
+    // Runs body(r0, r1) over [0, rows), split over the pool when rows * cost_per_row is large.
+    template <class F>
+    void for_rows(int64_t rows, int64_t cost_per_row, F&& body) {
+        if (pool_.size() == 1 || rows < 2 || rows * cost_per_row < kParallelMinWork) {
+            body(0, rows);
+            return;
+        }
+        pool_.parallel_for(rows, [&](int64_t r0, int64_t r1, int) { body(r0, r1); });
+    }
+
+    static void grow(std::vector<float>& v, size_t n) {
+        if (v.size() < n) v.resize(n);
+    }
+    static void grow_i(std::vector<int32_t>& v, size_t n) {
+        if (v.size() < n) v.resize(n);
+    }
+
+    ThreadPool pool_;
+    std::unordered_set<void*> buffers_;
+    // Scratch, grown to the largest batch seen and then reused (no allocation in steady state).
+    std::vector<float> rope_cs_, attn_scratch_, conv_pad_, route_scratch_;
+    std::vector<float> moe_x_, moe_g_, moe_u_, moe_y_;
+    std::vector<int32_t> moe_count_, moe_order_, moe_fill_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int n_threads) { return std::make_unique<CpuBackend>(n_threads); }
+
+}  // namespace cera

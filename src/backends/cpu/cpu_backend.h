@@ -1,0 +1,15 @@
+// The CPU implementation of the backend interface: every op runs at once on
+// the calling thread plus the backend's thread pool. Weights are views into
+// the mapped GGUF; buffers are 64-byte aligned host memory. Matmuls go to the
+// kernel table of src/backends/cpu/kernels.h (ref / AVX2 / AVX-512).
+#pragma once
+#include <memory>
+
+#include "backends/backend.h"
+
+namespace cera {
+
+// n_threads <= 0: the number of physical cores.
+std::unique_ptr<Backend> make_cpu_backend(int n_threads);
+
+}  // namespace cera
