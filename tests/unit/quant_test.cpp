@@ -1,0 +1,533 @@
+// Quant formats against independent references:
+//  - hand-built blocks: each element's code is placed with an encoder written here from the format
+//    description, and the dequantized value must equal the format's formula;
+//  - quantize -> dequantize error bounds derived from each format's math, over several distributions;
+//  - the fixtures' quantized GGUFs (written by llama-quantize from their F32 twins): dequantized
+//    tensors stay within the format bound of the F32 weights, and quantizing the F32 weights here
+//    reproduces llama-quantize's bytes exactly.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cera/error.h"
+#include "core/fp16.h"
+#include "core/quant/quant.h"
+#include "gguf/gguf.h"
+#include "test_util.h"
+
+using namespace cera;
+
+namespace {
+
+std::vector<uint8_t> quantize(GgmlType t, const std::vector<float>& x) {
+    std::vector<uint8_t> q(row_size(t, int64_t(x.size())));
+    quantize_row_ref(t, x.data(), q.data(), int64_t(x.size()));
+    return q;
+}
+
+std::vector<float> dequantize(GgmlType t, const void* q, int64_t n) {
+    std::vector<float> y(size_t(n), std::nanf(""));
+    dequantize_row_ref(t, q, y.data(), n);
+    return y;
+}
+
+// ------------------------------------------------------------------ hand-built blocks
+
+// Sets bits of a little-endian bit field: `nbits` bits at bit offset `bit` of `bytes`.
+void put_bits(uint8_t* bytes, int bit, int nbits, int value) {
+    for (int b = 0; b < nbits; ++b) {
+        const int pos = bit + b;
+        if ((value >> b) & 1) bytes[pos / 8] |= uint8_t(1u << (pos % 8));
+        else bytes[pos / 8] &= uint8_t(~(1u << (pos % 8)));
+    }
+}
+
+TEST(QuantHandBuilt, Q4_0AndQ4_1) {
+    // element e < 16 lives in the low nibble of byte e, element e >= 16 in the high nibble of byte e - 16
+    BlockQ4_0 b0{};
+    BlockQ4_1 b1{};
+    b0.d = fp32_to_fp16(0.25f);
+    b1.d = fp32_to_fp16(0.5f);
+    b1.m = fp32_to_fp16(-3.0f);
+    int code[32];
+    for (int e = 0; e < 32; ++e) {
+        code[e] = (e * 7 + 3) % 16;
+        put_bits(b0.qs, (e % 16) * 8 + (e / 16) * 4, 4, code[e]);
+        put_bits(b1.qs, (e % 16) * 8 + (e / 16) * 4, 4, code[e]);
+    }
+    auto y0 = dequantize(GgmlType::kQ4_0, &b0, 32);
+    auto y1 = dequantize(GgmlType::kQ4_1, &b1, 32);
+    for (int e = 0; e < 32; ++e) {
+        EXPECT_EQ(y0[e], 0.25f * float(code[e] - 8)) << e;
+        EXPECT_EQ(y1[e], 0.5f * float(code[e]) - 3.0f) << e;
+    }
+}
+
+TEST(QuantHandBuilt, Q5_0AndQ5_1) {
+    // low 4 bits as Q4; bit 4 of element e is bit e of the 32-bit little-endian qh
+    BlockQ5_0 b0{};
+    BlockQ5_1 b1{};
+    b0.d = fp32_to_fp16(0.125f);
+    b1.d = fp32_to_fp16(2.0f);
+    b1.m = fp32_to_fp16(1.5f);
+    int code[32];
+    for (int e = 0; e < 32; ++e) {
+        code[e] = (e * 13 + 5) % 32;
+        put_bits(b0.qs, (e % 16) * 8 + (e / 16) * 4, 4, code[e] & 15);
+        put_bits(b1.qs, (e % 16) * 8 + (e / 16) * 4, 4, code[e] & 15);
+        put_bits(b0.qh, e, 1, code[e] >> 4);
+        put_bits(b1.qh, e, 1, code[e] >> 4);
+    }
+    auto y0 = dequantize(GgmlType::kQ5_0, &b0, 32);
+    auto y1 = dequantize(GgmlType::kQ5_1, &b1, 32);
+    for (int e = 0; e < 32; ++e) {
+        EXPECT_EQ(y0[e], 0.125f * float(code[e] - 16)) << e;
+        EXPECT_EQ(y1[e], 2.0f * float(code[e]) + 1.5f) << e;
+    }
+}
+
+TEST(QuantHandBuilt, Q8_0) {
+    BlockQ8_0 b[2]{};
+    b[0].d = fp32_to_fp16(0.01f);
+    b[1].d = fp32_to_fp16(-3.0f);
+    for (int e = 0; e < 32; ++e) b[0].qs[e] = int8_t(e * 8 - 127), b[1].qs[e] = int8_t(31 - e);
+    auto y = dequantize(GgmlType::kQ8_0, b, 64);
+    for (int e = 0; e < 32; ++e) {
+        EXPECT_EQ(y[e], fp16_to_fp32(b[0].d) * float(e * 8 - 127));
+        EXPECT_EQ(y[32 + e], -3.0f * float(31 - e));
+    }
+}
+
+// Q4_K / Q5_K: 8 sub-blocks of 32. Sub-block s has a 6-bit scale and min packed in 12 bytes:
+// s < 4: scale = bits 0..5 of byte s, min = bits 0..5 of byte s + 4;
+// s >= 4: scale = low nibble of byte s + 4 | (bits 6..7 of byte s - 4) << 4,
+//         min = high nibble of byte s + 4 | (bits 6..7 of byte s) << 4.
+// Element e = 64 g + 32 h + l (g: pair of sub-blocks, h: which half): the nibble h of qs[32 g + l];
+// Q5_K's 5th bit is bit 2 g + h of qh[l].
+void put_k4_scale(uint8_t* scales, int s, int sc, int m) {
+    if (s < 4) {
+        put_bits(scales, 8 * s, 6, sc);
+        put_bits(scales, 8 * (s + 4), 6, m);
+    } else {
+        put_bits(scales, 8 * (s + 4), 4, sc & 15);
+        put_bits(scales, 8 * (s - 4) + 6, 2, sc >> 4);
+        put_bits(scales, 8 * (s + 4) + 4, 4, m & 15);
+        put_bits(scales, 8 * s + 6, 2, m >> 4);
+    }
+}
+
+TEST(QuantHandBuilt, Q4_KAndQ5_K) {
+    BlockQ4_K b4{};
+    BlockQ5_K b5{};
+    b4.d = b5.d = fp32_to_fp16(0.0625f);
+    b4.dmin = b5.dmin = fp32_to_fp16(0.03125f);
+    int sc[8], mn[8], code4[256], code5[256];
+    for (int s = 0; s < 8; ++s) {
+        sc[s] = (s * 23 + 17) % 64;
+        mn[s] = (s * 41 + 60) % 64;
+        put_k4_scale(b4.scales, s, sc[s], mn[s]);
+        put_k4_scale(b5.scales, s, sc[s], mn[s]);
+    }
+    for (int e = 0; e < 256; ++e) {
+        const int g = e / 64, h = (e / 32) % 2, l = e % 32;
+        code4[e] = (e * 5 + 1) % 16;
+        code5[e] = (e * 11 + 7) % 32;
+        put_bits(b4.qs, 8 * (32 * g + l) + 4 * h, 4, code4[e]);
+        put_bits(b5.qs, 8 * (32 * g + l) + 4 * h, 4, code5[e] & 15);
+        put_bits(b5.qh, 8 * l + 2 * g + h, 1, code5[e] >> 4);
+    }
+    auto y4 = dequantize(GgmlType::kQ4_K, &b4, 256);
+    auto y5 = dequantize(GgmlType::kQ5_K, &b5, 256);
+    for (int e = 0; e < 256; ++e) {
+        const int s = e / 32;
+        EXPECT_FLOAT_EQ(y4[e], 0.0625f * sc[s] * code4[e] - 0.03125f * mn[s]) << e;
+        EXPECT_FLOAT_EQ(y5[e], 0.0625f * sc[s] * code5[e] - 0.03125f * mn[s]) << e;
+    }
+}
+
+TEST(QuantHandBuilt, Q6_K) {
+    // 16 sub-blocks of 16 with int8 scales. Element e = 128 n + 32 r + l (n half, r quarter, l < 32):
+    // low 4 bits = nibble (r / 2) of ql[64 n + 32 (r % 2) + l]; high 2 bits = bits 2 r.. of qh[32 n + l].
+    BlockQ6_K b{};
+    b.d = fp32_to_fp16(0.5f);
+    int code[256];
+    for (int s = 0; s < 16; ++s) b.scales[s] = int8_t(s * 17 - 120);
+    for (int e = 0; e < 256; ++e) {
+        const int n = e / 128, r = (e / 32) % 4, l = e % 32;
+        code[e] = (e * 29 + 3) % 64;
+        put_bits(b.ql, 8 * (64 * n + 32 * (r % 2) + l) + 4 * (r / 2), 4, code[e] & 15);
+        put_bits(b.qh, 8 * (32 * n + l) + 2 * r, 2, code[e] >> 4);
+    }
+    auto y = dequantize(GgmlType::kQ6_K, &b, 256);
+    for (int e = 0; e < 256; ++e) EXPECT_FLOAT_EQ(y[e], 0.5f * b.scales[e / 16] * (code[e] - 32)) << e;
+}
+
+TEST(QuantHandBuilt, Q2_KAndQ3_K) {
+    // Q2_K: 16 sub-blocks of 16; scales[s] low nibble = scale, high nibble = min.
+    // Element e = 128 n + 32 j + 16 p + l: 2 bits at shift 2 j of qs[32 n + 16 p + l].
+    BlockQ2_K b2{};
+    b2.d = fp32_to_fp16(0.25f);
+    b2.dmin = fp32_to_fp16(0.125f);
+    // Q3_K: 16 6-bit scales (offset 32): low 4 bits in nibble (s / 8) of scales[s % 8], high 2 bits at
+    // bit 2 (s / 4) of scales[8 + s % 4]; 2 low bits of a code as Q2_K, bit 2 = bit (e / 32) of hmask[e % 32],
+    // and the value is (code - 4) with the high bit inverted: stored bit 1 means "no -4".
+    BlockQ3_K b3{};
+    b3.d = fp32_to_fp16(0.5f);
+    int c2[256], c3[256], s3[16];
+    for (int s = 0; s < 16; ++s) {
+        b2.scales[s] = uint8_t(((s * 7) % 16) | (((s * 3 + 1) % 16) << 4));
+        s3[s] = (s * 37 + 11) % 64;
+        put_bits(b3.scales, 8 * (s % 8) + 4 * (s / 8), 4, s3[s] & 15);
+        put_bits(b3.scales, 8 * (8 + s % 4) + 2 * (s / 4), 2, s3[s] >> 4);
+    }
+    for (int e = 0; e < 256; ++e) {
+        const int n = e / 128, j = (e / 32) % 4, p = (e / 16) % 2, l = e % 16;
+        c2[e] = (e * 3 + 1) % 4;
+        c3[e] = (e * 5 + 2) % 8;  // value c3 - 4 in [-4, 3]
+        put_bits(b2.qs, 8 * (32 * n + 16 * p + l) + 2 * j, 2, c2[e]);
+        put_bits(b3.qs, 8 * (32 * n + 16 * p + l) + 2 * j, 2, c3[e] & 3);
+        put_bits(b3.hmask, 8 * (e % 32) + e / 32, 1, c3[e] >> 2);
+    }
+    auto y2 = dequantize(GgmlType::kQ2_K, &b2, 256);
+    auto y3 = dequantize(GgmlType::kQ3_K, &b3, 256);
+    for (int e = 0; e < 256; ++e) {
+        const int s = e / 16;
+        EXPECT_FLOAT_EQ(y2[e], 0.25f * (b2.scales[s] & 15) * c2[e] - 0.125f * (b2.scales[s] >> 4)) << e;
+        EXPECT_FLOAT_EQ(y3[e], 0.5f * (s3[s] - 32) * (c3[e] - 4)) << e;
+    }
+}
+
+TEST(QuantTable, SupportAndErrors) {
+    for (GgmlType t : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ4_0, GgmlType::kQ4_1,
+                       GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K,
+                       GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
+        EXPECT_TRUE(can_dequantize(t)) << type_name(t);
+        const QuantTraits* qt = quant_traits(t);
+        ASSERT_NE(qt, nullptr);
+        EXPECT_EQ(qt->block_size, type_info(t).block_size);
+        EXPECT_EQ(qt->type_size, type_info(t).type_size);
+    }
+    for (GgmlType t : {GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
+                       GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
+                       GgmlType::kQ8_K, GgmlType::kQ8_1})
+        EXPECT_TRUE(can_quantize(t)) << type_name(t);
+    EXPECT_FALSE(can_dequantize(GgmlType::kIQ2_XXS));
+    EXPECT_FALSE(can_quantize(GgmlType::kQ2_K));
+    float x[256] = {};
+    uint8_t buf[1024] = {};
+    try {
+        dequantize_row_ref(GgmlType::kIQ4_NL, buf, x, 32);
+        FAIL() << "no throw";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+        EXPECT_NE(std::string(e.what()).find("IQ4_NL"), std::string::npos);
+    }
+    EXPECT_THROW(quantize_row_ref(GgmlType::kQ3_K, x, buf, 256), Error);
+}
+
+// ------------------------------------------------------------------ error bounds
+
+// Largest error the format allows for one block of 32 (x: its values), from its construction:
+//   Q8_0: x/d rounded, d = amax/127: 0.5 d. Q4_0 / Q5_0: d = max/-8 (/-16) puts the largest
+//   magnitude at code 0, the opposite extreme may clip by one step: 1 d. Q4_1 / Q5_1: d = range/15
+//   (/31) from the min: 0.5 d. Each plus the fp16 rounding of d (and m): 2^-11 relative on
+//   nmax * d and on |m|, and 2^-24 absolute for fp16 subnormals.
+double block32_bound(GgmlType t, const float* x) {
+    double amax = 0, mn = x[0], mx = x[0];
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, double(std::fabs(x[i]))), mn = std::min(mn, double(x[i])),
+                                 mx = std::max(mx, double(x[i]));
+    const double fp16_rel = std::ldexp(1.0, -11), abs_slack = 64 * std::ldexp(1.0, -24);
+    switch (t) {
+        case GgmlType::kQ8_0: return 0.5 * amax / 127 + amax * fp16_rel + abs_slack;
+        case GgmlType::kQ4_0: return 1.0 * amax / 8 + amax * fp16_rel + abs_slack;
+        case GgmlType::kQ5_0: return 1.0 * amax / 16 + amax * fp16_rel + abs_slack;
+        case GgmlType::kQ4_1: return 0.5 * (mx - mn) / 15 + (mx - mn + std::fabs(mn)) * fp16_rel * 1.01 + abs_slack;
+        case GgmlType::kQ5_1: return 0.5 * (mx - mn) / 31 + (mx - mn + std::fabs(mn)) * fp16_rel * 1.01 + abs_slack;
+        default: return -1;
+    }
+}
+
+// K-quants: per sub-block, an element whose value lies inside the range the (dequantized)
+// sub-block scale and min can represent is rounded to the nearest code: error <= step / 2.
+// Elements outside it are clipped to the nearest end. Returns the number of violations.
+struct KCheck {
+    int64_t violations = 0, clipped = 0, n = 0;
+};
+
+void check_k_block(GgmlType t, const uint8_t* blk, const float* x, const float* y, KCheck& kc) {
+    const double eps_rel = 1e-5;
+    auto check = [&](int e, double step, double lo, double hi) {
+        const double v = x[e], err = std::fabs(double(y[e]) - v);
+        ++kc.n;
+        const double slack = eps_rel * (std::fabs(v) + std::fabs(lo) + std::fabs(hi)) + 1e-30;
+        if (v >= lo - 0.5 * step && v <= hi + 0.5 * step) {
+            if (err > 0.5 * step + slack) ++kc.violations;
+        } else {
+            ++kc.clipped;
+            const double edge = v < lo ? lo : hi;
+            if (std::fabs(double(y[e]) - edge) > slack + 1e-7 * std::fabs(edge)) ++kc.violations;
+        }
+    };
+    if (t == GgmlType::kQ4_K || t == GgmlType::kQ5_K) {
+        const uint16_t* dd = reinterpret_cast<const uint16_t*>(blk);
+        const uint8_t* scales = blk + 4;
+        const int nmax = t == GgmlType::kQ4_K ? 15 : 31;
+        for (int s = 0; s < 8; ++s) {
+            uint8_t sc, m;
+            get_scale_min_k4(s, scales, &sc, &m);
+            const double step = double(fp16_to_fp32(dd[0])) * sc, mn = double(fp16_to_fp32(dd[1])) * m;
+            for (int e = 32 * s; e < 32 * s + 32; ++e) {
+                if (step == 0) {  // every code gives -mn: only the min is stored
+                    ++kc.n;
+                    if (std::fabs(double(y[e]) + mn) > 1e-6 * std::fabs(mn) + 1e-30) ++kc.violations;
+                    continue;
+                }
+                check(e, step, -mn, step * nmax - mn);
+            }
+        }
+    } else if (t == GgmlType::kQ6_K) {
+        const auto* b = reinterpret_cast<const BlockQ6_K*>(blk);
+        for (int s = 0; s < 16; ++s) {
+            const double step = double(fp16_to_fp32(b->d)) * b->scales[s];
+            for (int e = 16 * s; e < 16 * s + 16; ++e) {
+                if (step == 0) {
+                    ++kc.n;
+                    if (y[e] != 0.0f) ++kc.violations;
+                    continue;
+                }
+                const double a = -32 * step, c = 31 * step;
+                check(e, std::fabs(step), std::min(a, c), std::max(a, c));
+            }
+        }
+    }
+}
+
+// Distributions of test rows: each a mix of blocks that exercise the edge cases.
+std::vector<float> make_row(int kind, int64_t n, std::mt19937& rng) {
+    std::vector<float> x(static_cast<size_t>(n));
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (int64_t i = 0; i < n; ++i) {
+        switch (kind) {
+            case 0: x[i] = g(rng); break;                              // gaussian
+            case 1: x[i] = 0.5f + 0.25f * u(rng); break;               // positive, offset (asymmetric)
+            case 2: x[i] = 0.0f; break;                                // all zero
+            case 3: x[i] = -0.75f; break;                              // constant
+            case 4: x[i] = (i % 97 == 5) ? 40.0f * g(rng) : 0.1f * g(rng); break;  // outliers
+            case 5: x[i] = 1e-6f * g(rng); break;                      // tiny (fp16 subnormal scales)
+            case 6: x[i] = 1e3f * u(rng); break;                       // large
+            default: x[i] = (i / 32) % 2 ? g(rng) : 0.0f; break;       // alternating zero / non-zero blocks
+        }
+    }
+    return x;
+}
+
+const char* kKindNames[] = {"gaussian", "offset", "zero", "constant", "outliers", "tiny", "large", "mixed"};
+
+TEST(QuantRoundTrip, Block32TypesWithinFormatBound) {
+    std::mt19937 rng(1234);
+    const int64_t n = 32 * 64;
+    for (GgmlType t : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kQ4_1, GgmlType::kQ5_1}) {
+        for (int kind = 0; kind < 8; ++kind) {
+            SCOPED_TRACE(std::string(type_name(t)) + " " + kKindNames[kind]);
+            auto x = make_row(kind, n, rng);
+            auto q = quantize(t, x);
+            auto y = dequantize(t, q.data(), n);
+            for (int64_t b = 0; b < n / 32; ++b) {
+                const double bound = block32_bound(t, &x[size_t(32 * b)]);
+                for (int64_t i = 32 * b; i < 32 * b + 32; ++i)
+                    ASSERT_LE(std::fabs(double(y[size_t(i)]) - x[size_t(i)]), bound) << "element " << i;
+            }
+            if (kind == 2) {
+                for (float v : y) ASSERT_EQ(v, 0.0f);
+            }
+        }
+    }
+}
+
+TEST(QuantRoundTrip, KQuantsWithinFormatBound) {
+    std::mt19937 rng(99);
+    const int64_t n = 256 * 16;
+    // RMS error relative to RMS value on gaussian rows: roughly step / sqrt(12) with the step
+    // spread over the sub-block range (about 4.5 sigma for 32 gaussian values): 4.5 / 15 / 3.46 = 0.087
+    // for Q4_K, half that for Q5_K, and for Q6_K 4.5 / 63 / 3.46 = 0.021; the bound allows 1.3x.
+    const std::map<GgmlType, double> rms_bound = {
+        {GgmlType::kQ4_K, 0.087 * 1.3}, {GgmlType::kQ5_K, 0.043 * 1.3}, {GgmlType::kQ6_K, 0.021 * 1.3}};
+    for (GgmlType t : {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
+        for (int kind = 0; kind < 8; ++kind) {
+            SCOPED_TRACE(std::string(type_name(t)) + " " + kKindNames[kind]);
+            auto x = make_row(kind, n, rng);
+            auto q = quantize(t, x);
+            auto y = dequantize(t, q.data(), n);
+            KCheck kc;
+            const size_t bs = type_info(t).type_size;
+            for (int64_t b = 0; b < n / 256; ++b) check_k_block(t, q.data() + b * bs, &x[256 * b], &y[256 * b], kc);
+            EXPECT_EQ(kc.violations, 0) << kc.clipped << " clipped of " << kc.n;
+            double se = 0, sx = 0;
+            for (int64_t i = 0; i < n; ++i) se += std::pow(double(y[i]) - x[i], 2), sx += double(x[i]) * x[i];
+            if (kind == 0) {
+                EXPECT_LE(std::sqrt(se / sx), rms_bound.at(t));
+            }
+            if (kind == 2 || kind == 3) {
+                // zero and constant rows are represented exactly (constant: by the min for Q4_K/Q5_K,
+                // by the symmetric scale for Q6_K up to the scale's own rounding)
+                for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(y[i], x[i], 1e-3 * std::fabs(x[i])) << i;
+            }
+        }
+    }
+}
+
+TEST(QuantRoundTrip, ActivationFormats) {
+    std::mt19937 rng(7);
+    for (int kind = 0; kind < 8; ++kind) {
+        SCOPED_TRACE(kKindNames[kind]);
+        auto x = make_row(kind, 512, rng);
+        // Q8_K: float scale, codes in [-127, 127], bsums = sums of 16 codes.
+        auto q = quantize(GgmlType::kQ8_K, x);
+        auto y = dequantize(GgmlType::kQ8_K, q.data(), 512);
+        for (int b = 0; b < 2; ++b) {
+            const auto* blk = reinterpret_cast<const BlockQ8_K*>(q.data()) + b;
+            double amax = 0;
+            for (int i = 0; i < 256; ++i) amax = std::max(amax, double(std::fabs(x[256 * b + i])));
+            for (int i = 0; i < 256; ++i)
+                ASSERT_LE(std::fabs(double(y[256 * b + i]) - x[256 * b + i]), 0.5 * amax / 127 * (1 + 1e-5));
+            for (int s = 0; s < 16; ++s) {
+                int sum = 0;
+                for (int i = 0; i < 16; ++i) sum += blk->qs[16 * s + i];
+                ASSERT_EQ(blk->bsums[s], sum);
+            }
+        }
+        // Q8_1: as Q8_0 plus s = d * sum(codes)
+        auto q1 = quantize(GgmlType::kQ8_1, x);
+        auto q0 = quantize(GgmlType::kQ8_0, x);
+        for (int b = 0; b < 16; ++b) {
+            const auto* b1 = reinterpret_cast<const BlockQ8_1*>(q1.data()) + b;
+            const auto* b0 = reinterpret_cast<const BlockQ8_0*>(q0.data()) + b;
+            ASSERT_EQ(b1->d, b0->d);
+            ASSERT_EQ(0, std::memcmp(b1->qs, b0->qs, 32));
+            int sum = 0;
+            for (int i = 0; i < 32; ++i) sum += b1->qs[i];
+            // s is rounded from sum * (unrounded d): fp16 rounding of both, plus fp16's subnormal spacing
+            ASSERT_NEAR(fp16_to_fp32(b1->s), double(sum) * fp16_to_fp32(b1->d),
+                        std::fabs(double(sum) * fp16_to_fp32(b1->d)) * 2e-3 + std::abs(sum) * std::ldexp(1.0, -25) +
+                            std::ldexp(1.0, -24));
+        }
+    }
+}
+
+TEST(QuantRoundTrip, HalfTypes) {
+    std::mt19937 rng(3);
+    auto x = make_row(0, 1000, rng);
+    x[0] = 65504.0f, x[1] = -1e-7f, x[2] = 0.0f, x[3] = 1.0f / 3;
+    auto yh = dequantize(GgmlType::kF16, quantize(GgmlType::kF16, x).data(), 1000);
+    auto yb = dequantize(GgmlType::kBF16, quantize(GgmlType::kBF16, x).data(), 1000);
+    auto yf = dequantize(GgmlType::kF32, quantize(GgmlType::kF32, x).data(), 1000);
+    for (int i = 0; i < 1000; ++i) {
+        EXPECT_LE(std::fabs(yh[i] - x[i]), std::ldexp(std::fabs(x[i]), -11) + std::ldexp(1.0, -25)) << i;
+        EXPECT_LE(std::fabs(yb[i] - x[i]), std::ldexp(std::fabs(x[i]), -8)) << i;
+        EXPECT_EQ(yf[i], x[i]);
+    }
+}
+
+// ------------------------------------------------------------------ fixture files
+
+struct FilePair {
+    std::string quant, f32;
+};
+
+std::vector<FilePair> fixture_pairs() {
+    using test::data_path;
+    return {
+        {test::source_path("models/tiny-lfm2-Q8_0.gguf"), data_path("fixtures/tiny-lfm2/model.gguf")},
+        {data_path("fixtures/tiny-lfm2/model-Q4_0.gguf"), data_path("fixtures/tiny-lfm2/model.gguf")},
+        {data_path("fixtures/tiny-lfm2/model-Q4_K_M.gguf"), data_path("fixtures/tiny-lfm2/model.gguf")},
+        {data_path("fixtures/tiny-lfm2moe/model-Q4_K_M.gguf"), data_path("fixtures/tiny-lfm2moe/model.gguf")},
+        {data_path("fixtures/tiny-qwen3/model-Q4_0.gguf"), data_path("fixtures/tiny-qwen3/model.gguf")},
+    };
+}
+
+struct TypeStats {
+    int tensors = 0, exact = 0;
+    int64_t elements = 0;
+    double se = 0, sx = 0;
+};
+
+// For every quantized tensor of every fixture: dequantization within the format bound of the F32
+// weights, and our quantizer reproduces the file's bytes.
+TEST(QuantFixtures, MatchLlamaQuantize) {
+    std::map<GgmlType, TypeStats> stats;
+    for (const FilePair& fp : fixture_pairs()) {
+        SCOPED_TRACE(fp.quant);
+        auto qf = gguf::File::open(fp.quant);
+        auto ff = gguf::File::open(fp.f32);
+        int n_quant = 0;
+        for (const gguf::TensorInfo& ti : qf->tensors()) {
+            SCOPED_TRACE(ti.name + " " + type_name(ti.type));
+            const gguf::TensorInfo* ref = ff->find_tensor(ti.name);
+            ASSERT_NE(ref, nullptr);
+            ASSERT_EQ(ref->type, GgmlType::kF32);
+            ASSERT_EQ(ref->ne, ti.ne);
+            const int64_t k = ti.ne[0], rows = ti.rows();
+            const float* x = reinterpret_cast<const float*>(ref->data);
+            if (ti.type == GgmlType::kF32) {
+                EXPECT_EQ(0, std::memcmp(ti.data, ref->data, ti.n_bytes));
+                continue;
+            }
+            ++n_quant;
+            ASSERT_TRUE(can_dequantize(ti.type));
+            const size_t rs = row_size(ti.type, k);
+            ASSERT_EQ(rs * size_t(rows), ti.n_bytes);
+            std::vector<float> y(static_cast<size_t>(k));
+            std::vector<uint8_t> q(rs);
+            TypeStats& st = stats[ti.type];
+            bool exact = true;
+            KCheck kc;
+            for (int64_t r = 0; r < rows; ++r) {
+                const uint8_t* qrow = ti.data + size_t(r) * rs;
+                const float* xr = x + r * k;
+                dequantize_row_ref(ti.type, qrow, y.data(), k);
+                const int64_t bsz = type_info(ti.type).block_size;
+                for (int64_t b = 0; b < k / bsz; ++b) {
+                    if (bsz == 32) {
+                        const double bound = block32_bound(ti.type, xr + 32 * b);
+                        for (int64_t i = 32 * b; i < 32 * b + 32; ++i)
+                            ASSERT_LE(std::fabs(double(y[i]) - xr[i]), bound) << "row " << r << " element " << i;
+                    } else {
+                        check_k_block(ti.type, qrow + b * type_info(ti.type).type_size, xr + 256 * b, &y[256 * b], kc);
+                    }
+                }
+                for (int64_t i = 0; i < k; ++i) st.se += std::pow(double(y[i]) - xr[i], 2), st.sx += double(xr[i]) * xr[i];
+                quantize_row_ref(ti.type, xr, q.data(), k);
+                if (std::memcmp(q.data(), qrow, rs) != 0) exact = false;
+            }
+            EXPECT_EQ(kc.violations, 0) << kc.clipped << " clipped of " << kc.n;
+            EXPECT_TRUE(exact) << "our quantizer differs from llama-quantize's bytes";
+            st.tensors++;
+            st.exact += exact;
+            st.elements += k * rows;
+        }
+        EXPECT_GT(n_quant, 0);
+    }
+    // RMS error relative to the weights' RMS, per type (trained weights, heavier tails than gaussian):
+    // about step / sqrt(12) / rms with the step from the format (see the round-trip test), 1.5x margin.
+    const std::map<GgmlType, double> rms_bound = {
+        {GgmlType::kQ8_0, 0.006}, {GgmlType::kQ4_0, 0.15}, {GgmlType::kQ5_0, 0.075}, {GgmlType::kQ5_1, 0.06},
+        {GgmlType::kQ4_K, 0.13},  {GgmlType::kQ6_K, 0.035}};
+    for (const auto& [t, st] : stats) {
+        const double rel = std::sqrt(st.se / st.sx);
+        std::printf("  %-5s %3d tensors, %9lld elements, %3d bit-exact, rms rel error %.4f\n", type_name(t),
+                    st.tensors, (long long)st.elements, st.exact, rel);
+        ASSERT_TRUE(rms_bound.count(t)) << type_name(t);
+        EXPECT_LE(rel, rms_bound.at(t)) << type_name(t);
+    }
+    for (GgmlType t : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ5_0,
+                       GgmlType::kQ5_1})
+        EXPECT_GT(stats[t].tensors, 0) << type_name(t) << " not covered by the fixtures";
+}
+
+}  // namespace
