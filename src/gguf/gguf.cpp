@@ -248,7 +248,8 @@ class Parser {
             case ValueType::kF64: val.v = read<double>(what); break;
             case ValueType::kBool: {
                 uint8_t b = read<uint8_t>(what);
-                if (b > 1) fail("key '%s': bool value %u at offset %zu is neither 0 nor 1", key.c_str(), b, pos_ - 1);
+                if (b > 1)
+                    fail("key '%s': bool value %u at offset %zu is neither 0 nor 1", printable(key).c_str(), b, pos_ - 1);
                 val.v = b == 1;
                 break;
             }
