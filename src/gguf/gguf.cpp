@@ -175,9 +175,12 @@ bool valid_utf8(std::string_view s) {
 // A printable excerpt of a name for error messages: at most 64 bytes, control bytes escaped.
 std::string printable(std::string_view s) {
     std::string out;
-    for (size_t i = 0; i < s.size() && i < 64; ++i) {
+    const bool utf8 = valid_utf8(s);
+    size_t cut = std::min<size_t>(s.size(), 64);
+    while (utf8 && cut < s.size() && cut > 0 && (uint8_t(s[cut]) & 0xC0) == 0x80) --cut;  // whole characters only
+    for (size_t i = 0; i < cut; ++i) {
         uint8_t c = uint8_t(s[i]);
-        if (c < 0x20 || c == 0x7F) {
+        if (c < 0x20 || c == 0x7F || (c >= 0x80 && !utf8)) {
             char buf[8];
             std::snprintf(buf, sizeof buf, "\\x%02x", c);
             out += buf;
@@ -185,7 +188,7 @@ std::string printable(std::string_view s) {
             out += char(c);
         }
     }
-    if (s.size() > 64) out += "...";
+    if (cut < s.size()) out += "...";
     return out;
 }
 
@@ -264,12 +267,8 @@ class Parser {
                 ValueType elem = ValueType(et);
                 uint64_t max_n = remaining() / min_value_bytes(elem);
                 if (n > max_n)
-                    fail("key '%s': array of %" PRIu64 " %s needs at least %" PRIu64
-                         " bytes but only %zu remain in the file",
-                         printable(key).c_str(), n, value_type_name(elem),
-                         n > std::numeric_limits<uint64_t>::max() / 12 ? std::numeric_limits<uint64_t>::max()
-                                                                       : n * min_value_bytes(elem),
-                         remaining());
+                    fail("key '%s': array of %" PRIu64 " %s is longer than the %zu bytes left in the file could hold",
+                         printable(key).c_str(), n, value_type_name(elem), remaining());
                 auto arr = std::make_shared<Array>();
                 arr->elem_type = elem;
                 arr->items.reserve(size_t(n));
@@ -407,11 +406,11 @@ void File::parse(const uint8_t* data, size_t size) {
             in.fail("tensor '%s': data offset %" PRIu64 " is not a multiple of the alignment %" PRIu64,
                     printable(ti.name).c_str(), ti.offset, alignment_);
         if (ti.offset > data_bytes || ti.n_bytes > data_bytes - ti.offset) {
-            constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
-            const uint64_t start = ti.offset > kMax - data_offset_ ? kMax : data_offset_ + ti.offset;
-            const uint64_t end = ti.n_bytes > kMax - start ? kMax : start + ti.n_bytes;
+            if (ti.offset > std::numeric_limits<uint64_t>::max() - data_offset_ - ti.n_bytes)
+                in.fail("tensor '%s': data offset %" PRIu64 " + %zu bytes lies outside the file (size %zu)",
+                        printable(ti.name).c_str(), ti.offset, ti.n_bytes, size);
             in.fail("tensor '%s': data [%" PRIu64 ", %" PRIu64 ") lies outside the file (size %zu)",
-                    printable(ti.name).c_str(), start, end, size);
+                    printable(ti.name).c_str(), data_offset_ + ti.offset, data_offset_ + ti.offset + ti.n_bytes, size);
         }
         ti.data = data + data_offset_ + ti.offset;
     }
