@@ -103,6 +103,16 @@ Value value_f32_array(std::span<const float> xs) {
 
 void Writer::set(std::string_view key, Value v) {
     if (key.empty()) throw_error(ErrorCode::kInvalidArgument, "GGUF writer: empty metadata key");
+    if (key == keys::kAlignment) {  // the data layout follows the key, as a reader will
+        if (v.type != ValueType::kU32)
+            throw_error(ErrorCode::kInvalidArgument, "GGUF writer: general.alignment must be u32, got %s",
+                        value_type_name(v.type));
+        const uint64_t a = v.as_uint();
+        if (a == 0 || (a & (a - 1)) != 0)
+            throw_error(ErrorCode::kInvalidArgument, "GGUF writer: alignment %llu is not a non-zero power of two",
+                        (unsigned long long)a);
+        alignment_ = uint32_t(a);
+    }
     for (auto& [k, old] : kv_) {
         if (k == key) {
             old = std::move(v);
@@ -113,6 +123,7 @@ void Writer::set(std::string_view key, Value v) {
 }
 
 void Writer::remove(std::string_view key) {
+    if (key == keys::kAlignment) alignment_ = 32;
     for (auto it = kv_.begin(); it != kv_.end(); ++it) {
         if (it->first == key) {
             kv_.erase(it);
@@ -124,7 +135,6 @@ void Writer::remove(std::string_view key) {
 void Writer::set_alignment(uint32_t alignment) {
     if (alignment == 0 || (alignment & (alignment - 1)) != 0)
         throw_error(ErrorCode::kInvalidArgument, "GGUF writer: alignment %u is not a non-zero power of two", alignment);
-    alignment_ = alignment;
     set(keys::kAlignment, value_u32(alignment));
 }
 

@@ -40,6 +40,7 @@ class Writer {
     using FillFn = std::function<void(uint8_t* dst, size_t n_bytes)>;
 
     // Sets a metadata value; a key set twice keeps its first position and takes the new value.
+    // Setting general.alignment (u32, a power of two) also sets the data alignment.
     void set(std::string_view key, Value v);
     void set_u32(std::string_view key, uint32_t x) { set(key, value_u32(x)); }
     void set_i32(std::string_view key, int32_t x) { set(key, value_i32(x)); }
