@@ -1,0 +1,100 @@
+// What an architecture file provides to the generic runner (model.cpp): its
+// dimensions, the per-sequence state each layer needs, the output head, and a
+// forward pass over the layers for one batch of tokens of one sequence.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "models/loader.h"
+#include "models/model.h"
+
+namespace cera {
+
+// The per-sequence state of one layer.
+struct LayerStateSpec {
+    int64_t kv_width = 0;       // n_head_kv * head_dim of an attention layer; 0 = no KV cache
+    int64_t conv_channels = 0;  // n_embd of a short-conv layer; 0 = no conv state
+    int64_t conv_rows = 0;      // L - 1 rows of conv state
+};
+
+// Per-token widths of the scratch activations an architecture uses (max over layers).
+struct ScratchSpec {
+    int64_t q_width = 0;        // n_head * head_dim
+    int64_t kv_width = 0;       // n_head_kv * head_dim
+    int64_t wide = 0;           // widest intermediate: max(n_ff, 3 * n_embd)
+    int64_t n_expert = 0;       // MoE router width
+    int64_t n_expert_used = 0;  // k
+};
+
+// The caches of one layer of one sequence.
+struct LayerCache {
+    Tensor k, v;  // [n_ctx, n_head_kv * head_dim] F32/F16; empty for layers without attention
+    Tensor conv;  // f32 [L - 1, n_embd]; empty for layers without a short conv
+};
+
+// Device buffers of one forward pass, each viewed with n_tokens rows.
+struct Step {
+    Backend* be = nullptr;
+    int64_t n_tokens = 0;
+    Tensor ids, pos;         // i32 [n_tokens]: token ids, positions
+    Tensor x;                // f32 [n_tokens, n_embd] residual stream
+    Tensor h;                // f32 [n_tokens, n_embd] normed input of a block
+    Tensor y;                // f32 [n_tokens, n_embd] block output
+    Tensor q;                // f32 [n_tokens, n_head * head_dim]
+    Tensor k, v;             // f32 [n_tokens, n_head_kv * head_dim]
+    Tensor attn;             // f32 [n_tokens, n_head * head_dim]
+    Tensor wide0, wide1;     // f32 [n_tokens, wide]
+    Tensor router;           // f32 [n_tokens, n_expert]
+    Tensor moe_ids, moe_w;   // i32 / f32 [n_tokens, n_expert_used]
+    std::span<LayerCache> cache;  // [n_layer]
+
+    // A wide buffer seen as [n_tokens, width].
+    static Tensor cols(const Tensor& wide, int64_t width) { return wide.reshaped(width, wide.ne[1]); }
+};
+
+// The output head shared by every architecture:
+//   x = token_embd[ids] * embedding_scale;  ...layers...;  logits = output · (RMSNorm(x) * output_norm) / logit_scale
+struct HeadWeights {
+    Tensor token_embd;   // [n_vocab, n_embd]
+    Tensor output_norm;  // f32 [n_embd]
+    Tensor output;       // [n_vocab, n_embd]; token_embd when tied
+    float norm_eps = 1e-5f;
+    float embedding_scale = 1.0f;
+    float logit_scale = 1.0f;
+};
+
+class Architecture {
+   public:
+    virtual ~Architecture() = default;
+    // Runs every layer over s.x (the embedded tokens), leaving the residual stream in s.x.
+    virtual void forward(Step& s) const = 0;
+
+    ModelInfo info;
+    HeadWeights head;
+    std::vector<LayerStateSpec> state;  // [n_layer]
+    ScratchSpec scratch;
+};
+
+// Everything an architecture factory reads from.
+struct LoadContext {
+    const gguf::File& file;
+    Backend& be;
+    HParams hp;
+    WeightLoader wl;
+};
+
+using ArchFactory = std::unique_ptr<Architecture> (*)(LoadContext& ctx);
+
+// nullptr when `arch` is not supported.
+ArchFactory find_architecture(const std::string& arch);
+
+// Fills info.{arch,name,n_vocab,n_embd,n_layer,n_ctx_train} and head from the common keys and tensors:
+// token_embd.weight, output.weight (tied to token_embd when absent), and the final norm `norm_name`.
+void load_common(LoadContext& ctx, Architecture& a, int64_t n_embd, int64_t n_layer, const std::string& norm_name,
+                 float norm_eps);
+
+}  // namespace cera

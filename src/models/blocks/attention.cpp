@@ -1,0 +1,47 @@
+#include "models/blocks/attention.h"
+
+namespace cera {
+
+AttentionWeights load_attention(WeightLoader& wl, int64_t il, const AttentionShape& s) {
+    AttentionWeights w;
+    w.wq = wl.matrix(blk(il, "attn_q.weight"), {s.n_embd, s.q_width()});
+    w.wk = wl.matrix(blk(il, "attn_k.weight"), {s.n_embd, s.kv_width()});
+    w.wv = wl.matrix(blk(il, "attn_v.weight"), {s.n_embd, s.kv_width()});
+    w.wo = wl.matrix(blk(il, "attn_output.weight"), {s.q_width(), s.n_embd});
+    if (s.bias == QkvBias::kPresent) {
+        w.bq = wl.f32(blk(il, "attn_q.bias"), {s.q_width()});
+        w.bk = wl.f32(blk(il, "attn_k.bias"), {s.kv_width()});
+        w.bv = wl.f32(blk(il, "attn_v.bias"), {s.kv_width()});
+    }
+    if (s.qk_norm == QkNorm::kPerHead) {
+        w.q_norm = wl.f32(blk(il, "attn_q_norm.weight"), {s.head_dim});
+        w.k_norm = wl.f32(blk(il, "attn_k_norm.weight"), {s.head_dim});
+    }
+    return w;
+}
+
+void attention_block(const Step& s, const AttentionWeights& w, const AttentionConfig& c, const LayerCache& cache,
+                     const Tensor& h, const Tensor& y) {
+    Backend& be = *s.be;
+    const AttentionShape& sh = c.shape;
+    const Tensor q = s.q.reshaped(sh.q_width(), s.n_tokens);
+    const Tensor k = s.k.reshaped(sh.kv_width(), s.n_tokens);
+    const Tensor v = s.v.reshaped(sh.kv_width(), s.n_tokens);
+    const Tensor attn = s.attn.reshaped(sh.q_width(), s.n_tokens);
+    be.matmul(w.wq, h, w.bq, q);
+    be.matmul(w.wk, h, w.bk, k);
+    be.matmul(w.wv, h, w.bv, v);
+    be.norm_rope(q, int(sh.n_head), int(sh.head_dim), w.q_norm, c.norm_eps, s.pos, c.rope);
+    be.norm_rope(k, int(sh.n_head_kv), int(sh.head_dim), w.k_norm, c.norm_eps, s.pos, c.rope);
+    be.kv_store(k, v, s.pos, cache.k, cache.v);
+    AttentionParams p;
+    p.n_head = int(sh.n_head);
+    p.n_head_kv = int(sh.n_head_kv);
+    p.head_dim = int(sh.head_dim);
+    p.scale = c.attn_scale;
+    p.sliding_window = c.sliding_window;
+    be.attention(q, cache.k, cache.v, s.pos, p, attn);
+    be.matmul(w.wo, attn, Tensor{}, y);
+}
+
+}  // namespace cera

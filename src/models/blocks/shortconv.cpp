@@ -1,0 +1,23 @@
+#include "models/blocks/shortconv.h"
+
+namespace cera {
+
+ShortConvWeights load_short_conv(WeightLoader& wl, int64_t il, int64_t n_embd, int64_t l_cache) {
+    ShortConvWeights w;
+    w.in_proj = wl.matrix(blk(il, "shortconv.in_proj.weight"), {n_embd, 3 * n_embd});
+    w.conv = wl.f32(blk(il, "shortconv.conv.weight"), {l_cache, n_embd});
+    w.out_proj = wl.matrix(blk(il, "shortconv.out_proj.weight"), {n_embd, n_embd});
+    return w;
+}
+
+void short_conv_block(const Step& s, const ShortConvWeights& w, const LayerCache& cache, const Tensor& h,
+                      const Tensor& y) {
+    const int64_t n_embd = h.ne[0];
+    const Tensor bcx = Step::cols(s.wide0, 3 * n_embd);
+    const Tensor gated = s.attn.reshaped(n_embd, s.n_tokens);
+    s.be->matmul(w.in_proj, h, Tensor{}, bcx);
+    s.be->short_conv(bcx, w.conv, cache.conv, gated);
+    s.be->matmul(w.out_proj, gated, Tensor{}, y);
+}
+
+}  // namespace cera

@@ -1,0 +1,90 @@
+#include "models/loader.h"
+
+#include <cinttypes>
+
+#include "core/check.h"
+#include "core/quant/quant.h"
+#include "gguf/keys.h"
+
+namespace cera {
+namespace {
+
+std::string shape_string(const int64_t* ne, size_t n) {
+    std::string s = "{";
+    for (size_t i = 0; i < n; ++i) {
+        if (i) s += ", ";
+        s += std::to_string(ne[i]);
+    }
+    return s + "}";
+}
+
+}  // namespace
+
+std::string blk(int64_t il, std::string_view suffix) {
+    std::string s = "blk." + std::to_string(il) + ".";
+    s += suffix;
+    return s;
+}
+
+std::string HParams::key(std::string_view suffix) const { return gguf::keys::arch_key(arch_, suffix); }
+bool HParams::has(std::string_view suffix) const { return f_.has(key(suffix)); }
+
+int64_t HParams::u32(std::string_view suffix) const { return f_.get_i64(key(suffix)); }
+int64_t HParams::u32(std::string_view suffix, int64_t fallback) const { return f_.get_i64(key(suffix), fallback); }
+float HParams::f32(std::string_view suffix) const { return f_.get_f32(key(suffix)); }
+float HParams::f32(std::string_view suffix, float fallback) const { return f_.get_f32(key(suffix), fallback); }
+
+std::vector<int64_t> HParams::per_layer(std::string_view suffix, int64_t n_layer) const {
+    const std::string k = key(suffix);
+    const gguf::Value* v = f_.find(k);
+    if (!v) throw_error(ErrorCode::kMissing, "missing key %s", k.c_str());
+    if (v->type != gguf::ValueType::kArray) return std::vector<int64_t>(size_t(n_layer), f_.get_i64(k));
+    std::vector<int64_t> xs = f_.get_int_array(k);
+    if (int64_t(xs.size()) != n_layer)
+        throw_error(ErrorCode::kInvalidFile, "%s has %zu entries, expected %" PRId64 " (block_count)", k.c_str(),
+                    xs.size(), n_layer);
+    return xs;
+}
+
+void HParams::require(bool ok, std::string_view suffix, int64_t value, const char* what) const {
+    if (!ok) throw_error(ErrorCode::kInvalidFile, "%s = %" PRId64 ": %s", key(suffix).c_str(), value, what);
+}
+
+Tensor WeightLoader::load(const std::string& name, std::initializer_list<int64_t> ne, bool f32_only, bool optional) {
+    const gguf::TensorInfo* ti = f_.find_tensor(name);
+    if (!ti) {
+        if (optional) return Tensor{};
+        throw_error(ErrorCode::kMissing, "missing tensor %s (expected ne %s)", name.c_str(),
+                    shape_string(ne.begin(), ne.size()).c_str());
+    }
+    // Compare ne with trailing 1s ignored on both sides.
+    std::vector<int64_t> want(ne), got(ti->ne);
+    while (want.size() > 1 && want.back() == 1) want.pop_back();
+    while (got.size() > 1 && got.back() == 1) got.pop_back();
+    if (want != got)
+        throw_error(ErrorCode::kInvalidFile, "tensor %s has ne %s, expected %s", name.c_str(),
+                    shape_string(ti->ne.data(), ti->ne.size()).c_str(), shape_string(want.data(), want.size()).c_str());
+    if (f32_only && ti->type != GgmlType::kF32)
+        throw_error(ErrorCode::kUnsupported, "tensor %s has type %s, expected F32", name.c_str(), type_name(ti->type));
+    if (!f32_only && !can_dequantize(ti->type))
+        throw_error(ErrorCode::kUnsupported, "tensor %s has type %s, which this build cannot compute with",
+                    name.c_str(), type_name(ti->type));
+    if (got.size() > 4) throw_error(ErrorCode::kInvalidFile, "tensor %s has %zu dimensions", name.c_str(), got.size());
+    ++n_loaded_;
+    return be_.upload_weight(ti->type, std::span<const int64_t>(got.data(), got.size()), ti->data);
+}
+
+Tensor WeightLoader::matrix(const std::string& name, std::initializer_list<int64_t> ne) {
+    return load(name, ne, false, false);
+}
+Tensor WeightLoader::matrix_optional(const std::string& name, std::initializer_list<int64_t> ne) {
+    return load(name, ne, false, true);
+}
+Tensor WeightLoader::f32(const std::string& name, std::initializer_list<int64_t> ne) {
+    return load(name, ne, true, false);
+}
+Tensor WeightLoader::f32_optional(const std::string& name, std::initializer_list<int64_t> ne) {
+    return load(name, ne, true, true);
+}
+
+}  // namespace cera

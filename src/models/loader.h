@@ -1,0 +1,69 @@
+// Reading an architecture's hyperparameters and weights from a GGUF, with the
+// checks that turn a bad file into a clear error naming the key or tensor and
+// the expected vs actual value.
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backends/backend.h"
+#include "gguf/gguf.h"
+
+namespace cera {
+
+// Keys under "<arch>.": hp.u32("embedding_length") reads "lfm2.embedding_length".
+class HParams {
+   public:
+    HParams(const gguf::File& f, std::string arch) : f_(f), arch_(std::move(arch)) {}
+    const std::string& arch() const { return arch_; }
+    const gguf::File& file() const { return f_; }
+    std::string key(std::string_view suffix) const;
+    bool has(std::string_view suffix) const;
+
+    // Required (kMissing names the key when absent) and defaulted forms.
+    int64_t u32(std::string_view suffix) const;
+    int64_t u32(std::string_view suffix, int64_t fallback) const;
+    float f32(std::string_view suffix) const;
+    float f32(std::string_view suffix, float fallback) const;
+    // A per-layer value: a scalar broadcast to every layer, or an array of exactly n_layer entries
+    // (kInvalidFile naming the key and both lengths otherwise).
+    std::vector<int64_t> per_layer(std::string_view suffix, int64_t n_layer) const;
+
+    // Throws kInvalidFile "<key> = <value>: <what>" unless ok.
+    void require(bool ok, std::string_view suffix, int64_t value, const char* what) const;
+
+   private:
+    const gguf::File& f_;
+    std::string arch_;
+};
+
+// Looks up tensors by name, checks their shape (ne, GGUF order) and type, and makes them resident
+// on the backend.
+class WeightLoader {
+   public:
+    WeightLoader(const gguf::File& f, Backend& be) : f_(f), be_(be) {}
+
+    // Any weight type the backend's matmul accepts (F32, F16, BF16, quantized).
+    Tensor matrix(const std::string& name, std::initializer_list<int64_t> ne);
+    Tensor matrix_optional(const std::string& name, std::initializer_list<int64_t> ne);
+    // F32 vectors and small tensors (norms, biases, conv kernels, rope factors).
+    Tensor f32(const std::string& name, std::initializer_list<int64_t> ne);
+    Tensor f32_optional(const std::string& name, std::initializer_list<int64_t> ne);
+
+    bool has(const std::string& name) const { return f_.find_tensor(name) != nullptr; }
+    // The number of tensors fetched so far (to report unused tensors if wanted).
+    size_t n_loaded() const { return n_loaded_; }
+
+   private:
+    Tensor load(const std::string& name, std::initializer_list<int64_t> ne, bool f32_only, bool optional);
+    const gguf::File& f_;
+    Backend& be_;
+    size_t n_loaded_ = 0;
+};
+
+// "blk.<il>.<suffix>", e.g. blk(3, "attn_q.weight").
+std::string blk(int64_t il, std::string_view suffix);
+
+}  // namespace cera

@@ -1,0 +1,101 @@
+// Loading: the architecture registry, the common head tensors, load_model.
+#include "models/model.h"
+
+#include <cinttypes>
+
+#include "core/check.h"
+#include "gguf/gguf.h"
+#include "models/arch.h"
+
+namespace cera {
+
+// One factory per architecture file.
+std::unique_ptr<Architecture> make_lfm2(LoadContext& ctx);
+std::unique_ptr<Architecture> make_lfm2moe(LoadContext& ctx);
+std::unique_ptr<Architecture> make_llama(LoadContext& ctx);
+std::unique_ptr<Architecture> make_qwen2(LoadContext& ctx);
+std::unique_ptr<Architecture> make_qwen3(LoadContext& ctx);
+std::unique_ptr<Architecture> make_granite(LoadContext& ctx);
+
+namespace {
+
+struct ArchEntry {
+    const char* name;  // general.architecture
+    ArchFactory make;
+};
+
+constexpr ArchEntry kArchitectures[] = {
+    {"lfm2", make_lfm2},   {"lfm2moe", make_lfm2moe}, {"llama", make_llama},
+    {"qwen2", make_qwen2}, {"qwen3", make_qwen3},     {"granite", make_granite},
+};
+
+}  // namespace
+
+ArchFactory find_architecture(const std::string& arch) {
+    for (const ArchEntry& e : kArchitectures)
+        if (arch == e.name) return e.make;
+    return nullptr;
+}
+
+std::vector<std::string> supported_architectures() {
+    std::vector<std::string> out;
+    for (const ArchEntry& e : kArchitectures) out.emplace_back(e.name);
+    return out;
+}
+
+void load_common(LoadContext& ctx, Architecture& a, int64_t n_embd, int64_t n_layer, const std::string& norm_name,
+                 float norm_eps) {
+    const gguf::TensorInfo* te = ctx.file.find_tensor("token_embd.weight");
+    if (!te) throw_error(ErrorCode::kMissing, "missing tensor token_embd.weight (expected ne {%" PRId64 ", n_vocab})", n_embd);
+    const int64_t n_vocab = te->ne.size() >= 2 ? te->ne[1] : 1;
+    if (ctx.hp.has("vocab_size")) {
+        const int64_t v = ctx.hp.u32("vocab_size");
+        if (v != n_vocab)
+            throw_error(ErrorCode::kInvalidFile, "%s = %" PRId64 " but token_embd.weight has %" PRId64 " rows",
+                        ctx.hp.key("vocab_size").c_str(), v, n_vocab);
+    }
+    a.head.token_embd = ctx.wl.matrix("token_embd.weight", {n_embd, n_vocab});
+    a.head.output = ctx.wl.matrix_optional("output.weight", {n_embd, n_vocab});
+    if (!a.head.output) a.head.output = a.head.token_embd;
+    a.head.output_norm = ctx.wl.f32(norm_name, {n_embd});
+    a.head.norm_eps = norm_eps;
+    a.info.arch = ctx.hp.arch();
+    a.info.name = ctx.file.get_string("general.name", "");
+    a.info.n_vocab = n_vocab;
+    a.info.n_embd = n_embd;
+    a.info.n_layer = n_layer;
+    a.info.n_ctx_train = ctx.hp.u32("context_length");
+}
+
+Model::~Model() = default;
+
+std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& opts) {
+    if (opts.kv_type != GgmlType::kF32 && opts.kv_type != GgmlType::kF16)
+        throw_error(ErrorCode::kInvalidArgument, "KV cache type %s: expected F32 or F16", type_name(opts.kv_type));
+    if (opts.n_batch < 1) throw_error(ErrorCode::kInvalidArgument, "n_batch = %d: must be at least 1", opts.n_batch);
+    if (opts.n_ctx < 0) throw_error(ErrorCode::kInvalidArgument, "n_ctx = %d: must not be negative", opts.n_ctx);
+
+    std::unique_ptr<Model> m(new Model());
+    m->opts_ = opts;
+    m->file_ = gguf::File::open(path);
+    const std::string arch = m->file_->architecture();
+    if (arch.empty()) throw_error(ErrorCode::kMissing, "%s: missing key general.architecture", path.c_str());
+    const ArchFactory make = find_architecture(arch);
+    if (!make) {
+        std::string known;
+        for (const std::string& a : supported_architectures()) known += (known.empty() ? "" : ", ") + a;
+        throw_error(ErrorCode::kUnsupported, "%s: unknown architecture '%s' (supported: %s)", path.c_str(),
+                    arch.c_str(), known.c_str());
+    }
+    BackendOptions bo;
+    bo.device = opts.device;
+    bo.n_threads = opts.n_threads;
+    bo.gpu_index = opts.gpu_index;
+    m->backend_ = create_backend(bo);
+    LoadContext ctx{*m->file_, *m->backend_, HParams(*m->file_, arch), WeightLoader(*m->file_, *m->backend_)};
+    m->arch_ = make(ctx);
+    m->info_ = m->arch_->info;
+    return m;
+}
+
+}  // namespace cera

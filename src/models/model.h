@@ -1,0 +1,104 @@
+// The model API: load a GGUF into a backend, then run sequences through it.
+//
+//   auto model = cera::load_model("model.gguf", {.n_threads = 2});
+//   auto seq = model->create_state();                 // KV cache + conv state of one sequence
+//   std::vector<float> logits(model->info().n_vocab);
+//   seq->eval(prompt_ids, logits.data(), /*all_logits=*/false);   // prefill, in chunks of n_batch
+//   seq->eval({&next, 1}, logits.data(), false);                  // one decode step
+//
+// A Model is immutable after loading and may serve many states; one state is used by one
+// thread at a time. Bad input (unknown architecture, missing key or tensor, wrong shape or
+// type, a prompt longer than the context, a token id out of range) throws cera::Error.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "core/dtype.h"
+
+namespace cera {
+
+namespace gguf {
+class File;
+}
+
+struct ModelOptions {
+    DeviceKind device = DeviceKind::kCpu;
+    int n_threads = 0;                   // CPU threads; 0 = physical cores
+    int gpu_index = 0;                   // CUDA device
+    int n_ctx = 0;                       // tokens per sequence; 0 = the model's context_length, at most kDefaultMaxCtx
+    GgmlType kv_type = GgmlType::kF32;   // KV cache storage: kF32 or kF16
+    int n_batch = 512;                   // prefill chunk: tokens per forward pass
+    static constexpr int kDefaultMaxCtx = 4096;
+};
+
+struct ModelInfo {
+    std::string arch;          // general.architecture
+    std::string name;          // general.name, or ""
+    int64_t n_vocab = 0;
+    int64_t n_embd = 0;
+    int64_t n_layer = 0;
+    int64_t n_ctx_train = 0;   // <arch>.context_length
+    int64_t n_attn_layers = 0;  // layers with a KV cache
+    int64_t n_conv_layers = 0;  // LFM2 short-conv layers
+};
+
+class Architecture;
+class ModelState;
+
+class Model {
+   public:
+    ~Model();
+    const ModelInfo& info() const { return info_; }
+    const ModelOptions& options() const { return opts_; }
+    const gguf::File& file() const { return *file_; }
+    Backend& backend() const { return *backend_; }
+    const Architecture& arch() const { return *arch_; }
+
+    // A new sequence with an empty cache. n_ctx = 0 takes the model options' n_ctx.
+    std::unique_ptr<ModelState> create_state(int n_ctx = 0) const;
+
+   private:
+    friend std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& opts);
+    Model() = default;
+    ModelOptions opts_;
+    ModelInfo info_;
+    std::unique_ptr<gguf::File> file_;      // keeps the mapping alive (CPU weights are views into it)
+    std::unique_ptr<Backend> backend_;
+    std::unique_ptr<Architecture> arch_;
+};
+
+// Opens `path`, reads and validates the hyperparameters and tensors of its architecture
+// (general.architecture), and makes the weights resident on the chosen device.
+std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& opts = {});
+
+// The architectures this build can run (general.architecture values).
+std::vector<std::string> supported_architectures();
+
+class ModelState {
+   public:
+    virtual ~ModelState() = default;
+
+    // Runs `tokens` at positions position() .. position() + n - 1 (in chunks of n_batch), then
+    // advances the position. Outputs rows are for every token when all_logits, else for the last:
+    //   logits_out: f32 [n_out, n_vocab] (may be null); hidden_out: f32 [n_out, n_embd], the hidden
+    //   state after the final norm (may be null). Throws kOutOfRange (state unchanged) when a token id
+    //   is outside [0, n_vocab) or the tokens do not fit in the context.
+    virtual void eval(std::span<const int32_t> tokens, float* logits_out, bool all_logits,
+                      float* hidden_out = nullptr) = 0;
+
+    virtual int32_t position() const = 0;  // tokens in the cache
+    virtual int32_t n_ctx() const = 0;
+    virtual void reset() = 0;              // empty cache, zero conv state, position 0
+
+    // Snapshot of the sequence (KV rows 0..position()-1, conv states, position) for save/restore.
+    virtual size_t state_size() const = 0;                     // bytes save_state() writes now
+    virtual void save_state(std::vector<uint8_t>& out) const = 0;
+    // Throws kInvalidFile when the bytes were not saved by a state of the same model and n_ctx large enough.
+    virtual void restore_state(std::span<const uint8_t> bytes) = 0;
+};
+
+}  // namespace cera

@@ -1,0 +1,263 @@
+// The per-sequence state (KV caches of the attention layers, rolling conv
+// states of the short-conv layers, scratch activations) and the generic
+// forward: embed -> architecture layers -> final norm -> LM head, in chunks of
+// n_batch tokens. Every buffer is allocated when the state is created; eval()
+// allocates nothing.
+#include <algorithm>
+#include <atomic>
+#include <cinttypes>
+#include <cstring>
+
+#include "core/check.h"
+#include "models/arch.h"
+
+namespace cera {
+namespace {
+
+constexpr int64_t kLogitRows = 32;       // LM-head rows per pass when every position's logits are wanted
+constexpr uint32_t kStateMagic = 0x53524543;  // "CERS"
+constexpr uint32_t kStateVersion = 1;
+
+std::atomic<uint64_t> g_state_serial{1};
+
+struct SavedHeader {
+    uint32_t magic, version;
+    uint32_t n_layer, kv_type;
+    int32_t position, reserved;
+    int64_t n_vocab, n_embd;
+};
+
+class SequenceState final : public ModelState {
+   public:
+    SequenceState(const Model& model, int n_ctx) : model_(model), be_(model.backend()), arch_(model.arch()) {
+        const ModelInfo& info = arch_.info;
+        n_ctx_ = n_ctx > 0 ? n_ctx : model.options().n_ctx;
+        if (n_ctx_ <= 0) n_ctx_ = int(std::min<int64_t>(info.n_ctx_train > 0 ? info.n_ctx_train : 2048,
+                                                        ModelOptions::kDefaultMaxCtx));
+        n_batch_ = std::min(model.options().n_batch, n_ctx_);
+        serial_ = g_state_serial.fetch_add(1);
+        const GgmlType kv = model.options().kv_type;
+        cache_.resize(arch_.state.size());
+        for (size_t il = 0; il < cache_.size(); ++il) {
+            const LayerStateSpec& sp = arch_.state[il];
+            if (sp.kv_width > 0) {
+                cache_[il].k = be_.alloc(kv, {sp.kv_width, n_ctx_});
+                cache_[il].v = be_.alloc(kv, {sp.kv_width, n_ctx_});
+            }
+            if (sp.conv_channels > 0) cache_[il].conv = be_.alloc(GgmlType::kF32, {sp.conv_channels, sp.conv_rows});
+        }
+        const ScratchSpec& sc = arch_.scratch;
+        const int64_t nb = n_batch_, n_embd = info.n_embd;
+        ids_ = be_.alloc(GgmlType::kI32, {nb});
+        pos_t_ = be_.alloc(GgmlType::kI32, {nb});
+        x_ = be_.alloc(GgmlType::kF32, {n_embd, nb});
+        h_ = be_.alloc(GgmlType::kF32, {n_embd, nb});
+        y_ = be_.alloc(GgmlType::kF32, {n_embd, nb});
+        q_ = be_.alloc(GgmlType::kF32, {std::max<int64_t>(sc.q_width, 1), nb});
+        k_ = be_.alloc(GgmlType::kF32, {std::max<int64_t>(sc.kv_width, 1), nb});
+        v_ = be_.alloc(GgmlType::kF32, {std::max<int64_t>(sc.kv_width, 1), nb});
+        attn_ = be_.alloc(GgmlType::kF32, {std::max(sc.q_width, n_embd), nb});
+        wide0_ = be_.alloc(GgmlType::kF32, {std::max<int64_t>(sc.wide, 1), nb});
+        wide1_ = be_.alloc(GgmlType::kF32, {std::max<int64_t>(sc.wide, 1), nb});
+        if (sc.n_expert > 0) {
+            router_ = be_.alloc(GgmlType::kF32, {sc.n_expert, nb});
+            moe_ids_ = be_.alloc(GgmlType::kI32, {sc.n_expert_used, nb});
+            moe_w_ = be_.alloc(GgmlType::kF32, {sc.n_expert_used, nb});
+        }
+        hidden_ = be_.alloc(GgmlType::kF32, {n_embd, nb});
+        logits_ = be_.alloc(GgmlType::kF32, {info.n_vocab, std::min<int64_t>(kLogitRows, nb)});
+        pos_host_.resize(size_t(nb));
+    }
+
+    ~SequenceState() override {
+        for (LayerCache& c : cache_) {
+            be_.free(c.k);
+            be_.free(c.v);
+            be_.free(c.conv);
+        }
+        for (Tensor* t : {&ids_, &pos_t_, &x_, &h_, &y_, &q_, &k_, &v_, &attn_, &wide0_, &wide1_, &router_,
+                          &moe_ids_, &moe_w_, &hidden_, &logits_})
+            be_.free(*t);
+    }
+
+    void eval(std::span<const int32_t> tokens, float* logits_out, bool all_logits, float* hidden_out) override {
+        const int64_t n = int64_t(tokens.size());
+        if (n == 0) return;
+        if (position_ + n > n_ctx_)
+            throw_error(ErrorCode::kOutOfRange, "%" PRId64 " tokens at position %d exceed the context of %d tokens", n,
+                        position_, n_ctx_);
+        const int64_t n_vocab = arch_.info.n_vocab;
+        for (int64_t i = 0; i < n; ++i)
+            if (tokens[size_t(i)] < 0 || tokens[size_t(i)] >= n_vocab)
+                throw_error(ErrorCode::kOutOfRange, "token id %d at index %" PRId64 " outside [0, %" PRId64 ")",
+                            tokens[size_t(i)], i, n_vocab);
+        const bool want_out = logits_out || hidden_out;
+        int64_t out_row = 0;  // next row of logits_out / hidden_out
+        for (int64_t off = 0; off < n; off += n_batch_) {
+            const int64_t nt = std::min<int64_t>(n_batch_, n - off);
+            const bool last = off + nt == n;
+            // Output rows of this chunk: all, or only the very last token.
+            int64_t r0 = 0, nr = 0;
+            if (want_out && all_logits) r0 = 0, nr = nt;
+            else if (want_out && last) r0 = nt - 1, nr = 1;
+            for (int64_t i = 0; i < nt; ++i) pos_host_[size_t(i)] = int32_t(position_ + off + i);
+            be_.write(ids_, tokens.data() + off, size_t(nt) * sizeof(int32_t));
+            be_.write(pos_t_, pos_host_.data(), size_t(nt) * sizeof(int32_t));
+            const bool lm_in_step = logits_out && nr > 0 && nr <= kLogitRows;
+            Step s = make_step(nt);
+            // Single-token steps are the same op sequence every time: a backend may record and replay them.
+            const bool graphable = nt == 1;
+            const uint64_t key = (serial_ << 4) | (lm_in_step ? 2u : 0u) | (nr > 0 ? 4u : 0u) | 1u;
+            if (!graphable || !be_.step_begin(key)) {
+                be_.embed(arch_.head.token_embd, s.ids, arch_.head.embedding_scale, s.x);
+                arch_.forward(s);
+                if (nr > 0) be_.rms_norm(s.x.row_slice(r0, nr), arch_.head.output_norm, arch_.head.norm_eps,
+                                         hidden_.row_slice(0, nr));
+                if (lm_in_step) lm_head(0, nr);
+                if (graphable) be_.step_end();
+            }
+            if (nr > 0) {
+                if (hidden_out)
+                    be_.read(hidden_out + out_row * arch_.info.n_embd, hidden_, size_t(nr * arch_.info.n_embd) * 4);
+                if (logits_out) {
+                    for (int64_t j = 0; j < nr; j += kLogitRows) {
+                        const int64_t m = std::min(kLogitRows, nr - j);
+                        if (!lm_in_step) lm_head(j, m);
+                        be_.read(logits_out + (out_row + j) * n_vocab, logits_, size_t(m * n_vocab) * 4);
+                    }
+                }
+                out_row += nr;
+            }
+        }
+        position_ += int32_t(n);
+    }
+
+    int32_t position() const override { return position_; }
+    int32_t n_ctx() const override { return n_ctx_; }
+
+    void reset() override {
+        position_ = 0;
+        for (LayerCache& c : cache_)
+            if (c.conv) be_.zero(c.conv);
+    }
+
+    size_t state_size() const override {
+        size_t n = sizeof(SavedHeader);
+        for (const LayerCache& c : cache_) {
+            if (c.k) n += 2 * c.k.row_bytes() * size_t(position_);
+            if (c.conv) n += c.conv.n_bytes();
+        }
+        return n;
+    }
+
+    void save_state(std::vector<uint8_t>& out) const override {
+        out.resize(state_size());
+        SavedHeader hd{kStateMagic, kStateVersion, uint32_t(cache_.size()), uint32_t(model_.options().kv_type),
+                       position_, 0, arch_.info.n_vocab, arch_.info.n_embd};
+        std::memcpy(out.data(), &hd, sizeof hd);
+        size_t off = sizeof hd;
+        for (const LayerCache& c : cache_) {
+            if (c.k) {
+                const size_t bytes = c.k.row_bytes() * size_t(position_);
+                be_.read(out.data() + off, c.k, bytes);
+                be_.read(out.data() + off + bytes, c.v, bytes);
+                off += 2 * bytes;
+            }
+            if (c.conv) {
+                be_.read(out.data() + off, c.conv, c.conv.n_bytes());
+                off += c.conv.n_bytes();
+            }
+        }
+    }
+
+    void restore_state(std::span<const uint8_t> bytes) override {
+        SavedHeader hd{};
+        if (bytes.size() < sizeof hd) throw_error(ErrorCode::kInvalidFile, "saved state: %zu bytes is too short", bytes.size());
+        std::memcpy(&hd, bytes.data(), sizeof hd);
+        if (hd.magic != kStateMagic || hd.version != kStateVersion)
+            throw_error(ErrorCode::kInvalidFile, "saved state: bad magic or version %u", hd.version);
+        if (hd.n_layer != cache_.size() || hd.kv_type != uint32_t(model_.options().kv_type) ||
+            hd.n_vocab != arch_.info.n_vocab || hd.n_embd != arch_.info.n_embd)
+            throw_error(ErrorCode::kInvalidFile, "saved state: made by a different model or KV cache type");
+        if (hd.position < 0 || hd.position > n_ctx_)
+            throw_error(ErrorCode::kInvalidFile, "saved state: position %d does not fit the context of %d",
+                        hd.position, n_ctx_);
+        const int32_t saved_pos = position_;
+        position_ = hd.position;
+        if (bytes.size() != state_size()) {
+            position_ = saved_pos;
+            throw_error(ErrorCode::kInvalidFile, "saved state: %zu bytes, expected %zu", bytes.size(), state_size());
+        }
+        size_t off = sizeof hd;
+        for (const LayerCache& c : cache_) {
+            if (c.k) {
+                const size_t n = c.k.row_bytes() * size_t(position_);
+                be_.write(c.k, bytes.data() + off, n);
+                be_.write(c.v, bytes.data() + off + n, n);
+                off += 2 * n;
+            }
+            if (c.conv) {
+                be_.write(c.conv, bytes.data() + off, c.conv.n_bytes());
+                off += c.conv.n_bytes();
+            }
+        }
+    }
+
+   private:
+    Step make_step(int64_t nt) {
+        Step s;
+        s.be = &be_;
+        s.n_tokens = nt;
+        s.ids = ids_.row_slice(0, 1).reshaped(nt);
+        s.pos = pos_t_.row_slice(0, 1).reshaped(nt);
+        s.x = x_.row_slice(0, nt);
+        s.h = h_.row_slice(0, nt);
+        s.y = y_.row_slice(0, nt);
+        s.q = q_.row_slice(0, nt);
+        s.k = k_.row_slice(0, nt);
+        s.v = v_.row_slice(0, nt);
+        s.attn = attn_.row_slice(0, nt);
+        s.wide0 = wide0_.row_slice(0, nt);
+        s.wide1 = wide1_.row_slice(0, nt);
+        if (router_) {
+            s.router = router_.row_slice(0, nt);
+            s.moe_ids = moe_ids_.row_slice(0, nt);
+            s.moe_w = moe_w_.row_slice(0, nt);
+        }
+        s.cache = std::span<LayerCache>(cache_);
+        return s;
+    }
+
+    // logits_[0..m) = output · hidden_[j..j+m) / logit_scale
+    void lm_head(int64_t j, int64_t m) {
+        const Tensor lg = logits_.row_slice(0, m);
+        be_.matmul(arch_.head.output, hidden_.row_slice(j, m), Tensor{}, lg);
+        if (arch_.head.logit_scale != 1.0f) be_.scale(lg, 1.0f / arch_.head.logit_scale);
+    }
+
+    const Model& model_;
+    Backend& be_;
+    const Architecture& arch_;
+    int n_ctx_ = 0;
+    int n_batch_ = 0;
+    int32_t position_ = 0;
+    uint64_t serial_ = 0;
+    std::vector<LayerCache> cache_;  // [n_layer]
+    Tensor ids_, pos_t_;             // i32 [n_batch]
+    Tensor x_, h_, y_;               // f32 [n_batch, n_embd]
+    Tensor q_, attn_;                // f32 [n_batch, max(n_head * head_dim, n_embd)]
+    Tensor k_, v_;                   // f32 [n_batch, n_head_kv * head_dim]
+    Tensor wide0_, wide1_;           // f32 [n_batch, wide]
+    Tensor router_, moe_ids_, moe_w_;  // [n_batch, n_expert], [n_batch, k], [n_batch, k]
+    Tensor hidden_;                  // f32 [n_batch, n_embd] after the final norm
+    Tensor logits_;                  // f32 [kLogitRows, n_vocab]
+    std::vector<int32_t> pos_host_;  // [n_batch]
+};
+
+}  // namespace
+
+std::unique_ptr<ModelState> Model::create_state(int n_ctx) const {
+    return std::make_unique<SequenceState>(*this, n_ctx);
+}
+
+}  // namespace cera
