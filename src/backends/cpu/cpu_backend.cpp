@@ -95,7 +95,7 @@ class CpuBackend final : public Backend {
 
     DeviceKind kind() const override { return DeviceKind::kCpu; }
     std::string description() const override {
-        return std::string("cpu ") + cpu::isa_name(cpu::active_isa()) + ", " + std::to_string(pool_.size()) +
+        return std::string("cpu, ") + std::to_string(pool_.size()) +
                (pool_.size() == 1 ? " thread" : " threads");
     }
 
