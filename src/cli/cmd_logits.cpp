@@ -1,0 +1,152 @@
+// `cera logits -m FILE (-p TEXT | --tokens "ID ID ...") [--no-bos] [--all] [--top K] [--out FILE]
+//               [--threads N] [--ctx N] [--batch N] [--kv-type f32|f16]`
+// Runs a prompt through the model and prints the top K (id, logit, piece) of the next-token logits at
+// the last position (every position with --all), or writes the raw little-endian float32 logits,
+// row-major [n_positions, n_vocab], to --out.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "core/check.h"
+#include "gguf/gguf.h"
+#include "gguf/keys.h"
+#include "models/model.h"
+
+namespace cera::cli {
+namespace {
+
+std::vector<int32_t> parse_ids(const std::string& s) {
+    std::vector<int32_t> ids;
+    std::string tok;
+    std::istringstream in(s);
+    while (in >> tok) {
+        for (char& c : tok)
+            if (c == ',') c = ' ';
+        std::istringstream parts(tok);
+        std::string p;
+        while (parts >> p) {
+            char* end = nullptr;
+            const long v = std::strtol(p.c_str(), &end, 10);
+            if (*end != '\0' || v < 0 || v > INT32_MAX)
+                throw_error(ErrorCode::kInvalidArgument, "--tokens: '%s' is not a token id", p.c_str());
+            ids.push_back(int32_t(v));
+        }
+    }
+    return ids;
+}
+
+// Printable form of a vocabulary entry: control characters escaped.
+std::string printable(const std::string& s) {
+    std::string out;
+    for (unsigned char c : s) {
+        if (c == '\n') out += "\\n";
+        else if (c == '\t') out += "\\t";
+        else if (c < 0x20) {
+            char buf[8];
+            std::snprintf(buf, sizeof buf, "\\x%02x", c);
+            out += buf;
+        } else out += char(c);
+    }
+    return out;
+}
+
+int run_logits(const std::vector<std::string>& args) {
+    CLI::App app{"Prints the next-token logits of a prompt (top K per position) or writes them as raw f32.",
+                 "cera logits"};
+    std::string model_path, prompt, tokens_arg, out_path, kv_type = "f32";
+    bool no_bos = false, all = false;
+    int top = 5, threads = 0, n_ctx = 0, n_batch = 512;
+    app.add_option("-m,--model", model_path, "GGUF model file")->required();
+    app.add_option("-p,--prompt", prompt, "prompt text (tokenized with the model's tokenizer)");
+    app.add_option("--tokens", tokens_arg, "prompt as token ids, separated by spaces or commas");
+    app.add_flag("--no-bos", no_bos, "do not prepend BOS to -p text");
+    app.add_flag("--all", all, "logits at every position, not only the last");
+    app.add_option("--top", top, "entries to print per position (default 5)");
+    app.add_option("--out", out_path, "write raw little-endian f32 logits [n_positions, n_vocab] here");
+    app.add_option("-t,--threads", threads, "CPU threads (default: physical cores)");
+    app.add_option("-c,--ctx", n_ctx, "context length (default: the prompt length)");
+    app.add_option("-b,--batch", n_batch, "prefill chunk in tokens (default 512)");
+    app.add_option("--kv-type", kv_type, "KV cache type: f32 or f16");
+    std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 takes the arguments in reverse
+    try {
+        app.parse(rev);
+        if (prompt.empty() == tokens_arg.empty()) throw CLI::ValidationError("give exactly one of -p TEXT or --tokens IDS");
+        if (top < 1) throw CLI::ValidationError("--top must be at least 1");
+        if (kv_type != "f32" && kv_type != "f16") throw CLI::ValidationError("--kv-type must be f32 or f16");
+    } catch (const CLI::CallForHelp&) {
+        std::printf("%s", app.help().c_str());
+        return 0;
+    } catch (const CLI::ParseError& e) {
+        std::string msg = e.what();
+        for (char& c : msg)
+            if (c == '\n') c = ' ';
+        std::fprintf(stderr, "cera logits: error: %s (see `cera logits --help`)\n", msg.c_str());
+        return 2;
+    }
+
+    ModelOptions opts;
+    opts.n_threads = threads;
+    opts.n_batch = n_batch;
+    opts.kv_type = kv_type == "f16" ? GgmlType::kF16 : GgmlType::kF32;
+    auto model = load_model(model_path, opts);
+    const gguf::File& file = model->file();
+    std::vector<std::string> vocab;
+    if (file.has(gguf::keys::kTokTokens)) vocab = file.get_string_array(gguf::keys::kTokTokens);
+
+    std::vector<int32_t> ids;
+    if (!tokens_arg.empty()) {
+        ids = parse_ids(tokens_arg);
+    } else {
+        throw_error(ErrorCode::kUnsupported, "-p is not available yet in this build: pass --tokens");
+    }
+    if (ids.empty()) throw_error(ErrorCode::kInvalidArgument, "the prompt has no tokens");
+
+    const int64_t n_vocab = model->info().n_vocab;
+    const int ctx = n_ctx > 0 ? n_ctx : int(ids.size());
+    auto state = model->create_state(ctx);
+    const size_t n_rows = all ? ids.size() : 1;
+    std::vector<float> logits(n_rows * size_t(n_vocab));
+    state->eval(ids, logits.data(), all);
+
+    if (!out_path.empty()) {
+        FILE* f = std::fopen(out_path.c_str(), "wb");
+        if (!f) throw_error(ErrorCode::kIo, "cannot open %s for writing", out_path.c_str());
+        const size_t wrote = std::fwrite(logits.data(), sizeof(float), logits.size(), f);
+        const bool ok = wrote == logits.size() && std::fclose(f) == 0;
+        if (!ok) throw_error(ErrorCode::kIo, "cannot write %s", out_path.c_str());
+        std::fprintf(stderr, "cera logits: wrote %zu x %lld float32 logits to %s\n", n_rows, (long long)n_vocab,
+                     out_path.c_str());
+        return 0;
+    }
+
+    auto piece = [&](int32_t id) -> std::string {
+        if (id < 0 || size_t(id) >= vocab.size()) return "";
+        return printable(vocab[size_t(id)]);
+    };
+    std::vector<int32_t> order(static_cast<size_t>(n_vocab));
+    const int k = int(std::min<int64_t>(top, n_vocab));
+    for (size_t r = 0; r < n_rows; ++r) {
+        const size_t t = all ? r : ids.size() - 1;
+        const float* row = logits.data() + r * size_t(n_vocab);
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+            return row[a] > row[b] || (row[a] == row[b] && a < b);
+        });
+        std::printf("position %zu (token %d '%s'):\n", t, ids[t], piece(ids[t]).c_str());
+        for (int j = 0; j < k; ++j)
+            std::printf("  %6d %12.6f  '%s'\n", order[size_t(j)], double(row[order[size_t(j)]]),
+                        piece(order[size_t(j)]).c_str());
+    }
+    return 0;
+}
+
+}  // namespace
+
+CERA_CLI_COMMAND(logits, "logits", "next-token logits of a prompt (top K, or raw f32 to a file)", run_logits);
+
+}  // namespace cera::cli
