@@ -1,0 +1,289 @@
+// Vocabulary validation and indexing; the table of pre-tokenizer names.
+#include "tokenizer/vocab.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "core/check.h"
+#include "tokenizer/unicode.h"
+
+namespace cera {
+namespace {
+
+struct PreName {
+    const char* name;
+    PreTokenizer type;
+    bool ignore_merges;
+    bool add_bos;
+    bool clean_spaces;
+};
+
+// tokenizer.ggml.pre values, with the flags llama.cpp attaches to each.
+constexpr PreName kPreNames[] = {
+    {"default", PreTokenizer::kDefault, false, false, true},
+    {"llama3", PreTokenizer::kLlama3, true, true, true},
+    {"llama-v3", PreTokenizer::kLlama3, true, true, true},
+    {"llama-bpe", PreTokenizer::kLlama3, true, true, true},
+    {"lfm2", PreTokenizer::kLlama3, true, true, true},
+    {"falcon3", PreTokenizer::kLlama3, true, true, true},
+    {"falcon-h1", PreTokenizer::kLlama3, true, true, true},
+    {"pixtral", PreTokenizer::kLlama3, true, true, true},
+    {"midm-2.0", PreTokenizer::kLlama3, true, true, true},
+    {"dbrx", PreTokenizer::kLlama3, false, false, true},
+    {"smaug-bpe", PreTokenizer::kLlama3, false, false, true},
+    {"qwen2", PreTokenizer::kQwen2, false, false, false},
+    {"deepseek-r1-qwen", PreTokenizer::kQwen2, false, false, false},
+    {"stablelm2", PreTokenizer::kQwen2, false, false, true},
+    {"megrez", PreTokenizer::kQwen2, false, false, true},
+    {"hunyuan", PreTokenizer::kQwen2, false, false, false},
+    {"grok-2", PreTokenizer::kQwen2, false, false, false},
+    {"deepseek-llm", PreTokenizer::kDeepseekLlm, false, false, false},
+    {"deepseek-coder", PreTokenizer::kDeepseekCoder, false, false, false},
+    {"falcon", PreTokenizer::kFalcon, false, false, true},
+    {"gpt-2", PreTokenizer::kGpt2, false, false, true},
+    {"gpt2", PreTokenizer::kGpt2, false, false, true},
+    {"phi-2", PreTokenizer::kGpt2, false, false, true},
+    {"gpt-neox", PreTokenizer::kGpt2, false, false, true},
+    {"mpt", PreTokenizer::kGpt2, false, false, true},
+    {"olmo", PreTokenizer::kGpt2, false, false, true},
+    {"jais", PreTokenizer::kGpt2, false, false, true},
+    {"exaone4", PreTokenizer::kGpt2, false, false, true},
+    {"roberta-bpe", PreTokenizer::kGpt2, false, false, true},
+    {"trillion", PreTokenizer::kGpt2, false, false, false},
+    {"granite-docling", PreTokenizer::kGpt2, false, false, false},
+    {"starcoder", PreTokenizer::kStarcoder, false, false, true},
+    {"refact", PreTokenizer::kStarcoder, false, false, true},
+    {"command-r", PreTokenizer::kStarcoder, false, false, false},
+    {"smollm", PreTokenizer::kStarcoder, false, false, false},
+    {"codeshell", PreTokenizer::kStarcoder, false, false, true},
+    {"exaone", PreTokenizer::kStarcoder, false, false, true},
+    {"minerva-7b", PreTokenizer::kStarcoder, false, false, true},
+};
+
+// Token texts that end generation (llama.cpp's list, by text).
+constexpr const char* kEogTexts[] = {
+    "<|eot_id|>", "<|im_end|>",      "<|end|>",          "<end_of_turn>", "<|endoftext|>",
+    "<|eom_id|>", "<EOT>",           "_<EOT>",           "<|end_of_text|>", "<end_of_utterance>",
+};
+constexpr const char* kEotTexts[] = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>", "_<EOT>",
+};
+
+void check_id(int32_t id, int32_t n, const char* what) {
+    if (id != kNoToken && (id < 0 || id >= n))
+        throw_error(ErrorCode::kInvalidFile, "tokenizer: %s token id %d is out of range (vocabulary of %d tokens)",
+                    what, id, n);
+}
+
+uint64_t mix(uint64_t k) {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33;
+    return k;
+}
+
+}  // namespace
+
+PreTokenizerInfo pre_tokenizer_from_name(std::string_view name) {
+    if (name.empty()) return {PreTokenizer::kDefault, false, false, true};
+    for (const PreName& p : kPreNames) {
+        if (name == p.name) return {p.type, p.ignore_merges, p.add_bos, p.clean_spaces};
+    }
+    throw_error(ErrorCode::kUnsupported, "tokenizer: unknown pre-tokenizer '%.*s' (tokenizer.ggml.pre)",
+                int(name.size()), name.data());
+}
+
+const char* pre_tokenizer_name(PreTokenizer p) {
+    switch (p) {
+        case PreTokenizer::kNone: return "none";
+        case PreTokenizer::kDefault: return "default";
+        case PreTokenizer::kGpt2: return "gpt-2";
+        case PreTokenizer::kLlama3: return "llama3";
+        case PreTokenizer::kQwen2: return "qwen2";
+        case PreTokenizer::kDeepseekLlm: return "deepseek-llm";
+        case PreTokenizer::kDeepseekCoder: return "deepseek-coder";
+        case PreTokenizer::kFalcon: return "falcon";
+        case PreTokenizer::kStarcoder: return "starcoder";
+    }
+    return "?";
+}
+
+Vocab::Vocab(VocabData data) : d_(std::move(data)) {
+    tokens_ = std::move(d_.tokens);
+    scores_ = std::move(d_.scores);
+    types_ = std::move(d_.types);
+    std::vector<std::pair<std::string, std::string>> merges = std::move(d_.merges);
+    d_.tokens.clear();
+    d_.merges.clear();
+
+    const int64_t n = int64_t(tokens_.size());
+    if (n == 0) throw_error(ErrorCode::kInvalidFile, "tokenizer: the vocabulary is empty");
+    if (n > kMaxVocabSize)
+        throw_error(ErrorCode::kInvalidFile, "tokenizer: vocabulary of %lld tokens is larger than the limit %lld",
+                    (long long)n, (long long)kMaxVocabSize);
+    if (!scores_.empty() && int64_t(scores_.size()) != n)
+        throw_error(ErrorCode::kInvalidFile, "tokenizer: %zu scores for %lld tokens", scores_.size(), (long long)n);
+    if (types_.empty()) types_.assign(size_t(n), TokenType::kNormal);
+    if (int64_t(types_.size()) != n)
+        throw_error(ErrorCode::kInvalidFile, "tokenizer: %zu token types for %lld tokens", types_.size(),
+                    (long long)n);
+    for (size_t i = 0; i < types_.size(); ++i) {
+        const int32_t t = int32_t(types_[i]);
+        if (t < 0 || t > int32_t(TokenType::kByte))
+            throw_error(ErrorCode::kInvalidFile, "tokenizer: token %zu has invalid type %d", i, t);
+    }
+    const int32_t n32 = int32_t(n);
+    check_id(d_.bos, n32, "BOS");
+    check_id(d_.eos, n32, "EOS");
+    check_id(d_.eot, n32, "EOT");
+    check_id(d_.eom, n32, "EOM");
+    check_id(d_.unk, n32, "unknown");
+    check_id(d_.pad, n32, "padding");
+    for (int32_t id : d_.lstrip) check_id(id, n32, "lstrip");
+    for (int32_t id : d_.rstrip) check_id(id, n32, "rstrip");
+    for (int32_t id : d_.extra_eog) check_id(id, n32, "end-of-generation");
+    if (d_.add_bos && d_.bos == kNoToken)
+        throw_error(ErrorCode::kInvalidFile, "tokenizer: add_bos_token is true but there is no BOS token id");
+    if (d_.add_eos && d_.eos == kNoToken)
+        throw_error(ErrorCode::kInvalidFile, "tokenizer: add_eos_token is true but there is no EOS token id");
+
+    index_.reserve(size_t(n));
+    for (int32_t i = 0; i < n32; ++i) {
+        std::string& t = tokens_[size_t(i)];
+        if (t.empty()) t = "[EMPTY_" + std::to_string(i) + "]";
+        max_token_len_ = std::max(max_token_len_, int32_t(t.size()));
+    }
+    for (int32_t i = 0; i < n32; ++i) {
+        auto [it, inserted] = index_.emplace(std::string_view(tokens_[size_t(i)]), i);
+        if (!inserted)
+            throw_error(ErrorCode::kInvalidFile, "tokenizer: duplicate token '%s' has ids %d and %d",
+                        tokens_[size_t(i)].c_str(), it->second, i);
+    }
+
+    for (int b = 0; b < 256; ++b) {
+        char hex[8];
+        std::snprintf(hex, sizeof(hex), "<0x%02X>", b);
+        int32_t id = find(hex);
+        if (id == kNoToken) {
+            if (d_.model == VocabModel::kBpe && d_.byte_encode) {
+                id = find(unicode::byte_to_unicode(uint8_t(b)));
+            } else {
+                const char c = char(b);
+                id = find(std::string_view(&c, 1));
+            }
+        }
+        byte_tokens_[b] = id;
+    }
+
+    attr_.assign(size_t(n), 0);
+    for (int32_t id : d_.lstrip) attr_[size_t(id)] |= kAttrLstrip;
+    for (int32_t id : d_.rstrip) attr_[size_t(id)] |= kAttrRstrip;
+
+    build_eog();
+
+    for (int32_t i = 0; i < n32; ++i) {
+        const TokenType t = types_[size_t(i)];
+        if (t == TokenType::kControl || t == TokenType::kUserDefined || t == TokenType::kUnknown) special_.push_back(i);
+    }
+    std::stable_sort(special_.begin(), special_.end(),
+                     [&](int32_t a, int32_t b) { return tokens_[size_t(a)].size() > tokens_[size_t(b)].size(); });
+
+    if (d_.model == VocabModel::kBpe) build_merges(merges);
+    for (int b = 0; b < 256; ++b) byte_symbols_[b] = find_symbol(unicode::byte_to_unicode(uint8_t(b)));
+}
+
+void Vocab::build_eog() {
+    auto force_control = [&](int32_t id) {
+        TokenType& t = types_[size_t(id)];
+        if (t != TokenType::kControl && t != TokenType::kUserDefined && t != TokenType::kUnknown) t = TokenType::kControl;
+    };
+    if (d_.eot == kNoToken) {
+        for (const char* s : kEotTexts) {
+            const int32_t id = find(s);
+            if (id != kNoToken) {
+                d_.eot = id;
+                force_control(id);
+                break;
+            }
+        }
+    }
+    if (d_.eom == kNoToken) {
+        const int32_t id = find("<|eom_id|>");
+        if (id != kNoToken) {
+            d_.eom = id;
+            force_control(id);
+        }
+    }
+    eog_.assign(tokens_.size(), false);
+    for (const char* s : kEogTexts) {
+        const int32_t id = find(s);
+        if (id != kNoToken) {
+            eog_[size_t(id)] = true;
+            force_control(id);
+        }
+    }
+    for (int32_t id : {d_.eos, d_.eot, d_.eom}) {
+        if (id != kNoToken) eog_[size_t(id)] = true;
+    }
+    for (int32_t id : d_.extra_eog) eog_[size_t(id)] = true;
+}
+
+int32_t Vocab::find_symbol(std::string_view text) const {
+    const int32_t id = find(text);
+    if (id != kNoToken || extra_index_.empty()) return id;
+    auto it = extra_index_.find(text);
+    return it == extra_index_.end() ? kNoToken : it->second;
+}
+
+void Vocab::build_merges(std::vector<std::pair<std::string, std::string>>& merges) {
+    n_merges_ = int32_t(merges.size());
+    size_t cap = 16;
+    while (cap < merges.size() * 2) cap <<= 1;
+    merge_table_.assign(cap, Slot{~0ULL, {0, 0}});
+    merge_mask_ = cap - 1;
+
+    // Symbols that are not tokens get ids after the vocabulary.
+    auto symbol = [&](std::string&& s) -> int32_t {
+        int32_t id = find_symbol(s);
+        if (id != kNoToken) return id;
+        id = n_tokens() + int32_t(extra_symbols_.size());
+        extra_symbols_.push_back(std::move(s));
+        extra_index_.emplace(std::string_view(extra_symbols_.back()), id);
+        return id;
+    };
+    for (size_t i = 0; i < merges.size(); ++i) {
+        auto& [left, right] = merges[i];
+        if (left.empty() || right.empty())
+            throw_error(ErrorCode::kInvalidFile, "tokenizer: merge %zu ('%s' '%s') has an empty part", i, left.c_str(),
+                        right.c_str());
+        std::string joined = left + right;
+        const int32_t l = symbol(std::move(left));
+        const int32_t r = symbol(std::move(right));
+        const int32_t res = symbol(std::move(joined));
+        const uint64_t key = (uint64_t(uint32_t(l)) << 32) | uint32_t(r);
+        for (uint64_t h = mix(key) & merge_mask_;; h = (h + 1) & merge_mask_) {
+            Slot& s = merge_table_[h];
+            if (s.key == key) break;  // the first (highest-priority) occurrence wins
+            if (s.key == ~0ULL) {
+                s.key = key;
+                s.merge = {int32_t(i), res};
+                break;
+            }
+        }
+    }
+}
+
+bool Vocab::find_merge(int32_t left, int32_t right, Merge& out) const {
+    if (merge_table_.empty() || left < 0 || right < 0) return false;
+    const uint64_t key = (uint64_t(uint32_t(left)) << 32) | uint32_t(right);
+    for (uint64_t h = mix(key) & merge_mask_;; h = (h + 1) & merge_mask_) {
+        const Slot& s = merge_table_[h];
+        if (s.key == key) {
+            out = s.merge;
+            return true;
+        }
+        if (s.key == ~0ULL) return false;
+    }
+}
+
+}  // namespace cera
