@@ -1,0 +1,204 @@
+// Causal GQA softmax attention of a batch of queries over the KV cache (F16 or F32).
+// Idea: one block per (query head, key split, token). The split's key range is walked in chunks of
+// 128 keys, one key per thread for q.k (16-byte loads of the key row), with an online softmax
+// (running max and sum); the values are then accumulated by (key group, dimension) threads.
+// Decode splits the keys over up to 32 blocks per head (split-K) and a second kernel merges the
+// partial (max, sum, output) triples; with one split the block writes the output directly.
+// Positions come from device memory, so one recorded graph serves every decode step.
+// Roofline: bytes = K + V rows read once per query head (GQA groups re-read through L2);
+// 2 KB per position per layer for lfm2-1.2b (8 kv heads x 64 x 2 x f16).
+#include <algorithm>
+
+#include "backends/cuda/common.cuh"
+
+namespace cera::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+
+int attn_splits(int64_t n_tokens, int64_t n_ctx) {
+    const int64_t by_len = ceil_div(n_ctx, 512);
+    const int64_t by_batch = std::max<int64_t>(1, 32 / std::max<int64_t>(1, n_tokens));
+    return int(std::max<int64_t>(1, std::min(by_len, by_batch)));
+}
+
+__device__ __forceinline__ void load8(const __half* p, float* v) {
+    const uint4 a = ld_cached16(p);
+    const __half2* h = reinterpret_cast<const __half2*>(&a);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 f = __half22float2(h[i]);
+        v[2 * i] = f.x, v[2 * i + 1] = f.y;
+    }
+}
+__device__ __forceinline__ void load8(const float* p, float* v) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(p)), b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(float v) { return v; }
+
+__device__ __forceinline__ float block_max(float v, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < kThreads / 32 ? red[lane] : -INFINITY;
+    return warp_max(v);
+}
+
+struct AttnK {
+    const float* q;
+    const void* k;
+    const void* v;
+    const int32_t* pos;
+    int64_t n_ctx;
+    int n_head, n_head_kv, head_dim, n_splits, sliding_window;
+    float scale;
+    float* out;
+    float* partial;
+};
+
+// Shared memory: q[head_dim], p[128], red[32], acc[128 * 2].
+template <class C>
+__global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK a) {
+    extern __shared__ float sm[];
+    const int hd = a.head_dim;
+    float* q_s = sm;
+    float* p_s = q_s + hd;
+    float* red = p_s + kThreads;
+    float* acc_s = red + 32;
+    const int h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x;
+    const int64_t t = blockIdx.z;
+    const int hk = h / (a.n_head / a.n_head_kv);
+    const int64_t kv_width = int64_t(a.n_head_kv) * hd;
+    const int64_t p = a.pos[t];
+    const int64_t end = min(p + 1, a.n_ctx);
+    const int64_t begin = a.sliding_window > 0 ? max(int64_t(0), p + 1 - a.sliding_window) : 0;
+    const int64_t len = max(end - begin, int64_t(0));
+    const int64_t chunk = (ceil_div(len, a.n_splits) + kThreads - 1) / kThreads * kThreads;
+    const int64_t lo = begin + s * chunk, hi = min(end, lo + chunk);
+    const int64_t qrow = t * a.n_head + h;
+    float* part = a.partial + (qrow * a.n_splits + s) * (hd + 2);
+    if (lo >= hi) {
+        if (a.n_splits > 1 && tid == 0) part[hd] = -INFINITY, part[hd + 1] = 0.0f;
+        if (a.n_splits == 1)
+            for (int d = tid; d < hd; d += kThreads) a.out[qrow * hd + d] = 0.0f;
+        return;
+    }
+    for (int d = tid; d < hd; d += kThreads) q_s[d] = a.q[qrow * hd + d] * a.scale;
+    // Value accumulation layout: G key groups x hd dims (hd <= 128), or 1 group with 2 dims per thread.
+    const int G = hd <= kThreads ? kThreads / hd : 1;
+    const int g = hd <= kThreads ? tid / hd : 0;
+    const int d0 = hd <= kThreads ? tid % hd : tid;
+    const bool active = g < G && d0 < hd;
+    float acc[2] = {0.0f, 0.0f};
+    float m = -INFINITY, l = 0.0f;
+    const C* kc = static_cast<const C*>(a.k) + int64_t(hk) * hd;
+    const C* vc = static_cast<const C*>(a.v) + int64_t(hk) * hd;
+    __syncthreads();
+    for (int64_t c = lo; c < hi; c += kThreads) {
+        const int64_t j = c + tid;
+        float score = -INFINITY;
+        if (j < hi) {
+            const C* kr = kc + j * kv_width;
+            float sacc = 0.0f;
+            for (int d = 0; d < hd; d += 8) {
+                float kv[8];
+                load8(kr + d, kv);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) sacc = fmaf(q_s[d + e], kv[e], sacc);
+            }
+            score = sacc;
+        }
+        const float m_new = fmaxf(m, block_max(score, red));
+        const float pj = j < hi ? __expf(score - m_new) : 0.0f;
+        p_s[tid] = pj;
+        const float csum = block_sum(pj, red);  // its barriers also publish p_s
+        const float corr = __expf(m - m_new);
+        l = l * corr + csum;
+        acc[0] *= corr, acc[1] *= corr;
+        m = m_new;
+        const int n_keys = int(min(int64_t(kThreads), hi - c));
+        if (active) {
+            for (int jj = g; jj < n_keys; jj += G) {
+                const C* vr = vc + (c + jj) * kv_width;
+                const float pv = p_s[jj];
+                acc[0] = fmaf(pv, to_float(vr[d0]), acc[0]);
+                if (d0 + kThreads < hd) acc[1] = fmaf(pv, to_float(vr[d0 + kThreads]), acc[1]);
+            }
+        }
+        __syncthreads();  // p_s is rewritten by the next chunk
+    }
+    // Sum the key groups.
+    if (active) acc_s[g * hd + d0] = acc[0];
+    __syncthreads();
+    if (g == 0 && active) {
+        float o0 = 0.0f;
+        for (int gg = 0; gg < G; ++gg) o0 += acc_s[gg * hd + d0];
+        if (a.n_splits == 1) {
+            const float inv = 1.0f / l;
+            a.out[qrow * hd + d0] = o0 * inv;
+            if (d0 + kThreads < hd) a.out[qrow * hd + d0 + kThreads] = acc[1] * inv;
+        } else {
+            part[d0] = o0;
+            if (d0 + kThreads < hd) part[d0 + kThreads] = acc[1];
+            if (tid == 0) part[hd] = m, part[hd + 1] = l;
+        }
+    }
+}
+
+// Merges the splits of one (token, head): out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M).
+__global__ void attn_combine_kernel(const float* __restrict__ partial, int n_head, int hd, int n_splits, float* out) {
+    const int64_t qrow = int64_t(blockIdx.y) * n_head + blockIdx.x;
+    const float* part = partial + qrow * n_splits * (hd + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < n_splits; ++s) M = fmaxf(M, part[s * (hd + 2) + hd]);
+    float L = 0.0f;
+    for (int s = 0; s < n_splits; ++s) {
+        const float* ps = part + s * (hd + 2);
+        if (ps[hd + 1] > 0.0f) L += ps[hd + 1] * __expf(ps[hd] - M);
+    }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < n_splits; ++s) {
+            const float* ps = part + s * (hd + 2);
+            if (ps[hd + 1] > 0.0f) o += ps[d] * __expf(ps[hd] - M);
+        }
+        out[qrow * hd + d] = L > 0.0f ? o / L : 0.0f;
+    }
+}
+
+}  // namespace
+
+size_t attention_scratch_floats(int64_t n_tokens, int64_t n_ctx, int n_head, int head_dim) {
+    const int n_splits = attn_splits(n_tokens, n_ctx);
+    return n_splits > 1 ? size_t(n_tokens) * n_head * n_splits * (head_dim + 2) : 0;
+}
+
+void attention(const AttentionArgs& a, Stream stream) {
+    if (a.n_tokens == 0) return;
+    CERA_CHECK(a.head_dim % 8 == 0 && a.head_dim <= 2 * kThreads && a.n_head % a.n_head_kv == 0,
+               "attention: head_dim %d (needs a multiple of 8, <= 256), n_head %d, n_head_kv %d", a.head_dim,
+               a.n_head, a.n_head_kv);
+    AttnK k{};
+    k.q = a.q, k.k = a.k_cache, k.v = a.v_cache, k.pos = a.pos, k.n_ctx = a.n_ctx;
+    k.n_head = a.n_head, k.n_head_kv = a.n_head_kv, k.head_dim = a.head_dim;
+    k.n_splits = attn_splits(a.n_tokens, a.n_ctx);
+    k.sliding_window = a.sliding_window, k.scale = a.scale, k.out = a.out, k.partial = a.partial;
+    CERA_CHECK(k.n_splits == 1 || a.partial != nullptr);
+    const dim3 grid(unsigned(a.n_head), unsigned(k.n_splits), unsigned(a.n_tokens));
+    const size_t smem = sizeof(float) * (a.head_dim + kThreads + 32 + 2 * kThreads);
+    cudaStream_t s = as_stream(stream);
+    if (a.f16) attn_kernel<__half><<<grid, kThreads, smem, s>>>(k);
+    else attn_kernel<float><<<grid, kThreads, smem, s>>>(k);
+    CUDA_CHECK_LAUNCH();
+    if (k.n_splits > 1) {
+        attn_combine_kernel<<<dim3(unsigned(a.n_head), unsigned(a.n_tokens)), 64, 0, s>>>(a.partial, a.n_head,
+                                                                                         a.head_dim, k.n_splits, a.out);
+        CUDA_CHECK_LAUNCH();
+    }
+}
+
+}  // namespace cera::cuda

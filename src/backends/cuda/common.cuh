@@ -1,0 +1,61 @@
+// Helpers shared by the CUDA kernel files: error checks, warp reductions, wide loads.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backends/cuda/kernels.h"
+#include "core/check.h"
+
+#define CUDA_CHECK(call)                                                                     \
+    do {                                                                                     \
+        cudaError_t err_ = (call);                                                           \
+        CERA_CHECK(err_ == cudaSuccess, "CUDA error %s: %s", #call, cudaGetErrorString(err_)); \
+    } while (0)
+// After every launch.
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+namespace cera::cuda {
+
+inline cudaStream_t as_stream(Stream s) { return static_cast<cudaStream_t>(s); }
+__host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Block-wide sum for blockDim.x a multiple of 32 (<= 1024); every thread gets the result.
+__device__ __forceinline__ float block_sum(float v, float* shared32) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // shared32 may still be read by an earlier call
+    if (lane == 0) shared32[warp] = v;
+    __syncthreads();
+    v = lane < n_warps ? shared32[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+// 16-byte load of streamed data (weights): read-only path, not kept in L1.
+__device__ __forceinline__ uint4 ld_stream16(const void* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+// 16-byte load of reused data (activations): read-only path, cached.
+__device__ __forceinline__ uint4 ld_cached16(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
+
+__device__ __forceinline__ float half_bits_to_float(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+__device__ __forceinline__ float bf16_bits_to_float(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
+
+}  // namespace cera::cuda

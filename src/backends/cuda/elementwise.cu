@@ -1,0 +1,261 @@
+// Small per-element ops: SwiGLU, add/scale/bias, the LFM2 short conv, the MoE router and combine,
+// and argmax. All are bandwidth-trivial next to the matmuls (KBs per token) and latency-bound in
+// decode: one launch each over the whole batch, grid-stride free, no host round trips.
+// Short conv variants: for short chunks (decode) one thread per channel walks the tokens with the
+// window in registers and updates the state itself; for long chunks (prefill) one thread per
+// (token, channel), then a second launch writes the new state.
+// Roofline: bytes = inputs + outputs; at batch 1 each launch is ~2-3 us of latency.
+#include "backends/cuda/common.cuh"
+
+namespace cera::cuda {
+namespace {
+
+constexpr int kMaxConv = 8;  // largest supported short-conv kernel length L
+
+__global__ void swiglu_kernel(const float* __restrict__ g, const float* __restrict__ u, int64_t n, float* out) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) {
+        const float x = g[i];
+        out[i] = x / (1.0f + __expf(-x)) * u[i];
+    }
+}
+
+__global__ void add_kernel(const float* a, const float* b, float scale, int64_t n, float* out) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a[i] + scale * b[i];
+}
+
+__global__ void scale_kernel(float* x, float s, int64_t n) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
+}
+
+__global__ void add_bias_kernel(float* y, const float* __restrict__ bias, int64_t n_rows, int64_t n) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n_rows * n) y[i] += bias[i % n];
+}
+
+// One thread per channel, tokens in order; the window of the last L-1 inputs stays in registers.
+__global__ void short_conv_seq_kernel(const float* __restrict__ bcx, const float* __restrict__ w, int L, float* state,
+                                      int64_t n_tokens, int64_t n, float* out) {
+    const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (c >= n) return;
+    float win[kMaxConv], wc[kMaxConv];
+#pragma unroll
+    for (int j = 0; j < kMaxConv; ++j) {
+        wc[j] = j < L ? w[c * L + j] : 0.0f;
+        win[j] = j < L - 1 ? state[j * n + c] : 0.0f;
+    }
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        const float* row = bcx + t * 3 * n;
+        const float bx = row[c] * row[2 * n + c];
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kMaxConv; ++j) {
+            if (j < L - 1) s = fmaf(wc[j], win[j], s);
+            if (j == L - 1) s = fmaf(wc[j], bx, s);
+        }
+        out[t * n + c] = row[n + c] * s;
+#pragma unroll
+        for (int j = 0; j < kMaxConv - 1; ++j)
+            if (j < L - 2) win[j] = win[j + 1];
+#pragma unroll
+        for (int j = 0; j < kMaxConv; ++j)
+            if (j == L - 2) win[j] = bx;
+    }
+#pragma unroll
+    for (int j = 0; j < kMaxConv; ++j)
+        if (j < L - 1) state[j * n + c] = win[j];
+}
+
+// pad row r (0 <= r < L-1 + n_tokens) of channel c: the state, then B*X of the chunk.
+__device__ __forceinline__ float conv_pad(const float* bcx, const float* state, int L, int64_t n, int64_t r, int64_t c) {
+    if (r < L - 1) return state[r * n + c];
+    const float* row = bcx + (r - (L - 1)) * 3 * n;
+    return row[c] * row[2 * n + c];
+}
+
+__global__ void short_conv_par_kernel(const float* __restrict__ bcx, const float* __restrict__ w, int L,
+                                      const float* __restrict__ state, int64_t n_tokens, int64_t n, float* out) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_tokens * n) return;
+    const int64_t t = i / n, c = i % n;
+    float s = 0.0f;
+    for (int j = 0; j < L; ++j) s = fmaf(w[c * L + j], conv_pad(bcx, state, L, n, t + j, c), s);
+    out[i] = bcx[t * 3 * n + n + c] * s;
+}
+
+// Run after short_conv_par_kernel: the new state is the last L-1 pad rows.
+__global__ void short_conv_state_kernel(const float* __restrict__ bcx, int L, float* state, int64_t n_tokens,
+                                        int64_t n) {
+    const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (c >= n) return;
+    float nw[kMaxConv];
+#pragma unroll
+    for (int j = 0; j < kMaxConv; ++j)
+        if (j < L - 1) nw[j] = conv_pad(bcx, state, L, n, n_tokens + j, c);
+#pragma unroll
+    for (int j = 0; j < kMaxConv; ++j)
+        if (j < L - 1) state[j * n + c] = nw[j];
+}
+
+// One warp per token: gating, then k rounds of argmax over (p + bias), lowest id on ties.
+__global__ void moe_route_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int64_t n_tokens,
+                                 int n_expert, int k, int sigmoid, int normalize, float weights_scale, int32_t* ids,
+                                 float* weights) {
+    extern __shared__ float sm[];  // per warp: prob[n_expert], sel[n_expert]
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t t = int64_t(blockIdx.x) * (blockDim.x >> 5) + warp;
+    if (t >= n_tokens) return;
+    float* prob = sm + warp * 2 * n_expert;
+    float* sel = prob + n_expert;
+    const float* l = logits + t * n_expert;
+    if (sigmoid) {
+        for (int e = lane; e < n_expert; e += 32) prob[e] = 1.0f / (1.0f + expf(-l[e]));
+    } else {
+        float mx = -INFINITY;
+        for (int e = lane; e < n_expert; e += 32) mx = fmaxf(mx, l[e]);
+        mx = warp_max(mx);
+        float sum = 0.0f;
+        for (int e = lane; e < n_expert; e += 32) sum += prob[e] = expf(l[e] - mx);
+        sum = warp_sum(sum);
+        for (int e = lane; e < n_expert; e += 32) prob[e] /= sum;
+    }
+    for (int e = lane; e < n_expert; e += 32) sel[e] = prob[e] + (bias ? bias[e] : 0.0f);
+    __syncwarp();
+    float wsum = 0.0f, my_w = 0.0f;
+    int my_id = 0;
+    for (int j = 0; j < k; ++j) {
+        float best = -INFINITY;
+        int best_e = n_expert;
+        for (int e = lane; e < n_expert; e += 32)
+            if (sel[e] > best) best = sel[e], best_e = e;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
+            if (ob > best || (ob == best && oe < best_e)) best = ob, best_e = oe;
+        }
+        if (best_e >= n_expert) best_e = 0;  // all -inf: cannot happen with finite logits
+        const float pw = prob[best_e];
+        wsum += pw;
+        if (lane == j) my_id = best_e, my_w = pw;
+        __syncwarp();
+        if (lane == 0) sel[best_e] = -INFINITY;
+        __syncwarp();
+    }
+    if (lane < k) {
+        float wv = normalize ? my_w / wsum : my_w;
+        ids[t * k + lane] = my_id;
+        weights[t * k + lane] = wv * weights_scale;
+    }
+}
+
+__global__ void moe_combine_kernel(const float* __restrict__ y, const float* __restrict__ w, int64_t n_tokens, int k,
+                                   int64_t n, float* out) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_tokens * n) return;
+    const int64_t t = i / n, c = i % n;
+    float s = 0.0f;
+    for (int j = 0; j < k; ++j) s = fmaf(w[t * k + j], y[(t * k + j) * n + c], s);
+    out[i] = s;
+}
+
+__global__ void argmax_kernel(const float* __restrict__ x, int64_t n, int32_t* out) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const float* r = x + int64_t(blockIdx.x) * n;
+    float best = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+        if (r[i] > best) best = r[i], bi = int(i);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ob > best || (ob == best && oi < bi)) best = ob, bi = oi;
+    }
+    if (lane == 0) sv[warp] = best, si[warp] = bi;
+    __syncthreads();
+    if (warp == 0) {
+        best = lane < int(blockDim.x >> 5) ? sv[lane] : -INFINITY;
+        bi = lane < int(blockDim.x >> 5) ? si[lane] : 0x7fffffff;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ob > best || (ob == best && oi < bi)) best = ob, bi = oi;
+        }
+        if (lane == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+    }
+}
+
+inline unsigned blocks(int64_t n, int threads) { return unsigned(ceil_div(n, threads)); }
+
+}  // namespace
+
+void swiglu(const float* gate, const float* up, int64_t n, float* out, Stream stream) {
+    if (n == 0) return;
+    swiglu_kernel<<<blocks(n, 256), 256, 0, as_stream(stream)>>>(gate, up, n, out);
+    CUDA_CHECK_LAUNCH();
+}
+
+void add(const float* a, const float* b, float scale, int64_t n, float* out, Stream stream) {
+    if (n == 0) return;
+    add_kernel<<<blocks(n, 256), 256, 0, as_stream(stream)>>>(a, b, scale, n, out);
+    CUDA_CHECK_LAUNCH();
+}
+
+void scale(float* x, float s, int64_t n, Stream stream) {
+    if (n == 0) return;
+    scale_kernel<<<blocks(n, 256), 256, 0, as_stream(stream)>>>(x, s, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+void add_bias(float* y, const float* bias, int64_t n_rows, int64_t n, Stream stream) {
+    if (n_rows * n == 0) return;
+    add_bias_kernel<<<blocks(n_rows * n, 256), 256, 0, as_stream(stream)>>>(y, bias, n_rows, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+void short_conv(const float* bcx, const float* w, int L, float* state, int64_t n_tokens, int64_t n_embd, float* out,
+                Stream stream) {
+    CERA_CHECK(L >= 1 && L <= kMaxConv, "short_conv: kernel length %d (supported 1..%d)", L, kMaxConv);
+    if (n_tokens == 0) return;
+    cudaStream_t s = as_stream(stream);
+    if (n_tokens <= 16) {
+        short_conv_seq_kernel<<<blocks(n_embd, 128), 128, 0, s>>>(bcx, w, L, state, n_tokens, n_embd, out);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
+    short_conv_par_kernel<<<blocks(n_tokens * n_embd, 256), 256, 0, s>>>(bcx, w, L, state, n_tokens, n_embd, out);
+    CUDA_CHECK_LAUNCH();
+    short_conv_state_kernel<<<blocks(n_embd, 128), 128, 0, s>>>(bcx, L, state, n_tokens, n_embd);
+    CUDA_CHECK_LAUNCH();
+}
+
+void moe_route(const float* logits, const float* bias, int64_t n_tokens, int n_expert, int k, bool sigmoid,
+               bool normalize, float weights_scale, int32_t* ids, float* weights, Stream stream) {
+    CERA_CHECK(k >= 1 && k <= 32 && k <= n_expert && n_expert <= 1024, "moe_route: k %d, n_expert %d", k, n_expert);
+    if (n_tokens == 0) return;
+    const int warps = 4;
+    const size_t smem = sizeof(float) * 2 * n_expert * warps;
+    moe_route_kernel<<<blocks(n_tokens, warps), 32 * warps, smem, as_stream(stream)>>>(
+        logits, bias, n_tokens, n_expert, k, sigmoid, normalize, weights_scale, ids, weights);
+    CUDA_CHECK_LAUNCH();
+}
+
+void moe_combine(const float* y, const float* weights, int64_t n_tokens, int k, int64_t n, float* out, Stream stream) {
+    if (n_tokens * n == 0) return;
+    moe_combine_kernel<<<blocks(n_tokens * n, 256), 256, 0, as_stream(stream)>>>(y, weights, n_tokens, k, n, out);
+    CUDA_CHECK_LAUNCH();
+}
+
+void argmax(const float* x, int64_t rows, int64_t n, int32_t* out, Stream stream) {
+    if (rows == 0) return;
+    argmax_kernel<<<unsigned(rows), 1024, 0, as_stream(stream)>>>(x, n, out);
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace cera::cuda

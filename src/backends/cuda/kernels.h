@@ -1,0 +1,150 @@
+// The CUDA kernels' host-side launchers: plain C++ (no CUDA types), so that the backend
+// (cuda_backend.cpp) and the layout code can be compiled by the host compiler. Every launcher
+// queues work on `stream` and returns at once; none synchronises with the host, so a decode
+// step made of them can be captured as a CUDA graph.
+//
+// Device image of a weight. Float weights (F32, F16, BF16) keep their GGUF bytes. Block-quantized
+// weights are split on upload into two streams so that every quant load is 16 bytes and aligned:
+//   [rows * nb blocks of q_bytes]   the quants (and, for Q6_K, the sub-scales), 16-byte multiples
+//   [rows * nb blocks of m_bytes]   the per-block scales (fp16 d, min, packed K scales, Q5 high bits)
+// with nb = k / block_elems blocks per row. A row slice or an expert of a stacked MoE tensor is
+// addressed by its first row (WeightRef::row0).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+#if defined(__CUDACC__)
+#define CERA_HD __host__ __device__
+#else
+#define CERA_HD
+#endif
+
+namespace cera::cuda {
+
+using Stream = void*;  // a cudaStream_t
+
+struct QuantLayout {
+    int block_elems = 0;  // elements per block; 0: not a split-layout type
+    int q_bytes = 0;      // quant-stream bytes per block (multiple of 16)
+    int m_bytes = 0;      // scale-stream bytes per block
+};
+
+CERA_HD constexpr QuantLayout quant_layout(GgmlType t) {
+    switch (t) {
+        case GgmlType::kQ4_0: return {32, 16, 2};
+        case GgmlType::kQ4_1: return {32, 16, 4};
+        case GgmlType::kQ5_0: return {32, 16, 8};   // d, pad, qh (u32)
+        case GgmlType::kQ5_1: return {32, 16, 8};   // d, m, qh (u32)
+        case GgmlType::kQ8_0: return {32, 32, 2};
+        case GgmlType::kQ4_K: return {256, 128, 16};  // m: d, dmin, scales[12]
+        case GgmlType::kQ5_K: return {256, 160, 16};  // q: qs[128], qh[32]
+        case GgmlType::kQ6_K: return {256, 208, 2};   // q: ql[128], qh[64], scales[16]; m: d
+        default: return {};
+    }
+}
+inline bool is_float_type(GgmlType t) { return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16; }
+inline bool weight_type_supported(GgmlType t) { return is_float_type(t) || quant_layout(t).block_elems > 0; }
+
+// Bytes of the device image of a [rows, k] weight.
+size_t weight_image_bytes(GgmlType type, int64_t rows, int64_t k);
+// GGUF bytes (rows of row_size(type, k)) -> device image layout, on the host.
+void make_weight_image(GgmlType type, const void* gguf, int64_t rows, int64_t k, void* image);
+
+struct WeightRef {
+    GgmlType type = GgmlType::kF32;
+    const void* image = nullptr;  // device image start
+    int64_t image_rows = 0;       // rows in the whole image
+    int64_t k = 0;                // elements per row
+    int64_t row0 = 0;             // first row used
+};
+
+// 8-bit activations for the quantized GEMV: per row, k int8 then k/32 float scales (x ~= d * q),
+// row stride q8_row_bytes(k). k must be a multiple of 32.
+CERA_HD inline int64_t q8_row_bytes(int64_t k) { return (k + k / 8 + 15) / 16 * 16; }
+//   x: f32 [n_rows, ldx]
+void quantize_q8(const float* x, int64_t n_rows, int64_t k, int64_t ldx, void* xq, Stream stream);
+
+// y[j][r] = (accumulate ? y[j][r] : 0) + bias[r] + sum_k W_m[r][k] * x[j / x_div][k]
+// for j < n_y, r < rows, with matrix m = ids ? ids[j] : 0 (W_m = rows [row0 + m * rows, ...)).
+struct GemvArgs {
+    WeightRef w;
+    int64_t rows = 0;               // output rows per matrix
+    int n_y = 1;                    // output vectors (tokens, or token x expert slots)
+    const int32_t* ids = nullptr;   // [n_y] matrix index per output, or null (device memory)
+    int x_div = 1;
+    const float* x = nullptr;       // f32 [.., ldx]: used by float weights
+    int64_t ldx = 0;
+    const void* xq = nullptr;       // quantize_q8 rows: used by quantized weights
+    const float* bias = nullptr;    // [rows] or null
+    float* y = nullptr;             // [n_y, ldy]
+    int64_t ldy = 0;
+    bool accumulate = false;
+    int rows_per_warp = 0;          // 0: chosen from the shape; else 2 or 4 (benchmarks)
+};
+void gemv(const GemvArgs& a, Stream stream);
+
+// out[t] = scale * dequantize(row row_ids ? row_ids[t] : t) as f32 (out_f16 = false) or f16.
+//   out: [n_rows, w.k]
+void dequantize_rows(const WeightRef& w, const int32_t* row_ids, int64_t n_rows, float scale, void* out, bool out_f16,
+                     Stream stream);
+
+void convert_f32_to_f16(const float* x, int64_t n, void* out, Stream stream);
+
+// out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w   (w may be null); x, out: [rows, n]
+void rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* out, Stream stream);
+
+struct RopeArgs {
+    int mode = 0;              // 0 none, 1 norm (adjacent pairs), 2 neox (i, i + n_rot/2)
+    int n_rot = 0;
+    float freq_base = 10000.0f;
+    float freq_scale = 1.0f;
+    const float* freq_factors = nullptr;  // [n_rot/2] or null
+};
+// In place on x: f32 [n_tokens, n_head * head_dim]; optional per-head RMSNorm then RoPE at pos[t].
+void norm_rope(float* x, int64_t n_tokens, int n_head, int head_dim, const float* norm_w, float eps,
+               const int32_t* pos, const RopeArgs& rope, Stream stream);
+
+// cache[pos[t]] = src[t] for k and v; caches F32 or F16 ([n_ctx, width]).
+void kv_store(const float* k, const float* v, int64_t n_tokens, int64_t width, const int32_t* pos, void* k_cache,
+              void* v_cache, bool f16, int64_t n_ctx, Stream stream);
+
+struct AttentionArgs {
+    const float* q = nullptr;     // [n_tokens, n_head * head_dim]
+    const void* k_cache = nullptr;  // [n_ctx, n_head_kv * head_dim]
+    const void* v_cache = nullptr;
+    bool f16 = true;
+    const int32_t* pos = nullptr;  // [n_tokens]
+    int64_t n_tokens = 0, n_ctx = 0;
+    int n_head = 0, n_head_kv = 0, head_dim = 0;
+    float scale = 1.0f;
+    int sliding_window = 0;
+    float* out = nullptr;          // [n_tokens, n_head * head_dim]
+    float* partial = nullptr;      // scratch of attention_scratch_floats()
+};
+size_t attention_scratch_floats(int64_t n_tokens, int64_t n_ctx, int n_head, int head_dim);
+void attention(const AttentionArgs& a, Stream stream);
+
+// LFM2 short conv (see backend.h): bcx [n_tokens, 3 n_embd], w [n_embd, L], state [L-1, n_embd]
+void short_conv(const float* bcx, const float* w, int L, float* state, int64_t n_tokens, int64_t n_embd, float* out,
+                Stream stream);
+
+void swiglu(const float* gate, const float* up, int64_t n, float* out, Stream stream);
+// out = a + scale * b
+void add(const float* a, const float* b, float scale, int64_t n, float* out, Stream stream);
+void scale(float* x, float s, int64_t n, Stream stream);
+// y[t][r] += bias[r]; y: [n_rows, n]
+void add_bias(float* y, const float* bias, int64_t n_rows, int64_t n, Stream stream);
+
+// MoE router, one token per warp: logits [n_tokens, n_expert] -> ids, weights [n_tokens, k]
+void moe_route(const float* logits, const float* bias, int64_t n_tokens, int n_expert, int k, bool sigmoid,
+               bool normalize, float weights_scale, int32_t* ids, float* weights, Stream stream);
+// out[t] = sum_j weights[t][j] * y[t * k + j];  y: [n_tokens * k, n], out: [n_tokens, n]
+void moe_combine(const float* y, const float* weights, int64_t n_tokens, int k, int64_t n, float* out,
+                 Stream stream);
+
+// out[r] = index of the largest x[r][i] (the lowest on ties); x: [rows, n]
+void argmax(const float* x, int64_t rows, int64_t n, int32_t* out, Stream stream);
+
+}  // namespace cera::cuda

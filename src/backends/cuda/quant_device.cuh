@@ -1,0 +1,356 @@
+// Device-side decoding of the weight images described in kernels.h, one traits struct per type.
+//
+// The unit of work is an *item*: one lane's share of a block, 16 or 32 bytes of quants. A quantized
+// item covers 32 elements as two runs of 16 (block-relative element offsets ea, eb): the low and
+// high nibbles of 16 bytes, or 32 plain bytes for Q8_0. For each item a traits struct gives
+//   load_w(q_row, m_row, blk, j)  the weight bytes of item j of block blk (16-byte loads),
+//   dot(w, x, j)                  the item's dot product with the 8-bit activations,
+//   dequant(w, j, va, vb)         the item's 32 values (for embeddings and the prefill GEMM).
+// Float weights use 8-element items dotted with f32 activations.
+#pragma once
+#include "backends/cuda/common.cuh"
+
+namespace cera::cuda {
+
+constexpr int kOnes = 0x01010101;
+
+// The activations of one quantized item: two runs of 16 int8 with their scales and sums.
+struct XQ {
+    int a[4], b[4];
+    float da, db;
+    int sa, sb;  // sum of the run's int8 values
+};
+
+__device__ __forceinline__ XQ load_xq(const int8_t* xq_row, const float* xd_row, int ea, int eb) {
+    XQ x;
+    const uint4 va = ld_cached16(xq_row + ea), vb = ld_cached16(xq_row + eb);
+    x.a[0] = int(va.x), x.a[1] = int(va.y), x.a[2] = int(va.z), x.a[3] = int(va.w);
+    x.b[0] = int(vb.x), x.b[1] = int(vb.y), x.b[2] = int(vb.z), x.b[3] = int(vb.w);
+    x.da = __ldg(xd_row + (ea >> 5));
+    x.db = __ldg(xd_row + (eb >> 5));
+    x.sa = __dp4a(x.a[0], kOnes, __dp4a(x.a[1], kOnes, __dp4a(x.a[2], kOnes, __dp4a(x.a[3], kOnes, 0))));
+    x.sb = __dp4a(x.b[0], kOnes, __dp4a(x.b[1], kOnes, __dp4a(x.b[2], kOnes, __dp4a(x.b[3], kOnes, 0))));
+    return x;
+}
+
+__device__ __forceinline__ int word(const uint4& v, int i) { return int(i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w); }
+// Bits 0..3 of v to bit 0 of bytes 0..3.
+__device__ __forceinline__ int spread4(uint32_t v) { return int(((v & 0xFu) * 0x00204081u) & 0x01010101u); }
+
+// Integer dot of 16 nibble pairs (low -> run a, high -> run b), with optional 5th bits.
+__device__ __forceinline__ void dot_nibbles(const uint4& q, const XQ& x, int& s_lo, int& s_hi) {
+    s_lo = 0, s_hi = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int w = word(q, i);
+        s_lo = __dp4a(w & 0x0F0F0F0F, x.a[i], s_lo);
+        s_hi = __dp4a((w >> 4) & 0x0F0F0F0F, x.b[i], s_hi);
+    }
+}
+
+template <GgmlType T>
+struct QTraits;
+
+// ---------------------------------------------------------------- 32-element blocks
+template <>
+struct QTraits<GgmlType::kQ4_0> {
+    static constexpr int kItems = 1;
+    struct W { uint4 q; float d; };
+    __device__ static void runs(int, int& ea, int& eb) { ea = 0, eb = 16; }
+    __device__ static W load_w(const uint8_t* q, const uint8_t* m, int64_t blk, int) {
+        return {ld_stream16(q + blk * 16), half_bits_to_float(reinterpret_cast<const uint16_t*>(m)[blk])};
+    }
+    __device__ static float dot(const W& w, const XQ& x, int) {
+        int lo, hi;
+        dot_nibbles(w.q, x, lo, hi);
+        return w.d * x.da * float(lo + hi - 8 * (x.sa + x.sb));
+    }
+    __device__ static void dequant(const W& w, int, float* va, float* vb) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const int byte = (word(w.q, i >> 2) >> (8 * (i & 3))) & 0xFF;
+            va[i] = w.d * float((byte & 0xF) - 8);
+            vb[i] = w.d * float((byte >> 4) - 8);
+        }
+    }
+};
+
+template <>
+struct QTraits<GgmlType::kQ4_1> {
+    static constexpr int kItems = 1;
+    struct W { uint4 q; float d, m; };
+    __device__ static void runs(int, int& ea, int& eb) { ea = 0, eb = 16; }
+    __device__ static W load_w(const uint8_t* q, const uint8_t* m, int64_t blk, int) {
+        const uint32_t dm = reinterpret_cast<const uint32_t*>(m)[blk];
+        return {ld_stream16(q + blk * 16), half_bits_to_float(uint16_t(dm)), half_bits_to_float(uint16_t(dm >> 16))};
+    }
+    __device__ static float dot(const W& w, const XQ& x, int) {
+        int lo, hi;
+        dot_nibbles(w.q, x, lo, hi);
+        return x.da * (w.d * float(lo + hi) + w.m * float(x.sa + x.sb));
+    }
+    __device__ static void dequant(const W& w, int, float* va, float* vb) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const int byte = (word(w.q, i >> 2) >> (8 * (i & 3))) & 0xFF;
+            va[i] = w.d * float(byte & 0xF) + w.m;
+            vb[i] = w.d * float(byte >> 4) + w.m;
+        }
+    }
+};
+
+// Q5_0 / Q5_1: the nibbles plus a 5th bit from qh (bit j = element j).
+template <bool kMin>
+struct Q5Traits {
+    static constexpr int kItems = 1;
+    struct W { uint4 q; uint32_t qh; float d, m; };
+    __device__ static void runs(int, int& ea, int& eb) { ea = 0, eb = 16; }
+    __device__ static W load_w(const uint8_t* q, const uint8_t* m, int64_t blk, int) {
+        const uint2 meta = reinterpret_cast<const uint2*>(m)[blk];
+        return {ld_stream16(q + blk * 16), meta.y, half_bits_to_float(uint16_t(meta.x)),
+                kMin ? half_bits_to_float(uint16_t(meta.x >> 16)) : 0.0f};
+    }
+    __device__ static float dot(const W& w, const XQ& x, int) {
+        int lo = 0, hi = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int v = word(w.q, i);
+            lo = __dp4a((v & 0x0F0F0F0F) | (spread4(w.qh >> (4 * i)) << 4), x.a[i], lo);
+            hi = __dp4a(((v >> 4) & 0x0F0F0F0F) | (spread4(w.qh >> (16 + 4 * i)) << 4), x.b[i], hi);
+        }
+        if (kMin) return x.da * (w.d * float(lo + hi) + w.m * float(x.sa + x.sb));
+        return w.d * x.da * float(lo + hi - 16 * (x.sa + x.sb));
+    }
+    __device__ static void dequant(const W& w, int, float* va, float* vb) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const int byte = (word(w.q, i >> 2) >> (8 * (i & 3))) & 0xFF;
+            const int qa = (byte & 0xF) | (((w.qh >> i) & 1) << 4);
+            const int qb = (byte >> 4) | (((w.qh >> (i + 16)) & 1) << 4);
+            va[i] = kMin ? w.d * float(qa) + w.m : w.d * float(qa - 16);
+            vb[i] = kMin ? w.d * float(qb) + w.m : w.d * float(qb - 16);
+        }
+    }
+};
+template <>
+struct QTraits<GgmlType::kQ5_0> : Q5Traits<false> {};
+template <>
+struct QTraits<GgmlType::kQ5_1> : Q5Traits<true> {};
+
+template <>
+struct QTraits<GgmlType::kQ8_0> {
+    static constexpr int kItems = 1;
+    struct W { uint4 q0, q1; float d; };
+    __device__ static void runs(int, int& ea, int& eb) { ea = 0, eb = 16; }
+    __device__ static W load_w(const uint8_t* q, const uint8_t* m, int64_t blk, int) {
+        return {ld_stream16(q + blk * 32), ld_stream16(q + blk * 32 + 16),
+                half_bits_to_float(reinterpret_cast<const uint16_t*>(m)[blk])};
+    }
+    __device__ static float dot(const W& w, const XQ& x, int) {
+        int s = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s = __dp4a(word(w.q1, i), x.b[i], __dp4a(word(w.q0, i), x.a[i], s));
+        return w.d * x.da * float(s);
+    }
+    __device__ static void dequant(const W& w, int, float* va, float* vb) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            va[i] = w.d * float(int8_t(word(w.q0, i >> 2) >> (8 * (i & 3))));
+            vb[i] = w.d * float(int8_t(word(w.q1, i >> 2) >> (8 * (i & 3))));
+        }
+    }
+};
+
+// ---------------------------------------------------------------- K-quants (256-element blocks)
+// Q4_K / Q5_K item j (0..7) = 16 bytes of qs: g = j/2 (64-element group), h = j%2 (which 16 of 32).
+// Low nibbles: elements 64g + 16h + i (sub-block 2g); high: 64g + 32 + 16h + i (sub-block 2g+1).
+__device__ __forceinline__ int byte_of(uint32_t w, int i) { return int((w >> (8 * i)) & 0xFF); }
+// get_scale_min_k4 on the 12 scale bytes held as three words.
+__device__ __forceinline__ void scale_min_k4(int j, uint32_t s0, uint32_t s1, uint32_t s2, int& sc, int& m) {
+    if (j < 4) {
+        sc = byte_of(s0, j) & 63;
+        m = byte_of(s1, j) & 63;
+    } else {
+        const int hi = byte_of(s2, j - 4);
+        sc = (hi & 0xF) | ((byte_of(s0, j - 4) >> 6) << 4);
+        m = (hi >> 4) | ((byte_of(s1, j - 4) >> 6) << 4);
+    }
+}
+
+template <bool kFive>
+struct QkTraits {
+    static constexpr int kItems = 8;
+    static constexpr int kQ = kFive ? 160 : 128;
+    struct W { uint4 q, qh, meta; };
+    __device__ static void runs(int j, int& ea, int& eb) {
+        ea = 64 * (j >> 1) + 16 * (j & 1);
+        eb = ea + 32;
+    }
+    __device__ static W load_w(const uint8_t* q, const uint8_t* m, int64_t blk, int j) {
+        W w;
+        const uint8_t* b = q + blk * kQ;
+        w.q = ld_stream16(b + 16 * j);
+        if (kFive) w.qh = ld_stream16(b + 128 + 16 * (j & 1));
+        w.meta = __ldg(reinterpret_cast<const uint4*>(m) + blk);
+        return w;
+    }
+    __device__ static void item_q(const W& w, int j, int i, int& lo, int& hi) {
+        const int v = word(w.q, i);
+        lo = v & 0x0F0F0F0F;
+        hi = (v >> 4) & 0x0F0F0F0F;
+        if (kFive) {
+            const int g = j >> 1, h = word(w.qh, i);
+            lo |= ((h >> (2 * g)) & 0x01010101) << 4;
+            hi |= ((h >> (2 * g + 1)) & 0x01010101) << 4;
+        }
+    }
+    __device__ static float dot(const W& w, const XQ& x, int j) {
+        int lo = 0, hi = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            int ql, qh;
+            item_q(w, j, i, ql, qh);
+            lo = __dp4a(ql, x.a[i], lo);
+            hi = __dp4a(qh, x.b[i], hi);
+        }
+        const int g = j >> 1;
+        int sc0, m0, sc1, m1;
+        scale_min_k4(2 * g, w.meta.y, w.meta.z, w.meta.w, sc0, m0);
+        scale_min_k4(2 * g + 1, w.meta.y, w.meta.z, w.meta.w, sc1, m1);
+        const float d = half_bits_to_float(uint16_t(w.meta.x)), dmin = half_bits_to_float(uint16_t(w.meta.x >> 16));
+        return d * (x.da * float(sc0 * lo) + x.db * float(sc1 * hi)) -
+               dmin * (x.da * float(m0 * x.sa) + x.db * float(m1 * x.sb));
+    }
+    __device__ static void dequant(const W& w, int j, float* va, float* vb) {
+        const int g = j >> 1;
+        int sc0, m0, sc1, m1;
+        scale_min_k4(2 * g, w.meta.y, w.meta.z, w.meta.w, sc0, m0);
+        scale_min_k4(2 * g + 1, w.meta.y, w.meta.z, w.meta.w, sc1, m1);
+        const float d = half_bits_to_float(uint16_t(w.meta.x)), dmin = half_bits_to_float(uint16_t(w.meta.x >> 16));
+        const float d0 = d * float(sc0), d1 = d * float(sc1), n0 = dmin * float(m0), n1 = dmin * float(m1);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            int ql, qh;
+            item_q(w, j, i, ql, qh);
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+                va[4 * i + b] = d0 * float(byte_of(uint32_t(ql), b)) - n0;
+                vb[4 * i + b] = d1 * float(byte_of(uint32_t(qh), b)) - n1;
+            }
+        }
+    }
+};
+template <>
+struct QTraits<GgmlType::kQ4_K> : QkTraits<false> {};
+template <>
+struct QTraits<GgmlType::kQ5_K> : QkTraits<true> {};
+
+// Q6_K: block image = ql[128] qh[64] scales[16], then d in the scale stream. Item j (0..7): half
+// n = j/4 (128 elements), jj = j%4: 16 bytes ql[64n + 16jj], 16 bytes qh[32n + 16(jj%2)].
+// Low nibbles: elements 128n + 16(jj%2) + 32(jj/2) + i with scale 8n + jj; high: +64, scale 8n + jj + 4.
+template <>
+struct QTraits<GgmlType::kQ6_K> {
+    static constexpr int kItems = 8;
+    struct W { uint4 ql, qh; uint2 sc; float d; };
+    __device__ static void runs(int j, int& ea, int& eb) {
+        const int jj = j & 3;
+        ea = 128 * (j >> 2) + 16 * (jj & 1) + 32 * (jj >> 1);
+        eb = ea + 64;
+    }
+    __device__ static W load_w(const uint8_t* q, const uint8_t* m, int64_t blk, int j) {
+        W w;
+        const uint8_t* b = q + blk * 208;
+        const int n = j >> 2, jj = j & 3;
+        w.ql = ld_stream16(b + 64 * n + 16 * jj);
+        w.qh = ld_stream16(b + 128 + 32 * n + 16 * (jj & 1));
+        w.sc = __ldg(reinterpret_cast<const uint2*>(b + 192 + 8 * n));
+        w.d = half_bits_to_float(reinterpret_cast<const uint16_t*>(m)[blk]);
+        return w;
+    }
+    __device__ static void item_q(const W& w, int j, int i, int& lo, int& hi) {
+        const int sh = 2 * ((j & 3) >> 1);
+        const int v = word(w.ql, i), h = word(w.qh, i);
+        lo = (v & 0x0F0F0F0F) | (((h >> sh) & 0x03030303) << 4);
+        hi = ((v >> 4) & 0x0F0F0F0F) | (((h >> (sh + 4)) & 0x03030303) << 4);
+    }
+    __device__ static void scales(const W& w, int j, float& s_lo, float& s_hi) {
+        const int jj = j & 3;
+        s_lo = float(int8_t(byte_of(w.sc.x, jj)));
+        s_hi = float(int8_t(byte_of(w.sc.y, jj)));
+    }
+    __device__ static float dot(const W& w, const XQ& x, int j) {
+        int lo = 0, hi = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            int ql, qh;
+            item_q(w, j, i, ql, qh);
+            lo = __dp4a(ql, x.a[i], lo);
+            hi = __dp4a(qh, x.b[i], hi);
+        }
+        float s_lo, s_hi;
+        scales(w, j, s_lo, s_hi);
+        return w.d * (s_lo * x.da * float(lo - 32 * x.sa) + s_hi * x.db * float(hi - 32 * x.sb));
+    }
+    __device__ static void dequant(const W& w, int j, float* va, float* vb) {
+        float s_lo, s_hi;
+        scales(w, j, s_lo, s_hi);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            int ql, qh;
+            item_q(w, j, i, ql, qh);
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+                va[4 * i + b] = w.d * s_lo * float(byte_of(uint32_t(ql), b) - 32);
+                vb[4 * i + b] = w.d * s_hi * float(byte_of(uint32_t(qh), b) - 32);
+            }
+        }
+    }
+};
+
+// ---------------------------------------------------------------- float weights: 8-element items
+template <GgmlType T>
+struct FTraits;
+template <>
+struct FTraits<GgmlType::kF32> {
+    __device__ static void load(const void* row, int64_t item, float* v) {
+        const uint4 a = ld_stream16(static_cast<const float*>(row) + 8 * item);
+        const uint4 b = ld_stream16(static_cast<const float*>(row) + 8 * item + 4);
+        v[0] = __uint_as_float(a.x), v[1] = __uint_as_float(a.y), v[2] = __uint_as_float(a.z), v[3] = __uint_as_float(a.w);
+        v[4] = __uint_as_float(b.x), v[5] = __uint_as_float(b.y), v[6] = __uint_as_float(b.z), v[7] = __uint_as_float(b.w);
+    }
+    __device__ static float one(const void* row, int64_t i) { return static_cast<const float*>(row)[i]; }
+};
+template <>
+struct FTraits<GgmlType::kF16> {
+    __device__ static void load(const void* row, int64_t item, float* v) {
+        const uint4 a = ld_stream16(static_cast<const uint16_t*>(row) + 8 * item);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float2 f = __half22float2(__halves2half2(__ushort_as_half(uint16_t(word(a, i))),
+                                                           __ushort_as_half(uint16_t(uint32_t(word(a, i)) >> 16))));
+            v[2 * i] = f.x, v[2 * i + 1] = f.y;
+        }
+    }
+    __device__ static float one(const void* row, int64_t i) {
+        return half_bits_to_float(static_cast<const uint16_t*>(row)[i]);
+    }
+};
+template <>
+struct FTraits<GgmlType::kBF16> {
+    __device__ static void load(const void* row, int64_t item, float* v) {
+        const uint4 a = ld_stream16(static_cast<const uint16_t*>(row) + 8 * item);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t w = uint32_t(word(a, i));
+            v[2 * i] = __uint_as_float(w << 16), v[2 * i + 1] = __uint_as_float(w & 0xFFFF0000u);
+        }
+    }
+    __device__ static float one(const void* row, int64_t i) {
+        return bf16_bits_to_float(static_cast<const uint16_t*>(row)[i]);
+    }
+};
+
+// Bytes of one element of a float type.
+CERA_HD constexpr int float_type_bytes(GgmlType t) { return t == GgmlType::kF32 ? 4 : 2; }
+
+}  // namespace cera::cuda

@@ -1,0 +1,102 @@
+// GGUF weight bytes -> the CUDA device image (layout in kernels.h), built on the host at upload.
+#include <cstring>
+
+#include "backends/cuda/kernels.h"
+#include "core/check.h"
+#include "core/quant/blocks.h"
+
+namespace cera::cuda {
+
+size_t weight_image_bytes(GgmlType type, int64_t rows, int64_t k) {
+    const QuantLayout L = quant_layout(type);
+    if (L.block_elems == 0) return row_size(type, k) * size_t(rows);
+    return size_t(rows) * size_t(k / L.block_elems) * size_t(L.q_bytes + L.m_bytes);
+}
+
+namespace {
+
+// Splits every block into its quant part (q) and scale part (m).
+template <class B, class F>
+void split_blocks(const void* gguf, int64_t n_blocks, uint8_t* q, uint8_t* m, const QuantLayout& L, F&& fn) {
+    const B* b = static_cast<const B*>(gguf);
+    for (int64_t i = 0; i < n_blocks; ++i) fn(b[i], q + i * L.q_bytes, m + i * L.m_bytes);
+}
+
+}  // namespace
+
+void make_weight_image(GgmlType type, const void* gguf, int64_t rows, int64_t k, void* image) {
+    const QuantLayout L = quant_layout(type);
+    if (L.block_elems == 0) {
+        std::memcpy(image, gguf, row_size(type, k) * size_t(rows));
+        return;
+    }
+    CERA_CHECK(k % L.block_elems == 0);
+    const int64_t n = rows * (k / L.block_elems);
+    uint8_t* q = static_cast<uint8_t*>(image);
+    uint8_t* m = q + n * L.q_bytes;
+    switch (type) {
+        case GgmlType::kQ4_0:
+            split_blocks<BlockQ4_0>(gguf, n, q, m, L, [](const BlockQ4_0& b, uint8_t* qo, uint8_t* mo) {
+                std::memcpy(qo, b.qs, 16);
+                std::memcpy(mo, &b.d, 2);
+            });
+            break;
+        case GgmlType::kQ4_1:
+            split_blocks<BlockQ4_1>(gguf, n, q, m, L, [](const BlockQ4_1& b, uint8_t* qo, uint8_t* mo) {
+                std::memcpy(qo, b.qs, 16);
+                std::memcpy(mo, &b.d, 2);
+                std::memcpy(mo + 2, &b.m, 2);
+            });
+            break;
+        case GgmlType::kQ5_0:
+            split_blocks<BlockQ5_0>(gguf, n, q, m, L, [](const BlockQ5_0& b, uint8_t* qo, uint8_t* mo) {
+                std::memcpy(qo, b.qs, 16);
+                std::memset(mo, 0, 8);
+                std::memcpy(mo, &b.d, 2);
+                std::memcpy(mo + 4, b.qh, 4);
+            });
+            break;
+        case GgmlType::kQ5_1:
+            split_blocks<BlockQ5_1>(gguf, n, q, m, L, [](const BlockQ5_1& b, uint8_t* qo, uint8_t* mo) {
+                std::memcpy(qo, b.qs, 16);
+                std::memcpy(mo, &b.d, 2);
+                std::memcpy(mo + 2, &b.m, 2);
+                std::memcpy(mo + 4, b.qh, 4);
+            });
+            break;
+        case GgmlType::kQ8_0:
+            split_blocks<BlockQ8_0>(gguf, n, q, m, L, [](const BlockQ8_0& b, uint8_t* qo, uint8_t* mo) {
+                std::memcpy(qo, b.qs, 32);
+                std::memcpy(mo, &b.d, 2);
+            });
+            break;
+        case GgmlType::kQ4_K:
+            split_blocks<BlockQ4_K>(gguf, n, q, m, L, [](const BlockQ4_K& b, uint8_t* qo, uint8_t* mo) {
+                std::memcpy(qo, b.qs, 128);
+                std::memcpy(mo, &b.d, 2);
+                std::memcpy(mo + 2, &b.dmin, 2);
+                std::memcpy(mo + 4, b.scales, 12);
+            });
+            break;
+        case GgmlType::kQ5_K:
+            split_blocks<BlockQ5_K>(gguf, n, q, m, L, [](const BlockQ5_K& b, uint8_t* qo, uint8_t* mo) {
+                std::memcpy(qo, b.qs, 128);
+                std::memcpy(qo + 128, b.qh, 32);
+                std::memcpy(mo, &b.d, 2);
+                std::memcpy(mo + 2, &b.dmin, 2);
+                std::memcpy(mo + 4, b.scales, 12);
+            });
+            break;
+        case GgmlType::kQ6_K:
+            split_blocks<BlockQ6_K>(gguf, n, q, m, L, [](const BlockQ6_K& b, uint8_t* qo, uint8_t* mo) {
+                std::memcpy(qo, b.ql, 128);
+                std::memcpy(qo + 128, b.qh, 64);
+                std::memcpy(qo + 192, b.scales, 16);
+                std::memcpy(mo, &b.d, 2);
+            });
+            break;
+        default: CERA_CHECK(false, "no CUDA image layout for %s", type_name(type));
+    }
+}
+
+}  // namespace cera::cuda
