@@ -27,4 +27,22 @@ void matmul(GgmlType type, const void* w, int64_t rows, int64_t k, const float* 
 void matmul_ref(GgmlType type, const void* w, int64_t rows, int64_t k, const float* x, int64_t n_tokens, float* y,
                 int64_t ldy);
 
+// ---- row ops (ISA-dispatched like matmul; *_ref are the scalar specifications) ----
+
+// y = x / sqrt(mean(x^2) + eps) * w over one row of n; w may be null (no weight); y may alias x.
+void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
+void rms_norm_ref(const float* x, const float* w, float* y, int64_t n, float eps);
+// SwiGLU: y = silu(g) * u = g / (1 + exp(-g)) * u; y may alias g or u.
+void silu_mul(const float* g, const float* u, float* y, int64_t n);
+void silu_mul_ref(const float* g, const float* u, float* y, int64_t n);
+// y = a + scale * b; y may alias a or b.
+void add(const float* a, const float* b, float scale, float* y, int64_t n);
+void add_ref(const float* a, const float* b, float scale, float* y, int64_t n);
+// sum_i a[i] * b[i]
+float dot_f32(const float* a, const float* b, int64_t n);
+float dot_f32_ref(const float* a, const float* b, int64_t n);
+// In place: x = exp(x - max) / sum(exp(x - max)) over one row of n.
+void softmax(float* x, int64_t n);
+void softmax_ref(float* x, int64_t n);
+
 }  // namespace cera::cpu

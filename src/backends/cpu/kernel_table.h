@@ -1,0 +1,50 @@
+// Internal to the CPU backend: the per-ISA kernel table behind kernels.h, and the activation
+// formats the quantized matmuls use.
+//
+// Activation formats (made once per matmul call, one row per token):
+//   kAct32: for weights in 32-blocks (Q4_0, Q5_0, Q8_0): int8 codes qs[k], then float d[k/32],
+//           then int32 sum[k/32] (sum of the block's codes, for the weights' zero offsets).
+//           x ~ d[b] * qs[i], d = amax / 127 (float, not fp16), codes rounded to nearest.
+//   kActQ8K: for the K-quants: BlockQ8_K[k/256] (core/quant/blocks.h).
+//   kActF32: the f32 row itself (F32, F16, BF16 weights and the dequantizing fallbacks).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "backends/cpu/kernels.h"
+
+namespace cera::cpu {
+
+enum class ActFormat { kF32, kAct32, kActQ8K };
+
+size_t act_row_bytes(ActFormat f, int64_t k);
+void quantize_act_row(ActFormat f, const float* x, int64_t k, void* out);  // scalar, baseline
+
+// Computes y[t][r] for rows [r0, r1) and tokens [t0, t1):
+//   w: the whole weight matrix (row stride w_stride bytes); act: activation rows (stride a_stride
+//   bytes) in the format the kernel's ActFormat names, indexed by token; y: row stride ldy.
+using GemmFn = void (*)(const uint8_t* w, size_t w_stride, int64_t r0, int64_t r1, const uint8_t* act,
+                        size_t a_stride, int64_t t0, int64_t t1, int64_t k, float* y, int64_t ldy);
+
+struct MatmulKernel {
+    GemmFn fn = nullptr;  // nullptr: this ISA has no kernel for the type
+    ActFormat act = ActFormat::kF32;
+};
+
+constexpr int kMaxTypeId = 40;
+
+struct KernelTable {
+    Isa isa;
+    MatmulKernel matmul[kMaxTypeId];
+    void (*rms_norm)(const float* x, const float* w, float* y, int64_t n, float eps);
+    void (*silu_mul)(const float* g, const float* u, float* y, int64_t n);
+    void (*add)(const float* a, const float* b, float scale, float* y, int64_t n);
+    float (*dot_f32)(const float* a, const float* b, int64_t n);
+    void (*softmax)(float* x, int64_t n);
+};
+
+const KernelTable& kernel_table_ref();
+const KernelTable& kernel_table_avx2();
+const KernelTable& kernel_table_avx512();
+
+}  // namespace cera::cpu

@@ -1,0 +1,277 @@
+// AVX2 (+FMA, F16C) kernels.
+//
+// Quantized matmul for the 32-block types (Q4_0, Q5_0, Q8_0) on kAct32 activations: the weight
+// codes are unpacked to unsigned bytes and multiplied with the signed activation codes by
+// vpmaddubsw (pairs to int16, no saturation for codes below 64) and vpmaddwd (to int32); Q8_0's
+// signed codes use the sign trick (|w| x sign(x, w)). The zero offset is removed with the
+// activation block sums, as in the AVX-512 kernels. Tiles of 4 rows x 4 tokens.
+// F32/F16/BF16 weights: 8-wide FMAs. Other types (K-quants, Q4_1, Q5_1) take the driver's
+// dequantize-to-f32 path with the f32 kernel below.
+// Bottleneck: as AVX-512 for decode (weight bytes / bandwidth); prefill is ~2x slower per
+// instruction than VNNI (two instructions per 16 products).
+// Row ops are the plain loops compiled for AVX2 (the compiler vectorizes them).
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "backends/cpu/kernel_table.h"
+#include "core/quant/blocks.h"
+
+namespace cera::cpu {
+namespace {
+
+constexpr int kMR = 4;
+constexpr int kNC = 4;
+
+inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+inline float h2f(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+struct WF32 {
+    static __m256 load(const uint8_t* row, int64_t i) { return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i); }
+    static float at(const uint8_t* row, int64_t i) { return reinterpret_cast<const float*>(row)[i]; }
+};
+struct WF16 {
+    static __m256 load(const uint8_t* row, int64_t i) {
+        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * i)));
+    }
+    static float at(const uint8_t* row, int64_t i) { return h2f(row + 2 * i); }
+};
+struct WBF16 {
+    static __m256 load(const uint8_t* row, int64_t i) {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * i));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    static float at(const uint8_t* row, int64_t i) {
+        uint16_t b;
+        std::memcpy(&b, row + 2 * i, 2);
+        uint32_t u = uint32_t(b) << 16;
+        float f;
+        std::memcpy(&f, &u, 4);
+        return f;
+    }
+};
+
+template <class W, int MR, int NC>
+void tile_float(const uint8_t* w, size_t ws, const uint8_t* act, size_t as, int64_t k, float* y, int64_t ldy) {
+    __m256 acc[MR][NC];
+    for (int r = 0; r < MR; ++r)
+        for (int c = 0; c < NC; ++c) acc[r][c] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) {
+        __m256 wv[MR];
+        for (int r = 0; r < MR; ++r) wv[r] = W::load(w + r * ws, i);
+        for (int c = 0; c < NC; ++c) {
+            const __m256 xv = _mm256_loadu_ps(reinterpret_cast<const float*>(act + c * as) + i);
+            for (int r = 0; r < MR; ++r) acc[r][c] = _mm256_fmadd_ps(wv[r], xv, acc[r][c]);
+        }
+    }
+    for (int c = 0; c < NC; ++c) {
+        const float* x = reinterpret_cast<const float*>(act + c * as);
+        for (int r = 0; r < MR; ++r) {
+            float s = hsum(acc[r][c]);
+            for (int64_t j = i; j < k; ++j) s += W::at(w + r * ws, j) * x[j];
+            y[c * ldy + r] = s;
+        }
+    }
+}
+
+struct WQ4_0 {
+    static constexpr size_t kBytes = sizeof(BlockQ4_0);
+    static constexpr int kOffset = 8;
+    static constexpr bool kSigned = false;
+    static __m256i codes(const uint8_t* b) {
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
+        return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
+    }
+};
+struct WQ5_0 {
+    static constexpr size_t kBytes = sizeof(BlockQ5_0);
+    static constexpr int kOffset = 16;
+    static constexpr bool kSigned = false;
+    static __m256i codes(const uint8_t* b) {
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 6));
+        const __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
+        uint32_t qh;
+        std::memcpy(&qh, b + 2, 4);
+        // spread the 32 bits to 32 bytes: byte j gets bit j
+        const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                              3, 3, 3, 3, 3, 3);
+        const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(int(qh)), shuf);
+        const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+        return _mm256_or_si256(v, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+    }
+};
+struct WQ8_0 {
+    static constexpr size_t kBytes = sizeof(BlockQ8_0);
+    static constexpr int kOffset = 0;
+    static constexpr bool kSigned = true;
+    static __m256i codes(const uint8_t* b) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)); }
+};
+
+template <class W, int MR, int NC>
+void tile_q32(const uint8_t* w, size_t ws, const uint8_t* act, size_t as, int64_t k, float* y, int64_t ldy) {
+    const int64_t nb = k / 32;
+    const int8_t* xq[NC];
+    const float* xd[NC];
+    const int32_t* xs[NC];
+    for (int c = 0; c < NC; ++c) {
+        xq[c] = reinterpret_cast<const int8_t*>(act + c * as);
+        xd[c] = reinterpret_cast<const float*>(xq[c] + k);
+        xs[c] = reinterpret_cast<const int32_t*>(xd[c] + nb);
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[MR][NC];
+    for (int r = 0; r < MR; ++r)
+        for (int c = 0; c < NC; ++c) acc[r][c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        __m256i wq[MR];
+        __m256 wd[MR];
+        for (int r = 0; r < MR; ++r) {
+            const uint8_t* blk = w + r * ws + b * W::kBytes;
+            wq[r] = W::codes(blk);
+            wd[r] = _mm256_set1_ps(h2f(blk));
+        }
+        if constexpr (W::kSigned) {
+            for (int r = 0; r < MR; ++r) {
+                // keep |w| in wq, use the sign of w on x below
+                const __m256i a = _mm256_sign_epi8(wq[r], wq[r]);
+                for (int c = 0; c < NC; ++c) {
+                    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[c] + 32 * b));
+                    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(a, _mm256_sign_epi8(xv, wq[r])), ones);
+                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(wd[r], _mm256_set1_ps(xd[c][b])),
+                                                acc[r][c]);
+                }
+            }
+        } else {
+            for (int c = 0; c < NC; ++c) {
+                const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[c] + 32 * b));
+                const __m256i init = _mm256_castsi128_si256(_mm_cvtsi32_si128(-W::kOffset * xs[c][b]));
+                const __m256i init0 = _mm256_inserti128_si256(init, _mm_setzero_si128(), 1);
+                const __m256 dx = _mm256_set1_ps(xd[c][b]);
+                for (int r = 0; r < MR; ++r) {
+                    const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wq[r], xv), ones), init0);
+                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(wd[r], dx), acc[r][c]);
+                }
+            }
+        }
+    }
+    for (int c = 0; c < NC; ++c)
+        for (int r = 0; r < MR; ++r) y[c * ldy + r] = hsum(acc[r][c]);
+}
+
+using TileFn = void (*)(const uint8_t*, size_t, const uint8_t*, size_t, int64_t, float*, int64_t);
+
+template <template <int, int> class T>
+struct TileSet {
+    static constexpr TileFn fns[kMR][kNC] = {
+        {T<1, 1>::run, T<1, 2>::run, T<1, 3>::run, T<1, 4>::run},
+        {T<2, 1>::run, T<2, 2>::run, T<2, 3>::run, T<2, 4>::run},
+        {T<3, 1>::run, T<3, 2>::run, T<3, 3>::run, T<3, 4>::run},
+        {T<4, 1>::run, T<4, 2>::run, T<4, 3>::run, T<4, 4>::run},
+    };
+};
+
+template <template <int, int> class T>
+void gemm(const uint8_t* w, size_t ws, int64_t r0, int64_t r1, const uint8_t* act, size_t as, int64_t t0, int64_t t1,
+          int64_t k, float* y, int64_t ldy) {
+    for (int64_t r = r0; r < r1; r += kMR) {
+        const int nr = int(r1 - r < kMR ? r1 - r : kMR);
+        for (int64_t t = t0; t < t1; t += kNC) {
+            const int nc = int(t1 - t < kNC ? t1 - t : kNC);
+            TileSet<T>::fns[nr - 1][nc - 1](w + size_t(r) * ws, ws, act + size_t(t) * as, as, k, y + t * ldy + r, ldy);
+        }
+    }
+}
+
+template <class W>
+struct FloatTile {
+    template <int MR, int NC>
+    struct T {
+        static void run(const uint8_t* w, size_t ws, const uint8_t* a, size_t as, int64_t k, float* y, int64_t ldy) {
+            tile_float<W, MR, NC>(w, ws, a, as, k, y, ldy);
+        }
+    };
+};
+template <class W>
+struct Q32Tile {
+    template <int MR, int NC>
+    struct T {
+        static void run(const uint8_t* w, size_t ws, const uint8_t* a, size_t as, int64_t k, float* y, int64_t ldy) {
+            tile_q32<W, MR, NC>(w, ws, a, as, k, y, ldy);
+        }
+    };
+};
+
+void rms_norm_avx2(const float* x, const float* w, float* y, int64_t n, float eps) {
+    float ss = 0.0f;
+    for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+    const float scale = 1.0f / std::sqrt(ss / float(n) + eps);
+    if (w != nullptr)
+        for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
+    else
+        for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale;
+}
+void silu_mul_avx2(const float* g, const float* u, float* y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+void add_avx2(const float* a, const float* b, float scale, float* y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = a[i] + scale * b[i];
+}
+float dot_f32_avx2(const float* a, const float* b, int64_t n) {
+    __m256 s = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) s = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s);
+    float r = hsum(s);
+    for (; i < n; ++i) r += a[i] * b[i];
+    return r;
+}
+void softmax_avx2(float* x, int64_t n) {
+    if (n <= 0) return;
+    float mx = x[0];
+    for (int64_t i = 1; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+        x[i] = std::exp(x[i] - mx);
+        sum += x[i];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+KernelTable make_table() {
+    KernelTable t{};
+    t.isa = Isa::kAvx2;
+    auto set = [&](GgmlType type, GemmFn fn, ActFormat act) { t.matmul[int(type)] = MatmulKernel{fn, act}; };
+    set(GgmlType::kF32, gemm<FloatTile<WF32>::T>, ActFormat::kF32);
+    set(GgmlType::kF16, gemm<FloatTile<WF16>::T>, ActFormat::kF32);
+    set(GgmlType::kBF16, gemm<FloatTile<WBF16>::T>, ActFormat::kF32);
+    set(GgmlType::kQ4_0, gemm<Q32Tile<WQ4_0>::T>, ActFormat::kAct32);
+    set(GgmlType::kQ5_0, gemm<Q32Tile<WQ5_0>::T>, ActFormat::kAct32);
+    set(GgmlType::kQ8_0, gemm<Q32Tile<WQ8_0>::T>, ActFormat::kAct32);
+    t.rms_norm = rms_norm_avx2;
+    t.silu_mul = silu_mul_avx2;
+    t.add = add_avx2;
+    t.dot_f32 = dot_f32_avx2;
+    t.softmax = softmax_avx2;
+    return t;
+}
+
+}  // namespace
+
+const KernelTable& kernel_table_avx2() {
+    static const KernelTable t = make_table();
+    return t;
+}
+
+}  // namespace cera::cpu
