@@ -1,0 +1,94 @@
+// cera::Engine: one loaded model (weights resident on a device, its tokenizer and
+// metadata). Any number of cera::Session objects (session.h) share one Engine; each
+// session holds a shared_ptr to it, so the engine lives as long as its last session.
+//
+//   auto engine = cera::Engine::load("model.gguf", {.device = "cpu", .threads = 2});
+//   cera::Session s(engine);
+//   s.append_text("Once upon a time");
+//   s.generate(options, sink);
+//
+// Thread-safety: every const member of Engine may be called from any thread at any time.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cera {
+
+// Storage of the attention KV cache.
+enum class KvCacheType { kF32, kF16 };
+
+struct EngineOptions {
+    std::string device = "auto";             // "auto" (a CUDA GPU when usable, else the CPU), "cpu", "cuda", "cuda:N"
+    int threads = 0;                         // CPU worker threads; 0 = the physical cores
+    int32_t n_ctx = 0;                       // context length of each session; 0 = the model's, at most 4096
+    KvCacheType kv_type = KvCacheType::kF32;  // KV cache storage
+    int32_t n_batch = 512;                   // prefill chunk (tokens per forward pass)
+};
+
+// What a loaded model is and where it runs.
+struct EngineInfo {
+    std::string path;          // the GGUF file
+    std::string architecture;  // general.architecture, e.g. "lfm2"
+    std::string name;          // general.name, or ""
+    std::string weight_type;   // the type holding most weight bytes, e.g. "Q8_0"
+    std::string device;        // the backend, e.g. "cpu avx512, 2 threads"
+    bool on_gpu = false;       // true when the weights live on a CUDA device
+    int64_t n_params = 0;      // elements of all weight tensors
+    uint64_t weight_bytes = 0;  // bytes of all weight tensors
+    // Weight bytes one batch-1 decode step reads: every matrix once, one embedding row,
+    // the routed share of MoE experts. The numerator of the decode roofline.
+    uint64_t decode_bytes_per_token = 0;
+    int32_t n_vocab = 0;
+    int32_t n_embd = 0;
+    int32_t n_layer = 0;
+    int32_t n_ctx_train = 0;   // the context the model was trained with (<arch>.context_length)
+    int32_t n_ctx = 0;         // the context of each session
+    bool has_chat_template = false;
+};
+
+class Engine {
+   public:
+    // Loads a GGUF model and makes its weights resident on the chosen device. Throws cera::Error
+    // (kIo, kInvalidFile, kUnsupported, kDevice, kInvalidArgument for bad options).
+    static std::shared_ptr<Engine> load(const std::string& path, const EngineOptions& options = {});
+    ~Engine();
+    Engine(const Engine&) = delete;
+    Engine& operator=(const Engine&) = delete;
+
+    // Facts about the model and device (filled at load, never changes).
+    const EngineInfo& info() const;
+    const EngineOptions& options() const;
+
+    // A metadata value rendered as text (strings as stored, numbers in decimal, arrays as
+    // "[N items]"); "" when the key is absent.
+    std::string metadata(std::string_view key) const;
+    // All metadata keys, in file order.
+    std::vector<std::string> metadata_keys() const;
+
+    // Text -> token ids. add_bos: add BOS (and EOS) where the model's tokenizer settings ask for
+    // them; parse_special: special-token text such as "<|im_start|>" becomes its single id.
+    std::vector<int32_t> tokenize(std::string_view text, bool add_bos, bool parse_special = true) const;
+    // Token ids -> text (special tokens render as their text when render_special).
+    std::string detokenize(std::span<const int32_t> tokens, bool render_special = false) const;
+    // Whether the model wants BOS at the start of a sequence (tokenizer.ggml.add_bos_token).
+    bool add_bos() const;
+    int32_t bos_token() const;          // -1 when the model has none
+    int32_t eos_token() const;          // -1 when the model has none
+    bool is_eog(int32_t token) const;   // end of generation: EOS, EOT, EOM and the like
+    // tokenizer.chat_template, or "" when absent.
+    std::string chat_template() const;
+
+    // Internal: the loaded model and tokenizer (src/runtime/engine_impl.h).
+    struct Impl;
+    Impl& impl() const { return *impl_; }
+
+   private:
+    Engine();
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cera

@@ -1,0 +1,117 @@
+// cera::Session: one sequence (its KV cache and recurrent state) on a shared Engine.
+//
+//   cera::Session s(engine);
+//   s.append_text("Once upon a time");        // queued; evaluated by the next generate()
+//   cera::GenerateOptions g;  g.max_tokens = 64;  g.stop = {"\n\n"};
+//   MySink sink;                             // receives text as it decodes
+//   cera::GenerationResult r = s.generate(g, sink);
+//
+// Text reaches the Sink only when it is final: whole UTF-8 characters, and never any
+// part of a stop string (text that might be the start of one is held back until it
+// is not). Thread-safety: one thread drives a Session; cancel() may be called from any
+// thread. Sessions on one Engine may run concurrently on different threads.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cera/engine.h"
+#include "cera/sampler.h"
+
+namespace cera {
+
+enum class FinishReason {
+    kNone,         // not finished
+    kEos,          // the model produced an end-of-generation token
+    kStop,         // a stop string appeared
+    kLength,       // max_tokens reached (also max_tokens = 0: prefill only)
+    kContextFull,  // the context has no room for another token
+    kCancelled,    // cancel() was called
+};
+// "none", "eos", "stop", "length", "context", "cancelled".
+const char* finish_reason_name(FinishReason reason);
+
+struct GenerateOptions {
+    int32_t max_tokens = -1;         // tokens to sample at most; < 0: until EOS, a stop string or a full context
+    SamplerParams sampling;          // see sampler.h; temperature 0 is greedy
+    std::vector<std::string> stop;   // stop strings (empty strings are ignored)
+    bool ignore_eos = false;         // keep going past end-of-generation tokens (they are then ordinary text)
+};
+
+struct GenerationResult {
+    FinishReason finish = FinishReason::kNone;
+    std::string stop_string;        // the stop string that ended generation (kStop)
+    int32_t prompt_tokens = 0;      // tokens evaluated before the first sample (prefill)
+    int32_t generated_tokens = 0;   // tokens sampled, including a final EOS
+    int32_t decode_steps = 0;       // single-token forward passes run while generating
+    double prefill_seconds = 0.0;   // time of the prefill forward passes
+    double decode_seconds = 0.0;    // time of the decode steps, sampling included
+    std::string text;               // all text given to the Sink, concatenated
+
+    double prefill_tokens_per_second() const { return prefill_seconds > 0 ? prompt_tokens / prefill_seconds : 0.0; }
+    double decode_tokens_per_second() const { return decode_seconds > 0 ? decode_steps / decode_seconds : 0.0; }
+};
+
+// Receives a generation as it happens, on the thread that called generate().
+class Sink {
+   public:
+    virtual ~Sink() = default;
+    // Final text, in order (whole UTF-8 characters; never part of a stop string).
+    virtual void on_text(std::string_view text) = 0;
+    // Each sampled token id, before its text reaches on_text. Default: ignored.
+    virtual void on_token(int32_t token) {}
+    // Once, when generate() ends normally, with the result it returns. Default: ignored.
+    virtual void on_done(const GenerationResult& result) {}
+};
+
+// A Sink that ignores everything (the result still carries the text).
+class NullSink : public Sink {
+   public:
+    void on_text(std::string_view) override {}
+};
+
+class Session {
+   public:
+    // A new, empty sequence on `engine` (which it keeps alive). n_ctx = 0: the engine's context.
+    // Allocates the KV cache; throws cera::Error on failure.
+    explicit Session(std::shared_ptr<Engine> engine, int32_t n_ctx = 0);
+    ~Session();
+    Session(const Session&) = delete;
+    Session& operator=(const Session&) = delete;
+
+    // Tokenizes text and queues it. BOS is prepended when the session is empty and the model
+    // wants it (Engine::add_bos()). Throws kOutOfRange when it does not fit in the context
+    // (the session is then unchanged).
+    void append_text(std::string_view text, bool parse_special = true);
+    // As above with an explicit choice: add_bos prepends the model's BOS token (if it has one) even
+    // when the model does not ask for it, or leaves it out. Only honoured when the session is empty.
+    void append_text(std::string_view text, bool add_bos, bool parse_special);
+    // Queues token ids. Throws kOutOfRange for an id outside the vocabulary or when they do not fit.
+    void append_tokens(std::span<const int32_t> tokens);
+
+    // Evaluates what is queued, then samples until EOS, a stop string, max_tokens, a full context
+    // or cancel(). Text streams to sink. Throws kInvalidArgument when there is nothing to continue
+    // from (an empty session), and cera::Error for bad options; a cancel is a normal return.
+    GenerationResult generate(const GenerateOptions& options, Sink& sink);
+
+    // Stops the generate() in progress at the next token (or prefill chunk) boundary, or the next
+    // generate() to start if none is running. Any thread.
+    void cancel();
+    // Empties the sequence (position 0), keeping its memory.
+    void reset();
+
+    int32_t position() const;  // tokens in the sequence, queued ones included
+    int32_t n_ctx() const;     // the most tokens the sequence can hold
+    // Every token of the sequence, queued ones included, in order.
+    const std::vector<int32_t>& tokens() const;
+    const std::shared_ptr<Engine>& engine() const;
+
+   private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cera

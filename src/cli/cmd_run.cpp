@@ -1,0 +1,184 @@
+// `cera run [-m FILE] -p PROMPT [-n N] [sampling options]`: generate a continuation of a
+// prompt, streaming only the generated text to stdout (flushed per piece) and the
+// timings to stderr. Without -m it runs the bundled default model.
+#include <CLI/CLI.hpp>
+
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cera/engine.h"
+#include "cera/error.h"
+#include "cera/session.h"
+#include "cli/command.h"
+
+namespace cera::cli {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr const char* kDefaultModel = "tiny-lfm2-Q8_0.gguf";
+
+[[noreturn]] void fail(ErrorCode code, const std::string& msg) { throw Error(code, msg); }
+
+fs::path executable_dir() {
+    std::error_code ec;
+    const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    return ec ? fs::path() : exe.parent_path();
+}
+
+// The bundled model: $CERA_MODEL_DIR, the source tree next to a build tree (<exe>/../../models),
+// or an install prefix (<exe>/../share/cera/models).
+std::string default_model_path() {
+    std::vector<fs::path> dirs;
+    if (const char* env = std::getenv("CERA_MODEL_DIR"); env && *env) dirs.emplace_back(env);
+    const fs::path exe = executable_dir();
+    if (!exe.empty()) {
+        dirs.push_back(exe / ".." / ".." / "models");
+        dirs.push_back(exe / ".." / "share" / "cera" / "models");
+    }
+    std::string tried;
+    for (const auto& d : dirs) {
+        const fs::path p = d / kDefaultModel;
+        std::error_code ec;
+        if (fs::is_regular_file(p, ec)) return p.lexically_normal().string();
+        tried += (tried.empty() ? "" : ", ") + d.lexically_normal().string();
+    }
+    fail(ErrorCode::kIo, std::string("no model given (-m FILE) and the default model ") + kDefaultModel +
+                             " was not found (looked in: " + (tried.empty() ? "nowhere" : tried) +
+                             "; set CERA_MODEL_DIR)");
+}
+
+class StdoutSink : public Sink {
+   public:
+    void on_text(std::string_view text) override {
+        std::fwrite(text.data(), 1, text.size(), stdout);
+        std::fflush(stdout);
+        last_ = text.back();
+    }
+    char last() const { return last_; }
+
+   private:
+    char last_ = '\n';
+};
+
+Session* g_session = nullptr;
+void on_sigint(int) {
+    if (g_session) g_session->cancel();  // an atomic store: safe in a signal handler
+    std::signal(SIGINT, SIG_DFL);        // a second Ctrl-C ends the process
+}
+
+int run_run(const std::vector<std::string>& args) {
+    CLI::App app{"Generates a continuation of a prompt. The generated text goes to stdout as it decodes;\n"
+                 "timings go to stderr.",
+                 "cera run"};
+    std::string model, prompt, device = "auto", kv_type = "f32";
+    int32_t n_predict = 256, n_ctx = 0;
+    int threads = 0;
+    GenerateOptions g;
+    g.sampling.seed = 0;
+    int64_t seed = -1;
+    bool no_bos = false, no_special = false, verbose = false;
+    app.add_option("-m,--model", model, "GGUF model (default: the bundled models/tiny-lfm2-Q8_0.gguf)");
+    app.add_option("-p,--prompt", prompt, "the prompt")->required();
+    app.add_option("-n,--n-predict", n_predict, "tokens to generate at most (-1: until EOS or a full context)")
+        ->capture_default_str();
+    app.add_option("--temp", g.sampling.temperature, "temperature (0: greedy)")->capture_default_str();
+    app.add_option("--top-k", g.sampling.top_k, "top-k (0: off)")->capture_default_str();
+    app.add_option("--top-p", g.sampling.top_p, "top-p (1: off)")->capture_default_str();
+    app.add_option("--min-p", g.sampling.min_p, "min-p (0: off)")->capture_default_str();
+    app.add_option("--repeat-penalty", g.sampling.repeat_penalty, "repetition penalty (1: off)")
+        ->capture_default_str();
+    app.add_option("--repeat-last-n", g.sampling.penalty_last_n, "tokens the penalties look back over")
+        ->capture_default_str();
+    app.add_option("--presence-penalty", g.sampling.presence_penalty, "presence penalty (0: off)");
+    app.add_option("--frequency-penalty", g.sampling.frequency_penalty, "frequency penalty (0: off)");
+    app.add_option("--seed", seed, "random seed (default: a random one)");
+    app.add_option("--stop", g.stop, "stop string (repeatable)");
+    app.add_option("-t,--threads", threads, "CPU threads (0: the physical cores)")->capture_default_str();
+    app.add_option("--device", device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+    app.add_option("-c,--ctx", n_ctx, "context length (0: the model's, at most 4096)")->capture_default_str();
+    app.add_option("--kv-type", kv_type, "KV cache type: f32 or f16")->capture_default_str();
+    app.add_flag("--no-bos", no_bos, "do not add the BOS token");
+    app.add_flag("--no-special", no_special, "tokenize special-token text in the prompt as plain text");
+    app.add_flag("--ignore-eos", g.ignore_eos, "keep generating past end-of-generation tokens");
+    app.add_flag("-v,--verbose", verbose, "print the model and sampling settings to stderr");
+    std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 takes the arguments in reverse
+    try {
+        app.parse(rev);
+    } catch (const CLI::CallForHelp&) {
+        std::printf("%s", app.help().c_str());
+        return 0;
+    } catch (const CLI::ParseError& e) {
+        std::string msg = e.what();
+        for (char& c : msg)
+            if (c == '\n') c = ' ';
+        std::fprintf(stderr, "cera run: error: %s (see `cera run --help`)\n", msg.c_str());
+        return 2;
+    }
+    if (kv_type != "f32" && kv_type != "f16")
+        fail(ErrorCode::kInvalidArgument, "--kv-type " + kv_type + ": expected f32 or f16");
+    if (n_ctx < 0) fail(ErrorCode::kInvalidArgument, "--ctx must be >= 0");
+    g.max_tokens = n_predict < 0 ? -1 : n_predict;
+    g.sampling.seed = seed >= 0 ? uint64_t(seed) : uint64_t(std::random_device{}()) << 32 | std::random_device{}();
+    if (model.empty()) model = default_model_path();
+
+    EngineOptions eo;
+    eo.device = device;
+    eo.threads = threads;
+    eo.n_ctx = n_ctx;
+    eo.kv_type = kv_type == "f16" ? KvCacheType::kF16 : KvCacheType::kF32;
+    auto engine = Engine::load(model, eo);
+    const EngineInfo& info = engine->info();
+    if (verbose)
+        std::fprintf(stderr, "cera run: %s (%s, %s, %.2f M params), %s, context %d, seed %llu\n", model.c_str(),
+                     info.architecture.c_str(), info.weight_type.c_str(), double(info.n_params) / 1e6,
+                     info.device.c_str(), info.n_ctx, (unsigned long long)g.sampling.seed);
+
+    Session session(engine);
+    const bool add_bos = !no_bos && engine->add_bos();
+    std::vector<int32_t> ids;
+    if (add_bos && engine->bos_token() >= 0) ids.push_back(engine->bos_token());
+    const std::vector<int32_t> body = engine->tokenize(prompt, false, !no_special);
+    ids.insert(ids.end(), body.begin(), body.end());
+    if (ids.empty()) fail(ErrorCode::kInvalidArgument, "the prompt is empty (and no BOS token is added)");
+    if (int64_t(ids.size()) > session.n_ctx())
+        fail(ErrorCode::kOutOfRange, "the prompt is " + std::to_string(ids.size()) +
+                                         " tokens, longer than the context of " + std::to_string(session.n_ctx()) +
+                                         " tokens (see --ctx)");
+    session.append_tokens(ids);
+
+    StdoutSink sink;
+    g_session = &session;
+    auto old_handler = std::signal(SIGINT, on_sigint);
+    GenerationResult r;
+    try {
+        r = session.generate(g, sink);
+    } catch (...) {
+        std::signal(SIGINT, old_handler);
+        g_session = nullptr;
+        throw;
+    }
+    std::signal(SIGINT, old_handler);
+    g_session = nullptr;
+
+    if (!r.text.empty() && sink.last() != '\n' && isatty(STDOUT_FILENO) && isatty(STDERR_FILENO))
+        std::fputc('\n', stderr);
+    std::fprintf(stderr,
+                 "cera run: prompt %d tokens, prefill %.1f tok/s (%.1f ms); generated %d tokens, decode %.1f tok/s "
+                 "(%.1f ms); finish: %s\n",
+                 r.prompt_tokens, r.prefill_tokens_per_second(), r.prefill_seconds * 1e3, r.generated_tokens,
+                 r.decode_tokens_per_second(), r.decode_seconds * 1e3, finish_reason_name(r.finish));
+    return 0;
+}
+
+}  // namespace
+
+CERA_CLI_COMMAND(run, "run", "generate text from a prompt (streams to stdout)", run_run);
+
+}  // namespace cera::cli

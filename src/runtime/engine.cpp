@@ -1,0 +1,189 @@
+// Engine: load a model onto the chosen device, with its tokenizer and the facts
+// (sizes, decode bytes per token) the CLI and benchmarks report.
+#include "cera/engine.h"
+
+#include <cinttypes>
+#include <cstdlib>
+#include <map>
+#include <string>
+
+#include "backends/device.h"
+#include "core/check.h"
+#include "gguf/gguf.h"
+#include "gguf/keys.h"
+#include "runtime/engine_impl.h"
+
+namespace cera {
+
+DeviceChoice parse_device(const std::string& device) {
+    DeviceChoice c;
+    if (device.empty() || device == "auto") {
+        c.automatic = true;
+        return c;
+    }
+    if (device == "cpu") return c;
+    if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
+        c.kind = DeviceKind::kCuda;
+        if (device.size() > 5) {
+            const std::string n = device.substr(5);
+            char* end = nullptr;
+            const long v = std::strtol(n.c_str(), &end, 10);
+            if (n.empty() || *end != '\0' || v < 0 || v > 1024)
+                throw_error(ErrorCode::kInvalidArgument, "device '%s': expected cuda:N with N a GPU index",
+                            device.c_str());
+            c.gpu_index = int(v);
+        }
+        return c;
+    }
+    throw_error(ErrorCode::kInvalidArgument, "device '%s': expected auto, cpu, cuda or cuda:N", device.c_str());
+}
+
+namespace {
+
+std::string render_value(const gguf::Value& v) {
+    using gguf::ValueType;
+    switch (v.type) {
+        case ValueType::kString: return v.as_string();
+        case ValueType::kArray: return "[" + std::to_string(v.as_array().items.size()) + " items]";
+        case ValueType::kBool: return std::get<bool>(v.v) ? "true" : "false";
+        case ValueType::kF32:
+        case ValueType::kF64: {
+            char buf[64];
+            std::snprintf(buf, sizeof buf, "%.9g", v.as_double());
+            return buf;
+        }
+        default:
+            return v.type == ValueType::kU64 || v.type == ValueType::kU32 || v.type == ValueType::kU16 ||
+                           v.type == ValueType::kU8
+                       ? std::to_string(v.as_uint())
+                       : std::to_string(v.as_int());
+    }
+}
+
+// Sizes of the weights, and the bytes one decode step reads.
+void measure_weights(const gguf::File& f, const std::string& arch, EngineInfo& info) {
+    std::map<GgmlType, uint64_t> by_type;
+    const int64_t n_expert = int64_t(f.get_u32(gguf::keys::arch_key(arch, "expert_count"), 0));
+    const int64_t n_used = int64_t(f.get_u32(gguf::keys::arch_key(arch, "expert_used_count"), 0));
+    const bool tied = f.find_tensor("output.weight") == nullptr;
+    double decode = 0.0;
+    for (const auto& t : f.tensors()) {
+        info.n_params += t.n_elements();
+        info.weight_bytes += t.n_bytes;
+        if (t.ne.size() >= 2) by_type[t.type] += t.n_bytes;
+        if (t.name == "token_embd.weight" && !tied) {
+            decode += double(t.n_bytes) / double(t.rows());  // one row is gathered
+        } else if (t.name.find("_exps") != std::string::npos && n_expert > 0 && n_used > 0) {
+            decode += double(t.n_bytes) * double(n_used) / double(n_expert);
+        } else {
+            decode += double(t.n_bytes);
+        }
+    }
+    info.decode_bytes_per_token = uint64_t(decode);
+    uint64_t best = 0;
+    for (const auto& [type, bytes] : by_type)
+        if (bytes > best) best = bytes, info.weight_type = type_name(type);
+}
+
+}  // namespace
+
+Engine::Engine() : impl_(std::make_unique<Impl>()) {}
+Engine::~Engine() = default;
+
+std::shared_ptr<Engine> Engine::load(const std::string& path, const EngineOptions& options) {
+    if (options.threads < 0)
+        throw_error(ErrorCode::kInvalidArgument, "threads = %d: must be >= 0 (0 = the physical cores)",
+                    options.threads);
+    if (options.n_ctx < 0) throw_error(ErrorCode::kInvalidArgument, "context = %d: must be >= 0", options.n_ctx);
+    if (options.n_batch < 1) throw_error(ErrorCode::kInvalidArgument, "batch = %d: must be >= 1", options.n_batch);
+    const DeviceChoice dev = parse_device(options.device);
+
+    std::shared_ptr<Engine> e(new Engine());
+    Impl& im = *e->impl_;
+    im.options = options;
+
+    ModelOptions mo;
+    mo.n_threads = options.threads;
+    mo.n_ctx = options.n_ctx;
+    mo.n_batch = options.n_batch;
+    mo.kv_type = options.kv_type == KvCacheType::kF16 ? GgmlType::kF16 : GgmlType::kF32;
+    mo.device = dev.kind;
+    mo.gpu_index = dev.gpu_index;
+    if (dev.kind == DeviceKind::kCuda) {
+        std::string why;
+        const auto gpus = cuda_devices(&why);
+        if (gpus.empty())
+            throw_error(ErrorCode::kDevice, "device %s: no CUDA device (%s)", options.device.c_str(), why.c_str());
+        if (dev.gpu_index >= int(gpus.size()))
+            throw_error(ErrorCode::kDevice, "device %s: there are only %zu CUDA device(s)", options.device.c_str(),
+                        gpus.size());
+    }
+    if (dev.automatic) {
+        // A usable GPU first; a build or machine without one falls back to the CPU.
+        std::string why;
+        if (cuda_compiled() && !cuda_devices(&why).empty()) {
+            mo.device = DeviceKind::kCuda;
+            try {
+                im.model = load_model(path, mo);
+            } catch (const Error& err) {
+                if (err.code() != ErrorCode::kDevice) throw;
+                mo.device = DeviceKind::kCpu;
+            }
+        }
+    }
+    if (!im.model) im.model = load_model(path, mo);
+
+    const gguf::File& f = im.model->file();
+    im.tokenizer = Tokenizer::from_gguf(f);
+
+    EngineInfo& info = im.info;
+    const ModelInfo& mi = im.model->info();
+    info.path = path;
+    info.architecture = mi.arch;
+    info.name = mi.name;
+    info.device = im.model->backend().description();
+    info.on_gpu = im.model->backend().kind() == DeviceKind::kCuda;
+    info.n_vocab = int32_t(mi.n_vocab);
+    info.n_embd = int32_t(mi.n_embd);
+    info.n_layer = int32_t(mi.n_layer);
+    info.n_ctx_train = int32_t(mi.n_ctx_train);
+    info.has_chat_template = f.has(gguf::keys::kChatTemplate);
+    measure_weights(f, mi.arch, info);
+    {
+        auto probe = im.model->create_state();  // the context a session gets by default
+        info.n_ctx = probe->n_ctx();
+    }
+    return e;
+}
+
+const EngineInfo& Engine::info() const { return impl_->info; }
+const EngineOptions& Engine::options() const { return impl_->options; }
+
+std::string Engine::metadata(std::string_view key) const {
+    const gguf::Value* v = impl_->model->file().find(key);
+    return v ? render_value(*v) : std::string();
+}
+
+std::vector<std::string> Engine::metadata_keys() const {
+    std::vector<std::string> out;
+    for (const auto& kv : impl_->model->file().metadata()) out.push_back(kv.first);
+    return out;
+}
+
+std::vector<int32_t> Engine::tokenize(std::string_view text, bool add_bos, bool parse_special) const {
+    return impl_->tokenizer->encode(text, add_bos, parse_special);
+}
+
+std::string Engine::detokenize(std::span<const int32_t> tokens, bool render_special) const {
+    return impl_->tokenizer->decode(tokens, render_special);
+}
+
+bool Engine::add_bos() const { return impl_->tokenizer->add_bos(); }
+int32_t Engine::bos_token() const { return impl_->tokenizer->bos(); }
+int32_t Engine::eos_token() const { return impl_->tokenizer->eos(); }
+bool Engine::is_eog(int32_t token) const { return impl_->tokenizer->is_eog(token); }
+std::string Engine::chat_template() const {
+    return impl_->model->file().get_string(gguf::keys::kChatTemplate, "");
+}
+
+}  // namespace cera

@@ -1,0 +1,26 @@
+// Engine internals shared by engine.cpp and session.cpp (not a public header).
+#pragma once
+#include <memory>
+
+#include "cera/engine.h"
+#include "models/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace cera {
+
+struct Engine::Impl {
+    EngineOptions options;
+    EngineInfo info;
+    std::unique_ptr<Model> model;          // immutable after load; shared by every session
+    std::unique_ptr<Tokenizer> tokenizer;  // immutable after load
+};
+
+// Parses "auto", "cpu", "cuda", "cuda:N". Throws kInvalidArgument on anything else.
+struct DeviceChoice {
+    bool automatic = false;
+    DeviceKind kind = DeviceKind::kCpu;
+    int gpu_index = 0;
+};
+DeviceChoice parse_device(const std::string& device);
+
+}  // namespace cera
