@@ -305,7 +305,8 @@ Value Interpreter::call(const Value& callee, CallArgs& args, int line) {
 }
 
 Value Interpreter::eval_filter_chain(const Expr& e, const Value& input) {
-    Value in = e.a ? eval_filter_chain(*e.a, input) : input;
+    // In {% filter %} / {% set x | f %} the innermost operand is missing and stands for the block's text.
+    Value in = !e.a ? input : e.a->kind == ExprKind::kFilter ? eval_filter_chain(*e.a, input) : eval(*e.a);
     CallArgs args;
     eval_args(e, args);
     return apply_filter(e.name, in, args, e.line);
