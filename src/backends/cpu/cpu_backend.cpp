@@ -9,9 +9,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <unordered_set>
 #include <vector>
 
+#include "backends/cpu/cpu_backend_attention.h"
 #include "backends/cpu/kernels.h"
 #include "core/check.h"
 #include "core/cpu_features.h"
@@ -79,6 +81,22 @@ void matmul_fallback(GgmlType type, const void* w, int64_t rows, int64_t k, cons
     if (pool && rows * k * n_tokens > 65536)
         pool->parallel_for(rows, [&](int64_t a, int64_t b, int t) { body(a, b, t); }, 16);
     else body(0, rows, 0);
+}
+
+using AttentionRows = void (*)(const cpu_attention::Args&, int64_t, int64_t, float*);
+
+// The attention kernel of the best ISA this CPU has (CERA_CPU_ISA=ref|avx2|avx512 forces one).
+AttentionRows attention_kernel() {
+    static const AttentionRows fn = [] {
+        const char* env = std::getenv("CERA_CPU_ISA");
+        const std::string want = env ? env : "";
+        const CpuFeatures& f = cpu_features();
+        if (want == "ref") return &cpu_attention::rows_ref;
+        if (f.has_avx512_set() && (want.empty() || want == "avx512")) return &cpu_attention::rows_avx512;
+        if (f.has_avx2_set()) return &cpu_attention::rows_avx2;
+        return &cpu_attention::rows_ref;
+    }();
+    return fn;
 }
 
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
@@ -230,66 +248,34 @@ class CpuBackend final : public Backend {
     void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& pos,
                    const AttentionParams& ap, const Tensor& out) override {
         const int64_t n_tokens = q.rows();
-        const int n_head = ap.n_head, hd = ap.head_dim, group = ap.n_head / ap.n_head_kv;
-        const int64_t kv_width = int64_t(ap.n_head_kv) * hd;
-        const int32_t* p = pos.as<const int32_t>();
+        cpu_attention::Args a;
+        a.q = q.as<const float>();
+        a.k = k_cache.data;
+        a.v = v_cache.data;
+        a.f16 = k_cache.type == GgmlType::kF16;
+        a.pos = pos.as<const int32_t>();
+        a.out = out.as<float>();
+        a.n_head = ap.n_head;
+        a.group = ap.n_head / ap.n_head_kv;
+        a.head_dim = ap.head_dim;
+        a.kv_width = int64_t(ap.n_head_kv) * ap.head_dim;
+        a.window = ap.sliding_window;
+        a.scale = ap.scale;
         int32_t max_pos = 0;
-        for (int64_t t = 0; t < n_tokens; ++t) max_pos = std::max(max_pos, p[t]);
+        for (int64_t t = 0; t < n_tokens; ++t) max_pos = std::max(max_pos, a.pos[t]);
         const int nt = pool_.size();
-        const size_t per_thread = size_t(max_pos + 1) + 3 * size_t(hd);
-        grow(attn_scratch_, per_thread * nt);
-        const bool f16 = k_cache.type == GgmlType::kF16;
-        const float* tab = f16_table();
-        const int64_t work = n_tokens * n_head * int64_t(max_pos + 1) * hd;
-        auto body = [&](int64_t r0, int64_t r1, int thread) {
-            float* scores = attn_scratch_.data() + per_thread * thread;
-            float* acc = scores + (max_pos + 1);
-            float* row = acc + hd;
-            for (int64_t r = r0; r < r1; ++r) {
-                const int64_t t = r / n_head;
-                const int h = int(r % n_head), hk = h / group;
-                const float* qv = q.as<const float>() + t * n_head * hd + int64_t(h) * hd;
-                const int32_t end = p[t] + 1;
-                const int32_t begin = ap.sliding_window > 0 ? std::max(0, end - ap.sliding_window) : 0;
-                float mx = -INFINITY;
-                for (int32_t j = begin; j < end; ++j) {
-                    const float* kr;
-                    if (f16) {
-                        const uint16_t* s = k_cache.as<const uint16_t>() + j * kv_width + int64_t(hk) * hd;
-                        for (int d = 0; d < hd; ++d) row[d] = tab[s[d]];
-                        kr = row;
-                    } else {
-                        kr = k_cache.as<const float>() + j * kv_width + int64_t(hk) * hd;
-                    }
-                    const float s = dot_f32(qv, kr, hd) * ap.scale;
-                    scores[j - begin] = s;
-                    mx = std::max(mx, s);
-                }
-                double sum = 0;
-                for (int32_t j = 0; j < end - begin; ++j) {
-                    scores[j] = std::exp(scores[j] - mx);
-                    sum += scores[j];
-                }
-                std::fill(acc, acc + hd, 0.0f);
-                for (int32_t j = begin; j < end; ++j) {
-                    const float w = scores[j - begin];
-                    if (f16) {
-                        const uint16_t* s = v_cache.as<const uint16_t>() + j * kv_width + int64_t(hk) * hd;
-                        for (int d = 0; d < hd; ++d) acc[d] += w * tab[s[d]];
-                    } else {
-                        const float* vr = v_cache.as<const float>() + j * kv_width + int64_t(hk) * hd;
-                        for (int d = 0; d < hd; ++d) acc[d] += w * vr[d];
-                    }
-                }
-                float* o = out.as<float>() + t * n_head * hd + int64_t(h) * hd;
-                const float inv = float(1.0 / sum);
-                for (int d = 0; d < hd; ++d) o[d] = acc[d] * inv;
-            }
-        };
-        if (work < kParallelMinWork || nt == 1)
-            body(0, n_tokens * n_head, 0);
-        else
-            pool_.parallel_for(n_tokens * n_head, [&](int64_t a, int64_t b, int t) { body(a, b, t); });
+        const int64_t per_thread = cpu_attention::scratch_floats(max_pos + 1, ap.head_dim);
+        grow(attn_scratch_, size_t(per_thread * nt));
+        auto* rows = attention_kernel();
+        const int64_t n_rows = n_tokens * ap.n_head;
+        const int64_t work = n_rows * int64_t(max_pos + 1) * ap.head_dim;
+        if (work < kParallelMinWork || nt == 1) {
+            rows(a, 0, n_rows, attn_scratch_.data());
+            return;
+        }
+        pool_.parallel_for(n_rows, [&](int64_t r0, int64_t r1, int thread) {
+            rows(a, r0, r1, attn_scratch_.data() + per_thread * thread);
+        });
     }
 
     void short_conv(const Tensor& bcx, const Tensor& w, const Tensor& state, const Tensor& out) override {
@@ -480,6 +466,48 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
+
+// The scalar specification of the attention rows (see cpu_backend_attention.h).
+void cpu_attention::rows_ref(const Args& a, int64_t r0, int64_t r1, float* scratch) {
+    const int hd = a.head_dim;
+    const float* tab = f16_table();
+    float* acc = scratch;
+    float* kv_row = acc + hd;
+    float* scores = kv_row + hd;
+    auto row = [&](const void* base, int64_t off) -> const float* {
+        if (!a.f16) return static_cast<const float*>(base) + off;
+        const uint16_t* s = static_cast<const uint16_t*>(base) + off;
+        for (int d = 0; d < hd; ++d) kv_row[d] = tab[s[d]];
+        return kv_row;
+    };
+    for (int64_t r = r0; r < r1; ++r) {
+        const int64_t t = r / a.n_head;
+        const int h = int(r % a.n_head), hk = h / a.group;
+        const float* qv = a.q + r * hd;
+        const int32_t end = a.pos[t] + 1;
+        const int32_t begin = a.window > 0 ? std::max(0, end - a.window) : 0;
+        float mx = -INFINITY;
+        for (int32_t j = begin; j < end; ++j) {
+            const float s = dot_f32(qv, row(a.k, int64_t(j) * a.kv_width + int64_t(hk) * hd), hd) * a.scale;
+            scores[j - begin] = s;
+            mx = std::max(mx, s);
+        }
+        double sum = 0;
+        for (int32_t j = 0; j < end - begin; ++j) {
+            scores[j] = std::exp(scores[j] - mx);
+            sum += scores[j];
+        }
+        std::fill(acc, acc + hd, 0.0f);
+        for (int32_t j = begin; j < end; ++j) {
+            const float w = scores[j - begin];
+            const float* vr = row(a.v, int64_t(j) * a.kv_width + int64_t(hk) * hd);
+            for (int d = 0; d < hd; ++d) acc[d] += w * vr[d];
+        }
+        float* o = a.out + r * hd;
+        const float inv = float(1.0 / sum);
+        for (int d = 0; d < hd; ++d) o[d] = acc[d] * inv;
+    }
+}
 
 std::unique_ptr<Backend> make_cpu_backend(int n_threads) { return std::make_unique<CpuBackend>(n_threads); }
 

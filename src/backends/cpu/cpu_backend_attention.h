@@ -1,0 +1,35 @@
+// Causal GQA attention rows for the CPU backend, one kernel per ISA.
+// Idea: each (query token, query head) row computes its scores against the
+// cached keys 0..pos (window-limited), a softmax, and the weighted sum of the
+// cached values, two passes over the cache with the scores kept in a per-thread
+// buffer. The keys/values of one KV head stay in L2 across the rows that share
+// it. Bottleneck: for decode, reading the cache (bytes = 2 * n_kv * head_dim *
+// elem per head); for prefill, FLOPs (4 * n_tokens * n_kv/2 * head_dim per
+// head), vectorized here with FMAs; exp is a vectorized polynomial.
+#pragma once
+#include <cstdint>
+
+namespace cera::cpu_attention {
+
+struct Args {
+    const float* q = nullptr;   // f32 [n_tokens, n_head * head_dim]
+    const void* k = nullptr;    // [n_ctx, n_head_kv * head_dim], F32 or F16
+    const void* v = nullptr;    // [n_ctx, n_head_kv * head_dim], F32 or F16
+    bool f16 = false;           // cache element type
+    const int32_t* pos = nullptr;  // [n_tokens]
+    float* out = nullptr;       // f32 [n_tokens, n_head * head_dim]
+    int n_head = 0, group = 1, head_dim = 0;
+    int64_t kv_width = 0;       // n_head_kv * head_dim
+    int window = 0;             // > 0: sliding window
+    float scale = 1.0f;
+};
+
+// Floats of per-thread scratch the kernels need for a longest row of n_kv keys.
+inline int64_t scratch_floats(int64_t n_kv, int head_dim) { return n_kv + 16 + 4 * int64_t(head_dim) + 64; }
+
+// Rows r in [r0, r1) with r = t * n_head + h.
+void rows_ref(const Args& a, int64_t r0, int64_t r1, float* scratch);
+void rows_avx2(const Args& a, int64_t r0, int64_t r1, float* scratch);
+void rows_avx512(const Args& a, int64_t r0, int64_t r1, float* scratch);
+
+}  // namespace cera::cpu_attention

@@ -1,0 +1,98 @@
+// AVX2 attention rows (see cpu_backend_attention.h).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backends/cpu/cpu_backend_attention.h"
+
+namespace cera::cpu_attention {
+namespace {
+
+// exp(x) for x <= 0 (softmax inputs), ~1 ulp: 2^n * p(r), r = x - n ln2.
+inline __m256 exp256(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    // 2^n: n in [-126, 0] here, so the exponent field n + 127 is valid.
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+inline __m256 load8(const void* base, int64_t off, bool f16) {
+    if (f16) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + off)));
+    return _mm256_loadu_ps(static_cast<const float*>(base) + off);
+}
+
+}  // namespace
+
+void rows_avx2(const Args& a, int64_t r0, int64_t r1, float* scratch) {
+    const int hd = a.head_dim;
+    constexpr int kMaxVec = 16;
+    if (hd % 8 != 0 || hd / 8 > kMaxVec) return rows_ref(a, r0, r1, scratch);
+    const int nv = hd / 8;
+    float* scores = scratch;
+    for (int64_t r = r0; r < r1; ++r) {
+        const int64_t t = r / a.n_head;
+        const int h = int(r % a.n_head), hk = h / a.group;
+        const float* qv = a.q + r * hd;
+        const int32_t end = a.pos[t] + 1;
+        const int32_t begin = a.window > 0 ? std::max(0, end - a.window) : 0;
+        const int64_t head_off = int64_t(hk) * hd;
+        __m256 q[kMaxVec];
+        for (int i = 0; i < nv; ++i) q[i] = _mm256_mul_ps(_mm256_loadu_ps(qv + 8 * i), _mm256_set1_ps(a.scale));
+        float mx = -INFINITY;
+        for (int32_t j = begin; j < end; ++j) {
+            __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+            const int64_t o = int64_t(j) * a.kv_width + head_off;
+            int i = 0;
+            for (; i + 2 <= nv; i += 2) {
+                s0 = _mm256_fmadd_ps(q[i], load8(a.k, o + 8 * i, a.f16), s0);
+                s1 = _mm256_fmadd_ps(q[i + 1], load8(a.k, o + 8 * i + 8, a.f16), s1);
+            }
+            if (i < nv) s0 = _mm256_fmadd_ps(q[i], load8(a.k, o + 8 * i, a.f16), s0);
+            const float s = hsum(_mm256_add_ps(s0, s1));
+            scores[j - begin] = s;
+            mx = std::max(mx, s);
+        }
+        const int32_t n = end - begin;
+        const __m256 vmx = _mm256_set1_ps(mx);
+        __m256 vsum = _mm256_setzero_ps();
+        int32_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(scores + i), vmx));
+            _mm256_storeu_ps(scores + i, e);
+            vsum = _mm256_add_ps(vsum, e);
+        }
+        float sum = hsum(vsum);
+        for (; i < n; ++i) sum += scores[i] = std::exp(scores[i] - mx);
+        const float inv = 1.0f / sum;
+        __m256 acc[kMaxVec];
+        for (int v = 0; v < nv; ++v) acc[v] = _mm256_setzero_ps();
+        for (int32_t j = begin; j < end; ++j) {
+            const __m256 p = _mm256_set1_ps(scores[j - begin]);
+            const int64_t o = int64_t(j) * a.kv_width + head_off;
+            for (int v = 0; v < nv; ++v) acc[v] = _mm256_fmadd_ps(p, load8(a.v, o + 8 * v, a.f16), acc[v]);
+        }
+        float* out = a.out + r * hd;
+        for (int v = 0; v < nv; ++v) _mm256_storeu_ps(out + 8 * v, _mm256_mul_ps(acc[v], _mm256_set1_ps(inv)));
+    }
+}
+
+}  // namespace cera::cpu_attention
