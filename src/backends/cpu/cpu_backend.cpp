@@ -67,39 +67,17 @@ inline float dot_f32(const float* a, const float* b, int64_t n) {
     return s;
 }
 
-// Temporary matmul until cpu::matmul lands: dequantize each weight row, dot with every token.
-void matmul_fallback(GgmlType type, const void* w, int64_t rows, int64_t k, const float* x, int64_t n_tokens,
-                     float* y, int64_t ldy, ThreadPool* pool) {
-    auto body = [&](int64_t r0, int64_t r1, int) {
-        std::vector<float> row(static_cast<size_t>(k));
-        const size_t rb = row_size(type, k);
-        for (int64_t r = r0; r < r1; ++r) {
-            dequantize_row(type, static_cast<const uint8_t*>(w) + size_t(r) * rb, row.data(), k);
-            for (int64_t t = 0; t < n_tokens; ++t) y[t * ldy + r] = dot_f32(row.data(), x + t * k, k);
-        }
-    };
-    if (pool && rows * k * n_tokens > 65536)
-        pool->parallel_for(rows, [&](int64_t a, int64_t b, int t) { body(a, b, t); }, 16);
-    else body(0, rows, 0);
-}
-
 using AttentionRows = void (*)(const cpu_attention::Args&, int64_t, int64_t, float*);
 
-// The attention kernel of the best ISA this CPU has (CERA_CPU_ISA=ref|avx2|avx512 forces one).
+// The attention kernel of the active kernel table's ISA (CERA_CPU_ISA / cpu::force_isa).
 AttentionRows attention_kernel() {
-    static const AttentionRows fn = [] {
-        const char* env = std::getenv("CERA_CPU_ISA");
-        const std::string want = env ? env : "";
-        const CpuFeatures& f = cpu_features();
-        if (want == "ref") return &cpu_attention::rows_ref;
-        if (f.has_avx512_set() && (want.empty() || want == "avx512")) return &cpu_attention::rows_avx512;
-        if (f.has_avx2_set()) return &cpu_attention::rows_avx2;
-        return &cpu_attention::rows_ref;
-    }();
-    return fn;
+    switch (cpu::active_isa()) {
+        case cpu::Isa::kAvx512: return &cpu_attention::rows_avx512;
+        case cpu::Isa::kAvx2: return &cpu_attention::rows_avx2;
+        case cpu::Isa::kRef: break;
+    }
+    return &cpu_attention::rows_ref;
 }
-
-inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 class CpuBackend final : public Backend {
    public:
@@ -113,7 +91,7 @@ class CpuBackend final : public Backend {
 
     DeviceKind kind() const override { return DeviceKind::kCpu; }
     std::string description() const override {
-        return std::string("cpu, ") + std::to_string(pool_.size()) +
+        return std::string("cpu ") + cpu::isa_name(cpu::active_isa()) + ", " + std::to_string(pool_.size()) +
                (pool_.size() == 1 ? " thread" : " threads");
     }
 
@@ -176,7 +154,7 @@ class CpuBackend final : public Backend {
         const int64_t n = x.ne[0], rows = x.rows();
         const float* wp = w ? w.as<const float>() : nullptr;
         for_rows(rows, n, [&](int64_t r0, int64_t r1) {
-            for (int64_t r = r0; r < r1; ++r) norm_row(x.as<const float>() + r * n, wp, eps, n, out.as<float>() + r * n);
+            for (int64_t r = r0; r < r1; ++r) cpu::rms_norm(x.as<const float>() + r * n, wp, out.as<float>() + r * n, n, eps);
         });
     }
 
@@ -184,7 +162,7 @@ class CpuBackend final : public Backend {
         const int64_t k = w.ne[0], rows = w.rows(), n_tokens = x.rows();
         CERA_CHECK(x.ne[0] == k && out.ne[0] == rows, "matmul shapes: w {%lld, %lld}, x ne0 %lld, out ne0 %lld",
                    (long long)k, (long long)rows, (long long)x.ne[0], (long long)out.ne[0]);
-        matmul_fallback(w.type, w.data, rows, k, x.as<const float>(), n_tokens, out.as<float>(), rows, &pool_);
+        cpu::matmul(w.type, w.data, rows, k, x.as<const float>(), n_tokens, out.as<float>(), rows, &pool_);
         if (bias) {
             const float* b = bias.as<const float>();
             for (int64_t t = 0; t < n_tokens; ++t) {
@@ -218,7 +196,7 @@ class CpuBackend final : public Backend {
         for_rows(n_tokens * n_head, head_dim, [&](int64_t r0, int64_t r1) {
             for (int64_t r = r0; r < r1; ++r) {
                 float* v = x.as<float>() + r * head_dim;
-                if (nw) norm_row(v, nw, eps, head_dim, v);
+                if (nw) cpu::rms_norm(v, nw, v, head_dim, eps);
                 if (rope.mode == RopeMode::kNone) continue;
                 const float* cs = rope_cs_.data() + (r / n_head) * half * 2;
                 for (int i = 0; i < half; ++i) {
@@ -312,7 +290,8 @@ class CpuBackend final : public Backend {
         const float* u = up.as<const float>();
         float* o = out.as<float>();
         for_rows(n / gate.ne[0], gate.ne[0], [&](int64_t r0, int64_t r1) {
-            for (int64_t i = r0 * gate.ne[0]; i < r1 * gate.ne[0]; ++i) o[i] = silu(g[i]) * u[i];
+            const int64_t b = r0 * gate.ne[0];
+            cpu::silu_mul(g + b, u + b, o + b, (r1 - r0) * gate.ne[0]);
         });
     }
 
@@ -321,10 +300,7 @@ class CpuBackend final : public Backend {
         const float* x = a.as<const float>();
         const float* y = b.as<const float>();
         float* o = out.as<float>();
-        if (scale == 1.0f)
-            for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
-        else
-            for (int64_t i = 0; i < n; ++i) o[i] = x[i] + scale * y[i];
+        cpu::add(x, y, scale, o, n);
     }
 
     void scale(const Tensor& x, float s) override {
@@ -403,12 +379,12 @@ class CpuBackend final : public Backend {
             for (int64_t i = 0; i < cnt; ++i)
                 std::memcpy(moe_x_.data() + i * n_embd, x.as<const float>() + (moe_order_[b + i] / k) * n_embd,
                             size_t(n_embd) * sizeof(float));
-            matmul_fallback(gate_exps.type, gate_exps.as<const uint8_t>() + e * gate_stride, n_ff, n_embd, moe_x_.data(),
+            cpu::matmul(gate_exps.type, gate_exps.as<const uint8_t>() + e * gate_stride, n_ff, n_embd, moe_x_.data(),
                         cnt, moe_g_.data(), n_ff, &pool_);
-            matmul_fallback(up_exps.type, up_exps.as<const uint8_t>() + e * up_stride, n_ff, n_embd, moe_x_.data(), cnt,
+            cpu::matmul(up_exps.type, up_exps.as<const uint8_t>() + e * up_stride, n_ff, n_embd, moe_x_.data(), cnt,
                         moe_u_.data(), n_ff, &pool_);
-            for (int64_t i = 0; i < cnt * n_ff; ++i) moe_g_[i] = silu(moe_g_[i]) * moe_u_[i];
-            matmul_fallback(down_exps.type, down_exps.as<const uint8_t>() + e * down_stride, n_embd, n_ff, moe_g_.data(),
+            cpu::silu_mul(moe_g_.data(), moe_u_.data(), moe_g_.data(), cnt * n_ff);
+            cpu::matmul(down_exps.type, down_exps.as<const uint8_t>() + e * down_stride, n_embd, n_ff, moe_g_.data(),
                         cnt, moe_y_.data(), n_embd, &pool_);
             for (int64_t i = 0; i < cnt; ++i) {
                 const int32_t slot = moe_order_[b + i];
@@ -421,16 +397,6 @@ class CpuBackend final : public Backend {
     }
 
    private:
-    static void norm_row(const float* x, const float* w, float eps, int64_t n, float* y) {
-        double ss = 0;
-        for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * x[i];
-        const float r = float(1.0 / std::sqrt(ss / double(n) + double(eps)));
-        if (w)
-            for (int64_t i = 0; i < n; ++i) y[i] = x[i] * r * w[i];
-        else
-            for (int64_t i = 0; i < n; ++i) y[i] = x[i] * r;
-    }
-
     static void store_row(const float* src, const Tensor& cache, int64_t row, int64_t width) {
         if (cache.type == GgmlType::kF16) {
             uint16_t* d = cache.as<uint16_t>() + row * width;
