@@ -1,0 +1,457 @@
+// The CUDA backend against the CPU backend and the scalar references, op by op on awkward shapes,
+// then whole fixture models (logits and greedy tokens). Skips when no CUDA device is present.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/device.h"
+#include "core/fp16.h"
+#include "core/quant/quant.h"
+#include "models/model.h"
+#include "test_util.h"
+
+namespace cera {
+namespace {
+
+std::vector<float> randn(size_t n, std::mt19937& rng, float sd = 1.0f) {
+    std::normal_distribution<float> d(0.0f, sd);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng);
+    return v;
+}
+
+// GGUF bytes of a [rows, k] weight of `type` made from f32 values.
+std::vector<uint8_t> make_weight(GgmlType type, const std::vector<float>& w, int64_t rows, int64_t k) {
+    const size_t rb = row_size(type, k);
+    std::vector<uint8_t> out(rb * size_t(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* src = w.data() + r * k;
+        uint8_t* dst = out.data() + size_t(r) * rb;
+        if (type == GgmlType::kF32) std::memcpy(dst, src, size_t(k) * 4);
+        else quantize_row_ref(type, src, dst, k);
+    }
+    return out;
+}
+
+std::vector<float> dequant(GgmlType type, const std::vector<uint8_t>& bytes, int64_t rows, int64_t k) {
+    std::vector<float> out(static_cast<size_t>(rows * k));
+    for (int64_t r = 0; r < rows; ++r)
+        dequantize_row_ref(type, bytes.data() + size_t(r) * row_size(type, k), out.data() + r * k, k);
+    return out;
+}
+
+// The 8-bit activations the CUDA GEMV uses, dequantized (same float operations as the kernel).
+std::vector<float> q8_roundtrip(const std::vector<float>& x) {
+    std::vector<float> out(x.size());
+    for (size_t g = 0; g < x.size(); g += 32) {
+        float amax = 0.0f;
+        for (size_t i = g; i < g + 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (size_t i = g; i < g + 32; ++i) out[i] = d * float(int(std::nearbyint(x[i] * id)));
+    }
+    return out;
+}
+
+class CudaBackendTest : public ::testing::Test {
+   protected:
+    void SetUp() override {
+        std::string why;
+        if (cuda_devices(&why).empty()) GTEST_SKIP() << "no CUDA device (" << why << ")";
+        BackendOptions o;
+        o.device = DeviceKind::kCuda;
+        gpu_ = create_backend(o);
+        o.device = DeviceKind::kCpu;
+        o.n_threads = 2;
+        cpu_ = create_backend(o);
+    }
+
+    // The same f32 (or i32) data in a buffer of each backend.
+    struct Pair {
+        Tensor g, c;
+    };
+    Pair both(GgmlType type, std::initializer_list<int64_t> ne, const void* data) {
+        Pair p{gpu_->alloc(type, ne), cpu_->alloc(type, ne)};
+        if (data) {
+            gpu_->write(p.g, data, p.g.n_bytes());
+            cpu_->write(p.c, data, p.c.n_bytes());
+        }
+        return p;
+    }
+    Pair both(std::initializer_list<int64_t> ne, const std::vector<float>& v) {
+        return both(GgmlType::kF32, ne, v.data());
+    }
+    std::vector<float> get(const Tensor& t, Backend& be) {
+        std::vector<float> v(static_cast<size_t>(t.n_elements()));
+        be.read(v.data(), t, v.size() * 4);
+        return v;
+    }
+    // max |gpu - cpu| over max(1, max |cpu|)
+    double rel_diff(const Pair& p) {
+        const auto a = get(p.g, *gpu_), b = get(p.c, *cpu_);
+        double err = 0, mag = 1;
+        for (size_t i = 0; i < a.size(); ++i) {
+            if (!std::isfinite(a[i])) return INFINITY;
+            err = std::max(err, double(std::fabs(a[i] - b[i])));
+            mag = std::max(mag, double(std::fabs(b[i])));
+        }
+        return err / mag;
+    }
+
+    std::unique_ptr<Backend> gpu_, cpu_;
+    std::mt19937 rng_{1234};
+};
+
+// ---------------------------------------------------------------- matmul
+struct MatmulCase {
+    GgmlType type;
+    int64_t rows, k, n_tokens;
+};
+
+TEST_F(CudaBackendTest, MatmulMatchesReference) {
+    using G = GgmlType;
+    std::vector<MatmulCase> cases;
+    for (G t : {G::kQ4_0, G::kQ4_1, G::kQ5_0, G::kQ5_1, G::kQ8_0}) {
+        cases.push_back({t, 1, 32, 1});
+        cases.push_back({t, 37, 96, 1});
+        cases.push_back({t, 130, 2048, 3});
+        cases.push_back({t, 67, 320, 9});  // cuBLAS path
+        cases.push_back({t, 4099, 64, 1});
+    }
+    for (G t : {G::kQ4_K, G::kQ5_K, G::kQ6_K, G::kQ2_K}) {
+        cases.push_back({t, 1, 256, 1});
+        cases.push_back({t, 41, 768, 2});
+        cases.push_back({t, 300, 2048, 1});
+        cases.push_back({t, 33, 512, 17});
+        cases.push_back({t, 5000, 256, 1});
+    }
+    for (G t : {G::kF32, G::kF16, G::kBF16}) {
+        cases.push_back({t, 1, 1, 1});
+        cases.push_back({t, 13, 37, 2});
+        cases.push_back({t, 70, 1024, 1});
+        cases.push_back({t, 257, 2056, 4});
+        cases.push_back({t, 29, 100, 12});
+        cases.push_back({t, 3000, 64, 1});
+    }
+    for (const MatmulCase& c : cases) {
+        SCOPED_TRACE(std::string(type_name(c.type)) + " rows " + std::to_string(c.rows) + " k " +
+                     std::to_string(c.k) + " n_tokens " + std::to_string(c.n_tokens));
+        const auto wf = randn(size_t(c.rows * c.k), rng_);
+        std::vector<uint8_t> bytes;
+        if (c.type == G::kF16 || c.type == G::kBF16) {
+            bytes.resize(size_t(c.rows * c.k) * 2);
+            auto* h = reinterpret_cast<uint16_t*>(bytes.data());
+            for (size_t i = 0; i < wf.size(); ++i) h[i] = c.type == G::kF16 ? fp32_to_fp16(wf[i]) : fp32_to_bf16(wf[i]);
+        } else {
+            bytes = make_weight(c.type, wf, c.rows, c.k);
+        }
+        const auto wd = c.type == G::kF32 ? wf : dequant(c.type, bytes, c.rows, c.k);
+        const auto x = randn(size_t(c.n_tokens * c.k), rng_);
+        const auto bias = randn(size_t(c.rows), rng_);
+        const bool quant = type_info(c.type).quantized && c.n_tokens <= 8;
+        const auto xr = quant ? q8_roundtrip(x) : x;
+        const int64_t ne[2] = {c.k, c.rows};
+        Tensor w = gpu_->upload_weight(c.type, ne, bytes.data());
+        Tensor xg = gpu_->alloc(G::kF32, {c.k, c.n_tokens});
+        gpu_->write(xg, x.data(), x.size() * 4);
+        Tensor bg = gpu_->alloc(G::kF32, {c.rows});
+        gpu_->write(bg, bias.data(), bias.size() * 4);
+        Tensor yg = gpu_->alloc(G::kF32, {c.rows, c.n_tokens});
+        gpu_->matmul(w, xg, bg, yg);
+        std::vector<float> y(static_cast<size_t>(c.rows * c.n_tokens));
+        gpu_->read(y.data(), yg, y.size() * 4);
+        // Half-precision GEMM operands (prefill of non-F32 weights) round x and W to f16.
+        const bool f16_gemm = c.n_tokens > 8 && c.type != G::kF32;
+        const double rel = f16_gemm ? 2e-3 : quant ? 2e-5 : 1e-5;
+        int bad = 0;
+        for (int64_t t = 0; t < c.n_tokens; ++t)
+            for (int64_t r = 0; r < c.rows; ++r) {
+                double ref = bias[size_t(r)], mag = std::fabs(bias[size_t(r)]);
+                for (int64_t i = 0; i < c.k; ++i) {
+                    ref += double(wd[size_t(r * c.k + i)]) * xr[size_t(t * c.k + i)];
+                    mag += std::fabs(double(wd[size_t(r * c.k + i)]) * xr[size_t(t * c.k + i)]);
+                }
+                const double got = y[size_t(t * c.rows + r)];
+                if (!(std::fabs(got - ref) <= rel * mag + 1e-5) && bad++ < 3)
+                    ADD_FAILURE() << "row " << r << " token " << t << ": " << got << " vs " << ref << " (mag " << mag
+                                  << ")";
+            }
+        // A row slice of the weight reads the right rows.
+        if (c.rows >= 3 && c.n_tokens <= 8) {
+            Tensor ws = w.row_slice(1, c.rows - 2);
+            Tensor ys = gpu_->alloc(G::kF32, {c.rows - 2, c.n_tokens});
+            gpu_->matmul(ws, xg, Tensor{}, ys);
+            std::vector<float> v(static_cast<size_t>((c.rows - 2) * c.n_tokens));
+            gpu_->read(v.data(), ys, v.size() * 4);
+            for (int64_t t = 0; t < c.n_tokens; ++t)
+                for (int64_t r = 0; r < c.rows - 2; ++r) {
+                    const float want = y[size_t(t * c.rows + r + 1)] - bias[size_t(r + 1)];
+                    EXPECT_NEAR(v[size_t(t * (c.rows - 2) + r)], want, 1e-4 * (1 + std::fabs(want)));
+                }
+            gpu_->free(ys);
+        }
+        gpu_->free(w), gpu_->free(xg), gpu_->free(bg), gpu_->free(yg);
+    }
+}
+
+TEST_F(CudaBackendTest, EmbedMatchesReference) {
+    using G = GgmlType;
+    for (G t : {G::kF32, G::kF16, G::kQ4_0, G::kQ8_0, G::kQ4_K, G::kQ6_K, G::kQ5_K, G::kQ3_K}) {
+        SCOPED_TRACE(type_name(t));
+        const int64_t n_vocab = 50, n_embd = 512;
+        const auto wf = randn(size_t(n_vocab * n_embd), rng_);
+        std::vector<uint8_t> bytes;
+        if (t == G::kF16) {
+            bytes.resize(wf.size() * 2);
+            for (size_t i = 0; i < wf.size(); ++i) reinterpret_cast<uint16_t*>(bytes.data())[i] = fp32_to_fp16(wf[i]);
+        } else {
+            bytes = make_weight(t, wf, n_vocab, n_embd);
+        }
+        const auto wd = t == G::kF32 ? wf : dequant(t, bytes, n_vocab, n_embd);
+        const int64_t ne[2] = {n_embd, n_vocab};
+        Tensor table = gpu_->upload_weight(t, ne, bytes.data());
+        const std::vector<int32_t> ids = {3, 0, 49, 3, 17};
+        Tensor ig = gpu_->alloc(G::kI32, {5});
+        gpu_->write(ig, ids.data(), 20);
+        Tensor out = gpu_->alloc(G::kF32, {n_embd, 5});
+        gpu_->embed(table, ig, 1.5f, out);
+        const auto v = get(out, *gpu_);
+        for (size_t j = 0; j < ids.size(); ++j)
+            for (int64_t i = 0; i < n_embd; ++i)
+                ASSERT_NEAR(v[j * n_embd + i], 1.5f * wd[size_t(ids[j] * n_embd + i)], 1e-5) << j << " " << i;
+    }
+}
+
+// ---------------------------------------------------------------- small ops vs the CPU backend
+TEST_F(CudaBackendTest, NormsAndElementwise) {
+    for (int64_t n : {1, 7, 1000, 2048, 4097}) {
+        const int64_t rows = 3;
+        auto x = both({n, rows}, randn(size_t(n * rows), rng_));
+        auto w = both({n}, randn(size_t(n), rng_));
+        auto out = both({n, rows}, std::vector<float>(size_t(n * rows)));
+        gpu_->rms_norm(x.g, w.g, 1e-5f, out.g);
+        cpu_->rms_norm(x.c, w.c, 1e-5f, out.c);
+        EXPECT_LT(rel_diff(out), 1e-5) << "rms_norm n " << n;
+        gpu_->rms_norm(x.g, Tensor{}, 1e-6f, x.g);  // in place, no weight
+        cpu_->rms_norm(x.c, Tensor{}, 1e-6f, x.c);
+        EXPECT_LT(rel_diff(x), 1e-5) << "rms_norm in place n " << n;
+        auto y = both({n, rows}, randn(size_t(n * rows), rng_));
+        gpu_->swiglu(x.g, y.g, out.g);
+        cpu_->swiglu(x.c, y.c, out.c);
+        EXPECT_LT(rel_diff(out), 1e-5) << "swiglu";
+        gpu_->add(out.g, y.g, 0.25f, out.g);
+        cpu_->add(out.c, y.c, 0.25f, out.c);
+        gpu_->scale(out.g, -3.0f);
+        cpu_->scale(out.c, -3.0f);
+        EXPECT_LT(rel_diff(out), 1e-5) << "add/scale";
+    }
+}
+
+TEST_F(CudaBackendTest, NormRope) {
+    struct C {
+        RopeMode mode;
+        int n_head, head_dim, n_rot;
+        bool norm, factors;
+    };
+    for (const C& c : {C{RopeMode::kNeox, 4, 64, 64, true, false}, C{RopeMode::kNorm, 3, 128, 128, false, false},
+                       C{RopeMode::kNeox, 2, 80, 32, true, true}, C{RopeMode::kNorm, 5, 64, 48, true, false},
+                       C{RopeMode::kNone, 2, 64, 0, true, false}}) {
+        const int64_t n_tokens = 6;
+        auto x = both({int64_t(c.n_head) * c.head_dim, n_tokens}, randn(size_t(n_tokens * c.n_head * c.head_dim), rng_));
+        auto nw = both({c.head_dim}, randn(size_t(c.head_dim), rng_));
+        std::vector<float> ffv(static_cast<size_t>(std::max(1, c.n_rot / 2)));
+        for (auto& f : ffv) f = 1.0f + float(rng_() % 8);
+        auto ff = both({int64_t(ffv.size())}, ffv);
+        const std::vector<int32_t> pos = {0, 1, 17, 999, 4095, 123};
+        auto p = both(GgmlType::kI32, {n_tokens}, pos.data());
+        RopeParams rg, rc;
+        rg.mode = rc.mode = c.mode;
+        rg.n_rot = rc.n_rot = c.n_rot;
+        rg.freq_base = rc.freq_base = 1000000.0f;
+        rg.freq_scale = rc.freq_scale = 0.5f;
+        if (c.factors) rg.freq_factors = ff.g, rc.freq_factors = ff.c;
+        gpu_->norm_rope(x.g, c.n_head, c.head_dim, c.norm ? nw.g : Tensor{}, 1e-6f, p.g, rg);
+        cpu_->norm_rope(x.c, c.n_head, c.head_dim, c.norm ? nw.c : Tensor{}, 1e-6f, p.c, rc);
+        EXPECT_LT(rel_diff(x), 2e-5) << "mode " << int(c.mode) << " head_dim " << c.head_dim;
+    }
+}
+
+TEST_F(CudaBackendTest, KvStoreAndAttention) {
+    struct C {
+        int n_head, n_head_kv, head_dim;
+        int64_t n_ctx;
+        GgmlType kv;
+        int window;
+    };
+    for (const C& c : {C{4, 2, 64, 300, GgmlType::kF16, 0}, C{8, 8, 128, 2000, GgmlType::kF32, 0},
+                       C{6, 2, 256, 700, GgmlType::kF16, 0}, C{4, 1, 64, 3000, GgmlType::kF16, 100},
+                       C{2, 2, 72, 64, GgmlType::kF32, 0}}) {
+        SCOPED_TRACE("head_dim " + std::to_string(c.head_dim) + " n_ctx " + std::to_string(c.n_ctx));
+        const int64_t width = int64_t(c.n_head_kv) * c.head_dim;
+        auto kc = both(c.kv, {width, c.n_ctx}, nullptr);
+        auto vc = both(c.kv, {width, c.n_ctx}, nullptr);
+        // Fill the whole cache through kv_store, in chunks of up to 512 positions.
+        for (int64_t p0 = 0; p0 < c.n_ctx; p0 += 512) {
+            const int64_t n = std::min<int64_t>(512, c.n_ctx - p0);
+            std::vector<int32_t> pos(static_cast<size_t>(n));
+            for (int64_t i = 0; i < n; ++i) pos[size_t(i)] = int32_t(p0 + i);
+            auto k = both({width, n}, randn(size_t(n * width), rng_));
+            auto v = both({width, n}, randn(size_t(n * width), rng_));
+            auto pp = both(GgmlType::kI32, {n}, pos.data());
+            gpu_->kv_store(k.g, v.g, pp.g, kc.g, vc.g);
+            cpu_->kv_store(k.c, v.c, pp.c, kc.c, vc.c);
+        }
+        AttentionParams ap;
+        ap.n_head = c.n_head, ap.n_head_kv = c.n_head_kv, ap.head_dim = c.head_dim;
+        ap.scale = 1.0f / std::sqrt(float(c.head_dim));
+        ap.sliding_window = c.window;
+        const int64_t last = c.n_ctx - 1;
+        std::vector<std::vector<int32_t>> all = {{0}, {int32_t(last)}, {int32_t(last / 2)}, {5, 6, 7}, {}};
+        for (int64_t p = std::max<int64_t>(0, last - 36); p <= last; ++p) all.back().push_back(int32_t(p));
+        for (const auto& pos : all) {
+            const int64_t n = int64_t(pos.size());
+            auto q = both({int64_t(c.n_head) * c.head_dim, n}, randn(size_t(n * c.n_head * c.head_dim), rng_));
+            auto pp = both(GgmlType::kI32, {n}, pos.data());
+            auto out = both({int64_t(c.n_head) * c.head_dim, n}, std::vector<float>(size_t(n * c.n_head * c.head_dim)));
+            gpu_->attention(q.g, kc.g, vc.g, pp.g, ap, out.g);
+            cpu_->attention(q.c, kc.c, vc.c, pp.c, ap, out.c);
+            EXPECT_LT(rel_diff(out), 1e-4) << "n_tokens " << n << " first pos " << pos[0];
+        }
+    }
+}
+
+TEST_F(CudaBackendTest, ShortConvRollsState) {
+    for (int L : {3, 4}) {
+        for (int64_t n_embd : {1, 300, 2048}) {
+            auto w = both({int64_t(L), n_embd}, randn(size_t(L * n_embd), rng_));
+            auto st = both({n_embd, int64_t(L - 1)}, randn(size_t((L - 1) * n_embd), rng_));
+            for (int64_t n_tokens : {1, 5, 40, 1, 2}) {
+                auto bcx = both({3 * n_embd, n_tokens}, randn(size_t(3 * n_embd * n_tokens), rng_));
+                auto out = both({n_embd, n_tokens}, std::vector<float>(size_t(n_embd * n_tokens)));
+                gpu_->short_conv(bcx.g, w.g, st.g, out.g);
+                cpu_->short_conv(bcx.c, w.c, st.c, out.c);
+                EXPECT_LT(rel_diff(out), 1e-5) << "L " << L << " n_embd " << n_embd << " n_tokens " << n_tokens;
+                EXPECT_LT(rel_diff(st), 1e-6) << "state, L " << L << " n_tokens " << n_tokens;
+            }
+        }
+    }
+}
+
+TEST_F(CudaBackendTest, MoeRouteAndExperts) {
+    using G = GgmlType;
+    const int n_expert = 8, k = 2;
+    const int64_t n_embd = 256, n_ff = 512;
+    for (G t : {G::kF32, G::kQ8_0, G::kQ4_K}) {
+        for (int64_t n_tokens : {1, 3, 20}) {
+            SCOPED_TRACE(std::string(type_name(t)) + " n_tokens " + std::to_string(n_tokens));
+            auto logits = both({n_expert, n_tokens}, randn(size_t(n_expert * n_tokens), rng_));
+            auto bias = both({n_expert}, randn(size_t(n_expert), rng_, 0.1f));
+            auto ids = both(G::kI32, {k, n_tokens}, nullptr);
+            auto wts = both({k, n_tokens}, std::vector<float>(size_t(k * n_tokens)));
+            MoeParams mp;
+            mp.n_expert = n_expert, mp.n_expert_used = k, mp.gating = n_tokens == 3 ? MoeGating::kSoftmax : MoeGating::kSigmoid;
+            gpu_->moe_route(logits.g, bias.g, mp, ids.g, wts.g);
+            cpu_->moe_route(logits.c, bias.c, mp, ids.c, wts.c);
+            std::vector<int32_t> ig(static_cast<size_t>(k * n_tokens)), ic(ig.size());
+            gpu_->read(ig.data(), ids.g, ig.size() * 4);
+            cpu_->read(ic.data(), ids.c, ic.size() * 4);
+            EXPECT_EQ(ig, ic);
+            EXPECT_LT(rel_diff(wts), 1e-5);
+            auto up_w = randn(size_t(n_expert * n_ff * n_embd), rng_, 0.1f);
+            auto gate_w = randn(up_w.size(), rng_, 0.1f);
+            auto down_w = randn(up_w.size(), rng_, 0.1f);
+            auto gb = make_weight(t, gate_w, n_expert * n_ff, n_embd), ub = make_weight(t, up_w, n_expert * n_ff, n_embd);
+            auto db = make_weight(t, down_w, n_expert * n_embd, n_ff);
+            const int64_t ne_gu[3] = {n_embd, n_ff, n_expert}, ne_d[3] = {n_ff, n_embd, n_expert};
+            Tensor g_g = gpu_->upload_weight(t, ne_gu, gb.data()), g_c = cpu_->upload_weight(t, ne_gu, gb.data());
+            Tensor u_g = gpu_->upload_weight(t, ne_gu, ub.data()), u_c = cpu_->upload_weight(t, ne_gu, ub.data());
+            Tensor d_g = gpu_->upload_weight(t, ne_d, db.data()), d_c = cpu_->upload_weight(t, ne_d, db.data());
+            auto x = both({n_embd, n_tokens}, randn(size_t(n_embd * n_tokens), rng_));
+            auto out = both({n_embd, n_tokens}, std::vector<float>(size_t(n_embd * n_tokens)));
+            gpu_->moe_ffn(x.g, g_g, u_g, d_g, ids.g, wts.g, out.g);
+            cpu_->moe_ffn(x.c, g_c, u_c, d_c, ids.c, wts.c, out.c);
+            EXPECT_LT(rel_diff(out), t == G::kF32 ? 1e-5 : 2e-2);
+            gpu_->free(g_g), gpu_->free(u_g), gpu_->free(d_g);
+        }
+    }
+}
+
+// A step recorded as a graph replays with new inputs.
+TEST_F(CudaBackendTest, GraphReplayTracksInputs) {
+    const int64_t n = 4096, rows = 1024;
+    const auto wf = randn(size_t(rows * n), rng_);
+    const auto bytes = make_weight(GgmlType::kQ4_0, wf, rows, n);
+    const int64_t ne[2] = {n, rows};
+    Tensor w = gpu_->upload_weight(GgmlType::kQ4_0, ne, bytes.data());
+    Tensor x = gpu_->alloc(GgmlType::kF32, {n}), h = gpu_->alloc(GgmlType::kF32, {n}),
+           y = gpu_->alloc(GgmlType::kF32, {rows});
+    std::vector<float> first;
+    for (int step = 0; step < 5; ++step) {
+        const auto xv = randn(size_t(n), rng_);
+        gpu_->write(x, xv.data(), xv.size() * 4);
+        const bool replayed = gpu_->step_begin(42);
+        if (!replayed) {
+            gpu_->rms_norm(x, Tensor{}, 1e-5f, h);
+            gpu_->matmul(w, h, Tensor{}, y);
+            gpu_->step_end();
+        }
+        std::vector<float> got(static_cast<size_t>(rows));
+        gpu_->read(got.data(), y, got.size() * 4);
+        // The same ops run eagerly give the reference.
+        gpu_->rms_norm(x, Tensor{}, 1e-5f, h);
+        gpu_->matmul(w, h, Tensor{}, y);
+        std::vector<float> want(static_cast<size_t>(rows));
+        gpu_->read(want.data(), y, want.size() * 4);
+        EXPECT_EQ(got, want) << "step " << step;
+        EXPECT_EQ(replayed, step >= 2) << "step " << step;
+    }
+}
+
+// ---------------------------------------------------------------- whole models
+std::vector<int32_t> greedy(ModelState& st, std::vector<int32_t> prompt, int n, int64_t n_vocab,
+                            std::vector<float>* first_logits) {
+    std::vector<float> logits(static_cast<size_t>(n_vocab));
+    std::vector<int32_t> out;
+    st.eval(prompt, logits.data(), false);
+    if (first_logits) *first_logits = logits;
+    for (int i = 0; i < n; ++i) {
+        const int32_t id = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        out.push_back(id);
+        if (i + 1 < n) st.eval({&id, 1}, logits.data(), false);
+    }
+    return out;
+}
+
+TEST(CudaModel, FixturesMatchCpu) {
+    std::string why;
+    if (cuda_devices(&why).empty()) GTEST_SKIP() << "no CUDA device (" << why << ")";
+    for (const char* name : {"tiny-lfm2", "tiny-lfm2moe", "tiny-qwen3", "tiny-llama-random", "tiny-qwen2-random",
+                             "tiny-granite-random"}) {
+        SCOPED_TRACE(name);
+        const std::string path = test::data_path(std::string("fixtures/") + name + "/model.gguf");
+        ModelOptions o;
+        o.n_threads = 2, o.n_ctx = 256;
+        auto cpu = load_model(path, o);
+        o.device = DeviceKind::kCuda;
+        auto gpu = load_model(path, o);
+        const int64_t n_vocab = cpu->info().n_vocab;
+        std::vector<int32_t> prompt;
+        for (int i = 0; i < 11; ++i) prompt.push_back(int32_t((i * 7919 + 13) % n_vocab));
+        std::vector<float> lc, lg;
+        auto sc = cpu->create_state();
+        auto sg = gpu->create_state();
+        const auto tc = greedy(*sc, prompt, 24, n_vocab, &lc);
+        const auto tg = greedy(*sg, prompt, 24, n_vocab, &lg);
+        EXPECT_EQ(tc, tg);
+        double err = 0;
+        for (size_t i = 0; i < lc.size(); ++i) err = std::max(err, double(std::fabs(lc[i] - lg[i])));
+        EXPECT_LT(err, 1e-3) << "prefill logits";
+    }
+}
+
+}  // namespace
+}  // namespace cera
