@@ -67,6 +67,11 @@ void merge_word(const Vocab& v, std::string_view raw, std::string_view w, std::v
                     continue;
                 }
                 id = d.unk;
+                if (d.fuse_unk && id != kNoToken && !syms.empty() && syms.back().id == id) {
+                    syms.back().len += uint32_t(len);
+                    off += len;
+                    continue;
+                }
             }
             syms.push_back({id, uint32_t(off), uint32_t(len), int32_t(syms.size()) - 1, int32_t(syms.size()) + 1});
             off += len;

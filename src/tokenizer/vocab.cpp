@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 
 #include "core/check.h"
 #include "tokenizer/unicode.h"
@@ -73,6 +74,27 @@ void check_id(int32_t id, int32_t n, const char* what) {
     if (id != kNoToken && (id < 0 || id >= n))
         throw_error(ErrorCode::kInvalidFile, "tokenizer: %s token id %d is out of range (vocabulary of %d tokens)",
                     what, id, n);
+}
+
+uint64_t hash_text(std::string_view s) {
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t(s.size()) * 0xff51afd7ed558ccdULL);
+    const char* p = s.data();
+    size_t n = s.size();
+    while (n >= 8) {
+        uint64_t x;
+        std::memcpy(&x, p, 8);
+        h = (h ^ x) * 0xbf58476d1ce4e5b9ULL;
+        h ^= h >> 31;
+        p += 8;
+        n -= 8;
+    }
+    uint64_t x = 0;
+    std::memcpy(&x, p, n);
+    h = (h ^ x) * 0x94d049bb133111ebULL;
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ULL;
+    h ^= h >> 32;
+    return h;
 }
 
 uint64_t mix(uint64_t k) {
@@ -147,17 +169,20 @@ Vocab::Vocab(VocabData data) : d_(std::move(data)) {
     if (d_.add_eos && d_.eos == kNoToken)
         throw_error(ErrorCode::kInvalidFile, "tokenizer: add_eos_token is true but there is no EOS token id");
 
-    index_.reserve(size_t(n));
     for (int32_t i = 0; i < n32; ++i) {
         std::string& t = tokens_[size_t(i)];
         if (t.empty()) t = "[EMPTY_" + std::to_string(i) + "]";
         max_token_len_ = std::max(max_token_len_, int32_t(t.size()));
     }
+    size_t cap = 64;
+    while (cap < size_t(n) * 2) cap <<= 1;
+    text_table_.assign(cap, TextSlot{0, -1});
+    text_mask_ = cap - 1;
     for (int32_t i = 0; i < n32; ++i) {
-        auto [it, inserted] = index_.emplace(std::string_view(tokens_[size_t(i)]), i);
-        if (!inserted)
+        const int32_t other = insert(tokens_[size_t(i)], i);
+        if (other != kNoToken)
             throw_error(ErrorCode::kInvalidFile, "tokenizer: duplicate token '%s' has ids %d and %d",
-                        tokens_[size_t(i)].c_str(), it->second, i);
+                        tokens_[size_t(i)].c_str(), other, i);
     }
 
     for (int b = 0; b < 256; ++b) {
@@ -228,11 +253,39 @@ void Vocab::build_eog() {
     for (int32_t id : d_.extra_eog) eog_[size_t(id)] = true;
 }
 
-int32_t Vocab::find_symbol(std::string_view text) const {
-    const int32_t id = find(text);
-    if (id != kNoToken || extra_index_.empty()) return id;
-    auto it = extra_index_.find(text);
-    return it == extra_index_.end() ? kNoToken : it->second;
+int32_t Vocab::lookup(std::string_view text) const {
+    const uint64_t h = hash_text(text);
+    const uint32_t tag = uint32_t(h >> 32);
+    for (uint64_t i = h & text_mask_;; i = (i + 1) & text_mask_) {
+        const TextSlot& s = text_table_[i];
+        if (s.id < 0) return kNoToken;
+        if (s.tag == tag && symbol_text(s.id) == text) return s.id;
+    }
+}
+
+int32_t Vocab::insert(std::string_view text, int32_t id) {
+    if ((text_count_ + 1) * 2 > text_table_.size()) {  // keep the load under one half
+        std::vector<TextSlot> old(text_table_.size() * 2, TextSlot{0, -1});
+        old.swap(text_table_);
+        text_mask_ = text_table_.size() - 1;
+        for (const TextSlot& s : old) {
+            if (s.id < 0) continue;
+            uint64_t i = hash_text(symbol_text(s.id)) & text_mask_;
+            while (text_table_[i].id >= 0) i = (i + 1) & text_mask_;
+            text_table_[i] = s;
+        }
+    }
+    const uint64_t h = hash_text(text);
+    const uint32_t tag = uint32_t(h >> 32);
+    for (uint64_t i = h & text_mask_;; i = (i + 1) & text_mask_) {
+        TextSlot& s = text_table_[i];
+        if (s.id < 0) {
+            s = {tag, id};
+            ++text_count_;
+            return kNoToken;
+        }
+        if (s.tag == tag && symbol_text(s.id) == text) return s.id;
+    }
 }
 
 void Vocab::build_merges(std::vector<std::pair<std::string, std::string>>& merges) {
@@ -243,23 +296,24 @@ void Vocab::build_merges(std::vector<std::pair<std::string, std::string>>& merge
     merge_mask_ = cap - 1;
 
     // Symbols that are not tokens get ids after the vocabulary.
-    auto symbol = [&](std::string&& s) -> int32_t {
-        int32_t id = find_symbol(s);
+    auto symbol = [&](std::string_view s) -> int32_t {
+        int32_t id = lookup(s);
         if (id != kNoToken) return id;
         id = n_tokens() + int32_t(extra_symbols_.size());
-        extra_symbols_.push_back(std::move(s));
-        extra_index_.emplace(std::string_view(extra_symbols_.back()), id);
+        extra_symbols_.emplace_back(s);
+        insert(extra_symbols_.back(), id);
         return id;
     };
+    std::string joined;
     for (size_t i = 0; i < merges.size(); ++i) {
         auto& [left, right] = merges[i];
         if (left.empty() || right.empty())
             throw_error(ErrorCode::kInvalidFile, "tokenizer: merge %zu ('%s' '%s') has an empty part", i, left.c_str(),
                         right.c_str());
-        std::string joined = left + right;
-        const int32_t l = symbol(std::move(left));
-        const int32_t r = symbol(std::move(right));
-        const int32_t res = symbol(std::move(joined));
+        joined.assign(left).append(right);
+        const int32_t l = symbol(left);
+        const int32_t r = symbol(right);
+        const int32_t res = symbol(joined);
         const uint64_t key = (uint64_t(uint32_t(l)) << 32) | uint32_t(r);
         for (uint64_t h = mix(key) & merge_mask_;; h = (h + 1) & merge_mask_) {
             Slot& s = merge_table_[h];

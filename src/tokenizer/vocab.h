@@ -6,7 +6,6 @@
 #include <deque>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 namespace cera {
@@ -69,6 +68,7 @@ struct VocabData {
     bool escape_whitespace = false;  // BPE: ' ' -> '▁' before merging, tokens hold '▁' (SPM-style BPE)
     bool byte_encode = true;         // BPE: GPT-2 byte-level encoding of words
     bool byte_fallback = false;      // BPE: a character without a token becomes <0xNN> tokens
+    bool fuse_unk = false;           // BPE: consecutive unknown characters become one unknown token
     bool ignore_merges = false;
     bool clean_spaces = false;
     bool nfc = false;                // normalize text to NFC before tokenizing (HF normalizer)
@@ -95,8 +95,8 @@ class Vocab {
 
     // Token id of an exact text, or kNoToken.
     int32_t find(std::string_view text) const {
-        auto it = index_.find(text);
-        return it == index_.end() ? kNoToken : it->second;
+        const int32_t id = lookup(text);
+        return id < n_tokens() ? id : kNoToken;
     }
     // Token of a byte: "<0xNN>" when present, else the byte itself (SPM) or its GPT-2 character (BPE).
     int32_t byte_token(uint8_t byte) const { return byte_tokens_[byte]; }
@@ -118,12 +118,18 @@ class Vocab {
     };
     bool find_merge(int32_t left, int32_t right, Merge& out) const;
     // Symbol id of a text (token or merge part), or kNoToken.
-    int32_t find_symbol(std::string_view text) const;
+    int32_t find_symbol(std::string_view text) const { return lookup(text); }
     int32_t n_merges() const { return n_merges_; }
 
    private:
     static constexpr uint8_t kAttrLstrip = 1, kAttrRstrip = 2;
     void build_merges(std::vector<std::pair<std::string, std::string>>& merges);
+    std::string_view symbol_text(int32_t id) const {
+        return id < n_tokens() ? std::string_view(tokens_[size_t(id)])
+                               : std::string_view(extra_symbols_[size_t(id - n_tokens())]);
+    }
+    int32_t lookup(std::string_view text) const;
+    int32_t insert(std::string_view text, int32_t id);  // returns the id already there, or kNoToken
     void build_eog();
 
     VocabData d_;
@@ -132,15 +138,21 @@ class Vocab {
     std::vector<TokenType> types_;
     std::vector<uint8_t> attr_;
     std::vector<bool> eog_;
-    std::unordered_map<std::string_view, int32_t> index_;
+    // Open-addressing index text -> symbol id: 32 bits of the hash and the id (-1 = empty).
+    struct TextSlot {
+        uint32_t tag;
+        int32_t id;
+    };
+    std::vector<TextSlot> text_table_;
+    uint64_t text_mask_ = 0;
+    size_t text_count_ = 0;
     int32_t byte_tokens_[256];
     int32_t byte_symbols_[256];
     int32_t max_token_len_ = 0;
     std::vector<int32_t> special_;
 
     // Merge parts that are not tokens (rare), with their own symbol ids.
-    std::deque<std::string> extra_symbols_;  // a deque: elements never move
-    std::unordered_map<std::string_view, int32_t> extra_index_;
+    std::deque<std::string> extra_symbols_;
     // Open-addressing table (left << 32 | right) -> Merge.
     struct Slot {
         uint64_t key;

@@ -163,6 +163,7 @@ VocabData vocab_data_from_hf_json(const std::string& tokenizer_json_path, const 
         }
         d.byte_fallback = m.value("byte_fallback", false);
         d.ignore_merges = m.value("ignore_merges", false);
+        d.fuse_unk = m.value("fuse_unk", false);
         if (m.contains("unk_token") && m["unk_token"].is_string()) {
             const std::string unk = m["unk_token"].get<std::string>();
             for (size_t i = 0; i < d.tokens.size(); ++i) {
