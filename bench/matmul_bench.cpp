@@ -2,7 +2,9 @@
 // models' shapes, per weight type and thread count. Prints one line per case:
 //   weight GB/s (weight bytes / time: compare with ~33 GB/s DRAM read on 2 threads) and GFLOP/s.
 // GEMV cycles through enough copies of the weights (>= 128 MiB) that they come from DRAM, not L3.
-// Usage: matmul_bench [--quick] [--isa ref|avx2|avx512]
+// Usage: matmul_bench [--quick] [--hot] [--isa ref|avx2|avx512]
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -18,6 +20,13 @@ using namespace cera;
 
 namespace {
 
+// CPU time of the calling thread: with 1 thread, robust to other load on a shared machine.
+double cpu_s() {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
 double now_s() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -30,9 +39,10 @@ struct Shape {
 }  // namespace
 
 int main(int argc, char** argv) {
-    bool quick = false;
+    bool quick = false, hot = false;  // --hot: one copy of the weights (L3-resident for the small shapes)
     for (int i = 1; i < argc; ++i) {
         if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+        if (std::strcmp(argv[i], "--hot") == 0) hot = true;
         if (std::strcmp(argv[i], "--isa") == 0 && i + 1 < argc) {
             const std::string v = argv[++i];
             cpu::force_isa(v == "ref" ? cpu::Isa::kRef : v == "avx2" ? cpu::Isa::kAvx2 : cpu::Isa::kAvx512);
@@ -42,7 +52,8 @@ int main(int argc, char** argv) {
     const GgmlType types[] = {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kF16};
     std::printf("# isa %s; GB/s = weight bytes / time; roofline ~33 GB/s (2 threads)\n",
                 cpu::isa_name(cpu::active_isa()));
-    std::printf("%-14s %-5s %3s %7s %10s %8s %9s\n", "shape", "type", "thr", "tokens", "us/call", "GB/s", "GFLOP/s");
+    std::printf("%-14s %-5s %3s %7s %10s %8s %9s %12s\n", "shape", "type", "thr", "tokens", "us/call", "GB/s", "GFLOP/s",
+                "GFLOP/s(cpu)");
     std::mt19937 rng(1);
     std::normal_distribution<float> g(0.0f, 1.0f);
     for (const Shape& s : shapes) {
@@ -53,7 +64,7 @@ int main(int argc, char** argv) {
             std::vector<uint8_t> w0(bytes);
             for (int64_t r = 0; r < s.rows; ++r)
                 quantize_row_ref(t, wf.data() + r * s.k, w0.data() + size_t(r) * row_size(t, s.k), s.k);
-            const int copies = int(std::max<size_t>(1, (size_t(128) << 20) / bytes + 1));
+            const int copies = hot ? 1 : int(std::max<size_t>(1, (size_t(128) << 20) / bytes + 1));
             std::vector<uint8_t> wall(bytes * size_t(copies));
             for (int c = 0; c < copies; ++c) std::memcpy(wall.data() + size_t(c) * bytes, w0.data(), bytes);
             for (int threads : {1, 2}) {
@@ -63,21 +74,25 @@ int main(int argc, char** argv) {
                     std::vector<float> x(size_t(nt * s.k)), y(size_t(nt * s.rows));
                     for (auto& v : x) v = g(rng);
                     const int reps = nt == 1 ? (quick ? 50 : 200) : (quick ? 1 : 3);
-                    std::vector<double> times;
+                    std::vector<double> times, ctimes;
                     int c = 0;
                     cpu::matmul(t, wall.data(), s.rows, s.k, x.data(), nt, y.data(), s.rows, &pool);  // warm-up
                     for (int rep = 0; rep < reps; ++rep) {
                         const uint8_t* w = wall.data() + size_t(c) * bytes;
                         c = (c + 1) % copies;
-                        const double t0 = now_s();
+                        const double t0 = now_s(), c0 = cpu_s();
                         cpu::matmul(t, w, s.rows, s.k, x.data(), nt, y.data(), s.rows, &pool);
                         times.push_back(now_s() - t0);
+                        ctimes.push_back(cpu_s() - c0);
                     }
                     std::sort(times.begin(), times.end());
-                    const double med = times[times.size() / 2];
-                    std::printf("%-14s %-5s %3d %7lld %10.1f %8.2f %9.1f\n", s.name, type_name(t), threads,
-                                (long long)nt, med * 1e6, double(bytes) / med * 1e-9,
-                                2.0 * double(s.rows) * double(s.k) * double(nt) / med * 1e-9);
+                    std::sort(ctimes.begin(), ctimes.end());
+                    const double med = times[times.size() / 2], cmed = ctimes[ctimes.size() / 2];
+                    const double flop = 2.0 * double(s.rows) * double(s.k) * double(nt);
+                    // the cpu-time rate is per thread (the caller's share of the work) when threads > 1
+                    std::printf("%-14s %-5s %3d %7lld %10.1f %8.2f %9.1f %12.1f\n", s.name, type_name(t), threads,
+                                (long long)nt, med * 1e6, double(bytes) / med * 1e-9, flop / med * 1e-9,
+                                flop / double(threads) / cmed * 1e-9);
                     std::fflush(stdout);
                 }
             }
