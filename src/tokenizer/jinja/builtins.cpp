@@ -60,7 +60,7 @@ ValueList iterate(const Value& v) {
             }
             return chars;
         }
-        default: eval_fail("a %s is not iterable", v.type_name());
+        default: eval_fail("a value of type %s is not iterable", v.type_name());
     }
 }
 

@@ -403,7 +403,10 @@ Value Interpreter::apply_filter(const std::string& name, const Value& v, CallArg
         Value fmt_args = Value::list(a.positional);
         return binary_op(*this, "%", Value(to_str(v)), fmt_args);
     }
-    if (name == "attr") return get_attr(v, str_arg(arg(a, 0, "name"), "attr name"));
+    if (name == "attr") {  // attributes only: a dict's keys are not attributes
+        const std::string& attr = str_arg(arg(a, 0, "name"), "attr name");
+        return v.is_namespace() ? get_attr(v, attr) : bound_method(v, attr);
+    }
     if (name == "pprint") return Value(repr(v));
     eval_fail("unknown filter '%s'", fn);
 }

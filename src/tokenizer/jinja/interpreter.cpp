@@ -70,8 +70,8 @@ void Interpreter::assign_targets(const std::vector<std::string>& targets, const 
         assign(targets[0], v);
         return;
     }
-    ValueList items = iterate(v);
     if (!v.is_list() && !v.is_string()) eval_fail("cannot unpack a %s into %zu names", v.type_name(), targets.size());
+    ValueList items = iterate(v);
     if (items.size() != targets.size())
         eval_fail("cannot unpack %zu values into %zu names", items.size(), targets.size());
     for (size_t i = 0; i < targets.size(); ++i) assign(targets[i], items[i]);

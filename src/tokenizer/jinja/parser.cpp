@@ -96,7 +96,7 @@ class Parser {
         while (true) {
             const Token& tok = cur();
             if (tok.kind == TokenKind::kEnd) {
-                if (!ends.empty()) fail(tok, std::string("unexpected end of template, expected '{% ") + ends[0] + " %}'");
+                if (!ends.empty()) fail(tok, std::string("unexpected end of template, expected '{% ") + ends.back() + " %}'");
                 return body;
             }
             if (tok.kind == TokenKind::kText) {
