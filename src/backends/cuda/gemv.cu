@@ -10,6 +10,8 @@
 // k % 8 == 0; a scalar fallback for float rows of other lengths.
 // Roofline: bytes = weight image (+ x, L2-resident). H200 ~4.3 TB/s copy bandwidth: a 2048 x 8192
 // Q4_0 matrix (9.4 MB) takes >= 2.2 us; launch and tail effects dominate below ~4 MB.
+#include <cstdlib>
+
 #include "backends/cuda/quant_device.cuh"
 
 namespace cera::cuda {
@@ -237,8 +239,12 @@ void gemv(const GemvArgs& a, Stream stream) {
     p.xq = static_cast<const uint8_t*>(a.xq), p.ldxq = q8_row_bytes(k);
     p.x = a.x, p.ldx = a.ldx;
     p.bias = a.bias, p.y = a.y, p.ldy = a.ldy, p.accumulate = a.accumulate;
-    int R = a.rows_per_warp;
-    if (!vec) R = 1;
+    static const int forced = [] {
+        const char* e = std::getenv("CERA_CUDA_GEMV_R");  // benchmarks: force rows per warp
+        return e ? std::atoi(e) : 0;
+    }();
+    int R = a.rows_per_warp ? a.rows_per_warp : forced;
+    if (!vec || (R != 1 && R != 2 && R != 4)) R = vec ? 0 : 1;
     if (R == 0) {
         // Enough warps to cover the SMs several times over first, then activation reuse.
         const int64_t work = a.rows * a.n_y;
