@@ -1,0 +1,173 @@
+// `cera run` end to end: greedy output is deterministic and is exactly what the library
+// generates, stdout carries only the generated text, timings go to stderr, and bad input
+// (a missing model, an over-long prompt, bad options) ends with one stderr line.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "cera/engine.h"
+#include "cera/session.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string cera_bin() {
+    const char* env = std::getenv("CERA_BIN");
+    return env && *env ? env : std::string(CERA_BINARY_DIR) + "/bin/cera";
+}
+
+std::string quote(const std::string& s) {
+    std::string out = "'";
+    for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return out + "'";
+}
+
+struct Result {
+    int code = -1;
+    std::string out, err;
+};
+
+Result run(const std::string& args, const std::string& env = "") {
+    static int counter = 0;
+    const std::string err_path =
+        (fs::temp_directory_path() / ("cera_run_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++)))
+            .string();
+    const std::string cmd = env + " " + quote(cera_bin()) + " run " + args + " 2>" + quote(err_path) + " </dev/null";
+    Result r;
+    FILE* p = ::popen(cmd.c_str(), "r");
+    if (!p) return r;
+    char buf[65536];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+    const int status = ::pclose(p);
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.err = cera::test::read_text(err_path);
+    fs::remove(err_path);
+    return r;
+}
+
+size_t lines(const std::string& s) {
+    size_t n = 0;
+    for (char c : s) n += c == '\n';
+    return n;
+}
+
+const std::string kModel = cera::test::source_path("models/tiny-lfm2-Q8_0.gguf");
+
+TEST(CeraRun, GreedyIsDeterministicAndStdoutIsOnlyTheGeneratedText) {
+    const std::string args = "-m " + quote(kModel) + " -p 'Once upon a time' -n 32 --temp 0 --threads 1";
+    const Result a = run(args), b = run(args);
+    ASSERT_EQ(a.code, 0) << a.err;
+    EXPECT_EQ(a.out, b.out);
+    EXPECT_FALSE(a.out.empty());
+
+    // The library, driven directly with the same settings, produces the same text.
+    auto engine = cera::Engine::load(kModel, {.device = "cpu", .threads = 1});
+    cera::Session s(engine);
+    s.append_text("Once upon a time");
+    cera::GenerateOptions g;
+    g.sampling.temperature = 0.0f;
+    g.max_tokens = 32;
+    cera::NullSink sink;
+    const auto r = s.generate(g, sink);
+    EXPECT_EQ(a.out, r.text);  // no prompt echo, no timings, no trailing newline on stdout
+
+    // Timings go to stderr, one line.
+    EXPECT_NE(a.err.find("prefill"), std::string::npos) << a.err;
+    EXPECT_NE(a.err.find("decode"), std::string::npos) << a.err;
+    EXPECT_NE(a.err.find("tok/s"), std::string::npos) << a.err;
+    EXPECT_EQ(lines(a.err), 1u) << a.err;
+}
+
+TEST(CeraRun, DefaultModelIsTheBundledOne) {
+    const Result with_m = run("-m " + quote(kModel) + " -p 'The cat' -n 8 --temp 0 --threads 1");
+    const Result without = run("-p 'The cat' -n 8 --temp 0 --threads 1");
+    ASSERT_EQ(without.code, 0) << without.err;
+    EXPECT_EQ(with_m.out, without.out);
+    // CERA_MODEL_DIR points at the model directory too.
+    const Result env = run("-p 'The cat' -n 8 --temp 0 --threads 1",
+                           "CERA_MODEL_DIR=" + quote(cera::test::source_path("models")));
+    EXPECT_EQ(env.out, with_m.out);
+}
+
+TEST(CeraRun, SeedMakesSamplingReproducible) {
+    const std::string args = "-m " + quote(kModel) + " -p 'Once upon a time' -n 24 --temp 1.0 --threads 1 --seed ";
+    const Result a = run(args + "11"), b = run(args + "11"), c = run(args + "12");
+    ASSERT_EQ(a.code, 0) << a.err;
+    EXPECT_EQ(a.out, b.out);
+    EXPECT_NE(a.out, c.out);
+}
+
+TEST(CeraRun, ZeroTokensPrintsNothing) {
+    const Result r = run("-m " + quote(kModel) + " -p 'Once upon a time' -n 0 --threads 1");
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out, "");
+    EXPECT_NE(r.err.find("generated 0 tokens"), std::string::npos) << r.err;
+}
+
+TEST(CeraRun, StopStringCutsTheOutput) {
+    const std::string base = "-m " + quote(kModel) + " -p 'Once upon a time' -n 48 --temp 0 --threads 1";
+    const Result full = run(base);
+    ASSERT_GT(full.out.size(), 40u);
+    const std::string stop = full.out.substr(25, 5);
+    const Result cut = run(base + " --stop " + quote(stop));
+    ASSERT_EQ(cut.code, 0) << cut.err;
+    EXPECT_EQ(cut.out, full.out.substr(0, full.out.find(stop)));
+}
+
+TEST(CeraRun, MissingModelIsOneLineAndExitOne) {
+    const Result r = run("-m /no/such/model.gguf -p hi");
+    EXPECT_EQ(r.code, 1);
+    EXPECT_EQ(r.out, "");
+    EXPECT_EQ(lines(r.err), 1u) << r.err;
+    EXPECT_NE(r.err.find("/no/such/model.gguf"), std::string::npos) << r.err;
+}
+
+TEST(CeraRun, MissingDefaultModelIsOneLine) {
+    // A copy of the binary where no models directory can be found.
+    const fs::path dir = fs::temp_directory_path() / ("cera_run_nomodel_" + std::to_string(::getpid()));
+    fs::create_directories(dir / "a" / "b");
+    const fs::path exe = dir / "a" / "b" / "cera";
+    fs::copy_file(cera_bin(), exe, fs::copy_options::overwrite_existing);
+    const std::string cmd = "CERA_MODEL_DIR=" + quote(dir.string()) + " " + quote(exe.string()) +
+                            " run -p hi 2>&1 >/dev/null";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string err;
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) err.append(buf, n);
+    const int status = ::pclose(p);
+    fs::remove_all(dir);
+    EXPECT_EQ(WEXITSTATUS(status), 1);
+    EXPECT_EQ(lines(err), 1u) << err;
+    EXPECT_NE(err.find("tiny-lfm2-Q8_0.gguf"), std::string::npos) << err;
+}
+
+TEST(CeraRun, OverlongPromptIsOneLineAndNonZero) {
+    std::string prompt;
+    for (int i = 0; i < 200; ++i) prompt += "the little dog ran ";
+    const Result r = run("-m " + quote(kModel) + " -p " + quote(prompt) + " --ctx 64 --threads 1");
+    EXPECT_NE(r.code, 0);
+    EXPECT_EQ(r.out, "");
+    EXPECT_EQ(lines(r.err), 1u) << r.err;
+    EXPECT_NE(r.err.find("context"), std::string::npos) << r.err;
+}
+
+TEST(CeraRun, BadOptionsFail) {
+    EXPECT_EQ(run("-m " + quote(kModel)).code, 2);  // no prompt
+    const Result dev = run("-m " + quote(kModel) + " -p hi --device tpu");
+    EXPECT_EQ(dev.code, 1);
+    EXPECT_EQ(lines(dev.err), 1u) << dev.err;
+    const Result pen = run("-m " + quote(kModel) + " -p hi --repeat-penalty 0");
+    EXPECT_EQ(pen.code, 1);
+    EXPECT_EQ(lines(pen.err), 1u) << pen.err;
+}
+
+}  // namespace
