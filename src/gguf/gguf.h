@@ -84,7 +84,7 @@ class File {
     uint32_t get_u32(std::string_view key, uint32_t fallback) const;
     int64_t get_i64(std::string_view key) const;
     int64_t get_i64(std::string_view key, int64_t fallback) const;
-    float get_f32(std::string_view key) const;   // accepts f32 or f64
+    float get_f32(std::string_view key) const;   // accepts f32 or f64 (and integers, converted)
     float get_f32(std::string_view key, float fallback) const;
     bool get_bool(std::string_view key) const;
     bool get_bool(std::string_view key, bool fallback) const;
