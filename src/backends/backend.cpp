@@ -11,15 +11,18 @@ __attribute__((weak)) std::unique_ptr<Backend> make_cuda_backend(int gpu_index);
 
 const char* device_kind_name(DeviceKind kind) {
     switch (kind) {
-        case DeviceKind::kCpu: return "cpu";
-        case DeviceKind::kCuda: return "cuda";
+        case DeviceKind::kCpu:
+            return "cpu";
+        case DeviceKind::kCuda:
+            return "cuda";
     }
     return "?";
 }
 
 std::unique_ptr<Backend> create_backend(const BackendOptions& opts) {
     switch (opts.device) {
-        case DeviceKind::kCpu: return make_cpu_backend(opts.n_threads);
+        case DeviceKind::kCpu:
+            return make_cpu_backend(opts.n_threads);
         case DeviceKind::kCuda:
             if (&make_cuda_backend == nullptr)
                 throw_error(ErrorCode::kDevice, "device cuda: this build has no CUDA backend");

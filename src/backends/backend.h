@@ -32,9 +32,9 @@ const char* device_kind_name(DeviceKind kind);  // "cpu", "cuda"
 
 // A view of device memory. Not owning; alloc()/free() own buffers.
 struct Tensor {
-    void* data = nullptr;             // device pointer (plain host pointer on the CPU backend)
-    GgmlType type = GgmlType::kF32;   // element type
-    int64_t ne[4] = {0, 1, 1, 1};     // elements per dimension, ne[0] innermost and contiguous
+    void* data = nullptr;            // device pointer (plain host pointer on the CPU backend)
+    GgmlType type = GgmlType::kF32;  // element type
+    int64_t ne[4] = {0, 1, 1, 1};    // elements per dimension, ne[0] innermost and contiguous
     DeviceKind device = DeviceKind::kCpu;
 
     explicit operator bool() const { return data != nullptr; }
@@ -43,7 +43,9 @@ struct Tensor {
     size_t row_bytes() const { return row_size(type, ne[0]); }
     size_t n_bytes() const { return row_bytes() * size_t(rows()); }
     template <class T>
-    T* as() const { return static_cast<T*>(data); }
+    T* as() const {
+        return static_cast<T*>(data);
+    }
 
     // Rows [r0, r0 + n) of this tensor seen as 2-D [rows(), ne[0]].
     Tensor row_slice(int64_t r0, int64_t n) const {
@@ -69,10 +71,10 @@ enum class RopeMode {
 
 struct RopeParams {
     RopeMode mode = RopeMode::kNone;
-    int n_rot = 0;             // rotated dimensions per head (<= head_dim, even); the rest pass through
+    int n_rot = 0;  // rotated dimensions per head (<= head_dim, even); the rest pass through
     float freq_base = 10000.0f;
-    float freq_scale = 1.0f;   // positions are multiplied by this (linear scaling)
-    Tensor freq_factors;       // f32 [n_rot/2] or empty: theta_i is divided by freq_factors[i] (llama-3 rope_freqs)
+    float freq_scale = 1.0f;  // positions are multiplied by this (linear scaling)
+    Tensor freq_factors;      // f32 [n_rot/2] or empty: theta_i is divided by freq_factors[i] (llama-3 rope_freqs)
 };
 
 struct AttentionParams {
@@ -87,14 +89,14 @@ enum class MoeGating { kSoftmax, kSigmoid };
 
 struct MoeParams {
     int n_expert = 0;
-    int n_expert_used = 0;         // k
+    int n_expert_used = 0;  // k
     MoeGating gating = MoeGating::kSoftmax;
     bool normalize_weights = true;  // divide the chosen k weights by their sum
     float weights_scale = 1.0f;     // multiplies the (normalised) weights
 };
 
 class Backend {
-   public:
+ public:
     virtual ~Backend() = default;
     virtual DeviceKind kind() const = 0;
     virtual std::string description() const = 0;  // e.g. "cpu avx512, 2 threads"

@@ -44,13 +44,16 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 std::string printable(const std::string& s) {
     std::string out;
     for (unsigned char c : s) {
-        if (c == '\n') out += "\\n";
-        else if (c == '\t') out += "\\t";
+        if (c == '\n')
+            out += "\\n";
+        else if (c == '\t')
+            out += "\\t";
         else if (c < 0x20) {
             char buf[8];
             std::snprintf(buf, sizeof buf, "\\x%02x", c);
             out += buf;
-        } else out += char(c);
+        } else
+            out += char(c);
     }
     return out;
 }
@@ -75,7 +78,8 @@ int run_logits(const std::vector<std::string>& args) {
     std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 takes the arguments in reverse
     try {
         app.parse(rev);
-        if (prompt.empty() == tokens_arg.empty()) throw CLI::ValidationError("give exactly one of -p TEXT or --tokens IDS");
+        if (prompt.empty() == tokens_arg.empty())
+            throw CLI::ValidationError("give exactly one of -p TEXT or --tokens IDS");
         if (top < 1) throw CLI::ValidationError("--top must be at least 1");
         if (kv_type != "f32" && kv_type != "f16") throw CLI::ValidationError("--kv-type must be f32 or f16");
     } catch (const CLI::CallForHelp&) {
@@ -134,9 +138,8 @@ int run_logits(const std::vector<std::string>& args) {
         const size_t t = all ? r : ids.size() - 1;
         const float* row = logits.data() + r * size_t(n_vocab);
         std::iota(order.begin(), order.end(), 0);
-        std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-            return row[a] > row[b] || (row[a] == row[b] && a < b);
-        });
+        std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                          [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
         std::printf("position %zu (token %d '%s'):\n", t, ids[t], piece(ids[t]).c_str());
         for (int j = 0; j < k; ++j)
             std::printf("  %6d %12.6f  '%s'\n", order[size_t(j)], double(row[order[size_t(j)]]),

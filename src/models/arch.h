@@ -40,16 +40,16 @@ struct LayerCache {
 struct Step {
     Backend* be = nullptr;
     int64_t n_tokens = 0;
-    Tensor ids, pos;         // i32 [n_tokens]: token ids, positions
-    Tensor x;                // f32 [n_tokens, n_embd] residual stream
-    Tensor h;                // f32 [n_tokens, n_embd] normed input of a block
-    Tensor y;                // f32 [n_tokens, n_embd] block output
-    Tensor q;                // f32 [n_tokens, n_head * head_dim]
-    Tensor k, v;             // f32 [n_tokens, n_head_kv * head_dim]
-    Tensor attn;             // f32 [n_tokens, n_head * head_dim]
-    Tensor wide0, wide1;     // f32 [n_tokens, wide]
-    Tensor router;           // f32 [n_tokens, n_expert]
-    Tensor moe_ids, moe_w;   // i32 / f32 [n_tokens, n_expert_used]
+    Tensor ids, pos;              // i32 [n_tokens]: token ids, positions
+    Tensor x;                     // f32 [n_tokens, n_embd] residual stream
+    Tensor h;                     // f32 [n_tokens, n_embd] normed input of a block
+    Tensor y;                     // f32 [n_tokens, n_embd] block output
+    Tensor q;                     // f32 [n_tokens, n_head * head_dim]
+    Tensor k, v;                  // f32 [n_tokens, n_head_kv * head_dim]
+    Tensor attn;                  // f32 [n_tokens, n_head * head_dim]
+    Tensor wide0, wide1;          // f32 [n_tokens, wide]
+    Tensor router;                // f32 [n_tokens, n_expert]
+    Tensor moe_ids, moe_w;        // i32 / f32 [n_tokens, n_expert_used]
     std::span<LayerCache> cache;  // [n_layer]
 
     // A wide buffer seen as [n_tokens, width].
@@ -68,7 +68,7 @@ struct HeadWeights {
 };
 
 class Architecture {
-   public:
+ public:
     virtual ~Architecture() = default;
     // Runs every layer over s.x (the embedded tokens), leaving the residual stream in s.x.
     virtual void forward(Step& s) const = 0;

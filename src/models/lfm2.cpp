@@ -78,7 +78,7 @@ struct Lfm2Layer {
 };
 
 class Lfm2 final : public Architecture {
-   public:
+ public:
     Lfm2(LoadContext& ctx, const Lfm2MoeConfig* moe) {
         cfg_ = read_config(ctx.hp);
         const Lfm2Config& c = cfg_;
@@ -152,7 +152,7 @@ class Lfm2 final : public Architecture {
         }
     }
 
-   private:
+ private:
     Lfm2Config cfg_;
     MoeParams moe_params_;
     std::vector<Lfm2Layer> layers_;

@@ -14,7 +14,7 @@ struct Lfm2MoeConfig {
     int64_t n_ff_exp = 0;       // expert_feed_forward_length
     int64_t n_dense_lead = 0;   // leading_dense_block_count: layers 0..n-1 keep a dense FFN
     MoeGating gating = MoeGating::kSigmoid;
-    bool normalize = true;      // expert_weights_norm
+    bool normalize = true;       // expert_weights_norm
     float weights_scale = 1.0f;  // expert_weights_scale
 };
 

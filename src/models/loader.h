@@ -15,7 +15,7 @@ namespace cera {
 
 // Keys under "<arch>.": hp.u32("embedding_length") reads "lfm2.embedding_length".
 class HParams {
-   public:
+ public:
     HParams(const gguf::File& f, std::string arch) : f_(f), arch_(std::move(arch)) {}
     const std::string& arch() const { return arch_; }
     const gguf::File& file() const { return f_; }
@@ -34,7 +34,7 @@ class HParams {
     // Throws kInvalidFile "<key> = <value>: <what>" unless ok.
     void require(bool ok, std::string_view suffix, int64_t value, const char* what) const;
 
-   private:
+ private:
     const gguf::File& f_;
     std::string arch_;
 };
@@ -42,7 +42,7 @@ class HParams {
 // Looks up tensors by name, checks their shape (ne, GGUF order) and type, and makes them resident
 // on the backend.
 class WeightLoader {
-   public:
+ public:
     WeightLoader(const gguf::File& f, Backend& be) : f_(f), be_(be) {}
 
     // Any weight type the backend's matmul accepts (F32, F16, BF16, quantized).
@@ -56,7 +56,7 @@ class WeightLoader {
     // The number of tensors fetched so far (to report unused tensors if wanted).
     size_t n_loaded() const { return n_loaded_; }
 
-   private:
+ private:
     Tensor load(const std::string& name, std::initializer_list<int64_t> ne, bool f32_only, bool optional);
     const gguf::File& f_;
     Backend& be_;

@@ -46,7 +46,9 @@ std::vector<std::string> supported_architectures() {
 void load_common(LoadContext& ctx, Architecture& a, int64_t n_embd, int64_t n_layer, const std::string& norm_name,
                  float norm_eps) {
     const gguf::TensorInfo* te = ctx.file.find_tensor("token_embd.weight");
-    if (!te) throw_error(ErrorCode::kMissing, "missing tensor token_embd.weight (expected ne {%" PRId64 ", n_vocab})", n_embd);
+    if (!te)
+        throw_error(ErrorCode::kMissing, "missing tensor token_embd.weight (expected ne {%" PRId64 ", n_vocab})",
+                    n_embd);
     const int64_t n_vocab = te->ne.size() >= 2 ? te->ne[1] : 1;
     if (ctx.hp.has("vocab_size")) {
         const int64_t v = ctx.hp.u32("vocab_size");

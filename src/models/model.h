@@ -27,21 +27,21 @@ class File;
 
 struct ModelOptions {
     DeviceKind device = DeviceKind::kCpu;
-    int n_threads = 0;                   // CPU threads; 0 = physical cores
-    int gpu_index = 0;                   // CUDA device
-    int n_ctx = 0;                       // tokens per sequence; 0 = the model's context_length, at most kDefaultMaxCtx
-    GgmlType kv_type = GgmlType::kF32;   // KV cache storage: kF32 or kF16
-    int n_batch = 512;                   // prefill chunk: tokens per forward pass
+    int n_threads = 0;                  // CPU threads; 0 = physical cores
+    int gpu_index = 0;                  // CUDA device
+    int n_ctx = 0;                      // tokens per sequence; 0 = the model's context_length, at most kDefaultMaxCtx
+    GgmlType kv_type = GgmlType::kF32;  // KV cache storage: kF32 or kF16
+    int n_batch = 512;                  // prefill chunk: tokens per forward pass
     static constexpr int kDefaultMaxCtx = 4096;
 };
 
 struct ModelInfo {
-    std::string arch;          // general.architecture
-    std::string name;          // general.name, or ""
+    std::string arch;  // general.architecture
+    std::string name;  // general.name, or ""
     int64_t n_vocab = 0;
     int64_t n_embd = 0;
     int64_t n_layer = 0;
-    int64_t n_ctx_train = 0;   // <arch>.context_length
+    int64_t n_ctx_train = 0;    // <arch>.context_length
     int64_t n_attn_layers = 0;  // layers with a KV cache
     int64_t n_conv_layers = 0;  // LFM2 short-conv layers
 };
@@ -50,7 +50,7 @@ class Architecture;
 class ModelState;
 
 class Model {
-   public:
+ public:
     ~Model();
     const ModelInfo& info() const { return info_; }
     const ModelOptions& options() const { return opts_; }
@@ -61,12 +61,12 @@ class Model {
     // A new sequence with an empty cache. n_ctx = 0 takes the model options' n_ctx.
     std::unique_ptr<ModelState> create_state(int n_ctx = 0) const;
 
-   private:
+ private:
     friend std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& opts);
     Model() = default;
     ModelOptions opts_;
     ModelInfo info_;
-    std::unique_ptr<gguf::File> file_;      // keeps the mapping alive (CPU weights are views into it)
+    std::unique_ptr<gguf::File> file_;  // keeps the mapping alive (CPU weights are views into it)
     std::unique_ptr<Backend> backend_;
     std::unique_ptr<Architecture> arch_;
 };
@@ -79,7 +79,7 @@ std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& o
 std::vector<std::string> supported_architectures();
 
 class ModelState {
-   public:
+ public:
     virtual ~ModelState() = default;
 
     // Runs `tokens` at positions position() .. position() + n - 1 (in chunks of n_batch), then
@@ -92,10 +92,10 @@ class ModelState {
 
     virtual int32_t position() const = 0;  // tokens in the cache
     virtual int32_t n_ctx() const = 0;
-    virtual void reset() = 0;              // empty cache, zero conv state, position 0
+    virtual void reset() = 0;  // empty cache, zero conv state, position 0
 
     // Snapshot of the sequence (KV rows 0..position()-1, conv states, position) for save/restore.
-    virtual size_t state_size() const = 0;                     // bytes save_state() writes now
+    virtual size_t state_size() const = 0;  // bytes save_state() writes now
     virtual void save_state(std::vector<uint8_t>& out) const = 0;
     // Throws kInvalidFile when the bytes were not saved by a state of the same model and n_ctx large enough.
     virtual void restore_state(std::span<const uint8_t> bytes) = 0;

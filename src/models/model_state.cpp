@@ -14,7 +14,7 @@
 namespace cera {
 namespace {
 
-constexpr int64_t kLogitRows = 32;       // LM-head rows per pass when every position's logits are wanted
+constexpr int64_t kLogitRows = 32;            // LM-head rows per pass when every position's logits are wanted
 constexpr uint32_t kStateMagic = 0x53524543;  // "CERS"
 constexpr uint32_t kStateVersion = 1;
 
@@ -28,12 +28,13 @@ struct SavedHeader {
 };
 
 class SequenceState final : public ModelState {
-   public:
+ public:
     SequenceState(const Model& model, int n_ctx) : model_(model), be_(model.backend()), arch_(model.arch()) {
         const ModelInfo& info = arch_.info;
         n_ctx_ = n_ctx > 0 ? n_ctx : model.options().n_ctx;
-        if (n_ctx_ <= 0) n_ctx_ = int(std::min<int64_t>(info.n_ctx_train > 0 ? info.n_ctx_train : 2048,
-                                                        ModelOptions::kDefaultMaxCtx));
+        if (n_ctx_ <= 0)
+            n_ctx_ =
+                int(std::min<int64_t>(info.n_ctx_train > 0 ? info.n_ctx_train : 2048, ModelOptions::kDefaultMaxCtx));
         n_batch_ = std::min(model.options().n_batch, n_ctx_);
         serial_ = g_state_serial.fetch_add(1);
         const GgmlType kv = model.options().kv_type;
@@ -75,8 +76,8 @@ class SequenceState final : public ModelState {
             be_.free(c.v);
             be_.free(c.conv);
         }
-        for (Tensor* t : {&ids_, &pos_t_, &x_, &h_, &y_, &q_, &k_, &v_, &attn_, &wide0_, &wide1_, &router_,
-                          &moe_ids_, &moe_w_, &hidden_, &logits_})
+        for (Tensor* t : {&ids_, &pos_t_, &x_, &h_, &y_, &q_, &k_, &v_, &attn_, &wide0_, &wide1_, &router_, &moe_ids_,
+                          &moe_w_, &hidden_, &logits_})
             be_.free(*t);
     }
 
@@ -98,8 +99,10 @@ class SequenceState final : public ModelState {
             const bool last = off + nt == n;
             // Output rows of this chunk: all, or only the very last token.
             int64_t r0 = 0, nr = 0;
-            if (want_out && all_logits) r0 = 0, nr = nt;
-            else if (want_out && last) r0 = nt - 1, nr = 1;
+            if (want_out && all_logits)
+                r0 = 0, nr = nt;
+            else if (want_out && last)
+                r0 = nt - 1, nr = 1;
             for (int64_t i = 0; i < nt; ++i) pos_host_[size_t(i)] = int32_t(position_ + off + i);
             be_.write(ids_, tokens.data() + off, size_t(nt) * sizeof(int32_t));
             be_.write(pos_t_, pos_host_.data(), size_t(nt) * sizeof(int32_t));
@@ -111,8 +114,9 @@ class SequenceState final : public ModelState {
             if (!graphable || !be_.step_begin(key)) {
                 be_.embed(arch_.head.token_embd, s.ids, arch_.head.embedding_scale, s.x);
                 arch_.forward(s);
-                if (nr > 0) be_.rms_norm(s.x.row_slice(r0, nr), arch_.head.output_norm, arch_.head.norm_eps,
-                                         hidden_.row_slice(0, nr));
+                if (nr > 0)
+                    be_.rms_norm(s.x.row_slice(r0, nr), arch_.head.output_norm, arch_.head.norm_eps,
+                                 hidden_.row_slice(0, nr));
                 if (lm_in_step) lm_head(0, nr);
                 if (graphable) be_.step_end();
             }
@@ -152,8 +156,9 @@ class SequenceState final : public ModelState {
 
     void save_state(std::vector<uint8_t>& out) const override {
         out.resize(state_size());
-        SavedHeader hd{kStateMagic, kStateVersion, uint32_t(cache_.size()), uint32_t(model_.options().kv_type),
-                       position_, 0, arch_.info.n_vocab, arch_.info.n_embd};
+        SavedHeader hd{
+            kStateMagic, kStateVersion,      uint32_t(cache_.size()), uint32_t(model_.options().kv_type), position_,
+            0,           arch_.info.n_vocab, arch_.info.n_embd};
         std::memcpy(out.data(), &hd, sizeof hd);
         size_t off = sizeof hd;
         for (const LayerCache& c : cache_) {
@@ -172,7 +177,8 @@ class SequenceState final : public ModelState {
 
     void restore_state(std::span<const uint8_t> bytes) override {
         SavedHeader hd{};
-        if (bytes.size() < sizeof hd) throw_error(ErrorCode::kInvalidFile, "saved state: %zu bytes is too short", bytes.size());
+        if (bytes.size() < sizeof hd)
+            throw_error(ErrorCode::kInvalidFile, "saved state: %zu bytes is too short", bytes.size());
         std::memcpy(&hd, bytes.data(), sizeof hd);
         if (hd.magic != kStateMagic || hd.version != kStateVersion)
             throw_error(ErrorCode::kInvalidFile, "saved state: bad magic or version %u", hd.version);
@@ -180,8 +186,8 @@ class SequenceState final : public ModelState {
             hd.n_vocab != arch_.info.n_vocab || hd.n_embd != arch_.info.n_embd)
             throw_error(ErrorCode::kInvalidFile, "saved state: made by a different model or KV cache type");
         if (hd.position < 0 || hd.position > n_ctx_)
-            throw_error(ErrorCode::kInvalidFile, "saved state: position %d does not fit the context of %d",
-                        hd.position, n_ctx_);
+            throw_error(ErrorCode::kInvalidFile, "saved state: position %d does not fit the context of %d", hd.position,
+                        n_ctx_);
         const int32_t saved_pos = position_;
         position_ = hd.position;
         if (bytes.size() != state_size()) {
@@ -203,7 +209,7 @@ class SequenceState final : public ModelState {
         }
     }
 
-   private:
+ private:
     Step make_step(int64_t nt) {
         Step s;
         s.be = &be_;
@@ -242,16 +248,16 @@ class SequenceState final : public ModelState {
     int n_batch_ = 0;
     int32_t position_ = 0;
     uint64_t serial_ = 0;
-    std::vector<LayerCache> cache_;  // [n_layer]
-    Tensor ids_, pos_t_;             // i32 [n_batch]
-    Tensor x_, h_, y_;               // f32 [n_batch, n_embd]
-    Tensor q_, attn_;                // f32 [n_batch, max(n_head * head_dim, n_embd)]
-    Tensor k_, v_;                   // f32 [n_batch, n_head_kv * head_dim]
-    Tensor wide0_, wide1_;           // f32 [n_batch, wide]
+    std::vector<LayerCache> cache_;    // [n_layer]
+    Tensor ids_, pos_t_;               // i32 [n_batch]
+    Tensor x_, h_, y_;                 // f32 [n_batch, n_embd]
+    Tensor q_, attn_;                  // f32 [n_batch, max(n_head * head_dim, n_embd)]
+    Tensor k_, v_;                     // f32 [n_batch, n_head_kv * head_dim]
+    Tensor wide0_, wide1_;             // f32 [n_batch, wide]
     Tensor router_, moe_ids_, moe_w_;  // [n_batch, n_expert], [n_batch, k], [n_batch, k]
-    Tensor hidden_;                  // f32 [n_batch, n_embd] after the final norm
-    Tensor logits_;                  // f32 [kLogitRows, n_vocab]
-    std::vector<int32_t> pos_host_;  // [n_batch]
+    Tensor hidden_;                    // f32 [n_batch, n_embd] after the final norm
+    Tensor logits_;                    // f32 [kLogitRows, n_vocab]
+    std::vector<int32_t> pos_host_;    // [n_batch]
 };
 
 }  // namespace

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/kernels.h"
+#include "core/cpu_features.h"
 #include "models/model.h"
 #include "test_util.h"
 
@@ -111,12 +113,11 @@ TEST_P(F32Fixture, BatchedPrefillEqualsTokenByToken) {
     EXPECT_LT(max_rel, 1e-4);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, F32Fixture, ::testing::ValuesIn(kF32Models),
-                         [](const auto& info) {
-                             std::string s = info.param;
-                             std::replace(s.begin(), s.end(), '-', '_');
-                             return s;
-                         });
+INSTANTIATE_TEST_SUITE_P(Models, F32Fixture, ::testing::ValuesIn(kF32Models), [](const auto& info) {
+    std::string s = info.param;
+    std::replace(s.begin(), s.end(), '-', '_');
+    return s;
+});
 
 TEST(Hidden, FinalNormOutputMatchesReference) {
     const std::string dir = test::data_path("fixtures/tiny-lfm2");
@@ -146,33 +147,40 @@ TEST_P(QuantFixture, GreedyMatchesLlamaCpp) {
     const std::string dir = test::data_path(std::string("fixtures/") + c.model);
     std::string stem = c.file;
     stem = stem.substr(0, stem.size() - 5);  // drop ".gguf"
-    const std::string gguf_path = std::string(c.file).rfind("models/", 0) == 0 ? test::source_path(c.file)
-                                                                                : dir + "/" + c.file;
+    const std::string gguf_path =
+        std::string(c.file).rfind("models/", 0) == 0 ? test::source_path(c.file) : dir + "/" + c.file;
     const std::string base = gguf_path.substr(gguf_path.rfind('/') + 1);
-    json lj = read_json(dir + "/llamacpp/" + (base == "tiny-lfm2-Q8_0.gguf" ? std::string("model-Q8_0")
-                                                                           : base.substr(0, base.size() - 5)) +
+    json lj = read_json(dir + "/llamacpp/" +
+                        (base == "tiny-lfm2-Q8_0.gguf" ? std::string("model-Q8_0") : base.substr(0, base.size() - 5)) +
                         ".json");
     auto model = load(gguf_path);
     const int64_t n_vocab = model->info().n_vocab;
-    for (const json& pr : lj["prompts"]) {
-        std::vector<int32_t> ids = pr["llamacpp_token_ids"].get<std::vector<int32_t>>();
-        std::vector<int32_t> want = pr["llamacpp_greedy_ids"].get<std::vector<int32_t>>();
-        auto st = model->create_state();
-        std::vector<int32_t> have = greedy(*st, ids, int(want.size()), n_vocab);
-        size_t match = 0;
-        while (match < want.size() && have[match] == want[match]) ++match;
-        std::printf("[ quant  ] %-14s %-22s prompt %d: %zu/%zu greedy tokens equal llama.cpp\n", c.model, base.c_str(),
-                    pr["prompt"].get<int>(), match, want.size());
-        if (match < want.size()) {
-            const json& top = match == 0 ? pr["llamacpp_top5_last_prompt_position"]
-                                         : pr["llamacpp_top5_per_greedy_step"][match - 1];
-            const double margin = top[0][1].get<double>() - top[1][1].get<double>();
-            std::printf("           diverges at step %zu: llama.cpp margin top1-top2 %.4g, ours %d (theirs %d)\n",
-                        match, margin, have[match], want[match]);
-            EXPECT_LT(margin, 0.05) << c.file << " prompt " << pr["prompt"] << " step " << match;
-            EXPECT_EQ(have[match], top[1][0].get<int32_t>());
+    const cpu::Isa saved = cpu::active_isa();
+    for (cpu::Isa isa : {cpu::Isa::kRef, cpu::Isa::kAvx2, cpu::Isa::kAvx512}) {
+        if (isa == cpu::Isa::kAvx2 && !cpu_features().has_avx2_set()) continue;
+        if (isa == cpu::Isa::kAvx512 && !cpu_features().has_avx512_set()) continue;
+        cpu::force_isa(isa);
+        for (const json& pr : lj["prompts"]) {
+            std::vector<int32_t> ids = pr["llamacpp_token_ids"].get<std::vector<int32_t>>();
+            std::vector<int32_t> want = pr["llamacpp_greedy_ids"].get<std::vector<int32_t>>();
+            auto st = model->create_state();
+            std::vector<int32_t> have = greedy(*st, ids, int(want.size()), n_vocab);
+            size_t match = 0;
+            while (match < want.size() && have[match] == want[match]) ++match;
+            std::printf("[ quant  ] %-14s %-22s %-6s prompt %d: %zu/%zu greedy tokens equal llama.cpp\n", c.model,
+                        base.c_str(), cpu::isa_name(isa), pr["prompt"].get<int>(), match, want.size());
+            if (match < want.size()) {
+                const json& top = match == 0 ? pr["llamacpp_top5_last_prompt_position"]
+                                             : pr["llamacpp_top5_per_greedy_step"][match - 1];
+                const double margin = top[0][1].get<double>() - top[1][1].get<double>();
+                std::printf("           diverges at step %zu: llama.cpp margin top1-top2 %.4g, ours %d (theirs %d)\n",
+                            match, margin, have[match], want[match]);
+                EXPECT_LT(margin, 0.05) << c.file << " prompt " << pr["prompt"] << " step " << match;
+                EXPECT_EQ(have[match], top[1][0].get<int32_t>());
+            }
         }
     }
+    cpu::force_isa(saved);
 }
 
 INSTANTIATE_TEST_SUITE_P(Files, QuantFixture,
@@ -208,6 +216,30 @@ TEST(Stories260K, GreedyFromBos) {
     while (match < want.size() && have[match] == want[match]) ++match;
     std::printf("[ story  ] stories260K: %zu/%zu greedy tokens equal\n", match, want.size());
     EXPECT_EQ(have, want);
+}
+
+// Every CPU kernel table gives the same greedy tokens on the F32 models (and on the quantized files
+// the same tokens as llama.cpp up to a near-tie, checked by QuantFixture under each ISA in CI).
+TEST(AllIsas, SameGreedyTokens) {
+    const cpu::Isa saved = cpu::active_isa();
+    std::vector<cpu::Isa> isas = {cpu::Isa::kRef};
+    if (cpu_features().has_avx2_set()) isas.push_back(cpu::Isa::kAvx2);
+    if (cpu_features().has_avx512_set()) isas.push_back(cpu::Isa::kAvx512);
+    for (const char* m : kF32Models) {
+        const std::string dir = test::data_path(std::string("fixtures/") + m);
+        auto model = load(dir + "/model.gguf");
+        std::vector<int32_t> ids = read_json(dir + "/ref/prompt_2.json")["ids"].get<std::vector<int32_t>>();
+        std::vector<int32_t> first;
+        for (cpu::Isa isa : isas) {
+            cpu::force_isa(isa);
+            auto st = model->create_state();
+            std::vector<int32_t> got = greedy(*st, ids, 32, model->info().n_vocab);
+            if (first.empty()) first = got;
+            EXPECT_EQ(got, first) << m << " under " << cpu::isa_name(isa);
+        }
+        std::printf("[ isa    ] %-20s %zu kernel tables agree on 32 greedy tokens\n", m, isas.size());
+    }
+    cpu::force_isa(saved);
 }
 
 }  // namespace

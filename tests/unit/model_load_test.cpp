@@ -23,7 +23,7 @@ namespace {
 std::string fixture(const std::string& model) { return test::data_path("fixtures/" + model + "/model.gguf"); }
 
 struct Patch {
-    std::function<bool(const std::string& key, gguf::Value& v)> kv;  // false: drop the key
+    std::function<bool(const std::string& key, gguf::Value& v)> kv;          // false: drop the key
     std::function<bool(const gguf::TensorInfo& t, gguf::Writer& w)> tensor;  // true: handled (added or dropped)
     std::vector<std::pair<std::string, gguf::Value>> extra_kv;
 };

@@ -39,7 +39,9 @@ const float* f16_table() {
 // One row of n elements of `type` -> f32.
 void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
     switch (type) {
-        case GgmlType::kF32: std::memcpy(dst, src, size_t(n) * sizeof(float)); return;
+        case GgmlType::kF32:
+            std::memcpy(dst, src, size_t(n) * sizeof(float));
+            return;
         case GgmlType::kF16: {
             const float* tab = f16_table();
             const auto* s = static_cast<const uint16_t*>(src);
@@ -51,7 +53,9 @@ void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
             for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(s[i]);
             return;
         }
-        default: dequantize_row_ref(type, src, dst, n); return;
+        default:
+            dequantize_row_ref(type, src, dst, n);
+            return;
     }
 }
 
@@ -72,17 +76,19 @@ using AttentionRows = void (*)(const cpu_attention::Args&, int64_t, int64_t, flo
 // The attention kernel of the active kernel table's ISA (CERA_CPU_ISA / cpu::force_isa).
 AttentionRows attention_kernel() {
     switch (cpu::active_isa()) {
-        case cpu::Isa::kAvx512: return &cpu_attention::rows_avx512;
-        case cpu::Isa::kAvx2: return &cpu_attention::rows_avx2;
-        case cpu::Isa::kRef: break;
+        case cpu::Isa::kAvx512:
+            return &cpu_attention::rows_avx512;
+        case cpu::Isa::kAvx2:
+            return &cpu_attention::rows_avx2;
+        case cpu::Isa::kRef:
+            break;
     }
     return &cpu_attention::rows_ref;
 }
 
 class CpuBackend final : public Backend {
-   public:
-    explicit CpuBackend(int n_threads)
-        : pool_(n_threads > 0 ? n_threads : std::max(1, cpu_features().physical_cores)) {
+ public:
+    explicit CpuBackend(int n_threads) : pool_(n_threads > 0 ? n_threads : std::max(1, cpu_features().physical_cores)) {
         f16_table();
     }
     ~CpuBackend() override {
@@ -154,7 +160,8 @@ class CpuBackend final : public Backend {
         const int64_t n = x.ne[0], rows = x.rows();
         const float* wp = w ? w.as<const float>() : nullptr;
         for_rows(rows, n, [&](int64_t r0, int64_t r1) {
-            for (int64_t r = r0; r < r1; ++r) cpu::rms_norm(x.as<const float>() + r * n, wp, out.as<float>() + r * n, n, eps);
+            for (int64_t r = r0; r < r1; ++r)
+                cpu::rms_norm(x.as<const float>() + r * n, wp, out.as<float>() + r * n, n, eps);
         });
     }
 
@@ -396,7 +403,7 @@ class CpuBackend final : public Backend {
         }
     }
 
-   private:
+ private:
     static void store_row(const float* src, const Tensor& cache, int64_t row, int64_t width) {
         if (cache.type == GgmlType::kF16) {
             uint16_t* d = cache.as<uint16_t>() + row * width;

@@ -12,15 +12,15 @@
 namespace cera::cpu_attention {
 
 struct Args {
-    const float* q = nullptr;   // f32 [n_tokens, n_head * head_dim]
-    const void* k = nullptr;    // [n_ctx, n_head_kv * head_dim], F32 or F16
-    const void* v = nullptr;    // [n_ctx, n_head_kv * head_dim], F32 or F16
-    bool f16 = false;           // cache element type
+    const float* q = nullptr;      // f32 [n_tokens, n_head * head_dim]
+    const void* k = nullptr;       // [n_ctx, n_head_kv * head_dim], F32 or F16
+    const void* v = nullptr;       // [n_ctx, n_head_kv * head_dim], F32 or F16
+    bool f16 = false;              // cache element type
     const int32_t* pos = nullptr;  // [n_tokens]
-    float* out = nullptr;       // f32 [n_tokens, n_head * head_dim]
+    float* out = nullptr;          // f32 [n_tokens, n_head * head_dim]
     int n_head = 0, group = 1, head_dim = 0;
-    int64_t kv_width = 0;       // n_head_kv * head_dim
-    int window = 0;             // > 0: sliding window
+    int64_t kv_width = 0;  // n_head_kv * head_dim
+    int window = 0;        // > 0: sliding window
     float scale = 1.0f;
 };
 

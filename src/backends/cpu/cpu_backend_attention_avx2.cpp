@@ -36,7 +36,9 @@ inline float hsum(__m256 v) {
 }
 
 inline __m256 load8(const void* base, int64_t off, bool f16) {
-    if (f16) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + off)));
+    if (f16)
+        return _mm256_cvtph_ps(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + off)));
     return _mm256_loadu_ps(static_cast<const float*>(base) + off);
 }
 

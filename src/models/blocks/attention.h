@@ -7,8 +7,8 @@
 
 namespace cera {
 
-enum class QkvBias { kNone, kPresent };     // q, k and v projections carry biases
-enum class QkNorm { kNone, kPerHead };      // RMSNorm of each q and k head before RoPE
+enum class QkvBias { kNone, kPresent };  // q, k and v projections carry biases
+enum class QkNorm { kNone, kPerHead };   // RMSNorm of each q and k head before RoPE
 
 struct AttentionShape {
     int64_t n_embd = 0;

@@ -37,7 +37,7 @@ DenseConfig read_config(const HParams& hp) {
     hp.require(c.n_ff > 0, "feed_forward_length", c.n_ff, "must be positive");
     hp.require(c.n_head > 0, "attention.head_count", c.n_head, "must be positive");
     std::vector<int64_t> kv = hp.has("attention.head_count_kv") ? hp.per_layer("attention.head_count_kv", c.n_layer)
-                                                                  : std::vector<int64_t>(size_t(c.n_layer), c.n_head);
+                                                                : std::vector<int64_t>(size_t(c.n_layer), c.n_head);
     c.n_head_kv = kv[0];
     for (int64_t v : kv)
         hp.require(v == c.n_head_kv, "attention.head_count_kv", v, "differs between layers (unsupported here)");
@@ -58,8 +58,9 @@ DenseConfig read_config(const HParams& hp) {
                "must be even and at most the head size");
     if (hp.file().get_string(hp.key("rope.scaling.type"), "none") == "linear") {
         const float f = hp.f32("rope.scaling.factor");
-        if (!(f > 0)) throw_error(ErrorCode::kInvalidFile, "%s = %g: must be positive",
-                                  hp.key("rope.scaling.factor").c_str(), double(f));
+        if (!(f > 0))
+            throw_error(ErrorCode::kInvalidFile, "%s = %g: must be positive", hp.key("rope.scaling.factor").c_str(),
+                        double(f));
         c.rope_scale = 1.0f / f;
     }
     return c;
@@ -74,7 +75,7 @@ struct DenseLayer {
 };
 
 class DenseTransformer final : public Architecture {
-   public:
+ public:
     DenseTransformer(LoadContext& ctx, const DenseOptions& opts) : scales_(opts.scales) {
         cfg_ = read_config(ctx.hp);
         const DenseConfig& c = cfg_;
@@ -120,7 +121,7 @@ class DenseTransformer final : public Architecture {
         }
     }
 
-   private:
+ private:
     DenseConfig cfg_;
     DenseScales scales_;
     AttentionConfig attn_;
