@@ -170,27 +170,28 @@ Interpreter::Flow Interpreter::exec_for(const Stmt& s, std::string& out) {
         return exec_body(s.else_body, out);
     }
     const int64_t n = static_cast<int64_t>(items.size());
+    // The loop variable's keys and its cycle() are made once per loop; cycle reads the current index.
+    static const char* const kKeys[] = {"index", "index0", "revindex", "revindex0", "first", "last",
+                                        "length", "depth", "depth0", "previtem", "nextitem", "cycle"};
+    Value keys[12];
+    for (int k = 0; k < 12; ++k) keys[k] = Value(kKeys[k]);
+    auto current = std::make_shared<int64_t>(0);
+    Value cycle = Value::callable("loop.cycle", [current](Interpreter&, CallArgs& args, int) -> Value {
+        if (args.positional.empty()) eval_fail("loop.cycle() needs at least one value");
+        return args.positional[static_cast<size_t>(*current) % args.positional.size()];
+    });
     for (int64_t i = 0; i < n; ++i) {
         step();
         frame->vars.clear();
+        *current = i;
         Value loop = Value::dict();
-        Dict& d = loop.as_dict();
-        d.set(Value("index"), Value(i + 1));
-        d.set(Value("index0"), Value(i));
-        d.set(Value("revindex"), Value(n - i));
-        d.set(Value("revindex0"), Value(n - i - 1));
-        d.set(Value("first"), Value(i == 0));
-        d.set(Value("last"), Value(i == n - 1));
-        d.set(Value("length"), Value(n));
-        d.set(Value("depth"), Value(int64_t{1}));
-        d.set(Value("depth0"), Value(int64_t{0}));
-        d.set(Value("previtem"), i > 0 ? items[static_cast<size_t>(i - 1)] : Value::undefined());
-        d.set(Value("nextitem"), i + 1 < n ? items[static_cast<size_t>(i + 1)] : Value::undefined());
-        const int64_t index0 = i;
-        d.set(Value("cycle"), Value::callable("loop.cycle", [index0](Interpreter&, CallArgs& args, int) -> Value {
-                  if (args.positional.empty()) eval_fail("loop.cycle() needs at least one value");
-                  return args.positional[static_cast<size_t>(index0) % args.positional.size()];
-              }));
+        auto& d = loop.as_dict().items;
+        d.reserve(12);
+        const Value vals[12] = {Value(i + 1), Value(i), Value(n - i), Value(n - i - 1), Value(i == 0), Value(i == n - 1),
+                                Value(n), Value(int64_t{1}), Value(int64_t{0}),
+                                i > 0 ? items[static_cast<size_t>(i - 1)] : Value::undefined(),
+                                i + 1 < n ? items[static_cast<size_t>(i + 1)] : Value::undefined(), cycle};
+        for (int k = 0; k < 12; ++k) d.emplace_back(keys[k], vals[k]);
         frame->set("loop", loop);
         assign_targets(s.targets, items[static_cast<size_t>(i)]);
         Flow f = exec_body(s.body, out);

@@ -17,7 +17,7 @@ namespace cera::jinja {
 
 struct RenderLimits {
     size_t max_output_bytes = 16u << 20;  // rendered text
-    uint64_t max_steps = 20'000'000;      // statements, expressions and loop iterations evaluated
+    uint64_t max_steps = 5'000'000;       // statements, expressions and loop iterations evaluated
     size_t max_alloc_bytes = 256u << 20;  // total size of strings and lists built by operators and filters
     int max_call_depth = 64;              // nested macro calls
     size_t max_range = 1'000'000;         // elements of one range()
