@@ -132,6 +132,7 @@ def cases():
     c["version_0"] = (build(version=0)[0], "version 0")
     c["version_1"] = (build(version=1)[0], "version 1 (unsupported)")
     c["version_99"] = (build(version=99)[0], "version 99")
+    c["big_endian"] = (valid[:4] + struct.pack(">I", 3) + valid[8:], "version 3 stored big-endian")
     c["truncated_header"] = (valid[:12], "cut inside the tensor count")
     c["truncated_header_kv_count"] = (valid[:20], "cut inside the metadata count")
     for i, (start, end) in enumerate(marks["kv"]):

@@ -317,6 +317,8 @@ void File::parse(const uint8_t* data, size_t size) {
     version_ = in.read<uint32_t>("header version");
     if (version_ == 1)
         throw Error(ErrorCode::kUnsupported, path_ + ": GGUF version 1 is not supported (expected 2 or 3)");
+    if (version_ == 0x02000000u || version_ == 0x03000000u)
+        throw Error(ErrorCode::kUnsupported, path_ + ": big-endian GGUF files are not supported");
     if (version_ != 2 && version_ != 3) in.fail("unknown GGUF version %u (expected 2 or 3)", version_);
     uint64_t n_tensors = in.read<uint64_t>("header tensor count");
     uint64_t n_kv = in.read<uint64_t>("header metadata count");

@@ -74,6 +74,7 @@ TEST(GgufMalformed, MessagesNameWhatIsWrong) {
         {"bad_magic", "bad magic"},
         {"version_1", "version 1 is not supported"},
         {"version_99", "version 99"},
+        {"big_endian", "big-endian"},
         {"bool_value_2", "'test.flag': bool value 2"},
         {"duplicate_key", "duplicate metadata key 'test.block_count'"},
         {"duplicate_tensor_name", "duplicate tensor name 'a'"},
