@@ -63,6 +63,8 @@ struct AttnK {
 // Shared memory: q[head_dim], p[128], red[32], acc[128 * 2].
 template <class C>
 __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK a) {
+    pdl_trigger();
+    pdl_wait();
     extern __shared__ float sm[];
     const int hd = a.head_dim;
     float* q_s = sm;
@@ -151,6 +153,8 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK a) {
 
 // Merges the splits of one (token, head): out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M).
 __global__ void attn_combine_kernel(const float* __restrict__ partial, int n_head, int hd, int n_splits, float* out) {
+    pdl_trigger();
+    pdl_wait();
     const int64_t qrow = int64_t(blockIdx.y) * n_head + blockIdx.x;
     const float* part = partial + qrow * n_splits * (hd + 2);
     float M = -INFINITY;
@@ -191,11 +195,11 @@ void attention(const AttentionArgs& a, Stream stream) {
     const dim3 grid(unsigned(a.n_head), unsigned(k.n_splits), unsigned(a.n_tokens));
     const size_t smem = sizeof(float) * (a.head_dim + kThreads + 32 + 2 * kThreads);
     cudaStream_t s = as_stream(stream);
-    if (a.f16) attn_kernel<__half><<<grid, kThreads, smem, s>>>(k);
-    else attn_kernel<float><<<grid, kThreads, smem, s>>>(k);
+    if (a.f16) launch((attn_kernel<__half>), grid, kThreads, smem, s, k);
+    else launch((attn_kernel<float>), grid, kThreads, smem, s, k);
     CUDA_CHECK_LAUNCH();
     if (k.n_splits > 1) {
-        attn_combine_kernel<<<dim3(unsigned(a.n_head), unsigned(a.n_tokens)), 64, 0, s>>>(a.partial, a.n_head,
+        launch(attn_combine_kernel, dim3(unsigned(a.n_head), unsigned(a.n_tokens)), 64, 0, s, a.partial, a.n_head,
                                                                                          a.head_dim, k.n_splits, a.out);
         CUDA_CHECK_LAUNCH();
     }

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "backends/cuda/kernels.h"
 #include "core/check.h"
@@ -21,6 +22,30 @@ namespace cera::cuda {
 
 inline cudaStream_t as_stream(Stream s) { return static_cast<cudaStream_t>(s); }
 __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Programmatic dependent launch (PDL): a kernel launched with launch() may start while the one
+// before it in the stream is still running. Each such kernel calls pdl_trigger() (let the next one
+// launch) and must call pdl_wait() before it reads or writes any memory an earlier kernel touches;
+// only reads of weights (constant during a step) may come before it.
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+bool pdl_enabled();  // CERA_CUDA_PDL=0 turns it off
+
+template <class... KArgs, class... Args>
+void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -49,7 +49,7 @@ struct WeightInfo {
     int64_t rows = 0, k = 0;
 };
 
-enum Slot { kXq, kXq2, kW16, kX16, kAttn, kMoeG, kMoeU, kMoeY, kSlots };
+enum Slot { kW16, kX16, kAttn, kMoeG, kMoeU, kMoeY, kSlots };
 
 class CudaBackend final : public Backend {
    public:
@@ -233,7 +233,7 @@ class CudaBackend final : public Backend {
         if (n_tokens <= kGemvMaxTokens) {
             cuda::GemvArgs a;
             a.w = ref, a.rows = rows, a.n_y = int(n_tokens);
-            prepare_x(a, ref.type, x.as<const float>(), n_tokens, k, kXq);
+            prepare_x(a, x.as<const float>(), k);
             a.bias = b, a.y = out.as<float>(), a.ldy = rows;
             cuda::gemv(a, stream_);
             return;
@@ -307,18 +307,18 @@ class CudaBackend final : public Backend {
         float* g = static_cast<float*>(scratch(kMoeG, size_t(n_slots * n_ff) * sizeof(float)));
         float* u = static_cast<float*>(scratch(kMoeU, size_t(n_slots * n_ff) * sizeof(float)));
         float* y = static_cast<float*>(scratch(kMoeY, size_t(n_slots * n_embd) * sizeof(float)));
-        auto run = [&](const Tensor& w, int64_t rows, const float* in, int64_t n_in, int x_div, Slot slot, float* o) {
+        auto run = [&](const Tensor& w, int64_t rows, const float* in, int x_div, float* o) {
             cuda::GemvArgs a;
             a.w = weight_ref(w), a.rows = rows, a.n_y = int(n_slots), a.ids = ids.as<const int32_t>();
             a.x_div = x_div;
-            prepare_x(a, a.w.type, in, n_in, a.w.k, slot);
+            prepare_x(a, in, a.w.k);
             a.y = o, a.ldy = rows;
             cuda::gemv(a, stream_);
         };
-        run(gate_exps, n_ff, x.as<const float>(), n_tokens, k, kXq, g);
-        run(up_exps, n_ff, x.as<const float>(), n_tokens, k, kXq, u);
+        run(gate_exps, n_ff, x.as<const float>(), k, g);
+        run(up_exps, n_ff, x.as<const float>(), k, u);
         cuda::swiglu(g, u, n_slots * n_ff, g, stream_);
-        run(down_exps, n_embd, g, n_slots, 1, kXq2, y);
+        run(down_exps, n_embd, g, 1, y);
         cuda::moe_combine(y, weights.as<const float>(), n_tokens, k, n_embd, out.as<float>(), stream_);
     }
 
@@ -332,10 +332,11 @@ class CudaBackend final : public Backend {
         size_t bytes = 0;
     };
 
+    // Forgets the recorded graphs (their buffers moved); keys keep their counts, so a key seen
+    // before is recorded again at its next step.
     void drop_graphs() {
         for (auto& [key, g] : graphs_)
-            if (g.exec) cudaGraphExecDestroy(g.exec);
-        graphs_.clear();
+            if (g.exec) cudaGraphExecDestroy(g.exec), g.exec = nullptr;
     }
 
     // A grow-only scratch buffer. Growing frees the old one, so recorded graphs are dropped.
@@ -351,16 +352,8 @@ class CudaBackend final : public Backend {
         return s.ptr;
     }
 
-    // The activations a GEMV reads: f32 for float weights, 8-bit rows for block types.
-    void prepare_x(cuda::GemvArgs& a, GgmlType type, const float* x, int64_t n_rows, int64_t k, Slot slot) {
-        if (cuda::is_float_type(type)) {
-            a.x = x, a.ldx = k;
-            return;
-        }
-        void* xq = scratch(slot, size_t(n_rows * cuda::q8_row_bytes(k)));
-        cuda::quantize_q8(x, n_rows, k, k, xq, stream_);
-        a.xq = xq;
-    }
+    // The activations a GEMV reads (f32; block types quantize them inside the kernel).
+    static void prepare_x(cuda::GemvArgs& a, const float* x, int64_t k) { a.x = x, a.ldx = k; }
 
     // out[t] = W x[t] for a batch: cuBLAS on F16 (or F32) operands, f32 accumulation.
     void gemm(const cuda::WeightRef& w, int64_t rows, const float* x, int64_t n_tokens, float* out) {

@@ -18,6 +18,8 @@ __device__ __forceinline__ void store<__half>(__half* p, float v) { *p = __float
 template <GgmlType T, class O>
 __global__ void dequant_q_kernel(const uint8_t* __restrict__ q, const uint8_t* __restrict__ m, int64_t row0,
                                  int64_t nb, const int32_t* __restrict__ ids, int64_t n_rows, float scale, O* out) {
+    pdl_trigger();
+    pdl_wait();
     using Tr = QTraits<T>;
     constexpr QuantLayout L = quant_layout(T);
     const int64_t items_per_row = nb * Tr::kItems;
@@ -43,6 +45,8 @@ __global__ void dequant_q_kernel(const uint8_t* __restrict__ q, const uint8_t* _
 template <GgmlType T, class O>
 __global__ void dequant_f_kernel(const uint8_t* __restrict__ image, int64_t row0, int64_t k,
                                  const int32_t* __restrict__ ids, int64_t n_rows, float scale, O* out) {
+    pdl_trigger();
+    pdl_wait();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n_rows * k) return;
     const int64_t t = i / k, c = i % k;
@@ -51,12 +55,14 @@ __global__ void dequant_f_kernel(const uint8_t* __restrict__ image, int64_t row0
 }
 
 __global__ void f32_to_f16_kernel(const float* __restrict__ x, int64_t n, __half* __restrict__ out) {
+    pdl_trigger();
+    pdl_wait();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) out[i] = __float2half_rn(x[i]);
 }
 
 template <class O>
-void launch(const WeightRef& w, const int32_t* ids, int64_t n_rows, float scale, O* out, cudaStream_t s) {
+void launch_dequant(const WeightRef& w, const int32_t* ids, int64_t n_rows, float scale, O* out, cudaStream_t s) {
     const QuantLayout L = quant_layout(w.type);
     if (L.block_elems > 0) {
         const int64_t nb = w.k / L.block_elems;
@@ -67,7 +73,7 @@ void launch(const WeightRef& w, const int32_t* ids, int64_t n_rows, float scale,
         switch (w.type) {
 #define CERA_Q(T)                                                                                         \
     case GgmlType::T:                                                                                     \
-        dequant_q_kernel<GgmlType::T, O><<<grid, 128, 0, s>>>(q, m, w.row0, nb, ids, n_rows, scale, out); \
+        launch((dequant_q_kernel<GgmlType::T, O>), grid, 128, 0, s, q, m, w.row0, nb, ids, n_rows, scale, out); \
         break;
             CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K)
             CERA_Q(kQ6_K)
@@ -79,13 +85,13 @@ void launch(const WeightRef& w, const int32_t* ids, int64_t n_rows, float scale,
         const unsigned grid = unsigned(ceil_div(n_rows * w.k, 256));
         switch (w.type) {
             case GgmlType::kF32:
-                dequant_f_kernel<GgmlType::kF32, O><<<grid, 256, 0, s>>>(img, w.row0, w.k, ids, n_rows, scale, out);
+                launch((dequant_f_kernel<GgmlType::kF32, O>), grid, 256, 0, s, img, w.row0, w.k, ids, n_rows, scale, out);
                 break;
             case GgmlType::kF16:
-                dequant_f_kernel<GgmlType::kF16, O><<<grid, 256, 0, s>>>(img, w.row0, w.k, ids, n_rows, scale, out);
+                launch((dequant_f_kernel<GgmlType::kF16, O>), grid, 256, 0, s, img, w.row0, w.k, ids, n_rows, scale, out);
                 break;
             case GgmlType::kBF16:
-                dequant_f_kernel<GgmlType::kBF16, O><<<grid, 256, 0, s>>>(img, w.row0, w.k, ids, n_rows, scale, out);
+                launch((dequant_f_kernel<GgmlType::kBF16, O>), grid, 256, 0, s, img, w.row0, w.k, ids, n_rows, scale, out);
                 break;
             default: CERA_CHECK(false, "dequantize_rows: unsupported type %s", type_name(w.type));
         }
@@ -98,13 +104,13 @@ void launch(const WeightRef& w, const int32_t* ids, int64_t n_rows, float scale,
 void dequantize_rows(const WeightRef& w, const int32_t* row_ids, int64_t n_rows, float scale, void* out, bool out_f16,
                      Stream stream) {
     if (n_rows == 0) return;
-    if (out_f16) launch(w, row_ids, n_rows, scale, static_cast<__half*>(out), as_stream(stream));
-    else launch(w, row_ids, n_rows, scale, static_cast<float*>(out), as_stream(stream));
+    if (out_f16) launch_dequant(w, row_ids, n_rows, scale, static_cast<__half*>(out), as_stream(stream));
+    else launch_dequant(w, row_ids, n_rows, scale, static_cast<float*>(out), as_stream(stream));
 }
 
 void convert_f32_to_f16(const float* x, int64_t n, void* out, Stream stream) {
     if (n == 0) return;
-    f32_to_f16_kernel<<<unsigned(ceil_div(n, 256)), 256, 0, as_stream(stream)>>>(x, n, static_cast<__half*>(out));
+    launch(f32_to_f16_kernel, unsigned(ceil_div(n, 256)), 256, 0, as_stream(stream), x, n, static_cast<__half*>(out));
     CUDA_CHECK_LAUNCH();
 }
 

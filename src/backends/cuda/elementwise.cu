@@ -13,6 +13,8 @@ namespace {
 constexpr int kMaxConv = 8;  // largest supported short-conv kernel length L
 
 __global__ void swiglu_kernel(const float* __restrict__ g, const float* __restrict__ u, int64_t n, float* out) {
+    pdl_trigger();
+    pdl_wait();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) {
         const float x = g[i];
@@ -21,16 +23,22 @@ __global__ void swiglu_kernel(const float* __restrict__ g, const float* __restri
 }
 
 __global__ void add_kernel(const float* a, const float* b, float scale, int64_t n, float* out) {
+    pdl_trigger();
+    pdl_wait();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) out[i] = a[i] + scale * b[i];
 }
 
 __global__ void scale_kernel(float* x, float s, int64_t n) {
+    pdl_trigger();
+    pdl_wait();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= s;
 }
 
 __global__ void add_bias_kernel(float* y, const float* __restrict__ bias, int64_t n_rows, int64_t n) {
+    pdl_trigger();
+    pdl_wait();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n_rows * n) y[i] += bias[i % n];
 }
@@ -38,6 +46,8 @@ __global__ void add_bias_kernel(float* y, const float* __restrict__ bias, int64_
 // One thread per channel, tokens in order; the window of the last L-1 inputs stays in registers.
 __global__ void short_conv_seq_kernel(const float* __restrict__ bcx, const float* __restrict__ w, int L, float* state,
                                       int64_t n_tokens, int64_t n, float* out) {
+    pdl_trigger();
+    pdl_wait();
     const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (c >= n) return;
     float win[kMaxConv], wc[kMaxConv];
@@ -77,6 +87,8 @@ __device__ __forceinline__ float conv_pad(const float* bcx, const float* state, 
 
 __global__ void short_conv_par_kernel(const float* __restrict__ bcx, const float* __restrict__ w, int L,
                                       const float* __restrict__ state, int64_t n_tokens, int64_t n, float* out) {
+    pdl_trigger();
+    pdl_wait();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n_tokens * n) return;
     const int64_t t = i / n, c = i % n;
@@ -88,6 +100,8 @@ __global__ void short_conv_par_kernel(const float* __restrict__ bcx, const float
 // Run after short_conv_par_kernel: the new state is the last L-1 pad rows.
 __global__ void short_conv_state_kernel(const float* __restrict__ bcx, int L, float* state, int64_t n_tokens,
                                         int64_t n) {
+    pdl_trigger();
+    pdl_wait();
     const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (c >= n) return;
     float nw[kMaxConv];
@@ -103,6 +117,8 @@ __global__ void short_conv_state_kernel(const float* __restrict__ bcx, int L, fl
 __global__ void moe_route_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int64_t n_tokens,
                                  int n_expert, int k, int sigmoid, int normalize, float weights_scale, int32_t* ids,
                                  float* weights) {
+    pdl_trigger();
+    pdl_wait();
     extern __shared__ float sm[];  // per warp: prob[n_expert], sel[n_expert]
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t t = int64_t(blockIdx.x) * (blockDim.x >> 5) + warp;
@@ -153,6 +169,8 @@ __global__ void moe_route_kernel(const float* __restrict__ logits, const float* 
 
 __global__ void moe_combine_kernel(const float* __restrict__ y, const float* __restrict__ w, int64_t n_tokens, int k,
                                    int64_t n, float* out) {
+    pdl_trigger();
+    pdl_wait();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n_tokens * n) return;
     const int64_t t = i / n, c = i % n;
@@ -162,6 +180,8 @@ __global__ void moe_combine_kernel(const float* __restrict__ y, const float* __r
 }
 
 __global__ void argmax_kernel(const float* __restrict__ x, int64_t n, int32_t* out) {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float sv[32];
     __shared__ int si[32];
     const float* r = x + int64_t(blockIdx.x) * n;
@@ -197,25 +217,25 @@ inline unsigned blocks(int64_t n, int threads) { return unsigned(ceil_div(n, thr
 
 void swiglu(const float* gate, const float* up, int64_t n, float* out, Stream stream) {
     if (n == 0) return;
-    swiglu_kernel<<<blocks(n, 256), 256, 0, as_stream(stream)>>>(gate, up, n, out);
+    launch(swiglu_kernel, blocks(n, 256), 256, 0, as_stream(stream), gate, up, n, out);
     CUDA_CHECK_LAUNCH();
 }
 
 void add(const float* a, const float* b, float scale, int64_t n, float* out, Stream stream) {
     if (n == 0) return;
-    add_kernel<<<blocks(n, 256), 256, 0, as_stream(stream)>>>(a, b, scale, n, out);
+    launch(add_kernel, blocks(n, 256), 256, 0, as_stream(stream), a, b, scale, n, out);
     CUDA_CHECK_LAUNCH();
 }
 
 void scale(float* x, float s, int64_t n, Stream stream) {
     if (n == 0) return;
-    scale_kernel<<<blocks(n, 256), 256, 0, as_stream(stream)>>>(x, s, n);
+    launch(scale_kernel, blocks(n, 256), 256, 0, as_stream(stream), x, s, n);
     CUDA_CHECK_LAUNCH();
 }
 
 void add_bias(float* y, const float* bias, int64_t n_rows, int64_t n, Stream stream) {
     if (n_rows * n == 0) return;
-    add_bias_kernel<<<blocks(n_rows * n, 256), 256, 0, as_stream(stream)>>>(y, bias, n_rows, n);
+    launch(add_bias_kernel, blocks(n_rows * n, 256), 256, 0, as_stream(stream), y, bias, n_rows, n);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -225,13 +245,13 @@ void short_conv(const float* bcx, const float* w, int L, float* state, int64_t n
     if (n_tokens == 0) return;
     cudaStream_t s = as_stream(stream);
     if (n_tokens <= 16) {
-        short_conv_seq_kernel<<<blocks(n_embd, 128), 128, 0, s>>>(bcx, w, L, state, n_tokens, n_embd, out);
+        launch(short_conv_seq_kernel, blocks(n_embd, 128), 128, 0, s, bcx, w, L, state, n_tokens, n_embd, out);
         CUDA_CHECK_LAUNCH();
         return;
     }
-    short_conv_par_kernel<<<blocks(n_tokens * n_embd, 256), 256, 0, s>>>(bcx, w, L, state, n_tokens, n_embd, out);
+    launch(short_conv_par_kernel, blocks(n_tokens * n_embd, 256), 256, 0, s, bcx, w, L, state, n_tokens, n_embd, out);
     CUDA_CHECK_LAUNCH();
-    short_conv_state_kernel<<<blocks(n_embd, 128), 128, 0, s>>>(bcx, L, state, n_tokens, n_embd);
+    launch(short_conv_state_kernel, blocks(n_embd, 128), 128, 0, s, bcx, L, state, n_tokens, n_embd);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -241,20 +261,20 @@ void moe_route(const float* logits, const float* bias, int64_t n_tokens, int n_e
     if (n_tokens == 0) return;
     const int warps = 4;
     const size_t smem = sizeof(float) * 2 * n_expert * warps;
-    moe_route_kernel<<<blocks(n_tokens, warps), 32 * warps, smem, as_stream(stream)>>>(
+    launch(moe_route_kernel, blocks(n_tokens, warps), 32 * warps, smem, as_stream(stream), 
         logits, bias, n_tokens, n_expert, k, sigmoid, normalize, weights_scale, ids, weights);
     CUDA_CHECK_LAUNCH();
 }
 
 void moe_combine(const float* y, const float* weights, int64_t n_tokens, int k, int64_t n, float* out, Stream stream) {
     if (n_tokens * n == 0) return;
-    moe_combine_kernel<<<blocks(n_tokens * n, 256), 256, 0, as_stream(stream)>>>(y, weights, n_tokens, k, n, out);
+    launch(moe_combine_kernel, blocks(n_tokens * n, 256), 256, 0, as_stream(stream), y, weights, n_tokens, k, n, out);
     CUDA_CHECK_LAUNCH();
 }
 
 void argmax(const float* x, int64_t rows, int64_t n, int32_t* out, Stream stream) {
     if (rows == 0) return;
-    argmax_kernel<<<unsigned(rows), 1024, 0, as_stream(stream)>>>(x, n, out);
+    launch(argmax_kernel, unsigned(rows), 1024, 0, as_stream(stream), x, n, out);
     CUDA_CHECK_LAUNCH();
 }
 

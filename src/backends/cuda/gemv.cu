@@ -24,8 +24,6 @@ struct GemvK {
     int64_t k;
     const int32_t* ids;
     int x_div;
-    const uint8_t* xq;
-    int64_t ldxq;
     const float* x;
     int64_t ldx;
     const float* bias;
@@ -50,39 +48,75 @@ __device__ __forceinline__ void finish(const GemvK& a, float (&acc)[R], int64_t 
     }
 }
 
+// Quantizes the x row into shared memory: xq[k] int8 then k/32 float scales (d = max|x| / 127).
+__device__ __forceinline__ void quantize_row_smem(const float* __restrict__ x, int64_t k, int8_t* xq, float* xd) {
+    const int lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
+    for (int64_t g = threadIdx.x >> 5; g < k / 32; g += n_warps) {
+        const float v = x[g * 32 + lane];
+        const float amax = warp_max(fabsf(v));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        xq[g * 32 + lane] = int8_t(__float2int_rn(v * id));
+        if (lane == 0) xd[g] = d;
+    }
+}
+
+// Block: 4 warps, R rows each. The first items' weights are loaded before waiting for the previous
+// kernel (PDL), so the weight stream starts while that kernel drains.
 template <GgmlType T, int R>
 __global__ void __launch_bounds__(128) gemv_q_kernel(const GemvK a) {
     using Tr = QTraits<T>;
     constexpr QuantLayout L = quant_layout(T);
+    extern __shared__ __align__(16) uint8_t smem[];
+    pdl_trigger();
     const int lane = threadIdx.x & 31;
     const int64_t r0 = (int64_t(blockIdx.x) * 4 + (threadIdx.x >> 5)) * R;
-    if (r0 >= a.rows) return;
+    const bool live = r0 < a.rows;
     const int yi = blockIdx.y;
-    const int64_t mat = a.ids ? a.ids[yi] : 0;
-    const uint8_t* xrow = a.xq + int64_t(yi / a.x_div) * a.ldxq;
-    const int8_t* xq = reinterpret_cast<const int8_t*>(xrow);
-    const float* xd = reinterpret_cast<const float*>(xrow + a.k);
+    const int64_t n_items = a.nb * Tr::kItems;
     const uint8_t* qrow[R];
     const uint8_t* mrow[R];
+    typename Tr::W w[2][R];
+    int64_t it[2] = {lane, lane + 32 < n_items ? lane + 32 : lane};
+    const bool ids_first = a.ids != nullptr;
+    auto set_rows = [&](int64_t mat) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const int64_t gr = a.row0 + mat * a.rows + min(r0 + r, a.rows - 1);
-        qrow[r] = a.q + gr * a.nb * L.q_bytes;
-        mrow[r] = a.m + gr * a.nb * L.m_bytes;
-    }
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-    const int64_t n_items = a.nb * Tr::kItems;
-    for (int64_t i0 = lane; i0 < n_items; i0 += 64) {
-        const bool ok1 = i0 + 32 < n_items;
-        const int64_t it[2] = {i0, ok1 ? i0 + 32 : i0};
-        typename Tr::W w[2][R];
+        for (int r = 0; r < R; ++r) {
+            const int64_t gr = a.row0 + mat * a.rows + min(r0 + r, a.rows - 1);
+            qrow[r] = a.q + gr * a.nb * L.q_bytes;
+            mrow[r] = a.m + gr * a.nb * L.m_bytes;
+        }
+    };
+    auto load_w = [&]() {
 #pragma unroll
         for (int u = 0; u < 2; ++u)
 #pragma unroll
             for (int r = 0; r < R; ++r)
                 w[u][r] = Tr::load_w(qrow[r], mrow[r], it[u] / Tr::kItems, int(it[u] % Tr::kItems));
+    };
+    if (!ids_first && live && lane < n_items) {  // expert ids come from an earlier kernel: wait first
+        set_rows(0);
+        load_w();
+    }
+    pdl_wait();
+    int8_t* xq = reinterpret_cast<int8_t*>(smem);
+    float* xd = reinterpret_cast<float*>(smem + (a.k + 15) / 16 * 16);
+    quantize_row_smem(a.x + int64_t(yi / a.x_div) * a.ldx, a.k, xq, xd);
+    __syncthreads();
+    if (!live) return;
+    if (ids_first) {
+        set_rows(a.ids[yi]);
+        if (lane < n_items) load_w();
+    }
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    for (int64_t i0 = lane; i0 < n_items; i0 += 64) {
+        const bool ok1 = i0 + 32 < n_items;
+        if (i0 != lane) {
+            it[0] = i0, it[1] = ok1 ? i0 + 32 : i0;
+            load_w();
+        }
         XQ x[2];
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
@@ -104,31 +138,51 @@ __global__ void __launch_bounds__(128) gemv_q_kernel(const GemvK a) {
 template <GgmlType T, int R>
 __global__ void __launch_bounds__(128) gemv_f_kernel(const GemvK a) {
     constexpr int es = float_type_bytes(T);
+    pdl_trigger();
     const int lane = threadIdx.x & 31;
     const int64_t r0 = (int64_t(blockIdx.x) * 4 + (threadIdx.x >> 5)) * R;
-    if (r0 >= a.rows) return;
+    if (r0 >= a.rows) {
+        pdl_wait();
+        return;
+    }
     const int yi = blockIdx.y;
-    const int64_t mat = a.ids ? a.ids[yi] : 0;
-    const float* x = a.x + int64_t(yi / a.x_div) * a.ldx;
     const uint8_t* row[R];
+    float w[2][R][8];
+    int64_t it[2] = {lane, lane + 32 < a.nb ? lane + 32 : lane};
+    auto set_rows = [&](int64_t mat) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) row[r] = a.q + (a.row0 + mat * a.rows + min(r0 + r, a.rows - 1)) * a.k * es;
+        for (int r = 0; r < R; ++r) row[r] = a.q + (a.row0 + mat * a.rows + min(r0 + r, a.rows - 1)) * a.k * es;
+    };
+    auto load_w = [&]() {
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+#pragma unroll
+            for (int r = 0; r < R; ++r) FTraits<T>::load(row[r], it[u], w[u][r]);
+    };
+    if (!a.ids) {
+        set_rows(0);
+        if (lane < a.nb) load_w();
+    }
+    pdl_wait();
+    if (a.ids) {
+        set_rows(a.ids[yi]);
+        if (lane < a.nb) load_w();
+    }
+    const float* x = a.x + int64_t(yi / a.x_div) * a.ldx;
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.0f;
     for (int64_t i0 = lane; i0 < a.nb; i0 += 64) {
         const bool ok1 = i0 + 32 < a.nb;
-        const int64_t it[2] = {i0, ok1 ? i0 + 32 : i0};
-        float w[2][R][8];
-#pragma unroll
-        for (int u = 0; u < 2; ++u)
-#pragma unroll
-            for (int r = 0; r < R; ++r) FTraits<T>::load(row[r], it[u], w[u][r]);
+        if (i0 != lane) {
+            it[0] = i0, it[1] = ok1 ? i0 + 32 : i0;
+            load_w();
+        }
         float4 xv[2][2];
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
-            xv[u][0] = __ldg(reinterpret_cast<const float4*>(x + 8 * it[u]));
-            xv[u][1] = __ldg(reinterpret_cast<const float4*>(x + 8 * it[u]) + 1);
+            xv[u][0] = *reinterpret_cast<const float4*>(x + 8 * it[u]);
+            xv[u][1] = *(reinterpret_cast<const float4*>(x + 8 * it[u]) + 1);
         }
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
@@ -155,6 +209,8 @@ __global__ void __launch_bounds__(128) gemv_f_kernel(const GemvK a) {
 template <GgmlType T>
 __global__ void __launch_bounds__(128) gemv_f_scalar_kernel(const GemvK a) {
     constexpr int es = float_type_bytes(T);
+    pdl_trigger();
+    pdl_wait();
     const int lane = threadIdx.x & 31;
     const int64_t r0 = int64_t(blockIdx.x) * 4 + (threadIdx.x >> 5);
     if (r0 >= a.rows) return;
@@ -167,35 +223,23 @@ __global__ void __launch_bounds__(128) gemv_f_scalar_kernel(const GemvK a) {
     finish<1>(a, acc, r0, yi);
 }
 
-// One warp per 32-element group: d = max|x| / 127, q = round(x / d).
-__global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t n_rows, int64_t k, int64_t ldx,
-                                   uint8_t* __restrict__ xq) {
-    const int64_t groups_per_row = k / 32;
-    const int64_t g = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (g >= n_rows * groups_per_row) return;
-    const int lane = threadIdx.x & 31;
-    const int64_t row = g / groups_per_row, c = g % groups_per_row;
-    const float v = x[row * ldx + c * 32 + lane];
-    const float amax = warp_max(fabsf(v));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    uint8_t* out = xq + row * q8_row_bytes(k);
-    out[c * 32 + lane] = uint8_t(int8_t(__float2int_rn(v * id)));
-    if (lane == 0) reinterpret_cast<float*>(out + k)[c] = d;
-}
-
 template <int R>
 void launch_r(GgmlType type, const GemvK& k, dim3 grid, cudaStream_t s, bool vec) {
+    const size_t smem = size_t((k.k + 15) / 16 * 16 + k.k / 8);
     switch (type) {
 #define CERA_Q(T)                                                            \
-    case GgmlType::T: gemv_q_kernel<GgmlType::T, R><<<grid, 128, 0, s>>>(k); \
+    case GgmlType::T:                                                                                  \
+        if (smem > 48 * 1024)                                                                          \
+            CUDA_CHECK(cudaFuncSetAttribute(gemv_q_kernel<GgmlType::T, R>,                             \
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));  \
+        launch(gemv_q_kernel<GgmlType::T, R>, grid, 128, smem, s, k);                                  \
         break;
         CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
 #undef CERA_Q
 #define CERA_F(T)                                                                    \
     case GgmlType::T:                                                                \
-        if (vec) gemv_f_kernel<GgmlType::T, R><<<grid, 128, 0, s>>>(k);              \
-        else gemv_f_scalar_kernel<GgmlType::T><<<grid, 128, 0, s>>>(k);              \
+        if (vec) launch(gemv_f_kernel<GgmlType::T, R>, grid, 128, 0, s, k);          \
+        else launch(gemv_f_scalar_kernel<GgmlType::T>, grid, 128, 0, s, k);          \
         break;
         CERA_F(kF32) CERA_F(kF16) CERA_F(kBF16)
 #undef CERA_F
@@ -206,13 +250,12 @@ void launch_r(GgmlType type, const GemvK& k, dim3 grid, cudaStream_t s, bool vec
 
 }  // namespace
 
-void quantize_q8(const float* x, int64_t n_rows, int64_t k, int64_t ldx, void* xq, Stream stream) {
-    CERA_CHECK(k % 32 == 0, "quantize_q8: k = %lld is not a multiple of 32", (long long)k);
-    const int64_t groups = n_rows * (k / 32);
-    if (groups == 0) return;
-    quantize_q8_kernel<<<unsigned(ceil_div(groups, 8)), 256, 0, as_stream(stream)>>>(x, n_rows, k, ldx,
-                                                                                   static_cast<uint8_t*>(xq));
-    CUDA_CHECK_LAUNCH();
+bool pdl_enabled() {
+    static const bool on = [] {
+        const char* e = std::getenv("CERA_CUDA_PDL");
+        return !(e && e[0] == '0');
+    }();
+    return on;
 }
 
 void gemv(const GemvArgs& a, Stream stream) {
@@ -224,7 +267,7 @@ void gemv(const GemvArgs& a, Stream stream) {
     const bool quant = L.block_elems > 0;
     bool vec = true;
     if (quant) {
-        CERA_CHECK(a.xq != nullptr && k % L.block_elems == 0);
+        CERA_CHECK(a.x != nullptr && k % L.block_elems == 0);
         p.nb = k / L.block_elems;
         p.q = static_cast<const uint8_t*>(a.w.image);
         p.m = p.q + a.w.image_rows * p.nb * L.q_bytes;
@@ -236,7 +279,6 @@ void gemv(const GemvArgs& a, Stream stream) {
     }
     p.row0 = a.w.row0, p.rows = a.rows, p.k = k;
     p.ids = a.ids, p.x_div = a.x_div;
-    p.xq = static_cast<const uint8_t*>(a.xq), p.ldxq = q8_row_bytes(k);
     p.x = a.x, p.ldx = a.ldx;
     p.bias = a.bias, p.y = a.y, p.ldy = a.ldy, p.accumulate = a.accumulate;
     static const int forced = [] {

@@ -11,6 +11,8 @@ namespace {
 
 __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ w, float eps, int64_t n,
                                 float* out) {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float red[32];
     const float* xr = x + int64_t(blockIdx.x) * n;
     float* yr = out + int64_t(blockIdx.x) * n;
@@ -23,6 +25,8 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __rest
 
 __global__ void norm_rope_kernel(float* x, int64_t n_rows, int n_head, int head_dim, const float* __restrict__ norm_w,
                                  float eps, const int32_t* __restrict__ pos, RopeArgs rope) {
+    pdl_trigger();
+    pdl_wait();
     const int64_t row = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= n_rows) return;
     const int lane = threadIdx.x & 31;
@@ -56,6 +60,8 @@ template <bool kF16>
 __global__ void kv_store_kernel(const float* __restrict__ k, const float* __restrict__ v, int64_t n_tokens,
                                 int64_t width, const int32_t* __restrict__ pos, void* k_cache, void* v_cache,
                                 int64_t n_ctx) {
+    pdl_trigger();
+    pdl_wait();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n_tokens * width) return;
     const int64_t t = i / width, c = i % width;
@@ -76,7 +82,7 @@ __global__ void kv_store_kernel(const float* __restrict__ k, const float* __rest
 void rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* out, Stream stream) {
     if (rows == 0) return;
     const int threads = n >= 2048 ? 512 : n >= 512 ? 256 : 128;
-    rms_norm_kernel<<<unsigned(rows), threads, 0, as_stream(stream)>>>(x, w, eps, n, out);
+    launch(rms_norm_kernel, unsigned(rows), threads, 0, as_stream(stream), x, w, eps, n, out);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -85,7 +91,7 @@ void norm_rope(float* x, int64_t n_tokens, int n_head, int head_dim, const float
     const int64_t rows = n_tokens * n_head;
     if (rows == 0 || (!norm_w && rope.mode == 0)) return;
     CERA_CHECK(rope.mode == 0 || (rope.n_rot % 2 == 0 && rope.n_rot <= head_dim));
-    norm_rope_kernel<<<unsigned(ceil_div(rows, 4)), 128, 0, as_stream(stream)>>>(x, rows, n_head, head_dim, norm_w,
+    launch(norm_rope_kernel, unsigned(ceil_div(rows, 4)), 128, 0, as_stream(stream), x, rows, n_head, head_dim, norm_w,
                                                                                 eps, pos, rope);
     CUDA_CHECK_LAUNCH();
 }
@@ -95,8 +101,8 @@ void kv_store(const float* k, const float* v, int64_t n_tokens, int64_t width, c
     const int64_t n = n_tokens * width;
     if (n == 0) return;
     const unsigned grid = unsigned(ceil_div(n, 256));
-    if (f16) kv_store_kernel<true><<<grid, 256, 0, as_stream(stream)>>>(k, v, n_tokens, width, pos, k_cache, v_cache, n_ctx);
-    else kv_store_kernel<false><<<grid, 256, 0, as_stream(stream)>>>(k, v, n_tokens, width, pos, k_cache, v_cache, n_ctx);
+    if (f16) launch((kv_store_kernel<true>), grid, 256, 0, as_stream(stream), k, v, n_tokens, width, pos, k_cache, v_cache, n_ctx);
+    else launch((kv_store_kernel<false>), grid, 256, 0, as_stream(stream), k, v, n_tokens, width, pos, k_cache, v_cache, n_ctx);
     CUDA_CHECK_LAUNCH();
 }
 
