@@ -5,8 +5,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "cera/engine.h"
@@ -168,6 +170,48 @@ TEST(CeraRun, BadOptionsFail) {
     const Result pen = run("-m " + quote(kModel) + " -p hi --repeat-penalty 0");
     EXPECT_EQ(pen.code, 1);
     EXPECT_EQ(lines(pen.err), 1u) << pen.err;
+}
+
+}  // namespace
+
+namespace {
+
+// `cera bench --json` on the bundled model: the tests it ran, consistent statistics, and the
+// roofline arithmetic from a given bandwidth.
+TEST(CeraBench, JsonReportIsConsistent) {
+    const std::string cmd = quote(cera_bin()) + " bench -m " + quote(kModel) +
+                            " -p 32 -n 8 -r 3 --threads 1 --bandwidth 20 --json 2>/dev/null";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    const int status = ::pclose(p);
+    ASSERT_EQ(WEXITSTATUS(status), 0) << out;
+    const auto j = nlohmann::json::parse(out);
+    ASSERT_EQ(j["tests"].size(), 2u);
+    EXPECT_EQ(j["tests"][0]["name"], "pp32");
+    EXPECT_EQ(j["tests"][1]["name"], "tg8");
+    for (const auto& t : j["tests"]) {
+        EXPECT_EQ(t["samples"].size(), 3u);
+        const double med = t["tokens_per_second"]["median"], p10 = t["tokens_per_second"]["p10"],
+                     p90 = t["tokens_per_second"]["p90"];
+        EXPECT_GT(p10, 0.0);
+        EXPECT_LE(p10, med);
+        EXPECT_LE(med, p90);
+        std::vector<double> s = t["samples"].get<std::vector<double>>();
+        std::sort(s.begin(), s.end());
+        EXPECT_DOUBLE_EQ(med, s[1]);
+    }
+    const double bytes = j["decode_bytes_per_token"];
+    auto engine = cera::Engine::load(kModel, {.device = "cpu", .threads = 1});
+    EXPECT_EQ(bytes, double(engine->info().decode_bytes_per_token));
+    EXPECT_FALSE(j["bandwidth_measured"].get<bool>());
+    EXPECT_NEAR(j["decode_roofline_tokens_per_second"].get<double>(), 20e9 / bytes, 1e-6 * 20e9 / bytes);
+    EXPECT_NEAR(j["decode_roofline_fraction"].get<double>(),
+                j["tests"][1]["tokens_per_second"]["median"].get<double>() / (20e9 / bytes), 1e-9);
+    EXPECT_GT(j["peak_rss_bytes"].get<double>(), bytes);
 }
 
 }  // namespace

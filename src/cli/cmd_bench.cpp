@@ -1,0 +1,252 @@
+// `cera bench -m FILE [-p 512] [-n 128] [-r 5]`: prefill (pp) and decode (tg) speed in the
+// manner of llama-bench. Random token ids; one warm-up run of each test first; median,
+// p10 and p90 of tokens/s over the repetitions; peak RSS; and the decode roofline:
+// (decode tokens/s x weight bytes read per token) / read bandwidth, the bandwidth measured
+// once with a multi-threaded sum over a large array (or given with --bandwidth).
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cera/engine.h"
+#include "cera/error.h"
+#include "cera/session.h"
+#include "cli/command.h"
+#include "core/cpu_features.h"
+
+namespace cera::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Stats {
+    double median = 0, p10 = 0, p90 = 0;
+};
+
+double percentile(std::vector<double> v, double q) {  // linear interpolation between ranks
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    const double pos = q * double(v.size() - 1);
+    const size_t i = size_t(pos);
+    const double frac = pos - double(i);
+    return i + 1 < v.size() ? v[i] * (1 - frac) + v[i + 1] * frac : v[i];
+}
+
+Stats stats(const std::vector<double>& v) { return {percentile(v, 0.5), percentile(v, 0.1), percentile(v, 0.9)}; }
+
+// Read bandwidth in bytes/s: `threads` threads each sum their share of a `bytes` array of
+// u64; the best of `reps` passes (the array is written first, so every page is resident).
+double measure_read_bandwidth(size_t bytes, int threads, int reps = 5) {
+    const size_t n = bytes / sizeof(uint64_t);
+    std::unique_ptr<uint64_t[]> a(new uint64_t[n]);
+    auto for_each_share = [&](auto&& fn) {
+        std::vector<std::thread> ts;
+        for (int t = 0; t < threads; ++t)
+            ts.emplace_back([&, t] { fn(n * size_t(t) / size_t(threads), n * size_t(t + 1) / size_t(threads)); });
+        for (auto& t : ts) t.join();
+    };
+    for_each_share([&](size_t b, size_t e) {
+        for (size_t i = b; i < e; ++i) a[i] = i;
+    });
+    std::vector<uint64_t> sums(static_cast<size_t>(threads));
+    const uint64_t* p = a.get();
+    double best = 0.0;
+    for (int r = 0; r < reps; ++r) {
+        const auto t0 = Clock::now();
+        std::vector<std::thread> ts;
+        for (int t = 0; t < threads; ++t)
+            ts.emplace_back([&, t] {
+                const size_t b = n * size_t(t) / size_t(threads), e = n * size_t(t + 1) / size_t(threads);
+                uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+                size_t i = b;
+                for (; i + 4 <= e; i += 4) s0 += p[i], s1 += p[i + 1], s2 += p[i + 2], s3 += p[i + 3];
+                for (; i < e; ++i) s0 += p[i];
+                sums[size_t(t)] = s0 + s1 + s2 + s3;
+            });
+        for (auto& t : ts) t.join();
+        const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+        best = std::max(best, double(n * sizeof(uint64_t)) / s);
+    }
+    uint64_t total = 0;
+    for (uint64_t s : sums) total += s;
+    const uint64_t expect = n > 0 ? uint64_t(n) * uint64_t(n - 1) / 2 : 0;
+    if (total != expect) std::fprintf(stderr, "cera bench: warning: bandwidth checksum mismatch\n");
+    return best;
+}
+
+double peak_rss_bytes() {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return double(u.ru_maxrss) * 1024.0;  // Linux reports KiB
+}
+
+struct TestResult {
+    std::string name;
+    int n_prompt = 0, n_gen = 0;
+    std::vector<double> samples;  // tokens/s per repetition
+};
+
+int run_bench(const std::vector<std::string>& args) {
+    CLI::App app{"Measures prefill (pp) and decode (tg) tokens/s on random tokens, like llama-bench.", "cera bench"};
+    std::string model, device = "auto", kv_type = "f32";
+    int n_prompt = 512, n_gen = 128, reps = 5, threads = 0, n_batch = 512;
+    double bandwidth_gbps = 0.0, bw_gib = 1.0;
+    bool as_json = false;
+    app.add_option("-m,--model", model, "GGUF model")->required();
+    app.add_option("-p,--n-prompt", n_prompt, "prompt tokens of the prefill test (0: skip)")->capture_default_str();
+    app.add_option("-n,--n-gen", n_gen, "tokens of the decode test (0: skip)")->capture_default_str();
+    app.add_option("-r,--repetitions", reps, "repetitions of each test")->capture_default_str();
+    app.add_option("-t,--threads", threads, "CPU threads (0: the physical cores)")->capture_default_str();
+    app.add_option("-b,--batch", n_batch, "prefill chunk (tokens per forward pass)")->capture_default_str();
+    app.add_option("--device", device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+    app.add_option("--kv-type", kv_type, "KV cache type: f32 or f16")->capture_default_str();
+    app.add_option("--bandwidth", bandwidth_gbps, "read bandwidth in GB/s for the roofline (default: measure it)");
+    app.add_option("--bandwidth-gib", bw_gib, "array size of the bandwidth measurement, GiB")->capture_default_str();
+    app.add_flag("--json", as_json, "print one JSON object");
+    std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 takes the arguments in reverse
+    try {
+        app.parse(rev);
+    } catch (const CLI::CallForHelp&) {
+        std::printf("%s", app.help().c_str());
+        return 0;
+    } catch (const CLI::ParseError& e) {
+        std::string msg = e.what();
+        for (char& c : msg)
+            if (c == '\n') c = ' ';
+        std::fprintf(stderr, "cera bench: error: %s (see `cera bench --help`)\n", msg.c_str());
+        return 2;
+    }
+    if (n_prompt < 0 || n_gen < 0 || reps < 1 || threads < 0 || n_batch < 1 || bandwidth_gbps < 0 || bw_gib <= 0)
+        throw Error(ErrorCode::kInvalidArgument, "-p, -n, -t and --bandwidth must be >= 0, -r and -b >= 1");
+    if (kv_type != "f32" && kv_type != "f16")
+        throw Error(ErrorCode::kInvalidArgument, "--kv-type " + kv_type + ": expected f32 or f16");
+
+    EngineOptions eo;
+    eo.device = device;
+    eo.threads = threads;
+    eo.n_ctx = std::max(16, std::max(n_prompt, n_gen + 1));
+    eo.n_batch = n_batch;
+    eo.kv_type = kv_type == "f16" ? KvCacheType::kF16 : KvCacheType::kF32;
+    auto engine = Engine::load(model, eo);
+    const EngineInfo& info = engine->info();
+    const int n_threads = threads > 0 ? threads : std::max(1, cpu_features().physical_cores);
+
+    Session s(engine, eo.n_ctx);
+    std::mt19937 rng(42);
+    std::uniform_int_distribution<int32_t> tok(0, info.n_vocab - 1);
+    auto random_tokens = [&](int n) {
+        std::vector<int32_t> v(static_cast<size_t>(n));
+        for (auto& t : v) t = tok(rng);
+        return v;
+    };
+    NullSink sink;
+    auto pp_once = [&]() {
+        s.reset();
+        s.append_tokens(random_tokens(n_prompt));
+        GenerateOptions g;
+        g.max_tokens = 0;
+        const GenerationResult r = s.generate(g, sink);
+        return r.prefill_tokens_per_second();
+    };
+    auto tg_once = [&](int n) {
+        s.reset();
+        s.append_tokens(random_tokens(1));
+        GenerateOptions g;
+        g.max_tokens = n + 1;  // the first token comes from the 1-token prefill, then n decode steps
+        g.sampling.temperature = 0.0f;
+        g.ignore_eos = true;
+        const GenerationResult r = s.generate(g, sink);
+        return r.decode_tokens_per_second();
+    };
+
+    std::vector<TestResult> tests;
+    if (n_prompt > 0) {
+        TestResult t{"pp" + std::to_string(n_prompt), n_prompt, 0, {}};
+        pp_once();  // warm-up
+        for (int r = 0; r < reps; ++r) t.samples.push_back(pp_once());
+        tests.push_back(std::move(t));
+    }
+    if (n_gen > 0) {
+        TestResult t{"tg" + std::to_string(n_gen), 0, n_gen, {}};
+        tg_once(std::min(n_gen, 16));  // warm-up
+        for (int r = 0; r < reps; ++r) t.samples.push_back(tg_once(n_gen));
+        tests.push_back(std::move(t));
+    }
+    const double rss = peak_rss_bytes();
+
+    // The decode roofline.
+    const bool measured = bandwidth_gbps <= 0.0;
+    double bandwidth = bandwidth_gbps * 1e9;
+    if (measured && !info.on_gpu) bandwidth = measure_read_bandwidth(size_t(bw_gib * double(1ull << 30)), n_threads);
+    const double bytes_per_token = double(info.decode_bytes_per_token);
+    const double roofline = bandwidth > 0 ? bandwidth / bytes_per_token : 0.0;
+    double tg_median = 0.0;
+    for (const auto& t : tests)
+        if (t.n_gen > 0) tg_median = stats(t.samples).median;
+    const double fraction = roofline > 0 ? tg_median / roofline : 0.0;
+
+    if (as_json) {
+        nlohmann::json j;
+        j["model"] = model;
+        j["architecture"] = info.architecture;
+        j["weight_type"] = info.weight_type;
+        j["n_params"] = info.n_params;
+        j["model_bytes"] = info.weight_bytes;
+        j["device"] = info.device;
+        j["threads"] = n_threads;
+        j["repetitions"] = reps;
+        for (const auto& t : tests) {
+            const Stats st = stats(t.samples);
+            j["tests"].push_back({{"name", t.name},
+                                  {"n_prompt", t.n_prompt},
+                                  {"n_gen", t.n_gen},
+                                  {"tokens_per_second", {{"median", st.median}, {"p10", st.p10}, {"p90", st.p90}}},
+                                  {"samples", t.samples}});
+        }
+        j["peak_rss_bytes"] = uint64_t(rss);
+        j["decode_bytes_per_token"] = info.decode_bytes_per_token;
+        j["bandwidth_gbps"] = bandwidth / 1e9;
+        j["bandwidth_measured"] = measured && !info.on_gpu;
+        j["decode_roofline_tokens_per_second"] = roofline;
+        j["decode_roofline_fraction"] = fraction;
+        std::printf("%s\n", j.dump(2).c_str());
+        return 0;
+    }
+    std::printf("model:  %s (%s, %s, %.2f M params, %.2f MiB)\n", model.c_str(), info.architecture.c_str(),
+                info.weight_type.c_str(), double(info.n_params) / 1e6, double(info.weight_bytes) / (1 << 20));
+    std::printf("device: %s; %d repetitions after a warm-up\n\n", info.device.c_str(), reps);
+    std::printf("| %-8s | %12s | %12s | %12s |\n", "test", "t/s median", "p10", "p90");
+    std::printf("| %-8s | %12s | %12s | %12s |\n", "--------", "------------", "------------", "------------");
+    for (const auto& t : tests) {
+        const Stats st = stats(t.samples);
+        std::printf("| %-8s | %12.2f | %12.2f | %12.2f |\n", t.name.c_str(), st.median, st.p10, st.p90);
+    }
+    std::printf("\npeak RSS: %.1f MiB\n", rss / (1 << 20));
+    std::printf("weights read per decoded token: %.2f MiB\n", bytes_per_token / (1 << 20));
+    if (bandwidth > 0) {
+        std::printf("read bandwidth: %.1f GB/s (%s)\n", bandwidth / 1e9,
+                    measured ? ("measured, " + std::to_string(n_threads) + " threads, " +
+                                std::to_string(bw_gib).substr(0, 4) + " GiB sum")
+                                   .c_str()
+                             : "given");
+        std::printf("decode roofline: %.1f tok/s; tg median is %.1f%% of it\n", roofline, 100.0 * fraction);
+    } else {
+        std::printf("decode roofline: give --bandwidth GBps for a GPU\n");
+    }
+    return 0;
+}
+
+}  // namespace
+
+CERA_CLI_COMMAND(bench, "bench", "prefill and decode speed, peak memory, decode roofline", run_bench);
+
+}  // namespace cera::cli
