@@ -16,6 +16,7 @@
 #include "gguf/gguf.h"
 #include "gguf/keys.h"
 #include "models/model.h"
+#include "tokenizer/tokenizer.h"
 
 namespace cera::cli {
 namespace {
@@ -99,14 +100,17 @@ int run_logits(const std::vector<std::string>& args) {
     opts.kv_type = kv_type == "f16" ? GgmlType::kF16 : GgmlType::kF32;
     auto model = load_model(model_path, opts);
     const gguf::File& file = model->file();
-    std::vector<std::string> vocab;
-    if (file.has(gguf::keys::kTokTokens)) vocab = file.get_string_array(gguf::keys::kTokTokens);
+    std::unique_ptr<Tokenizer> tok;
+    if (file.has(gguf::keys::kTokTokens)) tok = Tokenizer::from_gguf(file);
 
     std::vector<int32_t> ids;
     if (!tokens_arg.empty()) {
         ids = parse_ids(tokens_arg);
     } else {
-        throw_error(ErrorCode::kUnsupported, "-p is not available yet in this build: pass --tokens");
+        if (!tok)
+            throw_error(ErrorCode::kMissing, "-p needs a tokenizer: %s has no tokenizer.ggml.tokens",
+                        model_path.c_str());
+        ids = tok->encode(prompt, !no_bos, true);
     }
     if (ids.empty()) throw_error(ErrorCode::kInvalidArgument, "the prompt has no tokens");
 
@@ -129,8 +133,8 @@ int run_logits(const std::vector<std::string>& args) {
     }
 
     auto piece = [&](int32_t id) -> std::string {
-        if (id < 0 || size_t(id) >= vocab.size()) return "";
-        return printable(vocab[size_t(id)]);
+        if (!tok || id < 0 || id >= tok->n_vocab()) return "";
+        return printable(tok->token_piece(id));
     };
     std::vector<int32_t> order(static_cast<size_t>(n_vocab));
     const int k = int(std::min<int64_t>(top, n_vocab));
