@@ -49,15 +49,36 @@ __device__ __forceinline__ void finish(const GemvK& a, float (&acc)[R], int64_t 
 }
 
 // Quantizes the x row into shared memory: xq[k] int8 then k/32 float scales (d = max|x| / 127).
+// Thread t takes float4 chunks t, t + 128, ... (8 per pass, all loads issued first); the 8 chunks
+// of a 32-group sit in 8 consecutive lanes, which share the group's max by shuffles.
 __device__ __forceinline__ void quantize_row_smem(const float* __restrict__ x, int64_t k, int8_t* xq, float* xd) {
-    const int lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
-    for (int64_t g = threadIdx.x >> 5; g < k / 32; g += n_warps) {
-        const float v = x[g * 32 + lane];
-        const float amax = warp_max(fabsf(v));
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        xq[g * 32 + lane] = int8_t(__float2int_rn(v * id));
-        if (lane == 0) xd[g] = d;
+    const int64_t n4 = k / 4;
+    const int tid = threadIdx.x;
+    for (int64_t c0 = 0; c0 < n4; c0 += 128 * 8) {
+        float4 v[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int64_t c = c0 + tid + 128 * j;
+            v[j] = c < n4 ? *reinterpret_cast<const float4*>(x + 4 * c) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int64_t c = c0 + tid + 128 * j;
+            float amax = fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w)));
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
+            const float d = amax / 127.0f;
+            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            const uint32_t q = (uint32_t(__float2int_rn(v[j].x * id)) & 0xFF) |
+                               ((uint32_t(__float2int_rn(v[j].y * id)) & 0xFF) << 8) |
+                               ((uint32_t(__float2int_rn(v[j].z * id)) & 0xFF) << 16) |
+                               (uint32_t(__float2int_rn(v[j].w * id)) << 24);
+            if (c < n4) {
+                reinterpret_cast<uint32_t*>(xq)[c] = q;
+                if ((tid & 7) == 0) xd[c / 8] = d;
+            }
+        }
     }
 }
 
@@ -290,7 +311,7 @@ void gemv(const GemvArgs& a, Stream stream) {
     if (R == 0) {
         // Enough warps to cover the SMs several times over first, then activation reuse.
         const int64_t work = a.rows * a.n_y;
-        R = work >= 16384 ? 4 : work >= 4096 ? 2 : 1;
+        R = work >= 2048 ? 4 : work >= 512 ? 2 : 1;
     }
     const dim3 grid(unsigned(ceil_div(a.rows, 4 * R)), unsigned(a.n_y));
     cudaStream_t s = as_stream(stream);
