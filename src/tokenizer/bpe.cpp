@@ -6,6 +6,7 @@
 #include "tokenizer/encoders.h"
 #include "tokenizer/pre_tokenizer.h"
 #include "tokenizer/unicode.h"
+#include "tokenizer/word_cache.h"
 
 namespace cera::detail {
 namespace {
@@ -122,6 +123,25 @@ void merge_word(const Vocab& v, std::string_view raw, std::string_view w, std::v
     }
 }
 
+// One pre-tokenized word: whole-word lookup when merges are ignored, else byte encoding and merges.
+void encode_word(const Vocab& v, std::string_view word, std::vector<int32_t>& out, BpeScratch& s) {
+    const VocabData& d = v.data();
+    std::string_view encoded = word;
+    if (d.byte_encode) {
+        s.encoded.clear();
+        for (char ch : word) s.encoded += unicode::byte_to_unicode(uint8_t(ch));
+        encoded = s.encoded;
+    }
+    if (d.ignore_merges) {
+        const int32_t id = v.find(encoded);
+        if (id != kNoToken) {
+            out.push_back(id);
+            return;
+        }
+    }
+    merge_word(v, word, encoded, out, s);
+}
+
 }  // namespace
 
 void bpe_encode(const Vocab& v, std::string_view text, std::vector<int32_t>& out) {
@@ -145,24 +165,15 @@ void bpe_encode(const Vocab& v, std::string_view text, std::vector<int32_t>& out
 
     pre_tokenize(d.pre, s.cps, s.ends, s.split_scratch);
 
+    WordCache& cache = WordCache::for_vocab(v.serial());
     size_t start = 0;
     for (uint32_t end : s.ends) {
         std::string_view word = text.substr(s.offsets[start], s.offsets[end] - s.offsets[start]);
         start = end;
-        std::string_view encoded = word;
-        if (d.byte_encode) {
-            s.encoded.clear();
-            for (char ch : word) s.encoded += unicode::byte_to_unicode(uint8_t(ch));
-            encoded = s.encoded;
-        }
-        if (d.ignore_merges) {
-            const int32_t id = v.find(encoded);
-            if (id != kNoToken) {
-                out.push_back(id);
-                continue;
-            }
-        }
-        merge_word(v, word, encoded, out, s);
+        if (cache.get(word, out)) continue;
+        const size_t first = out.size();
+        encode_word(v, word, out, s);
+        cache.put(word, out.data() + first, out.size() - first);
     }
 }
 

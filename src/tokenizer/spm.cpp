@@ -5,6 +5,7 @@
 
 #include "tokenizer/encoders.h"
 #include "tokenizer/unicode.h"
+#include "tokenizer/word_cache.h"
 
 namespace cera::detail {
 namespace {
@@ -34,7 +35,41 @@ struct SpmScratch {
 
 }  // namespace
 
+namespace {
+
+void spm_encode_piece(const Vocab& v, std::string_view text, std::vector<int32_t>& out);
+
+}  // namespace
+
+// When no token has '▁' after another character, no merge can cross the start of a '▁' run that
+// follows other text: each such piece is merged on its own (same result, much smaller queues).
 void spm_encode(const Vocab& v, std::string_view text, std::vector<int32_t>& out) {
+    if (!v.spm_splits_at_spaces()) {
+        spm_encode_piece(v, text, out);
+        return;
+    }
+    WordCache& cache = WordCache::for_vocab(v.serial());
+    auto piece = [&](std::string_view p) {
+        if (cache.get(p, out)) return;
+        const size_t first = out.size();
+        spm_encode_piece(v, p, out);
+        cache.put(p, out.data() + first, out.size() - first);
+    };
+    static constexpr std::string_view kMark = "\xE2\x96\x81";
+    size_t start = 0;
+    for (size_t p = text.find(kMark, 1); p != std::string_view::npos; p = text.find(kMark, p + kMark.size())) {
+        if (p >= start + kMark.size() && text.compare(p - kMark.size(), kMark.size(), kMark) == 0) continue;
+        if (p > start) {
+            piece(text.substr(start, p - start));
+            start = p;
+        }
+    }
+    piece(text.substr(start));
+}
+
+namespace {
+
+void spm_encode_piece(const Vocab& v, std::string_view text, std::vector<int32_t>& out) {
     if (text.empty()) return;
     thread_local SpmScratch s;
     auto& syms = s.syms;
@@ -94,4 +129,5 @@ void spm_encode(const Vocab& v, std::string_view text, std::vector<int32_t>& out
     }
 }
 
+}  // namespace
 }  // namespace cera::detail

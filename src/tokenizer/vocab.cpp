@@ -2,6 +2,7 @@
 #include "tokenizer/vocab.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 
@@ -131,6 +132,8 @@ const char* pre_tokenizer_name(PreTokenizer p) {
 }
 
 Vocab::Vocab(VocabData data) : d_(std::move(data)) {
+    static std::atomic<uint64_t> next_serial{1};
+    serial_ = next_serial.fetch_add(1);
     tokens_ = std::move(d_.tokens);
     scores_ = std::move(d_.scores);
     types_ = std::move(d_.types);
@@ -215,6 +218,18 @@ Vocab::Vocab(VocabData data) : d_(std::move(data)) {
 
     if (d_.model == VocabModel::kBpe) build_merges(merges);
     for (int b = 0; b < 256; ++b) byte_symbols_[b] = find_symbol(unicode::byte_to_unicode(uint8_t(b)));
+
+    static constexpr std::string_view kMark = "\xE2\x96\x81";
+    spm_splits_at_spaces_ = true;
+    for (const std::string& t : tokens_) {
+        for (size_t p = t.find(kMark, 1); p != std::string::npos; p = t.find(kMark, p + 1)) {
+            if (p < kMark.size() || t.compare(p - kMark.size(), kMark.size(), kMark) != 0) {
+                spm_splits_at_spaces_ = false;
+                break;
+            }
+        }
+        if (!spm_splits_at_spaces_) break;
+    }
 }
 
 void Vocab::build_eog() {

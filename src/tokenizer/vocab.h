@@ -103,8 +103,11 @@ class Vocab {
     // BPE symbol id of a byte's GPT-2 character (byte-level vocabularies), or kNoToken.
     int32_t byte_symbol(uint8_t byte) const { return byte_symbols_[byte]; }
 
+    uint64_t serial() const { return serial_; }  // unique per constructed vocabulary (caches key on it)
     const VocabData& data() const { return d_; }  // flags and special ids (tokens/merges moved out)
     int32_t max_token_len() const { return max_token_len_; }
+    // True when no token holds '▁' right after another character (SPM may split before '▁' runs).
+    bool spm_splits_at_spaces() const { return spm_splits_at_spaces_; }
     const std::vector<int32_t>& special_tokens() const { return special_; }  // by length, longest first
     bool is_eog(int32_t id) const { return valid(id) && eog_[size_t(id)]; }
     bool lstrip(int32_t id) const { return valid(id) && (attr_[size_t(id)] & kAttrLstrip); }
@@ -133,6 +136,7 @@ class Vocab {
     void build_eog();
 
     VocabData d_;
+    uint64_t serial_ = 0;
     std::vector<std::string> tokens_;
     std::vector<float> scores_;
     std::vector<TokenType> types_;
@@ -149,6 +153,7 @@ class Vocab {
     int32_t byte_tokens_[256];
     int32_t byte_symbols_[256];
     int32_t max_token_len_ = 0;
+    bool spm_splits_at_spaces_ = false;
     std::vector<int32_t> special_;
 
     // Merge parts that are not tokens (rare), with their own symbol ids.
