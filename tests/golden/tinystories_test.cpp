@@ -116,6 +116,39 @@ TEST_F(TinyStories, GreedyFromBosReproducesReference) {
     EXPECT_EQ(r.text, want_text);
 }
 
+// The converted vocabulary (SPM-style, scores from the merge ranks) tokenizes like the HF BPE
+// it came from. Reference ids: a direct implementation of HF BPE over tokenizer.json (prepend
+// '▁', ' ' -> '▁', then repeatedly merge the adjacent pair of lowest merge rank), no BOS.
+TEST_F(TinyStories, TokenizerMatchesHfBpe) {
+    const std::vector<std::pair<std::string, std::vector<int32_t>>> cases = {
+        {"Once upon a time, there was a little girl named Lily. She had a toy car that she loved very much. One day, she went to the park to play with her toy car in the park. Lily was very happy with her toy car because she had no one to play with.",
+         {80, 147, 201, 282, 215, 286, 598, 1662, 356, 499, 826, 1363, 1145, 1652, 615, 242, 1482, 951, 628, 499, 826, 872, 921, 318, 385, 628, 499, 826, 617, 242, 198, 1047, 425, 1939, 10}},
+        {"Once upon a time",
+         {80, 147, 201, 282, 57}},
+        {"Hello world",
+         {80, 1288, 139, 410, 555}},
+        {"The cat sat on the mat.",
+         {80, 247, 411, 1214, 337, 175, 72, 10}},
+        {"Tom and Sue",
+         {80, 875, 1066}},
+        {"  two  spaces",
+         {80, 80, 80, 1209, 80, 415, 53, 1499}},
+        {"Lily's dog, Max, said \"hi!\"",
+         {80, 1837, 604, 94, 349, 94, 2031, 60, 61, 4, 5}},
+        {"numbers 12345 and 3.14",
+         {80, 66, 359, 934, 89, 12, 13, 14, 15, 16, 100, 14, 10, 12, 15}},
+        {"Once upon a time, there was a little girl named Lily.",
+         {80, 147, 201, 282, 215, 286, 598, 629, 10}},
+    };
+    auto engine = cera::Engine::load(gguf("F32"), {.device = "cpu", .threads = 1});
+    for (const auto& [text, ids] : cases) {
+        EXPECT_EQ(engine->tokenize(text, false, false), ids) << text;
+        EXPECT_EQ(engine->detokenize(ids), text);
+    }
+    std::vector<int32_t> with_bos = engine->tokenize("Tom and Sue", true, false);
+    EXPECT_EQ(with_bos, (std::vector<int32_t>{1, 80, 875, 1066}));
+}
+
 // Q8_0 weights: greedy follows the F32 reference for the opening words at least.
 TEST_F(TinyStories, Q8GreedyFollowsReferenceStart) {
     auto engine = cera::Engine::load(gguf("Q8_0"), {.device = "cpu", .threads = 2});
