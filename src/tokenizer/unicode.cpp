@@ -207,27 +207,49 @@ size_t valid_utf8_prefix(std::string_view bytes) {
     return n;
 }
 
+namespace {
+
+// NFC of one segment through utf8proc.
+void append_nfc(std::string& out, std::string_view seg) {
+    utf8proc_uint8_t* mapped = nullptr;
+    const auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(seg.data()),
+                                static_cast<utf8proc_ssize_t>(seg.size()), &mapped,
+                                utf8proc_option_t(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+    if (n < 0 || mapped == nullptr) {
+        out.append(seg);
+    } else {
+        out.append(reinterpret_cast<const char*>(mapped), size_t(n));
+    }
+    std::free(mapped);
+}
+
+}  // namespace
+
+// An ASCII character never composes with what precedes it and is its own normal form, so text is
+// normalized in segments that start at an ASCII character. A segment whose characters are all
+// below U+0300 (lead bytes below 0xCC) is already NFC: every composition involves a character
+// from U+0300 up, and no character below U+0300 changes under NFC.
 std::string nfc(std::string_view text) {
     if (!is_valid_utf8(text)) return std::string(text);
-    bool ascii = true;
-    for (char c : text) {
-        if (static_cast<uint8_t>(c) >= 0x80) {
-            ascii = false;
-            break;
+    std::string out;
+    out.reserve(text.size());
+    const size_t n = text.size();
+    size_t i = 0;
+    while (i < n) {
+        size_t j = i + 1;
+        bool simple = static_cast<uint8_t>(text[i]) < 0xCC;
+        while (j < n && static_cast<uint8_t>(text[j]) >= 0x80) {
+            if (static_cast<uint8_t>(text[j]) >= 0xCC && (static_cast<uint8_t>(text[j]) & 0xC0) == 0xC0) simple = false;
+            ++j;
         }
+        if (simple) {
+            out.append(text.substr(i, j - i));
+        } else {
+            append_nfc(out, text.substr(i, j - i));
+        }
+        i = j;
     }
-    if (ascii) return std::string(text);
-    utf8proc_uint8_t* out = nullptr;
-    const auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
-                                static_cast<utf8proc_ssize_t>(text.size()), &out,
-                                utf8proc_option_t(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
-    if (n < 0 || out == nullptr) {
-        std::free(out);
-        return std::string(text);
-    }
-    std::string result(reinterpret_cast<const char*>(out), size_t(n));
-    std::free(out);
-    return result;
+    return out;
 }
 
 std::string_view byte_to_unicode(uint8_t byte) {

@@ -21,14 +21,157 @@ constexpr const char* kRegexLlama3 =
 constexpr const char* kRegexQwen2 =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
-json read_json(const std::string& path) {
+std::string read_text(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     if (!in) throw_error(ErrorCode::kIo, "cannot open %s", path.c_str());
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    json j = json::parse(text, nullptr, false);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+json read_json(const std::string& path) {
+    json j = json::parse(read_text(path), nullptr, false);
     if (j.is_discarded()) throw_error(ErrorCode::kParse, "%s: not valid JSON", path.c_str());
     return j;
 }
+
+// SAX handler that streams model.vocab and model.merges (the bulk of a tokenizer.json) into flat
+// vectors and builds an ordinary JSON tree of everything else, with null in their place.
+class TokenizerJsonSax {
+   public:
+    explicit TokenizerJsonSax(json& root) : dom_(root, false) {}
+
+    std::vector<std::pair<std::string, int64_t>> vocab;
+    std::vector<std::pair<std::string, std::string>> merges;
+    bool has_vocab = false, has_merges = false;
+    std::string error;  // a malformed vocab or merges entry
+
+    bool null() { return mode_ == Mode::kDom ? dom_.null() : bad("null"); }
+    bool boolean(bool v) { return mode_ == Mode::kDom ? dom_.boolean(v) : bad("boolean"); }
+    bool number_integer(json::number_integer_t v) {
+        if (mode_ == Mode::kVocab && nest_ == 0) {
+            vocab.emplace_back(std::move(key_), v);
+            return true;
+        }
+        return mode_ == Mode::kDom ? dom_.number_integer(v) : bad("number");
+    }
+    bool number_unsigned(json::number_unsigned_t v) {
+        if (mode_ == Mode::kVocab && nest_ == 0) {
+            vocab.emplace_back(std::move(key_), v > uint64_t(INT64_MAX) ? INT64_MAX : int64_t(v));
+            return true;
+        }
+        return mode_ == Mode::kDom ? dom_.number_unsigned(v) : bad("number");
+    }
+    bool number_float(json::number_float_t v, const std::string& s) {
+        return mode_ == Mode::kDom ? dom_.number_float(v, s) : bad("number " + s);
+    }
+    bool string(std::string& v) {
+        if (mode_ == Mode::kMerges) {
+            if (in_pair_) {
+                pair_.push_back(std::move(v));
+                return true;
+            }
+            const size_t sp = v.size() > 1 ? v.find(' ', 1) : std::string::npos;
+            if (sp == std::string::npos || sp + 1 >= v.size()) return bad("merge '" + v + "' (not 'left right')");
+            merges.emplace_back(v.substr(0, sp), v.substr(sp + 1));
+            return true;
+        }
+        return mode_ == Mode::kDom ? dom_.string(v) : bad("string '" + v + "'");
+    }
+    bool binary(json::binary_t& v) { return mode_ == Mode::kDom ? dom_.binary(v) : bad("binary"); }
+    bool start_object(std::size_t n) {
+        if (mode_ != Mode::kDom) {
+            ++nest_;
+            return mode_ == Mode::kVocab ? bad("nested object") : bad("object");
+        }
+        if (opens_ == Mode::kVocab) {
+            opens_ = Mode::kDom;
+            mode_ = Mode::kVocab;
+            has_vocab = true;
+            return dom_.null();
+        }
+        opens_ = Mode::kDom;
+        stack_.push_back(std::move(pending_));
+        return dom_.start_object(n);
+    }
+    bool key(std::string& k) {
+        if (mode_ == Mode::kVocab) {
+            key_ = std::move(k);
+            return true;
+        }
+        if (mode_ != Mode::kDom) return bad("key");
+        opens_ = Mode::kDom;
+        if (stack_.size() == 2 && stack_[1] == "model") {
+            if (k == "vocab") opens_ = Mode::kVocab;
+            if (k == "merges") opens_ = Mode::kMerges;
+        }
+        pending_ = k;
+        return dom_.key(k);
+    }
+    bool end_object() {
+        if (mode_ == Mode::kVocab && nest_ == 0) {
+            mode_ = Mode::kDom;
+            return true;
+        }
+        if (mode_ != Mode::kDom) return --nest_, true;
+        stack_.pop_back();
+        return dom_.end_object();
+    }
+    bool start_array(std::size_t n) {
+        if (mode_ == Mode::kMerges) {
+            if (in_pair_) return bad("nested array in a merge");
+            in_pair_ = true;
+            pair_.clear();
+            return true;
+        }
+        if (mode_ != Mode::kDom) return bad("array");
+        if (opens_ == Mode::kMerges) {
+            opens_ = Mode::kDom;
+            mode_ = Mode::kMerges;
+            has_merges = true;
+            return dom_.null();
+        }
+        opens_ = Mode::kDom;
+        stack_.push_back(std::move(pending_));
+        return dom_.start_array(n);
+    }
+    bool end_array() {
+        if (mode_ == Mode::kMerges) {
+            if (!in_pair_) {
+                mode_ = Mode::kDom;
+                return true;
+            }
+            in_pair_ = false;
+            if (pair_.size() != 2) return bad("merge with " + std::to_string(pair_.size()) + " parts");
+            merges.emplace_back(std::move(pair_[0]), std::move(pair_[1]));
+            return true;
+        }
+        if (mode_ != Mode::kDom) return bad("array end");
+        stack_.pop_back();
+        return dom_.end_array();
+    }
+    bool parse_error(std::size_t pos, const std::string& token, const nlohmann::detail::exception& e) {
+        error = e.what();
+        return false;
+    }
+
+   private:
+    enum class Mode { kDom, kVocab, kMerges };
+    bool bad(const std::string& what) {
+        if (error.empty()) {
+            error = (mode_ == Mode::kVocab ? "model.vocab: unexpected " : "model.merges: unexpected ") + what;
+            if (mode_ == Mode::kMerges) error += " at merge " + std::to_string(merges.size());
+        }
+        return false;
+    }
+
+    nlohmann::detail::json_sax_dom_parser<json> dom_;
+    Mode mode_ = Mode::kDom;
+    Mode opens_ = Mode::kDom;  // what the value after the current key opens
+    std::vector<std::string> stack_;
+    std::string pending_, key_;
+    std::vector<std::string> pair_;
+    bool in_pair_ = false;
+    int nest_ = 0;
+};
 
 [[noreturn]] void unsupported(const std::string& path, const std::string& what) {
     throw_error(ErrorCode::kUnsupported, "%s: unsupported %s", path.c_str(), what.c_str());
@@ -94,7 +237,15 @@ void apply_pre_tokenizer(const json& p, VocabData& d, bool& byte_level, const st
 
 VocabData vocab_data_from_hf_json(const std::string& tokenizer_json_path, const std::string& config_path) {
     const std::string& path = tokenizer_json_path;
-    const json j = read_json(path);
+    json j;
+    TokenizerJsonSax sax(j);
+    {
+        const std::string text = read_text(path);
+        const bool ok = json::sax_parse(text, &sax);
+        if (!ok && sax.error.find("model.") == 0)
+            throw_error(ErrorCode::kInvalidFile, "%s: %s", path.c_str(), sax.error.c_str());
+        if (!ok) throw_error(ErrorCode::kParse, "%s: not valid JSON: %s", path.c_str(), sax.error.c_str());
+    }
     VocabData d;
     d.model = VocabModel::kBpe;
     d.pre = PreTokenizer::kNone;
@@ -107,7 +258,9 @@ VocabData vocab_data_from_hf_json(const std::string& tokenizer_json_path, const 
             unsupported(path, "end_of_word_suffix");
 
         // Tokens: the model vocabulary plus added tokens, by id.
-        const json& vocab = m.at("vocab");
+        if (!sax.has_vocab) throw_error(ErrorCode::kInvalidFile, "%s: model.vocab is missing", path.c_str());
+        if (!sax.has_merges) throw_error(ErrorCode::kInvalidFile, "%s: model.merges is missing", path.c_str());
+        const auto& vocab = sax.vocab;
         const json empty = json::array();
         const json& added = j.contains("added_tokens") ? j["added_tokens"] : empty;
         int64_t n = 0;
@@ -117,17 +270,17 @@ VocabData vocab_data_from_hf_json(const std::string& tokenizer_json_path, const 
                             text.c_str(), (long long)id, (long long)kMaxVocabSize);
             n = std::max(n, id + 1);
         };
-        for (auto it = vocab.begin(); it != vocab.end(); ++it) check_id(it.value().get<int64_t>(), it.key());
+        for (const auto& [text, id] : vocab) check_id(id, text);
         for (const json& a : added) check_id(a.at("id").get<int64_t>(), a.at("content").get<std::string>());
         d.tokens.assign(size_t(n), std::string());
         d.types.assign(size_t(n), TokenType::kUnused);
         std::vector<bool> set(size_t(n), false);
-        for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-            const size_t id = size_t(it.value().get<int64_t>());
+        for (auto& [text, id64] : sax.vocab) {
+            const size_t id = size_t(id64);
             if (set[id])
                 throw_error(ErrorCode::kInvalidFile, "%s: id %zu is used by two tokens", path.c_str(), id);
             set[id] = true;
-            d.tokens[id] = it.key();
+            d.tokens[id] = std::move(text);
             d.types[id] = TokenType::kNormal;
         }
         for (const json& a : added) {
@@ -143,24 +296,8 @@ VocabData vocab_data_from_hf_json(const std::string& tokenizer_json_path, const 
             if (!set[i]) d.tokens[i] = "[HOLE_" + std::to_string(i) + "]";  // an id nothing uses
         }
 
-        // Merges: "left right" strings or [left, right] pairs.
-        const json& merges = m.at("merges");
-        d.merges.reserve(merges.size());
-        for (size_t i = 0; i < merges.size(); ++i) {
-            const json& x = merges[i];
-            if (x.is_array() && x.size() == 2) {
-                d.merges.emplace_back(x[0].get<std::string>(), x[1].get<std::string>());
-            } else if (x.is_string()) {
-                const std::string s = x.get<std::string>();
-                const size_t sp = s.size() > 1 ? s.find(' ', 1) : std::string::npos;
-                if (sp == std::string::npos || sp + 1 >= s.size())
-                    throw_error(ErrorCode::kInvalidFile, "%s: merge %zu ('%s') is not 'left right'", path.c_str(), i,
-                                s.c_str());
-                d.merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
-            } else {
-                throw_error(ErrorCode::kInvalidFile, "%s: merge %zu is neither a string nor a pair", path.c_str(), i);
-            }
-        }
+        // Merges: "left right" strings or [left, right] pairs (split by the SAX handler).
+        d.merges = std::move(sax.merges);
         d.byte_fallback = m.value("byte_fallback", false);
         d.ignore_merges = m.value("ignore_merges", false);
         d.fuse_unk = m.value("fuse_unk", false);
