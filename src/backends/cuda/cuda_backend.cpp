@@ -49,7 +49,7 @@ struct WeightInfo {
     int64_t rows = 0, k = 0;
 };
 
-enum Slot { kW16, kX16, kAttn, kMoeG, kMoeU, kMoeY, kSlots };
+enum Slot { kXq, kXq2, kW16, kX16, kAttn, kMoeG, kMoeU, kMoeY, kSlots };
 
 class CudaBackend final : public Backend {
    public:
@@ -132,6 +132,7 @@ class CudaBackend final : public Backend {
     Tensor alloc(GgmlType type, std::initializer_list<int64_t> ne) override {
         CERA_CHECK(ne.size() >= 1 && ne.size() <= 4);
         CERA_CHECK(!capturing_, "alloc inside a recorded step");
+        touch();  // a new buffer may reuse a cached input's address
         Tensor t;
         t.type = type;
         t.device = DeviceKind::kCuda;
@@ -148,6 +149,7 @@ class CudaBackend final : public Backend {
     }
 
     void free(Tensor& t) override {
+        touch();
         if (t.data) {
             auto it = buffers_.find(t.data);
             auto wt = weights_.find(reinterpret_cast<uintptr_t>(t.data));
@@ -167,6 +169,7 @@ class CudaBackend final : public Backend {
     }
 
     void write(const Tensor& dst, const void* host, size_t n_bytes, size_t offset) override {
+        touch();
         if (n_bytes == 0) return;
         // Pageable source: the copy is staged before the call returns, so the caller may reuse host.
         CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst.data) + offset, host, n_bytes, cudaMemcpyHostToDevice,
@@ -179,13 +182,18 @@ class CudaBackend final : public Backend {
         CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
     void copy(const Tensor& dst, const Tensor& src) override {
+        touch();
         CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.n_bytes(), cudaMemcpyDeviceToDevice, stream_));
     }
-    void zero(const Tensor& t) override { CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.n_bytes(), stream_)); }
+    void zero(const Tensor& t) override {
+        touch();
+        CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.n_bytes(), stream_));
+    }
     void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
     // ------------------------------------------------------------ graphs
     bool step_begin(uint64_t key) override {
+        touch();
         CERA_CHECK(!capturing_, "step_begin inside a step");
         if (!graphs_enabled_) return false;
         Graph& g = graphs_[key];
@@ -202,6 +210,7 @@ class CudaBackend final : public Backend {
     }
 
     void step_end() override {
+        touch();
         if (!capturing_) return;
         capturing_ = false;
         cudaGraph_t graph = nullptr;
@@ -215,11 +224,13 @@ class CudaBackend final : public Backend {
 
     // --------------------------------------------------------------- ops
     void embed(const Tensor& table, const Tensor& ids, float scale, const Tensor& out) override {
+        touch();
         const cuda::WeightRef w = weight_ref(table);
         cuda::dequantize_rows(w, ids.as<const int32_t>(), ids.ne[0], scale, out.data, false, stream_);
     }
 
     void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override {
+        touch();
         cuda::rms_norm(x.as<const float>(), w ? w.as<const float>() : nullptr, eps, x.rows(), x.ne[0],
                        out.as<float>(), stream_);
     }
@@ -233,17 +244,20 @@ class CudaBackend final : public Backend {
         if (n_tokens <= kGemvMaxTokens) {
             cuda::GemvArgs a;
             a.w = ref, a.rows = rows, a.n_y = int(n_tokens);
-            prepare_x(a, x.as<const float>(), k);
+            prepare_x(a, ref.type, x.as<const float>(), n_tokens, k, kXq);
             a.bias = b, a.y = out.as<float>(), a.ldy = rows;
             cuda::gemv(a, stream_);
+            touch_out(out);
             return;
         }
+        touch_out(out);
         gemm(ref, rows, x.as<const float>(), n_tokens, out.as<float>());
         if (b) cuda::add_bias(out.as<float>(), b, n_tokens, rows, stream_);
     }
 
     void norm_rope(const Tensor& x, int n_head, int head_dim, const Tensor& norm_w, float eps, const Tensor& pos,
                    const RopeParams& rope) override {
+        touch();
         cuda::RopeArgs r;
         r.mode = rope.mode == RopeMode::kNone ? 0 : rope.mode == RopeMode::kNorm ? 1 : 2;
         r.n_rot = rope.n_rot, r.freq_base = rope.freq_base, r.freq_scale = rope.freq_scale;
@@ -254,6 +268,7 @@ class CudaBackend final : public Backend {
 
     void kv_store(const Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& k_cache,
                   const Tensor& v_cache) override {
+        touch();
         CERA_CHECK(k_cache.type == v_cache.type && (k_cache.type == GgmlType::kF16 || k_cache.type == GgmlType::kF32));
         cuda::kv_store(k.as<const float>(), v.as<const float>(), k.rows(), k.ne[0], pos.as<const int32_t>(),
                        k_cache.data, v_cache.data, k_cache.type == GgmlType::kF16, k_cache.ne[1], stream_);
@@ -261,6 +276,7 @@ class CudaBackend final : public Backend {
 
     void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& pos,
                    const AttentionParams& p, const Tensor& out) override {
+        touch();
         CERA_CHECK(k_cache.type == v_cache.type && (k_cache.type == GgmlType::kF16 || k_cache.type == GgmlType::kF32));
         cuda::AttentionArgs a;
         a.q = q.as<const float>(), a.k_cache = k_cache.data, a.v_cache = v_cache.data;
@@ -276,6 +292,7 @@ class CudaBackend final : public Backend {
     }
 
     void short_conv(const Tensor& bcx, const Tensor& w, const Tensor& state, const Tensor& out) override {
+        touch();
         const int64_t n_embd = out.ne[0];
         CERA_CHECK(w.type == GgmlType::kF32 && bcx.ne[0] == 3 * n_embd && state.ne[0] == n_embd);
         const cuda::WeightRef ref = weight_or_buffer(w);
@@ -284,15 +301,21 @@ class CudaBackend final : public Backend {
     }
 
     void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override {
+        touch();
         cuda::swiglu(gate.as<const float>(), up.as<const float>(), gate.n_elements(), out.as<float>(), stream_);
     }
     void add(const Tensor& a, const Tensor& b, float scale, const Tensor& out) override {
+        touch();
         cuda::add(a.as<const float>(), b.as<const float>(), scale, a.n_elements(), out.as<float>(), stream_);
     }
-    void scale(const Tensor& x, float s) override { cuda::scale(x.as<float>(), s, x.n_elements(), stream_); }
+    void scale(const Tensor& x, float s) override {
+        touch();
+        cuda::scale(x.as<float>(), s, x.n_elements(), stream_);
+    }
 
     void moe_route(const Tensor& logits, const Tensor& bias, const MoeParams& p, const Tensor& ids,
                    const Tensor& weights) override {
+        touch();
         cuda::moe_route(logits.as<const float>(), bias ? bias.as<const float>() : nullptr, logits.rows(),
                         int(logits.ne[0]), p.n_expert_used, p.gating == MoeGating::kSigmoid, p.normalize_weights,
                         p.weights_scale, ids.as<int32_t>(), weights.as<float>(), stream_);
@@ -307,25 +330,32 @@ class CudaBackend final : public Backend {
         float* g = static_cast<float*>(scratch(kMoeG, size_t(n_slots * n_ff) * sizeof(float)));
         float* u = static_cast<float*>(scratch(kMoeU, size_t(n_slots * n_ff) * sizeof(float)));
         float* y = static_cast<float*>(scratch(kMoeY, size_t(n_slots * n_embd) * sizeof(float)));
-        auto run = [&](const Tensor& w, int64_t rows, const float* in, int x_div, float* o) {
+        auto run = [&](const Tensor& w, int64_t rows, const float* in, int64_t n_in, int x_div, Slot slot, float* o) {
             cuda::GemvArgs a;
             a.w = weight_ref(w), a.rows = rows, a.n_y = int(n_slots), a.ids = ids.as<const int32_t>();
             a.x_div = x_div;
-            prepare_x(a, in, a.w.k);
+            prepare_x(a, a.w.type, in, n_in, a.w.k, slot);
             a.y = o, a.ldy = rows;
             cuda::gemv(a, stream_);
         };
-        run(gate_exps, n_ff, x.as<const float>(), k, g);
-        run(up_exps, n_ff, x.as<const float>(), k, u);
+        run(gate_exps, n_ff, x.as<const float>(), n_tokens, k, kXq, g);
+        run(up_exps, n_ff, x.as<const float>(), n_tokens, k, kXq, u);
         cuda::swiglu(g, u, n_slots * n_ff, g, stream_);
-        run(down_exps, n_embd, g, 1, y);
+        run(down_exps, n_embd, g, n_slots, 1, kXq2, y);
         cuda::moe_combine(y, weights.as<const float>(), n_tokens, k, n_embd, out.as<float>(), stream_);
+        touch();
     }
 
    private:
     struct Graph {
         int seen = 0;
         cudaGraphExec_t exec = nullptr;
+    };
+    struct Q8Cache {
+        bool valid = false;
+        const float* src = nullptr;
+        int64_t rows = 0, k = 0;
+        void* buf = nullptr;
     };
     struct Scratch {
         void* ptr = nullptr;
@@ -347,13 +377,39 @@ class CudaBackend final : public Backend {
         CUDA_CHECK(cudaStreamSynchronize(stream_));
         drop_graphs();
         if (s.ptr) CUDA_CHECK(cudaFree(s.ptr));
+        touch();
         s.bytes = std::max(bytes, s.bytes * 2);
         CUDA_CHECK(cudaMalloc(&s.ptr, s.bytes));
         return s.ptr;
     }
 
-    // The activations a GEMV reads (f32; block types quantize them inside the kernel).
-    static void prepare_x(cuda::GemvArgs& a, const float* x, int64_t k) { a.x = x, a.ldx = k; }
+    // The activations a GEMV reads: f32 for float weights, 8-bit rows for block types. The 8-bit
+    // rows of the last quantized input are kept until an op may have changed it, so matmuls that
+    // share an input (q/k/v, gate/up) quantize it once.
+    void prepare_x(cuda::GemvArgs& a, GgmlType type, const float* x, int64_t n_rows, int64_t k, Slot slot) {
+        a.x = x, a.ldx = k;
+        if (cuda::is_float_type(type)) return;
+        Q8Cache& c = q8_[slot == kXq ? 0 : 1];
+        if (c.valid && c.src == x && c.rows == n_rows && c.k == k) {
+            a.xq = c.buf;
+            return;
+        }
+        void* xq = scratch(slot, size_t(n_rows * cuda::q8_row_bytes(k)));
+        cuda::quantize_q8(x, n_rows, k, k, xq, stream_);
+        c = {true, x, n_rows, k, xq};
+        a.xq = xq;
+    }
+    // Forget the cached 8-bit inputs (any op but a matmul may write them); a matmul forgets only
+    // when its output overlaps a cached input.
+    void touch() { q8_[0].valid = q8_[1].valid = false; }
+    void touch_out(const Tensor& out) {
+        const auto* lo = static_cast<const uint8_t*>(out.data);
+        const auto* hi = lo + out.n_bytes();
+        for (Q8Cache& c : q8_) {
+            const auto* s = reinterpret_cast<const uint8_t*>(c.src);
+            if (c.valid && s < hi && s + size_t(c.rows * c.k) * 4 > lo) c.valid = false;
+        }
+    }
 
     // out[t] = W x[t] for a batch: cuBLAS on F16 (or F32) operands, f32 accumulation.
     void gemm(const cuda::WeightRef& w, int64_t rows, const float* x, int64_t n_tokens, float* out) {
@@ -420,6 +476,7 @@ class CudaBackend final : public Backend {
     std::map<uintptr_t, WeightInfo> weights_;
     std::unordered_set<void*> buffers_;
     Scratch scratch_[kSlots];
+    Q8Cache q8_[2];
     std::unordered_map<uint64_t, Graph> graphs_;
     bool graphs_enabled_ = true;
     bool capturing_ = false;

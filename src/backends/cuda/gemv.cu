@@ -6,6 +6,8 @@
 // rows (R = 1, 2 or 4, chosen from the shape) so the activations it loads are reused R times.
 // Quantized weights are dotted against 8-bit activations (quantize_q8, one scale per 32) with
 // dp4a; float weights against the f32 activations with FMA. No shared memory, no block barriers.
+// With programmatic dependent launch the first weight loads are issued before waiting for the
+// kernel that produces x, so the weight stream overlaps the previous kernel's tail.
 // Variants: quantized (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K) x R; float (F32 F16 BF16) x R with
 // k % 8 == 0; a scalar fallback for float rows of other lengths.
 // Roofline: bytes = weight image (+ x, L2-resident). H200 ~4.3 TB/s copy bandwidth: a 2048 x 8192
@@ -30,6 +32,8 @@ struct GemvK {
     float* y;
     int64_t ldy;
     int accumulate;
+    const uint8_t* xq;
+    int64_t ldxq;
 };
 
 template <int R>
@@ -48,47 +52,12 @@ __device__ __forceinline__ void finish(const GemvK& a, float (&acc)[R], int64_t 
     }
 }
 
-// Quantizes the x row into shared memory: xq[k] int8 then k/32 float scales (d = max|x| / 127).
-// Thread t takes float4 chunks t, t + 128, ... (8 per pass, all loads issued first); the 8 chunks
-// of a 32-group sit in 8 consecutive lanes, which share the group's max by shuffles.
-__device__ __forceinline__ void quantize_row_smem(const float* __restrict__ x, int64_t k, int8_t* xq, float* xd) {
-    const int64_t n4 = k / 4;
-    const int tid = threadIdx.x;
-    for (int64_t c0 = 0; c0 < n4; c0 += 128 * 8) {
-        float4 v[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int64_t c = c0 + tid + 128 * j;
-            v[j] = c < n4 ? *reinterpret_cast<const float4*>(x + 4 * c) : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int64_t c = c0 + tid + 128 * j;
-            float amax = fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w)));
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
-            const float d = amax / 127.0f;
-            const float id = d != 0.0f ? 1.0f / d : 0.0f;
-            const uint32_t q = (uint32_t(__float2int_rn(v[j].x * id)) & 0xFF) |
-                               ((uint32_t(__float2int_rn(v[j].y * id)) & 0xFF) << 8) |
-                               ((uint32_t(__float2int_rn(v[j].z * id)) & 0xFF) << 16) |
-                               (uint32_t(__float2int_rn(v[j].w * id)) << 24);
-            if (c < n4) {
-                reinterpret_cast<uint32_t*>(xq)[c] = q;
-                if ((tid & 7) == 0) xd[c / 8] = d;
-            }
-        }
-    }
-}
-
 // Block: 4 warps, R rows each. The first items' weights are loaded before waiting for the previous
 // kernel (PDL), so the weight stream starts while that kernel drains.
 template <GgmlType T, int R>
 __global__ void __launch_bounds__(128) gemv_q_kernel(const GemvK a) {
     using Tr = QTraits<T>;
     constexpr QuantLayout L = quant_layout(T);
-    extern __shared__ __align__(16) uint8_t smem[];
     pdl_trigger();
     const int lane = threadIdx.x & 31;
     const int64_t r0 = (int64_t(blockIdx.x) * 4 + (threadIdx.x >> 5)) * R;
@@ -120,11 +89,10 @@ __global__ void __launch_bounds__(128) gemv_q_kernel(const GemvK a) {
         load_w();
     }
     pdl_wait();
-    int8_t* xq = reinterpret_cast<int8_t*>(smem);
-    float* xd = reinterpret_cast<float*>(smem + (a.k + 15) / 16 * 16);
-    quantize_row_smem(a.x + int64_t(yi / a.x_div) * a.ldx, a.k, xq, xd);
-    __syncthreads();
     if (!live) return;
+    const uint8_t* xrow = a.xq + int64_t(yi / a.x_div) * a.ldxq;
+    const int8_t* xq = reinterpret_cast<const int8_t*>(xrow);
+    const float* xd = reinterpret_cast<const float*>(xrow + a.k);
     if (ids_first) {
         set_rows(a.ids[yi]);
         if (lane < n_items) load_w();
@@ -244,16 +212,31 @@ __global__ void __launch_bounds__(128) gemv_f_scalar_kernel(const GemvK a) {
     finish<1>(a, acc, r0, yi);
 }
 
+// One warp per 32-element group: d = max|x| / 127, q = round(x / d).
+__global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t n_rows, int64_t k, int64_t ldx,
+                                   uint8_t* __restrict__ xq) {
+    pdl_trigger();
+    pdl_wait();
+    const int64_t groups_per_row = k / 32;
+    const int64_t g = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (g >= n_rows * groups_per_row) return;
+    const int lane = threadIdx.x & 31;
+    const int64_t row = g / groups_per_row, c = g % groups_per_row;
+    const float v = x[row * ldx + c * 32 + lane];
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    uint8_t* out = xq + row * q8_row_bytes(k);
+    out[c * 32 + lane] = uint8_t(int8_t(__float2int_rn(v * id)));
+    if (lane == 0) reinterpret_cast<float*>(out + k)[c] = d;
+}
+
 template <int R>
 void launch_r(GgmlType type, const GemvK& k, dim3 grid, cudaStream_t s, bool vec) {
-    const size_t smem = size_t((k.k + 15) / 16 * 16 + k.k / 8);
     switch (type) {
 #define CERA_Q(T)                                                            \
-    case GgmlType::T:                                                                                  \
-        if (smem > 48 * 1024)                                                                          \
-            CUDA_CHECK(cudaFuncSetAttribute(gemv_q_kernel<GgmlType::T, R>,                             \
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));  \
-        launch(gemv_q_kernel<GgmlType::T, R>, grid, 128, smem, s, k);                                  \
+    case GgmlType::T:                                            \
+        launch(gemv_q_kernel<GgmlType::T, R>, grid, 128, 0, s, k); \
         break;
         CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
 #undef CERA_Q
@@ -270,6 +253,15 @@ void launch_r(GgmlType type, const GemvK& k, dim3 grid, cudaStream_t s, bool vec
 }
 
 }  // namespace
+
+void quantize_q8(const float* x, int64_t n_rows, int64_t k, int64_t ldx, void* xq, Stream stream) {
+    CERA_CHECK(k % 32 == 0, "quantize_q8: k = %lld is not a multiple of 32", (long long)k);
+    const int64_t groups = n_rows * (k / 32);
+    if (groups == 0) return;
+    launch(quantize_q8_kernel, unsigned(ceil_div(groups, 8)), 256, 0, as_stream(stream), x, n_rows, k, ldx,
+           static_cast<uint8_t*>(xq));
+    CUDA_CHECK_LAUNCH();
+}
 
 bool pdl_enabled() {
     static const bool on = [] {
@@ -288,7 +280,7 @@ void gemv(const GemvArgs& a, Stream stream) {
     const bool quant = L.block_elems > 0;
     bool vec = true;
     if (quant) {
-        CERA_CHECK(a.x != nullptr && k % L.block_elems == 0);
+        CERA_CHECK(a.xq != nullptr && k % L.block_elems == 0);
         p.nb = k / L.block_elems;
         p.q = static_cast<const uint8_t*>(a.w.image);
         p.m = p.q + a.w.image_rows * p.nb * L.q_bytes;
@@ -301,6 +293,7 @@ void gemv(const GemvArgs& a, Stream stream) {
     p.row0 = a.w.row0, p.rows = a.rows, p.k = k;
     p.ids = a.ids, p.x_div = a.x_div;
     p.x = a.x, p.ldx = a.ldx;
+    p.xq = static_cast<const uint8_t*>(a.xq), p.ldxq = q8_row_bytes(k);
     p.bias = a.bias, p.y = a.y, p.ldy = a.ldy, p.accumulate = a.accumulate;
     static const int forced = [] {
         const char* e = std::getenv("CERA_CUDA_GEMV_R");  // benchmarks: force rows per warp

@@ -60,6 +60,12 @@ struct WeightRef {
     int64_t row0 = 0;             // first row used
 };
 
+// 8-bit activations for the quantized GEMV: per row, k int8 then k/32 float scales (x ~= d * q),
+// row stride q8_row_bytes(k). k must be a multiple of 32.
+CERA_HD inline int64_t q8_row_bytes(int64_t k) { return (k + k / 8 + 15) / 16 * 16; }
+//   x: f32 [n_rows, ldx]
+void quantize_q8(const float* x, int64_t n_rows, int64_t k, int64_t ldx, void* xq, Stream stream);
+
 // y[j][r] = (accumulate ? y[j][r] : 0) + bias[r] + sum_k W_m[r][k] * x[j / x_div][k]
 // for j < n_y, r < rows, with matrix m = ids ? ids[j] : 0 (W_m = rows [row0 + m * rows, ...)).
 struct GemvArgs {
@@ -68,8 +74,9 @@ struct GemvArgs {
     int n_y = 1;                    // output vectors (tokens, or token x expert slots)
     const int32_t* ids = nullptr;   // [n_y] matrix index per output, or null (device memory)
     int x_div = 1;
-    const float* x = nullptr;       // f32 [.., ldx]; block types quantize each row to 8 bits in the kernel
+    const float* x = nullptr;       // f32 [.., ldx]: used by float weights
     int64_t ldx = 0;
+    const void* xq = nullptr;       // quantize_q8 rows: used by block-quantized weights
     const float* bias = nullptr;    // [rows] or null
     float* y = nullptr;             // [n_y, ldy]
     int64_t ldy = 0;
