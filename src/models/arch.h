@@ -19,6 +19,8 @@ struct LayerStateSpec {
     int64_t kv_width = 0;       // n_head_kv * head_dim of an attention layer; 0 = no KV cache
     int64_t conv_channels = 0;  // n_embd of a short-conv layer; 0 = no conv state
     int64_t conv_rows = 0;      // L - 1 rows of conv state
+    int64_t head_dim = 0;       // attention layers: head size (kv_width / head_dim KV heads), for context shift
+    RopeParams rope;            // attention layers: the RoPE applied to the cached keys, for context shift
 };
 
 // Per-token widths of the scratch activations an architecture uses (max over layers).

@@ -115,7 +115,7 @@ class Lfm2 final : public Architecture {
                 a.norm_eps = c.eps;
                 a.sliding_window = c.sliding_window;
                 l.attn = load_attention(ctx.wl, il, a.shape);
-                state[size_t(il)] = {a.shape.kv_width(), 0, 0};
+                state[size_t(il)] = {a.shape.kv_width(), 0, 0, c.head_dim, a.rope};
                 scratch.kv_width = std::max(scratch.kv_width, a.shape.kv_width());
                 ++info.n_attn_layers;
             }

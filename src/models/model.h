@@ -99,6 +99,16 @@ class ModelState {
     virtual void save_state(std::vector<uint8_t>& out) const = 0;
     // Throws kInvalidFile when the bytes were not saved by a state of the same model and n_ctx large enough.
     virtual void restore_state(std::span<const uint8_t> bytes) = 0;
+
+    // Context shift: drops the n_discard tokens after the first n_keep, moving the later KV rows down and
+    // re-rotating their keys' RoPE by -n_discard; conv states are untouched; position() drops by n_discard.
+    // Throws kOutOfRange unless 0 <= n_keep, 0 <= n_discard and n_keep + n_discard <= position().
+    virtual void shift(int32_t n_keep, int32_t n_discard) = 0;
+    // True when the state has recurrent parts (LFM2 conv states) that cannot be rewound.
+    virtual bool has_recurrent_state() const = 0;
+    // Keeps the first n tokens (0 <= n <= position()). Throws kInvalidArgument when n < position() and the
+    // state has recurrent parts (reset() and re-evaluate, or restore a snapshot, instead).
+    virtual void truncate(int32_t n) = 0;
 };
 
 }  // namespace cera

@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "models/arch.h"
+#include "models/context_shift.h"
 
 namespace cera {
 namespace {
@@ -207,6 +208,26 @@ class SequenceState final : public ModelState {
                 off += c.conv.n_bytes();
             }
         }
+    }
+
+    void shift(int32_t n_keep, int32_t n_discard) override {
+        shift_kv_cache(be_, arch_.state, cache_, position_, n_keep, n_discard);
+        position_ -= n_discard;
+    }
+
+    bool has_recurrent_state() const override {
+        for (const LayerCache& c : cache_)
+            if (c.conv) return true;
+        return false;
+    }
+
+    void truncate(int32_t n) override {
+        if (n < 0 || n > position_)
+            throw_error(ErrorCode::kOutOfRange, "truncate to %d tokens: the state holds %d", n, position_);
+        if (n < position_ && has_recurrent_state())
+            throw_error(ErrorCode::kInvalidArgument, "truncate to %d of %d tokens: the conv state cannot be rewound",
+                        n, position_);
+        position_ = n;
     }
 
  private:

@@ -100,7 +100,7 @@ class DenseTransformer final : public Architecture {
             l.attn = load_attention(ctx.wl, il, attn_.shape);
             l.ffn = load_swiglu(ctx.wl, il, c.n_embd, c.n_ff);
         }
-        state.assign(size_t(c.n_layer), LayerStateSpec{attn_.shape.kv_width(), 0, 0});
+        state.assign(size_t(c.n_layer), LayerStateSpec{attn_.shape.kv_width(), 0, 0, c.head_dim, attn_.rope});
         info.n_attn_layers = c.n_layer;
         scratch.q_width = attn_.shape.q_width();
         scratch.kv_width = attn_.shape.kv_width();

@@ -1,0 +1,81 @@
+// Context shift: move the surviving KV rows down through host memory (the source and
+// destination ranges overlap) and re-rotate the keys on the device with a position of -d.
+#include "models/context_shift.h"
+
+#include <cstring>
+#include <vector>
+
+#include "core/check.h"
+#include "core/fp16.h"
+
+namespace cera {
+namespace {
+
+// Host rows of a cache ([n, width] of F32 or F16) to f32 and back.
+void rows_to_f32(const std::vector<uint8_t>& raw, GgmlType type, std::vector<float>& out) {
+    const size_t n = type == GgmlType::kF16 ? raw.size() / 2 : raw.size() / 4;
+    out.resize(n);
+    if (type == GgmlType::kF16) {
+        const uint16_t* h = reinterpret_cast<const uint16_t*>(raw.data());
+        for (size_t i = 0; i < n; ++i) out[i] = fp16_to_fp32(h[i]);
+    } else {
+        std::memcpy(out.data(), raw.data(), n * 4);
+    }
+}
+
+void f32_to_rows(const std::vector<float>& in, GgmlType type, std::vector<uint8_t>& raw) {
+    if (type == GgmlType::kF16) {
+        raw.resize(in.size() * 2);
+        uint16_t* h = reinterpret_cast<uint16_t*>(raw.data());
+        for (size_t i = 0; i < in.size(); ++i) h[i] = fp32_to_fp16(in[i]);
+    } else {
+        raw.resize(in.size() * 4);
+        std::memcpy(raw.data(), in.data(), in.size() * 4);
+    }
+}
+
+}  // namespace
+
+void shift_kv_cache(Backend& be, std::span<const LayerStateSpec> specs, std::span<const LayerCache> caches,
+                    int32_t position, int32_t n_keep, int32_t n_discard) {
+    if (n_keep < 0 || n_discard < 0 || int64_t(n_keep) + n_discard > position)
+        throw_error(ErrorCode::kOutOfRange, "context shift: keep %d and discard %d of %d tokens", n_keep, n_discard,
+                    position);
+    CERA_CHECK(specs.size() == caches.size());
+    const int64_t n_move = int64_t(position) - n_keep - n_discard;
+    if (n_discard == 0 || n_move == 0) return;  // nothing moves (dropping the tail needs no data movement)
+
+    Tensor pos = be.alloc(GgmlType::kI32, {n_move});
+    const std::vector<int32_t> minus_d(size_t(n_move), -n_discard);
+    be.write(pos, minus_d.data(), minus_d.size() * sizeof(int32_t));
+    std::vector<uint8_t> raw;
+    std::vector<float> f;
+    for (size_t il = 0; il < caches.size(); ++il) {
+        const LayerCache& c = caches[il];
+        const LayerStateSpec& sp = specs[il];
+        if (!c.k) continue;
+        const size_t row = c.k.row_bytes();
+        const size_t src = row * size_t(n_keep + n_discard), dst = row * size_t(n_keep), n = row * size_t(n_move);
+        // Values: a plain move.
+        raw.resize(n);
+        be.read(raw.data(), c.v, n, src);
+        be.write(c.v, raw.data(), n, dst);
+        // Keys: move and rotate by -n_discard.
+        be.read(raw.data(), c.k, n, src);
+        if (sp.rope.mode != RopeMode::kNone) {
+            CERA_CHECK(sp.head_dim > 0 && sp.kv_width % sp.head_dim == 0);
+            rows_to_f32(raw, c.k.type, f);
+            Tensor tmp = be.alloc(GgmlType::kF32, {sp.kv_width, n_move});
+            be.write(tmp, f.data(), f.size() * 4);
+            be.norm_rope(tmp, int(sp.kv_width / sp.head_dim), int(sp.head_dim), Tensor{}, 0.0f, pos, sp.rope);
+            be.read(f.data(), tmp, f.size() * 4);
+            be.free(tmp);
+            f32_to_rows(f, c.k.type, raw);
+        }
+        be.write(c.k, raw.data(), n, dst);
+    }
+    be.free(pos);
+    be.synchronize();
+}
+
+}  // namespace cera
