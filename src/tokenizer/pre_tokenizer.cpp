@@ -130,13 +130,28 @@ struct Range {
 
 template <size_t N>
 bool in_ranges(const Range (&r)[N], uint32_t cp) {
-    for (const Range& x : r) {
-        if (cp >= x.lo && cp <= x.hi) return true;
+    if constexpr (N > 8) {  // sorted, disjoint: binary search
+        size_t lo = 0, hi = N;
+        while (lo < hi) {
+            const size_t mid = (lo + hi) / 2;
+            if (cp < r[mid].lo) {
+                hi = mid;
+            } else if (cp > r[mid].hi) {
+                lo = mid + 1;
+            } else {
+                return true;
+            }
+        }
+        return false;
+    } else {
+        for (const Range& x : r) {
+            if (cp >= x.lo && cp <= x.hi) return true;
+        }
+        return false;
     }
-    return false;
 }
 
-// DeepSeek LLM's letter class: [A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-Ⴥ...] as codepoints.
+// DeepSeek LLM's letter class (sorted): [A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-Ⴥ...] as codepoints.
 constexpr Range kDeepseekLetters[] = {
     {0x41, 0x5A},       {0x61, 0x7A},       {0xB5, 0xB5},       {0xC0, 0xD6},       {0xD8, 0xF6},
     {0xF8, 0x1BA},      {0x1BC, 0x1BF},     {0x1C4, 0x293},     {0x295, 0x2AF},     {0x370, 0x373},

@@ -98,12 +98,15 @@ const std::string& Tokenizer::token_piece(int32_t id) const {
 void Tokenizer::partition(std::string_view text, bool parse_special, std::vector<Fragment>& out) const {
     out.clear();
     out.push_back({kNoToken, 0, text.size()});
+    if (vocab_.special_tokens().empty()) return;
+    thread_local std::vector<uint8_t> present;
+    if (vocab_.find_special_tokens(text, present) == 0) return;
     thread_local std::vector<Fragment> next;
     for (int32_t id : vocab_.special_tokens()) {
+        if (!present[size_t(id)]) continue;
         const TokenType type = vocab_.type(id);
         if (!parse_special && (type == TokenType::kControl || type == TokenType::kUnknown)) continue;
         const std::string_view s = vocab_.text(id);
-        if (text.find(s) == std::string_view::npos) continue;
         const bool lstrip = vocab_.lstrip(id), rstrip = vocab_.rstrip(id);
         next.clear();
         for (const Fragment& f : out) {

@@ -215,6 +215,17 @@ Vocab::Vocab(VocabData data) : d_(std::move(data)) {
     }
     std::stable_sort(special_.begin(), special_.end(),
                      [&](int32_t a, int32_t b) { return tokens_[size_t(a)].size() > tokens_[size_t(b)].size(); });
+    special_prefix_bits_.assign(65536 / 64, 0);
+    for (int32_t id : special_) {
+        const std::string& t = tokens_[size_t(id)];
+        if (t.size() < 2) {
+            special_short_.push_back(id);
+            continue;
+        }
+        const uint32_t key = (uint32_t(uint8_t(t[0])) << 8) | uint8_t(t[1]);
+        special_prefix_bits_[key >> 6] |= 1ULL << (key & 63);
+        special_by_prefix_[key].push_back(id);
+    }
 
     if (d_.model == VocabModel::kBpe) build_merges(merges);
     for (int b = 0; b < 256; ++b) byte_symbols_[b] = find_symbol(unicode::byte_to_unicode(uint8_t(b)));
@@ -230,6 +241,30 @@ Vocab::Vocab(VocabData data) : d_(std::move(data)) {
         }
         if (!spm_splits_at_spaces_) break;
     }
+}
+
+size_t Vocab::find_special_tokens(std::string_view text, std::vector<uint8_t>& present) const {
+    present.assign(tokens_.size(), 0);
+    size_t found = 0;
+    for (int32_t id : special_short_) {
+        if (text.find(tokens_[size_t(id)]) != std::string_view::npos) {
+            present[size_t(id)] = 1;
+            ++found;
+        }
+    }
+    if (special_by_prefix_.empty()) return found;
+    for (size_t i = 0; i + 1 < text.size(); ++i) {
+        const uint32_t key = (uint32_t(uint8_t(text[i])) << 8) | uint8_t(text[i + 1]);
+        if (!(special_prefix_bits_[key >> 6] & (1ULL << (key & 63)))) continue;
+        for (int32_t id : special_by_prefix_.at(key)) {
+            const std::string& t = tokens_[size_t(id)];
+            if (!present[size_t(id)] && text.compare(i, t.size(), t) == 0) {
+                present[size_t(id)] = 1;
+                ++found;
+            }
+        }
+    }
+    return found;
 }
 
 void Vocab::build_eog() {

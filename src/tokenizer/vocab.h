@@ -6,6 +6,7 @@
 #include <deque>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace cera {
@@ -109,6 +110,9 @@ class Vocab {
     // True when no token holds '▁' right after another character (SPM may split before '▁' runs).
     bool spm_splits_at_spaces() const { return spm_splits_at_spaces_; }
     const std::vector<int32_t>& special_tokens() const { return special_; }  // by length, longest first
+    // Marks in `present` (sized n_tokens()) the special tokens that occur in `text`; one pass over
+    // the text with a filter on the first two bytes. Returns how many were found.
+    size_t find_special_tokens(std::string_view text, std::vector<uint8_t>& present) const;
     bool is_eog(int32_t id) const { return valid(id) && eog_[size_t(id)]; }
     bool lstrip(int32_t id) const { return valid(id) && (attr_[size_t(id)] & kAttrLstrip); }
     bool rstrip(int32_t id) const { return valid(id) && (attr_[size_t(id)] & kAttrRstrip); }
@@ -155,6 +159,9 @@ class Vocab {
     int32_t max_token_len_ = 0;
     bool spm_splits_at_spaces_ = false;
     std::vector<int32_t> special_;
+    std::vector<int32_t> special_short_;            // one-byte special tokens
+    std::vector<uint64_t> special_prefix_bits_;     // 65536 bits: first two bytes of a special token
+    std::unordered_map<uint32_t, std::vector<int32_t>> special_by_prefix_;
 
     // Merge parts that are not tokens (rare), with their own symbol ids.
     std::deque<std::string> extra_symbols_;

@@ -3,6 +3,9 @@
 // Runs the built `cera` binary ($CERA_BIN, else <build>/bin/cera); skipped when it is absent.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
