@@ -71,19 +71,19 @@ inline float dot_f32(const float* a, const float* b, int64_t n) {
     return s;
 }
 
-using AttentionRows = void (*)(const cpu_attention::Args&, int64_t, int64_t, float*);
+using AttentionBlock = void (*)(const cpu_attention::Args&, int64_t, int64_t, int, float*);
 
 // The attention kernel of the active kernel table's ISA (CERA_CPU_ISA / cpu::force_isa).
-AttentionRows attention_kernel() {
+AttentionBlock attention_kernel() {
     switch (cpu::active_isa()) {
         case cpu::Isa::kAvx512:
-            return &cpu_attention::rows_avx512;
+            return &cpu_attention::block_avx512;
         case cpu::Isa::kAvx2:
-            return &cpu_attention::rows_avx2;
+            return &cpu_attention::block_avx2;
         case cpu::Isa::kRef:
             break;
     }
-    return &cpu_attention::rows_ref;
+    return &cpu_attention::block_ref;
 }
 
 class CpuBackend final : public Backend {
@@ -249,18 +249,32 @@ class CpuBackend final : public Backend {
         int32_t max_pos = 0;
         for (int64_t t = 0; t < n_tokens; ++t) max_pos = std::max(max_pos, a.pos[t]);
         const int nt = pool_.size();
-        const int64_t per_thread = cpu_attention::scratch_floats(max_pos + 1, ap.head_dim);
+        const int64_t per_thread = cpu_attention::scratch_floats(max_pos + 1, ap.head_dim, a.group);
         grow(attn_scratch_, size_t(per_thread * nt));
-        auto* rows = attention_kernel();
-        const int64_t n_rows = n_tokens * ap.n_head;
-        const int64_t work = n_rows * int64_t(max_pos + 1) * ap.head_dim;
-        if (work < kParallelMinWork || nt == 1) {
-            rows(a, 0, n_rows, attn_scratch_.data());
-            return;
-        }
-        pool_.parallel_for(n_rows, [&](int64_t r0, int64_t r1, int thread) {
-            rows(a, r0, r1, attn_scratch_.data() + per_thread * thread);
-        });
+        // Units of work: (query block, KV head). Threads take every nt-th unit, which balances the
+        // causal triangle (later blocks see more keys) and the heads.
+        struct Ctx {
+            const cpu_attention::Args* a;
+            AttentionBlock fn;
+            int64_t n_tokens, n_units, per_thread;
+            int n_head_kv;
+            float* scratch;
+        } ctx{&a, attention_kernel(), n_tokens, 0, per_thread, ap.n_head_kv, attn_scratch_.data()};
+        const int64_t n_blocks = (n_tokens + cpu_attention::kBlockTokens - 1) / cpu_attention::kBlockTokens;
+        ctx.n_units = n_blocks * ap.n_head_kv;
+        auto work = [](void* p, int thread, int n_threads) {
+            const Ctx& c = *static_cast<const Ctx*>(p);
+            for (int64_t u = thread; u < c.n_units; u += n_threads) {
+                const int64_t t0 = (u / c.n_head_kv) * cpu_attention::kBlockTokens;
+                const int64_t t1 = std::min(c.n_tokens, t0 + cpu_attention::kBlockTokens);
+                c.fn(*c.a, t0, t1, int(u % c.n_head_kv), c.scratch + c.per_thread * thread);
+            }
+        };
+        const int64_t flops = n_tokens * ap.n_head * int64_t(max_pos + 1) * ap.head_dim;
+        if (flops < kParallelMinWork || nt == 1 || ctx.n_units == 1)
+            work(&ctx, 0, 1);
+        else
+            pool_.run(work, &ctx);
     }
 
     void short_conv(const Tensor& bcx, const Tensor& w, const Tensor& state, const Tensor& out) override {
@@ -479,6 +493,13 @@ void cpu_attention::rows_ref(const Args& a, int64_t r0, int64_t r1, float* scrat
         float* o = a.out + r * hd;
         const float inv = float(1.0 / sum);
         for (int d = 0; d < hd; ++d) o[d] = acc[d] * inv;
+    }
+}
+
+void cpu_attention::block_ref(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch) {
+    for (int64_t t = t0; t < t1; ++t) {
+        const int64_t r = t * a.n_head + int64_t(hk) * a.group;
+        rows_ref(a, r, r + a.group, scratch);
     }
 }
 

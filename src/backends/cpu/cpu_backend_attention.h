@@ -24,12 +24,27 @@ struct Args {
     float scale = 1.0f;
 };
 
+// Query tokens per block (the unit of work with the block_* kernels).
+constexpr int kBlockTokens = 64;
+
 // Floats of per-thread scratch the kernels need for a longest row of n_kv keys.
-inline int64_t scratch_floats(int64_t n_kv, int head_dim) { return n_kv + 16 + 4 * int64_t(head_dim) + 64; }
+inline int64_t scratch_floats(int64_t n_kv, int head_dim, int group) {
+    const int64_t rows_kernel = n_kv + 16 + 4 * int64_t(head_dim) + 64;
+    const int64_t block_rows = int64_t(kBlockTokens) * group;
+    const int64_t block_kernel = block_rows * (2 * int64_t(head_dim) + 2) + 48 * int64_t(head_dim) + 64;
+    return rows_kernel > block_kernel ? rows_kernel : block_kernel;
+}
 
 // Rows r in [r0, r1) with r = t * n_head + h.
 void rows_ref(const Args& a, int64_t r0, int64_t r1, float* scratch);
 void rows_avx2(const Args& a, int64_t r0, int64_t r1, float* scratch);
 void rows_avx512(const Args& a, int64_t r0, int64_t r1, float* scratch);
+
+// Query tokens [t0, t1) (at most kBlockTokens) of the `group` query heads that read KV head hk.
+// The AVX-512 kernel is flash-style: key tiles of 16 are transposed once per block and shared by
+// all of its rows, with an online softmax; the others run their row kernel over the block's rows.
+void block_ref(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch);
+void block_avx2(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch);
+void block_avx512(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch);
 
 }  // namespace cera::cpu_attention

@@ -97,4 +97,11 @@ void rows_avx2(const Args& a, int64_t r0, int64_t r1, float* scratch) {
     }
 }
 
+void block_avx2(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch) {
+    for (int64_t t = t0; t < t1; ++t) {
+        const int64_t r = t * a.n_head + int64_t(hk) * a.group;
+        rows_avx2(a, r, r + a.group, scratch);
+    }
+}
+
 }  // namespace cera::cpu_attention

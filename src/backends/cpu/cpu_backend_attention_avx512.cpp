@@ -107,4 +107,97 @@ void rows_avx512(const Args& a, int64_t r0, int64_t r1, float* scratch) {
     }
 }
 
+void block_avx512(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch) {
+    const int hd = a.head_dim, G = a.group;
+    if (hd % 16 != 0 || hd > 256 || t1 - t0 == 1) {  // decode rows and odd head sizes: the row kernel
+        for (int64_t t = t0; t < t1; ++t) {
+            const int64_t r = t * a.n_head + int64_t(hk) * G;
+            rows_avx512(a, r, r + G, scratch);
+        }
+        return;
+    }
+    const int nv = hd / 16;
+    const int64_t R = (t1 - t0) * G;  // rows: r -> token t0 + r / G, head hk * G + r % G
+    float* qs = scratch;              // [R, head_dim] scaled queries
+    float* acc = qs + R * hd;         // [R, head_dim] unnormalised outputs
+    float* m = acc + R * hd;          // [R] running max
+    float* l = m + R;                 // [R] running sum
+    float* kt = l + R;                // [head_dim, 16] transposed key tile
+    float* tile = kt + 16 * hd;       // [16, head_dim] keys of the tile, row-major
+    float* vt = tile + 16 * hd;       // [16, head_dim] values of the tile
+    float* pbuf = vt + 16 * hd;       // [16] probabilities of one row
+    const int64_t head_off = int64_t(hk) * hd;
+    int32_t kb = INT32_MAX, ke = 0;
+    for (int64_t r = 0; r < R; ++r) {
+        const int64_t t = t0 + r / G;
+        const float* qv = a.q + (t * a.n_head + int64_t(hk) * G + r % G) * hd;
+        for (int d = 0; d < hd; ++d) qs[r * hd + d] = qv[d] * a.scale;
+        std::fill(acc + r * hd, acc + (r + 1) * hd, 0.0f);
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+        const int32_t e = a.pos[t] + 1;
+        kb = std::min(kb, a.window > 0 ? std::max(0, e - a.window) : 0);
+        ke = std::max(ke, e);
+    }
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int32_t j0 = kb; j0 < ke; j0 += 16) {
+        const int nk = std::min(16, ke - j0);
+        for (int i = 0; i < 16; ++i) {
+            for (int v = 0; v < nv; ++v) {
+                const int64_t o = int64_t(j0 + i) * a.kv_width + head_off + 16 * v;
+                const bool in = i < nk;
+                _mm512_storeu_ps(tile + i * hd + 16 * v, in ? load(a.k, o, a.f16, 0xffff) : _mm512_setzero_ps());
+                _mm512_storeu_ps(vt + i * hd + 16 * v, in ? load(a.v, o, a.f16, 0xffff) : _mm512_setzero_ps());
+            }
+        }
+        for (int d = 0; d < hd; ++d)
+            for (int i = 0; i < 16; ++i) kt[d * 16 + i] = tile[i * hd + d];
+        const __m512i keys = _mm512_add_epi32(_mm512_set1_epi32(j0), lane);
+        for (int64_t r = 0; r < R; ++r) {
+            const int32_t e = a.pos[t0 + r / G] + 1;
+            const int32_t b = a.window > 0 ? std::max(0, e - a.window) : 0;
+            if (j0 >= e || j0 + nk <= b) continue;
+            const float* qr = qs + r * hd;
+            __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+            for (int d = 0; d < hd; d += 4) {
+                s0 = _mm512_fmadd_ps(_mm512_set1_ps(qr[d]), _mm512_loadu_ps(kt + d * 16), s0);
+                s1 = _mm512_fmadd_ps(_mm512_set1_ps(qr[d + 1]), _mm512_loadu_ps(kt + (d + 1) * 16), s1);
+                s2 = _mm512_fmadd_ps(_mm512_set1_ps(qr[d + 2]), _mm512_loadu_ps(kt + (d + 2) * 16), s2);
+                s3 = _mm512_fmadd_ps(_mm512_set1_ps(qr[d + 3]), _mm512_loadu_ps(kt + (d + 3) * 16), s3);
+            }
+            const __m512 s = _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
+            const __mmask16 valid = _mm512_cmpge_epi32_mask(keys, _mm512_set1_epi32(b)) &
+                                    _mm512_cmplt_epi32_mask(keys, _mm512_set1_epi32(e));
+            const float tile_max = _mm512_mask_reduce_max_ps(valid, s);
+            if (tile_max > m[r]) {
+                const float c = std::exp(m[r] - tile_max);  // 0 on the first tile (m = -inf)
+                float* ar = acc + r * hd;
+                for (int v = 0; v < nv; ++v)
+                    _mm512_storeu_ps(ar + 16 * v, _mm512_mul_ps(_mm512_loadu_ps(ar + 16 * v), _mm512_set1_ps(c)));
+                l[r] *= c;
+                m[r] = tile_max;
+            }
+            const __m512 p = _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(s, _mm512_set1_ps(m[r]))));
+            l[r] += _mm512_reduce_add_ps(p);
+            _mm512_storeu_ps(pbuf, p);
+            __m512 av[16];
+            float* ar = acc + r * hd;
+            for (int v = 0; v < nv; ++v) av[v] = _mm512_loadu_ps(ar + 16 * v);
+            for (int i = 0; i < nk; ++i) {
+                if (pbuf[i] == 0.0f) continue;
+                const __m512 pi = _mm512_set1_ps(pbuf[i]);
+                for (int v = 0; v < nv; ++v) av[v] = _mm512_fmadd_ps(pi, _mm512_loadu_ps(vt + i * hd + 16 * v), av[v]);
+            }
+            for (int v = 0; v < nv; ++v) _mm512_storeu_ps(ar + 16 * v, av[v]);
+        }
+    }
+    for (int64_t r = 0; r < R; ++r) {
+        const int64_t t = t0 + r / G;
+        float* o = a.out + (t * a.n_head + int64_t(hk) * G + r % G) * hd;
+        const __m512 inv = _mm512_set1_ps(1.0f / l[r]);
+        for (int v = 0; v < nv; ++v)
+            _mm512_storeu_ps(o + 16 * v, _mm512_mul_ps(_mm512_loadu_ps(acc + r * hd + 16 * v), inv));
+    }
+}
+
 }  // namespace cera::cpu_attention
