@@ -261,5 +261,44 @@ TEST(TokenizerMerges, SpmScoresAndByteFallback) {
     EXPECT_EQ(tok.decode(tok.encode("a \xC3\xA9", true, false)), "a \xC3\xA9");
 }
 
+// Special tokens: longest first, control tokens only when parse_special, user-defined always,
+// rstrip eats the whitespace after a token, and text after a special token gets the space prefix.
+TEST(TokenizerMerges, SpecialTokenPartition) {
+    VocabData d;
+    d.model = VocabModel::kSpm;
+    d.add_space_prefix = true;
+    d.tokens = {"<unk>", "<s>", "</s>", "<|x|>", "<|x|><|y|>", "<u>"};
+    d.types = {TokenType::kUnknown, TokenType::kControl, TokenType::kControl,
+               TokenType::kControl, TokenType::kControl, TokenType::kUserDefined};
+    char hex[8];
+    for (int b = 0; b < 256; ++b) {
+        std::snprintf(hex, sizeof(hex), "<0x%02X>", b);
+        d.tokens.emplace_back(hex);
+        d.types.push_back(TokenType::kByte);
+    }
+    const int32_t mark = int32_t(d.tokens.size());
+    d.tokens.emplace_back("\xE2\x96\x81");
+    d.types.push_back(TokenType::kNormal);
+    const int32_t a = int32_t(d.tokens.size());
+    d.tokens.emplace_back("a");
+    d.types.push_back(TokenType::kNormal);
+    d.bos = 1;
+    d.eos = 2;
+    d.unk = 0;
+    d.rstrip = {3};
+    Tokenizer tok{Vocab(d)};
+    auto byte = [&](int b) { return 6 + b; };
+    // "<|x|><|y|>" is matched before "<|x|>"; "<|x|>" eats the two spaces after it.
+    EXPECT_EQ(tok.encode("a<|x|><|y|><|x|>  a", false, true),
+              (std::vector<int32_t>{mark, a, 4, 3, mark, a}));
+    // Not parsing special tokens: the control text is bytes, the user-defined token still matches.
+    const auto plain = tok.encode("<|x|><u>", false, false);
+    ASSERT_EQ(plain.size(), 1 + 5 + 1u);
+    EXPECT_EQ(plain[0], mark);
+    EXPECT_EQ(plain[1], byte('<'));
+    EXPECT_EQ(plain.back(), 5);
+    EXPECT_EQ(tok.decode(plain), "<|x|><u>");
+}
+
 }  // namespace
 }  // namespace cera

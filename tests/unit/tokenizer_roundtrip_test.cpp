@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "gguf/gguf.h"
 #include "test_util.h"
@@ -166,6 +167,30 @@ TEST(TokenizerStream, EveryPrefixValid) {
         acc += d.flush();
         ASSERT_TRUE(unicode::is_valid_utf8(acc)) << "prefix " << k;
     }
+}
+
+// encode and decode are const and may run on several threads at once (per-thread scratch and caches).
+TEST(TokenizerThreads, ConcurrentEncodeMatchesSerial) {
+    auto f = gguf::File::open(test::data_path("vocab-extra/qwen3-vocab-qwen2.gguf"));
+    auto tok = Tokenizer::from_gguf(*f);
+    const auto texts = corpus();
+    std::vector<std::vector<int32_t>> want;
+    for (const auto& t : texts) want.push_back(tok->encode(t, true, true));
+    std::vector<int> bad(4, 0);
+    std::vector<std::thread> threads;
+    for (int k = 0; k < 4; ++k) {
+        threads.emplace_back([&, k] {
+            for (int rep = 0; rep < 3; ++rep) {
+                for (size_t i = 0; i < texts.size(); ++i) {
+                    const size_t j = (i + size_t(k)) % texts.size();
+                    if (tok->encode(texts[j], true, true) != want[j]) ++bad[size_t(k)];
+                    if (tok->decode(want[j]) != texts[j]) ++bad[size_t(k)];
+                }
+            }
+        });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(bad, std::vector<int>(4, 0));
 }
 
 }  // namespace
