@@ -27,6 +27,21 @@ struct EngineOptions {
     int32_t n_ctx = 0;                       // context length of each session; 0 = the model's, at most 4096
     KvCacheType kv_type = KvCacheType::kF32;  // KV cache storage
     int32_t n_batch = 512;                   // prefill chunk (tokens per forward pass)
+    // Prefix cache (src/runtime/prefix_cache.h): sessions save their state at the end of each prompt
+    // and at n_batch-aligned chunk boundaries, and a later prompt sharing such a prefix restores it.
+    size_t prefix_cache_bytes = 0;       // in-memory (warm) tier bound in bytes; 0 = none
+    std::string prefix_cache_dir;        // on-disk (cold) tier directory; "" = none
+    uint64_t prefix_cache_dir_bytes = 0; // on-disk tier bound in bytes; 0 = 4 GiB
+};
+
+// Counters of an engine's prefix cache.
+struct PrefixCacheStats {
+    uint64_t hits_memory = 0, hits_disk = 0, misses = 0;
+    uint64_t stores = 0;           // entries added
+    uint64_t evictions = 0;        // in-memory entries evicted by the byte bound
+    uint64_t disk_evictions = 0;   // files removed by the disk bound
+    uint64_t dropped_corrupt = 0;  // torn or corrupt files removed instead of loaded
+    uint64_t memory_entries = 0, memory_bytes = 0;
 };
 
 // What a loaded model is and where it runs.
@@ -81,6 +96,15 @@ class Engine {
     bool is_eog(int32_t token) const;   // end of generation: EOS, EOT, EOM and the like
     // tokenizer.chat_template, or "" when absent.
     std::string chat_template() const;
+    // The text of a token id as the vocabulary stores it (special tokens included), e.g. "<|im_end|>".
+    std::string token_text(int32_t token) const;
+
+    // A hash of the GGUF (size, metadata, tensor table, samples of the data): saved states and
+    // prefix-cache entries carry it, and load only into an engine with the same fingerprint.
+    uint64_t fingerprint() const;
+    // Whether a prefix cache is configured, and its counters (zeros without one).
+    bool has_prefix_cache() const;
+    PrefixCacheStats prefix_cache_stats() const;
 
     // Internal: the loaded model and tokenizer (src/runtime/engine_impl.h).
     struct Impl;

@@ -39,6 +39,17 @@ struct GenerateOptions {
     SamplerParams sampling;          // see sampler.h; temperature 0 is greedy
     std::vector<std::string> stop;   // stop strings (empty strings are ignored)
     bool ignore_eos = false;         // keep going past end-of-generation tokens (they are then ordinary text)
+    // Context shift: >= 0 keeps generating when the context fills by dropping half of the tokens after
+    // the first n_keep (BOS included in the count; their keys' RoPE is re-rotated); < 0 finishes with
+    // kContextFull instead.
+    int32_t n_keep = -1;
+};
+
+// How Session::embed() reduces the per-token hidden states.
+enum class Pooling {
+    kMean,  // the mean over every token (BOS included): [n_embd]
+    kLast,  // the last token's: [n_embd]
+    kNone,  // every token's: [n_tokens, n_embd]
 };
 
 struct GenerationResult {
@@ -49,6 +60,8 @@ struct GenerationResult {
     int32_t decode_steps = 0;       // single-token forward passes run while generating
     double prefill_seconds = 0.0;   // time of the prefill forward passes
     double decode_seconds = 0.0;    // time of the decode steps, sampling included
+    int32_t cached_tokens = 0;      // prompt tokens restored from the prefix cache (not in prompt_tokens)
+    int32_t context_shifts = 0;     // context shifts made to keep generating (GenerateOptions::n_keep)
     std::string text;               // all text given to the Sink, concatenated
 
     double prefill_tokens_per_second() const { return prefill_seconds > 0 ? prompt_tokens / prefill_seconds : 0.0; }
@@ -102,6 +115,33 @@ class Session {
     void cancel();
     // Empties the sequence (position 0), keeping its memory.
     void reset();
+    // Keeps the first n tokens (0 <= n <= position()). When evaluated tokens are dropped from a model
+    // with recurrent state (LFM2 conv layers), the kept ones are re-evaluated (or restored from the prefix
+    // cache) by the next generate(). Throws kOutOfRange for a bad n.
+    void truncate(int32_t n);
+    // Context shift now: drops half of the evaluated tokens after the first n_keep (see
+    // GenerateOptions::n_keep). Returns the tokens dropped; 0 when nothing can be (n_keep too large).
+    int32_t shift_context(int32_t n_keep);
+
+    // The whole state (tokens, KV cache, conv states, the last logits) as bytes with a header (magic,
+    // version, model fingerprint, KV type) and checksums. The sampler keeps no state between generate()
+    // calls, so there is no RNG position to save.
+    std::vector<uint8_t> save_state() const;
+    // Writes save_state() to a file atomically (temp file, fsync, rename). Throws kIo.
+    void save_state_file(const std::string& path) const;
+    // Replaces this session's state with saved bytes. Throws kInvalidFile (the session is then unchanged)
+    // for a file of another model or KV type, a bad header, a torn or corrupt payload, and kOutOfRange when
+    // the saved tokens exceed this session's context.
+    void load_state(std::span<const uint8_t> bytes);
+    void load_state_file(const std::string& path);  // as load_state; kIo when unreadable
+
+    // Embeddings: resets the session, evaluates `tokens` (in n_batch chunks, cancellable: throws kCancelled
+    // and leaves the session empty) and returns the last layer's hidden states after the final norm,
+    // pooled. The session then holds the tokens (generate() may continue). Throws kInvalidArgument for no
+    // tokens, kOutOfRange for a bad id or too many tokens.
+    std::vector<float> embed(std::span<const int32_t> tokens, Pooling pooling = Pooling::kMean);
+
+    int32_t n_evaluated() const;  // tokens already in the KV cache (the rest are queued)
 
     int32_t position() const;  // tokens in the sequence, queued ones included
     int32_t n_ctx() const;     // the most tokens the sequence can hold

@@ -153,6 +153,15 @@ std::shared_ptr<Engine> Engine::load(const std::string& path, const EngineOption
         auto probe = im.model->create_state();  // the context a session gets by default
         info.n_ctx = probe->n_ctx();
     }
+    im.fingerprint = model_fingerprint(f);
+    if (options.prefix_cache_bytes > 0 || !options.prefix_cache_dir.empty()) {
+        PrefixCacheConfig pc;
+        pc.max_bytes = options.prefix_cache_bytes;
+        pc.dir = options.prefix_cache_dir;
+        pc.max_disk_bytes = options.prefix_cache_dir_bytes;
+        pc.device = device_kind_name(im.model->backend().kind());
+        im.prefix_cache = std::make_unique<PrefixCache>(pc, im.state_identity());
+    }
     return e;
 }
 
@@ -184,6 +193,19 @@ int32_t Engine::eos_token() const { return impl_->tokenizer->eos(); }
 bool Engine::is_eog(int32_t token) const { return impl_->tokenizer->is_eog(token); }
 std::string Engine::chat_template() const {
     return impl_->model->file().get_string(gguf::keys::kChatTemplate, "");
+}
+std::string Engine::token_text(int32_t token) const { return impl_->tokenizer->token_piece(token); }
+
+uint64_t Engine::fingerprint() const { return impl_->fingerprint; }
+bool Engine::has_prefix_cache() const { return impl_->prefix_cache != nullptr; }
+PrefixCacheStats Engine::prefix_cache_stats() const {
+    PrefixCacheStats s;
+    if (!impl_->prefix_cache) return s;
+    const PrefixCacheCounters c = impl_->prefix_cache->counters();
+    s.hits_memory = c.hits_memory, s.hits_disk = c.hits_disk, s.misses = c.misses, s.stores = c.stores;
+    s.evictions = c.evictions, s.disk_evictions = c.disk_evictions, s.dropped_corrupt = c.dropped_corrupt;
+    s.memory_entries = c.memory_entries, s.memory_bytes = c.memory_bytes;
+    return s;
 }
 
 }  // namespace cera

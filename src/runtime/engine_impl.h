@@ -4,6 +4,7 @@
 
 #include "cera/engine.h"
 #include "models/model.h"
+#include "runtime/prefix_cache.h"
 #include "tokenizer/tokenizer.h"
 
 namespace cera {
@@ -13,6 +14,11 @@ struct Engine::Impl {
     EngineInfo info;
     std::unique_ptr<Model> model;          // immutable after load; shared by every session
     std::unique_ptr<Tokenizer> tokenizer;  // immutable after load
+    uint64_t fingerprint = 0;              // model_fingerprint() of the GGUF
+    std::unique_ptr<PrefixCache> prefix_cache;  // null unless EngineOptions ask for one; thread-safe
+    StateIdentity state_identity() const {
+        return {fingerprint, options.kv_type == KvCacheType::kF16 ? 1u : 0u, info.n_vocab};
+    }
 };
 
 // Parses "auto", "cpu", "cuda", "cuda:N". Throws kInvalidArgument on anything else.

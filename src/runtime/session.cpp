@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cinttypes>
 
 #include "core/check.h"
 #include "runtime/engine_impl.h"
 #include "runtime/session_stop.h"
+#include "runtime/state_io.h"
 
 namespace cera {
 
@@ -49,17 +51,79 @@ struct Session::Impl {
     }
 
     // Evaluates the queued tokens in chunks of n_batch, checking cancel between chunks.
-    // Returns false when cancelled (the evaluated prefix stays in the cache).
-    bool prefill() {
+    // Returns false when cancelled (the evaluated prefix stays in the cache). With a prefix cache,
+    // first restores the longest cached prefix, then ends chunks at multiples of n_batch and stores
+    // the state at each of those boundaries and at the end.
+    bool prefill(int32_t* cached = nullptr) {
         const int32_t n_batch = std::max<int32_t>(1, eng->options.n_batch);
+        PrefixCache* pc = eng->prefix_cache.get();
+        if (pc && size_t(n_evaluated()) < tokens.size()) {
+            const int32_t before = n_evaluated();
+            if (auto hit = pc->lookup(tokens, size_t(before)); hit && !hit->snapshot.logits.empty()) {
+                try {
+                    state->restore_state(hit->snapshot.model_state);
+                    logits = std::move(hit->snapshot.logits);
+                    has_logits = true;
+                    if (cached) *cached = n_evaluated() - before;
+                } catch (const Error&) {
+                    // a state that does not fit this session's context: prefill instead
+                }
+            }
+        }
         while (size_t(n_evaluated()) < tokens.size()) {
             if (cancel.exchange(false)) return false;
             const size_t begin = size_t(n_evaluated());
-            const size_t n = std::min(tokens.size() - begin, size_t(n_batch));
+            size_t n = std::min(tokens.size() - begin, size_t(n_batch));
+            if (pc) n = std::min(n, (begin / size_t(n_batch) + 1) * size_t(n_batch) - begin);
             state->eval(std::span<const int32_t>(tokens.data() + begin, n), logits.data(), false);
             has_logits = true;
+            const size_t end = begin + n;
+            if (pc && (end % size_t(n_batch) == 0 || end == tokens.size()) &&
+                !pc->contains(std::span<const int32_t>(tokens.data(), end)))
+                pc->store(snapshot(end));
         }
         return true;
+    }
+
+    // The first n tokens with the model state (n >= n_evaluated(); the rest stay queued).
+    SessionSnapshot snapshot(size_t n) const {
+        SessionSnapshot s;
+        s.tokens.assign(tokens.begin(), tokens.begin() + std::ptrdiff_t(n));
+        s.n_evaluated = n_evaluated();
+        if (has_logits) s.logits = logits;
+        state->save_state(s.model_state);
+        return s;
+    }
+
+    void restore(SessionSnapshot&& s) {
+        if (s.tokens.size() > size_t(state->n_ctx()))
+            throw_error(ErrorCode::kOutOfRange, "saved state: %zu tokens do not fit in the context of %d",
+                        s.tokens.size(), state->n_ctx());
+        if (!s.logits.empty() && s.logits.size() != logits.size())
+            throw_error(ErrorCode::kInvalidFile, "saved state: %zu logits, the model has %zu", s.logits.size(),
+                        logits.size());
+        std::vector<uint8_t> previous;
+        state->save_state(previous);
+        state->restore_state(s.model_state);  // checks everything before it writes
+        if (state->position() != s.n_evaluated) {
+            state->restore_state(previous);
+            throw_error(ErrorCode::kInvalidFile, "saved state: %d evaluated tokens, the model state holds %d",
+                        s.n_evaluated, state->position());
+        }
+        tokens = std::move(s.tokens);
+        has_logits = !s.logits.empty();
+        if (has_logits) logits = std::move(s.logits);
+    }
+
+    // See Session::shift_context.
+    int32_t shift(int32_t n_keep) {
+        const int32_t n_past = n_evaluated();
+        if (n_keep < 0 || n_keep >= n_past) return 0;
+        const int32_t n_discard = (n_past - n_keep) / 2;
+        if (n_discard <= 0) return 0;
+        state->shift(n_keep, n_discard);
+        tokens.erase(tokens.begin() + n_keep, tokens.begin() + n_keep + n_discard);
+        return n_discard;
     }
 };
 
@@ -118,8 +182,9 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
 
     // Prefill.
     const auto t_prefill = Clock::now();
-    r.prompt_tokens = int32_t(im.tokens.size()) - im.n_evaluated();
-    const bool prefilled = im.prefill();
+    const int32_t queued = int32_t(im.tokens.size()) - im.n_evaluated();
+    const bool prefilled = im.prefill(&r.cached_tokens);
+    r.prompt_tokens = queued - r.cached_tokens;
     r.prefill_seconds = seconds_since(t_prefill);
     if (!prefilled) {
         r.finish = FinishReason::kCancelled;
@@ -153,8 +218,12 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
             break;
         }
         if (im.tokens.size() >= size_t(n_ctx)) {  // no room for another token
-            r.finish = FinishReason::kContextFull;
-            break;
+            if (options.n_keep >= 0 && size_t(im.n_evaluated()) + 1 == im.tokens.size() && im.shift(options.n_keep) > 0) {
+                ++r.context_shifts;
+            } else {
+                r.finish = FinishReason::kContextFull;
+                break;
+            }
         }
         if (size_t(im.n_evaluated()) < im.tokens.size()) {  // the last sampled token goes in first
             const int32_t last = im.tokens.back();
@@ -201,6 +270,80 @@ void Session::reset() {
     impl_->has_logits = false;
 }
 
+void Session::truncate(int32_t n) {
+    Impl& im = *impl_;
+    if (n < 0 || size_t(n) > im.tokens.size())
+        throw_error(ErrorCode::kOutOfRange, "truncate to %d tokens: the session holds %zu", n, im.tokens.size());
+    if (n < im.n_evaluated()) {
+        if (im.state->has_recurrent_state())
+            im.state->reset();  // the conv state cannot be rewound: the kept tokens are queued again
+        else
+            im.state->truncate(n);
+        im.has_logits = false;
+    }
+    im.tokens.resize(size_t(n));
+}
+
+int32_t Session::shift_context(int32_t n_keep) { return impl_->shift(n_keep); }
+
+std::vector<uint8_t> Session::save_state() const {
+    std::vector<uint8_t> out;
+    encode_state(impl_->eng->state_identity(), impl_->snapshot(impl_->tokens.size()), out);
+    return out;
+}
+
+void Session::save_state_file(const std::string& path) const {
+    const std::vector<uint8_t> bytes = save_state();
+    write_file_atomic(path, bytes, /*durable=*/true);
+}
+
+void Session::load_state(std::span<const uint8_t> bytes) {
+    impl_->restore(decode_state(bytes, impl_->eng->state_identity()));
+}
+
+void Session::load_state_file(const std::string& path) { load_state(read_file_bytes(path)); }
+
+std::vector<float> Session::embed(std::span<const int32_t> tokens, Pooling pooling) {
+    Impl& im = *impl_;
+    const int64_t n = int64_t(tokens.size()), n_embd = im.engine->info().n_embd;
+    if (n == 0) throw_error(ErrorCode::kInvalidArgument, "embed: no tokens");
+    if (n > im.state->n_ctx())
+        throw_error(ErrorCode::kOutOfRange, "embed: %" PRId64 " tokens exceed the context of %d tokens", n,
+                    im.state->n_ctx());
+    const int32_t n_vocab = im.engine->info().n_vocab;
+    for (int32_t t : tokens)
+        if (t < 0 || t >= n_vocab)
+            throw_error(ErrorCode::kOutOfRange, "token id %d is outside the vocabulary [0, %d)", t, n_vocab);
+    reset();
+    im.cancel.store(false);
+    std::vector<float> hidden(size_t(n * n_embd));
+    const int64_t n_batch = std::max<int32_t>(1, im.eng->options.n_batch);
+    for (int64_t off = 0; off < n; off += n_batch) {
+        if (im.cancel.exchange(false)) {
+            reset();
+            throw_error(ErrorCode::kCancelled, "embed: cancelled");
+        }
+        const int64_t m = std::min(n_batch, n - off);
+        // Hidden rows for every token; logits only for the very last (so that generate() can continue).
+        const int64_t plain = off + m == n ? m - 1 : m;
+        if (plain > 0)
+            im.state->eval(tokens.subspan(size_t(off), size_t(plain)), nullptr, true, hidden.data() + off * n_embd);
+        if (plain < m)
+            im.state->eval(tokens.subspan(size_t(n - 1), 1), im.logits.data(), false, hidden.data() + (n - 1) * n_embd);
+    }
+    im.has_logits = true;
+    im.tokens.assign(tokens.begin(), tokens.end());
+    if (pooling == Pooling::kNone) return hidden;
+    if (pooling == Pooling::kLast) return std::vector<float>(hidden.end() - n_embd, hidden.end());
+    std::vector<double> sum(size_t(n_embd), 0.0);
+    for (int64_t t = 0; t < n; ++t)
+        for (int64_t i = 0; i < n_embd; ++i) sum[size_t(i)] += hidden[size_t(t * n_embd + i)];
+    std::vector<float> mean(static_cast<size_t>(n_embd));
+    for (int64_t i = 0; i < n_embd; ++i) mean[size_t(i)] = float(sum[size_t(i)] / double(n));
+    return mean;
+}
+
+int32_t Session::n_evaluated() const { return impl_->n_evaluated(); }
 int32_t Session::position() const { return int32_t(impl_->tokens.size()); }
 int32_t Session::n_ctx() const { return impl_->state->n_ctx(); }
 const std::vector<int32_t>& Session::tokens() const { return impl_->tokens; }
