@@ -304,7 +304,10 @@ void gemv(const GemvArgs& a, Stream stream) {
     if (R == 0) {
         // Enough warps to cover the SMs several times over first, then activation reuse.
         const int64_t work = a.rows * a.n_y;
-        R = work >= 2048 ? 4 : work >= 512 ? 2 : 1;
+        // Measured on the H200 (bench/NOTES.md): 4 rows per warp is best for Q4_0/Q8_0/float from 2048
+        // rows; the K-quants, heavier per byte, do better with 2 below LM-head sizes.
+        const bool kquant = L.block_elems == 256;
+        R = work >= 2048 ? (kquant && work < 32768 ? 2 : 4) : work >= 512 ? 2 : 1;
     }
     const dim3 grid(unsigned(ceil_div(a.rows, 4 * R)), unsigned(a.n_y));
     cudaStream_t s = as_stream(stream);
