@@ -53,9 +53,16 @@ struct Step {
     Tensor router;                // f32 [n_tokens, n_expert]
     Tensor moe_ids, moe_w;        // i32 / f32 [n_tokens, n_expert_used]
     std::span<LayerCache> cache;  // [n_layer]
+    // The rows whose outputs are wanted: [out_begin, out_begin + out_count) (out_count may be 0).
+    int64_t out_begin = 0, out_count = 0;
 
     // A wide buffer seen as [n_tokens, width].
     static Tensor cols(const Tensor& wide, int64_t width) { return wide.reshaped(width, wide.ne[1]); }
+
+    // Called by an architecture after the last layer's mixer (attention / conv), when the caches
+    // are up to date: keeps only the output rows (moved to the front) for the rest of the pass, so
+    // the last FFN runs on them alone. Returns false when no row is wanted (skip the rest).
+    bool keep_output_rows();
 };
 
 // The output head shared by every architecture:

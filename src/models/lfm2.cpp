@@ -143,6 +143,7 @@ class Lfm2 final : public Architecture {
             else
                 attention_block(s, l.attn, l.attn_cfg, s.cache[il], s.h, s.y);
             be.add(s.x, s.y, 1.0f, s.x);
+            if (il + 1 == layers_.size() && !s.keep_output_rows()) break;
             be.rms_norm(s.x, l.ffn_norm, cfg_.eps, s.h);
             if (l.ffn_kind == FfnKind::kDense)
                 swiglu_block(s, l.ffn, s.h, s.y);

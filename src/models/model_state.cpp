@@ -21,6 +21,8 @@ constexpr uint32_t kStateVersion = 1;
 
 std::atomic<uint64_t> g_state_serial{1};
 
+Tensor first_rows(const Tensor& t, int64_t n) { return t ? t.row_slice(0, n) : t; }
+
 struct SavedHeader {
     uint32_t magic, version;
     uint32_t n_layer, kv_type;
@@ -109,14 +111,17 @@ class SequenceState final : public ModelState {
             be_.write(pos_t_, pos_host_.data(), size_t(nt) * sizeof(int32_t));
             const bool lm_in_step = logits_out && nr > 0 && nr <= kLogitRows;
             Step s = make_step(nt);
+            s.out_begin = r0;
+            s.out_count = nr;
             // Single-token steps are the same op sequence every time: a backend may record and replay them.
             const bool graphable = nt == 1;
             const uint64_t key = (serial_ << 4) | (lm_in_step ? 2u : 0u) | (nr > 0 ? 4u : 0u) | 1u;
             if (!graphable || !be_.step_begin(key)) {
                 be_.embed(arch_.head.token_embd, s.ids, arch_.head.embedding_scale, s.x);
                 arch_.forward(s);
+                // keep_output_rows() moved the output rows to the front of s.x (out_begin = 0).
                 if (nr > 0)
-                    be_.rms_norm(s.x.row_slice(r0, nr), arch_.head.output_norm, arch_.head.norm_eps,
+                    be_.rms_norm(s.x.row_slice(s.out_begin, nr), arch_.head.output_norm, arch_.head.norm_eps,
                                  hidden_.row_slice(0, nr));
                 if (lm_in_step) lm_head(0, nr);
                 if (graphable) be_.step_end();
@@ -225,8 +230,8 @@ class SequenceState final : public ModelState {
         if (n < 0 || n > position_)
             throw_error(ErrorCode::kOutOfRange, "truncate to %d tokens: the state holds %d", n, position_);
         if (n < position_ && has_recurrent_state())
-            throw_error(ErrorCode::kInvalidArgument, "truncate to %d of %d tokens: the conv state cannot be rewound",
-                        n, position_);
+            throw_error(ErrorCode::kInvalidArgument, "truncate to %d of %d tokens: the conv state cannot be rewound", n,
+                        position_);
         position_ = n;
     }
 
@@ -282,6 +287,19 @@ class SequenceState final : public ModelState {
 };
 
 }  // namespace
+
+bool Step::keep_output_rows() {
+    if (out_count == n_tokens) return true;
+    if (out_count == 0) return false;
+    CERA_CHECK(out_begin >= out_count, "output rows %lld..%lld would overlap their destination", (long long)out_begin,
+               (long long)(out_begin + out_count));
+    be->copy(x.row_slice(0, out_count), x.row_slice(out_begin, out_count));
+    n_tokens = out_count;
+    out_begin = 0;
+    for (Tensor* t : {&x, &h, &y, &q, &k, &v, &attn, &wide0, &wide1, &router, &moe_ids, &moe_w})
+        *t = first_rows(*t, out_count);
+    return true;
+}
 
 std::unique_ptr<ModelState> Model::create_state(int n_ctx) const {
     return std::make_unique<SequenceState>(*this, n_ctx);

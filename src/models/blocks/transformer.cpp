@@ -115,6 +115,7 @@ class DenseTransformer final : public Architecture {
             be.rms_norm(s.x, l.attn_norm, cfg_.eps, s.h);
             attention_block(s, l.attn, attn_, s.cache[il], s.h, s.y);
             be.add(s.x, s.y, scales_.residual, s.x);
+            if (il + 1 == layers_.size() && !s.keep_output_rows()) break;
             be.rms_norm(s.x, l.ffn_norm, cfg_.eps, s.h);
             swiglu_block(s, l.ffn, s.h, s.y);
             be.add(s.x, s.y, scales_.residual, s.x);
