@@ -66,8 +66,11 @@ class Sampler {
 
    private:
     void apply_penalties();
-    void load(const float* logits);
-    void filter();
+    void next_epoch();
+    float penalize(float logit, int32_t count) const;
+    void load(const float* logits, int32_t k);
+    void filter(bool sort_kept);  // sort_kept: leave the survivors most likely first
+    int32_t greedy_pick() const;
     uint64_t next_u64();
     double next_uniform();  // [0, 1)
 

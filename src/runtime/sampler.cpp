@@ -20,6 +20,23 @@ inline bool better(const TokenProb& a, const TokenProb& b) {
     return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
 }
 
+// The first index of the largest value (NaN ignored; 0 when every value is NaN or -inf). Eight
+// independent running maxima keep the loop free of a serial dependency, then a second pass finds
+// the first index holding the maximum.
+int32_t argmax(const float* x, int32_t n) {
+    float m[8];
+    for (float& v : m) v = -std::numeric_limits<float>::infinity();
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; ++j) m[j] = x[i + j] > m[j] ? x[i + j] : m[j];
+    float best = -std::numeric_limits<float>::infinity();
+    for (; i < n; ++i) best = x[i] > best ? x[i] : best;
+    for (float v : m) best = v > best ? v : best;
+    for (i = 0; i < n; ++i)
+        if (x[i] == best) return i;
+    return 0;
+}
+
 uint64_t splitmix64(uint64_t& x) {
     uint64_t z = (x += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -108,38 +125,113 @@ uint64_t Sampler::next_u64() {  // xoshiro256**
 
 double Sampler::next_uniform() { return double(next_u64() >> 11) * 0x1.0p-53; }
 
-void Sampler::load(const float* logits) {
+// Candidates for one row. When at most the best `k` can survive (top-k, or greedy with k = 1)
+// and k plus the penalty window is small next to the vocabulary, only the raw top (k + window)
+// ids are gathered, with a threshold scan, plus the window's own ids: penalties change only
+// window tokens, so the penalised top k is always among those. Otherwise every id is loaded.
+void Sampler::load(const float* logits, int32_t k) {
+    sorted_ = false;
+    const int64_t m = int64_t(k) + (penalties_on_ ? ring_size_ : 0);
+    if (k > 0 && m * 8 < n_vocab_) {
+        TokenProb* c = cand_.data();
+        int32_t cnt = 0;
+        float thr = -std::numeric_limits<float>::infinity();
+        for (int32_t i = 0; i < n_vocab_; ++i) {
+            const float l = logits[i];
+            if (!(l > thr)) continue;  // also skips NaN
+            c[cnt++] = {i, l, 0.0f};
+            if (cnt == 2 * m) {  // keep the best m; the m-th becomes the bar to pass
+                std::nth_element(c, c + m - 1, c + cnt, better);
+                thr = c[m - 1].logit;
+                cnt = int32_t(m);
+            }
+        }
+        if (cnt > 0) {
+            n_cand_ = cnt;
+            if (penalties_on_) {
+                next_epoch();
+                for (int32_t i = 0; i < cnt; ++i) stamp_[size_t(c[i].id)] = epoch_;
+                const int32_t cap = int32_t(ring_.size());
+                for (int32_t i = 0; i < ring_size_; ++i) {
+                    const int32_t t = ring_[size_t((ring_head_ + i) % cap)];
+                    if (stamp_[size_t(t)] == epoch_) continue;
+                    stamp_[size_t(t)] = epoch_;
+                    const float l = logits[t];
+                    c[n_cand_++] = {t, std::isnan(l) ? -std::numeric_limits<float>::infinity() : l, 0.0f};
+                }
+                for (int32_t i = 0; i < n_cand_; ++i) {
+                    const int32_t n = count_[size_t(c[i].id)];
+                    if (n > 0) c[i].logit = penalize(c[i].logit, n);
+                }
+            }
+            return;
+        }
+        // every logit is -inf or NaN: fall through to the full load
+    }
     TokenProb* c = cand_.data();
     for (int32_t i = 0; i < n_vocab_; ++i) {
         const float l = logits[i];
         c[i] = {i, std::isnan(l) ? -std::numeric_limits<float>::infinity() : l, 0.0f};
     }
     n_cand_ = n_vocab_;
-    sorted_ = false;
     if (penalties_on_) apply_penalties();
 }
 
-void Sampler::apply_penalties() {
+void Sampler::next_epoch() {
     if (++epoch_ == 0) {  // wrapped: clear the stamps once every 2^32 passes
         std::fill(stamp_.begin(), stamp_.end(), 0u);
         epoch_ = 1;
     }
+}
+
+float Sampler::penalize(float l, int32_t count) const {
+    l = l <= 0.0f ? l * params_.repeat_penalty : l / params_.repeat_penalty;
+    return l - (float(count) * params_.frequency_penalty + (count > 0 ? params_.presence_penalty : 0.0f));
+}
+
+// Penalties on a full load (cand_[id].id == id).
+void Sampler::apply_penalties() {
+    next_epoch();
     const int32_t cap = int32_t(ring_.size());
     for (int32_t i = 0; i < ring_size_; ++i) {
         const int32_t t = ring_[size_t((ring_head_ + i) % cap)];
         if (stamp_[size_t(t)] == epoch_) continue;
         stamp_[size_t(t)] = epoch_;
-        const int32_t n = count_[size_t(t)];
-        float& l = cand_[size_t(t)].logit;
-        if (l <= 0.0f)
-            l *= params_.repeat_penalty;
-        else
-            l /= params_.repeat_penalty;
-        l -= float(n) * params_.frequency_penalty + (n > 0 ? params_.presence_penalty : 0.0f);
+        cand_[size_t(t)].logit = penalize(cand_[size_t(t)].logit, count_[size_t(t)]);
     }
 }
 
-void Sampler::filter() {
+namespace {
+
+// c[0..n) carry weights in .p. Reorders c so that c[0..r) are the r best candidates (by better())
+// for the smallest r whose weights sum to at least target, and returns r. Expected O(n): halving
+// selections with nth_element, then a sort of the last few.
+int32_t take_mass(TokenProb* c, int32_t n, double target) {
+    int32_t lo = 0, hi = n;  // the answer r is in (lo, hi]; [0, lo) holds weight acc < target
+    double acc = 0.0;
+    while (hi - lo > 32) {
+        const int32_t mid = lo + (hi - lo) / 2;
+        std::nth_element(c + lo, c + mid, c + hi, better);
+        double mass = 0.0;
+        for (int32_t i = lo; i <= mid; ++i) mass += c[i].p;
+        if (acc + mass >= target) {
+            hi = mid + 1;
+        } else {
+            acc += mass;
+            lo = mid + 1;
+        }
+    }
+    std::sort(c + lo, c + hi, better);
+    for (int32_t i = lo; i < hi; ++i) {
+        acc += c[i].p;
+        if (acc >= target) return i + 1;
+    }
+    return hi;
+}
+
+}  // namespace
+
+void Sampler::filter(bool sort_kept) {
     TokenProb* c = cand_.data();
     int32_t n = n_cand_;
 
@@ -147,8 +239,11 @@ void Sampler::filter() {
     const int32_t k = params_.top_k;
     if (k > 0 && k < n) {
         std::nth_element(c, c + k - 1, c + n, better);
-        std::sort(c, c + k, better);
         n = k;
+        std::sort(c, c + n, better);
+        sorted_ = true;
+    } else if (k > 0 && n <= 64) {
+        std::sort(c, c + n, better);
         sorted_ = true;
     }
 
@@ -163,10 +258,8 @@ void Sampler::filter() {
         return;
     }
 
-    const bool use_top_p = params_.top_p < 1.0f;
-    const bool use_min_p = params_.min_p > 0.0f;
     int32_t limit = n;
-    if (use_min_p) {  // keep logit >= max + log(min_p), i.e. p >= min_p * p_max
+    if (params_.min_p > 0.0f) {  // keep logit >= max + log(min_p), i.e. p >= min_p * p_max
         const float threshold = max_l + std::log(params_.min_p);
         if (sorted_) {
             while (limit > 1 && c[limit - 1].logit < threshold) --limit;
@@ -175,40 +268,57 @@ void Sampler::filter() {
         }
         limit = std::max(limit, 1);
     }
-    if (use_top_p) {
-        // The probabilities are those of all n candidates (after top-k), so sum over all n.
-        double z = 0.0;
-        for (int32_t i = 0; i < n; ++i) z += std::exp(double(c[i].logit) - double(max_l));
-        const double target = double(params_.top_p) * z;
-        double cum = 0.0;
-        int32_t done = sorted_ ? limit : 0;  // [0, done) is sorted
-        int32_t chunk = 64;
-        int32_t keep = limit;
-        for (int32_t i = 0; i < limit; ++i) {
-            if (i == done) {  // sort the next chunk of [i, limit)
-                const int32_t end = std::min(limit, i + chunk);
-                std::partial_sort(c + i, c + end, c + limit, better);
-                done = end;
-                chunk *= 4;
-            }
-            cum += std::exp(double(c[i].logit) - double(max_l));
-            if (cum >= target) {
-                keep = i + 1;
-                break;
+    if (params_.top_p < 1.0f) {
+        // Top-p looks at the temperature-1 probabilities of all n candidates (after top-k); min-p keeps
+        // a best-prefix too, so the survivors are the shorter of the two prefixes.
+        // If the candidates within a factor kTau of the best already hold the mass, the cut is among
+        // them (they are a best-prefix): a cheap partition first spares the selection most of the
+        // vocabulary when the distribution is peaked, as a language model's usually is.
+        constexpr float kTau = 1e-4f;
+        double z = 0.0, z_limit = 0.0, z_high = 0.0;
+        for (int32_t i = 0; i < n; ++i) {
+            const float e = std::exp(c[i].logit - max_l);
+            c[i].p = e;
+            z += e;
+            if (i < limit) {
+                z_limit += e;
+                if (e >= kTau) z_high += e;
             }
         }
-        limit = keep;
-        if (done >= limit) sorted_ = true;
+        const double target = double(params_.top_p) * z;
+        if (!sorted_ && z_high >= target)
+            limit = int32_t(std::partition(c, c + limit, [](const TokenProb& t) { return t.p >= kTau; }) - c);
+        if (z_limit >= target) {
+            if (sorted_) {
+                double cum = 0.0;
+                int32_t keep = limit;
+                for (int32_t i = 0; i < limit; ++i) {
+                    cum += c[i].p;
+                    if (cum >= target) {
+                        keep = i + 1;
+                        break;
+                    }
+                }
+                limit = keep;
+            } else {
+                limit = take_mass(c, limit, target);
+            }
+        }
     }
     n = limit;
+    if (sort_kept && !sorted_) {  // before the temperature, so that its rounding cannot reorder ties
+        std::sort(c, c + n, better);
+        sorted_ = true;
+    }
 
     // temperature, then the normalised probabilities of the survivors.
     const float inv_t = 1.0f / params_.temperature;
+    const float max_t = max_l * inv_t;
     double z = 0.0;
     for (int32_t i = 0; i < n; ++i) {
         c[i].logit *= inv_t;
-        const double e = std::exp(double(c[i].logit) - double(max_l) * inv_t);
-        c[i].p = float(e);
+        const float e = std::exp(c[i].logit - max_t);
+        c[i].p = e;
         z += e;
     }
     const float inv_z = float(1.0 / z);
@@ -216,23 +326,21 @@ void Sampler::filter() {
     n_cand_ = n;
 }
 
+int32_t Sampler::greedy_pick() const {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n_cand_; ++i)
+        if (better(cand_[size_t(i)], cand_[size_t(best)])) best = i;
+    return best;
+}
+
 int32_t Sampler::sample(const float* logits) {
     if (greedy_) {
-        if (!penalties_on_) {
-            int32_t best = 0;
-            float best_l = std::isnan(logits[0]) ? -std::numeric_limits<float>::infinity() : logits[0];
-            for (int32_t i = 1; i < n_vocab_; ++i)
-                if (logits[i] > best_l) best_l = logits[i], best = i;
-            return best;
-        }
-        load(logits);
-        int32_t best = 0;
-        for (int32_t i = 1; i < n_vocab_; ++i)
-            if (cand_[size_t(i)].logit > cand_[size_t(best)].logit) best = i;
-        return best;
+        if (!penalties_on_) return argmax(logits, n_vocab_);
+        load(logits, 1);
+        return cand_[size_t(greedy_pick())].id;
     }
-    load(logits);
-    filter();
+    load(logits, params_.top_k > 0 ? params_.top_k : 0);
+    filter(false);
     // Draw u in [0, sum p) and walk the cumulative mass; the last candidate absorbs rounding.
     double total = 0.0;
     for (int32_t i = 0; i < n_cand_; ++i) total += cand_[size_t(i)].p;
@@ -246,19 +354,15 @@ int32_t Sampler::sample(const float* logits) {
 }
 
 std::span<const TokenProb> Sampler::distribution(const float* logits) {
-    load(logits);
     if (greedy_) {
-        int32_t best = 0;
-        for (int32_t i = 1; i < n_vocab_; ++i)
-            if (cand_[size_t(i)].logit > cand_[size_t(best)].logit) best = i;
-        std::swap(cand_[0], cand_[size_t(best)]);
+        load(logits, 1);
+        std::swap(cand_[0], cand_[size_t(greedy_pick())]);
         cand_[0].p = 1.0f;
         n_cand_ = 1;
         return {cand_.data(), 1};
     }
-    filter();
-    if (!sorted_) std::sort(cand_.begin(), cand_.begin() + n_cand_, better);
-    sorted_ = true;
+    load(logits, params_.top_k > 0 ? params_.top_k : 0);
+    filter(true);
     return {cand_.data(), size_t(n_cand_)};
 }
 

@@ -318,6 +318,57 @@ TEST(Sampler, LargeVocabularyMatchesBruteForce) {
     }
 }
 
+// Top-k and greedy gather only the raw top (k + window) ids plus the window's; with penalties
+// that raise and lower logits, the result must equal penalising every logit first.
+TEST(Sampler, TopKWithPenaltiesMatchesPenalisingEverything) {
+    const int32_t n = 30000;
+    std::mt19937 g(3);
+    std::normal_distribution<float> nd(0.0f, 2.0f);
+    std::vector<float> l(n);
+    for (auto& x : l) x = nd(g);
+    std::vector<int32_t> best(n);
+    std::iota(best.begin(), best.end(), 0);
+    std::sort(best.begin(), best.end(), [&](int32_t a, int32_t b) { return l[a] > l[b]; });
+    // The window: the 20 best ids (pushed down) and 10 poor ones (pulled up by a negative penalty).
+    std::vector<int32_t> window(best.begin(), best.begin() + 20);
+    window.insert(window.end(), best.end() - 10, best.end());
+    window.push_back(best[0]);  // one repeat
+    for (float freq : {0.0f, -30.0f}) {
+        SamplerParams p = plain();
+        p.repeat_penalty = 1.5f;
+        p.presence_penalty = 0.5f;
+        p.frequency_penalty = freq;
+        p.penalty_last_n = 64;
+        p.top_k = 25;
+        Sampler s(p, n);
+        for (int32_t t : window) s.accept(t);
+
+        std::vector<double> pen(l.begin(), l.end());
+        std::map<int32_t, int> count;
+        for (int32_t t : window) ++count[t];
+        for (const auto& [t, c] : count) {
+            double x = l[t];
+            x = x <= 0 ? x * 1.5 : x / 1.5;
+            pen[t] = x - (c * double(freq) + 0.5);
+        }
+        std::vector<int32_t> idx(n);
+        std::iota(idx.begin(), idx.end(), 0);
+        std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return pen[a] > pen[b]; });
+        auto d = s.distribution(l.data());
+        ASSERT_EQ(d.size(), 25u);
+        double z = 0;
+        for (int i = 0; i < 25; ++i) z += std::exp(pen[idx[i]] - pen[idx[0]]);
+        for (int i = 0; i < 25; ++i) {
+            EXPECT_EQ(d[size_t(i)].id, idx[i]) << "freq " << freq << " rank " << i;
+            EXPECT_NEAR(d[size_t(i)].p, std::exp(pen[idx[i]] - pen[idx[0]]) / z, 1e-5);
+        }
+        p.temperature = 0.0f;  // greedy takes the same path with k = 1
+        Sampler gs(p, n);
+        for (int32_t t : window) gs.accept(t);
+        EXPECT_EQ(gs.sample(l.data()), idx[0]) << "freq " << freq;
+    }
+}
+
 TEST(Sampler, RejectsBadParams) {
     SamplerParams p = plain();
     p.repeat_penalty = 0.0f;
