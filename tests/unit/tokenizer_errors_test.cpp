@@ -259,6 +259,11 @@ TEST(TokenizerMerges, SpmScoresAndByteFallback) {
     EXPECT_EQ(tok.encode("\xC3\xA9", false, false),
               (std::vector<int32_t>{id("\xE2\x96\x81"), id("<0xC3>"), id("<0xA9>")}));
     EXPECT_EQ(tok.decode(tok.encode("a \xC3\xA9", true, false)), "a \xC3\xA9");
+    // add_space_prefix = false (tokenizer.ggml.add_space_prefix): no '▁' in front, none stripped.
+    d.add_space_prefix = false;
+    Tokenizer plain{Vocab(d)};
+    EXPECT_EQ(plain.encode("abc", true, false), (std::vector<int32_t>{1, id("ab"), id("c")}));
+    EXPECT_EQ(plain.decode(plain.encode(" abc", false, false)), " abc");
 }
 
 // Special tokens: longest first, control tokens only when parse_special, user-defined always,
