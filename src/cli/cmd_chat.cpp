@@ -1,0 +1,373 @@
+// `cera chat [-m FILE] [--system TEXT] [-n N] [sampling options]`: a multi-turn chat.
+// Each turn renders the whole conversation with the model's chat template (ChatML when
+// the GGUF has none), checks that the tokens already in the session are a prefix of the
+// new rendering and prefills only the rest (from the first difference when they are not).
+// Commands: /reset, /save FILE, /load FILE, /help, /quit. Ctrl-C stops the reply being
+// generated; at the prompt it clears the line. On a terminal the input is read in
+// canonical mode (the terminal's own line editing); a line ending in '\' continues on the
+// next. When stdin is not a terminal, every line is one user message and every reply is
+// printed followed by a newline, so a conversation can be scripted.
+#include <CLI/CLI.hpp>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cera/engine.h"
+#include "cera/error.h"
+#include "cera/session.h"
+#include "cli/command.h"
+#include "cli/model_path.h"
+#include "tokenizer/chat_template.h"
+
+namespace cera::cli {
+namespace {
+
+// ChatML, for models without a template.
+constexpr const char* kChatMl =
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}";
+
+constexpr size_t kChatPrefixCacheBytes = size_t(256) << 20;  // the in-memory tier a chat keeps by default
+
+std::atomic<Session*> g_session{nullptr};  // set only while a reply is being generated
+std::atomic<bool> g_interrupted{false};
+
+void on_sigint(int) {
+    g_interrupted.store(true);
+    if (Session* s = g_session.load()) s->cancel();  // atomic stores only: safe in a signal handler
+}
+
+class ReplySink : public Sink {
+   public:
+    void on_text(std::string_view text) override {
+        std::fwrite(text.data(), 1, text.size(), stdout);
+        std::fflush(stdout);
+    }
+};
+
+enum class ReadResult { kLine, kEof, kInterrupted };
+
+// One line from stdin without its newline. A read interrupted by Ctrl-C gives kInterrupted.
+ReadResult read_line(std::string& line) {
+    line.clear();
+    for (;;) {
+        const int c = std::fgetc(stdin);
+        if (c == EOF) {
+            if (std::ferror(stdin) && errno == EINTR) {
+                std::clearerr(stdin);
+                return ReadResult::kInterrupted;
+            }
+            return line.empty() ? ReadResult::kEof : ReadResult::kLine;
+        }
+        if (c == '\n') return ReadResult::kLine;
+        line.push_back(char(c));
+    }
+}
+
+ChatMessage message_of(const std::string& role, const std::string& content) {
+    ChatMessage m;
+    m.role = role;
+    m.content = content;
+    return m;
+}
+
+nlohmann::json messages_to_json(const std::vector<ChatMessage>& messages) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const ChatMessage& m : messages) a.push_back({{"role", m.role}, {"content", m.content}});
+    return a;
+}
+
+std::vector<ChatMessage> messages_from_json(const nlohmann::json& a) {
+    std::vector<ChatMessage> out;
+    for (const auto& m : a) {
+        ChatMessage c;
+        c.role = m.at("role").get<std::string>();
+        c.content = m.at("content").get<std::string>();
+        out.push_back(std::move(c));
+    }
+    return out;
+}
+
+struct Chat {
+    std::shared_ptr<Engine> engine;
+    std::unique_ptr<Session> session;
+    ChatTemplate tmpl{kChatMl};
+    ChatTemplateOptions topts;
+    std::vector<ChatMessage> messages;  // the conversation so far (system message first, if any)
+    std::string system;
+    GenerateOptions gen;
+    bool verbose = false;
+
+    // Renders the conversation, ending with the assistant header, as token ids.
+    std::vector<int32_t> render() const {
+        const std::string text = tmpl.render(messages, topts);
+        std::vector<int32_t> ids = engine->tokenize(text, false, true);
+        const int32_t bos = engine->bos_token();
+        if (engine->add_bos() && bos >= 0 && (ids.empty() || ids.front() != bos)) ids.insert(ids.begin(), bos);
+        return ids;
+    }
+
+    void reset() {
+        messages.clear();
+        if (!system.empty()) messages.push_back(message_of("system", system));
+        session->reset();
+    }
+
+    // Drops the oldest exchange after the system message; false when nothing is left to drop.
+    bool drop_oldest_turn() {
+        const size_t first = !messages.empty() && messages.front().role == "system" ? 1 : 0;
+        if (messages.size() <= first + 1) return false;  // only the newest user message is left
+        size_t end = first + 1;                          // the user message and its reply
+        while (end < messages.size() - 1 && messages[end].role != "user") ++end;
+        messages.erase(messages.begin() + std::ptrdiff_t(first), messages.begin() + std::ptrdiff_t(end));
+        return true;
+    }
+
+    // One user message -> one streamed reply.
+    void turn(const std::string& user) {
+        messages.push_back(message_of("user", user));
+        std::vector<int32_t> ids = render();
+        const size_t room = size_t(std::max(1, session->n_ctx() / 8));  // leave space for a reply
+        while (ids.size() + room > size_t(session->n_ctx()) && drop_oldest_turn()) {
+            std::fprintf(stderr, "cera chat: the context is full; dropped the oldest exchange\n");
+            ids = render();
+        }
+        if (ids.size() >= size_t(session->n_ctx())) {
+            messages.pop_back();
+            throw Error(ErrorCode::kOutOfRange, "the message does not fit in the context of " +
+                                                    std::to_string(session->n_ctx()) + " tokens (see --ctx)");
+        }
+        // Keep what the session already holds when it is a prefix of the new rendering.
+        const std::vector<int32_t>& have = session->tokens();
+        size_t common = 0;
+        while (common < have.size() && common < ids.size() && have[common] == ids[common]) ++common;
+        if (common < have.size()) {
+            if (verbose)
+                std::fprintf(stderr, "cera chat: the rendering differs from the session at token %zu of %zu\n",
+                             common, have.size());
+            session->truncate(int32_t(common));
+        }
+        session->append_tokens(std::span<const int32_t>(ids.data() + common, ids.size() - common));
+
+        ReplySink sink;
+        g_interrupted.store(false);
+        g_session.store(session.get());
+        GenerationResult r;
+        try {
+            r = session->generate(gen, sink);
+        } catch (...) {
+            g_session.store(nullptr);
+            throw;
+        }
+        g_session.store(nullptr);
+        std::fputc('\n', stdout);
+        std::fflush(stdout);
+        messages.push_back(message_of("assistant", r.text));
+        if (verbose)
+            std::fprintf(stderr,
+                         "cera chat: prompt %d new tokens (%d from the prefix cache), %.1f tok/s; reply %d tokens, "
+                         "%.1f tok/s; finish: %s; context %d/%d\n",
+                         r.prompt_tokens, r.cached_tokens, r.prefill_tokens_per_second(), r.generated_tokens,
+                         r.decode_tokens_per_second(), finish_reason_name(r.finish), session->position(),
+                         session->n_ctx());
+        else if (r.finish == FinishReason::kCancelled)
+            std::fprintf(stderr, "cera chat: reply stopped\n");
+        else if (r.finish == FinishReason::kContextFull)
+            std::fprintf(stderr, "cera chat: the context is full (see --ctx, --n-keep)\n");
+    }
+
+    void save(const std::string& path) {
+        session->save_state_file(path);
+        nlohmann::json j = {{"system", system}, {"messages", messages_to_json(messages)}};
+        std::ofstream f(path + ".chat.json");
+        f << j.dump(1) << "\n";
+        if (!f) throw Error(ErrorCode::kIo, "cannot write " + path + ".chat.json");
+    }
+
+    void load(const std::string& path) {
+        std::ifstream f(path + ".chat.json");
+        if (!f) throw Error(ErrorCode::kIo, "cannot open " + path + ".chat.json (written by /save next to the state)");
+        nlohmann::json j;
+        try {
+            j = nlohmann::json::parse(f);
+        } catch (const nlohmann::json::exception& e) {
+            throw Error(ErrorCode::kInvalidFile, path + ".chat.json: " + e.what());
+        }
+        std::vector<ChatMessage> loaded;
+        try {
+            loaded = messages_from_json(j.at("messages"));
+        } catch (const nlohmann::json::exception& e) {
+            throw Error(ErrorCode::kInvalidFile, path + ".chat.json: " + e.what());
+        }
+        session->load_state_file(path);  // throws, leaving the session as it was, on a mismatch
+        messages = std::move(loaded);
+        system = j.value("system", std::string());
+    }
+};
+
+void print_help() {
+    std::fprintf(stderr,
+                 "commands: /reset (new conversation), /save FILE, /load FILE, /help, /quit (or Ctrl-D)\n"
+                 "Ctrl-C stops a reply; a line ending in '\\' continues on the next line\n");
+}
+
+int run_chat(const std::vector<std::string>& args) {
+    CLI::App app{"Multi-turn chat with a model's chat template. Replies stream to stdout.", "cera chat"};
+    std::string model, device = "auto", kv_type = "f32", cache_dir;
+    int32_t n_predict = 512, n_ctx = 0, n_keep = -1;
+    int threads = 0;
+    int64_t seed = -1;
+    double cache_mib = double(kChatPrefixCacheBytes >> 20);
+    Chat chat;
+    GenerateOptions& g = chat.gen;
+    g.sampling.temperature = 0.8f;
+    app.add_option("-m,--model", model, "GGUF model (default: the bundled models/tiny-lfm2-Q8_0.gguf)");
+    app.add_option("-s,--system", chat.system, "system message");
+    app.add_option("-n,--n-predict", n_predict, "tokens per reply at most (-1: until an end token or a full context)")
+        ->capture_default_str();
+    app.add_option("--temp", g.sampling.temperature, "temperature (0: greedy)")->capture_default_str();
+    app.add_option("--top-k", g.sampling.top_k, "top-k (0: off)")->capture_default_str();
+    app.add_option("--top-p", g.sampling.top_p, "top-p (1: off)")->capture_default_str();
+    app.add_option("--min-p", g.sampling.min_p, "min-p (0: off)")->capture_default_str();
+    app.add_option("--repeat-penalty", g.sampling.repeat_penalty, "repetition penalty (1: off)")
+        ->capture_default_str();
+    app.add_option("--seed", seed, "random seed (default: a random one)");
+    app.add_option("-t,--threads", threads, "CPU threads (0: the physical cores)")->capture_default_str();
+    app.add_option("--device", device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+    app.add_option("-c,--ctx", n_ctx, "context length (0: the model's, at most 4096)")->capture_default_str();
+    app.add_option("--kv-type", kv_type, "KV cache type: f32 or f16")->capture_default_str();
+    app.add_option("--n-keep", n_keep,
+                   "when the context fills, keep the first N tokens and drop half of the rest (-1: stop instead)")
+        ->capture_default_str();
+    app.add_option("--prompt-cache", cache_dir, "directory of the on-disk prefix cache (default: none)");
+    app.add_option("--cache-mib", cache_mib, "in-memory prefix cache size in MiB")->capture_default_str();
+    app.add_flag("-v,--verbose", chat.verbose, "print the model, and per-reply timings, to stderr");
+    std::vector<std::string> rev(args.rbegin(), args.rend());
+    try {
+        app.parse(rev);
+    } catch (const CLI::CallForHelp&) {
+        std::printf("%s", app.help().c_str());
+        return 0;
+    } catch (const CLI::ParseError& e) {
+        std::string msg = e.what();
+        for (char& c : msg)
+            if (c == '\n') c = ' ';
+        std::fprintf(stderr, "cera chat: error: %s (see `cera chat --help`)\n", msg.c_str());
+        return 2;
+    }
+    if (kv_type != "f32" && kv_type != "f16")
+        throw Error(ErrorCode::kInvalidArgument, "--kv-type " + kv_type + ": expected f32 or f16");
+    if (n_ctx < 0) throw Error(ErrorCode::kInvalidArgument, "--ctx must be >= 0");
+    if (cache_mib < 0) throw Error(ErrorCode::kInvalidArgument, "--cache-mib must be >= 0");
+    g.max_tokens = n_predict < 0 ? -1 : n_predict;
+    g.n_keep = n_keep;
+    g.sampling.seed = seed >= 0 ? uint64_t(seed) : uint64_t(std::random_device{}()) << 32 | std::random_device{}();
+    if (model.empty()) model = find_default_model();
+
+    EngineOptions eo;
+    eo.device = device;
+    eo.threads = threads;
+    eo.n_ctx = n_ctx;
+    eo.kv_type = kv_type == "f16" ? KvCacheType::kF16 : KvCacheType::kF32;
+    eo.prefix_cache_bytes = size_t(cache_mib * 1024 * 1024);
+    eo.prefix_cache_dir = cache_dir;
+    chat.engine = Engine::load(model, eo);
+    chat.session = std::make_unique<Session>(chat.engine);
+    const Engine& e = *chat.engine;
+    const std::string source = e.chat_template();
+    if (source.empty())
+        std::fprintf(stderr, "cera chat: note: %s has no chat template; using ChatML\n", model.c_str());
+    else
+        chat.tmpl = ChatTemplate(source);
+    if (e.bos_token() >= 0) chat.topts.bos_token = e.token_text(e.bos_token());
+    if (e.eos_token() >= 0) chat.topts.eos_token = e.token_text(e.eos_token());
+    chat.topts.add_generation_prompt = true;
+    chat.reset();
+
+    const bool tty = isatty(STDIN_FILENO);
+    if (chat.verbose || tty)
+        std::fprintf(stderr, "cera chat: %s (%s, %s), %s, context %d\n", model.c_str(), e.info().architecture.c_str(),
+                     e.info().weight_type.c_str(), e.info().device.c_str(), chat.session->n_ctx());
+    if (tty) print_help();
+
+    struct sigaction sa {}, old_sa {};
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;  // no SA_RESTART: Ctrl-C at the prompt interrupts the read
+    sigaction(SIGINT, &sa, &old_sa);
+
+    int status = 0;
+    std::string line, message;
+    for (;;) {
+        if (tty) {
+            std::fputs(message.empty() ? "> " : ". ", stdout);
+            std::fflush(stdout);
+        }
+        const ReadResult rr = read_line(line);
+        if (rr == ReadResult::kInterrupted) {
+            message.clear();
+            if (tty) std::fputc('\n', stdout);
+            continue;
+        }
+        if (rr == ReadResult::kEof) break;
+        if (tty && !line.empty() && line.back() == '\\') {  // continued on the next line
+            line.pop_back();
+            message += line + "\n";
+            continue;
+        }
+        message += line;
+        std::string text;
+        text.swap(message);
+        if (text.empty()) continue;
+        try {
+            if (text[0] == '/') {
+                const size_t sp = text.find(' ');
+                const std::string cmd = text.substr(0, sp);
+                std::string arg = sp == std::string::npos ? "" : text.substr(sp + 1);
+                while (!arg.empty() && arg.back() == ' ') arg.pop_back();
+                while (!arg.empty() && arg.front() == ' ') arg.erase(arg.begin());
+                if (cmd == "/quit" || cmd == "/exit") break;
+                if (cmd == "/help") {
+                    print_help();
+                } else if (cmd == "/reset") {
+                    chat.reset();
+                    std::fprintf(stderr, "cera chat: new conversation\n");
+                } else if (cmd == "/save" || cmd == "/load") {
+                    if (arg.empty()) throw Error(ErrorCode::kInvalidArgument, cmd + " needs a file name");
+                    if (cmd == "/save")
+                        chat.save(arg);
+                    else
+                        chat.load(arg);
+                    std::fprintf(stderr, "cera chat: %s %s (%d tokens)\n", cmd == "/save" ? "saved" : "loaded",
+                                 arg.c_str(), chat.session->position());
+                } else {
+                    throw Error(ErrorCode::kInvalidArgument, "unknown command " + cmd + " (see /help)");
+                }
+                continue;
+            }
+            chat.turn(text);
+        } catch (const Error& err) {
+            std::fprintf(stderr, "cera chat: error: %s\n", err.what());
+            if (!tty) status = 1;  // a scripted conversation reports the failure at exit
+        }
+    }
+    sigaction(SIGINT, &old_sa, nullptr);
+    return status;
+}
+
+}  // namespace
+
+CERA_CLI_COMMAND(chat, "chat", "multi-turn chat using the model's chat template", run_chat);
+
+}  // namespace cera::cli
