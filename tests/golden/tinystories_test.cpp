@@ -8,10 +8,12 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cera/engine.h"
 #include "cera/session.h"
+#include "core/fp16.h"
 #include "gguf/gguf.h"
 #include "models/model.h"
 #include "test_util.h"
@@ -163,6 +165,138 @@ TEST_F(TinyStories, Q8GreedyFollowsReferenceStart) {
     const auto want = expected_ids();
     ASSERT_GE(sink.ids.size(), 8u);
     for (size_t i = 0; i < 8; ++i) EXPECT_EQ(sink.ids[i], want[i]) << "step " << i;
+}
+
+// A synthetic checkpoint in BF16 and F16 (untied, so lm_head becomes output.weight): every converted
+// tensor equals its source, reshaped to GGUF order, and the q/k rows are permuted per head exactly as
+// permute(w, n_head) of llama.cpp's converter: new row h*d + 2j + s <- old row h*d + s*d/2 + j.
+TEST(Convert, Bf16F16CheckpointAndRopePermutation) {
+    const fs::path dir = fs::temp_directory_path() / ("cera_convert_synth_" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    const int64_t n_embd = 8, n_head = 2, n_head_kv = 1, head_dim = 4, n_ff = 16, n_vocab = 6;
+    struct Src {
+        std::string name, dtype;
+        std::vector<int64_t> shape;
+    };
+    const std::vector<Src> srcs = {
+        {"model.embed_tokens.weight", "BF16", {n_vocab, n_embd}},
+        {"model.layers.0.input_layernorm.weight", "F16", {n_embd}},
+        {"model.layers.0.self_attn.q_proj.weight", "BF16", {n_head * head_dim, n_embd}},
+        {"model.layers.0.self_attn.k_proj.weight", "F16", {n_head_kv * head_dim, n_embd}},
+        {"model.layers.0.self_attn.v_proj.weight", "BF16", {n_head_kv * head_dim, n_embd}},
+        {"model.layers.0.self_attn.o_proj.weight", "BF16", {n_embd, n_head * head_dim}},
+        {"model.layers.0.post_attention_layernorm.weight", "F16", {n_embd}},
+        {"model.layers.0.mlp.gate_proj.weight", "BF16", {n_ff, n_embd}},
+        {"model.layers.0.mlp.up_proj.weight", "BF16", {n_ff, n_embd}},
+        {"model.layers.0.mlp.down_proj.weight", "BF16", {n_embd, n_ff}},
+        {"model.norm.weight", "F16", {n_embd}},
+        {"lm_head.weight", "BF16", {n_vocab, n_embd}},
+    };
+    // Value k of tensor t: small integers and halves, exact in BF16 and F16.
+    auto value = [](size_t t, int64_t k) { return float(int64_t(t) * 3 + k % 37) * 0.5f - 9.0f; };
+    nlohmann::json header;
+    std::string data;
+    for (size_t t = 0; t < srcs.size(); ++t) {
+        int64_t n = 1;
+        for (int64_t d : srcs[t].shape) n *= d;
+        const size_t begin = data.size();
+        for (int64_t k = 0; k < n; ++k) {
+            const uint16_t h = srcs[t].dtype == "BF16" ? cera::fp32_to_bf16(value(t, k)) : cera::fp32_to_fp16(value(t, k));
+            data.append(reinterpret_cast<const char*>(&h), 2);
+        }
+        header[srcs[t].name] = {{"dtype", srcs[t].dtype}, {"shape", srcs[t].shape}, {"data_offsets", {begin, data.size()}}};
+    }
+    header["__metadata__"] = {{"format", "pt"}};
+    const std::string hj = header.dump();
+    {
+        std::ofstream f(dir / "model.safetensors", std::ios::binary);
+        const uint64_t len = hj.size();
+        f.write(reinterpret_cast<const char*>(&len), 8);
+        f << hj << data;
+    }
+    nlohmann::json cfg = {{"model_type", "llama"},         {"hidden_size", n_embd},
+                          {"intermediate_size", n_ff},     {"num_hidden_layers", 1},
+                          {"num_attention_heads", n_head}, {"num_key_value_heads", n_head_kv},
+                          {"vocab_size", n_vocab},         {"max_position_embeddings", 64},
+                          {"rms_norm_eps", 1e-5},          {"rope_theta", 500000.0},
+                          {"tie_word_embeddings", false},  {"bos_token_id", 1},
+                          {"eos_token_id", 2}};
+    std::ofstream(dir / "config.json") << cfg.dump();
+    nlohmann::json tok = {
+        {"model",
+         {{"type", "BPE"},
+          {"byte_fallback", true},
+          {"unk_token", "<unk>"},
+          {"vocab", {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}, {"\xe2\x96\x81", 3}, {"a", 4}, {"\xe2\x96\x81" "a", 5}}},
+          {"merges", {"\xe2\x96\x81 a"}}}},
+        {"added_tokens",
+         {{{"id", 1}, {"content", "<s>"}, {"special", true}}, {{"id", 2}, {"content", "</s>"}, {"special", true}}}},
+        {"normalizer",
+         {{"type", "Sequence"},
+          {"normalizers", {{{"type", "Prepend"}, {"prepend", "\xe2\x96\x81"}}}}}}};
+    std::ofstream(dir / "tokenizer.json") << tok.dump();
+
+    const std::string out = (dir / "out.gguf").string();
+    const std::string cmd = "'" + cera_bin() + "' convert --hf '" + dir.string() + "' -o '" + out + "' 2>/dev/null";
+    const int status = std::system(cmd.c_str());
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << cmd;
+    auto f = cera::gguf::File::open(out);
+    EXPECT_EQ(f->get_f32("llama.rope.freq_base"), 500000.0f);
+    EXPECT_EQ(f->get_u32("llama.attention.head_count_kv"), 1u);
+    EXPECT_TRUE(f->get_bool("tokenizer.ggml.add_space_prefix"));
+    EXPECT_EQ(f->get_f32_array("tokenizer.ggml.scores")[5], -1.0f);  // made by merge rank 0
+    EXPECT_EQ(f->get_int_array("tokenizer.ggml.token_type")[1], 3);  // control
+
+    auto check = [&](const std::string& gg, size_t t, int64_t permute_heads) {
+        const cera::gguf::TensorInfo* ti = f->find_tensor(gg);
+        ASSERT_NE(ti, nullptr) << gg;
+        ASSERT_EQ(ti->type, cera::GgmlType::kF32) << gg;
+        const std::vector<int64_t>& shape = srcs[t].shape;
+        std::vector<int64_t> ne(shape.rbegin(), shape.rend());
+        EXPECT_EQ(ti->ne, ne) << gg;
+        const float* got = reinterpret_cast<const float*>(ti->data);
+        const int64_t cols = shape.size() == 2 ? shape[1] : shape[0], rows = shape.size() == 2 ? shape[0] : 1;
+        for (int64_t r = 0; r < rows; ++r) {
+            int64_t src_row = r;
+            if (permute_heads > 0) {
+                const int64_t h = r / head_dim, i = r % head_dim, j = i / 2, s = i % 2;
+                src_row = h * head_dim + s * (head_dim / 2) + j;
+            }
+            for (int64_t col = 0; col < cols; ++col)
+                ASSERT_EQ(got[r * cols + col], value(t, src_row * cols + col)) << gg << " row " << r << " col " << col;
+        }
+    };
+    check("token_embd.weight", 0, 0);
+    check("blk.0.attn_norm.weight", 1, 0);
+    check("blk.0.attn_q.weight", 2, n_head);
+    check("blk.0.attn_k.weight", 3, n_head_kv);
+    check("blk.0.attn_v.weight", 4, 0);
+    check("blk.0.attn_output.weight", 5, 0);
+    check("blk.0.ffn_norm.weight", 6, 0);
+    check("blk.0.ffn_gate.weight", 7, 0);
+    check("blk.0.ffn_up.weight", 8, 0);
+    check("blk.0.ffn_down.weight", 9, 0);
+    check("output_norm.weight", 10, 0);
+    check("output.weight", 11, 0);
+
+    // A missing tensor is one error line naming it, and exit 1.
+    nlohmann::json bad = header;
+    bad.erase("model.norm.weight");
+    {
+        const std::string bj = bad.dump();
+        std::ofstream f(dir / "model.safetensors", std::ios::binary | std::ios::trunc);
+        const uint64_t len = bj.size();
+        f.write(reinterpret_cast<const char*>(&len), 8);
+        f << bj << data;
+    }
+    const std::string err = (dir / "err.txt").string();
+    const std::string cmd2 = "'" + cera_bin() + "' convert --hf '" + dir.string() + "' -o '" + out + "' 2>'" + err + "'";
+    const int status2 = std::system(cmd2.c_str());
+    EXPECT_TRUE(WIFEXITED(status2) && WEXITSTATUS(status2) == 1);
+    const std::string msg = cera::test::read_text(err);
+    EXPECT_EQ(std::count(msg.begin(), msg.end(), '\n'), 1) << msg;
+    EXPECT_NE(msg.find("model.norm.weight"), std::string::npos) << msg;
+    fs::remove_all(dir);
 }
 
 }  // namespace
