@@ -108,6 +108,14 @@ int run_run(const std::vector<std::string>& args) {
     app.add_flag("--no-special", no_special, "tokenize special-token text in the prompt as plain text");
     app.add_flag("--ignore-eos", g.ignore_eos, "keep generating past end-of-generation tokens");
     app.add_flag("-v,--verbose", verbose, "print the model and sampling settings to stderr");
+    std::string prompt_cache;
+    double cache_mib = 0;
+    app.add_option("--n-keep", g.n_keep,
+                   "when the context fills, keep the first N tokens and drop half of the rest (-1: stop instead)")
+        ->capture_default_str();
+    app.add_option("--prompt-cache", prompt_cache,
+                   "prefix cache directory: reuse the saved state of a prompt sharing a prefix, save this one");
+    app.add_option("--cache-mib", cache_mib, "in-memory prefix cache size in MiB (0: none)");
     std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 takes the arguments in reverse
     try {
         app.parse(rev);
@@ -133,6 +141,9 @@ int run_run(const std::vector<std::string>& args) {
     eo.threads = threads;
     eo.n_ctx = n_ctx;
     eo.kv_type = kv_type == "f16" ? KvCacheType::kF16 : KvCacheType::kF32;
+    if (cache_mib < 0) fail(ErrorCode::kInvalidArgument, "--cache-mib must be >= 0");
+    eo.prefix_cache_dir = prompt_cache;
+    eo.prefix_cache_bytes = size_t(cache_mib * 1024 * 1024);
     auto engine = Engine::load(model, eo);
     const EngineInfo& info = engine->info();
     if (verbose)
@@ -174,6 +185,9 @@ int run_run(const std::vector<std::string>& args) {
                  "(%.1f ms); finish: %s\n",
                  r.prompt_tokens, r.prefill_tokens_per_second(), r.prefill_seconds * 1e3, r.generated_tokens,
                  r.decode_tokens_per_second(), r.decode_seconds * 1e3, finish_reason_name(r.finish));
+    if (r.cached_tokens > 0 || r.context_shifts > 0)
+        std::fprintf(stderr, "cera run: %d prompt tokens restored from the prefix cache; %d context shifts\n",
+                     r.cached_tokens, r.context_shifts);
     return 0;
 }
 
