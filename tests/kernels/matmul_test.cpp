@@ -153,6 +153,80 @@ TEST(Matmul, EveryIsaEveryTypeAgainstReference) {
     cpu::force_isa(isas.back());
 }
 
+// Registered weights go through the packed layouts (repack.h) where the ISA has kernels for them:
+// the same bound against the float64 reference, over row counts around the 16-row groups, odd
+// block counts, and token counts around the 8-token tiles.
+TEST(Matmul, PackedWeightsAgainstReference) {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    ThreadPool pool(2);
+    const std::vector<Isa> isas = available_isas();
+    const std::vector<Case> packed_cases = {
+        {GgmlType::kQ4_0, {32, 96, 320}},
+        {GgmlType::kQ8_0, {32, 96, 320}},
+        {GgmlType::kQ4_K, {256, 768}},
+        {GgmlType::kQ6_K, {256, 768}},
+    };
+    int packed_seen = 0;
+    for (const Case& cs : packed_cases) {
+        for (int64_t k : cs.ks) {
+            for (int64_t rows : {1, 16, 17, 33, 50}) {
+                const auto w = make_weights(cs.type, rows, k, rng);
+                std::vector<float> wd(size_t(rows * k));
+                for (int64_t r = 0; r < rows; ++r)
+                    dequantize_row_ref(cs.type, w.data() + size_t(r) * row_size(cs.type, k), &wd[size_t(r * k)], k);
+                for (Isa isa : isas) {
+                    cpu::force_isa(isa);
+                    const bool packed = cpu::register_weight(cs.type, w.data(), rows, k);
+                    packed_seen += packed;
+                    for (int64_t nt : {1, 2, 7, 9, 19, 64}) {
+                        std::vector<float> x(size_t(nt * k));
+                        for (size_t i = 0; i < x.size(); ++i) x[i] = (i % 61 == 3) ? 8.0f * g(rng) : g(rng);
+                        const int64_t ldy = rows + (nt % 2);
+                        for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+                            SCOPED_TRACE(testing::Message() << type_name(cs.type) << " k=" << k << " rows=" << rows
+                                                            << " n_tokens=" << nt << " isa=" << cpu::isa_name(isa)
+                                                            << " packed=" << packed << " threads=" << (p ? 2 : 1));
+                            std::vector<float> y(size_t(nt * ldy), -12345.0f);
+                            cpu::matmul(cs.type, w.data(), rows, k, x.data(), nt, y.data(), ldy, p);
+                            const int ab = act_block(isa, cs.type);
+                            for (int64_t t = 0; t < nt; ++t) {
+                                for (int64_t r = rows; r < ldy; ++r) ASSERT_EQ(y[size_t(t * ldy + r)], -12345.0f);
+                                for (int64_t r = 0; r < rows; ++r) {
+                                    const float* wr = &wd[size_t(r * k)];
+                                    const float* xt = &x[size_t(t * k)];
+                                    double exact = 0, s_abs = 0, q_bound = 0;
+                                    for (int64_t i = 0; i < k; ++i) {
+                                        exact += double(wr[i]) * xt[i];
+                                        s_abs += std::fabs(double(wr[i]) * xt[i]);
+                                    }
+                                    for (int64_t b0 = 0; ab > 0 && b0 < k; b0 += ab) {
+                                        double amax = 0, wsum = 0;
+                                        for (int64_t i = b0; i < b0 + ab; ++i) {
+                                            amax = std::max(amax, double(std::fabs(xt[i])));
+                                            wsum += std::fabs(double(wr[i]));
+                                        }
+                                        q_bound += amax / 254.0 * wsum;
+                                    }
+                                    const double tol =
+                                        2.0 * double(k) * std::ldexp(1.0, -24) * s_abs + q_bound * 1.0001 + 1e-30;
+                                    ASSERT_LE(std::fabs(double(y[size_t(t * ldy + r)]) - exact), tol)
+                                        << "row " << r << " token " << t;
+                                }
+                            }
+                        }
+                    }
+                    if (packed) cpu::unregister_weight(w.data());
+                }
+            }
+        }
+    }
+    if (available_isas().back() == Isa::kAvx512) {
+        EXPECT_GT(packed_seen, 0);
+    }
+    cpu::force_isa(isas.back());
+}
+
 TEST(Matmul, IntegerPathsAreTighterThanTheirBound) {
     // The bound above must not be vacuous: on gaussian data the 8-bit activation error stays
     // well inside it, and a deliberately wrong result (one weight block dropped) falls outside.

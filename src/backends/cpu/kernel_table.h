@@ -31,17 +31,33 @@ struct MatmulKernel {
     ActFormat act = ActFormat::kF32;
 };
 
+// Kernels on repacked weights (repack.h): rows in groups of kPackRows, interleaved so that one
+// 512-bit register holds 4 consecutive codes of each of the group's rows. Computes y[t][r] for the
+// row groups [g0, g1) (rows beyond `rows` are padding and are not stored) and tokens [t0, t1).
+using PackedFn = void (*)(const uint8_t* packed, size_t group_stride, int64_t g0, int64_t g1, int64_t rows,
+                          const uint8_t* act, size_t a_stride, int64_t t0, int64_t t1, int64_t k, float* y,
+                          int64_t ldy);
+
+struct PackedKernel {
+    PackedFn fn = nullptr;  // nullptr: this ISA has no kernel on the packed layout of the type
+    ActFormat act = ActFormat::kF32;
+};
+
 constexpr int kMaxTypeId = 40;
 
 struct KernelTable {
     Isa isa;
     MatmulKernel matmul[kMaxTypeId];
+    PackedKernel packed[kMaxTypeId];
     void (*rms_norm)(const float* x, const float* w, float* y, int64_t n, float eps);
     void (*silu_mul)(const float* g, const float* u, float* y, int64_t n);
     void (*add)(const float* a, const float* b, float scale, float* y, int64_t n);
     float (*dot_f32)(const float* a, const float* b, int64_t n);
     void (*softmax)(float* x, int64_t n);
 };
+
+// Fills t.packed with the AVX-512 VNNI kernels on packed weights (kernels_packed_avx512.cpp).
+void add_packed_kernels_avx512(KernelTable& t);
 
 const KernelTable& kernel_table_ref();
 const KernelTable& kernel_table_avx2();

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backends/cpu/kernel_table.h"
+#include "backends/cpu/repack.h"
 #include "core/check.h"
 #include "core/cpu_features.h"
 #include "core/quant/quant.h"
@@ -127,7 +128,18 @@ struct MatmulArgs {
     float* y;
     int64_t ldy;
     int64_t token_block;
+    PackedFn packed_fn;
+    PackedView packed;
+    int64_t rows;
 };
+
+// Row groups [g0, g1) of a packed weight, tokens [t0, t1).
+void run_packed(const MatmulArgs& a, int64_t g0, int64_t g1, int64_t t0, int64_t t1) {
+    for (int64_t tb = t0; tb < t1; tb += a.token_block) {
+        const int64_t te = tb + a.token_block < t1 ? tb + a.token_block : t1;
+        a.packed_fn(a.packed.data, a.packed.group_stride, g0, g1, a.rows, a.act, a.a_stride, tb, te, a.k, a.y, a.ldy);
+    }
+}
 
 // Rows [r0, r1) and tokens [t0, t1) of y.
 void run_tile(const MatmulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
@@ -248,6 +260,14 @@ void matmul(GgmlType type, const void* w, int64_t rows, int64_t k, const float* 
             throw_error(ErrorCode::kUnsupported, "matmul: no CPU kernel for weight type %s", ti.name);
         a.kernel.act = ActFormat::kF32;
     }
+    a.rows = rows;
+    if (uint32_t(type) < uint32_t(kMaxTypeId) && tab.packed[int(type)].fn != nullptr) {
+        a.packed = find_packed(w, type, rows, k);
+        if (a.packed.data != nullptr) {
+            a.packed_fn = tab.packed[int(type)].fn;
+            a.kernel.act = tab.packed[int(type)].act;
+        }
+    }
     a.w = static_cast<const uint8_t*>(w);
     a.w_stride = row_size(type, k);
     a.k = k;
@@ -276,6 +296,17 @@ void matmul(GgmlType type, const void* w, int64_t rows, int64_t k, const float* 
     int64_t tb = int64_t(kActL2Budget / a.a_stride);
     a.token_block = tb < 4 ? 4 : tb;
 
+    if (a.packed_fn != nullptr) {
+        const int64_t groups = (rows + kPackRows - 1) / kPackRows;
+        if (n_threads <= 1) {
+            run_packed(a, 0, groups, 0, n_tokens);
+        } else if (groups >= 2 * n_threads || n_tokens < 2 * n_threads) {
+            pool->parallel_for(groups, [&](int64_t g0, int64_t g1, int) { run_packed(a, g0, g1, 0, n_tokens); });
+        } else {
+            pool->parallel_for(n_tokens, [&](int64_t t0, int64_t t1, int) { run_packed(a, 0, groups, t0, t1); }, 4);
+        }
+        return;
+    }
     if (n_threads <= 1) {
         run_tile(a, 0, rows, 0, n_tokens);
         return;

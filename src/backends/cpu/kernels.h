@@ -23,6 +23,14 @@ void force_isa(Isa isa);   // for tests and benchmarks
 void matmul(GgmlType type, const void* w, int64_t rows, int64_t k, const float* x, int64_t n_tokens, float* y,
             int64_t ldy, ThreadPool* pool);
 
+// Weight registration: a backend may hand its weight matrices to register_weight once at load; where
+// the active kernel table has a kernel on a repacked layout of the type (backends/cpu/repack.h), a
+// packed copy is made and later matmul calls with the same (type, w, rows, k) use it. The bytes at w
+// must not change while registered. Returns whether a packed copy is in use. Registrations are
+// counted; unregister_weight drops one (and the copy with the last).
+bool register_weight(GgmlType type, const void* w, int64_t rows, int64_t k);
+void unregister_weight(const void* w);
+
 // The scalar reference of matmul (dequantize each weight row to f32, then dot in double-free f32 order).
 void matmul_ref(GgmlType type, const void* w, int64_t rows, int64_t k, const float* x, int64_t n_tokens, float* y,
                 int64_t ldy);

@@ -467,6 +467,7 @@ KernelTable make_table() {
     set(GgmlType::kQ4_K, gemm<Q45KTile<false>::T>, ActFormat::kActQ8K);
     set(GgmlType::kQ5_K, gemm<Q45KTile<true>::T>, ActFormat::kActQ8K);
     set(GgmlType::kQ6_K, gemm<Q6KTile>, ActFormat::kActQ8K);
+    add_packed_kernels_avx512(t);
     t.rms_norm = rms_norm_avx512;
     t.silu_mul = silu_mul_avx512;
     t.add = add_avx512;

@@ -1,0 +1,197 @@
+// Repacking of weight matrices into the CPU's interleaved layouts (repack.h) and the registry of
+// packed images. Scalar, run once per weight at load time.
+#include "backends/cpu/repack.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include "backends/cpu/kernel_table.h"
+#include "backends/cpu/kernels.h"
+#include "core/check.h"
+#include "core/fp16.h"
+#include "core/quant/quant.h"
+
+namespace cera::cpu {
+namespace {
+
+constexpr int R = kPackRows;
+
+void put_f32(uint8_t* p, float v) { std::memcpy(p, &v, 4); }
+
+// One group: rows [r0, r0 + 16) of w (rows past `rows` are padding) -> out.
+void pack_group(GgmlType type, const uint8_t* w, size_t rs, int64_t r0, int64_t rows, int64_t k, uint8_t* out) {
+    auto row = [&](int r) -> const uint8_t* { return r0 + r < rows ? w + size_t(r0 + r) * rs : nullptr; };
+    const int64_t nb = k / 32, nsb = k / kQK_K;
+    switch (type) {
+        case GgmlType::kQ4_0:
+        case GgmlType::kQ8_0: {
+            const bool q8 = type == GgmlType::kQ8_0;
+            const size_t bbytes = q8 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0);
+            const int lines = q8 ? 8 : 4;
+            const size_t pair_bytes = 64 + 2 * size_t(lines) * 64;
+            for (int64_t p = 0; p < (nb + 1) / 2; ++p) {
+                uint8_t* o = out + size_t(p) * pair_bytes;
+                for (int h = 0; h < 2; ++h) {
+                    const int64_t b = 2 * p + h;
+                    for (int r = 0; r < R; ++r) {
+                        const uint8_t* src = row(r);
+                        const uint8_t* blk = (src != nullptr && b < nb) ? src + size_t(b) * bbytes : nullptr;
+                        uint16_t d = 0;
+                        if (blk != nullptr) std::memcpy(&d, blk, 2);
+                        std::memcpy(o + 2 * (h * R + r), &d, 2);
+                        for (int j = 0; j < lines; ++j)
+                            for (int i = 0; i < 4; ++i) {
+                                uint8_t c = blk != nullptr ? blk[2 + 4 * j + i] : (q8 ? 0 : 0x88);
+                                if (q8) c ^= 0x80;
+                                o[64 + size_t(h * lines + j) * 64 + 4 * r + i] = c;
+                            }
+                    }
+                }
+            }
+            return;
+        }
+        case GgmlType::kQ4_K: {
+            for (int64_t sb = 0; sb < nsb; ++sb) {
+                uint8_t* o = out + size_t(sb) * 2560;
+                for (int r = 0; r < R; ++r) {
+                    const uint8_t* src = row(r);
+                    const auto* blk = src != nullptr ? reinterpret_cast<const BlockQ4_K*>(src) + sb : nullptr;
+                    put_f32(o + 4 * r, blk != nullptr ? fp16_to_fp32(blk->d) : 0.0f);
+                    put_f32(o + 64 + 4 * r, blk != nullptr ? fp16_to_fp32(blk->dmin) : 0.0f);
+                    for (int s = 0; s < 8; ++s) {
+                        uint8_t sc = 0, m = 0;
+                        if (blk != nullptr) get_scale_min_k4(s, blk->scales, &sc, &m);
+                        o[128 + 16 * s + r] = sc;
+                        const int16_t m16 = int16_t(m);
+                        std::memcpy(o + 256 + 64 * (s / 2) + 4 * r + 2 * (s % 2), &m16, 2);
+                    }
+                    for (int l = 0; l < 32; ++l)
+                        for (int i = 0; i < 4; ++i) o[512 + 64 * l + 4 * r + i] = blk != nullptr ? blk->qs[4 * l + i] : 0;
+                }
+            }
+            return;
+        }
+        case GgmlType::kQ6_K: {
+            for (int64_t sb = 0; sb < nsb; ++sb) {
+                uint8_t* o = out + size_t(sb) * 3392;
+                for (int r = 0; r < R; ++r) {
+                    const uint8_t* src = row(r);
+                    const auto* blk = src != nullptr ? reinterpret_cast<const BlockQ6_K*>(src) + sb : nullptr;
+                    uint8_t code[256];
+                    if (blk != nullptr) {
+                        for (int n = 0; n < 2; ++n)
+                            for (int l = 0; l < 32; ++l) {
+                                const uint8_t* ql = blk->ql + 64 * n;
+                                const uint8_t qh = blk->qh[32 * n + l];
+                                code[128 * n + l] = uint8_t((ql[l] & 0xF) | ((qh & 3) << 4));
+                                code[128 * n + l + 32] = uint8_t((ql[l + 32] & 0xF) | (((qh >> 2) & 3) << 4));
+                                code[128 * n + l + 64] = uint8_t((ql[l] >> 4) | (((qh >> 4) & 3) << 4));
+                                code[128 * n + l + 96] = uint8_t((ql[l + 32] >> 4) | (((qh >> 6) & 3) << 4));
+                            }
+                    } else {
+                        std::memset(code, 32, sizeof(code));
+                    }
+                    put_f32(o + 4 * r, blk != nullptr ? fp16_to_fp32(blk->d) : 0.0f);
+                    for (int s = 0; s < 16; ++s) o[64 + 16 * s + r] = uint8_t(blk != nullptr ? blk->scales[s] : 0);
+                    for (int q = 0; q < 32; ++q)
+                        for (int i = 0; i < 4; ++i)
+                            o[320 + 64 * q + 4 * r + i] =
+                                uint8_t((code[4 * q + i] & 0xF) | ((code[128 + 4 * q + i] & 0xF) << 4));
+                    for (int h = 0; h < 16; ++h)
+                        for (int i = 0; i < 4; ++i) {
+                            uint8_t v = 0;
+                            for (int s = 0; s < 4; ++s) v |= uint8_t((code[64 * s + 4 * h + i] >> 4) << (2 * s));
+                            o[2368 + 64 * h + 4 * r + i] = v;
+                        }
+                }
+            }
+            return;
+        }
+        default: CERA_CHECK(false, "repack: no packed layout for %s", type_name(type));
+    }
+}
+
+struct Entry {
+    GgmlType type;
+    int64_t rows, k;
+    size_t group_stride;
+    uint8_t* data;
+    int refs;
+};
+
+std::mutex g_mu;
+std::unordered_map<const void*, Entry>& registry() {
+    static auto* m = new std::unordered_map<const void*, Entry>();  // never destroyed: used at exit
+    return *m;
+}
+
+}  // namespace
+
+size_t packed_group_bytes(GgmlType type, int64_t k) {
+    switch (type) {
+        case GgmlType::kQ4_0: return size_t((k / 32 + 1) / 2) * 576;
+        case GgmlType::kQ8_0: return size_t((k / 32 + 1) / 2) * 1088;
+        case GgmlType::kQ4_K: return size_t(k / kQK_K) * 2560;
+        case GgmlType::kQ6_K: return size_t(k / kQK_K) * 3392;
+        default: return 0;
+    }
+}
+
+void repack_weights(GgmlType type, const void* w, int64_t rows, int64_t k, uint8_t* out) {
+    const size_t gs = packed_group_bytes(type, k);
+    CERA_CHECK(gs > 0, "repack: no packed layout for %s", type_name(type));
+    const size_t rs = row_size(type, k);
+    for (int64_t g = 0; g * R < rows; ++g)
+        pack_group(type, static_cast<const uint8_t*>(w), rs, g * R, rows, k, out + size_t(g) * gs);
+}
+
+PackedView find_packed(const void* w, GgmlType type, int64_t rows, int64_t k) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto& reg = registry();
+    if (reg.empty()) return {};
+    auto it = reg.find(w);
+    if (it == reg.end() || it->second.type != type || it->second.rows != rows || it->second.k != k) return {};
+    return {it->second.data, it->second.group_stride};
+}
+
+bool register_weight(GgmlType type, const void* w, int64_t rows, int64_t k) {
+    if (uint32_t(type) >= uint32_t(kMaxTypeId) || kernel_table_avx512().packed[int(type)].fn == nullptr) return false;
+    if (active_isa() != Isa::kAvx512) return false;
+    const size_t gs = packed_group_bytes(type, k);
+    if (gs == 0 || rows < 1 || k % type_info(type).block_size != 0) return false;
+    {
+        std::lock_guard<std::mutex> lock(g_mu);
+        auto it = registry().find(w);
+        if (it != registry().end()) {
+            if (it->second.type == type && it->second.rows == rows && it->second.k == k) {
+                ++it->second.refs;
+                return true;
+            }
+            return false;
+        }
+    }
+    const size_t bytes = size_t((rows + R - 1) / R) * gs;
+    auto* data = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+    if (data == nullptr) return false;
+    repack_weights(type, w, rows, k, data);
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto [it, inserted] = registry().emplace(w, Entry{type, rows, k, gs, data, 1});
+    if (!inserted) {  // registered by another thread meanwhile
+        std::free(data);
+        ++it->second.refs;
+    }
+    return true;
+}
+
+void unregister_weight(const void* w) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = registry().find(w);
+    if (it == registry().end()) return;
+    if (--it->second.refs > 0) return;
+    std::free(it->second.data);
+    registry().erase(it);
+}
+
+}  // namespace cera::cpu

@@ -1,0 +1,50 @@
+// Repacked weight layouts for the CPU matmul, and the registry that holds them.
+//
+// A GGUF row-major matrix makes a 1-row kernel do per-block float work for every (row, token) pair
+// and read each row's scales one at a time. Repacked, rows go in groups of kPackRows = 16 and each
+// 64-byte line holds the same 4 code bytes of the group's 16 rows: one 512-bit vpdpbusd against a
+// broadcast 4-byte activation chunk advances all 16 row sums (one int32 lane per row), the scales
+// of a block are one 16-lane vector, and the result of a group is one store per token.
+// Rows past the end of the matrix are zero padding (scale 0) in the last group.
+//
+// Layouts, per group of 16 rows (r = row within the group, "line" = 64 bytes = 16 rows x 4 bytes):
+//   Q4_0: per pair of 32-blocks (an odd count gets a zero block): d fp16 [2][16] (64 B), then per
+//         block 4 lines: line j, row r = qs[4j .. 4j+3] of that row's block (low nibble = element
+//         4j+i, high nibble = element 16+4j+i). 576 B per pair.
+//   Q8_0: per pair of 32-blocks: d fp16 [2][16] (64 B), then per block 8 lines of codes + 128
+//         (unsigned; line j = elements 4j..4j+3). 1088 B per pair.
+//   Q4_K: per 256-super-block: d f32 [16], dmin f32 [16], scales u8 [8][16], mins i16 [4][16][2]
+//         (sub-blocks 2p, 2p+1 of each row side by side), then 32 lines: line 8g+j, row r =
+//         qs[32g + 4j .. 32g+4j+3] (low nibble: element 64g+4j+i, sub-block 2g; high: +32, 2g+1).
+//         64+64+128+256+2048 = 2560 B.
+//   Q6_K: per 256-super-block: d f32 [16], scales i8 [16][16] (sub-block-major), then L [32] lines
+//         (byte i: low nibble = low 4 bits of code 4q+i, high nibble = of code 128+4q+i) and
+//         H [16] lines (byte i: bits 2s..2s+1 = high 2 bits of code 64s+4h+i), codes q+32 in 0..63.
+//         64+256+2048+1024 = 3392 B.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace cera::cpu {
+
+constexpr int kPackRows = 16;
+
+// Bytes of one group of 16 rows of a k-wide matrix in the packed layout of `type`; 0 when the type
+// has no packed layout.
+size_t packed_group_bytes(GgmlType type, int64_t k);
+
+// Writes the packed image of rows [0, rows) of w (GGUF layout, row stride row_size(type, k)) to
+// out, which holds ceil(rows / 16) * packed_group_bytes(type, k) bytes.
+void repack_weights(GgmlType type, const void* w, int64_t rows, int64_t k, uint8_t* out);
+
+struct PackedView {
+    const uint8_t* data = nullptr;  // nullptr: not registered
+    size_t group_stride = 0;
+};
+
+// The packed image registered for exactly (w, type, rows, k), if any.
+PackedView find_packed(const void* w, GgmlType type, int64_t rows, int64_t k);
+
+}  // namespace cera::cpu
