@@ -64,12 +64,28 @@ constexpr PreName kPreNames[] = {
 
 // Token texts that end generation (llama.cpp's list, by text).
 constexpr const char* kEogTexts[] = {
-    "<|eot_id|>", "<|im_end|>",      "<|end|>",          "<end_of_turn>", "<|endoftext|>",
-    "<|eom_id|>", "<EOT>",           "_<EOT>",           "<|end_of_text|>", "<end_of_utterance>",
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
+    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
+    "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<\xEF\xBD\x9Cend\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
+    "[e~[",
 };
+// Texts that identify the EOT and fill-in-the-middle tokens when the file does not name them.
 constexpr const char* kEotTexts[] = {
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>", "_<EOT>",
+    "[EOT]", "<\xEF\xBD\x9Cend\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>", "<end_of_utterance>",
 };
+constexpr const char* kFimPreTexts[] = {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>",
+                                        "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "begin\xEF\xBD\x9C>",
+                                        "<PRE>", "\xE2\x96\x81<PRE>", "<|code_prefix|>", "<|prefix|>"};
+constexpr const char* kFimSufTexts[] = {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",
+                                        "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "hole\xEF\xBD\x9C>",
+                                        "<SUF>", "\xE2\x96\x81<SUF>", "<|code_suffix|>", "<|suffix|>"};
+constexpr const char* kFimMidTexts[] = {"<|fim_middle|>", "<fim-middle>", "<fim_middle>",
+                                        "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "end\xEF\xBD\x9C>",
+                                        "<MID>", "\xE2\x96\x81<MID>", "<|code_middle|>", "<|middle|>"};
+constexpr const char* kFimPadTexts[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"};
+constexpr const char* kFimRepTexts[] = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"};
+constexpr const char* kFimSepTexts[] = {"<|file_sep|>"};
 
 void check_id(int32_t id, int32_t n, const char* what) {
     if (id != kNoToken && (id < 0 || id >= n))
@@ -164,6 +180,7 @@ Vocab::Vocab(VocabData data) : d_(std::move(data)) {
     check_id(d_.eom, n32, "EOM");
     check_id(d_.unk, n32, "unknown");
     check_id(d_.pad, n32, "padding");
+    for (int32_t id : {d_.fim_pre, d_.fim_suf, d_.fim_mid, d_.fim_pad, d_.fim_rep, d_.fim_sep}) check_id(id, n32, "FIM");
     for (int32_t id : d_.lstrip) check_id(id, n32, "lstrip");
     for (int32_t id : d_.rstrip) check_id(id, n32, "rstrip");
     for (int32_t id : d_.extra_eog) check_id(id, n32, "end-of-generation");
@@ -267,28 +284,34 @@ size_t Vocab::find_special_tokens(std::string_view text, std::vector<uint8_t>& p
     return found;
 }
 
+// End-of-generation tokens as llama.cpp decides them: EOS, EOT, EOM, the FIM pad/repo/separator
+// tokens, and tokens with an EOG text. A token found by its text is treated as a control token.
 void Vocab::build_eog() {
     auto force_control = [&](int32_t id) {
         TokenType& t = types_[size_t(id)];
-        if (t != TokenType::kControl && t != TokenType::kUserDefined && t != TokenType::kUnknown) t = TokenType::kControl;
+        if (t != TokenType::kControl && t != TokenType::kUnknown) t = TokenType::kControl;
     };
-    if (d_.eot == kNoToken) {
-        for (const char* s : kEotTexts) {
+    auto detect = [&](int32_t& slot, auto& texts) {
+        if (slot != kNoToken) return;
+        for (const char* s : texts) {
             const int32_t id = find(s);
             if (id != kNoToken) {
-                d_.eot = id;
+                slot = id;
                 force_control(id);
-                break;
+                return;
             }
         }
-    }
-    if (d_.eom == kNoToken) {
-        const int32_t id = find("<|eom_id|>");
-        if (id != kNoToken) {
-            d_.eom = id;
-            force_control(id);
-        }
-    }
+    };
+    static constexpr const char* kEom[] = {"<|eom_id|>"};
+    detect(d_.eot, kEotTexts);
+    detect(d_.eom, kEom);
+    detect(d_.fim_pre, kFimPreTexts);
+    detect(d_.fim_suf, kFimSufTexts);
+    detect(d_.fim_mid, kFimMidTexts);
+    detect(d_.fim_pad, kFimPadTexts);
+    detect(d_.fim_rep, kFimRepTexts);
+    detect(d_.fim_sep, kFimSepTexts);
+
     eog_.assign(tokens_.size(), false);
     for (const char* s : kEogTexts) {
         const int32_t id = find(s);
@@ -297,10 +320,29 @@ void Vocab::build_eog() {
             force_control(id);
         }
     }
-    for (int32_t id : {d_.eos, d_.eot, d_.eom}) {
+    for (int32_t id : {d_.fim_pad, d_.fim_rep, d_.fim_sep, d_.eos, d_.eot, d_.eom}) {
         if (id != kNoToken) eog_[size_t(id)] = true;
     }
     for (int32_t id : d_.extra_eog) eog_[size_t(id)] = true;
+
+    // gpt-oss / solar-open: with <|return|> and <|call|> (or <|calls|> and <|flush|>), <|end|> is not EOG.
+    auto eog_text = [&](const char* s) {
+        const int32_t id = find(s);
+        return id != kNoToken && eog_[size_t(id)];
+    };
+    const int32_t end = find("<|end|>");
+    if (end != kNoToken && eog_[size_t(end)] &&
+        ((eog_text("<|return|>") && (eog_text("<|call|>") || eog_text("<|calls|>"))) ||
+         (eog_text("<|flush|>") && (eog_text("<|call|>") || eog_text("<|calls|>"))))) {
+        eog_[size_t(end)] = false;
+        types_[size_t(end)] = TokenType::kUserDefined;
+    }
+    // gemma4 / paddleocr: with <|tool_response>, </s> is an ordinary token.
+    const int32_t s_end = find("</s>");
+    if (s_end != kNoToken && eog_[size_t(s_end)] && eog_text("<|tool_response>") && s_end != d_.eos) {
+        eog_[size_t(s_end)] = false;
+        types_[size_t(s_end)] = TokenType::kNormal;
+    }
 }
 
 int32_t Vocab::lookup(std::string_view text) const {

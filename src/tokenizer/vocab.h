@@ -63,6 +63,8 @@ struct VocabData {
     std::vector<TokenType> types;                          // empty or one per token
     std::vector<std::pair<std::string, std::string>> merges;  // BPE merges, highest priority first
     int32_t bos = kNoToken, eos = kNoToken, eot = kNoToken, eom = kNoToken, unk = kNoToken, pad = kNoToken;
+    int32_t fim_pre = kNoToken, fim_suf = kNoToken, fim_mid = kNoToken;  // fill-in-the-middle
+    int32_t fim_pad = kNoToken, fim_rep = kNoToken, fim_sep = kNoToken;
     bool add_bos = false;
     bool add_eos = false;
     bool add_space_prefix = false;   // SPM: prefix the text (and text after a special token) with a space

@@ -107,6 +107,16 @@ VocabData vocab_data_from_gguf(const gguf::File& f) {
     d.eom = read_id(f, k::kTokEom, kNoToken, n32);
     d.unk = read_id(f, k::kTokUnk, def_unk, n32);
     d.pad = read_id(f, k::kTokPad, kNoToken, n32);
+    // Fill-in-the-middle ids; the older key names are the fallback.
+    d.fim_pre = read_id(f, "tokenizer.ggml.fim_pre_token_id",
+                        read_id(f, "tokenizer.ggml.prefix_token_id", kNoToken, n32), n32);
+    d.fim_suf = read_id(f, "tokenizer.ggml.fim_suf_token_id",
+                        read_id(f, "tokenizer.ggml.suffix_token_id", kNoToken, n32), n32);
+    d.fim_mid = read_id(f, "tokenizer.ggml.fim_mid_token_id",
+                        read_id(f, "tokenizer.ggml.middle_token_id", kNoToken, n32), n32);
+    d.fim_pad = read_id(f, "tokenizer.ggml.fim_pad_token_id", kNoToken, n32);
+    d.fim_rep = read_id(f, "tokenizer.ggml.fim_rep_token_id", kNoToken, n32);
+    d.fim_sep = read_id(f, "tokenizer.ggml.fim_sep_token_id", kNoToken, n32);
     d.add_bos = f.get_bool(k::kTokAddBos, d.add_bos);
     d.add_eos = f.get_bool(k::kTokAddEos, d.add_eos);
     d.add_space_prefix = f.get_bool(k::kTokAddSpacePrefix, d.add_space_prefix);

@@ -78,6 +78,21 @@ TEST(TokenizerHf, Qwen3JsonMatchesVectorsAndGguf) {
     EXPECT_TRUE(json_tok->is_eog(*json_tok->find_token("<|im_end|>")));
     EXPECT_TRUE(json_tok->is_eog(*json_tok->find_token("<|endoftext|>")));
     EXPECT_FALSE(json_tok->add_bos());
+
+    // llama.cpp's end-of-generation set: FIM pad / repo / file separator too, and those tokens (and
+    // <|fim_prefix|>) count as control tokens; <think> stays user-defined and is always matched.
+    for (const Tokenizer* t : {json_tok.get(), gguf_tok.get()}) {
+        EXPECT_TRUE(t->is_eog(*t->find_token("<|fim_pad|>")));
+        EXPECT_TRUE(t->is_eog(*t->find_token("<|repo_name|>")));
+        EXPECT_TRUE(t->is_eog(*t->find_token("<|file_sep|>")));
+        EXPECT_FALSE(t->is_eog(*t->find_token("<|fim_prefix|>")));
+        EXPECT_FALSE(t->is_eog(*t->find_token("<think>")));
+        EXPECT_TRUE(t->is_control(*t->find_token("<|fim_prefix|>")));
+        EXPECT_EQ(t->token_type(*t->find_token("<think>")), TokenType::kUserDefined);
+        EXPECT_EQ(t->encode("<think>", false, false), std::vector<int32_t>{*t->find_token("<think>")});
+        EXPECT_GT(t->encode("<|fim_prefix|>", false, false).size(), 1u);
+        EXPECT_EQ(t->encode("<|fim_prefix|>", false, true), std::vector<int32_t>{*t->find_token("<|fim_prefix|>")});
+    }
 }
 
 TEST(TokenizerHf, TinyStoriesRecordedGeneration) {
