@@ -93,6 +93,7 @@ class CpuBackend final : public Backend {
     }
     ~CpuBackend() override {
         for (void* p : buffers_) std::free(p);
+        for (const void* p : packed_) cpu::unregister_weight(p);
     }
 
     DeviceKind kind() const override { return DeviceKind::kCpu; }
@@ -108,6 +109,8 @@ class CpuBackend final : public Backend {
         t.data = const_cast<void*>(host);
         t.type = type;
         for (size_t i = 0; i < 4; ++i) t.ne[i] = i < ne.size() ? ne[i] : 1;
+        // Matrices of the types the kernels keep in a repacked layout get their packed copy now.
+        if (ne.size() == 2 && cpu::register_weight(type, host, ne[1], ne[0])) packed_.push_back(host);
         return t;
     }
 
@@ -446,6 +449,7 @@ class CpuBackend final : public Backend {
 
     ThreadPool pool_;
     std::unordered_set<void*> buffers_;
+    std::vector<const void*> packed_;  // weights registered with cpu::register_weight
     // Scratch, grown to the largest batch seen and then reused (no allocation in steady state).
     std::vector<float> rope_cs_, attn_scratch_, conv_pad_, route_scratch_;
     std::vector<float> moe_x_, moe_g_, moe_u_, moe_y_;
