@@ -102,13 +102,13 @@ struct Session::Impl {
         if (!s.logits.empty() && s.logits.size() != logits.size())
             throw_error(ErrorCode::kInvalidFile, "saved state: %zu logits, the model has %zu", s.logits.size(),
                         logits.size());
-        std::vector<uint8_t> previous;
-        state->save_state(previous);
         state->restore_state(s.model_state);  // checks everything before it writes
-        if (state->position() != s.n_evaluated) {
-            state->restore_state(previous);
+        if (const int32_t held = state->position(); held != s.n_evaluated) {  // consistent checksums, bad content
+            state->reset();
+            tokens.clear();
+            has_logits = false;
             throw_error(ErrorCode::kInvalidFile, "saved state: %d evaluated tokens, the model state holds %d",
-                        s.n_evaluated, state->position());
+                        s.n_evaluated, held);
         }
         tokens = std::move(s.tokens);
         has_logits = !s.logits.empty();
