@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace cera {
@@ -28,8 +29,9 @@ class ThreadPool {
     // in multiples of `grain` (the last share takes the rest).
     template <class F>
     void parallel_for(int64_t n, F&& body, int64_t grain = 1) {
+        using Body = std::remove_reference_t<F>;
         struct Ctx {
-            F* body;
+            Body* body;
             int64_t n, grain;
         } ctx{&body, n, grain < 1 ? 1 : grain};
         run(
