@@ -62,17 +62,19 @@ constexpr PreName kPreNames[] = {
     {"minerva-7b", PreTokenizer::kStarcoder, false, false, true},
 };
 
+constexpr char kEndOfSentence[] = "<\xEF\xBD\x9C" "end\xE2\x96\x81" "of\xE2\x96\x81" "sentence\xEF\xBD\x9C>";  // DeepSeek
+
 // Token texts that end generation (llama.cpp's list, by text).
 constexpr const char* kEogTexts[] = {
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
     "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
-    "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<\xEF\xBD\x9Cend\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
+    "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", kEndOfSentence,
     "[e~[",
 };
 // Texts that identify the EOT and fill-in-the-middle tokens when the file does not name them.
 constexpr const char* kEotTexts[] = {
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>", "_<EOT>",
-    "[EOT]", "<\xEF\xBD\x9Cend\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>", "<end_of_utterance>",
+    "[EOT]", kEndOfSentence, "<end_of_utterance>",
 };
 constexpr const char* kFimPreTexts[] = {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>",
                                         "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "begin\xEF\xBD\x9C>",

@@ -52,7 +52,10 @@ TEST_F(TokenizeCli, IdsMatchRecordedPrompt) {
     const auto j = nlohmann::json::parse(cera::test::read_text(cera::test::data_path("fixtures/tiny-lfm2/ref/prompt_2.json")));
     const std::string text = j.at("text").get<std::string>();
     std::string want;
-    for (int id : j.at("ids").get<std::vector<int>>()) want += (want.empty() ? "" : " ") + std::to_string(id);
+    for (int id : j.at("ids").get<std::vector<int>>()) {
+        if (!want.empty()) want += ' ';
+        want += std::to_string(id);
+    }
     int st = 0;
     EXPECT_EQ(run(cera_bin() + " tokenize -m " + quote(model_) + " --ids " + quote(text), &st), want + "\n");
     EXPECT_EQ(st, 0);

@@ -49,7 +49,9 @@ TEST(TokenizerUnicode, Gpt2ByteMap) {
         ASSERT_EQ(cps.size(), 1u);
         EXPECT_EQ(unicode_to_byte(cps[0]), b);
         const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
-        if (printable) EXPECT_EQ(cps[0], uint32_t(b));
+        if (printable) {
+            EXPECT_EQ(cps[0], uint32_t(b));
+        }
     }
     EXPECT_EQ(seen.size(), 256u);
     EXPECT_EQ(byte_to_unicode(' '), "\xC4\xA0");   // Ġ
