@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <utility>
 #include <cinttypes>
 
 #include "core/check.h"
@@ -39,6 +40,7 @@ struct Session::Impl {
     std::vector<float> logits;    // [n_vocab] after the last evaluated token
     bool has_logits = false;
     std::atomic<bool> cancel{false};
+    size_t pending_store = 0;  // a prompt end whose prefix-cache entry is saved after the first token
 
     int32_t n_evaluated() const { return state->position(); }
 
@@ -78,11 +80,20 @@ struct Session::Impl {
             state->eval(std::span<const int32_t>(tokens.data() + begin, n), logits.data(), false);
             has_logits = true;
             const size_t end = begin + n;
-            if (pc && (end % size_t(n_batch) == 0 || end == tokens.size()) &&
-                !pc->contains(std::span<const int32_t>(tokens.data(), end)))
+            if (pc && end == tokens.size())
+                pending_store = end;  // saved once the first token is out (time to first token)
+            else if (pc && end % size_t(n_batch) == 0 && !pc->contains(std::span<const int32_t>(tokens.data(), end)))
                 pc->store(snapshot(end));
         }
         return true;
+    }
+
+    // Saves the deferred prompt-end entry while the state still holds exactly that prompt.
+    void flush_store() {
+        const size_t n = std::exchange(pending_store, 0);
+        PrefixCache* pc = eng->prefix_cache.get();
+        if (!pc || n == 0 || size_t(n_evaluated()) != n || !has_logits) return;
+        if (!pc->contains(std::span<const int32_t>(tokens.data(), n))) pc->store(snapshot(n));
     }
 
     // The first n tokens with the model state (n >= n_evaluated(); the rest stay queued).
@@ -187,6 +198,7 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
     r.prompt_tokens = queued - r.cached_tokens;
     r.prefill_seconds = seconds_since(t_prefill);
     if (!prefilled) {
+        im.pending_store = 0;
         r.finish = FinishReason::kCancelled;
         sink.on_done(r);
         return r;
@@ -234,6 +246,7 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
         sampler.accept(t);
         ++r.generated_tokens;
         sink.on_token(t);
+        if (r.generated_tokens == 1) im.flush_store();  // the logits are still the prompt's
         if (!options.ignore_eos && tok.is_eog(t)) {
             r.finish = FinishReason::kEos;  // the end token stays out of the sequence
             break;
@@ -258,6 +271,7 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
         emit(out);
     }
     r.decode_seconds = seconds_since(t_decode);
+    im.flush_store();  // when no token was sampled
     sink.on_done(r);
     return r;
 }
