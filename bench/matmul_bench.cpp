@@ -2,7 +2,8 @@
 // models' shapes, per weight type and thread count. Prints one line per case:
 //   weight GB/s (weight bytes / time: compare with ~33 GB/s DRAM read on 2 threads) and GFLOP/s.
 // GEMV cycles through enough copies of the weights (>= 128 MiB) that they come from DRAM, not L3.
-// Usage: matmul_bench [--quick] [--hot] [--isa ref|avx2|avx512]
+// --packed registers the weights (cpu::register_weight), so types with a packed layout use it.
+// Usage: matmul_bench [--quick] [--hot] [--packed] [--isa ref|avx2|avx512] [--type NAME]
 #include <time.h>
 
 #include <algorithm>
@@ -39,10 +40,13 @@ struct Shape {
 }  // namespace
 
 int main(int argc, char** argv) {
-    bool quick = false, hot = false;  // --hot: one copy of the weights (L3-resident for the small shapes)
+    bool quick = false, hot = false, packed = false;
+    std::string only_type;  // --hot: one copy of the weights (L3-resident for the small shapes)
     for (int i = 1; i < argc; ++i) {
         if (std::strcmp(argv[i], "--quick") == 0) quick = true;
         if (std::strcmp(argv[i], "--hot") == 0) hot = true;
+        if (std::strcmp(argv[i], "--packed") == 0) packed = true;
+        if (std::strcmp(argv[i], "--type") == 0 && i + 1 < argc) only_type = argv[++i];
         if (std::strcmp(argv[i], "--isa") == 0 && i + 1 < argc) {
             const std::string v = argv[++i];
             cpu::force_isa(v == "ref" ? cpu::Isa::kRef : v == "avx2" ? cpu::Isa::kAvx2 : cpu::Isa::kAvx512);
@@ -52,7 +56,7 @@ int main(int argc, char** argv) {
     const GgmlType types[] = {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kF16};
     std::printf("# isa %s; GB/s = weight bytes / time; roofline ~33 GB/s (2 threads)\n",
                 cpu::isa_name(cpu::active_isa()));
-    std::printf("%-14s %-5s %3s %7s %10s %8s %9s %12s\n", "shape", "type", "thr", "tokens", "us/call", "GB/s", "GFLOP/s",
+    std::printf("%-14s %-6s %3s %7s %10s %8s %9s %12s\n", "shape", "type", "thr", "tokens", "us/call", "GB/s", "GFLOP/s",
                 "GFLOP/s(cpu)");
     std::mt19937 rng(1);
     std::normal_distribution<float> g(0.0f, 1.0f);
@@ -60,6 +64,7 @@ int main(int argc, char** argv) {
         std::vector<float> wf(size_t(s.rows * s.k));
         for (auto& v : wf) v = g(rng) * 0.05f;
         for (GgmlType t : types) {
+            if (!only_type.empty() && only_type != type_name(t)) continue;
             const size_t bytes = row_size(t, s.k) * size_t(s.rows);
             std::vector<uint8_t> w0(bytes);
             for (int64_t r = 0; r < s.rows; ++r)
@@ -67,6 +72,10 @@ int main(int argc, char** argv) {
             const int copies = hot ? 1 : int(std::max<size_t>(1, (size_t(128) << 20) / bytes + 1));
             std::vector<uint8_t> wall(bytes * size_t(copies));
             for (int c = 0; c < copies; ++c) std::memcpy(wall.data() + size_t(c) * bytes, w0.data(), bytes);
+            bool is_packed = false;
+            if (packed)
+                for (int c = 0; c < copies; ++c)
+                    is_packed = cpu::register_weight(t, wall.data() + size_t(c) * bytes, s.rows, s.k);
             for (int threads : {1, 2}) {
                 ThreadPool pool(threads);
                 for (int64_t nt : {int64_t(1), int64_t(512)}) {
@@ -90,12 +99,14 @@ int main(int argc, char** argv) {
                     const double med = times[times.size() / 2], cmed = ctimes[ctimes.size() / 2];
                     const double flop = 2.0 * double(s.rows) * double(s.k) * double(nt);
                     // the cpu-time rate is per thread (the caller's share of the work) when threads > 1
-                    std::printf("%-14s %-5s %3d %7lld %10.1f %8.2f %9.1f %12.1f\n", s.name, type_name(t), threads,
+                    std::printf("%-14s %-5s%s %3d %7lld %10.1f %8.2f %9.1f %12.1f\n", s.name, type_name(t), is_packed ? "p" : " ", threads,
                                 (long long)nt, med * 1e6, double(bytes) / med * 1e-9, flop / med * 1e-9,
                                 flop / double(threads) / cmed * 1e-9);
                     std::fflush(stdout);
                 }
             }
+            if (is_packed)
+                for (int c = 0; c < copies; ++c) cpu::unregister_weight(wall.data() + size_t(c) * bytes);
         }
     }
     return 0;

@@ -15,6 +15,7 @@
 #include <random>
 #include <vector>
 
+#include "backends/cpu/kernel_table.h"
 #include "backends/cpu/kernels.h"
 #include "cera/error.h"
 #include "core/cpu_features.h"
@@ -225,6 +226,40 @@ TEST(Matmul, PackedWeightsAgainstReference) {
         EXPECT_GT(packed_seen, 0);
     }
     cpu::force_isa(isas.back());
+}
+
+// Every table's activation quantizer writes the same bytes as the scalar quantize_act_row, on
+// gaussian rows, rows with all-zero blocks, repeated largest magnitudes of both signs, and ties.
+TEST(Matmul, ActivationQuantizersMatchTheScalarBytes) {
+    std::mt19937 rng(11);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    const cpu::KernelTable* tables[] = {&cpu::kernel_table_ref(), &cpu::kernel_table_avx2(), &cpu::kernel_table_avx512()};
+    const std::vector<Isa> isas = available_isas();
+    for (int64_t k : {256, 512, 4608}) {
+        for (int variant = 0; variant < 4; ++variant) {
+            std::vector<float> x(static_cast<size_t>(k));
+            for (auto& v : x) v = g(rng);
+            if (variant == 1)
+                for (int64_t i = 32; i < 64; ++i) x[size_t(i)] = 0.0f;  // a zero 32-block
+            if (variant == 2) {
+                for (int64_t i = 0; i < 256; ++i) x[size_t(i)] = 0.0f;  // a zero 256-block with
+                x[300] = 5.0f, x[301] = -5.0f, x[302] = 5.0f;           // repeated largest magnitudes
+            }
+            if (variant == 3)
+                for (auto& v : x) v = float(int(v * 4.0f)) * 0.5f + 0.25f;  // many exact .5 ties
+            for (cpu::ActFormat f : {cpu::ActFormat::kAct32, cpu::ActFormat::kActQ8K}) {
+                const size_t bytes = cpu::act_row_bytes(f, k);
+                std::vector<uint8_t> want(bytes, 0xAB), got(bytes, 0xAB);
+                cpu::quantize_act_row(f, x.data(), k, want.data());
+                for (Isa isa : isas) {
+                    std::fill(got.begin(), got.end(), uint8_t(0xAB));
+                    tables[int(isa)]->quantize_act(f, x.data(), k, got.data());
+                    EXPECT_EQ(std::memcmp(want.data(), got.data(), bytes), 0)
+                        << "k=" << k << " variant=" << variant << " format=" << int(f) << " isa=" << cpu::isa_name(isa);
+                }
+            }
+        }
+    }
 }
 
 TEST(Matmul, IntegerPathsAreTighterThanTheirBound) {

@@ -54,6 +54,8 @@ struct KernelTable {
     void (*add)(const float* a, const float* b, float scale, float* y, int64_t n);
     float (*dot_f32)(const float* a, const float* b, int64_t n);
     void (*softmax)(float* x, int64_t n);
+    // One activation row in format f: the same bytes as quantize_act_row.
+    void (*quantize_act)(ActFormat f, const float* x, int64_t k, void* out);
 };
 
 // Fills t.packed with the AVX-512 VNNI kernels on packed weights (kernels_packed_avx512.cpp).

@@ -103,6 +103,7 @@ KernelTable make_ref_table() {
     t.add = add_ref_impl;
     t.dot_f32 = dot_f32_ref_impl;
     t.softmax = softmax_ref_impl;
+    t.quantize_act = quantize_act_row;
     return t;
 }
 
@@ -286,7 +287,7 @@ void matmul(GgmlType type, const void* w, int64_t rows, int64_t k, const float* 
         uint8_t* act = buf.data();
         const ActFormat fmt = a.kernel.act;
         auto quant = [&](int64_t t0, int64_t t1, int) {
-            for (int64_t t = t0; t < t1; ++t) quantize_act_row(fmt, x + t * k, k, act + size_t(t) * a.a_stride);
+            for (int64_t t = t0; t < t1; ++t) tab.quantize_act(fmt, x + t * k, k, act + size_t(t) * a.a_stride);
         };
         if (pool != nullptr && n_threads > 1 && n_tokens > 1)
             pool->parallel_for(n_tokens, [&](int64_t t0, int64_t t1, int t) { quant(t0, t1, t); });

@@ -264,6 +264,7 @@ KernelTable make_table() {
     t.add = add_avx2;
     t.dot_f32 = dot_f32_avx2;
     t.softmax = softmax_avx2;
+    t.quantize_act = quantize_act_row;
     return t;
 }
 

@@ -454,6 +454,58 @@ void softmax_avx512(float* x, int64_t n) {
     }
 }
 
+// Activation quantization, byte for byte as quantize_act_row: kAct32 (d = amax / 127, codes
+// rounded to nearest even, per-32 code sums) and Q8_K (scale from the first largest magnitude,
+// -127 at it, per-16 code sums).
+void quantize_act_avx512(ActFormat f, const float* x, int64_t k, void* out) {
+    const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+    if (f == ActFormat::kAct32) {
+        const int64_t nb = k / 32;
+        auto* qs = static_cast<int8_t*>(out);
+        auto* d = reinterpret_cast<float*>(qs + k);
+        auto* sum = reinterpret_cast<int32_t*>(d + nb);
+        for (int64_t b = 0; b < nb; ++b) {
+            const __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
+            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v0, sign), _mm512_and_ps(v1, sign)));
+            const float db = amax / 127.0f;
+            const float id = db != 0.0f ? 1.0f / db : 0.0f;
+            const __m512 iv = _mm512_set1_ps(id);
+            const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, iv));
+            const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, iv));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + 32 * b), _mm512_cvtsepi32_epi8(q0));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + 32 * b + 16), _mm512_cvtsepi32_epi8(q1));
+            d[b] = db;
+            sum[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        }
+        return;
+    }
+    if (f == ActFormat::kActQ8K) {
+        auto* y = static_cast<BlockQ8_K*>(out);
+        for (int64_t i = 0; i < k / kQK_K; ++i, x += kQK_K) {
+            __m512 m = _mm512_setzero_ps();
+            for (int j = 0; j < kQK_K; j += 16) m = _mm512_max_ps(m, _mm512_and_ps(_mm512_loadu_ps(x + j), sign));
+            const float amax = _mm512_reduce_max_ps(m);
+            if (amax == 0.0f) {
+                std::memset(&y[i], 0, sizeof(BlockQ8_K));
+                continue;
+            }
+            int first = 0;
+            while (std::fabs(x[first]) != amax) ++first;
+            const float iscale = -127.f / x[first];
+            const __m512 iv = _mm512_set1_ps(iscale);
+            for (int j = 0; j < kQK_K; j += 16) {
+                __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(iv, _mm512_loadu_ps(x + j)));
+                q = _mm512_min_epi32(q, _mm512_set1_epi32(127));
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(y[i].qs + j), _mm512_cvtsepi32_epi8(q));
+                y[i].bsums[j / 16] = int16_t(_mm512_reduce_add_epi32(q));
+            }
+            y[i].d = 1 / iscale;
+        }
+        return;
+    }
+    quantize_act_row(f, x, k, out);
+}
+
 KernelTable make_table() {
     KernelTable t{};
     t.isa = Isa::kAvx512;
@@ -473,6 +525,7 @@ KernelTable make_table() {
     t.add = add_avx512;
     t.dot_f32 = dot_f32_avx512;
     t.softmax = softmax_avx512;
+    t.quantize_act = quantize_act_avx512;
     return t;
 }
 
