@@ -41,6 +41,8 @@ struct Session::Impl {
     bool has_logits = false;
     std::atomic<bool> cancel{false};
     size_t pending_store = 0;  // a prompt end whose prefix-cache entry is saved after the first token
+    bool shifted = false;      // a context shift happened: the state is not that of a fresh evaluation, so
+                               // it never goes into the prefix cache
 
     int32_t n_evaluated() const { return state->position(); }
 
@@ -66,6 +68,7 @@ struct Session::Impl {
                     state->restore_state(hit->snapshot.model_state);
                     logits = std::move(hit->snapshot.logits);
                     has_logits = true;
+                    shifted = false;
                     if (cached) *cached = n_evaluated() - before;
                 } catch (const Error&) {
                     // a state that does not fit this session's context: prefill instead
@@ -80,9 +83,11 @@ struct Session::Impl {
             state->eval(std::span<const int32_t>(tokens.data() + begin, n), logits.data(), false);
             has_logits = true;
             const size_t end = begin + n;
-            if (pc && end == tokens.size())
+            if (!pc || shifted)
+                continue;
+            if (end == tokens.size())
                 pending_store = end;  // saved once the first token is out (time to first token)
-            else if (pc && end % size_t(n_batch) == 0 && !pc->contains(std::span<const int32_t>(tokens.data(), end)))
+            else if (end % size_t(n_batch) == 0 && !pc->contains(std::span<const int32_t>(tokens.data(), end)))
                 pc->store(snapshot(end));
         }
         return true;
@@ -92,7 +97,7 @@ struct Session::Impl {
     void flush_store() {
         const size_t n = std::exchange(pending_store, 0);
         PrefixCache* pc = eng->prefix_cache.get();
-        if (!pc || n == 0 || size_t(n_evaluated()) != n || !has_logits) return;
+        if (!pc || n == 0 || shifted || size_t(n_evaluated()) != n || !has_logits) return;
         if (!pc->contains(std::span<const int32_t>(tokens.data(), n))) pc->store(snapshot(n));
     }
 
@@ -122,6 +127,7 @@ struct Session::Impl {
                         s.n_evaluated, held);
         }
         tokens = std::move(s.tokens);
+        shifted = false;
         has_logits = !s.logits.empty();
         if (has_logits) logits = std::move(s.logits);
     }
@@ -133,6 +139,8 @@ struct Session::Impl {
         const int32_t n_discard = (n_past - n_keep) / 2;
         if (n_discard <= 0) return 0;
         state->shift(n_keep, n_discard);
+        shifted = true;
+        pending_store = 0;
         tokens.erase(tokens.begin() + n_keep, tokens.begin() + n_keep + n_discard);
         return n_discard;
     }
@@ -279,6 +287,8 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
 void Session::cancel() { impl_->cancel.store(true); }
 
 void Session::reset() {
+    impl_->shifted = false;
+    impl_->pending_store = 0;
     impl_->state->reset();
     impl_->tokens.clear();
     impl_->has_logits = false;
@@ -289,10 +299,12 @@ void Session::truncate(int32_t n) {
     if (n < 0 || size_t(n) > im.tokens.size())
         throw_error(ErrorCode::kOutOfRange, "truncate to %d tokens: the session holds %zu", n, im.tokens.size());
     if (n < im.n_evaluated()) {
-        if (im.state->has_recurrent_state())
+        if (im.state->has_recurrent_state()) {
             im.state->reset();  // the conv state cannot be rewound: the kept tokens are queued again
-        else
+            im.shifted = false;
+        } else {
             im.state->truncate(n);
+        }
         im.has_logits = false;
     }
     im.tokens.resize(size_t(n));

@@ -154,6 +154,33 @@ TEST(PrefixCache, ChunkBoundariesAreEntries) {
     EXPECT_EQ(r.prompt_tokens, int32_t(ids.size()) - 32);
 }
 
+// After a context shift the state is no longer that of a fresh evaluation of its tokens: it
+// must never become an entry that another session would restore.
+TEST(PrefixCache, ShiftedStatesAreNotStored) {
+    auto e = engine(64 << 20);
+    cera::Session s(e, 48);
+    s.append_text(kShared);
+    cera::GenerateOptions g;
+    g.sampling.temperature = 0.0f;
+    g.max_tokens = 60;
+    g.ignore_eos = true;
+    g.n_keep = 4;
+    cera::NullSink sink;
+    const cera::GenerationResult r = s.generate(g, sink);
+    ASSERT_GE(r.context_shifts, 1);
+    const uint64_t stores = e->prefix_cache_stats().stores;
+    EXPECT_EQ(stores, 1u);  // the prompt, before any shift
+    s.append_text(" and");
+    g.max_tokens = 1;
+    s.generate(g, sink);
+    EXPECT_EQ(e->prefix_cache_stats().stores, stores);
+    // A reset session stores again.
+    s.reset();
+    s.append_text("Once upon a time");
+    s.generate(g, sink);
+    EXPECT_EQ(e->prefix_cache_stats().stores, stores + 1);
+}
+
 TEST(PrefixCache, ColdHitFromAnotherEngine) {
     TempDir dir;
     const Prefilled want = prefill(engine(0), kShared + kTail);
