@@ -4,7 +4,8 @@
 // (running max and sum); the values are then accumulated by (key group, dimension) threads.
 // Decode splits the keys over up to 32 blocks per head (split-K) and a second kernel merges the
 // partial (max, sum, output) triples; with one split the block writes the output directly.
-// Positions come from device memory, so one recorded graph serves every decode step.
+// Positions come from device memory, so one recorded graph serves every decode step. The output's
+// 8-bit rows for the out-projection GEMV can be written too (whole warps write 32 consecutive dims).
 // Roofline: bytes = K + V rows read once per query head (GQA groups re-read through L2);
 // 2 KB per position per layer for lfm2-1.2b (8 kv heads x 64 x 2 x f16).
 #include <algorithm>
@@ -58,7 +59,18 @@ struct AttnK {
     float scale;
     float* out;
     float* partial;
+    uint8_t* out_xq;  // quantize_q8 rows of out (row = n_head * head_dim), or null
 };
+
+// out[qrow][d] = v, and its 8-bit group when out_xq is set (whole warps cover 32 consecutive d).
+__device__ __forceinline__ void write_out(const AttnK& a, int64_t qrow, int d, float v) {
+    a.out[qrow * a.head_dim + d] = v;
+    if (a.out_xq) {
+        const int64_t width = int64_t(a.n_head) * a.head_dim;
+        const int64_t t = qrow / a.n_head, e = (qrow % a.n_head) * a.head_dim + d;
+        warp_quantize_q8(v, a.out_xq + t * q8_row_bytes(width), width, e >> 5);
+    }
+}
 
 // Shared memory: q[head_dim], p[128], red[32], acc[128 * 2].
 template <class C>
@@ -86,7 +98,7 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK a) {
     if (lo >= hi) {
         if (a.n_splits > 1 && tid == 0) part[hd] = -INFINITY, part[hd + 1] = 0.0f;
         if (a.n_splits == 1)
-            for (int d = tid; d < hd; d += kThreads) a.out[qrow * hd + d] = 0.0f;
+            for (int d = tid; d < hd; d += kThreads) write_out(a, qrow, d, 0.0f);
         return;
     }
     for (int d = tid; d < hd; d += kThreads) q_s[d] = a.q[qrow * hd + d] * a.scale;
@@ -141,7 +153,7 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK a) {
         for (int gg = 0; gg < G; ++gg) o0 += acc_s[gg * hd + d0];
         if (a.n_splits == 1) {
             const float inv = 1.0f / l;
-            a.out[qrow * hd + d0] = o0 * inv;
+            write_out(a, qrow, d0, o0 * inv);  // out_xq only with head_dim <= 128: no second half
             if (d0 + kThreads < hd) a.out[qrow * hd + d0 + kThreads] = acc[1] * inv;
         } else {
             part[d0] = o0;
@@ -152,9 +164,11 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK a) {
 }
 
 // Merges the splits of one (token, head): out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M).
-__global__ void attn_combine_kernel(const float* __restrict__ partial, int n_head, int hd, int n_splits, float* out) {
+__global__ void attn_combine_kernel(const AttnK a) {
     pdl_trigger();
     pdl_wait();
+    const float* __restrict__ partial = a.partial;
+    const int n_head = a.n_head, hd = a.head_dim, n_splits = a.n_splits;
     const int64_t qrow = int64_t(blockIdx.y) * n_head + blockIdx.x;
     const float* part = partial + qrow * n_splits * (hd + 2);
     float M = -INFINITY;
@@ -170,7 +184,7 @@ __global__ void attn_combine_kernel(const float* __restrict__ partial, int n_hea
             const float* ps = part + s * (hd + 2);
             if (ps[hd + 1] > 0.0f) o += ps[d] * __expf(ps[hd] - M);
         }
-        out[qrow * hd + d] = L > 0.0f ? o / L : 0.0f;
+        write_out(a, qrow, d, L > 0.0f ? o / L : 0.0f);
     }
 }
 
@@ -191,6 +205,9 @@ void attention(const AttentionArgs& a, Stream stream) {
     k.n_head = a.n_head, k.n_head_kv = a.n_head_kv, k.head_dim = a.head_dim;
     k.n_splits = attn_splits(a.n_tokens, a.n_ctx);
     k.sliding_window = a.sliding_window, k.scale = a.scale, k.out = a.out, k.partial = a.partial;
+    CERA_CHECK(!a.out_xq || (a.head_dim % 32 == 0 && a.head_dim <= kThreads), "attention: 8-bit output rows need "
+               "head_dim %% 32 == 0 and <= %d", kThreads);
+    k.out_xq = static_cast<uint8_t*>(a.out_xq);
     CERA_CHECK(k.n_splits == 1 || a.partial != nullptr);
     const dim3 grid(unsigned(a.n_head), unsigned(k.n_splits), unsigned(a.n_tokens));
     const size_t smem = sizeof(float) * (a.head_dim + kThreads + 32 + 2 * kThreads);
@@ -199,8 +216,7 @@ void attention(const AttentionArgs& a, Stream stream) {
     else launch((attn_kernel<float>), grid, kThreads, smem, s, k);
     CUDA_CHECK_LAUNCH();
     if (k.n_splits > 1) {
-        launch(attn_combine_kernel, dim3(unsigned(a.n_head), unsigned(a.n_tokens)), 64, 0, s, a.partial, a.n_head,
-                                                                                         a.head_dim, k.n_splits, a.out);
+        launch(attn_combine_kernel, dim3(unsigned(a.n_head), unsigned(a.n_tokens)), 64, 0, s, k);
         CUDA_CHECK_LAUNCH();
     }
 }

@@ -80,6 +80,16 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
 // 16-byte load of reused data (activations): read-only path, cached.
 __device__ __forceinline__ uint4 ld_cached16(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
 
+// Group c of a quantize_q8 row (kernels.h) from the warp's 32 values (lane i holds element 32c + i);
+// the same arithmetic as quantize_q8, so a fused producer writes the same bytes.
+__device__ __forceinline__ void warp_quantize_q8(float v, uint8_t* xq_row, int64_t k, int64_t c) {
+    const int lane = threadIdx.x & 31;
+    const float d = warp_max(fabsf(v)) / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    xq_row[32 * c + lane] = uint8_t(int8_t(__float2int_rn(v * id)));
+    if (lane == 0) reinterpret_cast<float*>(xq_row + k)[c] = d;
+}
+
 __device__ __forceinline__ float half_bits_to_float(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ float bf16_bits_to_float(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
 

@@ -8,10 +8,20 @@
 //    drops every recorded graph, since they hold its old address.
 //  - Matmuls of up to kGemvMaxTokens tokens use the GEMV kernels (8-bit activations for block
 //    types); larger batches expand the weight to F16 and call cuBLAS (F32 weights: SGEMM).
+//  - Decode fusion (CERA_CUDA_FUSE=0 turns it off), with the backend interface unchanged: a GEMV is
+//    held back until the next call, so products that share an input go out as one launch (q/k/v,
+//    gate/up), gate/up followed by swiglu() become one kernel with a SwiGLU epilogue, and a GEMV
+//    followed by add() of its output takes the residual add in its epilogue. norm_rope() of q and
+//    k followed by kv_store() is one launch. rms_norm, swiglu, the decode short conv and attention
+//    also write their output's 8-bit rows, recorded as the cached quantization of that tensor, so
+//    the next GEMV needs no quantize launch. Every other call (and read, write, sync) first
+//    queues whatever is held back, in order. lfm2-1.2b: 274 -> 121 kernels per decoded token.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -49,7 +59,11 @@ struct WeightInfo {
     int64_t rows = 0, k = 0;
 };
 
-enum Slot { kXq, kXq2, kW16, kX16, kAttn, kMoeG, kMoeU, kMoeY, kSlots };
+// Scratch buffers. kXq / kXq2: 8-bit activations quantized for a GEMV; kXqA / kXqB: 8-bit rows
+// written by the op that produces a GEMV's input (alternating, so a kernel never writes the rows
+// it reads).
+enum Slot { kXq, kXq2, kXqA, kXqB, kW16, kX16, kAttn, kMoeG, kMoeU, kMoeY, kSlots };
+constexpr int kQ8Slots = 4;  // kXq .. kXqB
 
 class CudaBackend final : public Backend {
    public:
@@ -68,11 +82,28 @@ class CudaBackend final : public Backend {
         CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, kCublasWorkspace));
         const char* g = std::getenv("CERA_CUDA_GRAPHS");
         graphs_enabled_ = !(g && std::strcmp(g, "0") == 0);
+        const char* f = std::getenv("CERA_CUDA_FUSE");
+        fuse_ = !(f && std::strcmp(f, "0") == 0);
+        const char* pr = std::getenv("CERA_CUDA_PROFILE");
+        profile_ = pr && std::strcmp(pr, "1") == 0;
+        if (profile_) {
+            CUDA_CHECK(cudaEventCreate(&ev_[0]));
+            CUDA_CHECK(cudaEventCreate(&ev_[1]));
+        }
     }
 
     ~CudaBackend() override {
         cudaSetDevice(device_);
         cudaStreamSynchronize(stream_);
+        if (profile_) {
+            profile_replay_begin();
+            if (prof_n_ > 0)
+                std::fprintf(stderr, "cuda profile: %lld graph replays, GPU %.1f us each; replay-to-replay %.1f us (%lld)\n",
+                             prof_n_, prof_gpu_us_ / double(prof_n_), prof_gap_n_ ? prof_gap_us_ / double(prof_gap_n_) : 0.0,
+                             prof_gap_n_);
+            cudaEventDestroy(ev_[0]);
+            cudaEventDestroy(ev_[1]);
+        }
         drop_graphs();
         for (auto& [p, w] : weights_) cudaFree(w.image);
         for (void* p : buffers_) cudaFree(p);
@@ -176,6 +207,7 @@ class CudaBackend final : public Backend {
                                    stream_));
     }
     void read(void* host, const Tensor& src, size_t n_bytes, size_t offset) override {
+        flush();
         if (n_bytes == 0) return;
         CUDA_CHECK(cudaMemcpyAsync(host, static_cast<const uint8_t*>(src.data) + offset, n_bytes,
                                    cudaMemcpyDeviceToHost, stream_));
@@ -189,16 +221,25 @@ class CudaBackend final : public Backend {
         touch();
         CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.n_bytes(), stream_));
     }
-    void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+    void synchronize() override {
+        flush();
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
 
     // ------------------------------------------------------------ graphs
     bool step_begin(uint64_t key) override {
         touch();
+        next_side_ = false;  // every step with a key uses the same side buffers
         CERA_CHECK(!capturing_, "step_begin inside a step");
         if (!graphs_enabled_) return false;
         Graph& g = graphs_[key];
         if (g.exec) {
+            if (profile_) profile_replay_begin();
             CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
+            if (profile_) {
+                CUDA_CHECK(cudaEventRecord(ev_[1], stream_));
+                ev_pending_ = true;
+            }
             return true;
         }
         if (++g.seen >= 2) {
@@ -231,8 +272,9 @@ class CudaBackend final : public Backend {
 
     void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override {
         touch();
+        void* xq = q8_sidecar(out.as<const float>(), x.rows(), x.ne[0], nullptr);
         cuda::rms_norm(x.as<const float>(), w ? w.as<const float>() : nullptr, eps, x.rows(), x.ne[0],
-                       out.as<float>(), stream_);
+                       out.as<float>(), stream_, xq);
     }
 
     void matmul(const Tensor& w, const Tensor& x, const Tensor& bias, const Tensor& out) override {
@@ -241,15 +283,29 @@ class CudaBackend final : public Backend {
                    (long long)k, (long long)rows, (long long)x.ne[0], (long long)out.ne[0]);
         const cuda::WeightRef ref = weight_ref(w);
         const float* b = bias ? bias.as<const float>() : nullptr;
+        flush_rope();
         if (n_tokens <= kGemvMaxTokens) {
             cuda::GemvArgs a;
             a.w = ref, a.rows = rows, a.n_y = int(n_tokens);
+            // Products that share the input wait to be launched together (q/k/v, gate/up), or fused
+            // with the op that follows (SwiGLU, the residual add).
+            if (n_mm_ > 0) {
+                const cuda::GemvArgs& p = mm_[0].a;
+                if (!fuse_ || n_mm_ == cuda::kMaxSegs || p.x != x.as<const float>() || p.w.type != ref.type ||
+                    p.w.k != k || p.n_y != a.n_y)
+                    flush_mm();
+            }
             prepare_x(a, ref.type, x.as<const float>(), n_tokens, k, kXq);
             a.bias = b, a.y = out.as<float>(), a.ldy = rows;
-            cuda::gemv(a, stream_);
             touch_out(out);
+            if (!fuse_) {
+                cuda::gemv(a, stream_);
+                return;
+            }
+            mm_[n_mm_++] = {a, out};
             return;
         }
+        flush();
         touch_out(out);
         gemm(ref, rows, x.as<const float>(), n_tokens, out.as<float>());
         if (b) cuda::add_bias(out.as<float>(), b, n_tokens, rows, stream_);
@@ -257,17 +313,46 @@ class CudaBackend final : public Backend {
 
     void norm_rope(const Tensor& x, int n_head, int head_dim, const Tensor& norm_w, float eps, const Tensor& pos,
                    const RopeParams& rope) override {
+        if (fuse_ && x.rows() <= kGemvMaxTokens && (n_rope_ == 0 || (n_rope_ == 1 && rope_[0].pos.data == pos.data))) {
+            // Decode: wait for the kv_store that usually follows (q, k, then the store: one launch).
+            flush_mm();
+            invalidate_q8();
+            rope_[n_rope_++] = {x, n_head, head_dim, norm_w, eps, pos, rope};
+            return;
+        }
         touch();
-        cuda::RopeArgs r;
-        r.mode = rope.mode == RopeMode::kNone ? 0 : rope.mode == RopeMode::kNorm ? 1 : 2;
-        r.n_rot = rope.n_rot, r.freq_base = rope.freq_base, r.freq_scale = rope.freq_scale;
-        r.freq_factors = rope.freq_factors ? rope.freq_factors.as<const float>() : nullptr;
-        cuda::norm_rope(x.as<float>(), x.rows(), n_head, head_dim, norm_w ? norm_w.as<const float>() : nullptr, eps,
-                        pos.as<const int32_t>(), r, stream_);
+        launch_rope({x, n_head, head_dim, norm_w, eps, pos, rope});
     }
 
     void kv_store(const Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& k_cache,
                   const Tensor& v_cache) override {
+        if (n_rope_ > 0 && k_cache.type == v_cache.type &&
+            (k_cache.type == GgmlType::kF16 || k_cache.type == GgmlType::kF32)) {
+            const PendingRope& kr = rope_[n_rope_ - 1];
+            const PendingRope* qr = n_rope_ == 2 ? &rope_[0] : nullptr;
+            if (kr.x.data == k.data && kr.pos.data == pos.data && kr.x.rows() == k.rows() &&
+                int64_t(kr.n_head) * kr.head_dim == k.ne[0] && v.ne[0] == k.ne[0] && v.rows() == k.rows() &&
+                (!qr || (qr->head_dim == kr.head_dim && qr->x.rows() == k.rows() &&
+                         int64_t(qr->n_head) * qr->head_dim == qr->x.ne[0]))) {
+                cuda::QkvRopeArgs a;
+                a.k = k.as<float>(), a.v = v.as<const float>();
+                a.n_tokens = k.rows(), a.n_head_kv = kr.n_head, a.head_dim = kr.head_dim;
+                a.k_norm = kr.norm_w ? kr.norm_w.as<const float>() : nullptr, a.k_eps = kr.eps;
+                a.k_rope = rope_args(kr.rope);
+                if (qr) {
+                    a.q = qr->x.as<float>(), a.n_head = qr->n_head;
+                    a.q_norm = qr->norm_w ? qr->norm_w.as<const float>() : nullptr, a.q_eps = qr->eps;
+                    a.q_rope = rope_args(qr->rope);
+                }
+                a.pos = pos.as<const int32_t>();
+                a.k_cache = k_cache.data, a.v_cache = v_cache.data;
+                a.f16 = k_cache.type == GgmlType::kF16, a.n_ctx = k_cache.ne[1];
+                n_rope_ = 0;
+                invalidate_q8();
+                cuda::qkv_rope_store(a, stream_);
+                return;
+            }
+        }
         touch();
         CERA_CHECK(k_cache.type == v_cache.type && (k_cache.type == GgmlType::kF16 || k_cache.type == GgmlType::kF32));
         cuda::kv_store(k.as<const float>(), v.as<const float>(), k.rows(), k.ne[0], pos.as<const int32_t>(),
@@ -288,6 +373,8 @@ class CudaBackend final : public Backend {
         a.out = out.as<float>();
         const size_t n = cuda::attention_scratch_floats(a.n_tokens, a.n_ctx, p.n_head, p.head_dim);
         a.partial = n ? static_cast<float*>(scratch(kAttn, n * sizeof(float))) : nullptr;
+        if (p.head_dim % 32 == 0 && p.head_dim <= 128)
+            a.out_xq = q8_sidecar(out.as<const float>(), a.n_tokens, int64_t(p.n_head) * p.head_dim, nullptr);
         cuda::attention(a, stream_);
     }
 
@@ -296,15 +383,55 @@ class CudaBackend final : public Backend {
         const int64_t n_embd = out.ne[0];
         CERA_CHECK(w.type == GgmlType::kF32 && bcx.ne[0] == 3 * n_embd && state.ne[0] == n_embd);
         const cuda::WeightRef ref = weight_or_buffer(w);
+        void* xq = bcx.rows() <= 16 ? q8_sidecar(out.as<const float>(), bcx.rows(), n_embd, nullptr) : nullptr;
         cuda::short_conv(bcx.as<const float>(), static_cast<const float*>(ref.image) + ref.row0 * ref.k, int(w.ne[0]),
-                         state.as<float>(), bcx.rows(), n_embd, out.as<float>(), stream_);
+                         state.as<float>(), bcx.rows(), n_embd, out.as<float>(), stream_, xq);
     }
 
     void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override {
+        if (n_mm_ == 2 && n_rope_ == 0) {
+            // gate and up products still waiting: one launch computes both and the SwiGLU.
+            const cuda::GemvArgs& g = mm_[0].out.data == gate.data ? mm_[0].a : mm_[1].a;
+            const cuda::GemvArgs& u = mm_[0].out.data == gate.data ? mm_[1].a : mm_[0].a;
+            const int64_t n = gate.n_elements();
+            if (g.y == gate.as<const float>() && u.y == up.as<const float>() && g.rows * g.n_y == n &&
+                u.rows == g.rows && up.n_elements() == n && out.n_elements() == n && g.ldy == g.rows &&
+                u.ldy == u.rows && !g.res_out && !u.res_out && cuda::gemv_glu_supported(g.w.type, g.rows) &&
+                g.w.type == u.w.type) {
+                const cuda::GemvArgs gg = g, uu = u;
+                n_mm_ = 0;
+                invalidate_q8();
+                void* xq = q8_sidecar(out.as<const float>(), gg.n_y, gg.rows, gg.xq);
+                cuda::gemv_glu(gg, uu, out.as<float>(), xq, stream_);
+                return;
+            }
+        }
         touch();
-        cuda::swiglu(gate.as<const float>(), up.as<const float>(), gate.n_elements(), out.as<float>(), stream_);
+        const int64_t row = gate.ne[0];
+        void* xq = q8_sidecar(out.as<const float>(), gate.rows(), row, nullptr);
+        cuda::swiglu(gate.as<const float>(), up.as<const float>(), gate.n_elements(), out.as<float>(), stream_, xq,
+                     row);
     }
     void add(const Tensor& a, const Tensor& b, float scale, const Tensor& out) override {
+        if (n_mm_ == 1 && n_rope_ == 0) {
+            // The residual add folded into the epilogue of the product that made b.
+            cuda::GemvArgs& m = mm_[0].a;
+            const int64_t n = b.n_elements();
+            const auto* lo = static_cast<const uint8_t*>(out.data);
+            const auto* hi = lo + out.n_bytes();
+            const auto* x_lo = reinterpret_cast<const uint8_t*>(m.x);
+            const bool out_hits_x = m.x && x_lo < hi && x_lo + size_t(m.n_y) * size_t(m.ldx) * 4 > lo;
+            const auto* b_lo = static_cast<const uint8_t*>(b.data);
+            const bool out_hits_b = b_lo < hi && b_lo + b.n_bytes() > lo;
+            const auto* a_lo = static_cast<const uint8_t*>(a.data);
+            const bool a_hits_b = b_lo < a_lo + a.n_bytes() && b_lo + b.n_bytes() > a_lo;
+            if (m.y == b.as<const float>() && m.ldy == m.rows && m.rows * m.n_y == n && a.n_elements() == n &&
+                out.n_elements() == n && !out_hits_x && !out_hits_b && !a_hits_b) {
+                m.res_a = a.as<const float>(), m.res_out = out.as<float>(), m.res_scale = scale;
+                touch();  // launches it
+                return;
+            }
+        }
         touch();
         cuda::add(a.as<const float>(), b.as<const float>(), scale, a.n_elements(), out.as<float>(), stream_);
     }
@@ -327,6 +454,7 @@ class CudaBackend final : public Backend {
         const int k = int(ids.ne[0]);
         const int64_t n_slots = n_tokens * k;
         CERA_CHECK(n_slots <= 65535, "moe_ffn: %lld (token, expert) slots in one call", (long long)n_slots);
+        touch();
         float* g = static_cast<float*>(scratch(kMoeG, size_t(n_slots * n_ff) * sizeof(float)));
         float* u = static_cast<float*>(scratch(kMoeU, size_t(n_slots * n_ff) * sizeof(float)));
         float* y = static_cast<float*>(scratch(kMoeY, size_t(n_slots * n_embd) * sizeof(float)));
@@ -361,6 +489,84 @@ class CudaBackend final : public Backend {
         void* ptr = nullptr;
         size_t bytes = 0;
     };
+    struct PendingMm {
+        cuda::GemvArgs a;
+        Tensor out;
+    };
+    struct PendingRope {
+        Tensor x;
+        int n_head = 0, head_dim = 0;
+        Tensor norm_w;
+        float eps = 0.0f;
+        Tensor pos;
+        RopeParams rope;
+    };
+
+    static cuda::RopeArgs rope_args(const RopeParams& rope) {
+        cuda::RopeArgs r;
+        r.mode = rope.mode == RopeMode::kNone ? 0 : rope.mode == RopeMode::kNorm ? 1 : 2;
+        r.n_rot = rope.n_rot, r.freq_base = rope.freq_base, r.freq_scale = rope.freq_scale;
+        r.freq_factors = rope.freq_factors ? rope.freq_factors.as<const float>() : nullptr;
+        return r;
+    }
+    void launch_rope(const PendingRope& p) {
+        cuda::norm_rope(p.x.as<float>(), p.x.rows(), p.n_head, p.head_dim,
+                        p.norm_w ? p.norm_w.as<const float>() : nullptr, p.eps, p.pos.as<const int32_t>(),
+                        rope_args(p.rope), stream_);
+    }
+
+    // Launches the products waiting to be grouped or fused (one launch).
+    void flush_mm() {
+        if (n_mm_ == 0) return;
+        cuda::GemvArgs a[cuda::kMaxSegs];
+        for (int i = 0; i < n_mm_; ++i) a[i] = mm_[i].a;
+        const int n = n_mm_;
+        n_mm_ = 0;
+        cuda::gemv_multi(a, n, stream_);
+    }
+    void flush_rope() {
+        const int n = n_rope_;
+        n_rope_ = 0;
+        for (int i = 0; i < n; ++i) launch_rope(rope_[i]);
+    }
+    // Everything deferred goes to the stream, in order (at most one kind is pending at a time).
+    void flush() {
+        flush_mm();
+        flush_rope();
+    }
+    void invalidate_q8() {
+        for (Q8Cache& c : q8_) c.valid = false;
+    }
+
+    // The buffer for the 8-bit rows of `src` ([rows, k] f32) that the op about to be queued writes
+    // beside it, recorded as the cached quantization of src; null when not worth it (prefill) or
+    // not possible. `avoid`: a buffer the op reads.
+    void* q8_sidecar(const float* src, int64_t rows, int64_t k, const void* avoid) {
+        if (!fuse_ || rows > kGemvMaxTokens || k % 32 != 0 || rows == 0) return nullptr;
+        Slot slot = next_side_ ? kXqB : kXqA;
+        if (scratch_[slot].ptr && scratch_[slot].ptr == avoid) slot = slot == kXqA ? kXqB : kXqA;
+        next_side_ = slot == kXqA;
+        void* buf = scratch(slot, size_t(rows * cuda::q8_row_bytes(k)));
+        q8_[slot] = {true, src, rows, k, buf};
+        return buf;
+    }
+
+    // CERA_CUDA_PROFILE=1: the GPU time of each graph replay (events around it) and the host time
+    // between consecutive replays (gaps over 5 ms, between runs, are left out); printed at the end.
+    void profile_replay_begin() {
+        const auto now = std::chrono::steady_clock::now();
+        if (ev_pending_) {
+            CUDA_CHECK(cudaEventSynchronize(ev_[1]));
+            float ms = 0.0f;
+            CUDA_CHECK(cudaEventElapsedTime(&ms, ev_[0], ev_[1]));
+            prof_gpu_us_ += 1000.0 * ms, ++prof_n_;
+            const double gap = std::chrono::duration<double, std::micro>(now - prof_last_).count();
+            if (gap < 5000.0) prof_gap_us_ += gap, ++prof_gap_n_;
+            ev_pending_ = false;
+        }
+        prof_last_ = now;
+        CUDA_CHECK(cudaEventRecord(ev_[0], stream_));
+    }
 
     // Forgets the recorded graphs (their buffers moved); keys keep their counts, so a key seen
     // before is recorded again at its next step.
@@ -389,19 +595,25 @@ class CudaBackend final : public Backend {
     void prepare_x(cuda::GemvArgs& a, GgmlType type, const float* x, int64_t n_rows, int64_t k, Slot slot) {
         a.x = x, a.ldx = k;
         if (cuda::is_float_type(type)) return;
-        Q8Cache& c = q8_[slot == kXq ? 0 : 1];
-        if (c.valid && c.src == x && c.rows == n_rows && c.k == k) {
-            a.xq = c.buf;
-            return;
+        for (const Q8Cache& c : q8_) {
+            if (c.valid && c.src == x && c.rows == n_rows && c.k == k) {
+                a.xq = c.buf;
+                return;
+            }
         }
+        flush();  // the quantize below must follow whatever is waiting
+        Q8Cache& c = q8_[slot];
         void* xq = scratch(slot, size_t(n_rows * cuda::q8_row_bytes(k)));
         cuda::quantize_q8(x, n_rows, k, k, xq, stream_);
         c = {true, x, n_rows, k, xq};
         a.xq = xq;
     }
-    // Forget the cached 8-bit inputs (any op but a matmul may write them); a matmul forgets only
-    // when its output overlaps a cached input.
-    void touch() { q8_[0].valid = q8_[1].valid = false; }
+    // Queues what waits, then forgets the cached 8-bit inputs (any op but a matmul may write them);
+    // a matmul forgets only when its output overlaps a cached input.
+    void touch() {
+        flush();
+        invalidate_q8();
+    }
     void touch_out(const Tensor& out) {
         const auto* lo = static_cast<const uint8_t*>(out.data);
         const auto* hi = lo + out.n_bytes();
@@ -476,10 +688,22 @@ class CudaBackend final : public Backend {
     std::map<uintptr_t, WeightInfo> weights_;
     std::unordered_set<void*> buffers_;
     Scratch scratch_[kSlots];
-    Q8Cache q8_[2];
+    Q8Cache q8_[kQ8Slots];  // indexed by Slot kXq .. kXqB
+    bool next_side_ = false;
+    bool fuse_ = true;  // CERA_CUDA_FUSE=0: no grouped or fused launches, no 8-bit side outputs
+    PendingMm mm_[cuda::kMaxSegs];
+    int n_mm_ = 0;
+    PendingRope rope_[2];
+    int n_rope_ = 0;
     std::unordered_map<uint64_t, Graph> graphs_;
     bool graphs_enabled_ = true;
     bool capturing_ = false;
+    bool profile_ = false;
+    cudaEvent_t ev_[2] = {nullptr, nullptr};
+    bool ev_pending_ = false;
+    long long prof_n_ = 0, prof_gap_n_ = 0;
+    double prof_gpu_us_ = 0.0, prof_gap_us_ = 0.0;
+    std::chrono::steady_clock::time_point prof_last_{};
     uint64_t capture_key_ = 0;
 };
 

@@ -4,6 +4,7 @@
 // Short conv variants: for short chunks (decode) one thread per channel walks the tokens with the
 // window in registers and updates the state itself; for long chunks (prefill) one thread per
 // (token, channel), then a second launch writes the new state.
+// SwiGLU and the decode short conv can also write their output's 8-bit rows for the next GEMV.
 // Roofline: bytes = inputs + outputs; at batch 1 each launch is ~2-3 us of latency.
 #include "backends/cuda/common.cuh"
 
@@ -12,14 +13,18 @@ namespace {
 
 constexpr int kMaxConv = 8;  // largest supported short-conv kernel length L
 
-__global__ void swiglu_kernel(const float* __restrict__ g, const float* __restrict__ u, int64_t n, float* out) {
+// With xq: rows of `row` elements (row % 32 == 0, n % row == 0) are quantized too; whole warps
+// then cover one 32-group each.
+__global__ void swiglu_kernel(const float* __restrict__ g, const float* __restrict__ u, int64_t n, float* out,
+                              uint8_t* xq, int64_t row) {
     pdl_trigger();
     pdl_wait();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i < n) {
-        const float x = g[i];
-        out[i] = x / (1.0f + __expf(-x)) * u[i];
-    }
+    if (i >= n) return;
+    const float x = g[i];
+    const float v = x / (1.0f + __expf(-x)) * u[i];
+    out[i] = v;
+    if (xq) warp_quantize_q8(v, xq + (i / row) * q8_row_bytes(row), row, (i % row) >> 5);
 }
 
 __global__ void add_kernel(const float* a, const float* b, float scale, int64_t n, float* out) {
@@ -45,7 +50,7 @@ __global__ void add_bias_kernel(float* y, const float* __restrict__ bias, int64_
 
 // One thread per channel, tokens in order; the window of the last L-1 inputs stays in registers.
 __global__ void short_conv_seq_kernel(const float* __restrict__ bcx, const float* __restrict__ w, int L, float* state,
-                                      int64_t n_tokens, int64_t n, float* out) {
+                                      int64_t n_tokens, int64_t n, float* out, uint8_t* xq) {
     pdl_trigger();
     pdl_wait();
     const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -65,7 +70,9 @@ __global__ void short_conv_seq_kernel(const float* __restrict__ bcx, const float
             if (j < L - 1) s = fmaf(wc[j], win[j], s);
             if (j == L - 1) s = fmaf(wc[j], bx, s);
         }
-        out[t * n + c] = row[n + c] * s;
+        const float o = row[n + c] * s;
+        out[t * n + c] = o;
+        if (xq) warp_quantize_q8(o, xq + t * q8_row_bytes(n), n, c >> 5);  // n % 32 == 0: whole warps
 #pragma unroll
         for (int j = 0; j < kMaxConv - 1; ++j)
             if (j < L - 2) win[j] = win[j + 1];
@@ -215,9 +222,11 @@ inline unsigned blocks(int64_t n, int threads) { return unsigned(ceil_div(n, thr
 
 }  // namespace
 
-void swiglu(const float* gate, const float* up, int64_t n, float* out, Stream stream) {
+void swiglu(const float* gate, const float* up, int64_t n, float* out, Stream stream, void* xq, int64_t row) {
     if (n == 0) return;
-    launch(swiglu_kernel, blocks(n, 256), 256, 0, as_stream(stream), gate, up, n, out);
+    CERA_CHECK(!xq || (row > 0 && row % 32 == 0 && n % row == 0));
+    launch(swiglu_kernel, blocks(n, 256), 256, 0, as_stream(stream), gate, up, n, out, static_cast<uint8_t*>(xq),
+           row > 0 ? row : int64_t(1));
     CUDA_CHECK_LAUNCH();
 }
 
@@ -240,15 +249,18 @@ void add_bias(float* y, const float* bias, int64_t n_rows, int64_t n, Stream str
 }
 
 void short_conv(const float* bcx, const float* w, int L, float* state, int64_t n_tokens, int64_t n_embd, float* out,
-                Stream stream) {
+                Stream stream, void* xq) {
     CERA_CHECK(L >= 1 && L <= kMaxConv, "short_conv: kernel length %d (supported 1..%d)", L, kMaxConv);
     if (n_tokens == 0) return;
     cudaStream_t s = as_stream(stream);
     if (n_tokens <= 16) {
-        launch(short_conv_seq_kernel, blocks(n_embd, 128), 128, 0, s, bcx, w, L, state, n_tokens, n_embd, out);
+        CERA_CHECK(!xq || n_embd % 32 == 0);
+        launch(short_conv_seq_kernel, blocks(n_embd, 128), 128, 0, s, bcx, w, L, state, n_tokens, n_embd, out,
+               static_cast<uint8_t*>(xq));
         CUDA_CHECK_LAUNCH();
         return;
     }
+    CERA_CHECK(!xq, "short_conv: 8-bit output rows only for short chunks");
     launch(short_conv_par_kernel, blocks(n_tokens * n_embd, 256), 256, 0, s, bcx, w, L, state, n_tokens, n_embd, out);
     CUDA_CHECK_LAUNCH();
     launch(short_conv_state_kernel, blocks(n_embd, 128), 128, 0, s, bcx, L, state, n_tokens, n_embd);

@@ -12,6 +12,7 @@
 // k % 8 == 0; a scalar fallback for float rows of other lengths.
 // Roofline: bytes = weight image (+ x, L2-resident). H200 ~4.3 TB/s copy bandwidth: a 2048 x 8192
 // Q4_0 matrix (9.4 MB) takes >= 2.2 us; launch and tail effects dominate below ~4 MB.
+#include <algorithm>
 #include <cstdlib>
 
 #include "backends/cuda/quant_device.cuh"
@@ -19,87 +20,100 @@
 namespace cera::cuda {
 namespace {
 
-struct GemvK {
+// One product of a launch. A launch holds up to kMaxSegs products that share the input, the weight
+// type and k; blockIdx.x picks the segment (seg_start), so q/k/v or gate/up are one launch.
+struct Seg {
     const uint8_t* q;   // quant stream (float types: the rows)
     const uint8_t* m;   // scale stream
-    int64_t row0, rows, nb;  // nb: blocks (quantized) or 8-element items (float) per row
+    int64_t row0, rows;
+    const float* bias;
+    float* y;
+    int64_t ldy;
+    const float* res_a;  // residual epilogue: res_out = res_a + res_scale * y (or null)
+    float* res_out;
+    float res_scale;
+};
+
+struct GemvK {
+    Seg seg[kMaxSegs];
+    unsigned seg_start[kMaxSegs];  // first blockIdx.x of each segment
+    int n_seg;
+    int64_t nb;  // blocks (quantized) or 8-element items (float) per row
     int64_t k;
     const int32_t* ids;
     int x_div;
     const float* x;
     int64_t ldx;
-    const float* bias;
-    float* y;
-    int64_t ldy;
     int accumulate;
     const uint8_t* xq;
     int64_t ldxq;
+    float* act;       // SwiGLU pair: silu(gate) * up, [n_y, rows]
+    uint8_t* act_xq;  // and its quantize_q8 rows (or null)
 };
 
+// The segment of this block and the block's index inside it.
+__device__ __forceinline__ Seg pick_seg(const GemvK& a, int64_t& bx) {
+    const unsigned b = blockIdx.x;
+    Seg s = a.seg[0];
+    bx = b;
+    if (a.n_seg > 1 && b >= a.seg_start[1]) s = a.seg[1], bx = b - a.seg_start[1];
+    if (a.n_seg > 2 && b >= a.seg_start[2]) s = a.seg[2], bx = b - a.seg_start[2];
+    return s;
+}
+
 template <int R>
-__device__ __forceinline__ void finish(const GemvK& a, float (&acc)[R], int64_t r0, int yi) {
+__device__ __forceinline__ void finish(const GemvK& a, const Seg& sg, float (&acc)[R], int64_t r0, int yi) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const float s = warp_sum(acc[r]);
-        if (lane == r && r0 + r < a.rows) {
-            float* out = a.y + int64_t(yi) * a.ldy + r0 + r;
+        if (lane == r && r0 + r < sg.rows) {
+            const int64_t o = int64_t(yi) * sg.ldy + r0 + r;
             float v = s;
-            if (a.bias) v += a.bias[r0 + r];
-            if (a.accumulate) v += *out;
-            *out = v;
+            if (sg.bias) v += sg.bias[r0 + r];
+            if (a.accumulate) v += sg.y[o];
+            sg.y[o] = v;
+            if (sg.res_out) sg.res_out[o] = sg.res_a[o] + sg.res_scale * v;
         }
     }
 }
 
-// Block: 4 warps, R rows each. The first items' weights are loaded before waiting for the previous
-// kernel (PDL), so the weight stream starts while that kernel drains.
-template <GgmlType T, int R>
-__global__ void __launch_bounds__(128) gemv_q_kernel(const GemvK a) {
+// The dot products of NR weight rows with one 8-bit activation row: lane l takes items l, l + 32,
+// ... of every row, two items x NR rows of 16-byte loads in flight. set_rows(qrow, mrow) fills the
+// rows' stream pointers; it runs before the PDL wait (weights only) unless `rows_after_wait`.
+template <GgmlType T, int NR, class SetRows>
+__device__ __forceinline__ void dot_rows(const GemvK& a, int yi, bool live, bool rows_after_wait, SetRows set_rows,
+                                         float (&acc)[NR]) {
     using Tr = QTraits<T>;
     constexpr QuantLayout L = quant_layout(T);
-    pdl_trigger();
     const int lane = threadIdx.x & 31;
-    const int64_t r0 = (int64_t(blockIdx.x) * 4 + (threadIdx.x >> 5)) * R;
-    const bool live = r0 < a.rows;
-    const int yi = blockIdx.y;
     const int64_t n_items = a.nb * Tr::kItems;
-    const uint8_t* qrow[R];
-    const uint8_t* mrow[R];
-    typename Tr::W w[2][R];
+    const uint8_t* qrow[NR];
+    const uint8_t* mrow[NR];
+    typename Tr::W w[2][NR];
     int64_t it[2] = {lane, lane + 32 < n_items ? lane + 32 : lane};
-    const bool ids_first = a.ids != nullptr;
-    auto set_rows = [&](int64_t mat) {
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int64_t gr = a.row0 + mat * a.rows + min(r0 + r, a.rows - 1);
-            qrow[r] = a.q + gr * a.nb * L.q_bytes;
-            mrow[r] = a.m + gr * a.nb * L.m_bytes;
-        }
-    };
     auto load_w = [&]() {
 #pragma unroll
         for (int u = 0; u < 2; ++u)
 #pragma unroll
-            for (int r = 0; r < R; ++r)
+            for (int r = 0; r < NR; ++r)
                 w[u][r] = Tr::load_w(qrow[r], mrow[r], it[u] / Tr::kItems, int(it[u] % Tr::kItems));
     };
-    if (!ids_first && live && lane < n_items) {  // expert ids come from an earlier kernel: wait first
-        set_rows(0);
+    if (!rows_after_wait && live && lane < n_items) {
+        set_rows(qrow, mrow);
         load_w();
     }
     pdl_wait();
+#pragma unroll
+    for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
     if (!live) return;
     const uint8_t* xrow = a.xq + int64_t(yi / a.x_div) * a.ldxq;
     const int8_t* xq = reinterpret_cast<const int8_t*>(xrow);
     const float* xd = reinterpret_cast<const float*>(xrow + a.k);
-    if (ids_first) {
-        set_rows(a.ids[yi]);
+    if (rows_after_wait) {
+        set_rows(qrow, mrow);
         if (lane < n_items) load_w();
     }
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
     for (int64_t i0 = lane; i0 < n_items; i0 += 64) {
         const bool ok1 = i0 + 32 < n_items;
         if (i0 != lane) {
@@ -116,12 +130,91 @@ __global__ void __launch_bounds__(128) gemv_q_kernel(const GemvK a) {
             x[u] = load_xq(xq, xd, base + ea, base + eb);
         }
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
+        for (int r = 0; r < NR; ++r) {
             acc[r] += Tr::dot(w[0][r], x[0], int(it[0] % Tr::kItems));
             if (ok1) acc[r] += Tr::dot(w[1][r], x[1], int(it[1] % Tr::kItems));
         }
     }
-    finish<R>(a, acc, r0, yi);
+}
+
+// Block: 4 warps, R rows each. The first items' weights are loaded before waiting for the previous
+// kernel (PDL), so the weight stream starts while that kernel drains (expert ids come from an
+// earlier kernel: those rows are known only after the wait).
+template <GgmlType T, int R>
+__global__ void __launch_bounds__(128) gemv_q_kernel(const GemvK a) {
+    constexpr QuantLayout L = quant_layout(T);
+    pdl_trigger();
+    int64_t bx;
+    const Seg sg = pick_seg(a, bx);
+    const int64_t r0 = (bx * 4 + (threadIdx.x >> 5)) * R;
+    const bool live = r0 < sg.rows;
+    const int yi = blockIdx.y;
+    auto set_rows = [&](const uint8_t** qrow, const uint8_t** mrow) {
+        const int64_t mat = a.ids ? a.ids[yi] : 0;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int64_t gr = sg.row0 + mat * sg.rows + min(r0 + r, sg.rows - 1);
+            qrow[r] = sg.q + gr * a.nb * L.q_bytes;
+            mrow[r] = sg.m + gr * a.nb * L.m_bytes;
+        }
+    };
+    float acc[R];
+    dot_rows<T, R>(a, yi, live, a.ids != nullptr, set_rows, acc);
+    if (live) finish<R>(a, sg, acc, r0, yi);
+}
+
+// SwiGLU pair: segment 0 = gate, 1 = up, the same rows (a multiple of 32). A block of 16 warps owns
+// 32 output rows; each warp 2 rows of both matrices (4 weight streams, like R = 4). Epilogue: gate
+// and up outputs, act = silu(gate) * up, and act's 8-bit rows for the next matmul (one 32-group per
+// block: the block's rows), so neither a SwiGLU nor a quantize launch follows.
+template <GgmlType T>
+__global__ void __launch_bounds__(512) gemv_glu_kernel(const GemvK a) {
+    constexpr QuantLayout L = quant_layout(T);
+    constexpr int R = 2;
+    pdl_trigger();
+    __shared__ float act_s[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t rb = int64_t(blockIdx.x) * 32;
+    const int64_t r0 = rb + warp * R;
+    const int yi = blockIdx.y;
+    const Seg& g = a.seg[0];
+    const Seg& u = a.seg[1];
+    auto set_rows = [&](const uint8_t** qrow, const uint8_t** mrow) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int64_t gg = g.row0 + r0 + r, gu = u.row0 + r0 + r;
+            qrow[r] = g.q + gg * a.nb * L.q_bytes;
+            mrow[r] = g.m + gg * a.nb * L.m_bytes;
+            qrow[R + r] = u.q + gu * a.nb * L.q_bytes;
+            mrow[R + r] = u.m + gu * a.nb * L.m_bytes;
+        }
+    };
+    float acc[2 * R];
+    dot_rows<T, 2 * R>(a, yi, true, false, set_rows, acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const float sgv = warp_sum(acc[r]), suv = warp_sum(acc[R + r]);
+        if (lane == r) {
+            const int64_t o = int64_t(yi) * g.ldy + r0 + r;
+            const float gv = sgv + (g.bias ? g.bias[r0 + r] : 0.0f);
+            const float uv = suv + (u.bias ? u.bias[r0 + r] : 0.0f);
+            const float act = gv / (1.0f + __expf(-gv)) * uv;
+            g.y[o] = gv;
+            u.y[int64_t(yi) * u.ldy + r0 + r] = uv;
+            a.act[int64_t(yi) * g.rows + r0 + r] = act;
+            act_s[warp * R + r] = act;
+        }
+    }
+    if (!a.act_xq) return;
+    __syncthreads();
+    if (warp == 0) {
+        const float v = act_s[lane];
+        const float d = warp_max(fabsf(v)) / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint8_t* out = a.act_xq + int64_t(yi) * q8_row_bytes(g.rows);
+        out[rb + lane] = uint8_t(int8_t(__float2int_rn(v * id)));
+        if (lane == 0) reinterpret_cast<float*>(out + g.rows)[rb / 32] = d;
+    }
 }
 
 template <GgmlType T, int R>
@@ -129,8 +222,10 @@ __global__ void __launch_bounds__(128) gemv_f_kernel(const GemvK a) {
     constexpr int es = float_type_bytes(T);
     pdl_trigger();
     const int lane = threadIdx.x & 31;
-    const int64_t r0 = (int64_t(blockIdx.x) * 4 + (threadIdx.x >> 5)) * R;
-    if (r0 >= a.rows) {
+    int64_t bx;
+    const Seg sg = pick_seg(a, bx);
+    const int64_t r0 = (bx * 4 + (threadIdx.x >> 5)) * R;
+    if (r0 >= sg.rows) {
         pdl_wait();
         return;
     }
@@ -140,7 +235,7 @@ __global__ void __launch_bounds__(128) gemv_f_kernel(const GemvK a) {
     int64_t it[2] = {lane, lane + 32 < a.nb ? lane + 32 : lane};
     auto set_rows = [&](int64_t mat) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) row[r] = a.q + (a.row0 + mat * a.rows + min(r0 + r, a.rows - 1)) * a.k * es;
+        for (int r = 0; r < R; ++r) row[r] = sg.q + (sg.row0 + mat * sg.rows + min(r0 + r, sg.rows - 1)) * a.k * es;
     };
     auto load_w = [&]() {
 #pragma unroll
@@ -191,7 +286,7 @@ __global__ void __launch_bounds__(128) gemv_f_kernel(const GemvK a) {
             }
         }
     }
-    finish<R>(a, acc, r0, yi);
+    finish<R>(a, sg, acc, r0, yi);
 }
 
 // Any row length: one warp per row, one element per lane and step.
@@ -201,15 +296,17 @@ __global__ void __launch_bounds__(128) gemv_f_scalar_kernel(const GemvK a) {
     pdl_trigger();
     pdl_wait();
     const int lane = threadIdx.x & 31;
-    const int64_t r0 = int64_t(blockIdx.x) * 4 + (threadIdx.x >> 5);
-    if (r0 >= a.rows) return;
+    int64_t bx;
+    const Seg sg = pick_seg(a, bx);
+    const int64_t r0 = bx * 4 + (threadIdx.x >> 5);
+    if (r0 >= sg.rows) return;
     const int yi = blockIdx.y;
     const int64_t mat = a.ids ? a.ids[yi] : 0;
     const float* x = a.x + int64_t(yi / a.x_div) * a.ldx;
-    const uint8_t* row = a.q + (a.row0 + mat * a.rows + r0) * a.k * es;
+    const uint8_t* row = sg.q + (sg.row0 + mat * sg.rows + r0) * a.k * es;
     float acc[1] = {0.0f};
     for (int64_t i = lane; i < a.k; i += 32) acc[0] = fmaf(FTraits<T>::one(row, i), x[i], acc[0]);
-    finish<1>(a, acc, r0, yi);
+    finish<1>(a, sg, acc, r0, yi);
 }
 
 // One warp per 32-element group: d = max|x| / 127, q = round(x / d).
@@ -271,49 +368,119 @@ bool pdl_enabled() {
     return on;
 }
 
-void gemv(const GemvArgs& a, Stream stream) {
-    const GgmlType type = a.w.type;
-    const int64_t k = a.w.k;
-    if (a.rows == 0 || a.n_y == 0) return;
-    GemvK p{};
-    const QuantLayout L = quant_layout(type);
-    const bool quant = L.block_elems > 0;
-    bool vec = true;
-    if (quant) {
-        CERA_CHECK(a.xq != nullptr && k % L.block_elems == 0);
-        p.nb = k / L.block_elems;
-        p.q = static_cast<const uint8_t*>(a.w.image);
-        p.m = p.q + a.w.image_rows * p.nb * L.q_bytes;
-    } else {
-        CERA_CHECK(is_float_type(type) && a.x != nullptr, "gemv: unsupported weight type %s", type_name(type));
-        p.q = static_cast<const uint8_t*>(a.w.image);
-        vec = k % 8 == 0 && a.ldx % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
-        p.nb = k / 8;
-    }
-    p.row0 = a.w.row0, p.rows = a.rows, p.k = k;
-    p.ids = a.ids, p.x_div = a.x_div;
-    p.x = a.x, p.ldx = a.ldx;
-    p.xq = static_cast<const uint8_t*>(a.xq), p.ldxq = q8_row_bytes(k);
-    p.bias = a.bias, p.y = a.y, p.ldy = a.ldy, p.accumulate = a.accumulate;
+namespace {
+
+// Rows per warp from the shape: enough warps to cover the SMs several times over first, then
+// activation reuse. Measured on the H200 (bench/NOTES.md): 4 rows per warp is best for
+// Q4_0/Q8_0/float from 2048 rows; the K-quants, heavier per byte, do better with 2 below LM-head sizes.
+int pick_r(const QuantLayout& L, int64_t rows, int n_y, int requested) {
     static const int forced = [] {
         const char* e = std::getenv("CERA_CUDA_GEMV_R");  // benchmarks: force rows per warp
         return e ? std::atoi(e) : 0;
     }();
-    int R = a.rows_per_warp ? a.rows_per_warp : forced;
-    if (!vec || (R != 1 && R != 2 && R != 4)) R = vec ? 0 : 1;
-    if (R == 0) {
-        // Enough warps to cover the SMs several times over first, then activation reuse.
-        const int64_t work = a.rows * a.n_y;
-        // Measured on the H200 (bench/NOTES.md): 4 rows per warp is best for Q4_0/Q8_0/float from 2048
-        // rows; the K-quants, heavier per byte, do better with 2 below LM-head sizes.
-        const bool kquant = L.block_elems == 256;
-        R = work >= 2048 ? (kquant && work < 32768 ? 2 : 4) : work >= 512 ? 2 : 1;
+    const int R = requested ? requested : forced;
+    if (R == 1 || R == 2 || R == 4) return R;
+    const int64_t work = rows * n_y;
+    const bool kquant = L.block_elems == 256;
+    return work >= 2048 ? (kquant && work < 32768 ? 2 : 4) : work >= 512 ? 2 : 1;
+}
+
+// The launch parameters shared by every product of a launch (from the first).
+GemvK common_params(const GemvArgs& a, bool& vec) {
+    const GgmlType type = a.w.type;
+    const int64_t k = a.w.k;
+    GemvK p{};
+    const QuantLayout L = quant_layout(type);
+    vec = true;
+    if (L.block_elems > 0) {
+        CERA_CHECK(a.xq != nullptr && k % L.block_elems == 0);
+        p.nb = k / L.block_elems;
+    } else {
+        CERA_CHECK(is_float_type(type) && a.x != nullptr, "gemv: unsupported weight type %s", type_name(type));
+        vec = k % 8 == 0 && a.ldx % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
+        p.nb = k / 8;
     }
-    const dim3 grid(unsigned(ceil_div(a.rows, 4 * R)), unsigned(a.n_y));
+    p.k = k;
+    p.ids = a.ids, p.x_div = a.x_div;
+    p.x = a.x, p.ldx = a.ldx;
+    p.xq = static_cast<const uint8_t*>(a.xq), p.ldxq = q8_row_bytes(k);
+    p.accumulate = a.accumulate;
+    return p;
+}
+
+Seg make_seg(const GemvArgs& a, int64_t nb) {
+    const QuantLayout L = quant_layout(a.w.type);
+    Seg s{};
+    s.q = static_cast<const uint8_t*>(a.w.image);
+    s.m = L.block_elems > 0 ? s.q + a.w.image_rows * nb * L.q_bytes : nullptr;
+    s.row0 = a.w.row0, s.rows = a.rows;
+    s.bias = a.bias, s.y = a.y, s.ldy = a.ldy;
+    s.res_a = a.res_a, s.res_out = a.res_out, s.res_scale = a.res_scale;
+    return s;
+}
+
+}  // namespace
+
+void gemv_multi(const GemvArgs* a, int n, Stream stream) {
+    CERA_CHECK(n >= 1 && n <= kMaxSegs);
+    bool vec = true;
+    GemvK p = common_params(a[0], vec);
+    int64_t max_rows = 0, total_rows = 0;
+    for (int i = 0; i < n; ++i) {
+        CERA_CHECK(a[i].w.type == a[0].w.type && a[i].w.k == a[0].w.k && a[i].n_y == a[0].n_y &&
+                       a[i].xq == a[0].xq && a[i].x == a[0].x && (a[i].ids == nullptr) == (a[0].ids == nullptr) &&
+                       (n == 1 || a[i].ids == nullptr),
+                   "gemv_multi: products of one launch must share the input, type, k and n_y");
+        max_rows = std::max(max_rows, a[i].rows);
+        total_rows += a[i].rows;
+    }
+    if (total_rows == 0 || a[0].n_y == 0) return;
+    const QuantLayout L = quant_layout(a[0].w.type);
+    int R = pick_r(L, total_rows, a[0].n_y, a[0].rows_per_warp);
+    if (!vec) R = 1;
+    unsigned blocks = 0;
+    for (int i = 0; i < n; ++i) {
+        p.seg[i] = make_seg(a[i], p.nb);
+        p.seg_start[i] = blocks;
+        blocks += unsigned(ceil_div(a[i].rows, 4 * R));
+    }
+    p.n_seg = n;
+    const dim3 grid(blocks, unsigned(a[0].n_y));
     cudaStream_t s = as_stream(stream);
+    const GgmlType type = a[0].w.type;
     if (R == 4) launch_r<4>(type, p, grid, s, vec);
     else if (R == 2) launch_r<2>(type, p, grid, s, vec);
     else launch_r<1>(type, p, grid, s, vec);
+}
+
+void gemv(const GemvArgs& a, Stream stream) { gemv_multi(&a, 1, stream); }
+
+bool gemv_glu_supported(GgmlType type, int64_t rows) { return quant_layout(type).block_elems > 0 && rows % 32 == 0; }
+
+void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq, Stream stream) {
+    CERA_CHECK(gemv_glu_supported(gate.w.type, gate.rows) && up.w.type == gate.w.type && up.w.k == gate.w.k &&
+               up.rows == gate.rows && up.n_y == gate.n_y && up.xq == gate.xq && !gate.ids && !up.ids &&
+               !gate.accumulate && !up.accumulate && gate.ldy == gate.rows);
+    if (gate.rows == 0 || gate.n_y == 0) return;
+    bool vec = true;
+    GemvK p = common_params(gate, vec);
+    p.seg[0] = make_seg(gate, p.nb);
+    p.seg[1] = make_seg(up, p.nb);
+    p.n_seg = 2;
+    p.act = act;
+    p.act_xq = static_cast<uint8_t*>(act_xq);
+    const dim3 grid(unsigned(gate.rows / 32), unsigned(gate.n_y));
+    cudaStream_t s = as_stream(stream);
+    switch (gate.w.type) {
+#define CERA_Q(T)                                                   \
+    case GgmlType::T:                                               \
+        launch(gemv_glu_kernel<GgmlType::T>, grid, 512, 0, s, p);   \
+        break;
+        CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
+#undef CERA_Q
+        default: CERA_CHECK(false, "gemv_glu: unsupported weight type %s", type_name(gate.w.type));
+    }
+    CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace cera::cuda

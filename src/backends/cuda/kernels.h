@@ -82,8 +82,22 @@ struct GemvArgs {
     int64_t ldy = 0;
     bool accumulate = false;
     int rows_per_warp = 0;          // 0: chosen from the shape; else 2 or 4 (benchmarks)
+    // Residual epilogue (or null): res_out[j][r] = res_a[j][r] + res_scale * y[j][r], after y is
+    // written; res_a, res_out: [n_y, ldy] (res_out may alias res_a, not x or y).
+    const float* res_a = nullptr;
+    float* res_out = nullptr;
+    float res_scale = 1.0f;
 };
 void gemv(const GemvArgs& a, Stream stream);
+// Up to kMaxSegs products in one launch: they share x / xq, the weight type, k and n_y (and have no
+// ids); each has its own weight, rows, bias, y and residual epilogue (q/k/v, gate/up).
+constexpr int kMaxSegs = 3;
+void gemv_multi(const GemvArgs* a, int n, Stream stream);
+// SwiGLU pair in one launch: y_gate = W_gate x, y_up = W_up x (the same rows), then
+//   act[j][r] = silu(y_gate[j][r]) * y_up[j][r]  (act: [n_y, rows]; may alias either y)
+// and, when act_xq is not null, act's quantize_q8 rows. Quantized weights with rows % 32 == 0 only.
+bool gemv_glu_supported(GgmlType type, int64_t rows);
+void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq, Stream stream);
 
 // out[t] = scale * dequantize(row row_ids ? row_ids[t] : t) as f32 (out_f16 = false) or f16.
 //   out: [n_rows, w.k]
@@ -92,8 +106,12 @@ void dequantize_rows(const WeightRef& w, const int32_t* row_ids, int64_t n_rows,
 
 void convert_f32_to_f16(const float* x, int64_t n, void* out, Stream stream);
 
+// Several ops below can also write their f32 output's quantize_q8 rows (`xq`, or null), for the matmul
+// that reads it next: that saves the quantize launch. They need n (the row length) % 32 == 0.
+
 // out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w   (w may be null); x, out: [rows, n]
-void rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* out, Stream stream);
+void rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* out, Stream stream,
+              void* xq = nullptr);
 
 struct RopeArgs {
     int mode = 0;              // 0 none, 1 norm (adjacent pairs), 2 neox (i, i + n_rot/2)
@@ -110,6 +128,26 @@ void norm_rope(float* x, int64_t n_tokens, int n_head, int head_dim, const float
 void kv_store(const float* k, const float* v, int64_t n_tokens, int64_t width, const int32_t* pos, void* k_cache,
               void* v_cache, bool f16, int64_t n_ctx, Stream stream);
 
+// norm_rope of q and of k, then kv_store of k and v, in one launch (one warp per head row).
+//   q: [n_tokens, n_head * head_dim]; k, v: [n_tokens, n_head_kv * head_dim]; q_norm, k_norm: [head_dim] or null
+struct QkvRopeArgs {
+    float* q = nullptr;
+    float* k = nullptr;
+    const float* v = nullptr;
+    int64_t n_tokens = 0;
+    int n_head = 0, n_head_kv = 0, head_dim = 0;
+    const float* q_norm = nullptr;
+    const float* k_norm = nullptr;
+    float q_eps = 0.0f, k_eps = 0.0f;
+    RopeArgs q_rope, k_rope;
+    const int32_t* pos = nullptr;
+    void* k_cache = nullptr;
+    void* v_cache = nullptr;
+    bool f16 = true;
+    int64_t n_ctx = 0;
+};
+void qkv_rope_store(const QkvRopeArgs& a, Stream stream);
+
 struct AttentionArgs {
     const float* q = nullptr;     // [n_tokens, n_head * head_dim]
     const void* k_cache = nullptr;  // [n_ctx, n_head_kv * head_dim]
@@ -122,15 +160,18 @@ struct AttentionArgs {
     int sliding_window = 0;
     float* out = nullptr;          // [n_tokens, n_head * head_dim]
     float* partial = nullptr;      // scratch of attention_scratch_floats()
+    void* out_xq = nullptr;        // quantize_q8 rows of out, or null (head_dim % 32 == 0)
 };
 size_t attention_scratch_floats(int64_t n_tokens, int64_t n_ctx, int n_head, int head_dim);
 void attention(const AttentionArgs& a, Stream stream);
 
 // LFM2 short conv (see backend.h): bcx [n_tokens, 3 n_embd], w [n_embd, L], state [L-1, n_embd]
 void short_conv(const float* bcx, const float* w, int L, float* state, int64_t n_tokens, int64_t n_embd, float* out,
-                Stream stream);
+                Stream stream, void* xq = nullptr);
 
-void swiglu(const float* gate, const float* up, int64_t n, float* out, Stream stream);
+// out = silu(gate) * up over n elements; with xq, rows of `row` elements are quantized too.
+void swiglu(const float* gate, const float* up, int64_t n, float* out, Stream stream, void* xq = nullptr,
+            int64_t row = 0);
 // out = a + scale * b
 void add(const float* a, const float* b, float scale, int64_t n, float* out, Stream stream);
 void scale(float* x, float s, int64_t n, Stream stream);

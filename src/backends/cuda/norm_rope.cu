@@ -1,8 +1,10 @@
-// Row norms, per-head q/k norm + RoPE, and the KV-cache append.
+// Row norms, per-head q/k norm + RoPE, the KV-cache append, and the three fused for decode.
 // Idea: all three are bandwidth-trivial (a few KB per token) and latency-bound in decode, so each is
 // one launch over the whole batch: rms_norm one block per row; norm_rope one warp per (token, head),
 // RMSNorm of the head then rotation of its pairs (NORM: (2i, 2i+1); NEOX: (i, i + n_rot/2)), angles
-// in double as the CPU reference computes them; kv_store one thread per element.
+// in double as the CPU reference computes them; kv_store one thread per element; qkv_rope_store one
+// warp per q, k or v head row (q and k rotated in place, k and v appended to the cache): one launch
+// instead of three. rms_norm can also write the 8-bit rows of its output for the next GEMV.
 // Roofline: bytes = 2 x activations; microseconds are launch latency, not bandwidth.
 #include "backends/cuda/common.cuh"
 
@@ -10,7 +12,7 @@ namespace cera::cuda {
 namespace {
 
 __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ w, float eps, int64_t n,
-                                float* out) {
+                                float* out, uint8_t* xq) {
     pdl_trigger();
     pdl_wait();
     __shared__ float red[32];
@@ -20,17 +22,18 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __rest
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
     ss = block_sum(ss, red);
     const float r = rsqrtf(ss / float(n) + eps);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = w ? xr[i] * r * w[i] : xr[i] * r;
+    uint8_t* qr = xq ? xq + int64_t(blockIdx.x) * q8_row_bytes(n) : nullptr;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = w ? xr[i] * r * w[i] : xr[i] * r;
+        yr[i] = v;
+        if (qr) warp_quantize_q8(v, qr, n, i >> 5);  // n % 32 == 0: whole warps take part
+    }
 }
 
-__global__ void norm_rope_kernel(float* x, int64_t n_rows, int n_head, int head_dim, const float* __restrict__ norm_w,
-                                 float eps, const int32_t* __restrict__ pos, RopeArgs rope) {
-    pdl_trigger();
-    pdl_wait();
-    const int64_t row = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= n_rows) return;
+// One head vector v[head_dim] in place, by one warp: optional RMSNorm, then RoPE at position p.
+__device__ __forceinline__ void head_norm_rope(float* v, int head_dim, const float* __restrict__ norm_w, float eps,
+                                               int32_t pos, const RopeArgs& rope) {
     const int lane = threadIdx.x & 31;
-    float* v = x + row * head_dim;
     float r = 1.0f;
     if (norm_w) {
         float ss = 0.0f;
@@ -41,7 +44,7 @@ __global__ void norm_rope_kernel(float* x, int64_t n_rows, int n_head, int head_
     const int n_rot = rope.mode == 0 ? 0 : rope.n_rot, half = n_rot / 2;
     // Read everything this lane touches before writing (pairs span lanes only within the lane's own set).
     if (n_rot > 0) {
-        const double p = double(pos[row / n_head]) * rope.freq_scale;
+        const double p = double(pos) * rope.freq_scale;
         for (int i = lane; i < half; i += 32) {
             const int i0 = rope.mode == 1 ? 2 * i : i, i1 = rope.mode == 1 ? 2 * i + 1 : i + half;
             double theta = p * pow(double(rope.freq_base), -2.0 * i / n_rot);
@@ -54,6 +57,55 @@ __global__ void norm_rope_kernel(float* x, int64_t n_rows, int n_head, int head_
     }
     if (norm_w)
         for (int i = n_rot + lane; i < head_dim; i += 32) v[i] = v[i] * r * norm_w[i];
+}
+
+__global__ void norm_rope_kernel(float* x, int64_t n_rows, int n_head, int head_dim, const float* __restrict__ norm_w,
+                                 float eps, const int32_t* __restrict__ pos, RopeArgs rope) {
+    pdl_trigger();
+    pdl_wait();
+    const int64_t row = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= n_rows) return;
+    head_norm_rope(x + row * head_dim, head_dim, norm_w, eps, pos[row / n_head], rope);
+}
+
+template <class C>
+__device__ __forceinline__ void store_head(const float* src, C* dst, int head_dim) {
+    for (int i = threadIdx.x & 31; i < head_dim; i += 32) {
+        if constexpr (sizeof(C) == 2) dst[i] = __float2half_rn(src[i]);
+        else dst[i] = src[i];
+    }
+}
+
+// Rows per token: n_head q heads, n_head_kv k heads, n_head_kv v heads; one warp each.
+template <class C>
+__global__ void qkv_rope_store_kernel(const QkvRopeArgs a) {
+    pdl_trigger();
+    pdl_wait();
+    const int per_token = a.n_head + 2 * a.n_head_kv;
+    const int64_t row = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= a.n_tokens * per_token) return;
+    const int64_t t = row / per_token;
+    const int h = int(row % per_token);
+    const int32_t p = a.pos[t];
+    const int hd = a.head_dim;
+    const int64_t kv_width = int64_t(a.n_head_kv) * hd;
+    if (h < a.n_head) {
+        head_norm_rope(a.q + (t * a.n_head + h) * hd, hd, a.q_norm, a.q_eps, p, a.q_rope);
+        return;
+    }
+    const bool in_ctx = p >= 0 && p < a.n_ctx;
+    if (h < a.n_head + a.n_head_kv) {
+        const int hk = h - a.n_head;
+        float* kv = a.k + t * kv_width + int64_t(hk) * hd;
+        head_norm_rope(kv, hd, a.k_norm, a.k_eps, p, a.k_rope);
+        __syncwarp();  // the lanes read each other's rotated values
+        if (in_ctx) store_head(kv, static_cast<C*>(a.k_cache) + p * kv_width + int64_t(hk) * hd, hd);
+        return;
+    }
+    const int hv = h - a.n_head - a.n_head_kv;
+    if (in_ctx)
+        store_head(a.v + t * kv_width + int64_t(hv) * hd, static_cast<C*>(a.v_cache) + p * kv_width + int64_t(hv) * hd,
+                   hd);
 }
 
 template <bool kF16>
@@ -79,10 +131,12 @@ __global__ void kv_store_kernel(const float* __restrict__ k, const float* __rest
 
 }  // namespace
 
-void rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* out, Stream stream) {
+void rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* out, Stream stream, void* xq) {
     if (rows == 0) return;
+    CERA_CHECK(!xq || n % 32 == 0);
     const int threads = n >= 2048 ? 512 : n >= 512 ? 256 : 128;
-    launch(rms_norm_kernel, unsigned(rows), threads, 0, as_stream(stream), x, w, eps, n, out);
+    launch(rms_norm_kernel, unsigned(rows), threads, 0, as_stream(stream), x, w, eps, n, out,
+           static_cast<uint8_t*>(xq));
     CUDA_CHECK_LAUNCH();
 }
 
@@ -103,6 +157,17 @@ void kv_store(const float* k, const float* v, int64_t n_tokens, int64_t width, c
     const unsigned grid = unsigned(ceil_div(n, 256));
     if (f16) launch((kv_store_kernel<true>), grid, 256, 0, as_stream(stream), k, v, n_tokens, width, pos, k_cache, v_cache, n_ctx);
     else launch((kv_store_kernel<false>), grid, 256, 0, as_stream(stream), k, v, n_tokens, width, pos, k_cache, v_cache, n_ctx);
+    CUDA_CHECK_LAUNCH();
+}
+
+void qkv_rope_store(const QkvRopeArgs& a, Stream stream) {
+    const int64_t rows = a.n_tokens * (a.n_head + 2 * a.n_head_kv);
+    if (rows == 0) return;
+    for (const RopeArgs* r : {&a.q_rope, &a.k_rope})
+        CERA_CHECK(r->mode == 0 || (r->n_rot % 2 == 0 && r->n_rot <= a.head_dim));
+    const unsigned grid = unsigned(ceil_div(rows, 4));
+    if (a.f16) launch(qkv_rope_store_kernel<__half>, grid, 128, 0, as_stream(stream), a);
+    else launch(qkv_rope_store_kernel<float>, grid, 128, 0, as_stream(stream), a);
     CUDA_CHECK_LAUNCH();
 }
 
