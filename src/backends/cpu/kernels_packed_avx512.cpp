@@ -45,6 +45,7 @@ void tile_q32(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
     const float* xd[NT];
     const int32_t* xs[NT];
     __m512 acc[NT];
+    #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) {
         xq[t] = reinterpret_cast<const int8_t*>(act + t * as);
         xd[t] = reinterpret_cast<const float*>(xq[t] + k);
@@ -59,18 +60,22 @@ void tile_q32(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
         const uint8_t* q = p + 64 + size_t(h) * kLines * 64;
         __m512i w[8];
         if constexpr (kQ8) {
+            #pragma GCC unroll 16
             for (int j = 0; j < 8; ++j) w[j] = _mm512_load_si512(q + 64 * j);
         } else {
+            #pragma GCC unroll 16
             for (int j = 0; j < 4; ++j) {
                 const __m512i v = _mm512_load_si512(q + 64 * j);
                 w[j] = _mm512_and_si512(v, m4);
                 w[4 + j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
             }
         }
+        #pragma GCC unroll 16
         for (int t = 0; t < NT; ++t) {
             const int8_t* x = xq[t] + 32 * b;
             __m512i s0 = _mm512_set1_epi32(-kOff * xs[t][b]);
             __m512i s1 = _mm512_setzero_si512();
+            #pragma GCC unroll 16
             for (int j = 0; j < 8; j += 2) {
                 s0 = _mm512_dpbusd_epi32(s0, w[j], bcast32(x + 4 * j));
                 s1 = _mm512_dpbusd_epi32(s1, w[j + 1], bcast32(x + 4 * j + 4));
@@ -79,6 +84,7 @@ void tile_q32(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
                                      _mm512_mul_ps(dw, _mm512_set1_ps(xd[t][b])), acc[t]);
         }
     }
+    #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + t * ldy, rmask, acc[t]);
 }
 
@@ -90,21 +96,28 @@ void tile_q4k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
     const int64_t nsb = k / kQK_K;
     (void)nb;
     __m512 facc[NT];
+    #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) facc[t] = _mm512_setzero_ps();
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     for (int64_t sb = 0; sb < nsb; ++sb) {
         const uint8_t* p = g + size_t(sb) * 2560;
         const BlockQ8_K* xb[NT];
+        #pragma GCC unroll 16
         for (int t = 0; t < NT; ++t) xb[t] = reinterpret_cast<const BlockQ8_K*>(act + t * as) + sb;
         __m512i isum[NT];
+        #pragma GCC unroll 16
         for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
+        #pragma GCC unroll 16
         for (int gg = 0; gg < 4; ++gg) {
             __m512i lo[NT], hi[NT];
+            #pragma GCC unroll 16
             for (int t = 0; t < NT; ++t) lo[t] = hi[t] = _mm512_setzero_si512();
+            #pragma GCC unroll 16
             for (int j = 0; j < 8; ++j) {
                 const __m512i v = _mm512_load_si512(p + 512 + 64 * (8 * gg + j));
                 const __m512i wl = _mm512_and_si512(v, m4);
                 const __m512i wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                #pragma GCC unroll 16
                 for (int t = 0; t < NT; ++t) {
                     const int8_t* x = xb[t]->qs + 64 * gg;
                     lo[t] = _mm512_dpbusd_epi32(lo[t], wl, bcast32(x + 4 * j));
@@ -114,12 +127,14 @@ void tile_q4k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
             const __m512i sl = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p + 128 + 32 * gg)));
             const __m512i sh =
                 _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p + 128 + 32 * gg + 16)));
+            #pragma GCC unroll 16
             for (int t = 0; t < NT; ++t)
                 isum[t] = _mm512_add_epi32(isum[t], _mm512_add_epi32(_mm512_mullo_epi32(lo[t], sl),
                                                                      _mm512_mullo_epi32(hi[t], sh)));
         }
         const __m512 d = _mm512_load_ps(reinterpret_cast<const float*>(p));
         const __m512 dmin = _mm512_load_ps(reinterpret_cast<const float*>(p + 64));
+        #pragma GCC unroll 16
         for (int t = 0; t < NT; ++t) {
             // per-32 code sums of the activations as int16 pairs (sub-blocks 2pp, 2pp+1)
             const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb[t]->bsums));
@@ -127,6 +142,7 @@ void tile_q4k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
             alignas(16) int32_t pw[4];
             _mm_store_si128(reinterpret_cast<__m128i*>(pw), s16);
             __m512i ms = _mm512_madd_epi16(_mm512_load_si512(p + 256), _mm512_set1_epi32(pw[0]));
+            #pragma GCC unroll 16
             for (int pp = 1; pp < 4; ++pp)
                 ms = _mm512_add_epi32(ms, _mm512_madd_epi16(_mm512_load_si512(p + 256 + 64 * pp), _mm512_set1_epi32(pw[pp])));
             const __m512 xd = _mm512_set1_ps(xb[t]->d);
@@ -134,6 +150,7 @@ void tile_q4k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
             facc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dmin, xd), facc[t]);
         }
     }
+    #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + t * ldy, rmask, facc[t]);
 }
 
@@ -145,19 +162,26 @@ void tile_q6k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
     const int64_t nsb = k / kQK_K;
     (void)nb;
     __m512 facc[NT];
+    #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) facc[t] = _mm512_setzero_ps();
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     for (int64_t sb = 0; sb < nsb; ++sb) {
         const uint8_t* p = g + size_t(sb) * 3392;
         const BlockQ8_K* xb[NT];
+        #pragma GCC unroll 16
         for (int t = 0; t < NT; ++t) xb[t] = reinterpret_cast<const BlockQ8_K*>(act + t * as) + sb;
         __m512i isum[NT];
+        #pragma GCC unroll 16
         for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
+        #pragma GCC unroll 16
         for (int a = 0; a < 4; ++a) {
             // sub-blocks 4i + a, i = 0..3; codes are q + 32: start at -32 * the sub-block's code sum
             __m512i acc[NT][4];
+            #pragma GCC unroll 16
             for (int t = 0; t < NT; ++t)
+                #pragma GCC unroll 16
                 for (int i = 0; i < 4; ++i) acc[t][i] = _mm512_set1_epi32(-32 * int32_t(xb[t]->bsums[4 * i + a]));
+            #pragma GCC unroll 16
             for (int hh = 0; hh < 4; ++hh) {
                 const int h = 4 * a + hh;
                 const __m512i H = _mm512_load_si512(p + 2368 + 64 * h);
@@ -169,20 +193,26 @@ void tile_q6k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
                 w[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(L0, 4), m4, _mm512_and_si512(H, m30), 0xEA);
                 w[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(L1, 4), m4,
                                                  _mm512_and_si512(_mm512_srli_epi16(H, 2), m30), 0xEA);
+                #pragma GCC unroll 16
                 for (int t = 0; t < NT; ++t)
+                    #pragma GCC unroll 16
                     for (int i = 0; i < 4; ++i)
                         acc[t][i] = _mm512_dpbusd_epi32(acc[t][i], w[i], bcast32(xb[t]->qs + 4 * (h + 16 * i)));
             }
+            #pragma GCC unroll 16
             for (int i = 0; i < 4; ++i) {
                 const __m512i sc =
                     _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p + 64 + 16 * (4 * i + a))));
+                #pragma GCC unroll 16
                 for (int t = 0; t < NT; ++t) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(acc[t][i], sc));
             }
         }
         const __m512 d = _mm512_load_ps(reinterpret_cast<const float*>(p));
+        #pragma GCC unroll 16
         for (int t = 0; t < NT; ++t)
             facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, _mm512_set1_ps(xb[t]->d)), facc[t]);
     }
+    #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + t * ldy, rmask, facc[t]);
 }
 
