@@ -2,10 +2,14 @@
 // packed images. Scalar, run once per weight at load time.
 #include "backends/cpu/repack.h"
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "backends/cpu/kernel_table.h"
 #include "backends/cpu/kernels.h"
@@ -113,15 +117,56 @@ void pack_group(GgmlType type, const uint8_t* w, size_t rs, int64_t r0, int64_t 
     }
 }
 
+// Packed images live in 2 MiB-aligned chunks marked for transparent huge pages: decode streams
+// every weight byte per token, and with 4 KiB pages each page costs a TLB miss and stops the
+// hardware prefetcher (measured: 1-thread Q8_0 decode 41 -> 82 tok/s). Chunks are carved
+// sequentially and freed when their last image is unregistered.
+struct Chunk {
+    uint8_t* base;
+    size_t size, used;
+    int live;
+};
+constexpr size_t kHugePage = size_t(2) << 20;
+constexpr size_t kChunkBytes = size_t(32) << 20;
+
 struct Entry {
     GgmlType type;
     int64_t rows, k;
     size_t group_stride;
     uint8_t* data;
+    Chunk* chunk;
     int refs;
 };
 
 std::mutex g_mu;
+std::vector<Chunk*> g_chunks;  // guarded by g_mu; the last one is being filled
+
+uint8_t* arena_alloc(size_t bytes, Chunk** owner) {  // g_mu held
+    bytes = (bytes + 4095) / 4096 * 4096;
+    Chunk* c = g_chunks.empty() ? nullptr : g_chunks.back();
+    if (c == nullptr || c->size - c->used < bytes) {
+        const size_t size = std::max(kChunkBytes, (bytes + kHugePage - 1) / kHugePage * kHugePage);
+        auto* base = static_cast<uint8_t*>(std::aligned_alloc(kHugePage, size));
+        if (base == nullptr) return nullptr;
+#ifdef MADV_HUGEPAGE
+        madvise(base, size, MADV_HUGEPAGE);  // advice only: failure leaves 4 KiB pages
+#endif
+        c = new Chunk{base, size, 0, 0};
+        g_chunks.push_back(c);
+    }
+    uint8_t* p = c->base + c->used;
+    c->used += bytes;
+    ++c->live;
+    *owner = c;
+    return p;
+}
+
+void arena_free(Chunk* c) {  // g_mu held
+    if (--c->live > 0) return;
+    std::free(c->base);
+    g_chunks.erase(std::find(g_chunks.begin(), g_chunks.end(), c));
+    delete c;
+}
 std::unordered_map<const void*, Entry>& registry() {
     static auto* m = new std::unordered_map<const void*, Entry>();  // never destroyed: used at exit
     return *m;
@@ -173,13 +218,18 @@ bool register_weight(GgmlType type, const void* w, int64_t rows, int64_t k) {
         }
     }
     const size_t bytes = size_t((rows + R - 1) / R) * gs;
-    auto* data = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+    Chunk* chunk = nullptr;
+    uint8_t* data;
+    {
+        std::lock_guard<std::mutex> lock(g_mu);
+        data = arena_alloc(bytes, &chunk);
+    }
     if (data == nullptr) return false;
     repack_weights(type, w, rows, k, data);
     std::lock_guard<std::mutex> lock(g_mu);
-    auto [it, inserted] = registry().emplace(w, Entry{type, rows, k, gs, data, 1});
+    auto [it, inserted] = registry().emplace(w, Entry{type, rows, k, gs, data, chunk, 1});
     if (!inserted) {  // registered by another thread meanwhile
-        std::free(data);
+        arena_free(chunk);
         ++it->second.refs;
     }
     return true;
@@ -190,7 +240,7 @@ void unregister_weight(const void* w) {
     auto it = registry().find(w);
     if (it == registry().end()) return;
     if (--it->second.refs > 0) return;
-    std::free(it->second.data);
+    arena_free(it->second.chunk);
     registry().erase(it);
 }
 
