@@ -52,6 +52,7 @@ ChatTemplate::ChatTemplate(ChatTemplate&&) noexcept = default;
 ChatTemplate& ChatTemplate::operator=(ChatTemplate&&) noexcept = default;
 
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, const ChatTemplateOptions& options) const {
+    jinja::CycleBreaker cycle_breaker;  // frees any reference cycle the template builds
     std::vector<std::pair<std::string, Value>> globals;
     jinja::ValueList msgs;
     for (const auto& m : messages) msgs.push_back(message_value(m));

@@ -23,14 +23,20 @@ void Interpreter::Frame::set(const std::string& name, Value v) {
     }
 }
 
+std::shared_ptr<Interpreter::Frame> Interpreter::new_frame() {
+    auto frame = std::make_shared<Frame>();
+    CycleBreaker::track(frame, [](void* p) { decltype(Frame::vars)().swap(static_cast<Frame*>(p)->vars); });
+    return frame;
+}
+
 Interpreter::Interpreter(const RenderLimits& limits, StrftimeFn strftime_now)
     : limits_(limits), strftime_now_(std::move(strftime_now)) {}
 
 std::string Interpreter::render(const Body& body, const std::vector<std::pair<std::string, Value>>& globals) {
     scope_.clear();
-    auto builtins = std::make_shared<Frame>();
+    auto builtins = new_frame();
     for (auto& [k, v] : builtin_globals(*this)) builtins->set(k, v);
-    auto root = std::make_shared<Frame>();
+    auto root = new_frame();
     for (const auto& [k, v] : globals) root->set(k, v);
     scope_.push_back(builtins);
     scope_.push_back(root);
@@ -112,7 +118,7 @@ Interpreter::Flow Interpreter::exec(const Stmt& s, std::string& out) {
             case StmtKind::kContinue: return Flow::kContinue;
             case StmtKind::kDo: eval(*s.expr); return Flow::kNormal;
             case StmtKind::kWith: {
-                auto frame = std::make_shared<Frame>();
+                auto frame = new_frame();
                 for (size_t i = 0; i < s.targets.size(); ++i) frame->set(s.targets[i], eval(*s.values[i]));
                 scope_.push_back(frame);
                 Flow f;
@@ -151,7 +157,7 @@ Interpreter::Flow Interpreter::exec_for(const Stmt& s, std::string& out) {
     if (seq.is_none() || seq.is_number() || seq.is_callable()) eval_fail("'%s' object is not iterable", seq.type_name());
     if (seq.is_namespace()) eval_fail("a namespace is not iterable");
     ValueList items = iterate(seq);
-    auto frame = std::make_shared<Frame>();
+    auto frame = new_frame();
     Scope inner = scope_;
     inner.push_back(frame);
     ScopeRestore<Scope> restore(scope_, inner);
@@ -231,7 +237,7 @@ Value Interpreter::make_macro(const Stmt& s) {
         if (args.positional.size() > def->params.size())
             eval_fail("macro '%s' takes %zu arguments, got %zu", def->name.c_str(), def->params.size(),
                       args.positional.size());
-        auto frame = std::make_shared<Frame>();
+        auto frame = new_frame();
         Scope inner = closure;
         inner.push_back(frame);
         ScopeRestore<Scope> restore(in.scope_, inner);
@@ -274,7 +280,7 @@ void Interpreter::exec_call_block(const Stmt& s, std::string& out) {
     const Stmt* def = &s;
     Scope closure = scope_;
     args.keyword.emplace_back("caller", Value::callable("caller", [def, closure](Interpreter& in, CallArgs& a, int) {
-        auto frame = std::make_shared<Frame>();
+        auto frame = new_frame();
         for (size_t k = 0; k < def->params.size(); ++k) {
             Value v = k < a.positional.size() ? a.positional[k] : Value();
             for (auto& [key, value] : a.keyword)

@@ -56,6 +56,7 @@ class Interpreter {
         void set(const std::string& name, Value v);
     };
     using Scope = std::vector<std::shared_ptr<Frame>>;
+    static std::shared_ptr<Frame> new_frame();  // a frame emptied when the render's CycleBreaker ends
     enum class Flow { kNormal, kBreak, kContinue };
 
     RenderLimits limits_;

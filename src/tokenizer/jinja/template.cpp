@@ -14,6 +14,7 @@ Template::Template(std::string_view source, const LexOptions& options) : body_(p
 std::string Template::render(const std::vector<std::pair<std::string, Value>>& globals, const RenderLimits& limits,
                              StrftimeFn strftime_now) const {
     if (!strftime_now) strftime_now = make_strftime(-1);
+    CycleBreaker cycle_breaker;  // frees any reference cycle the template builds
     Interpreter interp(limits, std::move(strftime_now));
     return interp.render(body_, globals);
 }

@@ -1,8 +1,43 @@
 #include "tokenizer/jinja/value.h"
 
 #include <cmath>
+#include <utility>
+#include <vector>
 
 namespace cera::jinja {
+
+namespace {
+
+struct Tracked {
+    std::weak_ptr<void> obj;
+    void (*clear)(void*);
+};
+thread_local std::vector<Tracked>* g_tracked = nullptr;
+
+}  // namespace
+
+CycleBreaker::CycleBreaker() {
+    if (!g_tracked) {
+        g_tracked = new std::vector<Tracked>();
+        owner_ = true;
+    }
+}
+
+CycleBreaker::~CycleBreaker() {
+    if (!owner_) return;
+    std::vector<Tracked>* tracked = g_tracked;
+    g_tracked = nullptr;
+    // Hold every survivor first, so that emptying one cannot free another mid-way.
+    std::vector<std::pair<std::shared_ptr<void>, void (*)(void*)>> alive;
+    for (const Tracked& t : *tracked)
+        if (auto p = t.obj.lock()) alive.emplace_back(std::move(p), t.clear);
+    delete tracked;
+    for (auto& [p, clear] : alive) clear(p.get());
+}
+
+void CycleBreaker::track(const std::shared_ptr<void>& obj, void (*clear)(void*)) {
+    if (g_tracked) g_tracked->push_back({obj, clear});
+}
 
 Value Value::none() {
     Value v;
@@ -19,6 +54,7 @@ Value Value::list(ValueList items) {
     Value v;
     v.kind_ = ValueKind::kList;
     v.list_ = std::make_shared<ValueList>(std::move(items));
+    CycleBreaker::track(v.list_, [](void* p) { ValueList().swap(*static_cast<ValueList*>(p)); });
     return v;
 }
 
@@ -26,6 +62,7 @@ Value Value::dict() {
     Value v;
     v.kind_ = ValueKind::kDict;
     v.dict_ = std::make_shared<Dict>();
+    CycleBreaker::track(v.dict_, [](void* p) { decltype(Dict::items)().swap(static_cast<Dict*>(p)->items); });
     return v;
 }
 
@@ -40,6 +77,7 @@ Value Value::callable(std::string name, NativeFunction fn) {
     v.kind_ = ValueKind::kCallable;
     v.s_ = std::make_shared<std::string>(std::move(name));
     v.fn_ = std::make_shared<NativeFunction>(std::move(fn));
+    CycleBreaker::track(v.fn_, [](void* p) { NativeFunction().swap(*static_cast<NativeFunction*>(p)); });
     return v;
 }
 

@@ -88,6 +88,25 @@ class Value {
     std::shared_ptr<NativeFunction> fn_;
 };
 
+// While a CycleBreaker is alive on this thread, every list, dict and callable
+// made (and every object passed to track) is remembered; when the outermost one
+// ends, the survivors are emptied. A template can build reference cycles (a list
+// appended to itself, a macro kept in the frame it closes over) that shared
+// ownership alone would leak; this frees them at the end of each render.
+class CycleBreaker {
+   public:
+    CycleBreaker();
+    ~CycleBreaker();
+    CycleBreaker(const CycleBreaker&) = delete;
+    CycleBreaker& operator=(const CycleBreaker&) = delete;
+
+    // Remembers `obj` (if a breaker is active) to be emptied by `clear` at the end.
+    static void track(const std::shared_ptr<void>& obj, void (*clear)(void*));
+
+   private:
+    bool owner_ = false;
+};
+
 // An insertion-ordered dict. Keys are strings, ints, bools, floats or none (as Python allows).
 struct Dict {
     std::vector<std::pair<Value, Value>> items;
