@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 
@@ -100,6 +101,10 @@ class Backend {
     virtual ~Backend() = default;
     virtual DeviceKind kind() const = 0;
     virtual std::string description() const = 0;  // e.g. "cpu avx512, 2 threads"
+
+    // Held by a sequence while it runs ops: the backends keep per-device scratch (rope
+    // tables, attention tiles, graph recordings) shared by every sequence on them.
+    std::mutex& exec_mutex() { return exec_mu_; }
 
     // ---------------------------------------------------------------- memory
     // Makes a weight resident on the device in its own type. `host` must stay valid for the
@@ -187,6 +192,9 @@ class Backend {
     //   out: f32 [n_tokens, n_embd] (overwritten; must not alias x)
     virtual void moe_ffn(const Tensor& x, const Tensor& gate_exps, const Tensor& up_exps, const Tensor& down_exps,
                          const Tensor& ids, const Tensor& weights, const Tensor& out) = 0;
+
+   private:
+    std::mutex exec_mu_;
 };
 
 struct BackendOptions {

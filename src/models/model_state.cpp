@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cinttypes>
 #include <cstring>
+#include <mutex>
 
 #include "core/check.h"
 #include "models/arch.h"
@@ -33,6 +34,7 @@ struct SavedHeader {
 class SequenceState final : public ModelState {
  public:
     SequenceState(const Model& model, int n_ctx) : model_(model), be_(model.backend()), arch_(model.arch()) {
+        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
         const ModelInfo& info = arch_.info;
         n_ctx_ = n_ctx > 0 ? n_ctx : model.options().n_ctx;
         if (n_ctx_ <= 0)
@@ -74,6 +76,7 @@ class SequenceState final : public ModelState {
     }
 
     ~SequenceState() override {
+        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
         for (LayerCache& c : cache_) {
             be_.free(c.k);
             be_.free(c.v);
@@ -85,6 +88,7 @@ class SequenceState final : public ModelState {
     }
 
     void eval(std::span<const int32_t> tokens, float* logits_out, bool all_logits, float* hidden_out) override {
+        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
         const int64_t n = int64_t(tokens.size());
         if (n == 0) return;
         if (position_ + n > n_ctx_)
@@ -146,6 +150,7 @@ class SequenceState final : public ModelState {
     int32_t n_ctx() const override { return n_ctx_; }
 
     void reset() override {
+        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
         position_ = 0;
         for (LayerCache& c : cache_)
             if (c.conv) be_.zero(c.conv);
@@ -161,6 +166,7 @@ class SequenceState final : public ModelState {
     }
 
     void save_state(std::vector<uint8_t>& out) const override {
+        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
         out.resize(state_size());
         SavedHeader hd{
             kStateMagic, kStateVersion,      uint32_t(cache_.size()), uint32_t(model_.options().kv_type), position_,
@@ -182,6 +188,7 @@ class SequenceState final : public ModelState {
     }
 
     void restore_state(std::span<const uint8_t> bytes) override {
+        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
         SavedHeader hd{};
         if (bytes.size() < sizeof hd)
             throw_error(ErrorCode::kInvalidFile, "saved state: %zu bytes is too short", bytes.size());
@@ -216,6 +223,7 @@ class SequenceState final : public ModelState {
     }
 
     void shift(int32_t n_keep, int32_t n_discard) override {
+        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
         shift_kv_cache(be_, arch_.state, cache_, position_, n_keep, n_discard);
         position_ -= n_discard;
     }
@@ -227,6 +235,7 @@ class SequenceState final : public ModelState {
     }
 
     void truncate(int32_t n) override {
+        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
         if (n < 0 || n > position_)
             throw_error(ErrorCode::kOutOfRange, "truncate to %d tokens: the state holds %d", n, position_);
         if (n < position_ && has_recurrent_state())
