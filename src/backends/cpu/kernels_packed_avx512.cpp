@@ -109,19 +109,31 @@ void tile_q4k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
         for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
         #pragma GCC unroll 16
         for (int gg = 0; gg < 4; ++gg) {
-            __m512i lo[NT], hi[NT];
-            #pragma GCC unroll 16
-            for (int t = 0; t < NT; ++t) lo[t] = hi[t] = _mm512_setzero_si512();
-            #pragma GCC unroll 16
+            // two chains per sub-block when the tile has few tokens (latency of dependent vpdpbusd)
+            constexpr int kC = NT <= 2 ? 2 : 1;
+            __m512i lo[kC][NT], hi[kC][NT];
+#pragma GCC unroll 16
+            for (int c = 0; c < kC; ++c)
+#pragma GCC unroll 16
+                for (int t = 0; t < NT; ++t) lo[c][t] = hi[c][t] = _mm512_setzero_si512();
+#pragma GCC unroll 16
             for (int j = 0; j < 8; ++j) {
                 const __m512i v = _mm512_load_si512(p + 512 + 64 * (8 * gg + j));
                 const __m512i wl = _mm512_and_si512(v, m4);
                 const __m512i wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-                #pragma GCC unroll 16
+                const int c = j % kC;
+#pragma GCC unroll 16
                 for (int t = 0; t < NT; ++t) {
                     const int8_t* x = xb[t]->qs + 64 * gg;
-                    lo[t] = _mm512_dpbusd_epi32(lo[t], wl, bcast32(x + 4 * j));
-                    hi[t] = _mm512_dpbusd_epi32(hi[t], wh, bcast32(x + 32 + 4 * j));
+                    lo[c][t] = _mm512_dpbusd_epi32(lo[c][t], wl, bcast32(x + 4 * j));
+                    hi[c][t] = _mm512_dpbusd_epi32(hi[c][t], wh, bcast32(x + 32 + 4 * j));
+                }
+            }
+            if constexpr (kC == 2) {
+#pragma GCC unroll 16
+                for (int t = 0; t < NT; ++t) {
+                    lo[0][t] = _mm512_add_epi32(lo[0][t], lo[1][t]);
+                    hi[0][t] = _mm512_add_epi32(hi[0][t], hi[1][t]);
                 }
             }
             const __m512i sl = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p + 128 + 32 * gg)));
@@ -129,8 +141,8 @@ void tile_q4k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
                 _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p + 128 + 32 * gg + 16)));
             #pragma GCC unroll 16
             for (int t = 0; t < NT; ++t)
-                isum[t] = _mm512_add_epi32(isum[t], _mm512_add_epi32(_mm512_mullo_epi32(lo[t], sl),
-                                                                     _mm512_mullo_epi32(hi[t], sh)));
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_add_epi32(_mm512_mullo_epi32(lo[0][t], sl),
+                                                                     _mm512_mullo_epi32(hi[0][t], sh)));
         }
         const __m512 d = _mm512_load_ps(reinterpret_cast<const float*>(p));
         const __m512 dmin = _mm512_load_ps(reinterpret_cast<const float*>(p + 64));
