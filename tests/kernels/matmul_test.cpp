@@ -262,6 +262,39 @@ TEST(Matmul, ActivationQuantizersMatchTheScalarBytes) {
     }
 }
 
+// The registry is keyed by address: new contents at a registered address (a freed and reused
+// buffer) must not be computed with the old packed copy, and registering them again repacks.
+TEST(Matmul, PackedCopyIsNotUsedForNewContentsAtTheSameAddress) {
+    std::mt19937 rng(3);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    const int64_t rows = 40, k = 256, nt = 3;
+    std::vector<float> x(size_t(nt * k));
+    for (auto& v : x) v = g(rng);
+    for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+        cpu::force_isa(available_isas().back());
+        auto w = make_weights(type, rows, k, rng);
+        const bool packed = cpu::register_weight(type, w.data(), rows, k);
+        for (int round = 0; round < 2; ++round) {
+            const auto other = make_weights(type, rows, k, rng);
+            std::memcpy(w.data(), other.data(), w.size());  // new contents, same address
+            if (round == 1) EXPECT_EQ(cpu::register_weight(type, w.data(), rows, k), packed);
+            // the same contents at an unregistered address: the same 8-bit activations, so only the
+            // float summation order differs from the packed path
+            const std::vector<uint8_t> copy(w);
+            std::vector<float> y(size_t(nt * rows)), want(size_t(nt * rows));
+            cpu::matmul(type, w.data(), rows, k, x.data(), nt, y.data(), rows, nullptr);
+            cpu::matmul(type, copy.data(), rows, k, x.data(), nt, want.data(), rows, nullptr);
+            for (size_t i = 0; i < y.size(); ++i)
+                ASSERT_NEAR(y[i], want[i], 1e-3 * (1.0 + std::fabs(want[i])))
+                    << type_name(type) << " round " << round << " at " << i;
+        }
+        if (packed) {
+            cpu::unregister_weight(w.data());
+            cpu::unregister_weight(w.data());
+        }
+    }
+}
+
 TEST(Matmul, IntegerPathsAreTighterThanTheirBound) {
     // The bound above must not be vacuous: on gaussian data the 8-bit activation error stays
     // well inside it, and a deliberately wrong result (one weight block dropped) falls outside.

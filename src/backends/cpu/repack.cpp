@@ -135,8 +135,27 @@ struct Entry {
     size_t group_stride;
     uint8_t* data;
     Chunk* chunk;
+    uint64_t fingerprint;
     int refs;
 };
+
+// A few 8-byte samples of the original matrix. The registry is keyed by address, and a caller
+// may free a registered buffer and reuse its address for other weights (tests do, through a
+// long-lived backend); a packed copy is used only while the samples still match, and a new
+// registration at the address repacks when they do not. Real weights (a read-only mapping) always
+// match. Four samples: a cheap check per matmul call, and any new quantized content changes them.
+uint64_t fingerprint(const void* w, size_t bytes) {
+    const auto* p = static_cast<const uint8_t*>(w);
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ bytes;
+    const size_t last = bytes >= 8 ? bytes - 8 : 0;
+    for (size_t off : {size_t(0), last / 3 & ~size_t(7), 2 * (last / 3) & ~size_t(7), last}) {
+        uint64_t v = 0;
+        std::memcpy(&v, p + off, bytes >= 8 ? 8 : bytes);
+        h = (h ^ v) * 0xBF58476D1CE4E5B9ull;
+        h ^= h >> 31;
+    }
+    return h;
+}
 
 std::mutex g_mu;
 std::vector<Chunk*> g_chunks;  // guarded by g_mu; the last one is being filled
@@ -198,6 +217,7 @@ PackedView find_packed(const void* w, GgmlType type, int64_t rows, int64_t k) {
     if (reg.empty()) return {};
     auto it = reg.find(w);
     if (it == reg.end() || it->second.type != type || it->second.rows != rows || it->second.k != k) return {};
+    if (fingerprint(w, row_size(type, k) * size_t(rows)) != it->second.fingerprint) return {};  // stale
     return {it->second.data, it->second.group_stride};
 }
 
@@ -206,15 +226,14 @@ bool register_weight(GgmlType type, const void* w, int64_t rows, int64_t k) {
     if (active_isa() != Isa::kAvx512) return false;
     const size_t gs = packed_group_bytes(type, k);
     if (gs == 0 || rows < 1 || k % type_info(type).block_size != 0) return false;
+    const uint64_t fp = fingerprint(w, row_size(type, k) * size_t(rows));
     {
         std::lock_guard<std::mutex> lock(g_mu);
         auto it = registry().find(w);
-        if (it != registry().end()) {
-            if (it->second.type == type && it->second.rows == rows && it->second.k == k) {
-                ++it->second.refs;
-                return true;
-            }
-            return false;
+        if (it != registry().end() && it->second.type == type && it->second.rows == rows && it->second.k == k &&
+            it->second.fingerprint == fp) {
+            ++it->second.refs;
+            return true;
         }
     }
     const size_t bytes = size_t((rows + R - 1) / R) * gs;
@@ -227,10 +246,18 @@ bool register_weight(GgmlType type, const void* w, int64_t rows, int64_t k) {
     if (data == nullptr) return false;
     repack_weights(type, w, rows, k, data);
     std::lock_guard<std::mutex> lock(g_mu);
-    auto [it, inserted] = registry().emplace(w, Entry{type, rows, k, gs, data, chunk, 1});
-    if (!inserted) {  // registered by another thread meanwhile
-        arena_free(chunk);
-        ++it->second.refs;
+    auto [it, inserted] = registry().emplace(w, Entry{type, rows, k, gs, data, chunk, fp, 1});
+    if (!inserted) {
+        Entry& e = it->second;
+        if (e.type == type && e.rows == rows && e.k == k && e.fingerprint == fp) {
+            arena_free(chunk);  // the same weights, registered by another thread meanwhile
+        } else {
+            // Other contents at a reused address: the earlier registrant's buffer is gone, so its
+            // copy is replaced (the count keeps both registrations' unregister calls balanced).
+            arena_free(e.chunk);
+            e = Entry{type, rows, k, gs, data, chunk, fp, e.refs};
+        }
+        ++e.refs;
     }
     return true;
 }
