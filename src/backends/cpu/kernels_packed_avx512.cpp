@@ -196,9 +196,9 @@ void tile_q6k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
             #pragma GCC unroll 16
             for (int hh = 0; hh < 4; ++hh) {
                 const int h = 4 * a + hh;
-                const __m512i H = _mm512_load_si512(p + 2368 + 64 * h);
-                const __m512i L0 = _mm512_load_si512(p + 320 + 64 * h);
-                const __m512i L1 = _mm512_load_si512(p + 320 + 64 * (h + 16));
+                const __m512i L0 = _mm512_load_si512(p + 320 + 192 * h);
+                const __m512i L1 = _mm512_load_si512(p + 320 + 192 * h + 64);
+                const __m512i H = _mm512_load_si512(p + 320 + 192 * h + 128);
                 __m512i w[4];
                 w[0] = _mm512_ternarylogic_epi32(L0, m4, _mm512_and_si512(_mm512_slli_epi16(H, 4), m30), 0xEA);
                 w[1] = _mm512_ternarylogic_epi32(L1, m4, _mm512_and_si512(_mm512_slli_epi16(H, 2), m30), 0xEA);

@@ -101,13 +101,13 @@ void pack_group(GgmlType type, const uint8_t* w, size_t rs, int64_t r0, int64_t 
                     for (int s = 0; s < 16; ++s) o[64 + 16 * s + r] = uint8_t(blk != nullptr ? blk->scales[s] : 0);
                     for (int q = 0; q < 32; ++q)
                         for (int i = 0; i < 4; ++i)
-                            o[320 + 64 * q + 4 * r + i] =
+                            o[320 + 192 * (q % 16) + 64 * (q / 16) + 4 * r + i] =
                                 uint8_t((code[4 * q + i] & 0xF) | ((code[128 + 4 * q + i] & 0xF) << 4));
                     for (int h = 0; h < 16; ++h)
                         for (int i = 0; i < 4; ++i) {
                             uint8_t v = 0;
                             for (int s = 0; s < 4; ++s) v |= uint8_t((code[64 * s + 4 * h + i] >> 4) << (2 * s));
-                            o[2368 + 64 * h + 4 * r + i] = v;
+                            o[320 + 192 * h + 128 + 4 * r + i] = v;
                         }
                 }
             }

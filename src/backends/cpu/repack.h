@@ -17,10 +17,10 @@
 //         (sub-blocks 2p, 2p+1 of each row side by side), then 32 lines: line 8g+j, row r =
 //         qs[32g + 4j .. 32g+4j+3] (low nibble: element 64g+4j+i, sub-block 2g; high: +32, 2g+1).
 //         64+64+128+256+2048 = 2560 B.
-//   Q6_K: per 256-super-block: d f32 [16], scales i8 [16][16] (sub-block-major), then L [32] lines
-//         (byte i: low nibble = low 4 bits of code 4q+i, high nibble = of code 128+4q+i) and
-//         H [16] lines (byte i: bits 2s..2s+1 = high 2 bits of code 64s+4h+i), codes q+32 in 0..63.
-//         64+256+2048+1024 = 3392 B.
+//   Q6_K: per 256-super-block: d f32 [16], scales i8 [16][16] (sub-block-major), then for h = 0..15
+//         the lines L[h], L[h+16], H[h] (in the order the kernel reads them), where L[q] byte i:
+//         low nibble = low 4 bits of code 4q+i, high nibble = of code 128+4q+i; H[h] byte i: bits
+//         2s..2s+1 = high 2 bits of code 64s+4h+i; codes q+32 in 0..63. 64+256+3072 = 3392 B.
 #pragma once
 #include <cstddef>
 #include <cstdint>
