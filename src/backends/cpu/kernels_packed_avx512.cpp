@@ -104,6 +104,23 @@ void tile_q4k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
         const BlockQ8_K* xb[NT];
         #pragma GCC unroll 16
         for (int t = 0; t < NT; ++t) xb[t] = reinterpret_cast<const BlockQ8_K*>(act + t * as) + sb;
+        // header first (d, dmin, scales, mins: the lines before the codes), so reads go forward
+        const __m512 d = _mm512_load_ps(reinterpret_cast<const float*>(p));
+        const __m512 dmin = _mm512_load_ps(reinterpret_cast<const float*>(p + 64));
+        const __m512i sc_raw[2] = {_mm512_load_si512(p + 128), _mm512_load_si512(p + 192)};
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t) {
+            // per-32 code sums of the activations as int16 pairs (sub-blocks 2pp, 2pp+1)
+            const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb[t]->bsums));
+            const __m128i s16 = _mm256_cvtepi32_epi16(_mm256_madd_epi16(bs, _mm256_set1_epi16(1)));
+            alignas(16) int32_t pw[4];
+            _mm_store_si128(reinterpret_cast<__m128i*>(pw), s16);
+            __m512i ms = _mm512_madd_epi16(_mm512_load_si512(p + 256), _mm512_set1_epi32(pw[0]));
+#pragma GCC unroll 16
+            for (int pp = 1; pp < 4; ++pp)
+                ms = _mm512_add_epi32(ms, _mm512_madd_epi16(_mm512_load_si512(p + 256 + 64 * pp), _mm512_set1_epi32(pw[pp])));
+            facc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dmin, _mm512_set1_ps(xb[t]->d)), facc[t]);
+        }
         __m512i isum[NT];
         #pragma GCC unroll 16
         for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
@@ -136,31 +153,16 @@ void tile_q4k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
                     hi[0][t] = _mm512_add_epi32(hi[0][t], hi[1][t]);
                 }
             }
-            const __m512i sl = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p + 128 + 32 * gg)));
-            const __m512i sh =
-                _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p + 128 + 32 * gg + 16)));
+            const __m512i sl = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(sc_raw[gg / 2], 2 * (gg % 2)));
+            const __m512i sh = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(sc_raw[gg / 2], 2 * (gg % 2) + 1));
             #pragma GCC unroll 16
             for (int t = 0; t < NT; ++t)
                 isum[t] = _mm512_add_epi32(isum[t], _mm512_add_epi32(_mm512_mullo_epi32(lo[0][t], sl),
                                                                      _mm512_mullo_epi32(hi[0][t], sh)));
         }
-        const __m512 d = _mm512_load_ps(reinterpret_cast<const float*>(p));
-        const __m512 dmin = _mm512_load_ps(reinterpret_cast<const float*>(p + 64));
-        #pragma GCC unroll 16
-        for (int t = 0; t < NT; ++t) {
-            // per-32 code sums of the activations as int16 pairs (sub-blocks 2pp, 2pp+1)
-            const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb[t]->bsums));
-            const __m128i s16 = _mm256_cvtepi32_epi16(_mm256_madd_epi16(bs, _mm256_set1_epi16(1)));
-            alignas(16) int32_t pw[4];
-            _mm_store_si128(reinterpret_cast<__m128i*>(pw), s16);
-            __m512i ms = _mm512_madd_epi16(_mm512_load_si512(p + 256), _mm512_set1_epi32(pw[0]));
-            #pragma GCC unroll 16
-            for (int pp = 1; pp < 4; ++pp)
-                ms = _mm512_add_epi32(ms, _mm512_madd_epi16(_mm512_load_si512(p + 256 + 64 * pp), _mm512_set1_epi32(pw[pp])));
-            const __m512 xd = _mm512_set1_ps(xb[t]->d);
-            facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, xd), facc[t]);
-            facc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dmin, xd), facc[t]);
-        }
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t)
+            facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, _mm512_set1_ps(xb[t]->d)), facc[t]);
     }
     #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + t * ldy, rmask, facc[t]);
