@@ -136,13 +136,20 @@ TEST_F(CudaBackendTest, MatmulMatchesReference) {
         cases.push_back({t, 130, 2048, 3});
         cases.push_back({t, 67, 320, 9});  // cuBLAS path
         cases.push_back({t, 4099, 64, 1});
+        cases.push_back({t, 77, 8192, 1});  // split-K: 4 warps per row group
+        cases.push_back({t, 45, 4096, 2});  // split-K: 2 warps per row group
+        cases.push_back({t, 9, 2048, 1});   // split-K: 2 warps, 32 items each
     }
+    cases.push_back({G::kQ4_0, 2050, 8192, 1});  // split-K with 4 rows per warp, a partial last block
+    cases.push_back({G::kQ4_K, 2050, 8192, 1});
     for (G t : {G::kQ4_K, G::kQ5_K, G::kQ6_K, G::kQ2_K}) {
         cases.push_back({t, 1, 256, 1});
         cases.push_back({t, 41, 768, 2});
         cases.push_back({t, 300, 2048, 1});
         cases.push_back({t, 33, 512, 17});
         cases.push_back({t, 5000, 256, 1});
+        cases.push_back({t, 19, 8192, 1});  // split-K
+        cases.push_back({t, 50, 4096, 1});
     }
     for (G t : {G::kF32, G::kF16, G::kBF16}) {
         cases.push_back({t, 1, 1, 1});

@@ -39,6 +39,7 @@ struct GemvK {
     unsigned seg_start[kMaxSegs];  // first blockIdx.x of each segment
     int n_seg;
     int64_t nb;  // blocks (quantized) or 8-element items (float) per row
+    int ksplit;  // quantized: warps of a block sharing one row group, each a 1/ksplit share of k (1, 2, 4)
     int64_t k;
     const int32_t* ids;
     int x_div;
@@ -81,17 +82,20 @@ __device__ __forceinline__ void finish(const GemvK& a, const Seg& sg, float (&ac
 // The dot products of NR weight rows with one 8-bit activation row: lane l takes items l, l + 32,
 // ... of every row, two items x NR rows of 16-byte loads in flight. set_rows(qrow, mrow) fills the
 // rows' stream pointers; it runs before the PDL wait (weights only) unless `rows_after_wait`.
+// `part` of `parts` (split-K): the warp takes the 32-item strips part, part + parts, ... (two strips,
+// `parts` apart, per step).
 template <GgmlType T, int NR, class SetRows>
 __device__ __forceinline__ void dot_rows(const GemvK& a, int yi, bool live, bool rows_after_wait, SetRows set_rows,
-                                         float (&acc)[NR]) {
+                                         float (&acc)[NR], int part = 0, int parts = 1) {
     using Tr = QTraits<T>;
     constexpr QuantLayout L = quant_layout(T);
     const int lane = threadIdx.x & 31;
     const int64_t n_items = a.nb * Tr::kItems;
+    const int64_t start = lane + 32 * int64_t(part), h = 32 * int64_t(parts), stride = 2 * h;
     const uint8_t* qrow[NR];
     const uint8_t* mrow[NR];
     typename Tr::W w[2][NR];
-    int64_t it[2] = {lane, lane + 32 < n_items ? lane + 32 : lane};
+    int64_t it[2] = {start, start + h < n_items ? start + h : start};
     auto load_w = [&]() {
 #pragma unroll
         for (int u = 0; u < 2; ++u)
@@ -99,7 +103,7 @@ __device__ __forceinline__ void dot_rows(const GemvK& a, int yi, bool live, bool
             for (int r = 0; r < NR; ++r)
                 w[u][r] = Tr::load_w(qrow[r], mrow[r], it[u] / Tr::kItems, int(it[u] % Tr::kItems));
     };
-    if (!rows_after_wait && live && lane < n_items) {
+    if (!rows_after_wait && live && start < n_items) {
         set_rows(qrow, mrow);
         load_w();
     }
@@ -112,12 +116,12 @@ __device__ __forceinline__ void dot_rows(const GemvK& a, int yi, bool live, bool
     const float* xd = reinterpret_cast<const float*>(xrow + a.k);
     if (rows_after_wait) {
         set_rows(qrow, mrow);
-        if (lane < n_items) load_w();
+        if (start < n_items) load_w();
     }
-    for (int64_t i0 = lane; i0 < n_items; i0 += 64) {
-        const bool ok1 = i0 + 32 < n_items;
-        if (i0 != lane) {
-            it[0] = i0, it[1] = ok1 ? i0 + 32 : i0;
+    for (int64_t i0 = start; i0 < n_items; i0 += stride) {
+        const bool ok1 = i0 + h < n_items;
+        if (i0 != start) {
+            it[0] = i0, it[1] = ok1 ? i0 + h : i0;
             load_w();
         }
         XQ x[2];
@@ -137,16 +141,20 @@ __device__ __forceinline__ void dot_rows(const GemvK& a, int yi, bool live, bool
     }
 }
 
-// Block: 4 warps, R rows each. The first items' weights are loaded before waiting for the previous
-// kernel (PDL), so the weight stream starts while that kernel drains (expert ids come from an
-// earlier kernel: those rows are known only after the wait).
+// Block: 4 warps, R rows each, or (split-K, short and wide matrices) 4 / ksplit row groups of R
+// rows, each summed by ksplit warps over interleaved 64-item strips of k and combined in shared
+// memory, so that a 2048-row matrix still puts several warps on every SM. The first items' weights
+// are loaded before waiting for the previous kernel (PDL), so the weight stream starts while that
+// kernel drains (expert ids come from an earlier kernel: those rows are known only after the wait).
 template <GgmlType T, int R>
 __global__ void __launch_bounds__(128) gemv_q_kernel(const GemvK a) {
     constexpr QuantLayout L = quant_layout(T);
     pdl_trigger();
     int64_t bx;
     const Seg sg = pick_seg(a, bx);
-    const int64_t r0 = (bx * 4 + (threadIdx.x >> 5)) * R;
+    const int warp = threadIdx.x >> 5, ks = a.ksplit;
+    const int group = warp / ks, part = warp % ks;
+    const int64_t r0 = (bx * (4 / ks) + group) * R;
     const bool live = r0 < sg.rows;
     const int yi = blockIdx.y;
     auto set_rows = [&](const uint8_t** qrow, const uint8_t** mrow) {
@@ -159,7 +167,24 @@ __global__ void __launch_bounds__(128) gemv_q_kernel(const GemvK a) {
         }
     };
     float acc[R];
-    dot_rows<T, R>(a, yi, live, a.ids != nullptr, set_rows, acc);
+    dot_rows<T, R>(a, yi, live, a.ids != nullptr, set_rows, acc, part, ks);
+    if (ks > 1) {
+        __shared__ float part_s[4][R];
+        const int lane = threadIdx.x & 31;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float s = warp_sum(acc[r]);
+            if (lane == 0) part_s[warp][r] = s;
+        }
+        __syncthreads();
+        if (part != 0) return;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            float s = 0.0f;
+            for (int j = 0; j < ks; ++j) s += part_s[warp + j][r];
+            acc[r] = lane == 0 ? s : 0.0f;  // finish() sums the warp again
+        }
+    }
     if (live) finish<R>(a, sg, acc, r0, yi);
 }
 
@@ -385,6 +410,23 @@ int pick_r(const QuantLayout& L, int64_t rows, int n_y, int requested) {
     return work >= 2048 ? (kquant && work < 32768 ? 2 : 4) : work >= 512 ? 2 : 1;
 }
 
+// Split-K for short and wide matrices: while the row warps do not fill the GPU (< 2048 warps, ~16
+// per SM), give each row group 2 or 4 warps, each at least `strip` items of k (32 or 64).
+int pick_ksplit(int64_t n_items, int64_t row_warps) {
+    static const int forced = [] {
+        const char* e = std::getenv("CERA_CUDA_GEMV_KSPLIT");  // benchmarks: force the split (1, 2, 4)
+        return e ? std::atoi(e) : 0;
+    }();
+    static const int strip = [] {
+        const char* e = std::getenv("CERA_CUDA_GEMV_KSTRIP");  // benchmarks: least items per warp
+        return e && std::atoi(e) == 32 ? 32 : 64;  // 32: -3 to -10% on lfm2 decode (bench/NOTES.md)
+    }();
+    if (forced == 1 || forced == 2 || forced == 4) return n_items >= 32 * forced ? forced : 1;
+    int ks = 1;
+    while (ks < 4 && row_warps * ks < 2048 && n_items >= strip * 2 * ks) ks *= 2;
+    return ks;
+}
+
 // The launch parameters shared by every product of a launch (from the first).
 GemvK common_params(const GemvArgs& a, bool& vec) {
     const GgmlType type = a.w.type;
@@ -401,6 +443,7 @@ GemvK common_params(const GemvArgs& a, bool& vec) {
         p.nb = k / 8;
     }
     p.k = k;
+    p.ksplit = 1;
     p.ids = a.ids, p.x_div = a.x_div;
     p.x = a.x, p.ldx = a.ldx;
     p.xq = static_cast<const uint8_t*>(a.xq), p.ldxq = q8_row_bytes(k);
@@ -438,11 +481,16 @@ void gemv_multi(const GemvArgs* a, int n, Stream stream) {
     const QuantLayout L = quant_layout(a[0].w.type);
     int R = pick_r(L, total_rows, a[0].n_y, a[0].rows_per_warp);
     if (!vec) R = 1;
+    if (L.block_elems > 0) {
+        const int items = L.block_elems == 256 ? 8 : 1;  // QTraits<T>::kItems
+        p.ksplit = pick_ksplit(p.nb * items, ceil_div(total_rows, R) * a[0].n_y);
+    }
+    const int rows_per_block = 4 / p.ksplit * R;
     unsigned blocks = 0;
     for (int i = 0; i < n; ++i) {
         p.seg[i] = make_seg(a[i], p.nb);
         p.seg_start[i] = blocks;
-        blocks += unsigned(ceil_div(a[i].rows, 4 * R));
+        blocks += unsigned(ceil_div(a[i].rows, rows_per_block));
     }
     p.n_seg = n;
     const dim3 grid(blocks, unsigned(a[0].n_y));
