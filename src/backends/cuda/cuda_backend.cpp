@@ -106,6 +106,7 @@ class CudaBackend final : public Backend {
         }
         drop_graphs();
         for (auto& [p, w] : weights_) cudaFree(w.image);
+        for (auto& [img, p] : w16_) cudaFree(p);
         for (void* p : buffers_) cudaFree(p);
         for (auto& s : scratch_) cudaFree(s.ptr);
         cublasDestroy(cublas_);
@@ -191,6 +192,7 @@ class CudaBackend final : public Backend {
                     CUDA_CHECK(cudaFree(t.data));
                     buffers_.erase(it);
                 } else {
+                    drop_w16(wt->second.image);
                     CUDA_CHECK(cudaFree(wt->second.image));
                     weights_.erase(wt);
                 }
@@ -636,6 +638,8 @@ class CudaBackend final : public Backend {
         const void* w16;
         if (w.type == GgmlType::kF16) {
             w16 = static_cast<const uint16_t*>(w.image) + w.row0 * k;
+        } else if (const void* c = cached_w16(w)) {
+            w16 = static_cast<const uint16_t*>(c) + w.row0 * k;
         } else {
             void* buf = scratch(kW16, size_t(rows * k) * 2);
             cuda::dequantize_rows(w, nullptr, rows, 1.0f, buf, true, stream_);
@@ -646,6 +650,44 @@ class CudaBackend final : public Backend {
         CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(n_tokens), int(k), &one, w16,
                                   CUDA_R_16F, int(k), x16, CUDA_R_16F, int(k), &zero, out, CUDA_R_32F, int(rows),
                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+
+    // The F16 expansion of a whole quantized weight for the cuBLAS path, made on its first batched
+    // matmul and kept (instead of re-expanding it for every prefill chunk) while the cached copies
+    // stay under half the device memory that was free at the first one; null when not cached (also
+    // while a graph is being captured). CERA_CUDA_W16_CACHE=0 turns it off.
+    const void* cached_w16(const cuda::WeightRef& w) {
+        if (auto it = w16_.find(w.image); it != w16_.end()) return it->second;
+        if (capturing_ || w16_budget_ == 0) return nullptr;
+        if (w16_budget_ < 0) {
+            const char* e = std::getenv("CERA_CUDA_W16_CACHE");
+            size_t free_b = 0, total_b = 0;
+            w16_budget_ = (e && e[0] == '0') || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess
+                              ? 0 : static_cast<long long>(free_b / 2);
+            if (w16_budget_ == 0) return nullptr;
+        }
+        const size_t bytes = size_t(w.image_rows * w.k) * 2;
+        if (w16_bytes_ + bytes > size_t(w16_budget_)) return nullptr;
+        void* p = nullptr;
+        if (cudaMalloc(&p, bytes) != cudaSuccess) {
+            cudaGetLastError();  // clear the allocation error; the scratch path still works
+            w16_budget_ = 0;
+            return nullptr;
+        }
+        cuda::WeightRef all = w;
+        all.row0 = 0;
+        cuda::dequantize_rows(all, nullptr, w.image_rows, 1.0f, p, true, stream_);
+        w16_[w.image] = p;
+        w16_bytes_ += bytes;
+        return p;
+    }
+    void drop_w16(const void* image) {
+        auto it = w16_.find(image);
+        if (it == w16_.end()) return;
+        CUDA_CHECK(cudaFree(it->second));
+        for (const auto& [a, w] : weights_)
+            if (w.image == image) w16_bytes_ -= size_t(w.rows * w.k) * 2;
+        w16_.erase(it);
     }
 
     const WeightInfo* find_weight(const void* p, int64_t* row0) const {
@@ -687,6 +729,9 @@ class CudaBackend final : public Backend {
     void* cublas_ws_ = nullptr;
     std::map<uintptr_t, WeightInfo> weights_;
     std::unordered_set<void*> buffers_;
+    std::unordered_map<const void*, void*> w16_;  // weight image -> its cached F16 expansion
+    size_t w16_bytes_ = 0;
+    long long w16_budget_ = -1;  // bytes; -1 until the first expansion asks
     Scratch scratch_[kSlots];
     Q8Cache q8_[kQ8Slots];  // indexed by Slot kXq .. kXqB
     bool next_side_ = false;
