@@ -100,14 +100,22 @@ void tile_q4k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
     for (int t = 0; t < NT; ++t) facc[t] = _mm512_setzero_ps();
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     for (int64_t sb = 0; sb < nsb; ++sb) {
-        const uint8_t* p = g + size_t(sb) * 2560;
+        const uint8_t* p = g + size_t(sb) * 2368;
         const BlockQ8_K* xb[NT];
         #pragma GCC unroll 16
         for (int t = 0; t < NT; ++t) xb[t] = reinterpret_cast<const BlockQ8_K*>(act + t * as) + sb;
         // header first (d, dmin, scales, mins: the lines before the codes), so reads go forward
-        const __m512 d = _mm512_load_ps(reinterpret_cast<const float*>(p));
-        const __m512 dmin = _mm512_load_ps(reinterpret_cast<const float*>(p + 64));
-        const __m512i sc_raw[2] = {_mm512_load_si512(p + 128), _mm512_load_si512(p + 192)};
+        const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p)));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p + 32)));
+        const __m512i sc_raw[2] = {_mm512_load_si512(p + 64), _mm512_load_si512(p + 128)};
+        __m512i mpair[4];  // int16 pairs (m[2pp], m[2pp+1]) per row, for vpmaddwd with the code sums
+#pragma GCC unroll 4
+        for (int pp = 0; pp < 4; ++pp) {
+            const __m512i a = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p + 192 + 32 * pp)));
+            const __m512i b =
+                _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p + 192 + 32 * pp + 16)));
+            mpair[pp] = _mm512_or_si512(a, _mm512_slli_epi32(b, 16));
+        }
 #pragma GCC unroll 16
         for (int t = 0; t < NT; ++t) {
             // per-32 code sums of the activations as int16 pairs (sub-blocks 2pp, 2pp+1)
@@ -115,10 +123,9 @@ void tile_q4k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
             const __m128i s16 = _mm256_cvtepi32_epi16(_mm256_madd_epi16(bs, _mm256_set1_epi16(1)));
             alignas(16) int32_t pw[4];
             _mm_store_si128(reinterpret_cast<__m128i*>(pw), s16);
-            __m512i ms = _mm512_madd_epi16(_mm512_load_si512(p + 256), _mm512_set1_epi32(pw[0]));
+            __m512i ms = _mm512_madd_epi16(mpair[0], _mm512_set1_epi32(pw[0]));
 #pragma GCC unroll 16
-            for (int pp = 1; pp < 4; ++pp)
-                ms = _mm512_add_epi32(ms, _mm512_madd_epi16(_mm512_load_si512(p + 256 + 64 * pp), _mm512_set1_epi32(pw[pp])));
+            for (int pp = 1; pp < 4; ++pp) ms = _mm512_add_epi32(ms, _mm512_madd_epi16(mpair[pp], _mm512_set1_epi32(pw[pp])));
             facc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dmin, _mm512_set1_ps(xb[t]->d)), facc[t]);
         }
         __m512i isum[NT];
@@ -135,7 +142,7 @@ void tile_q4k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
                 for (int t = 0; t < NT; ++t) lo[c][t] = hi[c][t] = _mm512_setzero_si512();
 #pragma GCC unroll 16
             for (int j = 0; j < 8; ++j) {
-                const __m512i v = _mm512_load_si512(p + 512 + 64 * (8 * gg + j));
+                const __m512i v = _mm512_load_si512(p + 320 + 64 * (8 * gg + j));
                 const __m512i wl = _mm512_and_si512(v, m4);
                 const __m512i wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
                 const int c = j % kC;

@@ -58,21 +58,21 @@ void pack_group(GgmlType type, const uint8_t* w, size_t rs, int64_t r0, int64_t 
         }
         case GgmlType::kQ4_K: {
             for (int64_t sb = 0; sb < nsb; ++sb) {
-                uint8_t* o = out + size_t(sb) * 2560;
+                uint8_t* o = out + size_t(sb) * 2368;
                 for (int r = 0; r < R; ++r) {
                     const uint8_t* src = row(r);
                     const auto* blk = src != nullptr ? reinterpret_cast<const BlockQ4_K*>(src) + sb : nullptr;
-                    put_f32(o + 4 * r, blk != nullptr ? fp16_to_fp32(blk->d) : 0.0f);
-                    put_f32(o + 64 + 4 * r, blk != nullptr ? fp16_to_fp32(blk->dmin) : 0.0f);
+                    const uint16_t d = blk != nullptr ? blk->d : 0, dmin = blk != nullptr ? blk->dmin : 0;
+                    std::memcpy(o + 2 * r, &d, 2);
+                    std::memcpy(o + 32 + 2 * r, &dmin, 2);
                     for (int s = 0; s < 8; ++s) {
                         uint8_t sc = 0, m = 0;
                         if (blk != nullptr) get_scale_min_k4(s, blk->scales, &sc, &m);
-                        o[128 + 16 * s + r] = sc;
-                        const int16_t m16 = int16_t(m);
-                        std::memcpy(o + 256 + 64 * (s / 2) + 4 * r + 2 * (s % 2), &m16, 2);
+                        o[64 + 16 * s + r] = sc;
+                        o[192 + 16 * s + r] = m;
                     }
                     for (int l = 0; l < 32; ++l)
-                        for (int i = 0; i < 4; ++i) o[512 + 64 * l + 4 * r + i] = blk != nullptr ? blk->qs[4 * l + i] : 0;
+                        for (int i = 0; i < 4; ++i) o[320 + 64 * l + 4 * r + i] = blk != nullptr ? blk->qs[4 * l + i] : 0;
                 }
             }
             return;
@@ -197,7 +197,7 @@ size_t packed_group_bytes(GgmlType type, int64_t k) {
     switch (type) {
         case GgmlType::kQ4_0: return size_t((k / 32 + 1) / 2) * 576;
         case GgmlType::kQ8_0: return size_t((k / 32 + 1) / 2) * 1088;
-        case GgmlType::kQ4_K: return size_t(k / kQK_K) * 2560;
+        case GgmlType::kQ4_K: return size_t(k / kQK_K) * 2368;
         case GgmlType::kQ6_K: return size_t(k / kQK_K) * 3392;
         default: return 0;
     }

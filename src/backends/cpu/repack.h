@@ -13,10 +13,9 @@
 //         4j+i, high nibble = element 16+4j+i). 576 B per pair.
 //   Q8_0: per pair of 32-blocks: d fp16 [2][16] (64 B), then per block 8 lines of codes + 128
 //         (unsigned; line j = elements 4j..4j+3). 1088 B per pair.
-//   Q4_K: per 256-super-block: d f32 [16], dmin f32 [16], scales u8 [8][16], mins i16 [4][16][2]
-//         (sub-blocks 2p, 2p+1 of each row side by side), then 32 lines: line 8g+j, row r =
-//         qs[32g + 4j .. 32g+4j+3] (low nibble: element 64g+4j+i, sub-block 2g; high: +32, 2g+1).
-//         64+64+128+256+2048 = 2560 B.
+//   Q4_K: per 256-super-block: d fp16 [16], dmin fp16 [16], scales u8 [8][16], mins u8 [8][16],
+//         then 32 lines: line 8g+j, row r = qs[32g + 4j .. 32g+4j+3] (low nibble: element
+//         64g+4j+i, sub-block 2g; high: +32, 2g+1). 32+32+128+128+2048 = 2368 B (Q4_K: 2304).
 //   Q6_K: per 256-super-block: d f32 [16], scales i8 [16][16] (sub-block-major), then for h = 0..15
 //         the lines L[h], L[h+16], H[h] (in the order the kernel reads them), where L[q] byte i:
 //         low nibble = low 4 bits of code 4q+i, high nibble = of code 128+4q+i; H[h] byte i: bits
