@@ -338,6 +338,10 @@ TEST_F(CudaBackendTest, KvStoreAndAttention) {
         const int64_t last = c.n_ctx - 1;
         std::vector<std::vector<int32_t>> all = {{0}, {int32_t(last)}, {int32_t(last / 2)}, {5, 6, 7}, {}};
         for (int64_t p = std::max<int64_t>(0, last - 36); p <= last; ++p) all.back().push_back(int32_t(p));
+        all.emplace_back();  // a prefill chunk: query tiles over the union of their key ranges
+        for (int64_t p = 0; p < std::min<int64_t>(c.n_ctx, 203); ++p) all.back().push_back(int32_t(p));
+        all.emplace_back();  // scattered positions in one batch
+        for (int64_t i = 0; i < 40; ++i) all.back().push_back(int32_t((i * 37 + 11) % c.n_ctx));
         for (const auto& pos : all) {
             const int64_t n = int64_t(pos.size());
             auto q = both({int64_t(c.n_head) * c.head_dim, n}, randn(size_t(n * c.n_head * c.head_dim), rng_));

@@ -9,6 +9,8 @@
 // Roofline: bytes = K + V rows read once per query head (GQA groups re-read through L2);
 // 2 KB per position per layer for lfm2-1.2b (8 kv heads x 64 x 2 x f16).
 #include <algorithm>
+#include <cstdint>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 
@@ -54,7 +56,7 @@ struct AttnK {
     const void* k;
     const void* v;
     const int32_t* pos;
-    int64_t n_ctx;
+    int64_t n_ctx, n_tokens;
     int n_head, n_head_kv, head_dim, n_splits, sliding_window;
     float scale;
     float* out;
@@ -163,6 +165,114 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK a) {
     }
 }
 
+// Batches (prefill): a block owns QT consecutive queries of one head and walks the union of their key
+// ranges in tiles of KT keys staged (as f32) in shared memory, so each K/V row is read once per
+// query tile instead of once per query. Thread (query qi = tid / 8, lane kl = tid % 8) scores keys
+// kl, kl + 8, ... of a tile and accumulates output dims kl, kl + 8, ...; the 8 lanes of a query sit
+// in one warp (online softmax by shuffles). HD = head_dim (64 or 128).
+constexpr int kQT = 16, kKT = 32;
+
+template <class C, int HD>
+__global__ void __launch_bounds__(kThreads) attn_tile_kernel(const AttnK a) {
+    pdl_trigger();
+    pdl_wait();
+    __shared__ float q_s[kQT][HD + 1];
+    __shared__ float k_s[kKT][HD + 1];
+    __shared__ float v_s[kKT][HD];
+    __shared__ float p_s[kQT][kKT];
+    const int tid = threadIdx.x, qi = tid >> 3, kl = tid & 7;
+    const int h = blockIdx.x;
+    const int64_t t0 = int64_t(blockIdx.y) * kQT, n_tokens = a.n_tokens;
+    const int hk = h / (a.n_head / a.n_head_kv);
+    const int64_t kv_width = int64_t(a.n_head_kv) * HD;
+    // Key range of every query of the tile, and their union.
+    int64_t lo_b = INT64_MAX, hi_b = 0, my_lo = 0, my_hi = 0;
+    for (int j = 0; j < kQT; ++j) {
+        const int64_t t = t0 + j;
+        if (t >= n_tokens) break;
+        const int64_t p = a.pos[t];
+        const int64_t end = min(p + 1, a.n_ctx);
+        const int64_t begin = a.sliding_window > 0 ? max(int64_t(0), p + 1 - a.sliding_window) : 0;
+        if (j == qi) my_lo = begin, my_hi = end;
+        if (begin < end) lo_b = min(lo_b, begin), hi_b = max(hi_b, end);
+    }
+    const bool q_live = t0 + qi < n_tokens;
+    for (int i = tid; i < kQT * HD; i += kThreads) {
+        const int r = i / HD, d = i % HD;
+        q_s[r][d] = t0 + r < n_tokens ? a.q[((t0 + r) * a.n_head + h) * HD + d] * a.scale : 0.0f;
+    }
+    constexpr int ND = HD / 8;
+    float acc[ND];
+#pragma unroll
+    for (int i = 0; i < ND; ++i) acc[i] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    const C* kc = static_cast<const C*>(a.k) + int64_t(hk) * HD;
+    const C* vc = static_cast<const C*>(a.v) + int64_t(hk) * HD;
+    for (int64_t c = lo_b; c < hi_b; c += kKT) {
+        __syncthreads();  // q_s written / the previous tile consumed
+        for (int i = tid; i < kKT * HD / 8; i += kThreads) {
+            const int kk = i / (HD / 8), d = (i % (HD / 8)) * 8;
+            float kv[8], vv[8];
+            if (c + kk < hi_b) {
+                load8(kc + (c + kk) * kv_width + d, kv);
+                load8(vc + (c + kk) * kv_width + d, vv);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) kv[e] = 0.0f, vv[e] = 0.0f;
+            }
+#pragma unroll
+            for (int e = 0; e < 8; ++e) k_s[kk][d + e] = kv[e], v_s[kk][d + e] = vv[e];
+        }
+        __syncthreads();
+        float sc[kKT / 8];
+        float mt = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < kKT / 8; ++j) {
+            const int kk = kl + 8 * j;
+            const int64_t key = c + kk;
+            float s = 0.0f;
+#pragma unroll 16
+            for (int d = 0; d < HD; ++d) s = fmaf(q_s[qi][d], k_s[kk][d], s);
+            sc[j] = (q_live && key >= my_lo && key < my_hi) ? s : -INFINITY;
+            mt = fmaxf(mt, sc[j]);
+        }
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, o));
+        const float m_new = fmaxf(m, mt);
+        const float corr = m == -INFINITY ? 0.0f : __expf(m - m_new);
+        float ps = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kKT / 8; ++j) {
+            const float pj = sc[j] == -INFINITY ? 0.0f : __expf(sc[j] - m_new);
+            p_s[qi][kl + 8 * j] = pj;
+            ps += pj;
+        }
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+        l = l * corr + ps;
+        m = m_new;
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < ND; ++i) acc[i] *= corr;
+        for (int kk = 0; kk < kKT; ++kk) {
+            const float pv = p_s[qi][kk];
+#pragma unroll
+            for (int i = 0; i < ND; ++i) acc[i] = fmaf(pv, v_s[kk][kl + 8 * i], acc[i]);
+        }
+    }
+    // Normalised rows through shared memory, then whole warps write 32 consecutive dims (8-bit rows).
+    __syncthreads();
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+    for (int i = 0; i < ND; ++i) k_s[qi][kl + 8 * i] = acc[i] * inv;  // kQT <= kKT rows
+    __syncthreads();
+    const int warp = tid >> 5, lane = tid & 31;
+    for (int ch = warp; ch < kQT * (HD / 32); ch += kThreads / 32) {
+        const int r = ch / (HD / 32), d = (ch % (HD / 32)) * 32 + lane;
+        if (t0 + r < n_tokens) write_out(a, (t0 + r) * a.n_head + h, d, k_s[r][d]);
+    }
+}
+
 // Merges the splits of one (token, head): out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M).
 __global__ void attn_combine_kernel(const AttnK a) {
     pdl_trigger();
@@ -201,7 +311,7 @@ void attention(const AttentionArgs& a, Stream stream) {
                "attention: head_dim %d (needs a multiple of 8, <= 256), n_head %d, n_head_kv %d", a.head_dim,
                a.n_head, a.n_head_kv);
     AttnK k{};
-    k.q = a.q, k.k = a.k_cache, k.v = a.v_cache, k.pos = a.pos, k.n_ctx = a.n_ctx;
+    k.q = a.q, k.k = a.k_cache, k.v = a.v_cache, k.pos = a.pos, k.n_ctx = a.n_ctx, k.n_tokens = a.n_tokens;
     k.n_head = a.n_head, k.n_head_kv = a.n_head_kv, k.head_dim = a.head_dim;
     k.n_splits = attn_splits(a.n_tokens, a.n_ctx);
     k.sliding_window = a.sliding_window, k.scale = a.scale, k.out = a.out, k.partial = a.partial;
@@ -212,6 +322,22 @@ void attention(const AttentionArgs& a, Stream stream) {
     const dim3 grid(unsigned(a.n_head), unsigned(k.n_splits), unsigned(a.n_tokens));
     const size_t smem = sizeof(float) * (a.head_dim + kThreads + 32 + 2 * kThreads);
     cudaStream_t s = as_stream(stream);
+    static const bool tiles = [] {
+        const char* e = std::getenv("CERA_CUDA_ATTN_TILES");  // 0: the per-query kernel for batches too
+        return !(e && e[0] == '0');
+    }();
+    if (tiles && k.n_splits == 1 && a.n_tokens >= kQT && (a.head_dim == 64 || a.head_dim == 128)) {
+        const dim3 tg(unsigned(a.n_head), unsigned(ceil_div(a.n_tokens, kQT)));
+        if (a.head_dim == 64) {
+            if (a.f16) launch((attn_tile_kernel<__half, 64>), tg, kThreads, 0, s, k);
+            else launch((attn_tile_kernel<float, 64>), tg, kThreads, 0, s, k);
+        } else {
+            if (a.f16) launch((attn_tile_kernel<__half, 128>), tg, kThreads, 0, s, k);
+            else launch((attn_tile_kernel<float, 128>), tg, kThreads, 0, s, k);
+        }
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     if (a.f16) launch((attn_kernel<__half>), grid, kThreads, smem, s, k);
     else launch((attn_kernel<float>), grid, kThreads, smem, s, k);
     CUDA_CHECK_LAUNCH();
