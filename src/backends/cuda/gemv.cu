@@ -421,9 +421,13 @@ int pick_ksplit(int64_t n_items, int64_t row_warps) {
         const char* e = std::getenv("CERA_CUDA_GEMV_KSTRIP");  // benchmarks: least items per warp
         return e && std::atoi(e) == 32 ? 32 : 64;  // 32: -3 to -10% on lfm2 decode (bench/NOTES.md)
     }();
+    static const int64_t target = [] {
+        const char* e = std::getenv("CERA_CUDA_GEMV_KSWARPS");  // benchmarks: warps the split aims for
+        return e && std::atoi(e) > 0 ? int64_t(std::atoi(e)) : int64_t(2048);
+    }();
     if (forced == 1 || forced == 2 || forced == 4) return n_items >= 32 * forced ? forced : 1;
     int ks = 1;
-    while (ks < 4 && row_warps * ks < 2048 && n_items >= strip * 2 * ks) ks *= 2;
+    while (ks < 4 && row_warps * ks < target && n_items >= strip * 2 * ks) ks *= 2;
     return ks;
 }
 
