@@ -168,18 +168,20 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK a) {
 // Batches (prefill): a block owns QT consecutive queries of one head and walks the union of their key
 // ranges in tiles of KT keys staged (as f32) in shared memory, so each K/V row is read once per
 // query tile instead of once per query. Thread (query qi = tid / 8, lane kl = tid % 8) scores keys
-// kl, kl + 8, ... of a tile and accumulates output dims kl, kl + 8, ...; the 8 lanes of a query sit
-// in one warp (online softmax by shuffles). HD = head_dim (64 or 128).
+// kl, kl + 8, ... of a tile and accumulates the output's float4 chunks kl, kl + 8, ...; the 8 lanes
+// of a query sit in one warp (online softmax by shuffles). Shared rows are padded by 4 floats so the
+// 8 lanes' float4 reads of 8 different K rows hit 32 different banks. HD = head_dim (64 or 128).
 constexpr int kQT = 16, kKT = 32;
 
 template <class C, int HD>
 __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const AttnK a) {
     pdl_trigger();
     pdl_wait();
-    __shared__ float q_s[kQT][HD + 1];
-    __shared__ float k_s[kKT][HD + 1];
-    __shared__ float v_s[kKT][HD];
-    __shared__ float p_s[kQT][kKT];
+    constexpr int HP = HD + 4;
+    __shared__ __align__(16) float q_s[kQT][HP];
+    __shared__ __align__(16) float k_s[kKT][HP];
+    __shared__ __align__(16) float v_s[kKT][HD];
+    __shared__ float p_s[kQT][kKT + 1];
     const int tid = threadIdx.x, qi = tid >> 3, kl = tid & 7;
     const int h = blockIdx.x;
     const int64_t t0 = int64_t(blockIdx.y) * kQT, n_tokens = a.n_tokens;
@@ -201,10 +203,10 @@ __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const AttnK a) {
         const int r = i / HD, d = i % HD;
         q_s[r][d] = t0 + r < n_tokens ? a.q[((t0 + r) * a.n_head + h) * HD + d] * a.scale : 0.0f;
     }
-    constexpr int ND = HD / 8;
-    float acc[ND];
+    constexpr int NC = HD / 32;  // float4 chunks of the output per thread
+    float4 acc[NC];
 #pragma unroll
-    for (int i = 0; i < ND; ++i) acc[i] = 0.0f;
+    for (int i = 0; i < NC; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float m = -INFINITY, l = 0.0f;
     const C* kc = static_cast<const C*>(a.k) + int64_t(hk) * HD;
     const C* vc = static_cast<const C*>(a.v) + int64_t(hk) * HD;
@@ -220,20 +222,33 @@ __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const AttnK a) {
 #pragma unroll
                 for (int e = 0; e < 8; ++e) kv[e] = 0.0f, vv[e] = 0.0f;
             }
-#pragma unroll
-            for (int e = 0; e < 8; ++e) k_s[kk][d + e] = kv[e], v_s[kk][d + e] = vv[e];
+            *reinterpret_cast<float4*>(&k_s[kk][d]) = make_float4(kv[0], kv[1], kv[2], kv[3]);
+            *reinterpret_cast<float4*>(&k_s[kk][d + 4]) = make_float4(kv[4], kv[5], kv[6], kv[7]);
+            *reinterpret_cast<float4*>(&v_s[kk][d]) = make_float4(vv[0], vv[1], vv[2], vv[3]);
+            *reinterpret_cast<float4*>(&v_s[kk][d + 4]) = make_float4(vv[4], vv[5], vv[6], vv[7]);
         }
         __syncthreads();
-        float sc[kKT / 8];
+        constexpr int NK = kKT / 8;
+        float sc[NK];
+#pragma unroll
+        for (int j = 0; j < NK; ++j) sc[j] = 0.0f;
+#pragma unroll 8
+        for (int d = 0; d < HD; d += 4) {
+            const float4 qv = *reinterpret_cast<const float4*>(&q_s[qi][d]);
+#pragma unroll
+            for (int j = 0; j < NK; ++j) {
+                const float4 kv = *reinterpret_cast<const float4*>(&k_s[kl + 8 * j][d]);
+                sc[j] = fmaf(qv.x, kv.x, sc[j]);
+                sc[j] = fmaf(qv.y, kv.y, sc[j]);
+                sc[j] = fmaf(qv.z, kv.z, sc[j]);
+                sc[j] = fmaf(qv.w, kv.w, sc[j]);
+            }
+        }
         float mt = -INFINITY;
 #pragma unroll
-        for (int j = 0; j < kKT / 8; ++j) {
-            const int kk = kl + 8 * j;
-            const int64_t key = c + kk;
-            float s = 0.0f;
-#pragma unroll 16
-            for (int d = 0; d < HD; ++d) s = fmaf(q_s[qi][d], k_s[kk][d], s);
-            sc[j] = (q_live && key >= my_lo && key < my_hi) ? s : -INFINITY;
+        for (int j = 0; j < NK; ++j) {
+            const int64_t key = c + kl + 8 * j;
+            if (!(q_live && key >= my_lo && key < my_hi)) sc[j] = -INFINITY;
             mt = fmaxf(mt, sc[j]);
         }
 #pragma unroll
@@ -242,7 +257,7 @@ __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const AttnK a) {
         const float corr = m == -INFINITY ? 0.0f : __expf(m - m_new);
         float ps = 0.0f;
 #pragma unroll
-        for (int j = 0; j < kKT / 8; ++j) {
+        for (int j = 0; j < NK; ++j) {
             const float pj = sc[j] == -INFINITY ? 0.0f : __expf(sc[j] - m_new);
             p_s[qi][kl + 8 * j] = pj;
             ps += pj;
@@ -253,18 +268,27 @@ __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const AttnK a) {
         m = m_new;
         __syncwarp();
 #pragma unroll
-        for (int i = 0; i < ND; ++i) acc[i] *= corr;
+        for (int i = 0; i < NC; ++i) acc[i].x *= corr, acc[i].y *= corr, acc[i].z *= corr, acc[i].w *= corr;
+#pragma unroll 4
         for (int kk = 0; kk < kKT; ++kk) {
             const float pv = p_s[qi][kk];
 #pragma unroll
-            for (int i = 0; i < ND; ++i) acc[i] = fmaf(pv, v_s[kk][kl + 8 * i], acc[i]);
+            for (int i = 0; i < NC; ++i) {
+                const float4 v = *reinterpret_cast<const float4*>(&v_s[kk][4 * (kl + 8 * i)]);
+                acc[i].x = fmaf(pv, v.x, acc[i].x);
+                acc[i].y = fmaf(pv, v.y, acc[i].y);
+                acc[i].z = fmaf(pv, v.z, acc[i].z);
+                acc[i].w = fmaf(pv, v.w, acc[i].w);
+            }
         }
     }
     // Normalised rows through shared memory, then whole warps write 32 consecutive dims (8-bit rows).
     __syncthreads();
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
-    for (int i = 0; i < ND; ++i) k_s[qi][kl + 8 * i] = acc[i] * inv;  // kQT <= kKT rows
+    for (int i = 0; i < NC; ++i)  // kQT <= kKT rows
+        *reinterpret_cast<float4*>(&k_s[qi][4 * (kl + 8 * i)]) =
+            make_float4(acc[i].x * inv, acc[i].y * inv, acc[i].z * inv, acc[i].w * inv);
     __syncthreads();
     const int warp = tid >> 5, lane = tid & 31;
     for (int ch = warp; ch < kQT * (HD / 32); ch += kThreads / 32) {
