@@ -21,6 +21,7 @@
 #include "cera/error.h"
 #include "cera/session.h"
 #include "cli/command.h"
+#include "cli/parse_args.h"
 #include "core/cpu_features.h"
 
 namespace cera::cli {
@@ -112,19 +113,7 @@ int run_bench(const std::vector<std::string>& args) {
     app.add_option("--bandwidth", bandwidth_gbps, "read bandwidth in GB/s for the roofline (default: measure it)");
     app.add_option("--bandwidth-gib", bw_gib, "array size of the bandwidth measurement, GiB")->capture_default_str();
     app.add_flag("--json", as_json, "print one JSON object");
-    std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 takes the arguments in reverse
-    try {
-        app.parse(rev);
-    } catch (const CLI::CallForHelp&) {
-        std::printf("%s", app.help().c_str());
-        return 0;
-    } catch (const CLI::ParseError& e) {
-        std::string msg = e.what();
-        for (char& c : msg)
-            if (c == '\n') c = ' ';
-        std::fprintf(stderr, "cera bench: error: %s (see `cera bench --help`)\n", msg.c_str());
-        return 2;
-    }
+    if (int rc = parse_args(app, args, "bench"); rc >= 0) return rc;
     if (n_prompt < 0 || n_gen < 0 || reps < 1 || threads < 0 || n_batch < 1 || bandwidth_gbps < 0 || bw_gib <= 0)
         throw Error(ErrorCode::kInvalidArgument, "-p, -n, -t and --bandwidth must be >= 0, -r and -b >= 1");
     if (kv_type != "f32" && kv_type != "f16")

@@ -25,6 +25,7 @@
 #include "cera/error.h"
 #include "cera/session.h"
 #include "cli/command.h"
+#include "cli/parse_args.h"
 #include "cli/model_path.h"
 #include "tokenizer/chat_template.h"
 
@@ -253,19 +254,7 @@ int run_chat(const std::vector<std::string>& args) {
     app.add_option("--prompt-cache", cache_dir, "directory of the on-disk prefix cache (default: none)");
     app.add_option("--cache-mib", cache_mib, "in-memory prefix cache size in MiB")->capture_default_str();
     app.add_flag("-v,--verbose", chat.verbose, "print the model, and per-reply timings, to stderr");
-    std::vector<std::string> rev(args.rbegin(), args.rend());
-    try {
-        app.parse(rev);
-    } catch (const CLI::CallForHelp&) {
-        std::printf("%s", app.help().c_str());
-        return 0;
-    } catch (const CLI::ParseError& e) {
-        std::string msg = e.what();
-        for (char& c : msg)
-            if (c == '\n') c = ' ';
-        std::fprintf(stderr, "cera chat: error: %s (see `cera chat --help`)\n", msg.c_str());
-        return 2;
-    }
+    if (int rc = parse_args(app, args, "chat"); rc >= 0) return rc;
     if (kv_type != "f32" && kv_type != "f16")
         throw Error(ErrorCode::kInvalidArgument, "--kv-type " + kv_type + ": expected f32 or f16");
     if (n_ctx < 0) throw Error(ErrorCode::kInvalidArgument, "--ctx must be >= 0");

@@ -14,6 +14,7 @@
 #include "cera/error.h"
 #include "cera/session.h"
 #include "cli/command.h"
+#include "cli/parse_args.h"
 #include "cli/model_path.h"
 
 namespace cera::cli {
@@ -66,19 +67,7 @@ int run_embed(const std::vector<std::string>& args) {
     app.add_option("-t,--threads", threads, "CPU threads (0: the physical cores)")->capture_default_str();
     app.add_option("--device", device, "auto, cpu, cuda or cuda:N")->capture_default_str();
     app.add_option("-c,--ctx", n_ctx, "context length (0: the model's, at most 4096)")->capture_default_str();
-    std::vector<std::string> rev(args.rbegin(), args.rend());
-    try {
-        app.parse(rev);
-    } catch (const CLI::CallForHelp&) {
-        std::printf("%s", app.help().c_str());
-        return 0;
-    } catch (const CLI::ParseError& e) {
-        std::string msg = e.what();
-        for (char& c : msg)
-            if (c == '\n') c = ' ';
-        std::fprintf(stderr, "cera embed: error: %s (see `cera embed --help`)\n", msg.c_str());
-        return 2;
-    }
+    if (int rc = parse_args(app, args, "embed"); rc >= 0) return rc;
     if (p_opt->count() == 0 && t_opt->count() == 0)
         throw Error(ErrorCode::kInvalidArgument, "give the input with -p TEXT or --tokens IDS");
     if (n_ctx < 0) throw Error(ErrorCode::kInvalidArgument, "--ctx must be >= 0");

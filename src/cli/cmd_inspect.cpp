@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/parse_args.h"
 #include "gguf/gguf.h"
 #include "gguf/keys.h"
 
@@ -276,22 +277,13 @@ int run_inspect(const std::vector<std::string>& args) {
     app.add_option("-m,--model", model, "GGUF file to inspect");
     app.add_option("file", positional, "GGUF file (instead of -m)");
     app.add_flag("--json", as_json, "print one JSON object");
-    std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 takes the arguments in reverse
-    try {
-        app.parse(rev);
-        if (model.empty()) model = positional;
-        else if (!positional.empty()) throw CLI::ValidationError("give the file once, with -m or as an argument");
-        if (model.empty()) throw CLI::RequiredError("-m FILE");
-    } catch (const CLI::CallForHelp&) {
-        std::printf("%s", app.help().c_str());
-        return 0;
-    } catch (const CLI::ParseError& e) {
-        std::string msg = e.what();
-        for (char& c : msg)
-            if (c == '\n') c = ' ';
-        std::fprintf(stderr, "cera inspect: error: %s (see `cera inspect --help`)\n", msg.c_str());
-        return 2;
-    }
+    if (int rc = parse_args(app, args, "inspect", [&] {
+            if (model.empty()) model = positional;
+            else if (!positional.empty()) throw CLI::ValidationError("give the file once, with -m or as an argument");
+            if (model.empty()) throw CLI::RequiredError("-m FILE");
+        });
+        rc >= 0)
+        return rc;
     auto f = File::open(model);
     if (as_json)
         print_json(*f);

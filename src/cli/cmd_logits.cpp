@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/parse_args.h"
 #include "core/check.h"
 #include "gguf/gguf.h"
 #include "gguf/keys.h"
@@ -76,23 +77,14 @@ int run_logits(const std::vector<std::string>& args) {
     app.add_option("-c,--ctx", n_ctx, "context length (default: the prompt length)");
     app.add_option("-b,--batch", n_batch, "prefill chunk in tokens (default 512)");
     app.add_option("--kv-type", kv_type, "KV cache type: f32 or f16");
-    std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 takes the arguments in reverse
-    try {
-        app.parse(rev);
-        if (prompt.empty() == tokens_arg.empty())
-            throw CLI::ValidationError("give exactly one of -p TEXT or --tokens IDS");
-        if (top < 1) throw CLI::ValidationError("--top must be at least 1");
-        if (kv_type != "f32" && kv_type != "f16") throw CLI::ValidationError("--kv-type must be f32 or f16");
-    } catch (const CLI::CallForHelp&) {
-        std::printf("%s", app.help().c_str());
-        return 0;
-    } catch (const CLI::ParseError& e) {
-        std::string msg = e.what();
-        for (char& c : msg)
-            if (c == '\n') c = ' ';
-        std::fprintf(stderr, "cera logits: error: %s (see `cera logits --help`)\n", msg.c_str());
-        return 2;
-    }
+    if (int rc = parse_args(app, args, "logits", [&] {
+            if (prompt.empty() == tokens_arg.empty())
+                throw CLI::ValidationError("give exactly one of -p TEXT or --tokens IDS");
+            if (top < 1) throw CLI::ValidationError("--top must be at least 1");
+            if (kv_type != "f32" && kv_type != "f16") throw CLI::ValidationError("--kv-type must be f32 or f16");
+        });
+        rc >= 0)
+        return rc;
 
     ModelOptions opts;
     opts.n_threads = threads;

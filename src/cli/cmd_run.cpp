@@ -17,6 +17,7 @@
 #include "cera/error.h"
 #include "cera/session.h"
 #include "cli/command.h"
+#include "cli/parse_args.h"
 
 namespace cera::cli {
 namespace {
@@ -116,19 +117,7 @@ int run_run(const std::vector<std::string>& args) {
     app.add_option("--prompt-cache", prompt_cache,
                    "prefix cache directory: reuse the saved state of a prompt sharing a prefix, save this one");
     app.add_option("--cache-mib", cache_mib, "in-memory prefix cache size in MiB (0: none)");
-    std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 takes the arguments in reverse
-    try {
-        app.parse(rev);
-    } catch (const CLI::CallForHelp&) {
-        std::printf("%s", app.help().c_str());
-        return 0;
-    } catch (const CLI::ParseError& e) {
-        std::string msg = e.what();
-        for (char& c : msg)
-            if (c == '\n') c = ' ';
-        std::fprintf(stderr, "cera run: error: %s (see `cera run --help`)\n", msg.c_str());
-        return 2;
-    }
+    if (int rc = parse_args(app, args, "run"); rc >= 0) return rc;
     if (kv_type != "f32" && kv_type != "f16")
         fail(ErrorCode::kInvalidArgument, "--kv-type " + kv_type + ": expected f32 or f16");
     if (n_ctx < 0) fail(ErrorCode::kInvalidArgument, "--ctx must be >= 0");

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/parse_args.h"
 #include "core/check.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
@@ -62,20 +63,11 @@ int run_tokenize(const std::vector<std::string>& args) {
     app.add_flag("--ids", ids_only, "print only one line of space-separated ids");
     app.add_flag("--no-special", no_special, "tokenize control tokens such as <|im_start|> as plain text");
     app.add_option("text", words, "the text (words are joined with spaces)");
-    std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 takes the arguments in reverse
-    try {
-        app.parse(rev);
-        if (text_file.empty() == words.empty()) throw CLI::ValidationError("give either -f TEXTFILE or TEXT");
-    } catch (const CLI::CallForHelp&) {
-        std::printf("%s", app.help().c_str());
-        return 0;
-    } catch (const CLI::ParseError& e) {
-        std::string msg = e.what();
-        for (char& c : msg)
-            if (c == '\n') c = ' ';
-        std::fprintf(stderr, "cera tokenize: error: %s (see `cera tokenize --help`)\n", msg.c_str());
-        return 2;
-    }
+    if (int rc = parse_args(app, args, "tokenize", [&] {
+            if (text_file.empty() == words.empty()) throw CLI::ValidationError("give either -f TEXTFILE or TEXT");
+        });
+        rc >= 0)
+        return rc;
 
     std::string text;
     if (!text_file.empty()) {
