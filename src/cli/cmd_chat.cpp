@@ -8,6 +8,7 @@
 // next. When stdin is not a terminal, every line is one user message and every reply is
 // printed followed by a newline, so a conversation can be scripted.
 #include <CLI/CLI.hpp>
+#include <editline/readline.h>
 
 #include <signal.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -74,6 +76,18 @@ ReadResult read_line(std::string& line) {
         if (c == '\n') return ReadResult::kLine;
         line.push_back(char(c));
     }
+}
+
+// One line from a terminal, with line editing and history (libedit). Ctrl-C at the prompt
+// gives kInterrupted, Ctrl-D on an empty line kEof.
+ReadResult read_line_edited(std::string& line, const char* prompt) {
+    g_interrupted.store(false);
+    char* s = readline(prompt);
+    if (!s) return g_interrupted.load() ? ReadResult::kInterrupted : ReadResult::kEof;
+    line = s;
+    if (*s) add_history(s);
+    std::free(s);
+    return ReadResult::kLine;
 }
 
 ChatMessage message_of(const std::string& role, const std::string& content) {
@@ -299,11 +313,7 @@ int run_chat(const std::vector<std::string>& args) {
     int status = 0;
     std::string line, message;
     for (;;) {
-        if (tty) {
-            std::fputs(message.empty() ? "> " : ". ", stdout);
-            std::fflush(stdout);
-        }
-        const ReadResult rr = read_line(line);
+        const ReadResult rr = tty ? read_line_edited(line, message.empty() ? "> " : ". ") : read_line(line);
         if (rr == ReadResult::kInterrupted) {
             message.clear();
             if (tty) std::fputc('\n', stdout);
