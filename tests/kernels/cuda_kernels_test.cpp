@@ -557,13 +557,7 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
                          {&Bufs::g, "swiglu out"}, {&Bufs::u, "up"}, {&Bufs::y, "y"}, {&Bufs::gated, "conv out"},
                          {&Bufs::state, "conv state"}, {&Bufs::h, "h"}}) {
                     EXPECT_LT(diff(f, 0, 1), tight) << name << " fused vs unfused, step " << step;
-                    // Q4_0 with several tokens: on the H200 machine (2026-11-29) both CUDA paths agreed
-                    // with each other and MatmulMatchesReference passed, but the CPU backend's multi-token
-                    // Q4_0 matmul of the working tree then differed by 0.5-1.5 relative: compared once the
-                    // CPU side is settled.
-                    if (type != G::kQ4_0 || nt == 1) {
-                        EXPECT_LT(diff(f, 0, 2), loose) << name << " fused vs cpu, step " << step;
-                    }
+                    EXPECT_LT(diff(f, 0, 2), loose) << name << " fused vs cpu, step " << step;
                 }
                 // The KV cache rows written so far (f16).
                 std::vector<uint16_t> c0(size_t(kvw * n_ctx)), c1(c0.size());
