@@ -171,24 +171,6 @@ int64_t cfg_int(const json& cfg, const char* key) {
     return it->get<int64_t>();
 }
 
-// llama_ftype for general.file_type (the mostly-* value of the chosen tensor type).
-uint32_t file_type_of(GgmlType t) {
-    switch (t) {
-        case GgmlType::kF32: return 0;
-        case GgmlType::kF16: return 1;
-        case GgmlType::kQ4_0: return 2;
-        case GgmlType::kQ4_1: return 3;
-        case GgmlType::kQ8_0: return 7;
-        case GgmlType::kQ5_0: return 8;
-        case GgmlType::kQ5_1: return 9;
-        case GgmlType::kQ4_K: return 14;  // Q4_K_S
-        case GgmlType::kQ5_K: return 16;  // Q5_K_S
-        case GgmlType::kQ6_K: return 18;
-        case GgmlType::kBF16: return 32;
-        default: return 0;
-    }
-}
-
 // ------------------------------------------------------------------ tokenizer
 
 enum TokenType : int32_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kByte = 6 };
@@ -410,7 +392,7 @@ void convert(const Options& o) {
         w.set_string(ak("rope.scaling.type"), "linear");
         w.set_f32(ak("rope.scaling.factor"), rs.value("factor", 1.0f));
     }
-    w.set_u32(k::kFileType, file_type_of(o.type));
+    w.set_u32(k::kFileType, k::file_type_of(o.type, /*k_medium=*/false));
     if (type_info(o.type).quantized) w.set_u32(k::kQuantVersion, 2);
 
     write_tokenizer(o.hf_dir, cfg, n_vocab, w);

@@ -3,6 +3,8 @@
 #include <string>
 #include <string_view>
 
+#include "core/dtype.h"
+
 namespace cera::gguf::keys {
 
 inline constexpr std::string_view kArchitecture = "general.architecture";
@@ -34,6 +36,26 @@ inline std::string arch_key(std::string_view arch, std::string_view suffix) {
     k += '.';
     k += suffix;
     return k;
+}
+
+// The `general.file_type` value (llama.cpp's llama_ftype) of a file whose weights are mostly
+// `t`. K-quants are labelled as the _M mixes when k_medium is set (the embedding and some FFN
+// tensors kept at a higher type), else as _S.
+inline uint32_t file_type_of(GgmlType t, bool k_medium) {
+    switch (t) {
+        case GgmlType::kF32: return 0;
+        case GgmlType::kF16: return 1;
+        case GgmlType::kQ4_0: return 2;
+        case GgmlType::kQ4_1: return 3;
+        case GgmlType::kQ8_0: return 7;
+        case GgmlType::kQ5_0: return 8;
+        case GgmlType::kQ5_1: return 9;
+        case GgmlType::kQ4_K: return k_medium ? 15 : 14;
+        case GgmlType::kQ5_K: return k_medium ? 17 : 16;
+        case GgmlType::kQ6_K: return 18;
+        case GgmlType::kBF16: return 32;
+        default: return 0;
+    }
 }
 
 }  // namespace cera::gguf::keys

@@ -148,24 +148,6 @@ std::vector<TensorSpec> layout(const SynthConfig& c, int64_t n_vocab) {
     return t;
 }
 
-// llama_ftype for general.file_type.
-uint32_t file_type(GgmlType t) {
-    switch (t) {
-        case GgmlType::kF32: return 0;
-        case GgmlType::kF16: return 1;
-        case GgmlType::kQ4_0: return 2;
-        case GgmlType::kQ4_1: return 3;
-        case GgmlType::kQ8_0: return 7;
-        case GgmlType::kQ5_0: return 8;
-        case GgmlType::kQ5_1: return 9;
-        case GgmlType::kQ4_K: return 15;  // Q4_K_M
-        case GgmlType::kQ5_K: return 17;  // Q5_K_M
-        case GgmlType::kQ6_K: return 18;
-        case GgmlType::kBF16: return 32;
-        default: return 0;
-    }
-}
-
 void metadata(const SynthConfig& c, const File* vocab, int64_t n_vocab, Writer& w) {
     const std::string& a = c.arch;
     auto k = [&](const char* suffix) { return keys::arch_key(a, suffix); };
@@ -207,7 +189,7 @@ void metadata(const SynthConfig& c, const File* vocab, int64_t n_vocab, Writer& 
         w.set_f32(k("logit_scale"), c.logit_scale);
     }
     w.set_u32(k("vocab_size"), uint32_t(n_vocab));
-    w.set_u32(keys::kFileType, file_type(c.type));
+    w.set_u32(keys::kFileType, keys::file_type_of(c.type, /*k_medium=*/true));
     w.set_u32(keys::kQuantVersion, 2);
     if (vocab)
         for (const auto& [key, v] : vocab->metadata())
