@@ -254,48 +254,23 @@ std::string take_valid_utf8(std::string& bytes, bool final) {
     static constexpr std::string_view kFffd = "\xEF\xBF\xBD";
     std::string out;
     out.reserve(bytes.size());
-    const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
     const size_t n = bytes.size();
     size_t i = 0;
     while (i < n) {
-        const uint8_t b0 = p[i];
-        if (b0 < 0x80) {
-            out.push_back(char(b0));
-            ++i;
-            continue;
-        }
-        size_t len;
-        uint8_t lo = 0x80, hi = 0xBF;
-        if (b0 >= 0xC2 && b0 <= 0xDF) {
-            len = 2;
-        } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-            len = 3;
-            if (b0 == 0xE0) lo = 0xA0;
-            if (b0 == 0xED) hi = 0x9F;
-        } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-            len = 4;
-            if (b0 == 0xF0) lo = 0x90;
-            if (b0 == 0xF4) hi = 0x8F;
-        } else {
+        const unicode::Utf8Match m = unicode::match_utf8(std::string_view(bytes).substr(i));
+        if (m.len == 0) {  // not a lead byte
             out += kFffd;
             ++i;
             continue;
         }
-        size_t k = 1;
-        while (k < len && i + k < n) {
-            const uint8_t b = p[i + k];
-            const bool ok = k == 1 ? (b >= lo && b <= hi) : (b & 0xC0) == 0x80;
-            if (!ok) break;
-            ++k;
-        }
-        if (k == len) {
-            out.append(bytes, i, len);
-            i += len;
+        if (m.matched == m.len) {
+            out.append(bytes, i, m.len);
+            i += m.len;
             continue;
         }
-        if (i + k == n && !final) break;  // may still complete: hold it
-        out += kFffd;                     // the maximal invalid subpart becomes one U+FFFD
-        i += k;
+        if (i + m.matched == n && !final) break;  // may still complete: hold it
+        out += kFffd;                             // the maximal invalid subpart becomes one U+FFFD
+        i += m.matched;
     }
     bytes.erase(0, i);
     return out;

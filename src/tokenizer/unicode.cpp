@@ -172,39 +172,42 @@ std::vector<uint32_t> decode_utf8(std::string_view text) {
     return cps;
 }
 
-size_t valid_utf8_prefix(std::string_view bytes) {
+Utf8Match match_utf8(std::string_view bytes) {
     const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
-    const size_t n = bytes.size();
-    size_t i = 0;
-    while (i < n) {
-        const uint8_t b0 = p[i];
-        if (b0 < 0x80) {
-            ++i;
-            continue;
-        }
-        size_t len;
-        uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-        if (b0 >= 0xC2 && b0 <= 0xDF) {
-            len = 2;
-        } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-            len = 3;
-            if (b0 == 0xE0) lo = 0xA0;
-            if (b0 == 0xED) hi = 0x9F;
-        } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-            len = 4;
-            if (b0 == 0xF0) lo = 0x90;
-            if (b0 == 0xF4) hi = 0x8F;
-        } else {
-            return i;
-        }
-        if (i + len > n) return i;
-        if (p[i + 1] < lo || p[i + 1] > hi) return i;
-        for (size_t k = 2; k < len; ++k) {
-            if ((p[i + k] & 0xC0) != 0x80) return i;
-        }
-        i += len;
+    const uint8_t b0 = p[0];
+    if (b0 < 0x80) return {1, 1};
+    size_t len;
+    uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+    if (b0 >= 0xC2 && b0 <= 0xDF) {
+        len = 2;
+    } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+        len = 3;
+        if (b0 == 0xE0) lo = 0xA0;
+        if (b0 == 0xED) hi = 0x9F;
+    } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+        len = 4;
+        if (b0 == 0xF0) lo = 0x90;
+        if (b0 == 0xF4) hi = 0x8F;
+    } else {
+        return {0, 0};
     }
-    return n;
+    size_t k = 1;
+    while (k < len && k < bytes.size()) {
+        const uint8_t b = p[k];
+        if (k == 1 ? (b < lo || b > hi) : (b & 0xC0) != 0x80) break;
+        ++k;
+    }
+    return {len, k};
+}
+
+size_t valid_utf8_prefix(std::string_view bytes) {
+    size_t i = 0;
+    while (i < bytes.size()) {
+        const Utf8Match m = match_utf8(bytes.substr(i));
+        if (m.len == 0 || m.matched != m.len) return i;
+        i += m.len;
+    }
+    return bytes.size();
 }
 
 namespace {
