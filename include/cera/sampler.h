@@ -60,6 +60,10 @@ class Sampler {
     void clear_history();
 
     const SamplerParams& params() const { return params_; }
+    // True when sample(logits) is exactly the arg-max of the raw logits (the lowest id among the largest,
+    // NaN never chosen; 0 when every logit is NaN): greedy with no penalty in effect. The arg-max may
+    // then be taken where the logits are (on the device) and give the same token.
+    bool picks_argmax() const { return greedy_ && !penalties_on_; }
     int32_t n_vocab() const { return n_vocab_; }
     // The tokens currently in the penalty window, oldest first (copies; for tests and tools).
     std::vector<int32_t> history() const;

@@ -43,6 +43,10 @@ struct GenerateOptions {
     // the first n_keep (BOS included in the count; their keys' RoPE is re-rotated); < 0 finishes with
     // kContextFull instead.
     int32_t n_keep = -1;
+    // When the sampling is a plain arg-max (greedy, no penalties: Sampler::picks_argmax()), decode steps
+    // take the arg-max on the device and copy back only the token id, not the n_vocab logits; the token
+    // is the one the host sampler would pick. false: always copy the logits and sample on the host.
+    bool device_greedy = true;
 };
 
 // How Session::embed() reduces the per-token hidden states.

@@ -1,5 +1,8 @@
 #include "backends/backend.h"
 
+#include <limits>
+#include <vector>
+
 #include "backends/cpu/cpu_backend.h"
 #include "core/check.h"
 
@@ -17,6 +20,40 @@ const char* device_kind_name(DeviceKind kind) {
             return "cuda";
     }
     return "?";
+}
+
+void argmax_rows_host(const float* x, int64_t rows, int64_t n, int32_t* out) {
+    for (int64_t r = 0; r < rows; ++r, x += n) {
+        // Eight independent running maxima (no serial dependency; `v > m ? v : m` never takes a NaN and
+        // compiles to vector max instructions), then the first index holding the maximum.
+        float m[8];
+        for (float& v : m) v = -std::numeric_limits<float>::infinity();
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            for (int j = 0; j < 8; ++j) m[j] = x[i + j] > m[j] ? x[i + j] : m[j];
+        float best = -std::numeric_limits<float>::infinity();
+        for (; i < n; ++i) best = x[i] > best ? x[i] : best;
+        for (float v : m) best = v > best ? v : best;
+        int32_t id = 0;  // every value NaN
+        for (i = 0; i < n; ++i)
+            if (x[i] == best) {
+                id = int32_t(i);
+                break;
+            }
+        out[r] = id;
+    }
+}
+
+void Backend::argmax(const Tensor& x, const Tensor& out) {
+    CERA_CHECK(x.type == GgmlType::kF32 && out.type == GgmlType::kI32, "argmax: x must be f32 and out i32");
+    CERA_CHECK(out.n_elements() >= x.rows(), "argmax: out holds %lld ids for %lld rows", (long long)out.n_elements(),
+               (long long)x.rows());
+    synchronize();
+    std::vector<float> host(size_t(x.n_elements()));
+    std::vector<int32_t> ids(size_t(x.rows()));
+    read(host.data(), x, host.size() * sizeof(float));
+    argmax_rows_host(host.data(), x.rows(), x.ne[0], ids.data());
+    write(out, ids.data(), ids.size() * sizeof(int32_t));
 }
 
 std::unique_ptr<Backend> create_backend(const BackendOptions& opts) {

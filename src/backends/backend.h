@@ -193,6 +193,14 @@ class Backend {
     virtual void moe_ffn(const Tensor& x, const Tensor& gate_exps, const Tensor& up_exps, const Tensor& down_exps,
                          const Tensor& ids, const Tensor& weights, const Tensor& out) = 0;
 
+    // out[r] = the lowest i with x[r][i] equal to the largest non-NaN value of row r (0 when every value
+    // is NaN): exactly the token a greedy Sampler picks from that row, so a decode step can end in the
+    // chosen id and copy back 4 bytes instead of the logits.
+    //   x: f32 [rows, n] (n >= 1); out: i32 [rows]
+    // The default synchronizes, reads x to the host, computes there (argmax_rows_host) and writes out;
+    // it is correct on any backend but moves the whole of x, so a device backend should override it.
+    virtual void argmax(const Tensor& x, const Tensor& out);
+
    private:
     std::mutex exec_mu_;
 };
@@ -202,6 +210,10 @@ struct BackendOptions {
     int n_threads = 0;  // CPU: 0 = physical cores
     int gpu_index = 0;  // CUDA: which device
 };
+
+// The arg-max of Backend::argmax on host memory: x f32 [rows, n], out i32 [rows]. The reference for
+// every backend's argmax, and the CPU backend's implementation.
+void argmax_rows_host(const float* x, int64_t rows, int64_t n, int32_t* out);
 
 // Throws cera::Error(kDevice) when the device is not available in this build or machine.
 std::unique_ptr<Backend> create_backend(const BackendOptions& opts);

@@ -5,6 +5,7 @@
 //   std::vector<float> logits(model->info().n_vocab);
 //   seq->eval(prompt_ids, logits.data(), /*all_logits=*/false);   // prefill, in chunks of n_batch
 //   seq->eval({&next, 1}, logits.data(), false);                  // one decode step
+//   next = seq->eval_greedy({&next, 1});                          // one greedy step: only the id comes back
 //
 // A Model is immutable after loading and may serve many states; one state is used by one
 // thread at a time. Bad input (unknown architecture, missing key or tensor, wrong shape or
@@ -89,6 +90,17 @@ class ModelState {
     //   is outside [0, n_vocab) or the tokens do not fit in the context.
     virtual void eval(std::span<const int32_t> tokens, float* logits_out, bool all_logits,
                       float* hidden_out = nullptr) = 0;
+
+    // Greedy decoding on the device: runs `tokens` as eval() does and returns the arg-max of the last
+    // token's logits (Backend::argmax: the lowest id among the largest, NaN never chosen), which is the
+    // token a greedy Sampler without penalties picks from them. Only that id is copied to the host; the
+    // logits stay in device memory until the next eval(), eval_greedy(), reset(), restore_state() or
+    // truncate(), and read_last_logits() fetches them while they are held. A single token is one recorded
+    // step (the arg-max inside it), keyed apart from eval()'s. Throws as eval() does.
+    virtual int32_t eval_greedy(std::span<const int32_t> tokens) = 0;
+    // Copies the logits of the last token of the latest eval_greedy() (f32 [n_vocab]) and returns true;
+    // false, leaving logits_out alone, when they are no longer held (see eval_greedy()).
+    virtual bool read_last_logits(float* logits_out) = 0;
 
     virtual int32_t position() const = 0;  // tokens in the cache
     virtual int32_t n_ctx() const = 0;

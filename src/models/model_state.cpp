@@ -22,6 +22,14 @@ constexpr uint32_t kStateVersion = 1;
 
 std::atomic<uint64_t> g_state_serial{1};
 
+// Recorded-step keys: (serial << kKeyBits) | flags. A step's op sequence depends on the state's buffers
+// (the serial) and on these choices only; each distinct combination gets its own recording.
+constexpr int kKeyBits = 4;
+constexpr uint64_t kKeyStep = 1;      // always set: a key is never 0
+constexpr uint64_t kKeyLmHead = 2;    // the LM head runs inside the step
+constexpr uint64_t kKeyOutput = 4;    // the final norm of the output row runs inside the step
+constexpr uint64_t kKeyArgmax = 8;    // the greedy arg-max of the logits runs inside the step
+
 Tensor first_rows(const Tensor& t, int64_t n) { return t ? t.row_slice(0, n) : t; }
 
 struct SavedHeader {
@@ -72,6 +80,7 @@ class SequenceState final : public ModelState {
         }
         hidden_ = be_.alloc(GgmlType::kF32, {n_embd, nb});
         logits_ = be_.alloc(GgmlType::kF32, {info.n_vocab, std::min<int64_t>(kLogitRows, nb)});
+        next_id_ = be_.alloc(GgmlType::kI32, {1});
         pos_host_.resize(size_t(nb));
     }
 
@@ -83,67 +92,30 @@ class SequenceState final : public ModelState {
             be_.free(c.conv);
         }
         for (Tensor* t : {&ids_, &pos_t_, &x_, &h_, &y_, &q_, &k_, &v_, &attn_, &wide0_, &wide1_, &router_, &moe_ids_,
-                          &moe_w_, &hidden_, &logits_})
+                          &moe_w_, &hidden_, &logits_, &next_id_})
             be_.free(*t);
     }
 
     void eval(std::span<const int32_t> tokens, float* logits_out, bool all_logits, float* hidden_out) override {
         std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
-        const int64_t n = int64_t(tokens.size());
-        if (n == 0) return;
-        if (position_ + n > n_ctx_)
-            throw_error(ErrorCode::kOutOfRange, "%" PRId64 " tokens at position %d exceed the context of %d tokens", n,
-                        position_, n_ctx_);
-        const int64_t n_vocab = arch_.info.n_vocab;
-        for (int64_t i = 0; i < n; ++i)
-            if (tokens[size_t(i)] < 0 || tokens[size_t(i)] >= n_vocab)
-                throw_error(ErrorCode::kOutOfRange, "token id %d at index %" PRId64 " outside [0, %" PRId64 ")",
-                            tokens[size_t(i)], i, n_vocab);
-        const bool want_out = logits_out || hidden_out;
-        int64_t out_row = 0;  // next row of logits_out / hidden_out
-        for (int64_t off = 0; off < n; off += n_batch_) {
-            const int64_t nt = std::min<int64_t>(n_batch_, n - off);
-            const bool last = off + nt == n;
-            // Output rows of this chunk: all, or only the very last token.
-            int64_t r0 = 0, nr = 0;
-            if (want_out && all_logits)
-                r0 = 0, nr = nt;
-            else if (want_out && last)
-                r0 = nt - 1, nr = 1;
-            for (int64_t i = 0; i < nt; ++i) pos_host_[size_t(i)] = int32_t(position_ + off + i);
-            be_.write(ids_, tokens.data() + off, size_t(nt) * sizeof(int32_t));
-            be_.write(pos_t_, pos_host_.data(), size_t(nt) * sizeof(int32_t));
-            const bool lm_in_step = logits_out && nr > 0 && nr <= kLogitRows;
-            Step s = make_step(nt);
-            s.out_begin = r0;
-            s.out_count = nr;
-            // Single-token steps are the same op sequence every time: a backend may record and replay them.
-            const bool graphable = nt == 1;
-            const uint64_t key = (serial_ << 4) | (lm_in_step ? 2u : 0u) | (nr > 0 ? 4u : 0u) | 1u;
-            if (!graphable || !be_.step_begin(key)) {
-                be_.embed(arch_.head.token_embd, s.ids, arch_.head.embedding_scale, s.x);
-                arch_.forward(s);
-                // keep_output_rows() moved the output rows to the front of s.x (out_begin = 0).
-                if (nr > 0)
-                    be_.rms_norm(s.x.row_slice(s.out_begin, nr), arch_.head.output_norm, arch_.head.norm_eps,
-                                 hidden_.row_slice(0, nr));
-                if (lm_in_step) lm_head(0, nr);
-                if (graphable) be_.step_end();
-            }
-            if (nr > 0) {
-                if (hidden_out)
-                    be_.read(hidden_out + out_row * arch_.info.n_embd, hidden_, size_t(nr * arch_.info.n_embd) * 4);
-                if (logits_out) {
-                    for (int64_t j = 0; j < nr; j += kLogitRows) {
-                        const int64_t m = std::min(kLogitRows, nr - j);
-                        if (!lm_in_step) lm_head(j, m);
-                        be_.read(logits_out + (out_row + j) * n_vocab, logits_, size_t(m * n_vocab) * 4);
-                    }
-                }
-                out_row += nr;
-            }
-        }
-        position_ += int32_t(n);
+        run(tokens, logits_out, all_logits, hidden_out, /*greedy=*/false);
+    }
+
+    int32_t eval_greedy(std::span<const int32_t> tokens) override {
+        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+        if (tokens.empty()) throw_error(ErrorCode::kInvalidArgument, "eval_greedy: no tokens");
+        run(tokens, nullptr, false, nullptr, /*greedy=*/true);
+        int32_t id = 0;
+        be_.read(&id, next_id_, sizeof id);
+        logits_held_ = true;
+        return id;
+    }
+
+    bool read_last_logits(float* logits_out) override {
+        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+        if (!logits_held_) return false;
+        be_.read(logits_out, logits_, size_t(arch_.info.n_vocab) * sizeof(float));
+        return true;
     }
 
     int32_t position() const override { return position_; }
@@ -152,9 +124,12 @@ class SequenceState final : public ModelState {
     void reset() override {
         std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
         position_ = 0;
+        logits_held_ = false;
         for (LayerCache& c : cache_)
             if (c.conv) be_.zero(c.conv);
     }
+
+
 
     size_t state_size() const override {
         size_t n = sizeof(SavedHeader);
@@ -207,6 +182,7 @@ class SequenceState final : public ModelState {
             position_ = saved_pos;
             throw_error(ErrorCode::kInvalidFile, "saved state: %zu bytes, expected %zu", bytes.size(), state_size());
         }
+        logits_held_ = false;
         size_t off = sizeof hd;
         for (const LayerCache& c : cache_) {
             if (c.k) {
@@ -242,9 +218,74 @@ class SequenceState final : public ModelState {
             throw_error(ErrorCode::kInvalidArgument, "truncate to %d of %d tokens: the conv state cannot be rewound", n,
                         position_);
         position_ = n;
+        logits_held_ = false;
     }
 
  private:
+    // eval() and eval_greedy(), with the exec mutex held. greedy: the last token's logits stay in
+    // logits_ row 0 and their arg-max goes to next_id_, both inside the step.
+    void run(std::span<const int32_t> tokens, float* logits_out, bool all_logits, float* hidden_out, bool greedy) {
+        const int64_t n = int64_t(tokens.size());
+        if (n == 0) return;
+        if (position_ + n > n_ctx_)
+            throw_error(ErrorCode::kOutOfRange, "%" PRId64 " tokens at position %d exceed the context of %d tokens", n,
+                        position_, n_ctx_);
+        const int64_t n_vocab = arch_.info.n_vocab;
+        for (int64_t i = 0; i < n; ++i)
+            if (tokens[size_t(i)] < 0 || tokens[size_t(i)] >= n_vocab)
+                throw_error(ErrorCode::kOutOfRange, "token id %d at index %" PRId64 " outside [0, %" PRId64 ")",
+                            tokens[size_t(i)], i, n_vocab);
+        logits_held_ = false;  // logits_ is about to be overwritten (or the position moves past its row)
+        const bool want_out = logits_out || hidden_out || greedy;
+        int64_t out_row = 0;  // next row of logits_out / hidden_out
+        for (int64_t off = 0; off < n; off += n_batch_) {
+            const int64_t nt = std::min<int64_t>(n_batch_, n - off);
+            const bool last = off + nt == n;
+            // Output rows of this chunk: all, or only the very last token.
+            int64_t r0 = 0, nr = 0;
+            if (want_out && all_logits)
+                r0 = 0, nr = nt;
+            else if (want_out && last)
+                r0 = nt - 1, nr = 1;
+            for (int64_t i = 0; i < nt; ++i) pos_host_[size_t(i)] = int32_t(position_ + off + i);
+            be_.write(ids_, tokens.data() + off, size_t(nt) * sizeof(int32_t));
+            be_.write(pos_t_, pos_host_.data(), size_t(nt) * sizeof(int32_t));
+            const bool lm_in_step = (logits_out || greedy) && nr > 0 && nr <= kLogitRows;
+            Step s = make_step(nt);
+            s.out_begin = r0;
+            s.out_count = nr;
+            // Single-token steps are the same op sequence every time: a backend may record and replay them.
+            const bool graphable = nt == 1;
+            const bool argmax_in_step = greedy && nr > 0;  // greedy: nr == 1 on the last chunk only
+            const uint64_t key = (serial_ << kKeyBits) | kKeyStep | (lm_in_step ? kKeyLmHead : 0) |
+                                 (nr > 0 ? kKeyOutput : 0) | (argmax_in_step ? kKeyArgmax : 0);
+            if (!graphable || !be_.step_begin(key)) {
+                be_.embed(arch_.head.token_embd, s.ids, arch_.head.embedding_scale, s.x);
+                arch_.forward(s);
+                // keep_output_rows() moved the output rows to the front of s.x (out_begin = 0).
+                if (nr > 0)
+                    be_.rms_norm(s.x.row_slice(s.out_begin, nr), arch_.head.output_norm, arch_.head.norm_eps,
+                                 hidden_.row_slice(0, nr));
+                if (lm_in_step) lm_head(0, nr);
+                if (argmax_in_step) be_.argmax(logits_.row_slice(0, 1), next_id_);
+                if (graphable) be_.step_end();
+            }
+            if (nr > 0) {
+                if (hidden_out)
+                    be_.read(hidden_out + out_row * arch_.info.n_embd, hidden_, size_t(nr * arch_.info.n_embd) * 4);
+                if (logits_out) {
+                    for (int64_t j = 0; j < nr; j += kLogitRows) {
+                        const int64_t m = std::min(kLogitRows, nr - j);
+                        if (!lm_in_step) lm_head(j, m);
+                        be_.read(logits_out + (out_row + j) * n_vocab, logits_, size_t(m * n_vocab) * 4);
+                    }
+                }
+                out_row += nr;
+            }
+        }
+        position_ += int32_t(n);
+    }
+
     Step make_step(int64_t nt) {
         Step s;
         s.be = &be_;
@@ -292,6 +333,8 @@ class SequenceState final : public ModelState {
     Tensor router_, moe_ids_, moe_w_;  // [n_batch, n_expert], [n_batch, k], [n_batch, k]
     Tensor hidden_;                    // f32 [n_batch, n_embd] after the final norm
     Tensor logits_;                    // f32 [kLogitRows, n_vocab]
+    Tensor next_id_;                   // i32 [1]: eval_greedy()'s arg-max
+    bool logits_held_ = false;         // logits_ row 0 holds the last token's logits of eval_greedy()
     std::vector<int32_t> pos_host_;    // [n_batch]
 };
 

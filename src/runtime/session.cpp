@@ -38,13 +38,36 @@ struct Session::Impl {
     std::unique_ptr<ModelState> state;
     std::vector<int32_t> tokens;  // the whole sequence; [0, state->position()) is evaluated
     std::vector<float> logits;    // [n_vocab] after the last evaluated token
-    bool has_logits = false;
+    bool has_logits = false;      // `logits` holds them
+    bool logits_on_device = false;  // !has_logits, but a greedy decode step left them in the model state
+                                    // (ModelState::read_last_logits); ensure_logits() fetches them
     std::atomic<bool> cancel{false};
     size_t pending_store = 0;  // a prompt end whose prefix-cache entry is saved after the first token
     bool shifted = false;      // a context shift happened: the state is not that of a fresh evaluation, so
                                // it never goes into the prefix cache
 
     int32_t n_evaluated() const { return state->position(); }
+
+    // The logits after the last evaluated token into `logits`, fetched from the model state when a greedy
+    // decode step left them there. False when there are none (nothing evaluated since a reset or truncate).
+    bool ensure_logits() {
+        if (has_logits) return true;
+        if (logits_on_device) {
+            logits_on_device = false;
+            has_logits = state->read_last_logits(logits.data());
+        }
+        return has_logits;
+    }
+    // After an eval() that wrote `logits`.
+    void logits_on_host() {
+        has_logits = true;
+        logits_on_device = false;
+    }
+    // None held (the state was reset, truncated or replaced).
+    void drop_logits() {
+        has_logits = false;
+        logits_on_device = false;
+    }
 
     void check_fit(size_t n_new) const {
         const size_t total = tokens.size() + n_new;
@@ -67,7 +90,7 @@ struct Session::Impl {
                 try {
                     state->restore_state(hit->snapshot.model_state);
                     logits = std::move(hit->snapshot.logits);
-                    has_logits = true;
+                    logits_on_host();
                     shifted = false;
                     if (cached) *cached = n_evaluated() - before;
                 } catch (const Error&) {
@@ -81,7 +104,7 @@ struct Session::Impl {
             size_t n = std::min(tokens.size() - begin, size_t(n_batch));
             if (pc) n = std::min(n, (begin / size_t(n_batch) + 1) * size_t(n_batch) - begin);
             state->eval(std::span<const int32_t>(tokens.data() + begin, n), logits.data(), false);
-            has_logits = true;
+            logits_on_host();
             const size_t end = begin + n;
             if (!pc || shifted)
                 continue;
@@ -97,11 +120,12 @@ struct Session::Impl {
     void flush_store() {
         const size_t n = std::exchange(pending_store, 0);
         PrefixCache* pc = eng->prefix_cache.get();
-        if (!pc || n == 0 || shifted || size_t(n_evaluated()) != n || !has_logits) return;
+        if (!pc || n == 0 || shifted || size_t(n_evaluated()) != n || !ensure_logits()) return;
         if (!pc->contains(std::span<const int32_t>(tokens.data(), n))) pc->store(snapshot(n));
     }
 
-    // The first n tokens with the model state (n >= n_evaluated(); the rest stay queued).
+    // The first n tokens with the model state (n >= n_evaluated(); the rest stay queued). Callers
+    // ensure_logits() first, so that logits a greedy step left on the device are saved too.
     SessionSnapshot snapshot(size_t n) const {
         SessionSnapshot s;
         s.tokens.assign(tokens.begin(), tokens.begin() + std::ptrdiff_t(n));
@@ -122,14 +146,17 @@ struct Session::Impl {
         if (const int32_t held = state->position(); held != s.n_evaluated) {  // consistent checksums, bad content
             state->reset();
             tokens.clear();
-            has_logits = false;
+            drop_logits();
             throw_error(ErrorCode::kInvalidFile, "saved state: %d evaluated tokens, the model state holds %d",
                         s.n_evaluated, held);
         }
         tokens = std::move(s.tokens);
         shifted = false;
-        has_logits = !s.logits.empty();
-        if (has_logits) logits = std::move(s.logits);
+        drop_logits();
+        if (!s.logits.empty()) {
+            logits = std::move(s.logits);
+            logits_on_host();
+        }
     }
 
     // See Session::shift_context.
@@ -189,7 +216,7 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
 
     if (im.tokens.empty())
         throw_error(ErrorCode::kInvalidArgument, "nothing to generate from: append text or tokens first");
-    if (size_t(im.n_evaluated()) == im.tokens.size() && !im.has_logits)
+    if (size_t(im.n_evaluated()) == im.tokens.size() && !im.ensure_logits())
         throw_error(ErrorCode::kInvalidArgument, "nothing to generate from: the session has no logits");
 
     // The penalty window starts with the end of the sequence, as llama.cpp's does.
@@ -228,6 +255,9 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
     };
     const auto t_decode = Clock::now();
     const int32_t n_ctx = im.state->n_ctx();
+    // Greedy on the device: the step ends in the arg-max and only the id crosses back. Exactly the host
+    // sampler's pick whenever that is a plain arg-max (nothing else here reads the logits).
+    const bool device_greedy = options.device_greedy && sampler.picks_argmax();
     for (;;) {
         if (options.max_tokens >= 0 && r.generated_tokens >= options.max_tokens) {
             r.finish = FinishReason::kLength;
@@ -245,12 +275,20 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
                 break;
             }
         }
+        int32_t t = -1;
         if (size_t(im.n_evaluated()) < im.tokens.size()) {  // the last sampled token goes in first
             const int32_t last = im.tokens.back();
-            im.state->eval(std::span<const int32_t>(&last, 1), im.logits.data(), false);
+            if (device_greedy) {
+                t = im.state->eval_greedy(std::span<const int32_t>(&last, 1));
+                im.has_logits = false;
+                im.logits_on_device = true;
+            } else {
+                im.state->eval(std::span<const int32_t>(&last, 1), im.logits.data(), false);
+                im.logits_on_host();
+            }
             ++r.decode_steps;
         }
-        const int32_t t = sampler.sample(im.logits.data());
+        if (t < 0) t = sampler.sample(im.logits.data());  // has_logits: checked above, or set by prefill
         sampler.accept(t);
         ++r.generated_tokens;
         sink.on_token(t);
@@ -291,7 +329,7 @@ void Session::reset() {
     impl_->pending_store = 0;
     impl_->state->reset();
     impl_->tokens.clear();
-    impl_->has_logits = false;
+    impl_->drop_logits();
 }
 
 void Session::truncate(int32_t n) {
@@ -305,7 +343,7 @@ void Session::truncate(int32_t n) {
         } else {
             im.state->truncate(n);
         }
-        im.has_logits = false;
+        im.drop_logits();
     }
     im.tokens.resize(size_t(n));
 }
@@ -314,6 +352,7 @@ int32_t Session::shift_context(int32_t n_keep) { return impl_->shift(n_keep); }
 
 std::vector<uint8_t> Session::save_state() const {
     std::vector<uint8_t> out;
+    impl_->ensure_logits();  // fetches logits a greedy decode step left on the device
     encode_state(impl_->eng->state_identity(), impl_->snapshot(impl_->tokens.size()), out);
     return out;
 }
@@ -357,7 +396,7 @@ std::vector<float> Session::embed(std::span<const int32_t> tokens, Pooling pooli
         if (plain < m)
             im.state->eval(tokens.subspan(size_t(n - 1), 1), im.logits.data(), false, hidden.data() + (n - 1) * n_embd);
     }
-    im.has_logits = true;
+    im.logits_on_host();
     im.tokens.assign(tokens.begin(), tokens.end());
     if (pooling == Pooling::kNone) return hidden;
     if (pooling == Pooling::kLast) return std::vector<float>(hidden.end() - n_embd, hidden.end());

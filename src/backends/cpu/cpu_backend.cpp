@@ -373,6 +373,13 @@ class CpuBackend final : public Backend {
         }
     }
 
+    void argmax(const Tensor& x, const Tensor& out) override {
+        CERA_CHECK(x.type == GgmlType::kF32 && out.type == GgmlType::kI32, "argmax: x must be f32 and out i32");
+        CERA_CHECK(out.n_elements() >= x.rows(), "argmax: out holds %lld ids for %lld rows",
+                   (long long)out.n_elements(), (long long)x.rows());
+        argmax_rows_host(x.as<const float>(), x.rows(), x.ne[0], out.as<int32_t>());
+    }
+
     void moe_ffn(const Tensor& x, const Tensor& gate_exps, const Tensor& up_exps, const Tensor& down_exps,
                  const Tensor& ids, const Tensor& weights, const Tensor& out) override {
         const int64_t n_tokens = x.rows(), n_embd = x.ne[0], n_ff = gate_exps.ne[1], n_expert = gate_exps.ne[2];
