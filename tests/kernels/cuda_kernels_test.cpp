@@ -2,9 +2,11 @@
 // then whole fixture models (logits and greedy tokens). Skips when no CUDA device is present.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -274,6 +276,58 @@ TEST_F(CudaBackendTest, NormsAndElementwise) {
         gpu_->scale(out.g, -3.0f);
         cpu_->scale(out.c, -3.0f);
         EXPECT_LT(rel_diff(out), 1e-5) << "add/scale";
+    }
+}
+
+// Greedy pick on the device (argmax.cu): the lowest index of the largest non-NaN value, 0 when every
+// value is NaN (the host sampler's greedy pick), against a host reference loop. Odd lengths put every
+// row but the first at an address that is not 16-byte aligned.
+TEST_F(CudaBackendTest, ArgmaxMatchesReference) {
+    auto reference = [](const float* x, int64_t n) {
+        int64_t best = -1;
+        for (int64_t i = 0; i < n; ++i)
+            if (!std::isnan(x[i]) && (best < 0 || x[i] > x[best])) best = i;
+        return int32_t(best < 0 ? 0 : best);
+    };
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    for (int64_t n : {1, 31, 1000, 50257, 65536}) {
+        SCOPED_TRACE(n);
+        const int64_t rows = 9;
+        std::vector<float> x = randn(size_t(n * rows), rng_, 4.0f);
+        std::uniform_int_distribution<int64_t> at(0, n - 1);
+        auto row = [&](int64_t r) { return x.data() + r * n; };
+        // row 0: random; 1: planted ties of the maximum; 2: a tie at the two last elements;
+        // 3: all negative; 4: constant; 5: NaN and -inf sprinkled, two +inf; 6: all -inf;
+        // 7: all NaN; 8: NaN except a -inf at the end.
+        for (int t = 0; t < 5; ++t) row(1)[at(rng_)] = 50.0f;
+        row(2)[n - 1] = 60.0f;
+        if (n > 1) row(2)[n - 2] = 60.0f;
+        for (int64_t i = 0; i < n; ++i) row(3)[i] = -std::fabs(row(3)[i]) - 1.0f;
+        std::fill(row(4), row(4) + n, -7.0f);
+        for (int t = 0; t < 6; ++t) row(5)[at(rng_)] = nan, row(5)[at(rng_)] = -inf;
+        row(5)[at(rng_)] = inf, row(5)[at(rng_)] = inf;
+        std::fill(row(6), row(6) + n, -inf);
+        std::fill(row(7), row(7) + n, nan);
+        std::fill(row(8), row(8) + n, nan);
+        row(8)[n - 1] = -inf;
+
+        Tensor xg = gpu_->alloc(GgmlType::kF32, {n, rows});
+        Tensor og = gpu_->alloc(GgmlType::kI32, {rows});
+        gpu_->write(xg, x.data(), x.size() * 4);
+        gpu_->argmax(xg, og);
+        std::vector<int32_t> got(static_cast<size_t>(rows), -1);
+        gpu_->read(got.data(), og, got.size() * 4);
+        for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(got[size_t(r)], reference(row(r), n)) << "row " << r;
+        // One row on its own, and rows starting at an odd offset.
+        gpu_->argmax(xg.row_slice(5, 1), og);
+        int32_t one = -1;
+        gpu_->read(&one, og, 4);
+        EXPECT_EQ(one, reference(row(5), n)) << "row 5 alone";
+        gpu_->argmax(xg.row_slice(1, rows - 1), og);
+        gpu_->read(got.data(), og, size_t(rows - 1) * 4);
+        for (int64_t r = 1; r < rows; ++r) EXPECT_EQ(got[size_t(r - 1)], reference(row(r), n)) << "slice row " << r;
+        gpu_->free(xg);
+        gpu_->free(og);
     }
 }
 
@@ -622,6 +676,38 @@ TEST(CudaModel, FixturesMatchCpu) {
         double err = 0;
         for (size_t i = 0; i < lc.size(); ++i) err = std::max(err, double(std::fabs(lc[i] - lg[i])));
         EXPECT_LT(err, 1e-3) << "prefill logits";
+    }
+}
+
+// Greedy decoding on the device: ModelState::eval_greedy (the arg-max inside the recorded, then
+// replayed, decode step) picks the same tokens as the CPU and keeps the step's logits readable.
+TEST(CudaModel, EvalGreedyMatchesCpu) {
+    std::string why;
+    if (cuda_devices(&why).empty()) GTEST_SKIP() << "no CUDA device (" << why << ")";
+    for (const char* name : {"tiny-lfm2", "tiny-qwen3", "tiny-llama-random"}) {
+        SCOPED_TRACE(name);
+        const std::string path = test::data_path(std::string("fixtures/") + name + "/model.gguf");
+        ModelOptions o;
+        o.n_threads = 2, o.n_ctx = 256;
+        auto cpu = load_model(path, o);
+        o.device = DeviceKind::kCuda;
+        auto gpu = load_model(path, o);
+        const int64_t n_vocab = cpu->info().n_vocab;
+        std::vector<int32_t> prompt;
+        for (int i = 0; i < 11; ++i) prompt.push_back(int32_t((i * 7919 + 13) % n_vocab));
+        auto sc = cpu->create_state();
+        auto sg = gpu->create_state();
+        const auto tc = greedy(*sc, prompt, 24, n_vocab, nullptr);
+        std::vector<int32_t> tg;
+        std::vector<float> held(static_cast<size_t>(n_vocab));
+        int32_t id = sg->eval_greedy(prompt);
+        for (int i = 0; i < 24; ++i) {
+            tg.push_back(id);
+            ASSERT_TRUE(sg->read_last_logits(held.data()));
+            EXPECT_EQ(id, int32_t(std::max_element(held.begin(), held.end()) - held.begin())) << "step " << i;
+            if (i + 1 < 24) id = sg->eval_greedy({&id, 1});
+        }
+        EXPECT_EQ(tc, tg);
     }
 }
 
