@@ -6,9 +6,10 @@
 // (larger value, then lower index) is a total order on non-NaN values, so the result is the lowest
 // index of the maximum whatever the split; NaN never compares larger or equal, and a row with no
 // non-NaN value gives 0 — exactly the host sampler's greedy pick (Backend::argmax, argmax_rows_host).
-// Roofline: bytes = rows * n * 4 read once (the logits, usually still in L2 after the LM head); at
-// batch 1 a 50k row is ~200 KB on one SM, ~1-2 us, on the order of the launch latency. The alternative
-// it replaces is a 200 KB device-to-host copy plus a host pass over it.
+// Roofline: bytes = rows * n * 4 read once (the logits, usually still in L2 after the LM head); one
+// row is one SM's worth of loads (~170 GB/s), so at batch 1 it is launch-latency bound: measured on
+// the H200, back-to-back launches take 3.3 us for n <= 4k, 3.6 us for 50257, 4.3 us for 65536 and
+// 6.8 us for 151936. It replaces a 200 KB-600 KB device-to-host copy plus a host pass over it.
 #include <climits>
 
 #include "backends/cuda/common.cuh"
