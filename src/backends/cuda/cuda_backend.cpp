@@ -16,10 +16,14 @@
 //    also write their output's 8-bit rows, recorded as the cached quantization of that tensor, so
 //    the next GEMV needs no quantize launch. Every other call (and read, write, sync) first
 //    queues whatever is held back, in order. lfm2-1.2b: 274 -> 121 kernels per decoded token.
+//  - Decode programs (opt-in, CERA_CUDA_MEGA=1; slower than the graphs so far, see bench/NOTES.md):
+//    while a single-token step is captured its ops are also recorded (decode_program.h); when every
+//    op is covered, later replays of that step run as one persistent kernel (decode_step.h).
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -30,6 +34,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/cuda/decode_program.h"
 #include "backends/cuda/kernels.h"
 #include "core/check.h"
 #include "core/quant/quant.h"
@@ -84,6 +89,8 @@ class CudaBackend final : public Backend {
         graphs_enabled_ = !(g && std::strcmp(g, "0") == 0);
         const char* f = std::getenv("CERA_CUDA_FUSE");
         fuse_ = !(f && std::strcmp(f, "0") == 0);
+        const char* mg = std::getenv("CERA_CUDA_MEGA");
+        mega_ = mg && std::strcmp(mg, "1") == 0;
         const char* pr = std::getenv("CERA_CUDA_PROFILE");
         profile_ = pr && std::strcmp(pr, "1") == 0;
         if (profile_) {
@@ -148,7 +155,8 @@ class CudaBackend final : public Backend {
         w.type = type, w.rows = rows, w.k = k;
         w.bytes = cuda::weight_image_bytes(type, rows, k);
         w.gguf_bytes = row_size(type, k) * size_t(rows);
-        CUDA_CHECK(cudaMalloc(&w.image, std::max<size_t>(w.bytes, 16)));
+        // 64 spare bytes: the decode program copies 16-byte aligned windows around row ranges.
+        CUDA_CHECK(cudaMalloc(&w.image, w.bytes + 64));
         if (cuda::quant_layout(type).block_elems > 0) {
             std::vector<uint8_t> img(w.bytes);
             cuda::make_weight_image(type, host, rows, k, img.data());
@@ -203,6 +211,7 @@ class CudaBackend final : public Backend {
 
     void write(const Tensor& dst, const void* host, size_t n_bytes, size_t offset) override {
         touch();
+        if (rec_) rec_->unsupported("write");
         if (n_bytes == 0) return;
         // Pageable source: the copy is staged before the call returns, so the caller may reuse host.
         CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst.data) + offset, host, n_bytes, cudaMemcpyHostToDevice,
@@ -217,10 +226,12 @@ class CudaBackend final : public Backend {
     }
     void copy(const Tensor& dst, const Tensor& src) override {
         touch();
+        if (rec_) rec_->unsupported("copy");
         CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.n_bytes(), cudaMemcpyDeviceToDevice, stream_));
     }
     void zero(const Tensor& t) override {
         touch();
+        if (rec_) rec_->unsupported("zero");
         CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.n_bytes(), stream_));
     }
     void synchronize() override {
@@ -237,7 +248,12 @@ class CudaBackend final : public Backend {
         Graph& g = graphs_[key];
         if (g.exec) {
             if (profile_) profile_replay_begin();
-            CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
+            if (g.prog) {
+                cuda::decode_program_launch(g.prog->p, stream_);
+                if (g.prog->p.prof && ++g.prog->replays == 50) print_program_profile(*g.prog);
+            } else {
+                CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
+            }
             if (profile_) {
                 CUDA_CHECK(cudaEventRecord(ev_[1], stream_));
                 ev_pending_ = true;
@@ -248,6 +264,8 @@ class CudaBackend final : public Backend {
             CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
             capturing_ = true;
             capture_key_ = key;
+            if (mega_ && cuda::decode_program_grid() > 0) rec_ = std::make_unique<cuda::DecodeRecorder>();
+            else if (mega_ && profile_) std::fprintf(stderr, "cuda: decode programs cannot run on this device\n");
         }
         return false;
     }
@@ -261,19 +279,28 @@ class CudaBackend final : public Backend {
         cudaGraphExec_t exec = nullptr;
         CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
         CUDA_CHECK(cudaGraphDestroy(graph));
-        graphs_[capture_key_].exec = exec;
-        CUDA_CHECK(cudaGraphLaunch(exec, stream_));  // the captured ops have not run yet
+        Graph& g = graphs_[capture_key_];
+        g.exec = exec;
+        if (rec_) {
+            g.prog = make_program(*rec_);
+            rec_.reset();
+        }
+        // The captured ops have not run yet.
+        if (g.prog) cuda::decode_program_launch(g.prog->p, stream_);
+        else CUDA_CHECK(cudaGraphLaunch(exec, stream_));
     }
 
     // --------------------------------------------------------------- ops
     void embed(const Tensor& table, const Tensor& ids, float scale, const Tensor& out) override {
         touch();
         const cuda::WeightRef w = weight_ref(table);
+        if (rec_) rec_->embed(w, ids.as<const int32_t>(), ids.ne[0], scale, out.as<float>());
         cuda::dequantize_rows(w, ids.as<const int32_t>(), ids.ne[0], scale, out.data, false, stream_);
     }
 
     void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override {
         touch();
+        if (rec_) rec_->rms_norm(x.as<const float>(), x.rows(), x.ne[0], w ? w.as<const float>() : nullptr, eps, out.as<float>());
         void* xq = q8_sidecar(out.as<const float>(), x.rows(), x.ne[0], nullptr);
         cuda::rms_norm(x.as<const float>(), w ? w.as<const float>() : nullptr, eps, x.rows(), x.ne[0],
                        out.as<float>(), stream_, xq);
@@ -285,6 +312,7 @@ class CudaBackend final : public Backend {
                    (long long)k, (long long)rows, (long long)x.ne[0], (long long)out.ne[0]);
         const cuda::WeightRef ref = weight_ref(w);
         const float* b = bias ? bias.as<const float>() : nullptr;
+        if (rec_) rec_->matmul(ref, rows, x.as<const float>(), n_tokens, b, out.as<float>());
         flush_rope();
         if (n_tokens <= kGemvMaxTokens) {
             cuda::GemvArgs a;
@@ -315,6 +343,9 @@ class CudaBackend final : public Backend {
 
     void norm_rope(const Tensor& x, int n_head, int head_dim, const Tensor& norm_w, float eps, const Tensor& pos,
                    const RopeParams& rope) override {
+        if (rec_)
+            rec_->norm_rope(x.as<float>(), x.rows(), n_head, head_dim, norm_w ? norm_w.as<const float>() : nullptr, eps,
+                            pos.as<const int32_t>(), rope_args(rope));
         if (fuse_ && x.rows() <= kGemvMaxTokens && (n_rope_ == 0 || (n_rope_ == 1 && rope_[0].pos.data == pos.data))) {
             // Decode: wait for the kv_store that usually follows (q, k, then the store: one launch).
             flush_mm();
@@ -328,6 +359,13 @@ class CudaBackend final : public Backend {
 
     void kv_store(const Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& k_cache,
                   const Tensor& v_cache) override {
+        if (rec_) {
+            if (k_cache.type == v_cache.type && (k_cache.type == GgmlType::kF16 || k_cache.type == GgmlType::kF32))
+                rec_->kv_store(k.as<const float>(), v.as<const float>(), k.rows(), k.ne[0], pos.as<const int32_t>(),
+                               k_cache.data, v_cache.data, k_cache.type == GgmlType::kF16, k_cache.ne[1]);
+            else
+                rec_->unsupported("KV cache type");
+        }
         if (n_rope_ > 0 && k_cache.type == v_cache.type &&
             (k_cache.type == GgmlType::kF16 || k_cache.type == GgmlType::kF32)) {
             const PendingRope& kr = rope_[n_rope_ - 1];
@@ -377,6 +415,7 @@ class CudaBackend final : public Backend {
         a.partial = n ? static_cast<float*>(scratch(kAttn, n * sizeof(float))) : nullptr;
         if (p.head_dim % 32 == 0 && p.head_dim <= 128)
             a.out_xq = q8_sidecar(out.as<const float>(), a.n_tokens, int64_t(p.n_head) * p.head_dim, nullptr);
+        if (rec_) rec_->attention(a);
         cuda::attention(a, stream_);
     }
 
@@ -385,12 +424,16 @@ class CudaBackend final : public Backend {
         const int64_t n_embd = out.ne[0];
         CERA_CHECK(w.type == GgmlType::kF32 && bcx.ne[0] == 3 * n_embd && state.ne[0] == n_embd);
         const cuda::WeightRef ref = weight_or_buffer(w);
+        if (rec_)
+            rec_->short_conv(bcx.as<const float>(), static_cast<const float*>(ref.image) + ref.row0 * ref.k,
+                             int(w.ne[0]), state.as<float>(), bcx.rows(), n_embd, out.as<float>());
         void* xq = bcx.rows() <= 16 ? q8_sidecar(out.as<const float>(), bcx.rows(), n_embd, nullptr) : nullptr;
         cuda::short_conv(bcx.as<const float>(), static_cast<const float*>(ref.image) + ref.row0 * ref.k, int(w.ne[0]),
                          state.as<float>(), bcx.rows(), n_embd, out.as<float>(), stream_, xq);
     }
 
     void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override {
+        if (rec_) rec_->swiglu(gate.as<const float>(), up.as<const float>(), gate.n_elements(), out.as<float>());
         if (n_mm_ == 2 && n_rope_ == 0) {
             // gate and up products still waiting: one launch computes both and the SwiGLU.
             const cuda::GemvArgs& g = mm_[0].out.data == gate.data ? mm_[0].a : mm_[1].a;
@@ -415,6 +458,7 @@ class CudaBackend final : public Backend {
                      row);
     }
     void add(const Tensor& a, const Tensor& b, float scale, const Tensor& out) override {
+        if (rec_) rec_->add(a.as<const float>(), b.as<const float>(), scale, a.n_elements(), out.as<float>());
         if (n_mm_ == 1 && n_rope_ == 0) {
             // The residual add folded into the epilogue of the product that made b.
             cuda::GemvArgs& m = mm_[0].a;
@@ -439,12 +483,22 @@ class CudaBackend final : public Backend {
     }
     void scale(const Tensor& x, float s) override {
         touch();
+        if (rec_) rec_->scale(x.as<float>(), s, x.n_elements());
         cuda::scale(x.as<float>(), s, x.n_elements(), stream_);
+    }
+
+    void argmax(const Tensor& x, const Tensor& out) override {
+        touch();
+        CERA_CHECK(x.type == GgmlType::kF32 && out.type == GgmlType::kI32 && out.n_elements() >= x.rows(),
+                   "argmax: f32 rows in, one i32 per row out");
+        if (rec_) rec_->argmax(x.as<const float>(), x.rows(), x.ne[0], out.as<int32_t>());
+        cuda::argmax_rows(x.as<const float>(), x.rows(), x.ne[0], out.as<int32_t>(), stream_);
     }
 
     void moe_route(const Tensor& logits, const Tensor& bias, const MoeParams& p, const Tensor& ids,
                    const Tensor& weights) override {
         touch();
+        if (rec_) rec_->unsupported("moe_route");
         cuda::moe_route(logits.as<const float>(), bias ? bias.as<const float>() : nullptr, logits.rows(),
                         int(logits.ne[0]), p.n_expert_used, p.gating == MoeGating::kSigmoid, p.normalize_weights,
                         p.weights_scale, ids.as<int32_t>(), weights.as<float>(), stream_);
@@ -457,6 +511,7 @@ class CudaBackend final : public Backend {
         const int64_t n_slots = n_tokens * k;
         CERA_CHECK(n_slots <= 65535, "moe_ffn: %lld (token, expert) slots in one call", (long long)n_slots);
         touch();
+        if (rec_) rec_->unsupported("moe_ffn");
         float* g = static_cast<float*>(scratch(kMoeG, size_t(n_slots * n_ff) * sizeof(float)));
         float* u = static_cast<float*>(scratch(kMoeU, size_t(n_slots * n_ff) * sizeof(float)));
         float* y = static_cast<float*>(scratch(kMoeY, size_t(n_slots * n_embd) * sizeof(float)));
@@ -477,10 +532,101 @@ class CudaBackend final : public Backend {
     }
 
    private:
+    // A decode program and the device memory it owns.
+    struct Program {
+        cuda::MxProgram p;
+        std::vector<void*> owned;
+        std::vector<int> kinds;  // profiling: kind * 2 + barrier per phase
+        int replays = 0;
+        ~Program() {
+            for (void* q : owned) cudaFree(q);
+        }
+    };
     struct Graph {
         int seen = 0;
         cudaGraphExec_t exec = nullptr;
+        std::unique_ptr<Program> prog;  // run instead of exec when present
     };
+
+    // CERA_CUDA_PROFILE=1 CERA_CUDA_MX_PROF=1: where one decode program replay spent its time, per
+    // phase kind: the mean over blocks of the wait at the barrier before it and of its work, in us at
+    // the SM clock (the slowest block's work in brackets).
+    void print_program_profile(const Program& prog) {
+        const int grid = prog.p.grid, n = prog.p.n_phases;
+        std::vector<long long> t(size_t(n + 2) * grid * 2);
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        CUDA_CHECK(cudaMemcpy(t.data(), prog.p.prof, t.size() * sizeof(long long), cudaMemcpyDeviceToHost));
+        int khz = 0;
+        CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device_));
+        const double mhz = khz / 1000.0;
+        std::map<int, std::array<double, 4>> by;  // count, wait, work, max work
+        double tw = 0, tk = 0;
+        for (int i = 0; i < n; ++i) {
+            double w = 0, k = 0, mx = 0;
+            for (int b = 0; b < grid; ++b) {
+                w += double(t[(size_t(i) * grid + b) * 2]), k += double(t[(size_t(i) * grid + b) * 2 + 1]);
+                mx = std::max(mx, double(t[(size_t(i) * grid + b) * 2 + 1]));
+            }
+            auto& e = by[prog.kinds[size_t(i)]];
+            e[0] += 1, e[1] += w / grid / mhz, e[2] += k / grid / mhz, e[3] += mx / mhz;
+            tw += w / grid / mhz, tk += k / grid / mhz;
+        }
+        for (auto& [key, e] : by)
+            std::fprintf(stderr, "mx kind %2d barrier %d: %3.0f phases, wait %7.1f us, work %7.1f us (max %7.1f)\n",
+                         key / 2, key % 2, e[0], e[1], e[2], e[3]);
+        double e[4] = {0, 0, 0, 0};
+        for (int b = 0; b < grid; ++b)
+            for (int j = 0; j < 4; ++j) e[j] += double(t[size_t(n) * grid * 2 + size_t(b) * 4 + j]);
+        std::fprintf(stderr,
+                     "mx total: wait %.1f us, work %.1f us; matmul prologues %.1f us (input loads %.1f), waits for "
+                     "weights %.1f us, row dots %.1f us\n",
+                     tw, tk, e[0] / grid / mhz, e[2] / grid / mhz, e[1] / grid / mhz, e[3] / grid / mhz);
+    }
+
+    // The recorded step as a decode program, or null (CERA_CUDA_PROFILE=1 says why).
+    std::unique_ptr<Program> make_program(cuda::DecodeRecorder& rec) {
+        const int grid = cuda::decode_program_grid();
+        std::vector<cuda::MxPhase> phases;
+        if (!rec.build(grid, phases)) {
+            if (profile_) std::fprintf(stderr, "cuda: step not run as a decode program: %s\n", rec.why().c_str());
+            return nullptr;
+        }
+        auto prog = std::make_unique<Program>();
+        auto dev = [&](size_t bytes) {
+            void* q = nullptr;
+            CUDA_CHECK(cudaMalloc(&q, std::max<size_t>(bytes, 16)));
+            CUDA_CHECK(cudaMemsetAsync(q, 0, std::max<size_t>(bytes, 16), stream_));
+            prog->owned.push_back(q);
+            return q;
+        };
+        float* partial = rec.partial_floats() ? static_cast<float*>(dev(rec.partial_floats() * sizeof(float))) : nullptr;
+        auto* key = static_cast<unsigned long long*>(dev(sizeof(unsigned long long)));
+        int barriers = 0;
+        for (cuda::MxPhase& ph : phases) {
+            if (ph.kind == cuda::MxKind::kAttn || ph.kind == cuda::MxKind::kAttnCombine) ph.partial = partial;
+            if (ph.argmax_key) ph.argmax_key = key;
+            barriers += ph.barrier;
+        }
+        auto* d_phases = static_cast<cuda::MxPhase*>(dev(phases.size() * sizeof(cuda::MxPhase)));
+        CUDA_CHECK(cudaMemcpyAsync(d_phases, phases.data(), phases.size() * sizeof(cuda::MxPhase),
+                                   cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));  // `phases` is pageable and goes out of scope
+        prog->p.phases = d_phases;
+        prog->p.n_phases = int32_t(phases.size());
+        prog->p.sync = static_cast<unsigned*>(dev(cuda::kMxSyncWords * sizeof(unsigned)));
+        prog->p.grid = grid;
+        prog->p.stages = cuda::mx_stages();
+        prog->p.stage_bytes = cuda::mx_stage_bytes();
+        if (profile_ && std::getenv("CERA_CUDA_MX_PROF")) {
+            prog->p.prof = static_cast<long long*>(dev((phases.size() + 2) * size_t(grid) * 2 * sizeof(long long)));
+            if (const char* d = std::getenv("CERA_CUDA_MX_DEBUG")) prog->p.debug = std::atoi(d);
+            prog->kinds.reserve(phases.size());
+            for (const cuda::MxPhase& ph : phases) prog->kinds.push_back(int(ph.kind) * 2 + ph.barrier);
+        }
+        if (profile_)
+            std::fprintf(stderr, "cuda: decode program of %zu phases, %d grid barriers\n", phases.size(), barriers);
+        return prog;
+    }
     struct Q8Cache {
         bool valid = false;
         const float* src = nullptr;
@@ -573,8 +719,14 @@ class CudaBackend final : public Backend {
     // Forgets the recorded graphs (their buffers moved); keys keep their counts, so a key seen
     // before is recorded again at its next step.
     void drop_graphs() {
-        for (auto& [key, g] : graphs_)
+        bool synced = false;
+        for (auto& [key, g] : graphs_) {
             if (g.exec) cudaGraphExecDestroy(g.exec), g.exec = nullptr;
+            if (g.prog) {
+                if (!synced) cudaStreamSynchronize(stream_), synced = true;
+                g.prog.reset();
+            }
+        }
     }
 
     // A grow-only scratch buffer. Growing frees the old one, so recorded graphs are dropped.
@@ -743,6 +895,8 @@ class CudaBackend final : public Backend {
     std::unordered_map<uint64_t, Graph> graphs_;
     bool graphs_enabled_ = true;
     bool capturing_ = false;
+    bool mega_ = false;  // CERA_CUDA_MEGA=1: decode programs instead of graphs
+    std::unique_ptr<cuda::DecodeRecorder> rec_;  // while a step is captured
     bool profile_ = false;
     cudaEvent_t ev_[2] = {nullptr, nullptr};
     bool ev_pending_ = false;

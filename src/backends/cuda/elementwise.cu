@@ -186,38 +186,6 @@ __global__ void moe_combine_kernel(const float* __restrict__ y, const float* __r
     out[i] = s;
 }
 
-__global__ void argmax_kernel(const float* __restrict__ x, int64_t n, int32_t* out) {
-    pdl_trigger();
-    pdl_wait();
-    __shared__ float sv[32];
-    __shared__ int si[32];
-    const float* r = x + int64_t(blockIdx.x) * n;
-    float best = -INFINITY;
-    int bi = 0x7fffffff;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-        if (r[i] > best) best = r[i], bi = int(i);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ob > best || (ob == best && oi < bi)) best = ob, bi = oi;
-    }
-    if (lane == 0) sv[warp] = best, si[warp] = bi;
-    __syncthreads();
-    if (warp == 0) {
-        best = lane < int(blockDim.x >> 5) ? sv[lane] : -INFINITY;
-        bi = lane < int(blockDim.x >> 5) ? si[lane] : 0x7fffffff;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ob > best || (ob == best && oi < bi)) best = ob, bi = oi;
-        }
-        if (lane == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
-    }
-}
-
 inline unsigned blocks(int64_t n, int threads) { return unsigned(ceil_div(n, threads)); }
 
 }  // namespace
@@ -284,10 +252,5 @@ void moe_combine(const float* y, const float* weights, int64_t n_tokens, int k, 
     CUDA_CHECK_LAUNCH();
 }
 
-void argmax(const float* x, int64_t rows, int64_t n, int32_t* out, Stream stream) {
-    if (rows == 0) return;
-    launch(argmax_kernel, unsigned(rows), 1024, 0, as_stream(stream), x, n, out);
-    CUDA_CHECK_LAUNCH();
-}
 
 }  // namespace cera::cuda

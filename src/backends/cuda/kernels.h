@@ -185,8 +185,6 @@ void moe_route(const float* logits, const float* bias, int64_t n_tokens, int n_e
 void moe_combine(const float* y, const float* weights, int64_t n_tokens, int k, int64_t n, float* out,
                  Stream stream);
 
-// out[r] = index of the largest x[r][i] (the lowest on ties); x: [rows, n]
-void argmax(const float* x, int64_t rows, int64_t n, int32_t* out, Stream stream);
 
 // Greedy pick per row (argmax.cu): out[r] = the lowest i holding the largest non-NaN x[r][i], 0 when
 // every value is NaN (Backend::argmax). One block per row; x: f32 [rows, n] (n >= 1), out: i32 [rows]

@@ -49,6 +49,19 @@ __device__ __forceinline__ void dot_nibbles(const uint4& q, const XQ& x, int& s_
     }
 }
 
+// Where load_w reads the weight bytes from: global memory through the read-only path (GEMV
+// kernels), or plain loads (weights staged in shared memory by the decode program).
+struct GlobalLd {
+    __device__ static uint4 v16(const void* p) { return ld_stream16(p); }
+    __device__ static uint4 v16_cached(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
+    __device__ static uint2 v8(const void* p) { return __ldg(static_cast<const uint2*>(p)); }
+};
+struct PlainLd {
+    __device__ static uint4 v16(const void* p) { return *static_cast<const uint4*>(p); }
+    __device__ static uint4 v16_cached(const void* p) { return *static_cast<const uint4*>(p); }
+    __device__ static uint2 v8(const void* p) { return *static_cast<const uint2*>(p); }
+};
+
 template <GgmlType T>
 struct QTraits;
 
@@ -58,8 +71,9 @@ struct QTraits<GgmlType::kQ4_0> {
     static constexpr int kItems = 1;
     struct W { uint4 q; float d; };
     __device__ static void runs(int, int& ea, int& eb) { ea = 0, eb = 16; }
+    template <class Ld = GlobalLd>
     __device__ static W load_w(const uint8_t* q, const uint8_t* m, int64_t blk, int) {
-        return {ld_stream16(q + blk * 16), half_bits_to_float(reinterpret_cast<const uint16_t*>(m)[blk])};
+        return {Ld::v16(q + blk * 16), half_bits_to_float(reinterpret_cast<const uint16_t*>(m)[blk])};
     }
     __device__ static float dot(const W& w, const XQ& x, int) {
         int lo, hi;
@@ -81,9 +95,10 @@ struct QTraits<GgmlType::kQ4_1> {
     static constexpr int kItems = 1;
     struct W { uint4 q; float d, m; };
     __device__ static void runs(int, int& ea, int& eb) { ea = 0, eb = 16; }
+    template <class Ld = GlobalLd>
     __device__ static W load_w(const uint8_t* q, const uint8_t* m, int64_t blk, int) {
         const uint32_t dm = reinterpret_cast<const uint32_t*>(m)[blk];
-        return {ld_stream16(q + blk * 16), half_bits_to_float(uint16_t(dm)), half_bits_to_float(uint16_t(dm >> 16))};
+        return {Ld::v16(q + blk * 16), half_bits_to_float(uint16_t(dm)), half_bits_to_float(uint16_t(dm >> 16))};
     }
     __device__ static float dot(const W& w, const XQ& x, int) {
         int lo, hi;
@@ -106,9 +121,10 @@ struct Q5Traits {
     static constexpr int kItems = 1;
     struct W { uint4 q; uint32_t qh; float d, m; };
     __device__ static void runs(int, int& ea, int& eb) { ea = 0, eb = 16; }
+    template <class Ld = GlobalLd>
     __device__ static W load_w(const uint8_t* q, const uint8_t* m, int64_t blk, int) {
         const uint2 meta = reinterpret_cast<const uint2*>(m)[blk];
-        return {ld_stream16(q + blk * 16), meta.y, half_bits_to_float(uint16_t(meta.x)),
+        return {Ld::v16(q + blk * 16), meta.y, half_bits_to_float(uint16_t(meta.x)),
                 kMin ? half_bits_to_float(uint16_t(meta.x >> 16)) : 0.0f};
     }
     __device__ static float dot(const W& w, const XQ& x, int) {
@@ -143,8 +159,9 @@ struct QTraits<GgmlType::kQ8_0> {
     static constexpr int kItems = 1;
     struct W { uint4 q0, q1; float d; };
     __device__ static void runs(int, int& ea, int& eb) { ea = 0, eb = 16; }
+    template <class Ld = GlobalLd>
     __device__ static W load_w(const uint8_t* q, const uint8_t* m, int64_t blk, int) {
-        return {ld_stream16(q + blk * 32), ld_stream16(q + blk * 32 + 16),
+        return {Ld::v16(q + blk * 32), Ld::v16(q + blk * 32 + 16),
                 half_bits_to_float(reinterpret_cast<const uint16_t*>(m)[blk])};
     }
     __device__ static float dot(const W& w, const XQ& x, int) {
@@ -187,12 +204,13 @@ struct QkTraits {
         ea = 64 * (j >> 1) + 16 * (j & 1);
         eb = ea + 32;
     }
+    template <class Ld = GlobalLd>
     __device__ static W load_w(const uint8_t* q, const uint8_t* m, int64_t blk, int j) {
         W w;
         const uint8_t* b = q + blk * kQ;
-        w.q = ld_stream16(b + 16 * j);
-        if (kFive) w.qh = ld_stream16(b + 128 + 16 * (j & 1));
-        w.meta = __ldg(reinterpret_cast<const uint4*>(m) + blk);
+        w.q = Ld::v16(b + 16 * j);
+        if (kFive) w.qh = Ld::v16(b + 128 + 16 * (j & 1));
+        w.meta = Ld::v16_cached(m + 16 * blk);
         return w;
     }
     __device__ static void item_q(const W& w, int j, int i, int& lo, int& hi) {
@@ -258,13 +276,14 @@ struct QTraits<GgmlType::kQ6_K> {
         ea = 128 * (j >> 2) + 16 * (jj & 1) + 32 * (jj >> 1);
         eb = ea + 64;
     }
+    template <class Ld = GlobalLd>
     __device__ static W load_w(const uint8_t* q, const uint8_t* m, int64_t blk, int j) {
         W w;
         const uint8_t* b = q + blk * 208;
         const int n = j >> 2, jj = j & 3;
-        w.ql = ld_stream16(b + 64 * n + 16 * jj);
-        w.qh = ld_stream16(b + 128 + 32 * n + 16 * (jj & 1));
-        w.sc = __ldg(reinterpret_cast<const uint2*>(b + 192 + 8 * n));
+        w.ql = Ld::v16(b + 64 * n + 16 * jj);
+        w.qh = Ld::v16(b + 128 + 32 * n + 16 * (jj & 1));
+        w.sc = Ld::v8(b + 192 + 8 * n);
         w.d = half_bits_to_float(reinterpret_cast<const uint16_t*>(m)[blk]);
         return w;
     }
