@@ -464,6 +464,78 @@ TEST_F(CudaBackendTest, MoeRouteAndExperts) {
     }
 }
 
+// Batches of MoE experts run grouped by expert (moe.cu: every expert's weights staged once, then its
+// tokens) against the CPU backend and against the per-slot GEMV path (CERA_CUDA_MOE_GROUPED=0), on
+// uneven routings: experts [n_expert / 2, n_expert - 1) get no token, the last one most of them.
+// With 32 experts the tiles are forced to 24 rows (CERA_CUDA_MOE_TILE), so that the last tile of
+// every expert is cut short; with 8 experts and k = 4 to 128 rows (over 48 KB of shared memory for
+// Q8_0 and Q6_K down). One token takes the decode path (per slot) on both sides.
+TEST_F(CudaBackendTest, MoeGroupedMatchesPerSlot) {
+    using G = GgmlType;
+    const int64_t n_embd = 256, n_ff = 512;
+    for (G t : {G::kQ4_0, G::kQ8_0, G::kQ4_K, G::kQ6_K}) {
+        for (int n_expert : {8, 32}) {
+            const auto gate_w = randn(size_t(n_expert * n_ff * n_embd), rng_, 0.1f);
+            const auto up_w = randn(gate_w.size(), rng_, 0.1f);
+            const auto down_w = randn(gate_w.size(), rng_, 0.1f);
+            const auto gb = make_weight(t, gate_w, n_expert * n_ff, n_embd);
+            const auto ub = make_weight(t, up_w, n_expert * n_ff, n_embd);
+            const auto db = make_weight(t, down_w, n_expert * n_embd, n_ff);
+            const int64_t ne_gu[3] = {n_embd, n_ff, n_expert}, ne_d[3] = {n_ff, n_embd, n_expert};
+            Tensor g_g = gpu_->upload_weight(t, ne_gu, gb.data()), g_c = cpu_->upload_weight(t, ne_gu, gb.data());
+            Tensor u_g = gpu_->upload_weight(t, ne_gu, ub.data()), u_c = cpu_->upload_weight(t, ne_gu, ub.data());
+            Tensor d_g = gpu_->upload_weight(t, ne_d, db.data()), d_c = cpu_->upload_weight(t, ne_d, db.data());
+            for (int k : {2, 4}) {
+                for (int64_t n_tokens : {1, 7, 64, 300}) {
+                    SCOPED_TRACE(std::string(type_name(t)) + " n_expert " + std::to_string(n_expert) + " k " +
+                                 std::to_string(k) + " n_tokens " + std::to_string(n_tokens));
+                    // Token t: with probability 3/4 the hot expert then k - 1 distinct experts of the
+                    // first half, else k distinct experts of the first half.
+                    const int hot = n_expert - 1, pool = n_expert / 2;
+                    std::vector<int32_t> idv;
+                    std::vector<float> wv;
+                    std::uniform_real_distribution<float> uw(0.1f, 1.0f);
+                    std::vector<int32_t> cand(static_cast<size_t>(pool));
+                    for (int64_t tok = 0; tok < n_tokens; ++tok) {
+                        for (int e = 0; e < pool; ++e) cand[size_t(e)] = e;
+                        std::shuffle(cand.begin(), cand.end(), rng_);
+                        const bool use_hot = rng_() % 4 != 0;
+                        for (int j = 0; j < k; ++j) {
+                            idv.push_back(use_hot ? (j == 0 ? hot : cand[size_t(j - 1)]) : cand[size_t(j)]);
+                            wv.push_back(uw(rng_));
+                        }
+                    }
+                    auto ids = both(G::kI32, {k, n_tokens}, idv.data());
+                    auto wts = both({k, n_tokens}, wv);
+                    auto x = both({n_embd, n_tokens}, randn(size_t(n_embd * n_tokens), rng_));
+                    auto out = both({n_embd, n_tokens}, std::vector<float>(size_t(n_embd * n_tokens)));
+                    Tensor per_slot = gpu_->alloc(G::kF32, {n_embd, n_tokens});
+                    if (n_expert == 32) setenv("CERA_CUDA_MOE_TILE", "24", 1);
+                    if (n_expert == 8 && k == 4) setenv("CERA_CUDA_MOE_TILE", "128", 1);
+                    gpu_->moe_ffn(x.g, g_g, u_g, d_g, ids.g, wts.g, out.g);
+                    unsetenv("CERA_CUDA_MOE_TILE");
+                    setenv("CERA_CUDA_MOE_GROUPED", "0", 1);
+                    gpu_->moe_ffn(x.g, g_g, u_g, d_g, ids.g, wts.g, per_slot);
+                    unsetenv("CERA_CUDA_MOE_GROUPED");
+                    cpu_->moe_ffn(x.c, g_c, u_c, d_c, ids.c, wts.c, out.c);
+                    EXPECT_LT(rel_diff(out), 5e-2);  // both sides round activations to 8 bits
+                    // The same 8-bit products summed in another order; the down input's 8-bit
+                    // rounding may rarely flip a step.
+                    const auto a = get(out.g, *gpu_), b = get(per_slot, *gpu_);
+                    double err = 0, mag = 1;
+                    for (size_t i = 0; i < a.size(); ++i) {
+                        err = std::max(err, std::isfinite(a[i]) ? double(std::fabs(a[i] - b[i])) : INFINITY);
+                        mag = std::max(mag, double(std::fabs(b[i])));
+                    }
+                    EXPECT_LT(err / mag, 5e-3);
+                    gpu_->free(per_slot), gpu_->free(ids.g), gpu_->free(wts.g), gpu_->free(x.g), gpu_->free(out.g);
+                }
+            }
+            gpu_->free(g_g), gpu_->free(u_g), gpu_->free(d_g);
+        }
+    }
+}
+
 // A step recorded as a graph (or decode program) replays with new inputs.
 TEST_F(CudaBackendTest, GraphReplayTracksInputs) {
     const int64_t n = 4096, rows = 1024;

@@ -67,7 +67,7 @@ struct WeightInfo {
 // Scratch buffers. kXq / kXq2: 8-bit activations quantized for a GEMV; kXqA / kXqB: 8-bit rows
 // written by the op that produces a GEMV's input (alternating, so a kernel never writes the rows
 // it reads).
-enum Slot { kXq, kXq2, kXqA, kXqB, kW16, kX16, kAttn, kMoeG, kMoeU, kMoeY, kSlots };
+enum Slot { kXq, kXq2, kXqA, kXqB, kW16, kX16, kAttn, kMoeG, kMoeU, kMoeY, kMoeR, kSlots };
 constexpr int kQ8Slots = 4;  // kXq .. kXqB
 
 class CudaBackend final : public Backend {
@@ -515,12 +515,34 @@ class CudaBackend final : public Backend {
         float* g = static_cast<float*>(scratch(kMoeG, size_t(n_slots * n_ff) * sizeof(float)));
         float* u = static_cast<float*>(scratch(kMoeU, size_t(n_slots * n_ff) * sizeof(float)));
         float* y = static_cast<float*>(scratch(kMoeY, size_t(n_slots * n_embd) * sizeof(float)));
+        // Batches: the slots grouped by expert (moe.cu), so that each expert's weights are read once
+        // per call, for the block-quantized matrices; decode (one token) and float weights keep one
+        // GEMV slot per (token, expert). CERA_CUDA_MOE_GROUPED=0: always per slot (A/B).
+        const int n_expert = int(gate_exps.ne[2]);
+        const char* ge = std::getenv("CERA_CUDA_MOE_GROUPED");
+        const bool grouped = n_tokens > 1 && !(ge && ge[0] == '0') &&
+                             (cuda::moe_grouped_supported(gate_exps.type, n_embd, n_expert) ||
+                              cuda::moe_grouped_supported(up_exps.type, n_embd, n_expert) ||
+                              cuda::moe_grouped_supported(down_exps.type, n_ff, n_expert));
+        int32_t* route = nullptr;
+        if (grouped) {
+            CERA_CHECK(up_exps.ne[2] == n_expert && down_exps.ne[2] == n_expert);
+            route = static_cast<int32_t*>(scratch(kMoeR, cuda::moe_group_ints(n_expert, n_slots) * sizeof(int32_t)));
+            cuda::moe_group(ids.as<const int32_t>(), n_slots, n_expert, route, stream_);
+        }
         auto run = [&](const Tensor& w, int64_t rows, const float* in, int64_t n_in, int x_div, Slot slot, float* o) {
             cuda::GemvArgs a;
             a.w = weight_ref(w), a.rows = rows, a.n_y = int(n_slots), a.ids = ids.as<const int32_t>();
             a.x_div = x_div;
             prepare_x(a, a.w.type, in, n_in, a.w.k, slot);
             a.y = o, a.ldy = rows;
+            if (route && cuda::moe_grouped_supported(a.w.type, a.w.k, n_expert)) {
+                cuda::MoeGemvArgs m;
+                m.w = a.w, m.rows = rows, m.n_expert = n_expert, m.route = route, m.n_slots = n_slots;
+                m.xq = a.xq, m.x_div = x_div, m.y = o, m.ldy = rows;
+                cuda::moe_gemv_grouped(m, stream_);
+                return;
+            }
             cuda::gemv(a, stream_);
         };
         run(gate_exps, n_ff, x.as<const float>(), n_tokens, k, kXq, g);

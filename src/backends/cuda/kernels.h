@@ -190,4 +190,28 @@ void moe_combine(const float* y, const float* weights, int64_t n_tokens, int k, 
 // every value is NaN (Backend::argmax). One block per row; x: f32 [rows, n] (n >= 1), out: i32 [rows]
 void argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, Stream stream);
 
+// MoE expert products grouped by expert (moe.cu), for batches: every expert's weight rows are read
+// once per call instead of once per (token, expert) slot.
+// Routing, from ids [n_slots] (slot s = t * k + j uses expert ids[s]; ids outside [0, n_expert) are
+// clamped) into `route`, int32 of moe_group_ints():
+//   counts [n_expert], offsets [n_expert + 1] (exclusive scan of counts), slots [n_slots] (the slots
+//   of expert e at offsets[e] .. offsets[e + 1], in no particular order). One block; n_expert <= 256.
+size_t moe_group_ints(int n_expert, int64_t n_slots);
+void moe_group(const int32_t* ids, int64_t n_slots, int n_expert, int32_t* route, Stream stream);
+// y[s][r] = sum_k W_e[r][k] * x[s / x_div][k] for every slot s of every expert e of route, with
+// W_e = rows [row0 + e * rows, ...) of w and x the quantize_q8 rows xq (block-quantized types only).
+struct MoeGemvArgs {
+    WeightRef w;
+    int64_t rows = 0;               // output rows per expert
+    int n_expert = 0;
+    const int32_t* route = nullptr;  // moe_group output (device memory)
+    int64_t n_slots = 0;
+    const void* xq = nullptr;       // quantize_q8 rows of w.k: [n_slots / x_div rows]
+    int x_div = 1;                  // k (gate/up read token s / k) or 1 (down)
+    float* y = nullptr;             // [n_slots, ldy]
+    int64_t ldy = 0;
+};
+bool moe_grouped_supported(GgmlType type, int64_t k, int n_expert);
+void moe_gemv_grouped(const MoeGemvArgs& a, Stream stream);
+
 }  // namespace cera::cuda
