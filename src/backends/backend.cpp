@@ -44,16 +44,16 @@ void argmax_rows_host(const float* x, int64_t rows, int64_t n, int32_t* out) {
     }
 }
 
-void Backend::argmax(const Tensor& x, const Tensor& out) {
+void argmax_via_host(Backend& be, const Tensor& x, const Tensor& out) {
     CERA_CHECK(x.type == GgmlType::kF32 && out.type == GgmlType::kI32, "argmax: x must be f32 and out i32");
     CERA_CHECK(out.n_elements() >= x.rows(), "argmax: out holds %lld ids for %lld rows", (long long)out.n_elements(),
                (long long)x.rows());
-    synchronize();
+    be.synchronize();
     std::vector<float> host(size_t(x.n_elements()));
     std::vector<int32_t> ids(size_t(x.rows()));
-    read(host.data(), x, host.size() * sizeof(float));
+    be.read(host.data(), x, host.size() * sizeof(float));
     argmax_rows_host(host.data(), x.rows(), x.ne[0], ids.data());
-    write(out, ids.data(), ids.size() * sizeof(int32_t));
+    be.write(out, ids.data(), ids.size() * sizeof(int32_t));
 }
 
 std::unique_ptr<Backend> create_backend(const BackendOptions& opts) {

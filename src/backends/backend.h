@@ -96,6 +96,10 @@ struct MoeParams {
     float weights_scale = 1.0f;     // multiplies the (normalised) weights
 };
 
+class Backend;
+// Backend::argmax's default: synchronize, read x, argmax_rows_host, write out.
+void argmax_via_host(Backend& be, const Tensor& x, const Tensor& out);
+
 class Backend {
  public:
     virtual ~Backend() = default;
@@ -199,7 +203,9 @@ class Backend {
     //   x: f32 [rows, n] (n >= 1); out: i32 [rows]
     // The default synchronizes, reads x to the host, computes there (argmax_rows_host) and writes out;
     // it is correct on any backend but moves the whole of x, so a device backend should override it.
-    virtual void argmax(const Tensor& x, const Tensor& out);
+    // (Defined inline, through argmax_via_host, so that Backend keeps no key function: its vtable and
+    // type info are then emitted wherever they are used, whatever order the static libraries link in.)
+    virtual void argmax(const Tensor& x, const Tensor& out) { argmax_via_host(*this, x, out); }
 
    private:
     std::mutex exec_mu_;
