@@ -52,15 +52,14 @@ __global__ void add_bias_kernel(float* y, const float* __restrict__ bias, int64_
 __global__ void short_conv_seq_kernel(const float* __restrict__ bcx, const float* __restrict__ w, int L, float* state,
                                       int64_t n_tokens, int64_t n, float* out, uint8_t* xq) {
     pdl_trigger();
-    pdl_wait();
     const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (c >= n) return;
     float win[kMaxConv], wc[kMaxConv];
 #pragma unroll
-    for (int j = 0; j < kMaxConv; ++j) {
-        wc[j] = j < L ? w[c * L + j] : 0.0f;
-        win[j] = j < L - 1 ? state[j * n + c] : 0.0f;
-    }
+    for (int j = 0; j < kMaxConv; ++j) wc[j] = j < L && c < n ? w[c * L + j] : 0.0f;  // a weight: before the wait
+    pdl_wait();
+    if (c >= n) return;
+#pragma unroll
+    for (int j = 0; j < kMaxConv; ++j) win[j] = j < L - 1 ? state[j * n + c] : 0.0f;
     for (int64_t t = 0; t < n_tokens; ++t) {
         const float* row = bcx + t * 3 * n;
         const float bx = row[c] * row[2 * n + c];

@@ -11,19 +11,52 @@
 namespace cera::cuda {
 namespace {
 
+// Rows of up to kNormRegs * blockDim elements keep x and w in registers: the weight is loaded before
+// the PDL wait (it does not depend on earlier kernels) and x is read once.
+constexpr int kNormRegs = 8;
 __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ w, float eps, int64_t n,
                                 float* out, uint8_t* xq) {
     pdl_trigger();
-    pdl_wait();
     __shared__ float red[32];
+    const int bd = blockDim.x, tid = threadIdx.x;
+    const bool regs = n <= int64_t(kNormRegs) * bd;
+    float wv[kNormRegs], xv[kNormRegs];
+    if (regs) {
+#pragma unroll
+        for (int j = 0; j < kNormRegs; ++j) {
+            const int64_t i = tid + int64_t(j) * bd;
+            wv[j] = w && i < n ? w[i] : 1.0f;
+        }
+    }
+    pdl_wait();
     const float* xr = x + int64_t(blockIdx.x) * n;
     float* yr = out + int64_t(blockIdx.x) * n;
-    float ss = 0.0f;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
-    ss = block_sum(ss, red);
-    const float r = rsqrtf(ss / float(n) + eps);
     uint8_t* qr = xq ? xq + int64_t(blockIdx.x) * q8_row_bytes(n) : nullptr;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    float ss = 0.0f;
+    if (regs) {
+#pragma unroll
+        for (int j = 0; j < kNormRegs; ++j) {
+            const int64_t i = tid + int64_t(j) * bd;
+            xv[j] = i < n ? xr[i] : 0.0f;
+            ss = fmaf(xv[j], xv[j], ss);
+        }
+    } else {
+        for (int64_t i = tid; i < n; i += bd) ss = fmaf(xr[i], xr[i], ss);
+    }
+    ss = block_sum(ss, red);  // also orders every read of x before the writes (out may alias x)
+    const float r = rsqrtf(ss / float(n) + eps);
+    if (regs) {
+#pragma unroll
+        for (int j = 0; j < kNormRegs; ++j) {
+            const int64_t i = tid + int64_t(j) * bd;
+            if (i >= n) break;  // n % 32 == 0 when qr is set: whole warps stop together
+            const float v = xv[j] * r * wv[j];
+            yr[i] = v;
+            if (qr) warp_quantize_q8(v, qr, n, i >> 5);
+        }
+        return;
+    }
+    for (int64_t i = tid; i < n; i += bd) {
         const float v = w ? xr[i] * r * w[i] : xr[i] * r;
         yr[i] = v;
         if (qr) warp_quantize_q8(v, qr, n, i >> 5);  // n % 32 == 0: whole warps take part
