@@ -26,7 +26,8 @@ __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + 
 // Programmatic dependent launch (PDL): a kernel launched with launch() may start while the one
 // before it in the stream is still running. Each such kernel calls pdl_trigger() (let the next one
 // launch) and must call pdl_wait() before it reads or writes any memory an earlier kernel touches;
-// only reads of weights (constant during a step) may come before it.
+// only reads of weights (constant during a step) and of step inputs the host wrote before the step
+// (token ids, positions: no kernel writes them) may come before it.
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 

@@ -66,34 +66,46 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __rest
 __global__ void norm_rope_kernel(float* x, int64_t n_rows, int n_head, int head_dim, const float* __restrict__ norm_w,
                                  float eps, const int32_t* __restrict__ pos, RopeArgs rope) {
     pdl_trigger();
-    pdl_wait();
     const int64_t row = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    // Positions are written by the host before the step (never by a kernel): the angles come first.
+    const int32_t p = row < n_rows ? pos[row / n_head] : 0;
+    const bool pre = rope_precomputable(rope);
+    RopeCS cs;
+    if (pre) cs = rope_angles(p, rope);
+    pdl_wait();
     if (row >= n_rows) return;
-    head_norm_rope(x + row * head_dim, head_dim, norm_w, eps, pos[row / n_head], rope);
+    head_norm_rope(x + row * head_dim, head_dim, norm_w, eps, p, rope, pre ? &cs : nullptr);
 }
 
 // Rows per token: n_head q heads, n_head_kv k heads, n_head_kv v heads; one warp each.
 template <class C>
 __global__ void qkv_rope_store_kernel(const QkvRopeArgs a) {
     pdl_trigger();
-    pdl_wait();
     const int per_token = a.n_head + 2 * a.n_head_kv;
     const int64_t row = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= a.n_tokens * per_token) return;
-    const int64_t t = row / per_token;
-    const int h = int(row % per_token);
-    const int32_t p = a.pos[t];
+    const bool live = row < a.n_tokens * per_token;
+    const int64_t t = live ? row / per_token : 0;
+    const int h = live ? int(row % per_token) : 0;
+    // Positions are written by the host before the step (never by a kernel): the angles of this
+    // warp's q or k head are computed before the PDL wait.
+    const int32_t p = live ? a.pos[t] : 0;
+    const RopeArgs& rr = h < a.n_head ? a.q_rope : a.k_rope;
+    const bool pre = live && h < a.n_head + a.n_head_kv && rope_precomputable(rr);
+    RopeCS cs;
+    if (pre) cs = rope_angles(p, rr);
+    pdl_wait();
+    if (!live) return;
     const int hd = a.head_dim;
     const int64_t kv_width = int64_t(a.n_head_kv) * hd;
     if (h < a.n_head) {
-        head_norm_rope(a.q + (t * a.n_head + h) * hd, hd, a.q_norm, a.q_eps, p, a.q_rope);
+        head_norm_rope(a.q + (t * a.n_head + h) * hd, hd, a.q_norm, a.q_eps, p, a.q_rope, pre ? &cs : nullptr);
         return;
     }
     const bool in_ctx = p >= 0 && p < a.n_ctx;
     if (h < a.n_head + a.n_head_kv) {
         const int hk = h - a.n_head;
         float* kv = a.k + t * kv_width + int64_t(hk) * hd;
-        head_norm_rope(kv, hd, a.k_norm, a.k_eps, p, a.k_rope);
+        head_norm_rope(kv, hd, a.k_norm, a.k_eps, p, a.k_rope, pre ? &cs : nullptr);
         __syncwarp();  // the lanes read each other's rotated values
         if (in_ctx) store_head(kv, static_cast<C*>(a.k_cache) + p * kv_width + int64_t(hk) * hd, hd);
         return;

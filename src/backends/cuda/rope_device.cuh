@@ -5,9 +5,37 @@
 
 namespace cera::cuda {
 
-// One head vector v[head_dim] in place, by one warp: optional RMSNorm, then RoPE at position p.
+// The rotation of this lane's pairs i = lane, lane + 32, ... (< n_rot / 2, at most kRopeLanePairs of
+// them: n_rot <= 256) at position pos, angles in double as the CPU reference computes them. It reads
+// only the position and the constant frequency factors, so kernels compute it before the PDL wait.
+constexpr int kRopeLanePairs = 4;
+struct RopeCS {
+    float c[kRopeLanePairs], s[kRopeLanePairs];
+};
+__device__ __forceinline__ bool rope_precomputable(const RopeArgs& rope) {
+    return rope.mode == 0 || rope.n_rot / 2 <= 32 * kRopeLanePairs;
+}
+__device__ __forceinline__ RopeCS rope_angles(int32_t pos, const RopeArgs& rope) {
+    RopeCS cs;
+    const int lane = threadIdx.x & 31;
+    const int n_rot = rope.mode == 0 ? 0 : rope.n_rot, half = n_rot / 2;
+    const double p = double(pos) * rope.freq_scale;
+#pragma unroll
+    for (int j = 0; j < kRopeLanePairs; ++j) {
+        const int i = lane + 32 * j;
+        cs.c[j] = 1.0f, cs.s[j] = 0.0f;
+        if (i >= half) continue;
+        double theta = p * pow(double(rope.freq_base), -2.0 * i / n_rot);
+        if (rope.freq_factors) theta /= rope.freq_factors[i];
+        cs.c[j] = float(cos(theta)), cs.s[j] = float(sin(theta));
+    }
+    return cs;
+}
+
+// One head vector v[head_dim] in place, by one warp: optional RMSNorm, then RoPE with the lane's
+// rotations cs (rope_angles, when rope_precomputable) or angles computed here at position pos.
 __device__ __forceinline__ void head_norm_rope(float* v, int head_dim, const float* __restrict__ norm_w, float eps,
-                                               int32_t pos, const RopeArgs& rope) {
+                                               int32_t pos, const RopeArgs& rope, const RopeCS* cs = nullptr) {
     const int lane = threadIdx.x & 31;
     float r = 1.0f;
     if (norm_w) {
@@ -20,11 +48,17 @@ __device__ __forceinline__ void head_norm_rope(float* v, int head_dim, const flo
     // Read everything this lane touches before writing (pairs span lanes only within the lane's own set).
     if (n_rot > 0) {
         const double p = double(pos) * rope.freq_scale;
-        for (int i = lane; i < half; i += 32) {
+        for (int i = lane, j = 0; i < half; i += 32, ++j) {
             const int i0 = rope.mode == 1 ? 2 * i : i, i1 = rope.mode == 1 ? 2 * i + 1 : i + half;
-            double theta = p * pow(double(rope.freq_base), -2.0 * i / n_rot);
-            if (rope.freq_factors) theta /= rope.freq_factors[i];
-            const float c = float(cos(theta)), s = float(sin(theta));
+            float c, s;
+            if (cs && j < kRopeLanePairs) {
+                c = j == 0 ? cs->c[0] : j == 1 ? cs->c[1] : j == 2 ? cs->c[2] : cs->c[3];
+                s = j == 0 ? cs->s[0] : j == 1 ? cs->s[1] : j == 2 ? cs->s[2] : cs->s[3];
+            } else {
+                double theta = p * pow(double(rope.freq_base), -2.0 * i / n_rot);
+                if (rope.freq_factors) theta /= rope.freq_factors[i];
+                c = float(cos(theta)), s = float(sin(theta));
+            }
             const float a = scaled(i0), b = scaled(i1);
             v[i0] = a * c - b * s;
             v[i1] = a * s + b * c;
