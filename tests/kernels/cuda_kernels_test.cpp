@@ -735,21 +735,30 @@ std::vector<int32_t> greedy(ModelState& st, std::vector<int32_t> prompt, int n, 
     return out;
 }
 
+// A fixture model loaded on the CPU and on CUDA, and an 11-token prompt inside its vocabulary.
+std::pair<std::unique_ptr<Model>, std::unique_ptr<Model>> load_fixture_pair(const char* name) {
+    const std::string path = test::data_path(std::string("fixtures/") + name + "/model.gguf");
+    ModelOptions o;
+    o.n_threads = 2, o.n_ctx = 256;
+    auto cpu = load_model(path, o);
+    o.device = DeviceKind::kCuda;
+    return {std::move(cpu), load_model(path, o)};
+}
+std::vector<int32_t> fixture_prompt(int64_t n_vocab) {
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 11; ++i) prompt.push_back(int32_t((i * 7919 + 13) % n_vocab));
+    return prompt;
+}
+
 TEST(CudaModel, FixturesMatchCpu) {
     std::string why;
     if (cuda_devices(&why).empty()) GTEST_SKIP() << "no CUDA device (" << why << ")";
     for (const char* name : {"tiny-lfm2", "tiny-lfm2moe", "tiny-qwen3", "tiny-llama-random", "tiny-qwen2-random",
                              "tiny-granite-random"}) {
         SCOPED_TRACE(name);
-        const std::string path = test::data_path(std::string("fixtures/") + name + "/model.gguf");
-        ModelOptions o;
-        o.n_threads = 2, o.n_ctx = 256;
-        auto cpu = load_model(path, o);
-        o.device = DeviceKind::kCuda;
-        auto gpu = load_model(path, o);
+        auto [cpu, gpu] = load_fixture_pair(name);
         const int64_t n_vocab = cpu->info().n_vocab;
-        std::vector<int32_t> prompt;
-        for (int i = 0; i < 11; ++i) prompt.push_back(int32_t((i * 7919 + 13) % n_vocab));
+        const std::vector<int32_t> prompt = fixture_prompt(n_vocab);
         std::vector<float> lc, lg;
         auto sc = cpu->create_state();
         auto sg = gpu->create_state();
@@ -769,15 +778,9 @@ TEST(CudaModel, EvalGreedyMatchesCpu) {
     if (cuda_devices(&why).empty()) GTEST_SKIP() << "no CUDA device (" << why << ")";
     for (const char* name : {"tiny-lfm2", "tiny-qwen3", "tiny-llama-random"}) {
         SCOPED_TRACE(name);
-        const std::string path = test::data_path(std::string("fixtures/") + name + "/model.gguf");
-        ModelOptions o;
-        o.n_threads = 2, o.n_ctx = 256;
-        auto cpu = load_model(path, o);
-        o.device = DeviceKind::kCuda;
-        auto gpu = load_model(path, o);
+        auto [cpu, gpu] = load_fixture_pair(name);
         const int64_t n_vocab = cpu->info().n_vocab;
-        std::vector<int32_t> prompt;
-        for (int i = 0; i < 11; ++i) prompt.push_back(int32_t((i * 7919 + 13) % n_vocab));
+        const std::vector<int32_t> prompt = fixture_prompt(n_vocab);
         auto sc = cpu->create_state();
         auto sg = gpu->create_state();
         const auto tc = greedy(*sc, prompt, 24, n_vocab, nullptr);
