@@ -9,7 +9,9 @@
 namespace cera::cuda {
 
 struct DecodeRecorder::Op {
-    enum Kind { kEmbed, kNorm, kMatmul, kNormRope, kKvStore, kAttn, kConv, kSwiglu, kAdd, kScale, kArgmax } kind;
+    enum Kind { kEmbed, kNorm, kMatmul, kNormRope, kKvStore, kAttn, kConv, kSwiglu, kAdd, kScale, kArgmax };
+    explicit Op(Kind k) : kind(k) {}
+    Kind kind;
     WeightRef w;
     int64_t rows = 0, n = 0;
     const float* x = nullptr;
@@ -171,12 +173,14 @@ bool make_matmul(const Op& o, int n_mats, MxMatmul& m) {
 }
 
 struct Builder {
+    Builder(const std::vector<Op>& o, int g, std::vector<MxPhase>& ph, size_t& pf, std::string& w)
+        : ops(o), grid(g), phases(ph), partial_floats(pf), why(w) {}
     const std::vector<Op>& ops;
     int grid;
     std::vector<MxPhase>& phases;
     size_t& partial_floats;
     std::string& why;
-    std::vector<Range> since_r, since_w;
+    std::vector<Range> since_r, since_w;  // what the phases since the last barrier read and write
     int64_t unit_sum = 0;
 
     void emit(MxPhase ph, const std::vector<Range>& r, const std::vector<Range>& w) {
@@ -453,7 +457,7 @@ bool DecodeRecorder::build(int grid, std::vector<MxPhase>& phases) {
         why_ = "empty step";
         return false;
     }
-    Builder b{ops_, grid, phases, partial_floats_, why_};
+    Builder b(ops_, grid, phases, partial_floats_, why_);
     if (!b.run()) {
         phases.clear();
         return false;
