@@ -618,21 +618,7 @@ __device__ __forceinline__ void attn_chunks(const MxPhase& ph, int32_t p, int64_
     n_chunks = int((n_keys + chunk - 1) / chunk);
 }
 
-// q (shared memory) . one cached key row of hd elements (hd % 8 == 0, rows 16-byte aligned).
-__device__ __forceinline__ float key_dot(const float* q, const __half* k, int hd) {
-    float s = 0.0f;
-    for (int d = 0; d < hd; d += 8) {
-        const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(k + d));
-        const __half2* h = reinterpret_cast<const __half2*>(&raw);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float2 f = __half22float2(h[i]);
-            s = fmaf(q[d + 2 * i], f.x, s);
-            s = fmaf(q[d + 2 * i + 1], f.y, s);
-        }
-    }
-    return s;
-}
+// q (shared memory) . one cached f32 key row of hd elements (hd % 4 == 0, rows 16-byte aligned).
 __device__ __forceinline__ float key_dot(const float* q, const float* k, int hd) {
     float s = 0.0f;
     for (int d = 0; d < hd; d += 4) {
