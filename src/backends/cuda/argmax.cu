@@ -78,7 +78,6 @@ void argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, Stream s
     CERA_CHECK(n > 0 && n < INT_MAX && rows < INT_MAX, "argmax_rows: %lld rows of %lld", (long long)rows,
                (long long)n);
     launch(argmax_rows_kernel, dim3(unsigned(rows)), dim3(kThreads), 0, as_stream(stream), x, n, out);
-    CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace cera::cuda

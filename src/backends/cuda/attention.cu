@@ -95,9 +95,8 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK a) {
     const int64_t t = blockIdx.z;
     const int hk = h / (a.n_head / a.n_head_kv);
     const int64_t kv_width = int64_t(a.n_head_kv) * hd;
-    const int64_t p = a.pos[t];
-    const int64_t end = min(p + 1, a.n_ctx);
-    const int64_t begin = a.sliding_window > 0 ? max(int64_t(0), p + 1 - a.sliding_window) : 0;
+    int64_t begin, end;
+    attn_key_range(a.pos[t], a.n_ctx, a.sliding_window, begin, end);
     const int64_t len = max(end - begin, int64_t(0));
     const int64_t chunk = (ceil_div(len, a.n_splits) + kThreads - 1) / kThreads * kThreads;
     const int64_t lo = begin + s * chunk, hi = min(end, lo + chunk);
@@ -198,9 +197,8 @@ __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const AttnK a) {
     for (int j = 0; j < kQT; ++j) {
         const int64_t t = t0 + j;
         if (t >= n_tokens) break;
-        const int64_t p = a.pos[t];
-        const int64_t end = min(p + 1, a.n_ctx);
-        const int64_t begin = a.sliding_window > 0 ? max(int64_t(0), p + 1 - a.sliding_window) : 0;
+        int64_t begin, end;
+        attn_key_range(a.pos[t], a.n_ctx, a.sliding_window, begin, end);
         if (j == qi) my_lo = begin, my_hi = end;
         if (begin < end) lo_b = min(lo_b, begin), hi_b = max(hi_b, end);
     }
@@ -398,9 +396,9 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnK a) {
         lo[r] = INT_MAX, hi[r] = 0;
         const float* qr = nullptr;
         if (R < n_rows) {
-            const int64_t t = R / G, p = a.pos[t];
-            const int64_t end = min(p + 1, a.n_ctx);
-            const int64_t begin = a.sliding_window > 0 ? max(int64_t(0), p + 1 - a.sliding_window) : 0;
+            const int64_t t = R / G;
+            int64_t begin, end;
+            attn_key_range(a.pos[t], a.n_ctx, a.sliding_window, begin, end);
             if (begin < end) lo[r] = int(begin), hi[r] = int(end);
             qr = a.q + (t * a.n_head + int64_t(hk) * G + R % G) * HD;
         }
@@ -647,7 +645,6 @@ void attention(const AttentionArgs& a, Stream stream) {
             if (mma == 1) launch_mma<128, true>(mg, s, k);
             else launch_mma<128, false>(mg, s, k);
         }
-        CUDA_CHECK_LAUNCH();
         return;
     }
     if (tiles && k.n_splits == 1 && a.n_tokens >= kQT && (a.head_dim == 64 || a.head_dim == 128)) {
@@ -659,15 +656,12 @@ void attention(const AttentionArgs& a, Stream stream) {
             if (a.f16) launch((attn_tile_kernel<__half, 128>), tg, kThreads, 0, s, k);
             else launch((attn_tile_kernel<float, 128>), tg, kThreads, 0, s, k);
         }
-        CUDA_CHECK_LAUNCH();
         return;
     }
     if (a.f16) launch((attn_kernel<__half>), grid, kThreads, smem, s, k);
     else launch((attn_kernel<float>), grid, kThreads, smem, s, k);
-    CUDA_CHECK_LAUNCH();
     if (k.n_splits > 1) {
         launch(attn_combine_kernel, dim3(unsigned(a.n_head), unsigned(a.n_tokens)), 64, 0, s, k);
-        CUDA_CHECK_LAUNCH();
     }
 }
 

@@ -1,4 +1,5 @@
-// Helpers shared by the CUDA kernel files: error checks, warp reductions, wide loads.
+// Helpers shared by the CUDA kernel files: launches (every launch() is error-checked), warp
+// reductions, wide loads.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -7,16 +8,10 @@
 #include <cstdint>
 #include <utility>
 
+#include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels.h"
 #include "core/check.h"
 
-#define CUDA_CHECK(call)                                                                     \
-    do {                                                                                     \
-        cudaError_t err_ = (call);                                                           \
-        CERA_CHECK(err_ == cudaSuccess, "CUDA error %s: %s", #call, cudaGetErrorString(err_)); \
-    } while (0)
-// After every launch.
-#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
 
 namespace cera::cuda {
 
@@ -46,6 +41,13 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaSt
     cfg.attrs = attr;
     cfg.numAttrs = pdl_enabled() ? 1 : 0;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+// Keys a query at position p sees in a cache of n_ctx rows: [begin, end), causal and limited to the
+// last `window` positions when window > 0.
+__device__ __forceinline__ void attn_key_range(int64_t p, int64_t n_ctx, int window, int64_t& begin, int64_t& end) {
+    end = min(p + 1, n_ctx);
+    begin = window > 0 ? max(int64_t(0), p + 1 - window) : 0;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -34,21 +34,12 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/cuda/cuda_check.h"
 #include "backends/cuda/decode_program.h"
 #include "backends/cuda/kernels.h"
 #include "core/check.h"
 #include "core/quant/quant.h"
 
-#define CUDA_CHECK(call)                                                                       \
-    do {                                                                                       \
-        cudaError_t err_ = (call);                                                             \
-        CERA_CHECK(err_ == cudaSuccess, "CUDA error %s: %s", #call, cudaGetErrorString(err_)); \
-    } while (0)
-#define CUBLAS_CHECK(call)                                                          \
-    do {                                                                            \
-        cublasStatus_t st_ = (call);                                                \
-        CERA_CHECK(st_ == CUBLAS_STATUS_SUCCESS, "cuBLAS error %d: %s", int(st_), #call); \
-    } while (0)
 
 namespace cera {
 namespace {
@@ -200,7 +191,7 @@ class CudaBackend final : public Backend {
                     CUDA_CHECK(cudaFree(t.data));
                     buffers_.erase(it);
                 } else {
-                    drop_w16(wt->second.image);
+                    drop_w16(wt->second);
                     CUDA_CHECK(cudaFree(wt->second.image));
                     weights_.erase(wt);
                 }
@@ -855,12 +846,11 @@ class CudaBackend final : public Backend {
         w16_bytes_ += bytes;
         return p;
     }
-    void drop_w16(const void* image) {
-        auto it = w16_.find(image);
+    void drop_w16(const WeightInfo& w) {
+        auto it = w16_.find(w.image);
         if (it == w16_.end()) return;
         CUDA_CHECK(cudaFree(it->second));
-        for (const auto& [a, w] : weights_)
-            if (w.image == image) w16_bytes_ -= size_t(w.rows * w.k) * 2;
+        w16_bytes_ -= size_t(w.rows * w.k) * 2;
         w16_.erase(it);
     }
 
@@ -877,20 +867,23 @@ class CudaBackend final : public Backend {
         return &w;
     }
 
+    static cuda::WeightRef ref_of(const WeightInfo& w, const Tensor& t, int64_t row0) {
+        CERA_CHECK(w.k == t.ne[0] && w.type == t.type, "weight view shape or type differs from the upload");
+        cuda::WeightRef r;
+        r.type = w.type, r.image = w.image, r.image_rows = w.rows, r.k = w.k, r.row0 = row0;
+        return r;
+    }
     cuda::WeightRef weight_ref(const Tensor& t) const {
         int64_t row0 = 0;
         const WeightInfo* w = find_weight(t.data, &row0);
         CERA_CHECK(w != nullptr, "CUDA backend: a matmul/embed weight that was not made by upload_weight");
-        CERA_CHECK(w->k == t.ne[0] && w->type == t.type, "weight view shape or type differs from the upload");
-        cuda::WeightRef r;
-        r.type = w->type, r.image = w->image, r.image_rows = w->rows, r.k = w->k, r.row0 = row0;
-        return r;
+        return ref_of(*w, t, row0);
     }
 
     // A float tensor that may be an uploaded weight or a plain buffer.
     cuda::WeightRef weight_or_buffer(const Tensor& t) const {
         int64_t row0 = 0;
-        if (find_weight(t.data, &row0)) return weight_ref(t);
+        if (const WeightInfo* w = find_weight(t.data, &row0)) return ref_of(*w, t, row0);
         cuda::WeightRef r;
         r.type = t.type, r.image = t.data, r.image_rows = t.rows(), r.k = t.ne[0];
         return r;

@@ -156,7 +156,7 @@ bool make_matmul(const Op& o, int n_mats, MxMatmul& m) {
         m.q_row_bytes = nb * L.q_bytes;
         m.m_row_bytes = nb * L.m_bytes;
         m.q = img + o.w.row0 * m.q_row_bytes;
-        m.m = img + o.w.image_rows * m.q_row_bytes + o.w.row0 * m.m_row_bytes;
+        m.m = scale_stream(o.w) + o.w.row0 * m.m_row_bytes;
     } else if (t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16) {
         m.q_row_bytes = k * (t == GgmlType::kF32 ? 4 : 2);
         m.q = img + o.w.row0 * m.q_row_bytes;

@@ -283,12 +283,6 @@ __device__ __forceinline__ void dot_q(const uint8_t* q0, const uint8_t* m0, cons
     }
 }
 
-template <GgmlType T>
-__device__ __forceinline__ float felem(const uint8_t* row, int64_t i) {
-    if constexpr (T == GgmlType::kF32) return reinterpret_cast<const float*>(row)[i];
-    else if constexpr (T == GgmlType::kF16) return half_bits_to_float(reinterpret_cast<const uint16_t*>(row)[i]);
-    else return bf16_bits_to_float(reinterpret_cast<const uint16_t*>(row)[i]);
-}
 
 template <GgmlType T>
 __device__ __forceinline__ void dot_f(const uint8_t* q0, const uint8_t* q1, int64_t k, const SmemX& x, float& a0,
@@ -297,8 +291,8 @@ __device__ __forceinline__ void dot_f(const uint8_t* q0, const uint8_t* q1, int6
     // Rows staged in shared memory may start at any 4-byte (F32) or 2-byte offset: element loads.
     for (int64_t i = lane; i < k; i += 32) {
         const float xv = x.xf[i];
-        a0 = fmaf(felem<T>(q0, i), xv, a0);
-        if (q1) a1 = fmaf(felem<T>(q1, i), xv, a1);
+        a0 = fmaf(FTraits<T>::one(q0, i), xv, a0);
+        if (q1) a1 = fmaf(FTraits<T>::one(q1, i), xv, a1);
     }
 }
 
@@ -495,13 +489,13 @@ __device__ void embed_phase(const MxProgram& P, const MxPhase& ph) {
         CERA_T(kQ4_0) CERA_T(kQ4_1) CERA_T(kQ5_0) CERA_T(kQ5_1) CERA_T(kQ8_0) CERA_T(kQ4_K) CERA_T(kQ5_K) CERA_T(kQ6_K)
 #undef CERA_T
         case GgmlType::kF32:
-            for (int64_t i = gt; i < k; i += stride) ph.out[i] = ph.scale * felem<GgmlType::kF32>(q, i);
+            for (int64_t i = gt; i < k; i += stride) ph.out[i] = ph.scale * FTraits<GgmlType::kF32>::one(q, i);
             break;
         case GgmlType::kF16:
-            for (int64_t i = gt; i < k; i += stride) ph.out[i] = ph.scale * felem<GgmlType::kF16>(q, i);
+            for (int64_t i = gt; i < k; i += stride) ph.out[i] = ph.scale * FTraits<GgmlType::kF16>::one(q, i);
             break;
         case GgmlType::kBF16:
-            for (int64_t i = gt; i < k; i += stride) ph.out[i] = ph.scale * felem<GgmlType::kBF16>(q, i);
+            for (int64_t i = gt; i < k; i += stride) ph.out[i] = ph.scale * FTraits<GgmlType::kBF16>::one(q, i);
             break;
         default: break;
     }
@@ -610,9 +604,10 @@ __device__ void kv_store_phase(const MxProgram& P, const MxPhase& ph) {
 }
 
 // Keys of the query at pos p: [lo, p]; chunked so that the grid's warps share the work.
-__device__ __forceinline__ void attn_chunks(const MxPhase& ph, int32_t p, int64_t& lo, int64_t& chunk, int& n_chunks) {
-    lo = ph.window > 0 ? max(int64_t(0), int64_t(p) - ph.window + 1) : 0;
-    const int64_t n_keys = int64_t(p) - lo + 1;
+__device__ __forceinline__ void attn_chunks(const MxPhase& ph, int32_t p, int64_t& lo, int64_t& hi, int64_t& chunk,
+                                            int& n_chunks) {
+    attn_key_range(p, ph.n_ctx, ph.window, lo, hi);
+    const int64_t n_keys = max(hi - lo, int64_t(0));
     chunk = (n_keys + ph.max_chunks - 1) / ph.max_chunks;
     chunk = max(int64_t(32), (chunk + 31) / 32 * 32);
     n_chunks = int((n_keys + chunk - 1) / chunk);
@@ -642,9 +637,9 @@ __device__ void attn_phase_t(const MxProgram& P, const MxPhase& ph, float* qbuf_
     constexpr int HD = 32 * DPL;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int32_t p = __ldcg(ph.pos);
-    int64_t lo, chunk;
+    int64_t lo, hi, chunk;
     int n_chunks;
-    attn_chunks(ph, p, lo, chunk, n_chunks);
+    attn_chunks(ph, p, lo, hi, chunk, n_chunks);
     const int group = ph.n_head / ph.n_head_kv;
     const int64_t kv_width = int64_t(ph.n_head_kv) * HD;
     float* qs = qbuf_all + warp * kMxMaxHeadDim;
@@ -657,7 +652,7 @@ __device__ void attn_phase_t(const MxProgram& P, const MxPhase& ph, float* qbuf_
 #pragma unroll
         for (int i = 0; i < DPL; ++i) qs[lane + 32 * i] = ldf(ph.a + int64_t(h) * HD + lane + 32 * i) * ph.scale;
         __syncwarp();
-        const int64_t k0 = lo + int64_t(c) * chunk, k1 = min(lo + int64_t(c + 1) * chunk, int64_t(p) + 1);
+        const int64_t k0 = lo + int64_t(c) * chunk, k1 = min(lo + int64_t(c + 1) * chunk, hi);
         float m = -INFINITY, l = 0.0f, acc[DPL];
 #pragma unroll
         for (int i = 0; i < DPL; ++i) acc[i] = 0.0f;
@@ -735,9 +730,9 @@ __device__ void attn_combine_phase(const MxProgram& P, const MxPhase& ph) {
     const int lane = threadIdx.x & 31;
     const int hd = ph.head_dim, dpl = hd / 32;
     const int32_t p = __ldcg(ph.pos);
-    int64_t lo, chunk;
+    int64_t lo, hi, chunk;
     int n_chunks;
-    attn_chunks(ph, p, lo, chunk, n_chunks);
+    attn_chunks(ph, p, lo, hi, chunk, n_chunks);
     grid_warps(P, ph.n_head, [&](int64_t h) {
         const float* base = ph.partial + h * ph.max_chunks * (hd + 2);
         float M = -INFINITY;

@@ -67,7 +67,7 @@ void launch_dequant(const WeightRef& w, const int32_t* ids, int64_t n_rows, floa
     if (L.block_elems > 0) {
         const int64_t nb = w.k / L.block_elems;
         const auto* q = static_cast<const uint8_t*>(w.image);
-        const uint8_t* m = q + w.image_rows * nb * L.q_bytes;
+        const uint8_t* m = scale_stream(w);
         const int64_t items = n_rows * nb * (L.block_elems / 32);
         const unsigned grid = unsigned(ceil_div(items, 128));
         switch (w.type) {
@@ -96,7 +96,6 @@ void launch_dequant(const WeightRef& w, const int32_t* ids, int64_t n_rows, floa
             default: CERA_CHECK(false, "dequantize_rows: unsupported type %s", type_name(w.type));
         }
     }
-    CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -111,7 +110,6 @@ void dequantize_rows(const WeightRef& w, const int32_t* row_ids, int64_t n_rows,
 void convert_f32_to_f16(const float* x, int64_t n, void* out, Stream stream) {
     if (n == 0) return;
     launch(f32_to_f16_kernel, unsigned(ceil_div(n, 256)), 256, 0, as_stream(stream), x, n, static_cast<__half*>(out));
-    CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace cera::cuda

@@ -194,25 +194,21 @@ void swiglu(const float* gate, const float* up, int64_t n, float* out, Stream st
     CERA_CHECK(!xq || (row > 0 && row % 32 == 0 && n % row == 0));
     launch(swiglu_kernel, blocks(n, 256), 256, 0, as_stream(stream), gate, up, n, out, static_cast<uint8_t*>(xq),
            row > 0 ? row : int64_t(1));
-    CUDA_CHECK_LAUNCH();
 }
 
 void add(const float* a, const float* b, float scale, int64_t n, float* out, Stream stream) {
     if (n == 0) return;
     launch(add_kernel, blocks(n, 256), 256, 0, as_stream(stream), a, b, scale, n, out);
-    CUDA_CHECK_LAUNCH();
 }
 
 void scale(float* x, float s, int64_t n, Stream stream) {
     if (n == 0) return;
     launch(scale_kernel, blocks(n, 256), 256, 0, as_stream(stream), x, s, n);
-    CUDA_CHECK_LAUNCH();
 }
 
 void add_bias(float* y, const float* bias, int64_t n_rows, int64_t n, Stream stream) {
     if (n_rows * n == 0) return;
     launch(add_bias_kernel, blocks(n_rows * n, 256), 256, 0, as_stream(stream), y, bias, n_rows, n);
-    CUDA_CHECK_LAUNCH();
 }
 
 void short_conv(const float* bcx, const float* w, int L, float* state, int64_t n_tokens, int64_t n_embd, float* out,
@@ -224,14 +220,11 @@ void short_conv(const float* bcx, const float* w, int L, float* state, int64_t n
         CERA_CHECK(!xq || n_embd % 32 == 0);
         launch(short_conv_seq_kernel, blocks(n_embd, 128), 128, 0, s, bcx, w, L, state, n_tokens, n_embd, out,
                static_cast<uint8_t*>(xq));
-        CUDA_CHECK_LAUNCH();
         return;
     }
     CERA_CHECK(!xq, "short_conv: 8-bit output rows only for short chunks");
     launch(short_conv_par_kernel, blocks(n_tokens * n_embd, 256), 256, 0, s, bcx, w, L, state, n_tokens, n_embd, out);
-    CUDA_CHECK_LAUNCH();
     launch(short_conv_state_kernel, blocks(n_embd, 128), 128, 0, s, bcx, L, state, n_tokens, n_embd);
-    CUDA_CHECK_LAUNCH();
 }
 
 void moe_route(const float* logits, const float* bias, int64_t n_tokens, int n_expert, int k, bool sigmoid,
@@ -242,13 +235,11 @@ void moe_route(const float* logits, const float* bias, int64_t n_tokens, int n_e
     const size_t smem = sizeof(float) * 2 * n_expert * warps;
     launch(moe_route_kernel, blocks(n_tokens, warps), 32 * warps, smem, as_stream(stream), 
         logits, bias, n_tokens, n_expert, k, sigmoid, normalize, weights_scale, ids, weights);
-    CUDA_CHECK_LAUNCH();
 }
 
 void moe_combine(const float* y, const float* weights, int64_t n_tokens, int k, int64_t n, float* out, Stream stream) {
     if (n_tokens * n == 0) return;
     launch(moe_combine_kernel, blocks(n_tokens * n, 256), 256, 0, as_stream(stream), y, weights, n_tokens, k, n, out);
-    CUDA_CHECK_LAUNCH();
 }
 
 

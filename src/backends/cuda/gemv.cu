@@ -232,14 +232,7 @@ __global__ void __launch_bounds__(512) gemv_glu_kernel(const GemvK a) {
     }
     if (!a.act_xq) return;
     __syncthreads();
-    if (warp == 0) {
-        const float v = act_s[lane];
-        const float d = warp_max(fabsf(v)) / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        uint8_t* out = a.act_xq + int64_t(yi) * q8_row_bytes(g.rows);
-        out[rb + lane] = uint8_t(int8_t(__float2int_rn(v * id)));
-        if (lane == 0) reinterpret_cast<float*>(out + g.rows)[rb / 32] = d;
-    }
+    if (warp == 0) warp_quantize_q8(act_s[lane], a.act_xq + int64_t(yi) * q8_row_bytes(g.rows), g.rows, rb / 32);
 }
 
 template <GgmlType T, int R>
@@ -344,13 +337,7 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t n_rows, 
     if (g >= n_rows * groups_per_row) return;
     const int lane = threadIdx.x & 31;
     const int64_t row = g / groups_per_row, c = g % groups_per_row;
-    const float v = x[row * ldx + c * 32 + lane];
-    const float amax = warp_max(fabsf(v));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    uint8_t* out = xq + row * q8_row_bytes(k);
-    out[c * 32 + lane] = uint8_t(int8_t(__float2int_rn(v * id)));
-    if (lane == 0) reinterpret_cast<float*>(out + k)[c] = d;
+    warp_quantize_q8(x[row * ldx + c * 32 + lane], xq + row * q8_row_bytes(k), k, c);
 }
 
 template <int R>
@@ -371,7 +358,6 @@ void launch_r(GgmlType type, const GemvK& k, dim3 grid, cudaStream_t s, bool vec
 #undef CERA_F
         default: CERA_CHECK(false, "gemv: unsupported weight type %s", type_name(type));
     }
-    CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -382,7 +368,6 @@ void quantize_q8(const float* x, int64_t n_rows, int64_t k, int64_t ldx, void* x
     if (groups == 0) return;
     launch(quantize_q8_kernel, unsigned(ceil_div(groups, 8)), 256, 0, as_stream(stream), x, n_rows, k, ldx,
            static_cast<uint8_t*>(xq));
-    CUDA_CHECK_LAUNCH();
 }
 
 bool pdl_enabled() {
@@ -455,11 +440,10 @@ GemvK common_params(const GemvArgs& a, bool& vec) {
     return p;
 }
 
-Seg make_seg(const GemvArgs& a, int64_t nb) {
-    const QuantLayout L = quant_layout(a.w.type);
+Seg make_seg(const GemvArgs& a) {
     Seg s{};
     s.q = static_cast<const uint8_t*>(a.w.image);
-    s.m = L.block_elems > 0 ? s.q + a.w.image_rows * nb * L.q_bytes : nullptr;
+    s.m = scale_stream(a.w);
     s.row0 = a.w.row0, s.rows = a.rows;
     s.bias = a.bias, s.y = a.y, s.ldy = a.ldy;
     s.res_a = a.res_a, s.res_out = a.res_out, s.res_scale = a.res_scale;
@@ -492,7 +476,7 @@ void gemv_multi(const GemvArgs* a, int n, Stream stream) {
     const int rows_per_block = 4 / p.ksplit * R;
     unsigned blocks = 0;
     for (int i = 0; i < n; ++i) {
-        p.seg[i] = make_seg(a[i], p.nb);
+        p.seg[i] = make_seg(a[i]);
         p.seg_start[i] = blocks;
         blocks += unsigned(ceil_div(a[i].rows, rows_per_block));
     }
@@ -516,8 +500,8 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
     if (gate.rows == 0 || gate.n_y == 0) return;
     bool vec = true;
     GemvK p = common_params(gate, vec);
-    p.seg[0] = make_seg(gate, p.nb);
-    p.seg[1] = make_seg(up, p.nb);
+    p.seg[0] = make_seg(gate);
+    p.seg[1] = make_seg(up);
     p.n_seg = 2;
     p.act = act;
     p.act_xq = static_cast<uint8_t*>(act_xq);
@@ -532,7 +516,6 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
 #undef CERA_Q
         default: CERA_CHECK(false, "gemv_glu: unsupported weight type %s", type_name(gate.w.type));
     }
-    CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace cera::cuda

@@ -60,6 +60,14 @@ struct WeightRef {
     int64_t row0 = 0;             // first row used
 };
 
+// The scale stream of a block-quantized image (null for float types): it follows the quants of all
+// image_rows rows.
+CERA_HD inline const uint8_t* scale_stream(const WeightRef& w) {
+    const QuantLayout L = quant_layout(w.type);
+    if (L.block_elems == 0) return nullptr;
+    return static_cast<const uint8_t*>(w.image) + w.image_rows * (w.k / L.block_elems) * L.q_bytes;
+}
+
 // 8-bit activations for the quantized GEMV: per row, k int8 then k/32 float scales (x ~= d * q),
 // row stride q8_row_bytes(k). k must be a multiple of 32.
 CERA_HD inline int64_t q8_row_bytes(int64_t k) { return (k + k / 8 + 15) / 16 * 16; }

@@ -179,7 +179,6 @@ void moe_group(const int32_t* ids, int64_t n_slots, int n_expert, int32_t* route
     CERA_CHECK(n_expert >= 1 && n_expert <= kMaxExperts && n_slots >= 0 && n_slots <= INT32_MAX,
                "moe_group: n_expert %d, n_slots %lld", n_expert, (long long)n_slots);
     launch(moe_group_kernel, 1, kMaxExperts, 0, as_stream(stream), ids, int(n_slots), n_expert, route);
-    CUDA_CHECK_LAUNCH();
 }
 
 bool moe_grouped_supported(GgmlType type, int64_t k, int n_expert) {
@@ -199,7 +198,7 @@ void moe_gemv_grouped(const MoeGemvArgs& a, Stream stream) {
     GroupedK p{};
     p.nb = a.w.k / L.block_elems;
     p.q = static_cast<const uint8_t*>(a.w.image);
-    p.m = p.q + a.w.image_rows * p.nb * L.q_bytes;
+    p.m = scale_stream(a.w);
     p.row0 = a.w.row0, p.rows = a.rows, p.k = a.w.k;
     p.n_expert = a.n_expert;
     p.tile_rows = pick_tile(L, p.nb);
@@ -222,7 +221,6 @@ void moe_gemv_grouped(const MoeGemvArgs& a, Stream stream) {
 #undef CERA_Q
         default: CERA_CHECK(false, "moe_gemv_grouped: unsupported weight type %s", type_name(type));
     }
-    CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace cera::cuda

@@ -145,7 +145,6 @@ void rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t n
     const int threads = n >= 2048 ? 512 : n >= 512 ? 256 : 128;
     launch(rms_norm_kernel, unsigned(rows), threads, 0, as_stream(stream), x, w, eps, n, out,
            static_cast<uint8_t*>(xq));
-    CUDA_CHECK_LAUNCH();
 }
 
 void norm_rope(float* x, int64_t n_tokens, int n_head, int head_dim, const float* norm_w, float eps,
@@ -155,7 +154,6 @@ void norm_rope(float* x, int64_t n_tokens, int n_head, int head_dim, const float
     CERA_CHECK(rope.mode == 0 || (rope.n_rot % 2 == 0 && rope.n_rot <= head_dim));
     launch(norm_rope_kernel, unsigned(ceil_div(rows, 4)), 128, 0, as_stream(stream), x, rows, n_head, head_dim, norm_w,
                                                                                 eps, pos, rope);
-    CUDA_CHECK_LAUNCH();
 }
 
 void kv_store(const float* k, const float* v, int64_t n_tokens, int64_t width, const int32_t* pos, void* k_cache,
@@ -165,7 +163,6 @@ void kv_store(const float* k, const float* v, int64_t n_tokens, int64_t width, c
     const unsigned grid = unsigned(ceil_div(n, 256));
     if (f16) launch((kv_store_kernel<true>), grid, 256, 0, as_stream(stream), k, v, n_tokens, width, pos, k_cache, v_cache, n_ctx);
     else launch((kv_store_kernel<false>), grid, 256, 0, as_stream(stream), k, v, n_tokens, width, pos, k_cache, v_cache, n_ctx);
-    CUDA_CHECK_LAUNCH();
 }
 
 void qkv_rope_store(const QkvRopeArgs& a, Stream stream) {
@@ -176,7 +173,6 @@ void qkv_rope_store(const QkvRopeArgs& a, Stream stream) {
     const unsigned grid = unsigned(ceil_div(rows, 4));
     if (a.f16) launch(qkv_rope_store_kernel<__half>, grid, 128, 0, as_stream(stream), a);
     else launch(qkv_rope_store_kernel<float>, grid, 128, 0, as_stream(stream), a);
-    CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace cera::cuda

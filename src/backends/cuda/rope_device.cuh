@@ -15,6 +15,13 @@ struct RopeCS {
 __device__ __forceinline__ bool rope_precomputable(const RopeArgs& rope) {
     return rope.mode == 0 || rope.n_rot / 2 <= 32 * kRopeLanePairs;
 }
+// The rotation of pair i at position p (already times freq_scale), in double as the CPU computes it.
+__device__ __forceinline__ void rope_pair_cs(int i, double p, int n_rot, const RopeArgs& rope, float& c, float& s) {
+    double theta = p * pow(double(rope.freq_base), -2.0 * i / n_rot);
+    if (rope.freq_factors) theta /= rope.freq_factors[i];
+    c = float(cos(theta)), s = float(sin(theta));
+}
+
 __device__ __forceinline__ RopeCS rope_angles(int32_t pos, const RopeArgs& rope) {
     RopeCS cs;
     const int lane = threadIdx.x & 31;
@@ -24,10 +31,7 @@ __device__ __forceinline__ RopeCS rope_angles(int32_t pos, const RopeArgs& rope)
     for (int j = 0; j < kRopeLanePairs; ++j) {
         const int i = lane + 32 * j;
         cs.c[j] = 1.0f, cs.s[j] = 0.0f;
-        if (i >= half) continue;
-        double theta = p * pow(double(rope.freq_base), -2.0 * i / n_rot);
-        if (rope.freq_factors) theta /= rope.freq_factors[i];
-        cs.c[j] = float(cos(theta)), cs.s[j] = float(sin(theta));
+        if (i < half) rope_pair_cs(i, p, n_rot, rope, cs.c[j], cs.s[j]);
     }
     return cs;
 }
@@ -55,9 +59,7 @@ __device__ __forceinline__ void head_norm_rope(float* v, int head_dim, const flo
                 c = j == 0 ? cs->c[0] : j == 1 ? cs->c[1] : j == 2 ? cs->c[2] : cs->c[3];
                 s = j == 0 ? cs->s[0] : j == 1 ? cs->s[1] : j == 2 ? cs->s[2] : cs->s[3];
             } else {
-                double theta = p * pow(double(rope.freq_base), -2.0 * i / n_rot);
-                if (rope.freq_factors) theta /= rope.freq_factors[i];
-                c = float(cos(theta)), s = float(sin(theta));
+                rope_pair_cs(i, p, n_rot, rope, c, s);
             }
             const float a = scaled(i0), b = scaled(i1);
             v[i0] = a * c - b * s;
