@@ -1,6 +1,7 @@
 // `cera devices` (alias `cera cpu`): CPU features and any CUDA GPUs.
 #include <cstdio>
 
+#include "backends/cpu/kernels.h"
 #include "backends/device.h"
 #include "cli/command.h"
 #include "core/cpu_features.h"
@@ -21,7 +22,7 @@ int run_devices(const std::vector<std::string>& args) {
     std::printf("cpu: %s\n", f.brand.empty() ? "(unknown)" : f.brand.c_str());
     std::printf("  cores: %d physical, %d logical\n", f.physical_cores, f.logical_cores);
     std::printf("  features: %s\n", cpu_features_string().c_str());
-    std::printf("  kernels: %s\n", f.has_avx512_set() ? "avx512" : f.has_avx2_set() ? "avx2" : "ref");
+    std::printf("  kernels: %s\n", cpu::isa_name(cpu::best_isa()));
     std::string why;
     auto gpus = cuda_devices(&why);
     std::printf("cuda: %s\n", cuda_compiled() ? "compiled in" : "not compiled in");

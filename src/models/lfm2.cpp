@@ -27,7 +27,6 @@ struct Lfm2Config {
     std::vector<int64_t> n_head_kv;  // [n_layer] attention.head_count_kv; 0 = short-conv layer
     int64_t head_dim = 0;            // n_embd / n_head
     int64_t l_cache = 0;             // shortconv.l_cache: conv kernel length L
-    int64_t n_ctx_train = 0;
     int sliding_window = 0;
     float eps = 1e-5f;
     float rope_base = 10000.0f;
@@ -40,7 +39,6 @@ Lfm2Config read_config(const HParams& hp) {
     c.n_ff = hp.u32("feed_forward_length");
     c.n_head = hp.u32("attention.head_count");
     c.l_cache = hp.u32("shortconv.l_cache");
-    c.n_ctx_train = hp.u32("context_length");
     c.eps = hp.f32("attention.layer_norm_rms_epsilon");
     c.rope_base = hp.f32("rope.freq_base", 10000.0f);
     c.sliding_window = int(hp.u32("attention.sliding_window", 0));

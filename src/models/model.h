@@ -59,8 +59,11 @@ class Model {
     Backend& backend() const { return *backend_; }
     const Architecture& arch() const { return *arch_; }
 
-    // A new sequence with an empty cache. n_ctx = 0 takes the model options' n_ctx.
+    // A new sequence with an empty cache. n_ctx = 0 takes default_n_ctx().
     std::unique_ptr<ModelState> create_state(int n_ctx = 0) const;
+    // The context a sequence gets by default: the options' n_ctx, else the trained context (2048 when
+    // unknown) capped at ModelOptions::kDefaultMaxCtx.
+    int default_n_ctx() const;
 
  private:
     friend std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& opts);

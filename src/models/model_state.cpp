@@ -44,10 +44,7 @@ class SequenceState final : public ModelState {
     SequenceState(const Model& model, int n_ctx) : model_(model), be_(model.backend()), arch_(model.arch()) {
         std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
         const ModelInfo& info = arch_.info;
-        n_ctx_ = n_ctx > 0 ? n_ctx : model.options().n_ctx;
-        if (n_ctx_ <= 0)
-            n_ctx_ =
-                int(std::min<int64_t>(info.n_ctx_train > 0 ? info.n_ctx_train : 2048, ModelOptions::kDefaultMaxCtx));
+        n_ctx_ = n_ctx > 0 ? n_ctx : model.default_n_ctx();
         n_batch_ = std::min(model.options().n_batch, n_ctx_);
         serial_ = g_state_serial.fetch_add(1);
         const GgmlType kv = model.options().kv_type;
@@ -351,6 +348,12 @@ bool Step::keep_output_rows() {
     for (Tensor* t : {&x, &h, &y, &q, &k, &v, &attn, &wide0, &wide1, &router, &moe_ids, &moe_w})
         *t = first_rows(*t, out_count);
     return true;
+}
+
+int Model::default_n_ctx() const {
+    if (opts_.n_ctx > 0) return opts_.n_ctx;
+    const int64_t train = arch_->info.n_ctx_train;
+    return int(std::min<int64_t>(train > 0 ? train : 2048, ModelOptions::kDefaultMaxCtx));
 }
 
 std::unique_ptr<ModelState> Model::create_state(int n_ctx) const {

@@ -157,8 +157,7 @@ TEST_P(QuantFixture, GreedyMatchesLlamaCpp) {
     const int64_t n_vocab = model->info().n_vocab;
     const cpu::Isa saved = cpu::active_isa();
     for (cpu::Isa isa : {cpu::Isa::kRef, cpu::Isa::kAvx2, cpu::Isa::kAvx512}) {
-        if (isa == cpu::Isa::kAvx2 && !cpu_features().has_avx2_set()) continue;
-        if (isa == cpu::Isa::kAvx512 && !cpu_features().has_avx512_set()) continue;
+        if (!cpu::isa_supported(isa)) continue;
         cpu::force_isa(isa);
         for (const json& pr : lj["prompts"]) {
             std::vector<int32_t> ids = pr["llamacpp_token_ids"].get<std::vector<int32_t>>();
@@ -222,9 +221,9 @@ TEST(Stories260K, GreedyFromBos) {
 // the same tokens as llama.cpp up to a near-tie, checked by QuantFixture under each ISA in CI).
 TEST(AllIsas, SameGreedyTokens) {
     const cpu::Isa saved = cpu::active_isa();
-    std::vector<cpu::Isa> isas = {cpu::Isa::kRef};
-    if (cpu_features().has_avx2_set()) isas.push_back(cpu::Isa::kAvx2);
-    if (cpu_features().has_avx512_set()) isas.push_back(cpu::Isa::kAvx512);
+    std::vector<cpu::Isa> isas;
+    for (cpu::Isa isa : {cpu::Isa::kRef, cpu::Isa::kAvx2, cpu::Isa::kAvx512})
+        if (cpu::isa_supported(isa)) isas.push_back(isa);
     for (const char* m : kF32Models) {
         const std::string dir = test::data_path(std::string("fixtures/") + m);
         auto model = load(dir + "/model.gguf");

@@ -19,10 +19,9 @@ using cera::cpu::Isa;
 namespace {
 
 std::vector<Isa> available_isas() {
-    std::vector<Isa> out = {Isa::kRef};
-    const CpuFeatures& f = cpu_features();
-    if (f.has_avx2_set()) out.push_back(Isa::kAvx2);
-    if (f.has_avx512_set() && f.avx512vnni) out.push_back(Isa::kAvx512);
+    std::vector<Isa> out;
+    for (Isa isa : {Isa::kRef, Isa::kAvx2, Isa::kAvx512})
+        if (cera::cpu::isa_supported(isa)) out.push_back(isa);
     return out;
 }
 

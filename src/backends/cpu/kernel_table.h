@@ -64,5 +64,6 @@ void add_packed_kernels_avx512(KernelTable& t);
 const KernelTable& kernel_table_ref();
 const KernelTable& kernel_table_avx2();
 const KernelTable& kernel_table_avx512();
+const KernelTable& active_table();  // the table of active_isa()
 
 }  // namespace cera::cpu

@@ -25,14 +25,6 @@
 #include "core/quant/quant.h"
 
 namespace cera::cpu {
-namespace {
-
-Isa best_isa() {
-    const CpuFeatures& f = cpu_features();
-    if (f.has_avx512_set() && f.avx512vnni) return Isa::kAvx512;
-    if (f.has_avx2_set()) return Isa::kAvx2;
-    return Isa::kRef;
-}
 
 bool isa_supported(Isa isa) {
     const CpuFeatures& f = cpu_features();
@@ -43,6 +35,14 @@ bool isa_supported(Isa isa) {
     }
     return false;
 }
+
+Isa best_isa() {
+    for (Isa isa : {Isa::kAvx512, Isa::kAvx2})
+        if (isa_supported(isa)) return isa;
+    return Isa::kRef;
+}
+
+namespace {
 
 Isa isa_from_env() {
     const char* env = std::getenv("CERA_CPU_ISA");
@@ -89,22 +89,14 @@ const KernelTable& table() {
 
 // ---- scalar references ----
 
-void rms_norm_ref_impl(const float* x, const float* w, float* y, int64_t n, float eps) {
-    rms_norm_ref(x, w, y, n, eps);
-}
-void silu_mul_ref_impl(const float* g, const float* u, float* y, int64_t n) { silu_mul_ref(g, u, y, n); }
-void add_ref_impl(const float* a, const float* b, float s, float* y, int64_t n) { add_ref(a, b, s, y, n); }
-float dot_f32_ref_impl(const float* a, const float* b, int64_t n) { return dot_f32_ref(a, b, n); }
-void softmax_ref_impl(float* x, int64_t n) { softmax_ref(x, n); }
-
 KernelTable make_ref_table() {
     KernelTable t{};
     t.isa = Isa::kRef;
-    t.rms_norm = rms_norm_ref_impl;
-    t.silu_mul = silu_mul_ref_impl;
-    t.add = add_ref_impl;
-    t.dot_f32 = dot_f32_ref_impl;
-    t.softmax = softmax_ref_impl;
+    t.rms_norm = rms_norm_ref;
+    t.silu_mul = silu_mul_ref;
+    t.add = add_ref;
+    t.dot_f32 = dot_f32_ref;
+    t.softmax = softmax_ref;
     t.quantize_act = quantize_act_row;
     return t;
 }
@@ -146,20 +138,23 @@ void run_packed(const MatmulArgs& a, int64_t g0, int64_t g1, int64_t t0, int64_t
 
 // Rows [r0, r1) and tokens [t0, t1) of y.
 void run_tile(const MatmulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
-    for (int64_t tb = t0; tb < t1; tb += a.token_block) {
-        const int64_t te = tb + a.token_block < t1 ? tb + a.token_block : t1;
-        if (a.kernel.fn != nullptr) {
+    if (a.kernel.fn != nullptr) {
+        for (int64_t tb = t0; tb < t1; tb += a.token_block) {
+            const int64_t te = tb + a.token_block < t1 ? tb + a.token_block : t1;
             a.kernel.fn(a.w, a.w_stride, r0, r1, a.act, a.a_stride, tb, te, a.k, a.y, a.ldy);
-            continue;
         }
-        // Fallback: dequantize a few rows to f32, then the f32 kernel.
-        const MatmulKernel& f32 = a.table->matmul[int(GgmlType::kF32)];
-        std::vector<float>& buf = t_dequant;
-        if (buf.size() < size_t(kFallbackRows * a.k)) buf.resize(size_t(kFallbackRows * a.k));
-        for (int64_t r = r0; r < r1; r += kFallbackRows) {
-            const int64_t nr = r + kFallbackRows < r1 ? kFallbackRows : r1 - r;
-            for (int64_t i = 0; i < nr; ++i)
-                dequantize_row_ref(a.type, a.w + size_t(r + i) * a.w_stride, buf.data() + i * a.k, a.k);
+        return;
+    }
+    // Fallback: dequantize a few rows to f32 once, then the f32 kernel over every token block.
+    const MatmulKernel& f32 = a.table->matmul[int(GgmlType::kF32)];
+    std::vector<float>& buf = t_dequant;
+    if (buf.size() < size_t(kFallbackRows * a.k)) buf.resize(size_t(kFallbackRows * a.k));
+    for (int64_t r = r0; r < r1; r += kFallbackRows) {
+        const int64_t nr = r + kFallbackRows < r1 ? kFallbackRows : r1 - r;
+        for (int64_t i = 0; i < nr; ++i)
+            dequantize_row_ref(a.type, a.w + size_t(r + i) * a.w_stride, buf.data() + i * a.k, a.k);
+        for (int64_t tb = t0; tb < t1; tb += a.token_block) {
+            const int64_t te = tb + a.token_block < t1 ? tb + a.token_block : t1;
             f32.fn(reinterpret_cast<const uint8_t*>(buf.data()), size_t(a.k) * 4, 0, nr, a.act, a.a_stride, tb, te,
                    a.k, a.y + r, a.ldy);
         }
@@ -167,6 +162,8 @@ void run_tile(const MatmulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_t t
 }
 
 }  // namespace
+
+const KernelTable& active_table() { return table(); }
 
 const char* isa_name(Isa isa) {
     switch (isa) {

@@ -11,6 +11,8 @@ namespace cera::cpu {
 
 enum class Isa { kRef, kAvx2, kAvx512 };
 const char* isa_name(Isa isa);
+bool isa_supported(Isa isa);  // this CPU can run isa's kernel table (AVX-512 needs VNNI too)
+Isa best_isa();               // the best supported
 Isa active_isa();          // chosen once: CERA_CPU_ISA if set, else the best the CPU has
 void force_isa(Isa isa);   // for tests and benchmarks
 

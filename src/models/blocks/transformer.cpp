@@ -17,7 +17,6 @@ struct DenseConfig {
     int64_t n_head_kv = 0;  // attention.head_count_kv (one value for every layer)
     int64_t head_dim = 0;   // attention.key_length, else n_embd / n_head
     int64_t n_rot = 0;      // rope.dimension_count, else head_dim
-    int64_t n_ctx_train = 0;
     float eps = 1e-5f;
     float rope_base = 10000.0f;
     float rope_scale = 1.0f;  // 1 / rope.scaling.factor for linear scaling
@@ -29,7 +28,6 @@ DenseConfig read_config(const HParams& hp) {
     c.n_layer = hp.u32("block_count");
     c.n_ff = hp.u32("feed_forward_length");
     c.n_head = hp.u32("attention.head_count");
-    c.n_ctx_train = hp.u32("context_length");
     c.eps = hp.f32("attention.layer_norm_rms_epsilon");
     c.rope_base = hp.f32("rope.freq_base", 10000.0f);
     hp.require(c.n_embd > 0, "embedding_length", c.n_embd, "must be positive");
