@@ -8,7 +8,6 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,43 +16,13 @@
 #include "cera/error.h"
 #include "cera/session.h"
 #include "cli/command.h"
+#include "cli/model_path.h"
 #include "cli/parse_args.h"
 
 namespace cera::cli {
 namespace {
 
-namespace fs = std::filesystem;
-constexpr const char* kDefaultModel = "tiny-lfm2-Q8_0.gguf";
-
 [[noreturn]] void fail(ErrorCode code, const std::string& msg) { throw Error(code, msg); }
-
-fs::path executable_dir() {
-    std::error_code ec;
-    const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-    return ec ? fs::path() : exe.parent_path();
-}
-
-// The bundled model: $CERA_MODEL_DIR, the source tree next to a build tree (<exe>/../../models),
-// or an install prefix (<exe>/../share/cera/models).
-std::string default_model_path() {
-    std::vector<fs::path> dirs;
-    if (const char* env = std::getenv("CERA_MODEL_DIR"); env && *env) dirs.emplace_back(env);
-    const fs::path exe = executable_dir();
-    if (!exe.empty()) {
-        dirs.push_back(exe / ".." / ".." / "models");
-        dirs.push_back(exe / ".." / "share" / "cera" / "models");
-    }
-    std::string tried;
-    for (const auto& d : dirs) {
-        const fs::path p = d / kDefaultModel;
-        std::error_code ec;
-        if (fs::is_regular_file(p, ec)) return p.lexically_normal().string();
-        tried += (tried.empty() ? "" : ", ") + d.lexically_normal().string();
-    }
-    fail(ErrorCode::kIo, std::string("no model given (-m FILE) and the default model ") + kDefaultModel +
-                             " was not found (looked in: " + (tried.empty() ? "nowhere" : tried) +
-                             "; set CERA_MODEL_DIR)");
-}
 
 class StdoutSink : public Sink {
    public:
@@ -123,7 +92,7 @@ int run_run(const std::vector<std::string>& args) {
     if (n_ctx < 0) fail(ErrorCode::kInvalidArgument, "--ctx must be >= 0");
     g.max_tokens = n_predict < 0 ? -1 : n_predict;
     g.sampling.seed = seed >= 0 ? uint64_t(seed) : uint64_t(std::random_device{}()) << 32 | std::random_device{}();
-    if (model.empty()) model = default_model_path();
+    if (model.empty()) model = find_default_model();
 
     EngineOptions eo;
     eo.device = device;

@@ -1,4 +1,4 @@
-// The bundled default model lookup shared by `cera chat` and `cera embed` (same places as `cera run`).
+// The bundled default model lookup shared by `cera run`, `cera chat` and `cera embed`.
 #include "cli/model_path.h"
 
 #include <cstdlib>

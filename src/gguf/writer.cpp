@@ -133,9 +133,7 @@ void Writer::remove(std::string_view key) {
 }
 
 void Writer::set_alignment(uint32_t alignment) {
-    if (alignment == 0 || (alignment & (alignment - 1)) != 0)
-        throw_error(ErrorCode::kInvalidArgument, "GGUF writer: alignment %u is not a non-zero power of two", alignment);
-    set(keys::kAlignment, value_u32(alignment));
+    set(keys::kAlignment, value_u32(alignment));  // set() checks for a non-zero power of two
 }
 
 Writer::Tensor& Writer::new_tensor(std::string name, GgmlType type, std::vector<int64_t> ne) {

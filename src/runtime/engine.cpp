@@ -149,10 +149,7 @@ std::shared_ptr<Engine> Engine::load(const std::string& path, const EngineOption
     info.n_ctx_train = int32_t(mi.n_ctx_train);
     info.has_chat_template = f.has(gguf::keys::kChatTemplate);
     measure_weights(f, mi.arch, info);
-    {
-        auto probe = im.model->create_state();  // the context a session gets by default
-        info.n_ctx = probe->n_ctx();
-    }
+    info.n_ctx = im.model->default_n_ctx();  // the context a session gets by default
     im.fingerprint = model_fingerprint(f);
     if (options.prefix_cache_bytes > 0 || !options.prefix_cache_dir.empty()) {
         PrefixCacheConfig pc;

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 
+#include "backends/backend.h"
 #include "core/check.h"
 
 namespace cera {
@@ -18,23 +19,6 @@ namespace {
 // Descending logit, then ascending id: a strict total order (NaN is mapped to -inf on load).
 inline bool better(const TokenProb& a, const TokenProb& b) {
     return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-}
-
-// The first index of the largest value (NaN ignored; 0 when every value is NaN or -inf). Eight
-// independent running maxima keep the loop free of a serial dependency, then a second pass finds
-// the first index holding the maximum.
-int32_t argmax(const float* x, int32_t n) {
-    float m[8];
-    for (float& v : m) v = -std::numeric_limits<float>::infinity();
-    int32_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; ++j) m[j] = x[i + j] > m[j] ? x[i + j] : m[j];
-    float best = -std::numeric_limits<float>::infinity();
-    for (; i < n; ++i) best = x[i] > best ? x[i] : best;
-    for (float v : m) best = v > best ? v : best;
-    for (i = 0; i < n; ++i)
-        if (x[i] == best) return i;
-    return 0;
 }
 
 uint64_t splitmix64(uint64_t& x) {
@@ -335,7 +319,11 @@ int32_t Sampler::greedy_pick() const {
 
 int32_t Sampler::sample(const float* logits) {
     if (greedy_) {
-        if (!penalties_on_) return argmax(logits, n_vocab_);
+        if (!penalties_on_) {  // the same pick as Backend::argmax on the device
+            int32_t id = 0;
+            argmax_rows_host(logits, 1, n_vocab_, &id);
+            return id;
+        }
         load(logits, 1);
         return cand_[size_t(greedy_pick())].id;
     }
