@@ -302,13 +302,13 @@ void pre_tokenize(PreTokenizer p, std::span<const uint32_t> cps, std::vector<uin
                   std::vector<uint32_t>& scratch) {
     ends.clear();
     if (cps.empty()) return;
+    const RuleSet rs = rules(p);
+    ends.push_back(uint32_t(cps.size()));
+    if (rs.n == 0) return;  // no splitting rules: no character classes needed
     thread_local std::vector<uint8_t> flags;
     flags.resize(cps.size());
     for (size_t i = 0; i < cps.size(); ++i) flags[i] = cp_flags(cps[i]);
     const Ctx x{cps.data(), flags.data()};
-
-    const RuleSet rs = rules(p);
-    ends.push_back(uint32_t(cps.size()));
     for (int i = 0; i < rs.n; ++i) {
         split(x, rs.m[i], ends, scratch);
         ends.swap(scratch);

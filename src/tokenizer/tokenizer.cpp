@@ -217,7 +217,9 @@ std::string Tokenizer::token_to_piece(int32_t id, bool render_special) const {
             if (d.model == VocabModel::kSpm || !d.byte_encode) {
                 append_unescaped_spaces(out, text);
             } else {
-                for (uint32_t cp : unicode::decode_utf8(text)) {
+                thread_local std::vector<uint32_t> cps;  // per generated token: no allocation
+                unicode::decode_utf8(text, cps);
+                for (uint32_t cp : cps) {
                     const int b = unicode::unicode_to_byte(cp);
                     if (b >= 0) {
                         out.push_back(char(b));

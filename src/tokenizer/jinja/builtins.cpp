@@ -10,6 +10,7 @@
 #include "tokenizer/jinja/format.h"
 #include "tokenizer/jinja/interpreter.h"
 #include "tokenizer/jinja/text.h"
+#include "tokenizer/unicode.h"
 
 namespace cera::jinja {
 
@@ -55,7 +56,7 @@ ValueList iterate(const Value& v) {
             std::string one;
             for (char32_t cp : utf8_decode(v.as_string())) {
                 one.clear();
-                utf8_append(one, cp);
+                unicode::append_utf8(one, cp);
                 chars.emplace_back(one);
             }
             return chars;
@@ -277,7 +278,7 @@ Value get_item(const Value& obj, const Value& key) {
             if (i < 0) i += n;
             if (i < 0 || i >= n) return Value();
             std::string out;
-            utf8_append(out, cps[static_cast<size_t>(i)]);
+            unicode::append_utf8(out, cps[static_cast<size_t>(i)]);
             return Value(std::move(out));
         }
         default: return Value();

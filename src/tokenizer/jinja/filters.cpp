@@ -10,6 +10,7 @@
 #include "tokenizer/jinja/format.h"
 #include "tokenizer/jinja/interpreter.h"
 #include "tokenizer/jinja/text.h"
+#include "tokenizer/unicode.h"
 
 namespace cera::jinja {
 
@@ -315,7 +316,7 @@ Value Interpreter::apply_filter(const std::string& name, const Value& v, CallArg
         if (v.is_string()) {
             auto cps = utf8_decode(v.as_string());
             std::string r;
-            for (auto it = cps.rbegin(); it != cps.rend(); ++it) utf8_append(r, *it);
+            for (auto it = cps.rbegin(); it != cps.rend(); ++it) unicode::append_utf8(r, *it);
             return Value(std::move(r));
         }
         ValueList items = iterate(v);

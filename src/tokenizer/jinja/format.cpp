@@ -114,47 +114,36 @@ void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
         std::snprintf(buf, sizeof(buf), "\\u%04x", cp & 0xFFFFu);
         out += buf;
     };
-    if (!ensure_ascii) {
-        for (char ch : s) {
-            unsigned char c = static_cast<unsigned char>(ch);
-            switch (ch) {
-                case '"': out += "\\\""; break;
-                case '\\': out += "\\\\"; break;
-                case '\n': out += "\\n"; break;
-                case '\r': out += "\\r"; break;
-                case '\t': out += "\\t"; break;
-                case '\b': out += "\\b"; break;
-                case '\f': out += "\\f"; break;
-                default:
-                    if (c < 0x20) {
-                        escape_cp(c);
-                    } else {
-                        out.push_back(ch);
-                    }
-            }
+    // The escapes both modes share: quote, backslash, the named controls and \uXXXX below 0x20.
+    auto short_escape = [&](uint32_t c) {
+        switch (c) {
+            case '"': out += "\\\""; return true;
+            case '\\': out += "\\\\"; return true;
+            case '\n': out += "\\n"; return true;
+            case '\r': out += "\\r"; return true;
+            case '\t': out += "\\t"; return true;
+            case '\b': out += "\\b"; return true;
+            case '\f': out += "\\f"; return true;
+            default:
+                if (c >= 0x20) return false;
+                escape_cp(c);
+                return true;
         }
+    };
+    if (!ensure_ascii) {
+        for (char ch : s)
+            if (!short_escape(static_cast<unsigned char>(ch))) out.push_back(ch);
     } else {
         for (char32_t cp : utf8_decode(s)) {
-            switch (cp) {
-                case '"': out += "\\\""; break;
-                case '\\': out += "\\\\"; break;
-                case '\n': out += "\\n"; break;
-                case '\r': out += "\\r"; break;
-                case '\t': out += "\\t"; break;
-                case '\b': out += "\\b"; break;
-                case '\f': out += "\\f"; break;
-                default:
-                    if (cp < 0x20 || cp > 0x7E) {
-                        if (cp >= 0x10000) {
-                            unsigned v = static_cast<unsigned>(cp) - 0x10000;
-                            escape_cp(0xD800 + (v >> 10));
-                            escape_cp(0xDC00 + (v & 0x3FF));
-                        } else {
-                            escape_cp(static_cast<unsigned>(cp));
-                        }
-                    } else {
-                        out.push_back(static_cast<char>(cp));
-                    }
+            if (short_escape(cp)) continue;
+            if (cp <= 0x7E) {
+                out.push_back(static_cast<char>(cp));
+            } else if (cp >= 0x10000) {
+                const unsigned v = static_cast<unsigned>(cp) - 0x10000;
+                escape_cp(0xD800 + (v >> 10));
+                escape_cp(0xDC00 + (v & 0x3FF));
+            } else {
+                escape_cp(static_cast<unsigned>(cp));
             }
         }
     }

@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "tokenizer/jinja/text.h"
+#include "tokenizer/unicode.h"
 
 namespace cera::jinja {
 
@@ -314,7 +315,7 @@ class Lexer {
                         ++i;
                     }
                     if (cp > 0x10FFFF) fail(i, "escape beyond U+10FFFF in string literal");
-                    utf8_append(out, static_cast<char32_t>(cp));
+                    unicode::append_utf8(out, static_cast<char32_t>(cp));
                     break;
                 }
                 default:

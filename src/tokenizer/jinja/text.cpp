@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "tokenizer/jinja/error.h"
+#include "tokenizer/unicode.h"
 
 namespace cera::jinja {
 
@@ -35,24 +36,6 @@ std::vector<char32_t> utf8_decode(std::string_view s) {
         }
     }
     return out;
-}
-
-void utf8_append(std::string& out, char32_t cp) {
-    if (cp < 0x80) {
-        out.push_back(static_cast<char>(cp));
-    } else if (cp < 0x800) {
-        out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-        out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else if (cp < 0x10000) {
-        out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-        out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-        out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else {
-        out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-        out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-        out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-        out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
 }
 
 size_t utf8_length(std::string_view s) { return utf8_decode(s).size(); }
@@ -110,7 +93,7 @@ std::string map_case(std::string_view s, F f) {
         if (d.cps[i] == 0xFFFFFFFF) {
             out.append(s.substr(d.offsets[i], d.offsets[i + 1] - d.offsets[i]));
         } else {
-            utf8_append(out, static_cast<char32_t>(f(static_cast<utf8proc_int32_t>(d.cps[i]), i, d.cps)));
+            unicode::append_utf8(out, uint32_t(f(static_cast<utf8proc_int32_t>(d.cps[i]), i, d.cps)));
         }
     }
     return out;

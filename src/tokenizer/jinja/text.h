@@ -11,7 +11,6 @@ namespace cera::jinja {
 // Decodes UTF-8 into code points; an invalid byte becomes one code point of its own value.
 std::vector<char32_t> utf8_decode(std::string_view s);
 // Appends the UTF-8 encoding of `cp` to `out`.
-void utf8_append(std::string& out, char32_t cp);
 // Number of code points (Python len()).
 size_t utf8_length(std::string_view s);
 // Python's str.isspace() for one code point.
