@@ -27,42 +27,25 @@ namespace {
 
 const std::string kModel = cera::test::source_path("models/tiny-lfm2-Q8_0.gguf");
 
-std::string cera_bin() {
-    const char* env = std::getenv("CERA_BIN");
-    return env && *env ? env : std::string(CERA_BINARY_DIR) + "/bin/cera";
-}
+using cera::test::cera_bin;
 
 std::string temp_path(const std::string& name) {
     return (fs::temp_directory_path() / ("cera_chat_" + std::to_string(::getpid()) + "_" + name)).string();
 }
 
-struct Result {
-    int code = -1;
-    std::string out, err;
-};
+using Result = cera::test::ShellResult;
 
 // Runs `cera chat ARGS` with `input` on stdin.
 Result chat(const std::string& args, const std::string& input) {
     static int counter = 0;
-    const std::string in = temp_path("in" + std::to_string(counter)), err = temp_path("err" + std::to_string(counter));
-    ++counter;
+    const std::string in = temp_path("in" + std::to_string(counter++));
     {
         FILE* f = std::fopen(in.c_str(), "wb");
         std::fwrite(input.data(), 1, input.size(), f);
         std::fclose(f);
     }
-    Result r;
-    const std::string cmd = "'" + cera_bin() + "' chat " + args + " <'" + in + "' 2>'" + err + "'";
-    FILE* p = ::popen(cmd.c_str(), "r");
-    if (!p) return r;
-    char buf[65536];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-    const int status = ::pclose(p);
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.err = cera::test::read_text(err);
+    Result r = cera::test::run_shell("'" + cera_bin() + "' chat " + args + " <'" + in + "'");
     fs::remove(in);
-    fs::remove(err);
     return r;
 }
 

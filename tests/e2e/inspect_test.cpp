@@ -15,38 +15,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string cera_bin() {
-    const char* env = std::getenv("CERA_BIN");
-    return env && *env ? env : std::string(CERA_BINARY_DIR) + "/bin/cera";
-}
+using cera::test::cera_bin;
+using cera::test::shell_quote;
+using Result = cera::test::ShellResult;
 
-std::string shell_quote(const std::string& s) {
-    std::string out = "'";
-    for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    return out + "'";
-}
-
-struct Result {
-    int code = -1;
-    std::string out;
-    std::string err;
-};
-
-Result run_cera(const std::string& args) {
-    const std::string err_path = fs::temp_directory_path() / ("cera_inspect_test_" + std::to_string(::getpid()) + ".err");
-    const std::string cmd = shell_quote(cera_bin()) + " " + args + " 2>" + shell_quote(err_path);
-    Result r;
-    FILE* p = ::popen(cmd.c_str(), "r");
-    if (!p) return r;
-    char buf[65536];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-    int status = ::pclose(p);
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.err = cera::test::read_text(err_path);
-    fs::remove(err_path);
-    return r;
-}
+Result run_cera(const std::string& args) { return cera::test::run_shell(shell_quote(cera_bin()) + " " + args); }
 
 std::vector<std::string> shipped_gguf_files() {
     std::vector<std::string> out;

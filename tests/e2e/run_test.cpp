@@ -19,39 +19,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string cera_bin() {
-    const char* env = std::getenv("CERA_BIN");
-    return env && *env ? env : std::string(CERA_BINARY_DIR) + "/bin/cera";
-}
-
-std::string quote(const std::string& s) {
-    std::string out = "'";
-    for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    return out + "'";
-}
-
-struct Result {
-    int code = -1;
-    std::string out, err;
-};
+using cera::test::cera_bin;
+using cera::test::shell_quote;
+using Result = cera::test::ShellResult;
 
 Result run(const std::string& args, const std::string& env = "") {
-    static int counter = 0;
-    const std::string err_path =
-        (fs::temp_directory_path() / ("cera_run_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++)))
-            .string();
-    const std::string cmd = env + " " + quote(cera_bin()) + " run " + args + " 2>" + quote(err_path) + " </dev/null";
-    Result r;
-    FILE* p = ::popen(cmd.c_str(), "r");
-    if (!p) return r;
-    char buf[65536];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-    const int status = ::pclose(p);
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.err = cera::test::read_text(err_path);
-    fs::remove(err_path);
-    return r;
+    return cera::test::run_shell(env + " " + shell_quote(cera_bin()) + " run " + args + " </dev/null");
 }
 
 size_t lines(const std::string& s) {
@@ -63,7 +36,7 @@ size_t lines(const std::string& s) {
 const std::string kModel = cera::test::source_path("models/tiny-lfm2-Q8_0.gguf");
 
 TEST(CeraRun, GreedyIsDeterministicAndStdoutIsOnlyTheGeneratedText) {
-    const std::string args = "-m " + quote(kModel) + " -p 'Once upon a time' -n 32 --temp 0 --threads 1";
+    const std::string args = "-m " + shell_quote(kModel) + " -p 'Once upon a time' -n 32 --temp 0 --threads 1";
     const Result a = run(args), b = run(args);
     ASSERT_EQ(a.code, 0) << a.err;
     EXPECT_EQ(a.out, b.out);
@@ -88,18 +61,18 @@ TEST(CeraRun, GreedyIsDeterministicAndStdoutIsOnlyTheGeneratedText) {
 }
 
 TEST(CeraRun, DefaultModelIsTheBundledOne) {
-    const Result with_m = run("-m " + quote(kModel) + " -p 'The cat' -n 8 --temp 0 --threads 1");
+    const Result with_m = run("-m " + shell_quote(kModel) + " -p 'The cat' -n 8 --temp 0 --threads 1");
     const Result without = run("-p 'The cat' -n 8 --temp 0 --threads 1");
     ASSERT_EQ(without.code, 0) << without.err;
     EXPECT_EQ(with_m.out, without.out);
     // CERA_MODEL_DIR points at the model directory too.
     const Result env = run("-p 'The cat' -n 8 --temp 0 --threads 1",
-                           "CERA_MODEL_DIR=" + quote(cera::test::source_path("models")));
+                           "CERA_MODEL_DIR=" + shell_quote(cera::test::source_path("models")));
     EXPECT_EQ(env.out, with_m.out);
 }
 
 TEST(CeraRun, SeedMakesSamplingReproducible) {
-    const std::string args = "-m " + quote(kModel) + " -p 'Once upon a time' -n 24 --temp 1.0 --threads 1 --seed ";
+    const std::string args = "-m " + shell_quote(kModel) + " -p 'Once upon a time' -n 24 --temp 1.0 --threads 1 --seed ";
     const Result a = run(args + "11"), b = run(args + "11"), c = run(args + "12");
     ASSERT_EQ(a.code, 0) << a.err;
     EXPECT_EQ(a.out, b.out);
@@ -107,18 +80,18 @@ TEST(CeraRun, SeedMakesSamplingReproducible) {
 }
 
 TEST(CeraRun, ZeroTokensPrintsNothing) {
-    const Result r = run("-m " + quote(kModel) + " -p 'Once upon a time' -n 0 --threads 1");
+    const Result r = run("-m " + shell_quote(kModel) + " -p 'Once upon a time' -n 0 --threads 1");
     EXPECT_EQ(r.code, 0) << r.err;
     EXPECT_EQ(r.out, "");
     EXPECT_NE(r.err.find("generated 0 tokens"), std::string::npos) << r.err;
 }
 
 TEST(CeraRun, StopStringCutsTheOutput) {
-    const std::string base = "-m " + quote(kModel) + " -p 'Once upon a time' -n 48 --temp 0 --threads 1";
+    const std::string base = "-m " + shell_quote(kModel) + " -p 'Once upon a time' -n 48 --temp 0 --threads 1";
     const Result full = run(base);
     ASSERT_GT(full.out.size(), 40u);
     const std::string stop = full.out.substr(25, 5);
-    const Result cut = run(base + " --stop " + quote(stop));
+    const Result cut = run(base + " --stop " + shell_quote(stop));
     ASSERT_EQ(cut.code, 0) << cut.err;
     EXPECT_EQ(cut.out, full.out.substr(0, full.out.find(stop)));
 }
@@ -137,7 +110,7 @@ TEST(CeraRun, MissingDefaultModelIsOneLine) {
     fs::create_directories(dir / "a" / "b");
     const fs::path exe = dir / "a" / "b" / "cera";
     fs::copy_file(cera_bin(), exe, fs::copy_options::overwrite_existing);
-    const std::string cmd = "CERA_MODEL_DIR=" + quote(dir.string()) + " " + quote(exe.string()) +
+    const std::string cmd = "CERA_MODEL_DIR=" + shell_quote(dir.string()) + " " + shell_quote(exe.string()) +
                             " run -p hi 2>&1 >/dev/null";
     FILE* p = ::popen(cmd.c_str(), "r");
     ASSERT_NE(p, nullptr);
@@ -155,7 +128,7 @@ TEST(CeraRun, MissingDefaultModelIsOneLine) {
 TEST(CeraRun, OverlongPromptIsOneLineAndNonZero) {
     std::string prompt;
     for (int i = 0; i < 200; ++i) prompt += "the little dog ran ";
-    const Result r = run("-m " + quote(kModel) + " -p " + quote(prompt) + " --ctx 64 --threads 1");
+    const Result r = run("-m " + shell_quote(kModel) + " -p " + shell_quote(prompt) + " --ctx 64 --threads 1");
     EXPECT_NE(r.code, 0);
     EXPECT_EQ(r.out, "");
     EXPECT_EQ(lines(r.err), 1u) << r.err;
@@ -163,11 +136,11 @@ TEST(CeraRun, OverlongPromptIsOneLineAndNonZero) {
 }
 
 TEST(CeraRun, BadOptionsFail) {
-    EXPECT_EQ(run("-m " + quote(kModel)).code, 2);  // no prompt
-    const Result dev = run("-m " + quote(kModel) + " -p hi --device tpu");
+    EXPECT_EQ(run("-m " + shell_quote(kModel)).code, 2);  // no prompt
+    const Result dev = run("-m " + shell_quote(kModel) + " -p hi --device tpu");
     EXPECT_EQ(dev.code, 1);
     EXPECT_EQ(lines(dev.err), 1u) << dev.err;
-    const Result pen = run("-m " + quote(kModel) + " -p hi --repeat-penalty 0");
+    const Result pen = run("-m " + shell_quote(kModel) + " -p hi --repeat-penalty 0");
     EXPECT_EQ(pen.code, 1);
     EXPECT_EQ(lines(pen.err), 1u) << pen.err;
 }
@@ -179,7 +152,7 @@ namespace {
 // `cera bench --json` on the bundled model: the tests it ran, consistent statistics, and the
 // roofline arithmetic from a given bandwidth.
 TEST(CeraBench, JsonReportIsConsistent) {
-    const std::string cmd = quote(cera_bin()) + " bench -m " + quote(kModel) +
+    const std::string cmd = shell_quote(cera_bin()) + " bench -m " + shell_quote(kModel) +
                             " -p 32 -n 8 -r 3 --threads 1 --bandwidth 20 --json 2>/dev/null";
     FILE* p = ::popen(cmd.c_str(), "r");
     ASSERT_NE(p, nullptr);

@@ -88,26 +88,12 @@ TEST(EmbedApi, BadInput) {
 
 // ---- `cera embed`
 
-std::string cera_bin() {
-    const char* env = std::getenv("CERA_BIN");
-    return env && *env ? env : std::string(CERA_BINARY_DIR) + "/bin/cera";
-}
+using cera::test::cera_bin;
 
-struct CliResult {
-    int code = -1;
-    std::string out;
-};
+using CliResult = cera::test::ShellResult;
 
 CliResult run(const std::string& args) {
-    CliResult r;
-    FILE* p = ::popen((cera_bin() + " embed " + args + " 2>/dev/null </dev/null").c_str(), "r");
-    if (!p) return r;
-    char buf[65536];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-    const int status = ::pclose(p);
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return r;
+    return cera::test::run_shell(cera_bin() + " embed " + args + " 2>/dev/null </dev/null", false);
 }
 
 TEST(EmbedCli, OutputsMatchTheReference) {

@@ -15,16 +15,8 @@
 
 namespace {
 
-std::string bin() {
-    const char* b = std::getenv("CERA_BIN");
-    return b ? b : std::string(CERA_BINARY_DIR) + "/bin/cera";
-}
-
-std::string quote(const std::string& s) {
-    std::string q = "'";
-    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    return q + "'";
-}
+const auto& bin = cera::test::cera_bin;
+const auto& quote = cera::test::shell_quote;
 
 int run(const std::string& cmd) {
     const int rc = std::system(cmd.c_str());

@@ -22,10 +22,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string cera_bin() {
-    const char* env = std::getenv("CERA_BIN");
-    return env && *env ? env : std::string(CERA_BINARY_DIR) + "/bin/cera";
-}
+using cera::test::cera_bin;
 
 class TinyStories : public ::testing::Test {
    protected:

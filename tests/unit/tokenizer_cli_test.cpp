@@ -16,28 +16,14 @@
 
 namespace {
 
-std::string cera_bin() {
-    const char* env = std::getenv("CERA_BIN");
-    return env ? env : std::string(CERA_BINARY_DIR) + "/bin/cera";
-}
+using cera::test::cera_bin;
+const auto& quote = cera::test::shell_quote;
 
 // Runs a shell command; returns stdout and sets the exit status.
 std::string run(const std::string& cmd, int* status) {
-    std::string out;
-    FILE* p = popen(cmd.c_str(), "r");
-    if (!p) return out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-    const int rc = pclose(p);
-    *status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-    return out;
-}
-
-std::string quote(const std::string& s) {
-    std::string q = "'";
-    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    return q + "'";
+    cera::test::ShellResult r = cera::test::run_shell(cmd, false);
+    *status = r.code;
+    return r.out;
 }
 
 class TokenizeCli : public ::testing::Test {
