@@ -369,7 +369,8 @@ TEST_F(CudaBackendTest, KvStoreAndAttention) {
     };
     for (const C& c : {C{4, 2, 64, 300, GgmlType::kF16, 0}, C{8, 8, 128, 2000, GgmlType::kF32, 0},
                        C{6, 2, 256, 700, GgmlType::kF16, 0}, C{4, 1, 64, 3000, GgmlType::kF16, 100},
-                       C{2, 2, 72, 64, GgmlType::kF32, 0}}) {
+                       C{2, 2, 72, 64, GgmlType::kF32, 0}, C{8, 8, 64, 9000, GgmlType::kF16, 0},
+                       C{32, 4, 32, 1000, GgmlType::kF32, 0}}) {
         SCOPED_TRACE("head_dim " + std::to_string(c.head_dim) + " n_ctx " + std::to_string(c.n_ctx));
         const int64_t width = int64_t(c.n_head_kv) * c.head_dim;
         auto kc = both(c.kv, {width, c.n_ctx}, nullptr);
@@ -390,7 +391,11 @@ TEST_F(CudaBackendTest, KvStoreAndAttention) {
         ap.scale = 1.0f / std::sqrt(float(c.head_dim));
         ap.sliding_window = c.window;
         const int64_t last = c.n_ctx - 1;
-        std::vector<std::vector<int32_t>> all = {{0}, {int32_t(last)}, {int32_t(last / 2)}, {5, 6, 7}, {}};
+        // Decode-sized batches (attention.cu's decode kernel: chunks, splits, the in-kernel merge).
+        std::vector<std::vector<int32_t>> all = {{0}, {int32_t(last)}, {int32_t(last / 2)}, {5, 6, 7},
+                                                 {int32_t(last), 3, int32_t(last / 3)}, {}};
+        for (int64_t p : {int64_t(31), int64_t(32), int64_t(255), int64_t(256), int64_t(257), int64_t(4000)})
+            if (p < c.n_ctx) all.insert(all.begin(), {int32_t(p)});
         for (int64_t p = std::max<int64_t>(0, last - 36); p <= last; ++p) all.back().push_back(int32_t(p));
         all.emplace_back();  // a prefill chunk: query tiles over the union of their key ranges
         for (int64_t p = 0; p < std::min<int64_t>(c.n_ctx, 203); ++p) all.back().push_back(int32_t(p));

@@ -67,6 +67,7 @@ struct AttnK {
     float scale;
     float* out;
     float* partial;
+    int kc;            // decode kernel: keys per chunk
     uint8_t* out_xq;  // quantize_q8 rows of out (row = n_head * head_dim), or null
 };
 
@@ -556,6 +557,250 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnK a) {
     }
 }
 
+// Decode (up to kDecMaxTokens queries of one sequence): one block per (kv head, split, token) serves
+// the G query heads of its GQA group, so each K/V row is read once per group. Keys are taken in
+// chunks of kc rows (kc from the shared memory budget, <= 256), split s walking chunks s, s + S, ...;
+// a chunk's K and V rows are copied to shared memory with cp.async, and the rows below the step's
+// smallest position (written by earlier steps, complete before this step's first kernel) are
+// requested before the PDL wait, so for short contexts the whole key range is in flight while the
+// kernels before this one run; only q and the rows of this step's tokens are read after it. Then:
+// scores (one key per thread, its K row against the G queries), a per-head softmax by one warp
+// (online across chunks), and P V with a thread per (head, dim pair). With one active split the block
+// writes the output; otherwise each split writes (m, l, o) and the last split to finish (an atomic
+// counter per (token, kv head), reset by that block) merges them: no second launch.
+constexpr int kDecMaxTokens = 8;
+constexpr int kDecMaxItems = 8;  // (head, dim pair) items per thread: G * head_dim <= 2 * 128 * 8
+constexpr int kDecSmem = 96 * 1024;
+// The attention scratch starts with the decode kernel's counters (one int per (token, kv head), at
+// the same place whatever the call's shape, so no call's partials overwrite another's counters);
+// every kernel's partials follow them.
+constexpr int64_t kCounterFloats = 1024;
+
+struct DecPlan {
+    bool ok = false;
+    int kc = 0, splits = 1;
+    size_t smem = 0;
+};
+
+__device__ __forceinline__ void cp_async16v(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(uint32_t(__cvta_generic_to_shared(dst))), "l"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void load8s(const __half* p, float* v) {
+    const uint4 a = *reinterpret_cast<const uint4*>(p);
+    const __half2* h = reinterpret_cast<const __half2*>(&a);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 f = __half22float2(h[i]);
+        v[2 * i] = f.x, v[2 * i + 1] = f.y;
+    }
+}
+__device__ __forceinline__ void load8s(const float* p, float* v) {
+    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ float2 load2s(const __half* p) { return __half22float2(*reinterpret_cast<const __half2*>(p)); }
+__device__ __forceinline__ float2 load2s(const float* p) { return *reinterpret_cast<const float2*>(p); }
+
+// Shared memory: K rows (stride hd + 16 bytes: 16-byte reads of 8 different rows hit distinct banks),
+// V rows, q [G][hd] (pre-scaled), p [G][kc], m / l / corr [3][G], one flag.
+template <class C>
+__global__ void __launch_bounds__(kThreads) attn_dec_kernel(const AttnK a) {
+    pdl_trigger();
+    extern __shared__ __align__(16) unsigned char dsm[];
+    constexpr int es = sizeof(C);
+    const int hk = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t t = blockIdx.z;
+    const int hd = a.head_dim, G = a.n_head / a.n_head_kv, kc = a.kc, S = a.n_splits;
+    const int krow = hd * es + 16, vrow = hd * es, pieces = hd * es / 16;
+    unsigned char* k_s = dsm;
+    unsigned char* v_s = k_s + size_t(kc) * krow;
+    float* q_s = reinterpret_cast<float*>(v_s + size_t(kc) * vrow);
+    float* p_s = q_s + G * hd;
+    float* st_s = p_s + G * kc;  // m [G], l [G], corr [G]
+    int* flag_s = reinterpret_cast<int*>(st_s + 3 * G);
+    const int64_t kv_width = int64_t(a.n_head_kv) * hd;
+    const unsigned char* kg = static_cast<const unsigned char*>(a.k) + int64_t(hk) * hd * es;
+    const unsigned char* vg = static_cast<const unsigned char*>(a.v) + int64_t(hk) * hd * es;
+
+    // Positions are step inputs written by the host: everything up to the copies comes before the wait.
+    int64_t begin, end;
+    attn_key_range(a.pos[t], a.n_ctx, a.sliding_window, begin, end);
+    const int64_t len = max(end - begin, int64_t(0));
+    const int64_t n_chunks = ceil_div(len, kc);
+    const int n_act = int(min(int64_t(S), n_chunks));
+    if (s > 0 && s >= n_act) return;  // block (hk, 0, t) always runs (and waits)
+    int64_t safe = INT64_MAX;  // rows below every position of this step: not written by it
+    for (int64_t i = 0; i < a.n_tokens; ++i) safe = min(safe, int64_t(a.pos[i]));
+    auto copy_rows = [&](int64_t lo, int n, int64_t from, int64_t to) {
+        for (int i = tid; i < n * pieces; i += kThreads) {
+            const int r = i / pieces, c16 = i - r * pieces;
+            const int64_t j = lo + r;
+            if (j < from || j >= to) continue;
+            const int64_t off = j * kv_width * es + c16 * 16;
+            cp_async16v(k_s + r * krow + c16 * 16, kg + off);
+            cp_async16v(v_s + r * vrow + c16 * 16, vg + off);
+        }
+        cp_async_commit();
+    };
+    int64_t c = s, lo = begin + c * kc;
+    int n = int(min(int64_t(kc), end - lo));
+    if (len > 0) copy_rows(lo, n, lo, min(safe, lo + n));
+    pdl_wait();
+    const int64_t qrow0 = t * a.n_head + int64_t(hk) * G;
+    if (len == 0) {
+        for (int e = tid; e < G * hd; e += kThreads) write_out(a, qrow0 + e / hd, e % hd, 0.0f);
+        return;
+    }
+    copy_rows(lo, n, max(safe, lo), lo + n);
+    for (int i = tid; i < G * hd; i += kThreads) q_s[i] = a.q[qrow0 * hd + i] * a.scale;
+    for (int g = tid; g < G; g += kThreads) st_s[g] = -INFINITY, st_s[G + g] = 0.0f;
+    const int half = hd / 2, n_items = G * half;
+    float2 o[kDecMaxItems];
+#pragma unroll
+    for (int r = 0; r < kDecMaxItems; ++r) o[r] = make_float2(0.0f, 0.0f);
+    for (;;) {
+        cp_async_wait<0>();
+        __syncthreads();
+        // Scores: key j of the chunk against the G queries, up to 8 heads per pass.
+        for (int j = tid; j < n; j += kThreads) {
+            const C* kr = reinterpret_cast<const C*>(k_s + j * krow);
+            for (int g0 = 0; g0 < G; g0 += 8) {
+                float acc[8];
+#pragma unroll
+                for (int gi = 0; gi < 8; ++gi) acc[gi] = 0.0f;
+                for (int d = 0; d < hd; d += 8) {
+                    float kv[8];
+                    load8s(kr + d, kv);
+#pragma unroll
+                    for (int gi = 0; gi < 8; ++gi) {
+                        if (g0 + gi >= G) break;
+                        const float4* qq = reinterpret_cast<const float4*>(q_s + (g0 + gi) * hd + d);
+                        const float4 x0 = qq[0], x1 = qq[1];
+                        float sacc = acc[gi];
+                        sacc = fmaf(x0.x, kv[0], sacc);
+                        sacc = fmaf(x0.y, kv[1], sacc);
+                        sacc = fmaf(x0.z, kv[2], sacc);
+                        sacc = fmaf(x0.w, kv[3], sacc);
+                        sacc = fmaf(x1.x, kv[4], sacc);
+                        sacc = fmaf(x1.y, kv[5], sacc);
+                        sacc = fmaf(x1.z, kv[6], sacc);
+                        sacc = fmaf(x1.w, kv[7], sacc);
+                        acc[gi] = sacc;
+                    }
+                }
+#pragma unroll
+                for (int gi = 0; gi < 8; ++gi)
+                    if (g0 + gi < G) p_s[(g0 + gi) * kc + j] = acc[gi];
+            }
+        }
+        __syncthreads();
+        // Softmax of each head over the chunk, merged into its running max and sum.
+        for (int g = warp; g < G; g += kThreads / 32) {
+            float* pg = p_s + g * kc;
+            float mx = -INFINITY;
+            for (int j = lane; j < n; j += 32) mx = fmaxf(mx, pg[j]);
+            mx = warp_max(mx);
+            const float m_old = st_s[g], m_new = fmaxf(m_old, mx);
+            float sum = 0.0f;
+            for (int j = lane; j < n; j += 32) {
+                const float e = __expf(pg[j] - m_new);
+                pg[j] = e;
+                sum += e;
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                const float corr = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
+                st_s[G + g] = st_s[G + g] * corr + sum;
+                st_s[g] = m_new;
+                st_s[2 * G + g] = corr;
+            }
+        }
+        __syncthreads();
+        // o[g][2 dp .. 2 dp + 1] = corr * o + sum_j p[g][j] V[j][2 dp ..]
+#pragma unroll
+        for (int r = 0; r < kDecMaxItems; ++r) {
+            const int i = tid + r * kThreads;
+            if (i >= n_items) break;
+            const int g = i / half, dp = i - g * half;
+            const float corr = st_s[2 * G + g];
+            const float* pg = p_s + g * kc;
+            const unsigned char* vc = v_s + dp * 2 * es;
+            float2 a0 = make_float2(o[r].x * corr, o[r].y * corr), a1 = make_float2(0.0f, 0.0f);
+            int j = 0;
+            for (; j + 1 < n; j += 2) {
+                const float2 v0 = load2s(reinterpret_cast<const C*>(vc + j * vrow));
+                const float2 v1 = load2s(reinterpret_cast<const C*>(vc + (j + 1) * vrow));
+                const float p0 = pg[j], p1 = pg[j + 1];
+                a0.x = fmaf(p0, v0.x, a0.x), a0.y = fmaf(p0, v0.y, a0.y);
+                a1.x = fmaf(p1, v1.x, a1.x), a1.y = fmaf(p1, v1.y, a1.y);
+            }
+            if (j < n) {
+                const float2 v0 = load2s(reinterpret_cast<const C*>(vc + j * vrow));
+                a0.x = fmaf(pg[j], v0.x, a0.x), a0.y = fmaf(pg[j], v0.y, a0.y);
+            }
+            o[r] = make_float2(a0.x + a1.x, a0.y + a1.y);
+        }
+        c += S;
+        if (c >= n_chunks) break;
+        __syncthreads();  // every thread is done with this chunk's rows and p
+        lo = begin + c * kc;
+        n = int(min(int64_t(kc), end - lo));
+        copy_rows(lo, n, lo, lo + n);
+    }
+    if (n_act == 1) {
+        __syncthreads();  // q_s is reused for the normalised rows
+#pragma unroll
+        for (int r = 0; r < kDecMaxItems; ++r) {
+            const int i = tid + r * kThreads;
+            if (i >= n_items) break;
+            const int g = i / half, dp = i - g * half;
+            const float l = st_s[G + g], inv = l > 0.0f ? 1.0f / l : 0.0f;
+            q_s[g * hd + 2 * dp] = o[r].x * inv, q_s[g * hd + 2 * dp + 1] = o[r].y * inv;
+        }
+        __syncthreads();
+        for (int e = tid; e < G * hd; e += kThreads) write_out(a, qrow0 + e / hd, e % hd, q_s[e]);
+        return;
+    }
+    // Several splits: (o [G][hd], m [G], l [G]) per split; the last one to finish merges.
+    const int64_t per = int64_t(G) * (hd + 2);
+    const int64_t group = t * a.n_head_kv + hk;
+    float* base = a.partial + kCounterFloats + group * S * per;
+    float* part = base + s * per;
+#pragma unroll
+    for (int r = 0; r < kDecMaxItems; ++r) {
+        const int i = tid + r * kThreads;
+        if (i >= n_items) break;
+        const int g = i / half, dp = i - g * half;
+        part[g * hd + 2 * dp] = o[r].x, part[g * hd + 2 * dp + 1] = o[r].y;
+    }
+    for (int g = tid; g < G; g += kThreads) part[G * hd + g] = st_s[g], part[G * hd + G + g] = st_s[G + g];
+    __threadfence();
+    __syncthreads();
+    int* counter = reinterpret_cast<int*>(a.partial) + group;
+    if (tid == 0) flag_s[0] = atomicAdd(counter, 1) == n_act - 1;
+    __syncthreads();
+    if (!flag_s[0]) return;
+    __threadfence();
+    for (int e = tid; e < G * hd; e += kThreads) {
+        const int g = e / hd, d = e - g * hd;
+        float M = -INFINITY;
+        for (int j = 0; j < n_act; ++j) M = fmaxf(M, __ldcg(base + j * per + G * hd + g));
+        float L = 0.0f, O = 0.0f;
+        for (int j = 0; j < n_act; ++j) {
+            const float* pj = base + j * per;
+            const float lj = __ldcg(pj + G * hd + G + g);
+            if (lj > 0.0f) {
+                const float w = __expf(__ldcg(pj + G * hd + g) - M);
+                L += lj * w;
+                O += __ldcg(pj + e) * w;
+            }
+        }
+        write_out(a, qrow0 + g, d, L > 0.0f ? O / L : 0.0f);
+    }
+    if (tid == 0) *counter = 0;
+}
+
 // Merges the splits of one (token, head): out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M).
 __global__ void attn_combine_kernel(const AttnK a) {
     pdl_trigger();
@@ -600,12 +845,71 @@ void launch_mma(dim3 grid, cudaStream_t s, const AttnK& k) {
 
 }  // namespace
 
-size_t attention_scratch_floats(int64_t n_tokens, int64_t n_ctx, int n_head, int head_dim) {
-    const int n_splits = attn_splits(n_tokens, n_ctx);
-    return n_splits > 1 ? size_t(n_tokens) * n_head * n_splits * (head_dim + 2) : 0;
+namespace {
+
+int sm_count() {
+    static int n[64] = {};
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    int& v = n[dev & 63];
+    if (v == 0) CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+}
+
+// The decode kernel's chunk and split count for these arguments, or !ok (another kernel serves them).
+DecPlan dec_plan(const AttentionArgs& a) {
+    DecPlan p;
+    static const bool on = [] {
+        const char* e = std::getenv("CERA_CUDA_ATTN_DEC");  // 0: the per-query kernel for decode too
+        return !(e && e[0] == '0');
+    }();
+    if (!on || a.n_tokens > kDecMaxTokens || a.head_dim % 8 != 0 || a.head_dim > 256 || a.n_head_kv <= 0 ||
+        a.n_head % a.n_head_kv != 0 || a.n_tokens * a.n_head_kv > kCounterFloats)
+        return p;
+    const int G = a.n_head / a.n_head_kv, hd = a.head_dim, es = a.f16 ? 2 : 4;
+    if (int64_t(G) * hd > 2 * kThreads * kDecMaxItems) return p;
+    const int64_t per_key = int64_t(2 * hd * es + 16 + 4 * G), fixed = int64_t(4) * G * hd + 12 * G + 16;
+    const int64_t kc = std::min<int64_t>(256, (kDecSmem - fixed) / per_key / 32 * 32);
+    if (kc < 32) return p;
+    const int64_t max_len = a.sliding_window > 0 ? std::min<int64_t>(a.n_ctx, a.sliding_window) : a.n_ctx;
+    const int64_t by_len = std::max<int64_t>(1, ceil_div(max_len, kc));
+    const int64_t by_sms = std::max<int64_t>(1, ceil_div(2 * sm_count(), int64_t(a.n_head_kv) * a.n_tokens));
+    p.ok = true;
+    p.kc = int(kc);
+    p.splits = int(std::min(by_len, by_sms));
+    p.smem = size_t(kc * per_key + fixed);
+    return p;
+}
+
+
+template <class C>
+void launch_dec(const AttnK& k, const DecPlan& p, cudaStream_t s) {
+    static std::atomic<uint64_t> done{0};
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    const uint64_t bit = uint64_t(1) << (dev & 63);
+    if (!(done.load(std::memory_order_relaxed) & bit)) {
+        CUDA_CHECK(cudaFuncSetAttribute(attn_dec_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDecSmem));
+        done.fetch_or(bit, std::memory_order_relaxed);
+    }
+    launch(attn_dec_kernel<C>, dim3(unsigned(k.n_head_kv), unsigned(p.splits), unsigned(k.n_tokens)), kThreads, p.smem,
+           s, k);
+}
+
+}  // namespace
+
+size_t attention_scratch_floats(const AttentionArgs& a) {
+    const DecPlan p = dec_plan(a);
+    if (p.ok)
+        return p.splits == 1 ? 0
+                             : size_t(kCounterFloats) + size_t(a.n_tokens) * a.n_head_kv * p.splits *
+                                                            (a.n_head / a.n_head_kv) * (a.head_dim + 2);
+    const int n_splits = attn_splits(a.n_tokens, a.n_ctx);
+    return n_splits > 1 ? size_t(kCounterFloats) + size_t(a.n_tokens) * a.n_head * n_splits * (a.head_dim + 2) : 0;
 }
 
 void attention(const AttentionArgs& a, Stream stream) {
+    if (debug_skip("attn")) return;
     if (a.n_tokens == 0) return;
     CERA_CHECK(a.head_dim % 8 == 0 && a.head_dim <= 2 * kThreads && a.n_head % a.n_head_kv == 0,
                "attention: head_dim %d (needs a multiple of 8, <= 256), n_head %d, n_head_kv %d", a.head_dim,
@@ -618,10 +922,19 @@ void attention(const AttentionArgs& a, Stream stream) {
     CERA_CHECK(!a.out_xq || (a.head_dim % 32 == 0 && a.head_dim <= kThreads), "attention: 8-bit output rows need "
                "head_dim %% 32 == 0 and <= %d", kThreads);
     k.out_xq = static_cast<uint8_t*>(a.out_xq);
+    cudaStream_t s = as_stream(stream);
+    if (const DecPlan p = dec_plan(a); p.ok) {
+        CERA_CHECK(!a.out_xq || a.head_dim % 32 == 0);
+        CERA_CHECK(p.splits == 1 || a.partial != nullptr, "attention: the decode kernel needs its scratch");
+        k.n_splits = p.splits, k.kc = p.kc;
+        if (a.f16) launch_dec<__half>(k, p, s);
+        else launch_dec<float>(k, p, s);
+        return;
+    }
     CERA_CHECK(k.n_splits == 1 || a.partial != nullptr);
+    if (a.partial) k.partial = a.partial + kCounterFloats;
     const dim3 grid(unsigned(a.n_head), unsigned(k.n_splits), unsigned(a.n_tokens));
     const size_t smem = sizeof(float) * (a.head_dim + kThreads + 32 + 2 * kThreads);
-    cudaStream_t s = as_stream(stream);
     static const bool tiles = [] {
         const char* e = std::getenv("CERA_CUDA_ATTN_TILES");  // 0: the per-query kernel for batches too
         return !(e && e[0] == '0');

@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "backends/cuda/cuda_check.h"
@@ -27,6 +29,13 @@ __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.lau
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 bool pdl_enabled();  // CERA_CUDA_PDL=0 turns it off
+// Benchmarks only: CERA_CUDA_SKIP=norm,attn,... leaves those launches out, so a decode step's time
+// without them can be measured (the results are wrong). Kinds: norm rope attn conv glu allgemv
+// resgemv ingemv lmhead argmax (bench/NOTES.md, "Ablation").
+inline bool debug_skip(const char* kind) {
+    static const char* e = std::getenv("CERA_CUDA_SKIP");
+    return e && std::strstr(e, kind);
+}
 
 template <class... KArgs, class... Args>
 void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {

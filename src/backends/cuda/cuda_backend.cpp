@@ -402,7 +402,7 @@ class CudaBackend final : public Backend {
         a.n_head = p.n_head, a.n_head_kv = p.n_head_kv, a.head_dim = p.head_dim;
         a.scale = p.scale, a.sliding_window = p.sliding_window;
         a.out = out.as<float>();
-        const size_t n = cuda::attention_scratch_floats(a.n_tokens, a.n_ctx, p.n_head, p.head_dim);
+        const size_t n = cuda::attention_scratch_floats(a);
         a.partial = n ? static_cast<float*>(scratch(kAttn, n * sizeof(float))) : nullptr;
         if (p.head_dim % 32 == 0 && p.head_dim <= 128)
             a.out_xq = q8_sidecar(out.as<const float>(), a.n_tokens, int64_t(p.n_head) * p.head_dim, nullptr);
@@ -753,6 +753,7 @@ class CudaBackend final : public Backend {
         touch();
         s.bytes = std::max(bytes, s.bytes * 2);
         CUDA_CHECK(cudaMalloc(&s.ptr, s.bytes));
+        CUDA_CHECK(cudaMemsetAsync(s.ptr, 0, s.bytes, stream_));  // attention's counters start at zero
         return s.ptr;
     }
 

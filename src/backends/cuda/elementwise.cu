@@ -213,6 +213,7 @@ void add_bias(float* y, const float* bias, int64_t n_rows, int64_t n, Stream str
 
 void short_conv(const float* bcx, const float* w, int L, float* state, int64_t n_tokens, int64_t n_embd, float* out,
                 Stream stream, void* xq) {
+    if (debug_skip("conv")) return;
     CERA_CHECK(L >= 1 && L <= kMaxConv, "short_conv: kernel length %d (supported 1..%d)", L, kMaxConv);
     if (n_tokens == 0) return;
     cudaStream_t s = as_stream(stream);

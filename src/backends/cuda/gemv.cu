@@ -453,6 +453,10 @@ Seg make_seg(const GemvArgs& a) {
 }  // namespace
 
 void gemv_multi(const GemvArgs* a, int n, Stream stream) {
+    if (debug_skip("allgemv")) return;
+    if (a[0].res_out && debug_skip("resgemv")) return;
+    if (!a[0].res_out && a[0].rows > 40000 && debug_skip("lmhead")) return;
+    if (!a[0].res_out && a[0].rows <= 40000 && debug_skip("ingemv")) return;
     CERA_CHECK(n >= 1 && n <= kMaxSegs);
     bool vec = true;
     GemvK p = common_params(a[0], vec);
@@ -494,6 +498,7 @@ void gemv(const GemvArgs& a, Stream stream) { gemv_multi(&a, 1, stream); }
 bool gemv_glu_supported(GgmlType type, int64_t rows) { return quant_layout(type).block_elems > 0 && rows % 32 == 0; }
 
 void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq, Stream stream) {
+    if (debug_skip("glu")) return;
     CERA_CHECK(gemv_glu_supported(gate.w.type, gate.rows) && up.w.type == gate.w.type && up.w.k == gate.w.k &&
                up.rows == gate.rows && up.n_y == gate.n_y && up.xq == gate.xq && !gate.ids && !up.ids &&
                !gate.accumulate && !up.accumulate && gate.ldy == gate.rows);

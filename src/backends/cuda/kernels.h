@@ -167,10 +167,12 @@ struct AttentionArgs {
     float scale = 1.0f;
     int sliding_window = 0;
     float* out = nullptr;          // [n_tokens, n_head * head_dim]
-    float* partial = nullptr;      // scratch of attention_scratch_floats()
+    float* partial = nullptr;      // scratch of attention_scratch_floats(), zero-filled when allocated
     void* out_xq = nullptr;        // quantize_q8 rows of out, or null (head_dim % 32 == 0)
 };
-size_t attention_scratch_floats(int64_t n_tokens, int64_t n_ctx, int n_head, int head_dim);
+// Scratch floats attention(a) needs (0: none). Its first words are counters that every call leaves
+// at zero, so the buffer must be zero-filled once when it is allocated.
+size_t attention_scratch_floats(const AttentionArgs& a);
 void attention(const AttentionArgs& a, Stream stream);
 
 // LFM2 short conv (see backend.h): bcx [n_tokens, 3 n_embd], w [n_embd, L], state [L-1, n_embd]
