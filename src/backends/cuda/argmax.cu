@@ -49,13 +49,23 @@ __global__ void __launch_bounds__(kThreads) argmax_rows_kernel(const float* __re
     const int64_t tail = head + 4 * n_vec;
     if (threadIdx.x < head) take(row[threadIdx.x], int(threadIdx.x), best, bi);
     const float4* body = reinterpret_cast<const float4*>(row + head);
-    for (int64_t j = threadIdx.x; j < n_vec; j += kThreads) {
-        const float4 v = body[j];
-        const int i = int(head + 4 * j);
-        take(v.x, i, best, bi);
-        take(v.y, i + 1, best, bi);
-        take(v.z, i + 2, best, bi);
-        take(v.w, i + 3, best, bi);
+    // kBatch loads in flight per thread before any comparison: one L2 round trip per batch, not per load.
+    constexpr int kBatch = 8;
+    for (int64_t j0 = threadIdx.x; j0 < n_vec; j0 += int64_t(kBatch) * kThreads) {
+        float4 v[kBatch];
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+            const int64_t j = j0 + int64_t(b) * kThreads;
+            v[b] = j < n_vec ? body[j] : make_float4(NAN, NAN, NAN, NAN);
+        }
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+            const int i = int(head + 4 * (j0 + int64_t(b) * kThreads));
+            take(v[b].x, i, best, bi);
+            take(v[b].y, i + 1, best, bi);
+            take(v[b].z, i + 2, best, bi);
+            take(v[b].w, i + 3, best, bi);
+        }
     }
     if (tail + threadIdx.x < n) take(row[tail + threadIdx.x], int(tail + threadIdx.x), best, bi);
 
