@@ -62,20 +62,44 @@ __device__ __forceinline__ Seg pick_seg(const GemvK& a, int64_t& bx) {
     return s;
 }
 
+// The warp sums of R values at once (R = 1, 2 or 4): each step of the butterfly halves the values a
+// lane carries until one is left, so it takes 5 + R - 1 shuffles instead of 5 R. The total of v[r]
+// ends in lanes r * 32 / R .. (r + 1) * 32 / R - 1; the function returns the total this lane holds.
+template <int R>
+__device__ __forceinline__ float warp_sum_rows(const float (&v)[R]) {
+    static_assert(R == 1 || R == 2 || R == 4);
+    const int lane = threadIdx.x & 31;
+    float keep;
+    int o = 16;
+    if constexpr (R == 1) {
+        keep = v[0];
+    } else if constexpr (R == 2) {
+        const bool hi = lane & 16;
+        keep = (hi ? v[1] : v[0]) + __shfl_xor_sync(0xffffffffu, hi ? v[0] : v[1], 16);
+        o = 8;
+    } else {
+        const bool b4 = lane & 16, b3 = lane & 8;
+        const float k0 = (b4 ? v[2] : v[0]) + __shfl_xor_sync(0xffffffffu, b4 ? v[0] : v[2], 16);
+        const float k1 = (b4 ? v[3] : v[1]) + __shfl_xor_sync(0xffffffffu, b4 ? v[1] : v[3], 16);
+        keep = (b3 ? k1 : k0) + __shfl_xor_sync(0xffffffffu, b3 ? k0 : k1, 8);
+        o = 4;
+    }
+    for (; o > 0; o >>= 1) keep += __shfl_xor_sync(0xffffffffu, keep, o);
+    return keep;
+}
+
 template <int R>
 __device__ __forceinline__ void finish(const GemvK& a, const Seg& sg, float (&acc)[R], int64_t r0, int yi) {
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const float s = warp_sum(acc[r]);
-        if (lane == r && r0 + r < sg.rows) {
-            const int64_t o = int64_t(yi) * sg.ldy + r0 + r;
-            float v = s;
-            if (sg.bias) v += sg.bias[r0 + r];
-            if (a.accumulate) v += sg.y[o];
-            sg.y[o] = v;
-            if (sg.res_out) sg.res_out[o] = sg.res_a[o] + sg.res_scale * v;
-        }
+    constexpr int W = 32 / R;  // lanes holding one row's total
+    const int lane = threadIdx.x & 31, r = lane / W;
+    const float s = warp_sum_rows<R>(acc);
+    if (lane % W == 0 && r0 + r < sg.rows) {
+        const int64_t o = int64_t(yi) * sg.ldy + r0 + r;
+        float v = s;
+        if (sg.bias) v += sg.bias[r0 + r];
+        if (a.accumulate) v += sg.y[o];
+        sg.y[o] = v;
+        if (sg.res_out) sg.res_out[o] = sg.res_a[o] + sg.res_scale * v;
     }
 }
 
@@ -171,11 +195,8 @@ __global__ void __launch_bounds__(128) gemv_q_kernel(const GemvK a) {
     if (ks > 1) {
         __shared__ float part_s[4][R];
         const int lane = threadIdx.x & 31;
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const float s = warp_sum(acc[r]);
-            if (lane == 0) part_s[warp][r] = s;
-        }
+        const float s = warp_sum_rows<R>(acc);
+        if (lane % (32 / R) == 0) part_s[warp][lane / (32 / R)] = s;
         __syncthreads();
         if (part != 0) return;
 #pragma unroll
@@ -216,10 +237,14 @@ __global__ void __launch_bounds__(512) gemv_glu_kernel(const GemvK a) {
     };
     float acc[2 * R];
     dot_rows<T, 2 * R>(a, yi, true, false, set_rows, acc);
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const float sgv = warp_sum(acc[r]), suv = warp_sum(acc[R + r]);
-        if (lane == r) {
+    // Totals: gate rows in lanes 0-7 and 8-15, up rows in 16-23 and 24-31; lane 8 r gets both of row r.
+    static_assert(R == 2);
+    const float tot = warp_sum_rows<2 * R>(acc);
+    const float tot_up = __shfl_sync(0xffffffffu, tot, (lane + 16) & 31);
+    {
+        const int r = lane / 8;
+        const float sgv = tot, suv = tot_up;
+        if (lane % 8 == 0 && lane < 16) {
             const int64_t o = int64_t(yi) * g.ldy + r0 + r;
             const float gv = sgv + (g.bias ? g.bias[r0 + r] : 0.0f);
             const float uv = suv + (u.bias ? u.bias[r0 + r] : 0.0f);
