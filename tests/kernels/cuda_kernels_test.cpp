@@ -331,6 +331,35 @@ TEST_F(CudaBackendTest, ArgmaxMatchesReference) {
     }
 }
 
+// Writes and reads of every size class (pinned staging ring, its wrap-around, the pageable path for
+// large ones) land where they should, and a write's source may be reused as soon as write() returns.
+TEST_F(CudaBackendTest, TransfersRoundTrip) {
+    const int64_t n = 1 << 20;  // 4 MiB of f32
+    Tensor t = gpu_->alloc(GgmlType::kF32, {n});
+    std::vector<float> want(static_cast<size_t>(n), 0.0f);
+    std::vector<float> src;
+    std::uniform_int_distribution<int64_t> at(0, n - 1);
+    for (int i = 0; i < 400; ++i) {  // ~6 MB of small writes: the 2 MB ring wraps several times
+        const int64_t len = 1 + (i * 997) % 4096, off = std::min(at(rng_), n - len);
+        src = randn(size_t(len), rng_);
+        gpu_->write(t, src.data(), size_t(len) * 4, size_t(off) * 4);
+        std::copy(src.begin(), src.end(), want.begin() + off);
+        std::fill(src.begin(), src.end(), -1.0f);  // reused at once
+    }
+    src = randn(size_t(n / 2), rng_);  // 2 MiB: the pageable path
+    gpu_->write(t, src.data(), src.size() * 4, size_t(n / 4) * 4);
+    std::copy(src.begin(), src.end(), want.begin() + n / 4);
+    std::vector<float> got(static_cast<size_t>(n));
+    gpu_->read(got.data(), t, got.size() * 4);  // large read
+    EXPECT_EQ(got, want);
+    for (int64_t len : {int64_t(1), int64_t(1000), int64_t(1) << 18}) {  // small reads
+        std::vector<float> part(static_cast<size_t>(len));
+        gpu_->read(part.data(), t, part.size() * 4, size_t(n - len) * 4);
+        EXPECT_TRUE(std::equal(part.begin(), part.end(), want.end() - len)) << "read of " << len;
+    }
+    gpu_->free(t);
+}
+
 TEST_F(CudaBackendTest, NormRope) {
     struct C {
         RopeMode mode;

@@ -45,6 +45,7 @@ namespace cera {
 namespace {
 
 constexpr int64_t kGemvMaxTokens = 8;
+constexpr size_t kPinnedRing = 2u << 20, kPinnedMax = 1u << 20;  // pinned staging (CudaBackend::write)
 constexpr size_t kCublasWorkspace = 32u << 20;
 
 struct WeightInfo {
@@ -75,6 +76,13 @@ class CudaBackend final : public Backend {
         CUBLAS_CHECK(cublasCreate(&cublas_));
         CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
         CUDA_CHECK(cudaMalloc(&cublas_ws_, kCublasWorkspace));
+        const char* pin = std::getenv("CERA_CUDA_PINNED");  // 0: pageable transfers only (benchmarks)
+        if ((pin && pin[0] == '0') ||
+            cudaHostAlloc(reinterpret_cast<void**>(&pinned_), kPinnedRing + kPinnedMax, cudaHostAllocDefault) !=
+                cudaSuccess) {
+            cudaGetLastError();  // no pinned memory: every transfer takes the pageable path
+            pinned_ = nullptr;
+        }
         CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, kCublasWorkspace));
         const char* g = std::getenv("CERA_CUDA_GRAPHS");
         graphs_enabled_ = !(g && std::strcmp(g, "0") == 0);
@@ -109,6 +117,7 @@ class CudaBackend final : public Backend {
         for (auto& s : scratch_) cudaFree(s.ptr);
         cublasDestroy(cublas_);
         cudaFree(cublas_ws_);
+        if (pinned_) cudaFreeHost(pinned_);
         cudaStreamDestroy(stream_);
     }
 
@@ -200,19 +209,41 @@ class CudaBackend final : public Backend {
         t = Tensor{};
     }
 
+    // Small transfers (the step's token ids and positions, the picked token, logits rows) go through
+    // pinned host memory: a write is copied into a ring and queued as a true asynchronous copy (the ring
+    // wraps after a stream synchronization, so no queued copy still reads the bytes it reuses); a read
+    // lands in its own pinned area. Larger ones, and writes while a step is being captured, take the
+    // pageable path, which stages the bytes before returning. Either way the caller may reuse its
+    // memory on return.
     void write(const Tensor& dst, const void* host, size_t n_bytes, size_t offset) override {
         touch();
         if (rec_) rec_->unsupported("write");
         if (n_bytes == 0) return;
-        // Pageable source: the copy is staged before the call returns, so the caller may reuse host.
-        CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst.data) + offset, host, n_bytes, cudaMemcpyHostToDevice,
-                                   stream_));
+        uint8_t* d = static_cast<uint8_t*>(dst.data) + offset;
+        if (pinned_ && !capturing_ && n_bytes <= kPinnedMax) {
+            if (pin_off_ + n_bytes > kPinnedRing) {
+                CUDA_CHECK(cudaStreamSynchronize(stream_));
+                pin_off_ = 0;
+            }
+            std::memcpy(pinned_ + pin_off_, host, n_bytes);
+            CUDA_CHECK(cudaMemcpyAsync(d, pinned_ + pin_off_, n_bytes, cudaMemcpyHostToDevice, stream_));
+            pin_off_ += (n_bytes + 63) / 64 * 64;
+            return;
+        }
+        CUDA_CHECK(cudaMemcpyAsync(d, host, n_bytes, cudaMemcpyHostToDevice, stream_));
     }
     void read(void* host, const Tensor& src, size_t n_bytes, size_t offset) override {
         flush();
         if (n_bytes == 0) return;
-        CUDA_CHECK(cudaMemcpyAsync(host, static_cast<const uint8_t*>(src.data) + offset, n_bytes,
-                                   cudaMemcpyDeviceToHost, stream_));
+        const uint8_t* s = static_cast<const uint8_t*>(src.data) + offset;
+        if (pinned_ && !capturing_ && n_bytes <= kPinnedMax) {
+            uint8_t* area = pinned_ + kPinnedRing;
+            CUDA_CHECK(cudaMemcpyAsync(area, s, n_bytes, cudaMemcpyDeviceToHost, stream_));
+            CUDA_CHECK(cudaStreamSynchronize(stream_));
+            std::memcpy(host, area, n_bytes);
+            return;
+        }
+        CUDA_CHECK(cudaMemcpyAsync(host, s, n_bytes, cudaMemcpyDeviceToHost, stream_));
         CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
     void copy(const Tensor& dst, const Tensor& src) override {
@@ -903,6 +934,8 @@ class CudaBackend final : public Backend {
     Scratch scratch_[kSlots];
     Q8Cache q8_[kQ8Slots];  // indexed by Slot kXq .. kXqB
     bool next_side_ = false;
+    uint8_t* pinned_ = nullptr;  // kPinnedRing bytes of write ring, then kPinnedMax for reads
+    size_t pin_off_ = 0;
     bool fuse_ = true;  // CERA_CUDA_FUSE=0: no grouped or fused launches, no 8-bit side outputs
     PendingMm mm_[cuda::kMaxSegs];
     int n_mm_ = 0;
