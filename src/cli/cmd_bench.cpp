@@ -21,6 +21,7 @@
 #include "cera/error.h"
 #include "cera/session.h"
 #include "cli/command.h"
+#include "cli/engine_flags.h"
 #include "cli/parse_args.h"
 #include "core/cpu_features.h"
 
@@ -98,36 +99,29 @@ struct TestResult {
 
 int run_bench(const std::vector<std::string>& args) {
     CLI::App app{"Measures prefill (pp) and decode (tg) tokens/s on random tokens, like llama-bench.", "cera bench"};
-    std::string model, device = "auto", kv_type = "f32";
-    int n_prompt = 512, n_gen = 128, reps = 5, threads = 0, n_batch = 512;
+    std::string model;
+    EngineFlags ef;
+    int n_prompt = 512, n_gen = 128, reps = 5, n_batch = 512;
     double bandwidth_gbps = 0.0, bw_gib = 1.0;
     bool as_json = false;
     app.add_option("-m,--model", model, "GGUF model")->required();
     app.add_option("-p,--n-prompt", n_prompt, "prompt tokens of the prefill test (0: skip)")->capture_default_str();
     app.add_option("-n,--n-gen", n_gen, "tokens of the decode test (0: skip)")->capture_default_str();
     app.add_option("-r,--repetitions", reps, "repetitions of each test")->capture_default_str();
-    app.add_option("-t,--threads", threads, "CPU threads (0: the physical cores)")->capture_default_str();
     app.add_option("-b,--batch", n_batch, "prefill chunk (tokens per forward pass)")->capture_default_str();
-    app.add_option("--device", device, "auto, cpu, cuda or cuda:N")->capture_default_str();
-    app.add_option("--kv-type", kv_type, "KV cache type: f32 or f16")->capture_default_str();
+    ef.add(app, EngineFlags::kKvType);
     app.add_option("--bandwidth", bandwidth_gbps, "read bandwidth in GB/s for the roofline (default: measure it)");
     app.add_option("--bandwidth-gib", bw_gib, "array size of the bandwidth measurement, GiB")->capture_default_str();
     app.add_flag("--json", as_json, "print one JSON object");
     if (int rc = parse_args(app, args, "bench"); rc >= 0) return rc;
-    if (n_prompt < 0 || n_gen < 0 || reps < 1 || threads < 0 || n_batch < 1 || bandwidth_gbps < 0 || bw_gib <= 0)
-        throw Error(ErrorCode::kInvalidArgument, "-p, -n, -t and --bandwidth must be >= 0, -r and -b >= 1");
-    if (kv_type != "f32" && kv_type != "f16")
-        throw Error(ErrorCode::kInvalidArgument, "--kv-type " + kv_type + ": expected f32 or f16");
-
-    EngineOptions eo;
-    eo.device = device;
-    eo.threads = threads;
+    if (n_prompt < 0 || n_gen < 0 || reps < 1 || n_batch < 1 || bandwidth_gbps < 0 || bw_gib <= 0)
+        throw Error(ErrorCode::kInvalidArgument, "-p, -n and --bandwidth must be >= 0, -r and -b >= 1");
+    EngineOptions eo = ef.options();
     eo.n_ctx = std::max(16, std::max(n_prompt, n_gen + 1));
     eo.n_batch = n_batch;
-    eo.kv_type = kv_type == "f16" ? KvCacheType::kF16 : KvCacheType::kF32;
     auto engine = Engine::load(model, eo);
     const EngineInfo& info = engine->info();
-    const int n_threads = threads > 0 ? threads : std::max(1, cpu_features().physical_cores);
+    const int n_threads = ef.threads > 0 ? ef.threads : std::max(1, cpu_features().physical_cores);
 
     Session s(engine, eo.n_ctx);
     std::mt19937 rng(42);

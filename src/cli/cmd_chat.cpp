@@ -27,6 +27,7 @@
 #include "cera/error.h"
 #include "cera/session.h"
 #include "cli/command.h"
+#include "cli/engine_flags.h"
 #include "cli/parse_args.h"
 #include "cli/model_path.h"
 #include "tokenizer/chat_template.h"
@@ -239,11 +240,11 @@ void print_help() {
 
 int run_chat(const std::vector<std::string>& args) {
     CLI::App app{"Multi-turn chat with a model's chat template. Replies stream to stdout.", "cera chat"};
-    std::string model, device = "auto", kv_type = "f32", cache_dir;
-    int32_t n_predict = 512, n_ctx = 0, n_keep = -1;
-    int threads = 0;
+    std::string model;
+    int32_t n_predict = 512, n_keep = -1;
     int64_t seed = -1;
-    double cache_mib = double(kChatPrefixCacheBytes >> 20);
+    EngineFlags ef;
+    ef.cache_mib = double(kChatPrefixCacheBytes >> 20);
     Chat chat;
     GenerateOptions& g = chat.gen;
     g.sampling.temperature = 0.8f;
@@ -258,33 +259,18 @@ int run_chat(const std::vector<std::string>& args) {
     app.add_option("--repeat-penalty", g.sampling.repeat_penalty, "repetition penalty (1: off)")
         ->capture_default_str();
     app.add_option("--seed", seed, "random seed (default: a random one)");
-    app.add_option("-t,--threads", threads, "CPU threads (0: the physical cores)")->capture_default_str();
-    app.add_option("--device", device, "auto, cpu, cuda or cuda:N")->capture_default_str();
-    app.add_option("-c,--ctx", n_ctx, "context length (0: the model's, at most 4096)")->capture_default_str();
-    app.add_option("--kv-type", kv_type, "KV cache type: f32 or f16")->capture_default_str();
+    ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kPrefixCache);
     app.add_option("--n-keep", n_keep,
                    "when the context fills, keep the first N tokens and drop half of the rest (-1: stop instead)")
         ->capture_default_str();
-    app.add_option("--prompt-cache", cache_dir, "directory of the on-disk prefix cache (default: none)");
-    app.add_option("--cache-mib", cache_mib, "in-memory prefix cache size in MiB")->capture_default_str();
     app.add_flag("-v,--verbose", chat.verbose, "print the model, and per-reply timings, to stderr");
     if (int rc = parse_args(app, args, "chat"); rc >= 0) return rc;
-    if (kv_type != "f32" && kv_type != "f16")
-        throw Error(ErrorCode::kInvalidArgument, "--kv-type " + kv_type + ": expected f32 or f16");
-    if (n_ctx < 0) throw Error(ErrorCode::kInvalidArgument, "--ctx must be >= 0");
-    if (cache_mib < 0) throw Error(ErrorCode::kInvalidArgument, "--cache-mib must be >= 0");
+    const EngineOptions eo = ef.options();
     g.max_tokens = n_predict < 0 ? -1 : n_predict;
     g.n_keep = n_keep;
     g.sampling.seed = seed >= 0 ? uint64_t(seed) : uint64_t(std::random_device{}()) << 32 | std::random_device{}();
     if (model.empty()) model = find_default_model();
 
-    EngineOptions eo;
-    eo.device = device;
-    eo.threads = threads;
-    eo.n_ctx = n_ctx;
-    eo.kv_type = kv_type == "f16" ? KvCacheType::kF16 : KvCacheType::kF32;
-    eo.prefix_cache_bytes = size_t(cache_mib * 1024 * 1024);
-    eo.prefix_cache_dir = cache_dir;
     chat.engine = Engine::load(model, eo);
     chat.session = std::make_unique<Session>(chat.engine);
     const Engine& e = *chat.engine;

@@ -14,6 +14,7 @@
 #include "cera/error.h"
 #include "cera/session.h"
 #include "cli/command.h"
+#include "cli/engine_flags.h"
 #include "cli/parse_args.h"
 #include "cli/model_path.h"
 
@@ -51,10 +52,9 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 int run_embed(const std::vector<std::string>& args) {
     CLI::App app{"Prints the final-norm hidden states of a text: mean-pooled (BOS included) or per token.",
                  "cera embed"};
-    std::string model, prompt, tokens_text, out_path, device = "auto";
+    std::string model, prompt, tokens_text, out_path;
+    EngineFlags ef;
     bool per_token = false, no_bos = false, json = false, no_special = false;
-    int threads = 0;
-    int32_t n_ctx = 0;
     app.add_option("-m,--model", model, "GGUF model (default: the bundled models/tiny-lfm2-Q8_0.gguf)");
     auto* p_opt = app.add_option("-p,--prompt", prompt, "the text");
     auto* t_opt = app.add_option("--tokens", tokens_text, "token ids instead of text, used as given: \"1 2 3\"");
@@ -64,19 +64,12 @@ int run_embed(const std::vector<std::string>& args) {
     app.add_flag("--no-special", no_special, "tokenize special-token text as plain text");
     app.add_option("--out", out_path, "write raw float32 rows to FILE instead of text");
     app.add_flag("--json", json, "print JSON: {n_tokens, n_embd, tokens, embedding | embeddings}");
-    app.add_option("-t,--threads", threads, "CPU threads (0: the physical cores)")->capture_default_str();
-    app.add_option("--device", device, "auto, cpu, cuda or cuda:N")->capture_default_str();
-    app.add_option("-c,--ctx", n_ctx, "context length (0: the model's, at most 4096)")->capture_default_str();
+    ef.add(app, EngineFlags::kCtx);
     if (int rc = parse_args(app, args, "embed"); rc >= 0) return rc;
     if (p_opt->count() == 0 && t_opt->count() == 0)
         throw Error(ErrorCode::kInvalidArgument, "give the input with -p TEXT or --tokens IDS");
-    if (n_ctx < 0) throw Error(ErrorCode::kInvalidArgument, "--ctx must be >= 0");
+    const EngineOptions eo = ef.options();
     if (model.empty()) model = find_default_model();
-
-    EngineOptions eo;
-    eo.device = device;
-    eo.threads = threads;
-    eo.n_ctx = n_ctx;
     auto engine = Engine::load(model, eo);
     std::vector<int32_t> ids;
     if (t_opt->count() > 0) {

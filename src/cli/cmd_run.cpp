@@ -16,6 +16,7 @@
 #include "cera/error.h"
 #include "cera/session.h"
 #include "cli/command.h"
+#include "cli/engine_flags.h"
 #include "cli/model_path.h"
 #include "cli/parse_args.h"
 
@@ -47,9 +48,9 @@ int run_run(const std::vector<std::string>& args) {
     CLI::App app{"Generates a continuation of a prompt. The generated text goes to stdout as it decodes;\n"
                  "timings go to stderr.",
                  "cera run"};
-    std::string model, prompt, device = "auto", kv_type = "f32";
-    int32_t n_predict = 256, n_ctx = 0;
-    int threads = 0;
+    std::string model, prompt;
+    int32_t n_predict = 256;
+    EngineFlags ef;
     GenerateOptions g;
     g.sampling.seed = 0;
     int64_t seed = -1;
@@ -70,38 +71,20 @@ int run_run(const std::vector<std::string>& args) {
     app.add_option("--frequency-penalty", g.sampling.frequency_penalty, "frequency penalty (0: off)");
     app.add_option("--seed", seed, "random seed (default: a random one)");
     app.add_option("--stop", g.stop, "stop string (repeatable)");
-    app.add_option("-t,--threads", threads, "CPU threads (0: the physical cores)")->capture_default_str();
-    app.add_option("--device", device, "auto, cpu, cuda or cuda:N")->capture_default_str();
-    app.add_option("-c,--ctx", n_ctx, "context length (0: the model's, at most 4096)")->capture_default_str();
-    app.add_option("--kv-type", kv_type, "KV cache type: f32 or f16")->capture_default_str();
+    ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kPrefixCache);
     app.add_flag("--no-bos", no_bos, "do not add the BOS token");
     app.add_flag("--no-special", no_special, "tokenize special-token text in the prompt as plain text");
     app.add_flag("--ignore-eos", g.ignore_eos, "keep generating past end-of-generation tokens");
     app.add_flag("-v,--verbose", verbose, "print the model and sampling settings to stderr");
-    std::string prompt_cache;
-    double cache_mib = 0;
     app.add_option("--n-keep", g.n_keep,
                    "when the context fills, keep the first N tokens and drop half of the rest (-1: stop instead)")
         ->capture_default_str();
-    app.add_option("--prompt-cache", prompt_cache,
-                   "prefix cache directory: reuse the saved state of a prompt sharing a prefix, save this one");
-    app.add_option("--cache-mib", cache_mib, "in-memory prefix cache size in MiB (0: none)");
     if (int rc = parse_args(app, args, "run"); rc >= 0) return rc;
-    if (kv_type != "f32" && kv_type != "f16")
-        fail(ErrorCode::kInvalidArgument, "--kv-type " + kv_type + ": expected f32 or f16");
-    if (n_ctx < 0) fail(ErrorCode::kInvalidArgument, "--ctx must be >= 0");
+    const EngineOptions eo = ef.options();
     g.max_tokens = n_predict < 0 ? -1 : n_predict;
     g.sampling.seed = seed >= 0 ? uint64_t(seed) : uint64_t(std::random_device{}()) << 32 | std::random_device{}();
     if (model.empty()) model = find_default_model();
 
-    EngineOptions eo;
-    eo.device = device;
-    eo.threads = threads;
-    eo.n_ctx = n_ctx;
-    eo.kv_type = kv_type == "f16" ? KvCacheType::kF16 : KvCacheType::kF32;
-    if (cache_mib < 0) fail(ErrorCode::kInvalidArgument, "--cache-mib must be >= 0");
-    eo.prefix_cache_dir = prompt_cache;
-    eo.prefix_cache_bytes = size_t(cache_mib * 1024 * 1024);
     auto engine = Engine::load(model, eo);
     const EngineInfo& info = engine->info();
     if (verbose)

@@ -1,0 +1,37 @@
+#include "cli/engine_flags.h"
+
+#include "cera/error.h"
+
+namespace cera::cli {
+
+void EngineFlags::add(CLI::App& app, unsigned parts) {
+    app.add_option("-t,--threads", threads, "CPU threads (0: the physical cores)")->capture_default_str();
+    app.add_option("--device", device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+    if (parts & kCtx)
+        app.add_option("-c,--ctx", n_ctx, "context length (0: the model's, at most 4096)")->capture_default_str();
+    if (parts & kKvType) app.add_option("--kv-type", kv_type, "KV cache type: f32 or f16")->capture_default_str();
+    if (parts & kPrefixCache) {
+        app.add_option("--prompt-cache", cache_dir,
+                       "prefix cache directory: a prompt sharing a prefix with a saved one resumes from its state, "
+                       "and its own state is saved (default: none)");
+        app.add_option("--cache-mib", cache_mib, "in-memory prefix cache size in MiB (0: none)")->capture_default_str();
+    }
+}
+
+EngineOptions EngineFlags::options() const {
+    if (threads < 0) throw Error(ErrorCode::kInvalidArgument, "--threads must be >= 0");
+    if (n_ctx < 0) throw Error(ErrorCode::kInvalidArgument, "--ctx must be >= 0");
+    if (kv_type != "f32" && kv_type != "f16")
+        throw Error(ErrorCode::kInvalidArgument, "--kv-type " + kv_type + ": expected f32 or f16");
+    if (!(cache_mib >= 0)) throw Error(ErrorCode::kInvalidArgument, "--cache-mib must be >= 0");
+    EngineOptions eo;
+    eo.device = device;
+    eo.threads = threads;
+    eo.n_ctx = n_ctx;
+    eo.kv_type = kv_type == "f16" ? KvCacheType::kF16 : KvCacheType::kF32;
+    eo.prefix_cache_dir = cache_dir;
+    eo.prefix_cache_bytes = size_t(cache_mib * 1024 * 1024);
+    return eo;
+}
+
+}  // namespace cera::cli
