@@ -11,6 +11,7 @@
 #include "cli/command.h"
 #include "cli/parse_args.h"
 #include "core/check.h"
+#include "core/utf8.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
 
@@ -22,7 +23,7 @@ std::string escape_piece(const std::string& s) {
     std::string out;
     size_t i = 0;
     while (i < s.size()) {
-        const size_t ok = unicode::valid_utf8_prefix(std::string_view(s).substr(i));
+        const size_t ok = utf8::valid_prefix(std::string_view(s).substr(i));
         for (size_t k = i; k < i + ok; ++k) {
             const unsigned char c = static_cast<unsigned char>(s[k]);
             if (c == '\n') {

@@ -15,6 +15,7 @@
 #include <limits>
 
 #include "core/check.h"
+#include "core/utf8.h"
 #include "gguf/keys.h"
 
 namespace cera::gguf {
@@ -137,50 +138,15 @@ size_t min_value_bytes(ValueType t) {
     return 1;
 }
 
-bool valid_utf8(std::string_view s) {
-    size_t i = 0;
-    while (i < s.size()) {
-        uint8_t c = uint8_t(s[i]);
-        size_t n;
-        uint32_t cp;
-        if (c < 0x80) {
-            ++i;
-            continue;
-        } else if ((c & 0xE0) == 0xC0) {
-            n = 1;
-            cp = c & 0x1F;
-        } else if ((c & 0xF0) == 0xE0) {
-            n = 2;
-            cp = c & 0x0F;
-        } else if ((c & 0xF8) == 0xF0) {
-            n = 3;
-            cp = c & 0x07;
-        } else {
-            return false;
-        }
-        if (s.size() - i - 1 < n) return false;
-        for (size_t k = 1; k <= n; ++k) {
-            uint8_t cc = uint8_t(s[i + k]);
-            if ((cc & 0xC0) != 0x80) return false;
-            cp = (cp << 6) | (cc & 0x3F);
-        }
-        if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) || cp > 0x10FFFF ||
-            (cp >= 0xD800 && cp <= 0xDFFF))
-            return false;
-        i += n + 1;
-    }
-    return true;
-}
-
 // A printable excerpt of a name for error messages: at most 64 bytes, control bytes escaped.
 std::string printable(std::string_view s) {
     std::string out;
-    const bool utf8 = valid_utf8(s);
+    const bool valid = utf8::is_valid(s);
     size_t cut = std::min<size_t>(s.size(), 64);
-    while (utf8 && cut < s.size() && cut > 0 && (uint8_t(s[cut]) & 0xC0) == 0x80) --cut;  // whole characters only
+    while (valid && cut < s.size() && cut > 0 && (uint8_t(s[cut]) & 0xC0) == 0x80) --cut;  // whole characters only
     for (size_t i = 0; i < cut; ++i) {
         uint8_t c = uint8_t(s[i]);
-        if (c < 0x20 || c == 0x7F || (c >= 0x80 && !utf8)) {
+        if (c < 0x20 || c == 0x7F || (c >= 0x80 && !valid)) {
             char buf[8];
             std::snprintf(buf, sizeof buf, "\\x%02x", c);
             out += buf;
@@ -337,7 +303,7 @@ void File::parse(const uint8_t* data, size_t size) {
         if (key.size() > kMaxKeyLength)
             in.fail("metadata key at offset %zu is %zu bytes long (at most %" PRIu64 ")", key_at, key.size(),
                     kMaxKeyLength);
-        if (!valid_utf8(key)) in.fail("metadata key '%s' at offset %zu is not valid UTF-8", printable(key).c_str(), key_at);
+        if (!utf8::is_valid(key)) in.fail("metadata key '%s' at offset %zu is not valid UTF-8", printable(key).c_str(), key_at);
         uint32_t t = in.read<uint32_t>("metadata value type");
         if (!valid_value_type(t))
             in.fail("key '%s': unknown value type %u at offset %zu", printable(key).c_str(), t, in.pos() - 4);

@@ -4,6 +4,7 @@
 #include <cctype>
 
 #include "core/check.h"
+#include "core/utf8.h"
 #include "gguf/gguf.h"
 #include "tokenizer/encoders.h"
 #include "tokenizer/unicode.h"
@@ -259,7 +260,7 @@ std::string take_valid_utf8(std::string& bytes, bool final) {
     const size_t n = bytes.size();
     size_t i = 0;
     while (i < n) {
-        const unicode::Utf8Match m = unicode::match_utf8(std::string_view(bytes).substr(i));
+        const utf8::Match m = utf8::match(std::string_view(bytes).substr(i));
         if (m.len == 0) {  // not a lead byte
             out += kFffd;
             ++i;

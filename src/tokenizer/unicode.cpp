@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <memory>
 
+#include "core/utf8.h"
+
 namespace cera::unicode {
 namespace {
 
@@ -172,44 +174,6 @@ std::vector<uint32_t> decode_utf8(std::string_view text) {
     return cps;
 }
 
-Utf8Match match_utf8(std::string_view bytes) {
-    const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
-    const uint8_t b0 = p[0];
-    if (b0 < 0x80) return {1, 1};
-    size_t len;
-    uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-    if (b0 >= 0xC2 && b0 <= 0xDF) {
-        len = 2;
-    } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-        len = 3;
-        if (b0 == 0xE0) lo = 0xA0;
-        if (b0 == 0xED) hi = 0x9F;
-    } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-        len = 4;
-        if (b0 == 0xF0) lo = 0x90;
-        if (b0 == 0xF4) hi = 0x8F;
-    } else {
-        return {0, 0};
-    }
-    size_t k = 1;
-    while (k < len && k < bytes.size()) {
-        const uint8_t b = p[k];
-        if (k == 1 ? (b < lo || b > hi) : (b & 0xC0) != 0x80) break;
-        ++k;
-    }
-    return {len, k};
-}
-
-size_t valid_utf8_prefix(std::string_view bytes) {
-    size_t i = 0;
-    while (i < bytes.size()) {
-        const Utf8Match m = match_utf8(bytes.substr(i));
-        if (m.len == 0 || m.matched != m.len) return i;
-        i += m.len;
-    }
-    return bytes.size();
-}
-
 namespace {
 
 // NFC of one segment through utf8proc.
@@ -233,7 +197,7 @@ void append_nfc(std::string& out, std::string_view seg) {
 // below U+0300 (lead bytes below 0xCC) is already NFC: every composition involves a character
 // from U+0300 up, and no character below U+0300 changes under NFC.
 std::string nfc(std::string_view text) {
-    if (!is_valid_utf8(text)) return std::string(text);
+    if (!utf8::is_valid(text)) return std::string(text);
     std::string out;
     out.reserve(text.size());
     const size_t n = text.size();

@@ -49,21 +49,7 @@ std::string to_utf8(uint32_t cp);
 // Returns true when re-encoding the codepoints gives back exactly `text`.
 bool decode_utf8(std::string_view text, std::vector<uint32_t>& cps);
 std::vector<uint32_t> decode_utf8(std::string_view text);
-
-// Matches one strictly valid UTF-8 sequence (RFC 3629) at the start of a non-empty `bytes`.
-// `len` is the length its lead byte announces (0: not a lead byte); `matched` is how many
-// bytes from the start fit the well-formed pattern (the maximal subpart, which U+FFFD
-// replacement counts as one). The sequence is a character when matched == len > 0; when
-// matched < len and matched == bytes.size() it may only be cut short.
-struct Utf8Match {
-    size_t len;
-    size_t matched;
-};
-Utf8Match match_utf8(std::string_view bytes);
-
-// Length of the longest prefix of `bytes` that is strictly valid UTF-8 (RFC 3629).
-size_t valid_utf8_prefix(std::string_view bytes);
-inline bool is_valid_utf8(std::string_view bytes) { return valid_utf8_prefix(bytes) == bytes.size(); }
+// (Strict UTF-8 validation is core/utf8.h, shared with the GGUF reader.)
 
 // Canonical composition (NFC) of valid UTF-8 text. Invalid input is returned unchanged.
 std::string nfc(std::string_view text);

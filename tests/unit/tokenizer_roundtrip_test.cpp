@@ -7,6 +7,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/utf8.h"
 #include "gguf/gguf.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -62,7 +63,7 @@ void check_stream(const Tokenizer& tok, const std::vector<int32_t>& ids, const s
     std::string acc;
     for (size_t i = 0; i < ids.size(); ++i) {
         const std::string part = d.push(ids[i]);
-        ASSERT_TRUE(unicode::is_valid_utf8(part)) << name << ": invalid UTF-8 after token " << i;
+        ASSERT_TRUE(utf8::is_valid(part)) << name << ": invalid UTF-8 after token " << i;
         acc += part;
         ASSERT_EQ(want.compare(0, acc.size(), acc), 0) << name << ": stream is not a prefix after token " << i;
     }
@@ -75,7 +76,7 @@ void roundtrip(const std::string& rel) {
     auto tok = Tokenizer::from_gguf(*f);
     int ok = 0, n = 0;
     for (const std::string& text : corpus()) {
-        ASSERT_TRUE(unicode::is_valid_utf8(text));
+        ASSERT_TRUE(utf8::is_valid(text));
         const auto ids = tok->encode(text, false, false);
         const std::string back = tok->decode(ids);
         EXPECT_EQ(back, text) << rel;
@@ -163,9 +164,9 @@ TEST(TokenizerStream, EveryPrefixValid) {
         StreamingDetokenizer d(*tok);
         std::string acc;
         for (size_t i = 0; i < k; ++i) acc += d.push(ids[i]);
-        ASSERT_TRUE(unicode::is_valid_utf8(acc)) << "prefix " << k;
+        ASSERT_TRUE(utf8::is_valid(acc)) << "prefix " << k;
         acc += d.flush();
-        ASSERT_TRUE(unicode::is_valid_utf8(acc)) << "prefix " << k;
+        ASSERT_TRUE(utf8::is_valid(acc)) << "prefix " << k;
     }
 }
 

@@ -5,6 +5,7 @@
 
 #include <set>
 
+#include "core/utf8.h"
 #include "tokenizer/unicode.h"
 
 namespace cera::unicode {
@@ -74,11 +75,11 @@ TEST(TokenizerUnicode, DecodeLikeLlamaCpp) {
 }
 
 TEST(TokenizerUnicode, StrictValidation) {
-    EXPECT_TRUE(is_valid_utf8("plain \xE2\x82\xAC \xF0\x9F\x98\x80"));
-    EXPECT_FALSE(is_valid_utf8("\xC0\xAF"));          // overlong
-    EXPECT_FALSE(is_valid_utf8("\xED\xA0\x80"));      // surrogate
-    EXPECT_FALSE(is_valid_utf8("\xF4\x90\x80\x80"));  // above U+10FFFF
-    EXPECT_EQ(valid_utf8_prefix("ab\xE2\x82"), 2u);
+    EXPECT_TRUE(utf8::is_valid("plain \xE2\x82\xAC \xF0\x9F\x98\x80"));
+    EXPECT_FALSE(utf8::is_valid("\xC0\xAF"));          // overlong
+    EXPECT_FALSE(utf8::is_valid("\xED\xA0\x80"));      // surrogate
+    EXPECT_FALSE(utf8::is_valid("\xF4\x90\x80\x80"));  // above U+10FFFF
+    EXPECT_EQ(utf8::valid_prefix("ab\xE2\x82"), 2u);
 }
 
 TEST(TokenizerUnicode, Nfc) {
