@@ -426,6 +426,8 @@ TEST_F(CudaBackendTest, KvStoreAndAttention) {
         for (int64_t p : {int64_t(31), int64_t(32), int64_t(255), int64_t(256), int64_t(257), int64_t(4000)})
             if (p < c.n_ctx) all.insert(all.begin(), {int32_t(p)});
         for (int64_t p = std::max<int64_t>(0, last - 36); p <= last; ++p) all.back().push_back(int32_t(p));
+        all.emplace_back();  // 10 queries: the per-query kernel, split over the keys when the cache is long
+        for (int64_t p = std::max<int64_t>(0, last - 9); p <= last; ++p) all.back().push_back(int32_t(p));
         all.emplace_back();  // a prefill chunk: query tiles over the union of their key ranges
         for (int64_t p = 0; p < std::min<int64_t>(c.n_ctx, 203); ++p) all.back().push_back(int32_t(p));
         all.emplace_back();  // scattered positions in one batch
