@@ -24,9 +24,9 @@ __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + 
 // before it in the stream is still running. Each such kernel calls pdl_trigger() (let the next one
 // launch) and must call pdl_wait() before it reads or writes any memory an earlier kernel touches;
 // only reads of weights (constant during a step), of step inputs the host wrote before the step
-// (token ids, positions: no kernel writes them) and of data earlier steps wrote that no kernel of this
-// step writes (KV rows below the step's positions, a layer's own conv state) may come before it. A
-// step begins with the copy of its ids and positions on the stream, which waits for all earlier work.
+// (token ids, positions: no kernel writes them) and of data earlier steps wrote that no other kernel
+// of this step writes (the KV rows below the step's positions) may come before it. A step begins
+// with the copy of its ids and positions on the stream, which waits for all earlier work.
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
