@@ -46,6 +46,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     for (const auto& kv : f->metadata()) poke_getters(*f, kv.first);
 
+    // The round trip writes the file again, padded to its alignment: a valid file of a few bytes can
+    // ask for a 2 GiB alignment (its data section is empty). Past 1 MiB the rewrite is not tried,
+    // so that one input cannot take the target's memory and time.
+    if (f->alignment() > (uint64_t(1) << 20)) return 0;
     cera::gguf::Writer w;
     for (const auto& [k, v] : f->metadata()) w.set(k, v);
     for (const auto& t : f->tensors())

@@ -1,5 +1,6 @@
 // libFuzzer target for the tokenizers. The input's first byte picks a vocabulary (SentencePiece,
-// GPT-2 byte-level BPE, BPE with the DeepSeek-Coder, Falcon and StarCoder pre-tokenizers)
+// GPT-2 byte-level BPE, BPE with the DeepSeek-Coder, Falcon, StarCoder, LFM2, Llama-3 and Qwen2
+// pre-tokenizers)
 // and whether special-token text is parsed; the rest is the text. Any text must encode without an
 // exception (invalid UTF-8 becomes U+FFFD) to ids inside the vocabulary, decode, and stream out as
 // valid UTF-8; for GPT-2's byte-level BPE, valid UTF-8 text must also come back byte for byte.
@@ -23,7 +24,9 @@ struct Vocab {
 };
 constexpr Vocab kVocabs[] = {{"ggml-vocab-llama-spm.gguf", false},      {"ggml-vocab-gpt-2.gguf", true},
                              {"ggml-vocab-deepseek-coder.gguf", false}, {"ggml-vocab-falcon.gguf", false},
-                             {"ggml-vocab-starcoder.gguf", false},      {"ggml-vocab-phi-3.gguf", false}};
+                             {"ggml-vocab-starcoder.gguf", false},      {"ggml-vocab-phi-3.gguf", false},
+                             {"gpt2-vocab-lfm2.gguf", false},           {"gpt2-vocab-llama3.gguf", false},
+                             {"qwen3-vocab-qwen2.gguf", false}};
 std::vector<std::unique_ptr<cera::Tokenizer>> g_toks;
 
 [[noreturn]] void fail(const char* what, const std::string& text) {
