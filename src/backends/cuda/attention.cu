@@ -13,7 +13,6 @@
 // Roofline: bytes = K + V rows read once per query head (GQA groups re-read through L2);
 // 2 KB per position per layer for lfm2-1.2b (8 kv heads x 64 x 2 x f16).
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -31,8 +30,8 @@ int attn_splits(int64_t n_tokens, int64_t n_ctx) {
     return int(std::max<int64_t>(1, std::min(by_len, by_batch)));
 }
 
-__device__ __forceinline__ void load8(const __half* p, float* v) {
-    const uint4 a = ld_cached16(p);
+// 8 halves (16 bytes) as floats.
+__device__ __forceinline__ void halves_to_float(const uint4& a, float* v) {
     const __half2* h = reinterpret_cast<const __half2*>(&a);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -40,6 +39,7 @@ __device__ __forceinline__ void load8(const __half* p, float* v) {
         v[2 * i] = f.x, v[2 * i + 1] = f.y;
     }
 }
+__device__ __forceinline__ void load8(const __half* p, float* v) { halves_to_float(ld_cached16(p), v); }
 __device__ __forceinline__ void load8(const float* p, float* v) {
     const float4 a = __ldg(reinterpret_cast<const float4*>(p)), b = __ldg(reinterpret_cast<const float4*>(p) + 1);
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
@@ -587,13 +587,7 @@ __device__ __forceinline__ void cp_async16v(void* dst, const void* src) {
                  : "memory");
 }
 __device__ __forceinline__ void load8s(const __half* p, float* v) {
-    const uint4 a = *reinterpret_cast<const uint4*>(p);
-    const __half2* h = reinterpret_cast<const __half2*>(&a);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 f = __half22float2(h[i]);
-        v[2 * i] = f.x, v[2 * i + 1] = f.y;
-    }
+    halves_to_float(*reinterpret_cast<const uint4*>(p), v);
 }
 __device__ __forceinline__ void load8s(const float* p, float* v) {
     const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
@@ -828,18 +822,8 @@ __global__ void attn_combine_kernel(const AttnK a) {
 
 template <int HD, bool kSplit>
 void launch_mma(dim3 grid, cudaStream_t s, const AttnK& k) {
-    constexpr size_t smem = mma_smem_bytes<HD>();
-    if constexpr (smem > 48 * 1024) {  // head_dim 128: above the default limit, raised once per device
-        static std::atomic<uint64_t> done{0};
-        int dev = 0;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        const uint64_t bit = uint64_t(1) << (dev & 63);
-        if (!(done.load(std::memory_order_relaxed) & bit)) {
-            CUDA_CHECK(cudaFuncSetAttribute(attn_mma_kernel<HD, kSplit>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(smem)));
-            done.fetch_or(bit, std::memory_order_relaxed);
-        }
-    }
+    constexpr size_t smem = mma_smem_bytes<HD>();  // head_dim 128: above the default limit
+    allow_dynamic_smem<attn_mma_kernel<HD, kSplit>>(smem);
     launch((attn_mma_kernel<HD, kSplit>), grid, kThreads, smem, s, k);
 }
 
@@ -884,14 +868,7 @@ DecPlan dec_plan(const AttentionArgs& a) {
 
 template <class C>
 void launch_dec(const AttnK& k, const DecPlan& p, cudaStream_t s) {
-    static std::atomic<uint64_t> done{0};
-    int dev = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    const uint64_t bit = uint64_t(1) << (dev & 63);
-    if (!(done.load(std::memory_order_relaxed) & bit)) {
-        CUDA_CHECK(cudaFuncSetAttribute(attn_dec_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDecSmem));
-        done.fetch_or(bit, std::memory_order_relaxed);
-    }
+    allow_dynamic_smem<attn_dec_kernel<C>>(p.smem);
     launch(attn_dec_kernel<C>, dim3(unsigned(k.n_head_kv), unsigned(p.splits), unsigned(k.n_tokens)), kThreads, p.smem,
            s, k);
 }
@@ -924,7 +901,6 @@ void attention(const AttentionArgs& a, Stream stream) {
     k.out_xq = static_cast<uint8_t*>(a.out_xq);
     cudaStream_t s = as_stream(stream);
     if (const DecPlan p = dec_plan(a); p.ok) {
-        CERA_CHECK(!a.out_xq || a.head_dim % 32 == 0);
         CERA_CHECK(p.splits == 1 || a.partial != nullptr, "attention: the decode kernel needs its scratch");
         k.n_splits = p.splits, k.kc = p.kc;
         if (a.f16) launch_dec<__half>(k, p, s);

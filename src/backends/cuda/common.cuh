@@ -5,9 +5,10 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
+#include <string_view>
 #include <utility>
 
 #include "backends/cuda/cuda_check.h"
@@ -34,9 +35,15 @@ bool pdl_enabled();  // CERA_CUDA_PDL=0 turns it off
 // Benchmarks only: CERA_CUDA_SKIP=norm,attn,... leaves those launches out, so a decode step's time
 // without them can be measured (the results are wrong). Kinds: norm rope attn conv glu allgemv
 // resgemv ingemv lmhead argmax (bench/NOTES.md, "Ablation").
-inline bool debug_skip(const char* kind) {
+inline bool debug_skip(std::string_view kind) {
     static const char* e = std::getenv("CERA_CUDA_SKIP");
-    return e && std::strstr(e, kind);
+    if (!e) return false;
+    for (std::string_view list = e; !list.empty();) {
+        const size_t comma = list.find(',');
+        if (list.substr(0, comma) == kind) return true;
+        list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+    }
+    return false;
 }
 
 template <class... KArgs, class... Args>
@@ -52,6 +59,22 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaSt
     cfg.attrs = attr;
     cfg.numAttrs = pdl_enabled() ? 1 : 0;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+// Lets Kernel take `bytes` of dynamic shared memory beyond the 48 KB default: the limit is raised on
+// the current device when a launch first asks for more than was granted there (once, not per launch).
+template <auto Kernel>
+void allow_dynamic_smem(size_t bytes) {
+    if (bytes <= 48 * 1024) return;
+    static std::atomic<int> granted[64] = {};  // per device index (mod 64): the largest limit set
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    std::atomic<int>& g = granted[dev & 63];
+    int have = g.load(std::memory_order_relaxed);
+    if (int(bytes) <= have) return;
+    CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+    while (have < int(bytes) && !g.compare_exchange_weak(have, int(bytes), std::memory_order_relaxed)) {
+    }
 }
 
 // Keys a query at position p sees in a cache of n_ctx rows: [begin, end), causal and limited to the

@@ -210,13 +210,10 @@ void moe_gemv_grouped(const MoeGemvArgs& a, Stream stream) {
     cudaStream_t s = as_stream(stream);
     switch (type) {
 #define CERA_Q(T)                                                                                         \
-    case GgmlType::T: {                                                                                   \
-        auto* kern = moe_gemv_grouped_kernel<GgmlType::T>;                                                \
-        if (smem > kSmemDefault)                                                                          \
-            CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem))); \
-        launch(kern, grid, kThreads, smem, s, p);                                                         \
-        break;                                                                                            \
-    }
+    case GgmlType::T:                                                                                     \
+        allow_dynamic_smem<moe_gemv_grouped_kernel<GgmlType::T>>(smem);                                   \
+        launch(moe_gemv_grouped_kernel<GgmlType::T>, grid, kThreads, smem, s, p);                         \
+        break;
         CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
 #undef CERA_Q
         default: CERA_CHECK(false, "moe_gemv_grouped: unsupported weight type %s", type_name(type));
