@@ -141,6 +141,9 @@ TEST_F(CudaBackendTest, MatmulMatchesReference) {
         cases.push_back({t, 77, 8192, 1});  // split-K: 4 warps per row group
         cases.push_back({t, 45, 4096, 2});  // split-K: 2 warps per row group
         cases.push_back({t, 9, 2048, 1});   // split-K: 2 warps, 32 items each
+        cases.push_back({t, 2048, 2048, 1});  // staged in shared memory (rows % 16 == 0): 16 rows a block
+        cases.push_back({t, 160, 8192, 3});
+        cases.push_back({t, 4096, 512, 8});  // 32 rows a block, 8 tokens
     }
     cases.push_back({G::kQ4_0, 2050, 8192, 1});  // split-K with 4 rows per warp, a partial last block
     cases.push_back({G::kQ4_K, 2050, 8192, 1});
@@ -152,6 +155,8 @@ TEST_F(CudaBackendTest, MatmulMatchesReference) {
         cases.push_back({t, 5000, 256, 1});
         cases.push_back({t, 19, 8192, 1});  // split-K
         cases.push_back({t, 50, 4096, 1});
+        cases.push_back({t, 2048, 2048, 2});  // staged
+        cases.push_back({t, 96, 8192, 1});
     }
     for (G t : {G::kF32, G::kF16, G::kBF16}) {
         cases.push_back({t, 1, 1, 1});
@@ -217,6 +222,20 @@ TEST_F(CudaBackendTest, MatmulMatchesReference) {
                 for (int64_t r = 0; r < c.rows - 2; ++r) {
                     const float want = y[size_t(t * c.rows + r + 1)] - bias[size_t(r + 1)];
                     EXPECT_NEAR(v[size_t(t * (c.rows - 2) + r)], want, 1e-4 * (1 + std::fabs(want)));
+                }
+            gpu_->free(ys);
+        }
+        // A slice starting 16 rows in, 16-row multiples (the staged kernels' bulk copies from row0 > 0).
+        if (c.rows >= 48 && c.rows % 16 == 0 && c.n_tokens <= 8) {
+            Tensor ws = w.row_slice(16, c.rows - 32);
+            Tensor ys = gpu_->alloc(G::kF32, {c.rows - 32, c.n_tokens});
+            gpu_->matmul(ws, xg, Tensor{}, ys);
+            std::vector<float> v(static_cast<size_t>((c.rows - 32) * c.n_tokens));
+            gpu_->read(v.data(), ys, v.size() * 4);
+            for (int64_t t = 0; t < c.n_tokens; ++t)
+                for (int64_t r = 0; r < c.rows - 32; ++r) {
+                    const float want = y[size_t(t * c.rows + r + 16)] - bias[size_t(r + 16)];
+                    EXPECT_NEAR(v[size_t(t * (c.rows - 32) + r)], want, 1e-4 * (1 + std::fabs(want)));
                 }
             gpu_->free(ys);
         }
@@ -628,7 +647,7 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
     Backend* bes[kBes] = {gpu_.get(), plain.get(), cpu_.get(), mega.get()};
     const int64_t n_embd = 256, n_ff = 512, n_head = 4, n_head_kv = 2, hd = 64, n_ctx = 64, L = 3;
     const int64_t qw = n_head * hd, kvw = n_head_kv * hd;
-    for (G type : {G::kQ4_0, G::kQ8_0, G::kQ4_K, G::kF16}) {
+    for (G type : {G::kQ4_0, G::kQ8_0, G::kQ4_K, G::kF16, G::kQ5_1, G::kQ6_K}) {
         for (int64_t nt : {1, 3}) {
             SCOPED_TRACE(std::string(type_name(type)) + " n_tokens " + std::to_string(nt));
             struct Mat {

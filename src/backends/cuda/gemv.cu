@@ -13,6 +13,7 @@
 // Roofline: bytes = weight image (+ x, L2-resident). H200 ~4.3 TB/s copy bandwidth: a 2048 x 8192
 // Q4_0 matrix (9.4 MB) takes >= 2.2 us; launch and tail effects dominate below ~4 MB.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 
 #include "backends/cuda/quant_device.cuh"
@@ -260,6 +261,113 @@ __global__ void __launch_bounds__(512) gemv_glu_kernel(const GemvK a) {
     if (warp == 0) warp_quantize_q8(act_s[lane], a.act_xq + int64_t(yi) * q8_row_bytes(g.rows), g.rows, rb / 32);
 }
 
+// Staged SwiGLU: a block's weight rows are copied into shared memory with bulk copies (a few 16 KB
+// pieces issued by one warp) before the PDL wait, so the bytes are requested as soon as the block is
+// resident. At 64 registers a thread and one block of 64 rows per SM, the whole pair (18.9 MB for a
+// 2048 x 8192 Q4_0 pair) is requested in one wave; gemv_glu_kernel (~100 registers, one block of
+// 32 rows per SM) needs two waves and holds at most 8 loads a lane in flight. Measured +2-4% tg on
+// Q4_0 / Q4_K models (bench/NOTES.md); a staged version of the plain products measured slower
+// (fewer warps per row after the wait) and was not kept.
+
+// Issues the bulk copies of `n` byte ranges (dst[i] <- src[i], bytes[i] multiples of 16) on `bar`.
+// Warp 0 only; the block must __syncthreads() before any thread waits on bar.
+template <int N>
+__device__ __forceinline__ void stage_rows(uint64_t* bar, uint8_t* const (&dst)[N], const uint8_t* const (&src)[N],
+                                           const uint32_t (&bytes)[N]) {
+    constexpr uint32_t kPiece = 16 * 1024;
+    const int lane = threadIdx.x & 31;
+    if (lane == 0) {
+        mbar_init(bar, 1);
+        mbar_init_fence();
+        uint32_t total = 0;
+#pragma unroll
+        for (int i = 0; i < N; ++i) total += bytes[i];
+        mbar_expect_tx(bar, total);
+    }
+    __syncwarp();
+    int piece = 0;
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+        for (uint32_t o = 0; o < bytes[i]; o += kPiece, ++piece)
+            if (piece % 32 == lane) bulk_copy(dst[i] + o, src[i] + o, min(kPiece, bytes[i] - o), bar);
+}
+
+// SwiGLU pair (gemv_glu_kernel's work): a block owns rb = 32 or 64 rows of both matrices; 16 warps,
+// a warp 2 gate + 2 up rows per pass (rb / 32 passes); the same epilogue (act and its 8-bit groups,
+// one 32-row group per pass). Shared memory: gate q, up q, gate m, up m (rb rows each).
+template <GgmlType T>
+__global__ void __launch_bounds__(512, 2) gemv_glu_stage_kernel(const GemvK a, int rb, int n_y) {
+    using Tr = QTraits<T>;
+    constexpr QuantLayout L = quant_layout(T);
+    constexpr int R = 2;
+    extern __shared__ __align__(16) uint8_t smem[];
+    __shared__ uint64_t bar;
+    __shared__ float act_s[64];
+    pdl_trigger();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t r0 = int64_t(blockIdx.x) * rb;
+    const Seg& g = a.seg[0];
+    const Seg& u = a.seg[1];
+    const uint32_t qrow = uint32_t(a.nb * L.q_bytes), mrow = uint32_t(a.nb * L.m_bytes);
+    uint8_t* const gq = smem;
+    uint8_t* const uq = gq + rb * qrow;
+    uint8_t* const gm = uq + rb * qrow;
+    uint8_t* const um = gm + rb * mrow;
+    if (threadIdx.x < 32)
+        stage_rows<4>(&bar, {gq, uq, gm, um},
+                      {g.q + (g.row0 + r0) * qrow, u.q + (u.row0 + r0) * qrow, g.m + (g.row0 + r0) * mrow,
+                       u.m + (u.row0 + r0) * mrow},
+                      {rb * qrow, rb * qrow, rb * mrow, rb * mrow});
+    __syncthreads();
+    pdl_wait();
+    mbar_wait(&bar, 0);
+    const int n_items = int(a.nb) * Tr::kItems;
+    for (int t = 0; t < n_y; ++t) {
+        const uint8_t* xrow = a.xq + int64_t(t / a.x_div) * a.ldxq;
+        const int8_t* xq = reinterpret_cast<const int8_t*>(xrow);
+        const float* xd = reinterpret_cast<const float*>(xrow + a.k);
+        for (int pass = 0; pass < rb / 32; ++pass) {
+            const int rl = pass * 32 + warp * R;
+            float acc[2 * R] = {};
+#pragma unroll 2
+            for (int i = lane; i < n_items; i += 32) {
+                const int blk = i / Tr::kItems, j = i % Tr::kItems;
+                int ea, eb;
+                Tr::runs(j, ea, eb);
+                const int base = blk * L.block_elems;
+                const XQ x = load_xq(xq, xd, base + ea, base + eb);
+#pragma unroll
+                for (int r = 0; r < 2 * R; ++r) {
+                    const int row = rl + (r % R);
+                    const uint8_t* qb = r < R ? gq : uq;
+                    const uint8_t* mb = r < R ? gm : um;
+                    acc[r] += Tr::dot(Tr::template load_w<PlainLd>(qb + row * qrow, mb + row * mrow, blk, j), x, j);
+                }
+            }
+            // Totals: gate rows in lanes 0-7 and 8-15, up rows in 16-23 and 24-31 (as gemv_glu_kernel).
+            const float tot = warp_sum_rows<2 * R>(acc);
+            const float tot_up = __shfl_sync(0xffffffffu, tot, (lane + 16) & 31);
+            if (lane % 8 == 0 && lane < 16) {
+                const int64_t row = r0 + rl + lane / 8;
+                const int64_t o = int64_t(t) * g.ldy + row;
+                const float gv = tot + (g.bias ? g.bias[row] : 0.0f);
+                const float uv = tot_up + (u.bias ? u.bias[row] : 0.0f);
+                const float act = gv / (1.0f + __expf(-gv)) * uv;
+                g.y[o] = gv;
+                u.y[int64_t(t) * u.ldy + row] = uv;
+                a.act[int64_t(t) * g.rows + row] = act;
+                act_s[rl + lane / 8] = act;
+            }
+        }
+        if (!a.act_xq) continue;
+        __syncthreads();
+        if (warp < rb / 32)
+            warp_quantize_q8(act_s[warp * 32 + lane], a.act_xq + int64_t(t) * q8_row_bytes(g.rows), g.rows,
+                             r0 / 32 + warp);
+        __syncthreads();  // act_s is rewritten by the next token
+    }
+}
+
 template <GgmlType T, int R>
 __global__ void __launch_bounds__(128) gemv_f_kernel(const GemvK a) {
     constexpr int es = float_type_bytes(T);
@@ -475,6 +583,63 @@ Seg make_seg(const GemvArgs& a) {
     return s;
 }
 
+// A device attribute of the current device, cached per device index.
+int device_attr(cudaDeviceAttr attr, std::atomic<int> (&cache)[64]) {
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    int v = cache[dev & 63].load(std::memory_order_relaxed);
+    if (v == 0) {
+        CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
+        cache[dev & 63].store(v, std::memory_order_relaxed);
+    }
+    return v;
+}
+int sm_count() {
+    static std::atomic<int> cache[64] = {};
+    return device_attr(cudaDevAttrMultiProcessorCount, cache);
+}
+
+int env_int(const char* name, int fallback) {
+    const char* e = std::getenv(name);
+    return e && *e ? std::atoi(e) : fallback;
+}
+
+// Rows per block and dynamic shared memory of a staged launch (rb = 0: the register kernels serve it).
+struct StagePlan {
+    int rb = 0;
+    size_t smem = 0;
+};
+
+// The bulk copies need 16-byte aligned sources and sizes: every product's first row, in both streams,
+// at a 16-byte boundary, and rows in multiples of 16 (a block's scale bytes are then a multiple of 16).
+bool stage_aligned(const GemvArgs& a, int64_t qrow, int64_t mrow) {
+    auto at16 = [](const void* p, int64_t off) { return (reinterpret_cast<uintptr_t>(p) + uintptr_t(off)) % 16 == 0; };
+    return a.rows % 16 == 0 && at16(a.w.image, a.w.row0 * qrow) && at16(scale_stream(a.w), a.w.row0 * mrow) &&
+           at16(a.xq, 0);
+}
+
+// SwiGLU pairs: 64 rows of both matrices per block, else 32 (CERA_CUDA_GLU_ROWS forces either), at
+// most 160 KB a block, and only where the whole grid is resident at once (a second wave measured slower than the register kernel:
+// Q8_0, -8%). Batches of up to 8 tokens. CERA_CUDA_GLU_STAGE=0 turns staging off.
+StagePlan glu_stage_plan(const GemvArgs& g, const GemvArgs& u) {
+    static const bool on = env_int("CERA_CUDA_GLU_STAGE", 1) != 0;
+    static const int forced = env_int("CERA_CUDA_GLU_ROWS", 0);
+    static std::atomic<int> smem_cache[64] = {};
+    const QuantLayout L = quant_layout(g.w.type);
+    if (!on || L.block_elems == 0 || g.n_y < 1 || g.n_y > 8) return {};
+    const int64_t nb = g.w.k / L.block_elems, qrow = nb * L.q_bytes, mrow = nb * L.m_bytes;
+    if (!stage_aligned(g, qrow, mrow) || !stage_aligned(u, qrow, mrow)) return {};
+    const int64_t per_row = 2 * (qrow + mrow), per_sm = device_attr(cudaDevAttrMaxSharedMemoryPerMultiprocessor, smem_cache);
+    auto waves_ok = [&](int64_t rb) {
+        const int64_t bytes = rb * per_row, fit = per_sm / (bytes + 2048);  // + static and reserved memory
+        return g.rows % rb == 0 && bytes <= 160 * 1024 && fit >= 1 && g.rows / rb <= fit * sm_count();
+    };
+    for (int64_t rb : {int64_t(64), int64_t(32)})
+        if ((forced != 32 && forced != 64) || forced == rb)
+            if (waves_ok(rb)) return {int(rb), size_t(rb * per_row)};
+    return {};
+}
+
 }  // namespace
 
 void gemv_multi(const GemvArgs* a, int n, Stream stream) {
@@ -495,6 +660,8 @@ void gemv_multi(const GemvArgs* a, int n, Stream stream) {
         total_rows += a[i].rows;
     }
     if (total_rows == 0 || a[0].n_y == 0) return;
+    cudaStream_t s = as_stream(stream);
+    const GgmlType type = a[0].w.type;
     const QuantLayout L = quant_layout(a[0].w.type);
     int R = pick_r(L, total_rows, a[0].n_y, a[0].rows_per_warp);
     if (!vec) R = 1;
@@ -511,8 +678,6 @@ void gemv_multi(const GemvArgs* a, int n, Stream stream) {
     }
     p.n_seg = n;
     const dim3 grid(blocks, unsigned(a[0].n_y));
-    cudaStream_t s = as_stream(stream);
-    const GgmlType type = a[0].w.type;
     if (R == 4) launch_r<4>(type, p, grid, s, vec);
     else if (R == 2) launch_r<2>(type, p, grid, s, vec);
     else launch_r<1>(type, p, grid, s, vec);
@@ -535,8 +700,22 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
     p.n_seg = 2;
     p.act = act;
     p.act_xq = static_cast<uint8_t*>(act_xq);
-    const dim3 grid(unsigned(gate.rows / 32), unsigned(gate.n_y));
     cudaStream_t s = as_stream(stream);
+    if (const StagePlan sp = glu_stage_plan(gate, up); sp.rb > 0) {
+        const unsigned blocks = unsigned(gate.rows / sp.rb);
+        switch (gate.w.type) {
+#define CERA_Q(T)                                                                                        \
+    case GgmlType::T:                                                                                    \
+        allow_dynamic_smem<gemv_glu_stage_kernel<GgmlType::T>>(sp.smem);                                \
+        launch(gemv_glu_stage_kernel<GgmlType::T>, blocks, 512, sp.smem, s, p, sp.rb, int(gate.n_y));   \
+        break;
+            CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
+#undef CERA_Q
+            default: CERA_CHECK(false, "gemv_glu: unsupported weight type %s", type_name(gate.w.type));
+        }
+        return;
+    }
+    const dim3 grid(unsigned(gate.rows / 32), unsigned(gate.n_y));
     switch (gate.w.type) {
 #define CERA_Q(T)                                                   \
     case GgmlType::T:                                               \
