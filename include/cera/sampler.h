@@ -52,6 +52,21 @@ class Sampler {
     // with p = 1). The span stays valid until the next call on this Sampler.
     std::span<const TokenProb> distribution(const float* logits);
 
+    // Sampling from the best logits only (a device backend selects them, Backend::top_logits, and
+    // copies back those instead of the whole row). top_needed(): how many of the best logits
+    // sample_top() needs: k + the penalty window's capacity, when top-k is on and that is small next
+    // to the vocabulary (then every other token is out of the running); 0 when sample() needs the
+    // whole row (greedy, top-k off, or a large k).
+    int32_t top_needed() const;
+    // The penalty window's tokens, oldest first: sample_top() wants their raw logits in this order.
+    // The span stays valid until the next call on this Sampler. Never allocates.
+    std::span<const int32_t> window();
+    // sample() for a row whose best entries above -inf, ordered by logit descending then id ascending,
+    // are ids[0, n) with logits[0, n) (n >= 1; at least top_needed() of them, or every one above -inf),
+    // with window_logits[i] the raw logit of window()[i]. Draws the token sample() would draw from
+    // the whole row, and advances the random stream the same way. Never allocates or throws.
+    int32_t sample_top(const int32_t* ids, const float* logits, int32_t n, const float* window_logits);
+
     // Adds a token (prompt or generated) to the penalty window. Never allocates.
     void accept(int32_t token);
     // Empties the penalty window and re-seeds the generator with params().seed.
@@ -73,6 +88,10 @@ class Sampler {
     void next_epoch();
     float penalize(float logit, int32_t count) const;
     void load(const float* logits, int32_t k);
+    // The penalty window's tokens that are not candidates yet join them (with their raw logit from
+    // `logits`, or window_logits[ring position]), then every window token's logit is penalised.
+    void add_window(const float* logits, const float* window_logits);
+    int32_t draw();
     void filter(bool sort_kept);  // sort_kept: leave the survivors most likely first
     int32_t greedy_pick() const;
     uint64_t next_u64();
@@ -89,6 +108,7 @@ class Sampler {
     int32_t ring_head_ = 0, ring_size_ = 0;
     std::vector<int32_t> count_;    // [n_vocab] occurrences of each id in the window
     std::vector<uint32_t> stamp_;   // [n_vocab] last penalty pass that touched an id
+    std::vector<int32_t> window_;   // [penalty_last_n] window() output
     uint32_t epoch_ = 0;
     uint64_t rng_[4];               // xoshiro256** state
 };

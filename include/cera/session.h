@@ -47,6 +47,11 @@ struct GenerateOptions {
     // take the arg-max on the device and copy back only the token id, not the n_vocab logits; the token
     // is the one the host sampler would pick. false: always copy the logits and sample on the host.
     bool device_greedy = true;
+    // When the sampler's chain starts with a top-k that leaves only the best k + window logits in the
+    // running (Sampler::top_needed() > 0), decode steps select those on the device and copy back only
+    // them (Backend::top_logits), not the n_vocab logits; the token is the one the host sampler would
+    // draw, with the same random stream. false: always copy the logits and sample on the host.
+    bool device_sampling = true;
 };
 
 // How Session::embed() reduces the per-token hidden states.

@@ -24,6 +24,7 @@
 #include <span>
 #include <string>
 
+#include "backends/top_logits_host.h"
 #include "core/dtype.h"
 
 namespace cera {
@@ -99,6 +100,8 @@ struct MoeParams {
 class Backend;
 // Backend::argmax's default: synchronize, read x, argmax_rows_host, write out.
 void argmax_via_host(Backend& be, const Tensor& x, const Tensor& out);
+// Backend::top_logits's default: synchronize, read x and gather, top_logits_host, write out.
+void top_logits_via_host(Backend& be, const Tensor& x, int32_t m, const Tensor& gather, const Tensor& out);
 
 class Backend {
  public:
@@ -207,6 +210,18 @@ class Backend {
     // type info are then emitted wherever they are used, whatever order the static libraries link in.)
     virtual void argmax(const Tensor& x, const Tensor& out) { argmax_via_host(*this, x, out); }
 
+    // The m best entries of one row of logits, for a sampler whose chain starts with a top-k: the
+    // candidates are the entries above -inf (NaN never), ordered by value, descending, then by index,
+    // ascending (the order Sampler ranks by), and the first m of them are kept. Also the values at
+    // `gather`'s indices (the penalty window's tokens; an index outside the row gives NaN).
+    //   x: f32 [n]; gather: i32 [n_g] (may be empty); out: i32 [>= 1 + 2 m + n_g], written as
+    //   out[0] = c = min(m, candidates); out[1 + j] = index j of the kept, j < c; out[1 + m + j] = its
+    //   value (f32 bits, as in x); out[1 + 2 m + g] = x[gather[g]] (f32 bits).
+    // The default goes through the host (top_logits_via_host); a device backend should override it.
+    virtual void top_logits(const Tensor& x, int32_t m, const Tensor& gather, const Tensor& out) {
+        top_logits_via_host(*this, x, m, gather, out);
+    }
+
    private:
     std::mutex exec_mu_;
 };
@@ -220,6 +235,7 @@ struct BackendOptions {
 // The arg-max of Backend::argmax on host memory: x f32 [rows, n], out i32 [rows]. The reference for
 // every backend's argmax, and the CPU backend's implementation.
 void argmax_rows_host(const float* x, int64_t rows, int64_t n, int32_t* out);
+
 
 // Throws cera::Error(kDevice) when the device is not available in this build or machine.
 std::unique_ptr<Backend> create_backend(const BackendOptions& opts);

@@ -103,7 +103,9 @@ int run_bench(const std::vector<std::string>& args) {
     EngineFlags ef;
     int n_prompt = 512, n_gen = 128, reps = 5, n_batch = 512;
     double bandwidth_gbps = 0.0, bw_gib = 1.0;
-    bool as_json = false;
+    bool as_json = false, host_sampling = false;
+    float temp = 0.0f;
+    int top_k = 40;
     app.add_option("-m,--model", model, "GGUF model")->required();
     app.add_option("-p,--n-prompt", n_prompt, "prompt tokens of the prefill test (0: skip)")->capture_default_str();
     app.add_option("-n,--n-gen", n_gen, "tokens of the decode test (0: skip)")->capture_default_str();
@@ -113,9 +115,16 @@ int run_bench(const std::vector<std::string>& args) {
     app.add_option("--bandwidth", bandwidth_gbps, "read bandwidth in GB/s for the roofline (default: measure it)");
     app.add_option("--bandwidth-gib", bw_gib, "array size of the bandwidth measurement, GiB")->capture_default_str();
     app.add_flag("--json", as_json, "print one JSON object");
+    app.add_option("--temp", temp, "decode test: sampling temperature (0: greedy, as llama-bench)")->capture_default_str();
+    app.add_option("--top-k", top_k, "decode test with --temp > 0: top-k (other settings: the defaults)")
+        ->capture_default_str();
+    app.add_flag("--host-sampling", host_sampling,
+                 "decode test: copy the logits and sample on the host (else the device picks the arg-max or "
+                 "selects the top-k candidates)");
     if (int rc = parse_args(app, args, "bench"); rc >= 0) return rc;
     if (n_prompt < 0 || n_gen < 0 || reps < 1 || n_batch < 1 || bandwidth_gbps < 0 || bw_gib <= 0)
         throw Error(ErrorCode::kInvalidArgument, "-p, -n and --bandwidth must be >= 0, -r and -b >= 1");
+    if (!(temp >= 0.0f) || top_k < 0) throw Error(ErrorCode::kInvalidArgument, "--temp and --top-k must be >= 0");
     EngineOptions eo = ef.options();
     eo.n_ctx = std::max(16, std::max(n_prompt, n_gen + 1));
     eo.n_batch = n_batch;
@@ -145,7 +154,9 @@ int run_bench(const std::vector<std::string>& args) {
         s.append_tokens(random_tokens(1));
         GenerateOptions g;
         g.max_tokens = n + 1;  // the first token comes from the 1-token prefill, then n decode steps
-        g.sampling.temperature = 0.0f;
+        g.sampling.temperature = temp;
+        g.sampling.top_k = top_k;
+        g.device_greedy = g.device_sampling = !host_sampling;
         g.ignore_eos = true;
         const GenerationResult r = s.generate(g, sink);
         return r.decode_tokens_per_second();

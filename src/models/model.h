@@ -101,8 +101,16 @@ class ModelState {
     // truncate(), and read_last_logits() fetches them while they are held. A single token is one recorded
     // step (the arg-max inside it), keyed apart from eval()'s. Throws as eval() does.
     virtual int32_t eval_greedy(std::span<const int32_t> tokens) = 0;
-    // Copies the logits of the last token of the latest eval_greedy() (f32 [n_vocab]) and returns true;
-    // false, leaving logits_out alone, when they are no longer held (see eval_greedy()).
+    // Sampling on the device: runs `tokens` as eval_greedy() does (the logits stay in device memory,
+    // read_last_logits() fetches them), then selects the m best of the last token's logits and the
+    // logits at the ids in `gather` (Backend::top_logits); only those are copied to the host:
+    // ids[0, c), logits[0, c) (best first: value descending, id ascending, values above -inf only) and
+    // gathered[0, gather.size()) (NaN for an id outside the vocabulary). Returns c <= m.
+    // Throws as eval() does, and kInvalidArgument for m < 1.
+    virtual int32_t eval_top(std::span<const int32_t> tokens, int32_t m, std::span<const int32_t> gather,
+                             int32_t* ids, float* logits, float* gathered) = 0;
+    // Copies the logits of the last token of the latest eval_greedy() or eval_top() (f32 [n_vocab]) and
+    // returns true; false, leaving logits_out alone, when they are no longer held (see eval_greedy()).
     virtual bool read_last_logits(float* logits_out) = 0;
 
     virtual int32_t position() const = 0;  // tokens in the cache

@@ -89,7 +89,7 @@ class SequenceState final : public ModelState {
             be_.free(c.conv);
         }
         for (Tensor* t : {&ids_, &pos_t_, &x_, &h_, &y_, &q_, &k_, &v_, &attn_, &wide0_, &wide1_, &router_, &moe_ids_,
-                          &moe_w_, &hidden_, &logits_, &next_id_})
+                          &moe_w_, &hidden_, &logits_, &next_id_, &top_out_, &top_gather_})
             be_.free(*t);
     }
 
@@ -106,6 +106,38 @@ class SequenceState final : public ModelState {
         be_.read(&id, next_id_, sizeof id);
         logits_held_ = true;
         return id;
+    }
+
+    int32_t eval_top(std::span<const int32_t> tokens, int32_t m, std::span<const int32_t> gather, int32_t* ids,
+                     float* logits, float* gathered) override {
+        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+        if (tokens.empty()) throw_error(ErrorCode::kInvalidArgument, "eval_top: no tokens");
+        if (m < 1) throw_error(ErrorCode::kInvalidArgument, "eval_top: m = %d, needs >= 1", m);
+        run(tokens, nullptr, false, nullptr, /*greedy=*/true);
+        logits_held_ = true;
+        // Buffers grow to the largest request (outside any recorded step).
+        const int64_t n_g = int64_t(gather.size()), out_n = 1 + 2 * int64_t(m) + n_g;
+        if (!top_out_ || top_out_.n_elements() < out_n) {
+            be_.free(top_out_);
+            top_out_ = be_.alloc(GgmlType::kI32, {out_n});
+        }
+        if (n_g > 0 && (!top_gather_ || top_gather_.n_elements() < n_g)) {
+            be_.free(top_gather_);
+            top_gather_ = be_.alloc(GgmlType::kI32, {n_g});
+        }
+        Tensor g;
+        if (n_g > 0) {
+            g = top_gather_.reshaped(n_g);
+            be_.write(g, gather.data(), size_t(n_g) * sizeof(int32_t));
+        }
+        be_.top_logits(logits_.row_slice(0, 1).reshaped(arch_.info.n_vocab), m, g, top_out_.reshaped(out_n));
+        top_host_.resize(size_t(out_n));
+        be_.read(top_host_.data(), top_out_, size_t(out_n) * sizeof(int32_t));
+        const int32_t c = top_host_[0];
+        std::memcpy(ids, &top_host_[1], size_t(c) * sizeof(int32_t));
+        std::memcpy(logits, &top_host_[size_t(1 + m)], size_t(c) * sizeof(float));
+        if (n_g > 0) std::memcpy(gathered, &top_host_[size_t(1 + 2 * m)], size_t(n_g) * sizeof(float));
+        return c;
     }
 
     bool read_last_logits(float* logits_out) override {
@@ -323,6 +355,8 @@ class SequenceState final : public ModelState {
     uint64_t serial_ = 0;
     std::vector<LayerCache> cache_;    // [n_layer]
     Tensor ids_, pos_t_;               // i32 [n_batch]
+    Tensor top_out_, top_gather_;      // eval_top: i32 [1 + 2 m + n_gather], i32 [n_gather]
+    std::vector<int32_t> top_host_;
     Tensor x_, h_, y_;                 // f32 [n_batch, n_embd]
     Tensor q_, attn_;                  // f32 [n_batch, max(n_head * head_dim, n_embd)]
     Tensor k_, v_;                     // f32 [n_batch, n_head_kv * head_dim]

@@ -54,6 +54,7 @@ Sampler::Sampler(const SamplerParams& params, int32_t n_vocab) : params_(params)
     cand_.resize(size_t(n_vocab));
     if (penalties_on_) {
         ring_.assign(size_t(params.penalty_last_n), 0);
+        window_.assign(size_t(params.penalty_last_n), 0);
         count_.assign(size_t(n_vocab), 0);
         stamp_.assign(size_t(n_vocab), 0);
     }
@@ -131,23 +132,11 @@ void Sampler::load(const float* logits, int32_t k) {
             }
         }
         if (cnt > 0) {
+            // Best first: the order does not depend on the scan, so sample_top() (given the same best
+            // entries in this order) builds exactly this candidate array.
+            std::sort(c, c + cnt, better);
             n_cand_ = cnt;
-            if (penalties_on_) {
-                next_epoch();
-                for (int32_t i = 0; i < cnt; ++i) stamp_[size_t(c[i].id)] = epoch_;
-                const int32_t cap = int32_t(ring_.size());
-                for (int32_t i = 0; i < ring_size_; ++i) {
-                    const int32_t t = ring_[size_t((ring_head_ + i) % cap)];
-                    if (stamp_[size_t(t)] == epoch_) continue;
-                    stamp_[size_t(t)] = epoch_;
-                    const float l = logits[t];
-                    c[n_cand_++] = {t, std::isnan(l) ? -std::numeric_limits<float>::infinity() : l, 0.0f};
-                }
-                for (int32_t i = 0; i < n_cand_; ++i) {
-                    const int32_t n = count_[size_t(c[i].id)];
-                    if (n > 0) c[i].logit = penalize(c[i].logit, n);
-                }
-            }
+            add_window(logits, nullptr);
             return;
         }
         // every logit is -inf or NaN: fall through to the full load
@@ -159,6 +148,50 @@ void Sampler::load(const float* logits, int32_t k) {
     }
     n_cand_ = n_vocab_;
     if (penalties_on_) apply_penalties();
+}
+
+void Sampler::add_window(const float* logits, const float* window_logits) {
+    if (!penalties_on_) return;
+    TokenProb* c = cand_.data();
+    next_epoch();
+    for (int32_t i = 0; i < n_cand_; ++i) stamp_[size_t(c[i].id)] = epoch_;
+    const int32_t cap = int32_t(ring_.size());
+    for (int32_t i = 0; i < ring_size_; ++i) {
+        const int32_t t = ring_[size_t((ring_head_ + i) % cap)];
+        if (stamp_[size_t(t)] == epoch_) continue;
+        stamp_[size_t(t)] = epoch_;
+        const float l = window_logits ? window_logits[i] : logits[t];
+        c[n_cand_++] = {t, std::isnan(l) ? -std::numeric_limits<float>::infinity() : l, 0.0f};
+    }
+    for (int32_t i = 0; i < n_cand_; ++i) {
+        const int32_t n = count_[size_t(c[i].id)];
+        if (n > 0) c[i].logit = penalize(c[i].logit, n);
+    }
+}
+
+int32_t Sampler::top_needed() const {
+    const int64_t k = params_.top_k;
+    const int64_t m = k + (penalties_on_ ? int64_t(ring_.size()) : 0);
+    // load()'s condition for its top-(k + window) path, for every window fill.
+    return !greedy_ && k > 0 && m * 8 < n_vocab_ ? int32_t(m) : 0;
+}
+
+std::span<const int32_t> Sampler::window() {
+    if (!penalties_on_) return {};
+    const int32_t cap = int32_t(ring_.size());
+    for (int32_t i = 0; i < ring_size_; ++i) window_[size_t(i)] = ring_[size_t((ring_head_ + i) % cap)];
+    return {window_.data(), size_t(ring_size_)};
+}
+
+int32_t Sampler::sample_top(const int32_t* ids, const float* logits, int32_t n, const float* window_logits) {
+    // load()'s top path: the best k + (window fill) entries, best first, then the window.
+    const int32_t m = params_.top_k + (penalties_on_ ? ring_size_ : 0);
+    sorted_ = false;
+    n_cand_ = std::min(n, m);
+    for (int32_t i = 0; i < n_cand_; ++i) cand_[size_t(i)] = {ids[i], logits[i], 0.0f};
+    add_window(nullptr, window_logits);
+    filter(false);
+    return draw();
 }
 
 void Sampler::next_epoch() {
@@ -329,7 +362,11 @@ int32_t Sampler::sample(const float* logits) {
     }
     load(logits, params_.top_k > 0 ? params_.top_k : 0);
     filter(false);
-    // Draw u in [0, sum p) and walk the cumulative mass; the last candidate absorbs rounding.
+    return draw();
+}
+
+// Draw u in [0, sum p) and walk the cumulative mass; the last candidate absorbs rounding.
+int32_t Sampler::draw() {
     double total = 0.0;
     for (int32_t i = 0; i < n_cand_; ++i) total += cand_[size_t(i)].p;
     const double u = next_uniform() * total;

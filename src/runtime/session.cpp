@@ -258,6 +258,10 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
     // Greedy on the device: the step ends in the arg-max and only the id crosses back. Exactly the host
     // sampler's pick whenever that is a plain arg-max (nothing else here reads the logits).
     const bool device_greedy = options.device_greedy && sampler.picks_argmax();
+    // Sampling on the device: the best top_m logits and the penalty window's come back (Sampler::sample_top).
+    const int32_t top_m = options.device_sampling && !device_greedy ? sampler.top_needed() : 0;
+    std::vector<int32_t> top_ids(size_t(std::max(top_m, 0)));
+    std::vector<float> top_logits(top_ids.size()), window_logits(size_t(std::max(options.sampling.penalty_last_n, 1)));
     for (;;) {
         if (options.max_tokens >= 0 && r.generated_tokens >= options.max_tokens) {
             r.finish = FinishReason::kLength;
@@ -282,6 +286,14 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
                 t = im.state->eval_greedy(std::span<const int32_t>(&last, 1));
                 im.has_logits = false;
                 im.logits_on_device = true;
+            } else if (top_m > 0) {
+                const std::span<const int32_t> window = sampler.window();
+                const int32_t c = im.state->eval_top(std::span<const int32_t>(&last, 1), top_m, window, top_ids.data(),
+                                                     top_logits.data(), window_logits.data());
+                im.has_logits = false;
+                im.logits_on_device = true;
+                if (c > 0) t = sampler.sample_top(top_ids.data(), top_logits.data(), c, window_logits.data());
+                else im.ensure_logits();  // no logit above -inf: the host sampler takes the whole row
             } else {
                 im.state->eval(std::span<const int32_t>(&last, 1), im.logits.data(), false);
                 im.logits_on_host();

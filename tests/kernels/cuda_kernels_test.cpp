@@ -352,6 +352,57 @@ TEST_F(CudaBackendTest, ArgmaxMatchesReference) {
 
 // Writes and reads of every size class (pinned staging ring, its wrap-around, the pageable path for
 // large ones) land where they should, and a write's source may be reused as soon as write() returns.
+TEST_F(CudaBackendTest, TopLogitsMatchesReference) {
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    for (int64_t n : {1, 100, 5000, 65536, 151936}) {
+        for (int kind = 0; kind < 5; ++kind) {
+            // 0: random; 1: values on a coarse grid (many ties) with NaN and -inf; 2: constant (every entry
+            // ties); 3: all -inf but a few; 4: all NaN.
+            std::vector<float> x = randn(size_t(n), rng_, 3.0f);
+            std::uniform_int_distribution<int> pct(0, 99);
+            for (float& v : x) {
+                if (kind == 1) {
+                    const int c = pct(rng_);
+                    v = c == 0 ? nan : c == 1 ? -inf : c == 2 ? inf : std::round(v * 2.0f) / 2.0f;
+                } else if (kind == 2) {
+                    v = -0.0f;
+                } else if (kind == 3) {
+                    v = pct(rng_) == 0 ? v : -inf;
+                } else if (kind == 4) {
+                    v = nan;
+                }
+            }
+            if (kind == 2 && n > 3) x[2] = 0.0f;  // +0 ties with -0
+            Tensor xg = gpu_->alloc(GgmlType::kF32, {n});
+            gpu_->write(xg, x.data(), x.size() * 4);
+            std::uniform_int_distribution<int32_t> any(-2, int32_t(n) + 2);
+            std::vector<int32_t> gather(17);
+            for (int32_t& g : gather) g = any(rng_);
+            Tensor gg = gpu_->alloc(GgmlType::kI32, {int64_t(gather.size())});
+            gpu_->write(gg, gather.data(), gather.size() * 4);
+            for (int32_t m : {1, 40, 104, 1024, 1500}) {  // 1500: beyond the kernel, through the host
+                SCOPED_TRACE("n " + std::to_string(n) + " kind " + std::to_string(kind) + " m " + std::to_string(m));
+                const int64_t out_n = 1 + 2 * int64_t(m) + int64_t(gather.size());
+                std::vector<int32_t> want(static_cast<size_t>(out_n)), got(static_cast<size_t>(out_n), -5);
+                top_logits_host(x.data(), n, m, gather.data(), int64_t(gather.size()), want.data());
+                Tensor og = gpu_->alloc(GgmlType::kI32, {out_n});
+                gpu_->top_logits(xg, m, gg, og);
+                gpu_->read(got.data(), og, got.size() * 4);
+                gpu_->free(og);
+                ASSERT_EQ(got[0], want[0]);
+                const int32_t c = want[0];
+                int bad = 0;
+                for (int32_t j = 0; j < c && bad < 3; ++j)
+                    if (got[size_t(1 + j)] != want[size_t(1 + j)] || got[size_t(1 + m + j)] != want[size_t(1 + m + j)])
+                        ADD_FAILURE() << "rank " << j << ": id " << got[size_t(1 + j)] << " vs " << want[size_t(1 + j)], ++bad;
+                for (size_t k = 0; k < gather.size(); ++k)
+                    EXPECT_EQ(got[size_t(1 + 2 * m) + k], want[size_t(1 + 2 * m) + k]) << "gather " << k;
+            }
+            gpu_->free(xg), gpu_->free(gg);
+        }
+    }
+}
+
 TEST_F(CudaBackendTest, TransfersRoundTrip) {
     const int64_t n = 1 << 20;  // 4 MiB of f32
     Tensor t = gpu_->alloc(GgmlType::kF32, {n});
@@ -856,6 +907,36 @@ TEST(CudaModel, EvalGreedyMatchesCpu) {
 // By default Q and P go to the tensor cores as f16 hi + lo pairs, so the result matches the CPU
 // reference to ~1e-6 (bound 1e-4, as the f32 kernels); with CERA_CUDA_ATTN_MMA=f16 (plain f16 Q and
 // P, f32 accumulate) the expected error is ~1e-3 relative to max(1, max |out|) (bound 4e-3).
+// Sampling on the device (eval_top) gives the best of the very logits eval_greedy leaves there.
+TEST(CudaModel, EvalTopIsTheBestOfTheLogits) {
+    std::string why;
+    if (cuda_devices(&why).empty()) GTEST_SKIP() << "no CUDA device (" << why << ")";
+    for (const char* name : {"tiny-lfm2", "tiny-llama-random"}) {
+        SCOPED_TRACE(name);
+        auto [cpu, gpu] = load_fixture_pair(name);
+        const int64_t n_vocab = gpu->info().n_vocab;
+        std::vector<int32_t> tokens = fixture_prompt(n_vocab);
+        auto sg = gpu->create_state();
+        std::vector<float> held(static_cast<size_t>(n_vocab));
+        const std::vector<int32_t> gather = {5, 0, int32_t(n_vocab) - 1, 17};
+        for (int step = 0; step < 16; ++step) {
+            const int32_t m = 1 + 9 * step;
+            std::vector<int32_t> ids(static_cast<size_t>(m)), want(static_cast<size_t>(1 + 2 * m) + gather.size());
+            std::vector<float> top(static_cast<size_t>(m)), got(gather.size());
+            const int32_t c = sg->eval_top(tokens, m, gather, ids.data(), top.data(), got.data());
+            ASSERT_TRUE(sg->read_last_logits(held.data()));
+            top_logits_host(held.data(), n_vocab, m, gather.data(), int64_t(gather.size()), want.data());
+            ASSERT_EQ(c, want[0]) << "step " << step;
+            for (int32_t j = 0; j < c; ++j) {
+                EXPECT_EQ(ids[size_t(j)], want[size_t(1 + j)]) << "step " << step << " rank " << j;
+                EXPECT_EQ(0, std::memcmp(&top[size_t(j)], &want[size_t(1 + m + j)], 4));
+            }
+            EXPECT_EQ(0, std::memcmp(got.data(), &want[size_t(1 + 2 * m)], got.size() * 4));
+            tokens = {ids[size_t(step % c)]};
+        }
+    }
+}
+
 TEST_F(CudaBackendTest, FlashAttentionMatchesReference) {
     const char* mode = std::getenv("CERA_CUDA_ATTN_MMA");
     const double tol = mode && mode[0] == 'f' ? 4e-3 : 1e-4;

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <numeric>
 #include <random>
 #include <vector>
 
+#include "backends/top_logits_host.h"
 #include "cera/error.h"
 #include "cera/sampler.h"
 
@@ -367,6 +369,101 @@ TEST(Sampler, TopKWithPenaltiesMatchesPenalisingEverything) {
         for (int32_t t : window) gs.accept(t);
         EXPECT_EQ(gs.sample(l.data()), idx[0]) << "freq " << freq;
     }
+}
+
+// A row with ties (values on a coarse grid), -inf and NaN entries.
+std::vector<float> tied_row(int32_t n, std::mt19937& g) {
+    std::normal_distribution<float> nd(0.0f, 2.0f);
+    std::uniform_int_distribution<int> kind(0, 99);
+    std::vector<float> l(static_cast<size_t>(n));
+    for (auto& x : l) {
+        const int c = kind(g);
+        x = c == 0 ? -INFINITY : c == 1 ? NAN : std::round(nd(g) * 4.0f) / 4.0f;
+    }
+    return l;
+}
+
+TEST(TopLogits, HostReferenceMatchesFullSort) {
+    std::mt19937 g(11);
+    for (int32_t n : {1, 7, 300, 5000}) {
+        for (int32_t m : {1, 3, 40, 104, 1024}) {
+            const auto l = tied_row(n, g);
+            std::vector<int32_t> valid;
+            for (int32_t i = 0; i < n; ++i)
+                if (l[size_t(i)] > -INFINITY) valid.push_back(i);
+            std::stable_sort(valid.begin(), valid.end(), [&](int32_t a, int32_t b) { return l[a] > l[b]; });
+            const std::vector<int32_t> gather = {0, n - 1, n, -1, n / 2};
+            std::vector<int32_t> out(size_t(1 + 2 * m) + gather.size());
+            top_logits_host(l.data(), n, m, gather.data(), int64_t(gather.size()), out.data());
+            const int32_t c = std::min<int32_t>(m, int32_t(valid.size()));
+            ASSERT_EQ(out[0], c) << "n " << n << " m " << m;
+            for (int32_t j = 0; j < c; ++j) {
+                EXPECT_EQ(out[size_t(1 + j)], valid[size_t(j)]) << "n " << n << " m " << m << " rank " << j;
+                float v;
+                std::memcpy(&v, &out[size_t(1 + m + j)], 4);
+                EXPECT_EQ(v, l[size_t(valid[size_t(j)])]);
+            }
+            for (size_t k = 0; k < gather.size(); ++k) {
+                float v;
+                std::memcpy(&v, &out[size_t(1 + 2 * m) + k], 4);
+                const int32_t i = gather[k];
+                if (i < 0 || i >= n || std::isnan(l[size_t(i)])) EXPECT_TRUE(std::isnan(v)) << k;
+                else EXPECT_EQ(v, l[size_t(i)]) << k;
+            }
+        }
+    }
+}
+
+// Sampling from the best top_needed() logits and the window's (what a device backend sends back)
+// draws exactly the tokens sample() draws from the whole rows, step after step.
+TEST(Sampler, SampleTopMatchesSample) {
+    const int32_t n = 5000;
+    std::mt19937 g(5);
+    struct Case {
+        int32_t k;
+        float temp, top_p, min_p, rep, freq;
+    };
+    const Case cases[] = {{1, 1.0f, 1.0f, 0.0f, 1.0f, 0.0f},    {5, 0.8f, 0.95f, 0.05f, 1.0f, 0.0f},
+                          {40, 1.5f, 0.9f, 0.0f, 1.3f, 0.5f},  {100, 0.7f, 1.0f, 0.1f, 0.8f, -0.5f},
+                          {64, 2.0f, 0.5f, 0.0f, 1.1f, 0.0f},  {40, 1.0f, 1.0f, 0.0f, 1.0f, 0.0f}};
+    for (const Case& cs : cases) {
+        SamplerParams p;
+        p.top_k = cs.k, p.temperature = cs.temp, p.top_p = cs.top_p, p.min_p = cs.min_p;
+        p.repeat_penalty = cs.rep, p.frequency_penalty = cs.freq, p.penalty_last_n = 32, p.seed = 1234;
+        Sampler a(p, n), b(p, n);
+        const int32_t m = b.top_needed();
+        ASSERT_GT(m, 0) << "k " << cs.k;
+        std::vector<int32_t> out;
+        std::vector<float> logits_m(static_cast<size_t>(m)), win(32);
+        std::vector<int32_t> ids_m(static_cast<size_t>(m));
+        for (int step = 0; step < 300; ++step) {
+            auto l = tied_row(n, g);
+            // Now and then a window token leads, so penalties decide the top.
+            if (step % 3 == 0 && !b.history().empty()) l[size_t(b.history().back())] = 40.0f;
+            const int32_t ta = a.sample(l.data());
+            const auto window = b.window();
+            out.assign(size_t(1 + 2 * m) + window.size(), 0);
+            top_logits_host(l.data(), n, m, window.data(), int64_t(window.size()), out.data());
+            const int32_t c = out[0];
+            ASSERT_GT(c, 0);
+            std::memcpy(ids_m.data(), &out[1], size_t(c) * 4);
+            std::memcpy(logits_m.data(), &out[size_t(1 + m)], size_t(c) * 4);
+            std::memcpy(win.data(), &out[size_t(1 + 2 * m)], window.size() * 4);
+            const int32_t tb = b.sample_top(ids_m.data(), logits_m.data(), c, win.data());
+            ASSERT_EQ(ta, tb) << "k " << cs.k << " step " << step;
+            a.accept(ta);
+            b.accept(tb);
+        }
+    }
+    SamplerParams greedy;
+    greedy.temperature = 0.0f;
+    EXPECT_EQ(Sampler(greedy, n).top_needed(), 0);
+    SamplerParams no_k;
+    no_k.top_k = 0;
+    EXPECT_EQ(Sampler(no_k, n).top_needed(), 0);
+    SamplerParams big_k;
+    big_k.top_k = 1000;  // 8 (k + window) >= n_vocab: the whole row is needed
+    EXPECT_EQ(Sampler(big_k, n).top_needed(), 0);
 }
 
 TEST(Sampler, RejectsBadParams) {

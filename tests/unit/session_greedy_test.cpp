@@ -11,6 +11,8 @@
 
 #include "cera/engine.h"
 #include "cera/error.h"
+#include "backends/top_logits_host.h"
+#include "cera/sampler.h"
 #include "cera/session.h"
 #include "models/model.h"
 #include "test_util.h"
@@ -153,6 +155,43 @@ TEST_P(SessionGreedy, PenaltiesAndSamplingStayOnTheHost) {
     EXPECT_EQ(ca.ids, cb.ids);
 }
 
+// Sampling with a top-k on the device (ModelState::eval_top, GenerateOptions::device_sampling): the same
+// draws as the host sampler over the whole logits, with penalties, and the same state afterwards.
+TEST_P(SessionGreedy, DeviceSamplingDrawsTheHostTokens) {
+    auto e = engine(GetParam());
+    GenerateOptions g;
+    g.max_tokens = 64;
+    g.sampling.temperature = 0.9f;
+    g.sampling.top_k = 20;
+    g.sampling.top_p = 0.95f;
+    g.sampling.min_p = 0.02f;
+    g.sampling.repeat_penalty = 1.2f;
+    g.sampling.presence_penalty = 0.1f;
+    g.sampling.penalty_last_n = 16;
+    g.sampling.seed = 7;
+    ASSERT_GT(Sampler(g.sampling, e->info().n_vocab).top_needed(), 0);  // the device path applies
+    Session dev(e), host(e);
+    for (Session* s : {&dev, &host}) s->append_text("Once upon a time, there was a little");
+    Ids a, b;
+    g.device_sampling = true;
+    dev.generate(g, a);
+    g.device_sampling = false;
+    host.generate(g, b);
+    ASSERT_EQ(a.ids.size(), b.ids.size());
+    EXPECT_EQ(a.ids, b.ids);
+    EXPECT_EQ(a.text, b.text);
+    EXPECT_EQ(dev.save_state(), host.save_state());  // the last logits, fetched from the model state
+    for (uint64_t seed : {1u, 99u}) {  // more draws, continuing
+        g.sampling.seed = seed;
+        Ids a2, b2;
+        g.device_sampling = true;
+        dev.generate(g, a2);
+        g.device_sampling = false;
+        host.generate(g, b2);
+        EXPECT_EQ(a2.ids, b2.ids) << "seed " << seed;
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, SessionGreedy, testing::ValuesIn(kModels));
 
 int32_t first_argmax(const std::vector<float>& v) {
@@ -190,6 +229,35 @@ TEST(ModelStateGreedy, IdIsTheArgmaxOfTheLogitsAndTheLogitsStayReadable) {
     g->reset();
     EXPECT_FALSE(g->read_last_logits(held.data()));
     EXPECT_THROW(g->eval_greedy(std::span<const int32_t>()), Error);
+}
+
+TEST(ModelStateTop, EvalTopIsTheBestOfTheLogits) {
+    ModelOptions o;
+    o.n_threads = 1;
+    auto model = load_model(test::source_path("models/stories260K.gguf"), o);
+    const int64_t n_vocab = model->info().n_vocab;
+    auto g = model->create_state(), h = model->create_state();
+    std::vector<int32_t> tokens = {1, 400, 27, 80, 300, 12};
+    std::vector<float> logits(static_cast<size_t>(n_vocab)), held(logits.size());
+    const std::vector<int32_t> gather = {3, 0, int32_t(n_vocab) - 1, int32_t(n_vocab), 400};
+    for (int step = 0; step < 12; ++step) {
+        const int32_t m = 1 + step * 7;
+        std::vector<int32_t> ids(static_cast<size_t>(m)), ref(static_cast<size_t>(1 + 2 * m) + gather.size());
+        std::vector<float> top(static_cast<size_t>(m)), got(gather.size());
+        const int32_t c = g->eval_top(tokens, m, gather, ids.data(), top.data(), got.data());
+        h->eval(tokens, logits.data(), false);
+        top_logits_host(logits.data(), n_vocab, m, gather.data(), int64_t(gather.size()), ref.data());
+        ASSERT_EQ(c, ref[0]) << "step " << step;
+        for (int32_t j = 0; j < c; ++j) {
+            EXPECT_EQ(ids[size_t(j)], ref[size_t(1 + j)]) << "step " << step << " rank " << j;
+            EXPECT_EQ(0, std::memcmp(&top[size_t(j)], &ref[size_t(1 + m + j)], 4));
+        }
+        EXPECT_EQ(0, std::memcmp(got.data(), &ref[size_t(1 + 2 * m)], got.size() * 4)) << "step " << step;
+        ASSERT_TRUE(g->read_last_logits(held.data()));
+        EXPECT_EQ(0, std::memcmp(held.data(), logits.data(), logits.size() * sizeof(float)));
+        tokens = {ids[0]};
+    }
+    EXPECT_THROW(g->eval_top(tokens, 0, {}, nullptr, nullptr, nullptr), Error);
 }
 
 }  // namespace

@@ -199,6 +199,10 @@ void moe_combine(const float* y, const float* weights, int64_t n_tokens, int k, 
 // Greedy pick per row (argmax.cu): out[r] = the lowest i holding the largest non-NaN x[r][i], 0 when
 // every value is NaN (Backend::argmax). One block per row; x: f32 [rows, n] (n >= 1), out: i32 [rows]
 void argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, Stream stream);
+// Backend::top_logits (top_logits.cu): the best m <= kTopLogitsMax entries of x (f32 [n]) and the
+// values at gather (i32 [n_g] or null); out: i32 [1 + 2 m + n_g] as Backend::top_logits lays it out.
+constexpr int kTopLogitsMax = 1024;
+void top_logits(const float* x, int64_t n, int m, const int32_t* gather, int n_g, int32_t* out, Stream stream);
 
 // MoE expert products grouped by expert (moe.cu), for batches: every expert's weight rows are read
 // once per call instead of once per (token, expert) slot.
