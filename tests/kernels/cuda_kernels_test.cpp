@@ -354,7 +354,7 @@ TEST_F(CudaBackendTest, ArgmaxMatchesReference) {
 // large ones) land where they should, and a write's source may be reused as soon as write() returns.
 TEST_F(CudaBackendTest, TopLogitsMatchesReference) {
     const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
-    for (int64_t n : {1, 100, 5000, 65536, 151936}) {
+    for (int64_t n : {1, 100, 4099, 5000, 65536, 151936}) {  // 4099: a scalar tail after the 16-byte loads
         for (int kind = 0; kind < 5; ++kind) {
             // 0: random; 1: values on a coarse grid (many ties) with NaN and -inf; 2: constant (every entry
             // ties); 3: all -inf but a few; 4: all NaN.
