@@ -115,16 +115,17 @@ class SequenceState final : public ModelState {
         if (m < 1) throw_error(ErrorCode::kInvalidArgument, "eval_top: m = %d, needs >= 1", m);
         run(tokens, nullptr, false, nullptr, /*greedy=*/true);
         logits_held_ = true;
-        // Buffers grow to the largest request (outside any recorded step).
+        // The buffers grow (outside any recorded step) geometrically from 256 entries: freeing a device
+        // buffer can drop recorded steps, and the gather list grows by one a token while the window fills.
         const int64_t n_g = int64_t(gather.size()), out_n = 1 + 2 * int64_t(m) + n_g;
-        if (!top_out_ || top_out_.n_elements() < out_n) {
-            be_.free(top_out_);
-            top_out_ = be_.alloc(GgmlType::kI32, {out_n});
-        }
-        if (n_g > 0 && (!top_gather_ || top_gather_.n_elements() < n_g)) {
-            be_.free(top_gather_);
-            top_gather_ = be_.alloc(GgmlType::kI32, {n_g});
-        }
+        auto ensure = [&](Tensor& t, int64_t n) {
+            if (t && t.n_elements() >= n) return;
+            const int64_t cap = std::max<int64_t>({n, 256, t ? 2 * t.n_elements() : 0});
+            be_.free(t);
+            t = be_.alloc(GgmlType::kI32, {cap});
+        };
+        ensure(top_out_, out_n);
+        if (n_g > 0) ensure(top_gather_, n_g);
         Tensor g;
         if (n_g > 0) {
             g = top_gather_.reshaped(n_g);
