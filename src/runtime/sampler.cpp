@@ -187,8 +187,11 @@ int32_t Sampler::sample_top(const int32_t* ids, const float* logits, int32_t n, 
     // load()'s top path: the best k + (window fill) entries, best first, then the window.
     const int32_t m = params_.top_k + (penalties_on_ ? ring_size_ : 0);
     sorted_ = false;
-    n_cand_ = std::min(n, m);
-    for (int32_t i = 0; i < n_cand_; ++i) cand_[size_t(i)] = {ids[i], logits[i], 0.0f};
+    n_cand_ = 0;
+    // A backend's ids are in range; one that is not is dropped rather than indexing out of bounds.
+    for (int32_t i = 0; i < std::min(n, m); ++i)
+        if (ids[i] >= 0 && ids[i] < n_vocab_) cand_[size_t(n_cand_++)] = {ids[i], logits[i], 0.0f};
+    if (n_cand_ == 0) cand_[size_t(n_cand_++)] = {0, -std::numeric_limits<float>::infinity(), 0.0f};
     add_window(nullptr, window_logits);
     filter(false);
     return draw();
