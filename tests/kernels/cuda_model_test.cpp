@@ -1,0 +1,126 @@
+// Whole fixture models on the CUDA backend against the CPU backend: prefill logits and greedy tokens,
+// greedy and top-k selection on the device (eval_greedy, eval_top). Skips when no CUDA device is present.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/device.h"
+#include "models/model.h"
+#include "test_util.h"
+
+namespace cera {
+namespace {
+
+std::vector<int32_t> greedy(ModelState& st, std::vector<int32_t> prompt, int n, int64_t n_vocab,
+                            std::vector<float>* first_logits) {
+    std::vector<float> logits(static_cast<size_t>(n_vocab));
+    std::vector<int32_t> out;
+    st.eval(prompt, logits.data(), false);
+    if (first_logits) *first_logits = logits;
+    for (int i = 0; i < n; ++i) {
+        const int32_t id = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        out.push_back(id);
+        if (i + 1 < n) st.eval({&id, 1}, logits.data(), false);
+    }
+    return out;
+}
+
+// A fixture model loaded on the CPU and on CUDA, and an 11-token prompt inside its vocabulary.
+std::pair<std::unique_ptr<Model>, std::unique_ptr<Model>> load_fixture_pair(const char* name) {
+    const std::string path = test::data_path(std::string("fixtures/") + name + "/model.gguf");
+    ModelOptions o;
+    o.n_threads = 2, o.n_ctx = 256;
+    auto cpu = load_model(path, o);
+    o.device = DeviceKind::kCuda;
+    return {std::move(cpu), load_model(path, o)};
+}
+std::vector<int32_t> fixture_prompt(int64_t n_vocab) {
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 11; ++i) prompt.push_back(int32_t((i * 7919 + 13) % n_vocab));
+    return prompt;
+}
+
+TEST(CudaModel, FixturesMatchCpu) {
+    std::string why;
+    if (cuda_devices(&why).empty()) GTEST_SKIP() << "no CUDA device (" << why << ")";
+    for (const char* name : {"tiny-lfm2", "tiny-lfm2moe", "tiny-qwen3", "tiny-llama-random", "tiny-qwen2-random",
+                             "tiny-granite-random"}) {
+        SCOPED_TRACE(name);
+        auto [cpu, gpu] = load_fixture_pair(name);
+        const int64_t n_vocab = cpu->info().n_vocab;
+        const std::vector<int32_t> prompt = fixture_prompt(n_vocab);
+        std::vector<float> lc, lg;
+        auto sc = cpu->create_state();
+        auto sg = gpu->create_state();
+        const auto tc = greedy(*sc, prompt, 24, n_vocab, &lc);
+        const auto tg = greedy(*sg, prompt, 24, n_vocab, &lg);
+        EXPECT_EQ(tc, tg);
+        double err = 0;
+        for (size_t i = 0; i < lc.size(); ++i) err = std::max(err, double(std::fabs(lc[i] - lg[i])));
+        EXPECT_LT(err, 1e-3) << "prefill logits";
+    }
+}
+
+// Greedy decoding on the device: ModelState::eval_greedy (the arg-max inside the recorded, then
+// replayed, decode step) picks the same tokens as the CPU and keeps the step's logits readable.
+TEST(CudaModel, EvalGreedyMatchesCpu) {
+    std::string why;
+    if (cuda_devices(&why).empty()) GTEST_SKIP() << "no CUDA device (" << why << ")";
+    for (const char* name : {"tiny-lfm2", "tiny-qwen3", "tiny-llama-random"}) {
+        SCOPED_TRACE(name);
+        auto [cpu, gpu] = load_fixture_pair(name);
+        const int64_t n_vocab = cpu->info().n_vocab;
+        const std::vector<int32_t> prompt = fixture_prompt(n_vocab);
+        auto sc = cpu->create_state();
+        auto sg = gpu->create_state();
+        const auto tc = greedy(*sc, prompt, 24, n_vocab, nullptr);
+        std::vector<int32_t> tg;
+        std::vector<float> held(static_cast<size_t>(n_vocab));
+        int32_t id = sg->eval_greedy(prompt);
+        for (int i = 0; i < 24; ++i) {
+            tg.push_back(id);
+            ASSERT_TRUE(sg->read_last_logits(held.data()));
+            EXPECT_EQ(id, int32_t(std::max_element(held.begin(), held.end()) - held.begin())) << "step " << i;
+            if (i + 1 < 24) id = sg->eval_greedy({&id, 1});
+        }
+        EXPECT_EQ(tc, tg);
+    }
+}
+
+// Sampling on the device (eval_top) gives the best of the very logits eval_greedy leaves there.
+TEST(CudaModel, EvalTopIsTheBestOfTheLogits) {
+    std::string why;
+    if (cuda_devices(&why).empty()) GTEST_SKIP() << "no CUDA device (" << why << ")";
+    for (const char* name : {"tiny-lfm2", "tiny-llama-random"}) {
+        SCOPED_TRACE(name);
+        auto [cpu, gpu] = load_fixture_pair(name);
+        const int64_t n_vocab = gpu->info().n_vocab;
+        std::vector<int32_t> tokens = fixture_prompt(n_vocab);
+        auto sg = gpu->create_state();
+        std::vector<float> held(static_cast<size_t>(n_vocab));
+        const std::vector<int32_t> gather = {5, 0, int32_t(n_vocab) - 1, 17};
+        for (int step = 0; step < 16; ++step) {
+            const int32_t m = 1 + 9 * step;
+            std::vector<int32_t> ids(static_cast<size_t>(m)), want(static_cast<size_t>(1 + 2 * m) + gather.size());
+            std::vector<float> top(static_cast<size_t>(m)), got(gather.size());
+            const int32_t c = sg->eval_top(tokens, m, gather, ids.data(), top.data(), got.data());
+            ASSERT_TRUE(sg->read_last_logits(held.data()));
+            top_logits_host(held.data(), n_vocab, m, gather.data(), int64_t(gather.size()), want.data());
+            ASSERT_EQ(c, want[0]) << "step " << step;
+            for (int32_t j = 0; j < c; ++j) {
+                EXPECT_EQ(ids[size_t(j)], want[size_t(1 + j)]) << "step " << step << " rank " << j;
+                EXPECT_EQ(0, std::memcmp(&top[size_t(j)], &want[size_t(1 + m + j)], 4));
+            }
+            EXPECT_EQ(0, std::memcmp(got.data(), &want[size_t(1 + 2 * m)], got.size() * 4));
+            tokens = {ids[size_t(step % c)]};
+        }
+    }
+}
+
+}  // namespace
+}  // namespace cera
