@@ -1,7 +1,5 @@
 #include "backends/backend.h"
 
-#include <algorithm>
-#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -44,20 +42,6 @@ void argmax_rows_host(const float* x, int64_t rows, int64_t n, int32_t* out) {
             }
         out[r] = id;
     }
-}
-
-void top_logits_via_host(Backend& be, const Tensor& x, int32_t m, const Tensor& gather, const Tensor& out) {
-    const int64_t n_g = gather ? gather.n_elements() : 0;
-    CERA_CHECK(x.type == GgmlType::kF32 && out.type == GgmlType::kI32 && (!gather || gather.type == GgmlType::kI32) &&
-                   m >= 0 && out.n_elements() >= 1 + 2 * int64_t(m) + n_g,
-               "top_logits: x f32, gather and out i32 with 1 + 2 m + n_g elements");
-    be.synchronize();
-    std::vector<float> host(size_t(x.n_elements()));
-    std::vector<int32_t> g(static_cast<size_t>(n_g)), o(static_cast<size_t>(1 + 2 * int64_t(m) + n_g));
-    be.read(host.data(), x, host.size() * sizeof(float));
-    if (n_g) be.read(g.data(), gather, g.size() * sizeof(int32_t));
-    top_logits_host(host.data(), x.n_elements(), m, g.data(), n_g, o.data());
-    be.write(out, o.data(), o.size() * sizeof(int32_t));
 }
 
 void argmax_via_host(Backend& be, const Tensor& x, const Tensor& out) {

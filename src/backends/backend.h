@@ -24,7 +24,10 @@
 #include <span>
 #include <string>
 
+#include <vector>
+
 #include "backends/top_logits_host.h"
+#include "core/check.h"
 #include "core/dtype.h"
 
 namespace cera {
@@ -100,8 +103,17 @@ struct MoeParams {
 class Backend;
 // Backend::argmax's default: synchronize, read x, argmax_rows_host, write out.
 void argmax_via_host(Backend& be, const Tensor& x, const Tensor& out);
-// Backend::top_logits's default: synchronize, read x and gather, top_logits_host, write out.
-void top_logits_via_host(Backend& be, const Tensor& x, int32_t m, const Tensor& gather, const Tensor& out);
+// Backend::top_logits's default: synchronize, read x and gather, top_logits_host, write out (inline,
+// below, so that a device backend can fall back to it without a link dependency on this library).
+inline void top_logits_via_host(Backend& be, const Tensor& x, int32_t m, const Tensor& gather, const Tensor& out);
+// Backend::top_logits's argument checks (throws kInvalidArgument); returns gather's element count.
+inline int64_t top_logits_checked(const Tensor& x, int32_t m, const Tensor& gather, const Tensor& out) {
+    const int64_t n_g = gather ? gather.n_elements() : 0;
+    CERA_CHECK(x.type == GgmlType::kF32 && out.type == GgmlType::kI32 && (!gather || gather.type == GgmlType::kI32) &&
+                   m >= 0 && out.n_elements() >= 1 + 2 * int64_t(m) + n_g,
+               "top_logits: x f32, gather and out i32 with 1 + 2 m + n_g elements");
+    return n_g;
+}
 
 class Backend {
  public:
@@ -239,5 +251,16 @@ void argmax_rows_host(const float* x, int64_t rows, int64_t n, int32_t* out);
 
 // Throws cera::Error(kDevice) when the device is not available in this build or machine.
 std::unique_ptr<Backend> create_backend(const BackendOptions& opts);
+
+inline void top_logits_via_host(Backend& be, const Tensor& x, int32_t m, const Tensor& gather, const Tensor& out) {
+    const int64_t n_g = top_logits_checked(x, m, gather, out);
+    be.synchronize();
+    std::vector<float> host(static_cast<size_t>(x.n_elements()));
+    std::vector<int32_t> g(static_cast<size_t>(n_g)), o(static_cast<size_t>(1 + 2 * int64_t(m) + n_g));
+    be.read(host.data(), x, host.size() * sizeof(float));
+    if (n_g) be.read(g.data(), gather, g.size() * sizeof(int32_t));
+    top_logits_host(host.data(), x.n_elements(), m, g.data(), n_g, o.data());
+    be.write(out, o.data(), o.size() * sizeof(int32_t));
+}
 
 }  // namespace cera

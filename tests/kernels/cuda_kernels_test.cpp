@@ -140,9 +140,9 @@ TEST_F(CudaBackendTest, MatmulMatchesReference) {
         cases.push_back({t, 77, 8192, 1});  // split-K: 4 warps per row group
         cases.push_back({t, 45, 4096, 2});  // split-K: 2 warps per row group
         cases.push_back({t, 9, 2048, 1});   // split-K: 2 warps, 32 items each
-        cases.push_back({t, 2048, 2048, 1});  // staged in shared memory (rows % 16 == 0): 16 rows a block
+        cases.push_back({t, 2048, 2048, 1});  // decode shapes (rows % 16 == 0: the aligned slice below)
         cases.push_back({t, 160, 8192, 3});
-        cases.push_back({t, 4096, 512, 8});  // 32 rows a block, 8 tokens
+        cases.push_back({t, 4096, 512, 8});  // 8 tokens
     }
     cases.push_back({G::kQ4_0, 2050, 8192, 1});  // split-K with 4 rows per warp, a partial last block
     cases.push_back({G::kQ4_K, 2050, 8192, 1});
@@ -154,7 +154,7 @@ TEST_F(CudaBackendTest, MatmulMatchesReference) {
         cases.push_back({t, 5000, 256, 1});
         cases.push_back({t, 19, 8192, 1});  // split-K
         cases.push_back({t, 50, 4096, 1});
-        cases.push_back({t, 2048, 2048, 2});  // staged
+        cases.push_back({t, 2048, 2048, 2});  // decode shapes
         cases.push_back({t, 96, 8192, 1});
     }
     for (G t : {G::kF32, G::kF16, G::kBF16}) {
@@ -210,34 +210,23 @@ TEST_F(CudaBackendTest, MatmulMatchesReference) {
                     ADD_FAILURE() << "row " << r << " token " << t << ": " << got << " vs " << ref << " (mag " << mag
                                   << ")";
             }
-        // A row slice of the weight reads the right rows.
-        if (c.rows >= 3 && c.n_tokens <= 8) {
-            Tensor ws = w.row_slice(1, c.rows - 2);
-            Tensor ys = gpu_->alloc(G::kF32, {c.rows - 2, c.n_tokens});
+        // Row slices of the weight read the right rows: one starting a row in, and one starting 16 rows
+        // in with 16-row multiples (16-byte aligned offsets in both streams).
+        auto check_slice = [&](int64_t r0, int64_t n) {
+            Tensor ws = w.row_slice(r0, n);
+            Tensor ys = gpu_->alloc(G::kF32, {n, c.n_tokens});
             gpu_->matmul(ws, xg, Tensor{}, ys);
-            std::vector<float> v(static_cast<size_t>((c.rows - 2) * c.n_tokens));
+            std::vector<float> v(static_cast<size_t>(n * c.n_tokens));
             gpu_->read(v.data(), ys, v.size() * 4);
             for (int64_t t = 0; t < c.n_tokens; ++t)
-                for (int64_t r = 0; r < c.rows - 2; ++r) {
-                    const float want = y[size_t(t * c.rows + r + 1)] - bias[size_t(r + 1)];
-                    EXPECT_NEAR(v[size_t(t * (c.rows - 2) + r)], want, 1e-4 * (1 + std::fabs(want)));
+                for (int64_t r = 0; r < n; ++r) {
+                    const float want = y[size_t(t * c.rows + r + r0)] - bias[size_t(r + r0)];
+                    EXPECT_NEAR(v[size_t(t * n + r)], want, 1e-4 * (1 + std::fabs(want)));
                 }
             gpu_->free(ys);
-        }
-        // A slice starting 16 rows in, 16-row multiples (the staged kernels' bulk copies from row0 > 0).
-        if (c.rows >= 48 && c.rows % 16 == 0 && c.n_tokens <= 8) {
-            Tensor ws = w.row_slice(16, c.rows - 32);
-            Tensor ys = gpu_->alloc(G::kF32, {c.rows - 32, c.n_tokens});
-            gpu_->matmul(ws, xg, Tensor{}, ys);
-            std::vector<float> v(static_cast<size_t>((c.rows - 32) * c.n_tokens));
-            gpu_->read(v.data(), ys, v.size() * 4);
-            for (int64_t t = 0; t < c.n_tokens; ++t)
-                for (int64_t r = 0; r < c.rows - 32; ++r) {
-                    const float want = y[size_t(t * c.rows + r + 16)] - bias[size_t(r + 16)];
-                    EXPECT_NEAR(v[size_t(t * (c.rows - 32) + r)], want, 1e-4 * (1 + std::fabs(want)));
-                }
-            gpu_->free(ys);
-        }
+        };
+        if (c.rows >= 3 && c.n_tokens <= 8) check_slice(1, c.rows - 2);
+        if (c.rows >= 48 && c.rows % 16 == 0 && c.n_tokens <= 8) check_slice(16, c.rows - 32);
         gpu_->free(w), gpu_->free(xg), gpu_->free(bg), gpu_->free(yg);
     }
 }

@@ -194,14 +194,18 @@ TEST_P(SessionGreedy, DeviceSamplingDrawsTheHostTokens) {
 
 INSTANTIATE_TEST_SUITE_P(Models, SessionGreedy, testing::ValuesIn(kModels));
 
+std::unique_ptr<Model> load_stories() {
+    ModelOptions o;
+    o.n_threads = 1;
+    return load_model(test::source_path("models/stories260K.gguf"), o);
+}
+
 int32_t first_argmax(const std::vector<float>& v) {
     return int32_t(std::max_element(v.begin(), v.end()) - v.begin());  // the first of the largest
 }
 
 TEST(ModelStateGreedy, IdIsTheArgmaxOfTheLogitsAndTheLogitsStayReadable) {
-    ModelOptions o;
-    o.n_threads = 1;
-    auto model = load_model(test::source_path("models/stories260K.gguf"), o);
+    auto model = load_stories();
     const int64_t n_vocab = model->info().n_vocab;
     auto g = model->create_state(), h = model->create_state();
     const std::vector<int32_t> prompt = {1, 400, 27, 80, 300, 12};
@@ -232,9 +236,7 @@ TEST(ModelStateGreedy, IdIsTheArgmaxOfTheLogitsAndTheLogitsStayReadable) {
 }
 
 TEST(ModelStateTop, EvalTopIsTheBestOfTheLogits) {
-    ModelOptions o;
-    o.n_threads = 1;
-    auto model = load_model(test::source_path("models/stories260K.gguf"), o);
+    auto model = load_stories();
     const int64_t n_vocab = model->info().n_vocab;
     auto g = model->create_state(), h = model->create_state();
     std::vector<int32_t> tokens = {1, 400, 27, 80, 300, 12};

@@ -381,11 +381,7 @@ class CpuBackend final : public Backend {
     }
 
     void top_logits(const Tensor& x, int32_t m, const Tensor& gather, const Tensor& out) override {
-        const int64_t n_g = gather ? gather.n_elements() : 0;
-        CERA_CHECK(x.type == GgmlType::kF32 && out.type == GgmlType::kI32 &&
-                       (!gather || gather.type == GgmlType::kI32) && m >= 0 &&
-                       out.n_elements() >= 1 + 2 * int64_t(m) + n_g,
-                   "top_logits: x f32, gather and out i32 with 1 + 2 m + n_g elements");
+        const int64_t n_g = top_logits_checked(x, m, gather, out);
         top_logits_host(x.as<const float>(), x.n_elements(), m, n_g ? gather.as<const int32_t>() : nullptr, n_g,
                         out.as<int32_t>());
     }

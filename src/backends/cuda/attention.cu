@@ -831,15 +831,6 @@ void launch_mma(dim3 grid, cudaStream_t s, const AttnK& k) {
 
 namespace {
 
-int sm_count() {
-    static int n[64] = {};
-    int dev = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    int& v = n[dev & 63];
-    if (v == 0) CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v;
-}
-
 // The decode kernel's chunk and split count for these arguments, or !ok (another kernel serves them).
 DecPlan dec_plan(const AttentionArgs& a) {
     DecPlan p;

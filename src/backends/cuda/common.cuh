@@ -77,6 +77,22 @@ void allow_dynamic_smem(size_t bytes) {
     }
 }
 
+// Attribute A of the current device, queried once per device index (mod 64).
+template <cudaDeviceAttr A>
+int device_attr() {
+    static std::atomic<int> cache[64] = {};
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    std::atomic<int>& c = cache[dev & 63];
+    int v = c.load(std::memory_order_relaxed);
+    if (v == 0) {
+        CUDA_CHECK(cudaDeviceGetAttribute(&v, A, dev));
+        c.store(v, std::memory_order_relaxed);
+    }
+    return v;
+}
+inline int sm_count() { return device_attr<cudaDevAttrMultiProcessorCount>(); }
+
 // Keys a query at position p sees in a cache of n_ctx rows: [begin, end), causal and limited to the
 // last `window` positions when window > 0.
 __device__ __forceinline__ void attn_key_range(int64_t p, int64_t n_ctx, int window, int64_t& begin, int64_t& end) {

@@ -510,18 +510,9 @@ class CudaBackend final : public Backend {
     }
 
     void top_logits(const Tensor& x, int32_t m, const Tensor& gather, const Tensor& out) override {
-        const int64_t n_g = gather ? gather.n_elements() : 0;
-        CERA_CHECK(x.type == GgmlType::kF32 && out.type == GgmlType::kI32 &&
-                       (!gather || gather.type == GgmlType::kI32) && m >= 0 &&
-                       out.n_elements() >= 1 + 2 * int64_t(m) + n_g && n_g < INT32_MAX,
-                   "top_logits: x f32, gather and out i32 with 1 + 2 m + n_g elements");
-        if (m > cuda::kTopLogitsMax || x.n_elements() >= INT32_MAX) {  // beyond the kernel: through the host
-            std::vector<float> xh(size_t(x.n_elements()));
-            std::vector<int32_t> gh(static_cast<size_t>(n_g)), oh(static_cast<size_t>(1 + 2 * int64_t(m) + n_g));
-            read(xh.data(), x, xh.size() * sizeof(float), 0);
-            if (n_g) read(gh.data(), gather, gh.size() * sizeof(int32_t), 0);
-            top_logits_host(xh.data(), x.n_elements(), m, gh.data(), n_g, oh.data());
-            write(out, oh.data(), oh.size() * sizeof(int32_t), 0);
+        const int64_t n_g = top_logits_checked(x, m, gather, out);
+        if (m > cuda::kTopLogitsMax || x.n_elements() >= INT32_MAX || n_g >= INT32_MAX) {  // beyond the kernel
+            top_logits_via_host(*this, x, m, gather, out);
             return;
         }
         touch();

@@ -13,7 +13,6 @@
 // Roofline: bytes = weight image (+ x, L2-resident). H200 ~4.3 TB/s copy bandwidth: a 2048 x 8192
 // Q4_0 matrix (9.4 MB) takes >= 2.2 us; launch and tail effects dominate below ~4 MB.
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 
 #include "backends/cuda/quant_device.cuh"
@@ -583,22 +582,6 @@ Seg make_seg(const GemvArgs& a) {
     return s;
 }
 
-// A device attribute of the current device, cached per device index.
-int device_attr(cudaDeviceAttr attr, std::atomic<int> (&cache)[64]) {
-    int dev = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    int v = cache[dev & 63].load(std::memory_order_relaxed);
-    if (v == 0) {
-        CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
-        cache[dev & 63].store(v, std::memory_order_relaxed);
-    }
-    return v;
-}
-int sm_count() {
-    static std::atomic<int> cache[64] = {};
-    return device_attr(cudaDevAttrMultiProcessorCount, cache);
-}
-
 int env_int(const char* name, int fallback) {
     const char* e = std::getenv(name);
     return e && *e ? std::atoi(e) : fallback;
@@ -610,26 +593,25 @@ struct StagePlan {
     size_t smem = 0;
 };
 
-// The bulk copies need 16-byte aligned sources and sizes: every product's first row, in both streams,
-// at a 16-byte boundary, and rows in multiples of 16 (a block's scale bytes are then a multiple of 16).
+// The bulk copies need 16-byte aligned sources: the product's first row, in both streams, at a 16-byte
+// boundary (sizes are whole 32-row groups: multiples of 16 bytes).
 bool stage_aligned(const GemvArgs& a, int64_t qrow, int64_t mrow) {
     auto at16 = [](const void* p, int64_t off) { return (reinterpret_cast<uintptr_t>(p) + uintptr_t(off)) % 16 == 0; };
-    return a.rows % 16 == 0 && at16(a.w.image, a.w.row0 * qrow) && at16(scale_stream(a.w), a.w.row0 * mrow) &&
-           at16(a.xq, 0);
+    return at16(a.w.image, a.w.row0 * qrow) && at16(scale_stream(a.w), a.w.row0 * mrow);
 }
 
 // SwiGLU pairs: 64 rows of both matrices per block, else 32 (CERA_CUDA_GLU_ROWS forces either), at
-// most 160 KB a block, and only where the whole grid is resident at once (a second wave measured slower than the register kernel:
-// Q8_0, -8%). Batches of up to 8 tokens. CERA_CUDA_GLU_STAGE=0 turns staging off.
+// most 160 KB a block, and only where the whole grid is resident at once (a second wave measured
+// slower than the register kernel: Q8_0, -8%). Batches of up to 8 tokens. CERA_CUDA_GLU_STAGE=0
+// turns staging off.
 StagePlan glu_stage_plan(const GemvArgs& g, const GemvArgs& u) {
     static const bool on = env_int("CERA_CUDA_GLU_STAGE", 1) != 0;
     static const int forced = env_int("CERA_CUDA_GLU_ROWS", 0);
-    static std::atomic<int> smem_cache[64] = {};
     const QuantLayout L = quant_layout(g.w.type);
     if (!on || L.block_elems == 0 || g.n_y < 1 || g.n_y > 8) return {};
     const int64_t nb = g.w.k / L.block_elems, qrow = nb * L.q_bytes, mrow = nb * L.m_bytes;
     if (!stage_aligned(g, qrow, mrow) || !stage_aligned(u, qrow, mrow)) return {};
-    const int64_t per_row = 2 * (qrow + mrow), per_sm = device_attr(cudaDevAttrMaxSharedMemoryPerMultiprocessor, smem_cache);
+    const int64_t per_row = 2 * (qrow + mrow), per_sm = device_attr<cudaDevAttrMaxSharedMemoryPerMultiprocessor>();
     auto waves_ok = [&](int64_t rb) {
         const int64_t bytes = rb * per_row, fit = per_sm / (bytes + 2048);  // + static and reserved memory
         return g.rows % rb == 0 && bytes <= 160 * 1024 && fit >= 1 && g.rows / rb <= fit * sm_count();

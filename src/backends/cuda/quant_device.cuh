@@ -21,31 +21,14 @@ struct XQ {
     int sa, sb;  // sum of the run's int8 values
 };
 
-// Where load_w reads the weight bytes from: global memory through the read-only path (GEMV
-// kernels), or plain loads (weights staged in shared memory).
-struct GlobalLd {
-    __device__ static uint4 v16(const void* p) { return ld_stream16(p); }
-    __device__ static uint4 v16_cached(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
-    __device__ static uint2 v8(const void* p) { return __ldg(static_cast<const uint2*>(p)); }
-    __device__ static float f32(const float* p) { return __ldg(p); }
-};
-struct PlainLd {
-    __device__ static uint4 v16(const void* p) { return *static_cast<const uint4*>(p); }
-    __device__ static uint4 v16_cached(const void* p) { return *static_cast<const uint4*>(p); }
-    __device__ static uint2 v8(const void* p) { return *static_cast<const uint2*>(p); }
-    __device__ static float f32(const float* p) { return *p; }
-};
-
-// xq_row, xd_row: one row of quantize_q8 output (global memory through the read-only cache, or
-// shared memory with PlainLd).
-template <class Ld = GlobalLd>
+// xq_row, xd_row: one row of quantize_q8 output (global memory, read through the read-only cache).
 __device__ __forceinline__ XQ load_xq(const int8_t* xq_row, const float* xd_row, int ea, int eb) {
     XQ x;
-    const uint4 va = Ld::v16_cached(xq_row + ea), vb = Ld::v16_cached(xq_row + eb);
+    const uint4 va = ld_cached16(xq_row + ea), vb = ld_cached16(xq_row + eb);
     x.a[0] = int(va.x), x.a[1] = int(va.y), x.a[2] = int(va.z), x.a[3] = int(va.w);
     x.b[0] = int(vb.x), x.b[1] = int(vb.y), x.b[2] = int(vb.z), x.b[3] = int(vb.w);
-    x.da = Ld::f32(xd_row + (ea >> 5));
-    x.db = Ld::f32(xd_row + (eb >> 5));
+    x.da = __ldg(xd_row + (ea >> 5));
+    x.db = __ldg(xd_row + (eb >> 5));
     x.sa = __dp4a(x.a[0], kOnes, __dp4a(x.a[1], kOnes, __dp4a(x.a[2], kOnes, __dp4a(x.a[3], kOnes, 0))));
     x.sb = __dp4a(x.b[0], kOnes, __dp4a(x.b[1], kOnes, __dp4a(x.b[2], kOnes, __dp4a(x.b[3], kOnes, 0))));
     return x;
@@ -65,6 +48,19 @@ __device__ __forceinline__ void dot_nibbles(const uint4& q, const XQ& x, int& s_
         s_hi = __dp4a((w >> 4) & 0x0F0F0F0F, x.b[i], s_hi);
     }
 }
+
+// Where load_w reads the weight bytes from: global memory through the read-only path (GEMV
+// kernels), or plain loads (weights staged in shared memory).
+struct GlobalLd {
+    __device__ static uint4 v16(const void* p) { return ld_stream16(p); }
+    __device__ static uint4 v16_cached(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
+    __device__ static uint2 v8(const void* p) { return __ldg(static_cast<const uint2*>(p)); }
+};
+struct PlainLd {
+    __device__ static uint4 v16(const void* p) { return *static_cast<const uint4*>(p); }
+    __device__ static uint4 v16_cached(const void* p) { return *static_cast<const uint4*>(p); }
+    __device__ static uint2 v8(const void* p) { return *static_cast<const uint2*>(p); }
+};
 
 template <GgmlType T>
 struct QTraits;
