@@ -56,6 +56,19 @@ void argmax_via_host(Backend& be, const Tensor& x, const Tensor& out) {
     be.write(out, ids.data(), ids.size() * sizeof(int32_t));
 }
 
+void argmax_feed_via_host(Backend& be, const Tensor& x, const Tensor& out, const Tensor& ids, const Tensor& pos) {
+    CERA_CHECK(x.rows() == 1 && ids.type == GgmlType::kI32 && pos.type == GgmlType::kI32 && ids.n_elements() >= 1 &&
+                   pos.n_elements() >= 1,
+               "argmax_feed: one row of logits, i32 ids and positions");
+    be.argmax(x, out);
+    int32_t id = 0, last = 0;
+    be.read(&id, out, sizeof id);
+    be.read(&last, pos, sizeof last, size_t(pos.n_elements() - 1) * sizeof(int32_t));
+    ++last;
+    be.write(ids, &id, sizeof id);
+    be.write(pos, &last, sizeof last);
+}
+
 std::unique_ptr<Backend> create_backend(const BackendOptions& opts) {
     switch (opts.device) {
         case DeviceKind::kCpu:

@@ -18,6 +18,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <memory>
 #include <mutex>
@@ -103,6 +104,8 @@ struct MoeParams {
 class Backend;
 // Backend::argmax's default: synchronize, read x, argmax_rows_host, write out.
 void argmax_via_host(Backend& be, const Tensor& x, const Tensor& out);
+// Backend::argmax_feed's default: argmax(), then the pick and the next position through the host.
+void argmax_feed_via_host(Backend& be, const Tensor& x, const Tensor& out, const Tensor& ids, const Tensor& pos);
 // Backend::top_logits's default: synchronize, read x and gather, top_logits_host, write out (inline,
 // below, so that a device backend can fall back to it without a link dependency on this library).
 inline void top_logits_via_host(Backend& be, const Tensor& x, int32_t m, const Tensor& gather, const Tensor& out);
@@ -141,6 +144,26 @@ class Backend {
     virtual void zero(const Tensor& t) = 0;
     // Waits for every queued op.
     virtual void synchronize() = 0;
+    // Small reads that do not wait for work queued after them: read_async() queues a copy of src's first
+    // n_bytes (<= kAsyncReadMax) and returns a ticket; read_wait(ticket, host) waits for that copy only
+    // and copies the bytes out. A ticket is valid until kAsyncReads later read_async() calls. The
+    // default reads at once. asynchronous(): whether ops run behind the host (queued on a device), so
+    // that work queued ahead overlaps the host's.
+    static constexpr size_t kAsyncReadMax = 64;
+    static constexpr int kAsyncReads = 4;
+    virtual int read_async(const Tensor& src, size_t n_bytes) {
+        CERA_CHECK(n_bytes <= kAsyncReadMax, "read_async: %zu bytes (at most %zu)", n_bytes, kAsyncReadMax);
+        const int t = async_next_;
+        async_next_ = (async_next_ + 1) % kAsyncReads;
+        read(async_bytes_[t], src, n_bytes);
+        async_n_[t] = n_bytes;
+        return t;
+    }
+    virtual void read_wait(int ticket, void* host) {
+        CERA_CHECK(ticket >= 0 && ticket < kAsyncReads, "read_wait: ticket %d", ticket);
+        std::memcpy(host, async_bytes_[ticket], async_n_[ticket]);
+    }
+    virtual bool asynchronous() const { return false; }
 
     // --------------------------------------------------------- decode graphs
     // The model brackets the ops of one step with step_begin(key) / step_end(). A backend that
@@ -187,7 +210,10 @@ class Backend {
     //   state = last L-1 rows of pad.
     //   bcx: f32 [n_tokens, 3 * n_embd], split in this order: B, C, X; w: f32 [n_embd, L] (GGUF ne {L, n_embd});
     //   state: f32 [L - 1, n_embd] (read and updated); out: f32 [n_tokens, n_embd]
-    virtual void short_conv(const Tensor& bcx, const Tensor& w, const Tensor& state, const Tensor& out) = 0;
+    //   state_prev: f32 like state, or empty; when given, it receives state's content from before the
+    //   update (a decode step that has to be undone restores the state from it).
+    virtual void short_conv(const Tensor& bcx, const Tensor& w, const Tensor& state, const Tensor& out,
+                            const Tensor& state_prev = {}) = 0;
 
     // out = silu(gate) ⊙ up;  gate, up, out: f32 [n_tokens, n_ff] (out may alias gate or up)
     virtual void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
@@ -222,6 +248,14 @@ class Backend {
     // type info are then emitted wherever they are used, whatever order the static libraries link in.)
     virtual void argmax(const Tensor& x, const Tensor& out) { argmax_via_host(*this, x, out); }
 
+    // argmax() of one row, whose pick then becomes the next step's input: out[0] = ids[0] = the pick and
+    // pos[0] = pos[n - 1] + 1 (n = pos's element count), so that a greedy decode can queue its next step
+    // before the host has seen the pick. x: f32 [n_vocab]; out, ids, pos: i32. The default goes through
+    // argmax() and the host.
+    virtual void argmax_feed(const Tensor& x, const Tensor& out, const Tensor& ids, const Tensor& pos) {
+        argmax_feed_via_host(*this, x, out, ids, pos);
+    }
+
     // The m best entries of one row of logits, for a sampler whose chain starts with a top-k: the
     // candidates are the entries above -inf (NaN never), ordered by value, descending, then by index,
     // ascending (the order Sampler ranks by), and the first m of them are kept. Also the values at
@@ -236,6 +270,10 @@ class Backend {
 
    private:
     std::mutex exec_mu_;
+    // read_async()'s default: the bytes of each ticket.
+    uint8_t async_bytes_[kAsyncReads][kAsyncReadMax] = {};
+    size_t async_n_[kAsyncReads] = {};
+    int async_next_ = 0;
 };
 
 struct BackendOptions {

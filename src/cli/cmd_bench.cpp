@@ -103,7 +103,7 @@ int run_bench(const std::vector<std::string>& args) {
     EngineFlags ef;
     int n_prompt = 512, n_gen = 128, reps = 5, n_batch = 512;
     double bandwidth_gbps = 0.0, bw_gib = 1.0;
-    bool as_json = false, host_sampling = false;
+    bool as_json = false, host_sampling = false, no_ahead = false;
     float temp = 0.0f;
     int top_k = 40;
     app.add_option("-m,--model", model, "GGUF model")->required();
@@ -121,6 +121,8 @@ int run_bench(const std::vector<std::string>& args) {
     app.add_flag("--host-sampling", host_sampling,
                  "decode test: copy the logits and sample on the host (else the device picks the arg-max or "
                  "selects the top-k candidates)");
+    app.add_flag("--no-ahead", no_ahead,
+                 "decode test: wait for each greedy pick before queuing the next step (see GenerateOptions::decode_ahead)");
     if (int rc = parse_args(app, args, "bench"); rc >= 0) return rc;
     if (n_prompt < 0 || n_gen < 0 || reps < 1 || n_batch < 1 || bandwidth_gbps < 0 || bw_gib <= 0)
         throw Error(ErrorCode::kInvalidArgument, "-p, -n and --bandwidth must be >= 0, -r and -b >= 1");
@@ -157,6 +159,7 @@ int run_bench(const std::vector<std::string>& args) {
         g.sampling.temperature = temp;
         g.sampling.top_k = top_k;
         g.device_greedy = g.device_sampling = !host_sampling;
+        if (no_ahead) g.decode_ahead = 0;
         g.ignore_eos = true;
         const GenerationResult r = s.generate(g, sink);
         return r.decode_tokens_per_second();

@@ -36,6 +36,7 @@ struct ScratchSpec {
 struct LayerCache {
     Tensor k, v;  // [n_ctx, n_head_kv * head_dim] F32/F16; empty for layers without attention
     Tensor conv;  // f32 [L - 1, n_embd]; empty for layers without a short conv
+    Tensor conv_prev;  // like conv: its content before the latest step (that step's undo)
 };
 
 // Device buffers of one forward pass, each viewed with n_tokens rows.

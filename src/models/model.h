@@ -101,6 +101,12 @@ class ModelState {
     // truncate(), and read_last_logits() fetches them while they are held. A single token is one recorded
     // step (the arg-max inside it), keyed apart from eval()'s. Throws as eval() does.
     virtual int32_t eval_greedy(std::span<const int32_t> tokens) = 0;
+    // Pipelined greedy decoding: runs `tokens` as eval_greedy() does and returns the pick p, but queues the
+    // step that evaluates p (when the context has room) before waiting for p, so that the device runs it
+    // while the host looks at p. That step stays pending: a following eval_greedy_ahead({p}) takes it as
+    // its own (and only waits for its pick); any other call, or other tokens, first undoes it, so the
+    // state is always exactly what eval_greedy() calls would have made. position() counts no pending step.
+    virtual int32_t eval_greedy_ahead(std::span<const int32_t> tokens) = 0;
     // Sampling on the device: runs `tokens` as eval_greedy() does (the logits stay in device memory,
     // read_last_logits() fetches them), then selects the m best of the last token's logits and the
     // logits at the ids in `gather` (Backend::top_logits); only those are copied to the host:

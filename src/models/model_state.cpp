@@ -24,11 +24,12 @@ std::atomic<uint64_t> g_state_serial{1};
 
 // Recorded-step keys: (serial << kKeyBits) | flags. A step's op sequence depends on the state's buffers
 // (the serial) and on these choices only; each distinct combination gets its own recording.
-constexpr int kKeyBits = 4;
+constexpr int kKeyBits = 5;
 constexpr uint64_t kKeyStep = 1;      // always set: a key is never 0
 constexpr uint64_t kKeyLmHead = 2;    // the LM head runs inside the step
 constexpr uint64_t kKeyOutput = 4;    // the final norm of the output row runs inside the step
 constexpr uint64_t kKeyArgmax = 8;    // the greedy arg-max of the logits runs inside the step
+constexpr uint64_t kKeyRow1 = 16;     // the step's logits go to row 1 of logits_ (eval_greedy_ahead)
 
 Tensor first_rows(const Tensor& t, int64_t n) { return t ? t.row_slice(0, n) : t; }
 
@@ -55,7 +56,10 @@ class SequenceState final : public ModelState {
                 cache_[il].k = be_.alloc(kv, {sp.kv_width, n_ctx_});
                 cache_[il].v = be_.alloc(kv, {sp.kv_width, n_ctx_});
             }
-            if (sp.conv_channels > 0) cache_[il].conv = be_.alloc(GgmlType::kF32, {sp.conv_channels, sp.conv_rows});
+            if (sp.conv_channels > 0) {
+                cache_[il].conv = be_.alloc(GgmlType::kF32, {sp.conv_channels, sp.conv_rows});
+                cache_[il].conv_prev = be_.alloc(GgmlType::kF32, {sp.conv_channels, sp.conv_rows});
+            }
         }
         const ScratchSpec& sc = arch_.scratch;
         const int64_t nb = n_batch_, n_embd = info.n_embd;
@@ -76,7 +80,7 @@ class SequenceState final : public ModelState {
             moe_w_ = be_.alloc(GgmlType::kF32, {sc.n_expert_used, nb});
         }
         hidden_ = be_.alloc(GgmlType::kF32, {n_embd, nb});
-        logits_ = be_.alloc(GgmlType::kF32, {info.n_vocab, std::min<int64_t>(kLogitRows, nb)});
+        logits_ = be_.alloc(GgmlType::kF32, {info.n_vocab, std::max<int64_t>(2, std::min<int64_t>(kLogitRows, nb))});
         next_id_ = be_.alloc(GgmlType::kI32, {1});
         pos_host_.resize(size_t(nb));
     }
@@ -87,6 +91,7 @@ class SequenceState final : public ModelState {
             be_.free(c.k);
             be_.free(c.v);
             be_.free(c.conv);
+            be_.free(c.conv_prev);
         }
         for (Tensor* t : {&ids_, &pos_t_, &x_, &h_, &y_, &q_, &k_, &v_, &attn_, &wide0_, &wide1_, &router_, &moe_ids_,
                           &moe_w_, &hidden_, &logits_, &next_id_, &top_out_, &top_gather_})
@@ -95,16 +100,47 @@ class SequenceState final : public ModelState {
 
     void eval(std::span<const int32_t> tokens, float* logits_out, bool all_logits, float* hidden_out) override {
         std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+        settle();
         run(tokens, logits_out, all_logits, hidden_out, /*greedy=*/false);
     }
 
     int32_t eval_greedy(std::span<const int32_t> tokens) override {
         std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
         if (tokens.empty()) throw_error(ErrorCode::kInvalidArgument, "eval_greedy: no tokens");
+        settle();
         run(tokens, nullptr, false, nullptr, /*greedy=*/true);
         int32_t id = 0;
         be_.read(&id, next_id_, sizeof id);
         logits_held_ = true;
+        return id;
+    }
+
+    int32_t eval_greedy_ahead(std::span<const int32_t> tokens) override {
+        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+        if (tokens.empty()) throw_error(ErrorCode::kInvalidArgument, "eval_greedy_ahead: no tokens");
+        if (pending_ && tokens.size() == 1 && tokens[0] == pending_token_) {
+            // The queued step evaluates exactly this token: it stands.
+            pending_ = false;
+            position_ += 1;
+            held_row_ = pending_row_;
+            logits_held_ = true;
+        } else {
+            settle();
+            run(tokens, nullptr, false, nullptr, /*greedy=*/true);
+            logits_held_ = true;
+        }
+        // The pick is in next_id_ (and fed into ids_ / pos_t_ for the next step). Its copy is queued before
+        // the step that evaluates it, which runs while the host waits for the copy.
+        const int ticket = be_.read_async(next_id_, sizeof(int32_t));
+        if (position_ < n_ctx_) {
+            const int row = 1 - held_row_;
+            run_fed(row);
+            pending_ = true;
+            pending_row_ = row;
+        }
+        int32_t id = 0;
+        be_.read_wait(ticket, &id);
+        pending_token_ = id;
         return id;
     }
 
@@ -113,6 +149,7 @@ class SequenceState final : public ModelState {
         std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
         if (tokens.empty()) throw_error(ErrorCode::kInvalidArgument, "eval_top: no tokens");
         if (m < 1) throw_error(ErrorCode::kInvalidArgument, "eval_top: m = %d, needs >= 1", m);
+        settle();
         run(tokens, nullptr, false, nullptr, /*greedy=*/true);
         logits_held_ = true;
         // The buffers grow (outside any recorded step) geometrically from 256 entries: freeing a device
@@ -131,7 +168,7 @@ class SequenceState final : public ModelState {
             g = top_gather_.reshaped(n_g);
             be_.write(g, gather.data(), size_t(n_g) * sizeof(int32_t));
         }
-        be_.top_logits(logits_.row_slice(0, 1).reshaped(arch_.info.n_vocab), m, g, top_out_.reshaped(out_n));
+        be_.top_logits(logits_.row_slice(held_row_, 1).reshaped(arch_.info.n_vocab), m, g, top_out_.reshaped(out_n));
         top_host_.resize(size_t(out_n));
         be_.read(top_host_.data(), top_out_, size_t(out_n) * sizeof(int32_t));
         const int32_t c = top_host_[0];
@@ -143,8 +180,10 @@ class SequenceState final : public ModelState {
 
     bool read_last_logits(float* logits_out) override {
         std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+        settle();
         if (!logits_held_) return false;
-        be_.read(logits_out, logits_, size_t(arch_.info.n_vocab) * sizeof(float));
+        be_.read(logits_out, logits_, size_t(arch_.info.n_vocab) * sizeof(float),
+                 size_t(held_row_) * size_t(arch_.info.n_vocab) * sizeof(float));
         return true;
     }
 
@@ -153,6 +192,7 @@ class SequenceState final : public ModelState {
 
     void reset() override {
         std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+        settle();
         position_ = 0;
         logits_held_ = false;
         for (LayerCache& c : cache_)
@@ -172,6 +212,7 @@ class SequenceState final : public ModelState {
 
     void save_state(std::vector<uint8_t>& out) const override {
         std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+        settle();
         out.resize(state_size());
         SavedHeader hd{
             kStateMagic, kStateVersion,      uint32_t(cache_.size()), uint32_t(model_.options().kv_type), position_,
@@ -194,6 +235,7 @@ class SequenceState final : public ModelState {
 
     void restore_state(std::span<const uint8_t> bytes) override {
         std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+        settle();
         SavedHeader hd{};
         if (bytes.size() < sizeof hd)
             throw_error(ErrorCode::kInvalidFile, "saved state: %zu bytes is too short", bytes.size());
@@ -230,6 +272,7 @@ class SequenceState final : public ModelState {
 
     void shift(int32_t n_keep, int32_t n_discard) override {
         std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+        settle();
         shift_kv_cache(be_, arch_.state, cache_, position_, n_keep, n_discard);
         position_ -= n_discard;
     }
@@ -242,6 +285,7 @@ class SequenceState final : public ModelState {
 
     void truncate(int32_t n) override {
         std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+        settle();
         if (n < 0 || n > position_)
             throw_error(ErrorCode::kOutOfRange, "truncate to %d tokens: the state holds %d", n, position_);
         if (n < position_ && has_recurrent_state())
@@ -252,20 +296,50 @@ class SequenceState final : public ModelState {
     }
 
  private:
-    // eval() and eval_greedy(), with the exec mutex held. greedy: the last token's logits stay in
-    // logits_ row 0 and their arg-max goes to next_id_, both inside the step.
-    void run(std::span<const int32_t> tokens, float* logits_out, bool all_logits, float* hidden_out, bool greedy) {
+    // Undoes the step eval_greedy_ahead() queued last and nobody took: its position, conv states and logits
+    // row go back to what they were before it (its KV rows lie past the position, unread).
+    void settle() const {
+        if (!pending_) return;
+        pending_ = false;
+        fed_ = false;  // ids_ / pos_t_ hold what the undone step fed back
+        for (const LayerCache& c : cache_)
+            if (c.conv) be_.copy(c.conv, c.conv_prev);
+    }
+
+    // One greedy single-token step on what the last greedy step fed back (ids_ and pos_t_ on the device):
+    // its logits go to logits_ row `row`, its pick to next_id_ (and fed back again). The position does
+    // not move: the caller owns the step until it stands or is undone.
+    void run_fed(int row) {
+        CERA_CHECK(fed_ && position_ < n_ctx_);
+        const bool held = logits_held_;
+        const int held_row = held_row_;
+        const int32_t unused = 0;
+        run(std::span<const int32_t>(&unused, 1), nullptr, false, nullptr, /*greedy=*/true, row, /*fed=*/true);
+        position_ -= 1;
+        logits_held_ = held;
+        held_row_ = held_row;
+    }
+
+    // eval(), eval_greedy() and the steps of eval_greedy_ahead(), with the exec mutex held. greedy: the last
+    // token's logits stay in logits_ row `row` (0 or 1, single-token steps only) and their arg-max goes to
+    // next_id_ and is fed back into ids_ / pos_t_ (Backend::argmax_feed), all inside the step. fed: one
+    // token that is already on the device (run_fed()).
+    void run(std::span<const int32_t> tokens, float* logits_out, bool all_logits, float* hidden_out, bool greedy,
+             int row = 0, bool fed = false) {
         const int64_t n = int64_t(tokens.size());
         if (n == 0) return;
+        CERA_CHECK(row == 0 || (n == 1 && greedy), "logits row %d: greedy single-token steps only", row);
         if (position_ + n > n_ctx_)
             throw_error(ErrorCode::kOutOfRange, "%" PRId64 " tokens at position %d exceed the context of %d tokens", n,
                         position_, n_ctx_);
         const int64_t n_vocab = arch_.info.n_vocab;
-        for (int64_t i = 0; i < n; ++i)
+        for (int64_t i = 0; i < n && !fed; ++i)
             if (tokens[size_t(i)] < 0 || tokens[size_t(i)] >= n_vocab)
                 throw_error(ErrorCode::kOutOfRange, "token id %d at index %" PRId64 " outside [0, %" PRId64 ")",
                             tokens[size_t(i)], i, n_vocab);
         logits_held_ = false;  // logits_ is about to be overwritten (or the position moves past its row)
+        held_row_ = row;
+        fed_ = false;
         const bool want_out = logits_out || hidden_out || greedy;
         int64_t out_row = 0;  // next row of logits_out / hidden_out
         for (int64_t off = 0; off < n; off += n_batch_) {
@@ -277,9 +351,11 @@ class SequenceState final : public ModelState {
                 r0 = 0, nr = nt;
             else if (want_out && last)
                 r0 = nt - 1, nr = 1;
-            for (int64_t i = 0; i < nt; ++i) pos_host_[size_t(i)] = int32_t(position_ + off + i);
-            be_.write(ids_, tokens.data() + off, size_t(nt) * sizeof(int32_t));
-            be_.write(pos_t_, pos_host_.data(), size_t(nt) * sizeof(int32_t));
+            if (!fed) {
+                for (int64_t i = 0; i < nt; ++i) pos_host_[size_t(i)] = int32_t(position_ + off + i);
+                be_.write(ids_, tokens.data() + off, size_t(nt) * sizeof(int32_t));
+                be_.write(pos_t_, pos_host_.data(), size_t(nt) * sizeof(int32_t));
+            }
             const bool lm_in_step = (logits_out || greedy) && nr > 0 && nr <= kLogitRows;
             Step s = make_step(nt);
             s.out_begin = r0;
@@ -288,7 +364,7 @@ class SequenceState final : public ModelState {
             const bool graphable = nt == 1;
             const bool argmax_in_step = greedy && nr > 0;  // greedy: nr == 1 on the last chunk only
             const uint64_t key = (serial_ << kKeyBits) | kKeyStep | (lm_in_step ? kKeyLmHead : 0) |
-                                 (nr > 0 ? kKeyOutput : 0) | (argmax_in_step ? kKeyArgmax : 0);
+                                 (nr > 0 ? kKeyOutput : 0) | (argmax_in_step ? kKeyArgmax : 0) | (row ? kKeyRow1 : 0);
             if (!graphable || !be_.step_begin(key)) {
                 be_.embed(arch_.head.token_embd, s.ids, arch_.head.embedding_scale, s.x);
                 arch_.forward(s);
@@ -296,8 +372,9 @@ class SequenceState final : public ModelState {
                 if (nr > 0)
                     be_.rms_norm(s.x.row_slice(s.out_begin, nr), arch_.head.output_norm, arch_.head.norm_eps,
                                  hidden_.row_slice(0, nr));
-                if (lm_in_step) lm_head(0, nr);
-                if (argmax_in_step) be_.argmax(logits_.row_slice(0, 1), next_id_);
+                if (lm_in_step) lm_head(0, nr, row);
+                if (argmax_in_step) be_.argmax_feed(logits_.row_slice(row, 1), next_id_, ids_.row_slice(0, 1).reshaped(1),
+                                                    s.pos);
                 if (graphable) be_.step_end();
             }
             if (nr > 0) {
@@ -314,6 +391,7 @@ class SequenceState final : public ModelState {
             }
         }
         position_ += int32_t(n);
+        fed_ = greedy;  // argmax_feed() wrote the next step's id and position
     }
 
     Step make_step(int64_t nt) {
@@ -340,9 +418,9 @@ class SequenceState final : public ModelState {
         return s;
     }
 
-    // logits_[0..m) = output · hidden_[j..j+m) / logit_scale
-    void lm_head(int64_t j, int64_t m) {
-        const Tensor lg = logits_.row_slice(0, m);
+    // logits_[row..row+m) = output · hidden_[j..j+m) / logit_scale
+    void lm_head(int64_t j, int64_t m, int64_t row = 0) {
+        const Tensor lg = logits_.row_slice(row, m);
         be_.matmul(arch_.head.output, hidden_.row_slice(j, m), Tensor{}, lg);
         if (arch_.head.logit_scale != 1.0f) be_.scale(lg, 1.0f / arch_.head.logit_scale);
     }
@@ -366,7 +444,14 @@ class SequenceState final : public ModelState {
     Tensor hidden_;                    // f32 [n_batch, n_embd] after the final norm
     Tensor logits_;                    // f32 [kLogitRows, n_vocab]
     Tensor next_id_;                   // i32 [1]: eval_greedy()'s arg-max
-    bool logits_held_ = false;         // logits_ row 0 holds the last token's logits of eval_greedy()
+    bool logits_held_ = false;         // logits_ row held_row_ holds the last token's logits of eval_greedy()
+    int held_row_ = 0;                 // 0, or 1 after steps of eval_greedy_ahead()
+    mutable bool fed_ = false;         // ids_[0] / pos_t_[0] hold the last greedy step's pick and the next position
+    // eval_greedy_ahead(): a step queued on the device that evaluates pending_token_, logits in pending_row_;
+    // it stands when the next call evaluates that token; any other call first undoes it (settle()).
+    mutable bool pending_ = false;
+    int32_t pending_token_ = -1;
+    int pending_row_ = 0;
     std::vector<int32_t> pos_host_;    // [n_batch]
 };
 

@@ -258,6 +258,8 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
     // Greedy on the device: the step ends in the arg-max and only the id crosses back. Exactly the host
     // sampler's pick whenever that is a plain arg-max (nothing else here reads the logits).
     const bool device_greedy = options.device_greedy && sampler.picks_argmax();
+    const bool ahead = device_greedy && (options.decode_ahead > 0 ||
+                                         (options.decode_ahead < 0 && im.eng->model->backend().asynchronous()));
     // Sampling on the device: the best top_m logits and the penalty window's come back (Sampler::sample_top).
     const int32_t top_m = options.device_sampling && !device_greedy ? sampler.top_needed() : 0;
     std::vector<int32_t> top_ids(size_t(std::max(top_m, 0)));
@@ -283,7 +285,11 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
         if (size_t(im.n_evaluated()) < im.tokens.size()) {  // the last sampled token goes in first
             const int32_t last = im.tokens.back();
             if (device_greedy) {
-                t = im.state->eval_greedy(std::span<const int32_t>(&last, 1));
+                // Ahead, unless the pick is the last one the token limit lets through (nothing evaluates it).
+                if (ahead && (options.max_tokens < 0 || r.generated_tokens + 1 < options.max_tokens))
+                    t = im.state->eval_greedy_ahead(std::span<const int32_t>(&last, 1));
+                else
+                    t = im.state->eval_greedy(std::span<const int32_t>(&last, 1));
                 im.has_logits = false;
                 im.logits_on_device = true;
             } else if (top_m > 0) {

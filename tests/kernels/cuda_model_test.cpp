@@ -122,5 +122,50 @@ TEST(CudaModel, EvalTopIsTheBestOfTheLogits) {
     }
 }
 
+// Pipelined greedy decoding on the device (eval_greedy_ahead: each pick's step queued before the host
+// reads the pick) against eval_greedy on a second state of the same model: the same picks, and after a
+// save, another token than the pick, a plain eval() or the end of the context, the state and logits
+// eval_greedy would have left (the pending step undone, conv states included), byte for byte.
+TEST(CudaModel, EvalGreedyAheadMatchesPlainSteps) {
+    std::string why;
+    if (cuda_devices(&why).empty()) GTEST_SKIP() << "no CUDA device (" << why << ")";
+    for (const char* name : {"tiny-lfm2", "tiny-qwen3"}) {
+        SCOPED_TRACE(name);
+        auto [cpu, gpu] = load_fixture_pair(name);
+        const int64_t n_vocab = gpu->info().n_vocab;
+        const int n_ctx = 64;
+        auto g = gpu->create_state(n_ctx), h = gpu->create_state(n_ctx);
+        std::vector<float> lg(static_cast<size_t>(n_vocab)), lh(lg.size());
+        std::vector<uint8_t> sg, sh;
+        auto same_state = [&](int step) {
+            ASSERT_EQ(g->position(), h->position()) << "step " << step;
+            g->save_state(sg);
+            h->save_state(sh);
+            EXPECT_TRUE(sg == sh) << "step " << step;
+            ASSERT_TRUE(g->read_last_logits(lg.data()));
+            ASSERT_TRUE(h->read_last_logits(lh.data()));
+            EXPECT_EQ(0, std::memcmp(lg.data(), lh.data(), lg.size() * sizeof(float))) << "step " << step;
+        };
+        const std::vector<int32_t> prompt = fixture_prompt(n_vocab);
+        int32_t pg = g->eval_greedy_ahead(prompt), ph = h->eval_greedy(prompt);
+        for (int step = 0; h->position() < n_ctx; ++step) {
+            ASSERT_EQ(pg, ph) << "step " << step;
+            int32_t next = ph;
+            if (step % 7 == 3) same_state(step);
+            if (step % 7 == 5) next = int32_t((ph + 101) % n_vocab);
+            if (step % 7 == 6) {
+                g->eval({&next, 1}, lg.data(), false);
+                h->eval({&next, 1}, lh.data(), false);
+                EXPECT_EQ(0, std::memcmp(lg.data(), lh.data(), lg.size() * sizeof(float))) << "step " << step;
+                if (h->position() >= n_ctx) break;
+                next = int32_t(std::max_element(lh.begin(), lh.end()) - lh.begin());
+            }
+            pg = g->eval_greedy_ahead({&next, 1});
+            ph = h->eval_greedy({&next, 1});
+        }
+        same_state(-1);
+    }
+}
+
 }  // namespace
 }  // namespace cera

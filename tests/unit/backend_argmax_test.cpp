@@ -161,7 +161,7 @@ class HostMemoryBackend final : public Backend {
                    const Tensor&) override {
         unused();
     }
-    void short_conv(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override { unused(); }
+    void short_conv(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) override { unused(); }
     void swiglu(const Tensor&, const Tensor&, const Tensor&) override { unused(); }
     void add(const Tensor&, const Tensor&, float, const Tensor&) override { unused(); }
     void scale(const Tensor&, float) override { unused(); }
@@ -209,6 +209,71 @@ TEST(BackendArgmax, EqualsTheGreedySamplerPick) {
         be->free(x);
         be->free(out);
     }
+}
+
+// argmax_feed: the pick goes to out and to ids[0], and pos[0] becomes the last position + 1; the other
+// entries stay. Checked on the default (through the host) and on the CPU backend.
+void check_feed(Backend& be) {
+    std::mt19937 rng(21);
+    for (int64_t n : {int64_t(1), int64_t(7), int64_t(4099)}) {
+        for (int64_t n_pos : {int64_t(1), int64_t(5)}) {
+            Tensor x = be.alloc(GgmlType::kF32, {n, 1});
+            Tensor out = be.alloc(GgmlType::kI32, {1});
+            Tensor ids = be.alloc(GgmlType::kI32, {n_pos});
+            Tensor pos = be.alloc(GgmlType::kI32, {n_pos});
+            std::vector<int32_t> ids0(static_cast<size_t>(n_pos)), pos0(static_cast<size_t>(n_pos));
+            for (int64_t i = 0; i < n_pos; ++i) ids0[size_t(i)] = int32_t(100 + i), pos0[size_t(i)] = int32_t(40 + 3 * i);
+            for (const auto& row : rows_for(n, rng)) {
+                be.write(x, row.data(), size_t(n) * 4);
+                be.write(ids, ids0.data(), ids0.size() * 4);
+                be.write(pos, pos0.data(), pos0.size() * 4);
+                be.argmax_feed(x, out, ids, pos);
+                int32_t want = -1, got = -1;
+                argmax_rows_host(row.data(), 1, n, &want);
+                std::vector<int32_t> ids1(ids0.size()), pos1(pos0.size());
+                be.read(&got, out, 4);
+                be.read(ids1.data(), ids, ids1.size() * 4);
+                be.read(pos1.data(), pos, pos1.size() * 4);
+                EXPECT_EQ(got, want) << "n " << n;
+                EXPECT_EQ(ids1[0], want);
+                EXPECT_EQ(pos1[0], pos0.back() + 1);
+                for (size_t i = 1; i < ids1.size(); ++i) {
+                    EXPECT_EQ(ids1[i], ids0[i]);
+                    EXPECT_EQ(pos1[i], pos0[i]);
+                }
+            }
+            for (Tensor* t : {&x, &out, &ids, &pos}) be.free(*t);
+        }
+    }
+}
+
+TEST(BackendArgmax, FeedDefaultAndCpu) {
+    HostMemoryBackend host;
+    check_feed(host);
+    auto cpu = create_backend({.device = DeviceKind::kCpu, .n_threads = 1});
+    check_feed(*cpu);
+}
+
+// read_async / read_wait (the default, on the CPU backend): each ticket returns the bytes of its own
+// read, for as many outstanding tickets as kAsyncReads.
+TEST(BackendArgmax, AsyncReadsKeepTheirBytes) {
+    auto be = create_backend({.device = DeviceKind::kCpu, .n_threads = 1});
+    Tensor t = be->alloc(GgmlType::kI32, {16});
+    std::vector<int> tickets;
+    for (int i = 0; i < Backend::kAsyncReads; ++i) {
+        std::vector<int32_t> v(16, 1000 * i);
+        v[3] = -i;
+        be->write(t, v.data(), v.size() * 4);
+        tickets.push_back(be->read_async(t, size_t(4 + 4 * i)));
+    }
+    for (int i = 0; i < Backend::kAsyncReads; ++i) {
+        int32_t got[16] = {};
+        for (int32_t& g : got) g = 77;
+        be->read_wait(tickets[size_t(i)], got);
+        for (int j = 0; j < 1 + i; ++j) EXPECT_EQ(got[j], j == 3 ? -i : 1000 * i) << "ticket " << i << " entry " << j;
+        for (int j = 1 + i; j < 16; ++j) EXPECT_EQ(got[j], 77);  // nothing past the requested bytes
+    }
+    be->free(t);
 }
 
 TEST(BackendArgmax, SamplerPicksArgmaxOnlyWhenPlainGreedy) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cera/engine.h"
@@ -37,18 +38,23 @@ struct Ids : Sink {
     void on_token(int32_t id) override { ids.push_back(id); }
 };
 
-GenerateOptions greedy(int32_t n, bool device) {
-    GenerateOptions g;
-    g.sampling.temperature = 0.0f;
-    g.max_tokens = n;
-    g.device_greedy = device;
-    return g;
-}
-
-class SessionGreedy : public testing::TestWithParam<const char*> {};
+// Parameters: the model, and GenerateOptions::decode_ahead for the device-greedy sessions (the CPU backend
+// runs in step with the host, so -1 means "not ahead" there; 1 forces the pipelined path).
+class SessionGreedy : public testing::TestWithParam<std::tuple<const char*, int>> {
+ protected:
+    static const char* model() { return std::get<0>(GetParam()); }
+    static GenerateOptions greedy(int32_t n, bool device) {
+        GenerateOptions g;
+        g.sampling.temperature = 0.0f;
+        g.max_tokens = n;
+        g.device_greedy = device;
+        g.decode_ahead = std::get<1>(GetParam());
+        return g;
+    }
+};
 
 TEST_P(SessionGreedy, DeviceAndHostPickTheSameTokens) {
-    auto e = engine(GetParam());
+    auto e = engine(model());
     Session dev(e), host(e);
     for (Session* s : {&dev, &host}) s->append_text("Once upon a time, there was a little");
     Ids a, b;
@@ -78,7 +84,7 @@ TEST_P(SessionGreedy, DeviceAndHostPickTheSameTokens) {
 }
 
 TEST_P(SessionGreedy, RestoredStateContinuesTheSame) {
-    auto e = engine(GetParam());
+    auto e = engine(model());
     Session dev(e);
     dev.append_text("Tom had a red ball");
     Ids first;
@@ -97,7 +103,7 @@ TEST_P(SessionGreedy, RestoredStateContinuesTheSame) {
 // With nothing queued (the state at the end of the sequence, as after an EOS), generate() samples from
 // the last logits; after a device-greedy step they are fetched from the model state.
 TEST_P(SessionGreedy, ContinuesFromLogitsLeftOnTheDevice) {
-    auto e = engine(GetParam());
+    auto e = engine(model());
     Session dev(e), host(e);
     for (Session* s : {&dev, &host}) s->append_text("The sun was");
     GenerateOptions g = greedy(400, true);
@@ -122,7 +128,7 @@ TEST_P(SessionGreedy, ContinuesFromLogitsLeftOnTheDevice) {
 }
 
 TEST_P(SessionGreedy, PrefixCacheEntriesKeepTheirLogits) {
-    auto e = engine(GetParam(), 64 << 20);
+    auto e = engine(model(), 64 << 20);
     const std::string prompt = "Lily went to the park with her mom";
     Ids ref;
     {
@@ -143,7 +149,7 @@ TEST_P(SessionGreedy, PrefixCacheEntriesKeepTheirLogits) {
 TEST_P(SessionGreedy, PenaltiesAndSamplingStayOnTheHost) {
     // The option only applies when the pick is a plain arg-max; with a repetition penalty the device
     // path would be wrong, so the two settings must agree.
-    auto e = engine(GetParam());
+    auto e = engine(model());
     Session a(e), b(e);
     for (Session* s : {&a, &b}) s->append_text("Once upon a time");
     GenerateOptions g = greedy(40, true);
@@ -158,7 +164,7 @@ TEST_P(SessionGreedy, PenaltiesAndSamplingStayOnTheHost) {
 // Sampling with a top-k on the device (ModelState::eval_top, GenerateOptions::device_sampling): the same
 // draws as the host sampler over the whole logits, with penalties, and the same state afterwards.
 TEST_P(SessionGreedy, DeviceSamplingDrawsTheHostTokens) {
-    auto e = engine(GetParam());
+    auto e = engine(model());
     GenerateOptions g;
     g.max_tokens = 64;
     g.sampling.temperature = 0.9f;
@@ -192,7 +198,7 @@ TEST_P(SessionGreedy, DeviceSamplingDrawsTheHostTokens) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, SessionGreedy, testing::ValuesIn(kModels));
+INSTANTIATE_TEST_SUITE_P(Models, SessionGreedy, testing::Combine(testing::ValuesIn(kModels), testing::Values(-1, 1)));
 
 std::unique_ptr<Model> load_stories() {
     ModelOptions o;
@@ -233,6 +239,75 @@ TEST(ModelStateGreedy, IdIsTheArgmaxOfTheLogitsAndTheLogitsStayReadable) {
     g->reset();
     EXPECT_FALSE(g->read_last_logits(held.data()));
     EXPECT_THROW(g->eval_greedy(std::span<const int32_t>()), Error);
+}
+
+// eval_greedy_ahead() against eval_greedy() on a second state: the same picks and positions, and whatever
+// follows a pick (its own token, another token, a save, a logits read, eval(), a truncate or a reset) finds
+// the state eval_greedy() would have left, conv states included (tiny-lfm2), the pending step undone.
+TEST(ModelStateGreedy, AheadStepsMatchPlainSteps) {
+    for (const char* path : kModels) {
+        SCOPED_TRACE(path);
+        ModelOptions o;
+        o.n_threads = 1;
+        auto model = load_model(test::source_path(path), o);
+        const int64_t n_vocab = model->info().n_vocab;
+        const int n_ctx = 48;
+        auto g = model->create_state(n_ctx), h = model->create_state(n_ctx);
+        std::vector<float> lg(static_cast<size_t>(n_vocab)), lh(lg.size());
+        std::vector<uint8_t> sg, sh;
+        auto same_state = [&](const char* what, int step) {
+            ASSERT_EQ(g->position(), h->position()) << what << " step " << step;
+            g->save_state(sg);
+            h->save_state(sh);
+            EXPECT_TRUE(sg == sh) << what << " step " << step;
+            ASSERT_TRUE(g->read_last_logits(lg.data()));
+            ASSERT_TRUE(h->read_last_logits(lh.data()));
+            EXPECT_EQ(0, std::memcmp(lg.data(), lh.data(), lg.size() * sizeof(float))) << what << " step " << step;
+        };
+        const std::vector<int32_t> prompt = {1, 400, 27, 80, 300, 12};
+        int32_t pg = g->eval_greedy_ahead(prompt), ph = h->eval_greedy(prompt);
+        for (int step = 0; h->position() < n_ctx; ++step) {
+            ASSERT_EQ(pg, ph) << "step " << step;
+            EXPECT_EQ(g->position(), h->position());
+            int32_t next = ph;
+            switch (step % 6) {
+                case 1: same_state("save", step); break;  // then the pick, as usual
+                case 2: next = (ph + 17) % int32_t(n_vocab); break;  // another token than the pick
+                case 3: {                                              // plain eval() of the pick
+                    g->eval({&next, 1}, lg.data(), false);
+                    h->eval({&next, 1}, lh.data(), false);
+                    EXPECT_EQ(0, std::memcmp(lg.data(), lh.data(), lg.size() * sizeof(float))) << "step " << step;
+                    if (h->position() >= n_ctx) break;
+                    next = first_argmax(lh);
+                    break;
+                }
+                default: break;
+            }
+            if (h->position() >= n_ctx) break;
+            pg = g->eval_greedy_ahead({&next, 1});
+            ph = h->eval_greedy({&next, 1});
+        }
+        // At the end of the context nothing was queued ahead; the last pick agrees.
+        EXPECT_EQ(pg, ph);
+        same_state("end", -1);
+        // Truncate (attention-only) or reset while a step is pending.
+        h->reset();
+        g->reset();
+        pg = g->eval_greedy_ahead(prompt);
+        ph = h->eval_greedy(prompt);
+        ASSERT_EQ(pg, ph);
+        if (!g->has_recurrent_state()) {
+            g->truncate(3);
+            h->truncate(3);
+            pg = g->eval_greedy_ahead({&ph, 1});
+            ph = h->eval_greedy({&ph, 1});
+            EXPECT_EQ(pg, ph);
+            same_state("truncate", -1);
+        }
+        g->reset();
+        EXPECT_EQ(g->position(), 0);
+        EXPECT_FALSE(g->read_last_logits(lg.data()));
+    }
 }
 
 TEST(ModelStateTop, EvalTopIsTheBestOfTheLogits) {

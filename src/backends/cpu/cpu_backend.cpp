@@ -280,9 +280,14 @@ class CpuBackend final : public Backend {
             pool_.run(work, &ctx);
     }
 
-    void short_conv(const Tensor& bcx, const Tensor& w, const Tensor& state, const Tensor& out) override {
+    void short_conv(const Tensor& bcx, const Tensor& w, const Tensor& state, const Tensor& out,
+                    const Tensor& state_prev) override {
         const int64_t n_tokens = bcx.rows(), n_embd = out.ne[0], L = w.ne[0], n_state = L - 1;
         CERA_CHECK(bcx.ne[0] == 3 * n_embd && state.ne[0] == n_embd && state.ne[1] == n_state);
+        if (state_prev) {
+            CERA_CHECK(state_prev.n_bytes() >= state.n_bytes(), "short_conv: state_prev smaller than the state");
+            std::memcpy(state_prev.data, state.data, state.n_bytes());
+        }
         grow(conv_pad_, size_t(n_state + n_tokens) * n_embd);
         float* pad = conv_pad_.data();
         std::memcpy(pad, state.data, size_t(n_state * n_embd) * sizeof(float));

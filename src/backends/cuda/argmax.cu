@@ -33,7 +33,10 @@ __device__ __forceinline__ void warp_argmax(float& best, int& bi) {
     }
 }
 
-__global__ void __launch_bounds__(kThreads) argmax_rows_kernel(const float* __restrict__ x, int64_t n, int32_t* out) {
+// feed_ids / feed_pos (one row only, or null): the pick also goes to feed_ids[0], and feed_pos[0] becomes
+// feed_pos[pos_last] + 1: the next decode step's input, written without the host.
+__global__ void __launch_bounds__(kThreads) argmax_rows_kernel(const float* __restrict__ x, int64_t n, int32_t* out,
+                                                               int32_t* feed_ids, int32_t* feed_pos, int64_t pos_last) {
     pdl_trigger();
     pdl_wait();  // the logits come from the kernel before
     __shared__ float s_best[32];
@@ -77,7 +80,14 @@ __global__ void __launch_bounds__(kThreads) argmax_rows_kernel(const float* __re
         best = s_best[lane];  // kThreads / 32 == 32 warps: every lane has one
         bi = s_idx[lane];
         warp_argmax(best, bi);
-        if (lane == 0) out[blockIdx.x] = bi == INT_MAX ? 0 : bi;  // every value NaN: 0
+        if (lane == 0) {
+            const int32_t pick = bi == INT_MAX ? 0 : bi;  // every value NaN: 0
+            out[blockIdx.x] = pick;
+            if (feed_ids) {
+                feed_ids[0] = pick;
+                feed_pos[0] = feed_pos[pos_last] + 1;
+            }
+        }
     }
 }
 
@@ -88,7 +98,14 @@ void argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, Stream s
     if (rows == 0) return;
     CERA_CHECK(n > 0 && n < INT_MAX && rows < INT_MAX, "argmax_rows: %lld rows of %lld", (long long)rows,
                (long long)n);
-    launch(argmax_rows_kernel, dim3(unsigned(rows)), dim3(kThreads), 0, as_stream(stream), x, n, out);
+    launch(argmax_rows_kernel, dim3(unsigned(rows)), dim3(kThreads), 0, as_stream(stream), x, n, out,
+           static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr), int64_t(0));
+}
+
+void argmax_feed(const float* x, int64_t n, int32_t* out, int32_t* ids, int32_t* pos, int64_t pos_last, Stream stream) {
+    if (debug_skip("argmax")) return;
+    CERA_CHECK(n > 0 && n < INT_MAX && ids && pos && pos_last >= 0, "argmax_feed: a row of %lld", (long long)n);
+    launch(argmax_rows_kernel, dim3(1), dim3(kThreads), 0, as_stream(stream), x, n, out, ids, pos, pos_last);
 }
 
 }  // namespace cera::cuda

@@ -47,6 +47,7 @@ namespace {
 constexpr int64_t kGemvMaxTokens = 8;
 constexpr size_t kPinnedRing = 2u << 20, kPinnedMax = 1u << 20;  // pinned staging (CudaBackend::write)
 constexpr size_t kCublasWorkspace = 32u << 20;
+constexpr size_t kAsyncArea = size_t(Backend::kAsyncReads) * Backend::kAsyncReadMax;  // read_async slots
 
 struct WeightInfo {
     void* image = nullptr;
@@ -78,12 +79,14 @@ class CudaBackend final : public Backend {
         CUDA_CHECK(cudaMalloc(&cublas_ws_, kCublasWorkspace));
         const char* pin = std::getenv("CERA_CUDA_PINNED");  // 0: pageable transfers only (benchmarks)
         if ((pin && pin[0] == '0') ||
-            cudaHostAlloc(reinterpret_cast<void**>(&pinned_), kPinnedRing + kPinnedMax, cudaHostAllocDefault) !=
+            cudaHostAlloc(reinterpret_cast<void**>(&pinned_), kPinnedRing + kPinnedMax + kAsyncArea,
+                          cudaHostAllocDefault) !=
                 cudaSuccess) {
             cudaGetLastError();  // no pinned memory: every transfer takes the pageable path
             pinned_ = nullptr;
         }
         CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, kCublasWorkspace));
+        for (cudaEvent_t& e : async_ev_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         const char* g = std::getenv("CERA_CUDA_GRAPHS");
         graphs_enabled_ = !(g && std::strcmp(g, "0") == 0);
         const char* f = std::getenv("CERA_CUDA_FUSE");
@@ -118,6 +121,7 @@ class CudaBackend final : public Backend {
         cublasDestroy(cublas_);
         cudaFree(cublas_ws_);
         if (pinned_) cudaFreeHost(pinned_);
+        for (cudaEvent_t e : async_ev_) cudaEventDestroy(e);
         cudaStreamDestroy(stream_);
     }
 
@@ -246,6 +250,28 @@ class CudaBackend final : public Backend {
         CUDA_CHECK(cudaMemcpyAsync(host, s, n_bytes, cudaMemcpyDeviceToHost, stream_));
         CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
+    // Each ticket has its pinned slot and an event recorded after its copy, so read_wait() waits for
+    // that copy and nothing queued after it.
+    int read_async(const Tensor& src, size_t n_bytes) override {
+        if (!pinned_ || capturing_) return Backend::read_async(src, n_bytes);
+        CERA_CHECK(n_bytes <= kAsyncReadMax, "read_async: %zu bytes (at most %zu)", n_bytes, kAsyncReadMax);
+        flush();
+        const int t = async_next_;
+        async_next_ = (async_next_ + 1) % kAsyncReads;
+        uint8_t* slot = pinned_ + kPinnedRing + kPinnedMax + size_t(t) * kAsyncReadMax;
+        if (n_bytes) CUDA_CHECK(cudaMemcpyAsync(slot, src.data, n_bytes, cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaEventRecord(async_ev_[size_t(t)], stream_));
+        async_n_[size_t(t)] = n_bytes;
+        return t;
+    }
+    void read_wait(int ticket, void* host) override {
+        if (!pinned_) return Backend::read_wait(ticket, host);
+        CERA_CHECK(ticket >= 0 && ticket < kAsyncReads, "read_wait: ticket %d", ticket);
+        CUDA_CHECK(cudaEventSynchronize(async_ev_[size_t(ticket)]));
+        std::memcpy(host, pinned_ + kPinnedRing + kPinnedMax + size_t(ticket) * kAsyncReadMax, async_n_[size_t(ticket)]);
+    }
+    bool asynchronous() const override { return true; }
+
     void copy(const Tensor& dst, const Tensor& src) override {
         touch();
         if (rec_) rec_->unsupported("copy");
@@ -441,17 +467,21 @@ class CudaBackend final : public Backend {
         cuda::attention(a, stream_);
     }
 
-    void short_conv(const Tensor& bcx, const Tensor& w, const Tensor& state, const Tensor& out) override {
+    void short_conv(const Tensor& bcx, const Tensor& w, const Tensor& state, const Tensor& out,
+                    const Tensor& state_prev) override {
         touch();
         const int64_t n_embd = out.ne[0];
-        CERA_CHECK(w.type == GgmlType::kF32 && bcx.ne[0] == 3 * n_embd && state.ne[0] == n_embd);
+        CERA_CHECK(w.type == GgmlType::kF32 && bcx.ne[0] == 3 * n_embd && state.ne[0] == n_embd &&
+                   (!state_prev || state_prev.n_bytes() >= state.n_bytes()));
         const cuda::WeightRef ref = weight_or_buffer(w);
+        if (rec_ && state_prev) rec_->unsupported("short_conv with state_prev");
         if (rec_)
             rec_->short_conv(bcx.as<const float>(), static_cast<const float*>(ref.image) + ref.row0 * ref.k,
                              int(w.ne[0]), state.as<float>(), bcx.rows(), n_embd, out.as<float>());
         void* xq = bcx.rows() <= 16 ? q8_sidecar(out.as<const float>(), bcx.rows(), n_embd, nullptr) : nullptr;
         cuda::short_conv(bcx.as<const float>(), static_cast<const float*>(ref.image) + ref.row0 * ref.k, int(w.ne[0]),
-                         state.as<float>(), bcx.rows(), n_embd, out.as<float>(), stream_, xq);
+                         state.as<float>(), bcx.rows(), n_embd, out.as<float>(), stream_, xq,
+                         state_prev ? state_prev.as<float>() : nullptr);
     }
 
     void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override {
@@ -527,6 +557,17 @@ class CudaBackend final : public Backend {
                    "argmax: f32 rows in, one i32 per row out");
         if (rec_) rec_->argmax(x.as<const float>(), x.rows(), x.ne[0], out.as<int32_t>());
         cuda::argmax_rows(x.as<const float>(), x.rows(), x.ne[0], out.as<int32_t>(), stream_);
+    }
+
+    void argmax_feed(const Tensor& x, const Tensor& out, const Tensor& ids, const Tensor& pos) override {
+        touch();
+        CERA_CHECK(x.type == GgmlType::kF32 && x.rows() == 1 && out.type == GgmlType::kI32 &&
+                       ids.type == GgmlType::kI32 && pos.type == GgmlType::kI32 && ids.n_elements() >= 1 &&
+                       pos.n_elements() >= 1,
+                   "argmax_feed: one f32 row in; i32 out, ids and positions");
+        if (rec_) rec_->unsupported("argmax_feed");
+        cuda::argmax_feed(x.as<const float>(), x.ne[0], out.as<int32_t>(), ids.as<int32_t>(), pos.as<int32_t>(),
+                          pos.n_elements() - 1, stream_);
     }
 
     void moe_route(const Tensor& logits, const Tensor& bias, const MoeParams& p, const Tensor& ids,
@@ -946,7 +987,10 @@ class CudaBackend final : public Backend {
     Scratch scratch_[kSlots];
     Q8Cache q8_[kQ8Slots];  // indexed by Slot kXq .. kXqB
     bool next_side_ = false;
-    uint8_t* pinned_ = nullptr;  // kPinnedRing bytes of write ring, then kPinnedMax for reads
+    uint8_t* pinned_ = nullptr;  // kPinnedRing bytes of write ring, kPinnedMax for reads, kAsyncArea for read_async
+    std::array<cudaEvent_t, kAsyncReads> async_ev_{};
+    std::array<size_t, kAsyncReads> async_n_{};
+    int async_next_ = 0;
     size_t pin_off_ = 0;
     bool fuse_ = true;  // CERA_CUDA_FUSE=0: no grouped or fused launches, no 8-bit side outputs
     PendingMm mm_[cuda::kMaxSegs];

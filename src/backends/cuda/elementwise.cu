@@ -50,7 +50,7 @@ __global__ void add_bias_kernel(float* y, const float* __restrict__ bias, int64_
 
 // One thread per channel, tokens in order; the window of the last L-1 inputs stays in registers.
 __global__ void short_conv_seq_kernel(const float* __restrict__ bcx, const float* __restrict__ w, int L, float* state,
-                                      int64_t n_tokens, int64_t n, float* out, uint8_t* xq) {
+                                      int64_t n_tokens, int64_t n, float* out, uint8_t* xq, float* prev) {
     pdl_trigger();
     const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     float win[kMaxConv], wc[kMaxConv];
@@ -60,6 +60,10 @@ __global__ void short_conv_seq_kernel(const float* __restrict__ bcx, const float
     if (c >= n) return;
 #pragma unroll
     for (int j = 0; j < kMaxConv; ++j) win[j] = j < L - 1 ? state[j * n + c] : 0.0f;
+    if (prev)
+#pragma unroll
+        for (int j = 0; j < kMaxConv; ++j)
+            if (j < L - 1) prev[j * n + c] = win[j];
     for (int64_t t = 0; t < n_tokens; ++t) {
         const float* row = bcx + t * 3 * n;
         const float bx = row[c] * row[2 * n + c];
@@ -105,7 +109,7 @@ __global__ void short_conv_par_kernel(const float* __restrict__ bcx, const float
 
 // Run after short_conv_par_kernel: the new state is the last L-1 pad rows.
 __global__ void short_conv_state_kernel(const float* __restrict__ bcx, int L, float* state, int64_t n_tokens,
-                                        int64_t n) {
+                                        int64_t n, float* prev) {
     pdl_trigger();
     pdl_wait();
     const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -114,6 +118,10 @@ __global__ void short_conv_state_kernel(const float* __restrict__ bcx, int L, fl
 #pragma unroll
     for (int j = 0; j < kMaxConv; ++j)
         if (j < L - 1) nw[j] = conv_pad(bcx, state, L, n, n_tokens + j, c);
+    if (prev)
+#pragma unroll
+        for (int j = 0; j < kMaxConv; ++j)
+            if (j < L - 1) prev[j * n + c] = state[j * n + c];
 #pragma unroll
     for (int j = 0; j < kMaxConv; ++j)
         if (j < L - 1) state[j * n + c] = nw[j];
@@ -212,7 +220,7 @@ void add_bias(float* y, const float* bias, int64_t n_rows, int64_t n, Stream str
 }
 
 void short_conv(const float* bcx, const float* w, int L, float* state, int64_t n_tokens, int64_t n_embd, float* out,
-                Stream stream, void* xq) {
+                Stream stream, void* xq, float* state_prev) {
     if (debug_skip("conv")) return;
     CERA_CHECK(L >= 1 && L <= kMaxConv, "short_conv: kernel length %d (supported 1..%d)", L, kMaxConv);
     if (n_tokens == 0) return;
@@ -220,12 +228,12 @@ void short_conv(const float* bcx, const float* w, int L, float* state, int64_t n
     if (n_tokens <= 16) {
         CERA_CHECK(!xq || n_embd % 32 == 0);
         launch(short_conv_seq_kernel, blocks(n_embd, 128), 128, 0, s, bcx, w, L, state, n_tokens, n_embd, out,
-               static_cast<uint8_t*>(xq));
+               static_cast<uint8_t*>(xq), state_prev);
         return;
     }
     CERA_CHECK(!xq, "short_conv: 8-bit output rows only for short chunks");
     launch(short_conv_par_kernel, blocks(n_tokens * n_embd, 256), 256, 0, s, bcx, w, L, state, n_tokens, n_embd, out);
-    launch(short_conv_state_kernel, blocks(n_embd, 128), 128, 0, s, bcx, L, state, n_tokens, n_embd);
+    launch(short_conv_state_kernel, blocks(n_embd, 128), 128, 0, s, bcx, L, state, n_tokens, n_embd, state_prev);
 }
 
 void moe_route(const float* logits, const float* bias, int64_t n_tokens, int n_expert, int k, bool sigmoid,

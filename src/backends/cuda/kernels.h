@@ -175,9 +175,10 @@ struct AttentionArgs {
 size_t attention_scratch_floats(const AttentionArgs& a);
 void attention(const AttentionArgs& a, Stream stream);
 
-// LFM2 short conv (see backend.h): bcx [n_tokens, 3 n_embd], w [n_embd, L], state [L-1, n_embd]
+// LFM2 short conv (see backend.h): bcx [n_tokens, 3 n_embd], w [n_embd, L], state [L-1, n_embd];
+// state_prev (or null) receives the state from before the update.
 void short_conv(const float* bcx, const float* w, int L, float* state, int64_t n_tokens, int64_t n_embd, float* out,
-                Stream stream, void* xq = nullptr);
+                Stream stream, void* xq = nullptr, float* state_prev = nullptr);
 
 // out = silu(gate) * up over n elements; with xq, rows of `row` elements are quantized too.
 void swiglu(const float* gate, const float* up, int64_t n, float* out, Stream stream, void* xq = nullptr,
@@ -199,6 +200,9 @@ void moe_combine(const float* y, const float* weights, int64_t n_tokens, int k, 
 // Greedy pick per row (argmax.cu): out[r] = the lowest i holding the largest non-NaN x[r][i], 0 when
 // every value is NaN (Backend::argmax). One block per row; x: f32 [rows, n] (n >= 1), out: i32 [rows]
 void argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, Stream stream);
+// argmax_rows of one row, the pick fed back as the next step's input: ids[0] = out[0] = the pick,
+// pos[0] = pos[pos_last] + 1 (Backend::argmax_feed).
+void argmax_feed(const float* x, int64_t n, int32_t* out, int32_t* ids, int32_t* pos, int64_t pos_last, Stream stream);
 // Backend::top_logits (top_logits.cu): the best m <= kTopLogitsMax entries of x (f32 [n]) and the
 // values at gather (i32 [n_g] or null); out: i32 [1 + 2 m + n_g] as Backend::top_logits lays it out.
 constexpr int kTopLogitsMax = 1024;

@@ -16,7 +16,7 @@ void short_conv_block(const Step& s, const ShortConvWeights& w, const LayerCache
     const Tensor bcx = Step::cols(s.wide0, 3 * n_embd);
     const Tensor gated = s.attn.reshaped(n_embd, s.n_tokens);
     s.be->matmul(w.in_proj, h, Tensor{}, bcx);
-    s.be->short_conv(bcx, w.conv, cache.conv, gated);
+    s.be->short_conv(bcx, w.conv, cache.conv, gated, cache.conv_prev);
     s.be->matmul(w.out_proj, gated, Tensor{}, y);
 }
 
