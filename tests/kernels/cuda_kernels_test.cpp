@@ -502,6 +502,87 @@ TEST_F(CudaBackendTest, KvStoreAndAttention) {
     }
 }
 
+// One-token decode steps as the models issue them: q / k norm + RoPE, KV store, attention (on CUDA the
+// first three are one launch, norm_rope.cu's qkv_rope_store). The output, the rotated q and k left in
+// their buffers and every cache row match the CPU, for short and long caches (several splits, each
+// walking several chunks), F16 and F32 caches, GQA groups of 1 to 8, with and without the per-head
+// norm, both rotation layouts and a sliding window.
+TEST_F(CudaBackendTest, DecodeStepRopeStoreAttention) {
+    struct C {
+        int n_head, n_head_kv, head_dim;
+        int64_t n_ctx;
+        GgmlType kv;
+        int window;
+        bool norm;
+        RopeMode mode;
+    };
+    for (const C& c : {C{8, 2, 64, 300, GgmlType::kF16, 0, true, RopeMode::kNeox},
+                       C{8, 8, 128, 2000, GgmlType::kF32, 0, false, RopeMode::kNorm},
+                       C{32, 4, 64, 9000, GgmlType::kF16, 0, false, RopeMode::kNeox},
+                       C{4, 1, 64, 3000, GgmlType::kF16, 100, true, RopeMode::kNorm},
+                       C{16, 2, 128, 700, GgmlType::kF16, 0, true, RopeMode::kNeox}}) {
+        SCOPED_TRACE("head_dim " + std::to_string(c.head_dim) + " n_ctx " + std::to_string(c.n_ctx) + " G " +
+                     std::to_string(c.n_head / c.n_head_kv));
+        const int64_t width = int64_t(c.n_head_kv) * c.head_dim, qw = int64_t(c.n_head) * c.head_dim;
+        auto kc = both(c.kv, {width, c.n_ctx}, nullptr);
+        auto vc = both(c.kv, {width, c.n_ctx}, nullptr);
+        const int64_t fill = c.n_ctx - 8;
+        for (int64_t p0 = 0; p0 < fill; p0 += 512) {
+            const int64_t n = std::min<int64_t>(512, fill - p0);
+            std::vector<int32_t> pos(static_cast<size_t>(n));
+            for (int64_t i = 0; i < n; ++i) pos[size_t(i)] = int32_t(p0 + i);
+            auto k = both({width, n}, randn(size_t(n * width), rng_));
+            auto v = both({width, n}, randn(size_t(n * width), rng_));
+            auto pp = both(GgmlType::kI32, {n}, pos.data());
+            gpu_->kv_store(k.g, v.g, pp.g, kc.g, vc.g);
+            cpu_->kv_store(k.c, v.c, pp.c, kc.c, vc.c);
+        }
+        RopeParams rope;
+        rope.mode = c.mode, rope.n_rot = c.head_dim, rope.freq_base = 10000.0f;
+        AttentionParams ap;
+        ap.n_head = c.n_head, ap.n_head_kv = c.n_head_kv, ap.head_dim = c.head_dim;
+        ap.scale = 1.0f / std::sqrt(float(c.head_dim));
+        ap.sliding_window = c.window;
+        auto qn = both({c.head_dim}, randn(size_t(c.head_dim), rng_));
+        auto kn = both({c.head_dim}, randn(size_t(c.head_dim), rng_));
+        for (int64_t p = fill; p < c.n_ctx; ++p) {  // eight steps, each after the one before
+            const int32_t pos = int32_t(p);
+            auto q = both({qw, 1}, randn(size_t(qw), rng_));
+            auto k = both({width, 1}, randn(size_t(width), rng_));
+            auto v = both({width, 1}, randn(size_t(width), rng_));
+            auto pp = both(GgmlType::kI32, {1}, &pos);
+            auto out = both({qw, 1}, std::vector<float>(size_t(qw)));
+            for (Backend* be : {gpu_.get(), cpu_.get()}) {
+                const bool g = be == gpu_.get();
+                auto T = [&](const Pair& x) { return g ? x.g : x.c; };
+                be->norm_rope(T(q), c.n_head, c.head_dim, c.norm ? T(qn) : Tensor{}, 1e-6f, T(pp), rope);
+                be->norm_rope(T(k), c.n_head_kv, c.head_dim, c.norm ? T(kn) : Tensor{}, 1e-6f, T(pp), rope);
+                be->kv_store(T(k), T(v), T(pp), T(kc), T(vc));
+                be->attention(T(q), T(kc), T(vc), T(pp), ap, T(out));
+            }
+            EXPECT_LT(rel_diff(out), 1e-4) << "out, pos " << pos;
+            EXPECT_LT(rel_diff(q), 1e-5) << "rotated q, pos " << pos;
+            EXPECT_LT(rel_diff(k), 1e-5) << "rotated k, pos " << pos;
+        }
+        // Every cache row, the eight new ones included.
+        for (Pair* cache : {&kc, &vc}) {
+            std::vector<float> a(static_cast<size_t>(width * c.n_ctx)), b(a.size());
+            if (c.kv == GgmlType::kF16) {
+                std::vector<uint16_t> ha(a.size()), hb(a.size());
+                gpu_->read(ha.data(), cache->g, ha.size() * 2);
+                cpu_->read(hb.data(), cache->c, hb.size() * 2);
+                for (size_t i = 0; i < a.size(); ++i) a[i] = fp16_to_fp32(ha[i]), b[i] = fp16_to_fp32(hb[i]);
+            } else {
+                gpu_->read(a.data(), cache->g, a.size() * 4);
+                cpu_->read(b.data(), cache->c, b.size() * 4);
+            }
+            double err = 0;
+            for (size_t i = 0; i < a.size(); ++i) err = std::max(err, double(std::fabs(a[i] - b[i])));
+            EXPECT_LT(err, c.kv == GgmlType::kF16 ? 8e-3 : 1e-5) << (cache == &kc ? "k cache" : "v cache");
+        }
+    }
+}
+
 TEST_F(CudaBackendTest, ShortConvRollsState) {
     for (int L : {3, 4}) {
         for (int64_t n_embd : {1, 300, 2048}) {
