@@ -30,6 +30,7 @@
 #include <cstring>
 #include <map>
 #include <unordered_map>
+#include <tuple>
 #include <unordered_set>
 #include <vector>
 
@@ -91,6 +92,8 @@ class CudaBackend final : public Backend {
         graphs_enabled_ = !(g && std::strcmp(g, "0") == 0);
         const char* f = std::getenv("CERA_CUDA_FUSE");
         fuse_ = !(f && std::strcmp(f, "0") == 0);
+        const char* rt = std::getenv("CERA_CUDA_ROPE_TABLE");
+        rope_tables_ = !(rt && std::strcmp(rt, "0") == 0);
         const char* mg = std::getenv("CERA_CUDA_MEGA");
         mega_ = mg && std::strcmp(mg, "1") == 0;
         const char* pr = std::getenv("CERA_CUDA_PROFILE");
@@ -118,6 +121,7 @@ class CudaBackend final : public Backend {
         for (auto& [img, p] : w16_) cudaFree(p);
         for (void* p : buffers_) cudaFree(p);
         for (auto& s : scratch_) cudaFree(s.ptr);
+        for (auto& [key, t] : rope_tables_map_) cudaFree(t.ptr);
         cublasDestroy(cublas_);
         cudaFree(cublas_ws_);
         if (pinned_) cudaFreeHost(pinned_);
@@ -435,6 +439,8 @@ class CudaBackend final : public Backend {
                 a.pos = pos.as<const int32_t>();
                 a.k_cache = k_cache.data, a.v_cache = v_cache.data;
                 a.f16 = k_cache.type == GgmlType::kF16, a.n_ctx = k_cache.ne[1];
+                attach_rope_table(a.k_rope, a.n_ctx);
+                if (qr) attach_rope_table(a.q_rope, a.n_ctx);
                 n_rope_ = 0;
                 invalidate_q8();
                 cuda::qkv_rope_store(a, stream_);
@@ -747,6 +753,32 @@ class CudaBackend final : public Backend {
         RopeParams rope;
     };
 
+    // The (cos, sin) table of a rotation for positions below the cache length (a load instead of double
+    // math in the step's RoPE kernel), made outside recorded steps and kept per rotation.
+    // CERA_CUDA_ROPE_TABLE=0 turns it off.
+    void attach_rope_table(cuda::RopeArgs& r, int64_t rows) {
+        if (!rope_tables_ || r.mode == 0 || r.n_rot <= 0 || r.n_rot % 2 != 0 || rows <= 0 || rows > (1 << 16)) return;
+        const auto key = std::make_tuple(r.mode, r.n_rot, r.freq_base, r.freq_scale, r.freq_factors);
+        auto it = rope_tables_map_.find(key);
+        if (it == rope_tables_map_.end() || it->second.rows < rows) {
+            if (capturing_) return;  // nothing is allocated inside a recorded step
+            if (it != rope_tables_map_.end()) {
+                CUDA_CHECK(cudaStreamSynchronize(stream_));
+                drop_graphs();  // they hold the old table
+                CUDA_CHECK(cudaFree(it->second.ptr));
+                rope_tables_map_.erase(it);
+            }
+            RopeTable t;
+            t.rows = rows;
+            CUDA_CHECK(cudaMalloc(&t.ptr, size_t(rows) * size_t(r.n_rot / 2) * 2 * sizeof(float)));
+            cuda::RopeArgs plain = r;
+            plain.table = nullptr, plain.table_rows = 0;
+            cuda::rope_table(plain, rows, t.ptr, stream_);
+            it = rope_tables_map_.emplace(key, t).first;
+        }
+        r.table = it->second.ptr, r.table_rows = it->second.rows;
+    }
+
     static cuda::RopeArgs rope_args(const RopeParams& rope) {
         cuda::RopeArgs r;
         r.mode = rope.mode == RopeMode::kNone ? 0 : rope.mode == RopeMode::kNorm ? 1 : 2;
@@ -997,6 +1029,12 @@ class CudaBackend final : public Backend {
     int n_mm_ = 0;
     PendingRope rope_[2];
     int n_rope_ = 0;
+    struct RopeTable {
+        float* ptr = nullptr;  // [rows, n_rot / 2, 2]
+        int64_t rows = 0;
+    };
+    std::map<std::tuple<int, int, float, float, const float*>, RopeTable> rope_tables_map_;
+    bool rope_tables_ = true;
     std::unordered_map<uint64_t, Graph> graphs_;
     bool graphs_enabled_ = true;
     bool capturing_ = false;

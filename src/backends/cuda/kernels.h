@@ -127,7 +127,14 @@ struct RopeArgs {
     float freq_base = 10000.0f;
     float freq_scale = 1.0f;
     const float* freq_factors = nullptr;  // [n_rot/2] or null
+    // (cos, sin) of every pair at positions 0 .. table_rows - 1 ([table_rows, n_rot / 2, 2], rope_table()),
+    // or null: the kernels compute the angles (in double) themselves.
+    const float* table = nullptr;
+    int64_t table_rows = 0;
 };
+// Fills table [rows, n_rot / 2] with the (cos, sin) of r's rotation of each pair at each position, as
+// the kernels compute them (double angles, rounded to float).
+void rope_table(const RopeArgs& r, int64_t rows, float* table, Stream stream);
 // In place on x: f32 [n_tokens, n_head * head_dim]; optional per-head RMSNorm then RoPE at pos[t].
 void norm_rope(float* x, int64_t n_tokens, int n_head, int head_dim, const float* norm_w, float eps,
                const int32_t* pos, const RopeArgs& rope, Stream stream);

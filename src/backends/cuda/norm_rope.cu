@@ -166,6 +166,25 @@ void kv_store(const float* k, const float* v, int64_t n_tokens, int64_t width, c
     else launch((kv_store_kernel<false>), grid, 256, 0, as_stream(stream), k, v, n_tokens, width, pos, k_cache, v_cache, n_ctx);
 }
 
+__global__ void rope_table_kernel(RopeArgs r, int64_t rows, float2* table) {
+    const int half = r.n_rot / 2;
+    const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e >= rows * half) return;
+    const int64_t pos = e / half;
+    const int i = int(e % half);
+    float c, s;
+    rope_pair_cs(i, double(pos) * r.freq_scale, r.n_rot, r, c, s);
+    table[e] = make_float2(c, s);
+}
+
+void rope_table(const RopeArgs& r, int64_t rows, float* table, Stream stream) {
+    CERA_CHECK(r.mode != 0 && r.n_rot % 2 == 0 && r.n_rot > 0, "rope_table: no rotation");
+    const int64_t n = rows * (r.n_rot / 2);
+    if (n == 0) return;
+    launch(rope_table_kernel, unsigned(ceil_div(n, 256)), 256, 0, as_stream(stream), r, rows,
+           reinterpret_cast<float2*>(table));
+}
+
 void qkv_rope_store(const QkvRopeArgs& a, Stream stream) {
     if (debug_skip("rope")) return;
     const int64_t rows = a.n_tokens * (a.n_head + 2 * a.n_head_kv);

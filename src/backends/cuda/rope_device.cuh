@@ -26,6 +26,16 @@ __device__ __forceinline__ RopeCS rope_angles(int32_t pos, const RopeArgs& rope)
     RopeCS cs;
     const int lane = threadIdx.x & 31;
     const int n_rot = rope.mode == 0 ? 0 : rope.n_rot, half = n_rot / 2;
+    if (rope.table && pos >= 0 && pos < rope.table_rows) {  // a load instead of the double math
+        const float2* row = reinterpret_cast<const float2*>(rope.table) + int64_t(pos) * half;
+#pragma unroll
+        for (int j = 0; j < kRopeLanePairs; ++j) {
+            const int i = lane + 32 * j;
+            const float2 v = i < half ? row[i] : make_float2(1.0f, 0.0f);
+            cs.c[j] = v.x, cs.s[j] = v.y;
+        }
+        return cs;
+    }
     const double p = double(pos) * rope.freq_scale;
 #pragma unroll
     for (int j = 0; j < kRopeLanePairs; ++j) {
