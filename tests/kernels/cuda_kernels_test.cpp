@@ -297,7 +297,7 @@ TEST_F(CudaBackendTest, ArgmaxMatchesReference) {
         return int32_t(best < 0 ? 0 : best);
     };
     const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
-    for (int64_t n : {1, 31, 1000, 50257, 65536}) {
+    for (int64_t n : {1, 31, 1000, 16384, 50257, 65536, 151936}) {
         SCOPED_TRACE(n);
         const int64_t rows = 9;
         std::vector<float> x = randn(size_t(n * rows), rng_, 4.0f);
@@ -333,6 +333,29 @@ TEST_F(CudaBackendTest, ArgmaxMatchesReference) {
         gpu_->argmax(xg.row_slice(1, rows - 1), og);
         gpu_->read(got.data(), og, size_t(rows - 1) * 4);
         for (int64_t r = 1; r < rows; ++r) EXPECT_EQ(got[size_t(r - 1)], reference(row(r), n)) << "slice row " << r;
+        // Every row on its own (one long row is split over blocks), also through argmax_feed: the pick
+        // goes to out and ids[0], the last position + 1 to pos[0].
+        Tensor ids = gpu_->alloc(GgmlType::kI32, {3}), pos = gpu_->alloc(GgmlType::kI32, {3});
+        for (int64_t r = 0; r < rows; ++r) {
+            gpu_->argmax(xg.row_slice(r, 1), og);
+            gpu_->read(&one, og, 4);
+            EXPECT_EQ(one, reference(row(r), n)) << "row " << r << " alone";
+            const int32_t ids0[3] = {-1, 7, 8}, pos0[3] = {40, 41, int32_t(42 + r)};
+            gpu_->write(ids, ids0, sizeof ids0);
+            gpu_->write(pos, pos0, sizeof pos0);
+            gpu_->argmax_feed(xg.row_slice(r, 1), og, ids, pos);
+            int32_t ids1[3], pos1[3];
+            gpu_->read(&one, og, 4);
+            gpu_->read(ids1, ids, sizeof ids1);
+            gpu_->read(pos1, pos, sizeof pos1);
+            EXPECT_EQ(one, reference(row(r), n)) << "row " << r << " fed";
+            EXPECT_EQ(ids1[0], one);
+            EXPECT_EQ(pos1[0], 43 + r);
+            EXPECT_EQ(ids1[1], 7);
+            EXPECT_EQ(pos1[2], 42 + r);
+        }
+        gpu_->free(ids);
+        gpu_->free(pos);
         gpu_->free(xg);
         gpu_->free(og);
     }

@@ -13,6 +13,7 @@
 // argmax_feed: the same kernel also writes the pick and the next position into the next step's inputs,
 // so a greedy decode queues that step before the host has seen the pick (ModelState::eval_greedy_ahead).
 #include <climits>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 
@@ -93,20 +94,95 @@ __global__ void __launch_bounds__(kThreads) argmax_rows_kernel(const float* __re
     }
 }
 
+// One long row (a decode step's logits) split over blocks of kSplitThreads threads, kSplitItems values a
+// thread (coalesced scalar loads, all in flight before any comparison): each block writes its best
+// (value, index) to the scratch, and the last block to finish (an atomic counter, reset by that block)
+// takes the best of those and writes the pick (and feeds it). The same total order as above, so the
+// result does not depend on the split. Many SMs read the row instead of one.
+constexpr int kSplitThreads = 256, kSplitItems = 8;
+__global__ void __launch_bounds__(kSplitThreads) argmax_split_kernel(const float* __restrict__ x, int64_t n,
+                                                                     int32_t* out, int32_t* feed_ids,
+                                                                     int32_t* feed_pos, int64_t pos_last,
+                                                                     float* part_v, int* part_i, unsigned* counter) {
+    pdl_trigger();
+    pdl_wait();
+    __shared__ float s_best[kSplitThreads / 32];
+    __shared__ int s_idx[kSplitThreads / 32];
+    __shared__ bool s_last;
+    const int64_t lo = int64_t(blockIdx.x) * kSplitThreads * kSplitItems;
+    float v[kSplitItems];
+#pragma unroll
+    for (int k = 0; k < kSplitItems; ++k) {
+        const int64_t i = lo + threadIdx.x + int64_t(k) * kSplitThreads;
+        v[k] = i < n ? x[i] : NAN;
+    }
+    float best = -INFINITY;
+    int bi = INT_MAX;
+#pragma unroll
+    for (int k = 0; k < kSplitItems; ++k) take(v[k], int(lo + threadIdx.x + k * kSplitThreads), best, bi);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    warp_argmax(best, bi);
+    if (lane == 0) s_best[warp] = best, s_idx[warp] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < kSplitThreads / 32; ++w) take(s_best[w], s_idx[w], best, bi);
+        part_v[blockIdx.x] = best;
+        part_i[blockIdx.x] = bi;
+        __threadfence();
+        s_last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!s_last || warp != 0) return;
+    __threadfence();
+    best = -INFINITY, bi = INT_MAX;
+    for (int b = lane; b < int(gridDim.x); b += 32) take(__ldcg(part_v + b), __ldcg(part_i + b), best, bi);
+    warp_argmax(best, bi);
+    if (lane == 0) {
+        const int32_t pick = bi == INT_MAX ? 0 : bi;  // every value NaN: 0
+        out[0] = pick;
+        if (feed_ids) {
+            feed_ids[0] = pick;
+            feed_pos[0] = feed_pos[pos_last] + 1;
+        }
+        *counter = 0;
+    }
+}
+
+// The split kernel for one row of at least kSplitMinN values, when the scratch is there.
+constexpr int64_t kSplitMinN = 16384;
+bool split_launch(const float* x, int64_t n, int32_t* out, int32_t* ids, int32_t* pos, int64_t pos_last,
+                  void* scratch, cudaStream_t s) {
+    static const bool on = [] {
+        const char* e = std::getenv("CERA_CUDA_ARGMAX_SPLIT");  // 0: one block per row always
+        return !(e && e[0] == '0');
+    }();
+    const int64_t blocks = ceil_div(n, int64_t(kSplitThreads) * kSplitItems);
+    if (!on || !scratch || n < kSplitMinN || blocks > kArgmaxSplitBlocks) return false;
+    auto* part_v = static_cast<float*>(scratch);
+    auto* part_i = reinterpret_cast<int*>(part_v + kArgmaxSplitBlocks);
+    auto* counter = reinterpret_cast<unsigned*>(part_i + kArgmaxSplitBlocks);
+    launch(argmax_split_kernel, dim3(unsigned(blocks)), dim3(kSplitThreads), 0, s, x, n, out, ids, pos, pos_last,
+           part_v, part_i, counter);
+    return true;
+}
+
 }  // namespace
 
-void argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, Stream stream) {
+void argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, Stream stream, void* scratch) {
     if (debug_skip("argmax")) return;
     if (rows == 0) return;
     CERA_CHECK(n > 0 && n < INT_MAX && rows < INT_MAX, "argmax_rows: %lld rows of %lld", (long long)rows,
                (long long)n);
+    if (rows == 1 && split_launch(x, n, out, nullptr, nullptr, 0, scratch, as_stream(stream))) return;
     launch(argmax_rows_kernel, dim3(unsigned(rows)), dim3(kThreads), 0, as_stream(stream), x, n, out,
            static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr), int64_t(0));
 }
 
-void argmax_feed(const float* x, int64_t n, int32_t* out, int32_t* ids, int32_t* pos, int64_t pos_last, Stream stream) {
+void argmax_feed(const float* x, int64_t n, int32_t* out, int32_t* ids, int32_t* pos, int64_t pos_last, Stream stream,
+                 void* scratch) {
     if (debug_skip("argmax")) return;
     CERA_CHECK(n > 0 && n < INT_MAX && ids && pos && pos_last >= 0, "argmax_feed: a row of %lld", (long long)n);
+    if (split_launch(x, n, out, ids, pos, pos_last, scratch, as_stream(stream))) return;
     launch(argmax_rows_kernel, dim3(1), dim3(kThreads), 0, as_stream(stream), x, n, out, ids, pos, pos_last);
 }
 

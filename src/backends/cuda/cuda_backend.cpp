@@ -61,7 +61,7 @@ struct WeightInfo {
 // Scratch buffers. kXq / kXq2: 8-bit activations quantized for a GEMV; kXqA / kXqB: 8-bit rows
 // written by the op that produces a GEMV's input (alternating, so a kernel never writes the rows
 // it reads).
-enum Slot { kXq, kXq2, kXqA, kXqB, kW16, kX16, kAttn, kMoeG, kMoeU, kMoeY, kMoeR, kSlots };
+enum Slot { kXq, kXq2, kXqA, kXqB, kW16, kX16, kAttn, kMoeG, kMoeU, kMoeY, kMoeR, kArgmax, kSlots };
 constexpr int kQ8Slots = 4;  // kXq .. kXqB
 
 class CudaBackend final : public Backend {
@@ -562,7 +562,8 @@ class CudaBackend final : public Backend {
         CERA_CHECK(x.type == GgmlType::kF32 && out.type == GgmlType::kI32 && out.n_elements() >= x.rows(),
                    "argmax: f32 rows in, one i32 per row out");
         if (rec_) rec_->argmax(x.as<const float>(), x.rows(), x.ne[0], out.as<int32_t>());
-        cuda::argmax_rows(x.as<const float>(), x.rows(), x.ne[0], out.as<int32_t>(), stream_);
+        cuda::argmax_rows(x.as<const float>(), x.rows(), x.ne[0], out.as<int32_t>(), stream_,
+                          x.rows() == 1 ? scratch(kArgmax, cuda::kArgmaxScratchBytes) : nullptr);
     }
 
     void argmax_feed(const Tensor& x, const Tensor& out, const Tensor& ids, const Tensor& pos) override {
@@ -573,7 +574,7 @@ class CudaBackend final : public Backend {
                    "argmax_feed: one f32 row in; i32 out, ids and positions");
         if (rec_) rec_->unsupported("argmax_feed");
         cuda::argmax_feed(x.as<const float>(), x.ne[0], out.as<int32_t>(), ids.as<int32_t>(), pos.as<int32_t>(),
-                          pos.n_elements() - 1, stream_);
+                          pos.n_elements() - 1, stream_, scratch(kArgmax, cuda::kArgmaxScratchBytes));
     }
 
     void moe_route(const Tensor& logits, const Tensor& bias, const MoeParams& p, const Tensor& ids,
