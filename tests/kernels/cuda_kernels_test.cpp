@@ -106,6 +106,20 @@ class CudaBackendTest : public ::testing::Test {
         be.read(v.data(), t, v.size() * 4);
         return v;
     }
+    // Random K / V rows at positions 0 .. n_pos - 1 of both backends' caches, through kv_store, in
+    // chunks of up to 512 positions.
+    void fill_kv(const Pair& kc, const Pair& vc, int64_t width, int64_t n_pos) {
+        for (int64_t p0 = 0; p0 < n_pos; p0 += 512) {
+            const int64_t n = std::min<int64_t>(512, n_pos - p0);
+            std::vector<int32_t> pos(static_cast<size_t>(n));
+            for (int64_t i = 0; i < n; ++i) pos[size_t(i)] = int32_t(p0 + i);
+            auto k = both({width, n}, randn(size_t(n * width), rng_));
+            auto v = both({width, n}, randn(size_t(n * width), rng_));
+            auto pp = both(GgmlType::kI32, {n}, pos.data());
+            gpu_->kv_store(k.g, v.g, pp.g, kc.g, vc.g);
+            cpu_->kv_store(k.c, v.c, pp.c, kc.c, vc.c);
+        }
+    }
     // max |gpu - cpu| over max(1, max |cpu|)
     double rel_diff(const Pair& p) {
         const auto a = get(p.g, *gpu_), b = get(p.c, *cpu_);
@@ -485,17 +499,7 @@ TEST_F(CudaBackendTest, KvStoreAndAttention) {
         const int64_t width = int64_t(c.n_head_kv) * c.head_dim;
         auto kc = both(c.kv, {width, c.n_ctx}, nullptr);
         auto vc = both(c.kv, {width, c.n_ctx}, nullptr);
-        // Fill the whole cache through kv_store, in chunks of up to 512 positions.
-        for (int64_t p0 = 0; p0 < c.n_ctx; p0 += 512) {
-            const int64_t n = std::min<int64_t>(512, c.n_ctx - p0);
-            std::vector<int32_t> pos(static_cast<size_t>(n));
-            for (int64_t i = 0; i < n; ++i) pos[size_t(i)] = int32_t(p0 + i);
-            auto k = both({width, n}, randn(size_t(n * width), rng_));
-            auto v = both({width, n}, randn(size_t(n * width), rng_));
-            auto pp = both(GgmlType::kI32, {n}, pos.data());
-            gpu_->kv_store(k.g, v.g, pp.g, kc.g, vc.g);
-            cpu_->kv_store(k.c, v.c, pp.c, kc.c, vc.c);
-        }
+        fill_kv(kc, vc, width, c.n_ctx);  // the whole cache
         AttentionParams ap;
         ap.n_head = c.n_head, ap.n_head_kv = c.n_head_kv, ap.head_dim = c.head_dim;
         ap.scale = 1.0f / std::sqrt(float(c.head_dim));
@@ -550,16 +554,7 @@ TEST_F(CudaBackendTest, DecodeStepRopeStoreAttention) {
         auto kc = both(c.kv, {width, c.n_ctx}, nullptr);
         auto vc = both(c.kv, {width, c.n_ctx}, nullptr);
         const int64_t fill = c.n_ctx - 8;
-        for (int64_t p0 = 0; p0 < fill; p0 += 512) {
-            const int64_t n = std::min<int64_t>(512, fill - p0);
-            std::vector<int32_t> pos(static_cast<size_t>(n));
-            for (int64_t i = 0; i < n; ++i) pos[size_t(i)] = int32_t(p0 + i);
-            auto k = both({width, n}, randn(size_t(n * width), rng_));
-            auto v = both({width, n}, randn(size_t(n * width), rng_));
-            auto pp = both(GgmlType::kI32, {n}, pos.data());
-            gpu_->kv_store(k.g, v.g, pp.g, kc.g, vc.g);
-            cpu_->kv_store(k.c, v.c, pp.c, kc.c, vc.c);
-        }
+        fill_kv(kc, vc, width, fill);
         RopeParams rope;
         rope.mode = c.mode, rope.n_rot = c.head_dim, rope.freq_base = 10000.0f;
         AttentionParams ap;
