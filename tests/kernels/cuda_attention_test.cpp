@@ -1,0 +1,280 @@
+// The CUDA attention path against the CPU backend: per-head norm + RoPE, the KV store, decode and
+// prefill attention (decode kernel, tiles, tensor cores), and one-token decode steps as the models issue
+// them. Skips when no CUDA device is present.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "core/fp16.h"
+#include "kernels/cuda_fixture.h"
+#include "test_util.h"
+
+namespace cera {
+namespace {
+
+TEST_F(CudaBackendTest, NormRope) {
+    struct C {
+        RopeMode mode;
+        int n_head, head_dim, n_rot;
+        bool norm, factors;
+    };
+    for (const C& c : {C{RopeMode::kNeox, 4, 64, 64, true, false}, C{RopeMode::kNorm, 3, 128, 128, false, false},
+                       C{RopeMode::kNeox, 2, 80, 32, true, true}, C{RopeMode::kNorm, 5, 64, 48, true, false},
+                       C{RopeMode::kNone, 2, 64, 0, true, false}}) {
+        const int64_t n_tokens = 6;
+        auto x = both({int64_t(c.n_head) * c.head_dim, n_tokens}, randn(size_t(n_tokens * c.n_head * c.head_dim), rng_));
+        auto nw = both({c.head_dim}, randn(size_t(c.head_dim), rng_));
+        std::vector<float> ffv(static_cast<size_t>(std::max(1, c.n_rot / 2)));
+        for (auto& f : ffv) f = 1.0f + float(rng_() % 8);
+        auto ff = both({int64_t(ffv.size())}, ffv);
+        const std::vector<int32_t> pos = {0, 1, 17, 999, 4095, 123};
+        auto p = both(GgmlType::kI32, {n_tokens}, pos.data());
+        RopeParams rg, rc;
+        rg.mode = rc.mode = c.mode;
+        rg.n_rot = rc.n_rot = c.n_rot;
+        rg.freq_base = rc.freq_base = 1000000.0f;
+        rg.freq_scale = rc.freq_scale = 0.5f;
+        if (c.factors) rg.freq_factors = ff.g, rc.freq_factors = ff.c;
+        gpu_->norm_rope(x.g, c.n_head, c.head_dim, c.norm ? nw.g : Tensor{}, 1e-6f, p.g, rg);
+        cpu_->norm_rope(x.c, c.n_head, c.head_dim, c.norm ? nw.c : Tensor{}, 1e-6f, p.c, rc);
+        EXPECT_LT(rel_diff(x), 2e-5) << "mode " << int(c.mode) << " head_dim " << c.head_dim;
+    }
+}
+
+TEST_F(CudaBackendTest, KvStoreAndAttention) {
+    struct C {
+        int n_head, n_head_kv, head_dim;
+        int64_t n_ctx;
+        GgmlType kv;
+        int window;
+    };
+    for (const C& c : {C{4, 2, 64, 300, GgmlType::kF16, 0}, C{8, 8, 128, 2000, GgmlType::kF32, 0},
+                       C{6, 2, 256, 700, GgmlType::kF16, 0}, C{4, 1, 64, 3000, GgmlType::kF16, 100},
+                       C{2, 2, 72, 64, GgmlType::kF32, 0}, C{8, 8, 64, 9000, GgmlType::kF16, 0},
+                       C{32, 4, 32, 1000, GgmlType::kF32, 0}}) {
+        SCOPED_TRACE("head_dim " + std::to_string(c.head_dim) + " n_ctx " + std::to_string(c.n_ctx));
+        const int64_t width = int64_t(c.n_head_kv) * c.head_dim;
+        auto kc = both(c.kv, {width, c.n_ctx}, nullptr);
+        auto vc = both(c.kv, {width, c.n_ctx}, nullptr);
+        fill_kv(kc, vc, width, c.n_ctx);  // the whole cache
+        AttentionParams ap;
+        ap.n_head = c.n_head, ap.n_head_kv = c.n_head_kv, ap.head_dim = c.head_dim;
+        ap.scale = 1.0f / std::sqrt(float(c.head_dim));
+        ap.sliding_window = c.window;
+        const int64_t last = c.n_ctx - 1;
+        // Decode-sized batches (attention.cu's decode kernel: chunks, splits, the in-kernel merge).
+        std::vector<std::vector<int32_t>> all = {{0}, {int32_t(last)}, {int32_t(last / 2)}, {5, 6, 7},
+                                                 {int32_t(last), 3, int32_t(last / 3)}, {}};
+        for (int64_t p : {int64_t(31), int64_t(32), int64_t(255), int64_t(256), int64_t(257), int64_t(4000)})
+            if (p < c.n_ctx) all.insert(all.begin(), {int32_t(p)});
+        for (int64_t p = std::max<int64_t>(0, last - 36); p <= last; ++p) all.back().push_back(int32_t(p));
+        all.emplace_back();  // 10 queries: the per-query kernel, split over the keys when the cache is long
+        for (int64_t p = std::max<int64_t>(0, last - 9); p <= last; ++p) all.back().push_back(int32_t(p));
+        all.emplace_back();  // a prefill chunk: query tiles over the union of their key ranges
+        for (int64_t p = 0; p < std::min<int64_t>(c.n_ctx, 203); ++p) all.back().push_back(int32_t(p));
+        all.emplace_back();  // scattered positions in one batch
+        for (int64_t i = 0; i < 40; ++i) all.back().push_back(int32_t((i * 37 + 11) % c.n_ctx));
+        for (const auto& pos : all) {
+            const int64_t n = int64_t(pos.size());
+            auto q = both({int64_t(c.n_head) * c.head_dim, n}, randn(size_t(n * c.n_head * c.head_dim), rng_));
+            auto pp = both(GgmlType::kI32, {n}, pos.data());
+            auto out = both({int64_t(c.n_head) * c.head_dim, n}, std::vector<float>(size_t(n * c.n_head * c.head_dim)));
+            gpu_->attention(q.g, kc.g, vc.g, pp.g, ap, out.g);
+            cpu_->attention(q.c, kc.c, vc.c, pp.c, ap, out.c);
+            EXPECT_LT(rel_diff(out), 1e-4) << "n_tokens " << n << " first pos " << pos[0];
+        }
+    }
+}
+
+// One-token decode steps as the models issue them: q / k norm + RoPE, KV store, attention (on CUDA the
+// first three are one launch, norm_rope.cu's qkv_rope_store). The output, the rotated q and k left in
+// their buffers and every cache row match the CPU, for short and long caches (several splits, each
+// walking several chunks), F16 and F32 caches, GQA groups of 1 to 8, with and without the per-head
+// norm, both rotation layouts and a sliding window.
+TEST_F(CudaBackendTest, DecodeStepRopeStoreAttention) {
+    struct C {
+        int n_head, n_head_kv, head_dim;
+        int64_t n_ctx;
+        GgmlType kv;
+        int window;
+        bool norm;
+        RopeMode mode;
+    };
+    for (const C& c : {C{8, 2, 64, 300, GgmlType::kF16, 0, true, RopeMode::kNeox},
+                       C{8, 8, 128, 2000, GgmlType::kF32, 0, false, RopeMode::kNorm},
+                       C{32, 4, 64, 9000, GgmlType::kF16, 0, false, RopeMode::kNeox},
+                       C{4, 1, 64, 3000, GgmlType::kF16, 100, true, RopeMode::kNorm},
+                       C{16, 2, 128, 700, GgmlType::kF16, 0, true, RopeMode::kNeox}}) {
+        SCOPED_TRACE("head_dim " + std::to_string(c.head_dim) + " n_ctx " + std::to_string(c.n_ctx) + " G " +
+                     std::to_string(c.n_head / c.n_head_kv));
+        const int64_t width = int64_t(c.n_head_kv) * c.head_dim, qw = int64_t(c.n_head) * c.head_dim;
+        auto kc = both(c.kv, {width, c.n_ctx}, nullptr);
+        auto vc = both(c.kv, {width, c.n_ctx}, nullptr);
+        const int64_t fill = c.n_ctx - 8;
+        fill_kv(kc, vc, width, fill);
+        RopeParams rope;
+        rope.mode = c.mode, rope.n_rot = c.head_dim, rope.freq_base = 10000.0f;
+        AttentionParams ap;
+        ap.n_head = c.n_head, ap.n_head_kv = c.n_head_kv, ap.head_dim = c.head_dim;
+        ap.scale = 1.0f / std::sqrt(float(c.head_dim));
+        ap.sliding_window = c.window;
+        auto qn = both({c.head_dim}, randn(size_t(c.head_dim), rng_));
+        auto kn = both({c.head_dim}, randn(size_t(c.head_dim), rng_));
+        for (int64_t p = fill; p < c.n_ctx; ++p) {  // eight steps, each after the one before
+            const int32_t pos = int32_t(p);
+            auto q = both({qw, 1}, randn(size_t(qw), rng_));
+            auto k = both({width, 1}, randn(size_t(width), rng_));
+            auto v = both({width, 1}, randn(size_t(width), rng_));
+            auto pp = both(GgmlType::kI32, {1}, &pos);
+            auto out = both({qw, 1}, std::vector<float>(size_t(qw)));
+            for (Backend* be : {gpu_.get(), cpu_.get()}) {
+                const bool g = be == gpu_.get();
+                auto T = [&](const Pair& x) { return g ? x.g : x.c; };
+                be->norm_rope(T(q), c.n_head, c.head_dim, c.norm ? T(qn) : Tensor{}, 1e-6f, T(pp), rope);
+                be->norm_rope(T(k), c.n_head_kv, c.head_dim, c.norm ? T(kn) : Tensor{}, 1e-6f, T(pp), rope);
+                be->kv_store(T(k), T(v), T(pp), T(kc), T(vc));
+                be->attention(T(q), T(kc), T(vc), T(pp), ap, T(out));
+            }
+            EXPECT_LT(rel_diff(out), 1e-4) << "out, pos " << pos;
+            EXPECT_LT(rel_diff(q), 1e-5) << "rotated q, pos " << pos;
+            EXPECT_LT(rel_diff(k), 1e-5) << "rotated k, pos " << pos;
+        }
+        // Every cache row, the eight new ones included.
+        for (Pair* cache : {&kc, &vc}) {
+            std::vector<float> a(static_cast<size_t>(width * c.n_ctx)), b(a.size());
+            if (c.kv == GgmlType::kF16) {
+                std::vector<uint16_t> ha(a.size()), hb(a.size());
+                gpu_->read(ha.data(), cache->g, ha.size() * 2);
+                cpu_->read(hb.data(), cache->c, hb.size() * 2);
+                for (size_t i = 0; i < a.size(); ++i) a[i] = fp16_to_fp32(ha[i]), b[i] = fp16_to_fp32(hb[i]);
+            } else {
+                gpu_->read(a.data(), cache->g, a.size() * 4);
+                cpu_->read(b.data(), cache->c, b.size() * 4);
+            }
+            double err = 0;
+            for (size_t i = 0; i < a.size(); ++i) err = std::max(err, double(std::fabs(a[i] - b[i])));
+            EXPECT_LT(err, c.kv == GgmlType::kF16 ? 8e-3 : 1e-5) << (cache == &kc ? "k cache" : "v cache");
+        }
+    }
+}
+
+// Prefill batches on an F16 cache take the tensor-core kernel (attention.cu, CERA_CUDA_ATTN_MMA).
+// By default Q and P go to the tensor cores as f16 hi + lo pairs, so the result matches the CPU
+// reference to ~1e-6 (bound 1e-4, as the f32 kernels); with CERA_CUDA_ATTN_MMA=f16 (plain f16 Q and
+// P, f32 accumulate) the expected error is ~1e-3 relative to max(1, max |out|) (bound 4e-3).
+TEST_F(CudaBackendTest, FlashAttentionMatchesReference) {
+    const char* mode = std::getenv("CERA_CUDA_ATTN_MMA");
+    const double tol = mode && mode[0] == 'f' ? 4e-3 : 1e-4;
+    struct C {
+        int n_head, n_head_kv, head_dim;
+    };
+    const int64_t n_ctx = 1400;
+    for (const C& c : {C{4, 4, 64}, C{8, 2, 64}, C{4, 4, 128}, C{8, 2, 128}}) {
+        SCOPED_TRACE("n_head " + std::to_string(c.n_head) + " n_head_kv " + std::to_string(c.n_head_kv) +
+                     " head_dim " + std::to_string(c.head_dim));
+        const int64_t width = int64_t(c.n_head_kv) * c.head_dim;
+        auto kc = both(GgmlType::kF16, {width, n_ctx}, nullptr);
+        auto vc = both(GgmlType::kF16, {width, n_ctx}, nullptr);
+        {
+            std::vector<int32_t> pos(static_cast<size_t>(n_ctx));
+            for (int64_t i = 0; i < n_ctx; ++i) pos[size_t(i)] = int32_t(i);
+            auto k = both({width, n_ctx}, randn(size_t(n_ctx * width), rng_));
+            auto v = both({width, n_ctx}, randn(size_t(n_ctx * width), rng_));
+            auto pp = both(GgmlType::kI32, {n_ctx}, pos.data());
+            gpu_->kv_store(k.g, v.g, pp.g, kc.g, vc.g);
+            cpu_->kv_store(k.c, v.c, pp.c, kc.c, vc.c);
+        }
+        struct B {
+            std::vector<int32_t> pos;
+            int window;
+            std::string what;
+        };
+        std::vector<B> batches;
+        for (int start : {0, 300})
+            for (int n : {16, 17, 64, 203, 1000}) {  // 16 over 1400 keys: split-K (attn_splits)
+                B b{{}, 0, "start " + std::to_string(start) + " n " + std::to_string(n)};
+                for (int i = 0; i < n; ++i) b.pos.push_back(start + i);
+                batches.push_back(b);
+            }
+        for (int n : {203, 1000}) {  // sliding window of 100 over a prefix of 300
+            B b{{}, 100, "window 100, start 300 n " + std::to_string(n)};
+            for (int i = 0; i < n; ++i) b.pos.push_back(300 + i);
+            batches.push_back(b);
+        }
+        {
+            B b{{}, 0, "scattered 64"};
+            for (int i = 0; i < 64; ++i) b.pos.push_back(int32_t((i * 37 + 11) % n_ctx));
+            batches.push_back(b);
+            B r{{}, 0, "descending 203, repeats"};
+            for (int i = 0; i < 203; ++i) r.pos.push_back(int32_t(1399 - 6 * (i / 2)));
+            batches.push_back(r);
+            B w{{}, 50, "scattered 100, window 50"};
+            for (int i = 0; i < 100; ++i) w.pos.push_back(int32_t((i * 211 + 5) % n_ctx));
+            batches.push_back(w);
+        }
+        for (const B& b : batches) {
+            AttentionParams ap;
+            ap.n_head = c.n_head, ap.n_head_kv = c.n_head_kv, ap.head_dim = c.head_dim;
+            ap.scale = 1.0f / std::sqrt(float(c.head_dim));
+            ap.sliding_window = b.window;
+            const int64_t n = int64_t(b.pos.size()), qw = int64_t(c.n_head) * c.head_dim;
+            auto q = both({qw, n}, randn(size_t(n * qw), rng_));
+            auto pp = both(GgmlType::kI32, {n}, b.pos.data());
+            auto out = both({qw, n}, std::vector<float>(size_t(n * qw)));
+            gpu_->attention(q.g, kc.g, vc.g, pp.g, ap, out.g);
+            cpu_->attention(q.c, kc.c, vc.c, pp.c, ap, out.c);
+            const double err = rel_diff(out);
+            EXPECT_LT(err, tol) << b.what;
+            if (c.n_head == 8 && c.head_dim == 64 && b.pos.size() == 1000 && b.window == 0)
+                std::printf("  [attention] n_head 8/2 hd 64 %s: rel err %.2e\n", b.what.c_str(), err);
+        }
+    }
+}
+
+// Time of one prefill attention call (CERA_TEST_ATTN_TIMING=1; A/B with CERA_CUDA_ATTN_MMA=0 / f16):
+// 2048 consecutive positions from 0, F16 cache, llama-1b shape (32 / 8 heads, head_dim 64) and 128.
+TEST_F(CudaBackendTest, PrefillAttentionTiming) {
+    const char* on = std::getenv("CERA_TEST_ATTN_TIMING");
+    if (!(on && on[0] == '1')) GTEST_SKIP() << "CERA_TEST_ATTN_TIMING=1 to run";
+    const char* mode = std::getenv("CERA_CUDA_ATTN_MMA");
+    for (const int hd : {64, 128}) {
+        const int n_head = 32, n_head_kv = 8;
+        const int64_t n = 2048, width = int64_t(n_head_kv) * hd, qw = int64_t(n_head) * hd;
+        Tensor kc = gpu_->alloc(GgmlType::kF16, {width, n}), vc = gpu_->alloc(GgmlType::kF16, {width, n});
+        std::vector<int32_t> pos(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) pos[size_t(i)] = int32_t(i);
+        Tensor k = gpu_->alloc(GgmlType::kF32, {width, n}), v = gpu_->alloc(GgmlType::kF32, {width, n});
+        Tensor pp = gpu_->alloc(GgmlType::kI32, {n}), q = gpu_->alloc(GgmlType::kF32, {qw, n});
+        Tensor out = gpu_->alloc(GgmlType::kF32, {qw, n});
+        const auto kv = randn(size_t(n * width), rng_), qv = randn(size_t(n * qw), rng_);
+        gpu_->write(k, kv.data(), kv.size() * 4);
+        gpu_->write(v, kv.data(), kv.size() * 4);
+        gpu_->write(q, qv.data(), qv.size() * 4);
+        gpu_->write(pp, pos.data(), pos.size() * 4);
+        gpu_->kv_store(k, v, pp, kc, vc);
+        AttentionParams ap;
+        ap.n_head = n_head, ap.n_head_kv = n_head_kv, ap.head_dim = hd, ap.scale = 1.0f / std::sqrt(float(hd));
+        for (int i = 0; i < 3; ++i) gpu_->attention(q, kc, vc, pp, ap, out);
+        gpu_->synchronize();
+        const int reps = 20;
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < reps; ++i) gpu_->attention(q, kc, vc, pp, ap, out);
+        gpu_->synchronize();
+        const double us =
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+        const double flops = 4.0 * hd * n_head * double(n) * double(n + 1) / 2;  // QK^T and PV, causal
+        std::printf("  [attention timing] CERA_CUDA_ATTN_MMA=%s n_tokens 2048, 32/8 heads, head_dim %d: %.1f us "
+                    "per call (%.1f TFLOP/s)\n", mode ? mode : "(unset)", hd, us, flops / us * 1e-6);
+        for (Tensor* t : {&kc, &vc, &k, &v, &pp, &q, &out}) gpu_->free(*t);
+    }
+}
+
+}  // namespace
+}  // namespace cera
