@@ -302,7 +302,8 @@ class CudaBackend final : public Backend {
             if (profile_) profile_replay_begin();
             if (g.prog) {
                 cuda::decode_program_launch(g.prog->p, stream_);
-                if (g.prog->p.prof && ++g.prog->replays == 50) print_program_profile(*g.prog);
+                if (g.prog->p.prof && ++g.prog->replays == 50)
+                    cuda::print_decode_program_profile(*g.prog, stream_, device_);
             } else {
                 CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
             }
@@ -334,7 +335,7 @@ class CudaBackend final : public Backend {
         Graph& g = graphs_[capture_key_];
         g.exec = exec;
         if (rec_) {
-            g.prog = make_program(*rec_);
+            g.prog = cuda::make_decode_program(*rec_, stream_, profile_);
             rec_.reset();
         }
         // The captured ops have not run yet.
@@ -637,100 +638,11 @@ class CudaBackend final : public Backend {
 
    private:
     // A decode program and the device memory it owns.
-    struct Program {
-        cuda::MxProgram p;
-        std::vector<void*> owned;
-        std::vector<int> kinds;  // profiling: kind * 2 + barrier per phase
-        int replays = 0;
-        ~Program() {
-            for (void* q : owned) cudaFree(q);
-        }
-    };
     struct Graph {
         int seen = 0;
         cudaGraphExec_t exec = nullptr;
-        std::unique_ptr<Program> prog;  // run instead of exec when present
+        std::unique_ptr<cuda::DecodeProgram> prog;  // run instead of exec when present
     };
-
-    // CERA_CUDA_PROFILE=1 CERA_CUDA_MX_PROF=1: where one decode program replay spent its time, per
-    // phase kind: the mean over blocks of the wait at the barrier before it and of its work, in us at
-    // the SM clock (the slowest block's work in brackets).
-    void print_program_profile(const Program& prog) {
-        const int grid = prog.p.grid, n = prog.p.n_phases;
-        std::vector<long long> t(size_t(n + 2) * grid * 2);
-        CUDA_CHECK(cudaStreamSynchronize(stream_));
-        CUDA_CHECK(cudaMemcpy(t.data(), prog.p.prof, t.size() * sizeof(long long), cudaMemcpyDeviceToHost));
-        int khz = 0;
-        CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device_));
-        const double mhz = khz / 1000.0;
-        std::map<int, std::array<double, 4>> by;  // count, wait, work, max work
-        double tw = 0, tk = 0;
-        for (int i = 0; i < n; ++i) {
-            double w = 0, k = 0, mx = 0;
-            for (int b = 0; b < grid; ++b) {
-                w += double(t[(size_t(i) * grid + b) * 2]), k += double(t[(size_t(i) * grid + b) * 2 + 1]);
-                mx = std::max(mx, double(t[(size_t(i) * grid + b) * 2 + 1]));
-            }
-            auto& e = by[prog.kinds[size_t(i)]];
-            e[0] += 1, e[1] += w / grid / mhz, e[2] += k / grid / mhz, e[3] += mx / mhz;
-            tw += w / grid / mhz, tk += k / grid / mhz;
-        }
-        for (auto& [key, e] : by)
-            std::fprintf(stderr, "mx kind %2d barrier %d: %3.0f phases, wait %7.1f us, work %7.1f us (max %7.1f)\n",
-                         key / 2, key % 2, e[0], e[1], e[2], e[3]);
-        double e[4] = {0, 0, 0, 0};
-        for (int b = 0; b < grid; ++b)
-            for (int j = 0; j < 4; ++j) e[j] += double(t[size_t(n) * grid * 2 + size_t(b) * 4 + j]);
-        std::fprintf(stderr,
-                     "mx total: wait %.1f us, work %.1f us; matmul prologues %.1f us (input loads %.1f), waits for "
-                     "weights %.1f us, row dots %.1f us\n",
-                     tw, tk, e[0] / grid / mhz, e[2] / grid / mhz, e[1] / grid / mhz, e[3] / grid / mhz);
-    }
-
-    // The recorded step as a decode program, or null (CERA_CUDA_PROFILE=1 says why).
-    std::unique_ptr<Program> make_program(cuda::DecodeRecorder& rec) {
-        const int grid = cuda::decode_program_grid();
-        std::vector<cuda::MxPhase> phases;
-        if (!rec.build(grid, phases)) {
-            if (profile_) std::fprintf(stderr, "cuda: step not run as a decode program: %s\n", rec.why().c_str());
-            return nullptr;
-        }
-        auto prog = std::make_unique<Program>();
-        auto dev = [&](size_t bytes) {
-            void* q = nullptr;
-            CUDA_CHECK(cudaMalloc(&q, std::max<size_t>(bytes, 16)));
-            CUDA_CHECK(cudaMemsetAsync(q, 0, std::max<size_t>(bytes, 16), stream_));
-            prog->owned.push_back(q);
-            return q;
-        };
-        float* partial = rec.partial_floats() ? static_cast<float*>(dev(rec.partial_floats() * sizeof(float))) : nullptr;
-        auto* key = static_cast<unsigned long long*>(dev(sizeof(unsigned long long)));
-        int barriers = 0;
-        for (cuda::MxPhase& ph : phases) {
-            if (ph.kind == cuda::MxKind::kAttn || ph.kind == cuda::MxKind::kAttnCombine) ph.partial = partial;
-            if (ph.argmax_key) ph.argmax_key = key;
-            barriers += ph.barrier;
-        }
-        auto* d_phases = static_cast<cuda::MxPhase*>(dev(phases.size() * sizeof(cuda::MxPhase)));
-        CUDA_CHECK(cudaMemcpyAsync(d_phases, phases.data(), phases.size() * sizeof(cuda::MxPhase),
-                                   cudaMemcpyHostToDevice, stream_));
-        CUDA_CHECK(cudaStreamSynchronize(stream_));  // `phases` is pageable and goes out of scope
-        prog->p.phases = d_phases;
-        prog->p.n_phases = int32_t(phases.size());
-        prog->p.sync = static_cast<unsigned*>(dev(cuda::kMxSyncWords * sizeof(unsigned)));
-        prog->p.grid = grid;
-        prog->p.stages = cuda::mx_stages();
-        prog->p.stage_bytes = cuda::mx_stage_bytes();
-        if (profile_ && std::getenv("CERA_CUDA_MX_PROF")) {
-            prog->p.prof = static_cast<long long*>(dev((phases.size() + 2) * size_t(grid) * 2 * sizeof(long long)));
-            if (const char* d = std::getenv("CERA_CUDA_MX_DEBUG")) prog->p.debug = std::atoi(d);
-            prog->kinds.reserve(phases.size());
-            for (const cuda::MxPhase& ph : phases) prog->kinds.push_back(int(ph.kind) * 2 + ph.barrier);
-        }
-        if (profile_)
-            std::fprintf(stderr, "cuda: decode program of %zu phases, %d grid barriers\n", phases.size(), barriers);
-        return prog;
-    }
     struct Q8Cache {
         bool valid = false;
         const float* src = nullptr;

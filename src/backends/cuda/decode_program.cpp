@@ -1,9 +1,16 @@
 // The decode program builder (decode_program.h).
 #include "backends/cuda/decode_program.h"
 
-#include <algorithm>
-#include <cstring>
+#include <cuda_runtime.h>
 
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+
+#include "backends/cuda/cuda_check.h"
 #include "core/check.h"
 
 namespace cera::cuda {
@@ -463,6 +470,88 @@ bool DecodeRecorder::build(int grid, std::vector<MxPhase>& phases) {
         return false;
     }
     return true;
+}
+
+DecodeProgram::~DecodeProgram() {
+    for (void* q : owned) cudaFree(q);
+}
+
+std::unique_ptr<DecodeProgram> make_decode_program(DecodeRecorder& rec, Stream stream, bool profile) {
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    const int grid = decode_program_grid();
+    std::vector<MxPhase> phases;
+    if (!rec.build(grid, phases)) {
+        if (profile) std::fprintf(stderr, "cuda: step not run as a decode program: %s\n", rec.why().c_str());
+        return nullptr;
+    }
+    auto prog = std::make_unique<DecodeProgram>();
+    auto dev = [&](size_t bytes) {
+        void* q = nullptr;
+        CUDA_CHECK(cudaMalloc(&q, std::max<size_t>(bytes, 16)));
+        CUDA_CHECK(cudaMemsetAsync(q, 0, std::max<size_t>(bytes, 16), st));
+        prog->owned.push_back(q);
+        return q;
+    };
+    float* partial = rec.partial_floats() ? static_cast<float*>(dev(rec.partial_floats() * sizeof(float))) : nullptr;
+    auto* key = static_cast<unsigned long long*>(dev(sizeof(unsigned long long)));
+    int barriers = 0;
+    for (MxPhase& ph : phases) {
+        if (ph.kind == MxKind::kAttn || ph.kind == MxKind::kAttnCombine) ph.partial = partial;
+        if (ph.argmax_key) ph.argmax_key = key;
+        barriers += ph.barrier;
+    }
+    auto* d_phases = static_cast<MxPhase*>(dev(phases.size() * sizeof(MxPhase)));
+    CUDA_CHECK(cudaMemcpyAsync(d_phases, phases.data(), phases.size() * sizeof(MxPhase),
+                               cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));  // `phases` is pageable and goes out of scope
+    prog->p.phases = d_phases;
+    prog->p.n_phases = int32_t(phases.size());
+    prog->p.sync = static_cast<unsigned*>(dev(kMxSyncWords * sizeof(unsigned)));
+    prog->p.grid = grid;
+    prog->p.stages = mx_stages();
+    prog->p.stage_bytes = mx_stage_bytes();
+    if (profile && std::getenv("CERA_CUDA_MX_PROF")) {
+        prog->p.prof = static_cast<long long*>(dev((phases.size() + 2) * size_t(grid) * 2 * sizeof(long long)));
+        if (const char* d = std::getenv("CERA_CUDA_MX_DEBUG")) prog->p.debug = std::atoi(d);
+        prog->kinds.reserve(phases.size());
+        for (const MxPhase& ph : phases) prog->kinds.push_back(int(ph.kind) * 2 + ph.barrier);
+    }
+    if (profile)
+        std::fprintf(stderr, "cuda: decode program of %zu phases, %d grid barriers\n", phases.size(), barriers);
+    return prog;
+}
+
+void print_decode_program_profile(const DecodeProgram& prog, Stream stream, int device) {
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    const int grid = prog.p.grid, n = prog.p.n_phases;
+    std::vector<long long> t(size_t(n + 2) * grid * 2);
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    CUDA_CHECK(cudaMemcpy(t.data(), prog.p.prof, t.size() * sizeof(long long), cudaMemcpyDeviceToHost));
+    int khz = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device));
+    const double mhz = khz / 1000.0;
+    std::map<int, std::array<double, 4>> by;  // count, wait, work, max work
+    double tw = 0, tk = 0;
+    for (int i = 0; i < n; ++i) {
+        double w = 0, k = 0, mx = 0;
+        for (int b = 0; b < grid; ++b) {
+            w += double(t[(size_t(i) * grid + b) * 2]), k += double(t[(size_t(i) * grid + b) * 2 + 1]);
+            mx = std::max(mx, double(t[(size_t(i) * grid + b) * 2 + 1]));
+        }
+        auto& e = by[prog.kinds[size_t(i)]];
+        e[0] += 1, e[1] += w / grid / mhz, e[2] += k / grid / mhz, e[3] += mx / mhz;
+        tw += w / grid / mhz, tk += k / grid / mhz;
+    }
+    for (auto& [key, e] : by)
+        std::fprintf(stderr, "mx kind %2d barrier %d: %3.0f phases, wait %7.1f us, work %7.1f us (max %7.1f)\n",
+                     key / 2, key % 2, e[0], e[1], e[2], e[3]);
+    double e[4] = {0, 0, 0, 0};
+    for (int b = 0; b < grid; ++b)
+        for (int j = 0; j < 4; ++j) e[j] += double(t[size_t(n) * grid * 2 + size_t(b) * 4 + j]);
+    std::fprintf(stderr,
+                 "mx total: wait %.1f us, work %.1f us; matmul prologues %.1f us (input loads %.1f), waits for "
+                 "weights %.1f us, row dots %.1f us\n",
+                 tw, tk, e[0] / grid / mhz, e[2] / grid / mhz, e[1] / grid / mhz, e[3] / grid / mhz);
 }
 
 }  // namespace cera::cuda

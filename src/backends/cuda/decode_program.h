@@ -4,9 +4,11 @@
 // scale, a residual add and an argmax into a matmul's row epilogue, fuses q/k RoPE with the KV
 // store, and places a grid barrier only before a phase that touches memory an earlier phase since
 // the last barrier wrote (or writes memory it read). Any op or shape the program does not cover
-// makes the step fall back to the recorded CUDA graph. Host code only.
+// makes the step fall back to the recorded CUDA graph. Host code only; make_decode_program() uploads
+// the phases and owns the device buffers of a program.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -50,6 +52,25 @@ class DecodeRecorder {
     std::string why_;
     size_t partial_floats_ = 0;
 };
+
+// A recorded step compiled for replay: the device program and the buffers it owns (freed with it).
+struct DecodeProgram {
+    MxProgram p;
+    std::vector<void*> owned;
+    std::vector<int> kinds;  // profiling: kind * 2 + barrier per phase
+    int replays = 0;
+    DecodeProgram() = default;
+    DecodeProgram(const DecodeProgram&) = delete;
+    DecodeProgram& operator=(const DecodeProgram&) = delete;
+    ~DecodeProgram();
+};
+// The recorded step as a decode program for decode_program_grid() blocks, its tables uploaded on
+// `stream`; null when the step has an op the program does not cover (with `profile`, stderr says why).
+std::unique_ptr<DecodeProgram> make_decode_program(DecodeRecorder& rec, Stream stream, bool profile);
+// CERA_CUDA_PROFILE=1 CERA_CUDA_MX_PROF=1: where one replay spent its time, per phase kind: the mean over
+// blocks of the wait at the barrier before it and of its work, in us at the SM clock of `device` (the
+// slowest block's work in brackets). Waits for `stream`.
+void print_decode_program_profile(const DecodeProgram& prog, Stream stream, int device);
 
 // The placeholder build() leaves in MxPhase::argmax_key.
 inline unsigned long long* mx_argmax_placeholder() { return reinterpret_cast<unsigned long long*>(uintptr_t(8)); }
