@@ -24,7 +24,6 @@
 #include <mutex>
 #include <span>
 #include <string>
-
 #include <vector>
 
 #include "backends/top_logits_host.h"
@@ -285,7 +284,6 @@ struct BackendOptions {
 // The arg-max of Backend::argmax on host memory: x f32 [rows, n], out i32 [rows]. The reference for
 // every backend's argmax, and the CPU backend's implementation.
 void argmax_rows_host(const float* x, int64_t rows, int64_t n, int32_t* out);
-
 
 // Throws cera::Error(kDevice) when the device is not available in this build or machine.
 std::unique_ptr<Backend> create_backend(const BackendOptions& opts);

@@ -10,7 +10,9 @@
 // row is one SM's worth of loads (~170 GB/s), so at batch 1 it is launch-latency bound: measured on
 // the H200, back-to-back launches take 3.3 us for n <= 4k, 3.6 us for 50257, 4.3 us for 65536 and
 // 6.8 us for 151936. It replaces a 200 KB-600 KB device-to-host copy plus a host pass over it.
-// argmax_feed: the same kernel also writes the pick and the next position into the next step's inputs,
+// One row of at least 16k entries (a decode step's logits) is split over up to 128 blocks that merge
+// in the last one to finish (argmax_split_kernel), so many SMs read it.
+// argmax_feed: the same kernels also write the pick and the next position into the next step's inputs,
 // so a greedy decode queues that step before the host has seen the pick (ModelState::eval_greedy_ahead).
 #include <climits>
 #include <cstdlib>
@@ -27,6 +29,18 @@ __device__ __forceinline__ void take(float v, int i, float& best, int& bi) {
     if (v > best || (v == best && i < bi)) best = v, bi = i;
 }
 
+// The row's pick from the best (value, index) (every value NaN: 0), and with feed_ids the next step's
+// inputs: feed_ids[0] = the pick, feed_pos[0] = feed_pos[pos_last] + 1.
+__device__ __forceinline__ void write_pick(int bi, int32_t* out, int32_t* feed_ids, int32_t* feed_pos,
+                                           int64_t pos_last) {
+    const int32_t pick = bi == INT_MAX ? 0 : bi;
+    *out = pick;
+    if (feed_ids) {
+        feed_ids[0] = pick;
+        feed_pos[0] = feed_pos[pos_last] + 1;
+    }
+}
+
 __device__ __forceinline__ void warp_argmax(float& best, int& bi) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -36,8 +50,7 @@ __device__ __forceinline__ void warp_argmax(float& best, int& bi) {
     }
 }
 
-// feed_ids / feed_pos (one row only, or null): the pick also goes to feed_ids[0], and feed_pos[0] becomes
-// feed_pos[pos_last] + 1: the next decode step's input, written without the host.
+// feed_ids / feed_pos (one row only, or null): see write_pick.
 __global__ void __launch_bounds__(kThreads) argmax_rows_kernel(const float* __restrict__ x, int64_t n, int32_t* out,
                                                                int32_t* feed_ids, int32_t* feed_pos, int64_t pos_last) {
     pdl_trigger();
@@ -83,14 +96,7 @@ __global__ void __launch_bounds__(kThreads) argmax_rows_kernel(const float* __re
         best = s_best[lane];  // kThreads / 32 == 32 warps: every lane has one
         bi = s_idx[lane];
         warp_argmax(best, bi);
-        if (lane == 0) {
-            const int32_t pick = bi == INT_MAX ? 0 : bi;  // every value NaN: 0
-            out[blockIdx.x] = pick;
-            if (feed_ids) {
-                feed_ids[0] = pick;
-                feed_pos[0] = feed_pos[pos_last] + 1;
-            }
-        }
+        if (lane == 0) write_pick(bi, out + blockIdx.x, feed_ids, feed_pos, pos_last);
     }
 }
 
@@ -138,12 +144,7 @@ __global__ void __launch_bounds__(kSplitThreads) argmax_split_kernel(const float
     for (int b = lane; b < int(gridDim.x); b += 32) take(__ldcg(part_v + b), __ldcg(part_i + b), best, bi);
     warp_argmax(best, bi);
     if (lane == 0) {
-        const int32_t pick = bi == INT_MAX ? 0 : bi;  // every value NaN: 0
-        out[0] = pick;
-        if (feed_ids) {
-            feed_ids[0] = pick;
-            feed_pos[0] = feed_pos[pos_last] + 1;
-        }
+        write_pick(bi, out, feed_ids, feed_pos, pos_last);
         *counter = 0;
     }
 }

@@ -29,8 +29,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <unordered_map>
 #include <tuple>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -257,8 +257,9 @@ class CudaBackend final : public Backend {
     // Each ticket has its pinned slot and an event recorded after its copy, so read_wait() waits for
     // that copy and nothing queued after it.
     int read_async(const Tensor& src, size_t n_bytes) override {
-        if (!pinned_ || capturing_) return Backend::read_async(src, n_bytes);
-        CERA_CHECK(n_bytes <= kAsyncReadMax, "read_async: %zu bytes (at most %zu)", n_bytes, kAsyncReadMax);
+        if (!pinned_) return Backend::read_async(src, n_bytes);  // (then read_wait() is the base's too)
+        CERA_CHECK(!capturing_ && n_bytes <= kAsyncReadMax, "read_async: %zu bytes (at most %zu), outside steps",
+                   n_bytes, kAsyncReadMax);
         flush();
         const int t = async_next_;
         async_next_ = (async_next_ + 1) % kAsyncReads;
@@ -637,7 +638,7 @@ class CudaBackend final : public Backend {
     }
 
    private:
-    // A decode program and the device memory it owns.
+    // A step key: how often it was seen, and once recorded its graph (or decode program).
     struct Graph {
         int seen = 0;
         cudaGraphExec_t exec = nullptr;

@@ -205,8 +205,8 @@ void moe_combine(const float* y, const float* weights, int64_t n_tokens, int k, 
 
 
 // Greedy pick per row (argmax.cu): out[r] = the lowest i holding the largest non-NaN x[r][i], 0 when
-// every value is NaN (Backend::argmax). One block per row; x: f32 [rows, n] (n >= 1), out: i32 [rows]
-// scratch (or null): kArgmaxScratchBytes, zero-filled once, for splitting one long row over blocks.
+// every value is NaN (Backend::argmax). One block per row, or with `scratch` (kArgmaxScratchBytes,
+// zero-filled once) one long row split over blocks; x: f32 [rows, n] (n >= 1), out: i32 [rows]
 constexpr int kArgmaxSplitBlocks = 128;
 constexpr size_t kArgmaxScratchBytes = size_t(kArgmaxSplitBlocks) * 8 + 16;
 void argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, Stream stream, void* scratch = nullptr);
