@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "backends/cuda/attention_decode.h"
 #include "backends/cuda/common.cuh"
 
 namespace cera::cuda {
@@ -57,19 +58,7 @@ __device__ __forceinline__ float block_max(float v, float* red) {
     return warp_max(v);
 }
 
-struct AttnK {
-    const float* q;
-    const void* k;
-    const void* v;
-    const int32_t* pos;
-    int64_t n_ctx, n_tokens;
-    int n_head, n_head_kv, head_dim, n_splits, sliding_window;
-    float scale;
-    float* out;
-    float* partial;
-    int kc;            // decode kernel: keys per chunk
-    uint8_t* out_xq;  // quantize_q8 rows of out (row = n_head * head_dim), or null
-};
+using AttnK = DecodeAttnArgs;
 
 // out[qrow][d] = v, and its 8-bit group when out_xq is set (whole warps cover 32 consecutive d).
 __device__ __forceinline__ void write_out(const AttnK& a, int64_t qrow, int d, float v) {
@@ -571,10 +560,7 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnK a) {
 constexpr int kDecMaxTokens = 8;
 constexpr int kDecMaxItems = 8;  // (head, dim pair) items per thread: G * head_dim <= 2 * 128 * 8
 constexpr int kDecSmem = 96 * 1024;
-// The attention scratch starts with the decode kernel's counters (one int per (token, kv head), at
-// the same place whatever the call's shape, so no call's partials overwrite another's counters);
-// every kernel's partials follow them.
-constexpr int64_t kCounterFloats = 1024;
+constexpr int64_t kCounterFloats = kDecodeCounterFloats;
 
 struct DecPlan {
     bool ok = false;
@@ -894,6 +880,7 @@ void attention(const AttentionArgs& a, Stream stream) {
     if (const DecPlan p = dec_plan(a); p.ok) {
         CERA_CHECK(p.splits == 1 || a.partial != nullptr, "attention: the decode kernel needs its scratch");
         k.n_splits = p.splits, k.kc = p.kc;
+        if (attention_decode_warp(k, a.f16, s)) return;
         if (a.f16) launch_dec<__half>(k, p, s);
         else launch_dec<float>(k, p, s);
         return;

@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels.h"
@@ -28,8 +30,81 @@ __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + 
 // (token ids, positions: no kernel writes them) and of data earlier steps wrote that no other kernel
 // of this step writes (the KV rows below the step's positions) may come before it. A step begins
 // with the copy of its ids and positions on the stream, which waits for all earlier work.
+#ifndef CERA_CUDA_TRACE
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+#else
+// Timeline trace (diagnosis builds only: cmake -DCERA_CUDA_TRACE=ON; trace.cu writes the records).
+// Thread 0 of every block records the global timer where the kernel starts (pdl_trigger, the first
+// statement of every kernel) and where its PDL wait returns, with the kernel's source place (file
+// hash, line) and the block's index, so a replayed step's critical path can be read off: a kernel's
+// share is the time from its wait's release to the next kernel's.
+struct TraceRec {
+    unsigned long long t0, t1;
+    uint32_t file, line_sm, block, grid;
+};
+constexpr uint32_t trace_hash(const char* s) {
+    const char* b = s;
+    for (const char* p = s; *p; ++p)
+        if (*p == '/') b = p + 1;
+    uint32_t h = 2166136261u;
+    for (; *b; ++b) h = (h ^ uint32_t(uint8_t(*b))) * 16777619u;
+    return h;
+}
+namespace {
+__device__ TraceRec* d_trace_buf;  // record 0 holds the counter; set per file by trace_start()
+__device__ unsigned d_trace_cap;
+__device__ __forceinline__ unsigned long long trace_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ TraceRec** trace_slot() {
+    __shared__ TraceRec* slot;
+    return &slot;
+}
+__device__ __forceinline__ void trace_trigger(uint32_t file, uint32_t line) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (threadIdx.x + threadIdx.y + threadIdx.z != 0) return;
+    const unsigned long long t0 = trace_now();
+    TraceRec* buf = d_trace_buf;
+    TraceRec* r = nullptr;
+    if (buf) {
+        const unsigned i = atomicAdd(reinterpret_cast<unsigned*>(buf), 1u) + 1;
+        if (i < d_trace_cap) {
+            r = buf + i;
+            unsigned sm;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+            r->t0 = t0, r->t1 = 0, r->file = file, r->line_sm = line | (sm << 16);
+            r->block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+            r->grid = gridDim.x * gridDim.y * gridDim.z;
+        }
+    }
+    *trace_slot() = r;
+}
+__device__ __forceinline__ void trace_wait() {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (threadIdx.x + threadIdx.y + threadIdx.z != 0) return;
+    if (TraceRec* r = *trace_slot()) r->t1 = trace_now();
+}
+}  // namespace
+#define pdl_trigger() ::cera::cuda::trace_trigger(std::integral_constant<uint32_t, ::cera::cuda::trace_hash(__FILE__)>::value, __LINE__)
+#define pdl_wait() ::cera::cuda::trace_wait()
+// Host: every file's setter (registered at static initialisation) points its copy of d_trace_buf at
+// the buffer.
+using TraceSetter = void (*)(void* buf, unsigned cap);
+inline std::vector<TraceSetter>& trace_setters() {
+    static std::vector<TraceSetter> v;
+    return v;
+}
+namespace {
+void trace_set_this_file(void* buf, unsigned cap) {
+    cudaMemcpyToSymbol(d_trace_buf, &buf, sizeof buf);
+    cudaMemcpyToSymbol(d_trace_cap, &cap, sizeof cap);
+}
+[[maybe_unused]] const bool trace_registered = (trace_setters().push_back(trace_set_this_file), true);
+}  // namespace
+#endif
 
 bool pdl_enabled();  // CERA_CUDA_PDL=0 turns it off
 // Benchmarks only: CERA_CUDA_SKIP=norm,attn,... leaves those launches out, so a decode step's time

@@ -102,11 +102,13 @@ class CudaBackend final : public Backend {
             CUDA_CHECK(cudaEventCreate(&ev_[0]));
             CUDA_CHECK(cudaEventCreate(&ev_[1]));
         }
+        cuda::trace_start();
     }
 
     ~CudaBackend() override {
         cudaSetDevice(device_);
         cudaStreamSynchronize(stream_);
+        cuda::trace_finish();
         if (profile_) {
             profile_replay_begin();
             if (prof_n_ > 0)

@@ -48,6 +48,11 @@ inline bool is_float_type(GgmlType t) { return t == GgmlType::kF32 || t == GgmlT
 inline bool weight_type_supported(GgmlType t) { return is_float_type(t) || quant_layout(t).block_elems > 0; }
 
 // Bytes of the device image of a [rows, k] weight.
+// Kernel timeline trace (trace.cu): nothing unless built with CERA_CUDA_TRACE and run with
+// CERA_CUDA_TRACE_FILE set.
+void trace_start();
+void trace_finish();
+
 size_t weight_image_bytes(GgmlType type, int64_t rows, int64_t k);
 // GGUF bytes (rows of row_size(type, k)) -> device image layout, on the host.
 void make_weight_image(GgmlType type, const void* gguf, int64_t rows, int64_t k, void* image);

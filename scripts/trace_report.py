@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Reads a kernel timeline trace (CERA_CUDA_TRACE build, CERA_CUDA_TRACE_FILE=path) and prints the
+mean critical-path share of every launch of a decode step.
+
+Usage: scripts/trace_report.py TRACE [--skip-steps N] [--steps N]
+
+For each launch of the step, in order: the kernel, its blocks, `chain` = mean time from its PDL wait's
+release (the first block's) to the next launch's (its share of the step), `ahead` = how long its
+first block had been resident before the release, `late` = how long after the release its last
+block started waiting (blocks that were not resident in time)."""
+import glob, os, re, sys
+import numpy as np
+
+def fnv(s):
+    h = 2166136261
+    for c in s.encode():
+        h = ((h ^ c) * 16777619) & 0xffffffff
+    return h
+
+def kernel_names(root):
+    names = {}
+    for p in glob.glob(os.path.join(root, "src/backends/cuda/*.cu")):
+        h = fnv(os.path.basename(p))
+        cur = "?"
+        for i, line in enumerate(open(p), 1):
+            m = re.search(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)", line)
+            if m: cur = m.group(1)
+            if "pdl_trigger()" in line: names[(h, i)] = cur
+    return names
+
+def main():
+    path = sys.argv[1]
+    skip = int(sys.argv[sys.argv.index("--skip-steps") + 1]) if "--skip-steps" in sys.argv else 8
+    nsteps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 64
+    dt = np.dtype([("t0", "<u8"), ("t1", "<u8"), ("file", "<u4"), ("line_sm", "<u4"), ("block", "<u4"), ("grid", "<u4")])
+    r = np.fromfile(path, dtype=dt)[1:]
+    r = r[r["t0"] > 0]
+    names = kernel_names(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    line = r["line_sm"] & 0xffff
+    order = np.argsort(r["t0"], kind="stable")
+    launches = {}  # key -> list of launches (list of record indices)
+    allr = []
+    for i in order:
+        key = (int(r["file"][i]), int(line[i]), int(r["grid"][i]))
+        L = launches.setdefault(key, [])
+        if not L or int(r["block"][i]) in L[-1][1]:
+            L.append(([], set()))
+        L[-1][0].append(i)
+        L[-1][1].add(int(r["block"][i]))
+    rows = []
+    for key, L in launches.items():
+        for idx, _ in L:
+            idx = np.array(idx)
+            t1 = r["t1"][idx].astype(np.int64)
+            t1v = t1[t1 > 0]
+            if len(t1v) == 0: continue
+            rows.append((int(t1v.min()), int(r["t0"][idx].min()), int(t1v.max()), len(idx), key))
+    rows.sort()
+    name = lambda key: names.get((key[0], key[1]), "?%d" % key[1])
+    ends = [i for i, x in enumerate(rows) if "argmax" in name(x[4])]
+    steps = [(ends[j] + 1, ends[j + 1] + 1) for j in range(len(ends) - 1)]
+    if not steps:
+        print("no steps found"); return
+    lens = [b - a for a, b in steps]
+    mode = max(set(lens), key=lens.count)
+    steps = [s for s in steps if s[1] - s[0] == mode][skip:skip + nsteps]
+    print("%d steps of %d launches (modal), %d used" % (len(lens), mode, len(steps)))
+    chain = np.zeros(mode); ahead = np.zeros(mode); late = np.zeros(mode); total = 0.0
+    for a, b in steps:
+        nxt = rows[b][0] if b < len(rows) else None
+        for k in range(mode):
+            t1, t0, t1max, n, key = rows[a + k]
+            t1n = rows[a + k + 1][0] if a + k + 1 < len(rows) else t1
+            chain[k] += (t1n - t1); ahead[k] += (t1 - t0); late[k] += (t1max - t1)
+        total += rows[b - 1 + 1][0] - rows[a][0] if b < len(rows) else 0
+    n = len(steps)
+    print("step (release to release): %.1f us" % (total / n / 1e3))
+    print("%-4s %-28s %7s %7s %7s %7s" % ("#", "kernel", "blocks", "chain", "ahead", "late"))
+    by = {}
+    for k in range(mode):
+        key = rows[steps[0][0] + k][4]
+        nm = name(key)
+        print("%-4d %-28s %7d %7.2f %7.2f %7.2f" % (k, nm[:28], key[2], chain[k] / n / 1e3, ahead[k] / n / 1e3, late[k] / n / 1e3))
+        s = by.setdefault(nm + "/%d" % key[2], [0, 0.0]); s[0] += 1; s[1] += chain[k] / n / 1e3
+    print("\nby kernel (launches, total chain us):")
+    for nm, (c, t) in sorted(by.items(), key=lambda x: -x[1][1]):
+        print("  %-40s %4d %8.1f  (%.2f each)" % (nm, c, t, t / c))
+
+main()

@@ -1,0 +1,286 @@
+// Decode attention with warp-parallel chunks (one to eight queries of a sequence over the KV cache).
+// Idea: at short and middle contexts the one-token attention is a chain of latencies, not of bytes
+// (lfm2-1.2b: 8 kv heads x 4 query heads x 64 dims, ~128 keys: 32 KB of K/V per layer). The kernel it
+// complements (attention.cu, attn_dec_kernel) walked a chunk in three block-wide phases (a key per
+// thread for the scores, a warp per head for the softmax, a (head, dim pair) per thread over all keys
+// for P V), each behind a block barrier and each a long serial loop. Here every warp runs its own
+// flash-attention over a share of the chunk's keys: a pass takes 32 / GP keys (GP = the GQA group
+// rounded up to a power of two), each lane one (key, head) score; the per-head max and sum are
+// shuffles among the lanes of one head; the warp's output rows (G x head_dim, in registers) are
+// rescaled and accumulated from the V rows of the pass. The warps' (m, l, o) merge once in shared
+// memory at the end. Same grid, chunks, splits, prologue (K/V rows below the step's positions copied
+// with cp.async before the PDL wait) and partial layout as attn_dec_kernel, whose plan it takes.
+// Roofline: the K/V bytes (2 KB per position per layer for lfm2-1.2b) are L2/HBM-trivial in decode;
+// the goal is the shortest chain from the wait's release to the output's 8-bit rows.
+#include <cstdint>
+#include <cstdlib>
+
+#include "backends/cuda/attention_decode.h"
+#include "backends/cuda/common.cuh"
+
+namespace cera::cuda {
+namespace {
+
+constexpr int kWarpThreads = 256;
+constexpr int kWarps = kWarpThreads / 32;
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(uint32_t(__cvta_generic_to_shared(dst))), "l"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
+__device__ __forceinline__ void row8(const __half* p, float* v) {
+    const uint4 a = *reinterpret_cast<const uint4*>(p);
+    const __half2* h = reinterpret_cast<const __half2*>(&a);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 f = __half22float2(h[i]);
+        v[2 * i] = f.x, v[2 * i + 1] = f.y;
+    }
+}
+__device__ __forceinline__ void row8(const float* p, float* v) {
+    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ float2 pair(const __half* p) { return __half22float2(*reinterpret_cast<const __half2*>(p)); }
+__device__ __forceinline__ float2 pair(const float* p) { return *reinterpret_cast<const float2*>(p); }
+
+// out[qrow][d] = v, and its 8-bit group (whole warps cover 32 consecutive d).
+__device__ __forceinline__ void put_out(const DecodeAttnArgs& a, int64_t qrow, int d, float v) {
+    a.out[qrow * a.head_dim + d] = v;
+    if (a.out_xq) {
+        const int64_t width = int64_t(a.n_head) * a.head_dim;
+        const int64_t t = qrow / a.n_head, e = (qrow % a.n_head) * a.head_dim + d;
+        warp_quantize_q8(v, a.out_xq + t * q8_row_bytes(width), width, e >> 5);
+    }
+}
+
+// Shared memory: K rows (stride HD * es + 16: 16-byte reads of different rows hit distinct banks),
+// V rows, q [G][HD] (scaled), then (after the key loop, over the K/V area) the warps' m [W][G],
+// l [W][G], o [W][G][HD]; one flag.
+template <class C, int HD, int GP>
+__global__ void __launch_bounds__(kWarpThreads, 1) attn_decw_kernel(const DecodeAttnArgs a) {
+    pdl_trigger();
+    extern __shared__ __align__(16) unsigned char dsm[];
+    constexpr int es = sizeof(C), krow = HD * es + 16, vrow = HD * es, pieces = HD * es / 16;
+    constexpr int P = 32 / GP;   // keys per warp pass
+    constexpr int NP = HD / 64;  // dim pairs per lane: lane owns pairs lane, lane + 32, ...
+    const int hk = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t t = blockIdx.z;
+    const int G = a.n_head / a.n_head_kv, kc = a.kc, S = a.n_splits;
+    const int gl = lane % GP, kl = lane / GP;  // this lane's head and key within a pass
+    unsigned char* k_s = dsm;
+    unsigned char* v_s = k_s + size_t(kc) * krow;
+    float* q_s = reinterpret_cast<float*>(v_s + size_t(kc) * vrow);
+    int* flag_s = reinterpret_cast<int*>(q_s + G * HD);
+    const int64_t kv_width = int64_t(a.n_head_kv) * HD;
+    const unsigned char* kg = static_cast<const unsigned char*>(a.k) + int64_t(hk) * HD * es;
+    const unsigned char* vg = static_cast<const unsigned char*>(a.v) + int64_t(hk) * HD * es;
+
+    int64_t begin, end;
+    attn_key_range(a.pos[t], a.n_ctx, a.sliding_window, begin, end);
+    const int64_t len = max(end - begin, int64_t(0));
+    const int64_t n_chunks = ceil_div(len, kc);
+    const int n_act = int(min(int64_t(S), n_chunks));
+    if (s > 0 && s >= n_act) return;
+    int64_t safe = INT64_MAX;  // rows below every position of this step: written by earlier steps
+    for (int64_t i = 0; i < a.n_tokens; ++i) safe = min(safe, int64_t(a.pos[i]));
+    auto copy_rows = [&](int64_t lo, int n, int64_t from, int64_t to) {
+        const int64_t r0 = max(from, lo) - lo, r1 = min(to, lo + n) - lo;
+        for (int64_t i = r0 * pieces + tid; i < r1 * pieces; i += kWarpThreads) {
+            const int r = int(i / pieces), c16 = int(i - int64_t(r) * pieces);
+            const int64_t off = (lo + r) * kv_width * es + c16 * 16;
+            cp_async16(k_s + r * krow + c16 * 16, kg + off);
+            cp_async16(v_s + r * vrow + c16 * 16, vg + off);
+        }
+        cp_commit();
+    };
+    int64_t c = s, lo = begin + c * kc;
+    int n = int(min(int64_t(kc), end - lo));
+    if (len > 0) copy_rows(lo, n, lo, safe);
+    pdl_wait();
+    const int64_t qrow0 = t * a.n_head + int64_t(hk) * G;
+    if (len == 0) {
+        for (int e = tid; e < G * HD; e += kWarpThreads) put_out(a, qrow0 + e / HD, e % HD, 0.0f);
+        return;
+    }
+    copy_rows(lo, n, safe, lo + n);
+    for (int i = tid; i < G * HD; i += kWarpThreads) q_s[i] = a.q[qrow0 * HD + i] * a.scale;
+
+    // This warp's flash state: m and l of head gl (the same in every lane of that head), o[g][pair].
+    float m = -INFINITY, l = 0.0f;
+    float2 o[GP][NP];
+#pragma unroll
+    for (int g = 0; g < GP; ++g)
+#pragma unroll
+        for (int i = 0; i < NP; ++i) o[g][i] = make_float2(0.0f, 0.0f);
+    const bool head_ok = gl < G;
+    for (;;) {
+        cp_wait_all();
+        __syncthreads();
+        for (int p0 = warp * P; p0 < n; p0 += kWarps * P) {
+            const int j = p0 + kl;
+            const bool live = head_ok && j < n;
+            float sc = -INFINITY;
+            if (live) {
+                const C* kr = reinterpret_cast<const C*>(k_s + j * krow);
+                const float* qg = q_s + gl * HD;
+                float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+                for (int d = 0; d < HD; d += 8) {
+                    float kv[8];
+                    row8(kr + d, kv);
+                    const float4 x0 = *reinterpret_cast<const float4*>(qg + d);
+                    const float4 x1 = *reinterpret_cast<const float4*>(qg + d + 4);
+                    s0 = fmaf(x0.x, kv[0], s0), s1 = fmaf(x0.y, kv[1], s1);
+                    s0 = fmaf(x0.z, kv[2], s0), s1 = fmaf(x0.w, kv[3], s1);
+                    s0 = fmaf(x1.x, kv[4], s0), s1 = fmaf(x1.y, kv[5], s1);
+                    s0 = fmaf(x1.z, kv[6], s0), s1 = fmaf(x1.w, kv[7], s1);
+                }
+                sc = s0 + s1;
+            }
+            float mx = sc;
+#pragma unroll
+            for (int off = GP; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+            const float m_new = fmaxf(m, mx);  // finite for live heads: key p0 is below n
+            const float corr = m == -INFINITY ? 0.0f : __expf(m - m_new);
+            const float pe = live ? __expf(sc - m_new) : 0.0f;
+            float sum = pe;
+#pragma unroll
+            for (int off = GP; off < 32; off <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+            if (head_ok) l = l * corr + sum, m = m_new;
+#pragma unroll
+            for (int g = 0; g < GP; ++g) {
+                const float cg = __shfl_sync(0xffffffffu, corr, g);
+#pragma unroll
+                for (int i = 0; i < NP; ++i) o[g][i].x *= cg, o[g][i].y *= cg;
+            }
+            const int nk = min(P, n - p0);
+#pragma unroll
+            for (int kk = 0; kk < P; ++kk) {
+                if (kk >= nk) break;
+                const C* vr = reinterpret_cast<const C*>(v_s + (p0 + kk) * vrow);
+                float2 v[NP];
+#pragma unroll
+                for (int i = 0; i < NP; ++i) v[i] = pair(vr + 2 * (lane + 32 * i));
+#pragma unroll
+                for (int g = 0; g < GP; ++g) {
+                    const float pg = __shfl_sync(0xffffffffu, pe, kk * GP + g);
+#pragma unroll
+                    for (int i = 0; i < NP; ++i) o[g][i].x = fmaf(pg, v[i].x, o[g][i].x), o[g][i].y = fmaf(pg, v[i].y, o[g][i].y);
+                }
+            }
+        }
+        c += S;
+        if (c >= n_chunks) break;
+        __syncthreads();  // every warp is done with this chunk's rows
+        lo = begin + c * kc;
+        n = int(min(int64_t(kc), end - lo));
+        copy_rows(lo, n, lo, lo + n);
+    }
+    // Merge the warps: m [W][G], l [W][G], o [W][G][HD] over the K/V area.
+    __syncthreads();
+    float* m_s = reinterpret_cast<float*>(dsm);
+    float* l_s = m_s + kWarps * G;
+    float* o_s = l_s + kWarps * G;
+    if (lane < G) m_s[warp * G + lane] = m, l_s[warp * G + lane] = l;  // lane g holds head g (kl = 0)
+#pragma unroll
+    for (int g = 0; g < GP; ++g) {
+        if (g >= G) break;
+#pragma unroll
+        for (int i = 0; i < NP; ++i)
+            *reinterpret_cast<float2*>(&o_s[(warp * G + g) * HD + 2 * (lane + 32 * i)]) = o[g][i];
+    }
+    __syncthreads();
+    const bool single = n_act == 1;
+    const int64_t per = int64_t(G) * (HD + 2);
+    const int64_t group = t * a.n_head_kv + hk;
+    float* base = single ? nullptr : a.partial + kDecodeCounterFloats + group * S * per;
+    float* part = single ? nullptr : base + s * per;
+    for (int e = tid; e < G * HD; e += kWarpThreads) {
+        const int g = e / HD, d = e - g * HD;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) M = fmaxf(M, m_s[w * G + g]);
+        float L = 0.0f, O = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+            const float mw = m_s[w * G + g];
+            if (mw == -INFINITY) continue;
+            const float f = __expf(mw - M);
+            L = fmaf(l_s[w * G + g], f, L);
+            O = fmaf(o_s[(w * G + g) * HD + d], f, O);
+        }
+        if (single) {
+            put_out(a, qrow0 + g, d, L > 0.0f ? O / L : 0.0f);
+        } else {
+            part[g * HD + d] = O;
+            if (d == 0) part[G * HD + g] = M, part[G * HD + G + g] = L;
+        }
+    }
+    if (single) return;
+    // Several splits: the last one to finish merges the (o, m, l) of all of them.
+    __threadfence();
+    __syncthreads();
+    int* counter = reinterpret_cast<int*>(a.partial) + group;
+    if (tid == 0) flag_s[0] = atomicAdd(counter, 1) == n_act - 1;
+    __syncthreads();
+    if (!flag_s[0]) return;
+    __threadfence();
+    for (int e = tid; e < G * HD; e += kWarpThreads) {
+        const int g = e / HD, d = e - g * HD;
+        float M = -INFINITY;
+        for (int j = 0; j < n_act; ++j) M = fmaxf(M, __ldcg(base + j * per + G * HD + g));
+        float L = 0.0f, O = 0.0f;
+        for (int j = 0; j < n_act; ++j) {
+            const float* pj = base + j * per;
+            const float lj = __ldcg(pj + G * HD + G + g);
+            if (lj > 0.0f) {
+                const float w = __expf(__ldcg(pj + G * HD + g) - M);
+                L += lj * w;
+                O += __ldcg(pj + e) * w;
+            }
+        }
+        put_out(a, qrow0 + g, d, L > 0.0f ? O / L : 0.0f);
+    }
+    if (tid == 0) *counter = 0;
+}
+
+template <class C, int HD>
+bool launch_hd(const DecodeAttnArgs& a, dim3 grid, size_t smem, int gp, cudaStream_t s) {
+    switch (gp) {
+#define CERA_GP(N)                                                                         \
+    case N:                                                                                \
+        allow_dynamic_smem<attn_decw_kernel<C, HD, N>>(smem);                              \
+        launch(attn_decw_kernel<C, HD, N>, grid, kWarpThreads, smem, s, a);                \
+        return true;
+        CERA_GP(1) CERA_GP(2) CERA_GP(4) CERA_GP(8)
+#undef CERA_GP
+        default: return false;
+    }
+}
+
+}  // namespace
+
+bool attention_decode_warp(const DecodeAttnArgs& a, bool f16, cudaStream_t s) {
+    static const bool on = [] {
+        const char* e = std::getenv("CERA_CUDA_ATTN_WARP");  // 0: attn_dec_kernel (attention.cu) instead
+        return !(e && e[0] == '0');
+    }();
+    const int hd = a.head_dim, G = a.n_head / a.n_head_kv;
+    int gp = 1;
+    while (gp < G) gp *= 2;
+    if (!on || (hd != 64 && hd != 128) || gp > 8 || gp * hd > 1024 || a.kc < 1) return false;
+    const int es = f16 ? 2 : 4;
+    const size_t kv = size_t(a.kc) * size_t(2 * hd * es + 16);
+    const size_t merge = sizeof(float) * size_t(kWarps) * size_t(G) * size_t(hd + 2);
+    const size_t smem = std::max(kv, merge) + sizeof(float) * size_t(G) * size_t(hd) + 16;
+    if (smem > size_t(device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>())) return false;
+    const dim3 grid(unsigned(a.n_head_kv), unsigned(a.n_splits), unsigned(a.n_tokens));
+    if (f16) return hd == 64 ? launch_hd<__half, 64>(a, grid, smem, gp, s) : launch_hd<__half, 128>(a, grid, smem, gp, s);
+    return hd == 64 ? launch_hd<float, 64>(a, grid, smem, gp, s) : launch_hd<float, 128>(a, grid, smem, gp, s);
+}
+
+}  // namespace cera::cuda
