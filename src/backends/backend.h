@@ -163,6 +163,10 @@ class Backend {
         std::memcpy(host, async_bytes_[ticket], async_n_[ticket]);
     }
     virtual bool asynchronous() const { return false; }
+    // read_async of the pick argmax_feed wrote to `out` (one i32), queued right after the step that fed
+    // it: a backend may deliver it without a copy (CUDA: a mailbox the kernel writes). read_wait() as
+    // for read_async().
+    virtual int read_fed_async(const Tensor& out) { return read_async(out, sizeof(int32_t)); }
 
     // --------------------------------------------------------- decode graphs
     // The model brackets the ops of one step with step_begin(key) / step_end(). A backend that

@@ -131,7 +131,7 @@ class SequenceState final : public ModelState {
         }
         // The pick is in next_id_ (and fed into ids_ / pos_t_ for the next step). Its copy is queued before
         // the step that evaluates it, which runs while the host waits for the copy.
-        const int ticket = be_.read_async(next_id_, sizeof(int32_t));
+        const int ticket = be_.read_fed_async(next_id_);
         if (position_ < n_ctx_) {
             const int row = 1 - held_row_;
             run_fed(row);

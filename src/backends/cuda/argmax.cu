@@ -31,14 +31,25 @@ __device__ __forceinline__ void take(float v, int i, float& best, int& bi) {
 
 // The row's pick from the best (value, index) (every value NaN: 0), and with feed_ids the next step's
 // inputs: feed_ids[0] = the pick, feed_pos[0] = feed_pos[pos_last] + 1.
+// With mail.ring, the pick also goes to the mailbox (kernels.h); seq_before is *mail.seq, read before
+// the PDL wait (the previous step's feed wrote it; nothing in this step does before this kernel).
 __device__ __forceinline__ void write_pick(int bi, int32_t* out, int32_t* feed_ids, int32_t* feed_pos,
-                                           int64_t pos_last) {
+                                           int64_t pos_last, const PickMail& mail, unsigned seq_before) {
     const int32_t pick = bi == INT_MAX ? 0 : bi;
     *out = pick;
     if (feed_ids) {
         feed_ids[0] = pick;
         feed_pos[0] = feed_pos[pos_last] + 1;
     }
+    if (mail.ring) {
+        const unsigned seq = seq_before + 1;
+        *mail.seq = seq;
+        *reinterpret_cast<volatile unsigned long long*>(mail.ring + seq % kPickMailSlots) =
+            (static_cast<unsigned long long>(static_cast<uint32_t>(pick)) << 32) | seq;
+    }
+}
+__device__ __forceinline__ unsigned mail_seq(const PickMail& mail) {
+    return mail.ring && threadIdx.x == 0 ? *mail.seq : 0u;
 }
 
 __device__ __forceinline__ void warp_argmax(float& best, int& bi) {
@@ -52,8 +63,10 @@ __device__ __forceinline__ void warp_argmax(float& best, int& bi) {
 
 // feed_ids / feed_pos (one row only, or null): see write_pick.
 __global__ void __launch_bounds__(kThreads) argmax_rows_kernel(const float* __restrict__ x, int64_t n, int32_t* out,
-                                                               int32_t* feed_ids, int32_t* feed_pos, int64_t pos_last) {
+                                                               int32_t* feed_ids, int32_t* feed_pos, int64_t pos_last,
+                                                               PickMail mail) {
     pdl_trigger();
+    const unsigned seq_before = mail_seq(mail);
     pdl_wait();  // the logits come from the kernel before
     __shared__ float s_best[32];
     __shared__ int s_idx[32];
@@ -96,7 +109,7 @@ __global__ void __launch_bounds__(kThreads) argmax_rows_kernel(const float* __re
         best = s_best[lane];  // kThreads / 32 == 32 warps: every lane has one
         bi = s_idx[lane];
         warp_argmax(best, bi);
-        if (lane == 0) write_pick(bi, out + blockIdx.x, feed_ids, feed_pos, pos_last);
+        if (lane == 0) write_pick(bi, out + blockIdx.x, feed_ids, feed_pos, pos_last, mail, seq_before);
     }
 }
 
@@ -109,8 +122,10 @@ constexpr int kSplitThreads = 256, kSplitItems = 8;
 __global__ void __launch_bounds__(kSplitThreads) argmax_split_kernel(const float* __restrict__ x, int64_t n,
                                                                      int32_t* out, int32_t* feed_ids,
                                                                      int32_t* feed_pos, int64_t pos_last,
-                                                                     float* part_v, int* part_i, unsigned* counter) {
+                                                                     float* part_v, int* part_i, unsigned* counter,
+                                                                     PickMail mail) {
     pdl_trigger();
+    const unsigned seq_before = mail_seq(mail);
     pdl_wait();
     __shared__ float s_best[kSplitThreads / 32];
     __shared__ int s_idx[kSplitThreads / 32];
@@ -144,7 +159,7 @@ __global__ void __launch_bounds__(kSplitThreads) argmax_split_kernel(const float
     for (int b = lane; b < int(gridDim.x); b += 32) take(__ldcg(part_v + b), __ldcg(part_i + b), best, bi);
     warp_argmax(best, bi);
     if (lane == 0) {
-        write_pick(bi, out, feed_ids, feed_pos, pos_last);
+        write_pick(bi, out, feed_ids, feed_pos, pos_last, mail, seq_before);
         *counter = 0;
     }
 }
@@ -152,7 +167,7 @@ __global__ void __launch_bounds__(kSplitThreads) argmax_split_kernel(const float
 // The split kernel for one row of at least kSplitMinN values, when the scratch is there.
 constexpr int64_t kSplitMinN = 16384;
 bool split_launch(const float* x, int64_t n, int32_t* out, int32_t* ids, int32_t* pos, int64_t pos_last,
-                  void* scratch, cudaStream_t s) {
+                  void* scratch, cudaStream_t s, PickMail mail) {
     static const bool on = [] {
         const char* e = std::getenv("CERA_CUDA_ARGMAX_SPLIT");  // 0: one block per row always
         return !(e && e[0] == '0');
@@ -163,7 +178,7 @@ bool split_launch(const float* x, int64_t n, int32_t* out, int32_t* ids, int32_t
     auto* part_i = reinterpret_cast<int*>(part_v + kArgmaxSplitBlocks);
     auto* counter = reinterpret_cast<unsigned*>(part_i + kArgmaxSplitBlocks);
     launch(argmax_split_kernel, dim3(unsigned(blocks)), dim3(kSplitThreads), 0, s, x, n, out, ids, pos, pos_last,
-           part_v, part_i, counter);
+           part_v, part_i, counter, mail);
     return true;
 }
 
@@ -174,17 +189,18 @@ void argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, Stream s
     if (rows == 0) return;
     CERA_CHECK(n > 0 && n < INT_MAX && rows < INT_MAX, "argmax_rows: %lld rows of %lld", (long long)rows,
                (long long)n);
-    if (rows == 1 && split_launch(x, n, out, nullptr, nullptr, 0, scratch, as_stream(stream))) return;
+    if (rows == 1 && split_launch(x, n, out, nullptr, nullptr, 0, scratch, as_stream(stream), PickMail{})) return;
     launch(argmax_rows_kernel, dim3(unsigned(rows)), dim3(kThreads), 0, as_stream(stream), x, n, out,
-           static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr), int64_t(0));
+           static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr), int64_t(0), PickMail{});
 }
 
 void argmax_feed(const float* x, int64_t n, int32_t* out, int32_t* ids, int32_t* pos, int64_t pos_last, Stream stream,
-                 void* scratch) {
+                 void* scratch, PickMail mail) {
     if (debug_skip("argmax")) return;
     CERA_CHECK(n > 0 && n < INT_MAX && ids && pos && pos_last >= 0, "argmax_feed: a row of %lld", (long long)n);
-    if (split_launch(x, n, out, ids, pos, pos_last, scratch, as_stream(stream))) return;
-    launch(argmax_rows_kernel, dim3(1), dim3(kThreads), 0, as_stream(stream), x, n, out, ids, pos, pos_last);
+    CERA_CHECK((mail.ring == nullptr) == (mail.seq == nullptr), "argmax_feed: a mailbox needs its ring and counter");
+    if (split_launch(x, n, out, ids, pos, pos_last, scratch, as_stream(stream), mail)) return;
+    launch(argmax_rows_kernel, dim3(1), dim3(kThreads), 0, as_stream(stream), x, n, out, ids, pos, pos_last, mail);
 }
 
 }  // namespace cera::cuda

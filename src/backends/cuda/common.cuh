@@ -27,9 +27,9 @@ __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + 
 // before it in the stream is still running. Each such kernel calls pdl_trigger() (let the next one
 // launch) and must call pdl_wait() before it reads or writes any memory an earlier kernel touches;
 // only reads of weights (constant during a step), of step inputs the host wrote before the step
-// (token ids, positions: no kernel writes them) and of data earlier steps wrote that no other kernel
-// of this step writes (the KV rows below the step's positions) may come before it. A step begins
-// with the copy of its ids and positions on the stream, which waits for all earlier work.
+// (token ids, positions) and of data earlier steps wrote that no other kernel of this step writes
+// (the KV rows below the step's positions, the short conv's state) may come before it. A step's
+// first kernel is launched without PDL (pdl_skip_next), so it waits for all earlier work.
 #ifndef CERA_CUDA_TRACE
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
@@ -40,7 +40,7 @@ __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;"
 // hash, line) and the block's index, so a replayed step's critical path can be read off: a kernel's
 // share is the time from its wait's release to the next kernel's.
 struct TraceRec {
-    unsigned long long t0, t1;
+    unsigned long long t0, t1, t2;  // block start, PDL wait released, thread 0 done
     uint32_t file, line_sm, block, grid;
 };
 constexpr uint32_t trace_hash(const char* s) {
@@ -75,20 +75,30 @@ __device__ __forceinline__ void trace_trigger(uint32_t file, uint32_t line) {
             r = buf + i;
             unsigned sm;
             asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-            r->t0 = t0, r->t1 = 0, r->file = file, r->line_sm = line | (sm << 16);
+            r->t0 = t0, r->t1 = 0, r->t2 = 0, r->file = file, r->line_sm = line | (sm << 16);
             r->block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
             r->grid = gridDim.x * gridDim.y * gridDim.z;
         }
     }
     *trace_slot() = r;
 }
+// pdl_trigger() declares one of these at the top of every kernel: its destructor marks thread 0's end.
+struct TraceScope {
+    __device__ __forceinline__ TraceScope(uint32_t file, uint32_t line) { trace_trigger(file, line); }
+    __device__ __forceinline__ ~TraceScope() {
+        if (threadIdx.x + threadIdx.y + threadIdx.z != 0) return;
+        if (TraceRec* r = *trace_slot()) r->t2 = trace_now();
+    }
+};
 __device__ __forceinline__ void trace_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     if (threadIdx.x + threadIdx.y + threadIdx.z != 0) return;
     if (TraceRec* r = *trace_slot()) r->t1 = trace_now();
 }
 }  // namespace
-#define pdl_trigger() ::cera::cuda::trace_trigger(std::integral_constant<uint32_t, ::cera::cuda::trace_hash(__FILE__)>::value, __LINE__)
+#define pdl_trigger()                    \
+    ::cera::cuda::TraceScope cera_trace_scope_( \
+        std::integral_constant<uint32_t, ::cera::cuda::trace_hash(__FILE__)>::value, __LINE__)
 #define pdl_wait() ::cera::cuda::trace_wait()
 // Host: every file's setter (registered at static initialisation) points its copy of d_trace_buf at
 // the buffer.
@@ -107,6 +117,12 @@ void trace_set_this_file(void* buf, unsigned cap) {
 #endif
 
 bool pdl_enabled();  // CERA_CUDA_PDL=0 turns it off
+// The next launch() on this thread goes without the PDL attribute: a decode step's first kernel, so
+// that it starts only when everything queued before it (the previous step, possibly a graph that
+// ended in a kernel) has finished, and every kernel of the step may read earlier steps' results
+// before its PDL wait (the rule above).
+// pdl_skip_next() is declared in kernels.h; pdl_take_skip() reads and clears the request.
+bool pdl_take_skip();
 // Benchmarks only: CERA_CUDA_SKIP=norm,attn,... leaves those launches out, so a decode step's time
 // without them can be measured (the results are wrong). Kinds: norm rope attn conv glu allgemv
 // resgemv ingemv lmhead argmax (bench/NOTES.md, "Ablation").
@@ -132,7 +148,8 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaSt
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    const bool skip = pdl_take_skip();
+    cfg.numAttrs = pdl_enabled() && !skip ? 1 : 0;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 

@@ -38,6 +38,8 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/decode_program.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/pick_mail.h"
+#include "backends/cuda/replay_profile.h"
 #include "core/check.h"
 #include "core/quant/quant.h"
 
@@ -98,10 +100,9 @@ class CudaBackend final : public Backend {
         mega_ = mg && std::strcmp(mg, "1") == 0;
         const char* pr = std::getenv("CERA_CUDA_PROFILE");
         profile_ = pr && std::strcmp(pr, "1") == 0;
-        if (profile_) {
-            CUDA_CHECK(cudaEventCreate(&ev_[0]));
-            CUDA_CHECK(cudaEventCreate(&ev_[1]));
-        }
+        if (profile_) replay_prof_ = std::make_unique<cuda::ReplayProfile>();
+        const char* mb = std::getenv("CERA_CUDA_MAILBOX");  // 0: the pick is copied back on the stream
+        mail_ok_ = !(mb && mb[0] == '0') && mail_.init();
         cuda::trace_start();
     }
 
@@ -109,15 +110,7 @@ class CudaBackend final : public Backend {
         cudaSetDevice(device_);
         cudaStreamSynchronize(stream_);
         cuda::trace_finish();
-        if (profile_) {
-            profile_replay_begin();
-            if (prof_n_ > 0)
-                std::fprintf(stderr, "cuda profile: %lld graph replays, GPU %.1f us each; replay-to-replay %.1f us (%lld)\n",
-                             prof_n_, prof_gpu_us_ / double(prof_n_), prof_gap_n_ ? prof_gap_us_ / double(prof_gap_n_) : 0.0,
-                             prof_gap_n_);
-            cudaEventDestroy(ev_[0]);
-            cudaEventDestroy(ev_[1]);
-        }
+        if (replay_prof_) replay_prof_->print(stream_);
         drop_graphs();
         for (auto& [p, w] : weights_) cudaFree(w.image);
         for (auto& [img, p] : w16_) cudaFree(p);
@@ -271,7 +264,18 @@ class CudaBackend final : public Backend {
         async_n_[size_t(t)] = n_bytes;
         return t;
     }
+    int read_fed_async(const Tensor& out) override {
+        const int t = mail_ok_ && !capturing_ ? mail_.ticket(out.data) : -1;
+        if (t < 0) return read_async(out, sizeof(int32_t));
+        flush();
+        return t;
+    }
     void read_wait(int ticket, void* host) override {
+        if (mail_ok_ && mail_.owns(ticket)) {
+            const int32_t pick = mail_.wait(ticket, stream_);
+            std::memcpy(host, &pick, sizeof pick);
+            return;
+        }
         if (!pinned_) return Backend::read_wait(ticket, host);
         CERA_CHECK(ticket >= 0 && ticket < kAsyncReads, "read_wait: ticket %d", ticket);
         CUDA_CHECK(cudaEventSynchronize(async_ev_[size_t(ticket)]));
@@ -299,26 +303,27 @@ class CudaBackend final : public Backend {
         touch();
         next_side_ = false;  // every step with a key uses the same side buffers
         CERA_CHECK(!capturing_, "step_begin inside a step");
-        if (!graphs_enabled_) return false;
+        // The step's first kernel (eager or captured) waits for all the work queued before it.
+        if (!graphs_enabled_) return cuda::pdl_skip_next(), false;
         Graph& g = graphs_[key];
         if (g.exec) {
-            if (profile_) profile_replay_begin();
+            if (replay_prof_) replay_prof_->begin(stream_);
             if (g.prog) {
                 cuda::decode_program_launch(g.prog->p, stream_);
                 if (g.prog->p.prof && ++g.prog->replays == 50)
                     cuda::print_decode_program_profile(*g.prog, stream_, device_);
             } else {
                 CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
+                if (mail_ok_ && g.feed_out) mail_.queued(g.feed_out);
             }
-            if (profile_) {
-                CUDA_CHECK(cudaEventRecord(ev_[1], stream_));
-                ev_pending_ = true;
-            }
+            if (replay_prof_) replay_prof_->end(stream_);
             return true;
         }
+        cuda::pdl_skip_next();
         if (++g.seen >= 2) {
             CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
             capturing_ = true;
+            capture_feed_out_ = nullptr;
             capture_key_ = key;
             if (mega_ && cuda::decode_program_grid() > 0) rec_ = std::make_unique<cuda::DecodeRecorder>();
             else if (mega_ && profile_) std::fprintf(stderr, "cuda: decode programs cannot run on this device\n");
@@ -337,13 +342,18 @@ class CudaBackend final : public Backend {
         CUDA_CHECK(cudaGraphDestroy(graph));
         Graph& g = graphs_[capture_key_];
         g.exec = exec;
+        g.feed_out = capture_feed_out_;
         if (rec_) {
             g.prog = cuda::make_decode_program(*rec_, stream_, profile_);
             rec_.reset();
         }
         // The captured ops have not run yet.
-        if (g.prog) cuda::decode_program_launch(g.prog->p, stream_);
-        else CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+        if (g.prog) {
+            cuda::decode_program_launch(g.prog->p, stream_);
+        } else {
+            CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+            if (mail_ok_ && g.feed_out) mail_.queued(g.feed_out);
+        }
     }
 
     // --------------------------------------------------------------- ops
@@ -578,7 +588,13 @@ class CudaBackend final : public Backend {
                    "argmax_feed: one f32 row in; i32 out, ids and positions");
         if (rec_) rec_->unsupported("argmax_feed");
         cuda::argmax_feed(x.as<const float>(), x.ne[0], out.as<int32_t>(), ids.as<int32_t>(), pos.as<int32_t>(),
-                          pos.n_elements() - 1, stream_, scratch(kArgmax, cuda::kArgmaxScratchBytes));
+                          pos.n_elements() - 1, stream_, scratch(kArgmax, cuda::kArgmaxScratchBytes),
+                          mail_ok_ ? mail_.device() : cuda::PickMail{});
+        if (capturing_) {
+            CERA_CHECK(!capture_feed_out_, "argmax_feed: one per recorded step");
+            capture_feed_out_ = out.data;
+        }
+        else if (mail_ok_) mail_.queued(out.data);
     }
 
     void moe_route(const Tensor& logits, const Tensor& bias, const MoeParams& p, const Tensor& ids,
@@ -645,6 +661,7 @@ class CudaBackend final : public Backend {
         int seen = 0;
         cudaGraphExec_t exec = nullptr;
         std::unique_ptr<cuda::DecodeProgram> prog;  // run instead of exec when present
+        const void* feed_out = nullptr;             // the out tensor of its argmax_feed (the mailbox's count)
     };
     struct Q8Cache {
         bool valid = false;
@@ -742,23 +759,6 @@ class CudaBackend final : public Backend {
         void* buf = scratch(slot, size_t(rows * cuda::q8_row_bytes(k)));
         q8_[slot] = {true, src, rows, k, buf};
         return buf;
-    }
-
-    // CERA_CUDA_PROFILE=1: the GPU time of each graph replay (events around it) and the host time
-    // between consecutive replays (gaps over 5 ms, between runs, are left out); printed at the end.
-    void profile_replay_begin() {
-        const auto now = std::chrono::steady_clock::now();
-        if (ev_pending_) {
-            CUDA_CHECK(cudaEventSynchronize(ev_[1]));
-            float ms = 0.0f;
-            CUDA_CHECK(cudaEventElapsedTime(&ms, ev_[0], ev_[1]));
-            prof_gpu_us_ += 1000.0 * ms, ++prof_n_;
-            const double gap = std::chrono::duration<double, std::micro>(now - prof_last_).count();
-            if (gap < 5000.0) prof_gap_us_ += gap, ++prof_gap_n_;
-            ev_pending_ = false;
-        }
-        prof_last_ = now;
-        CUDA_CHECK(cudaEventRecord(ev_[0], stream_));
     }
 
     // Forgets the recorded graphs (their buffers moved); keys keep their counts, so a key seen
@@ -925,6 +925,9 @@ class CudaBackend final : public Backend {
     int device_;
     cudaDeviceProp props_{};
     cudaStream_t stream_ = nullptr;
+    cuda::PickMailbox mail_;  // the greedy pick without a copy (pick_mail.h)
+    bool mail_ok_ = false;
+    const void* capture_feed_out_ = nullptr;  // the step being captured feeds this tensor
     cublasHandle_t cublas_ = nullptr;
     void* cublas_ws_ = nullptr;
     std::map<uintptr_t, WeightInfo> weights_;
@@ -957,11 +960,7 @@ class CudaBackend final : public Backend {
     bool mega_ = false;  // CERA_CUDA_MEGA=1: decode programs instead of graphs
     std::unique_ptr<cuda::DecodeRecorder> rec_;  // while a step is captured
     bool profile_ = false;
-    cudaEvent_t ev_[2] = {nullptr, nullptr};
-    bool ev_pending_ = false;
-    long long prof_n_ = 0, prof_gap_n_ = 0;
-    double prof_gpu_us_ = 0.0, prof_gap_us_ = 0.0;
-    std::chrono::steady_clock::time_point prof_last_{};
+    std::unique_ptr<cuda::ReplayProfile> replay_prof_;  // with profile_
     uint64_t capture_key_ = 0;
 };
 

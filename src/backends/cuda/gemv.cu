@@ -502,6 +502,16 @@ void quantize_q8(const float* x, int64_t n_rows, int64_t k, int64_t ldx, void* x
            static_cast<uint8_t*>(xq));
 }
 
+namespace {
+thread_local bool t_pdl_skip = false;
+}  // namespace
+void pdl_skip_next() { t_pdl_skip = true; }
+bool pdl_take_skip() {
+    const bool s = t_pdl_skip;
+    t_pdl_skip = false;
+    return s;
+}
+
 bool pdl_enabled() {
     static const bool on = [] {
         const char* e = std::getenv("CERA_CUDA_PDL");
@@ -602,13 +612,16 @@ bool stage_aligned(const GemvArgs& a, int64_t qrow, int64_t mrow) {
 
 // SwiGLU pairs: 64 rows of both matrices per block, else 32 (CERA_CUDA_GLU_ROWS forces either), at
 // most 160 KB a block, and only where the whole grid is resident at once (a second wave measured
-// slower than the register kernel: Q8_0, -8%). Batches of up to 8 tokens. CERA_CUDA_GLU_STAGE=0
-// turns staging off.
+// slower than the register kernel: Q8_0, -8%). Batches of up to 8 tokens. K-quants only by default:
+// with the warp-parallel decode attention, the early 18.9 MB burst of a staged Q4_0 pair slowed the
+// latency-bound kernels running meanwhile more than it saved (lfm2-1.2b Q4_0 -1.5%, llama-1b 0;
+// Q4_K still +2.5%; bench/NOTES.md). CERA_CUDA_GLU_STAGE=0: never; 2: every type that fits.
 StagePlan glu_stage_plan(const GemvArgs& g, const GemvArgs& u) {
-    static const bool on = env_int("CERA_CUDA_GLU_STAGE", 1) != 0;
+    static const int mode = env_int("CERA_CUDA_GLU_STAGE", 1);
     static const int forced = env_int("CERA_CUDA_GLU_ROWS", 0);
     const QuantLayout L = quant_layout(g.w.type);
-    if (!on || L.block_elems == 0 || g.n_y < 1 || g.n_y > 8) return {};
+    if (mode == 0 || L.block_elems == 0 || g.n_y < 1 || g.n_y > 8) return {};
+    if (mode == 1 && L.block_elems != 256) return {};
     const int64_t nb = g.w.k / L.block_elems, qrow = nb * L.q_bytes, mrow = nb * L.m_bytes;
     if (!stage_aligned(g, qrow, mrow) || !stage_aligned(u, qrow, mrow)) return {};
     const int64_t per_row = 2 * (qrow + mrow), per_sm = device_attr<cudaDevAttrMaxSharedMemoryPerMultiprocessor>();

@@ -48,6 +48,10 @@ inline bool is_float_type(GgmlType t) { return t == GgmlType::kF32 || t == GgmlT
 inline bool weight_type_supported(GgmlType t) { return is_float_type(t) || quant_layout(t).block_elems > 0; }
 
 // Bytes of the device image of a [rows, k] weight.
+// The next kernel launched on this thread goes without programmatic dependent launch (a decode
+// step's first kernel: common.cuh).
+void pdl_skip_next();
+
 // Kernel timeline trace (trace.cu): nothing unless built with CERA_CUDA_TRACE and run with
 // CERA_CUDA_TRACE_FILE set.
 void trace_start();
@@ -217,8 +221,15 @@ constexpr size_t kArgmaxScratchBytes = size_t(kArgmaxSplitBlocks) * 8 + 16;
 void argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, Stream stream, void* scratch = nullptr);
 // argmax_rows of one row, the pick fed back as the next step's input: ids[0] = out[0] = the pick,
 // pos[0] = pos[pos_last] + 1 (Backend::argmax_feed).
+// With mail.ring set, the pick is also stored into the mailbox (pick_mail.h): seq = ++*mail.seq,
+// ring[seq % kPickMailSlots] = (pick << 32) | seq, one 8-byte store to host-mapped memory.
+constexpr int kPickMailSlots = 8;
+struct PickMail {
+    unsigned long long* ring = nullptr;
+    unsigned* seq = nullptr;
+};
 void argmax_feed(const float* x, int64_t n, int32_t* out, int32_t* ids, int32_t* pos, int64_t pos_last, Stream stream,
-                 void* scratch = nullptr);
+                 void* scratch = nullptr, PickMail mail = {});
 // Backend::top_logits (top_logits.cu): the best m <= kTopLogitsMax entries of x (f32 [n]) and the
 // values at gather (i32 [n_g] or null); out: i32 [1 + 2 m + n_g] as Backend::top_logits lays it out.
 constexpr int kTopLogitsMax = 1024;
