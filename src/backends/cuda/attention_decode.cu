@@ -8,8 +8,10 @@
 // rounded up to a power of two), each lane one (key, head) score; the per-head max and sum are
 // shuffles among the lanes of one head; the warp's output rows (G x head_dim, in registers) are
 // rescaled and accumulated from the V rows of the pass. The warps' (m, l, o) merge once in shared
-// memory at the end. Same grid, chunks, splits, prologue (K/V rows below the step's positions copied
+// memory at the end. 16 warps a block (8: CERA_CUDA_ATTN_WARPS=8; 16 measured +0.7% lfm2-1.2b, +2.7%
+// llama-1b tg128). Same grid, chunks, splits, prologue (K/V rows below the step's positions copied
 // with cp.async before the PDL wait) and partial layout as attn_dec_kernel, whose plan it takes.
+// Measured (bench/NOTES.md): 11.5 -> 7.2 us a layer on lfm2-1.2b, 8.0 -> 4.4 on llama-1b (8 warps).
 // Roofline: the K/V bytes (2 KB per position per layer for lfm2-1.2b) are L2/HBM-trivial in decode;
 // the goal is the shortest chain from the wait's release to the output's 8-bit rows.
 #include <cstdint>
@@ -21,8 +23,6 @@
 namespace cera::cuda {
 namespace {
 
-constexpr int kWarpThreads = 256;
-constexpr int kWarps = kWarpThreads / 32;
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(uint32_t(__cvta_generic_to_shared(dst))), "l"(src)
@@ -60,8 +60,9 @@ __device__ __forceinline__ void put_out(const DecodeAttnArgs& a, int64_t qrow, i
 // Shared memory: K rows (stride HD * es + 16: 16-byte reads of different rows hit distinct banks),
 // V rows, q [G][HD] (scaled), then (after the key loop, over the K/V area) the warps' m [W][G],
 // l [W][G], o [W][G][HD]; one flag.
-template <class C, int HD, int GP>
-__global__ void __launch_bounds__(kWarpThreads, 1) attn_decw_kernel(const DecodeAttnArgs a) {
+template <class C, int HD, int GP, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeAttnArgs a) {
+    constexpr int kWarpThreads = kWarps * 32;
     pdl_trigger();
     extern __shared__ __align__(16) unsigned char dsm[];
     constexpr int es = sizeof(C), krow = HD * es + 16, vrow = HD * es, pieces = HD * es / 16;
@@ -248,18 +249,22 @@ __global__ void __launch_bounds__(kWarpThreads, 1) attn_decw_kernel(const Decode
     if (tid == 0) *counter = 0;
 }
 
-template <class C, int HD>
-bool launch_hd(const DecodeAttnArgs& a, dim3 grid, size_t smem, int gp, cudaStream_t s) {
+template <class C, int HD, int W>
+bool launch_w(const DecodeAttnArgs& a, dim3 grid, size_t smem, int gp, cudaStream_t s) {
     switch (gp) {
 #define CERA_GP(N)                                                                         \
     case N:                                                                                \
-        allow_dynamic_smem<attn_decw_kernel<C, HD, N>>(smem);                              \
-        launch(attn_decw_kernel<C, HD, N>, grid, kWarpThreads, smem, s, a);                \
+        allow_dynamic_smem<attn_decw_kernel<C, HD, N, W>>(smem);                           \
+        launch(attn_decw_kernel<C, HD, N, W>, grid, W * 32, smem, s, a);                   \
         return true;
         CERA_GP(1) CERA_GP(2) CERA_GP(4) CERA_GP(8)
 #undef CERA_GP
         default: return false;
     }
+}
+template <class C, int HD>
+bool launch_hd(const DecodeAttnArgs& a, dim3 grid, size_t smem, int gp, int warps, cudaStream_t s) {
+    return warps == 16 ? launch_w<C, HD, 16>(a, grid, smem, gp, s) : launch_w<C, HD, 8>(a, grid, smem, gp, s);
 }
 
 }  // namespace
@@ -273,14 +278,20 @@ bool attention_decode_warp(const DecodeAttnArgs& a, bool f16, cudaStream_t s) {
     int gp = 1;
     while (gp < G) gp *= 2;
     if (!on || (hd != 64 && hd != 128) || gp > 8 || gp * hd > 1024 || a.kc < 1) return false;
+    static const int warps = [] {
+        const char* e = std::getenv("CERA_CUDA_ATTN_WARPS");  // 16 (default) or 8 warps a block
+        return e && std::atoi(e) == 8 ? 8 : 16;
+    }();
     const int es = f16 ? 2 : 4;
     const size_t kv = size_t(a.kc) * size_t(2 * hd * es + 16);
-    const size_t merge = sizeof(float) * size_t(kWarps) * size_t(G) * size_t(hd + 2);
+    const size_t merge = sizeof(float) * size_t(warps) * size_t(G) * size_t(hd + 2);
     const size_t smem = std::max(kv, merge) + sizeof(float) * size_t(G) * size_t(hd) + 16;
     if (smem > size_t(device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>())) return false;
     const dim3 grid(unsigned(a.n_head_kv), unsigned(a.n_splits), unsigned(a.n_tokens));
-    if (f16) return hd == 64 ? launch_hd<__half, 64>(a, grid, smem, gp, s) : launch_hd<__half, 128>(a, grid, smem, gp, s);
-    return hd == 64 ? launch_hd<float, 64>(a, grid, smem, gp, s) : launch_hd<float, 128>(a, grid, smem, gp, s);
+    if (f16)
+        return hd == 64 ? launch_hd<__half, 64>(a, grid, smem, gp, warps, s)
+                        : launch_hd<__half, 128>(a, grid, smem, gp, warps, s);
+    return hd == 64 ? launch_hd<float, 64>(a, grid, smem, gp, warps, s) : launch_hd<float, 128>(a, grid, smem, gp, warps, s);
 }
 
 }  // namespace cera::cuda
