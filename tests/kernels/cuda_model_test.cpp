@@ -1,5 +1,6 @@
 // Whole fixture models on the CUDA backend against the CPU backend: prefill logits and greedy tokens,
-// greedy and top-k selection on the device (eval_greedy, eval_top). Skips when no CUDA device is present.
+// greedy and top-k selection on the device (eval_greedy, eval_top), greedy decoding queued ahead
+// (eval_greedy_ahead, the pick mailbox). Skips when no CUDA device is present.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -165,6 +166,39 @@ TEST(CudaModel, EvalGreedyAheadMatchesPlainSteps) {
         }
         same_state(-1);
     }
+}
+
+// Several sequences decoding ahead on one device, interleaved: each pick must come back to its own
+// state (the CUDA backend tracks, per output tensor, the feed whose pick the mailbox holds), also when
+// a state sat out while the others queued enough steps to wrap the mailbox's ring (then the pick is
+// copied back instead). Plain eval_greedy on twin states is the reference.
+TEST(CudaModel, InterleavedAheadStatesKeepTheirPicks) {
+    std::string why;
+    if (cuda_devices(&why).empty()) GTEST_SKIP() << "no CUDA device (" << why << ")";
+    auto [cpu, gpu] = load_fixture_pair("tiny-llama-random");
+    const int64_t n_vocab = gpu->info().n_vocab;
+    constexpr int kStates = 4;
+    std::vector<std::unique_ptr<ModelState>> a, b;
+    std::vector<int32_t> pa(kStates), pb(kStates);
+    for (int i = 0; i < kStates; ++i) {
+        a.push_back(gpu->create_state(96));
+        b.push_back(gpu->create_state(96));
+        std::vector<int32_t> prompt = fixture_prompt(n_vocab);
+        prompt[0] = int32_t((37 * i + 5) % n_vocab);
+        pa[size_t(i)] = a.back()->eval_greedy_ahead(prompt);
+        pb[size_t(i)] = b.back()->eval_greedy(prompt);
+    }
+    for (int round = 0; round < 24; ++round) {
+        for (int k = 0; k < kStates; ++k) {
+            const int i = (3 * round + k) % kStates;
+            if (round % 6 >= 3 && i == round % kStates) continue;  // sits out while the others run ahead
+            ASSERT_EQ(pa[size_t(i)], pb[size_t(i)]) << "round " << round << " state " << i;
+            const int32_t next = round % 5 == 4 ? int32_t((pb[size_t(i)] + 11) % n_vocab) : pb[size_t(i)];
+            pa[size_t(i)] = a[size_t(i)]->eval_greedy_ahead({&next, 1});
+            pb[size_t(i)] = b[size_t(i)]->eval_greedy({&next, 1});
+        }
+    }
+    for (int i = 0; i < kStates; ++i) EXPECT_EQ(pa[size_t(i)], pb[size_t(i)]) << "state " << i;
 }
 
 }  // namespace
