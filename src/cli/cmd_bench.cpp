@@ -93,7 +93,7 @@ double peak_rss_bytes() {
 
 struct TestResult {
     std::string name;
-    int n_prompt = 0, n_gen = 0;
+    int n_prompt = 0, n_gen = 0, depth = 0;
     std::vector<double> samples;  // tokens/s per repetition
 };
 
@@ -101,7 +101,7 @@ int run_bench(const std::vector<std::string>& args) {
     CLI::App app{"Measures prefill (pp) and decode (tg) tokens/s on random tokens, like llama-bench.", "cera bench"};
     std::string model;
     EngineFlags ef;
-    int n_prompt = 512, n_gen = 128, reps = 5, n_batch = 512;
+    int n_prompt = 512, n_gen = 128, reps = 5, n_batch = 512, depth = 0;
     double bandwidth_gbps = 0.0, bw_gib = 1.0;
     bool as_json = false, host_sampling = false, no_ahead = false;
     float temp = 0.0f;
@@ -109,6 +109,10 @@ int run_bench(const std::vector<std::string>& args) {
     app.add_option("-m,--model", model, "GGUF model")->required();
     app.add_option("-p,--n-prompt", n_prompt, "prompt tokens of the prefill test (0: skip)")->capture_default_str();
     app.add_option("-n,--n-gen", n_gen, "tokens of the decode test (0: skip)")->capture_default_str();
+    app.add_option("-d,--depth", depth,
+                   "tokens already in the context when each test starts (prefilled untimed; tests are named "
+                   "\"tg128 @ d4096\")")
+        ->capture_default_str();
     app.add_option("-r,--repetitions", reps, "repetitions of each test")->capture_default_str();
     app.add_option("-b,--batch", n_batch, "prefill chunk (tokens per forward pass)")->capture_default_str();
     ef.add(app, EngineFlags::kKvType);
@@ -124,11 +128,11 @@ int run_bench(const std::vector<std::string>& args) {
     app.add_flag("--no-ahead", no_ahead,
                  "decode test: wait for each greedy pick before queuing the next step (see GenerateOptions::decode_ahead)");
     if (int rc = parse_args(app, args, "bench"); rc >= 0) return rc;
-    if (n_prompt < 0 || n_gen < 0 || reps < 1 || n_batch < 1 || bandwidth_gbps < 0 || bw_gib <= 0)
-        throw Error(ErrorCode::kInvalidArgument, "-p, -n and --bandwidth must be >= 0, -r and -b >= 1");
+    if (n_prompt < 0 || n_gen < 0 || depth < 0 || reps < 1 || n_batch < 1 || bandwidth_gbps < 0 || bw_gib <= 0)
+        throw Error(ErrorCode::kInvalidArgument, "-p, -n, -d and --bandwidth must be >= 0, -r and -b >= 1");
     if (!(temp >= 0.0f) || top_k < 0) throw Error(ErrorCode::kInvalidArgument, "--temp and --top-k must be >= 0");
     EngineOptions eo = ef.options();
-    eo.n_ctx = std::max(16, std::max(n_prompt, n_gen + 1));
+    eo.n_ctx = std::max(16, depth + std::max(n_prompt, n_gen + 1));
     eo.n_batch = n_batch;
     auto engine = Engine::load(model, eo);
     const EngineInfo& info = engine->info();
@@ -143,8 +147,16 @@ int run_bench(const std::vector<std::string>& args) {
         return v;
     };
     NullSink sink;
-    auto pp_once = [&]() {
+    auto fill_depth = [&]() {  // the context the tests start from, prefilled untimed
         s.reset();
+        if (depth == 0) return;
+        s.append_tokens(random_tokens(depth));
+        GenerateOptions g;
+        g.max_tokens = 0;
+        s.generate(g, sink);
+    };
+    auto pp_once = [&]() {
+        fill_depth();
         s.append_tokens(random_tokens(n_prompt));
         GenerateOptions g;
         g.max_tokens = 0;
@@ -152,7 +164,7 @@ int run_bench(const std::vector<std::string>& args) {
         return r.prefill_tokens_per_second();
     };
     auto tg_once = [&](int n) {
-        s.reset();
+        fill_depth();
         s.append_tokens(random_tokens(1));
         GenerateOptions g;
         g.max_tokens = n + 1;  // the first token comes from the 1-token prefill, then n decode steps
@@ -166,14 +178,15 @@ int run_bench(const std::vector<std::string>& args) {
     };
 
     std::vector<TestResult> tests;
+    const std::string at_depth = depth > 0 ? " @ d" + std::to_string(depth) : "";
     if (n_prompt > 0) {
-        TestResult t{"pp" + std::to_string(n_prompt), n_prompt, 0, {}};
+        TestResult t{"pp" + std::to_string(n_prompt) + at_depth, n_prompt, 0, depth, {}};
         pp_once();  // warm-up
         for (int r = 0; r < reps; ++r) t.samples.push_back(pp_once());
         tests.push_back(std::move(t));
     }
     if (n_gen > 0) {
-        TestResult t{"tg" + std::to_string(n_gen), 0, n_gen, {}};
+        TestResult t{"tg" + std::to_string(n_gen) + at_depth, 0, n_gen, depth, {}};
         tg_once(std::min(n_gen, 16));  // warm-up
         for (int r = 0; r < reps; ++r) t.samples.push_back(tg_once(n_gen));
         tests.push_back(std::move(t));
@@ -206,6 +219,7 @@ int run_bench(const std::vector<std::string>& args) {
             j["tests"].push_back({{"name", t.name},
                                   {"n_prompt", t.n_prompt},
                                   {"n_gen", t.n_gen},
+                                  {"depth", t.depth},
                                   {"tokens_per_second", {{"median", st.median}, {"p10", st.p10}, {"p90", st.p90}}},
                                   {"samples", t.samples}});
         }
@@ -221,11 +235,11 @@ int run_bench(const std::vector<std::string>& args) {
     std::printf("model:  %s (%s, %s, %.2f M params, %.2f MiB)\n", model.c_str(), info.architecture.c_str(),
                 info.weight_type.c_str(), double(info.n_params) / 1e6, double(info.weight_bytes) / (1 << 20));
     std::printf("device: %s; %d repetitions after a warm-up\n\n", info.device.c_str(), reps);
-    std::printf("| %-8s | %12s | %12s | %12s |\n", "test", "t/s median", "p10", "p90");
-    std::printf("| %-8s | %12s | %12s | %12s |\n", "--------", "------------", "------------", "------------");
+    std::printf("| %-15s | %12s | %12s | %12s |\n", "test", "t/s median", "p10", "p90");
+    std::printf("| %-15s | %12s | %12s | %12s |\n", "---------------", "------------", "------------", "------------");
     for (const auto& t : tests) {
         const Stats st = stats(t.samples);
-        std::printf("| %-8s | %12.2f | %12.2f | %12.2f |\n", t.name.c_str(), st.median, st.p10, st.p90);
+        std::printf("| %-15s | %12.2f | %12.2f | %12.2f |\n", t.name.c_str(), st.median, st.p10, st.p90);
     }
     std::printf("\npeak RSS: %.1f MiB\n", rss / (1 << 20));
     std::printf("weights read per decoded token: %.2f MiB\n", bytes_per_token / (1 << 20));

@@ -187,4 +187,29 @@ TEST(CeraBench, JsonReportIsConsistent) {
     EXPECT_GT(j["peak_rss_bytes"].get<double>(), bytes);
 }
 
+// `cera bench -d N`: the tests start from N tokens of context and say so in their names; a depth the
+// negative depth is refused with a one-line error naming the flag.
+TEST(CeraBench, DepthNamesTheTestsAndIsChecked) {
+    auto run = [](const std::string& flags, std::string& out) {
+        const std::string cmd = shell_quote(cera_bin()) + " bench -m " + shell_quote(kModel) + " " + flags + " 2>&1";
+        FILE* p = ::popen(cmd.c_str(), "r");
+        if (!p) return -1;
+        char buf[4096];
+        size_t n;
+        out.clear();
+        while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+        return WEXITSTATUS(::pclose(p));
+    };
+    std::string out;
+    ASSERT_EQ(run("-p 16 -n 4 -d 40 -r 1 --threads 1 --bandwidth 20 --json", out), 0) << out;
+    const auto j = nlohmann::json::parse(out.substr(out.find('{')));
+    ASSERT_EQ(j["tests"].size(), 2u);
+    EXPECT_EQ(j["tests"][0]["name"], "pp16 @ d40");
+    EXPECT_EQ(j["tests"][1]["name"], "tg4 @ d40");
+    EXPECT_EQ(j["tests"][1]["depth"], 40);
+    EXPECT_GT(j["tests"][1]["tokens_per_second"]["median"].get<double>(), 0.0);
+    EXPECT_NE(run("-p 0 -n 4 -d -3 -r 1 --threads 1", out), 0);
+    EXPECT_NE(out.find("-d"), std::string::npos) << out;
+}
+
 }  // namespace
