@@ -243,6 +243,9 @@ TEST_F(CudaBackendTest, ArgmaxMatchesReference) {
             gpu_->write(ids, ids0, sizeof ids0);
             gpu_->write(pos, pos0, sizeof pos0);
             gpu_->argmax_feed(xg.row_slice(r, 1), og, ids, pos);
+            int32_t fed = -1;  // the pick as a decode step hands it back (the mailbox, pick_mail.h)
+            gpu_->read_wait(gpu_->read_fed_async(og), &fed);
+            EXPECT_EQ(fed, reference(row(r), n)) << "row " << r << " read_fed_async";
             int32_t ids1[3], pos1[3];
             gpu_->read(&one, og, 4);
             gpu_->read(ids1, ids, sizeof ids1);

@@ -228,8 +228,10 @@ void check_feed(Backend& be) {
                 be.write(ids, ids0.data(), ids0.size() * 4);
                 be.write(pos, pos0.data(), pos0.size() * 4);
                 be.argmax_feed(x, out, ids, pos);
-                int32_t want = -1, got = -1;
+                int32_t want = -1, got = -1, fed = -1;
                 argmax_rows_host(row.data(), 1, n, &want);
+                be.read_wait(be.read_fed_async(out), &fed);  // as a decode step reads its pick
+                EXPECT_EQ(fed, want) << "n " << n;
                 std::vector<int32_t> ids1(ids0.size()), pos1(pos0.size());
                 be.read(&got, out, 4);
                 be.read(ids1.data(), ids, ids1.size() * 4);
