@@ -17,8 +17,7 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "backends/cuda/attention_decode.h"
-#include "backends/cuda/common.cuh"
+#include "backends/cuda/attention_shared.cuh"
 
 namespace cera::cuda {
 namespace {
@@ -31,15 +30,6 @@ int attn_splits(int64_t n_tokens, int64_t n_ctx) {
     return int(std::max<int64_t>(1, std::min(by_len, by_batch)));
 }
 
-// 8 halves (16 bytes) as floats.
-__device__ __forceinline__ void halves_to_float(const uint4& a, float* v) {
-    const __half2* h = reinterpret_cast<const __half2*>(&a);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 f = __half22float2(h[i]);
-        v[2 * i] = f.x, v[2 * i + 1] = f.y;
-    }
-}
 __device__ __forceinline__ void load8(const __half* p, float* v) { halves_to_float(ld_cached16(p), v); }
 __device__ __forceinline__ void load8(const float* p, float* v) {
     const float4 a = __ldg(reinterpret_cast<const float4*>(p)), b = __ldg(reinterpret_cast<const float4*>(p) + 1);
@@ -60,15 +50,6 @@ __device__ __forceinline__ float block_max(float v, float* red) {
 
 using AttnK = DecodeAttnArgs;
 
-// out[qrow][d] = v, and its 8-bit group when out_xq is set (whole warps cover 32 consecutive d).
-__device__ __forceinline__ void write_out(const AttnK& a, int64_t qrow, int d, float v) {
-    a.out[qrow * a.head_dim + d] = v;
-    if (a.out_xq) {
-        const int64_t width = int64_t(a.n_head) * a.head_dim;
-        const int64_t t = qrow / a.n_head, e = (qrow % a.n_head) * a.head_dim + d;
-        warp_quantize_q8(v, a.out_xq + t * q8_row_bytes(width), width, e >> 5);
-    }
-}
 
 // Shared memory: q[head_dim], p[128], red[32], acc[128 * 2].
 template <class C>
@@ -345,11 +326,6 @@ __device__ __forceinline__ void cp_async16(__half* dst, const __half* src, bool 
                  "l"(src), "r"(valid ? 16 : 0)
                  : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 
 template <int HD>
 constexpr size_t mma_smem_bytes() {
@@ -568,20 +544,6 @@ struct DecPlan {
     size_t smem = 0;
 };
 
-__device__ __forceinline__ void cp_async16v(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(uint32_t(__cvta_generic_to_shared(dst))), "l"(src)
-                 : "memory");
-}
-__device__ __forceinline__ void load8s(const __half* p, float* v) {
-    halves_to_float(*reinterpret_cast<const uint4*>(p), v);
-}
-__device__ __forceinline__ void load8s(const float* p, float* v) {
-    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
-__device__ __forceinline__ float2 load2s(const __half* p) { return __half22float2(*reinterpret_cast<const __half2*>(p)); }
-__device__ __forceinline__ float2 load2s(const float* p) { return *reinterpret_cast<const float2*>(p); }
-
 // Shared memory: K rows (stride hd + 16 bytes: 16-byte reads of 8 different rows hit distinct banks),
 // V rows, q [G][hd] (pre-scaled), p [G][kc], m / l / corr [3][G], one flag.
 template <class C>
@@ -755,30 +717,7 @@ __global__ void __launch_bounds__(kThreads) attn_dec_kernel(const AttnK a) {
         part[g * hd + 2 * dp] = o[r].x, part[g * hd + 2 * dp + 1] = o[r].y;
     }
     for (int g = tid; g < G; g += kThreads) part[G * hd + g] = st_s[g], part[G * hd + G + g] = st_s[G + g];
-    __threadfence();
-    __syncthreads();
-    int* counter = reinterpret_cast<int*>(a.partial) + group;
-    if (tid == 0) flag_s[0] = atomicAdd(counter, 1) == n_act - 1;
-    __syncthreads();
-    if (!flag_s[0]) return;
-    __threadfence();
-    for (int e = tid; e < G * hd; e += kThreads) {
-        const int g = e / hd, d = e - g * hd;
-        float M = -INFINITY;
-        for (int j = 0; j < n_act; ++j) M = fmaxf(M, __ldcg(base + j * per + G * hd + g));
-        float L = 0.0f, O = 0.0f;
-        for (int j = 0; j < n_act; ++j) {
-            const float* pj = base + j * per;
-            const float lj = __ldcg(pj + G * hd + G + g);
-            if (lj > 0.0f) {
-                const float w = __expf(__ldcg(pj + G * hd + g) - M);
-                L += lj * w;
-                O += __ldcg(pj + e) * w;
-            }
-        }
-        write_out(a, qrow0 + g, d, L > 0.0f ? O / L : 0.0f);
-    }
-    if (tid == 0) *counter = 0;
+    merge_last_split(a, base, per, G, hd, n_act, group, qrow0, flag_s);
 }
 
 // Merges the splits of one (token, head): out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M).

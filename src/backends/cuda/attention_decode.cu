@@ -17,45 +17,10 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "backends/cuda/attention_decode.h"
-#include "backends/cuda/common.cuh"
+#include "backends/cuda/attention_shared.cuh"
 
 namespace cera::cuda {
 namespace {
-
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(uint32_t(__cvta_generic_to_shared(dst))), "l"(src)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
-
-__device__ __forceinline__ void row8(const __half* p, float* v) {
-    const uint4 a = *reinterpret_cast<const uint4*>(p);
-    const __half2* h = reinterpret_cast<const __half2*>(&a);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 f = __half22float2(h[i]);
-        v[2 * i] = f.x, v[2 * i + 1] = f.y;
-    }
-}
-__device__ __forceinline__ void row8(const float* p, float* v) {
-    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
-__device__ __forceinline__ float2 pair(const __half* p) { return __half22float2(*reinterpret_cast<const __half2*>(p)); }
-__device__ __forceinline__ float2 pair(const float* p) { return *reinterpret_cast<const float2*>(p); }
-
-// out[qrow][d] = v, and its 8-bit group (whole warps cover 32 consecutive d).
-__device__ __forceinline__ void put_out(const DecodeAttnArgs& a, int64_t qrow, int d, float v) {
-    a.out[qrow * a.head_dim + d] = v;
-    if (a.out_xq) {
-        const int64_t width = int64_t(a.n_head) * a.head_dim;
-        const int64_t t = qrow / a.n_head, e = (qrow % a.n_head) * a.head_dim + d;
-        warp_quantize_q8(v, a.out_xq + t * q8_row_bytes(width), width, e >> 5);
-    }
-}
 
 // Shared memory: K rows (stride HD * es + 16: 16-byte reads of different rows hit distinct banks),
 // V rows, q [G][HD] (scaled), then (after the key loop, over the K/V area) the warps' m [W][G],
@@ -93,10 +58,10 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
         for (int64_t i = r0 * pieces + tid; i < r1 * pieces; i += kWarpThreads) {
             const int r = int(i / pieces), c16 = int(i - int64_t(r) * pieces);
             const int64_t off = (lo + r) * kv_width * es + c16 * 16;
-            cp_async16(k_s + r * krow + c16 * 16, kg + off);
-            cp_async16(v_s + r * vrow + c16 * 16, vg + off);
+            cp_async16v(k_s + r * krow + c16 * 16, kg + off);
+            cp_async16v(v_s + r * vrow + c16 * 16, vg + off);
         }
-        cp_commit();
+        cp_async_commit();
     };
     int64_t c = s, lo = begin + c * kc;
     int n = int(min(int64_t(kc), end - lo));
@@ -104,7 +69,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
     pdl_wait();
     const int64_t qrow0 = t * a.n_head + int64_t(hk) * G;
     if (len == 0) {
-        for (int e = tid; e < G * HD; e += kWarpThreads) put_out(a, qrow0 + e / HD, e % HD, 0.0f);
+        for (int e = tid; e < G * HD; e += kWarpThreads) write_out(a, qrow0 + e / HD, e % HD, 0.0f);
         return;
     }
     copy_rows(lo, n, safe, lo + n);
@@ -119,7 +84,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
         for (int i = 0; i < NP; ++i) o[g][i] = make_float2(0.0f, 0.0f);
     const bool head_ok = gl < G;
     for (;;) {
-        cp_wait_all();
+        cp_async_wait<0>();
         __syncthreads();
         for (int p0 = warp * P; p0 < n; p0 += kWarps * P) {
             const int j = p0 + kl;
@@ -132,7 +97,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
 #pragma unroll
                 for (int d = 0; d < HD; d += 8) {
                     float kv[8];
-                    row8(kr + d, kv);
+                    load8s(kr + d, kv);
                     const float4 x0 = *reinterpret_cast<const float4*>(qg + d);
                     const float4 x1 = *reinterpret_cast<const float4*>(qg + d + 4);
                     s0 = fmaf(x0.x, kv[0], s0), s1 = fmaf(x0.y, kv[1], s1);
@@ -165,7 +130,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
                 const C* vr = reinterpret_cast<const C*>(v_s + (p0 + kk) * vrow);
                 float2 v[NP];
 #pragma unroll
-                for (int i = 0; i < NP; ++i) v[i] = pair(vr + 2 * (lane + 32 * i));
+                for (int i = 0; i < NP; ++i) v[i] = load2s(vr + 2 * (lane + 32 * i));
 #pragma unroll
                 for (int g = 0; g < GP; ++g) {
                     const float pg = __shfl_sync(0xffffffffu, pe, kk * GP + g);
@@ -215,38 +180,14 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
             O = fmaf(o_s[(w * G + g) * HD + d], f, O);
         }
         if (single) {
-            put_out(a, qrow0 + g, d, L > 0.0f ? O / L : 0.0f);
+            write_out(a, qrow0 + g, d, L > 0.0f ? O / L : 0.0f);
         } else {
             part[g * HD + d] = O;
             if (d == 0) part[G * HD + g] = M, part[G * HD + G + g] = L;
         }
     }
     if (single) return;
-    // Several splits: the last one to finish merges the (o, m, l) of all of them.
-    __threadfence();
-    __syncthreads();
-    int* counter = reinterpret_cast<int*>(a.partial) + group;
-    if (tid == 0) flag_s[0] = atomicAdd(counter, 1) == n_act - 1;
-    __syncthreads();
-    if (!flag_s[0]) return;
-    __threadfence();
-    for (int e = tid; e < G * HD; e += kWarpThreads) {
-        const int g = e / HD, d = e - g * HD;
-        float M = -INFINITY;
-        for (int j = 0; j < n_act; ++j) M = fmaxf(M, __ldcg(base + j * per + G * HD + g));
-        float L = 0.0f, O = 0.0f;
-        for (int j = 0; j < n_act; ++j) {
-            const float* pj = base + j * per;
-            const float lj = __ldcg(pj + G * HD + G + g);
-            if (lj > 0.0f) {
-                const float w = __expf(__ldcg(pj + G * HD + g) - M);
-                L += lj * w;
-                O += __ldcg(pj + e) * w;
-            }
-        }
-        put_out(a, qrow0 + g, d, L > 0.0f ? O / L : 0.0f);
-    }
-    if (tid == 0) *counter = 0;
+    merge_last_split(a, base, per, G, HD, n_act, group, qrow0, flag_s);
 }
 
 template <class C, int HD, int W>

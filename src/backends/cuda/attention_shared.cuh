@@ -1,0 +1,111 @@
+// What the attention kernels of attention.cu and attention_decode.cu share: the argument block, the
+// scratch layout, shared-memory loads and asynchronous copies, the output writer, and the merge of a
+// decode step's key splits by the last split to finish.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backends/cuda/common.cuh"
+
+namespace cera::cuda {
+
+// The attention scratch starts with the decode kernels' counters (one int per (token, kv head), at
+// the same place whatever the call's shape, so no call's partials overwrite another's counters);
+// every kernel's partials follow them.
+constexpr int64_t kDecodeCounterFloats = 1024;
+
+struct DecodeAttnArgs {
+    const float* q;
+    const void* k;
+    const void* v;
+    const int32_t* pos;
+    int64_t n_ctx, n_tokens;
+    int n_head, n_head_kv, head_dim, n_splits, sliding_window;
+    float scale;
+    float* out;
+    float* partial;
+    int kc;           // decode kernels: keys per chunk
+    uint8_t* out_xq;  // quantize_q8 rows of out (row = n_head * head_dim), or null
+};
+
+// 8 halves (16 bytes) as floats.
+__device__ __forceinline__ void halves_to_float(const uint4& a, float* v) {
+    const __half2* h = reinterpret_cast<const __half2*>(&a);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 f = __half22float2(h[i]);
+        v[2 * i] = f.x, v[2 * i + 1] = f.y;
+    }
+}
+// 8 (load8s) or 2 (load2s) consecutive values of a row in shared memory, as floats.
+__device__ __forceinline__ void load8s(const __half* p, float* v) {
+    halves_to_float(*reinterpret_cast<const uint4*>(p), v);
+}
+__device__ __forceinline__ void load8s(const float* p, float* v) {
+    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ float2 load2s(const __half* p) { return __half22float2(*reinterpret_cast<const __half2*>(p)); }
+__device__ __forceinline__ float2 load2s(const float* p) { return *reinterpret_cast<const float2*>(p); }
+
+// 16 bytes global -> shared, asynchronously (cp.async groups).
+__device__ __forceinline__ void cp_async16v(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(uint32_t(__cvta_generic_to_shared(dst))), "l"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// out[qrow][d] = v, and its 8-bit group when out_xq is set (whole warps cover 32 consecutive d).
+__device__ __forceinline__ void write_out(const DecodeAttnArgs& a, int64_t qrow, int d, float v) {
+    a.out[qrow * a.head_dim + d] = v;
+    if (a.out_xq) {
+        const int64_t width = int64_t(a.n_head) * a.head_dim;
+        const int64_t t = qrow / a.n_head, e = (qrow % a.n_head) * a.head_dim + d;
+        warp_quantize_q8(v, a.out_xq + t * q8_row_bytes(width), width, e >> 5);
+    }
+}
+
+// A decode kernel's split s of n_act has written its (o [G][hd], m [G], l [G]) at `base` + s * per
+// (per = G * (hd + 2)); the last split of (token, kv head) `group` to finish (an atomic counter at the
+// start of the scratch, reset by that block) merges all of them into the output rows qrow0 .. + G.
+// Every thread of the block calls it; flag_s is one int of shared memory.
+__device__ __forceinline__ void merge_last_split(const DecodeAttnArgs& a, const float* base, int64_t per, int G,
+                                                 int hd, int n_act, int64_t group, int64_t qrow0, int* flag_s) {
+    const int tid = threadIdx.x;
+    __threadfence();
+    __syncthreads();
+    int* counter = reinterpret_cast<int*>(a.partial) + group;
+    if (tid == 0) flag_s[0] = atomicAdd(counter, 1) == n_act - 1;
+    __syncthreads();
+    if (!flag_s[0]) return;
+    __threadfence();
+    for (int e = tid; e < G * hd; e += blockDim.x) {
+        const int g = e / hd, d = e - g * hd;
+        float M = -INFINITY;
+        for (int j = 0; j < n_act; ++j) M = fmaxf(M, __ldcg(base + j * per + G * hd + g));
+        float L = 0.0f, O = 0.0f;
+        for (int j = 0; j < n_act; ++j) {
+            const float* pj = base + j * per;
+            const float lj = __ldcg(pj + G * hd + G + g);
+            if (lj > 0.0f) {
+                const float w = __expf(__ldcg(pj + G * hd + g) - M);
+                L += lj * w;
+                O += __ldcg(pj + e) * w;
+            }
+        }
+        write_out(a, qrow0 + g, d, L > 0.0f ? O / L : 0.0f);
+    }
+    if (tid == 0) *counter = 0;
+}
+
+// The warp-parallel decode kernel (attention_decode.cu) on a, whose kc and n_splits come from the
+// decode plan of attention.cu; false (nothing launched) when it does not serve these shapes
+// (head_dim other than 64 / 128, GQA groups above 8) or CERA_CUDA_ATTN_WARP=0.
+bool attention_decode_warp(const DecodeAttnArgs& a, bool f16, cudaStream_t s);
+
+}  // namespace cera::cuda
