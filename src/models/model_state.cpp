@@ -129,8 +129,8 @@ class SequenceState final : public ModelState {
             run(tokens, nullptr, false, nullptr, /*greedy=*/true);
             logits_held_ = true;
         }
-        // The pick is in next_id_ (and fed into ids_ / pos_t_ for the next step). Its copy is queued before
-        // the step that evaluates it, which runs while the host waits for the copy.
+        // The pick is in next_id_ (and fed into ids_ / pos_t_ for the next step). Its read (a copy, or the
+        // backend's mailbox) is queued before the step that evaluates it, which runs while the host waits.
         const int ticket = be_.read_fed_async(next_id_);
         if (position_ < n_ctx_) {
             const int row = 1 - held_row_;

@@ -24,7 +24,6 @@
 #include <cuda_runtime.h>
 
 #include <array>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -593,8 +592,9 @@ class CudaBackend final : public Backend {
         if (capturing_) {
             CERA_CHECK(!capture_feed_out_, "argmax_feed: one per recorded step");
             capture_feed_out_ = out.data;
+        } else if (mail_ok_) {
+            mail_.queued(out.data);
         }
-        else if (mail_ok_) mail_.queued(out.data);
     }
 
     void moe_route(const Tensor& logits, const Tensor& bias, const MoeParams& p, const Tensor& ids,

@@ -47,7 +47,6 @@ CERA_HD constexpr QuantLayout quant_layout(GgmlType t) {
 inline bool is_float_type(GgmlType t) { return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16; }
 inline bool weight_type_supported(GgmlType t) { return is_float_type(t) || quant_layout(t).block_elems > 0; }
 
-// Bytes of the device image of a [rows, k] weight.
 // The next kernel launched on this thread goes without programmatic dependent launch (a decode
 // step's first kernel: common.cuh).
 void pdl_skip_next();
@@ -57,6 +56,7 @@ void pdl_skip_next();
 void trace_start();
 void trace_finish();
 
+// Bytes of the device image of a [rows, k] weight.
 size_t weight_image_bytes(GgmlType type, int64_t rows, int64_t k);
 // GGUF bytes (rows of row_size(type, k)) -> device image layout, on the host.
 void make_weight_image(GgmlType type, const void* gguf, int64_t rows, int64_t k, void* image);
