@@ -24,7 +24,7 @@ def kernel_names(root):
         h = fnv(os.path.basename(p))
         cur = "?"
         for i, line in enumerate(open(p), 1):
-            m = re.search(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)", line)
+            m = re.search(r"__global__\s+void\s+(?:__\w+__\([^)]*\)\s+)*(\w+)\(", line)
             if m: cur = m.group(1)
             if "pdl_trigger()" in line: names[(h, i)] = cur
     return names

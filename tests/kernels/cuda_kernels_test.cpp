@@ -510,7 +510,9 @@ TEST_F(CudaBackendTest, GraphReplayTracksInputs) {
 // add) run step by step as recorded graphs: the fused decode launches (8-bit side outputs, grouped
 // q/k/v and gate/up products, SwiGLU and residual epilogues, q/k RoPE + KV store) against the same
 // ops on a CUDA backend with fusion off (CERA_CUDA_FUSE=0) and on the CPU backend. Every tensor an
-// op writes is compared, not only the residual stream.
+// op writes is compared, not only the residual stream. Head size 128 runs with q/k/v biases and an
+// 8192-row SwiGLU pair (more 32-row groups than an H200 has SMs: blocks walk several), and one-token
+// K-quant steps take the fused in_proj + short conv launch (gemv_fused.cu).
 TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
     using G = GgmlType;
     // The reference CUDA path: no fusion, steps replayed as graphs. A fourth backend runs single-token
@@ -525,11 +527,16 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
     unsetenv("CERA_CUDA_MEGA");
     constexpr int kBes = 4;
     Backend* bes[kBes] = {gpu_.get(), plain.get(), cpu_.get(), mega.get()};
-    const int64_t n_embd = 256, n_ff = 512, n_head = 4, n_head_kv = 2, hd = 64, n_ctx = 64, L = 3;
-    const int64_t qw = n_head * hd, kvw = n_head_kv * hd;
+    const int64_t n_embd = 256, n_head = 4, n_head_kv = 2, n_ctx = 64, L = 3;
+    for (int64_t hd : {64, 128})
     for (G type : {G::kQ4_0, G::kQ8_0, G::kQ4_K, G::kF16, G::kQ5_1, G::kQ6_K}) {
+        if (hd == 128 && type != G::kQ4_0 && type != G::kQ4_K) continue;
+        const int64_t qw = n_head * hd, kvw = n_head_kv * hd;
+        const bool bias = hd == 128;
+        const int64_t n_ff = hd == 128 ? 8192 : 512;
         for (int64_t nt : {1, 3}) {
-            SCOPED_TRACE(std::string(type_name(type)) + " n_tokens " + std::to_string(nt));
+            SCOPED_TRACE(std::string(type_name(type)) + " head_dim " + std::to_string(hd) + " n_tokens " +
+                         std::to_string(nt));
             struct Mat {
                 int64_t rows, k;
                 std::vector<uint8_t> bytes;
@@ -552,8 +559,10 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
             const auto qn = randn(size_t(hd), rng_), kn = randn(size_t(hd), rng_);
             const auto conv_w = randn(size_t(n_embd * L), rng_, 0.5f);
             const auto x0 = randn(size_t(n_embd * nt), rng_);
+            const auto bq = randn(size_t(qw), rng_, 0.3f), bk = randn(size_t(kvw), rng_, 0.3f),
+                       bv = randn(size_t(kvw), rng_, 0.3f);
             struct Bufs {
-                Tensor w[9], na, nf, qn, kn, cw, x, h, y, q, k, v, attn, g, u, bcx, gated, kc, vc, state, pos;
+                Tensor w[9], na, nf, qn, kn, cw, x, h, y, q, k, v, attn, g, u, bcx, gated, kc, vc, state, pos, bq, bk, bv;
             } b[kBes];
             for (int i = 0; i < kBes; ++i) {
                 Backend& be = *bes[i];
@@ -575,6 +584,7 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
                 t.gated = f32({n_embd, nt}, nullptr), t.state = f32({n_embd, L - 1}, nullptr);
                 t.kc = be.alloc(G::kF16, {kvw, n_ctx}), t.vc = be.alloc(G::kF16, {kvw, n_ctx});
                 t.pos = be.alloc(G::kI32, {nt});
+                if (bias) t.bq = f32({qw}, &bq), t.bk = f32({kvw}, &bk), t.bv = f32({kvw}, &bv);
             }
             RopeParams rope;
             rope.mode = RopeMode::kNeox, rope.n_rot = int(hd), rope.freq_base = 10000.0f;
@@ -587,11 +597,11 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
                     Backend& be = *bes[i];
                     const Bufs& t = b[i];
                     be.write(t.pos, pos.data(), pos.size() * 4);
-                    if (be.step_begin(uint64_t(100 + nt))) continue;
+                    if (be.step_begin(uint64_t(100 + nt + hd))) continue;  // buffers grow with hd: a key per size
                     be.rms_norm(t.x, t.na, 1e-5f, t.h);
-                    be.matmul(t.w[0], t.h, Tensor{}, t.q);
-                    be.matmul(t.w[1], t.h, Tensor{}, t.k);
-                    be.matmul(t.w[2], t.h, Tensor{}, t.v);
+                    be.matmul(t.w[0], t.h, t.bq, t.q);
+                    be.matmul(t.w[1], t.h, t.bk, t.k);
+                    be.matmul(t.w[2], t.h, t.bv, t.v);
                     be.norm_rope(t.q, int(n_head), int(hd), t.qn, 1e-5f, t.pos, rope);
                     be.norm_rope(t.k, int(n_head_kv), int(hd), t.kn, 1e-5f, t.pos, rope);
                     be.kv_store(t.k, t.v, t.pos, t.kc, t.vc);
@@ -626,7 +636,7 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
                 for (const auto& [f, name] : std::vector<Field>{
                          {&Bufs::x, "x"}, {&Bufs::q, "q"}, {&Bufs::k, "k"}, {&Bufs::v, "v"}, {&Bufs::attn, "attn"},
                          {&Bufs::g, "swiglu out"}, {&Bufs::u, "up"}, {&Bufs::y, "y"}, {&Bufs::gated, "conv out"},
-                         {&Bufs::state, "conv state"}, {&Bufs::h, "h"}}) {
+                         {&Bufs::state, "conv state"}, {&Bufs::h, "h"}, {&Bufs::bcx, "in_proj out"}}) {
                     EXPECT_LT(diff(f, 0, 1), tight) << name << " fused vs unfused, step " << step;
                     EXPECT_LT(diff(f, 0, 2), loose) << name << " fused vs cpu, step " << step;
                     EXPECT_LT(diff(f, 3, 1), tight) << name << " decode program vs unfused, step " << step;
@@ -648,8 +658,8 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
                 Bufs& t = b[i];
                 for (Tensor& w : t.w) bes[i]->free(w);
                 for (Tensor* x : {&t.na, &t.nf, &t.qn, &t.kn, &t.cw, &t.x, &t.h, &t.y, &t.q, &t.k, &t.v, &t.attn, &t.g,
-                                  &t.u, &t.bcx, &t.gated, &t.kc, &t.vc, &t.state, &t.pos})
-                    bes[i]->free(*x);
+                                  &t.u, &t.bcx, &t.gated, &t.kc, &t.vc, &t.state, &t.pos, &t.bq, &t.bk, &t.bv})
+                    if (*x) bes[i]->free(*x);
             }
         }
     }

@@ -28,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <string_view>
 #include <tuple>
 #include <unordered_map>
 #include <unordered_set>
@@ -39,6 +40,7 @@
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/pick_mail.h"
 #include "backends/cuda/replay_profile.h"
+#include "backends/cuda/w16_cache.h"
 #include "core/check.h"
 #include "core/quant/quant.h"
 
@@ -93,6 +95,13 @@ class CudaBackend final : public Backend {
         graphs_enabled_ = !(g && std::strcmp(g, "0") == 0);
         const char* f = std::getenv("CERA_CUDA_FUSE");
         fuse_ = !(f && std::strcmp(f, "0") == 0);
+        // Products fused with their consumer (gemv_fused.cu): q/k/v + RoPE + KV store for every type,
+        // in_proj + short conv for the K-quants only (slower for Q4_0 and Q8_0; bench/NOTES.md).
+        // CERA_CUDA_FUSE_PRODUCTS=0: neither; qkv: q/k/v only; all: both for every type (A/B).
+        const char* fp = std::getenv("CERA_CUDA_FUSE_PRODUCTS");
+        const std::string_view fpv = fp ? fp : "";
+        fuse_qkv_ = fuse_ && fpv != "0";
+        fuse_conv_ = !fuse_ || fpv == "0" || fpv == "qkv" ? 0 : fpv == "all" ? 2 : 1;
         const char* rt = std::getenv("CERA_CUDA_ROPE_TABLE");
         rope_tables_ = !(rt && std::strcmp(rt, "0") == 0);
         const char* mg = std::getenv("CERA_CUDA_MEGA");
@@ -112,7 +121,6 @@ class CudaBackend final : public Backend {
         if (replay_prof_) replay_prof_->print(stream_);
         drop_graphs();
         for (auto& [p, w] : weights_) cudaFree(w.image);
-        for (auto& [img, p] : w16_) cudaFree(p);
         for (void* p : buffers_) cudaFree(p);
         for (auto& s : scratch_) cudaFree(s.ptr);
         for (auto& [key, t] : rope_tables_map_) cudaFree(t.ptr);
@@ -202,7 +210,7 @@ class CudaBackend final : public Backend {
                     CUDA_CHECK(cudaFree(t.data));
                     buffers_.erase(it);
                 } else {
-                    drop_w16(wt->second);
+                    w16_.drop(wt->second.image, wt->second.rows, wt->second.k);
                     CUDA_CHECK(cudaFree(wt->second.image));
                     weights_.erase(wt);
                 }
@@ -412,8 +420,11 @@ class CudaBackend final : public Backend {
             rec_->norm_rope(x.as<float>(), x.rows(), n_head, head_dim, norm_w ? norm_w.as<const float>() : nullptr, eps,
                             pos.as<const int32_t>(), rope_args(rope));
         if (fuse_ && x.rows() <= kGemvMaxTokens && (n_rope_ == 0 || (n_rope_ == 1 && rope_[0].pos.data == pos.data))) {
-            // Decode: wait for the kv_store that usually follows (q, k, then the store: one launch).
-            flush_mm();
+            // Decode: wait for the kv_store that usually follows (q, k, then the store: one launch, with
+            // the q/k/v products when they are still pending and make x).
+            bool makes_x = false;
+            for (int i = 0; i < n_mm_; ++i) makes_x |= mm_[i].out.data == x.data;
+            if (!makes_x || !fuse_qkv_) flush_mm();
             invalidate_q8();
             rope_[n_rope_++] = {x, n_head, head_dim, norm_w, eps, pos, rope};
             return;
@@ -431,6 +442,8 @@ class CudaBackend final : public Backend {
             else
                 rec_->unsupported("KV cache type");
         }
+        if (n_mm_ > 0 && fused_qkv_rope_store(k, v, pos, k_cache, v_cache)) return;
+        flush_mm();
         if (n_rope_ > 0 && k_cache.type == v_cache.type &&
             (k_cache.type == GgmlType::kF16 || k_cache.type == GgmlType::kF32)) {
             const PendingRope& kr = rope_[n_rope_ - 1];
@@ -488,11 +501,28 @@ class CudaBackend final : public Backend {
 
     void short_conv(const Tensor& bcx, const Tensor& w, const Tensor& state, const Tensor& out,
                     const Tensor& state_prev) override {
-        touch();
         const int64_t n_embd = out.ne[0];
         CERA_CHECK(w.type == GgmlType::kF32 && bcx.ne[0] == 3 * n_embd && state.ne[0] == n_embd &&
                    (!state_prev || state_prev.n_bytes() >= state.n_bytes()));
         const cuda::WeightRef ref = weight_or_buffer(w);
+        if (n_mm_ == 1 && n_rope_ == 0 && mm_[0].out.data == bcx.data && bcx.rows() == 1 &&
+            (fuse_conv_ == 2 || (fuse_conv_ == 1 && cuda::quant_layout(mm_[0].a.w.type).block_elems == 256)) &&
+            out.rows() == 1 && cuda::gemv_conv_supported(mm_[0].a, int(w.ne[0]))) {
+            // The in_proj product still waiting: one launch computes it and the conv.
+            const cuda::GemvArgs in = mm_[0].a;
+            n_mm_ = 0;
+            invalidate_q8();
+            if (rec_ && state_prev) rec_->unsupported("short_conv with state_prev");
+            if (rec_)
+                rec_->short_conv(bcx.as<const float>(), static_cast<const float*>(ref.image) + ref.row0 * ref.k,
+                                 int(w.ne[0]), state.as<float>(), 1, n_embd, out.as<float>());
+            void* xq = q8_sidecar(out.as<const float>(), 1, n_embd, in.xq);
+            cuda::gemv_conv(in, static_cast<const float*>(ref.image) + ref.row0 * ref.k, int(w.ne[0]),
+                            state.as<float>(), state_prev ? state_prev.as<float>() : nullptr, out.as<float>(), xq,
+                            stream_);
+            return;
+        }
+        touch();
         if (rec_ && state_prev) rec_->unsupported("short_conv with state_prev");
         if (rec_)
             rec_->short_conv(bcx.as<const float>(), static_cast<const float*>(ref.image) + ref.row0 * ref.k,
@@ -725,6 +755,44 @@ class CudaBackend final : public Backend {
                         rope_args(p.rope), stream_);
     }
 
+    // The pending q, k and v products, their two pending RoPEs and this KV store as one launch
+    // (gemv_fused.cu); false (nothing launched) when the pattern or the shapes do not fit.
+    bool fused_qkv_rope_store(const Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& k_cache,
+                              const Tensor& v_cache) {
+        if (!fuse_qkv_ || n_mm_ != 3 || n_rope_ != 2 || k_cache.type != v_cache.type ||
+            (k_cache.type != GgmlType::kF16 && k_cache.type != GgmlType::kF32))
+            return false;
+        const PendingRope &qr = rope_[0], &kr = rope_[1];
+        cuda::GemvArgs qkv[3];
+        const void* outs[3] = {qr.x.data, k.data, v.data};
+        for (int j = 0; j < 3; ++j) {
+            int found = -1;
+            for (int i = 0; i < 3; ++i)
+                if (mm_[i].out.data == outs[j]) found = i;
+            if (found < 0) return false;
+            qkv[j] = mm_[found].a;
+        }
+        if (kr.x.data != k.data || qr.pos.data != pos.data || kr.pos.data != pos.data || qr.head_dim != kr.head_dim ||
+            v.ne[0] != k.ne[0] || int64_t(kr.n_head) * kr.head_dim != k.ne[0])
+            return false;
+        cuda::QkvRopeArgs a;
+        a.q = qr.x.as<float>(), a.k = k.as<float>(), a.v = v.as<const float>();
+        a.n_tokens = k.rows(), a.n_head = qr.n_head, a.n_head_kv = kr.n_head, a.head_dim = kr.head_dim;
+        a.q_norm = qr.norm_w ? qr.norm_w.as<const float>() : nullptr, a.q_eps = qr.eps;
+        a.k_norm = kr.norm_w ? kr.norm_w.as<const float>() : nullptr, a.k_eps = kr.eps;
+        a.q_rope = rope_args(qr.rope), a.k_rope = rope_args(kr.rope);
+        a.pos = pos.as<const int32_t>();
+        a.k_cache = k_cache.data, a.v_cache = v_cache.data;
+        a.f16 = k_cache.type == GgmlType::kF16, a.n_ctx = k_cache.ne[1];
+        if (!cuda::gemv_qkv_rope_supported(qkv, a)) return false;
+        attach_rope_table(a.k_rope, a.n_ctx);
+        attach_rope_table(a.q_rope, a.n_ctx);
+        n_mm_ = 0, n_rope_ = 0;
+        invalidate_q8();
+        cuda::gemv_qkv_rope_store(qkv, a, stream_);
+        return true;
+    }
+
     // Launches the products waiting to be grouped or fused (one launch).
     void flush_mm() {
         if (n_mm_ == 0) return;
@@ -735,6 +803,7 @@ class CudaBackend final : public Backend {
         cuda::gemv_multi(a, n, stream_);
     }
     void flush_rope() {
+        if (n_rope_ > 0) flush_mm();  // products pending beside RoPEs were queued before them
         const int n = n_rope_;
         n_rope_ = 0;
         for (int i = 0; i < n; ++i) launch_rope(rope_[i]);
@@ -836,7 +905,7 @@ class CudaBackend final : public Backend {
         const void* w16;
         if (w.type == GgmlType::kF16) {
             w16 = static_cast<const uint16_t*>(w.image) + w.row0 * k;
-        } else if (const void* c = cached_w16(w)) {
+        } else if (const void* c = w16_.get(w, capturing_, stream_)) {
             w16 = static_cast<const uint16_t*>(c) + w.row0 * k;
         } else {
             void* buf = scratch(kW16, size_t(rows * k) * 2);
@@ -848,43 +917,6 @@ class CudaBackend final : public Backend {
         CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(n_tokens), int(k), &one, w16,
                                   CUDA_R_16F, int(k), x16, CUDA_R_16F, int(k), &zero, out, CUDA_R_32F, int(rows),
                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    }
-
-    // The F16 expansion of a whole quantized weight for the cuBLAS path, made on its first batched
-    // matmul and kept (instead of re-expanding it for every prefill chunk) while the cached copies
-    // stay under half the device memory that was free at the first one; null when not cached (also
-    // while a graph is being captured). CERA_CUDA_W16_CACHE=0 turns it off.
-    const void* cached_w16(const cuda::WeightRef& w) {
-        if (auto it = w16_.find(w.image); it != w16_.end()) return it->second;
-        if (capturing_ || w16_budget_ == 0) return nullptr;
-        if (w16_budget_ < 0) {
-            const char* e = std::getenv("CERA_CUDA_W16_CACHE");
-            size_t free_b = 0, total_b = 0;
-            w16_budget_ = (e && e[0] == '0') || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess
-                              ? 0 : static_cast<long long>(free_b / 2);
-            if (w16_budget_ == 0) return nullptr;
-        }
-        const size_t bytes = size_t(w.image_rows * w.k) * 2;
-        if (w16_bytes_ + bytes > size_t(w16_budget_)) return nullptr;
-        void* p = nullptr;
-        if (cudaMalloc(&p, bytes) != cudaSuccess) {
-            cudaGetLastError();  // clear the allocation error; the scratch path still works
-            w16_budget_ = 0;
-            return nullptr;
-        }
-        cuda::WeightRef all = w;
-        all.row0 = 0;
-        cuda::dequantize_rows(all, nullptr, w.image_rows, 1.0f, p, true, stream_);
-        w16_[w.image] = p;
-        w16_bytes_ += bytes;
-        return p;
-    }
-    void drop_w16(const WeightInfo& w) {
-        auto it = w16_.find(w.image);
-        if (it == w16_.end()) return;
-        CUDA_CHECK(cudaFree(it->second));
-        w16_bytes_ -= size_t(w.rows * w.k) * 2;
-        w16_.erase(it);
     }
 
     const WeightInfo* find_weight(const void* p, int64_t* row0) const {
@@ -932,9 +964,7 @@ class CudaBackend final : public Backend {
     void* cublas_ws_ = nullptr;
     std::map<uintptr_t, WeightInfo> weights_;
     std::unordered_set<void*> buffers_;
-    std::unordered_map<const void*, void*> w16_;  // weight image -> its cached F16 expansion
-    size_t w16_bytes_ = 0;
-    long long w16_budget_ = -1;  // bytes; -1 until the first expansion asks
+    cuda::W16Cache w16_;  // F16 expansions for the cuBLAS path
     Scratch scratch_[kSlots];
     Q8Cache q8_[kQ8Slots];  // indexed by Slot kXq .. kXqB
     bool next_side_ = false;
@@ -944,6 +974,8 @@ class CudaBackend final : public Backend {
     int async_next_ = 0;
     size_t pin_off_ = 0;
     bool fuse_ = true;  // CERA_CUDA_FUSE=0: no grouped or fused launches, no 8-bit side outputs
+    bool fuse_qkv_ = true;  // q/k/v + RoPE + KV store in one launch (gemv_fused.cu)
+    int fuse_conv_ = 1;     // in_proj + short conv in one launch: 0 never, 1 K-quants, 2 every type
     PendingMm mm_[cuda::kMaxSegs];
     int n_mm_ = 0;
     PendingRope rope_[2];

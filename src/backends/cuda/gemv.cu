@@ -15,155 +15,10 @@
 #include <algorithm>
 #include <cstdlib>
 
-#include "backends/cuda/quant_device.cuh"
+#include "backends/cuda/gemv_device.cuh"
 
 namespace cera::cuda {
 namespace {
-
-// One product of a launch. A launch holds up to kMaxSegs products that share the input, the weight
-// type and k; blockIdx.x picks the segment (seg_start), so q/k/v or gate/up are one launch.
-struct Seg {
-    const uint8_t* q;   // quant stream (float types: the rows)
-    const uint8_t* m;   // scale stream
-    int64_t row0, rows;
-    const float* bias;
-    float* y;
-    int64_t ldy;
-    const float* res_a;  // residual epilogue: res_out = res_a + res_scale * y (or null)
-    float* res_out;
-    float res_scale;
-};
-
-struct GemvK {
-    Seg seg[kMaxSegs];
-    unsigned seg_start[kMaxSegs];  // first blockIdx.x of each segment
-    int n_seg;
-    int64_t nb;  // blocks (quantized) or 8-element items (float) per row
-    int ksplit;  // quantized: warps of a block sharing one row group, each a 1/ksplit share of k (1, 2, 4)
-    int64_t k;
-    const int32_t* ids;
-    int x_div;
-    const float* x;
-    int64_t ldx;
-    int accumulate;
-    const uint8_t* xq;
-    int64_t ldxq;
-    float* act;       // SwiGLU pair: silu(gate) * up, [n_y, rows]
-    uint8_t* act_xq;  // and its quantize_q8 rows (or null)
-};
-
-// The segment of this block and the block's index inside it.
-__device__ __forceinline__ Seg pick_seg(const GemvK& a, int64_t& bx) {
-    const unsigned b = blockIdx.x;
-    Seg s = a.seg[0];
-    bx = b;
-    if (a.n_seg > 1 && b >= a.seg_start[1]) s = a.seg[1], bx = b - a.seg_start[1];
-    if (a.n_seg > 2 && b >= a.seg_start[2]) s = a.seg[2], bx = b - a.seg_start[2];
-    return s;
-}
-
-// The warp sums of R values at once (R = 1, 2 or 4): each step of the butterfly halves the values a
-// lane carries until one is left, so it takes 5 + R - 1 shuffles instead of 5 R. The total of v[r]
-// ends in lanes r * 32 / R .. (r + 1) * 32 / R - 1; the function returns the total this lane holds.
-template <int R>
-__device__ __forceinline__ float warp_sum_rows(const float (&v)[R]) {
-    static_assert(R == 1 || R == 2 || R == 4);
-    const int lane = threadIdx.x & 31;
-    float keep;
-    int o = 16;
-    if constexpr (R == 1) {
-        keep = v[0];
-    } else if constexpr (R == 2) {
-        const bool hi = lane & 16;
-        keep = (hi ? v[1] : v[0]) + __shfl_xor_sync(0xffffffffu, hi ? v[0] : v[1], 16);
-        o = 8;
-    } else {
-        const bool b4 = lane & 16, b3 = lane & 8;
-        const float k0 = (b4 ? v[2] : v[0]) + __shfl_xor_sync(0xffffffffu, b4 ? v[0] : v[2], 16);
-        const float k1 = (b4 ? v[3] : v[1]) + __shfl_xor_sync(0xffffffffu, b4 ? v[1] : v[3], 16);
-        keep = (b3 ? k1 : k0) + __shfl_xor_sync(0xffffffffu, b3 ? k0 : k1, 8);
-        o = 4;
-    }
-    for (; o > 0; o >>= 1) keep += __shfl_xor_sync(0xffffffffu, keep, o);
-    return keep;
-}
-
-template <int R>
-__device__ __forceinline__ void finish(const GemvK& a, const Seg& sg, float (&acc)[R], int64_t r0, int yi) {
-    constexpr int W = 32 / R;  // lanes holding one row's total
-    const int lane = threadIdx.x & 31, r = lane / W;
-    const float s = warp_sum_rows<R>(acc);
-    if (lane % W == 0 && r0 + r < sg.rows) {
-        const int64_t o = int64_t(yi) * sg.ldy + r0 + r;
-        float v = s;
-        if (sg.bias) v += sg.bias[r0 + r];
-        if (a.accumulate) v += sg.y[o];
-        sg.y[o] = v;
-        if (sg.res_out) sg.res_out[o] = sg.res_a[o] + sg.res_scale * v;
-    }
-}
-
-// The dot products of NR weight rows with one 8-bit activation row: lane l takes items l, l + 32,
-// ... of every row, two items x NR rows of 16-byte loads in flight. set_rows(qrow, mrow) fills the
-// rows' stream pointers; it runs before the PDL wait (weights only) unless `rows_after_wait`.
-// `part` of `parts` (split-K): the warp takes the 32-item strips part, part + parts, ... (two strips,
-// `parts` apart, per step).
-template <GgmlType T, int NR, class SetRows>
-__device__ __forceinline__ void dot_rows(const GemvK& a, int yi, bool live, bool rows_after_wait, SetRows set_rows,
-                                         float (&acc)[NR], int part = 0, int parts = 1) {
-    using Tr = QTraits<T>;
-    constexpr QuantLayout L = quant_layout(T);
-    const int lane = threadIdx.x & 31;
-    const int64_t n_items = a.nb * Tr::kItems;
-    const int64_t start = lane + 32 * int64_t(part), h = 32 * int64_t(parts), stride = 2 * h;
-    const uint8_t* qrow[NR];
-    const uint8_t* mrow[NR];
-    typename Tr::W w[2][NR];
-    int64_t it[2] = {start, start + h < n_items ? start + h : start};
-    auto load_w = [&]() {
-#pragma unroll
-        for (int u = 0; u < 2; ++u)
-#pragma unroll
-            for (int r = 0; r < NR; ++r)
-                w[u][r] = Tr::load_w(qrow[r], mrow[r], it[u] / Tr::kItems, int(it[u] % Tr::kItems));
-    };
-    if (!rows_after_wait && live && start < n_items) {
-        set_rows(qrow, mrow);
-        load_w();
-    }
-    pdl_wait();
-#pragma unroll
-    for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
-    if (!live) return;
-    const uint8_t* xrow = a.xq + int64_t(yi / a.x_div) * a.ldxq;
-    const int8_t* xq = reinterpret_cast<const int8_t*>(xrow);
-    const float* xd = reinterpret_cast<const float*>(xrow + a.k);
-    if (rows_after_wait) {
-        set_rows(qrow, mrow);
-        if (start < n_items) load_w();
-    }
-    for (int64_t i0 = start; i0 < n_items; i0 += stride) {
-        const bool ok1 = i0 + h < n_items;
-        if (i0 != start) {
-            it[0] = i0, it[1] = ok1 ? i0 + h : i0;
-            load_w();
-        }
-        XQ x[2];
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-            int ea, eb;
-            const int j = int(it[u] % Tr::kItems);
-            Tr::runs(j, ea, eb);
-            const int base = int(it[u] / Tr::kItems) * L.block_elems;
-            x[u] = load_xq(xq, xd, base + ea, base + eb);
-        }
-#pragma unroll
-        for (int r = 0; r < NR; ++r) {
-            acc[r] += Tr::dot(w[0][r], x[0], int(it[0] % Tr::kItems));
-            if (ok1) acc[r] += Tr::dot(w[1][r], x[1], int(it[1] % Tr::kItems));
-        }
-    }
-}
 
 // Block: 4 warps, R rows each, or (split-K, short and wide matrices) 4 / ksplit row groups of R
 // rows, each summed by ksplit warps over interleaved 64-item strips of k and combined in shared
@@ -210,9 +65,10 @@ __global__ void __launch_bounds__(128) gemv_q_kernel(const GemvK a) {
 }
 
 // SwiGLU pair: segment 0 = gate, 1 = up, the same rows (a multiple of 32). A block of 16 warps owns
-// 32 output rows; each warp 2 rows of both matrices (4 weight streams, like R = 4). Epilogue: gate
-// and up outputs, act = silu(gate) * up, and act's 8-bit rows for the next matmul (one 32-group per
-// block: the block's rows), so neither a SwiGLU nor a quantize launch follows.
+// groups of 32 output rows (group x, x + gridDim.x, ...); each warp 2 rows of both matrices (4 weight
+// streams, like R = 4), the first group's loads issued before the PDL wait. Epilogue: gate and up
+// outputs, act = silu(gate) * up, and act's 8-bit rows for the next matmul (one 32-group per row
+// group), so neither a SwiGLU nor a quantize launch follows.
 template <GgmlType T>
 __global__ void __launch_bounds__(512) gemv_glu_kernel(const GemvK a) {
     constexpr QuantLayout L = quant_layout(T);
@@ -220,44 +76,47 @@ __global__ void __launch_bounds__(512) gemv_glu_kernel(const GemvK a) {
     pdl_trigger();
     __shared__ float act_s[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t rb = int64_t(blockIdx.x) * 32;
-    const int64_t r0 = rb + warp * R;
     const int yi = blockIdx.y;
     const Seg& g = a.seg[0];
     const Seg& u = a.seg[1];
-    auto set_rows = [&](const uint8_t** qrow, const uint8_t** mrow) {
+    for (int64_t gb = blockIdx.x; gb * 32 < g.rows; gb += gridDim.x) {
+        const int64_t rb = gb * 32;
+        const int64_t r0 = rb + warp * R;
+        auto set_rows = [&](const uint8_t** qrow, const uint8_t** mrow) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int64_t gg = g.row0 + r0 + r, gu = u.row0 + r0 + r;
-            qrow[r] = g.q + gg * a.nb * L.q_bytes;
-            mrow[r] = g.m + gg * a.nb * L.m_bytes;
-            qrow[R + r] = u.q + gu * a.nb * L.q_bytes;
-            mrow[R + r] = u.m + gu * a.nb * L.m_bytes;
+            for (int r = 0; r < R; ++r) {
+                const int64_t gg = g.row0 + r0 + r, gu = u.row0 + r0 + r;
+                qrow[r] = g.q + gg * a.nb * L.q_bytes;
+                mrow[r] = g.m + gg * a.nb * L.m_bytes;
+                qrow[R + r] = u.q + gu * a.nb * L.q_bytes;
+                mrow[R + r] = u.m + gu * a.nb * L.m_bytes;
+            }
+        };
+        float acc[2 * R];
+        dot_rows<T, 2 * R>(a, yi, true, false, set_rows, acc);
+        // Totals: gate rows in lanes 0-7 and 8-15, up rows in 16-23 and 24-31; lane 8 r gets both of row r.
+        static_assert(R == 2);
+        const float tot = warp_sum_rows<2 * R>(acc);
+        const float tot_up = __shfl_sync(0xffffffffu, tot, (lane + 16) & 31);
+        {
+            const int r = lane / 8;
+            const float sgv = tot, suv = tot_up;
+            if (lane % 8 == 0 && lane < 16) {
+                const int64_t o = int64_t(yi) * g.ldy + r0 + r;
+                const float gv = sgv + (g.bias ? g.bias[r0 + r] : 0.0f);
+                const float uv = suv + (u.bias ? u.bias[r0 + r] : 0.0f);
+                const float act = gv / (1.0f + __expf(-gv)) * uv;
+                g.y[o] = gv;
+                u.y[int64_t(yi) * u.ldy + r0 + r] = uv;
+                a.act[int64_t(yi) * g.rows + r0 + r] = act;
+                act_s[warp * R + r] = act;
+            }
         }
-    };
-    float acc[2 * R];
-    dot_rows<T, 2 * R>(a, yi, true, false, set_rows, acc);
-    // Totals: gate rows in lanes 0-7 and 8-15, up rows in 16-23 and 24-31; lane 8 r gets both of row r.
-    static_assert(R == 2);
-    const float tot = warp_sum_rows<2 * R>(acc);
-    const float tot_up = __shfl_sync(0xffffffffu, tot, (lane + 16) & 31);
-    {
-        const int r = lane / 8;
-        const float sgv = tot, suv = tot_up;
-        if (lane % 8 == 0 && lane < 16) {
-            const int64_t o = int64_t(yi) * g.ldy + r0 + r;
-            const float gv = sgv + (g.bias ? g.bias[r0 + r] : 0.0f);
-            const float uv = suv + (u.bias ? u.bias[r0 + r] : 0.0f);
-            const float act = gv / (1.0f + __expf(-gv)) * uv;
-            g.y[o] = gv;
-            u.y[int64_t(yi) * u.ldy + r0 + r] = uv;
-            a.act[int64_t(yi) * g.rows + r0 + r] = act;
-            act_s[warp * R + r] = act;
-        }
+        if (!a.act_xq) continue;
+        __syncthreads();
+        if (warp == 0) warp_quantize_q8(act_s[lane], a.act_xq + int64_t(yi) * q8_row_bytes(g.rows), g.rows, rb / 32);
+        __syncthreads();  // act_s is rewritten by the next group
     }
-    if (!a.act_xq) return;
-    __syncthreads();
-    if (warp == 0) warp_quantize_q8(act_s[lane], a.act_xq + int64_t(yi) * q8_row_bytes(g.rows), g.rows, rb / 32);
 }
 
 // Staged SwiGLU: a block's weight rows are copied into shared memory with bulk copies (a few 16 KB
@@ -558,40 +417,6 @@ int pick_ksplit(int64_t n_items, int64_t row_warps) {
     return ks;
 }
 
-// The launch parameters shared by every product of a launch (from the first).
-GemvK common_params(const GemvArgs& a, bool& vec) {
-    const GgmlType type = a.w.type;
-    const int64_t k = a.w.k;
-    GemvK p{};
-    const QuantLayout L = quant_layout(type);
-    vec = true;
-    if (L.block_elems > 0) {
-        CERA_CHECK(a.xq != nullptr && k % L.block_elems == 0);
-        p.nb = k / L.block_elems;
-    } else {
-        CERA_CHECK(is_float_type(type) && a.x != nullptr, "gemv: unsupported weight type %s", type_name(type));
-        vec = k % 8 == 0 && a.ldx % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
-        p.nb = k / 8;
-    }
-    p.k = k;
-    p.ksplit = 1;
-    p.ids = a.ids, p.x_div = a.x_div;
-    p.x = a.x, p.ldx = a.ldx;
-    p.xq = static_cast<const uint8_t*>(a.xq), p.ldxq = q8_row_bytes(k);
-    p.accumulate = a.accumulate;
-    return p;
-}
-
-Seg make_seg(const GemvArgs& a) {
-    Seg s{};
-    s.q = static_cast<const uint8_t*>(a.w.image);
-    s.m = scale_stream(a.w);
-    s.row0 = a.w.row0, s.rows = a.rows;
-    s.bias = a.bias, s.y = a.y, s.ldy = a.ldy;
-    s.res_a = a.res_a, s.res_out = a.res_out, s.res_scale = a.res_scale;
-    return s;
-}
-
 int env_int(const char* name, int fallback) {
     const char* e = std::getenv(name);
     return e && *e ? std::atoi(e) : fallback;
@@ -710,7 +535,16 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
         }
         return;
     }
-    const dim3 grid(unsigned(gate.rows / 32), unsigned(gate.n_y));
+    // One wave: blocks of 32 rows walk the row groups (one block per SM at ~100 registers a thread),
+    // instead of a second wave of blocks that start only as the first ones leave. Measured faster on
+    // Q4_0 (+1.1%), slower on Q8_0 (-1.3%; bench/NOTES.md): the 16-byte-quant types only by default.
+    // CERA_CUDA_GLU_PERSIST=0: never, 1: every type.
+    static const int persist = env_int("CERA_CUDA_GLU_PERSIST", -1);
+    const GgmlType t = gate.w.type;
+    const bool one_wave = persist == 1 || (persist < 0 && (t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1));
+    int64_t n_rb = gate.rows / 32;
+    if (one_wave) n_rb = ceil_div(n_rb, ceil_div(n_rb, int64_t(sm_count())));
+    const dim3 grid(unsigned(n_rb), unsigned(gate.n_y));
     switch (gate.w.type) {
 #define CERA_Q(T)                                                   \
     case GgmlType::T:                                               \

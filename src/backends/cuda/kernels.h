@@ -172,6 +172,17 @@ struct QkvRopeArgs {
 };
 void qkv_rope_store(const QkvRopeArgs& a, Stream stream);
 
+// Decode products fused with the op that consumes them (gemv_fused.cu); the callers check *_supported
+// and otherwise launch the two ops. gemv_qkv_rope_store: the q, k and v products (qkv[0..2], their y
+// = r.q, r.k, r.v) and then qkv_rope_store(r); quantized weights, head_dim 64, 128 or 256.
+bool gemv_qkv_rope_supported(const GemvArgs (&qkv)[3], const QkvRopeArgs& r);
+void gemv_qkv_rope_store(const GemvArgs (&qkv)[3], const QkvRopeArgs& r, Stream stream);
+// gemv_conv: one token's in_proj product (its y = bcx, 3 n rows) and then short_conv(bcx, ...) with its
+// 8-bit output rows out_xq (or null); quantized weights, n % 32 == 0, kernel length taps <= 8.
+bool gemv_conv_supported(const GemvArgs& in_proj, int taps);
+void gemv_conv(const GemvArgs& in_proj, const float* conv_w, int taps, float* state, float* state_prev, float* out,
+               void* out_xq, Stream stream);
+
 struct AttentionArgs {
     const float* q = nullptr;     // [n_tokens, n_head * head_dim]
     const void* k_cache = nullptr;  // [n_ctx, n_head_kv * head_dim]

@@ -1,0 +1,190 @@
+// The pieces of the decode GEMV kernels that the fused ones share (gemv.cu, gemv_fused.cu): the
+// launch parameters, the warp sums of several rows, and the row dot products with the weight loads
+// issued before the PDL wait, and the host side's launch parameters from GemvArgs.
+#pragma once
+#include "backends/cuda/quant_device.cuh"
+
+namespace cera::cuda {
+namespace {
+
+// One product of a launch. A launch holds up to kMaxSegs products that share the input, the weight
+// type and k; blockIdx.x picks the segment (seg_start), so q/k/v or gate/up are one launch.
+struct Seg {
+    const uint8_t* q;   // quant stream (float types: the rows)
+    const uint8_t* m;   // scale stream
+    int64_t row0, rows;
+    const float* bias;
+    float* y;
+    int64_t ldy;
+    const float* res_a;  // residual epilogue: res_out = res_a + res_scale * y (or null)
+    float* res_out;
+    float res_scale;
+};
+
+struct GemvK {
+    Seg seg[kMaxSegs];
+    unsigned seg_start[kMaxSegs];  // first blockIdx.x of each segment
+    int n_seg;
+    int64_t nb;  // blocks (quantized) or 8-element items (float) per row
+    int ksplit;  // quantized: warps of a block sharing one row group, each a 1/ksplit share of k (1, 2, 4)
+    int64_t k;
+    const int32_t* ids;
+    int x_div;
+    const float* x;
+    int64_t ldx;
+    int accumulate;
+    const uint8_t* xq;
+    int64_t ldxq;
+    float* act;       // SwiGLU pair: silu(gate) * up, [n_y, rows]
+    uint8_t* act_xq;  // and its quantize_q8 rows (or null)
+};
+
+// The segment of this block and the block's index inside it.
+__device__ __forceinline__ Seg pick_seg(const GemvK& a, int64_t& bx) {
+    const unsigned b = blockIdx.x;
+    Seg s = a.seg[0];
+    bx = b;
+    if (a.n_seg > 1 && b >= a.seg_start[1]) s = a.seg[1], bx = b - a.seg_start[1];
+    if (a.n_seg > 2 && b >= a.seg_start[2]) s = a.seg[2], bx = b - a.seg_start[2];
+    return s;
+}
+
+// The warp sums of R values at once (R = 1, 2 or 4): each step of the butterfly halves the values a
+// lane carries until one is left, so it takes 5 + R - 1 shuffles instead of 5 R. The total of v[r]
+// ends in lanes r * 32 / R .. (r + 1) * 32 / R - 1; the function returns the total this lane holds.
+template <int R>
+__device__ __forceinline__ float warp_sum_rows(const float (&v)[R]) {
+    static_assert(R == 1 || R == 2 || R == 4);
+    const int lane = threadIdx.x & 31;
+    float keep;
+    int o = 16;
+    if constexpr (R == 1) {
+        keep = v[0];
+    } else if constexpr (R == 2) {
+        const bool hi = lane & 16;
+        keep = (hi ? v[1] : v[0]) + __shfl_xor_sync(0xffffffffu, hi ? v[0] : v[1], 16);
+        o = 8;
+    } else {
+        const bool b4 = lane & 16, b3 = lane & 8;
+        const float k0 = (b4 ? v[2] : v[0]) + __shfl_xor_sync(0xffffffffu, b4 ? v[0] : v[2], 16);
+        const float k1 = (b4 ? v[3] : v[1]) + __shfl_xor_sync(0xffffffffu, b4 ? v[1] : v[3], 16);
+        keep = (b3 ? k1 : k0) + __shfl_xor_sync(0xffffffffu, b3 ? k0 : k1, 8);
+        o = 4;
+    }
+    for (; o > 0; o >>= 1) keep += __shfl_xor_sync(0xffffffffu, keep, o);
+    return keep;
+}
+
+template <int R>
+__device__ __forceinline__ void finish(const GemvK& a, const Seg& sg, float (&acc)[R], int64_t r0, int yi) {
+    constexpr int W = 32 / R;  // lanes holding one row's total
+    const int lane = threadIdx.x & 31, r = lane / W;
+    const float s = warp_sum_rows<R>(acc);
+    if (lane % W == 0 && r0 + r < sg.rows) {
+        const int64_t o = int64_t(yi) * sg.ldy + r0 + r;
+        float v = s;
+        if (sg.bias) v += sg.bias[r0 + r];
+        if (a.accumulate) v += sg.y[o];
+        sg.y[o] = v;
+        if (sg.res_out) sg.res_out[o] = sg.res_a[o] + sg.res_scale * v;
+    }
+}
+
+// The dot products of NR weight rows with one 8-bit activation row: lane l takes items l, l + 32,
+// ... of every row, two items x NR rows of 16-byte loads in flight. set_rows(qrow, mrow) fills the
+// rows' stream pointers; it runs before the PDL wait (weights only) unless `rows_after_wait`.
+// `part` of `parts` (split-K): the warp takes the 32-item strips part, part + parts, ... (two strips,
+// `parts` apart, per step).
+template <GgmlType T, int NR, class SetRows>
+__device__ __forceinline__ void dot_rows(const GemvK& a, int yi, bool live, bool rows_after_wait, SetRows set_rows,
+                                         float (&acc)[NR], int part = 0, int parts = 1) {
+    using Tr = QTraits<T>;
+    constexpr QuantLayout L = quant_layout(T);
+    const int lane = threadIdx.x & 31;
+    const int64_t n_items = a.nb * Tr::kItems;
+    const int64_t start = lane + 32 * int64_t(part), h = 32 * int64_t(parts), stride = 2 * h;
+    const uint8_t* qrow[NR];
+    const uint8_t* mrow[NR];
+    typename Tr::W w[2][NR];
+    int64_t it[2] = {start, start + h < n_items ? start + h : start};
+    auto load_w = [&]() {
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+#pragma unroll
+            for (int r = 0; r < NR; ++r)
+                w[u][r] = Tr::load_w(qrow[r], mrow[r], it[u] / Tr::kItems, int(it[u] % Tr::kItems));
+    };
+    if (!rows_after_wait && live && start < n_items) {
+        set_rows(qrow, mrow);
+        load_w();
+    }
+    pdl_wait();
+#pragma unroll
+    for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
+    if (!live) return;
+    const uint8_t* xrow = a.xq + int64_t(yi / a.x_div) * a.ldxq;
+    const int8_t* xq = reinterpret_cast<const int8_t*>(xrow);
+    const float* xd = reinterpret_cast<const float*>(xrow + a.k);
+    if (rows_after_wait) {
+        set_rows(qrow, mrow);
+        if (start < n_items) load_w();
+    }
+    for (int64_t i0 = start; i0 < n_items; i0 += stride) {
+        const bool ok1 = i0 + h < n_items;
+        if (i0 != start) {
+            it[0] = i0, it[1] = ok1 ? i0 + h : i0;
+            load_w();
+        }
+        XQ x[2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            int ea, eb;
+            const int j = int(it[u] % Tr::kItems);
+            Tr::runs(j, ea, eb);
+            const int base = int(it[u] / Tr::kItems) * L.block_elems;
+            x[u] = load_xq(xq, xd, base + ea, base + eb);
+        }
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            acc[r] += Tr::dot(w[0][r], x[0], int(it[0] % Tr::kItems));
+            if (ok1) acc[r] += Tr::dot(w[1][r], x[1], int(it[1] % Tr::kItems));
+        }
+    }
+}
+
+// The launch parameters shared by every product of a launch (from the first).
+inline GemvK common_params(const GemvArgs& a, bool& vec) {
+    const GgmlType type = a.w.type;
+    const int64_t k = a.w.k;
+    GemvK p{};
+    const QuantLayout L = quant_layout(type);
+    vec = true;
+    if (L.block_elems > 0) {
+        CERA_CHECK(a.xq != nullptr && k % L.block_elems == 0);
+        p.nb = k / L.block_elems;
+    } else {
+        CERA_CHECK(is_float_type(type) && a.x != nullptr, "gemv: unsupported weight type %s", type_name(type));
+        vec = k % 8 == 0 && a.ldx % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
+        p.nb = k / 8;
+    }
+    p.k = k;
+    p.ksplit = 1;
+    p.ids = a.ids, p.x_div = a.x_div;
+    p.x = a.x, p.ldx = a.ldx;
+    p.xq = static_cast<const uint8_t*>(a.xq), p.ldxq = q8_row_bytes(k);
+    p.accumulate = a.accumulate;
+    return p;
+}
+
+inline Seg make_seg(const GemvArgs& a) {
+    Seg s{};
+    s.q = static_cast<const uint8_t*>(a.w.image);
+    s.m = scale_stream(a.w);
+    s.row0 = a.w.row0, s.rows = a.rows;
+    s.bias = a.bias, s.y = a.y, s.ldy = a.ldy;
+    s.res_a = a.res_a, s.res_out = a.res_out, s.res_scale = a.res_scale;
+    return s;
+}
+
+}  // namespace
+}  // namespace cera::cuda

@@ -1,0 +1,226 @@
+// Decode products fused with the per-row op that consumes their output, so that op's launch and its
+// round trip through L2 leave the step's chain of kernels. Both ops only need rows a block can own:
+//
+//   gemv_qkv_rope_store: the q, k and v products with the per-head RMSNorm + RoPE and the KV-cache
+//     store (norm_rope.cu's qkv_rope_store). A block owns one head vector of one token: head_dim
+//     rows of one of the three matrices, 16 warps of 4 rows, in passes of 64 rows. The row totals
+//     go to shared memory; warp 0 then normalizes and rotates the head there (angles from the
+//     table, read before the PDL wait), writes it out and appends k / v to the cache.
+//   gemv_conv: the LFM2 in_proj and short conv of one token (elementwise.cu's short_conv). A block
+//     owns 32 channels c: warp w the rows c, n + c and 2n + c (B, C and x of channel c0 + w). The
+//     conv taps and the rolling state are read before the wait (the state is written only by this
+//     op, in earlier steps); the epilogue computes C * conv(B * x), writes it and its 8-bit group
+//     for the out-projection, and rolls the state.
+//
+// The weight loads are issued before the PDL wait as in gemv.cu. A block reads its rows once; the
+// grids are small (48 blocks for 32 + 2 x 8 heads, 64 for 2048 channels), so each SM streams
+// 74-110 KB of Q4_0 rows instead of ~18 KB: the trade is one launch of ~2-3 us on the critical path
+// against a longer stream per SM. Roofline: the products' bytes (lfm2-1.2b Q4_0: q/k/v 3.5 MB,
+// in_proj 7.1 MB).
+#include <cooperative_groups.h>
+
+#include "backends/cuda/gemv_device.cuh"
+#include "backends/cuda/rope_device.cuh"
+
+namespace cera::cuda {
+namespace {
+
+constexpr int kConvTaps = 8;  // largest kernel length L (as elementwise.cu's kMaxConv)
+
+// grid (n_head + 2 n_head_kv, n_tokens): block hh is q head hh, then the k heads, then the v heads.
+template <GgmlType T, class C, int NW>
+__global__ void __launch_bounds__(NW * 32) gemv_qkv_rope_kernel(const GemvK a, const QkvRopeArgs r) {
+    constexpr QuantLayout L = quant_layout(T);
+    constexpr int R = L.block_elems == 256 || NW == 32 ? 2 : 4;  // K-quants: 2 rows a warp (registers)
+    constexpr int kPass = NW * R;
+    pdl_trigger();
+    __shared__ float ys[256];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int hh = blockIdx.x, yi = blockIdx.y, hd = r.head_dim;
+    const int s = hh < r.n_head ? 0 : hh < r.n_head + r.n_head_kv ? 1 : 2;
+    const int head = s == 0 ? hh : s == 1 ? hh - r.n_head : hh - r.n_head - r.n_head_kv;
+    const Seg& sg = a.seg[s];
+    // Positions are written by the host before the step: warp 0's rotation is looked up before the wait.
+    const int32_t p = r.pos[yi];
+    const RopeArgs& rope = s == 0 ? r.q_rope : r.k_rope;
+    __shared__ RopeCS cs[32];  // warp 0's rotations (in shared memory, not in registers across the products)
+    if (warp == 0 && s < 2) cs[lane] = rope_angles(p, rope);
+    for (int pass = 0; pass < hd / kPass; ++pass) {
+        const int64_t r0 = int64_t(head) * hd + pass * kPass + warp * R;
+        auto set_rows = [&](const uint8_t** qrow, const uint8_t** mrow) {
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+                const int64_t gr = sg.row0 + r0 + j;
+                qrow[j] = sg.q + gr * a.nb * L.q_bytes;
+                mrow[j] = sg.m + gr * a.nb * L.m_bytes;
+            }
+        };
+        float acc[R];
+        dot_rows<T, R>(a, yi, true, false, set_rows, acc);
+        const float tot = warp_sum_rows<R>(acc);
+        if (lane % (32 / R) == 0) {
+            const int j = lane / (32 / R);
+            ys[pass * kPass + warp * R + j] = tot + (sg.bias ? sg.bias[r0 + j] : 0.0f);
+        }
+    }
+    __syncthreads();
+    if (warp != 0) return;
+    if (s < 2)
+        head_norm_rope(ys, hd, s == 0 ? r.q_norm : r.k_norm, s == 0 ? r.q_eps : r.k_eps, p, rope,
+                       rope_precomputable(rope) ? &cs[lane] : nullptr);
+    __syncwarp();  // the lanes read each other's rotated values
+    float* y = sg.y + int64_t(yi) * sg.ldy + int64_t(head) * hd;
+    for (int i = lane; i < hd; i += 32) y[i] = ys[i];
+    if (s == 0 || p < 0 || p >= r.n_ctx) return;
+    const int64_t kv_width = int64_t(r.n_head_kv) * hd;
+    C* cache = static_cast<C*>(s == 1 ? r.k_cache : r.v_cache) + p * kv_width + int64_t(head) * hd;
+    store_head(ys, cache, hd);
+}
+
+// One token; grid n / 16 in clusters of two blocks (a 32-channel group of the 8-bit output).
+template <GgmlType T>
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512) gemv_conv_kernel(
+    const GemvK a, const float* __restrict__ conv_w, int taps, float* state, float* state_prev, float* out,
+    uint8_t* out_xq) {
+    constexpr QuantLayout L = quant_layout(T);
+    pdl_trigger();
+    __shared__ float os[16], wc_s[16][kConvTaps], win_s[16][kConvTaps];
+    __shared__ float amax_s;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const Seg& sg = a.seg[0];
+    const int64_t n = sg.rows / 3, c = int64_t(blockIdx.x) * 16 + warp;
+    // The taps and the state (kept in shared memory, not in registers across the products).
+    if (lane < taps) wc_s[warp][lane] = conv_w[c * taps + lane];
+    if (lane < taps - 1) {
+        const float v = state[lane * n + c];
+        win_s[warp][lane] = v;
+        if (state_prev) state_prev[lane * n + c] = v;
+    }
+    __syncwarp();  // lane 0 reads them in the epilogue
+    auto set_rows = [&](const uint8_t** qrow, const uint8_t** mrow) {
+#pragma unroll
+        for (int j = 0; j < 3; ++j) {
+            const int64_t gr = sg.row0 + j * n + c;
+            qrow[j] = sg.q + gr * a.nb * L.q_bytes;
+            mrow[j] = sg.m + gr * a.nb * L.m_bytes;
+        }
+    };
+    float a3[3];
+    dot_rows<T, 3>(a, 0, true, false, set_rows, a3);
+    // Row j's total ends in lanes 8 j .. 8 j + 7.
+    const float acc[4] = {a3[0], a3[1], a3[2], 0.0f};
+    const float tot = warp_sum_rows<4>(acc);
+    const float b = __shfl_sync(0xffffffffu, tot, 0), g = __shfl_sync(0xffffffffu, tot, 8),
+                xv = __shfl_sync(0xffffffffu, tot, 16);
+    if (lane == 0) {
+        const float B = b + (sg.bias ? sg.bias[c] : 0.0f), Cg = g + (sg.bias ? sg.bias[n + c] : 0.0f),
+                    X = xv + (sg.bias ? sg.bias[2 * n + c] : 0.0f);
+        sg.y[c] = B, sg.y[n + c] = Cg, sg.y[2 * n + c] = X;
+        const float bx = B * X;
+        float s = 0.0f;
+        for (int j = 0; j < taps - 1; ++j) s = fmaf(wc_s[warp][j], win_s[warp][j], s);
+        s = fmaf(wc_s[warp][taps - 1], bx, s);
+        const float o = Cg * s;
+        out[c] = o;
+        os[warp] = o;
+        for (int j = 0; j < taps - 1; ++j) state[j * n + c] = j < taps - 2 ? win_s[warp][j + 1] : bx;
+    }
+    if (!out_xq) return;  // the same for both blocks of the cluster
+    // The 32-channel group's scale from both blocks' maxima (distributed shared memory), as
+    // warp_quantize_q8 computes it over the whole group.
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    __syncthreads();
+    const float v = lane < 16 ? os[lane] : 0.0f;
+    if (warp == 0) {
+        const float m = warp_max(fabsf(v));
+        if (lane == 0) amax_s = m;
+    }
+    cl.sync();
+    const unsigned rank = cl.block_rank();
+    if (warp == 0) {
+        const float other = *cl.map_shared_rank(&amax_s, rank ^ 1u);
+        const float d = fmaxf(amax_s, other) / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const int64_t grp = blockIdx.x / 2;
+        if (lane < 16) out_xq[32 * grp + 16 * rank + lane] = uint8_t(int8_t(__float2int_rn(v * id)));
+        if (lane == 0 && rank == 0) reinterpret_cast<float*>(out_xq + n)[grp] = d;
+    }
+    cl.sync();  // the partner has read amax_s before this block leaves
+}
+
+}  // namespace
+
+bool gemv_qkv_rope_supported(const GemvArgs (&qkv)[3], const QkvRopeArgs& r) {
+    const GgmlType type = qkv[0].w.type;
+    const int hd = r.head_dim;
+    if (quant_layout(type).block_elems == 0 || (hd != 64 && hd != 128 && hd != 256)) return false;
+    const int64_t rows[3] = {int64_t(r.n_head) * hd, int64_t(r.n_head_kv) * hd, int64_t(r.n_head_kv) * hd};
+    for (int i = 0; i < 3; ++i) {
+        const GemvArgs& g = qkv[i];
+        if (g.w.type != type || g.w.k != qkv[0].w.k || g.rows != rows[i] || g.n_y != qkv[0].n_y || g.ids ||
+            g.xq != qkv[0].xq || !g.xq || g.accumulate || g.res_out || g.ldy != g.rows || g.n_y > 64)
+            return false;
+    }
+    for (const RopeArgs* rr : {&r.q_rope, &r.k_rope})
+        if (rr->mode != 0 && (rr->n_rot % 2 != 0 || rr->n_rot > hd)) return false;
+    return qkv[0].y == r.q && qkv[1].y == r.k && qkv[2].y == r.v && r.n_tokens == qkv[0].n_y;
+}
+
+void gemv_qkv_rope_store(const GemvArgs (&qkv)[3], const QkvRopeArgs& r, Stream stream) {
+    if (debug_skip("qkvrope")) return;
+    CERA_CHECK(gemv_qkv_rope_supported(qkv, r), "gemv_qkv_rope_store: unsupported shapes or types");
+    bool vec = true;
+    GemvK p = common_params(qkv[0], vec);
+    for (int i = 0; i < 3; ++i) p.seg[i] = make_seg(qkv[i]);
+    p.n_seg = 3;
+    const dim3 grid(unsigned(r.n_head + 2 * r.n_head_kv), unsigned(r.n_tokens));
+    cudaStream_t s = as_stream(stream);
+    static const bool wide_env = [] {
+        const char* e = std::getenv("CERA_CUDA_QKV_WIDE");
+        return e && e[0] == '1';
+    }();
+    const bool wide = wide_env && r.f16 && r.head_dim % 64 == 0;
+    switch (qkv[0].w.type) {
+#define CERA_Q(T)                                                                                 \
+    case GgmlType::T:                                                                             \
+        if (wide) launch(gemv_qkv_rope_kernel<GgmlType::T, __half, 32>, grid, 1024, 0, s, p, r);  \
+        else if (r.f16) launch(gemv_qkv_rope_kernel<GgmlType::T, __half, 16>, grid, 512, 0, s, p, r); \
+        else launch(gemv_qkv_rope_kernel<GgmlType::T, float, 16>, grid, 512, 0, s, p, r);         \
+        break;
+        CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
+#undef CERA_Q
+        default: CERA_CHECK(false, "gemv_qkv_rope_store: unsupported weight type %s", type_name(qkv[0].w.type));
+    }
+}
+
+bool gemv_conv_supported(const GemvArgs& in_proj, int taps) {
+    const int64_t n = in_proj.rows / 3;
+    return quant_layout(in_proj.w.type).block_elems > 0 && in_proj.n_y == 1 && in_proj.rows % 3 == 0 && n % 32 == 0 &&
+           n > 0 && taps >= 1 && taps <= kConvTaps && in_proj.xq && !in_proj.ids && !in_proj.accumulate &&
+           !in_proj.res_out && in_proj.ldy == in_proj.rows;
+}
+
+void gemv_conv(const GemvArgs& in_proj, const float* conv_w, int taps, float* state, float* state_prev, float* out,
+               void* out_xq, Stream stream) {
+    if (debug_skip("conv")) return;
+    CERA_CHECK(gemv_conv_supported(in_proj, taps), "gemv_conv: unsupported shapes or types");
+    bool vec = true;
+    GemvK p = common_params(in_proj, vec);
+    p.seg[0] = make_seg(in_proj);
+    p.n_seg = 1;
+    const unsigned grid = unsigned(in_proj.rows / 3 / 16);
+    cudaStream_t s = as_stream(stream);
+    auto* xq = static_cast<uint8_t*>(out_xq);
+    switch (in_proj.w.type) {
+#define CERA_Q(T)                                                                                               \
+    case GgmlType::T:                                                                                           \
+        launch(gemv_conv_kernel<GgmlType::T>, grid, 512, 0, s, p, conv_w, taps, state, state_prev, out, xq);   \
+        break;
+        CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
+#undef CERA_Q
+        default: CERA_CHECK(false, "gemv_conv: unsupported weight type %s", type_name(in_proj.w.type));
+    }
+}
+
+}  // namespace cera::cuda
