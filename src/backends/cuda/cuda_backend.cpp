@@ -12,10 +12,12 @@
 //    held back until the next call, so products that share an input go out as one launch (q/k/v,
 //    gate/up), gate/up followed by swiglu() become one kernel with a SwiGLU epilogue, and a GEMV
 //    followed by add() of its output takes the residual add in its epilogue. norm_rope() of q and
-//    k followed by kv_store() is one launch. rms_norm, swiglu, the decode short conv and attention
-//    also write their output's 8-bit rows, recorded as the cached quantization of that tensor, so
-//    the next GEMV needs no quantize launch. Every other call (and read, write, sync) first
-//    queues whatever is held back, in order. lfm2-1.2b: 274 -> 121 kernels per decoded token.
+//    k followed by kv_store() is one launch, with the q/k/v products when they are still held
+//    (gemv_fused.cu), and so is a one-token in_proj followed by short_conv() (K-quants). rms_norm,
+//    swiglu, the decode short conv and attention also write their output's 8-bit rows, recorded as
+//    the cached quantization of that tensor, so the next GEMV needs no quantize launch. Every other
+//    call (and read, write, sync) first queues whatever is held back, in order. lfm2-1.2b Q4_0:
+//    274 -> 106 kernels per decoded token.
 //  - Decode programs (opt-in, CERA_CUDA_MEGA=1; slower than the graphs so far, see bench/NOTES.md):
 //    while a single-token step is captured its ops are also recorded (decode_program.h); when every
 //    op is covered, later replays of that step run as one persistent kernel (decode_step.h).
@@ -145,18 +147,8 @@ class CudaBackend final : public Backend {
         for (size_t i = 0; i < 4; ++i) t.ne[i] = i < ne.size() ? ne[i] : 1;
         const int64_t k = t.ne[0], rows = t.rows();
         std::vector<uint8_t> expanded;
-        if (!cuda::weight_type_supported(type)) {
-            // No kernel for this type: expand to F16 once, on the host.
-            if (!can_dequantize(type))
-                throw_error(ErrorCode::kUnsupported, "CUDA backend: weight type %s is not supported", type_name(type));
-            std::vector<float> row(static_cast<size_t>(k));
-            expanded.resize(size_t(rows * k) * 2);
-            const size_t rb = row_size(type, k);
-            for (int64_t r = 0; r < rows; ++r) {
-                dequantize_row_ref(type, static_cast<const uint8_t*>(host) + size_t(r) * rb, row.data(), k);
-                uint16_t* d = reinterpret_cast<uint16_t*>(expanded.data()) + r * k;
-                for (int64_t i = 0; i < k; ++i) d[i] = __half_as_ushort(__float2half_rn(row[size_t(i)]));
-            }
+        if (!cuda::weight_type_supported(type)) {  // no kernel for this type: F16, expanded once on the host
+            expanded = cuda::expand_to_f16(type, host, rows, k);
             host = expanded.data();
             type = GgmlType::kF16;
         }

@@ -3,20 +3,23 @@
 //
 //   gemv_qkv_rope_store: the q, k and v products with the per-head RMSNorm + RoPE and the KV-cache
 //     store (norm_rope.cu's qkv_rope_store). A block owns one head vector of one token: head_dim
-//     rows of one of the three matrices, 16 warps of 4 rows, in passes of 64 rows. The row totals
-//     go to shared memory; warp 0 then normalizes and rotates the head there (angles from the
-//     table, read before the PDL wait), writes it out and appends k / v to the cache.
+//     rows of one of the three matrices, 16 warps of 4 rows (K-quants: 2, for registers) in passes.
+//     The row totals go to shared memory; warp 0 then normalizes and rotates the head there (its
+//     rotations looked up before the PDL wait), writes it out and appends k / v to the cache.
 //   gemv_conv: the LFM2 in_proj and short conv of one token (elementwise.cu's short_conv). A block
-//     owns 32 channels c: warp w the rows c, n + c and 2n + c (B, C and x of channel c0 + w). The
-//     conv taps and the rolling state are read before the wait (the state is written only by this
-//     op, in earlier steps); the epilogue computes C * conv(B * x), writes it and its 8-bit group
-//     for the out-projection, and rolls the state.
+//     owns 16 channels c, warp w the rows c, n + c and 2n + c (B, C and x of its channel); the conv
+//     taps and the rolling state are read before the wait (the state is written only by this op, in
+//     earlier steps). The epilogue computes C * conv(B * x), writes it, rolls the state, and the two
+//     blocks of a cluster share their maxima (distributed shared memory) to write the output's 8-bit
+//     32-channel group for the out-projection. (32 channels a block would need 110 KB of weights in
+//     flight per block: more registers than 1,024 threads have.)
 //
-// The weight loads are issued before the PDL wait as in gemv.cu. A block reads its rows once; the
-// grids are small (48 blocks for 32 + 2 x 8 heads, 64 for 2048 channels), so each SM streams
-// 74-110 KB of Q4_0 rows instead of ~18 KB: the trade is one launch of ~2-3 us on the critical path
-// against a longer stream per SM. Roofline: the products' bytes (lfm2-1.2b Q4_0: q/k/v 3.5 MB,
-// in_proj 7.1 MB).
+// The weight loads are issued before the PDL wait as in gemv.cu. The grids are small (48 blocks for
+// 32 + 2 x 8 heads of 64, 128 for 2048 channels), so each SM streams more bytes (74 KB of Q4_0 rows
+// for a head against ~18 KB in the plain launch): the trade is one launch of ~2-3 us on the critical
+// path against a longer stream per SM. Measured (bench/NOTES.md): q/k/v faster for every type tried;
+// in_proj + conv faster for Q4_K only, so the backend uses it for the K-quants. Roofline: the
+// products' bytes (lfm2-1.2b Q4_0: q/k/v 3.5 MB, in_proj 7.1 MB).
 #include <cooperative_groups.h>
 
 #include "backends/cuda/gemv_device.cuh"

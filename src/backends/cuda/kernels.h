@@ -12,6 +12,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -60,6 +61,9 @@ void trace_finish();
 size_t weight_image_bytes(GgmlType type, int64_t rows, int64_t k);
 // GGUF bytes (rows of row_size(type, k)) -> device image layout, on the host.
 void make_weight_image(GgmlType type, const void* gguf, int64_t rows, int64_t k, void* image);
+// GGUF rows of a type without a kernel, expanded to F16 (round to nearest even) on the host; throws
+// kUnsupported for a type the reference kernels cannot dequantize.
+std::vector<uint8_t> expand_to_f16(GgmlType type, const void* gguf, int64_t rows, int64_t k);
 
 struct WeightRef {
     GgmlType type = GgmlType::kF32;

@@ -3,6 +3,8 @@
 
 #include "backends/cuda/kernels.h"
 #include "core/check.h"
+#include "core/fp16.h"
+#include "core/quant/quant.h"
 #include "core/quant/blocks.h"
 
 namespace cera::cuda {
@@ -97,6 +99,20 @@ void make_weight_image(GgmlType type, const void* gguf, int64_t rows, int64_t k,
             break;
         default: CERA_CHECK(false, "no CUDA image layout for %s", type_name(type));
     }
+}
+
+std::vector<uint8_t> expand_to_f16(GgmlType type, const void* gguf, int64_t rows, int64_t k) {
+    if (!can_dequantize(type))
+        throw_error(ErrorCode::kUnsupported, "CUDA backend: weight type %s is not supported", type_name(type));
+    std::vector<uint8_t> out(size_t(rows * k) * 2);
+    std::vector<float> row(static_cast<size_t>(k));
+    const size_t rb = row_size(type, k);
+    for (int64_t r = 0; r < rows; ++r) {
+        dequantize_row_ref(type, static_cast<const uint8_t*>(gguf) + size_t(r) * rb, row.data(), k);
+        uint16_t* d = reinterpret_cast<uint16_t*>(out.data()) + r * k;
+        for (int64_t i = 0; i < k; ++i) d[i] = fp32_to_fp16(row[size_t(i)]);
+    }
+    return out;
 }
 
 }  // namespace cera::cuda
