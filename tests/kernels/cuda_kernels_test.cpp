@@ -525,8 +525,12 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
     setenv("CERA_CUDA_MEGA", "1", 1);
     auto mega = create_backend(o);
     unsetenv("CERA_CUDA_MEGA");
-    constexpr int kBes = 4;
-    Backend* bes[kBes] = {gpu_.get(), plain.get(), cpu_.get(), mega.get()};
+    // A fifth fuses every product with its consumer, also where the default leaves it (gemv_fused.cu).
+    setenv("CERA_CUDA_FUSE_PRODUCTS", "all", 1);
+    auto all = create_backend(o);
+    unsetenv("CERA_CUDA_FUSE_PRODUCTS");
+    constexpr int kBes = 5;
+    Backend* bes[kBes] = {gpu_.get(), plain.get(), cpu_.get(), mega.get(), all.get()};
     const int64_t n_embd = 256, n_head = 4, n_head_kv = 2, n_ctx = 64, L = 3;
     for (int64_t hd : {64, 128})
     for (G type : {G::kQ4_0, G::kQ8_0, G::kQ4_K, G::kF16, G::kQ5_1, G::kQ6_K}) {
@@ -640,10 +644,12 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
                     EXPECT_LT(diff(f, 0, 1), tight) << name << " fused vs unfused, step " << step;
                     EXPECT_LT(diff(f, 0, 2), loose) << name << " fused vs cpu, step " << step;
                     EXPECT_LT(diff(f, 3, 1), tight) << name << " decode program vs unfused, step " << step;
+                    EXPECT_LT(diff(f, 4, 1), tight) << name << " every product fused vs unfused, step " << step;
                 }
                 // The KV cache rows written so far (f16).
                 std::vector<uint16_t> c0(size_t(kvw * n_ctx)), c1(c0.size());
-                for (auto [f, other] : {std::pair{&Bufs::kc, 0}, {&Bufs::vc, 0}, {&Bufs::kc, 3}, {&Bufs::vc, 3}}) {
+                for (auto [f, other] : {std::pair{&Bufs::kc, 0}, {&Bufs::vc, 0}, {&Bufs::kc, 3}, {&Bufs::vc, 3},
+                                        {&Bufs::kc, 4}, {&Bufs::vc, 4}}) {
                     bes[other]->read(c0.data(), b[other].*f, c0.size() * 2);
                     bes[1]->read(c1.data(), b[1].*f, c1.size() * 2);
                     double err = 0, mag = 1e-3;

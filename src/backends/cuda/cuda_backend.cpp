@@ -97,13 +97,12 @@ class CudaBackend final : public Backend {
         graphs_enabled_ = !(g && std::strcmp(g, "0") == 0);
         const char* f = std::getenv("CERA_CUDA_FUSE");
         fuse_ = !(f && std::strcmp(f, "0") == 0);
-        // Products fused with their consumer (gemv_fused.cu): q/k/v + RoPE + KV store for every type,
-        // in_proj + short conv for the K-quants only (slower for Q4_0 and Q8_0; bench/NOTES.md).
-        // CERA_CUDA_FUSE_PRODUCTS=0: neither; qkv: q/k/v only; all: both for every type (A/B).
+        // Products fused with their consumer (gemv_fused.cu), where each measured faster (bench/NOTES.md):
+        // q/k/v + RoPE + KV store for the 32-element block types, in_proj + short conv for the K-quants.
+        // CERA_CUDA_FUSE_PRODUCTS=0: neither; all: both for every block type (A/B).
         const char* fp = std::getenv("CERA_CUDA_FUSE_PRODUCTS");
         const std::string_view fpv = fp ? fp : "";
-        fuse_qkv_ = fuse_ && fpv != "0";
-        fuse_conv_ = !fuse_ || fpv == "0" || fpv == "qkv" ? 0 : fpv == "all" ? 2 : 1;
+        fuse_products_ = !fuse_ || fpv == "0" ? 0 : fpv == "all" ? 2 : 1;
         const char* rt = std::getenv("CERA_CUDA_ROPE_TABLE");
         rope_tables_ = !(rt && std::strcmp(rt, "0") == 0);
         const char* mg = std::getenv("CERA_CUDA_MEGA");
@@ -416,7 +415,7 @@ class CudaBackend final : public Backend {
             // the q/k/v products when they are still pending and make x).
             bool makes_x = false;
             for (int i = 0; i < n_mm_; ++i) makes_x |= mm_[i].out.data == x.data;
-            if (!makes_x || !fuse_qkv_) flush_mm();
+            if (!makes_x || !fuses_product(mm_[0].a.w.type, false)) flush_mm();
             invalidate_q8();
             rope_[n_rope_++] = {x, n_head, head_dim, norm_w, eps, pos, rope};
             return;
@@ -498,7 +497,7 @@ class CudaBackend final : public Backend {
                    (!state_prev || state_prev.n_bytes() >= state.n_bytes()));
         const cuda::WeightRef ref = weight_or_buffer(w);
         if (n_mm_ == 1 && n_rope_ == 0 && mm_[0].out.data == bcx.data && bcx.rows() == 1 &&
-            (fuse_conv_ == 2 || (fuse_conv_ == 1 && cuda::quant_layout(mm_[0].a.w.type).block_elems == 256)) &&
+            fuses_product(mm_[0].a.w.type, true) &&
             out.rows() == 1 && cuda::gemv_conv_supported(mm_[0].a, int(w.ne[0]))) {
             // The in_proj product still waiting: one launch computes it and the conv.
             const cuda::GemvArgs in = mm_[0].a;
@@ -747,11 +746,16 @@ class CudaBackend final : public Backend {
                         rope_args(p.rope), stream_);
     }
 
+    // Whether products of `type` are fused with their consumer: the short conv (conv) or q/k RoPE.
+    bool fuses_product(GgmlType type, bool conv) const {
+        const int block = cuda::quant_layout(type).block_elems;
+        return fuse_products_ == 2 || (fuse_products_ == 1 && block == (conv ? 256 : 32));
+    }
     // The pending q, k and v products, their two pending RoPEs and this KV store as one launch
     // (gemv_fused.cu); false (nothing launched) when the pattern or the shapes do not fit.
     bool fused_qkv_rope_store(const Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& k_cache,
                               const Tensor& v_cache) {
-        if (!fuse_qkv_ || n_mm_ != 3 || n_rope_ != 2 || k_cache.type != v_cache.type ||
+        if (n_mm_ != 3 || !fuses_product(mm_[0].a.w.type, false) || n_rope_ != 2 || k_cache.type != v_cache.type ||
             (k_cache.type != GgmlType::kF16 && k_cache.type != GgmlType::kF32))
             return false;
         const PendingRope &qr = rope_[0], &kr = rope_[1];
@@ -966,8 +970,7 @@ class CudaBackend final : public Backend {
     int async_next_ = 0;
     size_t pin_off_ = 0;
     bool fuse_ = true;  // CERA_CUDA_FUSE=0: no grouped or fused launches, no 8-bit side outputs
-    bool fuse_qkv_ = true;  // q/k/v + RoPE + KV store in one launch (gemv_fused.cu)
-    int fuse_conv_ = 1;     // in_proj + short conv in one launch: 0 never, 1 K-quants, 2 every type
+    int fuse_products_ = 1;  // gemv_fused.cu: 0 never, 1 where it measured faster (fuses_product), 2 always
     PendingMm mm_[cuda::kMaxSegs];
     int n_mm_ = 0;
     PendingRope rope_[2];
