@@ -49,17 +49,6 @@ __device__ __forceinline__ void load8s(const float* p, float* v) {
 __device__ __forceinline__ float2 load2s(const __half* p) { return __half22float2(*reinterpret_cast<const __half2*>(p)); }
 __device__ __forceinline__ float2 load2s(const float* p) { return *reinterpret_cast<const float2*>(p); }
 
-// 16 bytes global -> shared, asynchronously (cp.async groups).
-__device__ __forceinline__ void cp_async16v(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(uint32_t(__cvta_generic_to_shared(dst))), "l"(src)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 // out[qrow][d] = v, and its 8-bit group when out_xq is set (whole warps cover 32 consecutive d).
 __device__ __forceinline__ void write_out(const DecodeAttnArgs& a, int64_t qrow, int d, float v) {
     a.out[qrow * a.head_dim + d] = v;

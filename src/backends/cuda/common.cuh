@@ -235,6 +235,17 @@ __device__ __forceinline__ void warp_quantize_q8(float v, uint8_t* xq_row, int64
     if (lane == 0) reinterpret_cast<float*>(xq_row + k)[c] = d;
 }
 
+// 16 bytes global -> shared, asynchronously (cp.async groups).
+__device__ __forceinline__ void cp_async16v(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(uint32_t(__cvta_generic_to_shared(dst))), "l"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // Bulk asynchronous copies into shared memory (sm_90): an mbarrier completes when the bytes it was
 // told to expect have landed.
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {

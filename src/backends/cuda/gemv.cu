@@ -66,22 +66,52 @@ __global__ void __launch_bounds__(128) gemv_q_kernel(const GemvK a) {
 
 // SwiGLU pair: segment 0 = gate, 1 = up, the same rows (a multiple of 32). A block of 16 warps owns
 // groups of 32 output rows (group x, x + gridDim.x, ...); each warp 2 rows of both matrices (4 weight
-// streams, like R = 4), the first group's loads issued before the PDL wait. Epilogue: gate and up
-// outputs, act = silu(gate) * up, and act's 8-bit rows for the next matmul (one 32-group per row
-// group), so neither a SwiGLU nor a quantize launch follows.
+// streams, like R = 4), the first group's loads issued before the PDL wait into registers and, with
+// `prefetch`, the second group's rows copied into shared memory (cp.async) before it too, so a grid
+// of one block per SM requests the whole pair early and computes the first group while the second
+// lands. Epilogue: gate and up outputs, act = silu(gate) * up, and act's 8-bit rows for the next
+// matmul (one 32-group per row group), so neither a SwiGLU nor a quantize launch follows.
 template <GgmlType T>
-__global__ void __launch_bounds__(512) gemv_glu_kernel(const GemvK a) {
+__global__ void __launch_bounds__(512) gemv_glu_kernel(const GemvK a, int prefetch) {
     constexpr QuantLayout L = quant_layout(T);
     constexpr int R = 2;
     pdl_trigger();
     __shared__ float act_s[32];
+    extern __shared__ __align__(16) uint8_t glu_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int yi = blockIdx.y;
     const Seg& g = a.seg[0];
     const Seg& u = a.seg[1];
+    // prefetch (1 before the PDL wait, 2 right after it): the block's second row group is copied into
+    // shared memory (cp.async, each warp its own 2 + 2 rows) while the first is computed.
+    const int64_t qb = a.nb * L.q_bytes, mb = a.nb * L.m_bytes;
+    uint8_t* const wsm = glu_smem + int64_t(warp) * 2 * R * (qb + mb);
+    bool staged = false;
     for (int64_t gb = blockIdx.x; gb * 32 < g.rows; gb += gridDim.x) {
         const int64_t rb = gb * 32;
         const int64_t r0 = rb + warp * R;
+        const bool first = gb == blockIdx.x;
+        const int64_t nr0 = r0 + int64_t(gridDim.x) * 32;
+        const bool pf = prefetch && first && nr0 < g.rows;
+        auto issue = [&] {
+#pragma unroll
+            for (int j = 0; j < 2 * R; ++j) {
+                const Seg& sg = j < R ? g : u;
+                const int64_t row = sg.row0 + nr0 + j % R;
+                for (int64_t o = lane * 16; o < qb; o += 32 * 16) cp_async16v(wsm + j * qb + o, sg.q + row * qb + o);
+                for (int64_t o = lane * 16; o < mb; o += 32 * 16)
+                    cp_async16v(wsm + 2 * R * qb + j * mb + o, sg.m + row * mb + o);
+            }
+            cp_async_commit();
+        };
+        if (pf && prefetch == 1) issue();
+        auto hook = [&] {
+            if (pf && prefetch == 2) issue();
+        };
+        auto set_smem = [&](const uint8_t** qrow, const uint8_t** mrow) {
+#pragma unroll
+            for (int j = 0; j < 2 * R; ++j) qrow[j] = wsm + j * qb, mrow[j] = wsm + 2 * R * qb + j * mb;
+        };
         auto set_rows = [&](const uint8_t** qrow, const uint8_t** mrow) {
 #pragma unroll
             for (int r = 0; r < R; ++r) {
@@ -93,7 +123,15 @@ __global__ void __launch_bounds__(512) gemv_glu_kernel(const GemvK a) {
             }
         };
         float acc[2 * R];
-        dot_rows<T, 2 * R>(a, yi, true, false, set_rows, acc);
+        if (staged) {
+            cp_async_wait<0>();
+            __syncwarp();
+            dot_rows<T, 2 * R, decltype(set_smem), PlainLd>(a, yi, true, true, set_smem, acc);
+        } else {
+            dot_rows<T, 2 * R, decltype(set_rows), GlobalLd, decltype(hook)>(a, yi, true, false, set_rows, acc, 0, 1,
+                                                                             hook);
+        }
+        staged = pf;
         // Totals: gate rows in lanes 0-7 and 8-15, up rows in 16-23 and 24-31; lane 8 r gets both of row r.
         static_assert(R == 2);
         const float tot = warp_sum_rows<2 * R>(acc);
@@ -122,9 +160,9 @@ __global__ void __launch_bounds__(512) gemv_glu_kernel(const GemvK a) {
 // Staged SwiGLU: a block's weight rows are copied into shared memory with bulk copies (a few 16 KB
 // pieces issued by one warp) before the PDL wait, so the bytes are requested as soon as the block is
 // resident. At 64 registers a thread and one block of 64 rows per SM, the whole pair (18.9 MB for a
-// 2048 x 8192 Q4_0 pair) is requested in one wave; gemv_glu_kernel (~100 registers, one block of
-// 32 rows per SM) needs two waves and holds at most 8 loads a lane in flight. Measured +2-4% tg on
-// Q4_0 / Q4_K models (bench/NOTES.md); a staged version of the plain products measured slower
+// 2048 x 8192 Q4_0 pair) is requested in one wave, then computed from shared memory. Kept for the
+// K-quants, where it measures faster than gemv_glu_kernel; for the 32-element types gemv_glu_kernel
+// with its prefetch wins (bench/NOTES.md). A staged version of the plain products measured slower
 // (fewer warps per row after the wait) and was not kept.
 
 // Issues the bulk copies of `n` byte ranges (dst[i] <- src[i], bytes[i] multiples of 16) on `bar`.
@@ -535,20 +573,33 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
         }
         return;
     }
-    // One wave: blocks of 32 rows walk the row groups (one block per SM at ~100 registers a thread),
-    // instead of a second wave of blocks that start only as the first ones leave. Measured faster on
-    // Q4_0 (+1.1%), slower on Q8_0 (-1.3%; bench/NOTES.md): the 16-byte-quant types only by default.
-    // CERA_CUDA_GLU_PERSIST=0: never, 1: every type.
+    // One wave: blocks of 32 rows walk the row groups (one block per SM at ~120 registers a thread),
+    // instead of a second wave of blocks that start only as the first ones leave, and each block's
+    // second group is copied to shared memory before the PDL wait (prefetch). Measured with the
+    // prefetch (bench/NOTES.md): Q4_0 +4-4.6%, Q8_0 +1.8-2.5%; the K-quants keep the staged kernel
+    // (this one measured -0.7 to -3.8% there). CERA_CUDA_GLU_PERSIST=0: never, 1: every type;
+    // CERA_CUDA_GLU_PREFETCH=0: no copy, 2: the copy after the wait (-2%).
     static const int persist = env_int("CERA_CUDA_GLU_PERSIST", -1);
     const GgmlType t = gate.w.type;
-    const bool one_wave = persist == 1 || (persist < 0 && (t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1));
-    int64_t n_rb = gate.rows / 32;
-    if (one_wave) n_rb = ceil_div(n_rb, ceil_div(n_rb, int64_t(sm_count())));
+    const bool one_wave = persist == 1 || (persist < 0 && quant_layout(t).block_elems == 32);
+    const int64_t groups = gate.rows / 32;
+    int64_t n_rb = groups;
+    if (one_wave) n_rb = ceil_div(groups, ceil_div(groups, int64_t(sm_count())));
+    // The second row group's rows in shared memory (gemv_glu_kernel's prefetch), 16-byte aligned rows.
+    static const int prefetch_env = env_int("CERA_CUDA_GLU_PREFETCH", 1);
+    const QuantLayout L = quant_layout(t);
+    const int64_t nb = gate.w.k / L.block_elems, qb = nb * L.q_bytes, mb = nb * L.m_bytes;
+    const size_t pf_bytes = size_t(64 * (qb + mb));
+    const int prefetch = n_rb < groups && qb % 16 == 0 && mb % 16 == 0 && stage_aligned(gate, qb, mb) &&
+                                 stage_aligned(up, qb, mb) && pf_bytes <= 160 * 1024
+                             ? prefetch_env
+                             : 0;
     const dim3 grid(unsigned(n_rb), unsigned(gate.n_y));
     switch (gate.w.type) {
-#define CERA_Q(T)                                                   \
-    case GgmlType::T:                                               \
-        launch(gemv_glu_kernel<GgmlType::T>, grid, 512, 0, s, p);   \
+#define CERA_Q(T)                                                                                 \
+    case GgmlType::T:                                                                             \
+        if (prefetch) allow_dynamic_smem<gemv_glu_kernel<GgmlType::T>>(pf_bytes);                 \
+        launch(gemv_glu_kernel<GgmlType::T>, grid, 512, prefetch ? pf_bytes : 0, s, p, prefetch); \
         break;
         CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
 #undef CERA_Q

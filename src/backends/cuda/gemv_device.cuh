@@ -95,9 +95,14 @@ __device__ __forceinline__ void finish(const GemvK& a, const Seg& sg, float (&ac
 // rows' stream pointers; it runs before the PDL wait (weights only) unless `rows_after_wait`.
 // `part` of `parts` (split-K): the warp takes the 32-item strips part, part + parts, ... (two strips,
 // `parts` apart, per step).
-template <GgmlType T, int NR, class SetRows>
+// Ld: where the rows live (GlobalLd, or PlainLd for copies in shared memory); hook() runs right
+// after the PDL wait.
+struct NoHook {
+    __device__ void operator()() const {}
+};
+template <GgmlType T, int NR, class SetRows, class Ld = GlobalLd, class Hook = NoHook>
 __device__ __forceinline__ void dot_rows(const GemvK& a, int yi, bool live, bool rows_after_wait, SetRows set_rows,
-                                         float (&acc)[NR], int part = 0, int parts = 1) {
+                                         float (&acc)[NR], int part = 0, int parts = 1, Hook hook = {}) {
     using Tr = QTraits<T>;
     constexpr QuantLayout L = quant_layout(T);
     const int lane = threadIdx.x & 31;
@@ -112,13 +117,14 @@ __device__ __forceinline__ void dot_rows(const GemvK& a, int yi, bool live, bool
         for (int u = 0; u < 2; ++u)
 #pragma unroll
             for (int r = 0; r < NR; ++r)
-                w[u][r] = Tr::load_w(qrow[r], mrow[r], it[u] / Tr::kItems, int(it[u] % Tr::kItems));
+                w[u][r] = Tr::template load_w<Ld>(qrow[r], mrow[r], it[u] / Tr::kItems, int(it[u] % Tr::kItems));
     };
     if (!rows_after_wait && live && start < n_items) {
         set_rows(qrow, mrow);
         load_w();
     }
     pdl_wait();
+    hook();
 #pragma unroll
     for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
     if (!live) return;
