@@ -31,11 +31,11 @@ namespace {
 constexpr int kConvTaps = 8;  // largest kernel length L (as elementwise.cu's kMaxConv)
 
 // grid (n_head + 2 n_head_kv, n_tokens): block hh is q head hh, then the k heads, then the v heads.
-template <GgmlType T, class C, int NW>
-__global__ void __launch_bounds__(NW * 32) gemv_qkv_rope_kernel(const GemvK a, const QkvRopeArgs r) {
+template <GgmlType T, class C>
+__global__ void __launch_bounds__(512) gemv_qkv_rope_kernel(const GemvK a, const QkvRopeArgs r) {
     constexpr QuantLayout L = quant_layout(T);
-    constexpr int R = L.block_elems == 256 || NW == 32 ? 2 : 4;  // K-quants: 2 rows a warp (registers)
-    constexpr int kPass = NW * R;
+    constexpr int R = L.block_elems == 256 ? 2 : 4;  // K-quants: 2 rows a warp (registers)
+    constexpr int kPass = 16 * R;
     pdl_trigger();
     __shared__ float ys[256];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -179,17 +179,11 @@ void gemv_qkv_rope_store(const GemvArgs (&qkv)[3], const QkvRopeArgs& r, Stream 
     p.n_seg = 3;
     const dim3 grid(unsigned(r.n_head + 2 * r.n_head_kv), unsigned(r.n_tokens));
     cudaStream_t s = as_stream(stream);
-    static const bool wide_env = [] {
-        const char* e = std::getenv("CERA_CUDA_QKV_WIDE");
-        return e && e[0] == '1';
-    }();
-    const bool wide = wide_env && r.f16 && r.head_dim % 64 == 0;
     switch (qkv[0].w.type) {
 #define CERA_Q(T)                                                                                 \
     case GgmlType::T:                                                                             \
-        if (wide) launch(gemv_qkv_rope_kernel<GgmlType::T, __half, 32>, grid, 1024, 0, s, p, r);  \
-        else if (r.f16) launch(gemv_qkv_rope_kernel<GgmlType::T, __half, 16>, grid, 512, 0, s, p, r); \
-        else launch(gemv_qkv_rope_kernel<GgmlType::T, float, 16>, grid, 512, 0, s, p, r);         \
+        if (r.f16) launch(gemv_qkv_rope_kernel<GgmlType::T, __half>, grid, 512, 0, s, p, r);      \
+        else launch(gemv_qkv_rope_kernel<GgmlType::T, float>, grid, 512, 0, s, p, r);             \
         break;
         CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
 #undef CERA_Q
