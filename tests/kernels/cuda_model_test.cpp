@@ -31,9 +31,11 @@ std::vector<int32_t> greedy(ModelState& st, std::vector<int32_t> prompt, int n, 
     return out;
 }
 
-// A fixture model loaded on the CPU and on CUDA, and an 11-token prompt inside its vocabulary.
-std::pair<std::unique_ptr<Model>, std::unique_ptr<Model>> load_fixture_pair(const char* name) {
-    const std::string path = test::data_path(std::string("fixtures/") + name + "/model.gguf");
+// A fixture model (its F32 file, or another of its files) loaded on the CPU and on CUDA, and an
+// 11-token prompt inside its vocabulary.
+std::pair<std::unique_ptr<Model>, std::unique_ptr<Model>> load_fixture_pair(const char* name,
+                                                                            const char* file = "model.gguf") {
+    const std::string path = test::data_path(std::string("fixtures/") + name + "/" + file);
     ModelOptions o;
     o.n_threads = 2, o.n_ctx = 256;
     auto cpu = load_model(path, o);
@@ -126,13 +128,16 @@ TEST(CudaModel, EvalTopIsTheBestOfTheLogits) {
 // Pipelined greedy decoding on the device (eval_greedy_ahead: each pick's step queued before the host
 // reads the pick) against eval_greedy on a second state of the same model: the same picks, and after a
 // save, another token than the pick, a plain eval() or the end of the context, the state and logits
-// eval_greedy would have left (the pending step undone, conv states included), byte for byte.
+// eval_greedy would have left (the pending step undone, conv states included), byte for byte. The
+// quantized lfm2 files take the fused decode launches (Q4_0: q/k/v + RoPE + KV store; Q4_K_M: in_proj
+// + short conv, whose undo keeps the replaced state).
 TEST(CudaModel, EvalGreedyAheadMatchesPlainSteps) {
     std::string why;
     if (cuda_devices(&why).empty()) GTEST_SKIP() << "no CUDA device (" << why << ")";
-    for (const char* name : {"tiny-lfm2", "tiny-qwen3"}) {
-        SCOPED_TRACE(name);
-        auto [cpu, gpu] = load_fixture_pair(name);
+    for (auto [name, file] : {std::pair{"tiny-lfm2", "model.gguf"}, {"tiny-qwen3", "model.gguf"},
+                              {"tiny-lfm2", "model-Q4_0.gguf"}, {"tiny-lfm2", "model-Q4_K_M.gguf"}}) {
+        SCOPED_TRACE(std::string(name) + "/" + file);
+        auto [cpu, gpu] = load_fixture_pair(name, file);
         const int64_t n_vocab = gpu->info().n_vocab;
         const int n_ctx = 64;
         auto g = gpu->create_state(n_ctx), h = gpu->create_state(n_ctx);
