@@ -433,8 +433,6 @@ class CudaBackend final : public Backend {
             else
                 rec_->unsupported("KV cache type");
         }
-        if (n_mm_ > 0 && fused_qkv_rope_store(k, v, pos, k_cache, v_cache)) return;
-        flush_mm();
         if (n_rope_ > 0 && k_cache.type == v_cache.type &&
             (k_cache.type == GgmlType::kF16 || k_cache.type == GgmlType::kF32)) {
             const PendingRope& kr = rope_[n_rope_ - 1];
@@ -460,6 +458,13 @@ class CudaBackend final : public Backend {
                 if (qr) attach_rope_table(a.q_rope, a.n_ctx);
                 n_rope_ = 0;
                 invalidate_q8();
+                cuda::GemvArgs qkv[3];
+                if (qr && pending_qkv(a, qkv)) {  // the q/k/v products too (gemv_fused.cu)
+                    n_mm_ = 0;
+                    cuda::gemv_qkv_rope_store(qkv, a, stream_);
+                    return;
+                }
+                flush_mm();
                 cuda::qkv_rope_store(a, stream_);
                 return;
             }
@@ -496,32 +501,26 @@ class CudaBackend final : public Backend {
         CERA_CHECK(w.type == GgmlType::kF32 && bcx.ne[0] == 3 * n_embd && state.ne[0] == n_embd &&
                    (!state_prev || state_prev.n_bytes() >= state.n_bytes()));
         const cuda::WeightRef ref = weight_or_buffer(w);
-        if (n_mm_ == 1 && n_rope_ == 0 && mm_[0].out.data == bcx.data && bcx.rows() == 1 &&
-            fuses_product(mm_[0].a.w.type, true) &&
-            out.rows() == 1 && cuda::gemv_conv_supported(mm_[0].a, int(w.ne[0]))) {
+        const float* conv_w = static_cast<const float*>(ref.image) + ref.row0 * ref.k;
+        if (rec_ && state_prev) rec_->unsupported("short_conv with state_prev");
+        if (rec_)
+            rec_->short_conv(bcx.as<const float>(), conv_w, int(w.ne[0]), state.as<float>(), bcx.rows(), n_embd,
+                             out.as<float>());
+        if (n_mm_ == 1 && n_rope_ == 0 && mm_[0].out.data == bcx.data && bcx.rows() == 1 && out.rows() == 1 &&
+            fuses_product(mm_[0].a.w.type, true) && cuda::gemv_conv_supported(mm_[0].a, int(w.ne[0]))) {
             // The in_proj product still waiting: one launch computes it and the conv.
             const cuda::GemvArgs in = mm_[0].a;
             n_mm_ = 0;
             invalidate_q8();
-            if (rec_ && state_prev) rec_->unsupported("short_conv with state_prev");
-            if (rec_)
-                rec_->short_conv(bcx.as<const float>(), static_cast<const float*>(ref.image) + ref.row0 * ref.k,
-                                 int(w.ne[0]), state.as<float>(), 1, n_embd, out.as<float>());
             void* xq = q8_sidecar(out.as<const float>(), 1, n_embd, in.xq);
-            cuda::gemv_conv(in, static_cast<const float*>(ref.image) + ref.row0 * ref.k, int(w.ne[0]),
-                            state.as<float>(), state_prev ? state_prev.as<float>() : nullptr, out.as<float>(), xq,
-                            stream_);
+            cuda::gemv_conv(in, conv_w, int(w.ne[0]), state.as<float>(), state_prev ? state_prev.as<float>() : nullptr,
+                            out.as<float>(), xq, stream_);
             return;
         }
         touch();
-        if (rec_ && state_prev) rec_->unsupported("short_conv with state_prev");
-        if (rec_)
-            rec_->short_conv(bcx.as<const float>(), static_cast<const float*>(ref.image) + ref.row0 * ref.k,
-                             int(w.ne[0]), state.as<float>(), bcx.rows(), n_embd, out.as<float>());
         void* xq = bcx.rows() <= 16 ? q8_sidecar(out.as<const float>(), bcx.rows(), n_embd, nullptr) : nullptr;
-        cuda::short_conv(bcx.as<const float>(), static_cast<const float*>(ref.image) + ref.row0 * ref.k, int(w.ne[0]),
-                         state.as<float>(), bcx.rows(), n_embd, out.as<float>(), stream_, xq,
-                         state_prev ? state_prev.as<float>() : nullptr);
+        cuda::short_conv(bcx.as<const float>(), conv_w, int(w.ne[0]), state.as<float>(), bcx.rows(), n_embd,
+                         out.as<float>(), stream_, xq, state_prev ? state_prev.as<float>() : nullptr);
     }
 
     void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override {
@@ -751,16 +750,11 @@ class CudaBackend final : public Backend {
         const int block = cuda::quant_layout(type).block_elems;
         return fuse_products_ == 2 || (fuse_products_ == 1 && block == (conv ? 256 : 32));
     }
-    // The pending q, k and v products, their two pending RoPEs and this KV store as one launch
-    // (gemv_fused.cu); false (nothing launched) when the pattern or the shapes do not fit.
-    bool fused_qkv_rope_store(const Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& k_cache,
-                              const Tensor& v_cache) {
-        if (n_mm_ != 3 || !fuses_product(mm_[0].a.w.type, false) || n_rope_ != 2 || k_cache.type != v_cache.type ||
-            (k_cache.type != GgmlType::kF16 && k_cache.type != GgmlType::kF32))
-            return false;
-        const PendingRope &qr = rope_[0], &kr = rope_[1];
-        cuda::GemvArgs qkv[3];
-        const void* outs[3] = {qr.x.data, k.data, v.data};
+    // The pending products as a's q, k and v in that order, when they can go out with its RoPEs and
+    // KV store as one launch (gemv_fused.cu).
+    bool pending_qkv(const cuda::QkvRopeArgs& a, cuda::GemvArgs (&qkv)[3]) const {
+        if (n_mm_ != 3 || !fuses_product(mm_[0].a.w.type, false)) return false;
+        const void* outs[3] = {a.q, a.k, a.v};
         for (int j = 0; j < 3; ++j) {
             int found = -1;
             for (int i = 0; i < 3; ++i)
@@ -768,25 +762,7 @@ class CudaBackend final : public Backend {
             if (found < 0) return false;
             qkv[j] = mm_[found].a;
         }
-        if (kr.x.data != k.data || qr.pos.data != pos.data || kr.pos.data != pos.data || qr.head_dim != kr.head_dim ||
-            v.ne[0] != k.ne[0] || int64_t(kr.n_head) * kr.head_dim != k.ne[0])
-            return false;
-        cuda::QkvRopeArgs a;
-        a.q = qr.x.as<float>(), a.k = k.as<float>(), a.v = v.as<const float>();
-        a.n_tokens = k.rows(), a.n_head = qr.n_head, a.n_head_kv = kr.n_head, a.head_dim = kr.head_dim;
-        a.q_norm = qr.norm_w ? qr.norm_w.as<const float>() : nullptr, a.q_eps = qr.eps;
-        a.k_norm = kr.norm_w ? kr.norm_w.as<const float>() : nullptr, a.k_eps = kr.eps;
-        a.q_rope = rope_args(qr.rope), a.k_rope = rope_args(kr.rope);
-        a.pos = pos.as<const int32_t>();
-        a.k_cache = k_cache.data, a.v_cache = v_cache.data;
-        a.f16 = k_cache.type == GgmlType::kF16, a.n_ctx = k_cache.ne[1];
-        if (!cuda::gemv_qkv_rope_supported(qkv, a)) return false;
-        attach_rope_table(a.k_rope, a.n_ctx);
-        attach_rope_table(a.q_rope, a.n_ctx);
-        n_mm_ = 0, n_rope_ = 0;
-        invalidate_q8();
-        cuda::gemv_qkv_rope_store(qkv, a, stream_);
-        return true;
+        return cuda::gemv_qkv_rope_supported(qkv, a);
     }
 
     // Launches the products waiting to be grouped or fused (one launch).

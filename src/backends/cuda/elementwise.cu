@@ -11,8 +11,6 @@
 namespace cera::cuda {
 namespace {
 
-constexpr int kMaxConv = 8;  // largest supported short-conv kernel length L
-
 // With xq: rows of `row` elements (row % 32 == 0, n % row == 0) are quantized too; whole warps
 // then cover one 32-group each.
 __global__ void swiglu_kernel(const float* __restrict__ g, const float* __restrict__ u, int64_t n, float* out,

@@ -460,6 +460,9 @@ int env_int(const char* name, int fallback) {
     return e && *e ? std::atoi(e) : fallback;
 }
 
+// The most shared memory a SwiGLU block stages its rows in (the staged kernel, the prefetch).
+constexpr int64_t kGluStageMax = 160 * 1024;
+
 // Rows per block and dynamic shared memory of a staged launch (rb = 0: the register kernels serve it).
 struct StagePlan {
     int rb = 0;
@@ -490,7 +493,7 @@ StagePlan glu_stage_plan(const GemvArgs& g, const GemvArgs& u) {
     const int64_t per_row = 2 * (qrow + mrow), per_sm = device_attr<cudaDevAttrMaxSharedMemoryPerMultiprocessor>();
     auto waves_ok = [&](int64_t rb) {
         const int64_t bytes = rb * per_row, fit = per_sm / (bytes + 2048);  // + static and reserved memory
-        return g.rows % rb == 0 && bytes <= 160 * 1024 && fit >= 1 && g.rows / rb <= fit * sm_count();
+        return g.rows % rb == 0 && bytes <= kGluStageMax && fit >= 1 && g.rows / rb <= fit * sm_count();
     };
     for (int64_t rb : {int64_t(64), int64_t(32)})
         if ((forced != 32 && forced != 64) || forced == rb)
@@ -589,9 +592,9 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
     static const int prefetch_env = env_int("CERA_CUDA_GLU_PREFETCH", 1);
     const QuantLayout L = quant_layout(t);
     const int64_t nb = gate.w.k / L.block_elems, qb = nb * L.q_bytes, mb = nb * L.m_bytes;
-    const size_t pf_bytes = size_t(64 * (qb + mb));
+    const size_t pf_bytes = size_t(16 * 4 * (qb + mb));  // 16 warps, 2 + 2 rows each
     const int prefetch = n_rb < groups && qb % 16 == 0 && mb % 16 == 0 && stage_aligned(gate, qb, mb) &&
-                                 stage_aligned(up, qb, mb) && pf_bytes <= 160 * 1024
+                                 stage_aligned(up, qb, mb) && int64_t(pf_bytes) <= kGluStageMax
                              ? prefetch_env
                              : 0;
     const dim3 grid(unsigned(n_rb), unsigned(gate.n_y));

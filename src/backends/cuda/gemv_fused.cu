@@ -28,8 +28,6 @@
 namespace cera::cuda {
 namespace {
 
-constexpr int kConvTaps = 8;  // largest kernel length L (as elementwise.cu's kMaxConv)
-
 // grid (n_head + 2 n_head_kv, n_tokens): block hh is q head hh, then the k heads, then the v heads.
 template <GgmlType T, class C>
 __global__ void __launch_bounds__(512) gemv_qkv_rope_kernel(const GemvK a, const QkvRopeArgs r) {
@@ -87,7 +85,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512) gemv_conv_kerne
     uint8_t* out_xq) {
     constexpr QuantLayout L = quant_layout(T);
     pdl_trigger();
-    __shared__ float os[16], wc_s[16][kConvTaps], win_s[16][kConvTaps];
+    __shared__ float os[16], wc_s[16][kMaxConv], win_s[16][kMaxConv];
     __shared__ float amax_s;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const Seg& sg = a.seg[0];
@@ -194,7 +192,7 @@ void gemv_qkv_rope_store(const GemvArgs (&qkv)[3], const QkvRopeArgs& r, Stream 
 bool gemv_conv_supported(const GemvArgs& in_proj, int taps) {
     const int64_t n = in_proj.rows / 3;
     return quant_layout(in_proj.w.type).block_elems > 0 && in_proj.n_y == 1 && in_proj.rows % 3 == 0 && n % 32 == 0 &&
-           n > 0 && taps >= 1 && taps <= kConvTaps && in_proj.xq && !in_proj.ids && !in_proj.accumulate &&
+           n > 0 && taps >= 1 && taps <= kMaxConv && in_proj.xq && !in_proj.ids && !in_proj.accumulate &&
            !in_proj.res_out && in_proj.ldy == in_proj.rows;
 }
 

@@ -207,7 +207,8 @@ size_t attention_scratch_floats(const AttentionArgs& a);
 void attention(const AttentionArgs& a, Stream stream);
 
 // LFM2 short conv (see backend.h): bcx [n_tokens, 3 n_embd], w [n_embd, L], state [L-1, n_embd];
-// state_prev (or null) receives the state from before the update.
+// state_prev (or null) receives the state from before the update. L <= kMaxConv.
+constexpr int kMaxConv = 8;
 void short_conv(const float* bcx, const float* w, int L, float* state, int64_t n_tokens, int64_t n_embd, float* out,
                 Stream stream, void* xq = nullptr, float* state_prev = nullptr);
 
