@@ -235,6 +235,11 @@ __device__ __forceinline__ void warp_quantize_q8(float v, uint8_t* xq_row, int64
     if (lane == 0) reinterpret_cast<float*>(xq_row + k)[c] = d;
 }
 
+// Asks for `bytes` (a multiple of 16, 16-byte aligned) to be brought into L2, without waiting.
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
 // 16 bytes global -> shared, asynchronously (cp.async groups).
 __device__ __forceinline__ void cp_async16v(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(uint32_t(__cvta_generic_to_shared(dst))), "l"(src)

@@ -83,6 +83,8 @@ class CudaBackend final : public Backend {
         CUBLAS_CHECK(cublasCreate(&cublas_));
         CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
         CUDA_CHECK(cudaMalloc(&cublas_ws_, kCublasWorkspace));
+        CUDA_CHECK(cudaMalloc(&norm_ctr_, 64 * sizeof(unsigned)));
+        CUDA_CHECK(cudaMemset(norm_ctr_, 0, 64 * sizeof(unsigned)));
         const char* pin = std::getenv("CERA_CUDA_PINNED");  // 0: pageable transfers only (benchmarks)
         if ((pin && pin[0] == '0') ||
             cudaHostAlloc(reinterpret_cast<void**>(&pinned_), kPinnedRing + kPinnedMax + kAsyncArea,
@@ -127,6 +129,7 @@ class CudaBackend final : public Backend {
         for (auto& [key, t] : rope_tables_map_) cudaFree(t.ptr);
         cublasDestroy(cublas_);
         cudaFree(cublas_ws_);
+        cudaFree(norm_ctr_);
         if (pinned_) cudaFreeHost(pinned_);
         for (cudaEvent_t e : async_ev_) cudaEventDestroy(e);
         cudaStreamDestroy(stream_);
@@ -363,8 +366,24 @@ class CudaBackend final : public Backend {
     }
 
     void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override {
-        touch();
         if (rec_) rec_->rms_norm(x.as<const float>(), x.rows(), x.ne[0], w ? w.as<const float>() : nullptr, eps, out.as<float>());
+        if (n_mm_ == 1 && n_rope_ == 0 && mm_[0].a.res_out == x.as<const float>() && x.rows() == mm_[0].a.n_y &&
+            x.ne[0] == mm_[0].a.rows && (!w || w.type == GgmlType::kF32) && out.n_elements() == x.n_elements()) {
+            // The residual product that makes x is still held: its last block makes the norm too.
+            void* xq = q8_sidecar(out.as<const float>(), x.rows(), x.ne[0], mm_[0].a.xq);  // may launch it
+            cuda::GemvArgs& m = mm_[0].a;
+            if (n_mm_ == 1) {
+                m.norm_w = w ? w.as<const float>() : nullptr, m.norm_eps = eps, m.norm_out = out.as<float>();
+                m.norm_xq = xq, m.norm_ctr = norm_ctr_;
+                if (cuda::gemv_norm_supported(m)) {
+                    flush_mm();
+                    return;
+                }
+                m.norm_out = nullptr;
+            }
+            invalidate_q8();
+        }
+        touch();
         void* xq = q8_sidecar(out.as<const float>(), x.rows(), x.ne[0], nullptr);
         cuda::rms_norm(x.as<const float>(), w ? w.as<const float>() : nullptr, eps, x.rows(), x.ne[0],
                        out.as<float>(), stream_, xq);
@@ -383,6 +402,7 @@ class CudaBackend final : public Backend {
             a.w = ref, a.rows = rows, a.n_y = int(n_tokens);
             // Products that share the input wait to be launched together (q/k/v, gate/up), or fused
             // with the op that follows (SwiGLU, the residual add).
+            if (glu_.held && (n_mm_ > 0 || x.as<const float>() != glu_.act)) flush();
             if (n_mm_ > 0) {
                 const cuda::GemvArgs& p = mm_[0].a;
                 if (!fuse_ || n_mm_ == cuda::kMaxSegs || p.x != x.as<const float>() || p.w.type != ref.type ||
@@ -459,7 +479,7 @@ class CudaBackend final : public Backend {
                 n_rope_ = 0;
                 invalidate_q8();
                 cuda::GemvArgs qkv[3];
-                if (qr && pending_qkv(a, qkv)) {  // the q/k/v products too (gemv_fused.cu)
+                if (qr && !glu_.held && pending_qkv(a, qkv)) {  // the q/k/v products too (gemv_fused.cu)
                     n_mm_ = 0;
                     cuda::gemv_qkv_rope_store(qkv, a, stream_);
                     return;
@@ -506,7 +526,8 @@ class CudaBackend final : public Backend {
         if (rec_)
             rec_->short_conv(bcx.as<const float>(), conv_w, int(w.ne[0]), state.as<float>(), bcx.rows(), n_embd,
                              out.as<float>());
-        if (n_mm_ == 1 && n_rope_ == 0 && mm_[0].out.data == bcx.data && bcx.rows() == 1 && out.rows() == 1 &&
+        if (n_mm_ == 1 && n_rope_ == 0 && !glu_.held && mm_[0].out.data == bcx.data && bcx.rows() == 1 &&
+            out.rows() == 1 &&
             fuses_product(mm_[0].a.w.type, true) && cuda::gemv_conv_supported(mm_[0].a, int(w.ne[0]))) {
             // The in_proj product still waiting: one launch computes it and the conv.
             const cuda::GemvArgs in = mm_[0].a;
@@ -525,7 +546,7 @@ class CudaBackend final : public Backend {
 
     void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override {
         if (rec_) rec_->swiglu(gate.as<const float>(), up.as<const float>(), gate.n_elements(), out.as<float>());
-        if (n_mm_ == 2 && n_rope_ == 0) {
+        if (n_mm_ == 2 && n_rope_ == 0 && !glu_.held) {
             // gate and up products still waiting: one launch computes both and the SwiGLU.
             const cuda::GemvArgs& g = mm_[0].out.data == gate.data ? mm_[0].a : mm_[1].a;
             const cuda::GemvArgs& u = mm_[0].out.data == gate.data ? mm_[1].a : mm_[0].a;
@@ -538,7 +559,9 @@ class CudaBackend final : public Backend {
                 n_mm_ = 0;
                 invalidate_q8();
                 void* xq = q8_sidecar(out.as<const float>(), gg.n_y, gg.rows, gg.xq);
-                cuda::gemv_glu(gg, uu, out.as<float>(), xq, stream_);
+                // Held until the next product is known (the down product: its weights go to L2
+                // while the pair runs); anything else launches it first.
+                glu_ = {gg, uu, out.as<float>(), xq, true};
                 return;
             }
         }
@@ -565,7 +588,7 @@ class CudaBackend final : public Backend {
             if (m.y == b.as<const float>() && m.ldy == m.rows && m.rows * m.n_y == n && a.n_elements() == n &&
                 out.n_elements() == n && !out_hits_x && !out_hits_b && !a_hits_b) {
                 m.res_a = a.as<const float>(), m.res_out = out.as<float>(), m.res_scale = scale;
-                touch();  // launches it
+                invalidate_q8();  // held: an rms_norm of out may join it (rms_norm), anything else launches it
                 return;
             }
         }
@@ -765,8 +788,13 @@ class CudaBackend final : public Backend {
         return cuda::gemv_qkv_rope_supported(qkv, a);
     }
 
-    // Launches the products waiting to be grouped or fused (one launch).
+    // Launches the held SwiGLU pair (telling it the product after it), then the products waiting to
+    // be grouped or fused (one launch).
     void flush_mm() {
+        if (glu_.held) {
+            glu_.held = false;
+            cuda::gemv_glu(glu_.g, glu_.u, glu_.act, glu_.xq, stream_, n_mm_ == 1 ? &mm_[0].a : nullptr);
+        }
         if (n_mm_ == 0) return;
         cuda::GemvArgs a[cuda::kMaxSegs];
         for (int i = 0; i < n_mm_; ++i) a[i] = mm_[i].a;
@@ -934,6 +962,7 @@ class CudaBackend final : public Backend {
     const void* capture_feed_out_ = nullptr;  // the step being captured feeds this tensor
     cublasHandle_t cublas_ = nullptr;
     void* cublas_ws_ = nullptr;
+    unsigned* norm_ctr_ = nullptr;  // the residual GEMV's RMSNorm tickets (GemvArgs::norm_ctr), zero between launches
     std::map<uintptr_t, WeightInfo> weights_;
     std::unordered_set<void*> buffers_;
     cuda::W16Cache w16_;  // F16 expansions for the cuBLAS path
@@ -951,6 +980,12 @@ class CudaBackend final : public Backend {
     int n_mm_ = 0;
     PendingRope rope_[2];
     int n_rope_ = 0;
+    struct PendingGlu {
+        cuda::GemvArgs g, u;
+        float* act = nullptr;
+        void* xq = nullptr;
+        bool held = false;
+    } glu_;  // a SwiGLU pair (swiglu) held until the next op
     struct RopeTable {
         float* ptr = nullptr;  // [rows, n_rot / 2, 2]
         int64_t rows = 0;

@@ -20,6 +20,80 @@
 namespace cera::cuda {
 namespace {
 
+// RMSNorm of one row of n = 128 E floats by a block of 128 threads, thread t elements [t E, t E + E)
+// (x read from L2: written by other blocks of this launch), with the same arithmetic as rms_norm_kernel
+// but for the order of the sum of squares; the 8-bit groups as warp_quantize_q8 makes them, a group
+// spread over 32 / E neighbouring threads.
+template <int E>
+__device__ __forceinline__ void norm_row_128(const float* x, const float* w, float eps, int64_t n, float* out,
+                                             uint8_t* xq) {
+    static_assert(E % 4 == 0 && 32 % E == 0);
+    __shared__ float red[4];
+    const int t = threadIdx.x;
+    float v[E], wv[E];
+#pragma unroll
+    for (int j = 0; j < E / 4; ++j) {
+        const float4 a = __ldcg(reinterpret_cast<const float4*>(x + t * E) + j);
+        const float4 b = w ? __ldg(reinterpret_cast<const float4*>(w + t * E) + j) : make_float4(1.f, 1.f, 1.f, 1.f);
+        v[4 * j] = a.x, v[4 * j + 1] = a.y, v[4 * j + 2] = a.z, v[4 * j + 3] = a.w;
+        wv[4 * j] = b.x, wv[4 * j + 1] = b.y, wv[4 * j + 2] = b.z, wv[4 * j + 3] = b.w;
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < E; ++j) ss = fmaf(v[j], v[j], ss);
+    ss = warp_sum(ss);
+    if ((t & 31) == 0) red[t >> 5] = ss;
+    __syncthreads();
+    ss = red[0] + red[1] + red[2] + red[3];
+    const float r = rsqrtf(ss / float(n) + eps);
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < E; ++j) v[j] = v[j] * r * wv[j], m = fmaxf(m, fabsf(v[j]));
+#pragma unroll
+    for (int j = 0; j < E / 4; ++j)
+        reinterpret_cast<float4*>(out + t * E)[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+    if (!xq) return;
+#pragma unroll
+    for (int o = 1; o < 32 / E; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float d = m / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    uint32_t q[E / 4];
+#pragma unroll
+    for (int j = 0; j < E / 4; ++j) {
+        q[j] = 0;
+#pragma unroll
+        for (int b = 0; b < 4; ++b) q[j] |= uint32_t(uint8_t(int8_t(__float2int_rn(v[4 * j + b] * id)))) << (8 * b);
+    }
+#pragma unroll
+    for (int j = 0; j < E / 4; ++j) reinterpret_cast<uint32_t*>(xq + t * E)[j] = q[j];
+    if ((t * E) % 32 == 0) reinterpret_cast<float*>(xq + n)[t * E / 32] = d;
+}
+
+// The residual product's RMSNorm (GemvK::nctr): every block makes its rows visible and takes a ticket;
+// the last block of row yi to finish normalizes the whole row and puts the counter back to zero.
+__device__ __forceinline__ void last_block_norm(const GemvK& a, const Seg& sg, int yi) {
+    __shared__ unsigned ticket;
+    __syncthreads();
+    if (threadIdx.x == 0) {  // the block's writes before the ticket; the other blocks' before the reads
+        __threadfence();
+        ticket = atomicAdd(a.nctr + yi, 1u);
+        __threadfence();
+    }
+    __syncthreads();
+    if (ticket != gridDim.x - 1) return;
+    if (threadIdx.x == 0) a.nctr[yi] = 0;
+    const int64_t n = sg.rows;
+    const float* x = sg.res_out + int64_t(yi) * sg.ldy;
+    float* out = a.nout + int64_t(yi) * n;
+    uint8_t* xq = a.nxq ? a.nxq + int64_t(yi) * q8_row_bytes(n) : nullptr;
+    switch (n) {
+        case 512: norm_row_128<4>(x, a.nw, a.neps, n, out, xq); break;
+        case 1024: norm_row_128<8>(x, a.nw, a.neps, n, out, xq); break;
+        case 2048: norm_row_128<16>(x, a.nw, a.neps, n, out, xq); break;
+        case 4096: norm_row_128<32>(x, a.nw, a.neps, n, out, xq); break;
+        default: break;  // gemv_norm_supported
+    }
+}
+
 // Block: 4 warps, R rows each, or (split-K, short and wide matrices) 4 / ksplit row groups of R
 // rows, each summed by ksplit warps over interleaved 64-item strips of k and combined in shared
 // memory, so that a 2048-row matrix still puts several warps on every SM. The first items' weights
@@ -47,21 +121,23 @@ __global__ void __launch_bounds__(128) gemv_q_kernel(const GemvK a) {
     };
     float acc[R];
     dot_rows<T, R>(a, yi, live, a.ids != nullptr, set_rows, acc, part, ks);
+    bool fin = live;
     if (ks > 1) {
         __shared__ float part_s[4][R];
         const int lane = threadIdx.x & 31;
         const float s = warp_sum_rows<R>(acc);
         if (lane % (32 / R) == 0) part_s[warp][lane / (32 / R)] = s;
         __syncthreads();
-        if (part != 0) return;
+        fin = fin && part == 0;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             float s = 0.0f;
-            for (int j = 0; j < ks; ++j) s += part_s[warp + j][r];
+            for (int j = 0; j < ks; ++j) s += part_s[(warp & ~(ks - 1)) + j][r];
             acc[r] = lane == 0 ? s : 0.0f;  // finish() sums the warp again
         }
     }
-    if (live) finish<R>(a, sg, acc, r0, yi);
+    if (fin) finish<R>(a, sg, acc, r0, yi);
+    if (a.nctr) last_block_norm(a, sg, yi);
 }
 
 // SwiGLU pair: segment 0 = gate, 1 = up, the same rows (a multiple of 32). A block of 16 warps owns
@@ -86,6 +162,18 @@ __global__ void __launch_bounds__(512) gemv_glu_kernel(const GemvK a, int prefet
     // shared memory (cp.async, each warp its own 2 + 2 rows) while the first is computed.
     const int64_t qb = a.nb * L.q_bytes, mb = a.nb * L.m_bytes;
     uint8_t* const wsm = glu_smem + int64_t(warp) * 2 * R * (qb + mb);
+    // The next product's weights into L2, this block's share of each stream in pieces of up to 32 KB.
+    auto next_to_l2 = [&] {
+        if (warp != 0 || !a.l2_q) return;
+        auto share = [&](const uint8_t* p, int64_t bytes) {
+            const int64_t per = (bytes / gridDim.x + 15) / 16 * 16, b0 = int64_t(blockIdx.x) * per;
+            const int64_t b1 = min(b0 + per, bytes / 16 * 16);
+            for (int64_t o = b0 + int64_t(lane) * 32768; o < b1; o += 32 * 32768)
+                prefetch_l2(p + o, uint32_t(min(int64_t(32768), b1 - o)));
+        };
+        share(a.l2_q, a.l2_qbytes);
+        share(a.l2_m, a.l2_mbytes);
+    };
     bool staged = false;
     for (int64_t gb = blockIdx.x; gb * 32 < g.rows; gb += gridDim.x) {
         const int64_t rb = gb * 32;
@@ -107,6 +195,10 @@ __global__ void __launch_bounds__(512) gemv_glu_kernel(const GemvK a, int prefet
         if (pf && prefetch == 1) issue();
         auto hook = [&] {
             if (pf && prefetch == 2) issue();
+            if (first && a.l2_mode == 2) next_to_l2();
+        };
+        auto pre = [&] {
+            if (first && a.l2_mode == 1) next_to_l2();
         };
         auto set_smem = [&](const uint8_t** qrow, const uint8_t** mrow) {
 #pragma unroll
@@ -126,10 +218,10 @@ __global__ void __launch_bounds__(512) gemv_glu_kernel(const GemvK a, int prefet
         if (staged) {
             cp_async_wait<0>();
             __syncwarp();
-            dot_rows<T, 2 * R, decltype(set_smem), PlainLd>(a, yi, true, true, set_smem, acc);
+            dot_rows<T, 2 * R, decltype(set_smem), PlainLd>(a, yi, true, true, set_smem, acc, 0, 1, {}, false);
         } else {
-            dot_rows<T, 2 * R, decltype(set_rows), GlobalLd, decltype(hook)>(a, yi, true, false, set_rows, acc, 0, 1,
-                                                                             hook);
+            dot_rows<T, 2 * R, decltype(set_rows), GlobalLd, decltype(hook), decltype(pre)>(
+                a, yi, true, false, set_rows, acc, 0, 1, hook, first, pre);
         }
         staged = pf;
         // Totals: gate rows in lanes 0-7 and 8-15, up rows in 16-23 and 24-31; lane 8 r gets both of row r.
@@ -538,6 +630,11 @@ void gemv_multi(const GemvArgs* a, int n, Stream stream) {
         blocks += unsigned(ceil_div(a[i].rows, rows_per_block));
     }
     p.n_seg = n;
+    if (a[0].norm_out) {
+        CERA_CHECK(n == 1 && gemv_norm_supported(a[0]), "gemv: a residual RMSNorm this launch cannot take");
+        p.nw = a[0].norm_w, p.neps = a[0].norm_eps, p.nout = a[0].norm_out;
+        p.nxq = static_cast<uint8_t*>(a[0].norm_xq), p.nctr = a[0].norm_ctr;
+    }
     const dim3 grid(blocks, unsigned(a[0].n_y));
     if (R == 4) launch_r<4>(type, p, grid, s, vec);
     else if (R == 2) launch_r<2>(type, p, grid, s, vec);
@@ -546,9 +643,19 @@ void gemv_multi(const GemvArgs* a, int n, Stream stream) {
 
 void gemv(const GemvArgs& a, Stream stream) { gemv_multi(&a, 1, stream); }
 
+bool gemv_norm_supported(const GemvArgs& a) {
+    static const bool on = env_int("CERA_CUDA_NORM_FOLD", 1) != 0;
+    const int64_t n = a.rows;
+    auto at16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    return on && quant_layout(a.w.type).block_elems > 0 && !a.ids && a.res_out && a.ldy == n &&
+           (n == 512 || n == 1024 || n == 2048 || n == 4096) && a.n_y >= 1 && a.n_y <= 64 && at16(a.res_out) &&
+           (!a.norm_w || at16(a.norm_w)) && at16(a.norm_out) && (!a.norm_xq || at16(a.norm_xq));
+}
+
 bool gemv_glu_supported(GgmlType type, int64_t rows) { return quant_layout(type).block_elems > 0 && rows % 32 == 0; }
 
-void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq, Stream stream) {
+void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq, Stream stream,
+              const GemvArgs* next) {
     if (debug_skip("glu")) return;
     CERA_CHECK(gemv_glu_supported(gate.w.type, gate.rows) && up.w.type == gate.w.type && up.w.k == gate.w.k &&
                up.rows == gate.rows && up.n_y == gate.n_y && up.xq == gate.xq && !gate.ids && !up.ids &&
@@ -597,6 +704,20 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
                                  stage_aligned(up, qb, mb) && int64_t(pf_bytes) <= kGluStageMax
                              ? prefetch_env
                              : 0;
+    // The down product's weights into L2 while the pair runs: its blocks cannot be resident before this
+    // launch's leave, so its own loads start late. CERA_CUDA_DOWN_L2: 0 never, 1 before the PDL wait
+    // (+1% on Q4_0, bench/NOTES.md), 2 after it.
+    static const int l2_env = env_int("CERA_CUDA_DOWN_L2", 1);
+    if (next && l2_env > 0 && one_wave && !next->ids && quant_layout(next->w.type).block_elems > 0) {
+        const QuantLayout NL = quant_layout(next->w.type);
+        const int64_t nnb = next->w.k / NL.block_elems, nq = nnb * NL.q_bytes, nm = nnb * NL.m_bytes;
+        const int64_t rows = next->rows;
+        const auto* q = static_cast<const uint8_t*>(next->w.image) + next->w.row0 * nq;
+        const auto* m = scale_stream(next->w) + next->w.row0 * nm;
+        if (reinterpret_cast<uintptr_t>(q) % 16 == 0 && reinterpret_cast<uintptr_t>(m) % 16 == 0) {
+            p.l2_q = q, p.l2_m = m, p.l2_qbytes = rows * nq, p.l2_mbytes = rows * nm, p.l2_mode = l2_env;
+        }
+    }
     const dim3 grid(unsigned(n_rb), unsigned(gate.n_y));
     switch (gate.w.type) {
 #define CERA_Q(T)                                                                                 \

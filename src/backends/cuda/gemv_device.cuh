@@ -37,6 +37,17 @@ struct GemvK {
     int64_t ldxq;
     float* act;       // SwiGLU pair: silu(gate) * up, [n_y, rows]
     uint8_t* act_xq;  // and its quantize_q8 rows (or null)
+    // RMSNorm of seg[0]'s residual rows by the last block of each row (GemvArgs::norm_out), or nctr null.
+    const float* nw;
+    float neps;
+    float* nout;
+    uint8_t* nxq;
+    unsigned* nctr;
+    // SwiGLU pair: the weight streams of the product launched after it, prefetched into L2 (or null).
+    const uint8_t* l2_q;
+    const uint8_t* l2_m;
+    int64_t l2_qbytes, l2_mbytes;
+    int l2_mode;
 };
 
 // The segment of this block and the block's index inside it.
@@ -95,14 +106,16 @@ __device__ __forceinline__ void finish(const GemvK& a, const Seg& sg, float (&ac
 // rows' stream pointers; it runs before the PDL wait (weights only) unless `rows_after_wait`.
 // `part` of `parts` (split-K): the warp takes the 32-item strips part, part + parts, ... (two strips,
 // `parts` apart, per step).
-// Ld: where the rows live (GlobalLd, or PlainLd for copies in shared memory); hook() runs right
-// after the PDL wait.
+// Ld: where the rows live (GlobalLd, or PlainLd for copies in shared memory); pre() runs right
+// before the PDL wait (the weight loads issued), hook() right after it; wait = false: the caller has waited already (a block's later row groups), so
+// the timeline trace keeps the block's first wait.
 struct NoHook {
     __device__ void operator()() const {}
 };
-template <GgmlType T, int NR, class SetRows, class Ld = GlobalLd, class Hook = NoHook>
+template <GgmlType T, int NR, class SetRows, class Ld = GlobalLd, class Hook = NoHook, class Pre = NoHook>
 __device__ __forceinline__ void dot_rows(const GemvK& a, int yi, bool live, bool rows_after_wait, SetRows set_rows,
-                                         float (&acc)[NR], int part = 0, int parts = 1, Hook hook = {}) {
+                                         float (&acc)[NR], int part = 0, int parts = 1, Hook hook = {},
+                                         bool wait = true, Pre pre = {}) {
     using Tr = QTraits<T>;
     constexpr QuantLayout L = quant_layout(T);
     const int lane = threadIdx.x & 31;
@@ -123,7 +136,8 @@ __device__ __forceinline__ void dot_rows(const GemvK& a, int yi, bool live, bool
         set_rows(qrow, mrow);
         load_w();
     }
-    pdl_wait();
+    pre();
+    if (wait) pdl_wait();
     hook();
 #pragma unroll
     for (int r = 0; r < NR; ++r) acc[r] = 0.0f;

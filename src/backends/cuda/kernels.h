@@ -108,7 +108,18 @@ struct GemvArgs {
     const float* res_a = nullptr;
     float* res_out = nullptr;
     float res_scale = 1.0f;
+    // RMSNorm of the residual rows after them (or norm_out null; one product a launch, rows a multiple
+    // of 32, see gemv_norm_supported): norm_out[j] = rms_norm(res_out[j], norm_w, norm_eps) ([n_y, rows])
+    // and its quantize_q8 rows in norm_xq (or null), computed by the last block to finish each row;
+    // norm_ctr: n_y zeroed counters that only this stream's launches use (left zeroed).
+    const float* norm_w = nullptr;
+    float norm_eps = 0.0f;
+    float* norm_out = nullptr;
+    void* norm_xq = nullptr;
+    unsigned* norm_ctr = nullptr;
 };
+// Whether gemv can take the RMSNorm of its residual output (GemvArgs::norm_out).
+bool gemv_norm_supported(const GemvArgs& a);
 void gemv(const GemvArgs& a, Stream stream);
 // Up to kMaxSegs products in one launch: they share x / xq, the weight type, k and n_y (and have no
 // ids); each has its own weight, rows, bias, y and residual epilogue (q/k/v, gate/up).
@@ -118,7 +129,9 @@ void gemv_multi(const GemvArgs* a, int n, Stream stream);
 //   act[j][r] = silu(y_gate[j][r]) * y_up[j][r]  (act: [n_y, rows]; may alias either y)
 // and, when act_xq is not null, act's quantize_q8 rows. Quantized weights with rows % 32 == 0 only.
 bool gemv_glu_supported(GgmlType type, int64_t rows);
-void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq, Stream stream);
+// next (or null): the product queued right after, whose weights the pair's blocks prefetch into L2.
+void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq, Stream stream,
+              const GemvArgs* next = nullptr);
 
 // out[t] = scale * dequantize(row row_ids ? row_ids[t] : t) as f32 (out_f16 = false) or f16.
 //   out: [n_rows, w.k]
