@@ -27,16 +27,25 @@ namespace {
 template <int E>
 __device__ __forceinline__ void norm_row_128(const float* x, const float* w, float eps, int64_t n, float* out,
                                              uint8_t* xq) {
-    static_assert(E % 4 == 0 && 32 % E == 0);
+    static_assert(E % 2 == 0 && 32 % E == 0);
     __shared__ float red[4];
     const int t = threadIdx.x;
     float v[E], wv[E];
+    if constexpr (E % 4 == 0) {
 #pragma unroll
-    for (int j = 0; j < E / 4; ++j) {
-        const float4 a = __ldcg(reinterpret_cast<const float4*>(x + t * E) + j);
-        const float4 b = w ? __ldg(reinterpret_cast<const float4*>(w + t * E) + j) : make_float4(1.f, 1.f, 1.f, 1.f);
-        v[4 * j] = a.x, v[4 * j + 1] = a.y, v[4 * j + 2] = a.z, v[4 * j + 3] = a.w;
-        wv[4 * j] = b.x, wv[4 * j + 1] = b.y, wv[4 * j + 2] = b.z, wv[4 * j + 3] = b.w;
+        for (int j = 0; j < E / 4; ++j) {
+            const float4 a = __ldcg(reinterpret_cast<const float4*>(x + t * E) + j);
+            const float4 b = w ? __ldg(reinterpret_cast<const float4*>(w + t * E) + j) : make_float4(1.f, 1.f, 1.f, 1.f);
+            v[4 * j] = a.x, v[4 * j + 1] = a.y, v[4 * j + 2] = a.z, v[4 * j + 3] = a.w;
+            wv[4 * j] = b.x, wv[4 * j + 1] = b.y, wv[4 * j + 2] = b.z, wv[4 * j + 3] = b.w;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < E / 2; ++j) {
+            const float2 a = __ldcg(reinterpret_cast<const float2*>(x + t * E) + j);
+            const float2 b = w ? __ldg(reinterpret_cast<const float2*>(w + t * E) + j) : make_float2(1.f, 1.f);
+            v[2 * j] = a.x, v[2 * j + 1] = a.y, wv[2 * j] = b.x, wv[2 * j + 1] = b.y;
+        }
     }
     float ss = 0.0f;
 #pragma unroll
@@ -50,21 +59,17 @@ __device__ __forceinline__ void norm_row_128(const float* x, const float* w, flo
 #pragma unroll
     for (int j = 0; j < E; ++j) v[j] = v[j] * r * wv[j], m = fmaxf(m, fabsf(v[j]));
 #pragma unroll
-    for (int j = 0; j < E / 4; ++j)
-        reinterpret_cast<float4*>(out + t * E)[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+    for (int j = 0; j < E / 2; ++j) reinterpret_cast<float2*>(out + t * E)[j] = make_float2(v[2 * j], v[2 * j + 1]);
     if (!xq) return;
 #pragma unroll
     for (int o = 1; o < 32 / E; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     const float d = m / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-    uint32_t q[E / 4];
 #pragma unroll
-    for (int j = 0; j < E / 4; ++j) {
-        q[j] = 0;
-#pragma unroll
-        for (int b = 0; b < 4; ++b) q[j] |= uint32_t(uint8_t(int8_t(__float2int_rn(v[4 * j + b] * id)))) << (8 * b);
+    for (int j = 0; j < E / 2; ++j) {
+        const uint32_t q0 = uint8_t(int8_t(__float2int_rn(v[2 * j] * id)));
+        const uint32_t q1 = uint8_t(int8_t(__float2int_rn(v[2 * j + 1] * id)));
+        reinterpret_cast<uint16_t*>(xq + t * E)[j] = uint16_t(q0 | q1 << 8);
     }
-#pragma unroll
-    for (int j = 0; j < E / 4; ++j) reinterpret_cast<uint32_t*>(xq + t * E)[j] = q[j];
     if ((t * E) % 32 == 0) reinterpret_cast<float*>(xq + n)[t * E / 32] = d;
 }
 
@@ -86,6 +91,7 @@ __device__ __forceinline__ void last_block_norm(const GemvK& a, const Seg& sg, i
     float* out = a.nout + int64_t(yi) * n;
     uint8_t* xq = a.nxq ? a.nxq + int64_t(yi) * q8_row_bytes(n) : nullptr;
     switch (n) {
+        case 256: norm_row_128<2>(x, a.nw, a.neps, n, out, xq); break;
         case 512: norm_row_128<4>(x, a.nw, a.neps, n, out, xq); break;
         case 1024: norm_row_128<8>(x, a.nw, a.neps, n, out, xq); break;
         case 2048: norm_row_128<16>(x, a.nw, a.neps, n, out, xq); break;
@@ -140,6 +146,21 @@ __global__ void __launch_bounds__(128) gemv_q_kernel(const GemvK a) {
     if (a.nctr) last_block_norm(a, sg, yi);
 }
 
+// The SwiGLU pair's next product's weights into L2 (GemvK::l2_q): this block's share of each stream,
+// in pieces of up to 32 KB over the lanes of one warp.
+__device__ __forceinline__ void next_product_to_l2(const GemvK& a) {
+    if (!a.l2_q) return;
+    const int lane = threadIdx.x & 31;
+    auto share = [&](const uint8_t* p, int64_t bytes) {
+        const int64_t per = (bytes / gridDim.x + 15) / 16 * 16, b0 = int64_t(blockIdx.x) * per;
+        const int64_t b1 = min(b0 + per, bytes / 16 * 16);
+        for (int64_t o = b0 + int64_t(lane) * 32768; o < b1; o += 32 * 32768)
+            prefetch_l2(p + o, uint32_t(min(int64_t(32768), b1 - o)));
+    };
+    share(a.l2_q, a.l2_qbytes);
+    share(a.l2_m, a.l2_mbytes);
+}
+
 // SwiGLU pair: segment 0 = gate, 1 = up, the same rows (a multiple of 32). A block of 16 warps owns
 // groups of 32 output rows (group x, x + gridDim.x, ...); each warp 2 rows of both matrices (4 weight
 // streams, like R = 4), the first group's loads issued before the PDL wait into registers and, with
@@ -162,17 +183,8 @@ __global__ void __launch_bounds__(512) gemv_glu_kernel(const GemvK a, int prefet
     // shared memory (cp.async, each warp its own 2 + 2 rows) while the first is computed.
     const int64_t qb = a.nb * L.q_bytes, mb = a.nb * L.m_bytes;
     uint8_t* const wsm = glu_smem + int64_t(warp) * 2 * R * (qb + mb);
-    // The next product's weights into L2, this block's share of each stream in pieces of up to 32 KB.
     auto next_to_l2 = [&] {
-        if (warp != 0 || !a.l2_q) return;
-        auto share = [&](const uint8_t* p, int64_t bytes) {
-            const int64_t per = (bytes / gridDim.x + 15) / 16 * 16, b0 = int64_t(blockIdx.x) * per;
-            const int64_t b1 = min(b0 + per, bytes / 16 * 16);
-            for (int64_t o = b0 + int64_t(lane) * 32768; o < b1; o += 32 * 32768)
-                prefetch_l2(p + o, uint32_t(min(int64_t(32768), b1 - o)));
-        };
-        share(a.l2_q, a.l2_qbytes);
-        share(a.l2_m, a.l2_mbytes);
+        if (warp == 0) next_product_to_l2(a);
     };
     bool staged = false;
     for (int64_t gb = blockIdx.x; gb * 32 < g.rows; gb += gridDim.x) {
@@ -648,7 +660,7 @@ bool gemv_norm_supported(const GemvArgs& a) {
     const int64_t n = a.rows;
     auto at16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
     return on && quant_layout(a.w.type).block_elems > 0 && !a.ids && a.res_out && a.ldy == n &&
-           (n == 512 || n == 1024 || n == 2048 || n == 4096) && a.n_y >= 1 && a.n_y <= 64 && at16(a.res_out) &&
+           (n == 256 || n == 512 || n == 1024 || n == 2048 || n == 4096) && a.n_y >= 1 && a.n_y <= 64 && at16(a.res_out) &&
            (!a.norm_w || at16(a.norm_w)) && at16(a.norm_out) && (!a.norm_xq || at16(a.norm_xq));
 }
 
@@ -706,7 +718,7 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
                              : 0;
     // The down product's weights into L2 while the pair runs: its blocks cannot be resident before this
     // launch's leave, so its own loads start late. CERA_CUDA_DOWN_L2: 0 never, 1 before the PDL wait
-    // (+1% on Q4_0, bench/NOTES.md), 2 after it.
+    // (+1% on Q4_0, bench/NOTES.md), 2 after it. Not for the staged kernel (K-quants: -2%).
     static const int l2_env = env_int("CERA_CUDA_DOWN_L2", 1);
     if (next && l2_env > 0 && one_wave && !next->ids && quant_layout(next->w.type).block_elems > 0) {
         const QuantLayout NL = quant_layout(next->w.type);
