@@ -11,7 +11,9 @@
 //  - Decode fusion (CERA_CUDA_FUSE=0 turns it off), with the backend interface unchanged: a GEMV is
 //    held back until the next call, so products that share an input go out as one launch (q/k/v,
 //    gate/up), gate/up followed by swiglu() become one kernel with a SwiGLU epilogue, and a GEMV
-//    followed by add() of its output takes the residual add in its epilogue. norm_rope() of q and
+//    followed by add() of its output takes the residual add in its epilogue, and stays held: an
+//    rms_norm() of the sum is made by that launch's last block. A SwiGLU pair is held until the
+//    next product, whose weights it prefetches into L2. norm_rope() of q and
 //    k followed by kv_store() is one launch, with the q/k/v products when they are still held
 //    (gemv_fused.cu), and so is a one-token in_proj followed by short_conv() (K-quants). rms_norm,
 //    swiglu, the decode short conv and attention also write their output's 8-bit rows, recorded as

@@ -105,6 +105,8 @@ __device__ __forceinline__ void last_block_norm(const GemvK& a, const Seg& sg, i
 // memory, so that a 2048-row matrix still puts several warps on every SM. The first items' weights
 // are loaded before waiting for the previous kernel (PDL), so the weight stream starts while that
 // kernel drains (expert ids come from an earlier kernel: those rows are known only after the wait).
+// With GemvK::nctr the last block to finish also makes the RMSNorm of the residual output
+// (last_block_norm), so no norm launch follows a residual product.
 template <GgmlType T, int R>
 __global__ void __launch_bounds__(128) gemv_q_kernel(const GemvK a) {
     constexpr QuantLayout L = quant_layout(T);
@@ -566,6 +568,8 @@ int env_int(const char* name, int fallback) {
 
 // The most shared memory a SwiGLU block stages its rows in (the staged kernel, the prefetch).
 constexpr int64_t kGluStageMax = 160 * 1024;
+// The largest product whose weights a SwiGLU launch prefetches into L2 for the launch after it.
+constexpr int64_t kL2Next = 12 << 20;
 
 // Rows per block and dynamic shared memory of a staged launch (rb = 0: the register kernels serve it).
 struct StagePlan {
@@ -717,8 +721,9 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
                              ? prefetch_env
                              : 0;
     // The down product's weights into L2 while the pair runs: its blocks cannot be resident before this
-    // launch's leave, so its own loads start late. CERA_CUDA_DOWN_L2: 0 never, 1 before the PDL wait
-    // (+1% on Q4_0, bench/NOTES.md), 2 after it. Not for the staged kernel (K-quants: -2%).
+    // launch's leave, so its own loads start late. CERA_CUDA_DOWN_L2: 0 never, 1 before the PDL wait,
+    // 2 after it. Only for products of up to kL2Next bytes (Q4_0 down of lfm2-1.2b / llama-1b, 9.4 MB:
+    // -0.4 to +1.5%; Q8_0, 17.8 MB: -2%) and not beside the staged kernel (K-quants: -2%; bench/NOTES.md).
     static const int l2_env = env_int("CERA_CUDA_DOWN_L2", 1);
     if (next && l2_env > 0 && one_wave && !next->ids && quant_layout(next->w.type).block_elems > 0) {
         const QuantLayout NL = quant_layout(next->w.type);
@@ -726,7 +731,8 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
         const int64_t rows = next->rows;
         const auto* q = static_cast<const uint8_t*>(next->w.image) + next->w.row0 * nq;
         const auto* m = scale_stream(next->w) + next->w.row0 * nm;
-        if (reinterpret_cast<uintptr_t>(q) % 16 == 0 && reinterpret_cast<uintptr_t>(m) % 16 == 0) {
+        if (reinterpret_cast<uintptr_t>(q) % 16 == 0 && reinterpret_cast<uintptr_t>(m) % 16 == 0 &&
+            rows * (nq + nm) <= kL2Next) {
             p.l2_q = q, p.l2_m = m, p.l2_qbytes = rows * nq, p.l2_mbytes = rows * nm, p.l2_mode = l2_env;
         }
     }
