@@ -81,7 +81,7 @@ __device__ __forceinline__ void last_block_norm(const GemvK& a, const Seg& sg, i
     if (threadIdx.x == 0) {  // the block's writes before the ticket; the other blocks' before the reads
         __threadfence();
         ticket = atomicAdd(a.nctr + yi, 1u);
-        __threadfence();
+        if (ticket == gridDim.x - 1) __threadfence();
     }
     __syncthreads();
     if (ticket != gridDim.x - 1) return;
@@ -127,6 +127,9 @@ __global__ void __launch_bounds__(128) gemv_q_kernel(const GemvK a) {
             mrow[r] = sg.m + gr * a.nb * L.m_bytes;
         }
     };
+    // The residual RMSNorm's weight into L2 for whichever block ends last (a weight: before the wait).
+    if (a.nctr && a.nw && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
+        prefetch_l2(a.nw, uint32_t(sg.rows * sizeof(float)));
     float acc[R];
     dot_rows<T, R>(a, yi, live, a.ids != nullptr, set_rows, acc, part, ks);
     bool fin = live;
