@@ -471,6 +471,84 @@ TEST_F(CudaBackendTest, MoeGroupedMatchesPerSlot) {
     }
 }
 
+// A residual product followed by rms_norm() of its sum: the CUDA backend makes the norm in the
+// product's launch (its last block, gemv.cu last_block_norm) for rows of 256-4096 floats, one token
+// or several. Against the same ops with fusion off and on the CPU backend, three times in a row (the
+// tickets must be back at zero), with and without a norm weight; a product after the norm reads its
+// 8-bit rows.
+TEST_F(CudaBackendTest, ResidualNormFoldMatchesUnfused) {
+    using G = GgmlType;
+    setenv("CERA_CUDA_FUSE", "0", 1);
+    BackendOptions o;
+    o.device = DeviceKind::kCuda;
+    auto plain = create_backend(o);
+    unsetenv("CERA_CUDA_FUSE");
+    Backend* bes[3] = {gpu_.get(), plain.get(), cpu_.get()};
+    const int64_t k = 256, m = 64;
+    for (G type : {G::kQ4_0, G::kQ8_0, G::kQ4_K}) {
+        for (int64_t n : {256, 512, 1024, 2048, 4096}) {
+            const auto wa = make_weight(type, randn(size_t(n * k), rng_, 0.1f), n, k);
+            const auto wb = make_weight(type, randn(size_t(m * n), rng_, 0.05f), m, n);
+            const auto nw = randn(size_t(n), rng_);
+            for (int64_t nt : {1, 3}) {
+                for (bool weighted : {true, false}) {
+                    SCOPED_TRACE(std::string(type_name(type)) + " n " + std::to_string(n) + " n_tokens " +
+                                 std::to_string(nt) + (weighted ? " weighted" : " no weight"));
+                    struct Bufs {
+                        Tensor wa, wb, nw, a, x, y, h, z;
+                    } b[3];
+                    const auto x0 = randn(size_t(n * nt), rng_);
+                    for (int i = 0; i < 3; ++i) {
+                        Backend& be = *bes[i];
+                        const int64_t ne_a[2] = {k, n}, ne_b[2] = {n, m};
+                        b[i].wa = be.upload_weight(type, ne_a, wa.data());
+                        b[i].wb = be.upload_weight(type, ne_b, wb.data());
+                        b[i].nw = be.alloc(G::kF32, {n});
+                        be.write(b[i].nw, nw.data(), nw.size() * 4);
+                        b[i].a = be.alloc(G::kF32, {k, nt});
+                        b[i].x = be.alloc(G::kF32, {n, nt});
+                        be.write(b[i].x, x0.data(), x0.size() * 4);
+                        b[i].y = be.alloc(G::kF32, {n, nt});
+                        b[i].h = be.alloc(G::kF32, {n, nt});
+                        b[i].z = be.alloc(G::kF32, {m, nt});
+                    }
+                    for (int rep = 0; rep < 3; ++rep) {
+                        const auto av = randn(size_t(k * nt), rng_);
+                        for (int i = 0; i < 3; ++i) {
+                            Backend& be = *bes[i];
+                            be.write(b[i].a, av.data(), av.size() * 4);
+                            be.matmul(b[i].wa, b[i].a, Tensor{}, b[i].y);
+                            be.add(b[i].x, b[i].y, 0.5f, b[i].x);
+                            be.rms_norm(b[i].x, weighted ? b[i].nw : Tensor{}, 1e-5f, b[i].h);
+                            be.matmul(b[i].wb, b[i].h, Tensor{}, b[i].z);
+                        }
+                        auto diff = [&](Tensor Bufs::*f, int i, int j) {
+                            const auto p = get(b[i].*f, *bes[i]), q = get(b[j].*f, *bes[j]);
+                            double err = 0, mag = 1e-3;
+                            for (size_t e = 0; e < p.size(); ++e) {
+                                if (!std::isfinite(p[e])) return double(INFINITY);
+                                err = std::max(err, double(std::fabs(p[e] - q[e])));
+                                mag = std::max(mag, double(std::fabs(q[e])));
+                            }
+                            return err / mag;
+                        };
+                        // The same products; only the norm's sum of squares is added in another order,
+                        // and an 8-bit rounding of h may rarely flip a step in z.
+                        EXPECT_LT(diff(&Bufs::x, 0, 1), 1e-6) << "x, rep " << rep;
+                        EXPECT_LT(diff(&Bufs::h, 0, 1), 1e-5) << "h, rep " << rep;
+                        EXPECT_LT(diff(&Bufs::z, 0, 1), 2e-2) << "z, rep " << rep;
+                        EXPECT_LT(diff(&Bufs::h, 0, 2), 5e-2) << "h against the CPU, rep " << rep;
+                        EXPECT_LT(diff(&Bufs::z, 0, 2), 1e-1) << "z against the CPU, rep " << rep;
+                    }
+                    for (int i = 0; i < 3; ++i)
+                        for (Tensor* t : {&b[i].wa, &b[i].wb, &b[i].nw, &b[i].a, &b[i].x, &b[i].y, &b[i].h, &b[i].z})
+                            bes[i]->free(*t);
+                }
+            }
+        }
+    }
+}
+
 // A step recorded as a graph (or decode program) replays with new inputs.
 TEST_F(CudaBackendTest, GraphReplayTracksInputs) {
     const int64_t n = 4096, rows = 1024;
