@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -59,6 +60,28 @@ inline std::vector<float> dequant(GgmlType type, const std::vector<uint8_t>& byt
     for (int64_t r = 0; r < rows; ++r)
         dequantize_row_ref(type, bytes.data() + size_t(r) * row_size(type, k), out.data() + r * k, k);
     return out;
+}
+
+// A CUDA backend made while the environment variable `var` is `value` (the backend reads its
+// switches when it is made).
+inline std::unique_ptr<Backend> cuda_backend_with(const char* var, const char* value) {
+    setenv(var, value, 1);
+    BackendOptions o;
+    o.device = DeviceKind::kCuda;
+    auto be = create_backend(o);
+    unsetenv(var);
+    return be;
+}
+
+// max |a - ref| over max(|ref|, 1e-3); infinite when a has a value that is not finite.
+inline double max_rel_diff(const std::vector<float>& a, const std::vector<float>& ref) {
+    double err = 0, mag = 1e-3;
+    for (size_t e = 0; e < a.size(); ++e) {
+        if (!std::isfinite(a[e])) return INFINITY;
+        err = std::max(err, double(std::fabs(a[e] - ref[e])));
+        mag = std::max(mag, double(std::fabs(ref[e])));
+    }
+    return err / mag;
 }
 
 // The 8-bit activations the CUDA GEMV uses, dequantized (same float operations as the kernel).

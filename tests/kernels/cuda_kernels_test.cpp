@@ -478,11 +478,7 @@ TEST_F(CudaBackendTest, MoeGroupedMatchesPerSlot) {
 // 8-bit rows.
 TEST_F(CudaBackendTest, ResidualNormFoldMatchesUnfused) {
     using G = GgmlType;
-    setenv("CERA_CUDA_FUSE", "0", 1);
-    BackendOptions o;
-    o.device = DeviceKind::kCuda;
-    auto plain = create_backend(o);
-    unsetenv("CERA_CUDA_FUSE");
+    auto plain = cuda_backend_with("CERA_CUDA_FUSE", "0");
     Backend* bes[3] = {gpu_.get(), plain.get(), cpu_.get()};
     const int64_t k = 256, m = 64;
     for (G type : {G::kQ4_0, G::kQ8_0, G::kQ4_K}) {
@@ -523,14 +519,7 @@ TEST_F(CudaBackendTest, ResidualNormFoldMatchesUnfused) {
                             be.matmul(b[i].wb, b[i].h, Tensor{}, b[i].z);
                         }
                         auto diff = [&](Tensor Bufs::*f, int i, int j) {
-                            const auto p = get(b[i].*f, *bes[i]), q = get(b[j].*f, *bes[j]);
-                            double err = 0, mag = 1e-3;
-                            for (size_t e = 0; e < p.size(); ++e) {
-                                if (!std::isfinite(p[e])) return double(INFINITY);
-                                err = std::max(err, double(std::fabs(p[e] - q[e])));
-                                mag = std::max(mag, double(std::fabs(q[e])));
-                            }
-                            return err / mag;
+                            return max_rel_diff(get(b[i].*f, *bes[i]), get(b[j].*f, *bes[j]));
                         };
                         // The same products; only the norm's sum of squares is added in another order,
                         // and an 8-bit rounding of h may rarely flip a step in z.
@@ -595,18 +584,10 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
     using G = GgmlType;
     // The reference CUDA path: no fusion, steps replayed as graphs. A fourth backend runs single-token
     // steps as decode programs (CERA_CUDA_MEGA=1) from the third step on.
-    setenv("CERA_CUDA_FUSE", "0", 1);
-    BackendOptions o;
-    o.device = DeviceKind::kCuda;
-    auto plain = create_backend(o);
-    unsetenv("CERA_CUDA_FUSE");
-    setenv("CERA_CUDA_MEGA", "1", 1);
-    auto mega = create_backend(o);
-    unsetenv("CERA_CUDA_MEGA");
+    auto plain = cuda_backend_with("CERA_CUDA_FUSE", "0");
+    auto mega = cuda_backend_with("CERA_CUDA_MEGA", "1");
     // A fifth fuses every product with its consumer, also where the default leaves it (gemv_fused.cu).
-    setenv("CERA_CUDA_FUSE_PRODUCTS", "all", 1);
-    auto all = create_backend(o);
-    unsetenv("CERA_CUDA_FUSE_PRODUCTS");
+    auto all = cuda_backend_with("CERA_CUDA_FUSE_PRODUCTS", "all");
     constexpr int kBes = 5;
     Backend* bes[kBes] = {gpu_.get(), plain.get(), cpu_.get(), mega.get(), all.get()};
     const int64_t n_embd = 256, n_head = 4, n_head_kv = 2, n_ctx = 64, L = 3;
@@ -704,14 +685,7 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
                     be.step_end();
                 }
                 auto diff = [&](Tensor Bufs::*f, int i, int j) {
-                    const auto a = get(b[i].*f, *bes[i]), c = get(b[j].*f, *bes[j]);
-                    double err = 0, mag = 1e-3;
-                    for (size_t e = 0; e < a.size(); ++e) {
-                        if (!std::isfinite(a[e])) return double(INFINITY);
-                        err = std::max(err, double(std::fabs(a[e] - c[e])));
-                        mag = std::max(mag, double(std::fabs(c[e])));
-                    }
-                    return err / mag;
+                    return max_rel_diff(get(b[i].*f, *bes[i]), get(b[j].*f, *bes[j]));
                 };
                 const double tight = type == G::kF16 ? 1e-4 : 2e-2, loose = type == G::kF16 ? 1e-3 : 1e-1;
                 using Field = std::pair<Tensor Bufs::*, const char*>;

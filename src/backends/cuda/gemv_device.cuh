@@ -107,8 +107,8 @@ __device__ __forceinline__ void finish(const GemvK& a, const Seg& sg, float (&ac
 // `part` of `parts` (split-K): the warp takes the 32-item strips part, part + parts, ... (two strips,
 // `parts` apart, per step).
 // Ld: where the rows live (GlobalLd, or PlainLd for copies in shared memory); pre() runs right
-// before the PDL wait (the weight loads issued), hook() right after it; wait = false: the caller has waited already (a block's later row groups), so
-// the timeline trace keeps the block's first wait.
+// before the PDL wait (the weight loads issued), hook() right after it; wait = false: the caller
+// has waited already (a block's later row groups), so the timeline trace keeps the first wait.
 struct NoHook {
     __device__ void operator()() const {}
 };
