@@ -1,7 +1,8 @@
 // The CUDA implementation of the backend interface (backend.h).
 //  - Weights are uploaded once into device images (kernels.h): float types as they are, block
 //    types split into aligned quant and scale streams; types without a kernel are expanded to F16
-//    on the host. A registry maps any pointer inside a weight (row slices, experts) to its image.
+//    on the host. A registry (weight_registry.h) maps any pointer inside a weight (row slices,
+//    experts) to its image.
 //  - Every op is queued on one stream; nothing in an op waits for the host.
 //  - Decode steps become CUDA graphs: the first step with a key runs eagerly (scratch buffers grow
 //    to their size there), the second is captured, later ones replay. Growing a scratch buffer
@@ -45,6 +46,7 @@
 #include "backends/cuda/pick_mail.h"
 #include "backends/cuda/replay_profile.h"
 #include "backends/cuda/w16_cache.h"
+#include "backends/cuda/weight_registry.h"
 #include "core/check.h"
 #include "core/quant/quant.h"
 
@@ -56,14 +58,6 @@ constexpr int64_t kGemvMaxTokens = 8;
 constexpr size_t kPinnedRing = 2u << 20, kPinnedMax = 1u << 20;  // pinned staging (CudaBackend::write)
 constexpr size_t kCublasWorkspace = 32u << 20;
 constexpr size_t kAsyncArea = size_t(Backend::kAsyncReads) * Backend::kAsyncReadMax;  // read_async slots
-
-struct WeightInfo {
-    void* image = nullptr;
-    size_t bytes = 0;       // image bytes
-    size_t gguf_bytes = 0;  // rows * row_size(type, k): the span Tensor pointers move in
-    GgmlType type = GgmlType::kF32;
-    int64_t rows = 0, k = 0;
-};
 
 // Scratch buffers. kXq / kXq2: 8-bit activations quantized for a GEMV; kXqA / kXqB: 8-bit rows
 // written by the op that produces a GEMV's input (alternating, so a kernel never writes the rows
@@ -125,7 +119,6 @@ class CudaBackend final : public Backend {
         cuda::trace_finish();
         if (replay_prof_) replay_prof_->print(stream_);
         drop_graphs();
-        for (auto& [p, w] : weights_) cudaFree(w.image);
         for (void* p : buffers_) cudaFree(p);
         for (auto& s : scratch_) cudaFree(s.ptr);
         for (auto& [key, t] : rope_tables_map_) cudaFree(t.ptr);
@@ -149,29 +142,8 @@ class CudaBackend final : public Backend {
         Tensor t;
         t.device = DeviceKind::kCuda;
         for (size_t i = 0; i < 4; ++i) t.ne[i] = i < ne.size() ? ne[i] : 1;
-        const int64_t k = t.ne[0], rows = t.rows();
-        std::vector<uint8_t> expanded;
-        if (!cuda::weight_type_supported(type)) {  // no kernel for this type: F16, expanded once on the host
-            expanded = cuda::expand_to_f16(type, host, rows, k);
-            host = expanded.data();
-            type = GgmlType::kF16;
-        }
-        t.type = type;
-        WeightInfo w;
-        w.type = type, w.rows = rows, w.k = k;
-        w.bytes = cuda::weight_image_bytes(type, rows, k);
-        w.gguf_bytes = row_size(type, k) * size_t(rows);
-        // 64 spare bytes: the decode program copies 16-byte aligned windows around row ranges.
-        CUDA_CHECK(cudaMalloc(&w.image, w.bytes + 64));
-        if (cuda::quant_layout(type).block_elems > 0) {
-            std::vector<uint8_t> img(w.bytes);
-            cuda::make_weight_image(type, host, rows, k, img.data());
-            CUDA_CHECK(cudaMemcpy(w.image, img.data(), w.bytes, cudaMemcpyHostToDevice));
-        } else {
-            CUDA_CHECK(cudaMemcpy(w.image, host, w.bytes, cudaMemcpyHostToDevice));
-        }
-        weights_[reinterpret_cast<uintptr_t>(w.image)] = w;
-        t.data = w.image;
+        t.data = weights_.upload(type, t.rows(), t.ne[0], host);
+        t.type = type;  // kF16 when expanded (no kernel for the type)
         return t;
     }
 
@@ -198,17 +170,16 @@ class CudaBackend final : public Backend {
         touch();
         if (t.data) {
             auto it = buffers_.find(t.data);
-            auto wt = weights_.find(reinterpret_cast<uintptr_t>(t.data));
-            if (it != buffers_.end() || wt != weights_.end()) {
+            const cuda::WeightInfo* wt = weights_.at(t.data);
+            if (it != buffers_.end() || wt) {
                 CUDA_CHECK(cudaStreamSynchronize(stream_));
                 drop_graphs();  // a graph may hold the address
                 if (it != buffers_.end()) {
                     CUDA_CHECK(cudaFree(t.data));
                     buffers_.erase(it);
                 } else {
-                    w16_.drop(wt->second.image, wt->second.rows, wt->second.k);
-                    CUDA_CHECK(cudaFree(wt->second.image));
-                    weights_.erase(wt);
+                    w16_.drop(wt->image, wt->rows, wt->k);
+                    weights_.erase(t.data);
                 }
             }
         }
@@ -362,7 +333,7 @@ class CudaBackend final : public Backend {
     // --------------------------------------------------------------- ops
     void embed(const Tensor& table, const Tensor& ids, float scale, const Tensor& out) override {
         touch();
-        const cuda::WeightRef w = weight_ref(table);
+        const cuda::WeightRef w = weights_.ref(table);
         if (rec_) rec_->embed(w, ids.as<const int32_t>(), ids.ne[0], scale, out.as<float>());
         cuda::dequantize_rows(w, ids.as<const int32_t>(), ids.ne[0], scale, out.data, false, stream_);
     }
@@ -395,7 +366,7 @@ class CudaBackend final : public Backend {
         const int64_t k = w.ne[0], rows = w.rows(), n_tokens = x.rows();
         CERA_CHECK(x.ne[0] == k && out.ne[0] == rows, "matmul shapes: w {%lld, %lld}, x ne0 %lld, out ne0 %lld",
                    (long long)k, (long long)rows, (long long)x.ne[0], (long long)out.ne[0]);
-        const cuda::WeightRef ref = weight_ref(w);
+        const cuda::WeightRef ref = weights_.ref(w);
         const float* b = bias ? bias.as<const float>() : nullptr;
         if (rec_) rec_->matmul(ref, rows, x.as<const float>(), n_tokens, b, out.as<float>());
         flush_rope();
@@ -522,7 +493,7 @@ class CudaBackend final : public Backend {
         const int64_t n_embd = out.ne[0];
         CERA_CHECK(w.type == GgmlType::kF32 && bcx.ne[0] == 3 * n_embd && state.ne[0] == n_embd &&
                    (!state_prev || state_prev.n_bytes() >= state.n_bytes()));
-        const cuda::WeightRef ref = weight_or_buffer(w);
+        const cuda::WeightRef ref = weights_.ref_or_buffer(w);
         const float* conv_w = static_cast<const float*>(ref.image) + ref.row0 * ref.k;
         if (rec_ && state_prev) rec_->unsupported("short_conv with state_prev");
         if (rec_)
@@ -679,7 +650,7 @@ class CudaBackend final : public Backend {
         }
         auto run = [&](const Tensor& w, int64_t rows, const float* in, int64_t n_in, int x_div, Slot slot, float* o) {
             cuda::GemvArgs a;
-            a.w = weight_ref(w), a.rows = rows, a.n_y = int(n_slots), a.ids = ids.as<const int32_t>();
+            a.w = weights_.ref(w), a.rows = rows, a.n_y = int(n_slots), a.ids = ids.as<const int32_t>();
             a.x_div = x_div;
             prepare_x(a, a.w.type, in, n_in, a.w.k, slot);
             a.y = o, a.ldy = rows;
@@ -921,41 +892,6 @@ class CudaBackend final : public Backend {
                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
 
-    const WeightInfo* find_weight(const void* p, int64_t* row0) const {
-        const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-        auto it = weights_.upper_bound(a);
-        if (it == weights_.begin()) return nullptr;
-        --it;
-        const WeightInfo& w = it->second;
-        if (a >= it->first + std::max<size_t>(w.gguf_bytes, 1)) return nullptr;
-        const size_t rb = row_size(w.type, w.k);
-        CERA_CHECK((a - it->first) % rb == 0, "a weight view that does not start on a row");
-        *row0 = int64_t((a - it->first) / rb);
-        return &w;
-    }
-
-    static cuda::WeightRef ref_of(const WeightInfo& w, const Tensor& t, int64_t row0) {
-        CERA_CHECK(w.k == t.ne[0] && w.type == t.type, "weight view shape or type differs from the upload");
-        cuda::WeightRef r;
-        r.type = w.type, r.image = w.image, r.image_rows = w.rows, r.k = w.k, r.row0 = row0;
-        return r;
-    }
-    cuda::WeightRef weight_ref(const Tensor& t) const {
-        int64_t row0 = 0;
-        const WeightInfo* w = find_weight(t.data, &row0);
-        CERA_CHECK(w != nullptr, "CUDA backend: a matmul/embed weight that was not made by upload_weight");
-        return ref_of(*w, t, row0);
-    }
-
-    // A float tensor that may be an uploaded weight or a plain buffer.
-    cuda::WeightRef weight_or_buffer(const Tensor& t) const {
-        int64_t row0 = 0;
-        if (const WeightInfo* w = find_weight(t.data, &row0)) return ref_of(*w, t, row0);
-        cuda::WeightRef r;
-        r.type = t.type, r.image = t.data, r.image_rows = t.rows(), r.k = t.ne[0];
-        return r;
-    }
-
     int device_;
     cudaDeviceProp props_{};
     cudaStream_t stream_ = nullptr;
@@ -965,7 +901,7 @@ class CudaBackend final : public Backend {
     cublasHandle_t cublas_ = nullptr;
     void* cublas_ws_ = nullptr;
     unsigned* norm_ctr_ = nullptr;  // the residual GEMV's RMSNorm tickets (GemvArgs::norm_ctr), zero between launches
-    std::map<uintptr_t, WeightInfo> weights_;
+    cuda::WeightRegistry weights_;  // uploaded weights (weight_registry.h)
     std::unordered_set<void*> buffers_;
     cuda::W16Cache w16_;  // F16 expansions for the cuBLAS path
     Scratch scratch_[kSlots];
