@@ -354,9 +354,8 @@ class CudaBackend final : public Backend {
                 }
                 m.norm_out = nullptr;
             }
-            invalidate_q8();
         }
-        touch();
+        touch();  // also forgets the 8-bit rows recorded for out above
         void* xq = q8_sidecar(out.as<const float>(), x.rows(), x.ne[0], nullptr);
         cuda::rms_norm(x.as<const float>(), w ? w.as<const float>() : nullptr, eps, x.rows(), x.ne[0],
                        out.as<float>(), stream_, xq);
