@@ -471,15 +471,19 @@ TEST_F(CudaBackendTest, MoeGroupedMatchesPerSlot) {
     }
 }
 
-// A residual product followed by rms_norm() of its sum: the CUDA backend makes the norm in the
-// product's launch (its last block, gemv.cu last_block_norm) for rows of 256-4096 floats, one token
-// or several. Against the same ops with fusion off and on the CPU backend, three times in a row (the
-// tickets must be back at zero), with and without a norm weight; a product after the norm reads its
-// 8-bit rows.
+// A residual product followed by rms_norm() of its sum and a product reading the norm: the CUDA
+// backend makes the norm in the residual product's launch (its last block, gemv.cu last_block_norm)
+// for rows of 256-4096 floats (DecodeFusionsMatchUnfused covers the launches that make it in their
+// prologue instead). Against the same ops with fusion off and on the CPU backend, three times in a
+// row (the tickets must be back at zero), with and without a norm weight.
 TEST_F(CudaBackendTest, ResidualNormFoldMatchesUnfused) {
     using G = GgmlType;
     auto plain = cuda_backend_with("CERA_CUDA_FUSE", "0");
-    Backend* bes[3] = {gpu_.get(), plain.get(), cpu_.get()};
+    // A plain product does not take the norm in its prologue; the fourth backend never does (the same
+    // here: a check that the held residual product still goes out with its norm).
+    auto fold = cuda_backend_with("CERA_CUDA_NORM_PRO", "0");
+    constexpr int kBes = 4;
+    Backend* bes[kBes] = {gpu_.get(), plain.get(), cpu_.get(), fold.get()};
     const int64_t k = 256, m = 64;
     for (G type : {G::kQ4_0, G::kQ8_0, G::kQ4_K}) {
         for (int64_t n : {256, 512, 1024, 2048, 4096}) {
@@ -492,9 +496,9 @@ TEST_F(CudaBackendTest, ResidualNormFoldMatchesUnfused) {
                                  std::to_string(nt) + (weighted ? " weighted" : " no weight"));
                     struct Bufs {
                         Tensor wa, wb, nw, a, x, y, h, z;
-                    } b[3];
+                    } b[kBes];
                     const auto x0 = randn(size_t(n * nt), rng_);
-                    for (int i = 0; i < 3; ++i) {
+                    for (int i = 0; i < kBes; ++i) {
                         Backend& be = *bes[i];
                         const int64_t ne_a[2] = {k, n}, ne_b[2] = {n, m};
                         b[i].wa = be.upload_weight(type, ne_a, wa.data());
@@ -510,7 +514,7 @@ TEST_F(CudaBackendTest, ResidualNormFoldMatchesUnfused) {
                     }
                     for (int rep = 0; rep < 3; ++rep) {
                         const auto av = randn(size_t(k * nt), rng_);
-                        for (int i = 0; i < 3; ++i) {
+                        for (int i = 0; i < kBes; ++i) {
                             Backend& be = *bes[i];
                             be.write(b[i].a, av.data(), av.size() * 4);
                             be.matmul(b[i].wa, b[i].a, Tensor{}, b[i].y);
@@ -528,8 +532,10 @@ TEST_F(CudaBackendTest, ResidualNormFoldMatchesUnfused) {
                         EXPECT_LT(diff(&Bufs::z, 0, 1), 2e-2) << "z, rep " << rep;
                         EXPECT_LT(diff(&Bufs::h, 0, 2), 5e-2) << "h against the CPU, rep " << rep;
                         EXPECT_LT(diff(&Bufs::z, 0, 2), 1e-1) << "z against the CPU, rep " << rep;
+                        EXPECT_LT(diff(&Bufs::h, 3, 1), 1e-5) << "h, norm in the residual product, rep " << rep;
+                        EXPECT_LT(diff(&Bufs::z, 3, 1), 2e-2) << "z, norm in the residual product, rep " << rep;
                     }
-                    for (int i = 0; i < 3; ++i)
+                    for (int i = 0; i < kBes; ++i)
                         for (Tensor* t : {&b[i].wa, &b[i].wb, &b[i].nw, &b[i].a, &b[i].x, &b[i].y, &b[i].h, &b[i].z})
                             bes[i]->free(*t);
                 }
@@ -587,9 +593,14 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
     auto plain = cuda_backend_with("CERA_CUDA_FUSE", "0");
     auto mega = cuda_backend_with("CERA_CUDA_MEGA", "1");
     // A fifth fuses every product with its consumer, also where the default leaves it (gemv_fused.cu).
+    // A one-token norm after a residual product is made in the prologue of some launches that read it
+    // (the SwiGLU pair, q/k/v), else in the residual product's launch: a sixth backend makes them all
+    // there, a seventh in every launch that can take the prologue.
     auto all = cuda_backend_with("CERA_CUDA_FUSE_PRODUCTS", "all");
-    constexpr int kBes = 5;
-    Backend* bes[kBes] = {gpu_.get(), plain.get(), cpu_.get(), mega.get(), all.get()};
+    auto fold = cuda_backend_with("CERA_CUDA_NORM_PRO", "0");
+    auto every = cuda_backend_with("CERA_CUDA_NORM_PRO", "15");
+    constexpr int kBes = 7;
+    Backend* bes[kBes] = {gpu_.get(), plain.get(), cpu_.get(), mega.get(), all.get(), fold.get(), every.get()};
     const int64_t n_embd = 256, n_head = 4, n_head_kv = 2, n_ctx = 64, L = 3;
     for (int64_t hd : {64, 128})
     for (G type : {G::kQ4_0, G::kQ8_0, G::kQ4_K, G::kF16, G::kQ5_1, G::kQ6_K}) {
@@ -661,6 +672,9 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
                     const Bufs& t = b[i];
                     be.write(t.pos, pos.data(), pos.size() * 4);
                     if (be.step_begin(uint64_t(100 + nt + hd))) continue;  // buffers grow with hd: a key per size
+                    // A residual product first, so that every norm follows one (the q/k/v read it too).
+                    be.matmul(t.w[8], t.x, Tensor{}, t.y);
+                    be.add(t.x, t.y, 0.25f, t.x);
                     be.rms_norm(t.x, t.na, 1e-5f, t.h);
                     be.matmul(t.w[0], t.h, t.bq, t.q);
                     be.matmul(t.w[1], t.h, t.bk, t.k);
@@ -697,11 +711,15 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
                     EXPECT_LT(diff(f, 0, 2), loose) << name << " fused vs cpu, step " << step;
                     EXPECT_LT(diff(f, 3, 1), tight) << name << " decode program vs unfused, step " << step;
                     EXPECT_LT(diff(f, 4, 1), tight) << name << " every product fused vs unfused, step " << step;
+                    EXPECT_LT(diff(f, 5, 1), tight) << name << " norms in the residual products vs unfused, step "
+                                                    << step;
+                    EXPECT_LT(diff(f, 6, 1), tight) << name << " norms in every prologue vs unfused, step " << step;
                 }
                 // The KV cache rows written so far (f16).
                 std::vector<uint16_t> c0(size_t(kvw * n_ctx)), c1(c0.size());
                 for (auto [f, other] : {std::pair{&Bufs::kc, 0}, {&Bufs::vc, 0}, {&Bufs::kc, 3}, {&Bufs::vc, 3},
-                                        {&Bufs::kc, 4}, {&Bufs::vc, 4}}) {
+                                        {&Bufs::kc, 4}, {&Bufs::vc, 4}, {&Bufs::kc, 5}, {&Bufs::vc, 5},
+                                        {&Bufs::kc, 6}, {&Bufs::vc, 6}}) {
                     bes[other]->read(c0.data(), b[other].*f, c0.size() * 2);
                     bes[1]->read(c1.data(), b[1].*f, c1.size() * 2);
                     double err = 0, mag = 1e-3;

@@ -13,10 +13,11 @@
 //    held back until the next call, so products that share an input go out as one launch (q/k/v,
 //    gate/up), gate/up followed by swiglu() become one kernel with a SwiGLU epilogue, and a GEMV
 //    followed by add() of its output takes the residual add in its epilogue, and stays held: an
-//    rms_norm() of the sum is made by that launch's last block. A SwiGLU pair is held until the
-//    next product, whose weights it prefetches into L2. norm_rope() of q and
-//    k followed by kv_store() is one launch, with the q/k/v products when they are still held
-//    (gemv_fused.cu), and so is a one-token in_proj followed by short_conv() (K-quants). rms_norm,
+//    rms_norm() of the sum is made by that launch's last block, or (one token) in the prologue of the
+//    staged SwiGLU pair or q/k/v launch reading it. A SwiGLU pair is held until the next product,
+//    whose weights it prefetches into L2. norm_rope() of q and k followed by kv_store() is one launch,
+//    with the q/k/v products when still held (gemv_fused.cu), and so is a one-token in_proj followed
+//    by short_conv() (K-quants). rms_norm,
 //    swiglu, the decode short conv and attention also write their output's 8-bit rows, recorded as
 //    the cached quantization of that tensor, so the next GEMV needs no quantize launch. Every other
 //    call (and read, write, sync) first queues whatever is held back, in order. lfm2-1.2b Q4_0:
@@ -101,6 +102,8 @@ class CudaBackend final : public Backend {
         const char* fp = std::getenv("CERA_CUDA_FUSE_PRODUCTS");
         const std::string_view fpv = fp ? fp : "";
         fuse_products_ = !fuse_ || fpv == "0" ? 0 : fpv == "all" ? 2 : 1;
+        const char* np = std::getenv("CERA_CUDA_NORM_PRO");
+        pro_mask_ = !fuse_ ? 0 : np ? std::atoi(np) : kProDefault;
         const char* rt = std::getenv("CERA_CUDA_ROPE_TABLE");
         rope_tables_ = !(rt && std::strcmp(rt, "0") == 0);
         const char* mg = std::getenv("CERA_CUDA_MEGA");
@@ -349,7 +352,9 @@ class CudaBackend final : public Backend {
                 m.norm_w = w ? w.as<const float>() : nullptr, m.norm_eps = eps, m.norm_out = out.as<float>();
                 m.norm_xq = xq, m.norm_ctr = norm_ctr_;
                 if (cuda::gemv_norm_supported(m)) {
-                    flush_mm();
+                    // One token: still held, so that the products reading out may make the norm in
+                    // their prologue instead (take_prologue); anything else launches it with the norm.
+                    if (x.rows() != 1 || !pro_mask_) flush_mm();
                     return;
                 }
                 m.norm_out = nullptr;
@@ -374,14 +379,15 @@ class CudaBackend final : public Backend {
             a.w = ref, a.rows = rows, a.n_y = int(n_tokens);
             // Products that share the input wait to be launched together (q/k/v, gate/up), or fused
             // with the op that follows (SwiGLU, the residual add).
+            const bool pro = take_prologue(a, x.as<const float>(), k);
             if (glu_.held && (n_mm_ > 0 || x.as<const float>() != glu_.act)) flush();
             if (n_mm_ > 0) {
                 const cuda::GemvArgs& p = mm_[0].a;
                 if (!fuse_ || n_mm_ == cuda::kMaxSegs || p.x != x.as<const float>() || p.w.type != ref.type ||
-                    p.w.k != k || p.n_y != a.n_y)
+                    p.w.k != k || p.n_y != a.n_y || p.pro_x != a.pro_x)
                     flush_mm();
             }
-            prepare_x(a, ref.type, x.as<const float>(), n_tokens, k, kXq);
+            if (!pro) prepare_x(a, ref.type, x.as<const float>(), n_tokens, k, kXq);
             a.bias = b, a.y = out.as<float>(), a.ldy = rows;
             touch_out(out);
             if (!fuse_) {
@@ -453,6 +459,7 @@ class CudaBackend final : public Backend {
                 cuda::GemvArgs qkv[3];
                 if (qr && !glu_.held && pending_qkv(a, qkv)) {  // the q/k/v products too (gemv_fused.cu)
                     n_mm_ = 0;
+                    launch_res(qkv, 3, kProQkv);
                     cuda::gemv_qkv_rope_store(qkv, a, stream_);
                     return;
                 }
@@ -502,8 +509,9 @@ class CudaBackend final : public Backend {
             out.rows() == 1 &&
             fuses_product(mm_[0].a.w.type, true) && cuda::gemv_conv_supported(mm_[0].a, int(w.ne[0]))) {
             // The in_proj product still waiting: one launch computes it and the conv.
-            const cuda::GemvArgs in = mm_[0].a;
+            cuda::GemvArgs in = mm_[0].a;
             n_mm_ = 0;
+            launch_res(&in, 1, kProConv);
             invalidate_q8();
             void* xq = q8_sidecar(out.as<const float>(), 1, n_embd, in.xq);
             cuda::gemv_conv(in, conv_w, int(w.ne[0]), state.as<float>(), state_prev ? state_prev.as<float>() : nullptr,
@@ -760,18 +768,57 @@ class CudaBackend final : public Backend {
         return cuda::gemv_qkv_rope_supported(qkv, a);
     }
 
+    // Whether product a (w, rows, n_y set) may read x (k floats, one token) through an RMSNorm prologue
+    // (GemvArgs::pro_x): x is the norm the held residual product would make (then held in res_ until a
+    // launch reading x chooses, launch_res), or the prologue of the products a joins. a keeps xq too.
+    bool take_prologue(cuda::GemvArgs& a, const float* x, int64_t k) {
+        if (!pro_mask_ || a.n_y != 1 || !cuda::gemv_norm_prologue_supported(a.w.type, k, 1)) return false;
+        cuda::GemvArgs& m = mm_[0].a;
+        if (n_mm_ > 0 && m.pro_x && m.x == x) {
+            a.pro_x = m.pro_x, a.pro_w = m.pro_w, a.pro_eps = m.pro_eps, a.pro_out = m.pro_out, a.xq = m.xq;
+        } else if (n_mm_ == 1 && m.norm_out == x && m.rows == k) {
+            a.pro_x = m.res_out, a.pro_w = m.norm_w, a.pro_eps = m.norm_eps, a.pro_out = m.norm_out, a.xq = m.norm_xq;
+            if (glu_.held) launch_glu();  // the SwiGLU pair before the residual product (its down product)
+            launch_res(nullptr, 0, 0);    // an earlier residual product still held (not read since)
+            res_ = m, res_held_ = true, n_mm_ = 0;
+        } else {
+            return false;
+        }
+        a.x = x, a.ldx = k;
+        return true;
+    }
+    // Launches the held residual product (res_) before the launch of the products reading its norm:
+    // without the norm when they take their prologue (`use`, a mask of CERA_CUDA_NORM_PRO bits: the
+    // launch kind), else with it; a (n products) are set up for the choice.
+    void launch_res(cuda::GemvArgs* a, int n, int use) {
+        const bool pro = n > 0 && a[0].pro_x && (pro_mask_ & use);
+        for (int i = 0; i < n && !pro; ++i) a[i].pro_x = nullptr;
+        if (!res_held_) return;
+        res_held_ = false;
+        for (Q8Cache& c : q8_) c.valid &= !(pro && c.buf == res_.norm_xq);  // then never written
+        if (pro) res_.norm_out = nullptr, res_.norm_xq = nullptr;
+        cuda::gemv(res_, stream_);
+    }
+    void launch_glu() {
+        glu_.held = false;
+        cuda::GemvArgs gu[2] = {glu_.g, glu_.u};
+        launch_res(gu, 2, cuda::gemv_glu_staged(gu[0], gu[1]) ? kProGluStaged : kProGluWave);
+        cuda::gemv_glu(gu[0], gu[1], glu_.act, glu_.xq, stream_, n_mm_ == 1 ? &mm_[0].a : nullptr);
+    }
+
     // Launches the held SwiGLU pair (telling it the product after it), then the products waiting to
     // be grouped or fused (one launch).
     void flush_mm() {
-        if (glu_.held) {
-            glu_.held = false;
-            cuda::gemv_glu(glu_.g, glu_.u, glu_.act, glu_.xq, stream_, n_mm_ == 1 ? &mm_[0].a : nullptr);
+        if (glu_.held) launch_glu();
+        if (n_mm_ == 0) {
+            launch_res(nullptr, 0, 0);
+            return;
         }
-        if (n_mm_ == 0) return;
         cuda::GemvArgs a[cuda::kMaxSegs];
         for (int i = 0; i < n_mm_; ++i) a[i] = mm_[i].a;
         const int n = n_mm_;
         n_mm_ = 0;
+        launch_res(a, n, 0);
         cuda::gemv_multi(a, n, stream_);
     }
     void flush_rope() {
@@ -913,6 +960,12 @@ class CudaBackend final : public Backend {
     size_t pin_off_ = 0;
     bool fuse_ = true;  // CERA_CUDA_FUSE=0: no grouped or fused launches, no 8-bit side outputs
     int fuse_products_ = 1;  // gemv_fused.cu: 0 never, 1 where it measured faster (fuses_product), 2 always
+    // CERA_CUDA_NORM_PRO: the launches that make a one-token norm after a residual product in their
+    // prologue (take_prologue) rather than leave it to that product's launch (bench/NOTES.md).
+    enum { kProGluStaged = 1, kProQkv = 2, kProConv = 4, kProGluWave = 8, kProDefault = 3 };
+    int pro_mask_ = kProDefault;
+    cuda::GemvArgs res_;  // the held residual product (take_prologue)
+    bool res_held_ = false;
     PendingMm mm_[cuda::kMaxSegs];
     int n_mm_ = 0;
     PendingRope rope_[2];

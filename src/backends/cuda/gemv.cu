@@ -173,7 +173,7 @@ __device__ __forceinline__ void next_product_to_l2(const GemvK& a) {
 // of one block per SM requests the whole pair early and computes the first group while the second
 // lands. Epilogue: gate and up outputs, act = silu(gate) * up, and act's 8-bit rows for the next
 // matmul (one 32-group per row group), so neither a SwiGLU nor a quantize launch follows.
-template <GgmlType T>
+template <GgmlType T, bool PRO>
 __global__ void __launch_bounds__(512) gemv_glu_kernel(const GemvK a, int prefetch) {
     constexpr QuantLayout L = quant_layout(T);
     constexpr int R = 2;
@@ -188,6 +188,9 @@ __global__ void __launch_bounds__(512) gemv_glu_kernel(const GemvK a, int prefet
     // shared memory (cp.async, each warp its own 2 + 2 rows) while the first is computed.
     const int64_t qb = a.nb * L.q_bytes, mb = a.nb * L.m_bytes;
     uint8_t* const wsm = glu_smem + int64_t(warp) * 2 * R * (qb + mb);
+    // The prologue's row after the prefetch's 16 warps of rows.
+    uint8_t* const xs = PRO ? glu_smem + (prefetch ? 16 * 2 * R * (qb + mb) : 0) : nullptr;
+    if constexpr (PRO) norm_prologue_pre(a, xs);
     auto next_to_l2 = [&] {
         if (warp == 0) next_product_to_l2(a);
     };
@@ -213,6 +216,8 @@ __global__ void __launch_bounds__(512) gemv_glu_kernel(const GemvK a, int prefet
         auto hook = [&] {
             if (pf && prefetch == 2) issue();
             if (first && a.l2_mode == 2) next_to_l2();
+            if constexpr (PRO)
+                if (first) norm_prologue(a, xs);
         };
         auto pre = [&] {
             if (first && a.l2_mode == 1) next_to_l2();
@@ -235,10 +240,11 @@ __global__ void __launch_bounds__(512) gemv_glu_kernel(const GemvK a, int prefet
         if (staged) {
             cp_async_wait<0>();
             __syncwarp();
-            dot_rows<T, 2 * R, decltype(set_smem), PlainLd>(a, yi, true, true, set_smem, acc, 0, 1, {}, false);
+            dot_rows<T, 2 * R, decltype(set_smem), PlainLd>(a, yi, true, true, set_smem, acc, 0, 1, {}, false, {}, xs,
+                                                            std::bool_constant<PRO>{});
         } else {
             dot_rows<T, 2 * R, decltype(set_rows), GlobalLd, decltype(hook), decltype(pre)>(
-                a, yi, true, false, set_rows, acc, 0, 1, hook, first, pre);
+                a, yi, true, false, set_rows, acc, 0, 1, hook, first, pre, xs, std::bool_constant<PRO>{});
         }
         staged = pf;
         // Totals: gate rows in lanes 0-7 and 8-15, up rows in 16-23 and 24-31; lane 8 r gets both of row r.
@@ -300,7 +306,7 @@ __device__ __forceinline__ void stage_rows(uint64_t* bar, uint8_t* const (&dst)[
 // SwiGLU pair (gemv_glu_kernel's work): a block owns rb = 32 or 64 rows of both matrices; 16 warps,
 // a warp 2 gate + 2 up rows per pass (rb / 32 passes); the same epilogue (act and its 8-bit groups,
 // one 32-row group per pass). Shared memory: gate q, up q, gate m, up m (rb rows each).
-template <GgmlType T>
+template <GgmlType T, bool PRO>
 __global__ void __launch_bounds__(512, 2) gemv_glu_stage_kernel(const GemvK a, int rb, int n_y) {
     using Tr = QTraits<T>;
     constexpr QuantLayout L = quant_layout(T);
@@ -323,12 +329,16 @@ __global__ void __launch_bounds__(512, 2) gemv_glu_stage_kernel(const GemvK a, i
                       {g.q + (g.row0 + r0) * qrow, u.q + (u.row0 + r0) * qrow, g.m + (g.row0 + r0) * mrow,
                        u.m + (u.row0 + r0) * mrow},
                       {rb * qrow, rb * qrow, rb * mrow, rb * mrow});
+    // The prologue's row after the staged rows (one token).
+    uint8_t* const xs = PRO ? um + rb * mrow : nullptr;
+    if constexpr (PRO) norm_prologue_pre(a, xs);
     __syncthreads();
     pdl_wait();
+    if constexpr (PRO) norm_prologue(a, xs);
     mbar_wait(&bar, 0);
     const int n_items = int(a.nb) * Tr::kItems;
     for (int t = 0; t < n_y; ++t) {
-        const uint8_t* xrow = a.xq + int64_t(t / a.x_div) * a.ldxq;
+        const uint8_t* xrow = PRO ? xs : a.xq + int64_t(t / a.x_div) * a.ldxq;
         const int8_t* xq = reinterpret_cast<const int8_t*>(xrow);
         const float* xd = reinterpret_cast<const float*>(xrow + a.k);
         for (int pass = 0; pass < rb / 32; ++pass) {
@@ -340,7 +350,7 @@ __global__ void __launch_bounds__(512, 2) gemv_glu_stage_kernel(const GemvK a, i
                 int ea, eb;
                 Tr::runs(j, ea, eb);
                 const int base = blk * L.block_elems;
-                const XQ x = load_xq(xq, xd, base + ea, base + eb);
+                const XQ x = load_xq<PRO>(xq, xd, base + ea, base + eb);
 #pragma unroll
                 for (int r = 0; r < 2 * R; ++r) {
                     const int row = rl + (r % R);
@@ -481,9 +491,9 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t n_rows, 
 template <int R>
 void launch_r(GgmlType type, const GemvK& k, dim3 grid, cudaStream_t s, bool vec) {
     switch (type) {
-#define CERA_Q(T)                                                            \
-    case GgmlType::T:                                            \
-        launch(gemv_q_kernel<GgmlType::T, R>, grid, 128, 0, s, k); \
+#define CERA_Q(T)                                                                             \
+    case GgmlType::T:                                                                         \
+        launch(gemv_q_kernel<GgmlType::T, R>, grid, 128, 0, s, k);                            \
         break;
         CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
 #undef CERA_Q
@@ -602,8 +612,9 @@ StagePlan glu_stage_plan(const GemvArgs& g, const GemvArgs& u) {
     const int64_t nb = g.w.k / L.block_elems, qrow = nb * L.q_bytes, mrow = nb * L.m_bytes;
     if (!stage_aligned(g, qrow, mrow) || !stage_aligned(u, qrow, mrow)) return {};
     const int64_t per_row = 2 * (qrow + mrow), per_sm = device_attr<cudaDevAttrMaxSharedMemoryPerMultiprocessor>();
+    const int64_t pro = g.pro_x ? q8_row_bytes(g.w.k) : 0;  // the prologue's row
     auto waves_ok = [&](int64_t rb) {
-        const int64_t bytes = rb * per_row, fit = per_sm / (bytes + 2048);  // + static and reserved memory
+        const int64_t bytes = rb * per_row, fit = per_sm / (bytes + pro + 2048);  // + static and reserved memory
         return g.rows % rb == 0 && bytes <= kGluStageMax && fit >= 1 && g.rows / rb <= fit * sm_count();
     };
     for (int64_t rb : {int64_t(64), int64_t(32)})
@@ -619,7 +630,7 @@ void gemv_multi(const GemvArgs* a, int n, Stream stream) {
     if (a[0].res_out && debug_skip("resgemv")) return;
     if (!a[0].res_out && a[0].rows > 40000 && debug_skip("lmhead")) return;
     if (!a[0].res_out && a[0].rows <= 40000 && debug_skip("ingemv")) return;
-    CERA_CHECK(n >= 1 && n <= kMaxSegs);
+    CERA_CHECK(n >= 1 && n <= kMaxSegs && !a[0].pro_x);
     bool vec = true;
     GemvK p = common_params(a[0], vec);
     int64_t max_rows = 0, total_rows = 0;
@@ -671,6 +682,12 @@ bool gemv_norm_supported(const GemvArgs& a) {
            (!a.norm_w || at16(a.norm_w)) && at16(a.norm_out) && (!a.norm_xq || at16(a.norm_xq));
 }
 
+bool gemv_norm_prologue_supported(GgmlType type, int64_t k, int n_y) {
+    return quant_layout(type).block_elems > 0 && n_y == 1 && k % 32 == 0 && k > 0 && k <= kProMaxK;
+}
+
+bool gemv_glu_staged(const GemvArgs& gate, const GemvArgs& up) { return glu_stage_plan(gate, up).rb > 0; }
+
 bool gemv_glu_supported(GgmlType type, int64_t rows) { return quant_layout(type).block_elems > 0 && rows % 32 == 0; }
 
 void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq, Stream stream,
@@ -685,6 +702,7 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
     p.seg[0] = make_seg(gate);
     p.seg[1] = make_seg(up);
     p.n_seg = 2;
+    set_prologue(p, gate);
     p.act = act;
     p.act_xq = static_cast<uint8_t*>(act_xq);
     cudaStream_t s = as_stream(stream);
@@ -693,8 +711,14 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
         switch (gate.w.type) {
 #define CERA_Q(T)                                                                                        \
     case GgmlType::T:                                                                                    \
-        allow_dynamic_smem<gemv_glu_stage_kernel<GgmlType::T>>(sp.smem);                                \
-        launch(gemv_glu_stage_kernel<GgmlType::T>, blocks, 512, sp.smem, s, p, sp.rb, int(gate.n_y));   \
+        if (p.px) {                                                                                      \
+            allow_dynamic_smem<gemv_glu_stage_kernel<GgmlType::T, true>>(sp.smem + prologue_smem(p));   \
+            launch(gemv_glu_stage_kernel<GgmlType::T, true>, blocks, 512, sp.smem + prologue_smem(p), s, p, \
+                   sp.rb, int(gate.n_y));                                                              \
+        } else {                                                                                         \
+            allow_dynamic_smem<gemv_glu_stage_kernel<GgmlType::T, false>>(sp.smem);                     \
+            launch(gemv_glu_stage_kernel<GgmlType::T, false>, blocks, 512, sp.smem, s, p, sp.rb, int(gate.n_y)); \
+        }                                                                                                \
         break;
             CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
 #undef CERA_Q
@@ -740,11 +764,17 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
         }
     }
     const dim3 grid(unsigned(n_rb), unsigned(gate.n_y));
+    const size_t smem = (prefetch ? pf_bytes : 0) + prologue_smem(p);
     switch (gate.w.type) {
 #define CERA_Q(T)                                                                                 \
     case GgmlType::T:                                                                             \
-        if (prefetch) allow_dynamic_smem<gemv_glu_kernel<GgmlType::T>>(pf_bytes);                 \
-        launch(gemv_glu_kernel<GgmlType::T>, grid, 512, prefetch ? pf_bytes : 0, s, p, prefetch); \
+        if (p.px) {                                                                               \
+            allow_dynamic_smem<gemv_glu_kernel<GgmlType::T, true>>(smem);                         \
+            launch(gemv_glu_kernel<GgmlType::T, true>, grid, 512, smem, s, p, prefetch);          \
+        } else {                                                                                  \
+            allow_dynamic_smem<gemv_glu_kernel<GgmlType::T, false>>(smem);                        \
+            launch(gemv_glu_kernel<GgmlType::T, false>, grid, 512, smem, s, p, prefetch);         \
+        }                                                                                         \
         break;
         CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
 #undef CERA_Q

@@ -43,6 +43,11 @@ struct GemvK {
     float* nout;
     uint8_t* nxq;
     unsigned* nctr;
+    // RMSNorm prologue (GemvArgs::pro_x, or px null): the input row is made by every block (norm_prologue).
+    const float* px;
+    const float* pw;
+    float peps;
+    float* pout;
     // SwiGLU pair: the weight streams of the product launched after it, prefetched into L2 (or null).
     const uint8_t* l2_q;
     const uint8_t* l2_m;
@@ -58,6 +63,72 @@ __device__ __forceinline__ Seg pick_seg(const GemvK& a, int64_t& bx) {
     if (a.n_seg > 1 && b >= a.seg_start[1]) s = a.seg[1], bx = b - a.seg_start[1];
     if (a.n_seg > 2 && b >= a.seg_start[2]) s = a.seg[2], bx = b - a.seg_start[2];
     return s;
+}
+
+// The RMSNorm prologue (GemvK::px, one token): the block makes y = rms_norm(px) * pw of the k-float
+// row and its quantize_q8 bytes in shared memory, with the arithmetic of rms_norm_kernel and
+// warp_quantize_q8 but for the order of the sum of squares; block 0 also writes y to pout.
+// Shared memory at xs (prologue_smem): the 8-bit row (k int8, k / 32 float scales), then x and w as
+// f32 (staging, so that no registers are held while the weight loads are in flight). The norm weight
+// is a bulk copy issued before the PDL wait (norm_prologue_pre, thread 0), x is read after it; a
+// 32-group is 8 neighbouring lanes of float4s.
+__device__ __forceinline__ uint64_t* prologue_bar() {
+    __shared__ uint64_t bar;
+    return &bar;
+}
+__device__ __forceinline__ void norm_prologue_pre(const GemvK& a, uint8_t* xs) {
+    if (!xs || !a.pw || threadIdx.x != 0) return;
+    uint64_t* bar = prologue_bar();
+    const uint32_t bytes = uint32_t(a.k * sizeof(float));
+    mbar_init(bar, 1);
+    mbar_init_fence();
+    mbar_expect_tx(bar, bytes);
+    bulk_copy(xs + q8_row_bytes(a.k) + bytes, a.pw, bytes, bar);
+}
+// Every thread of the block calls it, after the PDL wait; it ends with a block barrier.
+__device__ __forceinline__ void norm_prologue(const GemvK& a, uint8_t* xs) {
+    __shared__ float red[32];
+    const int t = threadIdx.x, bd = blockDim.x;
+    const int64_t n4 = a.k / 4;
+    const float4* x4 = reinterpret_cast<const float4*>(a.px);
+    float4* xf = reinterpret_cast<float4*>(xs + q8_row_bytes(a.k));
+    const float4* wf = xf + n4;
+    float ss = 0.0f;
+#pragma unroll 4
+    for (int64_t i = t; i < n4; i += bd) {
+        const float4 v = __ldcg(x4 + i);
+        xf[i] = v;  // read back by this thread only
+        ss = fmaf(v.x, v.x, ss);
+        ss = fmaf(v.y, v.y, ss);
+        ss = fmaf(v.z, v.z, ss);
+        ss = fmaf(v.w, v.w, ss);
+    }
+    ss = block_sum(ss, red);
+    const float r = rsqrtf(ss / float(a.k) + a.peps);
+    if (a.pw) mbar_wait(prologue_bar(), 0);
+    float* xd = reinterpret_cast<float*>(xs + a.k);
+    const bool out = a.pout && blockIdx.x == 0;
+    // Whole warps run every step (bd % 32 == 0), so the 8-lane shuffles see every lane of a group.
+    for (int64_t i0 = 0; i0 < n4; i0 += bd) {
+        const int64_t i = i0 + t;
+        const bool ok = i < n4;
+        const float4 v = ok ? xf[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4 w = ok && a.pw ? wf[i] : make_float4(1.f, 1.f, 1.f, 1.f);
+        const float4 y = make_float4(v.x * r * w.x, v.y * r * w.y, v.z * r * w.z, v.w * r * w.w);
+        float m = fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w)));
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (!ok) continue;
+        if (out) reinterpret_cast<float4*>(a.pout)[i] = y;
+        const float d = m / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const uint32_t q = uint32_t(uint8_t(int8_t(__float2int_rn(y.x * id)))) |
+                           uint32_t(uint8_t(int8_t(__float2int_rn(y.y * id)))) << 8 |
+                           uint32_t(uint8_t(int8_t(__float2int_rn(y.z * id)))) << 16 |
+                           uint32_t(uint8_t(int8_t(__float2int_rn(y.w * id)))) << 24;
+        reinterpret_cast<uint32_t*>(xs)[i] = q;
+        if ((t & 7) == 0) xd[i / 8] = d;
+    }
+    __syncthreads();
 }
 
 // The warp sums of R values at once (R = 1, 2 or 4): each step of the butterfly halves the values a
@@ -105,17 +176,19 @@ __device__ __forceinline__ void finish(const GemvK& a, const Seg& sg, float (&ac
 // ... of every row, two items x NR rows of 16-byte loads in flight. set_rows(qrow, mrow) fills the
 // rows' stream pointers; it runs before the PDL wait (weights only) unless `rows_after_wait`.
 // `part` of `parts` (split-K): the warp takes the 32-item strips part, part + parts, ... (two strips,
-// `parts` apart, per step).
+// `parts` apart, per step). Xs = std::true_type: the activation row is xs, in shared memory
+// (norm_prologue), not a.xq (a separate instantiation, so that the a.xq kernels keep their registers).
 // Ld: where the rows live (GlobalLd, or PlainLd for copies in shared memory); pre() runs right
 // before the PDL wait (the weight loads issued), hook() right after it; wait = false: the caller
 // has waited already (a block's later row groups), so the timeline trace keeps the first wait.
 struct NoHook {
     __device__ void operator()() const {}
 };
-template <GgmlType T, int NR, class SetRows, class Ld = GlobalLd, class Hook = NoHook, class Pre = NoHook>
+template <GgmlType T, int NR, class SetRows, class Ld = GlobalLd, class Hook = NoHook, class Pre = NoHook,
+          class Xs = std::false_type>
 __device__ __forceinline__ void dot_rows(const GemvK& a, int yi, bool live, bool rows_after_wait, SetRows set_rows,
                                          float (&acc)[NR], int part = 0, int parts = 1, Hook hook = {},
-                                         bool wait = true, Pre pre = {}) {
+                                         bool wait = true, Pre pre = {}, const uint8_t* xs = nullptr, Xs = {}) {
     using Tr = QTraits<T>;
     constexpr QuantLayout L = quant_layout(T);
     const int lane = threadIdx.x & 31;
@@ -142,7 +215,7 @@ __device__ __forceinline__ void dot_rows(const GemvK& a, int yi, bool live, bool
 #pragma unroll
     for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
     if (!live) return;
-    const uint8_t* xrow = a.xq + int64_t(yi / a.x_div) * a.ldxq;
+    const uint8_t* xrow = Xs::value ? xs : a.xq + int64_t(yi / a.x_div) * a.ldxq;
     const int8_t* xq = reinterpret_cast<const int8_t*>(xrow);
     const float* xd = reinterpret_cast<const float*>(xrow + a.k);
     if (rows_after_wait) {
@@ -162,7 +235,7 @@ __device__ __forceinline__ void dot_rows(const GemvK& a, int yi, bool live, bool
             const int j = int(it[u] % Tr::kItems);
             Tr::runs(j, ea, eb);
             const int base = int(it[u] / Tr::kItems) * L.block_elems;
-            x[u] = load_xq(xq, xd, base + ea, base + eb);
+            x[u] = load_xq<Xs::value>(xq, xd, base + ea, base + eb);
         }
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
@@ -172,6 +245,16 @@ __device__ __forceinline__ void dot_rows(const GemvK& a, int yi, bool live, bool
     }
 }
 
+// Whether a product can take the RMSNorm prologue (GemvArgs::pro_x): gemv_norm_prologue_supported and
+// 16-byte aligned rows. 
+inline bool norm_prologue_fits(const GemvArgs& a) {
+    auto at16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    return gemv_norm_prologue_supported(a.w.type, a.w.k, a.n_y) && !a.ids && a.x_div == 1 && at16(a.pro_x) &&
+           at16(a.pro_w) && at16(a.pro_out);
+}
+// Dynamic shared memory of the prologue (norm_prologue): the 8-bit row, then x and w as f32.
+inline size_t prologue_smem(const GemvK& p) { return p.px ? size_t(q8_row_bytes(p.k) + 8 * p.k) : 0; }
+
 // The launch parameters shared by every product of a launch (from the first).
 inline GemvK common_params(const GemvArgs& a, bool& vec) {
     const GgmlType type = a.w.type;
@@ -180,7 +263,7 @@ inline GemvK common_params(const GemvArgs& a, bool& vec) {
     const QuantLayout L = quant_layout(type);
     vec = true;
     if (L.block_elems > 0) {
-        CERA_CHECK(a.xq != nullptr && k % L.block_elems == 0);
+        CERA_CHECK((a.xq != nullptr || a.pro_x != nullptr) && k % L.block_elems == 0);
         p.nb = k / L.block_elems;
     } else {
         CERA_CHECK(is_float_type(type) && a.x != nullptr, "gemv: unsupported weight type %s", type_name(type));
@@ -194,6 +277,13 @@ inline GemvK common_params(const GemvArgs& a, bool& vec) {
     p.xq = static_cast<const uint8_t*>(a.xq), p.ldxq = q8_row_bytes(k);
     p.accumulate = a.accumulate;
     return p;
+}
+
+// The RMSNorm prologue of a launch that takes it (gemv_glu, gemv_qkv_rope_store, gemv_conv).
+inline void set_prologue(GemvK& p, const GemvArgs& a) {
+    if (!a.pro_x) return;
+    CERA_CHECK(norm_prologue_fits(a), "gemv: an RMSNorm prologue this launch cannot take");
+    p.px = a.pro_x, p.pw = a.pro_w, p.peps = a.pro_eps, p.pout = a.pro_out;
 }
 
 inline Seg make_seg(const GemvArgs& a) {

@@ -29,7 +29,7 @@ namespace cera::cuda {
 namespace {
 
 // grid (n_head + 2 n_head_kv, n_tokens): block hh is q head hh, then the k heads, then the v heads.
-template <GgmlType T, class C>
+template <GgmlType T, class C, bool PRO>
 __global__ void __launch_bounds__(512) gemv_qkv_rope_kernel(const GemvK a, const QkvRopeArgs r) {
     constexpr QuantLayout L = quant_layout(T);
     constexpr int R = L.block_elems == 256 ? 2 : 4;  // K-quants: 2 rows a warp (registers)
@@ -46,6 +46,9 @@ __global__ void __launch_bounds__(512) gemv_qkv_rope_kernel(const GemvK a, const
     const RopeArgs& rope = s == 0 ? r.q_rope : r.k_rope;
     __shared__ RopeCS cs[32];  // warp 0's rotations (in shared memory, not in registers across the products)
     if (warp == 0 && s < 2) cs[lane] = rope_angles(p, rope);
+    extern __shared__ __align__(16) uint8_t qkv_xs[];
+    uint8_t* const xs = PRO ? qkv_xs : nullptr;  // the RMSNorm prologue's row (one token)
+    if constexpr (PRO) norm_prologue_pre(a, xs);
     for (int pass = 0; pass < hd / kPass; ++pass) {
         const int64_t r0 = int64_t(head) * hd + pass * kPass + warp * R;
         auto set_rows = [&](const uint8_t** qrow, const uint8_t** mrow) {
@@ -56,8 +59,12 @@ __global__ void __launch_bounds__(512) gemv_qkv_rope_kernel(const GemvK a, const
                 mrow[j] = sg.m + gr * a.nb * L.m_bytes;
             }
         };
+        auto hook = [&] {
+            if constexpr (PRO)
+                if (pass == 0) norm_prologue(a, xs);
+        };
         float acc[R];
-        dot_rows<T, R>(a, yi, true, false, set_rows, acc);
+        dot_rows<T, R>(a, yi, true, false, set_rows, acc, 0, 1, hook, true, NoHook{}, xs, std::bool_constant<PRO>{});
         const float tot = warp_sum_rows<R>(acc);
         if (lane % (32 / R) == 0) {
             const int j = lane / (32 / R);
@@ -79,7 +86,7 @@ __global__ void __launch_bounds__(512) gemv_qkv_rope_kernel(const GemvK a, const
 }
 
 // One token; grid n / 16 in clusters of two blocks (a 32-channel group of the 8-bit output).
-template <GgmlType T>
+template <GgmlType T, bool PRO>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512) gemv_conv_kernel(
     const GemvK a, const float* __restrict__ conv_w, int taps, float* state, float* state_prev, float* out,
     uint8_t* out_xq) {
@@ -106,8 +113,14 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512) gemv_conv_kerne
             mrow[j] = sg.m + gr * a.nb * L.m_bytes;
         }
     };
+    extern __shared__ __align__(16) uint8_t conv_xs[];
+    uint8_t* const xs = PRO ? conv_xs : nullptr;  // the RMSNorm prologue's row
+    if constexpr (PRO) norm_prologue_pre(a, xs);
+    auto hook = [&] {
+        if constexpr (PRO) norm_prologue(a, xs);
+    };
     float a3[3];
-    dot_rows<T, 3>(a, 0, true, false, set_rows, a3);
+    dot_rows<T, 3>(a, 0, true, false, set_rows, a3, 0, 1, hook, true, NoHook{}, xs, std::bool_constant<PRO>{});
     // Row j's total ends in lanes 8 j .. 8 j + 7.
     const float acc[4] = {a3[0], a3[1], a3[2], 0.0f};
     const float tot = warp_sum_rows<4>(acc);
@@ -160,7 +173,8 @@ bool gemv_qkv_rope_supported(const GemvArgs (&qkv)[3], const QkvRopeArgs& r) {
     for (int i = 0; i < 3; ++i) {
         const GemvArgs& g = qkv[i];
         if (g.w.type != type || g.w.k != qkv[0].w.k || g.rows != rows[i] || g.n_y != qkv[0].n_y || g.ids ||
-            g.xq != qkv[0].xq || !g.xq || g.accumulate || g.res_out || g.ldy != g.rows || g.n_y > 64)
+            g.xq != qkv[0].xq || g.pro_x != qkv[0].pro_x || (!g.xq && !g.pro_x) || g.accumulate || g.res_out ||
+            g.ldy != g.rows || g.n_y > 64)
             return false;
     }
     for (const RopeArgs* rr : {&r.q_rope, &r.k_rope})
@@ -175,13 +189,17 @@ void gemv_qkv_rope_store(const GemvArgs (&qkv)[3], const QkvRopeArgs& r, Stream 
     GemvK p = common_params(qkv[0], vec);
     for (int i = 0; i < 3; ++i) p.seg[i] = make_seg(qkv[i]);
     p.n_seg = 3;
+    set_prologue(p, qkv[0]);
     const dim3 grid(unsigned(r.n_head + 2 * r.n_head_kv), unsigned(r.n_tokens));
+    const size_t smem = prologue_smem(p);
     cudaStream_t s = as_stream(stream);
     switch (qkv[0].w.type) {
 #define CERA_Q(T)                                                                                 \
     case GgmlType::T:                                                                             \
-        if (r.f16) launch(gemv_qkv_rope_kernel<GgmlType::T, __half>, grid, 512, 0, s, p, r);      \
-        else launch(gemv_qkv_rope_kernel<GgmlType::T, float>, grid, 512, 0, s, p, r);             \
+        if (r.f16 && smem) launch(gemv_qkv_rope_kernel<GgmlType::T, __half, true>, grid, 512, smem, s, p, r); \
+        else if (r.f16) launch(gemv_qkv_rope_kernel<GgmlType::T, __half, false>, grid, 512, 0, s, p, r); \
+        else if (smem) launch(gemv_qkv_rope_kernel<GgmlType::T, float, true>, grid, 512, smem, s, p, r); \
+        else launch(gemv_qkv_rope_kernel<GgmlType::T, float, false>, grid, 512, 0, s, p, r);     \
         break;
         CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
 #undef CERA_Q
@@ -192,7 +210,7 @@ void gemv_qkv_rope_store(const GemvArgs (&qkv)[3], const QkvRopeArgs& r, Stream 
 bool gemv_conv_supported(const GemvArgs& in_proj, int taps) {
     const int64_t n = in_proj.rows / 3;
     return quant_layout(in_proj.w.type).block_elems > 0 && in_proj.n_y == 1 && in_proj.rows % 3 == 0 && n % 32 == 0 &&
-           n > 0 && taps >= 1 && taps <= kMaxConv && in_proj.xq && !in_proj.ids && !in_proj.accumulate &&
+           n > 0 && taps >= 1 && taps <= kMaxConv && (in_proj.xq || in_proj.pro_x) && !in_proj.ids && !in_proj.accumulate &&
            !in_proj.res_out && in_proj.ldy == in_proj.rows;
 }
 
@@ -204,13 +222,19 @@ void gemv_conv(const GemvArgs& in_proj, const float* conv_w, int taps, float* st
     GemvK p = common_params(in_proj, vec);
     p.seg[0] = make_seg(in_proj);
     p.n_seg = 1;
+    set_prologue(p, in_proj);
     const unsigned grid = unsigned(in_proj.rows / 3 / 16);
     cudaStream_t s = as_stream(stream);
     auto* xq = static_cast<uint8_t*>(out_xq);
     switch (in_proj.w.type) {
 #define CERA_Q(T)                                                                                               \
     case GgmlType::T:                                                                                           \
-        launch(gemv_conv_kernel<GgmlType::T>, grid, 512, 0, s, p, conv_w, taps, state, state_prev, out, xq);   \
+        if (p.px)                                                                                           \
+            launch(gemv_conv_kernel<GgmlType::T, true>, grid, 512, prologue_smem(p), s, p, conv_w, taps, state, \
+                   state_prev, out, xq);                                                                    \
+        else                                                                                                \
+            launch(gemv_conv_kernel<GgmlType::T, false>, grid, 512, 0, s, p, conv_w, taps, state, state_prev,  \
+                   out, xq);                                                                                \
         break;
         CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
 #undef CERA_Q

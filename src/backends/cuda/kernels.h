@@ -117,7 +117,20 @@ struct GemvArgs {
     float* norm_out = nullptr;
     void* norm_xq = nullptr;
     unsigned* norm_ctr = nullptr;
+    // RMSNorm prologue (or pro_x null; gemv_norm_prologue_supported): the input is y = rms_norm(pro_x,
+    // pro_w, pro_eps) (pro_x, pro_w: [k]; pro_w may be null), made and quantized in shared memory by
+    // every block of the launch instead of read from xq, and block 0 writes y to pro_out (or null), so
+    // neither the norm nor its 8-bit rows go through memory before the product. x stays y's buffer.
+    const float* pro_x = nullptr;
+    const float* pro_w = nullptr;
+    float pro_eps = 0.0f;
+    float* pro_out = nullptr;
 };
+// Whether products of `type` over rows of k can take GemvArgs::pro_x: block-quantized weights, one
+// token, k % 32 == 0, k <= kProMaxK. gemv_glu, gemv_qkv_rope_store and gemv_conv take it then; gemv
+// and gemv_multi do not (their many small blocks would each make the norm).
+constexpr int64_t kProMaxK = 4096;
+bool gemv_norm_prologue_supported(GgmlType type, int64_t k, int n_y);
 // Whether gemv can take the RMSNorm of its residual output (GemvArgs::norm_out).
 bool gemv_norm_supported(const GemvArgs& a);
 void gemv(const GemvArgs& a, Stream stream);
@@ -130,6 +143,8 @@ void gemv_multi(const GemvArgs* a, int n, Stream stream);
 // and, when act_xq is not null, act's quantize_q8 rows. Quantized weights with rows % 32 == 0 only.
 bool gemv_glu_supported(GgmlType type, int64_t rows);
 // next (or null): the product queued right after, whose weights the pair's blocks prefetch into L2.
+// gemv_glu_staged: whether the pair goes to the staged kernel (rows copied to shared memory first).
+bool gemv_glu_staged(const GemvArgs& gate, const GemvArgs& up);
 void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq, Stream stream,
               const GemvArgs* next = nullptr);
 

@@ -21,14 +21,21 @@ struct XQ {
     int sa, sb;  // sum of the run's int8 values
 };
 
-// xq_row, xd_row: one row of quantize_q8 output (global memory, read through the read-only cache).
+// xq_row, xd_row: one row of quantize_q8 output, in global memory (read through the read-only cache)
+// or, with Shared, in shared memory.
+template <bool Shared = false>
 __device__ __forceinline__ XQ load_xq(const int8_t* xq_row, const float* xd_row, int ea, int eb) {
     XQ x;
-    const uint4 va = ld_cached16(xq_row + ea), vb = ld_cached16(xq_row + eb);
+    uint4 va, vb;
+    if constexpr (Shared) {
+        va = *reinterpret_cast<const uint4*>(xq_row + ea), vb = *reinterpret_cast<const uint4*>(xq_row + eb);
+        x.da = xd_row[ea >> 5], x.db = xd_row[eb >> 5];
+    } else {
+        va = ld_cached16(xq_row + ea), vb = ld_cached16(xq_row + eb);
+        x.da = __ldg(xd_row + (ea >> 5)), x.db = __ldg(xd_row + (eb >> 5));
+    }
     x.a[0] = int(va.x), x.a[1] = int(va.y), x.a[2] = int(va.z), x.a[3] = int(va.w);
     x.b[0] = int(vb.x), x.b[1] = int(vb.y), x.b[2] = int(vb.z), x.b[3] = int(vb.w);
-    x.da = __ldg(xd_row + (ea >> 5));
-    x.db = __ldg(xd_row + (eb >> 5));
     x.sa = __dp4a(x.a[0], kOnes, __dp4a(x.a[1], kOnes, __dp4a(x.a[2], kOnes, __dp4a(x.a[3], kOnes, 0))));
     x.sb = __dp4a(x.b[0], kOnes, __dp4a(x.b[1], kOnes, __dp4a(x.b[2], kOnes, __dp4a(x.b[3], kOnes, 0))));
     return x;
