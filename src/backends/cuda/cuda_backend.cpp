@@ -97,7 +97,7 @@ class CudaBackend final : public Backend {
         const char* f = std::getenv("CERA_CUDA_FUSE");
         fuse_ = !(f && std::strcmp(f, "0") == 0);
         // Products fused with their consumer (gemv_fused.cu), where each measured faster (bench/NOTES.md):
-        // q/k/v + RoPE + KV store for the 32-element block types, in_proj + short conv for the K-quants.
+        // q/k/v + RoPE + KV store for every block type, in_proj + short conv for the K-quants.
         // CERA_CUDA_FUSE_PRODUCTS=0: neither; all: both for every block type (A/B).
         const char* fp = std::getenv("CERA_CUDA_FUSE_PRODUCTS");
         const std::string_view fpv = fp ? fp : "";
@@ -751,7 +751,7 @@ class CudaBackend final : public Backend {
     // Whether products of `type` are fused with their consumer: the short conv (conv) or q/k RoPE.
     bool fuses_product(GgmlType type, bool conv) const {
         const int block = cuda::quant_layout(type).block_elems;
-        return fuse_products_ == 2 || (fuse_products_ == 1 && block == (conv ? 256 : 32));
+        return fuse_products_ == 2 || (fuse_products_ == 1 && (conv ? block == 256 : block > 0));
     }
     // The pending products as a's q, k and v in that order, when they can go out with its RoPEs and
     // KV store as one launch (gemv_fused.cu).
