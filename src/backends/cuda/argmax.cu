@@ -129,7 +129,6 @@ __global__ void __launch_bounds__(kSplitThreads) argmax_split_kernel(const float
     pdl_wait();
     __shared__ float s_best[kSplitThreads / 32];
     __shared__ int s_idx[kSplitThreads / 32];
-    __shared__ bool s_last;
     const int64_t lo = int64_t(blockIdx.x) * kSplitThreads * kSplitItems;
     float v[kSplitItems];
 #pragma unroll
@@ -149,12 +148,8 @@ __global__ void __launch_bounds__(kSplitThreads) argmax_split_kernel(const float
         for (int w = 1; w < kSplitThreads / 32; ++w) take(s_best[w], s_idx[w], best, bi);
         part_v[blockIdx.x] = best;
         part_i[blockIdx.x] = bi;
-        __threadfence();
-        s_last = atomicAdd(counter, 1u) == gridDim.x - 1;
     }
-    __syncthreads();
-    if (!s_last || warp != 0) return;
-    __threadfence();
+    if (block_ticket(counter) != gridDim.x - 1 || warp != 0) return;
     best = -INFINITY, bi = INT_MAX;
     for (int b = lane; b < int(gridDim.x); b += 32) take(__ldcg(part_v + b), __ldcg(part_i + b), best, bi);
     warp_argmax(best, bi);

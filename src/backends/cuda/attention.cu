@@ -545,7 +545,7 @@ struct DecPlan {
 };
 
 // Shared memory: K rows (stride hd + 16 bytes: 16-byte reads of 8 different rows hit distinct banks),
-// V rows, q [G][hd] (pre-scaled), p [G][kc], m / l / corr [3][G], one flag.
+// V rows, q [G][hd] (pre-scaled), p [G][kc], m / l / corr [3][G].
 template <class C>
 __global__ void __launch_bounds__(kThreads) attn_dec_kernel(const AttnK a) {
     pdl_trigger();
@@ -560,7 +560,6 @@ __global__ void __launch_bounds__(kThreads) attn_dec_kernel(const AttnK a) {
     float* q_s = reinterpret_cast<float*>(v_s + size_t(kc) * vrow);
     float* p_s = q_s + G * hd;
     float* st_s = p_s + G * kc;  // m [G], l [G], corr [G]
-    int* flag_s = reinterpret_cast<int*>(st_s + 3 * G);
     const int64_t kv_width = int64_t(a.n_head_kv) * hd;
     const unsigned char* kg = static_cast<const unsigned char*>(a.k) + int64_t(hk) * hd * es;
     const unsigned char* vg = static_cast<const unsigned char*>(a.v) + int64_t(hk) * hd * es;
@@ -717,7 +716,7 @@ __global__ void __launch_bounds__(kThreads) attn_dec_kernel(const AttnK a) {
         part[g * hd + 2 * dp] = o[r].x, part[g * hd + 2 * dp + 1] = o[r].y;
     }
     for (int g = tid; g < G; g += kThreads) part[G * hd + g] = st_s[g], part[G * hd + G + g] = st_s[G + g];
-    merge_last_split(a, base, per, G, hd, n_act, group, qrow0, flag_s);
+    merge_last_split(a, base, per, G, hd, n_act, group, qrow0);
 }
 
 // Merges the splits of one (token, head): out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M).

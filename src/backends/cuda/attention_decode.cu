@@ -24,7 +24,7 @@ namespace {
 
 // Shared memory: K rows (stride HD * es + 16: 16-byte reads of different rows hit distinct banks),
 // V rows, q [G][HD] (scaled), then (after the key loop, over the K/V area) the warps' m [W][G],
-// l [W][G], o [W][G][HD]; one flag.
+// l [W][G], o [W][G][HD].
 template <class C, int HD, int GP, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeAttnArgs a) {
     constexpr int kWarpThreads = kWarps * 32;
@@ -40,7 +40,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
     unsigned char* k_s = dsm;
     unsigned char* v_s = k_s + size_t(kc) * krow;
     float* q_s = reinterpret_cast<float*>(v_s + size_t(kc) * vrow);
-    int* flag_s = reinterpret_cast<int*>(q_s + G * HD);
     const int64_t kv_width = int64_t(a.n_head_kv) * HD;
     const unsigned char* kg = static_cast<const unsigned char*>(a.k) + int64_t(hk) * HD * es;
     const unsigned char* vg = static_cast<const unsigned char*>(a.v) + int64_t(hk) * HD * es;
@@ -187,7 +186,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
         }
     }
     if (single) return;
-    merge_last_split(a, base, per, G, HD, n_act, group, qrow0, flag_s);
+    merge_last_split(a, base, per, G, HD, n_act, group, qrow0);
 }
 
 template <class C, int HD, int W>

@@ -62,17 +62,12 @@ __device__ __forceinline__ void write_out(const DecodeAttnArgs& a, int64_t qrow,
 // A decode kernel's split s of n_act has written its (o [G][hd], m [G], l [G]) at `base` + s * per
 // (per = G * (hd + 2)); the last split of (token, kv head) `group` to finish (an atomic counter at the
 // start of the scratch, reset by that block) merges all of them into the output rows qrow0 .. + G.
-// Every thread of the block calls it; flag_s is one int of shared memory.
+// Every thread of the block calls it.
 __device__ __forceinline__ void merge_last_split(const DecodeAttnArgs& a, const float* base, int64_t per, int G,
-                                                 int hd, int n_act, int64_t group, int64_t qrow0, int* flag_s) {
+                                                 int hd, int n_act, int64_t group, int64_t qrow0) {
     const int tid = threadIdx.x;
-    __threadfence();
-    __syncthreads();
-    int* counter = reinterpret_cast<int*>(a.partial) + group;
-    if (tid == 0) flag_s[0] = atomicAdd(counter, 1) == n_act - 1;
-    __syncthreads();
-    if (!flag_s[0]) return;
-    __threadfence();
+    unsigned* counter = reinterpret_cast<unsigned*>(a.partial) + group;
+    if (block_ticket(counter) != unsigned(n_act - 1)) return;
     for (int e = tid; e < G * hd; e += blockDim.x) {
         const int g = e / hd, d = e - g * hd;
         float M = -INFINITY;

@@ -214,6 +214,23 @@ __device__ __forceinline__ float block_sum(float v, float* shared32) {
     return warp_sum(v);
 }
 
+// The "last block to arrive" ticket. Every thread of the block calls it after the writes another block
+// may read; thread 0 adds one to *counter with release semantics (the block's writes, ordered before
+// it by the barrier) and acquire semantics (the writes of the blocks that took their ticket before), in
+// one atomic instead of a fence on each side. Returns the count before this block's, in every thread;
+// the block that gets the last count may read what the others wrote and resets the counter.
+__device__ __forceinline__ unsigned block_ticket(unsigned* counter) {
+    __shared__ unsigned ticket;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned t;
+        asm volatile("atom.add.acq_rel.gpu.u32 %0, [%1], 1;" : "=r"(t) : "l"(counter) : "memory");
+        ticket = t;
+    }
+    __syncthreads();
+    return ticket;
+}
+
 // 16-byte load of streamed data (weights): read-only path, not kept in L1.
 __device__ __forceinline__ uint4 ld_stream16(const void* p) {
     uint4 v;

@@ -73,18 +73,10 @@ __device__ __forceinline__ void norm_row_128(const float* x, const float* w, flo
     if ((t * E) % 32 == 0) reinterpret_cast<float*>(xq + n)[t * E / 32] = d;
 }
 
-// The residual product's RMSNorm (GemvK::nctr): every block makes its rows visible and takes a ticket;
-// the last block of row yi to finish normalizes the whole row and puts the counter back to zero.
+// The residual product's RMSNorm (GemvK::nctr): every block takes a ticket after writing its rows; the
+// last block of row yi to finish normalizes the whole row and puts the counter back to zero.
 __device__ __forceinline__ void last_block_norm(const GemvK& a, const Seg& sg, int yi) {
-    __shared__ unsigned ticket;
-    __syncthreads();
-    if (threadIdx.x == 0) {  // the block's writes before the ticket; the other blocks' before the reads
-        __threadfence();
-        ticket = atomicAdd(a.nctr + yi, 1u);
-        if (ticket == gridDim.x - 1) __threadfence();
-    }
-    __syncthreads();
-    if (ticket != gridDim.x - 1) return;
+    if (block_ticket(a.nctr + yi) != gridDim.x - 1) return;
     if (threadIdx.x == 0) a.nctr[yi] = 0;
     const int64_t n = sg.rows;
     const float* x = sg.res_out + int64_t(yi) * sg.ldy;
