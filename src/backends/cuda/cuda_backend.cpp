@@ -33,9 +33,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <string_view>
-#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -46,6 +44,7 @@
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/pick_mail.h"
 #include "backends/cuda/replay_profile.h"
+#include "backends/cuda/rope_tables.h"
 #include "backends/cuda/w16_cache.h"
 #include "backends/cuda/weight_registry.h"
 #include "core/check.h"
@@ -104,8 +103,6 @@ class CudaBackend final : public Backend {
         fuse_products_ = !fuse_ || fpv == "0" ? 0 : fpv == "all" ? 2 : 1;
         const char* np = std::getenv("CERA_CUDA_NORM_PRO");
         pro_mask_ = !fuse_ ? 0 : np ? std::atoi(np) : kProDefault;
-        const char* rt = std::getenv("CERA_CUDA_ROPE_TABLE");
-        rope_tables_ = !(rt && std::strcmp(rt, "0") == 0);
         const char* mg = std::getenv("CERA_CUDA_MEGA");
         mega_ = mg && std::strcmp(mg, "1") == 0;
         const char* pr = std::getenv("CERA_CUDA_PROFILE");
@@ -124,7 +121,6 @@ class CudaBackend final : public Backend {
         drop_graphs();
         for (void* p : buffers_) cudaFree(p);
         for (auto& s : scratch_) cudaFree(s.ptr);
-        for (auto& [key, t] : rope_tables_map_) cudaFree(t.ptr);
         cublasDestroy(cublas_);
         cudaFree(cublas_ws_);
         cudaFree(norm_ctr_);
@@ -709,30 +705,11 @@ class CudaBackend final : public Backend {
         RopeParams rope;
     };
 
-    // The (cos, sin) table of a rotation for positions below the cache length (a load instead of double
-    // math in the step's RoPE kernel), made outside recorded steps and kept per rotation.
-    // CERA_CUDA_ROPE_TABLE=0 turns it off.
     void attach_rope_table(cuda::RopeArgs& r, int64_t rows) {
-        if (!rope_tables_ || r.mode == 0 || r.n_rot <= 0 || r.n_rot % 2 != 0 || rows <= 0 || rows > (1 << 16)) return;
-        const auto key = std::make_tuple(r.mode, r.n_rot, r.freq_base, r.freq_scale, r.freq_factors);
-        auto it = rope_tables_map_.find(key);
-        if (it == rope_tables_map_.end() || it->second.rows < rows) {
-            if (capturing_) return;  // nothing is allocated inside a recorded step
-            if (it != rope_tables_map_.end()) {
-                CUDA_CHECK(cudaStreamSynchronize(stream_));
-                drop_graphs();  // they hold the old table
-                CUDA_CHECK(cudaFree(it->second.ptr));
-                rope_tables_map_.erase(it);
-            }
-            RopeTable t;
-            t.rows = rows;
-            CUDA_CHECK(cudaMalloc(&t.ptr, size_t(rows) * size_t(r.n_rot / 2) * 2 * sizeof(float)));
-            cuda::RopeArgs plain = r;
-            plain.table = nullptr, plain.table_rows = 0;
-            cuda::rope_table(plain, rows, t.ptr, stream_);
-            it = rope_tables_map_.emplace(key, t).first;
-        }
-        r.table = it->second.ptr, r.table_rows = it->second.rows;
+        rope_tables_.attach(r, rows, capturing_, stream_, [&] {
+            CUDA_CHECK(cudaStreamSynchronize(stream_));
+            drop_graphs();
+        });
     }
 
     static cuda::RopeArgs rope_args(const RopeParams& rope) {
@@ -976,12 +953,7 @@ class CudaBackend final : public Backend {
         void* xq = nullptr;
         bool held = false;
     } glu_;  // a SwiGLU pair (swiglu) held until the next op
-    struct RopeTable {
-        float* ptr = nullptr;  // [rows, n_rot / 2, 2]
-        int64_t rows = 0;
-    };
-    std::map<std::tuple<int, int, float, float, const float*>, RopeTable> rope_tables_map_;
-    bool rope_tables_ = true;
+    cuda::RopeTables rope_tables_;  // the decode RoPE's (cos, sin) tables (rope_tables.h)
     std::unordered_map<uint64_t, Graph> graphs_;
     bool graphs_enabled_ = true;
     bool capturing_ = false;
