@@ -246,7 +246,7 @@ __device__ __forceinline__ void dot_rows(const GemvK& a, int yi, bool live, bool
 }
 
 // Whether a product can take the RMSNorm prologue (GemvArgs::pro_x): gemv_norm_prologue_supported and
-// 16-byte aligned rows. 
+// 16-byte aligned rows.
 inline bool norm_prologue_fits(const GemvArgs& a) {
     auto at16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
     return gemv_norm_prologue_supported(a.w.type, a.w.k, a.n_y) && !a.ids && a.x_div == 1 && at16(a.pro_x) &&
