@@ -17,11 +17,10 @@
 //    staged SwiGLU pair or q/k/v launch reading it. A SwiGLU pair is held until the next product,
 //    whose weights it prefetches into L2. norm_rope() of q and k followed by kv_store() is one launch,
 //    with the q/k/v products when still held (gemv_fused.cu), and so is a one-token in_proj followed
-//    by short_conv() (K-quants). rms_norm,
-//    swiglu, the decode short conv and attention also write their output's 8-bit rows, recorded as
-//    the cached quantization of that tensor, so the next GEMV needs no quantize launch. Every other
-//    call (and read, write, sync) first queues whatever is held back, in order. lfm2-1.2b Q4_0:
-//    274 -> 106 kernels per decoded token.
+//    by short_conv() (K-quants). rms_norm, swiglu, the decode short conv and attention also write
+//    their output's 8-bit rows, recorded as the cached quantization of that tensor, so the next GEMV
+//    needs no quantize launch. Every other call (and read, write, sync) first queues whatever is held
+//    back, in order. lfm2-1.2b Q4_0: 274 -> 84 kernels per decoded token.
 //  - Decode programs (opt-in, CERA_CUDA_MEGA=1; slower than the graphs so far, see bench/NOTES.md):
 //    while a single-token step is captured its ops are also recorded (decode_program.h); when every
 //    op is covered, later replays of that step run as one persistent kernel (decode_step.h).
