@@ -2,7 +2,10 @@
 """Reads a kernel timeline trace (CERA_CUDA_TRACE build, CERA_CUDA_TRACE_FILE=path) and prints the
 mean critical-path share of every launch of a decode step.
 
-Usage: scripts/trace_report.py TRACE [--skip-steps N] [--steps N]
+Usage: scripts/trace_report.py TRACE [--skip-steps N] [--steps N] [--blocks K]
+
+--blocks K: also the blocks of launch K of the step (mean over the steps): each block's start, wait
+release and end (thread 0) relative to the launch's release, sorted by end.
 
 For each launch of the step, in order: the kernel, its blocks, `chain` = mean time from its PDL wait's
 release (the first block's) to the next launch's (its share of the step), `ahead` = how long its
@@ -57,7 +60,7 @@ def main():
             if len(t1v) == 0: continue
             t2 = r["t2"][idx].astype(np.int64)
             rows.append((int(t1v.min()), int(r["t0"][idx].min()), int(t1v.max()), len(idx), key,
-                         int(r["t0"][idx].max()), int(t2.max())))
+                         int(r["t0"][idx].max()), int(t2.max()), idx))
     rows.sort()
     name = lambda key: names.get((key[0], key[1]), "?%d" % key[1])
     ends = [i for i, x in enumerate(rows) if "argmax" in name(x[4])]
@@ -73,7 +76,7 @@ def main():
     for a, b in steps:
         nxt = rows[b][0] if b < len(rows) else None
         for k in range(mode):
-            t1, t0, t1max, n, key, t0max, t2max = rows[a + k]
+            t1, t0, t1max, n, key, t0max, t2max, _ = rows[a + k]
             t1n = rows[a + k + 1][0] if a + k + 1 < len(rows) else t1
             chain[k] += (t1n - t1); ahead[k] += (t1 - t0); late[k] += (t1max - t1)
             start_last[k] += (t1 - t0max); run[k] += (t2max - t1)
@@ -88,6 +91,17 @@ def main():
         print("%-4d %-28s %7d %7.2f %7.2f %7.2f %7.2f %7.2f" % (k, nm[:28], key[2], chain[k] / n / 1e3, ahead[k] / n / 1e3,
               start_last[k] / n / 1e3, late[k] / n / 1e3, run[k] / n / 1e3))
         s = by.setdefault(nm + "/%d" % key[2], [0, 0.0]); s[0] += 1; s[1] += chain[k] / n / 1e3
+    if "--blocks" in sys.argv:
+        k = int(sys.argv[sys.argv.index("--blocks") + 1])
+        acc = {}
+        for a, b in steps:
+            rel = rows[a + k][0]
+            for i in rows[a + k][7]:
+                e = acc.setdefault(int(r["block"][i]), np.zeros(4))
+                e += (int(r["t0"][i]) - rel, int(r["t1"][i]) - rel, int(r["t2"][i]) - rel, 1)
+        print("\nlaunch %d, per block (us from its release): block start wait end" % k)
+        for blk, e in sorted(acc.items(), key=lambda x: x[1][2] / x[1][3]):
+            print("  %5d %7.2f %7.2f %7.2f" % (blk, e[0] / e[3] / 1e3, e[1] / e[3] / 1e3, e[2] / e[3] / 1e3))
     print("\nby kernel (launches, total chain us):")
     for nm, (c, t) in sorted(by.items(), key=lambda x: -x[1][1]):
         print("  %-40s %4d %8.1f  (%.2f each)" % (nm, c, t, t / c))
