@@ -589,14 +589,17 @@ bool stage_aligned(const GemvArgs& a, int64_t qrow, int64_t mrow) {
     return at16(a.w.image, a.w.row0 * qrow) && at16(scale_stream(a.w), a.w.row0 * mrow);
 }
 
-// SwiGLU pairs: 64 rows of both matrices per block, else 32 (CERA_CUDA_GLU_ROWS forces either), at
-// most 160 KB a block, and only where the whole grid is resident at once (a second wave measured
-// slower than the register kernel: Q8_0, -8%). Batches of up to 8 tokens. K-quants only by default:
-// with the warp-parallel decode attention, the early 18.9 MB burst of a staged Q4_0 pair slowed the
-// latency-bound kernels running meanwhile more than it saved (lfm2-1.2b Q4_0 -1.5%, llama-1b 0;
-// Q4_K still +2.5%; bench/NOTES.md). CERA_CUDA_GLU_STAGE=0: never; 2: every type that fits.
+// SwiGLU pairs: 32 rows of both matrices per block, else 64 (K-quants: 64, else 32; CERA_CUDA_GLU_ROWS
+// forces either), at most 160 KB a block, and only where the whole grid is resident at once (a second
+// wave measured slower than the register kernel: Q8_0, -8%). Batches of up to 8 tokens. Every block
+// type that fits: at 64 registers a thread a staged block leaves room on its SM for blocks of the
+// launches before and after it, where the register kernel's 512 threads at 124 take the whole SM.
+// With the RMSNorm prologue the staged Q4_0 pair gained 8-10% (lfm2-1.2b, llama-1b, 32 rows; without
+// the prologue +2.5-4.5%, and before the prologue existed -1.5%; bench/NOTES.md). Q8_0 rows do not
+// fit one wave (139 KB a 32-row block) and keep the register kernel. CERA_CUDA_GLU_STAGE=0: never;
+// 1: K-quants only.
 StagePlan glu_stage_plan(const GemvArgs& g, const GemvArgs& u) {
-    static const int mode = env_int("CERA_CUDA_GLU_STAGE", 1);
+    static const int mode = env_int("CERA_CUDA_GLU_STAGE", 2);
     static const int forced = env_int("CERA_CUDA_GLU_ROWS", 0);
     const QuantLayout L = quant_layout(g.w.type);
     if (mode == 0 || L.block_elems == 0 || g.n_y < 1 || g.n_y > 8) return {};
@@ -604,12 +607,13 @@ StagePlan glu_stage_plan(const GemvArgs& g, const GemvArgs& u) {
     const int64_t nb = g.w.k / L.block_elems, qrow = nb * L.q_bytes, mrow = nb * L.m_bytes;
     if (!stage_aligned(g, qrow, mrow) || !stage_aligned(u, qrow, mrow)) return {};
     const int64_t per_row = 2 * (qrow + mrow), per_sm = device_attr<cudaDevAttrMaxSharedMemoryPerMultiprocessor>();
-    const int64_t pro = g.pro_x ? q8_row_bytes(g.w.k) : 0;  // the prologue's row
+    const int64_t pro = g.pro_x ? q8_row_bytes(g.w.k) + 8 * g.w.k : 0;  // the prologue's area (prologue_smem)
     auto waves_ok = [&](int64_t rb) {
         const int64_t bytes = rb * per_row, fit = per_sm / (bytes + pro + 2048);  // + static and reserved memory
         return g.rows % rb == 0 && bytes <= kGluStageMax && fit >= 1 && g.rows / rb <= fit * sm_count();
     };
-    for (int64_t rb : {int64_t(64), int64_t(32)})
+    const bool kquant = L.block_elems == 256;
+    for (int64_t rb : {int64_t(kquant ? 64 : 32), int64_t(kquant ? 32 : 64)})
         if ((forced != 32 && forced != 64) || forced == rb)
             if (waves_ok(rb)) return {int(rb), size_t(rb * per_row)};
     return {};
