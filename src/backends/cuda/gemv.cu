@@ -266,11 +266,11 @@ __global__ void __launch_bounds__(512) gemv_glu_kernel(const GemvK a, int prefet
 
 // Staged SwiGLU: a block's weight rows are copied into shared memory with bulk copies (a few 16 KB
 // pieces issued by one warp) before the PDL wait, so the bytes are requested as soon as the block is
-// resident. At 64 registers a thread and one block of 64 rows per SM, the whole pair (18.9 MB for a
-// 2048 x 8192 Q4_0 pair) is requested in one wave, then computed from shared memory. Kept for the
-// K-quants, where it measures faster than gemv_glu_kernel; for the 32-element types gemv_glu_kernel
-// with its prefetch wins (bench/NOTES.md). A staged version of the plain products measured slower
-// (fewer warps per row after the wait) and was not kept.
+// resident. At 64 registers a thread and one or two blocks of 64 or 32 rows per SM, the whole pair
+// (18.9 MB for a 2048 x 8192 Q4_0 pair) is requested in one wave, then computed from shared memory,
+// and the blocks leave room on their SMs for the launches before and after (glu_stage_plan: every
+// type whose pair fits one wave; Q8_0 keeps gemv_glu_kernel). A staged version of the plain products
+// measured slower (fewer warps per row after the wait) and was not kept.
 
 // Issues the bulk copies of `n` byte ranges (dst[i] <- src[i], bytes[i] multiples of 16) on `bar`.
 // Warp 0 only; the block must __syncthreads() before any thread waits on bar.
@@ -722,12 +722,13 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
         }
         return;
     }
-    // One wave: blocks of 32 rows walk the row groups (one block per SM at ~120 registers a thread),
-    // instead of a second wave of blocks that start only as the first ones leave, and each block's
-    // second group is copied to shared memory before the PDL wait (prefetch). Measured with the
-    // prefetch (bench/NOTES.md): Q4_0 +4-4.6%, Q8_0 +1.8-2.5%; the K-quants keep the staged kernel
-    // (this one measured -0.7 to -3.8% there). CERA_CUDA_GLU_PERSIST=0: never, 1: every type;
-    // CERA_CUDA_GLU_PREFETCH=0: no copy, 2: the copy after the wait (-2%).
+    // Pairs the staged kernel does not take (Q8_0; every type with CERA_CUDA_GLU_STAGE=0). One wave:
+    // blocks of 32 rows walk the row groups (one block per SM at ~120 registers a thread), instead of
+    // a second wave of blocks that start only as the first ones leave, and each block's second group
+    // is copied to shared memory before the PDL wait (prefetch). Measured with the prefetch
+    // (bench/NOTES.md): Q4_0 +4-4.6%, Q8_0 +1.8-2.5%; the K-quants -0.7 to -3.8% (two waves there).
+    // CERA_CUDA_GLU_PERSIST=0: never, 1: every type; CERA_CUDA_GLU_PREFETCH=0: no copy, 2: the copy
+    // after the wait (-2%).
     static const int persist = env_int("CERA_CUDA_GLU_PERSIST", -1);
     const GgmlType t = gate.w.type;
     const bool one_wave = persist == 1 || (persist < 0 && quant_layout(t).block_elems == 32);
