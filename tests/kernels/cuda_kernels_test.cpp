@@ -584,8 +584,8 @@ TEST_F(CudaBackendTest, GraphReplayTracksInputs) {
 // q/k/v and gate/up products, SwiGLU and residual epilogues, q/k RoPE + KV store) against the same
 // ops on a CUDA backend with fusion off (CERA_CUDA_FUSE=0) and on the CPU backend. Every tensor an
 // op writes is compared, not only the residual stream. Head size 128 runs with q/k/v biases and an
-// 8192-row SwiGLU pair (more 32-row groups than an H200 has SMs: blocks walk several), and one-token
-// K-quant steps take the fused in_proj + short conv launch (gemv_fused.cu).
+// 8192-row SwiGLU pair (on the register kernel, more 32-row groups than an H200 has SMs: blocks walk
+// several), and one-token K-quant steps take the fused in_proj + short conv launch (gemv_fused.cu).
 TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
     using G = GgmlType;
     // The reference CUDA path: no fusion, steps replayed as graphs. A fourth backend runs single-token
@@ -599,8 +599,10 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
     auto all = cuda_backend_with("CERA_CUDA_FUSE_PRODUCTS", "all");
     auto fold = cuda_backend_with("CERA_CUDA_NORM_PRO", "0");
     auto every = cuda_backend_with("CERA_CUDA_NORM_PRO", "15");
-    constexpr int kBes = 7;
-    Backend* bes[kBes] = {gpu_.get(), plain.get(), cpu_.get(), mega.get(), all.get(), fold.get(), every.get()};
+    // An eighth keeps every SwiGLU pair on the register kernel (the staged one takes every pair here).
+    auto regs = cuda_backend_with("CERA_CUDA_GLU_STAGE", "0");
+    constexpr int kBes = 8;
+    Backend* bes[kBes] = {gpu_.get(), plain.get(), cpu_.get(), mega.get(), all.get(), fold.get(), every.get(), regs.get()};
     const int64_t n_embd = 256, n_head = 4, n_head_kv = 2, n_ctx = 64, L = 3;
     for (int64_t hd : {64, 128})
     for (G type : {G::kQ4_0, G::kQ8_0, G::kQ4_K, G::kF16, G::kQ5_1, G::kQ6_K}) {
@@ -714,12 +716,13 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
                     EXPECT_LT(diff(f, 5, 1), tight) << name << " norms in the residual products vs unfused, step "
                                                     << step;
                     EXPECT_LT(diff(f, 6, 1), tight) << name << " norms in every prologue vs unfused, step " << step;
+                    EXPECT_LT(diff(f, 7, 1), tight) << name << " register SwiGLU kernel vs unfused, step " << step;
                 }
                 // The KV cache rows written so far (f16).
                 std::vector<uint16_t> c0(size_t(kvw * n_ctx)), c1(c0.size());
                 for (auto [f, other] : {std::pair{&Bufs::kc, 0}, {&Bufs::vc, 0}, {&Bufs::kc, 3}, {&Bufs::vc, 3},
                                         {&Bufs::kc, 4}, {&Bufs::vc, 4}, {&Bufs::kc, 5}, {&Bufs::vc, 5},
-                                        {&Bufs::kc, 6}, {&Bufs::vc, 6}}) {
+                                        {&Bufs::kc, 6}, {&Bufs::vc, 6}, {&Bufs::kc, 7}, {&Bufs::vc, 7}}) {
                     bes[other]->read(c0.data(), b[other].*f, c0.size() * 2);
                     bes[1]->read(c1.data(), b[1].*f, c1.size() * 2);
                     double err = 0, mag = 1e-3;
