@@ -589,8 +589,8 @@ bool stage_aligned(const GemvArgs& a, int64_t qrow, int64_t mrow) {
     return at16(a.w.image, a.w.row0 * qrow) && at16(scale_stream(a.w), a.w.row0 * mrow);
 }
 
-// SwiGLU pairs: 32 rows of both matrices per block, else 64 (K-quants: 64, else 32; CERA_CUDA_GLU_ROWS
-// forces either), at most 160 KB a block, and only where the whole grid is resident at once (a second
+// SwiGLU pairs: blocks of 32 rows of both matrices (K-quants: 64), else of the other size
+// (CERA_CUDA_GLU_ROWS forces either), at most 160 KB a block, and only where the whole grid is resident at once (a second
 // wave measured slower than the register kernel: Q8_0, -8%). Batches of up to 8 tokens. Every block
 // type that fits: at 64 registers a thread a staged block leaves room on its SM for blocks of the
 // launches before and after it, where the register kernel's 512 threads at 124 take the whole SM.
@@ -607,7 +607,7 @@ StagePlan glu_stage_plan(const GemvArgs& g, const GemvArgs& u) {
     const int64_t nb = g.w.k / L.block_elems, qrow = nb * L.q_bytes, mrow = nb * L.m_bytes;
     if (!stage_aligned(g, qrow, mrow) || !stage_aligned(u, qrow, mrow)) return {};
     const int64_t per_row = 2 * (qrow + mrow), per_sm = device_attr<cudaDevAttrMaxSharedMemoryPerMultiprocessor>();
-    const int64_t pro = g.pro_x ? q8_row_bytes(g.w.k) + 8 * g.w.k : 0;  // the prologue's area (prologue_smem)
+    const int64_t pro = g.pro_x ? int64_t(prologue_bytes(g.w.k)) : 0;
     auto waves_ok = [&](int64_t rb) {
         const int64_t bytes = rb * per_row, fit = per_sm / (bytes + pro + 2048);  // + static and reserved memory
         return g.rows % rb == 0 && bytes <= kGluStageMax && fit >= 1 && g.rows / rb <= fit * sm_count();
@@ -704,17 +704,17 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
     cudaStream_t s = as_stream(stream);
     if (const StagePlan sp = glu_stage_plan(gate, up); sp.rb > 0) {
         const unsigned blocks = unsigned(gate.rows / sp.rb);
+        const size_t smem = sp.smem + prologue_smem(p);
         switch (gate.w.type) {
-#define CERA_Q(T)                                                                                        \
-    case GgmlType::T:                                                                                    \
-        if (p.px) {                                                                                      \
-            allow_dynamic_smem<gemv_glu_stage_kernel<GgmlType::T, true>>(sp.smem + prologue_smem(p));   \
-            launch(gemv_glu_stage_kernel<GgmlType::T, true>, blocks, 512, sp.smem + prologue_smem(p), s, p, \
-                   sp.rb, int(gate.n_y));                                                              \
-        } else {                                                                                         \
-            allow_dynamic_smem<gemv_glu_stage_kernel<GgmlType::T, false>>(sp.smem);                     \
-            launch(gemv_glu_stage_kernel<GgmlType::T, false>, blocks, 512, sp.smem, s, p, sp.rb, int(gate.n_y)); \
-        }                                                                                                \
+#define CERA_Q(T)                                                                                         \
+    case GgmlType::T:                                                                                     \
+        if (p.px) {                                                                                       \
+            allow_dynamic_smem<gemv_glu_stage_kernel<GgmlType::T, true>>(smem);                           \
+            launch(gemv_glu_stage_kernel<GgmlType::T, true>, blocks, 512, smem, s, p, sp.rb, int(gate.n_y));  \
+        } else {                                                                                          \
+            allow_dynamic_smem<gemv_glu_stage_kernel<GgmlType::T, false>>(smem);                          \
+            launch(gemv_glu_stage_kernel<GgmlType::T, false>, blocks, 512, smem, s, p, sp.rb, int(gate.n_y)); \
+        }                                                                                                 \
         break;
             CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
 #undef CERA_Q

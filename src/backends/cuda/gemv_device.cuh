@@ -252,8 +252,10 @@ inline bool norm_prologue_fits(const GemvArgs& a) {
     return gemv_norm_prologue_supported(a.w.type, a.w.k, a.n_y) && !a.ids && a.x_div == 1 && at16(a.pro_x) &&
            at16(a.pro_w) && at16(a.pro_out);
 }
-// Dynamic shared memory of the prologue (norm_prologue): the 8-bit row, then x and w as f32.
-inline size_t prologue_smem(const GemvK& p) { return p.px ? size_t(q8_row_bytes(p.k) + 8 * p.k) : 0; }
+// Dynamic shared memory of the prologue (norm_prologue) for rows of k: the 8-bit row, then x and w as
+// f32; prologue_smem: a launch's (0 without a prologue).
+inline size_t prologue_bytes(int64_t k) { return size_t(q8_row_bytes(k) + 8 * k); }
+inline size_t prologue_smem(const GemvK& p) { return p.px ? prologue_bytes(p.k) : 0; }
 
 // The launch parameters shared by every product of a launch (from the first).
 inline GemvK common_params(const GemvArgs& a, bool& vec) {
