@@ -298,13 +298,15 @@ __device__ __forceinline__ void stage_rows(uint64_t* bar, uint8_t* const (&dst)[
 // SwiGLU pair (gemv_glu_kernel's work): a block owns rb = 32 or 64 rows of both matrices; 16 warps,
 // a warp 2 gate + 2 up rows per pass (rb / 32 passes); the same epilogue (act and its 8-bit groups,
 // one 32-row group per pass). Shared memory: gate q, up q, gate m, up m (rb rows each).
+// split: each 32-row pass's rows on a barrier of their own (rb = 64), so the first pass is computed
+// while the second one's bytes land.
 template <GgmlType T, bool PRO>
-__global__ void __launch_bounds__(512, 2) gemv_glu_stage_kernel(const GemvK a, int rb, int n_y) {
+__global__ void __launch_bounds__(512, 2) gemv_glu_stage_kernel(const GemvK a, int rb, int n_y, int split) {
     using Tr = QTraits<T>;
     constexpr QuantLayout L = quant_layout(T);
     constexpr int R = 2;
     extern __shared__ __align__(16) uint8_t smem[];
-    __shared__ uint64_t bar;
+    __shared__ uint64_t bar[2];
     __shared__ float act_s[64];
     pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -316,18 +318,21 @@ __global__ void __launch_bounds__(512, 2) gemv_glu_stage_kernel(const GemvK a, i
     uint8_t* const uq = gq + rb * qrow;
     uint8_t* const gm = uq + rb * qrow;
     uint8_t* const um = gm + rb * mrow;
+    const int parts = split ? rb / 32 : 1, pr = rb / parts;  // barriers, rows on each
     if (threadIdx.x < 32)
-        stage_rows<4>(&bar, {gq, uq, gm, um},
-                      {g.q + (g.row0 + r0) * qrow, u.q + (u.row0 + r0) * qrow, g.m + (g.row0 + r0) * mrow,
-                       u.m + (u.row0 + r0) * mrow},
-                      {rb * qrow, rb * qrow, rb * mrow, rb * mrow});
+        for (int b = 0; b < parts; ++b) {
+            const int64_t o = b * pr;
+            stage_rows<4>(&bar[b], {gq + o * qrow, uq + o * qrow, gm + o * mrow, um + o * mrow},
+                          {g.q + (g.row0 + r0 + o) * qrow, u.q + (u.row0 + r0 + o) * qrow,
+                           g.m + (g.row0 + r0 + o) * mrow, u.m + (u.row0 + r0 + o) * mrow},
+                          {pr * qrow, pr * qrow, pr * mrow, pr * mrow});
+        }
     // The prologue's row after the staged rows (one token).
     uint8_t* const xs = PRO ? um + rb * mrow : nullptr;
     if constexpr (PRO) norm_prologue_pre(a, xs);
     __syncthreads();
     pdl_wait();
     if constexpr (PRO) norm_prologue(a, xs);
-    mbar_wait(&bar, 0);
     const int n_items = int(a.nb) * Tr::kItems;
     for (int t = 0; t < n_y; ++t) {
         const uint8_t* xrow = PRO ? xs : a.xq + int64_t(t / a.x_div) * a.ldxq;
@@ -335,6 +340,7 @@ __global__ void __launch_bounds__(512, 2) gemv_glu_stage_kernel(const GemvK a, i
         const float* xd = reinterpret_cast<const float*>(xrow + a.k);
         for (int pass = 0; pass < rb / 32; ++pass) {
             const int rl = pass * 32 + warp * R;
+            mbar_wait(&bar[pass * 32 / pr], 0);  // returns at once once that phase has completed
             float acc[2 * R] = {};
 #pragma unroll 2
             for (int i = lane; i < n_items; i += 32) {
@@ -704,16 +710,17 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
     cudaStream_t s = as_stream(stream);
     if (const StagePlan sp = glu_stage_plan(gate, up); sp.rb > 0) {
         const unsigned blocks = unsigned(gate.rows / sp.rb);
+        static const int split = env_int("CERA_CUDA_GLU_SPLIT", 1);
         const size_t smem = sp.smem + prologue_smem(p);
         switch (gate.w.type) {
 #define CERA_Q(T)                                                                                         \
     case GgmlType::T:                                                                                     \
         if (p.px) {                                                                                       \
             allow_dynamic_smem<gemv_glu_stage_kernel<GgmlType::T, true>>(smem);                           \
-            launch(gemv_glu_stage_kernel<GgmlType::T, true>, blocks, 512, smem, s, p, sp.rb, int(gate.n_y));  \
+            launch(gemv_glu_stage_kernel<GgmlType::T, true>, blocks, 512, smem, s, p, sp.rb, int(gate.n_y), split); \
         } else {                                                                                          \
             allow_dynamic_smem<gemv_glu_stage_kernel<GgmlType::T, false>>(smem);                          \
-            launch(gemv_glu_stage_kernel<GgmlType::T, false>, blocks, 512, smem, s, p, sp.rb, int(gate.n_y)); \
+            launch(gemv_glu_stage_kernel<GgmlType::T, false>, blocks, 512, smem, s, p, sp.rb, int(gate.n_y), split); \
         }                                                                                                 \
         break;
             CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)

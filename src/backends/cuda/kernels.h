@@ -39,7 +39,7 @@ CERA_HD constexpr QuantLayout quant_layout(GgmlType t) {
         case GgmlType::kQ5_0: return {32, 16, 8};   // d, pad, qh (u32)
         case GgmlType::kQ5_1: return {32, 16, 8};   // d, m, qh (u32)
         case GgmlType::kQ8_0: return {32, 32, 2};
-        case GgmlType::kQ4_K: return {256, 128, 16};  // m: d, dmin, scales[12]
+        case GgmlType::kQ4_K: return {256, 128, 16};  // m: d, dmin, scales regrouped (weight_image.cpp)
         case GgmlType::kQ5_K: return {256, 160, 16};  // q: qs[128], qh[32]
         case GgmlType::kQ6_K: return {256, 208, 2};   // q: ql[128], qh[64], scales[16]; m: d
         default: return {};

@@ -190,16 +190,13 @@ struct QTraits<GgmlType::kQ8_0> {
 // Q4_K / Q5_K item j (0..7) = 16 bytes of qs: g = j/2 (64-element group), h = j%2 (which 16 of 32).
 // Low nibbles: elements 64g + 16h + i (sub-block 2g); high: 64g + 32 + 16h + i (sub-block 2g+1).
 __device__ __forceinline__ int byte_of(uint32_t w, int i) { return int((w >> (8 * i)) & 0xFF); }
-// get_scale_min_k4 on the 12 scale bytes held as three words.
-__device__ __forceinline__ void scale_min_k4(int j, uint32_t s0, uint32_t s1, uint32_t s2, int& sc, int& m) {
-    if (j < 4) {
-        sc = byte_of(s0, j) & 63;
-        m = byte_of(s1, j) & 63;
-    } else {
-        const int hi = byte_of(s2, j - 4);
-        sc = (hi & 0xF) | ((byte_of(s0, j - 4) >> 6) << 4);
-        m = (hi >> 4) | ((byte_of(s1, j - 4) >> 6) << 4);
-    }
+// The scales and mins of 64-element group g (sub-blocks 2g, 2g+1) from the image's scale stream
+// (meta.y, .z, .w: weight_image.cpp k_scale_stream).
+__device__ __forceinline__ void k_group_scales(const uint4& meta, int g, int& sc0, int& m0, int& sc1, int& m1) {
+    const uint32_t sh = 8u * uint32_t(g), a = meta.y >> sh, b = meta.z >> sh, c = meta.w >> sh;
+    sc0 = int(a & 63u), sc1 = int(b & 63u);
+    m0 = int((c & 15u) | ((a >> 2) & 48u));
+    m1 = int(((c >> 4) & 15u) | ((b >> 2) & 48u));
 }
 
 template <bool kFive>
@@ -239,19 +236,15 @@ struct QkTraits {
             lo = __dp4a(ql, x.a[i], lo);
             hi = __dp4a(qh, x.b[i], hi);
         }
-        const int g = j >> 1;
         int sc0, m0, sc1, m1;
-        scale_min_k4(2 * g, w.meta.y, w.meta.z, w.meta.w, sc0, m0);
-        scale_min_k4(2 * g + 1, w.meta.y, w.meta.z, w.meta.w, sc1, m1);
+        k_group_scales(w.meta, j >> 1, sc0, m0, sc1, m1);
         const float d = half_bits_to_float(uint16_t(w.meta.x)), dmin = half_bits_to_float(uint16_t(w.meta.x >> 16));
         return d * (x.da * float(sc0 * lo) + x.db * float(sc1 * hi)) -
                dmin * (x.da * float(m0 * x.sa) + x.db * float(m1 * x.sb));
     }
     __device__ static void dequant(const W& w, int j, float* va, float* vb) {
-        const int g = j >> 1;
         int sc0, m0, sc1, m1;
-        scale_min_k4(2 * g, w.meta.y, w.meta.z, w.meta.w, sc0, m0);
-        scale_min_k4(2 * g + 1, w.meta.y, w.meta.z, w.meta.w, sc1, m1);
+        k_group_scales(w.meta, j >> 1, sc0, m0, sc1, m1);
         const float d = half_bits_to_float(uint16_t(w.meta.x)), dmin = half_bits_to_float(uint16_t(w.meta.x >> 16));
         const float d0 = d * float(sc0), d1 = d * float(sc1), n0 = dmin * float(m0), n1 = dmin * float(m1);
 #pragma unroll

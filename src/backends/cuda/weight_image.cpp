@@ -17,6 +17,25 @@ size_t weight_image_bytes(GgmlType type, int64_t rows, int64_t k) {
 
 namespace {
 
+// The K-quant scale stream: d, dmin, then the 8 scales and 8 mins (6 bits each) regrouped so that the
+// four values of 64-element group g are byte g of three words (quant_device.cuh, k_group_scales):
+//   word 1 byte g = sc(2g)   | (m(2g)   >> 4) << 6
+//   word 2 byte g = sc(2g+1) | (m(2g+1) >> 4) << 6
+//   word 3 byte g = (m(2g) & 15) | (m(2g+1) & 15) << 4
+// Same 16 bytes as the GGUF fields; a lane decodes its group with shifts by 8g, no per-group branch.
+void k_scale_stream(uint16_t d, uint16_t dmin, const uint8_t* scales, uint8_t* mo) {
+    std::memcpy(mo, &d, 2);
+    std::memcpy(mo + 2, &dmin, 2);
+    for (int g = 0; g < 4; ++g) {
+        uint8_t sc0, m0, sc1, m1;
+        get_scale_min_k4(2 * g, scales, &sc0, &m0);
+        get_scale_min_k4(2 * g + 1, scales, &sc1, &m1);
+        mo[4 + g] = uint8_t(sc0 | (m0 >> 4) << 6);
+        mo[8 + g] = uint8_t(sc1 | (m1 >> 4) << 6);
+        mo[12 + g] = uint8_t((m0 & 15) | (m1 & 15) << 4);
+    }
+}
+
 // Splits every block into its quant part (q) and scale part (m).
 template <class B, class F>
 void split_blocks(const void* gguf, int64_t n_blocks, uint8_t* q, uint8_t* m, const QuantLayout& L, F&& fn) {
@@ -75,18 +94,14 @@ void make_weight_image(GgmlType type, const void* gguf, int64_t rows, int64_t k,
         case GgmlType::kQ4_K:
             split_blocks<BlockQ4_K>(gguf, n, q, m, L, [](const BlockQ4_K& b, uint8_t* qo, uint8_t* mo) {
                 std::memcpy(qo, b.qs, 128);
-                std::memcpy(mo, &b.d, 2);
-                std::memcpy(mo + 2, &b.dmin, 2);
-                std::memcpy(mo + 4, b.scales, 12);
+                k_scale_stream(b.d, b.dmin, b.scales, mo);
             });
             break;
         case GgmlType::kQ5_K:
             split_blocks<BlockQ5_K>(gguf, n, q, m, L, [](const BlockQ5_K& b, uint8_t* qo, uint8_t* mo) {
                 std::memcpy(qo, b.qs, 128);
                 std::memcpy(qo + 128, b.qh, 32);
-                std::memcpy(mo, &b.d, 2);
-                std::memcpy(mo + 2, &b.dmin, 2);
-                std::memcpy(mo + 4, b.scales, 12);
+                k_scale_stream(b.d, b.dmin, b.scales, mo);
             });
             break;
         case GgmlType::kQ6_K:
