@@ -45,15 +45,24 @@ __device__ __forceinline__ int word(const uint4& v, int i) { return int(i == 0 ?
 // Bits 0..3 of v to bit 0 of bytes 0..3.
 __device__ __forceinline__ int spread4(uint32_t v) { return int(((v & 0xFu) * 0x00204081u) & 0x01010101u); }
 
-// Integer dot of 16 nibble pairs (low -> run a, high -> run b), with optional 5th bits.
+// dp4a with unsigned bytes in a and signed bytes in b.
+__device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// Integer dot of 16 nibble pairs (low -> run a, high -> run b). The high nibbles are dotted in place
+// (bytes & 0xF0, unsigned): 16 times their dot, one shift per item instead of one per word.
 __device__ __forceinline__ void dot_nibbles(const uint4& q, const XQ& x, int& s_lo, int& s_hi) {
     s_lo = 0, s_hi = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const int w = word(q, i);
-        s_lo = __dp4a(w & 0x0F0F0F0F, x.a[i], s_lo);
-        s_hi = __dp4a((w >> 4) & 0x0F0F0F0F, x.b[i], s_hi);
+        const uint32_t w = uint32_t(word(q, i));
+        s_lo = dp4a_us(w & 0x0F0F0F0Fu, x.a[i], s_lo);
+        s_hi = dp4a_us(w & 0xF0F0F0F0u, x.b[i], s_hi);
     }
+    s_hi >>= 4;  // exact: a multiple of 16
 }
 
 // Where load_w reads the weight bytes from: global memory through the read-only path (GEMV
@@ -229,12 +238,16 @@ struct QkTraits {
     }
     __device__ static float dot(const W& w, const XQ& x, int j) {
         int lo = 0, hi = 0;
+        if constexpr (kFive) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            int ql, qh;
-            item_q(w, j, i, ql, qh);
-            lo = __dp4a(ql, x.a[i], lo);
-            hi = __dp4a(qh, x.b[i], hi);
+            for (int i = 0; i < 4; ++i) {
+                int ql, qh;
+                item_q(w, j, i, ql, qh);
+                lo = __dp4a(ql, x.a[i], lo);
+                hi = __dp4a(qh, x.b[i], hi);
+            }
+        } else {
+            dot_nibbles(w.q, x, lo, hi);
         }
         int sc0, m0, sc1, m1;
         k_group_scales(w.meta, j >> 1, sc0, m0, sc1, m1);
