@@ -187,14 +187,19 @@ struct SmemX {
     int* xs;
 };
 
-// The activations of item (ea, eb) from shared memory (sums precomputed per 16).
-__device__ __forceinline__ XQ xq_at(const SmemX& x, int64_t ea, int64_t eb) {
-    XQ r;
-    const uint4 va = *reinterpret_cast<const uint4*>(x.xq + ea), vb = *reinterpret_cast<const uint4*>(x.xq + eb);
-    r.a[0] = int(va.x), r.a[1] = int(va.y), r.a[2] = int(va.z), r.a[3] = int(va.w);
-    r.b[0] = int(vb.x), r.b[1] = int(vb.y), r.b[2] = int(vb.z), r.b[3] = int(vb.w);
+// The activations of item (ea, eb), runs of 4N, from shared memory (sums precomputed per 16).
+template <int N>
+__device__ __forceinline__ XQn<N> xq_at(const SmemX& x, int64_t ea, int64_t eb, int flip) {
+    XQn<N> r;
+    r.sa = 0, r.sb = 0;
+#pragma unroll
+    for (int h = 0; h < N / 4; ++h) {
+        const int o = 16 * (h ^ flip);
+        set_words(r.a + 4 * h, *reinterpret_cast<const uint4*>(x.xq + ea + o));
+        set_words(r.b + 4 * h, *reinterpret_cast<const uint4*>(x.xq + eb + o));
+        r.sa += x.xs[(ea >> 4) + h], r.sb += x.xs[(eb >> 4) + h];
+    }
     r.da = x.xd[ea >> 5], r.db = x.xd[eb >> 5];
-    r.sa = x.xs[ea >> 4], r.sb = x.xs[eb >> 4];
     return r;
 }
 
@@ -244,7 +249,7 @@ __device__ __forceinline__ void dot_q(const uint8_t* q0, const uint8_t* m0, cons
         int ea, eb;
         Tr::runs(j, ea, eb);
         const int64_t base = blk * L.block_elems;
-        const XQ xv = xq_at(x, base + ea, base + eb);
+        const auto xv = xq_at<Tr::kRun / 4>(x, base + ea, base + eb, Tr::flip(blk));
         const auto w0 = Tr::template load_w<PlainLd>(q0, m0, blk, j);
         a0 += Tr::dot(w0, xv, j);
         if (q1) {
@@ -443,13 +448,13 @@ __device__ void embed_phase(const MxProgram& P, const MxPhase& ph) {
             const int64_t blk = i / Tr::kItems;
             const int j = int(i % Tr::kItems);
             const auto w = Tr::template load_w<PlainLd>(q, m, blk, j);
-            float va[16], vb[16];
+            float va[Tr::kRun], vb[Tr::kRun];
             Tr::dequant(w, j, va, vb);
             int ea, eb;
             Tr::runs(j, ea, eb);
             float* o = ph.out + blk * block_elems;
 #pragma unroll
-            for (int e = 0; e < 16; ++e) o[ea + e] = ph.scale * va[e], o[eb + e] = ph.scale * vb[e];
+            for (int e = 0; e < Tr::kRun; ++e) o[ea + e] = ph.scale * va[e], o[eb + e] = ph.scale * vb[e];
         }
     };
     switch (t.type) {

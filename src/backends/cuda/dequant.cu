@@ -30,13 +30,13 @@ __global__ void dequant_q_kernel(const uint8_t* __restrict__ q, const uint8_t* _
     const int64_t blk = it / Tr::kItems;
     const int j = int(it % Tr::kItems);
     const auto w = Tr::load_w(q + gr * nb * L.q_bytes, m + gr * nb * L.m_bytes, blk, j);
-    float va[16], vb[16];
+    float va[Tr::kRun], vb[Tr::kRun];
     Tr::dequant(w, j, va, vb);
     int ea, eb;
     Tr::runs(j, ea, eb);
     O* o = out + t * nb * L.block_elems + blk * L.block_elems;
 #pragma unroll
-    for (int e = 0; e < 16; ++e) {
+    for (int e = 0; e < Tr::kRun; ++e) {
         store(o + ea + e, va[e] * scale);
         store(o + eb + e, vb[e] * scale);
     }

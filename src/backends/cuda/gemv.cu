@@ -300,9 +300,10 @@ __device__ __forceinline__ void stage_rows(uint64_t* bar, uint8_t* const (&dst)[
 // one 32-row group per pass). Shared memory: gate q, up q, gate m, up m (rb rows each).
 // split: each 32-row pass's rows on a barrier of their own (rb = 64), so the first pass is computed
 // while the second one's bytes land.
-template <GgmlType T, bool PRO>
+// kWide: the K-quants in 32-byte items (WideTraits).
+template <GgmlType T, bool PRO, bool kWide>
 __global__ void __launch_bounds__(512, 2) gemv_glu_stage_kernel(const GemvK a, int rb, int n_y, int split) {
-    using Tr = QTraits<T>;
+    using Tr = WideTraits<T, kWide>;
     constexpr QuantLayout L = quant_layout(T);
     constexpr int R = 2;
     extern __shared__ __align__(16) uint8_t smem[];
@@ -348,7 +349,7 @@ __global__ void __launch_bounds__(512, 2) gemv_glu_stage_kernel(const GemvK a, i
                 int ea, eb;
                 Tr::runs(j, ea, eb);
                 const int base = blk * L.block_elems;
-                const XQ x = load_xq<PRO>(xq, xd, base + ea, base + eb);
+                const auto x = load_xq<PRO, Tr::kRun / 4>(xq, xd, base + ea, base + eb, Tr::flip(blk));
 #pragma unroll
                 for (int r = 0; r < 2 * R; ++r) {
                     const int row = rl + (r % R);
@@ -595,6 +596,11 @@ bool stage_aligned(const GemvArgs& a, int64_t qrow, int64_t mrow) {
     return at16(a.w.image, a.w.row0 * qrow) && at16(scale_stream(a.w), a.w.row0 * mrow);
 }
 
+template <GgmlType T, bool PRO, bool kWide>
+void smem_k(size_t bytes) {
+    allow_dynamic_smem<gemv_glu_stage_kernel<T, PRO, kWide>>(bytes);
+}
+
 // SwiGLU pairs: blocks of 32 rows of both matrices (K-quants: 64), else of the other size
 // (CERA_CUDA_GLU_ROWS forces either), at most 160 KB a block, and only where the whole grid is resident at once (a second
 // wave measured slower than the register kernel: Q8_0, -8%). Batches of up to 8 tokens. Every block
@@ -651,7 +657,7 @@ void gemv_multi(const GemvArgs* a, int n, Stream stream) {
     int R = pick_r(L, total_rows, a[0].n_y, a[0].rows_per_warp);
     if (!vec) R = 1;
     if (L.block_elems > 0) {
-        const int items = L.block_elems == 256 ? 8 : 1;  // QTraits<T>::kItems
+        const int items = L.block_elems == 256 ? 8 : 1;  // 16-byte units of a block (K-quant items are 32)
         p.ksplit = pick_ksplit(p.nb * items, ceil_div(total_rows, R) * a[0].n_y);
     }
     const int rows_per_block = 4 / p.ksplit * R;
@@ -711,17 +717,25 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
     if (const StagePlan sp = glu_stage_plan(gate, up); sp.rb > 0) {
         const unsigned blocks = unsigned(gate.rows / sp.rb);
         static const int split = env_int("CERA_CUDA_GLU_SPLIT", 1);
+        // K-quants in 32-byte items (one scale decode per 32 bytes): +1.1-1.5% (lfm2-1.2b / llama-1b
+        // Q4_K). The register kernels keep 16-byte items: wide ones took 126 registers at R = 2, -4.7%.
+        static const int wide_env = env_int("CERA_CUDA_GLU_WIDE", 1);
+        const bool wide = wide_env && quant_layout(gate.w.type).block_elems == 256 && gate.w.type != GgmlType::kQ6_K;
         const size_t smem = sp.smem + prologue_smem(p);
+        auto stage = [&](auto kernel, void (*grant)(size_t)) {
+            grant(smem);
+            launch(kernel, blocks, 512, smem, s, p, sp.rb, int(gate.n_y), split);
+        };
         switch (gate.w.type) {
-#define CERA_Q(T)                                                                                         \
-    case GgmlType::T:                                                                                     \
-        if (p.px) {                                                                                       \
-            allow_dynamic_smem<gemv_glu_stage_kernel<GgmlType::T, true>>(smem);                           \
-            launch(gemv_glu_stage_kernel<GgmlType::T, true>, blocks, 512, smem, s, p, sp.rb, int(gate.n_y), split); \
-        } else {                                                                                          \
-            allow_dynamic_smem<gemv_glu_stage_kernel<GgmlType::T, false>>(smem);                          \
-            launch(gemv_glu_stage_kernel<GgmlType::T, false>, blocks, 512, smem, s, p, sp.rb, int(gate.n_y), split); \
-        }                                                                                                 \
+#define CERA_Q(T)                                                                             \
+    case GgmlType::T:                                                                         \
+        if (p.px) {                                                                           \
+            if (wide) stage(gemv_glu_stage_kernel<GgmlType::T, true, true>, smem_k<GgmlType::T, true, true>);   \
+            else stage(gemv_glu_stage_kernel<GgmlType::T, true, false>, smem_k<GgmlType::T, true, false>);  \
+        } else {                                                                              \
+            if (wide) stage(gemv_glu_stage_kernel<GgmlType::T, false, true>, smem_k<GgmlType::T, false, true>);  \
+            else stage(gemv_glu_stage_kernel<GgmlType::T, false, false>, smem_k<GgmlType::T, false, false>); \
+        }                                                                                     \
         break;
             CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
 #undef CERA_Q

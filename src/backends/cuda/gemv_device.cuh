@@ -228,14 +228,14 @@ __device__ __forceinline__ void dot_rows(const GemvK& a, int yi, bool live, bool
             it[0] = i0, it[1] = ok1 ? i0 + h : i0;
             load_w();
         }
-        XQ x[2];
+        typename Tr::X x[2];
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
             int ea, eb;
             const int j = int(it[u] % Tr::kItems);
             Tr::runs(j, ea, eb);
             const int base = int(it[u] / Tr::kItems) * L.block_elems;
-            x[u] = load_xq<Xs::value>(xq, xd, base + ea, base + eb);
+            x[u] = load_xq<Xs::value, Tr::kRun / 4>(xq, xd, base + ea, base + eb, Tr::flip(it[u] / Tr::kItems));
         }
 #pragma unroll
         for (int r = 0; r < NR; ++r) {

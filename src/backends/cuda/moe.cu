@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(kThreads) moe_gemv_grouped_kernel(const Groupe
             int ea, eb;
             Tr::runs(j, ea, eb);
             const int base = int(blk) * L.block_elems;
-            const XQ x = load_xq(xq, xd, base + ea, base + eb);
+            const auto x = load_xq<false, Tr::kRun / 4>(xq, xd, base + ea, base + eb, Tr::flip(blk));
 #pragma unroll
             for (int r = 0; r < kNR; ++r)
                 acc[r] += Tr::dot(Tr::template load_w<PlainLd>(qrow[r], mrow[r], blk, j), x, j);

@@ -14,30 +14,45 @@ namespace cera::cuda {
 
 constexpr int kOnes = 0x01010101;
 
-// The activations of one quantized item: two runs of 16 int8 with their scales and sums.
-struct XQ {
-    int a[4], b[4];
+// The activations of one quantized item: two runs of 4N int8 (N = 4: 16 elements, the item of most
+// types; N = 8: 32, the Q4_K / Q5_K item) with their scales and sums. A run lies in one 32-group.
+template <int N>
+struct XQn {
+    int a[N], b[N];
     float da, db;
     int sa, sb;  // sum of the run's int8 values
 };
+using XQ = XQn<4>;
+
+__device__ __forceinline__ void set_words(int* dst, const uint4& v) {
+    dst[0] = int(v.x), dst[1] = int(v.y), dst[2] = int(v.z), dst[3] = int(v.w);
+}
 
 // xq_row, xd_row: one row of quantize_q8 output, in global memory (read through the read-only cache)
-// or, with Shared, in shared memory.
-template <bool Shared = false>
-__device__ __forceinline__ XQ load_xq(const int8_t* xq_row, const float* xd_row, int ea, int eb) {
-    XQ x;
-    uint4 va, vb;
+// or, with Shared, in shared memory. N = 8: words 4h.. of a run hold its 16 elements 16 (h ^ flip)..,
+// in the order the item's weight halves were loaded (QkTraits::load_w).
+template <bool Shared = false, int N = 4>
+__device__ __forceinline__ XQn<N> load_xq(const int8_t* xq_row, const float* xd_row, int ea, int eb, int flip = 0) {
+    XQn<N> x;
+#pragma unroll
+    for (int h = 0; h < N / 4; ++h) {
+        const int o = 16 * (h ^ flip);
+        if constexpr (Shared) {
+            set_words(x.a + 4 * h, *reinterpret_cast<const uint4*>(xq_row + ea + o));
+            set_words(x.b + 4 * h, *reinterpret_cast<const uint4*>(xq_row + eb + o));
+        } else {
+            set_words(x.a + 4 * h, ld_cached16(xq_row + ea + o));
+            set_words(x.b + 4 * h, ld_cached16(xq_row + eb + o));
+        }
+    }
     if constexpr (Shared) {
-        va = *reinterpret_cast<const uint4*>(xq_row + ea), vb = *reinterpret_cast<const uint4*>(xq_row + eb);
         x.da = xd_row[ea >> 5], x.db = xd_row[eb >> 5];
     } else {
-        va = ld_cached16(xq_row + ea), vb = ld_cached16(xq_row + eb);
         x.da = __ldg(xd_row + (ea >> 5)), x.db = __ldg(xd_row + (eb >> 5));
     }
-    x.a[0] = int(va.x), x.a[1] = int(va.y), x.a[2] = int(va.z), x.a[3] = int(va.w);
-    x.b[0] = int(vb.x), x.b[1] = int(vb.y), x.b[2] = int(vb.z), x.b[3] = int(vb.w);
-    x.sa = __dp4a(x.a[0], kOnes, __dp4a(x.a[1], kOnes, __dp4a(x.a[2], kOnes, __dp4a(x.a[3], kOnes, 0))));
-    x.sb = __dp4a(x.b[0], kOnes, __dp4a(x.b[1], kOnes, __dp4a(x.b[2], kOnes, __dp4a(x.b[3], kOnes, 0))));
+    x.sa = 0, x.sb = 0;
+#pragma unroll
+    for (int i = 0; i < N; ++i) x.sa = __dp4a(x.a[i], kOnes, x.sa), x.sb = __dp4a(x.b[i], kOnes, x.sb);
     return x;
 }
 
@@ -52,16 +67,20 @@ __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
     return d;
 }
 
-// Integer dot of 16 nibble pairs (low -> run a, high -> run b). The high nibbles are dotted in place
-// (bytes & 0xF0, unsigned): 16 times their dot, one shift per item instead of one per word.
-__device__ __forceinline__ void dot_nibbles(const uint4& q, const XQ& x, int& s_lo, int& s_hi) {
-    s_lo = 0, s_hi = 0;
+// Integer dot of 16 nibble pairs (low -> a[0..3], high -> b[0..3]), accumulated. The high nibbles
+// are dotted in place (bytes & 0xF0, unsigned): s_hi16 gets 16 times their dot, so an item needs one
+// shift instead of one per word.
+__device__ __forceinline__ void dot_nibbles_acc(const uint4& q, const int* a, const int* b, int& s_lo, int& s_hi16) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const uint32_t w = uint32_t(word(q, i));
-        s_lo = dp4a_us(w & 0x0F0F0F0Fu, x.a[i], s_lo);
-        s_hi = dp4a_us(w & 0xF0F0F0F0u, x.b[i], s_hi);
+        s_lo = dp4a_us(w & 0x0F0F0F0Fu, a[i], s_lo);
+        s_hi16 = dp4a_us(w & 0xF0F0F0F0u, b[i], s_hi16);
     }
+}
+__device__ __forceinline__ void dot_nibbles(const uint4& q, const XQ& x, int& s_lo, int& s_hi) {
+    s_lo = 0, s_hi = 0;
+    dot_nibbles_acc(q, x.a, x.b, s_lo, s_hi);
     s_hi >>= 4;  // exact: a multiple of 16
 }
 
@@ -84,7 +103,9 @@ struct QTraits;
 // ---------------------------------------------------------------- 32-element blocks
 template <>
 struct QTraits<GgmlType::kQ4_0> {
-    static constexpr int kItems = 1;
+    static constexpr int kItems = 1, kRun = 16;
+    using X = XQ;
+    __device__ static int flip(int64_t) { return 0; }
     struct W { uint4 q; float d; };
     __device__ static void runs(int, int& ea, int& eb) { ea = 0, eb = 16; }
     template <class Ld = GlobalLd>
@@ -108,7 +129,9 @@ struct QTraits<GgmlType::kQ4_0> {
 
 template <>
 struct QTraits<GgmlType::kQ4_1> {
-    static constexpr int kItems = 1;
+    static constexpr int kItems = 1, kRun = 16;
+    using X = XQ;
+    __device__ static int flip(int64_t) { return 0; }
     struct W { uint4 q; float d, m; };
     __device__ static void runs(int, int& ea, int& eb) { ea = 0, eb = 16; }
     template <class Ld = GlobalLd>
@@ -134,7 +157,9 @@ struct QTraits<GgmlType::kQ4_1> {
 // Q5_0 / Q5_1: the nibbles plus a 5th bit from qh (bit j = element j).
 template <bool kMin>
 struct Q5Traits {
-    static constexpr int kItems = 1;
+    static constexpr int kItems = 1, kRun = 16;
+    using X = XQ;
+    __device__ static int flip(int64_t) { return 0; }
     struct W { uint4 q; uint32_t qh; float d, m; };
     __device__ static void runs(int, int& ea, int& eb) { ea = 0, eb = 16; }
     template <class Ld = GlobalLd>
@@ -172,7 +197,9 @@ struct QTraits<GgmlType::kQ5_1> : Q5Traits<true> {};
 
 template <>
 struct QTraits<GgmlType::kQ8_0> {
-    static constexpr int kItems = 1;
+    static constexpr int kItems = 1, kRun = 16;
+    using X = XQ;
+    __device__ static int flip(int64_t) { return 0; }
     struct W { uint4 q0, q1; float d; };
     __device__ static void runs(int, int& ea, int& eb) { ea = 0, eb = 16; }
     template <class Ld = GlobalLd>
@@ -196,8 +223,12 @@ struct QTraits<GgmlType::kQ8_0> {
 };
 
 // ---------------------------------------------------------------- K-quants (256-element blocks)
-// Q4_K / Q5_K item j (0..7) = 16 bytes of qs: g = j/2 (64-element group), h = j%2 (which 16 of 32).
-// Low nibbles: elements 64g + 16h + i (sub-block 2g); high: 64g + 32 + 16h + i (sub-block 2g+1).
+// Q4_K / Q5_K item j (0..3) = 64-element group j: 32 bytes of qs, byte l (0..31)'s low nibble =
+// element 64j + l (sub-block 2j, run a), high = 64j + 32 + l (sub-block 2j+1, run b); Q5_K's 5th bits
+// are bits 2j / 2j+1 of qh[l]. One scale-stream load and decode per 32 bytes. The image stores a
+// block's qs as halves (weight_image.cpp): bytes 16h + 16*4.. hold l = 16h..16h+15 of groups 0..3, so
+// the lanes of a warp (4 per block) read 64 contiguous bytes of each block per load. Odd blocks load
+// their second half first (flip), so that 8 neighbouring lanes cover distinct shared-memory banks.
 __device__ __forceinline__ int byte_of(uint32_t w, int i) { return int((w >> (8 * i)) & 0xFF); }
 // The scales and mins of 64-element group g (sub-blocks 2g, 2g+1) from the image's scale stream
 // (meta.y, .z, .w: weight_image.cpp k_scale_stream).
@@ -208,66 +239,82 @@ __device__ __forceinline__ void k_group_scales(const uint4& meta, int g, int& sc
     m1 = int(((c >> 4) & 15u) | ((b >> 2) & 48u));
 }
 
-template <bool kFive>
+// kWide = false: 16-byte items j (0..7) = image chunk j, half j / 4 of group j % 4 (runs of 16);
+// true: 32-byte items j (0..3) = group j, both halves (runs of 32; one scale decode per 32 bytes).
+template <bool kFive, bool kWide = false>
 struct QkTraits {
-    static constexpr int kItems = 8;
+    static constexpr int kH = kWide ? 2 : 1;  // 16-byte halves per item
+    static constexpr int kItems = 8 / kH, kRun = 16 * kH;
     static constexpr int kQ = kFive ? 160 : 128;
-    struct W { uint4 q, qh, meta; };
+    using X = XQn<4 * kH>;
+    // q[h], qh[h]: elements l = 16 (h ^ flip).. of the group (the order of load_xq's words).
+    struct W { uint4 q[kH], qh[kH], meta; int flip; };
+    __device__ static int flip(int64_t blk) { return kWide ? int(blk & 1) : 0; }
+    __device__ static int group(int j) { return kWide ? j : j & 3; }
     __device__ static void runs(int j, int& ea, int& eb) {
-        ea = 64 * (j >> 1) + 16 * (j & 1);
+        ea = kWide ? 64 * j : 64 * (j & 3) + 16 * (j >> 2);
         eb = ea + 32;
     }
     template <class Ld = GlobalLd>
     __device__ static W load_w(const uint8_t* q, const uint8_t* m, int64_t blk, int j) {
         W w;
         const uint8_t* b = q + blk * kQ;
-        w.q = Ld::v16(b + 16 * j);
-        if (kFive) w.qh = Ld::v16(b + 128 + 16 * (j & 1));
+        w.flip = flip(blk);
+#pragma unroll
+        for (int h = 0; h < kH; ++h) {
+            const int half = kWide ? h ^ w.flip : j >> 2;
+            w.q[h] = Ld::v16(b + 64 * half + 16 * group(j));
+            if (kFive) w.qh[h] = Ld::v16(b + 128 + 16 * half);
+        }
         w.meta = Ld::v16_cached(m + 16 * blk);
         return w;
     }
+    // Word i (0..4 kH - 1) of the item: 4 low quants and the 4 high ones 32 elements later.
     __device__ static void item_q(const W& w, int j, int i, int& lo, int& hi) {
-        const int v = word(w.q, i);
+        const int v = word(w.q[i >> 2], i & 3);
         lo = v & 0x0F0F0F0F;
         hi = (v >> 4) & 0x0F0F0F0F;
         if (kFive) {
-            const int g = j >> 1, h = word(w.qh, i);
+            const int h = word(w.qh[i >> 2], i & 3), g = group(j);
             lo |= ((h >> (2 * g)) & 0x01010101) << 4;
             hi |= ((h >> (2 * g + 1)) & 0x01010101) << 4;
         }
     }
-    __device__ static float dot(const W& w, const XQ& x, int j) {
+    __device__ static float dot(const W& w, const X& x, int j) {
         int lo = 0, hi = 0;
         if constexpr (kFive) {
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
+            for (int i = 0; i < 4 * kH; ++i) {
                 int ql, qh;
                 item_q(w, j, i, ql, qh);
                 lo = __dp4a(ql, x.a[i], lo);
                 hi = __dp4a(qh, x.b[i], hi);
             }
         } else {
-            dot_nibbles(w.q, x, lo, hi);
+#pragma unroll
+            for (int h = 0; h < kH; ++h) dot_nibbles_acc(w.q[h], x.a + 4 * h, x.b + 4 * h, lo, hi);
+            hi >>= 4;  // exact: a multiple of 16
         }
         int sc0, m0, sc1, m1;
-        k_group_scales(w.meta, j >> 1, sc0, m0, sc1, m1);
+        k_group_scales(w.meta, group(j), sc0, m0, sc1, m1);
         const float d = half_bits_to_float(uint16_t(w.meta.x)), dmin = half_bits_to_float(uint16_t(w.meta.x >> 16));
         return d * (x.da * float(sc0 * lo) + x.db * float(sc1 * hi)) -
                dmin * (x.da * float(m0 * x.sa) + x.db * float(m1 * x.sb));
     }
     __device__ static void dequant(const W& w, int j, float* va, float* vb) {
         int sc0, m0, sc1, m1;
-        k_group_scales(w.meta, j >> 1, sc0, m0, sc1, m1);
+        k_group_scales(w.meta, group(j), sc0, m0, sc1, m1);
         const float d = half_bits_to_float(uint16_t(w.meta.x)), dmin = half_bits_to_float(uint16_t(w.meta.x >> 16));
         const float d0 = d * float(sc0), d1 = d * float(sc1), n0 = dmin * float(m0), n1 = dmin * float(m1);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < 4 * kH; ++i) {
             int ql, qh;
             item_q(w, j, i, ql, qh);
+            const int e = 16 * ((i >> 2) ^ w.flip) + 4 * (i & 3);
 #pragma unroll
             for (int b = 0; b < 4; ++b) {
-                va[4 * i + b] = d0 * float(byte_of(uint32_t(ql), b)) - n0;
-                vb[4 * i + b] = d1 * float(byte_of(uint32_t(qh), b)) - n1;
+                va[e + b] = d0 * float(byte_of(uint32_t(ql), b)) - n0;
+                vb[e + b] = d1 * float(byte_of(uint32_t(qh), b)) - n1;
             }
         }
     }
@@ -276,13 +323,22 @@ template <>
 struct QTraits<GgmlType::kQ4_K> : QkTraits<false> {};
 template <>
 struct QTraits<GgmlType::kQ5_K> : QkTraits<true> {};
+// The traits a kernel takes with wide = true: 32-byte items for Q4_K / Q5_K, else QTraits<T>.
+template <GgmlType T, bool kWide>
+struct WideTraits : QTraits<T> {};
+template <>
+struct WideTraits<GgmlType::kQ4_K, true> : QkTraits<false, true> {};
+template <>
+struct WideTraits<GgmlType::kQ5_K, true> : QkTraits<true, true> {};
 
 // Q6_K: block image = ql[128] qh[64] scales[16], then d in the scale stream. Item j (0..7): half
 // n = j/4 (128 elements), jj = j%4: 16 bytes ql[64n + 16jj], 16 bytes qh[32n + 16(jj%2)].
 // Low nibbles: elements 128n + 16(jj%2) + 32(jj/2) + i with scale 8n + jj; high: +64, scale 8n + jj + 4.
 template <>
 struct QTraits<GgmlType::kQ6_K> {
-    static constexpr int kItems = 8;
+    static constexpr int kItems = 8, kRun = 16;
+    using X = XQ;
+    __device__ static int flip(int64_t) { return 0; }
     struct W { uint4 ql, qh; uint2 sc; float d; };
     __device__ static void runs(int j, int& ea, int& eb) {
         const int jj = j & 3;

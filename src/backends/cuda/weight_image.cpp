@@ -36,6 +36,12 @@ void k_scale_stream(uint16_t d, uint16_t dmin, const uint8_t* scales, uint8_t* m
     }
 }
 
+// The K-quant qs as halves: 16-byte chunk c of the image = bytes 16 (c / 4) .. of group c % 4, i.e.
+// chunk 2 (c % 4) + c / 4 of the GGUF qs (quant_device.cuh QkTraits).
+void k_quants(const uint8_t* qs, uint8_t* qo) {
+    for (int c = 0; c < 8; ++c) std::memcpy(qo + 16 * c, qs + 16 * (2 * (c % 4) + c / 4), 16);
+}
+
 // Splits every block into its quant part (q) and scale part (m).
 template <class B, class F>
 void split_blocks(const void* gguf, int64_t n_blocks, uint8_t* q, uint8_t* m, const QuantLayout& L, F&& fn) {
@@ -93,13 +99,13 @@ void make_weight_image(GgmlType type, const void* gguf, int64_t rows, int64_t k,
             break;
         case GgmlType::kQ4_K:
             split_blocks<BlockQ4_K>(gguf, n, q, m, L, [](const BlockQ4_K& b, uint8_t* qo, uint8_t* mo) {
-                std::memcpy(qo, b.qs, 128);
+                k_quants(b.qs, qo);
                 k_scale_stream(b.d, b.dmin, b.scales, mo);
             });
             break;
         case GgmlType::kQ5_K:
             split_blocks<BlockQ5_K>(gguf, n, q, m, L, [](const BlockQ5_K& b, uint8_t* qo, uint8_t* mo) {
-                std::memcpy(qo, b.qs, 128);
+                k_quants(b.qs, qo);
                 std::memcpy(qo + 128, b.qh, 32);
                 k_scale_stream(b.d, b.dmin, b.scales, mo);
             });
