@@ -544,6 +544,62 @@ TEST_F(CudaBackendTest, ResidualNormFoldMatchesUnfused) {
     }
 }
 
+// The SwiGLU pair after an RMSNorm, as a decode step makes it (the staged kernel with the norm in its
+// prologue), for rows of several blocks (an odd count too): the K-quants' 32-byte items (the default)
+// against their 16-byte items (CERA_CUDA_GLU_WIDE=0), the register kernel and the CPU backend.
+TEST_F(CudaBackendTest, SwiGluPairMatchesCpu) {
+    using G = GgmlType;
+    auto narrow = cuda_backend_with("CERA_CUDA_GLU_WIDE", "0");
+    auto regs = cuda_backend_with("CERA_CUDA_GLU_STAGE", "0");
+    constexpr int kBes = 4;
+    Backend* bes[kBes] = {gpu_.get(), narrow.get(), regs.get(), cpu_.get()};
+    const int64_t rows = 512;
+    for (G type : {G::kQ4_K, G::kQ5_K, G::kQ4_0}) {
+        for (int64_t k : {512, 2304, 2048}) {
+            const auto wg = make_weight(type, randn(size_t(rows * k), rng_, 0.1f), rows, k);
+            const auto wu = make_weight(type, randn(size_t(rows * k), rng_, 0.1f), rows, k);
+            const auto nw = randn(size_t(k), rng_);
+            const auto x0 = randn(size_t(k), rng_);
+            SCOPED_TRACE(std::string(type_name(type)) + " k " + std::to_string(k));
+            struct Bufs {
+                Tensor wg, wu, nw, x, h, g, u;
+            } b[kBes];
+            for (int i = 0; i < kBes; ++i) {
+                Backend& be = *bes[i];
+                const int64_t ne[2] = {k, rows};
+                b[i].wg = be.upload_weight(type, ne, wg.data());
+                b[i].wu = be.upload_weight(type, ne, wu.data());
+                b[i].nw = be.alloc(G::kF32, {k});
+                be.write(b[i].nw, nw.data(), nw.size() * 4);
+                b[i].x = be.alloc(G::kF32, {k});
+                be.write(b[i].x, x0.data(), x0.size() * 4);
+                b[i].h = be.alloc(G::kF32, {k});
+                b[i].g = be.alloc(G::kF32, {rows});
+                b[i].u = be.alloc(G::kF32, {rows});
+                if (be.step_begin(uint64_t(7000 + k + int(type)))) continue;
+                be.rms_norm(b[i].x, b[i].nw, 1e-5f, b[i].h);
+                be.matmul(b[i].wg, b[i].h, Tensor{}, b[i].g);
+                be.matmul(b[i].wu, b[i].h, Tensor{}, b[i].u);
+                be.swiglu(b[i].g, b[i].u, b[i].g);
+                be.step_end();
+            }
+            auto diff = [&](Tensor Bufs::*f, int i, int j) {
+                return max_rel_diff(get(b[i].*f, *bes[i]), get(b[j].*f, *bes[j]));
+            };
+            // The same 8-bit activations and integer dots; only the float sums go in another order.
+            EXPECT_LT(diff(&Bufs::u, 0, 1), 1e-5) << "up, 32-byte vs 16-byte items";
+            EXPECT_LT(diff(&Bufs::g, 0, 1), 1e-5) << "swiglu, 32-byte vs 16-byte items";
+            EXPECT_LT(diff(&Bufs::u, 0, 2), 1e-5) << "up, staged vs register kernel";
+            // The CPU rounds the activations in its own groups (Q8_K for the K-quants); silu(gate) * up
+            // carries both products' differences.
+            EXPECT_LT(diff(&Bufs::u, 0, 3), 2e-2) << "up against the CPU";
+            EXPECT_LT(diff(&Bufs::g, 0, 3), 5e-2) << "swiglu against the CPU";
+            for (int i = 0; i < kBes; ++i)
+                for (Tensor* t : {&b[i].wg, &b[i].wu, &b[i].nw, &b[i].x, &b[i].h, &b[i].g, &b[i].u}) bes[i]->free(*t);
+        }
+    }
+}
+
 // A step recorded as a graph (or decode program) replays with new inputs.
 TEST_F(CudaBackendTest, GraphReplayTracksInputs) {
     const int64_t n = 4096, rows = 1024;
@@ -605,7 +661,7 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
     Backend* bes[kBes] = {gpu_.get(), plain.get(), cpu_.get(), mega.get(), all.get(), fold.get(), every.get(), regs.get()};
     const int64_t n_embd = 256, n_head = 4, n_head_kv = 2, n_ctx = 64, L = 3;
     for (int64_t hd : {64, 128})
-    for (G type : {G::kQ4_0, G::kQ8_0, G::kQ4_K, G::kF16, G::kQ5_1, G::kQ6_K}) {
+    for (G type : {G::kQ4_0, G::kQ8_0, G::kQ4_K, G::kF16, G::kQ5_1, G::kQ6_K, G::kQ5_K}) {
         if (hd == 128 && type != G::kQ4_0 && type != G::kQ4_K) continue;
         const int64_t qw = n_head * hd, kvw = n_head_kv * hd;
         const bool bias = hd == 128;

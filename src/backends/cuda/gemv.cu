@@ -298,16 +298,14 @@ __device__ __forceinline__ void stage_rows(uint64_t* bar, uint8_t* const (&dst)[
 // SwiGLU pair (gemv_glu_kernel's work): a block owns rb = 32 or 64 rows of both matrices; 16 warps,
 // a warp 2 gate + 2 up rows per pass (rb / 32 passes); the same epilogue (act and its 8-bit groups,
 // one 32-row group per pass). Shared memory: gate q, up q, gate m, up m (rb rows each).
-// split: each 32-row pass's rows on a barrier of their own (rb = 64), so the first pass is computed
-// while the second one's bytes land.
 // kWide: the K-quants in 32-byte items (WideTraits).
 template <GgmlType T, bool PRO, bool kWide>
-__global__ void __launch_bounds__(512, 2) gemv_glu_stage_kernel(const GemvK a, int rb, int n_y, int split) {
+__global__ void __launch_bounds__(512, 2) gemv_glu_stage_kernel(const GemvK a, int rb, int n_y) {
     using Tr = WideTraits<T, kWide>;
     constexpr QuantLayout L = quant_layout(T);
     constexpr int R = 2;
     extern __shared__ __align__(16) uint8_t smem[];
-    __shared__ uint64_t bar[2];
+    __shared__ uint64_t bar;
     __shared__ float act_s[64];
     pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -319,21 +317,18 @@ __global__ void __launch_bounds__(512, 2) gemv_glu_stage_kernel(const GemvK a, i
     uint8_t* const uq = gq + rb * qrow;
     uint8_t* const gm = uq + rb * qrow;
     uint8_t* const um = gm + rb * mrow;
-    const int parts = split ? rb / 32 : 1, pr = rb / parts;  // barriers, rows on each
     if (threadIdx.x < 32)
-        for (int b = 0; b < parts; ++b) {
-            const int64_t o = b * pr;
-            stage_rows<4>(&bar[b], {gq + o * qrow, uq + o * qrow, gm + o * mrow, um + o * mrow},
-                          {g.q + (g.row0 + r0 + o) * qrow, u.q + (u.row0 + r0 + o) * qrow,
-                           g.m + (g.row0 + r0 + o) * mrow, u.m + (u.row0 + r0 + o) * mrow},
-                          {pr * qrow, pr * qrow, pr * mrow, pr * mrow});
-        }
+        stage_rows<4>(&bar, {gq, uq, gm, um},
+                      {g.q + (g.row0 + r0) * qrow, u.q + (u.row0 + r0) * qrow, g.m + (g.row0 + r0) * mrow,
+                       u.m + (u.row0 + r0) * mrow},
+                      {rb * qrow, rb * qrow, rb * mrow, rb * mrow});
     // The prologue's row after the staged rows (one token).
     uint8_t* const xs = PRO ? um + rb * mrow : nullptr;
     if constexpr (PRO) norm_prologue_pre(a, xs);
     __syncthreads();
     pdl_wait();
     if constexpr (PRO) norm_prologue(a, xs);
+    mbar_wait(&bar, 0);
     const int n_items = int(a.nb) * Tr::kItems;
     for (int t = 0; t < n_y; ++t) {
         const uint8_t* xrow = PRO ? xs : a.xq + int64_t(t / a.x_div) * a.ldxq;
@@ -341,7 +336,6 @@ __global__ void __launch_bounds__(512, 2) gemv_glu_stage_kernel(const GemvK a, i
         const float* xd = reinterpret_cast<const float*>(xrow + a.k);
         for (int pass = 0; pass < rb / 32; ++pass) {
             const int rl = pass * 32 + warp * R;
-            mbar_wait(&bar[pass * 32 / pr], 0);  // returns at once once that phase has completed
             float acc[2 * R] = {};
 #pragma unroll 2
             for (int i = lane; i < n_items; i += 32) {
@@ -596,9 +590,17 @@ bool stage_aligned(const GemvArgs& a, int64_t qrow, int64_t mrow) {
     return at16(a.w.image, a.w.row0 * qrow) && at16(scale_stream(a.w), a.w.row0 * mrow);
 }
 
-template <GgmlType T, bool PRO, bool kWide>
-void smem_k(size_t bytes) {
-    allow_dynamic_smem<gemv_glu_stage_kernel<T, PRO, kWide>>(bytes);
+template <GgmlType T, bool PRO>
+void launch_glu_stage(bool wide, unsigned blocks, size_t smem, cudaStream_t s, const GemvK& p, int rb, int n_y) {
+    if constexpr (T == GgmlType::kQ4_K || T == GgmlType::kQ5_K) {
+        if (wide) {
+            allow_dynamic_smem<gemv_glu_stage_kernel<T, PRO, true>>(smem);
+            launch(gemv_glu_stage_kernel<T, PRO, true>, blocks, 512, smem, s, p, rb, n_y);
+            return;
+        }
+    }
+    allow_dynamic_smem<gemv_glu_stage_kernel<T, PRO, false>>(smem);
+    launch(gemv_glu_stage_kernel<T, PRO, false>, blocks, 512, smem, s, p, rb, n_y);
 }
 
 // SwiGLU pairs: blocks of 32 rows of both matrices (K-quants: 64), else of the other size
@@ -716,26 +718,15 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
     cudaStream_t s = as_stream(stream);
     if (const StagePlan sp = glu_stage_plan(gate, up); sp.rb > 0) {
         const unsigned blocks = unsigned(gate.rows / sp.rb);
-        static const int split = env_int("CERA_CUDA_GLU_SPLIT", 1);
         // K-quants in 32-byte items (one scale decode per 32 bytes): +1.1-1.5% (lfm2-1.2b / llama-1b
         // Q4_K). The register kernels keep 16-byte items: wide ones took 126 registers at R = 2, -4.7%.
-        static const int wide_env = env_int("CERA_CUDA_GLU_WIDE", 1);
-        const bool wide = wide_env && quant_layout(gate.w.type).block_elems == 256 && gate.w.type != GgmlType::kQ6_K;
+        static const bool wide = env_int("CERA_CUDA_GLU_WIDE", 1) != 0;
         const size_t smem = sp.smem + prologue_smem(p);
-        auto stage = [&](auto kernel, void (*grant)(size_t)) {
-            grant(smem);
-            launch(kernel, blocks, 512, smem, s, p, sp.rb, int(gate.n_y), split);
-        };
         switch (gate.w.type) {
-#define CERA_Q(T)                                                                             \
-    case GgmlType::T:                                                                         \
-        if (p.px) {                                                                           \
-            if (wide) stage(gemv_glu_stage_kernel<GgmlType::T, true, true>, smem_k<GgmlType::T, true, true>);   \
-            else stage(gemv_glu_stage_kernel<GgmlType::T, true, false>, smem_k<GgmlType::T, true, false>);  \
-        } else {                                                                              \
-            if (wide) stage(gemv_glu_stage_kernel<GgmlType::T, false, true>, smem_k<GgmlType::T, false, true>);  \
-            else stage(gemv_glu_stage_kernel<GgmlType::T, false, false>, smem_k<GgmlType::T, false, false>); \
-        }                                                                                     \
+#define CERA_Q(T)                                                                                  \
+    case GgmlType::T:                                                                              \
+        if (p.px) launch_glu_stage<GgmlType::T, true>(wide, blocks, smem, s, p, sp.rb, int(gate.n_y)); \
+        else launch_glu_stage<GgmlType::T, false>(wide, blocks, smem, s, p, sp.rb, int(gate.n_y));     \
         break;
             CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
 #undef CERA_Q
