@@ -24,10 +24,10 @@ namespace cera::cuda {
 namespace {
 
 constexpr int kThreads = 1024;
-constexpr int kSortMax = 1024;  // m <= kSortMax (kTopLogitsMax)
 constexpr int kUnroll = 4;
 constexpr int kSamples = kThreads;  // one sample a thread
 constexpr int kCand = 4096;         // fast path: candidates sorted at most
+static_assert(kTopLogitsMax <= kCand, "the radix path keeps up to kTopLogitsMax entries in the candidate array");
 
 __device__ __forceinline__ uint32_t logit_key(float v) {
     if (!(v > -INFINITY)) return 0u;  // NaN and -inf
@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(kThreads) top_logits_kernel(const float* __res
                                                              int32_t* __restrict__ out) {
     pdl_trigger();
     pdl_wait();  // the logits come from the kernel before
-    __shared__ unsigned long long cand[kCand];  // fast path: the candidates; radix path: the kept (<= kSortMax)
+    __shared__ unsigned long long cand[kCand];  // fast path: the candidates; radix path: the kept (<= kTopLogitsMax)
     __shared__ uint32_t samp[kSamples];
     __shared__ unsigned hist[256], red[32];
     __shared__ unsigned s_bin, s_need, s_count, s_all, s_taken;
