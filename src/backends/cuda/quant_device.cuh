@@ -1,11 +1,13 @@
 // Device-side decoding of the weight images described in kernels.h, one traits struct per type.
 //
 // The unit of work is an *item*: one lane's share of a block, 16 or 32 bytes of quants. A quantized
-// item covers 32 elements as two runs of 16 (block-relative element offsets ea, eb): the low and
-// high nibbles of 16 bytes, or 32 plain bytes for Q8_0. For each item a traits struct gives
+// item covers two runs of kRun elements (block-relative element offsets ea, eb): kRun = 16 for the
+// low and high nibbles of 16 bytes or 32 plain bytes of Q8_0, 32 for the wide K-quant items (32
+// bytes of nibbles, WideTraits). For each item a traits struct gives
 //   load_w(q_row, m_row, blk, j)  the weight bytes of item j of block blk (16-byte loads),
-//   dot(w, x, j)                  the item's dot product with the 8-bit activations,
-//   dequant(w, j, va, vb)         the item's 32 values (for embeddings and the prefill GEMM).
+//   flip(blk)                     the order of the item's halves (load_xq must load x the same way),
+//   dot(w, x, j)                  the item's dot product with the 8-bit activations (X = XQn),
+//   dequant(w, j, va, vb)         the item's 2 kRun values (for embeddings and the prefill GEMM).
 // Float weights use 8-element items dotted with f32 activations.
 #pragma once
 #include "backends/cuda/common.cuh"
