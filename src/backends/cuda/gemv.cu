@@ -718,7 +718,7 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
     cudaStream_t s = as_stream(stream);
     if (const StagePlan sp = glu_stage_plan(gate, up); sp.rb > 0) {
         const unsigned blocks = unsigned(gate.rows / sp.rb);
-        // K-quants in 32-byte items (one scale decode per 32 bytes): +1.1-1.5% (lfm2-1.2b / llama-1b
+        // K-quants in 32-byte items (one scale decode per 32 bytes): +1.1-2.3% (lfm2-1.2b / llama-1b
         // Q4_K). The register kernels keep 16-byte items: wide ones took 126 registers at R = 2, -4.7%.
         static const bool wide = env_int("CERA_CUDA_GLU_WIDE", 1) != 0;
         const size_t smem = sp.smem + prologue_smem(p);
