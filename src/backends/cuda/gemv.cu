@@ -659,7 +659,7 @@ void gemv_multi(const GemvArgs* a, int n, Stream stream) {
     int R = pick_r(L, total_rows, a[0].n_y, a[0].rows_per_warp);
     if (!vec) R = 1;
     if (L.block_elems > 0) {
-        const int items = L.block_elems == 256 ? 8 : 1;  // 16-byte units of a block (K-quant items are 32)
+        const int items = L.block_elems == 256 ? 8 : 1;  // QTraits<T>::kItems
         p.ksplit = pick_ksplit(p.nb * items, ceil_div(total_rows, R) * a[0].n_y);
     }
     const int rows_per_block = 4 / p.ksplit * R;

@@ -225,12 +225,12 @@ struct QTraits<GgmlType::kQ8_0> {
 };
 
 // ---------------------------------------------------------------- K-quants (256-element blocks)
-// Q4_K / Q5_K item j (0..3) = 64-element group j: 32 bytes of qs, byte l (0..31)'s low nibble =
-// element 64j + l (sub-block 2j, run a), high = 64j + 32 + l (sub-block 2j+1, run b); Q5_K's 5th bits
-// are bits 2j / 2j+1 of qh[l]. One scale-stream load and decode per 32 bytes. The image stores a
-// block's qs as halves (weight_image.cpp): bytes 16h + 16*4.. hold l = 16h..16h+15 of groups 0..3, so
-// the lanes of a warp (4 per block) read 64 contiguous bytes of each block per load. Odd blocks load
-// their second half first (flip), so that 8 neighbouring lanes cover distinct shared-memory banks.
+// Q4_K / Q5_K: 64-element group g = 32 bytes of qs, byte l (0..31)'s low nibble = element 64g + l
+// (sub-block 2g, run a), high = 64g + 32 + l (sub-block 2g+1, run b); Q5_K's 5th bits are bits 2g /
+// 2g+1 of qh[l]. The image stores a block's qs as halves (weight_image.cpp): bytes 64h + 16g.. hold
+// l = 16h..16h+15 of group g, so 16-byte items are lane-contiguous, and the lanes of a warp taking
+// 32-byte items (4 per block) read 64 contiguous bytes of each block per load. Odd blocks load their
+// second half first (flip), so that 8 neighbouring lanes cover distinct shared-memory banks.
 __device__ __forceinline__ int byte_of(uint32_t w, int i) { return int((w >> (8 * i)) & 0xFF); }
 // The scales and mins of 64-element group g (sub-blocks 2g, 2g+1) from the image's scale stream
 // (meta.y, .z, .w: weight_image.cpp k_scale_stream).
