@@ -11,7 +11,9 @@ For each launch of the step, in order: the kernel, its blocks, `chain` = mean ti
 release (the first block's) to the next launch's (its share of the step), `ahead` = how long its
 first block had been resident before the release, `late` = how long after the release its last
 block started waiting (blocks that were not resident in time), `lastin` = how long before the release the
-last block started (negative: after it), `run` = from the release to the last block's end (thread 0)."""
+last block started (negative: after it), `run` = from the release to the last block's end (thread 0),
+`arrive` = when the last block's thread 0 reached its first wait, from the release (negative: before it;
+near zero or positive: the release waited for the block, not for the kernel before)."""
 import glob, os, re, sys
 import numpy as np
 
@@ -36,7 +38,7 @@ def main():
     path = sys.argv[1]
     skip = int(sys.argv[sys.argv.index("--skip-steps") + 1]) if "--skip-steps" in sys.argv else 8
     nsteps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 64
-    dt = np.dtype([("t0", "<u8"), ("t1", "<u8"), ("t2", "<u8"), ("file", "<u4"), ("line_sm", "<u4"), ("block", "<u4"), ("grid", "<u4")])
+    dt = np.dtype([("t0", "<u8"), ("t1", "<u8"), ("t2", "<u8"), ("ta", "<u8"), ("file", "<u4"), ("line_sm", "<u4"), ("block", "<u4"), ("grid", "<u4")])
     r = np.fromfile(path, dtype=dt)[1:]
     r = r[r["t0"] > 0]
     names = kernel_names(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -59,8 +61,10 @@ def main():
             t1v = t1[t1 > 0]
             if len(t1v) == 0: continue
             t2 = r["t2"][idx].astype(np.int64)
+            ta = r["ta"][idx].astype(np.int64)
+            tav = ta[ta > 0]
             rows.append((int(t1v.min()), int(r["t0"][idx].min()), int(t1v.max()), len(idx), key,
-                         int(r["t0"][idx].max()), int(t2.max()), idx))
+                         int(r["t0"][idx].max()), int(t2.max()), idx, int(tav.max()) if len(tav) else 0))
     rows.sort()
     name = lambda key: names.get((key[0], key[1]), "?%d" % key[1])
     ends = [i for i, x in enumerate(rows) if "argmax" in name(x[4])]
@@ -72,24 +76,25 @@ def main():
     steps = [s for s in steps if s[1] - s[0] == mode][skip:skip + nsteps]
     print("%d steps of %d launches (modal), %d used" % (len(lens), mode, len(steps)))
     chain = np.zeros(mode); ahead = np.zeros(mode); late = np.zeros(mode); total = 0.0
-    start_last = np.zeros(mode); run = np.zeros(mode)
+    start_last = np.zeros(mode); run = np.zeros(mode); arrive = np.zeros(mode)
     for a, b in steps:
         nxt = rows[b][0] if b < len(rows) else None
         for k in range(mode):
-            t1, t0, t1max, n, key, t0max, t2max, _ = rows[a + k]
+            t1, t0, t1max, n, key, t0max, t2max, _, tamax = rows[a + k]
             t1n = rows[a + k + 1][0] if a + k + 1 < len(rows) else t1
             chain[k] += (t1n - t1); ahead[k] += (t1 - t0); late[k] += (t1max - t1)
-            start_last[k] += (t1 - t0max); run[k] += (t2max - t1)
+            start_last[k] += (t1 - t0max); run[k] += (t2max - t1); arrive[k] += (tamax - t1) if tamax else 0
         total += rows[b - 1 + 1][0] - rows[a][0] if b < len(rows) else 0
     n = len(steps)
     print("step (release to release): %.1f us" % (total / n / 1e3))
-    print("%-4s %-28s %7s %7s %7s %7s %7s %7s" % ("#", "kernel", "blocks", "chain", "ahead", "lastin", "late", "run"))
+    print("%-4s %-28s %7s %7s %7s %7s %7s %7s %7s" % ("#", "kernel", "blocks", "chain", "ahead", "lastin", "late", "run",
+                                                  "arrive"))
     by = {}
     for k in range(mode):
         key = rows[steps[0][0] + k][4]
         nm = name(key)
-        print("%-4d %-28s %7d %7.2f %7.2f %7.2f %7.2f %7.2f" % (k, nm[:28], key[2], chain[k] / n / 1e3, ahead[k] / n / 1e3,
-              start_last[k] / n / 1e3, late[k] / n / 1e3, run[k] / n / 1e3))
+        print("%-4d %-28s %7d %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f" % (k, nm[:28], key[2], chain[k] / n / 1e3,
+              ahead[k] / n / 1e3, start_last[k] / n / 1e3, late[k] / n / 1e3, run[k] / n / 1e3, arrive[k] / n / 1e3))
         s = by.setdefault(nm + "/%d" % key[2], [0, 0.0]); s[0] += 1; s[1] += chain[k] / n / 1e3
     if "--blocks" in sys.argv:
         k = int(sys.argv[sys.argv.index("--blocks") + 1])
@@ -97,11 +102,12 @@ def main():
         for a, b in steps:
             rel = rows[a + k][0]
             for i in rows[a + k][7]:
-                e = acc.setdefault(int(r["block"][i]), np.zeros(4))
-                e += (int(r["t0"][i]) - rel, int(r["t1"][i]) - rel, int(r["t2"][i]) - rel, 1)
-        print("\nlaunch %d, per block (us from its release): block start wait end" % k)
-        for blk, e in sorted(acc.items(), key=lambda x: x[1][2] / x[1][3]):
-            print("  %5d %7.2f %7.2f %7.2f" % (blk, e[0] / e[3] / 1e3, e[1] / e[3] / 1e3, e[2] / e[3] / 1e3))
+                e = acc.setdefault(int(r["block"][i]), np.zeros(5))
+                e += (int(r["t0"][i]) - rel, int(r["ta"][i]) - rel, int(r["t1"][i]) - rel, int(r["t2"][i]) - rel, 1)
+        print("\nlaunch %d, per block (us from its release): block start arrive wait end" % k)
+        for blk, e in sorted(acc.items(), key=lambda x: x[1][3] / x[1][4]):
+            print("  %5d %7.2f %7.2f %7.2f %7.2f" % (blk, e[0] / e[4] / 1e3, e[1] / e[4] / 1e3, e[2] / e[4] / 1e3,
+                                                 e[3] / e[4] / 1e3))
     print("\nby kernel (launches, total chain us):")
     for nm, (c, t) in sorted(by.items(), key=lambda x: -x[1][1]):
         print("  %-40s %4d %8.1f  (%.2f each)" % (nm, c, t, t / c))

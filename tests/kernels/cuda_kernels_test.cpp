@@ -44,7 +44,12 @@ TEST_F(CudaBackendTest, MatmulMatchesReference) {
         cases.push_back({t, 4096, 512, 8});  // 8 tokens
     }
     cases.push_back({G::kQ4_0, 2050, 8192, 1});  // split-K with 4 rows per warp, a partial last block
-    cases.push_back({G::kQ4_K, 2050, 8192, 1});
+    cases.push_back({G::kQ4_K, 2050, 8192, 1});  // 2 rows a warp, split-K by 2: 4 items a lane in flight
+    cases.push_back({G::kQ4_K, 2050, 6144, 1});  // 3 items a lane (the 4th slot idle)
+    cases.push_back({G::kQ5_K, 2050, 8192, 1});
+    cases.push_back({G::kQ6_K, 2050, 8192, 1});
+    cases.push_back({G::kQ4_0, 1500, 12288, 1});  // 2 rows a warp, split-K by 4: 3 items a lane
+    cases.push_back({G::kQ8_0, 600, 16384, 1});   // 4 items a lane
     for (G t : {G::kQ4_K, G::kQ5_K, G::kQ6_K, G::kQ2_K}) {
         cases.push_back({t, 1, 256, 1});
         cases.push_back({t, 41, 768, 2});

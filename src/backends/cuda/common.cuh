@@ -40,7 +40,7 @@ __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;"
 // hash, line) and the block's index, so a replayed step's critical path can be read off: a kernel's
 // share is the time from its wait's release to the next kernel's.
 struct TraceRec {
-    unsigned long long t0, t1, t2;  // block start, PDL wait released, thread 0 done
+    unsigned long long t0, t1, t2, ta;  // block start, PDL wait released, thread 0 done, thread 0 at the wait
     uint32_t file, line_sm, block, grid;
 };
 constexpr uint32_t trace_hash(const char* s) {
@@ -75,7 +75,7 @@ __device__ __forceinline__ void trace_trigger(uint32_t file, uint32_t line) {
             r = buf + i;
             unsigned sm;
             asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-            r->t0 = t0, r->t1 = 0, r->t2 = 0, r->file = file, r->line_sm = line | (sm << 16);
+            r->t0 = t0, r->t1 = 0, r->t2 = 0, r->ta = 0, r->file = file, r->line_sm = line | (sm << 16);
             r->block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
             r->grid = gridDim.x * gridDim.y * gridDim.z;
         }
@@ -91,9 +91,13 @@ struct TraceScope {
     }
 };
 __device__ __forceinline__ void trace_wait() {
+    const unsigned long long ta = trace_now();
     asm volatile("griddepcontrol.wait;" ::: "memory");
     if (threadIdx.x + threadIdx.y + threadIdx.z != 0) return;
-    if (TraceRec* r = *trace_slot()) r->t1 = trace_now();
+    if (TraceRec* r = *trace_slot()) {
+        r->t1 = trace_now();
+        if (!r->ta) r->ta = ta;  // the first wait's arrival (a block may wait again)
+    }
 }
 }  // namespace
 #define pdl_trigger()                    \
