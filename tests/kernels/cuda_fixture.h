@@ -73,6 +73,13 @@ inline std::unique_ptr<Backend> cuda_backend_with(const char* var, const char* v
     return be;
 }
 
+// An f32 buffer of `be`, filled with *v when v is given.
+inline Tensor f32_on(Backend& be, std::initializer_list<int64_t> ne, const std::vector<float>* v = nullptr) {
+    Tensor t = be.alloc(GgmlType::kF32, ne);
+    if (v) be.write(t, v->data(), v->size() * 4);
+    return t;
+}
+
 // max |a - ref| over max(|ref|, 1e-3); infinite when a has a value that is not finite.
 inline double max_rel_diff(const std::vector<float>& a, const std::vector<float>& ref) {
     double err = 0, mag = 1e-3;

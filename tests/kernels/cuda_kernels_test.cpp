@@ -508,14 +508,9 @@ TEST_F(CudaBackendTest, ResidualNormFoldMatchesUnfused) {
                         const int64_t ne_a[2] = {k, n}, ne_b[2] = {n, m};
                         b[i].wa = be.upload_weight(type, ne_a, wa.data());
                         b[i].wb = be.upload_weight(type, ne_b, wb.data());
-                        b[i].nw = be.alloc(G::kF32, {n});
-                        be.write(b[i].nw, nw.data(), nw.size() * 4);
-                        b[i].a = be.alloc(G::kF32, {k, nt});
-                        b[i].x = be.alloc(G::kF32, {n, nt});
-                        be.write(b[i].x, x0.data(), x0.size() * 4);
-                        b[i].y = be.alloc(G::kF32, {n, nt});
-                        b[i].h = be.alloc(G::kF32, {n, nt});
-                        b[i].z = be.alloc(G::kF32, {m, nt});
+                        b[i].nw = f32_on(be, {n}, &nw), b[i].a = f32_on(be, {k, nt});
+                        b[i].x = f32_on(be, {n, nt}, &x0), b[i].y = f32_on(be, {n, nt});
+                        b[i].h = f32_on(be, {n, nt}), b[i].z = f32_on(be, {m, nt});
                     }
                     for (int rep = 0; rep < 3; ++rep) {
                         const auto av = randn(size_t(k * nt), rng_);
@@ -574,13 +569,8 @@ TEST_F(CudaBackendTest, SwiGluPairMatchesCpu) {
                 const int64_t ne[2] = {k, rows};
                 b[i].wg = be.upload_weight(type, ne, wg.data());
                 b[i].wu = be.upload_weight(type, ne, wu.data());
-                b[i].nw = be.alloc(G::kF32, {k});
-                be.write(b[i].nw, nw.data(), nw.size() * 4);
-                b[i].x = be.alloc(G::kF32, {k});
-                be.write(b[i].x, x0.data(), x0.size() * 4);
-                b[i].h = be.alloc(G::kF32, {k});
-                b[i].g = be.alloc(G::kF32, {rows});
-                b[i].u = be.alloc(G::kF32, {rows});
+                b[i].nw = f32_on(be, {k}, &nw), b[i].x = f32_on(be, {k}, &x0), b[i].h = f32_on(be, {k});
+                b[i].g = f32_on(be, {rows}), b[i].u = f32_on(be, {rows});
                 if (be.step_begin(uint64_t(7000 + k + int(type)))) continue;
                 be.rms_norm(b[i].x, b[i].nw, 1e-5f, b[i].h);
                 be.matmul(b[i].wg, b[i].h, Tensor{}, b[i].g);
@@ -709,9 +699,7 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
                     t.w[m] = be.upload_weight(type, ne, mats[m].bytes.data());
                 }
                 auto f32 = [&](std::initializer_list<int64_t> ne, const std::vector<float>* v) {
-                    Tensor x = be.alloc(G::kF32, ne);
-                    if (v) be.write(x, v->data(), v->size() * 4);
-                    return x;
+                    return f32_on(be, ne, v);
                 };
                 t.na = f32({n_embd}, &norm_a), t.nf = f32({n_embd}, &norm_f), t.qn = f32({hd}, &qn), t.kn = f32({hd}, &kn);
                 t.cw = f32({L, n_embd}, &conv_w), t.x = f32({n_embd, nt}, &x0);
