@@ -653,7 +653,8 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
     // An eighth keeps every SwiGLU pair on the register kernel (the staged one takes every pair here).
     auto regs = cuda_backend_with("CERA_CUDA_GLU_STAGE", "0");
     constexpr int kBes = 8;
-    Backend* bes[kBes] = {gpu_.get(), plain.get(), cpu_.get(), mega.get(), all.get(), fold.get(), every.get(), regs.get()};
+    Backend* bes[kBes] = {gpu_.get(), plain.get(), cpu_.get(), mega.get(),
+                          all.get(), fold.get(), every.get(), regs.get()};
     const int64_t n_embd = 256, n_head = 4, n_head_kv = 2, n_ctx = 64, L = 3;
     for (int64_t hd : {64, 128})
     for (G type : {G::kQ4_0, G::kQ8_0, G::kQ4_K, G::kF16, G::kQ5_1, G::kQ6_K, G::kQ5_K}) {

@@ -604,10 +604,11 @@ void launch_glu_stage(bool wide, unsigned blocks, size_t smem, cudaStream_t s, c
 }
 
 // SwiGLU pairs: blocks of 32 rows of both matrices (K-quants: 64), else of the other size
-// (CERA_CUDA_GLU_ROWS forces either), at most 160 KB a block, and only where the whole grid is resident at once (a second
-// wave measured slower than the register kernel: Q8_0, -8%). Batches of up to 8 tokens. Every block
-// type that fits: at 64 registers a thread a staged block leaves room on its SM for blocks of the
-// launches before and after it, where the register kernel's 512 threads at 124 take the whole SM.
+// (CERA_CUDA_GLU_ROWS forces either), at most 160 KB a block, and only where the whole grid is
+// resident at once (a second wave measured slower than the register kernel: Q8_0, -8%). Batches of
+// up to 8 tokens. Every block type that fits: at 64 registers a thread a staged block leaves room on
+// its SM for blocks of the launches before and after it, where the register kernel's 512 threads at
+// 124 take the whole SM.
 // With the RMSNorm prologue the staged Q4_0 pair gained 8-10% (lfm2-1.2b, llama-1b, 32 rows; without
 // the prologue +2.5-4.5%, and before the prologue existed -1.5%; bench/NOTES.md). Q8_0 rows do not
 // fit one wave (139 KB a 32-row block) and keep the register kernel. CERA_CUDA_GLU_STAGE=0: never;

@@ -8,8 +8,8 @@
 //   [rows * nb blocks of q_bytes]   the quants (and, for Q6_K, the sub-scales), 16-byte multiples
 //   [rows * nb blocks of m_bytes]   the per-block scales (fp16 d, min, packed K scales, Q5 high bits)
 // with nb = k / block_elems blocks per row. Q4_K / Q5_K blocks are rearranged (weight_image.cpp): the
-// qs as two halves, the 6-bit scales and mins regrouped per 64-element group. A row slice or an expert of a stacked MoE tensor is
-// addressed by its first row (WeightRef::row0).
+// qs as two halves, the 6-bit scales and mins regrouped per 64-element group. A row slice or an
+// expert of a stacked MoE tensor is addressed by its first row (WeightRef::row0).
 #pragma once
 #include <cstddef>
 #include <cstdint>
