@@ -3,7 +3,7 @@
 //
 //   gemv_qkv_rope_store: the q, k and v products with the per-head RMSNorm + RoPE and the KV-cache
 //     store (norm_rope.cu's qkv_rope_store). A block owns one head vector of one token: head_dim
-//     rows of one of the three matrices, 16 warps of 4 rows (K-quants: 2, for registers) in passes.
+//     rows of one of the three matrices, 16 warps of 4 rows (Q5_K / Q6_K: 2, for registers) in passes.
 //     The row totals go to shared memory; warp 0 then normalizes and rotates the head there (its
 //     rotations looked up before the PDL wait), writes it out and appends k / v to the cache.
 //   gemv_conv: the LFM2 in_proj and short conv of one token (elementwise.cu's short_conv). A block
@@ -29,13 +29,13 @@ namespace cera::cuda {
 namespace {
 
 // grid (n_head + 2 n_head_kv, n_tokens): block hh is q head hh, then the k heads, then the v heads.
-template <GgmlType T, class C, bool PRO>
+// R rows a warp (rows_qkv).
+template <GgmlType T, class C, bool PRO, int R>
 __global__ void __launch_bounds__(512) gemv_qkv_rope_kernel(const GemvK a, const QkvRopeArgs r) {
     constexpr QuantLayout L = quant_layout(T);
-    constexpr int R = L.block_elems == 256 ? 2 : 4;  // K-quants: 2 rows a warp (registers)
-    constexpr int kPass = 16 * R;
     pdl_trigger();
     __shared__ float ys[256];
+    constexpr int kPass = 16 * R;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int hh = blockIdx.x, yi = blockIdx.y, hd = r.head_dim;
     const int s = hh < r.n_head ? 0 : hh < r.n_head + r.n_head_kv ? 1 : 2;
@@ -163,6 +163,12 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512) gemv_conv_kerne
     cl.sync();  // the partner has read amax_s before this block leaves
 }
 
+// Rows a warp in the q/k/v launch: 4, but 2 for Q5_K / Q6_K, whose 4-row kernels spill. Q4_K at 4
+// rows (128 registers) measured +0.5% (lfm2-1.2b) and +2.6% (llama-1b) against 2 (91 registers):
+// its 512-thread blocks no longer fit beside the down product's, so they are not resident, waiting,
+// while it runs (bench/NOTES.md, twelfth session).
+constexpr int rows_qkv(GgmlType t) { return t == GgmlType::kQ5_K || t == GgmlType::kQ6_K ? 2 : 4; }
+
 }  // namespace
 
 bool gemv_qkv_rope_supported(const GemvArgs (&qkv)[3], const QkvRopeArgs& r) {
@@ -194,13 +200,15 @@ void gemv_qkv_rope_store(const GemvArgs (&qkv)[3], const QkvRopeArgs& r, Stream 
     const size_t smem = prologue_smem(p);
     cudaStream_t s = as_stream(stream);
     switch (qkv[0].w.type) {
-#define CERA_Q(T)                                                                                 \
-    case GgmlType::T:                                                                             \
-        if (r.f16 && smem) launch(gemv_qkv_rope_kernel<GgmlType::T, __half, true>, grid, 512, smem, s, p, r); \
-        else if (r.f16) launch(gemv_qkv_rope_kernel<GgmlType::T, __half, false>, grid, 512, 0, s, p, r); \
-        else if (smem) launch(gemv_qkv_rope_kernel<GgmlType::T, float, true>, grid, 512, smem, s, p, r); \
-        else launch(gemv_qkv_rope_kernel<GgmlType::T, float, false>, grid, 512, 0, s, p, r);     \
-        break;
+#define CERA_Q(T)                                                                                      \
+    case GgmlType::T: {                                                                                \
+        constexpr int R = rows_qkv(GgmlType::T);                                                       \
+        if (r.f16 && smem) launch(gemv_qkv_rope_kernel<GgmlType::T, __half, true, R>, grid, 512, smem, s, p, r); \
+        else if (r.f16) launch(gemv_qkv_rope_kernel<GgmlType::T, __half, false, R>, grid, 512, 0, s, p, r); \
+        else if (smem) launch(gemv_qkv_rope_kernel<GgmlType::T, float, true, R>, grid, 512, smem, s, p, r); \
+        else launch(gemv_qkv_rope_kernel<GgmlType::T, float, false, R>, grid, 512, 0, s, p, r);        \
+        break;                                                                                         \
+    }
         CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
 #undef CERA_Q
         default: CERA_CHECK(false, "gemv_qkv_rope_store: unsupported weight type %s", type_name(qkv[0].w.type));
