@@ -22,9 +22,28 @@
 namespace cera::cuda {
 namespace {
 
+// q rows in shared memory are HD + 4 floats apart, so the lanes of a pass, which read the same 16 bytes
+// of G different heads, hit distinct banks (HD floats apart they all hit the same four).
+template <int HD>
+constexpr int kQStride = HD + 4;
+// The GP floats at p (16-byte aligned for GP >= 4), every lane reading the same address (a broadcast).
+template <int GP>
+__device__ __forceinline__ void load_weights(const float* p, float (&w)[GP]) {
+    if constexpr (GP >= 4) {
+#pragma unroll
+        for (int i = 0; i < GP; i += 4) {
+            const float4 v = *reinterpret_cast<const float4*>(p + i);
+            w[i] = v.x, w[i + 1] = v.y, w[i + 2] = v.z, w[i + 3] = v.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < GP; ++i) w[i] = p[i];
+    }
+}
+
 // Shared memory: K rows (stride HD * es + 16: 16-byte reads of different rows hit distinct banks),
-// V rows, q [G][HD] (scaled), then (after the key loop, over the K/V area) the warps' m [W][G],
-// l [W][G], o [W][G][HD].
+// V rows, q [G][HD + 4] (scaled), the warps' pass weights [W][32], then (after the key loop, over the
+// K/V area) the warps' m [W][G], l [W][G], o [W][G][HD].
 template <class C, int HD, int GP, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeAttnArgs a) {
     constexpr int kWarpThreads = kWarps * 32;
@@ -40,6 +59,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
     unsigned char* k_s = dsm;
     unsigned char* v_s = k_s + size_t(kc) * krow;
     float* q_s = reinterpret_cast<float*>(v_s + size_t(kc) * vrow);
+    float* p_s = q_s + G * kQStride<HD>;  // each warp's 32 (key, head) weights of its pass
     const int64_t kv_width = int64_t(a.n_head_kv) * HD;
     const unsigned char* kg = static_cast<const unsigned char*>(a.k) + int64_t(hk) * HD * es;
     const unsigned char* vg = static_cast<const unsigned char*>(a.v) + int64_t(hk) * HD * es;
@@ -72,7 +92,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
         return;
     }
     copy_rows(lo, n, safe, lo + n);
-    for (int i = tid; i < G * HD; i += kWarpThreads) q_s[i] = a.q[qrow0 * HD + i] * a.scale;
+    for (int i = tid; i < G * HD; i += kWarpThreads) q_s[i / HD * kQStride<HD> + i % HD] = a.q[qrow0 * HD + i] * a.scale;
 
     // This warp's flash state: m and l of head gl (the same in every lane of that head), o[g][pair].
     float m = -INFINITY, l = 0.0f;
@@ -91,7 +111,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
             float sc = -INFINITY;
             if (live) {
                 const C* kr = reinterpret_cast<const C*>(k_s + j * krow);
-                const float* qg = q_s + gl * HD;
+                const float* qg = q_s + gl * kQStride<HD>;
                 float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
                 for (int d = 0; d < HD; d += 8) {
@@ -123,6 +143,12 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
                 for (int i = 0; i < NP; ++i) o[g][i].x *= cg, o[g][i].y *= cg;
             }
             const int nk = min(P, n - p0);
+            // The pass's weights go through shared memory: one broadcast load gives a key's GP weights
+            // (32 shuffles a pass before, the SM's shuffle unit shared by every warp).
+            float* pw = p_s + warp * 32;
+            __syncwarp();  // the warp's last pass has read pw
+            pw[lane] = pe;  // lane = kl * GP + gl
+            __syncwarp();
 #pragma unroll
             for (int kk = 0; kk < P; ++kk) {
                 if (kk >= nk) break;
@@ -130,11 +156,12 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
                 float2 v[NP];
 #pragma unroll
                 for (int i = 0; i < NP; ++i) v[i] = load2s(vr + 2 * (lane + 32 * i));
+                float pk[GP];
+                load_weights<GP>(pw + kk * GP, pk);
 #pragma unroll
                 for (int g = 0; g < GP; ++g) {
-                    const float pg = __shfl_sync(0xffffffffu, pe, kk * GP + g);
 #pragma unroll
-                    for (int i = 0; i < NP; ++i) o[g][i].x = fmaf(pg, v[i].x, o[g][i].x), o[g][i].y = fmaf(pg, v[i].y, o[g][i].y);
+                    for (int i = 0; i < NP; ++i) o[g][i].x = fmaf(pk[g], v[i].x, o[g][i].x), o[g][i].y = fmaf(pk[g], v[i].y, o[g][i].y);
                 }
             }
         }
@@ -225,7 +252,7 @@ bool attention_decode_warp(const DecodeAttnArgs& a, bool f16, cudaStream_t s) {
     const int es = f16 ? 2 : 4;
     const size_t kv = size_t(a.kc) * size_t(2 * hd * es + 16);
     const size_t merge = sizeof(float) * size_t(warps) * size_t(G) * size_t(hd + 2);
-    const size_t smem = std::max(kv, merge) + sizeof(float) * size_t(G) * size_t(hd) + 16;
+    const size_t smem = std::max(kv, merge) + sizeof(float) * (size_t(G) * size_t(hd + 4) + 32 * size_t(warps)) + 16;
     if (smem > size_t(device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>())) return false;
     const dim3 grid(unsigned(a.n_head_kv), unsigned(a.n_splits), unsigned(a.n_tokens));
     if (f16)
