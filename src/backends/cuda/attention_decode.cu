@@ -259,7 +259,8 @@ bool attention_decode_warp(const DecodeAttnArgs& a, bool f16, cudaStream_t s) {
     const int es = f16 ? 2 : 4;
     const size_t kv = size_t(a.kc) * size_t(2 * hd * es + 16);
     const size_t merge = sizeof(float) * size_t(warps) * size_t(G) * size_t(hd + 2);
-    const size_t smem = std::max(kv, merge) + sizeof(float) * (size_t(G) * size_t(hd + 4) + 32 * size_t(warps)) + 16;
+    const size_t q_and_weights = sizeof(float) * (size_t(G) * size_t(hd + 4) + 32 * size_t(warps));
+    const size_t smem = std::max(kv, merge) + q_and_weights + 16;
     if (smem > size_t(device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>())) return false;
     const dim3 grid(unsigned(a.n_head_kv), unsigned(a.n_splits), unsigned(a.n_tokens));
     if (f16)
