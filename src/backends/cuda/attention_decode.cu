@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
             }
             const int nk = min(P, n - p0);
             // The pass's weights go through shared memory: one broadcast load gives a key's GP weights
-            // (32 shuffles a pass before, the SM's shuffle unit shared by every warp).
+            // (instead of GP shuffles a key on the shuffle unit that every warp of the SM shares).
             float* pw = p_s + warp * 32;
             __syncwarp();  // the warp's last pass has read pw
             pw[lane] = pe;  // lane = kl * GP + gl
