@@ -173,6 +173,23 @@ void allow_dynamic_smem(size_t bytes) {
     }
 }
 
+// Kernel's preferred split of an SM's unified L1 / shared memory: percent of the most shared memory an
+// SM can have (0: the most L1; -1: no preference, the driver's choice), set once per process. An SM
+// runs blocks of different kernels side by side only when its split suits them all, so the kernels
+// of a decode chain that should overlap want compatible preferences (bench/NOTES.md).
+template <auto Kernel>
+void prefer_carveout(int percent) {
+    static std::atomic<bool> done{false};
+    if (percent < -1 || done.exchange(true)) return;
+    CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent));
+}
+
+// An integer from the environment (benchmark switches), or fallback when unset or empty.
+inline int env_int(const char* name, int fallback) {
+    const char* e = std::getenv(name);
+    return e && *e ? std::atoi(e) : fallback;
+}
+
 // Attribute A of the current device, queried once per device index (mod 64).
 template <cudaDeviceAttr A>
 int device_attr() {

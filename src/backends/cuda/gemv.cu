@@ -266,7 +266,7 @@ __global__ void __launch_bounds__(512) gemv_glu_kernel(const GemvK a, int prefet
 
 // Staged SwiGLU: a block's weight rows are copied into shared memory with bulk copies (a few 16 KB
 // pieces issued by one warp) before the PDL wait, so the bytes are requested as soon as the block is
-// resident. At 64 registers a thread and one or two blocks of 64 or 32 rows per SM, the whole pair
+// resident. At 64-80 registers a thread and one or two blocks of 64 or 32 rows per SM, the whole pair
 // (18.9 MB for a 2048 x 8192 Q4_0 pair) is requested in one wave, then computed from shared memory,
 // and the blocks leave room on their SMs for the launches before and after (glu_stage_plan: every
 // type whose pair fits one wave; Q8_0 keeps gemv_glu_kernel). A staged version of the plain products
@@ -295,15 +295,20 @@ __device__ __forceinline__ void stage_rows(uint64_t* bar, uint8_t* const (&dst)[
             if (piece % 32 == lane) bulk_copy(dst[i] + o, src[i] + o, min(kPiece, bytes[i] - o), bar);
 }
 
-// SwiGLU pair (gemv_glu_kernel's work): a block owns rb = 32 or 64 rows of both matrices; 16 warps,
-// a warp 2 gate + 2 up rows per pass (rb / 32 passes); the same epilogue (act and its 8-bit groups,
-// one 32-row group per pass). Shared memory: gate q, up q, gate m, up m (rb rows each).
-// kWide: the K-quants in 32-byte items (WideTraits).
-template <GgmlType T, bool PRO, bool kWide>
-__global__ void __launch_bounds__(512, 2) gemv_glu_stage_kernel(const GemvK a, int rb, int n_y) {
+// SwiGLU pair (gemv_glu_kernel's work): a block owns rb = 32 or 64 rows of both matrices; W = 16 or 8
+// warps, a warp R = 32 / W gate + R up rows per pass (rb / 32 passes); the same epilogue (act and its
+// 8-bit groups, one 32-row group per pass). Shared memory: gate q, up q, gate m, up m (rb rows each).
+// kWide: the K-quants in 32-byte items (WideTraits). At 16 warps (64 registers) two blocks take a
+// whole SM's registers; at 8 (at most 80 registers) two blocks leave room for a block of the plain
+// GEMV beside them (the out-projection before, the down product after), and each x item read from
+// shared memory serves 4 rows instead of 2. 8 warps for Q4_0 (with the GEMV's carveout, gemv_carveout):
+// llama-1b +4.3%, lfm2-1.2b +1.5% (bench/NOTES.md).
+template <GgmlType T, bool PRO, bool kWide, int W>
+__global__ void __launch_bounds__(W * 32, W == 16 ? 2 : 3) gemv_glu_stage_kernel(const GemvK a, int rb, int n_y) {
     using Tr = WideTraits<T, kWide>;
     constexpr QuantLayout L = quant_layout(T);
-    constexpr int R = 2;
+    constexpr int R = 32 / W;
+    constexpr int LW = 16 / R;  // lanes holding one row's total
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ uint64_t bar;
     __shared__ float act_s[64];
@@ -352,11 +357,11 @@ __global__ void __launch_bounds__(512, 2) gemv_glu_stage_kernel(const GemvK a, i
                     acc[r] += Tr::dot(Tr::template load_w<PlainLd>(qb + row * qrow, mb + row * mrow, blk, j), x, j);
                 }
             }
-            // Totals: gate rows in lanes 0-7 and 8-15, up rows in 16-23 and 24-31 (as gemv_glu_kernel).
+            // Totals: gate rows in lanes 0-15, up rows in 16-31, LW lanes a row (R = 2: as gemv_glu_kernel).
             const float tot = warp_sum_rows<2 * R>(acc);
             const float tot_up = __shfl_sync(0xffffffffu, tot, (lane + 16) & 31);
-            if (lane % 8 == 0 && lane < 16) {
-                const int64_t row = r0 + rl + lane / 8;
+            if (lane % LW == 0 && lane < 16) {
+                const int64_t row = r0 + rl + lane / LW;
                 const int64_t o = int64_t(t) * g.ldy + row;
                 const float gv = tot + (g.bias ? g.bias[row] : 0.0f);
                 const float uv = tot_up + (u.bias ? u.bias[row] : 0.0f);
@@ -364,7 +369,7 @@ __global__ void __launch_bounds__(512, 2) gemv_glu_stage_kernel(const GemvK a, i
                 g.y[o] = gv;
                 u.y[int64_t(t) * u.ldy + row] = uv;
                 a.act[int64_t(t) * g.rows + row] = act;
-                act_s[rl + lane / 8] = act;
+                act_s[rl + lane / LW] = act;
             }
         }
         if (!a.act_xq) continue;
@@ -481,13 +486,29 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t n_rows, 
     warp_quantize_q8(x[row * ldx + c * 32 + lane], xq + row * q8_row_bytes(k), k, c);
 }
 
+// The L1 / shared-memory split the plain GEMV prefers (prefer_carveout), per weight type:
+//   Q4_0, Q4_1, Q5_0, Q5_1: the most shared memory (100), like the staged SwiGLU pair between the
+//     out-projection and the down product, so that their blocks share SMs (the pair's blocks are
+//     resident, their rows requested, before the out-projection ends; the down's before the pair ends);
+//   the K-quants: the most L1 (0), which their scale loads go through (the Q6_K LM head too);
+//   Q8_0: the driver's choice (100 and 0 both measured slower).
+// Measured with the 8-warp staged pair (bench/NOTES.md, thirteenth session): llama-1b Q4_0 +4.3%,
+// lfm2-1.2b Q4_0 +1.5%, the K-quants +0.3-0.6%. CERA_CUDA_CARVEOUT_GEMV_Q / _K / _8 override (-1: none).
+int gemv_carveout(GgmlType t) {
+    static const int q = env_int("CERA_CUDA_CARVEOUT_GEMV_Q", 100), k = env_int("CERA_CUDA_CARVEOUT_GEMV_K", 0),
+                     q8 = env_int("CERA_CUDA_CARVEOUT_GEMV_8", -1);
+    return quant_layout(t).block_elems == 256 ? k : t == GgmlType::kQ8_0 ? q8 : q;
+}
+
 template <int R>
 void launch_r(GgmlType type, const GemvK& k, dim3 grid, cudaStream_t s, bool vec) {
     switch (type) {
 #define CERA_Q(T)                                                                             \
-    case GgmlType::T:                                                                         \
+    case GgmlType::T: {                                                                       \
+        prefer_carveout<gemv_q_kernel<GgmlType::T, R>>(gemv_carveout(GgmlType::T));           \
         launch(gemv_q_kernel<GgmlType::T, R>, grid, 128, 0, s, k);                            \
-        break;
+        break;                                                                                \
+    }
         CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
 #undef CERA_Q
 #define CERA_F(T)                                                                    \
@@ -567,11 +588,6 @@ int pick_ksplit(int64_t n_items, int64_t row_warps) {
     return ks;
 }
 
-int env_int(const char* name, int fallback) {
-    const char* e = std::getenv(name);
-    return e && *e ? std::atoi(e) : fallback;
-}
-
 // The most shared memory a SwiGLU block stages its rows in (the staged kernel, the prefetch).
 constexpr int64_t kGluStageMax = 160 * 1024;
 // The largest product whose weights a SwiGLU launch prefetches into L2 for the launch after it.
@@ -590,17 +606,27 @@ bool stage_aligned(const GemvArgs& a, int64_t qrow, int64_t mrow) {
     return at16(a.w.image, a.w.row0 * qrow) && at16(scale_stream(a.w), a.w.row0 * mrow);
 }
 
+template <GgmlType T, bool PRO, bool kWide, int W>
+void launch_glu_stage_w(unsigned blocks, size_t smem, cudaStream_t s, const GemvK& p, int rb, int n_y) {
+    allow_dynamic_smem<gemv_glu_stage_kernel<T, PRO, kWide, W>>(smem);
+    launch(gemv_glu_stage_kernel<T, PRO, kWide, W>, blocks, W * 32, smem, s, p, rb, n_y);
+}
+
+// Warps a staged block: 8 for the 32-element types, 16 for the K-quants (8: lfm2-1.2b Q4_K -1.3%,
+// llama-1b Q4_K -2.5%). CERA_CUDA_GLU_WARPS (8 or 16) forces either.
 template <GgmlType T, bool PRO>
 void launch_glu_stage(bool wide, unsigned blocks, size_t smem, cudaStream_t s, const GemvK& p, int rb, int n_y) {
+    static const int forced = env_int("CERA_CUDA_GLU_WARPS", 0);
+    const bool eight = forced == 8 || (forced != 16 && quant_layout(T).block_elems == 32);
     if constexpr (T == GgmlType::kQ4_K || T == GgmlType::kQ5_K) {
         if (wide) {
-            allow_dynamic_smem<gemv_glu_stage_kernel<T, PRO, true>>(smem);
-            launch(gemv_glu_stage_kernel<T, PRO, true>, blocks, 512, smem, s, p, rb, n_y);
+            if (eight) launch_glu_stage_w<T, PRO, true, 8>(blocks, smem, s, p, rb, n_y);
+            else launch_glu_stage_w<T, PRO, true, 16>(blocks, smem, s, p, rb, n_y);
             return;
         }
     }
-    allow_dynamic_smem<gemv_glu_stage_kernel<T, PRO, false>>(smem);
-    launch(gemv_glu_stage_kernel<T, PRO, false>, blocks, 512, smem, s, p, rb, n_y);
+    if (eight) launch_glu_stage_w<T, PRO, false, 8>(blocks, smem, s, p, rb, n_y);
+    else launch_glu_stage_w<T, PRO, false, 16>(blocks, smem, s, p, rb, n_y);
 }
 
 // SwiGLU pairs: blocks of 32 rows of both matrices (K-quants: 64), else of the other size

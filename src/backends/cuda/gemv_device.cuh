@@ -136,7 +136,7 @@ __device__ __forceinline__ void norm_prologue(const GemvK& a, uint8_t* xs) {
 // ends in lanes r * 32 / R .. (r + 1) * 32 / R - 1; the function returns the total this lane holds.
 template <int R>
 __device__ __forceinline__ float warp_sum_rows(const float (&v)[R]) {
-    static_assert(R == 1 || R == 2 || R == 4);
+    static_assert(R == 1 || R == 2 || R == 4 || R == 8);
     const int lane = threadIdx.x & 31;
     float keep;
     int o = 16;
@@ -146,12 +146,22 @@ __device__ __forceinline__ float warp_sum_rows(const float (&v)[R]) {
         const bool hi = lane & 16;
         keep = (hi ? v[1] : v[0]) + __shfl_xor_sync(0xffffffffu, hi ? v[0] : v[1], 16);
         o = 8;
-    } else {
+    } else if constexpr (R == 4) {
         const bool b4 = lane & 16, b3 = lane & 8;
         const float k0 = (b4 ? v[2] : v[0]) + __shfl_xor_sync(0xffffffffu, b4 ? v[0] : v[2], 16);
         const float k1 = (b4 ? v[3] : v[1]) + __shfl_xor_sync(0xffffffffu, b4 ? v[1] : v[3], 16);
         keep = (b3 ? k1 : k0) + __shfl_xor_sync(0xffffffffu, b3 ? k0 : k1, 8);
         o = 4;
+    } else {
+        const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
+        float k[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            k[i] = (b4 ? v[i + 4] : v[i]) + __shfl_xor_sync(0xffffffffu, b4 ? v[i] : v[i + 4], 16);
+        const float m0 = (b3 ? k[2] : k[0]) + __shfl_xor_sync(0xffffffffu, b3 ? k[0] : k[2], 8);
+        const float m1 = (b3 ? k[3] : k[1]) + __shfl_xor_sync(0xffffffffu, b3 ? k[1] : k[3], 8);
+        keep = (b2 ? m1 : m0) + __shfl_xor_sync(0xffffffffu, b2 ? m0 : m1, 4);
+        o = 2;
     }
     for (; o > 0; o >>= 1) keep += __shfl_xor_sync(0xffffffffu, keep, o);
     return keep;

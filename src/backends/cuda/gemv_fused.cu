@@ -199,10 +199,20 @@ void gemv_qkv_rope_store(const GemvArgs (&qkv)[3], const QkvRopeArgs& r, Stream 
     const dim3 grid(unsigned(r.n_head + 2 * r.n_head_kv), unsigned(r.n_tokens));
     const size_t smem = prologue_smem(p);
     cudaStream_t s = as_stream(stream);
+    // The K-quants prefer the most L1 (their scale loads): llama-1b Q4_K +0.9%, lfm2-1.2b Q4_K +0.3%;
+    // the other types keep the driver's choice (100: llama-1b Q4_0 -0.4%, lfm2-1.2b Q8_0 -5%; 0: Q4_0 -0.6
+    // to -1.1%).
+    static const int co_k = env_int("CERA_CUDA_CARVEOUT_QKV_K", 0);
     switch (qkv[0].w.type) {
 #define CERA_Q(T)                                                                                      \
     case GgmlType::T: {                                                                                \
         constexpr int R = rows_qkv(GgmlType::T);                                                       \
+        if (quant_layout(GgmlType::T).block_elems == 256) {                                            \
+            prefer_carveout<gemv_qkv_rope_kernel<GgmlType::T, __half, true, R>>(co_k);                 \
+            prefer_carveout<gemv_qkv_rope_kernel<GgmlType::T, __half, false, R>>(co_k);                \
+            prefer_carveout<gemv_qkv_rope_kernel<GgmlType::T, float, true, R>>(co_k);                  \
+            prefer_carveout<gemv_qkv_rope_kernel<GgmlType::T, float, false, R>>(co_k);                 \
+        }                                                                                              \
         if (r.f16 && smem) launch(gemv_qkv_rope_kernel<GgmlType::T, __half, true, R>, grid, 512, smem, s, p, r); \
         else if (r.f16) launch(gemv_qkv_rope_kernel<GgmlType::T, __half, false, R>, grid, 512, 0, s, p, r); \
         else if (smem) launch(gemv_qkv_rope_kernel<GgmlType::T, float, true, R>, grid, 512, smem, s, p, r); \
