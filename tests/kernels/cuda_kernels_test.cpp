@@ -645,8 +645,8 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
     auto mega = cuda_backend_with("CERA_CUDA_MEGA", "1");
     // A fifth fuses every product with its consumer, also where the default leaves it (gemv_fused.cu).
     // A one-token norm after a residual product is made in the prologue of some launches that read it
-    // (the SwiGLU pair, q/k/v), else in the residual product's launch: a sixth backend makes them all
-    // there, a seventh in every launch that can take the prologue.
+    // (the staged SwiGLU pair, q/k/v, in_proj + conv), else in the residual product's launch: a sixth
+    // backend makes them all there, a seventh in every launch that can take the prologue.
     auto all = cuda_backend_with("CERA_CUDA_FUSE_PRODUCTS", "all");
     auto fold = cuda_backend_with("CERA_CUDA_NORM_PRO", "0");
     auto every = cuda_backend_with("CERA_CUDA_NORM_PRO", "15");

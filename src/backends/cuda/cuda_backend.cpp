@@ -937,8 +937,10 @@ class CudaBackend final : public Backend {
     bool fuse_ = true;  // CERA_CUDA_FUSE=0: no grouped or fused launches, no 8-bit side outputs
     int fuse_products_ = 1;  // gemv_fused.cu: 0 never, 1 where it measured faster (fuses_product), 2 always
     // CERA_CUDA_NORM_PRO: the launches that make a one-token norm after a residual product in their
-    // prologue (take_prologue) rather than leave it to that product's launch (bench/NOTES.md).
-    enum { kProGluStaged = 1, kProQkv = 2, kProConv = 4, kProGluWave = 8, kProDefault = 3 };
+    // prologue (take_prologue) rather than leave it to that product's launch (bench/NOTES.md). The
+    // fused in_proj + conv (K-quants) joined the default with the 8-warp pair and the GEMV carveouts:
+    // lfm2-1.2b Q4_K +0.5%, the others even (it was -1% before them).
+    enum { kProGluStaged = 1, kProQkv = 2, kProConv = 4, kProGluWave = 8, kProDefault = 7 };
     int pro_mask_ = kProDefault;
     cuda::GemvArgs res_;  // the held residual product (take_prologue)
     bool res_held_ = false;
