@@ -612,12 +612,14 @@ void launch_glu_stage_w(unsigned blocks, size_t smem, cudaStream_t s, const Gemv
     launch(gemv_glu_stage_kernel<T, PRO, kWide, W>, blocks, W * 32, smem, s, p, rb, n_y);
 }
 
-// Warps a staged block: 8 for the 32-element types, 16 for the K-quants (8: lfm2-1.2b Q4_K -1.3%,
-// llama-1b Q4_K -2.5%). CERA_CUDA_GLU_WARPS (8 or 16) forces either.
+// Warps a staged block: 8 for Q4_0, Q4_1, Q5_0 and Q5_1, 16 for the K-quants (8: lfm2-1.2b Q4_K
+// -1.3%, llama-1b Q4_K -2.5%) and Q8_0 (whose 8-warp kernel spills 72-92 bytes; its pairs are staged
+// only for small rows). CERA_CUDA_GLU_WARPS (8 or 16) forces either.
 template <GgmlType T, bool PRO>
 void launch_glu_stage(bool wide, unsigned blocks, size_t smem, cudaStream_t s, const GemvK& p, int rb, int n_y) {
     static const int forced = env_int("CERA_CUDA_GLU_WARPS", 0);
-    const bool eight = forced == 8 || (forced != 16 && quant_layout(T).block_elems == 32);
+    const bool eight =
+        forced == 8 || (forced != 16 && quant_layout(T).block_elems == 32 && T != GgmlType::kQ8_0);
     if constexpr (T == GgmlType::kQ4_K || T == GgmlType::kQ5_K) {
         if (wide) {
             if (eight) launch_glu_stage_w<T, PRO, true, 8>(blocks, smem, s, p, rb, n_y);
