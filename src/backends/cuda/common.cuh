@@ -174,13 +174,17 @@ void allow_dynamic_smem(size_t bytes) {
 }
 
 // Kernel's preferred split of an SM's unified L1 / shared memory: percent of the most shared memory an
-// SM can have (0: the most L1; -1: no preference, the driver's choice), set once per process. An SM
-// runs blocks of different kernels side by side only when its split suits them all, so the kernels
-// of a decode chain that should overlap want compatible preferences (bench/NOTES.md).
+// SM can have (0: the most L1; -1: no preference, the driver's choice; other values: left alone), set
+// once per device index (mod 64). An SM runs blocks of different kernels side by side only when its
+// split suits them all, so the kernels of a decode chain that should overlap want compatible
+// preferences (bench/NOTES.md).
 template <auto Kernel>
 void prefer_carveout(int percent) {
-    static std::atomic<bool> done{false};
-    if (percent < -1 || done.exchange(true)) return;
+    if (percent < -1 || percent > 100) return;
+    static std::atomic<bool> done[64] = {};
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    if (done[dev & 63].exchange(true, std::memory_order_relaxed)) return;
     CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent));
 }
 
