@@ -131,38 +131,26 @@ __device__ __forceinline__ void norm_prologue(const GemvK& a, uint8_t* xs) {
     __syncthreads();
 }
 
-// The warp sums of R values at once (R = 1, 2 or 4): each step of the butterfly halves the values a
+// The warp sums of R values at once (R = 1, 2, 4 or 8): each step of the butterfly halves the values a
 // lane carries until one is left, so it takes 5 + R - 1 shuffles instead of 5 R. The total of v[r]
 // ends in lanes r * 32 / R .. (r + 1) * 32 / R - 1; the function returns the total this lane holds.
 template <int R>
 __device__ __forceinline__ float warp_sum_rows(const float (&v)[R]) {
     static_assert(R == 1 || R == 2 || R == 4 || R == 8);
     const int lane = threadIdx.x & 31;
-    float keep;
-    int o = 16;
-    if constexpr (R == 1) {
-        keep = v[0];
-    } else if constexpr (R == 2) {
-        const bool hi = lane & 16;
-        keep = (hi ? v[1] : v[0]) + __shfl_xor_sync(0xffffffffu, hi ? v[0] : v[1], 16);
-        o = 8;
-    } else if constexpr (R == 4) {
-        const bool b4 = lane & 16, b3 = lane & 8;
-        const float k0 = (b4 ? v[2] : v[0]) + __shfl_xor_sync(0xffffffffu, b4 ? v[0] : v[2], 16);
-        const float k1 = (b4 ? v[3] : v[1]) + __shfl_xor_sync(0xffffffffu, b4 ? v[1] : v[3], 16);
-        keep = (b3 ? k1 : k0) + __shfl_xor_sync(0xffffffffu, b3 ? k0 : k1, 8);
-        o = 4;
-    } else {
-        const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
-        float k[4];
+    float c[R];
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-            k[i] = (b4 ? v[i + 4] : v[i]) + __shfl_xor_sync(0xffffffffu, b4 ? v[i] : v[i + 4], 16);
-        const float m0 = (b3 ? k[2] : k[0]) + __shfl_xor_sync(0xffffffffu, b3 ? k[0] : k[2], 8);
-        const float m1 = (b3 ? k[3] : k[1]) + __shfl_xor_sync(0xffffffffu, b3 ? k[1] : k[3], 8);
-        keep = (b2 ? m1 : m0) + __shfl_xor_sync(0xffffffffu, b2 ? m0 : m1, 4);
-        o = 2;
+    for (int i = 0; i < R; ++i) c[i] = v[i];
+    int o = 16;
+    // Each step, the lanes with bit o keep the upper half of their values and add the partner's.
+#pragma unroll
+    for (int n = R; n > 1; n /= 2, o /= 2) {
+        const bool hi = lane & o;
+#pragma unroll
+        for (int i = 0; i < n / 2; ++i)
+            c[i] = (hi ? c[i + n / 2] : c[i]) + __shfl_xor_sync(0xffffffffu, hi ? c[i] : c[i + n / 2], o);
     }
+    float keep = c[0];
     for (; o > 0; o >>= 1) keep += __shfl_xor_sync(0xffffffffu, keep, o);
     return keep;
 }

@@ -169,6 +169,17 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512) gemv_conv_kerne
 // while it runs (bench/NOTES.md, twelfth session).
 constexpr int rows_qkv(GgmlType t) { return t == GgmlType::kQ5_K || t == GgmlType::kQ6_K ? 2 : 4; }
 
+// One q/k/v launch. The K-quants prefer the most L1 (their scale loads): llama-1b Q4_K +0.9%,
+// lfm2-1.2b Q4_K +0.3%; the other types keep the driver's choice (100: llama-1b Q4_0 -0.4%, lfm2-1.2b
+// Q8_0 -5%; 0: Q4_0 -0.6 to -1.1%). CERA_CUDA_CARVEOUT_QKV_K overrides (-1: none).
+template <GgmlType T, class C, bool PRO>
+void launch_qkv(dim3 grid, size_t smem, cudaStream_t s, const GemvK& p, const QkvRopeArgs& r) {
+    constexpr int R = rows_qkv(T);
+    static const int co_k = env_int("CERA_CUDA_CARVEOUT_QKV_K", 0);
+    if constexpr (quant_layout(T).block_elems == 256) prefer_carveout<gemv_qkv_rope_kernel<T, C, PRO, R>>(co_k);
+    launch(gemv_qkv_rope_kernel<T, C, PRO, R>, grid, 512, smem, s, p, r);
+}
+
 }  // namespace
 
 bool gemv_qkv_rope_supported(const GemvArgs (&qkv)[3], const QkvRopeArgs& r) {
@@ -199,26 +210,14 @@ void gemv_qkv_rope_store(const GemvArgs (&qkv)[3], const QkvRopeArgs& r, Stream 
     const dim3 grid(unsigned(r.n_head + 2 * r.n_head_kv), unsigned(r.n_tokens));
     const size_t smem = prologue_smem(p);
     cudaStream_t s = as_stream(stream);
-    // The K-quants prefer the most L1 (their scale loads): llama-1b Q4_K +0.9%, lfm2-1.2b Q4_K +0.3%;
-    // the other types keep the driver's choice (100: llama-1b Q4_0 -0.4%, lfm2-1.2b Q8_0 -5%; 0: Q4_0 -0.6
-    // to -1.1%).
-    static const int co_k = env_int("CERA_CUDA_CARVEOUT_QKV_K", 0);
     switch (qkv[0].w.type) {
-#define CERA_Q(T)                                                                                      \
-    case GgmlType::T: {                                                                                \
-        constexpr int R = rows_qkv(GgmlType::T);                                                       \
-        if (quant_layout(GgmlType::T).block_elems == 256) {                                            \
-            prefer_carveout<gemv_qkv_rope_kernel<GgmlType::T, __half, true, R>>(co_k);                 \
-            prefer_carveout<gemv_qkv_rope_kernel<GgmlType::T, __half, false, R>>(co_k);                \
-            prefer_carveout<gemv_qkv_rope_kernel<GgmlType::T, float, true, R>>(co_k);                  \
-            prefer_carveout<gemv_qkv_rope_kernel<GgmlType::T, float, false, R>>(co_k);                 \
-        }                                                                                              \
-        if (r.f16 && smem) launch(gemv_qkv_rope_kernel<GgmlType::T, __half, true, R>, grid, 512, smem, s, p, r); \
-        else if (r.f16) launch(gemv_qkv_rope_kernel<GgmlType::T, __half, false, R>, grid, 512, 0, s, p, r); \
-        else if (smem) launch(gemv_qkv_rope_kernel<GgmlType::T, float, true, R>, grid, 512, smem, s, p, r); \
-        else launch(gemv_qkv_rope_kernel<GgmlType::T, float, false, R>, grid, 512, 0, s, p, r);        \
-        break;                                                                                         \
-    }
+#define CERA_Q(T)                                                                     \
+    case GgmlType::T:                                                                 \
+        if (r.f16 && smem) launch_qkv<GgmlType::T, __half, true>(grid, smem, s, p, r); \
+        else if (r.f16) launch_qkv<GgmlType::T, __half, false>(grid, 0, s, p, r);     \
+        else if (smem) launch_qkv<GgmlType::T, float, true>(grid, smem, s, p, r);     \
+        else launch_qkv<GgmlType::T, float, false>(grid, 0, s, p, r);                 \
+        break;
         CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
 #undef CERA_Q
         default: CERA_CHECK(false, "gemv_qkv_rope_store: unsupported weight type %s", type_name(qkv[0].w.type));
