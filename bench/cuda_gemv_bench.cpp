@@ -120,7 +120,8 @@ int main(int argc, char** argv) {
     const std::vector<Shape> shapes = {{"ffn_up 8192x2048", 8192, 2048},
                                        {"ffn_down 2048x8192", 2048, 8192},
                                        {"attn 2048x2048", 2048, 2048},
-                                       {"lm_head 65536x2048", 65536, 2048}};
+                                       {"lm_head 65536x2048", 65536, 2048},
+                                       {"lm_head 50257x2048", 50257, 2048}};
     std::vector<GgmlType> types = {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K,
                                    GgmlType::kF16};
     if (!quick) types.insert(types.end(), {GgmlType::kBF16, GgmlType::kQ5_K, GgmlType::kQ5_0, GgmlType::kF32});

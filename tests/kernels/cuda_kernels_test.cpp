@@ -135,6 +135,96 @@ TEST_F(CudaBackendTest, MatmulMatchesReference) {
     }
 }
 
+// Products of at least 32 MB for one token (LM heads) take the streamed kernel (gemv_stream_kernel):
+// against the double-precision reference, against the register kernel (CERA_CUDA_HEAD_STREAM=0, read
+// at every launch), with 2 and 4 rows a warp and a short ring, and on a row slice.
+TEST_F(CudaBackendTest, StreamedProductMatchesReference) {
+    using G = GgmlType;
+    struct Case {
+        G type;
+        int64_t rows, k;
+    };
+    // Row counts that leave a partial last tile in some blocks; every case is >= 32 MB of image.
+    const Case cases[] = {{G::kQ6_K, 20011, 2048}, {G::kQ4_0, 15013, 4096}, {G::kQ8_0, 8009, 4096},
+                          {G::kQ4_K, 14011, 4096}, {G::kQ5_1, 12007, 4096}};
+    struct Env {
+        const char* stream;
+        const char* r;
+        const char* stages;
+    };
+    const Env envs[] = {{"0", "4", "0"}, {"1", "4", "0"}, {"1", "2", "0"}, {"1", "4", "2"}};
+    for (const Case& c : cases) {
+        SCOPED_TRACE(std::string(type_name(c.type)) + " rows " + std::to_string(c.rows) + " k " + std::to_string(c.k));
+        auto bytes = make_weight(c.type, randn(size_t(c.rows * c.k), rng_), c.rows, c.k);
+        // Two equal rows in different blocks' shares, biased to be the largest: the pick is the lower.
+        const int64_t tie_a = c.rows / 3 + 5, tie_b = c.rows - 7;
+        const size_t rb = row_size(c.type, c.k);
+        std::memcpy(bytes.data() + size_t(tie_b) * rb, bytes.data() + size_t(tie_a) * rb, rb);
+        const auto wd = dequant(c.type, bytes, c.rows, c.k);
+        const auto x = randn(size_t(c.k), rng_);
+        auto bias = randn(size_t(c.rows), rng_);
+        bias[size_t(tie_a)] = bias[size_t(tie_b)] = 1e4f;
+        const auto xr = q8_roundtrip(x);
+        const int64_t ne[2] = {c.k, c.rows};
+        Tensor w = gpu_->upload_weight(c.type, ne, bytes.data());
+        Tensor xg = f32_on(*gpu_, {c.k}, &x), bg = f32_on(*gpu_, {c.rows}, &bias), yg = f32_on(*gpu_, {c.rows});
+        std::vector<std::vector<float>> got;
+        for (const Env& e : envs) {
+            setenv("CERA_CUDA_HEAD_STREAM", e.stream, 1);
+            setenv("CERA_CUDA_HEAD_R", e.r, 1);
+            setenv("CERA_CUDA_HEAD_STAGES", e.stages, 1);
+            gpu_->matmul(w, xg, bg, yg);
+            got.push_back(get(yg, *gpu_));
+        }
+        // A slice 32 rows in (aligned streams), without bias.
+        const int64_t s0 = 32, sn = c.rows - 40;
+        Tensor ys = f32_on(*gpu_, {sn});
+        gpu_->matmul(w.row_slice(s0, sn), xg, Tensor{}, ys);
+        const auto slice = get(ys, *gpu_);
+        unsetenv("CERA_CUDA_HEAD_STREAM"), unsetenv("CERA_CUDA_HEAD_R"), unsetenv("CERA_CUDA_HEAD_STAGES");
+        // The greedy pick made by the product's own launch (the product held until argmax_feed), twice
+        // (the first call may grow the pick's scratch, which launches the product alone).
+        Tensor pick = gpu_->alloc(G::kI32, {1}), ids = gpu_->alloc(G::kI32, {1}), pos = gpu_->alloc(G::kI32, {3});
+        const int32_t pos0[3] = {4, 9, 41};
+        for (int rep = 0; rep < 2; ++rep) {
+            gpu_->write(pos, pos0, sizeof pos0);
+            gpu_->zero(yg);
+            gpu_->matmul(w, xg, bg, yg);
+            gpu_->argmax_feed(yg, pick, ids, pos);
+            int32_t got_pick = -1, got_id = -1, got_pos[3] = {};
+            gpu_->read(&got_pick, pick, 4);
+            gpu_->read(&got_id, ids, 4);
+            gpu_->read(got_pos, pos, sizeof got_pos);
+            EXPECT_EQ(got_pick, tie_a) << "rep " << rep;
+            EXPECT_EQ(got_id, tie_a) << "rep " << rep;
+            EXPECT_EQ(got_pos[0], 42) << "rep " << rep;
+            EXPECT_LT(max_rel_diff(get(yg, *gpu_), got[1]), 1e-6) << "the product beside the pick, rep " << rep;
+        }
+        int bad = 0;
+        for (int64_t r = 0; r < c.rows; ++r) {
+            double ref = bias[size_t(r)], mag = std::fabs(bias[size_t(r)]);
+            for (int64_t i = 0; i < c.k; ++i) {
+                const double p = double(wd[size_t(r * c.k + i)]) * xr[size_t(i)];
+                ref += p, mag += std::fabs(p);
+            }
+            for (size_t v = 0; v < got.size(); ++v) {
+                const double g = got[v][size_t(r)];
+                if (!(std::fabs(g - ref) <= 2e-5 * mag + 1e-5) && bad++ < 5)
+                    ADD_FAILURE() << "variant " << v << " row " << r << ": " << g << " vs " << ref << " (mag " << mag << ")";
+                // The same integer dots as the register kernel; only the float sums' order differs.
+                if (v > 0 && !(std::fabs(g - got[0][size_t(r)]) <= 1e-5 * mag + 1e-6) && bad++ < 5)
+                    ADD_FAILURE() << "variant " << v << " row " << r << ": " << g << " vs register kernel " << got[0][size_t(r)];
+            }
+            if (r >= s0 && r < s0 + sn) {
+                const double want = got[0][size_t(r)] - bias[size_t(r)];
+                if (!(std::fabs(slice[size_t(r - s0)] - want) <= 1e-5 * mag + 1e-5) && bad++ < 5)
+                    ADD_FAILURE() << "slice row " << r << ": " << slice[size_t(r - s0)] << " vs " << want;
+            }
+        }
+        for (Tensor* t : {&w, &xg, &bg, &yg, &ys, &pick, &ids, &pos}) gpu_->free(*t);
+    }
+}
+
 TEST_F(CudaBackendTest, EmbedMatchesReference) {
     using G = GgmlType;
     for (G t : {G::kF32, G::kF16, G::kQ4_0, G::kQ8_0, G::kQ4_K, G::kQ6_K, G::kQ5_K, G::kQ3_K}) {

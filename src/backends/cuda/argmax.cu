@@ -17,49 +17,12 @@
 #include <climits>
 #include <cstdlib>
 
-#include "backends/cuda/common.cuh"
+#include "backends/cuda/pick_device.cuh"
 
 namespace cera::cuda {
 namespace {
 
 constexpr int kThreads = 1024;
-
-// (v, i) replaces (best, bi) when it is larger, or equal with a lower index.
-__device__ __forceinline__ void take(float v, int i, float& best, int& bi) {
-    if (v > best || (v == best && i < bi)) best = v, bi = i;
-}
-
-// The row's pick from the best (value, index) (every value NaN: 0), and with feed_ids the next step's
-// inputs: feed_ids[0] = the pick, feed_pos[0] = feed_pos[pos_last] + 1.
-// With mail.ring, the pick also goes to the mailbox (kernels.h); seq_before is *mail.seq, read before
-// the PDL wait (the previous step's feed wrote it; nothing in this step does before this kernel).
-__device__ __forceinline__ void write_pick(int bi, int32_t* out, int32_t* feed_ids, int32_t* feed_pos,
-                                           int64_t pos_last, const PickMail& mail, unsigned seq_before) {
-    const int32_t pick = bi == INT_MAX ? 0 : bi;
-    *out = pick;
-    if (feed_ids) {
-        feed_ids[0] = pick;
-        feed_pos[0] = feed_pos[pos_last] + 1;
-    }
-    if (mail.ring) {
-        const unsigned seq = seq_before + 1;
-        *mail.seq = seq;
-        *reinterpret_cast<volatile unsigned long long*>(mail.ring + seq % kPickMailSlots) =
-            (static_cast<unsigned long long>(static_cast<uint32_t>(pick)) << 32) | seq;
-    }
-}
-__device__ __forceinline__ unsigned mail_seq(const PickMail& mail) {
-    return mail.ring && threadIdx.x == 0 ? *mail.seq : 0u;
-}
-
-__device__ __forceinline__ void warp_argmax(float& best, int& bi) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        take(ob, oi, best, bi);
-    }
-}
 
 // feed_ids / feed_pos (one row only, or null): see write_pick.
 __global__ void __launch_bounds__(kThreads) argmax_rows_kernel(const float* __restrict__ x, int64_t n, int32_t* out,

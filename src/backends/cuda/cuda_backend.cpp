@@ -598,15 +598,27 @@ class CudaBackend final : public Backend {
     }
 
     void argmax_feed(const Tensor& x, const Tensor& out, const Tensor& ids, const Tensor& pos) override {
-        touch();
         CERA_CHECK(x.type == GgmlType::kF32 && x.rows() == 1 && out.type == GgmlType::kI32 &&
                        ids.type == GgmlType::kI32 && pos.type == GgmlType::kI32 && ids.n_elements() >= 1 &&
                        pos.n_elements() >= 1,
                    "argmax_feed: one f32 row in; i32 out, ids and positions");
         if (rec_) rec_->unsupported("argmax_feed");
-        cuda::argmax_feed(x.as<const float>(), x.ne[0], out.as<int32_t>(), ids.as<int32_t>(), pos.as<int32_t>(),
-                          pos.n_elements() - 1, stream_, scratch(kArgmax, cuda::kArgmaxScratchBytes),
-                          mail_ok_ ? mail_.device() : cuda::PickMail{});
+        const cuda::PickMail mail = mail_ok_ ? mail_.device() : cuda::PickMail{};
+        void* const pick_scratch = scratch(kArgmax, cuda::kArgmaxScratchBytes);
+        bool picked = false;
+        // The LM head still held (its output is x): its launch makes the pick too (gemv_argmax_feed).
+        if (n_mm_ == 1 && n_rope_ == 0 && !glu_.held && mm_[0].out.data == x.data && mm_[0].a.rows == x.ne[0]) {
+            cuda::GemvArgs a = mm_[0].a;
+            n_mm_ = 0;
+            launch_res(&a, 1, 0);
+            picked = cuda::gemv_argmax_feed(a, out.as<int32_t>(), ids.as<int32_t>(), pos.as<int32_t>(),
+                                            pos.n_elements() - 1, stream_, pick_scratch, mail);
+            if (!picked) cuda::gemv(a, stream_);
+        }
+        touch();
+        if (!picked)
+            cuda::argmax_feed(x.as<const float>(), x.ne[0], out.as<int32_t>(), ids.as<int32_t>(), pos.as<int32_t>(),
+                              pos.n_elements() - 1, stream_, pick_scratch, mail);
         if (capturing_) {
             CERA_CHECK(!capture_feed_out_, "argmax_feed: one per recorded step");
             capture_feed_out_ = out.data;

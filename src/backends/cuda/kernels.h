@@ -261,7 +261,7 @@ void moe_combine(const float* y, const float* weights, int64_t n_tokens, int k, 
 // Greedy pick per row (argmax.cu): out[r] = the lowest i holding the largest non-NaN x[r][i], 0 when
 // every value is NaN (Backend::argmax). One block per row, or with `scratch` (kArgmaxScratchBytes,
 // zero-filled once) one long row split over blocks; x: f32 [rows, n] (n >= 1), out: i32 [rows]
-constexpr int kArgmaxSplitBlocks = 128;
+constexpr int kArgmaxSplitBlocks = 256;  // also the streamed LM head's blocks (gemv_argmax_feed)
 constexpr size_t kArgmaxScratchBytes = size_t(kArgmaxSplitBlocks) * 8 + 16;
 void argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, Stream stream, void* scratch = nullptr);
 // argmax_rows of one row, the pick fed back as the next step's input: ids[0] = out[0] = the pick,
@@ -275,6 +275,11 @@ struct PickMail {
 };
 void argmax_feed(const float* x, int64_t n, int32_t* out, int32_t* ids, int32_t* pos, int64_t pos_last, Stream stream,
                  void* scratch = nullptr, PickMail mail = {});
+// argmax_feed of the row that the one-token product `a` (an LM head) writes, made by the product's own
+// launch where the streamed GEMV takes it (gemv.cu; scratch: argmax_feed's). Returns false, having
+// launched nothing, where it does not: then gemv and argmax_feed.
+bool gemv_argmax_feed(const GemvArgs& a, int32_t* out, int32_t* ids, int32_t* pos, int64_t pos_last, Stream stream,
+                      void* scratch, PickMail mail);
 // Backend::top_logits (top_logits.cu): the best m <= kTopLogitsMax entries of x (f32 [n]) and the
 // values at gather (i32 [n_g] or null); out: i32 [1 + 2 m + n_g] as Backend::top_logits lays it out.
 constexpr int kTopLogitsMax = 1024;
