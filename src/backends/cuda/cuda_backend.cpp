@@ -102,6 +102,11 @@ class CudaBackend final : public Backend {
         fuse_products_ = !fuse_ || fpv == "0" ? 0 : fpv == "all" ? 2 : 1;
         const char* np = std::getenv("CERA_CUDA_NORM_PRO");
         pro_mask_ = !fuse_ ? 0 : np ? std::atoi(np) : kProDefault;
+        // The SwiGLU pair's kernel switches (gemv.cu), per backend so that tests can compare kernels.
+        const char* gs = std::getenv("CERA_CUDA_GLU_STAGE");
+        glu_stage_ = gs && *gs ? std::atoi(gs) : -1;
+        const char* gw = std::getenv("CERA_CUDA_GLU_WIDE");
+        glu_wide_ = gw && *gw ? std::atoi(gw) : -1;
         const char* mg = std::getenv("CERA_CUDA_MEGA");
         mega_ = mg && std::strcmp(mg, "1") == 0;
         const char* pr = std::getenv("CERA_CUDA_PROFILE");
@@ -537,6 +542,7 @@ class CudaBackend final : public Backend {
                 // Held until the next product is known (the down product: its weights go to L2
                 // while the pair runs); anything else launches it first.
                 glu_ = {gg, uu, out.as<float>(), xq, true};
+                glu_.g.glu_stage = glu_stage_, glu_.g.glu_wide = glu_wide_;
                 return;
             }
         }
@@ -966,6 +972,7 @@ class CudaBackend final : public Backend {
         void* xq = nullptr;
         bool held = false;
     } glu_;  // a SwiGLU pair (swiglu) held until the next op
+    int glu_stage_ = -1, glu_wide_ = -1;  // CERA_CUDA_GLU_STAGE / _WIDE when the backend was made (GemvArgs)
     cuda::RopeTables rope_tables_;  // the decode RoPE's (cos, sin) tables (rope_tables.h)
     std::unordered_map<uint64_t, Graph> graphs_;
     bool graphs_enabled_ = true;

@@ -773,7 +773,8 @@ void launch_glu_stage(bool wide, unsigned blocks, size_t smem, cudaStream_t s, c
 // fit one wave (139 KB a 32-row block) and keep the register kernel. CERA_CUDA_GLU_STAGE=0: never;
 // 1: K-quants only.
 StagePlan glu_stage_plan(const GemvArgs& g, const GemvArgs& u) {
-    static const int mode = env_int("CERA_CUDA_GLU_STAGE", 2);
+    static const int default_mode = env_int("CERA_CUDA_GLU_STAGE", 2);
+    const int mode = g.glu_stage >= 0 ? g.glu_stage : default_mode;
     static const int forced = env_int("CERA_CUDA_GLU_ROWS", 0);
     const QuantLayout L = quant_layout(g.w.type);
     if (mode == 0 || L.block_elems == 0 || g.n_y < 1 || g.n_y > 8) return {};
@@ -951,7 +952,8 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
         const unsigned blocks = unsigned(gate.rows / sp.rb);
         // K-quants in 32-byte items (one scale decode per 32 bytes): +1.1-2.3% (lfm2-1.2b / llama-1b
         // Q4_K). The register kernels keep 16-byte items: wide ones took 126 registers at R = 2, -4.7%.
-        static const bool wide = env_int("CERA_CUDA_GLU_WIDE", 1) != 0;
+        static const bool default_wide = env_int("CERA_CUDA_GLU_WIDE", 1) != 0;
+        const bool wide = gate.glu_wide >= 0 ? gate.glu_wide != 0 : default_wide;
         const size_t smem = sp.smem + prologue_smem(p);
         switch (gate.w.type) {
 #define CERA_Q(T)                                                                                  \
