@@ -144,6 +144,29 @@ __global__ void __launch_bounds__(128) gemv_q_kernel(const GemvK a) {
     if (a.nctr) last_block_norm(a, sg, yi);
 }
 
+// The dot products of NR weight rows in plain (shared) memory with one 8-bit activation row: lane l
+// takes items l, l + 32, ... (Tr: the item traits); rows(r, q, m) gives row r's quant and scale rows.
+// XS: the activation row is in shared memory.
+template <GgmlType T, class Tr, int NR, bool XS, class Rows>
+__device__ __forceinline__ void plain_dot_rows(const int8_t* xq, const float* xd, int n_items, Rows rows,
+                                               float (&acc)[NR]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll 2
+    for (int i = lane; i < n_items; i += 32) {
+        const int blk = i / Tr::kItems, j = i % Tr::kItems;
+        int ea, eb;
+        Tr::runs(j, ea, eb);
+        const int base = blk * quant_layout(T).block_elems;
+        const auto x = load_xq<XS, Tr::kRun / 4>(xq, xd, base + ea, base + eb, Tr::flip(blk));
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            const uint8_t *q, *m;
+            rows(r, q, m);
+            acc[r] += Tr::dot(Tr::template load_w<PlainLd>(q, m, blk, j), x, j);
+        }
+    }
+}
+
 // Streamed product for very tall matrices (the LM head: 50-150k rows, 50-300 MB). The register
 // kernel runs such a matrix in waves of short blocks that load, then dot, then leave, the first waves
 // in step. Here one block a SM owns a contiguous share of the rows (balanced to a row) and walks it in
@@ -230,17 +253,9 @@ __global__ void __launch_bounds__(256, 1) gemv_stream_kernel(const GemvK a, int 
         const uint8_t* tm = tq + TR * qrow;
         const int rl = warp * R;
         float acc[R] = {};
-#pragma unroll 2
-        for (int i = lane; i < n_items; i += 32) {
-            const int blk = i / Tr::kItems, j = i % Tr::kItems;
-            int ea, eb;
-            Tr::runs(j, ea, eb);
-            const int base = blk * L.block_elems;
-            const auto x = load_xq<true, Tr::kRun / 4>(xq, xd, base + ea, base + eb, Tr::flip(blk));
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-                acc[r] += Tr::dot(Tr::template load_w<PlainLd>(tq + (rl + r) * qrow, tm + (rl + r) * mrow, blk, j), x, j);
-        }
+        plain_dot_rows<T, Tr, R, true>(xq, xd, n_items, [&](int r, const uint8_t*& q, const uint8_t*& m) {
+            q = tq + (rl + r) * qrow, m = tm + (rl + r) * mrow;
+        }, acc);
         // finish()'s epilogue for one token (rows past hi are a partial tile's stale bytes: not written).
         const float tot = warp_sum_rows<R>(acc);
         const int64_t row = lo + int64_t(t) * TR + rl + lane / LW;
@@ -473,21 +488,10 @@ __global__ void __launch_bounds__(W * 32, W == 16 ? 2 : 3) gemv_glu_stage_kernel
         for (int pass = 0; pass < rb / 32; ++pass) {
             const int rl = pass * 32 + warp * R;
             float acc[2 * R] = {};
-#pragma unroll 2
-            for (int i = lane; i < n_items; i += 32) {
-                const int blk = i / Tr::kItems, j = i % Tr::kItems;
-                int ea, eb;
-                Tr::runs(j, ea, eb);
-                const int base = blk * L.block_elems;
-                const auto x = load_xq<PRO, Tr::kRun / 4>(xq, xd, base + ea, base + eb, Tr::flip(blk));
-#pragma unroll
-                for (int r = 0; r < 2 * R; ++r) {
-                    const int row = rl + (r % R);
-                    const uint8_t* qb = r < R ? gq : uq;
-                    const uint8_t* mb = r < R ? gm : um;
-                    acc[r] += Tr::dot(Tr::template load_w<PlainLd>(qb + row * qrow, mb + row * mrow, blk, j), x, j);
-                }
-            }
+            plain_dot_rows<T, Tr, 2 * R, PRO>(xq, xd, n_items, [&](int r, const uint8_t*& q, const uint8_t*& m) {
+                const int row = rl + (r % R);
+                q = (r < R ? gq : uq) + row * qrow, m = (r < R ? gm : um) + row * mrow;
+            }, acc);
             // Totals: gate rows in lanes 0-15, up rows in 16-31, LW lanes a row (R = 2: as gemv_glu_kernel).
             const float tot = warp_sum_rows<2 * R>(acc);
             const float tot_up = __shfl_sync(0xffffffffu, tot, (lane + 16) & 31);
