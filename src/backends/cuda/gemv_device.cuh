@@ -1,6 +1,6 @@
-// The pieces of the decode GEMV kernels that the fused ones share (gemv.cu, gemv_fused.cu): the
-// launch parameters, the warp sums of several rows, and the row dot products with the weight loads
-// issued before the PDL wait, and the host side's launch parameters from GemvArgs.
+// The pieces the decode GEMV kernels share (gemv.cu, gemv_fused.cu, gemv_stream.cu): the launch
+// parameters, the warp sums of several rows, the row dot products (weight loads issued before the PDL
+// wait, or rows in shared memory), and the host side's launch parameters from GemvArgs.
 #pragma once
 #include "backends/cuda/quant_device.cuh"
 
@@ -295,6 +295,37 @@ inline Seg make_seg(const GemvArgs& a) {
     s.res_a = a.res_a, s.res_out = a.res_out, s.res_scale = a.res_scale;
     return s;
 }
+
+// The dot products of NR weight rows in plain (shared) memory with one 8-bit activation row: lane l
+// takes items l, l + 32, ... (Tr: the item traits); rows(r, q, m) gives row r's quant and scale rows.
+// XS: the activation row is in shared memory.
+template <GgmlType T, class Tr, int NR, bool XS, class Rows>
+__device__ __forceinline__ void plain_dot_rows(const int8_t* xq, const float* xd, int n_items, Rows rows,
+                                               float (&acc)[NR]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll 2
+    for (int i = lane; i < n_items; i += 32) {
+        const int blk = i / Tr::kItems, j = i % Tr::kItems;
+        int ea, eb;
+        Tr::runs(j, ea, eb);
+        const int base = blk * quant_layout(T).block_elems;
+        const auto x = load_xq<XS, Tr::kRun / 4>(xq, xd, base + ea, base + eb, Tr::flip(blk));
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            const uint8_t *q, *m;
+            rows(r, q, m);
+            acc[r] += Tr::dot(Tr::template load_w<PlainLd>(q, m, blk, j), x, j);
+        }
+    }
+}
+
+// The bulk copies need 16-byte aligned sources: the product's first row, in both streams, at a 16-byte
+// boundary (sizes are whole 32-row groups: multiples of 16 bytes).
+inline bool stage_aligned(const GemvArgs& a, int64_t qrow, int64_t mrow) {
+    auto at16 = [](const void* p, int64_t off) { return (reinterpret_cast<uintptr_t>(p) + uintptr_t(off)) % 16 == 0; };
+    return at16(a.w.image, a.w.row0 * qrow) && at16(scale_stream(a.w), a.w.row0 * mrow);
+}
+
 
 }  // namespace
 }  // namespace cera::cuda

@@ -278,6 +278,9 @@ struct PickMail {
 };
 void argmax_feed(const float* x, int64_t n, int32_t* out, int32_t* ids, int32_t* pos, int64_t pos_last, Stream stream,
                  void* scratch = nullptr, PickMail mail = {});
+// gemv of one product through the streamed kernel (gemv_stream.cu), where it takes it (one token, at
+// least 32 MB of quantized rows); false, having launched nothing, where it does not. gemv calls it.
+bool gemv_stream(const GemvArgs& a, Stream stream);
 // argmax_feed of the row that the one-token product `a` (an LM head) writes, made by the product's own
 // launch where the streamed GEMV takes it (gemv.cu; scratch: argmax_feed's). Returns false, having
 // launched nothing, where it does not: then gemv and argmax_feed.
