@@ -63,9 +63,10 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
     unsigned char* v_s = k_s + size_t(kc) * krow;
     float* q_s = reinterpret_cast<float*>(v_s + size_t(kc) * vrow);
     float* p_s = q_s + G * kQStride<HD>;  // each warp's 32 (key, head) weights of its pass
-    const int64_t kv_width = int64_t(a.n_head_kv) * HD;
-    const unsigned char* kg = static_cast<const unsigned char*>(a.k) + int64_t(hk) * HD * es;
-    const unsigned char* vg = static_cast<const unsigned char*>(a.v) + int64_t(hk) * HD * es;
+    const int hc = hk / a.kv_div;  // the cache head
+    const int64_t kv_width = int64_t(a.n_head_kv / a.kv_div) * HD;
+    const unsigned char* kg = static_cast<const unsigned char*>(a.k) + int64_t(hc) * HD * es;
+    const unsigned char* vg = static_cast<const unsigned char*>(a.v) + int64_t(hc) * HD * es;
 
     int64_t begin, end;
     attn_key_range(a.pos[t], a.n_ctx, a.sliding_window, begin, end);
@@ -243,11 +244,21 @@ bool launch_hd(const DecodeAttnArgs& a, dim3 grid, size_t smem, int gp, int warp
 
 }  // namespace
 
-bool attention_decode_warp(const DecodeAttnArgs& a, bool f16, cudaStream_t s) {
+bool attention_decode_warp(const DecodeAttnArgs& args, bool f16, cudaStream_t s) {
     static const bool on = [] {
         const char* e = std::getenv("CERA_CUDA_ATTN_WARP");  // 0: attn_dec_kernel (attention.cu) instead
         return !(e && e[0] == '0');
     }();
+    static const int hsplit = env_int("CERA_CUDA_ATTN_HSPLIT", 1);
+    DecodeAttnArgs a = args;
+    {
+        const int g = a.n_head / a.n_head_kv;
+        int d = 1;
+        while (d * 2 <= hsplit && g % (d * 2) == 0 &&
+               a.n_tokens * a.n_head_kv * d * 2 <= kDecodeCounterFloats)
+            d *= 2;
+        a.kv_div = d, a.n_head_kv *= d;
+    }
     const int hd = a.head_dim, G = a.n_head / a.n_head_kv;
     int gp = 1;
     while (gp < G) gp *= 2;

@@ -27,6 +27,9 @@ struct DecodeAttnArgs {
     float* partial;
     int kc;           // decode kernels: keys per chunk
     uint8_t* out_xq;  // quantize_q8 rows of out (row = n_head * head_dim), or null
+    // attn_decw_kernel: n_head_kv counts blocks of query heads, kv_div of them to a cache head (a
+    // GQA group split over kv_div blocks); every other kernel: 1.
+    int kv_div = 1;
 };
 
 // 8 halves (16 bytes) as floats.

@@ -298,7 +298,7 @@ __device__ __forceinline__ void stage_rows(uint64_t* bar, uint8_t* const (&dst)[
 // SwiGLU pair (gemv_glu_kernel's work): a block owns rb = 32 or 64 rows of both matrices; W = 16 or 8
 // warps, a warp R = 32 / W gate + R up rows per pass (rb / 32 passes); the same epilogue (act and its
 // 8-bit groups, one 32-row group per pass). Shared memory: gate q, up q, gate m, up m (rb rows each).
-// kWide: the K-quants in 32-byte items (WideTraits). At 16 warps (64 registers) two blocks take a
+// kWide: Q5_K in 32-byte items (WideTraits). At 16 warps (64 registers) two blocks take a
 // whole SM's registers; at 8 (at most 80 registers) two blocks leave room for a block of the plain
 // GEMV beside them (the out-projection before, the down product after), and each x item read from
 // shared memory serves 4 rows instead of 2. 8 warps for Q4_0 (with the GEMV's carveout, gemv_carveout):
@@ -479,14 +479,15 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t n_rows, 
 //   Q4_0, Q4_1, Q5_0, Q5_1: the most shared memory (100), like the staged SwiGLU pair between the
 //     out-projection and the down product, so that their blocks share SMs (the pair's blocks are
 //     resident, their rows requested, before the out-projection ends; the down's before the pair ends);
-//   the K-quants: the most L1 (0), which their scale loads go through (the Q6_K LM head too);
+//   Q5_K and Q6_K (heavy_scales): the most L1 (0), which their scale loads go through (Q4_K too
+//     before its 32-element items: then 100 measured -3.7% on llama-1b);
 //   Q8_0: the driver's choice (100 and 0 both measured slower).
 // Measured with the 8-warp staged pair (bench/NOTES.md, thirteenth session): llama-1b Q4_0 +4.3%,
 // lfm2-1.2b Q4_0 +1.5%, the K-quants +0.3-0.6%. CERA_CUDA_CARVEOUT_GEMV_Q / _K / _8 override (-1: none).
 int gemv_carveout(GgmlType t) {
     static const int q = env_int("CERA_CUDA_CARVEOUT_GEMV_Q", 100), k = env_int("CERA_CUDA_CARVEOUT_GEMV_K", 0),
                      q8 = env_int("CERA_CUDA_CARVEOUT_GEMV_8", -1);
-    return quant_layout(t).block_elems == 256 ? k : t == GgmlType::kQ8_0 ? q8 : q;
+    return heavy_scales(t) ? k : t == GgmlType::kQ8_0 ? q8 : q;
 }
 
 template <int R>
@@ -543,8 +544,9 @@ namespace {
 
 // Rows per warp from the shape: enough warps to cover the SMs several times over first, then
 // activation reuse. Measured on the H200 (bench/NOTES.md): 4 rows per warp is best for
-// Q4_0/Q8_0/float from 2048 rows; the K-quants, heavier per byte, do better with 2 below LM-head sizes.
-int pick_r(const QuantLayout& L, int64_t rows, int n_y, int requested) {
+// Q4_0/Q8_0/float from 2048 rows; Q5_K / Q6_K (heavy_scales), heavier per byte, do better with 2 below
+// LM-head sizes.
+int pick_r(GgmlType type, int64_t rows, int n_y, int requested) {
     static const int forced = [] {
         const char* e = std::getenv("CERA_CUDA_GEMV_R");  // benchmarks: force rows per warp
         return e ? std::atoi(e) : 0;
@@ -552,8 +554,7 @@ int pick_r(const QuantLayout& L, int64_t rows, int n_y, int requested) {
     const int R = requested ? requested : forced;
     if (R == 1 || R == 2 || R == 4) return R;
     const int64_t work = rows * n_y;
-    const bool kquant = L.block_elems == 256;
-    return work >= 2048 ? (kquant && work < 32768 ? 2 : 4) : work >= 512 ? 2 : 1;
+    return work >= 2048 ? (heavy_scales(type) && work < 32768 ? 2 : 4) : work >= 512 ? 2 : 1;
 }
 
 // Split-K for short and wide matrices: while the row warps do not fill the GPU (< 2048 warps, ~16
@@ -594,15 +595,15 @@ void launch_glu_stage_w(unsigned blocks, size_t smem, cudaStream_t s, const Gemv
     launch(gemv_glu_stage_kernel<T, PRO, kWide, W>, blocks, W * 32, smem, s, p, rb, n_y);
 }
 
-// Warps a staged block: 8 for Q4_0, Q4_1, Q5_0 and Q5_1, 16 for the K-quants (8: lfm2-1.2b Q4_K
-// -1.3%, llama-1b Q4_K -2.5%) and Q8_0 (whose 8-warp kernel spills 72-92 bytes; its pairs are staged
+// Warps a staged block: 8 for Q4_0, Q4_1, Q5_0, Q5_1 and Q4_K, 16 for Q5_K / Q6_K (8 measured -1.3% /
+// -2.5% for Q4_K in its earlier layout, lfm2-1.2b / llama-1b; Q4_K's 32-element items: 16 even) and Q8_0 (whose 8-warp kernel spills 72-92 bytes; its pairs are staged
 // only for small rows). CERA_CUDA_GLU_WARPS (8 or 16) forces either.
 template <GgmlType T, bool PRO>
 void launch_glu_stage(bool wide, unsigned blocks, size_t smem, cudaStream_t s, const GemvK& p, int rb, int n_y) {
     static const int forced = env_int("CERA_CUDA_GLU_WARPS", 0);
     const bool eight =
-        forced == 8 || (forced != 16 && quant_layout(T).block_elems == 32 && T != GgmlType::kQ8_0);
-    if constexpr (T == GgmlType::kQ4_K || T == GgmlType::kQ5_K) {
+        forced == 8 || (forced != 16 && !heavy_scales(T) && T != GgmlType::kQ8_0);
+    if constexpr (T == GgmlType::kQ5_K) {
         if (wide) {
             if (eight) launch_glu_stage_w<T, PRO, true, 8>(blocks, smem, s, p, rb, n_y);
             else launch_glu_stage_w<T, PRO, true, 16>(blocks, smem, s, p, rb, n_y);
@@ -613,7 +614,7 @@ void launch_glu_stage(bool wide, unsigned blocks, size_t smem, cudaStream_t s, c
     else launch_glu_stage_w<T, PRO, false, 16>(blocks, smem, s, p, rb, n_y);
 }
 
-// SwiGLU pairs: blocks of 32 rows of both matrices (K-quants: 64), else of the other size
+// SwiGLU pairs: blocks of 32 rows of both matrices (Q5_K / Q6_K: 64), else of the other size
 // (CERA_CUDA_GLU_ROWS forces either), at most 160 KB a block, and only where the whole grid is
 // resident at once (a second wave measured slower than the register kernel: Q8_0, -8%). Batches of
 // up to 8 tokens. Every block type that fits: at 64 registers a thread a staged block leaves room on
@@ -638,8 +639,8 @@ StagePlan glu_stage_plan(const GemvArgs& g, const GemvArgs& u) {
         const int64_t bytes = rb * per_row, fit = per_sm / (bytes + pro + 2048);  // + static and reserved memory
         return g.rows % rb == 0 && bytes <= kGluStageMax && fit >= 1 && g.rows / rb <= fit * sm_count();
     };
-    const bool kquant = L.block_elems == 256;
-    for (int64_t rb : {int64_t(kquant ? 64 : 32), int64_t(kquant ? 32 : 64)})
+    const bool heavy = heavy_scales(g.w.type);
+    for (int64_t rb : {int64_t(heavy ? 64 : 32), int64_t(heavy ? 32 : 64)})
         if ((forced != 32 && forced != 64) || forced == rb)
             if (waves_ok(rb)) return {int(rb), size_t(rb * per_row)};
     return {};
@@ -669,7 +670,7 @@ void gemv_multi(const GemvArgs* a, int n, Stream stream) {
     cudaStream_t s = as_stream(stream);
     const GgmlType type = a[0].w.type;
     const QuantLayout L = quant_layout(a[0].w.type);
-    int R = pick_r(L, total_rows, a[0].n_y, a[0].rows_per_warp);
+    int R = pick_r(type, total_rows, a[0].n_y, a[0].rows_per_warp);
     if (!vec) R = 1;
     if (L.block_elems > 0) {
         const int items = L.block_elems == 256 ? 8 : 1;  // QTraits<T>::kItems
@@ -709,6 +710,11 @@ bool gemv_norm_prologue_supported(GgmlType type, int64_t k, int n_y) {
     return quant_layout(type).block_elems > 0 && n_y == 1 && k % 32 == 0 && k > 0 && k <= kProMaxK;
 }
 
+bool heavy_scales(GgmlType t) {
+    static const bool q4k = env_int("CERA_CUDA_Q4K_HEAVY", 0) != 0;
+    return t == GgmlType::kQ5_K || t == GgmlType::kQ6_K || (q4k && t == GgmlType::kQ4_K);
+}
+
 bool gemv_glu_staged(const GemvArgs& gate, const GemvArgs& up) { return glu_stage_plan(gate, up).rb > 0; }
 
 bool gemv_glu_supported(GgmlType type, int64_t rows) { return quant_layout(type).block_elems > 0 && rows % 32 == 0; }
@@ -731,8 +737,8 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
     cudaStream_t s = as_stream(stream);
     if (const StagePlan sp = glu_stage_plan(gate, up); sp.rb > 0) {
         const unsigned blocks = unsigned(gate.rows / sp.rb);
-        // K-quants in 32-byte items (one scale decode per 32 bytes): +1.1-2.3% (lfm2-1.2b / llama-1b
-        // Q4_K). The register kernels keep 16-byte items: wide ones took 126 registers at R = 2, -4.7%.
+        // Q5_K in 32-byte items (one scale decode per 32 bytes; +1.1-2.3% for Q4_K in its earlier
+        // layout). The register kernels keep 16-byte items: wide ones took 126 registers at R = 2.
         static const bool default_wide = env_int("CERA_CUDA_GLU_WIDE", 1) != 0;
         const bool wide = gate.glu_wide >= 0 ? gate.glu_wide != 0 : default_wide;
         const size_t smem = sp.smem + prologue_smem(p);

@@ -7,8 +7,9 @@
 // weights are split on upload into two streams so that every quant load is 16 bytes and aligned:
 //   [rows * nb blocks of q_bytes]   the quants (and, for Q6_K, the sub-scales), 16-byte multiples
 //   [rows * nb blocks of m_bytes]   the per-block scales (fp16 d, min, packed K scales, Q5 high bits)
-// with nb = k / block_elems blocks per row. Q4_K / Q5_K blocks are rearranged (weight_image.cpp): the
-// qs as two halves, the 6-bit scales and mins regrouped per 64-element group. A row slice or an
+// with nb = k / block_elems blocks per row. K-quant blocks are rearranged (weight_image.cpp): Q4_K's
+// as eight 32-element items with a byte scale and min each, Q5_K's qs as two halves with the 6-bit
+// scales and mins regrouped per 64-element group. A row slice or an
 // expert of a stacked MoE tensor is addressed by its first row (WeightRef::row0).
 #pragma once
 #include <cstddef>
@@ -40,12 +41,17 @@ CERA_HD constexpr QuantLayout quant_layout(GgmlType t) {
         case GgmlType::kQ5_0: return {32, 16, 8};   // d, pad, qh (u32)
         case GgmlType::kQ5_1: return {32, 16, 8};   // d, m, qh (u32)
         case GgmlType::kQ8_0: return {32, 32, 2};
-        case GgmlType::kQ4_K: return {256, 128, 16};  // m: d, dmin, scales regrouped (weight_image.cpp)
+        case GgmlType::kQ4_K: return {256, 128, 20};  // m: d, dmin, 8 x (scale, min) (weight_image.cpp)
         case GgmlType::kQ5_K: return {256, 160, 16};  // q: qs[128], qh[32]
         case GgmlType::kQ6_K: return {256, 208, 2};   // q: ql[128], qh[64], scales[16]; m: d
         default: return {};
     }
 }
+// Whether a quantized type's items decode their scales from a record shared by a 256-element block
+// (Q5_K's packed 6-bit scales, Q6_K's sub-scales), heavier per byte than Q4_0 / Q4_1 / Q5_0 / Q5_1 /
+// Q8_0 and Q4_K's 32-element items: the launch choices (rows a warp, the L1 / shared-memory split, the
+// staged SwiGLU blocks) follow this. CERA_CUDA_Q4K_HEAVY=1 gives Q4_K the heavy choices (A/B).
+bool heavy_scales(GgmlType t);
 inline bool is_float_type(GgmlType t) { return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16; }
 inline bool weight_type_supported(GgmlType t) { return is_float_type(t) || quant_layout(t).block_elems > 0; }
 

@@ -2,7 +2,7 @@
 //
 // The unit of work is an *item*: one lane's share of a block, 16 or 32 bytes of quants. A quantized
 // item covers two runs of kRun elements (block-relative element offsets ea, eb): kRun = 16 for the
-// low and high nibbles of 16 bytes or 32 plain bytes of Q8_0, 32 for the wide K-quant items (32
+// low and high nibbles of 16 bytes or 32 plain bytes of Q8_0, 32 for the wide Q5_K items (32
 // bytes of nibbles, WideTraits). For each item a traits struct gives
 //   load_w(q_row, m_row, blk, j)  the weight bytes of item j of block blk (16-byte loads),
 //   flip(blk)                     the order of the item's halves (load_xq must load x the same way),
@@ -17,7 +17,7 @@ namespace cera::cuda {
 constexpr int kOnes = 0x01010101;
 
 // The activations of one quantized item: two runs of 4N int8 (N = 4: 16 elements, the item of most
-// types; N = 8: 32, the Q4_K / Q5_K item) with their scales and sums. A run lies in one 32-group.
+// types; N = 8: 32, the wide Q5_K item) with their scales and sums. A run lies in one 32-group.
 template <int N>
 struct XQn {
     int a[N], b[N];
@@ -32,7 +32,7 @@ __device__ __forceinline__ void set_words(int* dst, const uint4& v) {
 
 // xq_row, xd_row: one row of quantize_q8 output, in global memory (read through the read-only cache)
 // or, with Shared, in shared memory. N = 8: words 4h.. of a run hold its 16 elements 16 (h ^ flip)..,
-// in the order the item's weight halves were loaded (QkTraits::load_w).
+// in the order the item's weight halves were loaded (Q5kTraits::load_w).
 template <bool Shared = false, int N = 4>
 __device__ __forceinline__ XQn<N> load_xq(const int8_t* xq_row, const float* xd_row, int ea, int eb, int flip = 0) {
     XQn<N> x;
@@ -225,12 +225,12 @@ struct QTraits<GgmlType::kQ8_0> {
 };
 
 // ---------------------------------------------------------------- K-quants (256-element blocks)
-// Q4_K / Q5_K: 64-element group g = 32 bytes of qs, byte l (0..31)'s low nibble = element 64g + l
-// (sub-block 2g, run a), high = 64g + 32 + l (sub-block 2g+1, run b); Q5_K's 5th bits are bits 2g /
-// 2g+1 of qh[l]. The image stores a block's qs as halves (weight_image.cpp): bytes 64h + 16g.. hold
-// l = 16h..16h+15 of group g, so 16-byte items are lane-contiguous, and the lanes of a warp taking
-// 32-byte items (4 per block) read 64 contiguous bytes of each block per load. Odd blocks load their
-// second half first (flip), so that 8 neighbouring lanes cover distinct shared-memory banks.
+// Q5_K: 64-element group g = 32 bytes of qs, byte l (0..31)'s low nibble = element 64g + l (sub-block
+// 2g, run a), high = 64g + 32 + l (sub-block 2g+1, run b); the 5th bits are bits 2g / 2g+1 of qh[l].
+// The image stores a block's qs as halves (weight_image.cpp): bytes 64h + 16g.. hold l = 16h..16h+15
+// of group g, so 16-byte items are lane-contiguous, and the lanes of a warp taking 32-byte items (4
+// per block) read 64 contiguous bytes of each block per load. Odd blocks load their second half first
+// (flip), so that 8 neighbouring lanes cover distinct shared-memory banks.
 __device__ __forceinline__ int byte_of(uint32_t w, int i) { return int((w >> (8 * i)) & 0xFF); }
 // The scales and mins of 64-element group g (sub-blocks 2g, 2g+1) from the image's scale stream
 // (meta.y, .z, .w: weight_image.cpp k_scale_stream).
@@ -243,11 +243,10 @@ __device__ __forceinline__ void k_group_scales(const uint4& meta, int g, int& sc
 
 // kWide = false: 16-byte items j (0..7) = image chunk j, half j / 4 of group j % 4 (runs of 16);
 // true: 32-byte items j (0..3) = group j, both halves (runs of 32; one scale decode per 32 bytes).
-template <bool kFive, bool kWide = false>
-struct QkTraits {
+template <bool kWide = false>
+struct Q5kTraits {
     static constexpr int kH = kWide ? 2 : 1;  // 16-byte halves per item
     static constexpr int kItems = 8 / kH, kRun = 16 * kH;
-    static constexpr int kQ = kFive ? 160 : 128;
     using X = XQn<4 * kH>;
     // q[h], qh[h]: elements l = 16 (h ^ flip).. of the group (the order of load_xq's words).
     struct W { uint4 q[kH], qh[kH], meta; int flip; };
@@ -260,13 +259,13 @@ struct QkTraits {
     template <class Ld = GlobalLd>
     __device__ static W load_w(const uint8_t* q, const uint8_t* m, int64_t blk, int j) {
         W w;
-        const uint8_t* b = q + blk * kQ;
+        const uint8_t* b = q + blk * 160;
         w.flip = flip(blk);
 #pragma unroll
         for (int h = 0; h < kH; ++h) {
             const int half = kWide ? h ^ w.flip : j >> 2;
             w.q[h] = Ld::v16(b + 64 * half + 16 * group(j));
-            if (kFive) w.qh[h] = Ld::v16(b + 128 + 16 * half);
+            w.qh[h] = Ld::v16(b + 128 + 16 * half);
         }
         w.meta = Ld::v16_cached(m + 16 * blk);
         return w;
@@ -274,28 +273,18 @@ struct QkTraits {
     // Word i (0..4 kH - 1) of the item: 4 low quants and the 4 high ones 32 elements later.
     __device__ static void item_q(const W& w, int j, int i, int& lo, int& hi) {
         const int v = word(w.q[i >> 2], i & 3);
-        lo = v & 0x0F0F0F0F;
-        hi = (v >> 4) & 0x0F0F0F0F;
-        if (kFive) {
-            const int h = word(w.qh[i >> 2], i & 3), g = group(j);
-            lo |= ((h >> (2 * g)) & 0x01010101) << 4;
-            hi |= ((h >> (2 * g + 1)) & 0x01010101) << 4;
-        }
+        const int h = word(w.qh[i >> 2], i & 3), g = group(j);
+        lo = (v & 0x0F0F0F0F) | ((h >> (2 * g)) & 0x01010101) << 4;
+        hi = ((v >> 4) & 0x0F0F0F0F) | ((h >> (2 * g + 1)) & 0x01010101) << 4;
     }
     __device__ static float dot(const W& w, const X& x, int j) {
         int lo = 0, hi = 0;
-        if constexpr (kFive) {
 #pragma unroll
-            for (int i = 0; i < 4 * kH; ++i) {
-                int ql, qh;
-                item_q(w, j, i, ql, qh);
-                lo = __dp4a(ql, x.a[i], lo);
-                hi = __dp4a(qh, x.b[i], hi);
-            }
-        } else {
-#pragma unroll
-            for (int h = 0; h < kH; ++h) dot_nibbles_acc(w.q[h], x.a + 4 * h, x.b + 4 * h, lo, hi);
-            hi >>= 4;  // exact: a multiple of 16
+        for (int i = 0; i < 4 * kH; ++i) {
+            int ql, qh;
+            item_q(w, j, i, ql, qh);
+            lo = __dp4a(ql, x.a[i], lo);
+            hi = __dp4a(qh, x.b[i], hi);
         }
         int sc0, m0, sc1, m1;
         k_group_scales(w.meta, group(j), sc0, m0, sc1, m1);
@@ -322,16 +311,48 @@ struct QkTraits {
     }
 };
 template <>
-struct QTraits<GgmlType::kQ4_K> : QkTraits<false> {};
+struct QTraits<GgmlType::kQ5_K> : Q5kTraits<> {};
+
+// Q4_K in 32-element items (weight_image.cpp k4_items): item j of a block is sub-block j, 16 bytes with
+// element l in the low nibble of byte l and element l + 16 in its high nibble (the Q4_0 order); the
+// scale stream holds d, dmin (f16), then each sub-block's 6-bit scale and min as two bytes. An item
+// is one 32-group of the activations, dotted as Q4_1's with scale d * sc and min dmin * m:
+// 6 registers an item instead of 9, so the kernels take Q4_0's rows a warp.
 template <>
-struct QTraits<GgmlType::kQ5_K> : QkTraits<true> {};
-// The traits a kernel takes with wide = true: 32-byte items for Q4_K / Q5_K, else QTraits<T>.
+struct QTraits<GgmlType::kQ4_K> {
+    static constexpr int kItems = 8, kRun = 16;
+    using X = XQ;
+    __device__ static int flip(int64_t) { return 0; }
+    struct W { uint4 q; uint32_t dm, sm; };
+    __device__ static void runs(int j, int& ea, int& eb) { ea = 32 * j, eb = 32 * j + 16; }
+    template <class Ld = GlobalLd>
+    __device__ static W load_w(const uint8_t* q, const uint8_t* m, int64_t blk, int j) {
+        const uint8_t* mb = m + blk * 20;
+        return {Ld::v16(q + blk * 128 + 16 * j), *reinterpret_cast<const uint32_t*>(mb),
+                uint32_t(reinterpret_cast<const uint16_t*>(mb + 4)[j])};
+    }
+    __device__ static float dot(const W& w, const XQ& x, int) {
+        int lo, hi;
+        dot_nibbles(w.q, x, lo, hi);
+        const float d = half_bits_to_float(uint16_t(w.dm)), dmin = half_bits_to_float(uint16_t(w.dm >> 16));
+        return x.da * (d * float(int(w.sm & 0xFFu) * (lo + hi)) - dmin * float(int(w.sm >> 8) * (x.sa + x.sb)));
+    }
+    __device__ static void dequant(const W& w, int, float* va, float* vb) {
+        const float d = half_bits_to_float(uint16_t(w.dm)) * float(w.sm & 0xFFu);
+        const float n = half_bits_to_float(uint16_t(w.dm >> 16)) * float(w.sm >> 8);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const int byte = (word(w.q, i >> 2) >> (8 * (i & 3))) & 0xFF;
+            va[i] = d * float(byte & 0xF) - n;
+            vb[i] = d * float(byte >> 4) - n;
+        }
+    }
+};
+// The traits a kernel takes with wide = true: 32-byte items for Q5_K, else QTraits<T>.
 template <GgmlType T, bool kWide>
 struct WideTraits : QTraits<T> {};
 template <>
-struct WideTraits<GgmlType::kQ4_K, true> : QkTraits<false, true> {};
-template <>
-struct WideTraits<GgmlType::kQ5_K, true> : QkTraits<true, true> {};
+struct WideTraits<GgmlType::kQ5_K, true> : Q5kTraits<true> {};
 
 // Q6_K: block image = ql[128] qh[64] scales[16], then d in the scale stream. Item j (0..7): half
 // n = j/4 (128 elements), jj = j%4: 16 bytes ql[64n + 16jj], 16 bytes qh[32n + 16(jj%2)].

@@ -17,7 +17,7 @@ size_t weight_image_bytes(GgmlType type, int64_t rows, int64_t k) {
 
 namespace {
 
-// The K-quant scale stream: d, dmin, then the 8 scales and 8 mins (6 bits each) regrouped so that the
+// The Q5_K scale stream: d, dmin, then the 8 scales and 8 mins (6 bits each) regrouped so that the
 // four values of 64-element group g are byte g of three words (quant_device.cuh, k_group_scales):
 //   word 1 byte g = sc(2g)   | (m(2g)   >> 4) << 6
 //   word 2 byte g = sc(2g+1) | (m(2g+1) >> 4) << 6
@@ -36,10 +36,26 @@ void k_scale_stream(uint16_t d, uint16_t dmin, const uint8_t* scales, uint8_t* m
     }
 }
 
-// The K-quant qs as halves: 16-byte chunk c of the image = bytes 16 (c / 4) .. of group c % 4, i.e.
+// The Q5_K qs as halves: 16-byte chunk c of the image = bytes 16 (c / 4) .. of group c % 4, i.e.
 // chunk 2 (c % 4) + c / 4 of the GGUF qs (quant_device.cuh QkTraits).
 void k_quants(const uint8_t* qs, uint8_t* qo) {
     for (int c = 0; c < 8; ++c) std::memcpy(qo + 16 * c, qs + 16 * (2 * (c % 4) + c / 4), 16);
+}
+
+// Q4_K as 32-element items (quant_device.cuh QTraits<kQ4_K>): chunk j of the quants = sub-block j,
+// element l in the low nibble of byte l and l + 16 in the high one; the scale stream: d, dmin, then
+// sub-block j's scale and min at bytes 4 + 2j, 5 + 2j. Sub-block 2g is the low nibbles of GGUF qs
+// bytes 32g .. 32g + 31, sub-block 2g + 1 their high nibbles.
+void k4_items(const BlockQ4_K& b, uint8_t* qo, uint8_t* mo) {
+    for (int j = 0; j < 8; ++j) {
+        const uint8_t* src = b.qs + 32 * (j / 2);
+        const int sh = 4 * (j % 2);
+        for (int l = 0; l < 16; ++l)
+            qo[16 * j + l] = uint8_t(((src[l] >> sh) & 15) | ((src[l + 16] >> sh) & 15) << 4);
+    }
+    std::memcpy(mo, &b.d, 2);
+    std::memcpy(mo + 2, &b.dmin, 2);
+    for (int j = 0; j < 8; ++j) get_scale_min_k4(j, b.scales, mo + 4 + 2 * j, mo + 5 + 2 * j);
 }
 
 // Splits every block into its quant part (q) and scale part (m).
@@ -98,10 +114,7 @@ void make_weight_image(GgmlType type, const void* gguf, int64_t rows, int64_t k,
             });
             break;
         case GgmlType::kQ4_K:
-            split_blocks<BlockQ4_K>(gguf, n, q, m, L, [](const BlockQ4_K& b, uint8_t* qo, uint8_t* mo) {
-                k_quants(b.qs, qo);
-                k_scale_stream(b.d, b.dmin, b.scales, mo);
-            });
+            split_blocks<BlockQ4_K>(gguf, n, q, m, L, k4_items);
             break;
         case GgmlType::kQ5_K:
             split_blocks<BlockQ5_K>(gguf, n, q, m, L, [](const BlockQ5_K& b, uint8_t* qo, uint8_t* mo) {
