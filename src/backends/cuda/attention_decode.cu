@@ -249,7 +249,10 @@ bool attention_decode_warp(const DecodeAttnArgs& args, bool f16, cudaStream_t s)
         const char* e = std::getenv("CERA_CUDA_ATTN_WARP");  // 0: attn_dec_kernel (attention.cu) instead
         return !(e && e[0] == '0');
     }();
-    static const int hsplit = env_int("CERA_CUDA_ATTN_HSPLIT", 1);
+    // A GQA group's query heads over up to `hsplit` blocks (each copies the group's K/V rows, L2 hits):
+    // the group's key loop spreads over more SMs. 2 against 1, three calls: lfm2-1.2b Q4_0 +0.3 / +0.5%,
+    // Q4_K +0.8 / 0 / +0.1%, llama-1b Q4_0 +0.7 / 0%, Q4_K -0.2 / +0.8 / +0.9%; 4: even (bench/NOTES.md).
+    static const int hsplit = env_int("CERA_CUDA_ATTN_HSPLIT", 2);
     DecodeAttnArgs a = args;
     {
         const int g = a.n_head / a.n_head_kv;
