@@ -14,8 +14,7 @@ block started waiting (blocks that were not resident in time), `lastin` = how lo
 last block started (negative: after it), `run` = from the release to the last block's end (thread 0),
 `arrive` = when the last block's thread 0 reached its first wait, from the release (negative: before it;
 near zero or positive: the release waited for the block, not for the kernel before)."""
-import glob, os, re, sys
-import numpy as np
+import glob, os, re, struct, sys
 
 def fnv(s):
     h = 2166136261
@@ -38,36 +37,34 @@ def main():
     path = sys.argv[1]
     skip = int(sys.argv[sys.argv.index("--skip-steps") + 1]) if "--skip-steps" in sys.argv else 8
     nsteps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 64
-    dt = np.dtype([("t0", "<u8"), ("t1", "<u8"), ("t2", "<u8"), ("ta", "<u8"), ("file", "<u4"), ("line_sm", "<u4"), ("block", "<u4"), ("grid", "<u4")])
-    r = np.fromfile(path, dtype=dt)[1:]
-    r = r[r["t0"] > 0]
+    rec = struct.Struct("<QQQQIIII")  # t0 t1 t2 ta file line_sm block grid
+    data = open(path, "rb").read()
+    r = [x for x in rec.iter_unpack(data[: len(data) // rec.size * rec.size])][1:]
+    r = [x for x in r if x[0] > 0]
+    T0, T1, T2, TA, FILE, LINE, BLOCK, GRID = range(8)
     names = kernel_names(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    line = r["line_sm"] & 0xffff
-    order = np.argsort(r["t0"], kind="stable")
+    order = sorted(range(len(r)), key=lambda i: r[i][T0])
     launches = {}  # key -> list of launches (list of record indices)
-    allr = []
     for i in order:
-        key = (int(r["file"][i]), int(line[i]), int(r["grid"][i]))
+        x = r[i]
+        key = (x[FILE], x[LINE] & 0xffff, x[GRID])
         L = launches.setdefault(key, [])
-        if not L or int(r["block"][i]) in L[-1][1]:
+        if not L or x[BLOCK] in L[-1][1]:
             L.append(([], set()))
         L[-1][0].append(i)
-        L[-1][1].add(int(r["block"][i]))
+        L[-1][1].add(x[BLOCK])
     rows = []
     for key, L in launches.items():
         for idx, _ in L:
-            idx = np.array(idx)
-            t1 = r["t1"][idx].astype(np.int64)
-            t1v = t1[t1 > 0]
-            if len(t1v) == 0: continue
-            t2 = r["t2"][idx].astype(np.int64)
-            ta = r["ta"][idx].astype(np.int64)
-            tav = ta[ta > 0]
-            rows.append((int(t1v.min()), int(r["t0"][idx].min()), int(t1v.max()), len(idx), key,
-                         int(r["t0"][idx].max()), int(t2.max()), idx, int(tav.max()) if len(tav) else 0))
+            t1v = [r[i][T1] for i in idx if r[i][T1] > 0]
+            if not t1v: continue
+            tav = [r[i][TA] for i in idx if r[i][TA] > 0]
+            rows.append((min(t1v), min(r[i][T0] for i in idx), max(t1v), len(idx), key,
+                         max(r[i][T0] for i in idx), max(r[i][T2] for i in idx), idx, max(tav) if tav else 0))
     rows.sort()
     name = lambda key: names.get((key[0], key[1]), "?%d" % key[1])
-    ends = [i for i, x in enumerate(rows) if "argmax" in name(x[4])]
+    # A step ends with its pick: the arg-max launch, or the streamed LM head that makes it.
+    ends = [i for i, x in enumerate(rows) if "argmax" in name(x[4]) or "gemv_stream" in name(x[4])]
     steps = [(ends[j] + 1, ends[j + 1] + 1) for j in range(len(ends) - 1)]
     if not steps:
         print("no steps found"); return
@@ -75,8 +72,8 @@ def main():
     mode = max(set(lens), key=lens.count)
     steps = [s for s in steps if s[1] - s[0] == mode][skip:skip + nsteps]
     print("%d steps of %d launches (modal), %d used" % (len(lens), mode, len(steps)))
-    chain = np.zeros(mode); ahead = np.zeros(mode); late = np.zeros(mode); total = 0.0
-    start_last = np.zeros(mode); run = np.zeros(mode); arrive = np.zeros(mode)
+    chain = [0.0] * mode; ahead = [0.0] * mode; late = [0.0] * mode; total = 0.0
+    start_last = [0.0] * mode; run = [0.0] * mode; arrive = [0.0] * mode
     for a, b in steps:
         nxt = rows[b][0] if b < len(rows) else None
         for k in range(mode):
@@ -102,8 +99,9 @@ def main():
         for a, b in steps:
             rel = rows[a + k][0]
             for i in rows[a + k][7]:
-                e = acc.setdefault(int(r["block"][i]), np.zeros(5))
-                e += (int(r["t0"][i]) - rel, int(r["ta"][i]) - rel, int(r["t1"][i]) - rel, int(r["t2"][i]) - rel, 1)
+                e = acc.setdefault(r[i][BLOCK], [0.0] * 5)
+                for j, v in enumerate((r[i][T0] - rel, r[i][TA] - rel, r[i][T1] - rel, r[i][T2] - rel, 1)):
+                    e[j] += v
         print("\nlaunch %d, per block (us from its release): block start arrive wait end" % k)
         for blk, e in sorted(acc.items(), key=lambda x: x[1][3] / x[1][4]):
             print("  %5d %7.2f %7.2f %7.2f %7.2f" % (blk, e[0] / e[4] / 1e3, e[1] / e[4] / 1e3, e[2] / e[4] / 1e3,
