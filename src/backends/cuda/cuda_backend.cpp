@@ -95,11 +95,14 @@ class CudaBackend final : public Backend {
         const char* f = std::getenv("CERA_CUDA_FUSE");
         fuse_ = !(f && std::strcmp(f, "0") == 0);
         // Products fused with their consumer (gemv_fused.cu), where each measured faster (bench/NOTES.md):
-        // q/k/v + RoPE + KV store for every block type, in_proj + short conv for the K-quants.
+        // q/k/v + RoPE + KV store for every block type, in_proj + short conv for Q5_K / Q6_K
+        // (heavy_scales; Q4_K's 32-element items unfused, as Q4_0: lfm2-1.2b +1.2%).
         // CERA_CUDA_FUSE_PRODUCTS=0: neither; all: both for every block type (A/B).
         const char* fp = std::getenv("CERA_CUDA_FUSE_PRODUCTS");
         const std::string_view fpv = fp ? fp : "";
         fuse_products_ = !fuse_ || fpv == "0" ? 0 : fpv == "all" ? 2 : 1;
+        const char* fc = std::getenv("CERA_CUDA_FUSE_CONV");  // 0 / 1: in_proj + conv fused for no / every type
+        fuse_conv_ = fc && *fc ? std::atoi(fc) : -1;
         const char* np = std::getenv("CERA_CUDA_NORM_PRO");
         pro_mask_ = !fuse_ ? 0 : np ? std::atoi(np) : kProDefault;
         // The SwiGLU pair's kernel switches (gemv.cu), per backend so that tests can compare kernels.
@@ -745,7 +748,8 @@ class CudaBackend final : public Backend {
     // Whether products of `type` are fused with their consumer: the short conv (conv) or q/k RoPE.
     bool fuses_product(GgmlType type, bool conv) const {
         const int block = cuda::quant_layout(type).block_elems;
-        return fuse_products_ == 2 || (fuse_products_ == 1 && (conv ? block == 256 : block > 0));
+        if (fuse_products_ == 1 && conv && fuse_conv_ >= 0) return fuse_conv_ != 0 && block > 0;
+        return fuse_products_ == 2 || (fuse_products_ == 1 && (conv ? cuda::heavy_scales(type) : block > 0));
     }
     // The pending products as a's q, k and v in that order, when they can go out with its RoPEs and
     // KV store as one launch (gemv_fused.cu).
@@ -960,6 +964,7 @@ class CudaBackend final : public Backend {
     // lfm2-1.2b Q4_K +0.5%, the others even (it was -1% before them).
     enum { kProGluStaged = 1, kProQkv = 2, kProConv = 4, kProGluWave = 8, kProDefault = 7 };
     int pro_mask_ = kProDefault;
+    int fuse_conv_ = -1;  // CERA_CUDA_FUSE_CONV, or -1: fused for the heavy_scales types
     cuda::GemvArgs res_;  // the held residual product (take_prologue)
     bool res_held_ = false;
     PendingMm mm_[cuda::kMaxSegs];
