@@ -596,8 +596,9 @@ void launch_glu_stage_w(unsigned blocks, size_t smem, cudaStream_t s, const Gemv
 }
 
 // Warps a staged block: 8 for Q4_0, Q4_1, Q5_0, Q5_1 and Q4_K, 16 for Q5_K / Q6_K (8 measured -1.3% /
-// -2.5% for Q4_K in its earlier layout, lfm2-1.2b / llama-1b; Q4_K's 32-element items: 16 even) and Q8_0 (whose 8-warp kernel spills 72-92 bytes; its pairs are staged
-// only for small rows). CERA_CUDA_GLU_WARPS (8 or 16) forces either.
+// -2.5% for Q4_K in its earlier layout, lfm2-1.2b / llama-1b; Q4_K's 32-element items: 16 even) and
+// Q8_0 (whose 8-warp kernel spills 72-92 bytes; its pairs are staged only for small rows).
+// CERA_CUDA_GLU_WARPS (8 or 16) forces either.
 template <GgmlType T, bool PRO>
 void launch_glu_stage(bool wide, unsigned blocks, size_t smem, cudaStream_t s, const GemvK& p, int rb, int n_y) {
     static const int forced = env_int("CERA_CUDA_GLU_WARPS", 0);

@@ -170,8 +170,9 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512) gemv_conv_kerne
 constexpr int rows_qkv(GgmlType t) { return t == GgmlType::kQ5_K || t == GgmlType::kQ6_K ? 2 : 4; }
 
 // One q/k/v launch. Q5_K / Q6_K (heavy_scales) prefer the most L1 (their scale loads; Q4_K in its
-// earlier layout: llama-1b +0.9%, lfm2-1.2b +0.3%); the other types keep the driver's choice (100: llama-1b Q4_0 -0.4%, lfm2-1.2b
-// Q8_0 -5%; 0: Q4_0 -0.6 to -1.1%). CERA_CUDA_CARVEOUT_QKV_K overrides (-1: none).
+// earlier layout: llama-1b +0.9%, lfm2-1.2b +0.3%); the other types keep the driver's choice (100:
+// llama-1b Q4_0 -0.4%, lfm2-1.2b Q8_0 -5%; 0: Q4_0 -0.6 to -1.1%). CERA_CUDA_CARVEOUT_QKV_K overrides
+// (-1: none).
 template <GgmlType T, class C, bool PRO>
 void launch_qkv(dim3 grid, size_t smem, cudaStream_t s, const GemvK& p, const QkvRopeArgs& r) {
     constexpr int R = rows_qkv(T);
