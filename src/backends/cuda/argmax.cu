@@ -85,13 +85,10 @@ constexpr int kSplitThreads = 256, kSplitItems = 8;
 __global__ void __launch_bounds__(kSplitThreads) argmax_split_kernel(const float* __restrict__ x, int64_t n,
                                                                      int32_t* out, int32_t* feed_ids,
                                                                      int32_t* feed_pos, int64_t pos_last,
-                                                                     float* part_v, int* part_i, unsigned* counter,
-                                                                     PickMail mail) {
+                                                                     SplitPick sp, PickMail mail) {
     pdl_trigger();
     const unsigned seq_before = mail_seq(mail);
     pdl_wait();
-    __shared__ float s_best[kSplitThreads / 32];
-    __shared__ int s_idx[kSplitThreads / 32];
     const int64_t lo = int64_t(blockIdx.x) * kSplitThreads * kSplitItems;
     float v[kSplitItems];
 #pragma unroll
@@ -103,23 +100,7 @@ __global__ void __launch_bounds__(kSplitThreads) argmax_split_kernel(const float
     int bi = INT_MAX;
 #pragma unroll
     for (int k = 0; k < kSplitItems; ++k) take(v[k], int(lo + threadIdx.x + k * kSplitThreads), best, bi);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    warp_argmax(best, bi);
-    if (lane == 0) s_best[warp] = best, s_idx[warp] = bi;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < kSplitThreads / 32; ++w) take(s_best[w], s_idx[w], best, bi);
-        part_v[blockIdx.x] = best;
-        part_i[blockIdx.x] = bi;
-    }
-    if (block_ticket(counter) != gridDim.x - 1 || warp != 0) return;
-    best = -INFINITY, bi = INT_MAX;
-    for (int b = lane; b < int(gridDim.x); b += 32) take(__ldcg(part_v + b), __ldcg(part_i + b), best, bi);
-    warp_argmax(best, bi);
-    if (lane == 0) {
-        write_pick(bi, out, feed_ids, feed_pos, pos_last, mail, seq_before);
-        *counter = 0;
-    }
+    split_pick<kSplitThreads / 32>(best, bi, sp, out, feed_ids, feed_pos, pos_last, mail, seq_before);
 }
 
 // The split kernel for one row of at least kSplitMinN values, when the scratch is there.
@@ -132,11 +113,8 @@ bool split_launch(const float* x, int64_t n, int32_t* out, int32_t* ids, int32_t
     }();
     const int64_t blocks = ceil_div(n, int64_t(kSplitThreads) * kSplitItems);
     if (!on || !scratch || n < kSplitMinN || blocks > kArgmaxSplitBlocks) return false;
-    auto* part_v = static_cast<float*>(scratch);
-    auto* part_i = reinterpret_cast<int*>(part_v + kArgmaxSplitBlocks);
-    auto* counter = reinterpret_cast<unsigned*>(part_i + kArgmaxSplitBlocks);
     launch(argmax_split_kernel, dim3(unsigned(blocks)), dim3(kSplitThreads), 0, s, x, n, out, ids, pos, pos_last,
-           part_v, part_i, counter, mail);
+           split_pick_scratch(scratch), mail);
     return true;
 }
 

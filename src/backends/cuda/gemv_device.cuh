@@ -326,6 +326,5 @@ inline bool stage_aligned(const GemvArgs& a, int64_t qrow, int64_t mrow) {
     return at16(a.w.image, a.w.row0 * qrow) && at16(scale_stream(a.w), a.w.row0 * mrow);
 }
 
-
 }  // namespace
 }  // namespace cera::cuda

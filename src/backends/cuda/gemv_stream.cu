@@ -27,9 +27,7 @@ struct StreamPick {
     int32_t* feed_ids = nullptr;
     int32_t* feed_pos = nullptr;
     int64_t pos_last = 0;
-    float* part_v = nullptr;  // [gridDim.x] each
-    int* part_i = nullptr;
-    unsigned* counter = nullptr;  // zero, left zero
+    SplitPick split{};  // the arg-max scratch (pick_device.cuh)
     PickMail mail;
 };
 template <GgmlType T, int R>
@@ -40,8 +38,6 @@ __global__ void __launch_bounds__(256, 1) gemv_stream_kernel(const GemvK a, int 
     constexpr int LW = 32 / R;      // lanes holding one row's total
     extern __shared__ __align__(128) uint8_t smem[];
     __shared__ uint64_t full[kStreamMaxStages];
-    __shared__ float s_best[8];
-    __shared__ int s_idx[8];
     pdl_trigger();
     const Seg& sg = a.seg[0];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -112,23 +108,7 @@ __global__ void __launch_bounds__(256, 1) gemv_stream_kernel(const GemvK a, int 
         __syncthreads();  // every warp is done with stage s
         if (warp == 0 && t + stages < n_tiles) issue(t + stages, s);
     }
-    if (!pk.out) return;
-    warp_argmax(best, bi);
-    if (lane == 0) s_best[warp] = best, s_idx[warp] = bi;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < 8; ++w) take(s_best[w], s_idx[w], best, bi);
-        pk.part_v[blockIdx.x] = best;
-        pk.part_i[blockIdx.x] = bi;
-    }
-    if (block_ticket(pk.counter) != gridDim.x - 1 || warp != 0) return;
-    best = -INFINITY, bi = INT_MAX;
-    for (int b = lane; b < int(gridDim.x); b += 32) take(__ldcg(pk.part_v + b), __ldcg(pk.part_i + b), best, bi);
-    warp_argmax(best, bi);
-    if (lane == 0) {
-        write_pick(bi, pk.out, pk.feed_ids, pk.feed_pos, pk.pos_last, pk.mail, seq_before);
-        *pk.counter = 0;
-    }
+    if (pk.out) split_pick<8>(best, bi, pk.split, pk.out, pk.feed_ids, pk.feed_pos, pk.pos_last, pk.mail, seq_before);
 }
 
 // The streamed kernel (gemv_stream_kernel) for a product of at least kStreamBytes of weights, one
@@ -202,9 +182,7 @@ bool gemv_argmax_feed(const GemvArgs& a, int32_t* out, int32_t* ids, int32_t* po
     if (sp.R == 0 || sp.blocks > unsigned(kArgmaxSplitBlocks)) return false;
     StreamPick pk;
     pk.out = out, pk.feed_ids = ids, pk.feed_pos = pos, pk.pos_last = pos_last, pk.mail = mail;
-    pk.part_v = static_cast<float*>(scratch);
-    pk.part_i = reinterpret_cast<int*>(pk.part_v + kArgmaxSplitBlocks);
-    pk.counter = reinterpret_cast<unsigned*>(pk.part_i + kArgmaxSplitBlocks);
+    pk.split = split_pick_scratch(scratch);
     run_stream(sp, a, pk, as_stream(stream));
     return true;
 }

@@ -9,8 +9,8 @@
 //   [rows * nb blocks of m_bytes]   the per-block scales (fp16 d, min, packed K scales, Q5 high bits)
 // with nb = k / block_elems blocks per row. K-quant blocks are rearranged (weight_image.cpp): Q4_K's
 // as eight 32-element items with a byte scale and min each, Q5_K's qs as two halves with the 6-bit
-// scales and mins regrouped per 64-element group. A row slice or an
-// expert of a stacked MoE tensor is addressed by its first row (WeightRef::row0).
+// scales and mins regrouped per 64-element group. A row slice or an expert of a stacked MoE tensor is
+// addressed by its first row (WeightRef::row0).
 #pragma once
 #include <cstddef>
 #include <cstdint>

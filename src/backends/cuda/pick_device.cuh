@@ -48,5 +48,46 @@ __device__ __forceinline__ unsigned mail_seq(const PickMail& mail) {
     return mail.ring && threadIdx.x == 0 ? *mail.seq : 0u;
 }
 
+// A pick split over blocks (argmax_split_kernel, the streamed LM head): in the arg-max scratch
+// (kArgmaxScratchBytes) each block's best value and index, then the counter of finished blocks.
+struct SplitPick {
+    float* part_v;
+    int* part_i;
+    unsigned* counter;  // zero, left zero
+};
+inline SplitPick split_pick_scratch(void* scratch) {
+    SplitPick p;
+    p.part_v = static_cast<float*>(scratch);
+    p.part_i = reinterpret_cast<int*>(p.part_v + kArgmaxSplitBlocks);
+    p.counter = reinterpret_cast<unsigned*>(p.part_i + kArgmaxSplitBlocks);
+    return p;
+}
+// Every thread of a block of kWarps warps passes its best (value, index): the block's best goes to the
+// scratch, and the last block to finish takes the best of all blocks and writes the pick (write_pick).
+template <int kWarps>
+__device__ __forceinline__ void split_pick(float best, int bi, const SplitPick& sp, int32_t* out, int32_t* feed_ids,
+                                           int32_t* feed_pos, int64_t pos_last, const PickMail& mail,
+                                           unsigned seq_before) {
+    __shared__ float s_best[kWarps];
+    __shared__ int s_idx[kWarps];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    warp_argmax(best, bi);
+    if (lane == 0) s_best[warp] = best, s_idx[warp] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < kWarps; ++w) take(s_best[w], s_idx[w], best, bi);
+        sp.part_v[blockIdx.x] = best;
+        sp.part_i[blockIdx.x] = bi;
+    }
+    if (block_ticket(sp.counter) != gridDim.x - 1 || warp != 0) return;
+    best = -INFINITY, bi = INT_MAX;
+    for (int b = lane; b < int(gridDim.x); b += 32) take(__ldcg(sp.part_v + b), __ldcg(sp.part_i + b), best, bi);
+    warp_argmax(best, bi);
+    if (lane == 0) {
+        write_pick(bi, out, feed_ids, feed_pos, pos_last, mail, seq_before);
+        *sp.counter = 0;
+    }
+}
+
 }  // namespace
 }  // namespace cera::cuda

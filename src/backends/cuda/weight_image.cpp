@@ -37,7 +37,7 @@ void k_scale_stream(uint16_t d, uint16_t dmin, const uint8_t* scales, uint8_t* m
 }
 
 // The Q5_K qs as halves: 16-byte chunk c of the image = bytes 16 (c / 4) .. of group c % 4, i.e.
-// chunk 2 (c % 4) + c / 4 of the GGUF qs (quant_device.cuh QkTraits).
+// chunk 2 (c % 4) + c / 4 of the GGUF qs (quant_device.cuh Q5kTraits).
 void k_quants(const uint8_t* qs, uint8_t* qo) {
     for (int c = 0; c < 8; ++c) std::memcpy(qo + 16 * c, qs + 16 * (2 * (c % 4) + c / 4), 16);
 }
