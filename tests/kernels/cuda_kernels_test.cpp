@@ -884,5 +884,131 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
     }
 }
 
+// The q/k/v launch whose warps normalize and rotate their own rows (gemv_fused.cu's rows kernel):
+// adjacent pairs, neox pairs, partial rotations (the rest of the head passes through), llama-3
+// frequency factors, heads with no RoPE, with and without a per-head RMSNorm (head_dim 128 with the
+// norm takes the block-a-head launch). Each against the block-a-head launch (CERA_CUDA_QKV_ROWS=0: the
+// same row sums, so equal but for the rounding of the norm and rotation), the unfused ops
+// (CERA_CUDA_FUSE=0) and the CPU, with and without the RMSNorm prologue, through the KV cache and the
+// attention after it, over several recorded steps.
+TEST_F(CudaBackendTest, QkvRopeRowsMatchBlockAHead) {
+    using G = GgmlType;
+    auto heads = cuda_backend_with("CERA_CUDA_QKV_ROWS", "0");
+    auto plain = cuda_backend_with("CERA_CUDA_FUSE", "0");
+    auto fold = cuda_backend_with("CERA_CUDA_NORM_PRO", "0");  // q/k/v read the residual product's 8-bit rows
+    constexpr int kBes = 5;
+    Backend* bes[kBes] = {gpu_.get(), heads.get(), plain.get(), cpu_.get(), fold.get()};
+    const int64_t n_embd = 256, n_head = 8, n_head_kv = 2, n_ctx = 32;
+    struct Case {
+        int64_t hd;
+        RopeMode mode;
+        int n_rot;
+        bool factors, norm;
+    };
+    const Case cases[] = {{64, RopeMode::kNorm, 64, false, false},  {64, RopeMode::kNeox, 64, false, false},
+                          {64, RopeMode::kNorm, 32, true, false},   {64, RopeMode::kNeox, 32, false, true},
+                          {64, RopeMode::kNone, 0, false, false},   {128, RopeMode::kNorm, 128, true, false},
+                          {128, RopeMode::kNeox, 96, false, false}, {128, RopeMode::kNeox, 128, true, false},
+                          {64, RopeMode::kNeox, 64, false, true},   {64, RopeMode::kNorm, 64, true, true},
+                          {64, RopeMode::kNone, 0, false, true},    {128, RopeMode::kNeox, 128, false, true}};
+    int n_case = 0;
+    for (const Case& cs : cases)
+    for (G type : {G::kQ4_0, G::kQ8_0, G::kQ4_K, G::kQ6_K})
+    for (int64_t nt : {1, 3}) {
+        const int64_t hd = cs.hd, qw = n_head * hd, kvw = n_head_kv * hd;
+        const bool bias = (n_case++ % 2) == 0;
+        SCOPED_TRACE(std::string(type_name(type)) + " head_dim " + std::to_string(hd) + " mode " +
+                     std::to_string(int(cs.mode)) + " n_rot " + std::to_string(cs.n_rot) + " n_tokens " +
+                     std::to_string(nt) + (bias ? " bias" : "") + (cs.norm ? " norm" : ""));
+        auto weight = [&](int64_t rows, int64_t k) {
+            return make_weight(type, randn(size_t(rows * k), rng_, 1.0f / std::sqrt(float(k))), rows, k);
+        };
+        const std::vector<uint8_t> wq = weight(qw, n_embd), wk = weight(kvw, n_embd), wv = weight(kvw, n_embd),
+                                   wr = weight(n_embd, n_embd);
+        const auto norm_a = randn(size_t(n_embd), rng_), x0 = randn(size_t(n_embd * nt), rng_);
+        const auto qn = randn(size_t(hd), rng_), kn = randn(size_t(hd), rng_);
+        const auto bq = randn(size_t(qw), rng_, 0.3f), bk = randn(size_t(kvw), rng_, 0.3f),
+                   bv = randn(size_t(kvw), rng_, 0.3f);
+        std::vector<float> ff(size_t(std::max(cs.n_rot / 2, 1)));
+        for (size_t i = 0; i < ff.size(); ++i) ff[i] = 1.0f + 0.5f * float(i % 5);
+        struct Bufs {
+            Tensor wq, wk, wv, wr, na, x, h, y, q, k, v, attn, kc, vc, pos, bq, bk, bv, ff, qn, kn;
+        } b[kBes];
+        for (int i = 0; i < kBes; ++i) {
+            Backend& be = *bes[i];
+            Bufs& t = b[i];
+            auto up = [&](const std::vector<uint8_t>& w, int64_t rows) {
+                const int64_t ne[2] = {n_embd, rows};
+                return be.upload_weight(type, ne, w.data());
+            };
+            t.wq = up(wq, qw), t.wk = up(wk, kvw), t.wv = up(wv, kvw), t.wr = up(wr, n_embd);
+            t.na = f32_on(be, {n_embd}, &norm_a), t.x = f32_on(be, {n_embd, nt}, &x0);
+            t.h = f32_on(be, {n_embd, nt}), t.y = f32_on(be, {n_embd, nt}), t.q = f32_on(be, {qw, nt});
+            t.k = f32_on(be, {kvw, nt}), t.v = f32_on(be, {kvw, nt}), t.attn = f32_on(be, {qw, nt});
+            t.kc = be.alloc(G::kF16, {kvw, n_ctx}), t.vc = be.alloc(G::kF16, {kvw, n_ctx});
+            t.pos = be.alloc(G::kI32, {nt});
+            if (bias) t.bq = f32_on(be, {qw}, &bq), t.bk = f32_on(be, {kvw}, &bk), t.bv = f32_on(be, {kvw}, &bv);
+            if (cs.factors) t.ff = f32_on(be, {int64_t(ff.size())}, &ff);
+            if (cs.norm) t.qn = f32_on(be, {hd}, &qn), t.kn = f32_on(be, {hd}, &kn);
+        }
+        AttentionParams ap;
+        ap.n_head = int(n_head), ap.n_head_kv = int(n_head_kv), ap.head_dim = int(hd), ap.scale = 0.125f;
+        for (int step = 0; step < 4; ++step) {
+            std::vector<int32_t> pos(static_cast<size_t>(nt));
+            for (int64_t j = 0; j < nt; ++j) pos[size_t(j)] = int32_t(step * nt + j);
+            for (int i = 0; i < kBes; ++i) {
+                Backend& be = *bes[i];
+                const Bufs& t = b[i];
+                RopeParams rope;
+                rope.mode = cs.mode, rope.n_rot = cs.n_rot, rope.freq_base = 10000.0f, rope.freq_factors = t.ff;
+                be.write(t.pos, pos.data(), pos.size() * 4);
+                if (be.step_begin(uint64_t(7000 + 16 * n_case + nt))) continue;
+                be.matmul(t.wr, t.x, Tensor{}, t.y);  // a residual product first, as in a decode step
+                be.add(t.x, t.y, 0.5f, t.x);
+                be.rms_norm(t.x, t.na, 1e-5f, t.h);
+                be.matmul(t.wq, t.h, t.bq, t.q);
+                be.matmul(t.wk, t.h, t.bk, t.k);
+                be.matmul(t.wv, t.h, t.bv, t.v);
+                be.norm_rope(t.q, int(n_head), int(hd), t.qn, 1e-5f, t.pos, rope);
+                be.norm_rope(t.k, int(n_head_kv), int(hd), t.kn, 1e-6f, t.pos, rope);
+                be.kv_store(t.k, t.v, t.pos, t.kc, t.vc);
+                be.attention(t.q, t.kc, t.vc, t.pos, ap, t.attn);
+                be.step_end();
+            }
+            const double tight = 2e-2, loose = 1e-1;
+            for (auto [f, name] : {std::pair{&Bufs::q, "q"}, {&Bufs::k, "k"}, {&Bufs::v, "v"}, {&Bufs::attn, "attn"},
+                                   {&Bufs::h, "h"}}) {
+                auto at = [&](int i) { return get(b[i].*f, *bes[i]); };
+                const auto rows = at(0);
+                // The attention reads k and v back from the f16 cache, where a last-bit difference of a
+                // normalized row can round to the next half: 1e-3 there, 1e-5 for the launch's own rows.
+                const double same = f == &Bufs::attn ? 1e-3 : 1e-5;
+                EXPECT_LT(max_rel_diff(rows, at(1)), same) << name << " rows vs block-a-head kernel, step " << step;
+                EXPECT_LT(max_rel_diff(rows, at(2)), tight) << name << " rows vs unfused, step " << step;
+                EXPECT_LT(max_rel_diff(rows, at(3)), loose) << name << " rows vs cpu, step " << step;
+                EXPECT_LT(max_rel_diff(at(4), at(2)), tight) << name << " without the prologue vs unfused, step "
+                                                             << step;
+            }
+            std::vector<uint16_t> c0(size_t(kvw * n_ctx)), c1(c0.size());
+            for (auto f : {&Bufs::kc, &Bufs::vc}) {
+                bes[0]->read(c0.data(), b[0].*f, c0.size() * 2);
+                bes[2]->read(c1.data(), b[2].*f, c1.size() * 2);
+                double err = 0, mag = 1e-3;
+                for (size_t e = 0; e < size_t(kvw * (step + 1) * nt); ++e) {
+                    err = std::max(err, double(std::fabs(fp16_to_fp32(c0[e]) - fp16_to_fp32(c1[e]))));
+                    mag = std::max(mag, double(std::fabs(fp16_to_fp32(c1[e]))));
+                }
+                EXPECT_LT(err / mag, tight) << "kv cache vs unfused, step " << step;
+            }
+        }
+        for (int i = 0; i < kBes; ++i) {
+            Bufs& t = b[i];
+            for (Tensor* x : {&t.wq, &t.wk, &t.wv, &t.wr, &t.na, &t.x, &t.h, &t.y, &t.q, &t.k, &t.v, &t.attn, &t.kc,
+                              &t.vc, &t.pos, &t.bq, &t.bk, &t.bv, &t.ff, &t.qn, &t.kn})
+                if (*x) bes[i]->free(*x);
+        }
+    }
+}
+
 }  // namespace
 }  // namespace cera

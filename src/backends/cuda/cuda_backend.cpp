@@ -110,6 +110,8 @@ class CudaBackend final : public Backend {
         glu_stage_ = gs && *gs ? std::atoi(gs) : -1;
         const char* gw = std::getenv("CERA_CUDA_GLU_WIDE");
         glu_wide_ = gw && *gw ? std::atoi(gw) : -1;
+        const char* qr = std::getenv("CERA_CUDA_QKV_ROWS");  // gemv_fused.cu's q/k/v kernel for RoPE-only heads
+        qkv_rows_ = qr && *qr ? std::atoi(qr) : -1;
         const char* mg = std::getenv("CERA_CUDA_MEGA");
         mega_ = mg && std::strcmp(mg, "1") == 0;
         const char* pr = std::getenv("CERA_CUDA_PROFILE");
@@ -455,6 +457,7 @@ class CudaBackend final : public Backend {
                 a.pos = pos.as<const int32_t>();
                 a.k_cache = k_cache.data, a.v_cache = v_cache.data;
                 a.f16 = k_cache.type == GgmlType::kF16, a.n_ctx = k_cache.ne[1];
+                a.rows_kernel = qkv_rows_;
                 attach_rope_table(a.k_rope, a.n_ctx);
                 if (qr) attach_rope_table(a.q_rope, a.n_ctx);
                 n_rope_ = 0;
@@ -977,6 +980,7 @@ class CudaBackend final : public Backend {
         void* xq = nullptr;
         bool held = false;
     } glu_;  // a SwiGLU pair (swiglu) held until the next op
+    int qkv_rows_ = -1;                   // CERA_CUDA_QKV_ROWS when the backend was made (QkvRopeArgs)
     int glu_stage_ = -1, glu_wide_ = -1;  // CERA_CUDA_GLU_STAGE / _WIDE when the backend was made (GemvArgs)
     cuda::RopeTables rope_tables_;  // the decode RoPE's (cos, sin) tables (rope_tables.h)
     std::unordered_map<uint64_t, Graph> graphs_;

@@ -4,8 +4,11 @@
 //   gemv_qkv_rope_store: the q, k and v products with the per-head RMSNorm + RoPE and the KV-cache
 //     store (norm_rope.cu's qkv_rope_store). A block owns one head vector of one token: head_dim
 //     rows of one of the three matrices, 16 warps of 4 rows (Q5_K / Q6_K: 2, for registers) in passes.
-//     The row totals go to shared memory; warp 0 then normalizes and rotates the head there (its
-//     rotations looked up before the PDL wait), writes it out and appends k / v to the cache.
+//     Where each warp's rows hold whole rotation pairs (gemv_qkv_rope_rows_kernel; every type but
+//     Q5_K / Q6_K, head_dim 64 or, without a per-head norm, a multiple of 64), the warps normalize,
+//     rotate and store their own rows. Otherwise (gemv_qkv_rope_kernel) the row totals go to shared
+//     memory and warp 0 normalizes and rotates the head there (its rotations looked up before the
+//     PDL wait), writes it out and appends k / v to the cache.
 //   gemv_conv: the LFM2 in_proj and short conv of one token (elementwise.cu's short_conv). A block
 //     owns 16 channels c, warp w the rows c, n + c and 2n + c (B, C and x of its channel); the conv
 //     taps and the rolling state are read before the wait (the state is written only by this op, in
@@ -83,6 +86,90 @@ __global__ void __launch_bounds__(512) gemv_qkv_rope_kernel(const GemvK a, const
     const int64_t kv_width = int64_t(r.n_head_kv) * hd;
     C* cache = static_cast<C*>(s == 1 ? r.k_cache : r.v_cache) + p * kv_width + int64_t(head) * hd;
     store_head(ys, cache, hd);
+}
+
+// The q/k/v launch with its epilogue in the warps: blocks of 16 warps x 4 rows (64 rows: a head of 64,
+// half a head of 128), and every rotation pair in one warp. Warp wh of a head takes the rows
+// 4 wh .. 4 wh + 3, but for neox pairs (i, i + n_rot / 2) below n_rot the rows i, i + 1, i + n_rot / 2,
+// i + n_rot / 2 + 1 (i = 2 wh), so the partner of row j is row j ^ 1 (adjacent pairs) or j ^ 2 (neox):
+// one shuffle after the warp sum. A per-head RMSNorm needs the whole head in the block (head_dim 64):
+// the warps' sums of squares meet in shared memory behind one barrier. Each lane looks its row's
+// rotation and norm weight up before the PDL wait. gemv_qkv_rope_kernel instead writes the row totals
+// to shared memory and normalizes, rotates and stores the head with warp 0 alone; the warps' epilogue
+// measured +3.6% (Q4_0), +4.1% (Q4_K), +4.6% (Q8_0) tg128 on llama-1b. The row sums are the same (same
+// dot order and lanes); 4-warp blocks of 16 rows (4 per head) measured -4.6%: each block makes the
+// RMSNorm prologue, and fewer threads make it slower (bench/NOTES.md).
+constexpr int kRowsWarps = 16;
+template <GgmlType T, class C, bool PRO>
+__global__ void __launch_bounds__(kRowsWarps * 32) gemv_qkv_rope_rows_kernel(const GemvK a, const QkvRopeArgs r) {
+    constexpr QuantLayout L = quant_layout(T);
+    constexpr int R = 4, W = kRowsWarps;
+    pdl_trigger();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, j = lane >> 3;  // this lane's row j
+    const int hd = r.head_dim, per_head = hd / (4 * W), yi = blockIdx.y;
+    const int hh = blockIdx.x / per_head, wh = (blockIdx.x % per_head) * W + warp;
+    const int s = hh < r.n_head ? 0 : hh < r.n_head + r.n_head_kv ? 1 : 2;
+    const int head = s == 0 ? hh : s == 1 ? hh - r.n_head : hh - r.n_head - r.n_head_kv;
+    const Seg& sg = a.seg[s];
+    const RopeArgs& rope = s == 0 ? r.q_rope : r.k_rope;
+    const int n_rot = s < 2 && rope.mode != 0 ? rope.n_rot : 0, half = n_rot / 2;
+    const bool neox = rope.mode == 2 && 4 * wh < n_rot;
+    // Row j of this warp, its rotation pair and whether it is the pair's first element.
+    const int row = neox ? 2 * wh + (j & 1) + (j >> 1) * half : 4 * wh + j;
+    const int pair = neox ? 2 * wh + (j & 1) : row / 2;
+    const bool first = neox ? j < 2 : (j & 1) == 0;
+    const bool rot = pair < half && (neox || row < n_rot);
+    const int32_t p = r.pos[yi];  // written by the host before the step
+    float c = 1.0f, sn = 0.0f;
+    if (rot) {
+        if (rope.table && p >= 0 && p < rope.table_rows) {
+            const float2 v = reinterpret_cast<const float2*>(rope.table)[int64_t(p) * half + pair];
+            c = v.x, sn = v.y;
+        } else {
+            rope_pair_cs(pair, double(p) * rope.freq_scale, n_rot, rope, c, sn);
+        }
+    }
+    const float* const nw = s == 0 ? r.q_norm : s == 1 ? r.k_norm : nullptr;  // the same in the whole block
+    const float wn = nw ? nw[row] : 1.0f;
+    extern __shared__ __align__(16) uint8_t qkv_rows_xs[];
+    uint8_t* const xs = PRO ? qkv_rows_xs : nullptr;  // the RMSNorm prologue's row (one token)
+    if constexpr (PRO) norm_prologue_pre(a, xs);
+    const int64_t hr0 = int64_t(head) * hd;
+    auto set_rows = [&](const uint8_t** qrow, const uint8_t** mrow) {
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            const int ri = neox ? 2 * wh + (i & 1) + (i >> 1) * half : 4 * wh + i;
+            const int64_t gr = sg.row0 + hr0 + ri;
+            qrow[i] = sg.q + gr * a.nb * L.q_bytes;
+            mrow[i] = sg.m + gr * a.nb * L.m_bytes;
+        }
+    };
+    auto hook = [&] {
+        if constexpr (PRO) norm_prologue(a, xs);
+    };
+    float acc[R];
+    dot_rows<T, R>(a, yi, true, false, set_rows, acc, 0, 1, hook, true, NoHook{}, xs, std::bool_constant<PRO>{});
+    float v = warp_sum_rows<R>(acc) + (sg.bias ? sg.bias[hr0 + row] : 0.0f);
+    if (nw) {  // the head's RMSNorm: lanes 8 j .. 8 j + 7 hold row j
+        __shared__ float ss_s[W];
+        float q = v * v;
+        q += __shfl_xor_sync(0xffffffffu, q, 8);
+        q += __shfl_xor_sync(0xffffffffu, q, 16);
+        if (lane == 0) ss_s[warp] = q;
+        __syncthreads();
+        float ss = 0.0f;
+#pragma unroll
+        for (int w = 0; w < W; ++w) ss += ss_s[w];
+        v = v * rsqrtf(ss / float(hd) + (s == 0 ? r.q_eps : r.k_eps)) * wn;
+    }
+    const float o = __shfl_xor_sync(0xffffffffu, v, neox ? 16 : 8);  // the pair's other element
+    const float out = !rot ? v : first ? v * c - o * sn : o * sn + v * c;
+    if ((lane & 7) != 0) return;
+    sg.y[int64_t(yi) * sg.ldy + hr0 + row] = out;
+    if (s == 0 || p < 0 || p >= r.n_ctx) return;
+    C* cache = static_cast<C*>(s == 1 ? r.k_cache : r.v_cache) + p * int64_t(r.n_head_kv) * hd + hr0 + row;
+    if constexpr (sizeof(C) == 2) *cache = __float2half_rn(out);
+    else *cache = out;
 }
 
 // One token; grid n / 16 in clusters of two blocks (a 32-channel group of the 8-bit output).
@@ -181,6 +268,25 @@ void launch_qkv(dim3 grid, size_t smem, cudaStream_t s, const GemvK& p, const Qk
     launch(gemv_qkv_rope_kernel<T, C, PRO, R>, grid, 512, smem, s, p, r);
 }
 
+// Whether the q/k/v launch can take gemv_qkv_rope_rows_kernel: 4 rows a warp (not Q5_K / Q6_K),
+// head_dim a multiple of 64 (64 with a per-head norm), adjacent pairs over an even n_rot or neox pairs
+// over a multiple of 4. QkvRopeArgs::rows_kernel = 0 (or CERA_CUDA_QKV_ROWS=0) keeps gemv_qkv_rope_kernel.
+bool qkv_rows_fit(GgmlType t, const QkvRopeArgs& r) {
+    static const int on = env_int("CERA_CUDA_QKV_ROWS", 1);
+    if ((r.rows_kernel >= 0 ? r.rows_kernel : on) == 0 || rows_qkv(t) != 4 || r.head_dim % (4 * kRowsWarps) != 0 ||
+        ((r.q_norm || r.k_norm) && r.head_dim != 4 * kRowsWarps))
+        return false;
+    for (const RopeArgs* rr : {&r.q_rope, &r.k_rope})
+        if (rr->mode != 0 && (rr->n_rot > r.head_dim || rr->n_rot % (rr->mode == 2 ? 4 : 2) != 0)) return false;
+    return true;
+}
+
+template <GgmlType T, class C, bool PRO>
+void launch_qkv_rows(dim3 grid, size_t smem, cudaStream_t s, const GemvK& p, const QkvRopeArgs& r) {
+    grid.x *= unsigned(r.head_dim / (4 * kRowsWarps));
+    launch(gemv_qkv_rope_rows_kernel<T, C, PRO>, grid, kRowsWarps * 32, smem, s, p, r);
+}
+
 }  // namespace
 
 bool gemv_qkv_rope_supported(const GemvArgs (&qkv)[3], const QkvRopeArgs& r) {
@@ -211,6 +317,20 @@ void gemv_qkv_rope_store(const GemvArgs (&qkv)[3], const QkvRopeArgs& r, Stream 
     const dim3 grid(unsigned(r.n_head + 2 * r.n_head_kv), unsigned(r.n_tokens));
     const size_t smem = prologue_smem(p);
     cudaStream_t s = as_stream(stream);
+    if (qkv_rows_fit(qkv[0].w.type, r)) {
+        switch (qkv[0].w.type) {
+#define CERA_Q(T)                                                                           \
+    case GgmlType::T:                                                                       \
+        if (r.f16 && smem) launch_qkv_rows<GgmlType::T, __half, true>(grid, smem, s, p, r); \
+        else if (r.f16) launch_qkv_rows<GgmlType::T, __half, false>(grid, 0, s, p, r);     \
+        else if (smem) launch_qkv_rows<GgmlType::T, float, true>(grid, smem, s, p, r);     \
+        else launch_qkv_rows<GgmlType::T, float, false>(grid, 0, s, p, r);                 \
+        return;
+            CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K)
+#undef CERA_Q
+            default: break;  // Q5_K / Q6_K: qkv_rows_fit is false
+        }
+    }
     switch (qkv[0].w.type) {
 #define CERA_Q(T)                                                                     \
     case GgmlType::T:                                                                 \
