@@ -890,7 +890,8 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
 // norm takes the block-a-head launch). Each against the block-a-head launch (CERA_CUDA_QKV_ROWS=0: the
 // same row sums, so equal but for the rounding of the norm and rotation), the unfused ops
 // (CERA_CUDA_FUSE=0) and the CPU, with and without the RMSNorm prologue, through the KV cache and the
-// attention after it, over several recorded steps.
+// attention after it, over several recorded steps; a step opening with the norm holds it for the
+// prologue without a residual product (the first layer's).
 TEST_F(CudaBackendTest, QkvRopeRowsMatchBlockAHead) {
     using G = GgmlType;
     auto heads = cuda_backend_with("CERA_CUDA_QKV_ROWS", "0");
@@ -916,10 +917,14 @@ TEST_F(CudaBackendTest, QkvRopeRowsMatchBlockAHead) {
     for (G type : {G::kQ4_0, G::kQ8_0, G::kQ4_K, G::kQ6_K})
     for (int64_t nt : {1, 3}) {
         const int64_t hd = cs.hd, qw = n_head * hd, kvw = n_head_kv * hd;
-        const bool bias = (n_case++ % 2) == 0;
+        const bool bias = n_case % 2 == 0;
+        // Every third case opens the step with the norm, as the first layer after the embedding does:
+        // the one-token norm is then held for the q/k/v launch's prologue without a residual product.
+        const bool first = n_case++ % 3 == 0;
         SCOPED_TRACE(std::string(type_name(type)) + " head_dim " + std::to_string(hd) + " mode " +
                      std::to_string(int(cs.mode)) + " n_rot " + std::to_string(cs.n_rot) + " n_tokens " +
-                     std::to_string(nt) + (bias ? " bias" : "") + (cs.norm ? " norm" : ""));
+                     std::to_string(nt) + (bias ? " bias" : "") + (cs.norm ? " norm" : "") +
+                     (first ? " first" : ""));
         auto weight = [&](int64_t rows, int64_t k) {
             return make_weight(type, randn(size_t(rows * k), rng_, 1.0f / std::sqrt(float(k))), rows, k);
         };
@@ -963,8 +968,10 @@ TEST_F(CudaBackendTest, QkvRopeRowsMatchBlockAHead) {
                 rope.mode = cs.mode, rope.n_rot = cs.n_rot, rope.freq_base = 10000.0f, rope.freq_factors = t.ff;
                 be.write(t.pos, pos.data(), pos.size() * 4);
                 if (be.step_begin(uint64_t(7000 + 16 * n_case + nt))) continue;
-                be.matmul(t.wr, t.x, Tensor{}, t.y);  // a residual product first, as in a decode step
-                be.add(t.x, t.y, 0.5f, t.x);
+                if (!first) {
+                    be.matmul(t.wr, t.x, Tensor{}, t.y);  // a residual product first, as in a decode step
+                    be.add(t.x, t.y, 0.5f, t.x);
+                }
                 be.rms_norm(t.x, t.na, 1e-5f, t.h);
                 be.matmul(t.wq, t.h, t.bq, t.q);
                 be.matmul(t.wk, t.h, t.bk, t.k);

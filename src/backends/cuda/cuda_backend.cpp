@@ -110,6 +110,8 @@ class CudaBackend final : public Backend {
         glu_stage_ = gs && *gs ? std::atoi(gs) : -1;
         const char* gw = std::getenv("CERA_CUDA_GLU_WIDE");
         glu_wide_ = gw && *gw ? std::atoi(gw) : -1;
+        const char* hn = std::getenv("CERA_CUDA_HOLD_NORM");  // 0: a norm after no residual product is launched
+        hold_norm_ = !(hn && std::strcmp(hn, "0") == 0);
         const char* qr = std::getenv("CERA_CUDA_QKV_ROWS");  // gemv_fused.cu's q/k/v kernel for RoPE-only heads
         qkv_rows_ = qr && *qr ? std::atoi(qr) : -1;
         const char* mg = std::getenv("CERA_CUDA_MEGA");
@@ -367,8 +369,16 @@ class CudaBackend final : public Backend {
         }
         touch();  // also forgets the 8-bit rows recorded for out above
         void* xq = q8_sidecar(out.as<const float>(), x.rows(), x.ne[0], nullptr);
-        cuda::rms_norm(x.as<const float>(), w ? w.as<const float>() : nullptr, eps, x.rows(), x.ne[0],
-                       out.as<float>(), stream_, xq);
+        norm_ = {x.as<const float>(), w ? w.as<const float>() : nullptr, eps, x.rows(), x.ne[0], out.as<float>(), xq,
+                 false};
+        if (x.rows() == 1 && pro_mask_ && hold_norm_ && (!w || w.type == GgmlType::kF32) && out.n_elements() == x.n_elements() &&
+            reinterpret_cast<uintptr_t>(x.data) % 16 == 0) {
+            // One token after no residual product (the first layer's, after the embedding): held, so
+            // that the products reading out may make it in their prologue (take_prologue).
+            norm_.held = true;
+            return;
+        }
+        launch_norm();
     }
 
     void matmul(const Tensor& w, const Tensor& x, const Tensor& bias, const Tensor& out) override {
@@ -385,6 +395,10 @@ class CudaBackend final : public Backend {
             // Products that share the input wait to be launched together (q/k/v, gate/up), or fused
             // with the op that follows (SwiGLU, the residual add).
             const bool pro = take_prologue(a, x.as<const float>(), k);
+            if (!pro && norm_.held) {  // launched before anything that may read its output
+                norm_.held = false;
+                launch_norm();
+            }
             if (glu_.held && (n_mm_ > 0 || x.as<const float>() != glu_.act)) flush();
             if (n_mm_ > 0) {
                 const cuda::GemvArgs& p = mm_[0].a;
@@ -777,6 +791,8 @@ class CudaBackend final : public Backend {
         cuda::GemvArgs& m = mm_[0].a;
         if (n_mm_ > 0 && m.pro_x && m.x == x) {
             a.pro_x = m.pro_x, a.pro_w = m.pro_w, a.pro_eps = m.pro_eps, a.pro_out = m.pro_out, a.xq = m.xq;
+        } else if (n_mm_ == 0 && norm_.held && norm_.out == x && norm_.k == k) {
+            a.pro_x = norm_.x, a.pro_w = norm_.w, a.pro_eps = norm_.eps, a.pro_out = norm_.out, a.xq = norm_.xq;
         } else if (n_mm_ == 1 && m.norm_out == x && m.rows == k) {
             a.pro_x = m.res_out, a.pro_w = m.norm_w, a.pro_eps = m.norm_eps, a.pro_out = m.norm_out, a.xq = m.norm_xq;
             if (glu_.held) launch_glu();  // the SwiGLU pair before the residual product (its down product)
@@ -794,11 +810,22 @@ class CudaBackend final : public Backend {
     void launch_res(cuda::GemvArgs* a, int n, int use) {
         const bool pro = n > 0 && a[0].pro_x && (pro_mask_ & use);
         for (int i = 0; i < n && !pro; ++i) a[i].pro_x = nullptr;
+        if (norm_.held) {  // a held norm: made in the prologue, or launched now
+            norm_.held = false;
+            if (pro) {
+                for (Q8Cache& c : q8_) c.valid &= c.buf != norm_.xq;  // then never written
+            } else {
+                launch_norm();
+            }
+        }
         if (!res_held_) return;
         res_held_ = false;
         for (Q8Cache& c : q8_) c.valid &= !(pro && c.buf == res_.norm_xq);  // then never written
         if (pro) res_.norm_out = nullptr, res_.norm_xq = nullptr;
         cuda::gemv(res_, stream_);
+    }
+    void launch_norm() {
+        cuda::rms_norm(norm_.x, norm_.w, norm_.eps, norm_.rows, norm_.k, norm_.out, stream_, norm_.xq);
     }
     void launch_glu() {
         glu_.held = false;
@@ -970,6 +997,15 @@ class CudaBackend final : public Backend {
     int fuse_conv_ = -1;  // CERA_CUDA_FUSE_CONV, or -1: fused for the heavy_scales types
     cuda::GemvArgs res_;  // the held residual product (take_prologue)
     bool res_held_ = false;
+    struct Norm {  // a one-token RMSNorm held for the prologue of the products reading it (rms_norm)
+        const float* x;
+        const float* w;
+        float eps;
+        int64_t rows, k;
+        float* out;
+        void* xq;
+        bool held;
+    } norm_ = {};
     PendingMm mm_[cuda::kMaxSegs];
     int n_mm_ = 0;
     PendingRope rope_[2];
@@ -980,6 +1016,7 @@ class CudaBackend final : public Backend {
         void* xq = nullptr;
         bool held = false;
     } glu_;  // a SwiGLU pair (swiglu) held until the next op
+    bool hold_norm_ = true;               // CERA_CUDA_HOLD_NORM (rms_norm)
     int qkv_rows_ = -1;                   // CERA_CUDA_QKV_ROWS when the backend was made (QkvRopeArgs)
     int glu_stage_ = -1, glu_wide_ = -1;  // CERA_CUDA_GLU_STAGE / _WIDE when the backend was made (GemvArgs)
     cuda::RopeTables rope_tables_;  // the decode RoPE's (cos, sin) tables (rope_tables.h)
