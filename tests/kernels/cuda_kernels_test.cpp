@@ -720,6 +720,19 @@ TEST_F(CudaBackendTest, GraphReplayTracksInputs) {
     }
 }
 
+// max |a - ref| over max(|ref|, 1e-3) of the first n halves of two f16 buffers (KV caches).
+double f16_rel_diff(Backend& be_a, const Tensor& a, Backend& be_ref, const Tensor& ref, int64_t n) {
+    std::vector<uint16_t> ha(static_cast<size_t>(a.n_elements())), hr(ha.size());
+    be_a.read(ha.data(), a, ha.size() * 2);
+    be_ref.read(hr.data(), ref, hr.size() * 2);
+    double err = 0, mag = 1e-3;
+    for (size_t e = 0; e < size_t(n); ++e) {
+        err = std::max(err, double(std::fabs(fp16_to_fp32(ha[e]) - fp16_to_fp32(hr[e]))));
+        mag = std::max(mag, double(std::fabs(fp16_to_fp32(hr[e]))));
+    }
+    return err / mag;
+}
+
 // A decode-shaped layer (attention, short conv and SwiGLU blocks, each with its norm and residual
 // add) run step by step as recorded graphs: the fused decode launches (8-bit side outputs, grouped
 // q/k/v and gate/up products, SwiGLU and residual epilogues, q/k RoPE + KV store) against the same
@@ -859,18 +872,11 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
                     EXPECT_LT(diff(f, 7, 1), tight) << name << " register SwiGLU kernel vs unfused, step " << step;
                 }
                 // The KV cache rows written so far (f16).
-                std::vector<uint16_t> c0(size_t(kvw * n_ctx)), c1(c0.size());
                 for (auto [f, other] : {std::pair{&Bufs::kc, 0}, {&Bufs::vc, 0}, {&Bufs::kc, 3}, {&Bufs::vc, 3},
                                         {&Bufs::kc, 4}, {&Bufs::vc, 4}, {&Bufs::kc, 5}, {&Bufs::vc, 5},
                                         {&Bufs::kc, 6}, {&Bufs::vc, 6}, {&Bufs::kc, 7}, {&Bufs::vc, 7}}) {
-                    bes[other]->read(c0.data(), b[other].*f, c0.size() * 2);
-                    bes[1]->read(c1.data(), b[1].*f, c1.size() * 2);
-                    double err = 0, mag = 1e-3;
-                    for (size_t e = 0; e < size_t(kvw * (step + 1) * nt); ++e) {
-                        err = std::max(err, double(std::fabs(fp16_to_fp32(c0[e]) - fp16_to_fp32(c1[e]))));
-                        mag = std::max(mag, double(std::fabs(fp16_to_fp32(c1[e]))));
-                    }
-                    EXPECT_LT(err / mag, tight) << "kv cache, step " << step;
+                    EXPECT_LT(f16_rel_diff(*bes[other], b[other].*f, *bes[1], b[1].*f, kvw * (step + 1) * nt), tight)
+                        << "kv cache, step " << step;
                 }
             }
             for (int i = 0; i < kBes; ++i) {
@@ -996,17 +1002,9 @@ TEST_F(CudaBackendTest, QkvRopeRowsMatchBlockAHead) {
                 EXPECT_LT(max_rel_diff(at(4), at(2)), tight) << name << " without the prologue vs unfused, step "
                                                              << step;
             }
-            std::vector<uint16_t> c0(size_t(kvw * n_ctx)), c1(c0.size());
-            for (auto f : {&Bufs::kc, &Bufs::vc}) {
-                bes[0]->read(c0.data(), b[0].*f, c0.size() * 2);
-                bes[2]->read(c1.data(), b[2].*f, c1.size() * 2);
-                double err = 0, mag = 1e-3;
-                for (size_t e = 0; e < size_t(kvw * (step + 1) * nt); ++e) {
-                    err = std::max(err, double(std::fabs(fp16_to_fp32(c0[e]) - fp16_to_fp32(c1[e]))));
-                    mag = std::max(mag, double(std::fabs(fp16_to_fp32(c1[e]))));
-                }
-                EXPECT_LT(err / mag, tight) << "kv cache vs unfused, step " << step;
-            }
+            for (auto f : {&Bufs::kc, &Bufs::vc})
+                EXPECT_LT(f16_rel_diff(*bes[0], b[0].*f, *bes[2], b[2].*f, kvw * (step + 1) * nt), tight)
+                    << "kv cache vs unfused, step " << step;
         }
         for (int i = 0; i < kBes; ++i) {
             Bufs& t = b[i];
