@@ -1015,5 +1015,82 @@ TEST_F(CudaBackendTest, QkvRopeRowsMatchBlockAHead) {
     }
 }
 
+// A recorded step that needs a scratch buffer (the 8-bit side rows of the norms and SwiGLU outputs)
+// larger than the steps before it left: the capture ends where the buffer grows (what was captured
+// runs as a graph of its own, the rest of the step eagerly) instead of aborting, and the key is
+// recorded at its next step. The key's first step runs one token eagerly and its later steps three
+// (recorded, cut short; recorded; replayed), each against a CUDA backend without graphs
+// (CERA_CUDA_GRAPHS=0) and the CPU.
+TEST_F(CudaBackendTest, ScratchGrowsInsideRecordedStep) {
+    using G = GgmlType;
+    auto eager = cuda_backend_with("CERA_CUDA_GRAPHS", "0");
+    constexpr int kBes = 3;
+    Backend* bes[kBes] = {gpu_.get(), eager.get(), cpu_.get()};
+    const std::pair<int64_t, int64_t> shapes[] = {{1024, 2048}, {2048, 8192}, {512, 4096}, {4096, 1024}};
+    uint64_t key = 9000;
+    for (G type : {G::kQ4_0, G::kQ4_K})
+    for (auto [n_embd, n_ff] : shapes) {
+        SCOPED_TRACE(std::string(type_name(type)) + " n_embd " + std::to_string(n_embd) + " n_ff " +
+                     std::to_string(n_ff));
+        const int64_t nt = 3;
+        ++key;
+        auto weight = [&](int64_t rows, int64_t k) {
+            return make_weight(type, randn(size_t(rows * k), rng_, 1.0f / std::sqrt(float(k))), rows, k);
+        };
+        const std::vector<uint8_t> wr = weight(n_embd, n_embd), wg = weight(n_ff, n_embd), wu = weight(n_ff, n_embd),
+                                   wd = weight(n_embd, n_ff), wo = weight(n_embd, n_embd);
+        const auto norm_w = randn(size_t(n_embd), rng_), x0 = randn(size_t(n_embd * nt), rng_);
+        struct Bufs {
+            Tensor wr, wg, wu, wd, wo, nw, x, h, y, g, u, out;
+        } b[kBes];
+        for (int i = 0; i < kBes; ++i) {
+            Backend& be = *bes[i];
+            Bufs& t = b[i];
+            auto up = [&](const std::vector<uint8_t>& w, int64_t k, int64_t rows) {
+                const int64_t ne[2] = {k, rows};
+                return be.upload_weight(type, ne, w.data());
+            };
+            t.wr = up(wr, n_embd, n_embd), t.wg = up(wg, n_embd, n_ff), t.wu = up(wu, n_embd, n_ff);
+            t.wd = up(wd, n_ff, n_embd), t.wo = up(wo, n_embd, n_embd);
+            t.nw = f32_on(be, {n_embd}, &norm_w), t.x = f32_on(be, {n_embd, nt}, &x0);
+            t.h = f32_on(be, {n_embd, nt}), t.y = f32_on(be, {n_embd, nt}), t.out = f32_on(be, {n_embd, nt});
+            t.g = f32_on(be, {n_ff, nt}), t.u = f32_on(be, {n_ff, nt});
+        }
+        for (int step = 0; step < 4; ++step) {
+            const int64_t n = step == 0 ? 1 : nt;
+            for (int i = 0; i < kBes; ++i) {
+                Backend& be = *bes[i];
+                Bufs t = b[i];
+                for (Tensor* r : {&t.x, &t.h, &t.y, &t.g, &t.u, &t.out}) *r = r->row_slice(0, n);
+                if (be.step_begin(key)) continue;
+                be.matmul(t.wr, t.x, Tensor{}, t.y);
+                be.add(t.x, t.y, 0.5f, t.x);
+                be.rms_norm(t.x, t.nw, 1e-5f, t.h);
+                for (int r = 0; r < 2; ++r) {
+                    be.matmul(t.wg, t.h, Tensor{}, t.g);
+                    be.matmul(t.wu, t.h, Tensor{}, t.u);
+                    be.swiglu(t.g, t.u, t.g);
+                    be.matmul(t.wd, t.g, Tensor{}, t.y);
+                    be.add(t.x, t.y, 1.0f, t.x);
+                    be.rms_norm(t.x, t.nw, 1e-5f, t.h);
+                }
+                be.matmul(t.wo, t.h, Tensor{}, t.out);
+                be.step_end();
+            }
+            for (auto [f, name] : {std::pair{&Bufs::x, "x"}, {&Bufs::h, "h"}, {&Bufs::out, "out"}}) {
+                auto at = [&](int i) { return get((b[i].*f).row_slice(0, n), *bes[i]); };
+                const auto got = at(0);
+                EXPECT_LT(max_rel_diff(got, at(1)), 2e-2) << name << " vs no graphs, step " << step;
+                EXPECT_LT(max_rel_diff(got, at(2)), 1e-1) << name << " vs cpu, step " << step;
+            }
+        }
+        for (int i = 0; i < kBes; ++i) {
+            Bufs& t = b[i];
+            for (Tensor* x : {&t.wr, &t.wg, &t.wu, &t.wd, &t.wo, &t.nw, &t.x, &t.h, &t.y, &t.g, &t.u, &t.out})
+                bes[i]->free(*x);
+        }
+    }
+}
+
 }  // namespace
 }  // namespace cera

@@ -877,6 +877,23 @@ class CudaBackend final : public Backend {
         return buf;
     }
 
+    // Ends the capture of the current step without keeping its graph: what was captured is launched
+    // once (it has not run yet), and the rest of the step runs eagerly (step_end sees no capture).
+    void abandon_capture() {
+        capturing_ = false;
+        rec_.reset();
+        cudaGraph_t graph = nullptr;
+        CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+        cudaGraphExec_t exec = nullptr;
+        CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        CUDA_CHECK(cudaGraphDestroy(graph));
+        CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+        CUDA_CHECK(cudaGraphExecDestroy(exec));
+        if (mail_ok_ && capture_feed_out_) mail_.queued(capture_feed_out_);
+        capture_feed_out_ = nullptr;
+        cuda::pdl_skip_next();  // the next kernel waits for the whole graph
+    }
+
     // Forgets the recorded graphs (their buffers moved); keys keep their counts, so a key seen
     // before is recorded again at its next step.
     void drop_graphs() {
@@ -890,11 +907,13 @@ class CudaBackend final : public Backend {
         }
     }
 
-    // A grow-only scratch buffer. Growing frees the old one, so recorded graphs are dropped.
+    // A grow-only scratch buffer. Growing frees the old one, so recorded graphs are dropped. Inside a
+    // recorded step the capture ends there: the ops captured so far run as a graph of their own, the
+    // rest of the step eagerly, and the step's key is recorded again at its next step.
     void* scratch(Slot slot, size_t bytes) {
         Scratch& s = scratch_[slot];
         if (s.bytes >= bytes) return s.ptr;
-        CERA_CHECK(!capturing_, "scratch buffer %d grew inside a recorded step", int(slot));
+        if (capturing_) abandon_capture();
         CUDA_CHECK(cudaStreamSynchronize(stream_));
         drop_graphs();
         if (s.ptr) CUDA_CHECK(cudaFree(s.ptr));
