@@ -122,8 +122,12 @@ __global__ void __launch_bounds__(128) gemv_q_kernel(const GemvK a) {
     // The residual RMSNorm's weight into L2 for whichever block ends last (a weight: before the wait).
     if (a.nctr && a.nw && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
         prefetch_l2(a.nw, uint32_t(sg.rows * sizeof(float)));
-    float acc[R];
-    dot_rows<T, R>(a, yi, live, a.ids != nullptr, set_rows, acc, part, ks);
+    float acc[R], res = 0.0f;
+    const bool pre_res_off = a.res_late != 0;
+    auto hook = [&] {
+        if (part == 0 && !pre_res_off) res = residual_in<R>(sg, r0, yi, live);
+    };
+    dot_rows<T, R>(a, yi, live, a.ids != nullptr, set_rows, acc, part, ks, hook);
     bool fin = live;
     if (ks > 1) {
         __shared__ float part_s[4][R];
@@ -139,7 +143,7 @@ __global__ void __launch_bounds__(128) gemv_q_kernel(const GemvK a) {
             acc[r] = lane == 0 ? s : 0.0f;  // finish() sums the warp again
         }
     }
-    if (fin) finish<R>(a, sg, acc, r0, yi);
+    if (fin) finish<R>(a, sg, acc, r0, yi, pre_res_off ? nullptr : &res);
     if (a.nctr) last_block_norm(a, sg, yi);
 }
 

@@ -53,6 +53,7 @@ struct GemvK {
     const uint8_t* l2_m;
     int64_t l2_qbytes, l2_mbytes;
     int l2_mode;
+    int res_late;  // the residual input read after the dots (A/B), not right after the PDL wait
 };
 
 // The segment of this block and the block's index inside it.
@@ -155,8 +156,21 @@ __device__ __forceinline__ float warp_sum_rows(const float (&v)[R]) {
     return keep;
 }
 
+// The residual input of the row this lane writes in finish() (lanes r * 32 / R write row r0 + r), or
+// 0: loaded right after the PDL wait, beside the activation loads, so that its L2 round trip is not
+// one more link after the dots. (res_a may be res_out: the same thread reads it before writing.)
 template <int R>
-__device__ __forceinline__ void finish(const GemvK& a, const Seg& sg, float (&acc)[R], int64_t r0, int yi) {
+__device__ __forceinline__ float residual_in(const Seg& sg, int64_t r0, int yi, bool live) {
+    constexpr int W = 32 / R;
+    const int lane = threadIdx.x & 31, r = lane / W;
+    if (!sg.res_out || !live || lane % W != 0 || r0 + r >= sg.rows) return 0.0f;
+    return sg.res_a[int64_t(yi) * sg.ldy + r0 + r];
+}
+
+// res: the row's residual input from residual_in(), or null to read it here.
+template <int R>
+__device__ __forceinline__ void finish(const GemvK& a, const Seg& sg, float (&acc)[R], int64_t r0, int yi,
+                                       const float* res = nullptr) {
     constexpr int W = 32 / R;  // lanes holding one row's total
     const int lane = threadIdx.x & 31, r = lane / W;
     const float s = warp_sum_rows<R>(acc);
@@ -166,7 +180,7 @@ __device__ __forceinline__ void finish(const GemvK& a, const Seg& sg, float (&ac
         if (sg.bias) v += sg.bias[r0 + r];
         if (a.accumulate) v += sg.y[o];
         sg.y[o] = v;
-        if (sg.res_out) sg.res_out[o] = sg.res_a[o] + sg.res_scale * v;
+        if (sg.res_out) sg.res_out[o] = (res ? *res : sg.res_a[o]) + sg.res_scale * v;
     }
 }
 
@@ -260,6 +274,8 @@ inline GemvK common_params(const GemvArgs& a, bool& vec) {
     const GgmlType type = a.w.type;
     const int64_t k = a.w.k;
     GemvK p{};
+    static const int res_late = env_int("CERA_CUDA_RES_LATE", 0);  // 1: the residual input read after the dots
+    p.res_late = res_late;
     const QuantLayout L = quant_layout(type);
     vec = true;
     if (L.block_elems > 0) {
