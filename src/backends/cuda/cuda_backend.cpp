@@ -371,8 +371,8 @@ class CudaBackend final : public Backend {
         void* xq = q8_sidecar(out.as<const float>(), x.rows(), x.ne[0], nullptr);
         norm_ = {x.as<const float>(), w ? w.as<const float>() : nullptr, eps, x.rows(), x.ne[0], out.as<float>(), xq,
                  false};
-        if (x.rows() == 1 && pro_mask_ && hold_norm_ && (!w || w.type == GgmlType::kF32) && out.n_elements() == x.n_elements() &&
-            reinterpret_cast<uintptr_t>(x.data) % 16 == 0) {
+        if (x.rows() == 1 && pro_mask_ && hold_norm_ && (!w || w.type == GgmlType::kF32) &&
+            out.n_elements() == x.n_elements() && reinterpret_cast<uintptr_t>(x.data) % 16 == 0) {
             // One token after no residual product (the first layer's, after the embedding): held, so
             // that the products reading out may make it in their prologue (take_prologue).
             norm_.held = true;
