@@ -28,20 +28,21 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string_view>
+#include <memory>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/cuda/backend_switches.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/decode_program.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/pick_mail.h"
+#include "backends/cuda/pinned_staging.h"
 #include "backends/cuda/replay_profile.h"
 #include "backends/cuda/rope_tables.h"
 #include "backends/cuda/w16_cache.h"
@@ -54,9 +55,7 @@ namespace cera {
 namespace {
 
 constexpr int64_t kGemvMaxTokens = 8;
-constexpr size_t kPinnedRing = 2u << 20, kPinnedMax = 1u << 20;  // pinned staging (CudaBackend::write)
 constexpr size_t kCublasWorkspace = 32u << 20;
-constexpr size_t kAsyncArea = size_t(Backend::kAsyncReads) * Backend::kAsyncReadMax;  // read_async slots
 
 // Scratch buffers. kXq / kXq2: 8-bit activations quantized for a GEMV; kXqA / kXqB: 8-bit rows
 // written by the op that produces a GEMV's input (alternating, so a kernel never writes the rows
@@ -80,47 +79,10 @@ class CudaBackend final : public Backend {
         CUDA_CHECK(cudaMalloc(&cublas_ws_, kCublasWorkspace));
         CUDA_CHECK(cudaMalloc(&norm_ctr_, 64 * sizeof(unsigned)));
         CUDA_CHECK(cudaMemset(norm_ctr_, 0, 64 * sizeof(unsigned)));
-        const char* pin = std::getenv("CERA_CUDA_PINNED");  // 0: pageable transfers only (benchmarks)
-        if ((pin && pin[0] == '0') ||
-            cudaHostAlloc(reinterpret_cast<void**>(&pinned_), kPinnedRing + kPinnedMax + kAsyncArea,
-                          cudaHostAllocDefault) !=
-                cudaSuccess) {
-            cudaGetLastError();  // no pinned memory: every transfer takes the pageable path
-            pinned_ = nullptr;
-        }
+        pin_ = std::make_unique<cuda::PinnedStaging>();  // on this device (its events)
         CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, kCublasWorkspace));
-        for (cudaEvent_t& e : async_ev_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-        const char* g = std::getenv("CERA_CUDA_GRAPHS");
-        graphs_enabled_ = !(g && std::strcmp(g, "0") == 0);
-        const char* f = std::getenv("CERA_CUDA_FUSE");
-        fuse_ = !(f && std::strcmp(f, "0") == 0);
-        // Products fused with their consumer (gemv_fused.cu), where each measured faster (bench/NOTES.md):
-        // q/k/v + RoPE + KV store for every block type, in_proj + short conv for Q5_K / Q6_K
-        // (heavy_scales; Q4_K's 32-element items unfused, as Q4_0: lfm2-1.2b +1.2%).
-        // CERA_CUDA_FUSE_PRODUCTS=0: neither; all: both for every block type (A/B).
-        const char* fp = std::getenv("CERA_CUDA_FUSE_PRODUCTS");
-        const std::string_view fpv = fp ? fp : "";
-        fuse_products_ = !fuse_ || fpv == "0" ? 0 : fpv == "all" ? 2 : 1;
-        const char* fc = std::getenv("CERA_CUDA_FUSE_CONV");  // 0 / 1: in_proj + conv fused for no / every type
-        fuse_conv_ = fc && *fc ? std::atoi(fc) : -1;
-        const char* np = std::getenv("CERA_CUDA_NORM_PRO");
-        pro_mask_ = !fuse_ ? 0 : np ? std::atoi(np) : kProDefault;
-        // The SwiGLU pair's kernel switches (gemv.cu), per backend so that tests can compare kernels.
-        const char* gs = std::getenv("CERA_CUDA_GLU_STAGE");
-        glu_stage_ = gs && *gs ? std::atoi(gs) : -1;
-        const char* gw = std::getenv("CERA_CUDA_GLU_WIDE");
-        glu_wide_ = gw && *gw ? std::atoi(gw) : -1;
-        const char* hn = std::getenv("CERA_CUDA_HOLD_NORM");  // 0: a norm after no residual product is launched
-        hold_norm_ = !(hn && std::strcmp(hn, "0") == 0);
-        const char* qr = std::getenv("CERA_CUDA_QKV_ROWS");  // gemv_fused.cu's q/k/v kernel for RoPE-only heads
-        qkv_rows_ = qr && *qr ? std::atoi(qr) : -1;
-        const char* mg = std::getenv("CERA_CUDA_MEGA");
-        mega_ = mg && std::strcmp(mg, "1") == 0;
-        const char* pr = std::getenv("CERA_CUDA_PROFILE");
-        profile_ = pr && std::strcmp(pr, "1") == 0;
-        if (profile_) replay_prof_ = std::make_unique<cuda::ReplayProfile>();
-        const char* mb = std::getenv("CERA_CUDA_MAILBOX");  // 0: the pick is copied back on the stream
-        mail_ok_ = !(mb && mb[0] == '0') && mail_.init();
+        if (sw_.profile) replay_prof_ = std::make_unique<cuda::ReplayProfile>();
+        mail_ok_ = sw_.mailbox && mail_.init();
         cuda::trace_start();
     }
 
@@ -135,8 +97,7 @@ class CudaBackend final : public Backend {
         cublasDestroy(cublas_);
         cudaFree(cublas_ws_);
         cudaFree(norm_ctr_);
-        if (pinned_) cudaFreeHost(pinned_);
-        for (cudaEvent_t e : async_ev_) cudaEventDestroy(e);
+        pin_.reset();
         cudaStreamDestroy(stream_);
     }
 
@@ -196,57 +157,31 @@ class CudaBackend final : public Backend {
         t = Tensor{};
     }
 
-    // Small transfers (the step's token ids and positions, the picked token, logits rows) go through
-    // pinned host memory: a write is copied into a ring and queued as a true asynchronous copy (the ring
-    // wraps after a stream synchronization, so no queued copy still reads the bytes it reuses); a read
-    // lands in its own pinned area. Larger ones, and writes while a step is being captured, take the
-    // pageable path, which stages the bytes before returning. Either way the caller may reuse its
-    // memory on return.
+    // Small transfers go through pinned host memory (pinned_staging.h); larger ones, and writes while a
+    // step is being captured, take the pageable path, which stages the bytes before returning. Either
+    // way the caller may reuse its memory on return.
     void write(const Tensor& dst, const void* host, size_t n_bytes, size_t offset) override {
         touch();
         if (rec_) rec_->unsupported("write");
         if (n_bytes == 0) return;
         uint8_t* d = static_cast<uint8_t*>(dst.data) + offset;
-        if (pinned_ && !capturing_ && n_bytes <= kPinnedMax) {
-            if (pin_off_ + n_bytes > kPinnedRing) {
-                CUDA_CHECK(cudaStreamSynchronize(stream_));
-                pin_off_ = 0;
-            }
-            std::memcpy(pinned_ + pin_off_, host, n_bytes);
-            CUDA_CHECK(cudaMemcpyAsync(d, pinned_ + pin_off_, n_bytes, cudaMemcpyHostToDevice, stream_));
-            pin_off_ += (n_bytes + 63) / 64 * 64;
-            return;
-        }
-        CUDA_CHECK(cudaMemcpyAsync(d, host, n_bytes, cudaMemcpyHostToDevice, stream_));
+        if (!pin_->write(d, host, n_bytes, stream_, capturing_))
+            CUDA_CHECK(cudaMemcpyAsync(d, host, n_bytes, cudaMemcpyHostToDevice, stream_));
     }
     void read(void* host, const Tensor& src, size_t n_bytes, size_t offset) override {
         flush();
         if (n_bytes == 0) return;
         const uint8_t* s = static_cast<const uint8_t*>(src.data) + offset;
-        if (pinned_ && !capturing_ && n_bytes <= kPinnedMax) {
-            uint8_t* area = pinned_ + kPinnedRing;
-            CUDA_CHECK(cudaMemcpyAsync(area, s, n_bytes, cudaMemcpyDeviceToHost, stream_));
-            CUDA_CHECK(cudaStreamSynchronize(stream_));
-            std::memcpy(host, area, n_bytes);
-            return;
-        }
+        if (pin_->read(host, s, n_bytes, stream_, capturing_)) return;
         CUDA_CHECK(cudaMemcpyAsync(host, s, n_bytes, cudaMemcpyDeviceToHost, stream_));
         CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
-    // Each ticket has its pinned slot and an event recorded after its copy, so read_wait() waits for
-    // that copy and nothing queued after it.
     int read_async(const Tensor& src, size_t n_bytes) override {
-        if (!pinned_) return Backend::read_async(src, n_bytes);  // (then read_wait() is the base's too)
+        if (!pin_->available()) return Backend::read_async(src, n_bytes);  // (then read_wait() is the base's too)
         CERA_CHECK(!capturing_ && n_bytes <= kAsyncReadMax, "read_async: %zu bytes (at most %zu), outside steps",
                    n_bytes, kAsyncReadMax);
         flush();
-        const int t = async_next_;
-        async_next_ = (async_next_ + 1) % kAsyncReads;
-        uint8_t* slot = pinned_ + kPinnedRing + kPinnedMax + size_t(t) * kAsyncReadMax;
-        if (n_bytes) CUDA_CHECK(cudaMemcpyAsync(slot, src.data, n_bytes, cudaMemcpyDeviceToHost, stream_));
-        CUDA_CHECK(cudaEventRecord(async_ev_[size_t(t)], stream_));
-        async_n_[size_t(t)] = n_bytes;
-        return t;
+        return pin_->read_async(src.data, n_bytes, stream_);
     }
     int read_fed_async(const Tensor& out) override {
         const int t = mail_ok_ && !capturing_ ? mail_.ticket(out.data) : -1;
@@ -260,10 +195,8 @@ class CudaBackend final : public Backend {
             std::memcpy(host, &pick, sizeof pick);
             return;
         }
-        if (!pinned_) return Backend::read_wait(ticket, host);
-        CERA_CHECK(ticket >= 0 && ticket < kAsyncReads, "read_wait: ticket %d", ticket);
-        CUDA_CHECK(cudaEventSynchronize(async_ev_[size_t(ticket)]));
-        std::memcpy(host, pinned_ + kPinnedRing + kPinnedMax + size_t(ticket) * kAsyncReadMax, async_n_[size_t(ticket)]);
+        if (!pin_->available()) return Backend::read_wait(ticket, host);
+        pin_->read_wait(ticket, host);
     }
     bool asynchronous() const override { return true; }
 
@@ -288,7 +221,7 @@ class CudaBackend final : public Backend {
         next_side_ = false;  // every step with a key uses the same side buffers
         CERA_CHECK(!capturing_, "step_begin inside a step");
         // The step's first kernel (eager or captured) waits for all the work queued before it.
-        if (!graphs_enabled_) return cuda::pdl_skip_next(), false;
+        if (!sw_.graphs) return cuda::pdl_skip_next(), false;
         Graph& g = graphs_[key];
         if (g.exec) {
             if (replay_prof_) replay_prof_->begin(stream_);
@@ -309,8 +242,8 @@ class CudaBackend final : public Backend {
             capturing_ = true;
             capture_feed_out_ = nullptr;
             capture_key_ = key;
-            if (mega_ && cuda::decode_program_grid() > 0) rec_ = std::make_unique<cuda::DecodeRecorder>();
-            else if (mega_ && profile_) std::fprintf(stderr, "cuda: decode programs cannot run on this device\n");
+            if (sw_.mega && cuda::decode_program_grid() > 0) rec_ = std::make_unique<cuda::DecodeRecorder>();
+            else if (sw_.mega && sw_.profile) std::fprintf(stderr, "cuda: decode programs cannot run on this device\n");
         }
         return false;
     }
@@ -328,7 +261,7 @@ class CudaBackend final : public Backend {
         g.exec = exec;
         g.feed_out = capture_feed_out_;
         if (rec_) {
-            g.prog = cuda::make_decode_program(*rec_, stream_, profile_);
+            g.prog = cuda::make_decode_program(*rec_, stream_, sw_.profile);
             rec_.reset();
         }
         // The captured ops have not run yet.
@@ -349,7 +282,9 @@ class CudaBackend final : public Backend {
     }
 
     void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override {
-        if (rec_) rec_->rms_norm(x.as<const float>(), x.rows(), x.ne[0], w ? w.as<const float>() : nullptr, eps, out.as<float>());
+        if (rec_)
+            rec_->rms_norm(x.as<const float>(), x.rows(), x.ne[0], w ? w.as<const float>() : nullptr, eps,
+                           out.as<float>());
         if (n_mm_ == 1 && n_rope_ == 0 && mm_[0].a.res_out == x.as<const float>() && x.rows() == mm_[0].a.n_y &&
             x.ne[0] == mm_[0].a.rows && (!w || w.type == GgmlType::kF32) && out.n_elements() == x.n_elements()) {
             // The residual product that makes x is still held: its last block makes the norm too.
@@ -361,7 +296,7 @@ class CudaBackend final : public Backend {
                 if (cuda::gemv_norm_supported(m)) {
                     // One token: still held, so that the products reading out may make the norm in
                     // their prologue instead (take_prologue); anything else launches it with the norm.
-                    if (x.rows() != 1 || !pro_mask_) flush_mm();
+                    if (x.rows() != 1 || !sw_.pro_mask) flush_mm();
                     return;
                 }
                 m.norm_out = nullptr;
@@ -371,7 +306,7 @@ class CudaBackend final : public Backend {
         void* xq = q8_sidecar(out.as<const float>(), x.rows(), x.ne[0], nullptr);
         norm_ = {x.as<const float>(), w ? w.as<const float>() : nullptr, eps, x.rows(), x.ne[0], out.as<float>(), xq,
                  false};
-        if (x.rows() == 1 && pro_mask_ && hold_norm_ && (!w || w.type == GgmlType::kF32) &&
+        if (x.rows() == 1 && sw_.pro_mask && sw_.hold_norm && (!w || w.type == GgmlType::kF32) &&
             out.n_elements() == x.n_elements() && reinterpret_cast<uintptr_t>(x.data) % 16 == 0) {
             // One token after no residual product (the first layer's, after the embedding): held, so
             // that the products reading out may make it in their prologue (take_prologue).
@@ -395,21 +330,18 @@ class CudaBackend final : public Backend {
             // Products that share the input wait to be launched together (q/k/v, gate/up), or fused
             // with the op that follows (SwiGLU, the residual add).
             const bool pro = take_prologue(a, x.as<const float>(), k);
-            if (!pro && norm_.held) {  // launched before anything that may read its output
-                norm_.held = false;
-                launch_norm();
-            }
+            if (!pro) release_norm(false);  // launched before anything that may read its output
             if (glu_.held && (n_mm_ > 0 || x.as<const float>() != glu_.act)) flush();
             if (n_mm_ > 0) {
                 const cuda::GemvArgs& p = mm_[0].a;
-                if (!fuse_ || n_mm_ == cuda::kMaxSegs || p.x != x.as<const float>() || p.w.type != ref.type ||
+                if (!sw_.fuse || n_mm_ == cuda::kMaxSegs || p.x != x.as<const float>() || p.w.type != ref.type ||
                     p.w.k != k || p.n_y != a.n_y || p.pro_x != a.pro_x)
                     flush_mm();
             }
             if (!pro) prepare_x(a, ref.type, x.as<const float>(), n_tokens, k, kXq);
             a.bias = b, a.y = out.as<float>(), a.ldy = rows;
             touch_out(out);
-            if (!fuse_) {
+            if (!sw_.fuse) {
                 cuda::gemv(a, stream_);
                 return;
             }
@@ -427,7 +359,8 @@ class CudaBackend final : public Backend {
         if (rec_)
             rec_->norm_rope(x.as<float>(), x.rows(), n_head, head_dim, norm_w ? norm_w.as<const float>() : nullptr, eps,
                             pos.as<const int32_t>(), rope_args(rope));
-        if (fuse_ && x.rows() <= kGemvMaxTokens && (n_rope_ == 0 || (n_rope_ == 1 && rope_[0].pos.data == pos.data))) {
+        if (sw_.fuse && x.rows() <= kGemvMaxTokens &&
+            (n_rope_ == 0 || (n_rope_ == 1 && rope_[0].pos.data == pos.data))) {
             // Decode: wait for the kv_store that usually follows (q, k, then the store: one launch, with
             // the q/k/v products when they are still pending and make x).
             bool makes_x = false;
@@ -471,7 +404,7 @@ class CudaBackend final : public Backend {
                 a.pos = pos.as<const int32_t>();
                 a.k_cache = k_cache.data, a.v_cache = v_cache.data;
                 a.f16 = k_cache.type == GgmlType::kF16, a.n_ctx = k_cache.ne[1];
-                a.rows_kernel = qkv_rows_;
+                a.rows_kernel = sw_.qkv_rows;
                 attach_rope_table(a.k_rope, a.n_ctx);
                 if (qr) attach_rope_table(a.q_rope, a.n_ctx);
                 n_rope_ = 0;
@@ -479,7 +412,7 @@ class CudaBackend final : public Backend {
                 cuda::GemvArgs qkv[3];
                 if (qr && !glu_.held && pending_qkv(a, qkv)) {  // the q/k/v products too (gemv_fused.cu)
                     n_mm_ = 0;
-                    launch_res(qkv, 3, kProQkv);
+                    launch_res(qkv, 3, cuda::kProQkv);
                     cuda::gemv_qkv_rope_store(qkv, a, stream_);
                     return;
                 }
@@ -531,7 +464,7 @@ class CudaBackend final : public Backend {
             // The in_proj product still waiting: one launch computes it and the conv.
             cuda::GemvArgs in = mm_[0].a;
             n_mm_ = 0;
-            launch_res(&in, 1, kProConv);
+            launch_res(&in, 1, cuda::kProConv);
             invalidate_q8();
             void* xq = q8_sidecar(out.as<const float>(), 1, n_embd, in.xq);
             cuda::gemv_conv(in, conv_w, int(w.ne[0]), state.as<float>(), state_prev ? state_prev.as<float>() : nullptr,
@@ -562,7 +495,7 @@ class CudaBackend final : public Backend {
                 // Held until the next product is known (the down product: its weights go to L2
                 // while the pair runs); anything else launches it first.
                 glu_ = {gg, uu, out.as<float>(), xq, true};
-                glu_.g.glu_stage = glu_stage_, glu_.g.glu_wide = glu_wide_;
+                glu_.g.glu_stage = sw_.glu_stage, glu_.g.glu_wide = sw_.glu_wide;
                 return;
             }
         }
@@ -765,8 +698,8 @@ class CudaBackend final : public Backend {
     // Whether products of `type` are fused with their consumer: the short conv (conv) or q/k RoPE.
     bool fuses_product(GgmlType type, bool conv) const {
         const int block = cuda::quant_layout(type).block_elems;
-        if (fuse_products_ == 1 && conv && fuse_conv_ >= 0) return fuse_conv_ != 0 && block > 0;
-        return fuse_products_ == 2 || (fuse_products_ == 1 && (conv ? cuda::heavy_scales(type) : block > 0));
+        if (sw_.fuse_products == 1 && conv && sw_.fuse_conv >= 0) return sw_.fuse_conv != 0 && block > 0;
+        return sw_.fuse_products == 2 || (sw_.fuse_products == 1 && (conv ? cuda::heavy_scales(type) : block > 0));
     }
     // The pending products as a's q, k and v in that order, when they can go out with its RoPEs and
     // KV store as one launch (gemv_fused.cu).
@@ -787,7 +720,7 @@ class CudaBackend final : public Backend {
     // (GemvArgs::pro_x): x is the norm the held residual product would make (then held in res_ until a
     // launch reading x chooses, launch_res), or the prologue of the products a joins. a keeps xq too.
     bool take_prologue(cuda::GemvArgs& a, const float* x, int64_t k) {
-        if (!pro_mask_ || a.n_y != 1 || !cuda::gemv_norm_prologue_supported(a.w.type, k, 1)) return false;
+        if (!sw_.pro_mask || a.n_y != 1 || !cuda::gemv_norm_prologue_supported(a.w.type, k, 1)) return false;
         cuda::GemvArgs& m = mm_[0].a;
         if (n_mm_ > 0 && m.pro_x && m.x == x) {
             a.pro_x = m.pro_x, a.pro_w = m.pro_w, a.pro_eps = m.pro_eps, a.pro_out = m.pro_out, a.xq = m.xq;
@@ -808,16 +741,9 @@ class CudaBackend final : public Backend {
     // without the norm when they take their prologue (`use`, a mask of CERA_CUDA_NORM_PRO bits: the
     // launch kind), else with it; a (n products) are set up for the choice.
     void launch_res(cuda::GemvArgs* a, int n, int use) {
-        const bool pro = n > 0 && a[0].pro_x && (pro_mask_ & use);
+        const bool pro = n > 0 && a[0].pro_x && (sw_.pro_mask & use);
         for (int i = 0; i < n && !pro; ++i) a[i].pro_x = nullptr;
-        if (norm_.held) {  // a held norm: made in the prologue, or launched now
-            norm_.held = false;
-            if (pro) {
-                for (Q8Cache& c : q8_) c.valid &= c.buf != norm_.xq;  // then never written
-            } else {
-                launch_norm();
-            }
-        }
+        release_norm(pro);
         if (!res_held_) return;
         res_held_ = false;
         for (Q8Cache& c : q8_) c.valid &= !(pro && c.buf == res_.norm_xq);  // then never written
@@ -827,10 +753,18 @@ class CudaBackend final : public Backend {
     void launch_norm() {
         cuda::rms_norm(norm_.x, norm_.w, norm_.eps, norm_.rows, norm_.k, norm_.out, stream_, norm_.xq);
     }
+    // The held norm (rms_norm), if any, leaves: made in the prologue of the launch reading it (its 8-bit
+    // rows then never written), or launched now.
+    void release_norm(bool in_prologue) {
+        if (!norm_.held) return;
+        norm_.held = false;
+        if (!in_prologue) return launch_norm();
+        for (Q8Cache& c : q8_) c.valid &= c.buf != norm_.xq;
+    }
     void launch_glu() {
         glu_.held = false;
         cuda::GemvArgs gu[2] = {glu_.g, glu_.u};
-        launch_res(gu, 2, cuda::gemv_glu_staged(gu[0], gu[1]) ? kProGluStaged : kProGluWave);
+        launch_res(gu, 2, cuda::gemv_glu_staged(gu[0], gu[1]) ? cuda::kProGluStaged : cuda::kProGluWave);
         cuda::gemv_glu(gu[0], gu[1], glu_.act, glu_.xq, stream_, n_mm_ == 1 ? &mm_[0].a : nullptr);
     }
 
@@ -868,7 +802,7 @@ class CudaBackend final : public Backend {
     // beside it, recorded as the cached quantization of src; null when not worth it (prefill) or
     // not possible. `avoid`: a buffer the op reads.
     void* q8_sidecar(const float* src, int64_t rows, int64_t k, const void* avoid) {
-        if (!fuse_ || rows > kGemvMaxTokens || k % 32 != 0 || rows == 0) return nullptr;
+        if (!sw_.fuse || rows > kGemvMaxTokens || k % 32 != 0 || rows == 0) return nullptr;
         Slot slot = next_side_ ? kXqB : kXqA;
         if (scratch_[slot].ptr && scratch_[slot].ptr == avoid) slot = slot == kXqA ? kXqB : kXqA;
         next_side_ = slot == kXqA;
@@ -985,6 +919,7 @@ class CudaBackend final : public Backend {
                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
 
+    const cuda::BackendSwitches sw_ = cuda::backend_switches();  // read when the backend is made
     int device_;
     cudaDeviceProp props_{};
     cudaStream_t stream_ = nullptr;
@@ -1000,20 +935,7 @@ class CudaBackend final : public Backend {
     Scratch scratch_[kSlots];
     Q8Cache q8_[kQ8Slots];  // indexed by Slot kXq .. kXqB
     bool next_side_ = false;
-    uint8_t* pinned_ = nullptr;  // kPinnedRing bytes of write ring, kPinnedMax for reads, kAsyncArea for read_async
-    std::array<cudaEvent_t, kAsyncReads> async_ev_{};
-    std::array<size_t, kAsyncReads> async_n_{};
-    int async_next_ = 0;
-    size_t pin_off_ = 0;
-    bool fuse_ = true;  // CERA_CUDA_FUSE=0: no grouped or fused launches, no 8-bit side outputs
-    int fuse_products_ = 1;  // gemv_fused.cu: 0 never, 1 where it measured faster (fuses_product), 2 always
-    // CERA_CUDA_NORM_PRO: the launches that make a one-token norm after a residual product in their
-    // prologue (take_prologue) rather than leave it to that product's launch (bench/NOTES.md). The
-    // fused in_proj + conv (K-quants) joined the default with the 8-warp pair and the GEMV carveouts:
-    // lfm2-1.2b Q4_K +0.5%, the others even (it was -1% before them).
-    enum { kProGluStaged = 1, kProQkv = 2, kProConv = 4, kProGluWave = 8, kProDefault = 7 };
-    int pro_mask_ = kProDefault;
-    int fuse_conv_ = -1;  // CERA_CUDA_FUSE_CONV, or -1: fused for the heavy_scales types
+    std::unique_ptr<cuda::PinnedStaging> pin_;  // small host transfers (pinned_staging.h)
     cuda::GemvArgs res_;  // the held residual product (take_prologue)
     bool res_held_ = false;
     struct Norm {  // a one-token RMSNorm held for the prologue of the products reading it (rms_norm)
@@ -1035,17 +957,11 @@ class CudaBackend final : public Backend {
         void* xq = nullptr;
         bool held = false;
     } glu_;  // a SwiGLU pair (swiglu) held until the next op
-    bool hold_norm_ = true;               // CERA_CUDA_HOLD_NORM (rms_norm)
-    int qkv_rows_ = -1;                   // CERA_CUDA_QKV_ROWS when the backend was made (QkvRopeArgs)
-    int glu_stage_ = -1, glu_wide_ = -1;  // CERA_CUDA_GLU_STAGE / _WIDE when the backend was made (GemvArgs)
     cuda::RopeTables rope_tables_;  // the decode RoPE's (cos, sin) tables (rope_tables.h)
     std::unordered_map<uint64_t, Graph> graphs_;
-    bool graphs_enabled_ = true;
     bool capturing_ = false;
-    bool mega_ = false;  // CERA_CUDA_MEGA=1: decode programs instead of graphs
     std::unique_ptr<cuda::DecodeRecorder> rec_;  // while a step is captured
-    bool profile_ = false;
-    std::unique_ptr<cuda::ReplayProfile> replay_prof_;  // with profile_
+    std::unique_ptr<cuda::ReplayProfile> replay_prof_;  // with sw_.profile
     uint64_t capture_key_ = 0;
 };
 

@@ -211,8 +211,9 @@ struct QkvRopeArgs {
     void* v_cache = nullptr;
     bool f16 = true;
     int64_t n_ctx = 0;
-    // gemv_qkv_rope_store without per-head norms: 16-row blocks (1), a block a head (0), or the
-    // default (-1, CERA_CUDA_QKV_ROWS). Per backend, so that tests can compare the kernels.
+    // gemv_qkv_rope_store: the warps' epilogue where it fits (1, gemv_fused.cu qkv_rows_fit), warp 0's
+    // of a block a head (0), or the default (-1, CERA_CUDA_QKV_ROWS). Per backend, so that tests can
+    // compare the kernels.
     int rows_kernel = -1;
 };
 void qkv_rope_store(const QkvRopeArgs& a, Stream stream);
