@@ -1,6 +1,6 @@
 // The CUDA op tests' shared pieces: random data, GGUF weights made from f32 values, and the fixture
 // with a CUDA and a CPU backend side by side (skips when no CUDA device is present). Used by
-// cuda_kernels_test.cpp and cuda_attention_test.cpp.
+// cuda_kernels_test.cpp, cuda_decode_test.cpp and cuda_attention_test.cpp.
 #pragma once
 #include <gtest/gtest.h>
 
