@@ -13,7 +13,8 @@ first block had been resident before the release, `late` = how long after the re
 block started waiting (blocks that were not resident in time), `lastin` = how long before the release the
 last block started (negative: after it), `run` = from the release to the last block's end (thread 0),
 `arrive` = when the last block's thread 0 reached its first wait, from the release (negative: before it;
-near zero or positive: the release waited for the block, not for the kernel before)."""
+near zero or positive: the release waited for the block, not for the kernel before), `mark0` / `mark1` = the
+last block's thread 0 at the kernel's trace_mark(0) / trace_mark(1), from the release (0: no such mark)."""
 import glob, os, re, struct, sys
 
 def fnv(s):
@@ -37,11 +38,11 @@ def main():
     path = sys.argv[1]
     skip = int(sys.argv[sys.argv.index("--skip-steps") + 1]) if "--skip-steps" in sys.argv else 8
     nsteps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 64
-    rec = struct.Struct("<QQQQIIII")  # t0 t1 t2 ta file line_sm block grid
+    rec = struct.Struct("<QQQQQQIIII")  # t0 t1 t2 ta m0 m1 file line_sm block grid
     data = open(path, "rb").read()
     r = [x for x in rec.iter_unpack(data[: len(data) // rec.size * rec.size])][1:]
     r = [x for x in r if x[0] > 0]
-    T0, T1, T2, TA, FILE, LINE, BLOCK, GRID = range(8)
+    T0, T1, T2, TA, M0, M1, FILE, LINE, BLOCK, GRID = range(10)
     names = kernel_names(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     order = sorted(range(len(r)), key=lambda i: r[i][T0])
     launches = {}  # key -> list of launches (list of record indices)
@@ -59,8 +60,11 @@ def main():
             t1v = [r[i][T1] for i in idx if r[i][T1] > 0]
             if not t1v: continue
             tav = [r[i][TA] for i in idx if r[i][TA] > 0]
+            m0v = [r[i][M0] for i in idx if r[i][M0] > 0]
+            m1v = [r[i][M1] for i in idx if r[i][M1] > 0]
             rows.append((min(t1v), min(r[i][T0] for i in idx), max(t1v), len(idx), key,
-                         max(r[i][T0] for i in idx), max(r[i][T2] for i in idx), idx, max(tav) if tav else 0))
+                         max(r[i][T0] for i in idx), max(r[i][T2] for i in idx), idx, max(tav) if tav else 0,
+                         max(m0v) if m0v else 0, max(m1v) if m1v else 0))
     rows.sort()
     name = lambda key: names.get((key[0], key[1]), "?%d" % key[1])
     # A step ends with its pick: the arg-max launch, or the streamed LM head that makes it.
@@ -74,24 +78,26 @@ def main():
     print("%d steps of %d launches (modal), %d used" % (len(lens), mode, len(steps)))
     chain = [0.0] * mode; ahead = [0.0] * mode; late = [0.0] * mode; total = 0.0
     start_last = [0.0] * mode; run = [0.0] * mode; arrive = [0.0] * mode
+    mark0 = [0.0] * mode; mark1 = [0.0] * mode
     for a, b in steps:
         nxt = rows[b][0] if b < len(rows) else None
         for k in range(mode):
-            t1, t0, t1max, n, key, t0max, t2max, _, tamax = rows[a + k]
+            t1, t0, t1max, n, key, t0max, t2max, _, tamax, m0max, m1max = rows[a + k]
             t1n = rows[a + k + 1][0] if a + k + 1 < len(rows) else t1
             chain[k] += (t1n - t1); ahead[k] += (t1 - t0); late[k] += (t1max - t1)
             start_last[k] += (t1 - t0max); run[k] += (t2max - t1); arrive[k] += (tamax - t1) if tamax else 0
+            mark0[k] += (m0max - t1) if m0max else 0; mark1[k] += (m1max - t1) if m1max else 0
         total += rows[b - 1 + 1][0] - rows[a][0] if b < len(rows) else 0
     n = len(steps)
     print("step (release to release): %.1f us" % (total / n / 1e3))
-    print("%-4s %-28s %7s %7s %7s %7s %7s %7s %7s" % ("#", "kernel", "blocks", "chain", "ahead", "lastin", "late", "run",
-                                                  "arrive"))
+    cols = ("#", "kernel", "blocks", "chain", "ahead", "lastin", "late", "run", "arrive", "mark0", "mark1")
+    print("%-4s %-28s %7s %7s %7s %7s %7s %7s %7s %7s %7s" % cols)
     by = {}
     for k in range(mode):
         key = rows[steps[0][0] + k][4]
         nm = name(key)
-        print("%-4d %-28s %7d %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f" % (k, nm[:28], key[2], chain[k] / n / 1e3,
-              ahead[k] / n / 1e3, start_last[k] / n / 1e3, late[k] / n / 1e3, run[k] / n / 1e3, arrive[k] / n / 1e3))
+        vals = (chain, ahead, start_last, late, run, arrive, mark0, mark1)
+        print("%-4d %-28s %7d" % (k, nm[:28], key[2]) + "".join(" %7.2f" % (v[k] / n / 1e3) for v in vals))
         s = by.setdefault(nm + "/%d" % key[2], [0, 0.0]); s[0] += 1; s[1] += chain[k] / n / 1e3
     if "--blocks" in sys.argv:
         k = int(sys.argv[sys.argv.index("--blocks") + 1])
@@ -99,13 +105,14 @@ def main():
         for a, b in steps:
             rel = rows[a + k][0]
             for i in rows[a + k][7]:
-                e = acc.setdefault(r[i][BLOCK], [0.0] * 5)
-                for j, v in enumerate((r[i][T0] - rel, r[i][TA] - rel, r[i][T1] - rel, r[i][T2] - rel, 1)):
+                e = acc.setdefault(r[i][BLOCK], [0.0] * 7)
+                mk = lambda t: t - rel if t else 0
+                for j, v in enumerate((r[i][T0] - rel, r[i][TA] - rel, r[i][T1] - rel, r[i][T2] - rel, mk(r[i][M0]),
+                                       mk(r[i][M1]), 1)):
                     e[j] += v
-        print("\nlaunch %d, per block (us from its release): block start arrive wait end" % k)
-        for blk, e in sorted(acc.items(), key=lambda x: x[1][3] / x[1][4]):
-            print("  %5d %7.2f %7.2f %7.2f %7.2f" % (blk, e[0] / e[4] / 1e3, e[1] / e[4] / 1e3, e[2] / e[4] / 1e3,
-                                                 e[3] / e[4] / 1e3))
+        print("\nlaunch %d, per block (us from its release): block start arrive wait end mark0 mark1" % k)
+        for blk, e in sorted(acc.items(), key=lambda x: x[1][3] / x[1][6]):
+            print("  %5d %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f" % ((blk,) + tuple(e[j] / e[6] / 1e3 for j in range(6))))
     print("\nby kernel (launches, total chain us):")
     for nm, (c, t) in sorted(by.items(), key=lambda x: -x[1][1]):
         print("  %-40s %4d %8.1f  (%.2f each)" % (nm, c, t, t / c))

@@ -110,6 +110,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
     for (;;) {
         cp_async_wait<0>();
         __syncthreads();
+        trace_mark(0);
         for (int p0 = warp * P; p0 < n; p0 += kWarps * P) {
             const int j = p0 + kl;
             const bool live = head_ok && j < n;
@@ -181,6 +182,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
         copy_rows(lo, n, lo, lo + n);
     }
     // Merge the warps: m [W][G], l [W][G], o [W][G][HD] over the K/V area.
+    trace_mark(1);
     __syncthreads();
     float* m_s = reinterpret_cast<float*>(dsm);
     float* l_s = m_s + kWarps * G;

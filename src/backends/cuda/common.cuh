@@ -33,6 +33,7 @@ __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + 
 #ifndef CERA_CUDA_TRACE
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+#define trace_mark(i) ((void)0)
 #else
 // Timeline trace (diagnosis builds only: cmake -DCERA_CUDA_TRACE=ON; trace.cu writes the records).
 // Thread 0 of every block records the global timer where the kernel starts (pdl_trigger, the first
@@ -41,6 +42,7 @@ __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;"
 // share is the time from its wait's release to the next kernel's.
 struct TraceRec {
     unsigned long long t0, t1, t2, ta;  // block start, PDL wait released, thread 0 done, thread 0 at the wait
+    unsigned long long tm[2];           // thread 0 at trace_mark(0) / trace_mark(1), where a kernel has them
     uint32_t file, line_sm, block, grid;
 };
 constexpr uint32_t trace_hash(const char* s) {
@@ -75,7 +77,8 @@ __device__ __forceinline__ void trace_trigger(uint32_t file, uint32_t line) {
             r = buf + i;
             unsigned sm;
             asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-            r->t0 = t0, r->t1 = 0, r->t2 = 0, r->ta = 0, r->file = file, r->line_sm = line | (sm << 16);
+            r->t0 = t0, r->t1 = 0, r->t2 = 0, r->ta = 0, r->tm[0] = 0, r->tm[1] = 0;
+            r->file = file, r->line_sm = line | (sm << 16);
             r->block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
             r->grid = gridDim.x * gridDim.y * gridDim.z;
         }
@@ -99,7 +102,14 @@ __device__ __forceinline__ void trace_wait() {
         if (!r->ta) r->ta = ta;  // the first wait's arrival (a block may wait again)
     }
 }
+// Thread 0's time at a point of interest inside a kernel (i = 0 or 1; the first call of each counts).
+__device__ __forceinline__ void trace_mark_at(int i) {
+    if (threadIdx.x + threadIdx.y + threadIdx.z != 0) return;
+    if (TraceRec* r = *trace_slot())
+        if (!r->tm[i]) r->tm[i] = trace_now();
+}
 }  // namespace
+#define trace_mark(i) ::cera::cuda::trace_mark_at(i)
 #define pdl_trigger()                    \
     ::cera::cuda::TraceScope cera_trace_scope_( \
         std::integral_constant<uint32_t, ::cera::cuda::trace_hash(__FILE__)>::value, __LINE__)

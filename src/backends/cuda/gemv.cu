@@ -128,6 +128,7 @@ __global__ void __launch_bounds__(128) gemv_q_kernel(const GemvK a) {
         if (part == 0 && !pre_res_off) res = residual_in<R>(sg, r0, yi, live);
     };
     dot_rows<T, R>(a, yi, live, a.ids != nullptr, set_rows, acc, part, ks, hook);
+    trace_mark(0);
     bool fin = live;
     if (ks > 1) {
         __shared__ float part_s[4][R];
@@ -143,6 +144,7 @@ __global__ void __launch_bounds__(128) gemv_q_kernel(const GemvK a) {
             acc[r] = lane == 0 ? s : 0.0f;  // finish() sums the warp again
         }
     }
+    trace_mark(1);
     if (fin) finish<R>(a, sg, acc, r0, yi, pre_res_off ? nullptr : &res);
     if (a.nctr) last_block_norm(a, sg, yi);
 }
@@ -245,7 +247,7 @@ __global__ void __launch_bounds__(512) gemv_glu_kernel(const GemvK a, int prefet
         staged = pf;
         // Totals: gate rows in lanes 0-7 and 8-15, up rows in 16-23 and 24-31; lane 8 r gets both of row r.
         static_assert(R == 2);
-        const float tot = warp_sum_rows<2 * R>(acc);
+        const float tot = warp_sum_rows<2 * R>(acc) * (PRO ? prologue_rnorm(a) : 1.0f);
         const float tot_up = __shfl_sync(0xffffffffu, tot, (lane + 16) & 31);
         {
             const int r = lane / 8;
@@ -337,7 +339,9 @@ __global__ void __launch_bounds__(W * 32, W == 16 ? 2 : 3) gemv_glu_stage_kernel
     __syncthreads();
     pdl_wait();
     if constexpr (PRO) norm_prologue(a, xs);
+    trace_mark(0);
     mbar_wait(&bar, 0);
+    trace_mark(1);
     const int n_items = int(a.nb) * Tr::kItems;
     for (int t = 0; t < n_y; ++t) {
         const uint8_t* xrow = PRO ? xs : a.xq + int64_t(t / a.x_div) * a.ldxq;
@@ -351,7 +355,7 @@ __global__ void __launch_bounds__(W * 32, W == 16 ? 2 : 3) gemv_glu_stage_kernel
                 q = (r < R ? gq : uq) + row * qrow, m = (r < R ? gm : um) + row * mrow;
             }, acc);
             // Totals: gate rows in lanes 0-15, up rows in 16-31, LW lanes a row (R = 2: as gemv_glu_kernel).
-            const float tot = warp_sum_rows<2 * R>(acc);
+            const float tot = warp_sum_rows<2 * R>(acc) * (PRO ? prologue_rnorm(a) : 1.0f);
             const float tot_up = __shfl_sync(0xffffffffu, tot, (lane + 16) & 31);
             if (lane % LW == 0 && lane < 16) {
                 const int64_t row = r0 + rl + lane / LW;
