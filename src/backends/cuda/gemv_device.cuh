@@ -87,14 +87,18 @@ __device__ __forceinline__ float* prologue_ss() {
     __shared__ float ss[32];
     return ss;
 }
+// Every thread of the block calls it (it ends with a block barrier, so that the barriers thread 0
+// initializes are ready before any thread waits on them).
 __device__ __forceinline__ void norm_prologue_pre(const GemvK& a, uint8_t* xs) {
-    if (!xs || !a.pw || threadIdx.x != 0) return;
-    uint64_t* bar = prologue_bar();
-    const uint32_t bytes = uint32_t(a.k * sizeof(float));
-    mbar_init(bar, 1);
-    mbar_init_fence();
-    mbar_expect_tx(bar, bytes);
-    bulk_copy(xs + q8_row_bytes(a.k) + bytes, a.pw, bytes, bar);
+    if (!xs) return;
+    if (threadIdx.x == 0 && a.pw) {
+        const uint32_t bytes = uint32_t(a.k * sizeof(float));
+        mbar_init(prologue_bar(), 1);
+        mbar_init_fence();
+        mbar_expect_tx(prologue_bar(), bytes);
+        bulk_copy(xs + q8_row_bytes(a.k) + bytes, a.pw, bytes, prologue_bar());
+    }
+    __syncthreads();
 }
 // r = 1 / rms(px) after norm_prologue (every thread; 1 with GemvK::pro_late, whose row holds y itself).
 __device__ __forceinline__ float prologue_rnorm(const GemvK& a) {
