@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(512) gemv_glu_kernel(const GemvK a, int prefet
         staged = pf;
         // Totals: gate rows in lanes 0-7 and 8-15, up rows in 16-23 and 24-31; lane 8 r gets both of row r.
         static_assert(R == 2);
-        const float tot = warp_sum_rows<2 * R>(acc) * (PRO ? prologue_rnorm(a) : 1.0f);
+        const float tot = warp_sum_rows<2 * R>(acc);
         const float tot_up = __shfl_sync(0xffffffffu, tot, (lane + 16) & 31);
         {
             const int r = lane / 8;
@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(W * 32, W == 16 ? 2 : 3) gemv_glu_stage_kernel
                 q = (r < R ? gq : uq) + row * qrow, m = (r < R ? gm : um) + row * mrow;
             }, acc);
             // Totals: gate rows in lanes 0-15, up rows in 16-31, LW lanes a row (R = 2: as gemv_glu_kernel).
-            const float tot = warp_sum_rows<2 * R>(acc) * (PRO ? prologue_rnorm(a) : 1.0f);
+            const float tot = warp_sum_rows<2 * R>(acc);
             const float tot_up = __shfl_sync(0xffffffffu, tot, (lane + 16) & 31);
             if (lane % LW == 0 && lane < 16) {
                 const int64_t row = r0 + rl + lane / LW;

@@ -54,7 +54,6 @@ struct GemvK {
     int64_t l2_qbytes, l2_mbytes;
     int l2_mode;
     int res_late;  // the residual input read after the dots (A/B), not right after the PDL wait
-    int pro_late;  // the prologue's norm scale applied before quantizing (A/B; norm_prologue)
 };
 
 // The segment of this block and the block's index inside it.
@@ -67,13 +66,9 @@ __device__ __forceinline__ Seg pick_seg(const GemvK& a, int64_t& bx) {
     return s;
 }
 
-// The RMSNorm prologue (GemvK::px, one token): the block makes the 8-bit row of y = rms_norm(px) * pw
-// in shared memory, for its products' dots. The norm's scale r = 1 / rms(px) is common to the whole
-// row, so the row is quantized as px * pw (quantize_q8's arithmetic on it) while the block's sum of
-// squares is still being reduced, and the products scale their totals by r (prologue_rnorm) in their
-// epilogues: one block barrier between the read of px and the dots. Block 0 also writes y to pout.
-// (GemvK::pro_late: r is reduced first and y quantized, as rms_norm_kernel + quantize_q8 do, with
-// two barriers more; an A/B switch.)
+// The RMSNorm prologue (GemvK::px, one token): the block makes y = rms_norm(px) * pw of the k-float
+// row and its quantize_q8 bytes in shared memory, with the arithmetic of rms_norm_kernel and
+// warp_quantize_q8 but for the order of the sum of squares; block 0 also writes y to pout.
 // Shared memory at xs (prologue_smem): the 8-bit row (k int8, k / 32 float scales), then x and w as
 // f32 (staging, so that no registers are held while the weight loads are in flight). The norm weight
 // is a bulk copy issued before the PDL wait (norm_prologue_pre, thread 0), x is read after it; a
@@ -82,31 +77,14 @@ __device__ __forceinline__ uint64_t* prologue_bar() {
     __shared__ uint64_t bar;
     return &bar;
 }
-// The warps' sums of squares of px (norm_prologue), read by prologue_rnorm().
-__device__ __forceinline__ float* prologue_ss() {
-    __shared__ float ss[32];
-    return ss;
-}
-// Every thread of the block calls it (it ends with a block barrier, so that the barriers thread 0
-// initializes are ready before any thread waits on them).
 __device__ __forceinline__ void norm_prologue_pre(const GemvK& a, uint8_t* xs) {
-    if (!xs) return;
-    if (threadIdx.x == 0 && a.pw) {
-        const uint32_t bytes = uint32_t(a.k * sizeof(float));
-        mbar_init(prologue_bar(), 1);
-        mbar_init_fence();
-        mbar_expect_tx(prologue_bar(), bytes);
-        bulk_copy(xs + q8_row_bytes(a.k) + bytes, a.pw, bytes, prologue_bar());
-    }
-    __syncthreads();
-}
-// r = 1 / rms(px) after norm_prologue (every thread; 1 with GemvK::pro_late, whose row holds y itself).
-__device__ __forceinline__ float prologue_rnorm(const GemvK& a) {
-    if (a.pro_late) return 1.0f;
-    const float* ss = prologue_ss();
-    float s = 0.0f;
-    for (int w = 0; w < int(blockDim.x >> 5); ++w) s += ss[w];
-    return rsqrtf(s / float(a.k) + a.peps);
+    if (!xs || !a.pw || threadIdx.x != 0) return;
+    uint64_t* bar = prologue_bar();
+    const uint32_t bytes = uint32_t(a.k * sizeof(float));
+    mbar_init(bar, 1);
+    mbar_init_fence();
+    mbar_expect_tx(bar, bytes);
+    bulk_copy(xs + q8_row_bytes(a.k) + bytes, a.pw, bytes, bar);
 }
 // Every thread of the block calls it, after the PDL wait; it ends with a block barrier.
 __device__ __forceinline__ void norm_prologue(const GemvK& a, uint8_t* xs) {
@@ -120,21 +98,17 @@ __device__ __forceinline__ void norm_prologue(const GemvK& a, uint8_t* xs) {
 #pragma unroll 4
     for (int64_t i = t; i < n4; i += bd) {
         const float4 v = __ldcg(x4 + i);
-        xf[i] = v;  // read back by this thread only (and by block 0's pout after the barrier)
+        xf[i] = v;  // read back by this thread only
         ss = fmaf(v.x, v.x, ss);
         ss = fmaf(v.y, v.y, ss);
         ss = fmaf(v.z, v.z, ss);
         ss = fmaf(v.w, v.w, ss);
     }
-    const bool late = a.pro_late != 0;
-    float r = 1.0f;
-    if (late) {
-        ss = block_sum(ss, red);
-        r = rsqrtf(ss / float(a.k) + a.peps);
-    }
+    ss = block_sum(ss, red);
+    const float r = rsqrtf(ss / float(a.k) + a.peps);
     if (a.pw) mbar_wait(prologue_bar(), 0);
     float* xd = reinterpret_cast<float*>(xs + a.k);
-    const bool out = late && a.pout && blockIdx.x == 0;
+    const bool out = a.pout && blockIdx.x == 0;
     // Whole warps run every step (bd % 32 == 0), so the 8-lane shuffles see every lane of a group.
     for (int64_t i0 = 0; i0 < n4; i0 += bd) {
         const int64_t i = i0 + t;
@@ -155,19 +129,7 @@ __device__ __forceinline__ void norm_prologue(const GemvK& a, uint8_t* xs) {
         reinterpret_cast<uint32_t*>(xs)[i] = q;
         if ((t & 7) == 0) xd[i / 8] = d;
     }
-    if (!late) {
-        ss = warp_sum(ss);
-        if ((t & 31) == 0) prologue_ss()[t >> 5] = ss;
-    }
     __syncthreads();
-    if (late || !a.pout || blockIdx.x != 0) return;
-    const float rn = prologue_rnorm(a);
-    for (int64_t i = t; i < n4; i += bd) {
-        const float4 v = xf[i];
-        const float4 w = a.pw ? wf[i] : make_float4(1.f, 1.f, 1.f, 1.f);
-        reinterpret_cast<float4*>(a.pout)[i] =
-            make_float4(v.x * rn * w.x, v.y * rn * w.y, v.z * rn * w.z, v.w * rn * w.w);
-    }
 }
 
 // The warp sums of R values at once (R = 1, 2, 4 or 8): each step of the butterfly halves the values a
@@ -338,8 +300,6 @@ inline void set_prologue(GemvK& p, const GemvArgs& a) {
     if (!a.pro_x) return;
     CERA_CHECK(norm_prologue_fits(a), "gemv: an RMSNorm prologue this launch cannot take");
     p.px = a.pro_x, p.pw = a.pro_w, p.peps = a.pro_eps, p.pout = a.pro_out;
-    static const int pro_late = env_int("CERA_CUDA_PRO_LATE", 0);  // 1: the norm's scale before quantizing
-    p.pro_late = pro_late;
 }
 
 inline Seg make_seg(const GemvArgs& a) {

@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(512) gemv_qkv_rope_kernel(const GemvK a, const
         };
         float acc[R];
         dot_rows<T, R>(a, yi, true, false, set_rows, acc, 0, 1, hook, true, NoHook{}, xs, std::bool_constant<PRO>{});
-        const float tot = warp_sum_rows<R>(acc) * (PRO ? prologue_rnorm(a) : 1.0f);
+        const float tot = warp_sum_rows<R>(acc);
         if (lane % (32 / R) == 0) {
             const int j = lane / (32 / R);
             ys[pass * kPass + warp * R + j] = tot + (sg.bias ? sg.bias[r0 + j] : 0.0f);
@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(kRowsWarps * 32) gemv_qkv_rope_rows_kernel(con
     float acc[R];
     dot_rows<T, R>(a, yi, true, false, set_rows, acc, 0, 1, hook, true, NoHook{}, xs, std::bool_constant<PRO>{});
     trace_mark(1);
-    float v = warp_sum_rows<R>(acc) * (PRO ? prologue_rnorm(a) : 1.0f) + (sg.bias ? sg.bias[hr0 + row] : 0.0f);
+    float v = warp_sum_rows<R>(acc) + (sg.bias ? sg.bias[hr0 + row] : 0.0f);
     if (nw) {  // the head's RMSNorm: lanes 8 j .. 8 j + 7 hold row j
         __shared__ float ss_s[W];
         float q = v * v;
@@ -212,7 +212,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512) gemv_conv_kerne
     dot_rows<T, 3>(a, 0, true, false, set_rows, a3, 0, 1, hook, true, NoHook{}, xs, std::bool_constant<PRO>{});
     // Row j's total ends in lanes 8 j .. 8 j + 7.
     const float acc[4] = {a3[0], a3[1], a3[2], 0.0f};
-    const float tot = warp_sum_rows<4>(acc) * (PRO ? prologue_rnorm(a) : 1.0f);
+    const float tot = warp_sum_rows<4>(acc);
     const float b = __shfl_sync(0xffffffffu, tot, 0), g = __shfl_sync(0xffffffffu, tot, 8),
                 xv = __shfl_sync(0xffffffffu, tot, 16);
     if (lane == 0) {
