@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "backends/cuda/env_switch.h"
+
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels.h"
 #include "core/check.h"
@@ -196,12 +198,6 @@ void prefer_carveout(int percent) {
     CUDA_CHECK(cudaGetDevice(&dev));
     if (done[dev & 63].exchange(true, std::memory_order_relaxed)) return;
     CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent));
-}
-
-// An integer from the environment (benchmark switches), or fallback when unset or empty.
-inline int env_int(const char* name, int fallback) {
-    const char* e = std::getenv(name);
-    return e && *e ? std::atoi(e) : fallback;
 }
 
 // Attribute A of the current device, queried once per device index (mod 64).

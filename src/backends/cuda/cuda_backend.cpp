@@ -251,12 +251,7 @@ class CudaBackend final : public Backend {
     void step_end() override {
         touch();
         if (!capturing_) return;
-        capturing_ = false;
-        cudaGraph_t graph = nullptr;
-        CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-        cudaGraphExec_t exec = nullptr;
-        CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-        CUDA_CHECK(cudaGraphDestroy(graph));
+        cudaGraphExec_t exec = end_capture();
         Graph& g = graphs_[capture_key_];
         g.exec = exec;
         g.feed_out = capture_feed_out_;
@@ -811,16 +806,21 @@ class CudaBackend final : public Backend {
         return buf;
     }
 
-    // Ends the capture of the current step without keeping its graph: what was captured is launched
-    // once (it has not run yet), and the rest of the step runs eagerly (step_end sees no capture).
-    void abandon_capture() {
+    // Ends the step's capture: its graph, instantiated (not launched yet).
+    cudaGraphExec_t end_capture() {
         capturing_ = false;
-        rec_.reset();
         cudaGraph_t graph = nullptr;
         CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
         cudaGraphExec_t exec = nullptr;
         CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
         CUDA_CHECK(cudaGraphDestroy(graph));
+        return exec;
+    }
+    // Ends the capture of the current step without keeping its graph: what was captured is launched
+    // once (it has not run yet), and the rest of the step runs eagerly (step_end sees no capture).
+    void abandon_capture() {
+        rec_.reset();
+        cudaGraphExec_t exec = end_capture();
         CUDA_CHECK(cudaGraphLaunch(exec, stream_));
         CUDA_CHECK(cudaGraphExecDestroy(exec));
         if (mail_ok_ && capture_feed_out_) mail_.queued(capture_feed_out_);

@@ -289,6 +289,19 @@ void launch_qkv_rows(dim3 grid, size_t smem, cudaStream_t s, const GemvK& p, con
     launch(gemv_qkv_rope_rows_kernel<T, C, PRO>, grid, kRowsWarps * 32, smem, s, p, r);
 }
 
+// The q/k/v launch of one weight type: the warps' epilogue where it fits (rows: qkv_rows_fit), else
+// warp 0's (gemv_qkv_rope_kernel; the only one for Q5_K / Q6_K).
+template <GgmlType T, class C, bool PRO>
+void launch_qkv_type(bool rows, dim3 grid, size_t smem, cudaStream_t s, const GemvK& p, const QkvRopeArgs& r) {
+    if constexpr (rows_qkv(T) == 4) {
+        if (rows) {
+            launch_qkv_rows<T, C, PRO>(grid, smem, s, p, r);
+            return;
+        }
+    }
+    launch_qkv<T, C, PRO>(grid, smem, s, p, r);
+}
+
 }  // namespace
 
 bool gemv_qkv_rope_supported(const GemvArgs (&qkv)[3], const QkvRopeArgs& r) {
@@ -319,27 +332,14 @@ void gemv_qkv_rope_store(const GemvArgs (&qkv)[3], const QkvRopeArgs& r, Stream 
     const dim3 grid(unsigned(r.n_head + 2 * r.n_head_kv), unsigned(r.n_tokens));
     const size_t smem = prologue_smem(p);
     cudaStream_t s = as_stream(stream);
-    if (qkv_rows_fit(qkv[0].w.type, r)) {
-        switch (qkv[0].w.type) {
-#define CERA_Q(T)                                                                           \
-    case GgmlType::T:                                                                       \
-        if (r.f16 && smem) launch_qkv_rows<GgmlType::T, __half, true>(grid, smem, s, p, r); \
-        else if (r.f16) launch_qkv_rows<GgmlType::T, __half, false>(grid, 0, s, p, r);     \
-        else if (smem) launch_qkv_rows<GgmlType::T, float, true>(grid, smem, s, p, r);     \
-        else launch_qkv_rows<GgmlType::T, float, false>(grid, 0, s, p, r);                 \
-        return;
-            CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K)
-#undef CERA_Q
-            default: break;  // Q5_K / Q6_K: qkv_rows_fit is false
-        }
-    }
+    const bool rows = qkv_rows_fit(qkv[0].w.type, r);
     switch (qkv[0].w.type) {
-#define CERA_Q(T)                                                                     \
-    case GgmlType::T:                                                                 \
-        if (r.f16 && smem) launch_qkv<GgmlType::T, __half, true>(grid, smem, s, p, r); \
-        else if (r.f16) launch_qkv<GgmlType::T, __half, false>(grid, 0, s, p, r);     \
-        else if (smem) launch_qkv<GgmlType::T, float, true>(grid, smem, s, p, r);     \
-        else launch_qkv<GgmlType::T, float, false>(grid, 0, s, p, r);                 \
+#define CERA_Q(T)                                                                                \
+    case GgmlType::T:                                                                            \
+        if (r.f16 && smem) launch_qkv_type<GgmlType::T, __half, true>(rows, grid, smem, s, p, r); \
+        else if (r.f16) launch_qkv_type<GgmlType::T, __half, false>(rows, grid, 0, s, p, r);     \
+        else if (smem) launch_qkv_type<GgmlType::T, float, true>(rows, grid, smem, s, p, r);     \
+        else launch_qkv_type<GgmlType::T, float, false>(rows, grid, 0, s, p, r);                 \
         break;
         CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
 #undef CERA_Q
