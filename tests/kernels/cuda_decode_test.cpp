@@ -90,13 +90,15 @@ TEST_F(CudaBackendTest, ResidualNormFoldMatchesUnfused) {
 
 // The SwiGLU pair after an RMSNorm, as a decode step makes it (the staged kernel with the norm in its
 // prologue), for rows of several blocks (an odd count too): the K-quants' 32-byte items (the default)
-// against their 16-byte items (CERA_CUDA_GLU_WIDE=0), the register kernel and the CPU backend.
+// against their 16-byte items (CERA_CUDA_GLU_WIDE=0), the register kernel, the CPU backend, and (k <=
+// 2048) the prologue's x in registers (the default there) against x in shared memory.
 TEST_F(CudaBackendTest, SwiGluPairMatchesCpu) {
     using G = GgmlType;
     auto narrow = cuda_backend_with("CERA_CUDA_GLU_WIDE", "0");
     auto regs = cuda_backend_with("CERA_CUDA_GLU_STAGE", "0");
-    constexpr int kBes = 4;
-    Backend* bes[kBes] = {gpu_.get(), narrow.get(), regs.get(), cpu_.get()};
+    auto xsmem = cuda_backend_with("CERA_CUDA_PRO_XREG", "0");
+    constexpr int kBes = 5;
+    Backend* bes[kBes] = {gpu_.get(), narrow.get(), regs.get(), cpu_.get(), xsmem.get()};
     const int64_t rows = 512;
     for (G type : {G::kQ4_K, G::kQ5_K, G::kQ4_0}) {
         for (int64_t k : {512, 2304, 2048}) {
@@ -129,6 +131,9 @@ TEST_F(CudaBackendTest, SwiGluPairMatchesCpu) {
             EXPECT_LT(diff(&Bufs::u, 0, 1), 1e-5) << "up, 32-byte vs 16-byte items";
             EXPECT_LT(diff(&Bufs::g, 0, 1), 1e-5) << "swiglu, 32-byte vs 16-byte items";
             EXPECT_LT(diff(&Bufs::u, 0, 2), 1e-5) << "up, staged vs register kernel";
+            // The same arithmetic in the same order: x held in registers or in shared memory.
+            EXPECT_LT(diff(&Bufs::h, 0, 4), 1e-7) << "normed x, x in registers vs shared memory";
+            EXPECT_LT(diff(&Bufs::g, 0, 4), 1e-7) << "swiglu, x in registers vs shared memory";
             // The CPU rounds the activations in its own groups (Q8_K for the K-quants); silu(gate) * up
             // carries both products' differences.
             EXPECT_LT(diff(&Bufs::u, 0, 3), 2e-2) << "up against the CPU";

@@ -20,6 +20,7 @@ BackendSwitches backend_switches() {
     s.pro_mask = !s.fuse ? 0 : np ? std::atoi(np) : kProDefault;
     s.glu_stage = env_int("CERA_CUDA_GLU_STAGE", -1);
     s.glu_wide = env_int("CERA_CUDA_GLU_WIDE", -1);
+    s.pro_xreg = env_int("CERA_CUDA_PRO_XREG", -1);
     s.hold_norm = !env_is("CERA_CUDA_HOLD_NORM", "0");
     s.qkv_rows = env_int("CERA_CUDA_QKV_ROWS", -1);
     s.mega = env_is("CERA_CUDA_MEGA", "1");

@@ -23,6 +23,7 @@ struct BackendSwitches {
     int pro_mask = kProDefault;     // CERA_CUDA_NORM_PRO (ProKind mask; 0 without fusion)
     int glu_stage = -1;             // CERA_CUDA_GLU_STAGE (GemvArgs::glu_stage), -1: the kernel's default
     int glu_wide = -1;              // CERA_CUDA_GLU_WIDE (GemvArgs::glu_wide)
+    int pro_xreg = -1;              // CERA_CUDA_PRO_XREG (GemvArgs::pro_xreg)
     bool hold_norm = true;          // CERA_CUDA_HOLD_NORM=0: a norm after no residual product is launched
     int qkv_rows = -1;              // CERA_CUDA_QKV_ROWS (QkvRopeArgs::rows_kernel)
     bool mega = false;              // CERA_CUDA_MEGA=1: decode programs instead of graphs

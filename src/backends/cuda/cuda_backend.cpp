@@ -491,6 +491,7 @@ class CudaBackend final : public Backend {
                 // while the pair runs); anything else launches it first.
                 glu_ = {gg, uu, out.as<float>(), xq, true};
                 glu_.g.glu_stage = sw_.glu_stage, glu_.g.glu_wide = sw_.glu_wide;
+                glu_.g.pro_xreg = sw_.pro_xreg;
                 return;
             }
         }

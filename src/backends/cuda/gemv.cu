@@ -309,8 +309,10 @@ __device__ __forceinline__ void stage_rows(uint64_t* bar, uint8_t* const (&dst)[
 // GEMV beside them (the out-projection before, the down product after), and each x item read from
 // shared memory serves 4 rows instead of 2. 8 warps for Q4_0 (with the GEMV's carveout, gemv_carveout):
 // llama-1b +4.3%, lfm2-1.2b +1.5% (bench/NOTES.md).
-template <GgmlType T, bool PRO, bool kWide, int W>
+// PRO: 0 no prologue, 1 the prologue, 2 the prologue with x in registers (k <= 2048).
+template <GgmlType T, int PRO, bool kWide, int W>
 __global__ void __launch_bounds__(W * 32, W == 16 ? 2 : 3) gemv_glu_stage_kernel(const GemvK a, int rb, int n_y) {
+    constexpr int KR = PRO == 2 ? 512 / (W * 32) : 0;
     using Tr = WideTraits<T, kWide>;
     constexpr QuantLayout L = quant_layout(T);
     constexpr int R = 32 / W;
@@ -335,10 +337,12 @@ __global__ void __launch_bounds__(W * 32, W == 16 ? 2 : 3) gemv_glu_stage_kernel
                       {rb * qrow, rb * qrow, rb * mrow, rb * mrow});
     // The prologue's row after the staged rows (one token).
     uint8_t* const xs = PRO ? um + rb * mrow : nullptr;
-    if constexpr (PRO) norm_prologue_pre(a, xs);
+    if constexpr (PRO == 1) norm_prologue_pre(a, xs);
+    if constexpr (PRO == 2) norm_prologue_pre_regs(a, xs);
     __syncthreads();
     pdl_wait();
-    if constexpr (PRO) norm_prologue(a, xs);
+    if constexpr (PRO == 1) norm_prologue(a, xs);
+    if constexpr (PRO == 2) norm_prologue_regs<KR>(a, xs);
     trace_mark(0);
     mbar_wait(&bar, 0);
     trace_mark(1);
@@ -350,7 +354,7 @@ __global__ void __launch_bounds__(W * 32, W == 16 ? 2 : 3) gemv_glu_stage_kernel
         for (int pass = 0; pass < rb / 32; ++pass) {
             const int rl = pass * 32 + warp * R;
             float acc[2 * R] = {};
-            plain_dot_rows<T, Tr, 2 * R, PRO>(xq, xd, n_items, [&](int r, const uint8_t*& q, const uint8_t*& m) {
+            plain_dot_rows<T, Tr, 2 * R, PRO != 0>(xq, xd, n_items, [&](int r, const uint8_t*& q, const uint8_t*& m) {
                 const int row = rl + (r % R);
                 q = (r < R ? gq : uq) + row * qrow, m = (r < R ? gm : um) + row * mrow;
             }, acc);
@@ -591,13 +595,23 @@ constexpr int64_t kGluStageMax = 160 * 1024;
 // The largest product whose weights a SwiGLU launch prefetches into L2 for the launch after it.
 constexpr int64_t kL2Next = 12 << 20;
 
+// Whether a staged pair keeps its prologue's x in registers (norm_prologue_regs; k <= 2048, one or two
+// float4s a thread at 16 or 8 warps) rather than in shared memory (norm_prologue). One call, three
+// rounds against the binary before it: llama-1b Q4_K +0.9%, Q4_0 even, lfm2-1.2b Q4_0 +1.2%, Q4_K
+// +0.7% (bench/NOTES.md). CERA_CUDA_PRO_XREG=0: never.
+bool glu_pro_xreg(const GemvArgs& g) {
+    static const int default_on = env_int("CERA_CUDA_PRO_XREG", 1);
+    const int on = g.pro_xreg >= 0 ? g.pro_xreg : default_on;
+    return on != 0 && g.pro_x && g.w.k <= 2048;
+}
+
 // Rows per block and dynamic shared memory of a staged launch (rb = 0: the register kernels serve it).
 struct StagePlan {
     int rb = 0;
     size_t smem = 0;
 };
 
-template <GgmlType T, bool PRO, bool kWide, int W>
+template <GgmlType T, int PRO, bool kWide, int W>
 void launch_glu_stage_w(unsigned blocks, size_t smem, cudaStream_t s, const GemvK& p, int rb, int n_y) {
     allow_dynamic_smem<gemv_glu_stage_kernel<T, PRO, kWide, W>>(smem);
     launch(gemv_glu_stage_kernel<T, PRO, kWide, W>, blocks, W * 32, smem, s, p, rb, n_y);
@@ -607,7 +621,7 @@ void launch_glu_stage_w(unsigned blocks, size_t smem, cudaStream_t s, const Gemv
 // -2.5% for Q4_K in its earlier layout, lfm2-1.2b / llama-1b; Q4_K's 32-element items: 16 even) and
 // Q8_0 (whose 8-warp kernel spills 72-92 bytes; its pairs are staged only for small rows).
 // CERA_CUDA_GLU_WARPS (8 or 16) forces either.
-template <GgmlType T, bool PRO>
+template <GgmlType T, int PRO>
 void launch_glu_stage(bool wide, unsigned blocks, size_t smem, cudaStream_t s, const GemvK& p, int rb, int n_y) {
     static const int forced = env_int("CERA_CUDA_GLU_WARPS", 0);
     const bool eight =
@@ -643,7 +657,7 @@ StagePlan glu_stage_plan(const GemvArgs& g, const GemvArgs& u) {
     const int64_t nb = g.w.k / L.block_elems, qrow = nb * L.q_bytes, mrow = nb * L.m_bytes;
     if (!stage_aligned(g, qrow, mrow) || !stage_aligned(u, qrow, mrow)) return {};
     const int64_t per_row = 2 * (qrow + mrow), per_sm = device_attr<cudaDevAttrMaxSharedMemoryPerMultiprocessor>();
-    const int64_t pro = g.pro_x ? int64_t(prologue_bytes(g.w.k)) : 0;
+    const int64_t pro = g.pro_x ? int64_t(prologue_bytes(g.w.k, glu_pro_xreg(g))) : 0;
     auto waves_ok = [&](int64_t rb) {
         const int64_t bytes = rb * per_row, fit = per_sm / (bytes + pro + 2048);  // + static and reserved memory
         return g.rows % rb == 0 && bytes <= kGluStageMax && fit >= 1 && g.rows / rb <= fit * sm_count();
@@ -750,12 +764,14 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
         // layout). The register kernels keep 16-byte items: wide ones took 126 registers at R = 2.
         static const bool default_wide = env_int("CERA_CUDA_GLU_WIDE", 1) != 0;
         const bool wide = gate.glu_wide >= 0 ? gate.glu_wide != 0 : default_wide;
-        const size_t smem = sp.smem + prologue_smem(p);
+        const bool xreg = glu_pro_xreg(gate);
+        const size_t smem = sp.smem + (p.px ? prologue_bytes(p.k, xreg) : 0);
         switch (gate.w.type) {
-#define CERA_Q(T)                                                                                  \
-    case GgmlType::T:                                                                              \
-        if (p.px) launch_glu_stage<GgmlType::T, true>(wide, blocks, smem, s, p, sp.rb, int(gate.n_y)); \
-        else launch_glu_stage<GgmlType::T, false>(wide, blocks, smem, s, p, sp.rb, int(gate.n_y));     \
+#define CERA_Q(T)                                                                                   \
+    case GgmlType::T:                                                                               \
+        if (xreg) launch_glu_stage<GgmlType::T, 2>(wide, blocks, smem, s, p, sp.rb, int(gate.n_y));     \
+        else if (p.px) launch_glu_stage<GgmlType::T, 1>(wide, blocks, smem, s, p, sp.rb, int(gate.n_y)); \
+        else launch_glu_stage<GgmlType::T, 0>(wide, blocks, smem, s, p, sp.rb, int(gate.n_y));          \
         break;
             CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
 #undef CERA_Q

@@ -132,6 +132,64 @@ __device__ __forceinline__ void norm_prologue(const GemvK& a, uint8_t* xs) {
     __syncthreads();
 }
 
+// norm_prologue with x in registers (launches whose blocks hold no weights in registers across the
+// wait; at most kRegs float4s of x a thread): shared memory holds the 8-bit row, then w
+// (prologue_bytes(k, true)); norm_prologue_pre_regs issues w's copy there.
+__device__ __forceinline__ void norm_prologue_pre_regs(const GemvK& a, uint8_t* xs) {
+    if (!xs || !a.pw || threadIdx.x != 0) return;
+    uint64_t* bar = prologue_bar();
+    const uint32_t bytes = uint32_t(a.k * sizeof(float));
+    mbar_init(bar, 1);
+    mbar_init_fence();
+    mbar_expect_tx(bar, bytes);
+    bulk_copy(xs + q8_row_bytes(a.k), a.pw, bytes, bar);
+}
+template <int kRegs>
+__device__ __forceinline__ void norm_prologue_regs(const GemvK& a, uint8_t* xs) {
+    __shared__ float red[32];
+    const int t = threadIdx.x, bd = blockDim.x;
+    const int64_t n4 = a.k / 4;
+    const float4* x4 = reinterpret_cast<const float4*>(a.px);
+    const float4* wf = reinterpret_cast<const float4*>(xs + q8_row_bytes(a.k));
+    float4 v[kRegs];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kRegs; ++j) {
+        const int64_t i = t + int64_t(j) * bd;
+        v[j] = i < n4 ? __ldcg(x4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+        ss = fmaf(v[j].x, v[j].x, ss);
+        ss = fmaf(v[j].y, v[j].y, ss);
+        ss = fmaf(v[j].z, v[j].z, ss);
+        ss = fmaf(v[j].w, v[j].w, ss);
+    }
+    ss = block_sum(ss, red);
+    const float r = rsqrtf(ss / float(a.k) + a.peps);
+    if (a.pw) mbar_wait(prologue_bar(), 0);
+    float* xd = reinterpret_cast<float*>(xs + a.k);
+    const bool out = a.pout && blockIdx.x == 0;
+#pragma unroll
+    for (int j = 0; j < kRegs; ++j) {
+        const int64_t i = t + int64_t(j) * bd;
+        if (int64_t(j) * bd >= n4) break;  // the whole block leaves together: the shuffles stay whole
+        const bool ok = i < n4;
+        const float4 w = ok && a.pw ? wf[i] : make_float4(1.f, 1.f, 1.f, 1.f);
+        const float4 y = make_float4(v[j].x * r * w.x, v[j].y * r * w.y, v[j].z * r * w.z, v[j].w * r * w.w);
+        float m = fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w)));
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (!ok) continue;
+        if (out) reinterpret_cast<float4*>(a.pout)[i] = y;
+        const float d = m / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const uint32_t q = uint32_t(uint8_t(int8_t(__float2int_rn(y.x * id)))) |
+                           uint32_t(uint8_t(int8_t(__float2int_rn(y.y * id)))) << 8 |
+                           uint32_t(uint8_t(int8_t(__float2int_rn(y.z * id)))) << 16 |
+                           uint32_t(uint8_t(int8_t(__float2int_rn(y.w * id)))) << 24;
+        reinterpret_cast<uint32_t*>(xs)[i] = q;
+        if ((t & 7) == 0) xd[i / 8] = d;
+    }
+    __syncthreads();
+}
+
 // The warp sums of R values at once (R = 1, 2, 4 or 8): each step of the butterfly halves the values a
 // lane carries until one is left, so it takes 5 + R - 1 shuffles instead of 5 R. The total of v[r]
 // ends in lanes r * 32 / R .. (r + 1) * 32 / R - 1; the function returns the total this lane holds.
@@ -265,8 +323,10 @@ inline bool norm_prologue_fits(const GemvArgs& a) {
            at16(a.pro_w) && at16(a.pro_out);
 }
 // Dynamic shared memory of the prologue (norm_prologue) for rows of k: the 8-bit row, then x and w as
-// f32; prologue_smem: a launch's (0 without a prologue).
-inline size_t prologue_bytes(int64_t k) { return size_t(q8_row_bytes(k) + 8 * k); }
+// f32 (x_regs, norm_prologue_regs: w only); prologue_smem: a launch's (0 without a prologue).
+inline size_t prologue_bytes(int64_t k, bool x_regs = false) {
+    return size_t(q8_row_bytes(k) + (x_regs ? 4 : 8) * k);
+}
 inline size_t prologue_smem(const GemvK& p) { return p.px ? prologue_bytes(p.k) : 0; }
 
 // The launch parameters shared by every product of a launch (from the first).

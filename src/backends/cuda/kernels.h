@@ -111,8 +111,9 @@ struct GemvArgs {
     bool accumulate = false;
     int rows_per_warp = 0;          // 0: chosen from the shape; else 2 or 4 (benchmarks)
     // SwiGLU pairs (gemv_glu, the gate's args): -1 the process default, else the backend's setting of
-    // CERA_CUDA_GLU_STAGE (0, 1, 2) and CERA_CUDA_GLU_WIDE (0, 1), read when the backend was made.
-    int glu_stage = -1, glu_wide = -1;
+    // CERA_CUDA_GLU_STAGE (0, 1, 2), CERA_CUDA_GLU_WIDE (0, 1) and CERA_CUDA_PRO_XREG (0, 1), read when
+    // the backend was made.
+    int glu_stage = -1, glu_wide = -1, pro_xreg = -1;
     // Residual epilogue (or null): res_out[j][r] = res_a[j][r] + res_scale * y[j][r], after y is
     // written; res_a, res_out: [n_y, ldy] (res_out may alias res_a, not x or y).
     const float* res_a = nullptr;
