@@ -8,11 +8,13 @@
 // rounded up to a power of two), each lane one (key, head) score; the per-head max and sum are
 // shuffles among the lanes of one head; the warp's output rows (G x head_dim, in registers) are
 // rescaled and accumulated from the V rows of the pass. The warps' (m, l, o) merge once in shared
-// memory at the end. 16 warps a block (8: CERA_CUDA_ATTN_WARPS=8; 16 measured +0.7% lfm2-1.2b, +2.7%
-// llama-1b tg128). Same grid, chunks, splits, prologue (K/V rows below the step's positions copied
-// with cp.async before the PDL wait) and partial layout as attn_dec_kernel, whose plan it takes.
+// memory at the end. 8 warps a block (16: CERA_CUDA_ATTN_WARPS=16). 16 had measured +0.7% lfm2-1.2b,
+// +2.7% llama-1b tg128; since the staged SwiGLU pair's prologue holds x in registers, 8 measures +1.2%
+// llama-1b Q4_K, +1.5% Q4_0, +0.2 / +0.6% lfm2-1.2b Q4_0 / Q4_K, -2.1% llama-1b Q8_0. Same grid,
+// chunks, splits, prologue (K/V rows below the step's positions copied with cp.async before the PDL
+// wait) and partial layout as attn_dec_kernel, whose plan it takes.
 // Measured (bench/NOTES.md): 11.5 -> 7.2 us a layer on lfm2-1.2b, 8.0 -> 4.4 on llama-1b (8 warps).
-// With one chunk a kv head's 16 warps share one SM, and its shared-memory pipe bounds the key loop:
+// With one chunk a kv head's warps share one SM, and its shared-memory pipe bounds the key loop:
 // q rows are padded so a pass's lanes read G heads from distinct banks, and a key's weights reach
 // the lanes by one broadcast load instead of G shuffles (+1.2-2% tg128).
 // Roofline: the K/V bytes (2 KB per position per layer for lfm2-1.2b) are L2/HBM-trivial in decode;
@@ -269,8 +271,8 @@ bool attention_decode_warp(const DecodeAttnArgs& args, bool f16, cudaStream_t s)
     while (gp < G) gp *= 2;
     if (!on || (hd != 64 && hd != 128) || gp > 8 || gp * hd > 1024 || a.kc < 1) return false;
     static const int warps = [] {
-        const char* e = std::getenv("CERA_CUDA_ATTN_WARPS");  // 16 (default) or 8 warps a block
-        return e && std::atoi(e) == 8 ? 8 : 16;
+        const char* e = std::getenv("CERA_CUDA_ATTN_WARPS");  // 8 (default) or 16 warps a block
+        return e && std::atoi(e) == 16 ? 16 : 8;
     }();
     const int es = f16 ? 2 : 4;
     const size_t kv = size_t(a.kc) * size_t(2 * hd * es + 16);
