@@ -134,7 +134,9 @@ __device__ __forceinline__ void norm_prologue(const GemvK& a, uint8_t* xs) {
 
 // norm_prologue with x in registers (launches whose blocks hold no weights in registers across the
 // wait; at most kRegs float4s of x a thread): shared memory holds the 8-bit row, then w
-// (prologue_bytes(k, true)); norm_prologue_pre_regs issues w's copy there.
+// (prologue_bytes(k, true)); norm_prologue_pre_regs issues w's copy there. The quantize step is
+// norm_prologue's, written out again on purpose: one helper for both (lambdas, the same arithmetic)
+// changed the code of the q/k/v and conv launches that share norm_prologue, -1.5% tg128 (bench/NOTES.md).
 __device__ __forceinline__ void norm_prologue_pre_regs(const GemvK& a, uint8_t* xs) {
     if (!xs || !a.pw || threadIdx.x != 0) return;
     uint64_t* bar = prologue_bar();
