@@ -337,8 +337,7 @@ __global__ void __launch_bounds__(W * 32, W == 16 ? 2 : 3) gemv_glu_stage_kernel
                       {rb * qrow, rb * qrow, rb * mrow, rb * mrow});
     // The prologue's row after the staged rows (one token).
     uint8_t* const xs = PRO ? um + rb * mrow : nullptr;
-    if constexpr (PRO == 1) norm_prologue_pre(a, xs);
-    if constexpr (PRO == 2) norm_prologue_pre_regs(a, xs);
+    if constexpr (PRO) norm_prologue_pre(a, xs, PRO == 2);
     __syncthreads();
     pdl_wait();
     if constexpr (PRO == 1) norm_prologue(a, xs);

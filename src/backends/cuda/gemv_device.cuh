@@ -77,14 +77,34 @@ __device__ __forceinline__ uint64_t* prologue_bar() {
     __shared__ uint64_t bar;
     return &bar;
 }
-__device__ __forceinline__ void norm_prologue_pre(const GemvK& a, uint8_t* xs) {
+// x_regs: for norm_prologue_regs, whose shared memory holds no x before w.
+__device__ __forceinline__ void norm_prologue_pre(const GemvK& a, uint8_t* xs, bool x_regs = false) {
     if (!xs || !a.pw || threadIdx.x != 0) return;
     uint64_t* bar = prologue_bar();
     const uint32_t bytes = uint32_t(a.k * sizeof(float));
     mbar_init(bar, 1);
     mbar_init_fence();
     mbar_expect_tx(bar, bytes);
-    bulk_copy(xs + q8_row_bytes(a.k) + bytes, a.pw, bytes, bar);
+    bulk_copy(xs + q8_row_bytes(a.k) + (x_regs ? 0 : bytes), a.pw, bytes, bar);
+}
+// One float4 of thread t of the prologue's row, at i of n4 (ok: i < n4): y = v * r * w, the 8-lane group's scale
+// (every lane of the group takes part in the shuffles), then y's four 8-bit values and the group's
+// scale into the row at xs (scales at xd), and y into pout with `out`.
+__device__ __forceinline__ void prologue_group(const GemvK& a, uint8_t* xs, float* xd, int t, int64_t i, bool ok,
+                                               bool out, const float4& v, const float4& w, float r) {
+    const float4 y = make_float4(v.x * r * w.x, v.y * r * w.y, v.z * r * w.z, v.w * r * w.w);
+    float m = fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w)));
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (!ok) return;
+    if (out) reinterpret_cast<float4*>(a.pout)[i] = y;
+    const float d = m / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint32_t q = uint32_t(uint8_t(int8_t(__float2int_rn(y.x * id)))) |
+                       uint32_t(uint8_t(int8_t(__float2int_rn(y.y * id)))) << 8 |
+                       uint32_t(uint8_t(int8_t(__float2int_rn(y.z * id)))) << 16 |
+                       uint32_t(uint8_t(int8_t(__float2int_rn(y.w * id)))) << 24;
+    reinterpret_cast<uint32_t*>(xs)[i] = q;
+    if ((t & 7) == 0) xd[i / 8] = d;
 }
 // Every thread of the block calls it, after the PDL wait; it ends with a block barrier.
 __device__ __forceinline__ void norm_prologue(const GemvK& a, uint8_t* xs) {
@@ -115,37 +135,14 @@ __device__ __forceinline__ void norm_prologue(const GemvK& a, uint8_t* xs) {
         const bool ok = i < n4;
         const float4 v = ok ? xf[i] : make_float4(0.f, 0.f, 0.f, 0.f);
         const float4 w = ok && a.pw ? wf[i] : make_float4(1.f, 1.f, 1.f, 1.f);
-        const float4 y = make_float4(v.x * r * w.x, v.y * r * w.y, v.z * r * w.z, v.w * r * w.w);
-        float m = fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w)));
-#pragma unroll
-        for (int o = 1; o < 8; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (!ok) continue;
-        if (out) reinterpret_cast<float4*>(a.pout)[i] = y;
-        const float d = m / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        const uint32_t q = uint32_t(uint8_t(int8_t(__float2int_rn(y.x * id)))) |
-                           uint32_t(uint8_t(int8_t(__float2int_rn(y.y * id)))) << 8 |
-                           uint32_t(uint8_t(int8_t(__float2int_rn(y.z * id)))) << 16 |
-                           uint32_t(uint8_t(int8_t(__float2int_rn(y.w * id)))) << 24;
-        reinterpret_cast<uint32_t*>(xs)[i] = q;
-        if ((t & 7) == 0) xd[i / 8] = d;
+        prologue_group(a, xs, xd, t, i, ok, out, v, w, r);
     }
     __syncthreads();
 }
 
 // norm_prologue with x in registers (launches whose blocks hold no weights in registers across the
 // wait; at most kRegs float4s of x a thread): shared memory holds the 8-bit row, then w
-// (prologue_bytes(k, true)); norm_prologue_pre_regs issues w's copy there. The quantize step is
-// norm_prologue's, written out again on purpose: one helper for both (lambdas, the same arithmetic)
-// changed the code of the q/k/v and conv launches that share norm_prologue, -1.5% tg128 (bench/NOTES.md).
-__device__ __forceinline__ void norm_prologue_pre_regs(const GemvK& a, uint8_t* xs) {
-    if (!xs || !a.pw || threadIdx.x != 0) return;
-    uint64_t* bar = prologue_bar();
-    const uint32_t bytes = uint32_t(a.k * sizeof(float));
-    mbar_init(bar, 1);
-    mbar_init_fence();
-    mbar_expect_tx(bar, bytes);
-    bulk_copy(xs + q8_row_bytes(a.k), a.pw, bytes, bar);
-}
+// (prologue_bytes(k, true)); norm_prologue_pre(a, xs, true) issues w's copy there.
 template <int kRegs>
 __device__ __forceinline__ void norm_prologue_regs(const GemvK& a, uint8_t* xs) {
     __shared__ float red[32];
@@ -175,19 +172,7 @@ __device__ __forceinline__ void norm_prologue_regs(const GemvK& a, uint8_t* xs) 
         if (int64_t(j) * bd >= n4) break;  // the whole block leaves together: the shuffles stay whole
         const bool ok = i < n4;
         const float4 w = ok && a.pw ? wf[i] : make_float4(1.f, 1.f, 1.f, 1.f);
-        const float4 y = make_float4(v[j].x * r * w.x, v[j].y * r * w.y, v[j].z * r * w.z, v[j].w * r * w.w);
-        float m = fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w)));
-#pragma unroll
-        for (int o = 1; o < 8; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (!ok) continue;
-        if (out) reinterpret_cast<float4*>(a.pout)[i] = y;
-        const float d = m / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        const uint32_t q = uint32_t(uint8_t(int8_t(__float2int_rn(y.x * id)))) |
-                           uint32_t(uint8_t(int8_t(__float2int_rn(y.y * id)))) << 8 |
-                           uint32_t(uint8_t(int8_t(__float2int_rn(y.z * id)))) << 16 |
-                           uint32_t(uint8_t(int8_t(__float2int_rn(y.w * id)))) << 24;
-        reinterpret_cast<uint32_t*>(xs)[i] = q;
-        if ((t & 7) == 0) xd[i / 8] = d;
+        prologue_group(a, xs, xd, t, i, ok, out, v[j], w, r);
     }
     __syncthreads();
 }
