@@ -56,7 +56,9 @@ int run_synth(const std::vector<std::string>& args) {
     app.add_option("--arch", arch, "lfm2 | lfm2moe | llama | qwen2 | qwen3 | granite")->required();
     app.add_option("--preset", preset, "tiny | lfm2-350m | lfm2-1.2b | llama-1b (default tiny)");
     app.add_option("--vocab-from", vocab_from, "GGUF file whose tokenizer.* keys are copied")->required();
-    app.add_option("--type", type_name_, "type of the 2-D and 3-D weights (default F32)");
+    app.add_option("--type", type_name_,
+                   "type of the 2-D and 3-D weights (default F32); Q4_K_M / Q5_K_M: llama-quantize's mixture "
+                   "(attn_v and ffn_down in Q6_K on an eighth at each end and every third layer between)");
     app.add_option("--embd-type", embd_type_name, "type of token_embd / output (default: --type)");
     app.add_option("-o,--output", out, "output GGUF path")->required();
     app.add_option("--seed", seed, "random seed (default 42)");
@@ -102,7 +104,10 @@ int run_synth(const std::vector<std::string>& args) {
         if (!attn_layers.empty()) c.attn_layers = parse_layer_list(attn_layers);
         else if (c.n_layer != preset_layers) c.attn_layers.clear();  // the default pattern, for the new depth
         c.tied = !untied;
-        c.type = parse_type(type_name_, "--type");
+        std::string base = type_name_;
+        for (const char* mix : {"Q4_K_M", "Q5_K_M"})
+            if (base == mix) base.resize(4), c.k_medium = true;
+        c.type = parse_type(base, "--type");
         if (!embd_type_name.empty()) c.embd_type = parse_type(embd_type_name, "--embd-type");
         c.seed = seed;
         c.name = name;

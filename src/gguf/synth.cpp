@@ -78,6 +78,7 @@ struct TensorSpec {
     Init init = Init::kWeight;
     bool keep_f32 = false;  // norms, biases, conv kernels, the MoE router
     bool embedding = false;
+    bool more_bits = false;  // Q6_K in a K-quant "medium" mixture (SynthConfig::k_medium)
 };
 
 GgmlType fallback_type(GgmlType t, int64_t ne0) {
@@ -93,6 +94,10 @@ GgmlType fallback_type(GgmlType t, int64_t ne0) {
     return t;
 }
 
+// llama-quantize's choice of the layers whose attn_v / ffn_down get more bits in its Q4_K_M and
+// Q5_K_M mixtures: the first and last eighth of them, and every third one between.
+bool use_more_bits(int64_t i, int64_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
 std::vector<TensorSpec> layout(const SynthConfig& c, int64_t n_vocab) {
     const int64_t E = c.n_embd, F = c.n_ff, hd = c.head_dim > 0 ? c.head_dim : c.n_embd / c.n_head;
     const int64_t q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
@@ -107,6 +112,9 @@ std::vector<TensorSpec> layout(const SynthConfig& c, int64_t n_vocab) {
         add("output_norm.weight", {E}, Init::kNorm, true);
     if (!c.tied) t.push_back({"output.weight", {E, n_vocab}, Init::kWeight, false, true});
 
+    const int64_t n_attn = is_lfm2(c.arch) ? int64_t(c.attn_layers.size()) : c.n_layer;
+    int64_t i_attn = 0;
+    auto more_bits_last = [&](bool more) { t.back().more_bits = more; };
     for (int64_t il = 0; il < c.n_layer; ++il) {
         const std::string p = "blk." + std::to_string(il) + ".";
         const bool attn = !is_lfm2(c.arch) ||
@@ -116,6 +124,7 @@ std::vector<TensorSpec> layout(const SynthConfig& c, int64_t n_vocab) {
             add(p + "attn_q.weight", {E, q_dim});
             add(p + "attn_k.weight", {E, kv_dim});
             add(p + "attn_v.weight", {E, kv_dim});
+            more_bits_last(use_more_bits(i_attn++, n_attn));
             add(p + "attn_output.weight", {q_dim, E});
             if (c.arch == "qwen2") {
                 add(p + "attn_q.bias", {q_dim}, Init::kSmall, true);
@@ -138,11 +147,13 @@ std::vector<TensorSpec> layout(const SynthConfig& c, int64_t n_vocab) {
             add(p + "ffn_gate_exps.weight", {E, Fx, X});
             add(p + "ffn_up_exps.weight", {E, Fx, X});
             add(p + "ffn_down_exps.weight", {Fx, E, X});
+            more_bits_last(use_more_bits(il, c.n_layer));
             add(p + "exp_probs_b.bias", {X}, Init::kSmall, true);
         } else {
             add(p + "ffn_gate.weight", {E, F});
             add(p + "ffn_up.weight", {E, F});
             add(p + "ffn_down.weight", {F, E});
+            more_bits_last(use_more_bits(il, c.n_layer));
         }
     }
     return t;
@@ -277,6 +288,10 @@ void synth_validate(const SynthConfig& c) {
         in_range(c.n_ff_exp, "n_ff_exp");
         in_range(c.n_dense_lead, "n_dense_lead", 0, c.n_layer);
     }
+    if (c.k_medium && c.type != GgmlType::kQ4_K && c.type != GgmlType::kQ5_K)
+        throw_error(ErrorCode::kInvalidArgument, "the medium mixture is for Q4_K and Q5_K, not %s", type_name(c.type));
+    if (c.k_medium && c.arch == "lfm2moe")
+        throw_error(ErrorCode::kUnsupported, "the medium mixture is modelled for dense architectures, not lfm2moe");
     for (GgmlType t : {c.type, c.embd_type.value_or(c.type)}) {
         if (!can_quantize(t))
             throw_error(ErrorCode::kUnsupported, "cannot write tensor type %s (no quantizer)", type_name(t));
@@ -312,6 +327,8 @@ void synthesize(const SynthConfig& cfg, const File* vocab, const std::string& pa
     metadata(c, vocab, n_vocab, w);
     for (const TensorSpec& spec : layout(c, n_vocab)) {
         GgmlType type = spec.keep_f32 ? GgmlType::kF32 : spec.embedding ? c.embd_type.value_or(c.type) : c.type;
+        const bool head = spec.name == "output.weight" || (c.tied && spec.name == "token_embd.weight");
+        if (c.k_medium && (spec.more_bits || (head && !c.embd_type))) type = GgmlType::kQ6_K;
         type = fallback_type(type, spec.ne[0]);
         const uint64_t name_seed = c.seed ^ fnv1a(spec.name);
         const int64_t ne0 = spec.ne[0];

@@ -43,6 +43,10 @@ struct SynthConfig {
     float logit_scale = 8.0f;
     GgmlType type = GgmlType::kF32;       // 2-D and 3-D weights
     std::optional<GgmlType> embd_type;    // token_embd / output; unset -> `type`
+    // Q4_K / Q5_K only: llama-quantize's Q4_K_M / Q5_K_M mixture, attn_v and ffn_down in Q6_K on the
+    // first and last eighth of their layers and every third layer between (the rest in `type`), and the
+    // LM head (output, or token_embd when tied) in Q6_K unless embd_type is set. Dense architectures only.
+    bool k_medium = false;
     uint64_t seed = 42;
 };
 
