@@ -265,6 +265,10 @@ __device__ __forceinline__ void dot_rows(const GemvK& a, int yi, bool live, bool
     if (!rows_after_wait && live && start < n_items) {
         set_rows(qrow, mrow);
         load_w();
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+#pragma unroll
+            for (int r = 0; r < NR; ++r) settle_w(w[u][r]);
     }
     pre();
     if (wait) pdl_wait();

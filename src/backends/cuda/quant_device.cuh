@@ -323,31 +323,38 @@ struct QTraits<GgmlType::kQ4_K> {
     static constexpr int kItems = 8, kRun = 16;
     using X = XQ;
     __device__ static int flip(int64_t) { return 0; }
-    struct W { uint4 q; uint32_t dm, sm; };
+    // The item's scale d * sc and min dmin * m, made when the item is loaded (before a GEMV's PDL wait,
+    // see settle_w), so that the dot after the wait is Q4_0's length.
+    struct W { uint4 q; float s, n; };
     __device__ static void runs(int j, int& ea, int& eb) { ea = 32 * j, eb = 32 * j + 16; }
     template <class Ld = GlobalLd>
     __device__ static W load_w(const uint8_t* q, const uint8_t* m, int64_t blk, int j) {
         const uint8_t* mb = m + blk * 20;
-        return {Ld::v16(q + blk * 128 + 16 * j), *reinterpret_cast<const uint32_t*>(mb),
-                uint32_t(reinterpret_cast<const uint16_t*>(mb + 4)[j])};
+        const uint32_t dm = *reinterpret_cast<const uint32_t*>(mb);
+        const uint32_t sm = reinterpret_cast<const uint16_t*>(mb + 4)[j];
+        return {Ld::v16(q + blk * 128 + 16 * j), half_bits_to_float(uint16_t(dm)) * float(sm & 0xFFu),
+                half_bits_to_float(uint16_t(dm >> 16)) * float(sm >> 8)};
     }
     __device__ static float dot(const W& w, const XQ& x, int) {
         int lo, hi;
         dot_nibbles(w.q, x, lo, hi);
-        const float d = half_bits_to_float(uint16_t(w.dm)), dmin = half_bits_to_float(uint16_t(w.dm >> 16));
-        return x.da * (d * float(int(w.sm & 0xFFu) * (lo + hi)) - dmin * float(int(w.sm >> 8) * (x.sa + x.sb)));
+        return x.da * (w.s * float(lo + hi) - w.n * float(x.sa + x.sb));
     }
     __device__ static void dequant(const W& w, int, float* va, float* vb) {
-        const float d = half_bits_to_float(uint16_t(w.dm)) * float(w.sm & 0xFFu);
-        const float n = half_bits_to_float(uint16_t(w.dm >> 16)) * float(w.sm >> 8);
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
             const int byte = (word(w.q, i >> 2) >> (8 * (i & 3))) & 0xFF;
-            va[i] = d * float(byte & 0xF) - n;
-            vb[i] = d * float(byte >> 4) - n;
+            va[i] = w.s * float(byte & 0xF) - w.n;
+            vb[i] = w.s * float(byte >> 4) - w.n;
         }
     }
 };
+// settle_w(w): the item's values are made here, before a GEMV's PDL wait, not where the dot first
+// uses them after it (an empty volatile statement, kept in order with the wait). Q4_K's scale and min
+// made before the wait measured +0.6% (llama-1b) and +1.0% (lfm2-1.2b) tg128 (bench/NOTES.md).
+template <class W>
+__device__ __forceinline__ void settle_w(const W&) {}
+__device__ __forceinline__ void settle_w(const QTraits<GgmlType::kQ4_K>::W& w) { asm volatile("" ::"f"(w.s), "f"(w.n)); }
 // The traits a kernel takes with wide = true: 32-byte items for Q5_K, else QTraits<T>.
 template <GgmlType T, bool kWide>
 struct WideTraits : QTraits<T> {};
