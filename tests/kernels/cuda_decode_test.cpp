@@ -377,24 +377,29 @@ TEST_F(CudaBackendTest, QkvRopeRowsMatchBlockAHead) {
                           {128, RopeMode::kNeox, 96, false, false}, {128, RopeMode::kNeox, 128, true, false},
                           {64, RopeMode::kNeox, 64, false, true},   {64, RopeMode::kNorm, 64, true, true},
                           {64, RopeMode::kNone, 0, false, true},    {128, RopeMode::kNeox, 128, false, true}};
+    // v in another type than q and k: llama-quantize's mixtures (gemv_qkv_v_fits), one launch all the same.
+    const std::pair<G, G> types[] = {{G::kQ4_0, G::kQ4_0}, {G::kQ8_0, G::kQ8_0}, {G::kQ4_K, G::kQ4_K},
+                                     {G::kQ6_K, G::kQ6_K}, {G::kQ4_K, G::kQ6_K}, {G::kQ5_K, G::kQ6_K},
+                                     {G::kQ4_K, G::kQ5_K}};
     int n_case = 0;
     for (const Case& cs : cases)
-    for (G type : {G::kQ4_0, G::kQ8_0, G::kQ4_K, G::kQ6_K})
+    for (auto [type, vtype] : types)
     for (int64_t nt : {1, 3}) {
         const int64_t hd = cs.hd, qw = n_head * hd, kvw = n_head_kv * hd;
         const bool bias = n_case % 2 == 0;
         // Every third case opens the step with the norm, as the first layer after the embedding does:
         // the one-token norm is then held for the q/k/v launch's prologue without a residual product.
         const bool first = n_case++ % 3 == 0;
-        SCOPED_TRACE(std::string(type_name(type)) + " head_dim " + std::to_string(hd) + " mode " +
+        SCOPED_TRACE(std::string(type_name(type)) + (vtype != type ? std::string(" v ") + type_name(vtype) : "") +
+                     " head_dim " + std::to_string(hd) + " mode " +
                      std::to_string(int(cs.mode)) + " n_rot " + std::to_string(cs.n_rot) + " n_tokens " +
                      std::to_string(nt) + (bias ? " bias" : "") + (cs.norm ? " norm" : "") +
                      (first ? " first" : ""));
-        auto weight = [&](int64_t rows, int64_t k) {
-            return make_weight(type, randn(size_t(rows * k), rng_, 1.0f / std::sqrt(float(k))), rows, k);
+        auto weight = [&](int64_t rows, int64_t k, G t) {
+            return make_weight(t, randn(size_t(rows * k), rng_, 1.0f / std::sqrt(float(k))), rows, k);
         };
-        const std::vector<uint8_t> wq = weight(qw, n_embd), wk = weight(kvw, n_embd), wv = weight(kvw, n_embd),
-                                   wr = weight(n_embd, n_embd);
+        const std::vector<uint8_t> wq = weight(qw, n_embd, type), wk = weight(kvw, n_embd, type),
+                                   wv = weight(kvw, n_embd, vtype), wr = weight(n_embd, n_embd, type);
         const auto norm_a = randn(size_t(n_embd), rng_), x0 = randn(size_t(n_embd * nt), rng_);
         const auto qn = randn(size_t(hd), rng_), kn = randn(size_t(hd), rng_);
         const auto bq = randn(size_t(qw), rng_, 0.3f), bk = randn(size_t(kvw), rng_, 0.3f),
@@ -407,11 +412,11 @@ TEST_F(CudaBackendTest, QkvRopeRowsMatchBlockAHead) {
         for (int i = 0; i < kBes; ++i) {
             Backend& be = *bes[i];
             Bufs& t = b[i];
-            auto up = [&](const std::vector<uint8_t>& w, int64_t rows) {
+            auto up = [&](const std::vector<uint8_t>& w, int64_t rows, G wt) {
                 const int64_t ne[2] = {n_embd, rows};
-                return be.upload_weight(type, ne, w.data());
+                return be.upload_weight(wt, ne, w.data());
             };
-            t.wq = up(wq, qw), t.wk = up(wk, kvw), t.wv = up(wv, kvw), t.wr = up(wr, n_embd);
+            t.wq = up(wq, qw, type), t.wk = up(wk, kvw, type), t.wv = up(wv, kvw, vtype), t.wr = up(wr, n_embd, type);
             t.na = f32_on(be, {n_embd}, &norm_a), t.x = f32_on(be, {n_embd, nt}, &x0);
             t.h = f32_on(be, {n_embd, nt}), t.y = f32_on(be, {n_embd, nt}), t.q = f32_on(be, {qw, nt});
             t.k = f32_on(be, {kvw, nt}), t.v = f32_on(be, {kvw, nt}), t.attn = f32_on(be, {qw, nt});

@@ -329,8 +329,12 @@ class CudaBackend final : public Backend {
             if (glu_.held && (n_mm_ > 0 || x.as<const float>() != glu_.act)) flush();
             if (n_mm_ > 0) {
                 const cuda::GemvArgs& p = mm_[0].a;
-                if (!sw_.fuse || n_mm_ == cuda::kMaxSegs || p.x != x.as<const float>() || p.w.type != ref.type ||
-                    p.w.k != k || p.n_y != a.n_y || p.pro_x != a.pro_x)
+                // A third product of another type may still be the v of a q/k/v launch (gemv_qkv_v_fits:
+                // llama-quantize's mixtures); flush_mm launches each type apart if it is not.
+                const bool v_type =
+                    n_mm_ == 2 && mm_[1].a.w.type == p.w.type && cuda::gemv_qkv_v_fits(p.w.type, ref.type);
+                if (!sw_.fuse || n_mm_ == cuda::kMaxSegs || p.x != x.as<const float>() ||
+                    (p.w.type != ref.type && !v_type) || p.w.k != k || p.n_y != a.n_y || p.pro_x != a.pro_x)
                     flush_mm();
             }
             if (!pro) prepare_x(a, ref.type, x.as<const float>(), n_tokens, k, kXq);
@@ -777,7 +781,10 @@ class CudaBackend final : public Backend {
         const int n = n_mm_;
         n_mm_ = 0;
         launch_res(a, n, 0);
-        cuda::gemv_multi(a, n, stream_);
+        for (int i = 0, j; i < n; i = j) {  // one launch a run of one type (see matmul)
+            for (j = i + 1; j < n && a[j].w.type == a[i].w.type;) ++j;
+            cuda::gemv_multi(a + i, j - i, stream_);
+        }
     }
     void flush_rope() {
         if (n_rope_ > 0) flush_mm();  // products pending beside RoPEs were queued before them

@@ -31,9 +31,63 @@
 namespace cera::cuda {
 namespace {
 
+// Rows a warp in the q/k/v launch: 4, but 2 for Q5_K / Q6_K, whose 4-row kernels spill. Q4_K at 4
+// rows (128 registers) measured +0.5% (lfm2-1.2b) and +2.6% (llama-1b) against 2 (91 registers):
+// its 512-thread blocks no longer fit beside the down product's, so they are not resident, waiting,
+// while it runs (bench/NOTES.md, twelfth session).
+constexpr int rows_qkv(GgmlType t) { return t == GgmlType::kQ5_K || t == GgmlType::kQ6_K ? 2 : 4; }
+
+// The v weights in another type than q and k (llama-quantize's Q4_K_M / Q5_K_M / Q4_K_S mixtures give
+// some layers' attn_v more bits): the v blocks of the launch take this path, decided per block. Rows
+// off .. off + n - 1 of v head `head` (no RoPE, no norm), 16 warps of rows_qkv(TV) rows a pass, then
+// the block stores them to y and the cache.
+template <GgmlType TV, class C, bool PRO>
+__device__ __forceinline__ void qkv_v_rows(const GemvK& a, const QkvRopeArgs& r, int yi, int head, int off, int n,
+                                           uint8_t* xs) {
+    constexpr QuantLayout L = quant_layout(TV);
+    constexpr int R = rows_qkv(TV), kPass = 16 * R;
+    __shared__ float vs[256];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hd = r.head_dim;
+    const Seg& sg = a.seg[2];
+    const int32_t p = r.pos[yi];  // written by the host before the step
+    if constexpr (PRO) norm_prologue_pre(a, xs);
+    for (int pass = 0; pass < n / kPass; ++pass) {
+        const int64_t r0 = int64_t(head) * hd + off + pass * kPass + warp * R;
+        auto set_rows = [&](const uint8_t** qrow, const uint8_t** mrow) {
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+                const int64_t gr = sg.row0 + r0 + j;
+                qrow[j] = sg.q + gr * a.nb * L.q_bytes;
+                mrow[j] = sg.m + gr * a.nb * L.m_bytes;
+            }
+        };
+        auto hook = [&] {
+            if constexpr (PRO)
+                if (pass == 0) norm_prologue(a, xs);
+        };
+        float acc[R];
+        dot_rows<TV, R>(a, yi, true, false, set_rows, acc, 0, 1, hook, true, NoHook{}, xs, std::bool_constant<PRO>{});
+        const float tot = warp_sum_rows<R>(acc);
+        if (lane % (32 / R) == 0) {
+            const int j = lane / (32 / R);
+            vs[pass * kPass + warp * R + j] = tot + (sg.bias ? sg.bias[r0 + j] : 0.0f);
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int64_t row = int64_t(head) * hd + off + i;
+        const float v = vs[i];
+        sg.y[int64_t(yi) * sg.ldy + row] = v;
+        if (p < 0 || p >= r.n_ctx) continue;
+        C* cache = static_cast<C*>(r.v_cache) + p * int64_t(r.n_head_kv) * hd + row;
+        if constexpr (sizeof(C) == 2) *cache = __float2half_rn(v);
+        else *cache = v;
+    }
+}
+
 // grid (n_head + 2 n_head_kv, n_tokens): block hh is q head hh, then the k heads, then the v heads.
-// R rows a warp (rows_qkv).
-template <GgmlType T, class C, bool PRO, int R>
+// R rows a warp (rows_qkv); v weights of type TV (qkv_v_rows where it is not T).
+template <GgmlType T, GgmlType TV, class C, bool PRO, int R>
 __global__ void __launch_bounds__(512) gemv_qkv_rope_kernel(const GemvK a, const QkvRopeArgs r) {
     constexpr QuantLayout L = quant_layout(T);
     pdl_trigger();
@@ -43,13 +97,16 @@ __global__ void __launch_bounds__(512) gemv_qkv_rope_kernel(const GemvK a, const
     const int hh = blockIdx.x, yi = blockIdx.y, hd = r.head_dim;
     const int s = hh < r.n_head ? 0 : hh < r.n_head + r.n_head_kv ? 1 : 2;
     const int head = s == 0 ? hh : s == 1 ? hh - r.n_head : hh - r.n_head - r.n_head_kv;
+    extern __shared__ __align__(16) uint8_t qkv_xs[];
+    if constexpr (TV != T) {
+        if (s == 2) return qkv_v_rows<TV, C, PRO>(a, r, yi, head, 0, hd, PRO ? qkv_xs : nullptr);
+    }
     const Seg& sg = a.seg[s];
     // Positions are written by the host before the step: warp 0's rotation is looked up before the wait.
     const int32_t p = r.pos[yi];
     const RopeArgs& rope = s == 0 ? r.q_rope : r.k_rope;
     __shared__ RopeCS cs[32];  // warp 0's rotations (in shared memory, not in registers across the products)
     if (warp == 0 && s < 2) cs[lane] = rope_angles(p, rope);
-    extern __shared__ __align__(16) uint8_t qkv_xs[];
     uint8_t* const xs = PRO ? qkv_xs : nullptr;  // the RMSNorm prologue's row (one token)
     if constexpr (PRO) norm_prologue_pre(a, xs);
     for (int pass = 0; pass < hd / kPass; ++pass) {
@@ -100,7 +157,7 @@ __global__ void __launch_bounds__(512) gemv_qkv_rope_kernel(const GemvK a, const
 // dot order and lanes); 4-warp blocks of 16 rows (4 per head) measured -4.6%: each block makes the
 // RMSNorm prologue, and fewer threads make it slower (bench/NOTES.md).
 constexpr int kRowsWarps = 16;
-template <GgmlType T, class C, bool PRO>
+template <GgmlType T, GgmlType TV, class C, bool PRO>
 __global__ void __launch_bounds__(kRowsWarps * 32) gemv_qkv_rope_rows_kernel(const GemvK a, const QkvRopeArgs r) {
     constexpr QuantLayout L = quant_layout(T);
     constexpr int R = 4, W = kRowsWarps;
@@ -110,6 +167,12 @@ __global__ void __launch_bounds__(kRowsWarps * 32) gemv_qkv_rope_rows_kernel(con
     const int hh = blockIdx.x / per_head, wh = (blockIdx.x % per_head) * W + warp;
     const int s = hh < r.n_head ? 0 : hh < r.n_head + r.n_head_kv ? 1 : 2;
     const int head = s == 0 ? hh : s == 1 ? hh - r.n_head : hh - r.n_head - r.n_head_kv;
+    extern __shared__ __align__(16) uint8_t qkv_rows_xs[];
+    if constexpr (TV != T) {
+        if (s == 2)
+            return qkv_v_rows<TV, C, PRO>(a, r, yi, head, (blockIdx.x % per_head) * 4 * W, 4 * W,
+                                          PRO ? qkv_rows_xs : nullptr);
+    }
     const Seg& sg = a.seg[s];
     const RopeArgs& rope = s == 0 ? r.q_rope : r.k_rope;
     const int n_rot = s < 2 && rope.mode != 0 ? rope.n_rot : 0, half = n_rot / 2;
@@ -131,7 +194,6 @@ __global__ void __launch_bounds__(kRowsWarps * 32) gemv_qkv_rope_rows_kernel(con
     }
     const float* const nw = s == 0 ? r.q_norm : s == 1 ? r.k_norm : nullptr;  // the same in the whole block
     const float wn = nw ? nw[row] : 1.0f;
-    extern __shared__ __align__(16) uint8_t qkv_rows_xs[];
     uint8_t* const xs = PRO ? qkv_rows_xs : nullptr;  // the RMSNorm prologue's row (one token)
     if constexpr (PRO) norm_prologue_pre(a, xs);
     const int64_t hr0 = int64_t(head) * hd;
@@ -252,22 +314,16 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512) gemv_conv_kerne
     cl.sync();  // the partner has read amax_s before this block leaves
 }
 
-// Rows a warp in the q/k/v launch: 4, but 2 for Q5_K / Q6_K, whose 4-row kernels spill. Q4_K at 4
-// rows (128 registers) measured +0.5% (lfm2-1.2b) and +2.6% (llama-1b) against 2 (91 registers):
-// its 512-thread blocks no longer fit beside the down product's, so they are not resident, waiting,
-// while it runs (bench/NOTES.md, twelfth session).
-constexpr int rows_qkv(GgmlType t) { return t == GgmlType::kQ5_K || t == GgmlType::kQ6_K ? 2 : 4; }
-
 // One q/k/v launch. Q5_K / Q6_K (heavy_scales) prefer the most L1 (their scale loads; Q4_K in its
 // earlier layout: llama-1b +0.9%, lfm2-1.2b +0.3%); the other types keep the driver's choice (100:
 // llama-1b Q4_0 -0.4%, lfm2-1.2b Q8_0 -5%; 0: Q4_0 -0.6 to -1.1%). CERA_CUDA_CARVEOUT_QKV_K overrides
 // (-1: none).
-template <GgmlType T, class C, bool PRO>
+template <GgmlType T, GgmlType TV, class C, bool PRO>
 void launch_qkv(dim3 grid, size_t smem, cudaStream_t s, const GemvK& p, const QkvRopeArgs& r) {
     constexpr int R = rows_qkv(T);
     static const int co_k = env_int("CERA_CUDA_CARVEOUT_QKV_K", 0);
-    if (heavy_scales(T)) prefer_carveout<gemv_qkv_rope_kernel<T, C, PRO, R>>(co_k);
-    launch(gemv_qkv_rope_kernel<T, C, PRO, R>, grid, 512, smem, s, p, r);
+    if (heavy_scales(T)) prefer_carveout<gemv_qkv_rope_kernel<T, TV, C, PRO, R>>(co_k);
+    launch(gemv_qkv_rope_kernel<T, TV, C, PRO, R>, grid, 512, smem, s, p, r);
 }
 
 // Whether the q/k/v launch can take gemv_qkv_rope_rows_kernel: 4 rows a warp (not Q5_K / Q6_K),
@@ -283,26 +339,40 @@ bool qkv_rows_fit(GgmlType t, const QkvRopeArgs& r) {
     return true;
 }
 
-template <GgmlType T, class C, bool PRO>
+template <GgmlType T, GgmlType TV, class C, bool PRO>
 void launch_qkv_rows(dim3 grid, size_t smem, cudaStream_t s, const GemvK& p, const QkvRopeArgs& r) {
     grid.x *= unsigned(r.head_dim / (4 * kRowsWarps));
-    launch(gemv_qkv_rope_rows_kernel<T, C, PRO>, grid, kRowsWarps * 32, smem, s, p, r);
+    launch(gemv_qkv_rope_rows_kernel<T, TV, C, PRO>, grid, kRowsWarps * 32, smem, s, p, r);
 }
 
-// The q/k/v launch of one weight type: the warps' epilogue where it fits (rows: qkv_rows_fit), else
-// warp 0's (gemv_qkv_rope_kernel; the only one for Q5_K / Q6_K).
-template <GgmlType T, class C, bool PRO>
+// The q/k/v launch of q/k weights T and v weights TV: the warps' epilogue where it fits (rows:
+// qkv_rows_fit), else warp 0's (gemv_qkv_rope_kernel; the only one for Q5_K / Q6_K).
+template <GgmlType T, GgmlType TV, class C, bool PRO>
 void launch_qkv_type(bool rows, dim3 grid, size_t smem, cudaStream_t s, const GemvK& p, const QkvRopeArgs& r) {
     if constexpr (rows_qkv(T) == 4) {
         if (rows) {
-            launch_qkv_rows<T, C, PRO>(grid, smem, s, p, r);
+            launch_qkv_rows<T, TV, C, PRO>(grid, smem, s, p, r);
             return;
         }
     }
-    launch_qkv<T, C, PRO>(grid, smem, s, p, r);
+    launch_qkv<T, TV, C, PRO>(grid, smem, s, p, r);
+}
+template <GgmlType T, GgmlType TV>
+void launch_qkv_types(const QkvRopeArgs& r, bool rows, dim3 grid, size_t smem, cudaStream_t s, const GemvK& p) {
+    if (r.f16 && smem) launch_qkv_type<T, TV, __half, true>(rows, grid, smem, s, p, r);
+    else if (r.f16) launch_qkv_type<T, TV, __half, false>(rows, grid, 0, s, p, r);
+    else if (smem) launch_qkv_type<T, TV, float, true>(rows, grid, smem, s, p, r);
+    else launch_qkv_type<T, TV, float, false>(rows, grid, 0, s, p, r);
 }
 
+
+
 }  // namespace
+
+bool gemv_qkv_v_fits(GgmlType t, GgmlType tv) {
+    return tv == t || (t == GgmlType::kQ4_K && (tv == GgmlType::kQ5_K || tv == GgmlType::kQ6_K)) ||
+           (t == GgmlType::kQ5_K && tv == GgmlType::kQ6_K);
+}
 
 bool gemv_qkv_rope_supported(const GemvArgs (&qkv)[3], const QkvRopeArgs& r) {
     const GgmlType type = qkv[0].w.type;
@@ -311,7 +381,8 @@ bool gemv_qkv_rope_supported(const GemvArgs (&qkv)[3], const QkvRopeArgs& r) {
     const int64_t rows[3] = {int64_t(r.n_head) * hd, int64_t(r.n_head_kv) * hd, int64_t(r.n_head_kv) * hd};
     for (int i = 0; i < 3; ++i) {
         const GemvArgs& g = qkv[i];
-        if (g.w.type != type || g.w.k != qkv[0].w.k || g.rows != rows[i] || g.n_y != qkv[0].n_y || g.ids ||
+        const bool type_fits = i < 2 ? g.w.type == type : gemv_qkv_v_fits(type, g.w.type);
+        if (!type_fits || g.w.k != qkv[0].w.k || g.rows != rows[i] || g.n_y != qkv[0].n_y || g.ids ||
             g.xq != qkv[0].xq || g.pro_x != qkv[0].pro_x || (!g.xq && !g.pro_x) || g.accumulate || g.res_out ||
             g.ldy != g.rows || g.n_y > 64)
             return false;
@@ -333,14 +404,18 @@ void gemv_qkv_rope_store(const GemvArgs (&qkv)[3], const QkvRopeArgs& r, Stream 
     const size_t smem = prologue_smem(p);
     cudaStream_t s = as_stream(stream);
     const bool rows = qkv_rows_fit(qkv[0].w.type, r);
+    const GgmlType tv = qkv[2].w.type;
+    if (tv != qkv[0].w.type) {
+        using G = GgmlType;
+        const bool q4k = qkv[0].w.type == G::kQ4_K;
+        if (q4k && tv == G::kQ6_K) launch_qkv_types<G::kQ4_K, G::kQ6_K>(r, rows, grid, smem, s, p);
+        else if (q4k) launch_qkv_types<G::kQ4_K, G::kQ5_K>(r, rows, grid, smem, s, p);
+        else launch_qkv_types<G::kQ5_K, G::kQ6_K>(r, rows, grid, smem, s, p);
+        return;
+    }
     switch (qkv[0].w.type) {
-#define CERA_Q(T)                                                                                \
-    case GgmlType::T:                                                                            \
-        if (r.f16 && smem) launch_qkv_type<GgmlType::T, __half, true>(rows, grid, smem, s, p, r); \
-        else if (r.f16) launch_qkv_type<GgmlType::T, __half, false>(rows, grid, 0, s, p, r);     \
-        else if (smem) launch_qkv_type<GgmlType::T, float, true>(rows, grid, smem, s, p, r);     \
-        else launch_qkv_type<GgmlType::T, float, false>(rows, grid, 0, s, p, r);                 \
-        break;
+#define CERA_Q(T)                                                            \
+    case GgmlType::T: launch_qkv_types<GgmlType::T, GgmlType::T>(r, rows, grid, smem, s, p); break;
         CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
 #undef CERA_Q
         default: CERA_CHECK(false, "gemv_qkv_rope_store: unsupported weight type %s", type_name(qkv[0].w.type));

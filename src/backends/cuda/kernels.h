@@ -223,6 +223,9 @@ void qkv_rope_store(const QkvRopeArgs& a, Stream stream);
 // and otherwise launch the two ops. gemv_qkv_rope_store: the q, k and v products (qkv[0..2], their y
 // = r.q, r.k, r.v) and then qkv_rope_store(r); quantized weights, head_dim 64, 128 or 256.
 bool gemv_qkv_rope_supported(const GemvArgs (&qkv)[3], const QkvRopeArgs& r);
+// Whether a q/k/v launch with q/k weights of type t takes v weights of type tv: t, or llama-quantize's
+// mixtures (Q4_K with Q5_K or Q6_K, Q5_K with Q6_K).
+bool gemv_qkv_v_fits(GgmlType t, GgmlType tv);
 void gemv_qkv_rope_store(const GemvArgs (&qkv)[3], const QkvRopeArgs& r, Stream stream);
 // gemv_conv: one token's in_proj product (its y = bcx, 3 n rows) and then short_conv(bcx, ...) with its
 // 8-bit output rows out_xq (or null); quantized weights, n % 32 == 0, kernel length taps <= 8.

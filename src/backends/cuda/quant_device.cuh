@@ -354,7 +354,9 @@ struct QTraits<GgmlType::kQ4_K> {
 // made before the wait measured +0.6% (llama-1b) and +1.0% (lfm2-1.2b) tg128 (bench/NOTES.md).
 template <class W>
 __device__ __forceinline__ void settle_w(const W&) {}
-__device__ __forceinline__ void settle_w(const QTraits<GgmlType::kQ4_K>::W& w) { asm volatile("" ::"f"(w.s), "f"(w.n)); }
+__device__ __forceinline__ void settle_w(const QTraits<GgmlType::kQ4_K>::W& w) {
+    asm volatile("" ::"f"(w.s), "f"(w.n));
+}
 // The traits a kernel takes with wide = true: 32-byte items for Q5_K, else QTraits<T>.
 template <GgmlType T, bool kWide>
 struct WideTraits : QTraits<T> {};
