@@ -37,26 +37,20 @@ namespace {
 // while it runs (bench/NOTES.md, twelfth session).
 constexpr int rows_qkv(GgmlType t) { return t == GgmlType::kQ5_K || t == GgmlType::kQ6_K ? 2 : 4; }
 
-// The v weights in another type than q and k (llama-quantize's Q4_K_M / Q5_K_M / Q4_K_S mixtures give
-// some layers' attn_v more bits): the v blocks of the launch take this path, decided per block. Rows
-// off .. off + n - 1 of v head `head` (no RoPE, no norm), 16 warps of rows_qkv(TV) rows a pass, then
-// the block stores them to y and the cache.
-template <GgmlType TV, class C, bool PRO>
-__device__ __forceinline__ void qkv_v_rows(const GemvK& a, const QkvRopeArgs& r, int yi, int head, int off, int n,
-                                           uint8_t* xs) {
-    constexpr QuantLayout L = quant_layout(TV);
-    constexpr int R = rows_qkv(TV), kPass = 16 * R;
-    __shared__ float vs[256];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hd = r.head_dim;
-    const Seg& sg = a.seg[2];
-    const int32_t p = r.pos[yi];  // written by the host before the step
-    if constexpr (PRO) norm_prologue_pre(a, xs);
+// Rows r0 .. r0 + n - 1 of segment sg (n a multiple of 16 R) with their biases into out[0 .. n): 16
+// warps of R rows a pass, the RMSNorm prologue (PRO) made after the PDL wait of the first pass.
+template <GgmlType T, bool PRO, int R>
+__device__ __forceinline__ void seg_rows(const GemvK& a, const Seg& sg, int yi, int64_t r0, int n, uint8_t* xs,
+                                         float* out) {
+    constexpr QuantLayout L = quant_layout(T);
+    constexpr int kPass = 16 * R;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int pass = 0; pass < n / kPass; ++pass) {
-        const int64_t r0 = int64_t(head) * hd + off + pass * kPass + warp * R;
+        const int64_t rp = r0 + pass * kPass + warp * R;
         auto set_rows = [&](const uint8_t** qrow, const uint8_t** mrow) {
 #pragma unroll
             for (int j = 0; j < R; ++j) {
-                const int64_t gr = sg.row0 + r0 + j;
+                const int64_t gr = sg.row0 + rp + j;
                 qrow[j] = sg.q + gr * a.nb * L.q_bytes;
                 mrow[j] = sg.m + gr * a.nb * L.m_bytes;
             }
@@ -66,13 +60,28 @@ __device__ __forceinline__ void qkv_v_rows(const GemvK& a, const QkvRopeArgs& r,
                 if (pass == 0) norm_prologue(a, xs);
         };
         float acc[R];
-        dot_rows<TV, R>(a, yi, true, false, set_rows, acc, 0, 1, hook, true, NoHook{}, xs, std::bool_constant<PRO>{});
+        dot_rows<T, R>(a, yi, true, false, set_rows, acc, 0, 1, hook, true, NoHook{}, xs, std::bool_constant<PRO>{});
         const float tot = warp_sum_rows<R>(acc);
         if (lane % (32 / R) == 0) {
             const int j = lane / (32 / R);
-            vs[pass * kPass + warp * R + j] = tot + (sg.bias ? sg.bias[r0 + j] : 0.0f);
+            out[pass * kPass + warp * R + j] = tot + (sg.bias ? sg.bias[rp + j] : 0.0f);
         }
     }
+}
+
+// The v weights in another type than q and k (llama-quantize's Q4_K_M / Q5_K_M / Q4_K_S mixtures give
+// some layers' attn_v more bits): the v blocks of the launch take this path, decided per block. Rows
+// off .. off + n - 1 of v head `head` (no RoPE, no norm), 16 warps of rows_qkv(TV) rows a pass, then
+// the block stores them to y and the cache.
+template <GgmlType TV, class C, bool PRO>
+__device__ __forceinline__ void qkv_v_rows(const GemvK& a, const QkvRopeArgs& r, int yi, int head, int off, int n,
+                                           uint8_t* xs) {
+    __shared__ float vs[256];
+    const int hd = r.head_dim;
+    const Seg& sg = a.seg[2];
+    const int32_t p = r.pos[yi];  // written by the host before the step
+    if constexpr (PRO) norm_prologue_pre(a, xs);
+    seg_rows<TV, PRO, rows_qkv(TV)>(a, sg, yi, int64_t(head) * hd + off, n, xs, vs);
     __syncthreads();
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const int64_t row = int64_t(head) * hd + off + i;
@@ -89,10 +98,8 @@ __device__ __forceinline__ void qkv_v_rows(const GemvK& a, const QkvRopeArgs& r,
 // R rows a warp (rows_qkv); v weights of type TV (qkv_v_rows where it is not T).
 template <GgmlType T, GgmlType TV, class C, bool PRO, int R>
 __global__ void __launch_bounds__(512) gemv_qkv_rope_kernel(const GemvK a, const QkvRopeArgs r) {
-    constexpr QuantLayout L = quant_layout(T);
     pdl_trigger();
     __shared__ float ys[256];
-    constexpr int kPass = 16 * R;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int hh = blockIdx.x, yi = blockIdx.y, hd = r.head_dim;
     const int s = hh < r.n_head ? 0 : hh < r.n_head + r.n_head_kv ? 1 : 2;
@@ -109,28 +116,7 @@ __global__ void __launch_bounds__(512) gemv_qkv_rope_kernel(const GemvK a, const
     if (warp == 0 && s < 2) cs[lane] = rope_angles(p, rope);
     uint8_t* const xs = PRO ? qkv_xs : nullptr;  // the RMSNorm prologue's row (one token)
     if constexpr (PRO) norm_prologue_pre(a, xs);
-    for (int pass = 0; pass < hd / kPass; ++pass) {
-        const int64_t r0 = int64_t(head) * hd + pass * kPass + warp * R;
-        auto set_rows = [&](const uint8_t** qrow, const uint8_t** mrow) {
-#pragma unroll
-            for (int j = 0; j < R; ++j) {
-                const int64_t gr = sg.row0 + r0 + j;
-                qrow[j] = sg.q + gr * a.nb * L.q_bytes;
-                mrow[j] = sg.m + gr * a.nb * L.m_bytes;
-            }
-        };
-        auto hook = [&] {
-            if constexpr (PRO)
-                if (pass == 0) norm_prologue(a, xs);
-        };
-        float acc[R];
-        dot_rows<T, R>(a, yi, true, false, set_rows, acc, 0, 1, hook, true, NoHook{}, xs, std::bool_constant<PRO>{});
-        const float tot = warp_sum_rows<R>(acc);
-        if (lane % (32 / R) == 0) {
-            const int j = lane / (32 / R);
-            ys[pass * kPass + warp * R + j] = tot + (sg.bias ? sg.bias[r0 + j] : 0.0f);
-        }
-    }
+    seg_rows<T, PRO, R>(a, sg, yi, int64_t(head) * hd, hd, xs, ys);
     __syncthreads();
     if (warp != 0) return;
     if (s < 2)
