@@ -147,7 +147,6 @@ std::vector<TensorSpec> layout(const SynthConfig& c, int64_t n_vocab) {
             add(p + "ffn_gate_exps.weight", {E, Fx, X});
             add(p + "ffn_up_exps.weight", {E, Fx, X});
             add(p + "ffn_down_exps.weight", {Fx, E, X});
-            more_bits_last(use_more_bits(il, c.n_layer));
             add(p + "exp_probs_b.bias", {X}, Init::kSmall, true);
         } else {
             add(p + "ffn_gate.weight", {E, F});

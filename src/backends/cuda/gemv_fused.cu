@@ -351,8 +351,6 @@ void launch_qkv_types(const QkvRopeArgs& r, bool rows, dim3 grid, size_t smem, c
     else launch_qkv_type<T, TV, float, false>(rows, grid, 0, s, p, r);
 }
 
-
-
 }  // namespace
 
 bool gemv_qkv_v_fits(GgmlType t, GgmlType tv) {
