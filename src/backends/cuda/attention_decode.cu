@@ -46,6 +46,9 @@ __device__ __forceinline__ void load_weights(const float* p, float (&w)[GP]) {
     }
 }
 
+// The dry pass's query rows (attn_decw_kernel warm): zeros, G * HD <= 1024 floats.
+__device__ float g_dry_q[1024];
+
 // Shared memory: K rows (stride HD * es + 16: 16-byte reads of different rows hit distinct banks),
 // V rows, q [G][HD + 4] (scaled), the warps' pass weights [W][32], then (after the key loop, over the
 // K/V area) the warps' m [W][G], l [W][G], o [W][G][HD].
@@ -91,24 +94,39 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
     int64_t c = s, lo = begin + c * kc;
     int n = int(min(int64_t(kc), end - lo));
     if (len > 0) copy_rows(lo, n, lo, safe);
-    pdl_wait();
+    // warm: the key loop runs once before the wait, on the older rows and a zero q (g_dry_q), its
+    // results dropped, so that the release finds the loop's code in this SM's instruction cache: the
+    // 16-odd blocks of a layer's attention land on SMs that ran other kernels since, and are resident
+    // microseconds before the release (bench/NOTES.md: +3.9% tg128 on llama-1b Q4_K).
+    const bool dry = a.warm && len > 0;
     const int64_t qrow0 = t * a.n_head + int64_t(hk) * G;
-    if (len == 0) {
-        for (int e = tid; e < G * HD; e += kWarpThreads) write_out(a, qrow0 + e / HD, e % HD, 0.0f);
-        return;
-    }
-    copy_rows(lo, n, safe, lo + n);
-    for (int i = tid; i < G * HD; i += kWarpThreads)
-        q_s[i / HD * kQStride<HD> + i % HD] = a.q[qrow0 * HD + i] * a.scale;
-
-    // This warp's flash state: m and l of head gl (the same in every lane of that head), o[g][pair].
     float m = -INFINITY, l = 0.0f;
     float2 o[GP][NP];
+    const bool head_ok = gl < G;
+#pragma unroll 1
+    for (int pass = dry ? 0 : 1; pass < 2; ++pass) {
+    if (pass == 1) {
+        pdl_wait();
+        if (len == 0) {
+            for (int e = tid; e < G * HD; e += kWarpThreads) write_out(a, qrow0 + e / HD, e % HD, 0.0f);
+            return;
+        }
+        c = s, lo = begin + c * kc;
+        n = int(min(int64_t(kc), end - lo));
+        copy_rows(lo, n, safe, lo + n);
+    }
+    {
+        const float* qsrc = pass == 0 ? g_dry_q : a.q + qrow0 * HD;
+        for (int i = tid; i < G * HD; i += kWarpThreads)
+            q_s[i / HD * kQStride<HD> + i % HD] = qsrc[i] * a.scale;
+    }
+
+    // This warp's flash state: m and l of head gl (the same in every lane of that head), o[g][pair].
+    m = -INFINITY, l = 0.0f;
 #pragma unroll
     for (int g = 0; g < GP; ++g)
 #pragma unroll
         for (int i = 0; i < NP; ++i) o[g][i] = make_float2(0.0f, 0.0f);
-    const bool head_ok = gl < G;
     for (;;) {
         cp_async_wait<0>();
         __syncthreads();
@@ -177,11 +195,20 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
             }
         }
         c += S;
-        if (c >= n_chunks) break;
+        if (pass == 0 || c >= n_chunks) break;
         __syncthreads();  // every warp is done with this chunk's rows
         lo = begin + c * kc;
         n = int(min(int64_t(kc), end - lo));
         copy_rows(lo, n, lo, lo + n);
+    }
+    if (pass == 0) {
+        __syncthreads();  // the dry pass's reads of the rows are done before the release's copies
+#pragma unroll
+        for (int g = 0; g < GP; ++g)
+#pragma unroll
+            for (int i = 0; i < NP; ++i) asm volatile("" ::"f"(o[g][i].x), "f"(o[g][i].y));
+        asm volatile("" ::"f"(m), "f"(l));
+    }
     }
     // Merge the warps: m [W][G], l [W][G], o [W][G][HD] over the K/V area.
     trace_mark(1);
@@ -258,6 +285,8 @@ bool attention_decode_warp(const DecodeAttnArgs& args, bool f16, cudaStream_t s)
     // Q4_K +0.8 / 0 / +0.1%, llama-1b Q4_0 +0.7 / 0%, Q4_K -0.2 / +0.8 / +0.9%; 4: even (bench/NOTES.md).
     static const int hsplit = env_int("CERA_CUDA_ATTN_HSPLIT", 2);
     DecodeAttnArgs a = args;
+    static const int warm = env_int("CERA_CUDA_ATTN_WARM", 1);  // 0: no dry pass (A/B)
+    a.warm = warm;
     {
         const int g = a.n_head / a.n_head_kv;
         int d = 1;
