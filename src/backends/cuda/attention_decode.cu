@@ -105,110 +105,109 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
     const bool head_ok = gl < G;
 #pragma unroll 1
     for (int pass = dry ? 0 : 1; pass < 2; ++pass) {
-    if (pass == 1) {
-        pdl_wait();
-        if (len == 0) {
-            for (int e = tid; e < G * HD; e += kWarpThreads) write_out(a, qrow0 + e / HD, e % HD, 0.0f);
-            return;
+        if (pass == 1) {
+            pdl_wait();
+            if (len == 0) {
+                for (int e = tid; e < G * HD; e += kWarpThreads) write_out(a, qrow0 + e / HD, e % HD, 0.0f);
+                return;
+            }
+            c = s, lo = begin + c * kc;
+            n = int(min(int64_t(kc), end - lo));
+            copy_rows(lo, n, safe, lo + n);
         }
-        c = s, lo = begin + c * kc;
-        n = int(min(int64_t(kc), end - lo));
-        copy_rows(lo, n, safe, lo + n);
-    }
-    {
-        const float* qsrc = pass == 0 ? g_dry_q : a.q + qrow0 * HD;
-        for (int i = tid; i < G * HD; i += kWarpThreads)
-            q_s[i / HD * kQStride<HD> + i % HD] = qsrc[i] * a.scale;
-    }
+        {
+            const float* qsrc = pass == 0 ? g_dry_q : a.q + qrow0 * HD;
+            for (int i = tid; i < G * HD; i += kWarpThreads) q_s[i / HD * kQStride<HD> + i % HD] = qsrc[i] * a.scale;
+        }
 
-    // This warp's flash state: m and l of head gl (the same in every lane of that head), o[g][pair].
-    m = -INFINITY, l = 0.0f;
-#pragma unroll
-    for (int g = 0; g < GP; ++g)
-#pragma unroll
-        for (int i = 0; i < NP; ++i) o[g][i] = make_float2(0.0f, 0.0f);
-    for (;;) {
-        cp_async_wait<0>();
-        __syncthreads();
-        trace_mark(0);
-        for (int p0 = warp * P; p0 < n; p0 += kWarps * P) {
-            const int j = p0 + kl;
-            const bool live = head_ok && j < n;
-            float sc = -INFINITY;
-            if (live) {
-                const C* kr = reinterpret_cast<const C*>(k_s + j * krow);
-                const float* qg = q_s + gl * kQStride<HD>;
-                float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-                for (int d = 0; d < HD; d += 8) {
-                    float kv[8];
-                    load8s(kr + d, kv);
-                    const float4 x0 = *reinterpret_cast<const float4*>(qg + d);
-                    const float4 x1 = *reinterpret_cast<const float4*>(qg + d + 4);
-                    s0 = fmaf(x0.x, kv[0], s0), s1 = fmaf(x0.y, kv[1], s1);
-                    s0 = fmaf(x0.z, kv[2], s0), s1 = fmaf(x0.w, kv[3], s1);
-                    s0 = fmaf(x1.x, kv[4], s0), s1 = fmaf(x1.y, kv[5], s1);
-                    s0 = fmaf(x1.z, kv[6], s0), s1 = fmaf(x1.w, kv[7], s1);
-                }
-                sc = s0 + s1;
-            }
-            float mx = sc;
-#pragma unroll
-            for (int off = GP; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-            const float m_new = fmaxf(m, mx);  // finite for live heads: key p0 is below n
-            const float corr = m == -INFINITY ? 0.0f : __expf(m - m_new);
-            const float pe = live ? __expf(sc - m_new) : 0.0f;
-            float sum = pe;
-#pragma unroll
-            for (int off = GP; off < 32; off <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-            if (head_ok) l = l * corr + sum, m = m_new;
-#pragma unroll
-            for (int g = 0; g < GP; ++g) {
-                const float cg = __shfl_sync(0xffffffffu, corr, g);
-#pragma unroll
-                for (int i = 0; i < NP; ++i) o[g][i].x *= cg, o[g][i].y *= cg;
-            }
-            const int nk = min(P, n - p0);
-            // The pass's weights go through shared memory: one broadcast load gives a key's GP weights
-            // (instead of GP shuffles a key on the shuffle unit that every warp of the SM shares).
-            float* pw = p_s + warp * 32;
-            __syncwarp();  // the warp's last pass has read pw
-            pw[lane] = pe;  // lane = kl * GP + gl
-            __syncwarp();
-#pragma unroll
-            for (int kk = 0; kk < P; ++kk) {
-                if (kk >= nk) break;
-                const C* vr = reinterpret_cast<const C*>(v_s + (p0 + kk) * vrow);
-                float2 v[NP];
-#pragma unroll
-                for (int i = 0; i < NP; ++i) v[i] = load2s(vr + 2 * (lane + 32 * i));
-                float pk[GP];
-                load_weights<GP>(pw + kk * GP, pk);
-#pragma unroll
-                for (int g = 0; g < GP; ++g) {
-#pragma unroll
-                    for (int i = 0; i < NP; ++i) {
-                        o[g][i].x = fmaf(pk[g], v[i].x, o[g][i].x);
-                        o[g][i].y = fmaf(pk[g], v[i].y, o[g][i].y);
-                    }
-                }
-            }
-        }
-        c += S;
-        if (pass == 0 || c >= n_chunks) break;
-        __syncthreads();  // every warp is done with this chunk's rows
-        lo = begin + c * kc;
-        n = int(min(int64_t(kc), end - lo));
-        copy_rows(lo, n, lo, lo + n);
-    }
-    if (pass == 0) {
-        __syncthreads();  // the dry pass's reads of the rows are done before the release's copies
+        // This warp's flash state: m and l of head gl (the same in every lane of that head), o[g][pair].
+        m = -INFINITY, l = 0.0f;
 #pragma unroll
         for (int g = 0; g < GP; ++g)
 #pragma unroll
-            for (int i = 0; i < NP; ++i) asm volatile("" ::"f"(o[g][i].x), "f"(o[g][i].y));
-        asm volatile("" ::"f"(m), "f"(l));
-    }
+            for (int i = 0; i < NP; ++i) o[g][i] = make_float2(0.0f, 0.0f);
+        for (;;) {
+            cp_async_wait<0>();
+            __syncthreads();
+            trace_mark(0);
+            for (int p0 = warp * P; p0 < n; p0 += kWarps * P) {
+                const int j = p0 + kl;
+                const bool live = head_ok && j < n;
+                float sc = -INFINITY;
+                if (live) {
+                    const C* kr = reinterpret_cast<const C*>(k_s + j * krow);
+                    const float* qg = q_s + gl * kQStride<HD>;
+                    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+                    for (int d = 0; d < HD; d += 8) {
+                        float kv[8];
+                        load8s(kr + d, kv);
+                        const float4 x0 = *reinterpret_cast<const float4*>(qg + d);
+                        const float4 x1 = *reinterpret_cast<const float4*>(qg + d + 4);
+                        s0 = fmaf(x0.x, kv[0], s0), s1 = fmaf(x0.y, kv[1], s1);
+                        s0 = fmaf(x0.z, kv[2], s0), s1 = fmaf(x0.w, kv[3], s1);
+                        s0 = fmaf(x1.x, kv[4], s0), s1 = fmaf(x1.y, kv[5], s1);
+                        s0 = fmaf(x1.z, kv[6], s0), s1 = fmaf(x1.w, kv[7], s1);
+                    }
+                    sc = s0 + s1;
+                }
+                float mx = sc;
+#pragma unroll
+                for (int off = GP; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+                const float m_new = fmaxf(m, mx);  // finite for live heads: key p0 is below n
+                const float corr = m == -INFINITY ? 0.0f : __expf(m - m_new);
+                const float pe = live ? __expf(sc - m_new) : 0.0f;
+                float sum = pe;
+#pragma unroll
+                for (int off = GP; off < 32; off <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+                if (head_ok) l = l * corr + sum, m = m_new;
+#pragma unroll
+                for (int g = 0; g < GP; ++g) {
+                    const float cg = __shfl_sync(0xffffffffu, corr, g);
+#pragma unroll
+                    for (int i = 0; i < NP; ++i) o[g][i].x *= cg, o[g][i].y *= cg;
+                }
+                const int nk = min(P, n - p0);
+                // The pass's weights go through shared memory: one broadcast load gives a key's GP weights
+                // (instead of GP shuffles a key on the shuffle unit that every warp of the SM shares).
+                float* pw = p_s + warp * 32;
+                __syncwarp();  // the warp's last pass has read pw
+                pw[lane] = pe;  // lane = kl * GP + gl
+                __syncwarp();
+#pragma unroll
+                for (int kk = 0; kk < P; ++kk) {
+                    if (kk >= nk) break;
+                    const C* vr = reinterpret_cast<const C*>(v_s + (p0 + kk) * vrow);
+                    float2 v[NP];
+#pragma unroll
+                    for (int i = 0; i < NP; ++i) v[i] = load2s(vr + 2 * (lane + 32 * i));
+                    float pk[GP];
+                    load_weights<GP>(pw + kk * GP, pk);
+#pragma unroll
+                    for (int g = 0; g < GP; ++g) {
+#pragma unroll
+                        for (int i = 0; i < NP; ++i) {
+                            o[g][i].x = fmaf(pk[g], v[i].x, o[g][i].x);
+                            o[g][i].y = fmaf(pk[g], v[i].y, o[g][i].y);
+                        }
+                    }
+                }
+            }
+            c += S;
+            if (pass == 0 || c >= n_chunks) break;
+            __syncthreads();  // every warp is done with this chunk's rows
+            lo = begin + c * kc;
+            n = int(min(int64_t(kc), end - lo));
+            copy_rows(lo, n, lo, lo + n);
+        }
+        if (pass == 0) {
+            __syncthreads();  // the dry pass's reads of the rows are done before the release's copies
+#pragma unroll
+            for (int g = 0; g < GP; ++g)
+#pragma unroll
+                for (int i = 0; i < NP; ++i) asm volatile("" ::"f"(o[g][i].x), "f"(o[g][i].y));
+            asm volatile("" ::"f"(m), "f"(l));
+        }
     }
     // Merge the warps: m [W][G], l [W][G], o [W][G][HD] over the K/V area.
     trace_mark(1);
