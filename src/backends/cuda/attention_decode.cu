@@ -50,8 +50,8 @@ __device__ __forceinline__ void load_weights(const float* p, float (&w)[GP]) {
 __device__ float g_dry_q[1024];
 
 // Shared memory: K rows (stride HD * es + 16: 16-byte reads of different rows hit distinct banks),
-// V rows, q [G][HD + 4] (scaled), the warps' pass weights [W][32], then (after the key loop, over the
-// K/V area) the warps' m [W][G], l [W][G], o [W][G][HD].
+// V rows, q [G][HD + 4] (scaled), the warps' pass weights [W][32], then the warps' m [W][G], l [W][G],
+// o [W][G][HD] for the merge after the key loop.
 template <class C, int HD, int GP, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeAttnArgs a) {
     constexpr int kWarpThreads = kWarps * 32;
@@ -94,12 +94,20 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
     int64_t c = s, lo = begin + c * kc;
     int n = int(min(int64_t(kc), end - lo));
     if (len > 0) copy_rows(lo, n, lo, safe);
-    // warm: the key loop runs once before the wait, on the older rows and a zero q (g_dry_q), its
-    // results dropped, so that the release finds the loop's code in this SM's instruction cache: the
+    // warm: the key loop and the merge run once before the wait, on the older rows and a zero q
+    // (g_dry_q), nothing stored, so that the release finds their code in this SM's instruction cache: the
     // 16-odd blocks of a layer's attention land on SMs that ran other kernels since, and are resident
-    // microseconds before the release (bench/NOTES.md: +3.9% tg128 on llama-1b Q4_K).
+    // microseconds before the release (bench/NOTES.md: +4.2% and +0.8% tg128 on llama-1b Q4_K).
     const bool dry = a.warm && len > 0;
     const int64_t qrow0 = t * a.n_head + int64_t(hk) * G;
+    float* m_s = p_s + kWarps * 32;
+    float* l_s = m_s + kWarps * G;
+    float* o_s = l_s + kWarps * G;
+    const bool single = n_act == 1;
+    const int64_t per = int64_t(G) * (HD + 2);
+    const int64_t group = t * a.n_head_kv + hk;
+    float* base = single ? nullptr : a.partial + kDecodeCounterFloats + group * S * per;
+    float* part = single ? nullptr : base + s * per;
     float m = -INFINITY, l = 0.0f;
     float2 o[GP][NP];
     const bool head_ok = gl < G;
@@ -200,55 +208,41 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
             n = int(min(int64_t(kc), end - lo));
             copy_rows(lo, n, lo, lo + n);
         }
-        if (pass == 0) {
-            __syncthreads();  // the dry pass's reads of the rows are done before the release's copies
+        // Merge the warps: m [W][G], l [W][G], o [W][G][HD] (in their own shared memory: the dry pass
+        // runs the merge too, and the older K/V rows must outlive it). The dry pass stores nothing.
+        trace_mark(1);
+        __syncthreads();
+        if (lane < G) m_s[warp * G + lane] = m, l_s[warp * G + lane] = l;  // lane g holds head g (kl = 0)
 #pragma unroll
-            for (int g = 0; g < GP; ++g)
+        for (int g = 0; g < GP; ++g) {
+            if (g >= G) break;
 #pragma unroll
-                for (int i = 0; i < NP; ++i) asm volatile("" ::"f"(o[g][i].x), "f"(o[g][i].y));
-            asm volatile("" ::"f"(m), "f"(l));
+            for (int i = 0; i < NP; ++i)
+                *reinterpret_cast<float2*>(&o_s[(warp * G + g) * HD + 2 * (lane + 32 * i)]) = o[g][i];
         }
-    }
-    // Merge the warps: m [W][G], l [W][G], o [W][G][HD] over the K/V area.
-    trace_mark(1);
-    __syncthreads();
-    float* m_s = reinterpret_cast<float*>(dsm);
-    float* l_s = m_s + kWarps * G;
-    float* o_s = l_s + kWarps * G;
-    if (lane < G) m_s[warp * G + lane] = m, l_s[warp * G + lane] = l;  // lane g holds head g (kl = 0)
+        __syncthreads();
+        for (int e = tid; e < G * HD; e += kWarpThreads) {
+            const int g = e / HD, d = e - g * HD;
+            float M = -INFINITY;
 #pragma unroll
-    for (int g = 0; g < GP; ++g) {
-        if (g >= G) break;
+            for (int w = 0; w < kWarps; ++w) M = fmaxf(M, m_s[w * G + g]);
+            float L = 0.0f, O = 0.0f;
 #pragma unroll
-        for (int i = 0; i < NP; ++i)
-            *reinterpret_cast<float2*>(&o_s[(warp * G + g) * HD + 2 * (lane + 32 * i)]) = o[g][i];
-    }
-    __syncthreads();
-    const bool single = n_act == 1;
-    const int64_t per = int64_t(G) * (HD + 2);
-    const int64_t group = t * a.n_head_kv + hk;
-    float* base = single ? nullptr : a.partial + kDecodeCounterFloats + group * S * per;
-    float* part = single ? nullptr : base + s * per;
-    for (int e = tid; e < G * HD; e += kWarpThreads) {
-        const int g = e / HD, d = e - g * HD;
-        float M = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) M = fmaxf(M, m_s[w * G + g]);
-        float L = 0.0f, O = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-            const float mw = m_s[w * G + g];
-            if (mw == -INFINITY) continue;
-            const float f = __expf(mw - M);
-            L = fmaf(l_s[w * G + g], f, L);
-            O = fmaf(o_s[(w * G + g) * HD + d], f, O);
+            for (int w = 0; w < kWarps; ++w) {
+                const float mw = m_s[w * G + g];
+                if (mw == -INFINITY) continue;
+                const float f = __expf(mw - M);
+                L = fmaf(l_s[w * G + g], f, L);
+                O = fmaf(o_s[(w * G + g) * HD + d], f, O);
+            }
+            if (single) {
+                write_out(a, qrow0 + g, d, L > 0.0f ? O / L : 0.0f, pass == 1);
+            } else if (pass == 1) {
+                part[g * HD + d] = O;
+                if (d == 0) part[G * HD + g] = M, part[G * HD + G + g] = L;
+            }
         }
-        if (single) {
-            write_out(a, qrow0 + g, d, L > 0.0f ? O / L : 0.0f);
-        } else {
-            part[g * HD + d] = O;
-            if (d == 0) part[G * HD + g] = M, part[G * HD + G + g] = L;
-        }
+        if (pass == 0) __syncthreads();  // the dry merge's reads of m_s, l_s, o_s are done
     }
     if (single) return;
     merge_last_split(a, base, per, G, HD, n_act, group, qrow0);
@@ -306,7 +300,7 @@ bool attention_decode_warp(const DecodeAttnArgs& args, bool f16, cudaStream_t s)
     const size_t kv = size_t(a.kc) * size_t(2 * hd * es + 16);
     const size_t merge = sizeof(float) * size_t(warps) * size_t(G) * size_t(hd + 2);
     const size_t q_and_weights = sizeof(float) * (size_t(G) * size_t(hd + 4) + 32 * size_t(warps));
-    const size_t smem = std::max(kv, merge) + q_and_weights + 16;
+    const size_t smem = kv + q_and_weights + merge + 16;
     if (smem > size_t(device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>())) return false;
     const dim3 grid(unsigned(a.n_head_kv), unsigned(a.n_splits), unsigned(a.n_tokens));
     if (f16)

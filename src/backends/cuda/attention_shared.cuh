@@ -54,12 +54,14 @@ __device__ __forceinline__ float2 load2s(const __half* p) { return __half22float
 __device__ __forceinline__ float2 load2s(const float* p) { return *reinterpret_cast<const float2*>(p); }
 
 // out[qrow][d] = v, and its 8-bit group when out_xq is set (whole warps cover 32 consecutive d).
-__device__ __forceinline__ void write_out(const DecodeAttnArgs& a, int64_t qrow, int d, float v) {
-    a.out[qrow * a.head_dim + d] = v;
+// store = false: the same instructions, nothing written (attn_decw_kernel's dry pass).
+__device__ __forceinline__ void write_out(const DecodeAttnArgs& a, int64_t qrow, int d, float v,
+                                          bool store = true) {
+    if (store) a.out[qrow * a.head_dim + d] = v;
     if (a.out_xq) {
         const int64_t width = int64_t(a.n_head) * a.head_dim;
         const int64_t t = qrow / a.n_head, e = (qrow % a.n_head) * a.head_dim + d;
-        warp_quantize_q8(v, a.out_xq + t * q8_row_bytes(width), width, e >> 5);
+        warp_quantize_q8(v, a.out_xq + t * q8_row_bytes(width), width, e >> 5, store);
     }
 }
 

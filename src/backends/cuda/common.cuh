@@ -275,10 +275,11 @@ __device__ __forceinline__ uint4 ld_cached16(const void* p) { return __ldg(stati
 
 // Group c of a quantize_q8 row (kernels.h) from the warp's 32 values (lane i holds element 32c + i);
 // the same arithmetic as quantize_q8, so a fused producer writes the same bytes.
-__device__ __forceinline__ void warp_quantize_q8(float v, uint8_t* xq_row, int64_t k, int64_t c) {
+__device__ __forceinline__ void warp_quantize_q8(float v, uint8_t* xq_row, int64_t k, int64_t c, bool store = true) {
     const int lane = threadIdx.x & 31;
     const float d = warp_max(fabsf(v)) / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    if (!store) return;
     xq_row[32 * c + lane] = uint8_t(int8_t(__float2int_rn(v * id)));
     if (lane == 0) reinterpret_cast<float*>(xq_row + k)[c] = d;
 }
