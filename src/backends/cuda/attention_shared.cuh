@@ -30,7 +30,7 @@ struct DecodeAttnArgs {
     // attn_decw_kernel: n_head_kv counts blocks of query heads, kv_div of them to a cache head (a
     // GQA group split over kv_div blocks); every other kernel: 1.
     int kv_div = 1;
-    int warm = 0;  // attn_decw_kernel: a dry pass of the key loop before the PDL wait (A/B)
+    int warm = 0;  // attn_decw_kernel: a dry pass of the key loop and merge before the PDL wait (A/B)
 };
 
 // 8 halves (16 bytes) as floats.
