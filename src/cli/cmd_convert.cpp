@@ -10,12 +10,11 @@
 //   (n_head_kv heads) are permuted per head: new row 2j + s <- old row s * d/2 + j.
 // - A tied embedding stored only as lm_head.weight becomes token_embd.weight, and no
 //   output.weight is written (the model then reuses token_embd, as llama.cpp does).
-// - The tokenizer (an HF BPE with byte_fallback over ▁-marked text) becomes a
-//   SentencePiece-style vocabulary, tokenizer.ggml.model = "llama", the form llama.cpp's
-//   converter gives such models. llama.cpp writes every score as -1000, which loses the
-//   merge order; here a token made by merge rank r scores -(r + 1) (base symbols 0), so an
-//   SPM encoder that merges the highest-scoring pair first follows the BPE merge order.
-//   The merges are also written as tokenizer.ggml.merges.
+// - The tokenizer goes through the HF tokenizer reader (which refuses what it cannot reproduce):
+//   byte-level BPE becomes llama.cpp's `gpt2` model with the `tokenizer.ggml.pre` that names its split
+//   regex and flags; '▁'-style BPE with byte fallback becomes a SentencePiece-style `llama` vocabulary.
+// - RoPE: rope_parameters (transformers 5) or rope_theta / rope_scaling; linear scaling as GGUF keys,
+//   Llama 3.1 scaling as rope_freqs.weight. Anything the GGUF form cannot express is refused.
 #include <nlohmann/json.hpp>
 
 #include <cctype>
@@ -26,6 +25,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -38,6 +38,7 @@
 #include "core/quant/quant.h"
 #include "gguf/keys.h"
 #include "gguf/writer.h"
+#include "tokenizer/vocab_io.h"
 
 namespace cera::cli {
 namespace {
@@ -171,130 +172,177 @@ int64_t cfg_int(const json& cfg, const char* key) {
     return it->get<int64_t>();
 }
 
+// RoPE from config.json: transformers 5 nests it as rope_parameters {rope_theta, rope_type, ...};
+// older files have rope_theta and rope_scaling {type|rope_type, factor, ...} at the top level.
+struct Rope {
+    float theta = 10000.0f;
+    std::string type = "default";  // default | linear | llama3
+    float factor = 1.0f;
+    // llama3 only: the band between these wavelengths is interpolated.
+    float low_freq_factor = 1.0f, high_freq_factor = 4.0f;
+    int64_t original_context = 8192;
+};
+
+float cfg_f32(const json& j, const char* where, const char* key) {
+    auto it = j.find(key);
+    if (it == j.end() || !it->is_number())
+        throw_error(ErrorCode::kMissing, "config.json: '%s%s' is missing or not a number", where, key);
+    return it->get<float>();
+}
+
+Rope read_rope(const json& cfg) {
+    Rope r;
+    json params = json::object();
+    const char* where = "";
+    if (cfg.contains("rope_parameters") && cfg["rope_parameters"].is_object()) {
+        params = cfg["rope_parameters"];
+        where = "rope_parameters.";
+        // One set of parameters per attention kind (e.g. full and sliding) has no GGUF llama form.
+        if (!params.contains("rope_theta") && !params.contains("rope_type"))
+            throw_error(ErrorCode::kUnsupported, "config.json: rope_parameters per attention type are not supported");
+    } else if (cfg.contains("rope_scaling") && cfg["rope_scaling"].is_object()) {
+        params = cfg["rope_scaling"];
+        where = "rope_scaling.";
+    }
+    if (params.contains("rope_theta")) r.theta = cfg_f32(params, where, "rope_theta");
+    else if (cfg.contains("rope_theta")) r.theta = cfg_f32(cfg, "", "rope_theta");
+    if (!(r.theta > 0.0f)) throw_error(ErrorCode::kInvalidFile, "config.json: rope_theta %g is not positive", r.theta);
+    r.type = params.value("rope_type", params.value("type", std::string("default")));
+    if (r.type == "default") return r;
+    r.factor = cfg_f32(params, where, "factor");
+    if (!(r.factor > 0.0f)) throw_error(ErrorCode::kInvalidFile, "config.json: %sfactor %g is not positive", where, r.factor);
+    if (r.type == "linear") return r;
+    if (r.type == "llama3") {
+        r.low_freq_factor = cfg_f32(params, where, "low_freq_factor");
+        r.high_freq_factor = cfg_f32(params, where, "high_freq_factor");
+        r.original_context = int64_t(cfg_f32(params, where, "original_max_position_embeddings"));
+        if (!(r.high_freq_factor > r.low_freq_factor) || r.original_context <= 0)
+            throw_error(ErrorCode::kInvalidFile, "config.json: llama3 rope needs high_freq_factor > low_freq_factor");
+        return r;
+    }
+    throw_error(ErrorCode::kUnsupported, "config.json: rope type '%s' (supported: default, linear, llama3)",
+                r.type.c_str());
+}
+
+// Llama 3.1's frequency-dependent scaling as per-frequency divisors (GGUF rope_freqs.weight, one per
+// rotated pair): wavelengths shorter than original_context / high_freq_factor keep their frequency,
+// longer than original_context / low_freq_factor are divided by `factor`, and the band between is
+// interpolated smoothly in 1 / wavelength.
+std::vector<float> llama3_rope_factors(const Rope& r, int64_t n_rot) {
+    std::vector<float> out(size_t(n_rot / 2));
+    const double low_wavelen = double(r.original_context) / r.low_freq_factor;
+    const double high_wavelen = double(r.original_context) / r.high_freq_factor;
+    for (int64_t i = 0; i < n_rot / 2; ++i) {
+        const double freq = std::pow(double(r.theta), -2.0 * double(i) / double(n_rot));
+        const double wavelen = 2.0 * M_PI / freq;
+        double f = 1.0;
+        if (wavelen > low_wavelen) {
+            f = r.factor;
+        } else if (wavelen >= high_wavelen) {
+            const double smooth = (double(r.original_context) / wavelen - r.low_freq_factor) /
+                                  (r.high_freq_factor - r.low_freq_factor);
+            f = 1.0 / ((1.0 - smooth) / r.factor + smooth);
+        }
+        out[size_t(i)] = float(f);
+    }
+    return out;
+}
+
 // ------------------------------------------------------------------ tokenizer
 
-enum TokenType : int32_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kByte = 6 };
-
+// The tokenizer is read by the same reader that runs HF tokenizers (vocab_data_from_hf_json), which
+// refuses what it cannot reproduce; here it is written in the GGUF form that tokenizes the same way,
+// or refused when GGUF has no such form.
 void write_tokenizer(const fs::path& dir, const json& config, int64_t n_vocab, gguf::Writer& w) {
-    const json tok = read_json(dir / "tokenizer.json");
-    json tok_cfg = json::object();
-    if (fs::exists(dir / "tokenizer_config.json")) tok_cfg = read_json(dir / "tokenizer_config.json");
-
-    const json& model = tok.at("model");
-    if (model.value("type", "") != "BPE")
-        throw_error(ErrorCode::kUnsupported, "tokenizer.json: model type '%s' (supported: BPE)",
-                    model.value("type", "").c_str());
-    const json& vocab = model.at("vocab");
-    std::vector<std::string> tokens = std::vector<std::string>(size_t(n_vocab));
-    std::vector<bool> seen(size_t(n_vocab), false);
-    auto put = [&](const std::string& text, int64_t id) {
-        if (id < 0 || id >= n_vocab)
-            throw_error(ErrorCode::kOutOfRange, "tokenizer.json: token '%s' has id %lld outside the vocabulary of %lld",
-                        text.c_str(), (long long)id, (long long)n_vocab);
-        tokens[size_t(id)] = text;
-        seen[size_t(id)] = true;
+    const fs::path tok_path = dir / "tokenizer.json";
+    if (!fs::exists(tok_path)) throw_error(ErrorCode::kMissing, "%s not found", tok_path.c_str());
+    const fs::path cfg_path = dir / "tokenizer_config.json";
+    VocabData d = vocab_data_from_hf_json(tok_path.string(), fs::exists(cfg_path) ? cfg_path.string() : "");
+    auto refuse = [&](const char* what) {
+        throw_error(ErrorCode::kUnsupported, "%s: %s; a GGUF tokenizer cannot reproduce it", tok_path.c_str(), what);
     };
-    for (const auto& [text, id] : vocab.items()) put(text, id.get<int64_t>());
+    if (d.nfc) refuse("the NFC normalizer");
+    if (!d.lstrip.empty() || !d.rstrip.empty()) refuse("added tokens with lstrip/rstrip");
+    if (d.add_eos && d.eos == kNoToken) refuse("add_eos_token without an EOS token");
+    if (int64_t(d.tokens.size()) > n_vocab)
+        throw_error(ErrorCode::kInvalidFile, "%s: %zu tokens, but config.json's vocab_size is %lld", tok_path.c_str(),
+                    d.tokens.size(), (long long)n_vocab);
 
-    std::vector<int32_t> types(size_t(n_vocab), kNormal);
-    for (int64_t i = 0; i < n_vocab; ++i) {
-        const std::string& t = tokens[size_t(i)];
-        if (t.size() == 6 && t.rfind("<0x", 0) == 0 && t[5] == '>' && std::isxdigit((unsigned char)t[3]) &&
-            std::isxdigit((unsigned char)t[4]))
-            types[size_t(i)] = kByte;
+    // Ids that no token uses (holes, or a vocab_size larger than the tokenizer) are padding tokens.
+    std::vector<std::string> tokens = std::move(d.tokens);
+    std::vector<int32_t> types(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        types[i] = int32_t(d.types[i]);
+        if (d.types[i] == TokenType::kUnused) tokens[i] = "[PAD" + std::to_string(i) + "]";
     }
-    if (tok.contains("added_tokens"))
-        for (const auto& a : tok.at("added_tokens")) {
-            const int64_t id = a.at("id").get<int64_t>();
-            put(a.at("content").get<std::string>(), id);
-            types[size_t(id)] = a.value("special", false) ? kControl : kUserDefined;
-        }
-    // Unused ids (a config vocab_size larger than the tokenizer's) become padding tokens.
-    for (int64_t i = 0; i < n_vocab; ++i)
-        if (!seen[size_t(i)]) {
-            tokens[size_t(i)] = "[PAD" + std::to_string(i) + "]";
-            types[size_t(i)] = kUserDefined;
-        }
-    std::optional<int64_t> unk_id;
-    if (model.contains("unk_token") && model["unk_token"].is_string()) {
-        auto it = vocab.find(model["unk_token"].get<std::string>());
-        if (it != vocab.end()) {
-            unk_id = it->get<int64_t>();
-            types[size_t(*unk_id)] = kUnknown;
-        }
+    for (int64_t i = int64_t(tokens.size()); i < n_vocab; ++i) {
+        tokens.push_back("[PAD" + std::to_string(i) + "]");
+        types.push_back(int32_t(TokenType::kUnused));
     }
-
-    // Scores from the merge order: the token a+b made by merge rank r scores -(r + 1).
-    std::vector<float> scores(size_t(n_vocab), 0.0f);
+    if (d.unk != kNoToken) types[size_t(d.unk)] = int32_t(TokenType::kUnknown);
+    std::unordered_map<std::string, int64_t> id_of;
+    for (size_t i = 0; i < tokens.size(); ++i) id_of.emplace(tokens[i], int64_t(i));
     std::vector<std::string> merges;
-    if (model.contains("merges")) {
-        int64_t rank = 0;
-        for (const auto& m : model.at("merges")) {
-            std::string a, b;
-            if (m.is_string()) {
-                const std::string s = m.get<std::string>();
-                const size_t sp = s.find(' ', 1);
-                if (sp == std::string::npos) throw_error(ErrorCode::kInvalidFile, "tokenizer.json: merge '%s'", s.c_str());
-                a = s.substr(0, sp);
-                b = s.substr(sp + 1);
-            } else {
-                a = m.at(0).get<std::string>();
-                b = m.at(1).get<std::string>();
-            }
-            merges.push_back(a + " " + b);
-            auto it = vocab.find(a + b);
-            if (it != vocab.end()) {
-                float& s = scores[size_t(it->get<int64_t>())];
-                if (s == 0.0f) s = -float(rank + 1);
-            }
-            ++rank;
-        }
-    }
-
-    // Does the normalizer / pre-tokenizer put ▁ before the text (SentencePiece's add_dummy_prefix)?
-    bool space_prefix = false;
-    auto scan = [&](const json& n, auto& self) -> void {
-        if (!n.is_object()) return;
-        const std::string type = n.value("type", "");
-        if (type == "Prepend" && n.value("prepend", "") == "\xe2\x96\x81") space_prefix = true;
-        if (type == "Metaspace" && n.value("prepend_scheme", "always") != "never" && n.value("add_prefix_space", true))
-            space_prefix = true;
-        for (const char* key : {"normalizers", "pretokenizers"})
-            if (n.contains(key))
-                for (const auto& c : n[key]) self(c, self);
-    };
-    if (tok.contains("normalizer")) scan(tok["normalizer"], scan);
-    if (tok.contains("pre_tokenizer")) scan(tok["pre_tokenizer"], scan);
+    merges.reserve(d.merges.size());
+    for (const auto& [a, b] : d.merges) merges.push_back(a + " " + b);
 
     namespace k = gguf::keys;
-    w.set_string(k::kTokModel, "llama");
-    w.set_string(k::kTokPre, "default");
-    w.set(k::kTokTokens, gguf::value_string_array(tokens));
-    w.set(k::kTokScores, gguf::value_f32_array(scores));
-    w.set(k::kTokTypes, gguf::value_i32_array(types));
-    if (!merges.empty()) w.set(k::kTokMerges, gguf::value_string_array(merges));
-
-    auto special_id = [&](const char* cfg_key, const char* tok_cfg_key) -> std::optional<int64_t> {
-        if (tok_cfg.contains(tok_cfg_key)) {  // a token text (or {"content": ...}) in tokenizer_config.json
-            const json& v = tok_cfg[tok_cfg_key];
-            const std::string text = v.is_string() ? v.get<std::string>()
-                                     : v.is_object() ? v.value("content", "") : std::string();
-            for (int64_t i = 0; i < n_vocab; ++i)
-                if (!text.empty() && tokens[size_t(i)] == text) return i;
+    if (d.byte_encode) {
+        // Byte-level BPE: llama.cpp's gpt2 model, the pre-tokenizer named by its rules and flags.
+        if (d.byte_fallback) refuse("byte-level BPE with byte_fallback");
+        if (d.pre == PreTokenizer::kNone) refuse("byte-level BPE without a split regex");
+        const char* pre = pre_tokenizer_gguf_name(d.pre, d.ignore_merges, d.clean_spaces);
+        if (!pre) refuse("this split regex with these ignore_merges / clean_up_tokenization_spaces flags");
+        w.set_string(k::kTokModel, "gpt2");
+        w.set_string(k::kTokPre, pre);
+        w.set(k::kTokTokens, gguf::value_string_array(tokens));
+        w.set(k::kTokTypes, gguf::value_i32_array(types));
+        w.set(k::kTokMerges, gguf::value_string_array(merges));
+    } else {
+        // BPE over '▁'-escaped text with byte fallback: a SentencePiece-style vocabulary (llama.cpp's
+        // `llama` model). llama.cpp writes every score as -1000, which loses the merge order; here a token
+        // made by merge rank r scores -(r + 1) (base symbols 0), so an SPM encoder that merges the
+        // highest-scoring pair first follows the BPE merge order. The merges are written too.
+        if (!d.escape_whitespace) refuse("BPE over unescaped text without byte-level encoding");
+        if (!d.byte_fallback) refuse("'\xE2\x96\x81'-style BPE without byte_fallback");
+        if (d.ignore_merges) refuse("'\xE2\x96\x81'-style BPE with ignore_merges");
+        std::vector<float> scores(tokens.size(), 0.0f);
+        for (size_t r = 0; r < merges.size(); ++r) {
+            auto it = id_of.find(d.merges[r].first + d.merges[r].second);
+            if (it != id_of.end() && scores[size_t(it->second)] == 0.0f) scores[size_t(it->second)] = -float(r + 1);
         }
-        if (cfg_key && config.contains(cfg_key) && config[cfg_key].is_number_integer())
-            return config[cfg_key].get<int64_t>();
+        for (size_t i = 0; i < tokens.size(); ++i) {
+            const std::string& t = tokens[i];
+            if (types[i] == int32_t(TokenType::kNormal) && t.size() == 6 && t.rfind("<0x", 0) == 0 && t[5] == '>' &&
+                std::isxdigit((unsigned char)t[3]) && std::isxdigit((unsigned char)t[4]))
+                types[i] = int32_t(TokenType::kByte);
+        }
+        w.set_string(k::kTokModel, "llama");
+        w.set_string(k::kTokPre, "default");
+        w.set(k::kTokTokens, gguf::value_string_array(tokens));
+        w.set(k::kTokScores, gguf::value_f32_array(scores));
+        w.set(k::kTokTypes, gguf::value_i32_array(types));
+        if (!merges.empty()) w.set(k::kTokMerges, gguf::value_string_array(merges));
+        w.set_bool(k::kTokAddSpacePrefix, d.add_space_prefix);
+    }
+
+    // Special ids: the tokenizer's, else config.json's.
+    auto special = [&](int32_t id, const char* cfg_key) -> std::optional<int64_t> {
+        if (id != kNoToken) return id;
+        if (config.contains(cfg_key) && config[cfg_key].is_number_integer()) {
+            const int64_t v = config[cfg_key].get<int64_t>();
+            if (v >= 0 && v < n_vocab) return v;
+        }
         return std::nullopt;
     };
-    if (auto id = special_id("bos_token_id", "bos_token")) w.set_u32(k::kTokBos, uint32_t(*id));
-    if (auto id = special_id("eos_token_id", "eos_token")) w.set_u32(k::kTokEos, uint32_t(*id));
-    if (unk_id) w.set_u32(k::kTokUnk, uint32_t(*unk_id));
-    if (auto id = special_id("pad_token_id", "pad_token")) w.set_u32(k::kTokPad, uint32_t(*id));
-    w.set_bool(k::kTokAddBos, tok_cfg.value("add_bos_token", true));
-    w.set_bool(k::kTokAddEos, tok_cfg.value("add_eos_token", false));
-    w.set_bool(k::kTokAddSpacePrefix, space_prefix);
-    if (tok_cfg.contains("chat_template") && tok_cfg["chat_template"].is_string())
-        w.set_string(k::kChatTemplate, tok_cfg["chat_template"].get<std::string>());
+    if (auto id = special(d.bos, "bos_token_id")) w.set_u32(k::kTokBos, uint32_t(*id));
+    if (auto id = special(d.eos, "eos_token_id")) w.set_u32(k::kTokEos, uint32_t(*id));
+    if (d.unk != kNoToken) w.set_u32(k::kTokUnk, uint32_t(d.unk));
+    if (auto id = special(d.pad, "pad_token_id")) w.set_u32(k::kTokPad, uint32_t(*id));
+    w.set_bool(k::kTokAddBos, d.add_bos);
+    w.set_bool(k::kTokAddSep, false);
+    w.set_bool(k::kTokAddEos, d.add_eos);
+    if (!d.chat_template.empty()) w.set_string(k::kChatTemplate, d.chat_template);
 }
 
 // ------------------------------------------------------------------ conversion
@@ -356,6 +404,16 @@ void convert(const Options& o) {
         throw_error(ErrorCode::kInvalidFile, "config.json: bad head counts (%lld heads, %lld kv heads, head_dim %lld)",
                     (long long)n_head, (long long)n_head_kv, (long long)head_dim);
     const bool tied = cfg.value("tie_word_embeddings", false);
+    // Settings that change the arithmetic and have no GGUF llama form are refused, not dropped.
+    const std::string act = cfg.value("hidden_act", cfg.value("hidden_activation", std::string("silu")));
+    if (act != "silu")
+        throw_error(ErrorCode::kUnsupported, "config.json: hidden_act '%s' (supported: silu)", act.c_str());
+    if (cfg.contains("sliding_window") && cfg["sliding_window"].is_number_integer() &&
+        cfg["sliding_window"].get<int64_t>() < n_ctx)
+        throw_error(ErrorCode::kUnsupported, "config.json: sliding_window %lld below the context of %lld",
+                    (long long)cfg["sliding_window"].get<int64_t>(), (long long)n_ctx);
+    if (cfg.value("attention_bias", false) || cfg.value("mlp_bias", false))
+        throw_error(ErrorCode::kUnsupported, "config.json: attention_bias / mlp_bias are not supported");
 
     const fs::path st_path = o.hf_dir / "model.safetensors";
     if (!fs::exists(st_path))
@@ -367,6 +425,7 @@ void convert(const Options& o) {
     const std::string arch = "llama";
     auto ak = [&](const char* s) { return k::arch_key(arch, s); };
     w.set_string(k::kArchitecture, arch);
+    w.set_string("general.type", "model");
     w.set_string(k::kName, o.hf_dir.filename().empty() ? o.hf_dir.parent_path().filename().string()
                                                        : o.hf_dir.filename().string());
     w.set_u32(ak("context_length"), uint32_t(n_ctx));
@@ -376,24 +435,18 @@ void convert(const Options& o) {
     w.set_u32(ak("attention.head_count"), uint32_t(n_head));
     w.set_u32(ak("attention.head_count_kv"), uint32_t(n_head_kv));
     w.set_f32(ak("attention.layer_norm_rms_epsilon"), cfg.value("rms_norm_eps", 1e-5f));
-    w.set_f32(ak("rope.freq_base"), cfg.value("rope_theta", 10000.0f));
     w.set_u32(ak("rope.dimension_count"), uint32_t(head_dim));
-    if (head_dim != n_embd / n_head) {
-        w.set_u32(ak("attention.key_length"), uint32_t(head_dim));
-        w.set_u32(ak("attention.value_length"), uint32_t(head_dim));
-    }
+    w.set_u32(ak("attention.key_length"), uint32_t(head_dim));
+    w.set_u32(ak("attention.value_length"), uint32_t(head_dim));
     w.set_u32(ak("vocab_size"), uint32_t(n_vocab));
-    if (cfg.contains("rope_scaling") && cfg["rope_scaling"].is_object()) {
-        const json& rs = cfg["rope_scaling"];
-        const std::string type = rs.value("type", rs.value("rope_type", ""));
-        if (type != "linear")
-            throw_error(ErrorCode::kUnsupported, "config.json: rope_scaling type '%s' (supported: linear)",
-                        type.c_str());
+    const Rope rope = read_rope(cfg);
+    w.set_f32(ak("rope.freq_base"), rope.theta);
+    if (rope.type == "linear") {
         w.set_string(ak("rope.scaling.type"), "linear");
-        w.set_f32(ak("rope.scaling.factor"), rs.value("factor", 1.0f));
+        w.set_f32(ak("rope.scaling.factor"), rope.factor);
     }
     w.set_u32(k::kFileType, k::file_type_of(o.type, /*k_medium=*/false));
-    if (type_info(o.type).quantized) w.set_u32(k::kQuantVersion, 2);
+    w.set_u32(k::kQuantVersion, 2);
 
     write_tokenizer(o.hf_dir, cfg, n_vocab, w);
 
@@ -407,8 +460,10 @@ void convert(const Options& o) {
             throw_error(ErrorCode::kInvalidFile, "tensor '%s' has shape [%s], expected [%s]", name.c_str(),
                         shape_str(t.shape).c_str(), shape_str(want).c_str());
     };
+    std::set<std::string> used;
     auto put = [&](const std::string& hf, const std::string& gg, std::vector<int64_t> shape, int64_t permute_heads) {
         const StTensor& t = need(hf);
+        used.insert(hf);
         check_shape(hf, t, shape);
         std::vector<float> data = to_f32(t);
         if (permute_heads > 0) data = permute_rope_rows(data, permute_heads, head_dim, shape[1]);
@@ -436,10 +491,25 @@ void convert(const Options& o) {
                             (p + "self_attn." + bias).c_str());
     }
     put("model.norm.weight", "output_norm.weight", {n_embd}, 0);
+    if (rope.type == "llama3") {
+        std::vector<float> f = llama3_rope_factors(rope, head_dim);
+        const int64_t n = int64_t(f.size());
+        w.add_tensor("rope_freqs.weight", GgmlType::kF32, {n},
+                     std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(f.data()),
+                                          reinterpret_cast<const uint8_t*>(f.data() + n)));
+    }
     if (!tied) {
         if (!st.find("lm_head.weight"))
             throw_error(ErrorCode::kMissing, "lm_head.weight is missing and tie_word_embeddings is false");
         put("lm_head.weight", "output.weight", {n_vocab, n_embd}, 0);
+    }
+    // A tensor left behind would be a part of the model the file does not run.
+    for (const auto& [name, t] : st.tensors()) {
+        const bool rope_cache = name.size() >= 19 && name.compare(name.size() - 19, 19, "rotary_emb.inv_freq") == 0;
+        const bool tied_head = tied && name == "lm_head.weight";
+        if (!used.count(name) && !rope_cache && !tied_head)
+            throw_error(ErrorCode::kUnsupported, "%s: tensor '%s' has no place in a GGUF llama model", st_path.c_str(),
+                        name.c_str());
     }
     w.write(o.out);
     std::fprintf(stderr, "cera convert: wrote %s (%zu tensors, %s)\n", o.out.c_str(), w.n_tensors(),

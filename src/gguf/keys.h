@@ -27,6 +27,7 @@ inline constexpr std::string_view kTokUnk = "tokenizer.ggml.unknown_token_id";
 inline constexpr std::string_view kTokPad = "tokenizer.ggml.padding_token_id";
 inline constexpr std::string_view kTokAddBos = "tokenizer.ggml.add_bos_token";
 inline constexpr std::string_view kTokAddEos = "tokenizer.ggml.add_eos_token";
+inline constexpr std::string_view kTokAddSep = "tokenizer.ggml.add_sep_token";
 inline constexpr std::string_view kTokAddSpacePrefix = "tokenizer.ggml.add_space_prefix";
 inline constexpr std::string_view kChatTemplate = "tokenizer.chat_template";
 

@@ -23,9 +23,9 @@ struct PreName {
 // tokenizer.ggml.pre values, with the flags llama.cpp attaches to each.
 constexpr PreName kPreNames[] = {
     {"default", PreTokenizer::kDefault, false, false, true},
+    {"llama-bpe", PreTokenizer::kLlama3, true, true, true},
     {"llama3", PreTokenizer::kLlama3, true, true, true},
     {"llama-v3", PreTokenizer::kLlama3, true, true, true},
-    {"llama-bpe", PreTokenizer::kLlama3, true, true, true},
     {"lfm2", PreTokenizer::kLlama3, true, true, true},
     {"falcon3", PreTokenizer::kLlama3, true, true, true},
     {"falcon-h1", PreTokenizer::kLlama3, true, true, true},
@@ -132,6 +132,13 @@ PreTokenizerInfo pre_tokenizer_from_name(std::string_view name) {
     }
     throw_error(ErrorCode::kUnsupported, "tokenizer: unknown pre-tokenizer '%.*s' (tokenizer.ggml.pre)",
                 int(name.size()), name.data());
+}
+
+const char* pre_tokenizer_gguf_name(PreTokenizer p, bool ignore_merges, bool clean_spaces) {
+    for (const PreName& n : kPreNames) {
+        if (n.type == p && n.ignore_merges == ignore_merges && n.clean_spaces == clean_spaces) return n.name;
+    }
+    return nullptr;
 }
 
 const char* pre_tokenizer_name(PreTokenizer p) {

@@ -53,6 +53,9 @@ struct PreTokenizerInfo {
 };
 PreTokenizerInfo pre_tokenizer_from_name(std::string_view name);
 const char* pre_tokenizer_name(PreTokenizer p);
+// The first `tokenizer.ggml.pre` value whose rules and flags are exactly these (what a converter
+// writes), or nullptr when no name reproduces them.
+const char* pre_tokenizer_gguf_name(PreTokenizer p, bool ignore_merges, bool clean_spaces);
 
 // Input of the Vocab constructor. Empty vectors mean "absent" (scores 0, types normal).
 struct VocabData {

@@ -230,7 +230,9 @@ TEST(Convert, Bf16F16CheckpointAndRopePermutation) {
          {{{"id", 1}, {"content", "<s>"}, {"special", true}}, {{"id", 2}, {"content", "</s>"}, {"special", true}}}},
         {"normalizer",
          {{"type", "Sequence"},
-          {"normalizers", {{{"type", "Prepend"}, {"prepend", "\xe2\x96\x81"}}}}}}};
+          {"normalizers",
+           {{{"type", "Prepend"}, {"prepend", "\xe2\x96\x81"}},
+            {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\xe2\x96\x81"}}}}}}};
     std::ofstream(dir / "tokenizer.json") << tok.dump();
 
     const std::string out = (dir / "out.gguf").string();

@@ -1,0 +1,214 @@
+// `cera convert` on a checkpoint saved by transformers 5 (tiny-llama-random: rope_parameters, a
+// byte-level BPE tokenizer): the file it writes must equal llama.cpp's conversion of the same folder
+// (fixtures/tiny-llama-random/model.gguf) tensor for tensor and key for key, and run like it: the same
+// prompt ids and the greedy continuation of the float64 transformers reference. What the GGUF form
+// cannot hold is refused with a message, never written.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "cera/engine.h"
+#include "cera/session.h"
+#include "gguf/gguf.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+using cera::test::cera_bin;
+using cera::test::shell_quote;
+
+bool same_value(const cera::gguf::Value& a, const cera::gguf::Value& b) {
+    if (a.type != b.type) return false;
+    if (a.type != cera::gguf::ValueType::kArray) return a.v == b.v;
+    const auto& x = a.as_array();
+    const auto& y = b.as_array();
+    if (x.elem_type != y.elem_type || x.items.size() != y.items.size()) return false;
+    for (size_t i = 0; i < x.items.size(); ++i)
+        if (!same_value(x.items[i], y.items[i])) return false;
+    return true;
+}
+
+class ConvertLlama : public ::testing::Test {
+   protected:
+    static void SetUpTestSuite() {
+        dir_ = fs::temp_directory_path() / ("cera_convert_" + std::to_string(::getpid()));
+        fs::create_directories(dir_);
+        out_ = (dir_ / "tiny-llama.gguf").string();
+        const auto r = cera::test::run_shell(shell_quote(cera_bin()) + " convert --hf " + shell_quote(hf_dir()) +
+                                             " -o " + shell_quote(out_));
+        ASSERT_EQ(r.code, 0) << r.err;
+    }
+    static void TearDownTestSuite() { fs::remove_all(dir_); }
+    static std::string hf_dir() { return cera::test::data_path("fixtures/tiny-llama-random/hf"); }
+    static std::string reference() { return cera::test::data_path("fixtures/tiny-llama-random/model.gguf"); }
+
+    // A copy of the checkpoint folder whose config.json is edited by `edit`; returns its path.
+    static std::string edited_copy(const std::string& name, const std::function<void(json&)>& edit) {
+        const fs::path d = dir_ / name;
+        fs::create_directories(d);
+        for (const auto& e : fs::directory_iterator(hf_dir()))
+            fs::copy_file(e.path(), d / e.path().filename(), fs::copy_options::overwrite_existing);
+        json cfg = json::parse(cera::test::read_text((d / "config.json").string()));
+        edit(cfg);
+        std::ofstream(d / "config.json") << cfg.dump(2);
+        return d.string();
+    }
+    static cera::test::ShellResult convert(const std::string& hf, const std::string& out) {
+        return cera::test::run_shell(shell_quote(cera_bin()) + " convert --hf " + shell_quote(hf) + " -o " +
+                                     shell_quote(out));
+    }
+
+    static fs::path dir_;
+    static std::string out_;
+};
+fs::path ConvertLlama::dir_;
+std::string ConvertLlama::out_;
+
+// Every tensor byte-equal; every key of llama.cpp's file present with the same type and value.
+// Keys that differ on purpose: general.name (llama.cpp takes it from its own heuristics, cera from
+// the folder name) and general.size_label (a display string that cera does not write).
+TEST_F(ConvertLlama, MatchesLlamaCppConversion) {
+    auto ours = cera::gguf::File::open(out_);
+    auto ref = cera::gguf::File::open(reference());
+    const std::set<std::string> differ = {"general.name", "general.size_label"};
+    for (const auto& [key, value] : ref->metadata()) {
+        if (differ.count(key)) continue;
+        const cera::gguf::Value* v = ours->find(key);
+        EXPECT_NE(v, nullptr) << key << " is missing";
+        if (v) EXPECT_TRUE(same_value(*v, value)) << key << " differs";
+    }
+    for (const auto& [key, value] : ours->metadata())
+        EXPECT_TRUE(ref->has(key) || differ.count(key)) << key << " is not in llama.cpp's file";
+
+    ASSERT_EQ(ours->tensors().size(), ref->tensors().size());
+    for (const auto& t : ref->tensors()) {
+        const cera::gguf::TensorInfo* o = ours->find_tensor(t.name);
+        ASSERT_NE(o, nullptr) << t.name;
+        EXPECT_EQ(o->type, t.type) << t.name;
+        EXPECT_EQ(o->ne, t.ne) << t.name;
+        ASSERT_EQ(o->n_bytes, t.n_bytes) << t.name;
+        EXPECT_EQ(std::memcmp(o->data, t.data, t.n_bytes), 0) << t.name;
+    }
+}
+
+struct Collect : cera::Sink {
+    std::vector<int32_t> ids;
+    void on_text(std::string_view) override {}
+    void on_token(int32_t id) override { ids.push_back(id); }
+};
+
+// The prompt tokenizes as the HF tokenizer does, and greedy decoding gives the float64 reference.
+TEST_F(ConvertLlama, RunsLikeTheReference) {
+    const json prompt = json::parse(cera::test::read_text(cera::test::data_path("fixtures/tiny-llama-random/ref/prompt_0.json")));
+    const json greedy = json::parse(cera::test::read_text(cera::test::data_path("fixtures/tiny-llama-random/ref/greedy_0.json")));
+    auto engine = cera::Engine::load(out_, {.device = "cpu", .threads = 2});
+    const auto ids = engine->tokenize(prompt["text"].get<std::string>(), true, false);
+    ASSERT_EQ(ids, prompt["ids"].get<std::vector<int32_t>>());
+
+    cera::Session s(engine);
+    s.append_tokens(ids);
+    cera::GenerateOptions g;
+    g.sampling.temperature = 0.0f;
+    const auto want = greedy["generated_ids"].get<std::vector<int32_t>>();
+    g.max_tokens = int32_t(want.size());
+    g.ignore_eos = true;
+    Collect sink;
+    s.generate(g, sink);
+    EXPECT_EQ(sink.ids, want);
+}
+
+// Llama 3.1 scaling becomes rope_freqs.weight: transformers' formulation (scaled inverse frequencies)
+// divided into the plain ones.
+TEST_F(ConvertLlama, Llama3RopeScalingBecomesFrequencyFactors) {
+    const double factor = 8, low = 1, high = 4, original = 64, theta = 500000;
+    const std::string hf = edited_copy("llama3", [&](json& c) {
+        c["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", theta}, {"factor", factor},
+                                {"low_freq_factor", low}, {"high_freq_factor", high},
+                                {"original_max_position_embeddings", original}};
+    });
+    const std::string out = (dir_ / "llama3.gguf").string();
+    const auto r = convert(hf, out);
+    ASSERT_EQ(r.code, 0) << r.err;
+    auto f = cera::gguf::File::open(out);
+    EXPECT_FLOAT_EQ(f->get_f32("llama.rope.freq_base"), float(theta));
+    const cera::gguf::TensorInfo* t = f->find_tensor("rope_freqs.weight");
+    ASSERT_NE(t, nullptr);
+    const int64_t d = 32;  // head_dim
+    ASSERT_EQ(t->ne, std::vector<int64_t>{d / 2});
+    const float* got = reinterpret_cast<const float*>(t->data);
+    int n_scaled = 0, n_kept = 0, n_between = 0;
+    for (int64_t i = 0; i < d / 2; ++i) {
+        const double inv = 1.0 / std::pow(theta, double(2 * i) / double(d));
+        const double wavelen = 2 * M_PI / inv;
+        double scaled = wavelen > original / low ? inv / factor : inv;
+        const double smooth = (original / wavelen - low) / (high - low);
+        const bool medium = !(wavelen < original / high) && !(wavelen > original / low);
+        if (medium) scaled = (1 - smooth) * scaled / factor + smooth * scaled;
+        EXPECT_NEAR(got[i], inv / scaled, 1e-5 * (inv / scaled)) << "pair " << i;
+        n_scaled += wavelen > original / low;
+        n_kept += wavelen < original / high;
+        n_between += medium;
+    }
+    // The chosen shape puts pairs in all three bands.
+    EXPECT_GT(n_scaled, 0);
+    EXPECT_GT(n_kept, 0);
+    EXPECT_GT(n_between, 0);
+}
+
+TEST_F(ConvertLlama, OldStyleRopeThetaIsRead) {
+    const std::string hf = edited_copy("old", [](json& c) {
+        c.erase("rope_parameters");
+        c["rope_theta"] = 250000.0;
+        c["rope_scaling"] = nullptr;
+    });
+    const std::string out = (dir_ / "old.gguf").string();
+    const auto r = convert(hf, out);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_FLOAT_EQ(cera::gguf::File::open(out)->get_f32("llama.rope.freq_base"), 250000.0f);
+}
+
+// What the GGUF llama form cannot express is refused with one line naming it, and no file is left.
+TEST_F(ConvertLlama, RefusesWhatItCannotConvertFaithfully) {
+    struct Case {
+        const char* name;
+        std::function<void(json&)> edit;
+        const char* message;
+    };
+    const std::vector<Case> cases = {
+        {"yarn", [](json& c) { c["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e4}, {"factor", 4}}; },
+         "rope type 'yarn'"},
+        {"gelu", [](json& c) { c["hidden_act"] = "gelu"; }, "hidden_act 'gelu'"},
+        {"window", [](json& c) { c["sliding_window"] = 512; }, "sliding_window 512"},
+        {"bias", [](json& c) { c["mlp_bias"] = true; }, "mlp_bias"},
+    };
+    for (const Case& k : cases) {
+        const std::string out = (dir_ / (std::string(k.name) + ".gguf")).string();
+        const auto r = convert(edited_copy(k.name, k.edit), out);
+        EXPECT_NE(r.code, 0) << k.name;
+        EXPECT_NE(r.err.find(k.message), std::string::npos) << k.name << ": " << r.err;
+        EXPECT_FALSE(fs::exists(out)) << k.name;
+    }
+
+    // A tokenizer whose split regex no GGUF pre-tokenizer reproduces.
+    const std::string hf = edited_copy("regex", [](json&) {});
+    json tok = json::parse(cera::test::read_text(hf + "/tokenizer.json"));
+    tok["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\p{L}+|\\s+";
+    std::ofstream(hf + "/tokenizer.json") << tok.dump();
+    const std::string out = (dir_ / "regex.gguf").string();
+    const auto r = convert(hf, out);
+    EXPECT_NE(r.code, 0);
+    EXPECT_NE(r.err.find("split regex"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(out));
+}
+
+}  // namespace
