@@ -2,7 +2,7 @@
 // against the device copy bandwidth measured in the same run, plus a decode-shaped chain of the
 // lfm2-1.2b matmuls (weights only) as a tok/s ceiling. Each figure times CUDA-graph replays of
 // matmuls over enough copies of the weight to defeat the 60 MB L2.
-// Usage: cuda_gemv_bench [--quick]. CERA_CUDA_GEMV_R=1|2|4 forces the rows per warp.
+// Usage: cuda_gemv_bench [--quick].
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

@@ -10,7 +10,7 @@ namespace cera {
 
 // Defined by the CUDA backend (src/backends/cuda/) when it is linked in; weak so that a
 // build without it still links, and create_backend reports the device as unavailable.
-__attribute__((weak)) std::unique_ptr<Backend> make_cuda_backend(int gpu_index);
+__attribute__((weak)) std::unique_ptr<Backend> make_cuda_backend(int gpu_index, const CudaOptions& options);
 
 const char* device_kind_name(DeviceKind kind) {
     switch (kind) {
@@ -76,7 +76,7 @@ std::unique_ptr<Backend> create_backend(const BackendOptions& opts) {
         case DeviceKind::kCuda:
             if (&make_cuda_backend == nullptr)
                 throw_error(ErrorCode::kDevice, "device cuda: this build has no CUDA backend");
-            return make_cuda_backend(opts.gpu_index);
+            return make_cuda_backend(opts.gpu_index, opts.cuda);
     }
     throw_error(ErrorCode::kDevice, "unknown device kind %d", int(opts.device));
 }

@@ -2,7 +2,8 @@
 // once; CUDA queues it on a stream (and may record a whole decode step as a
 // graph, see step_begin). Designed for both from the start:
 //   - weights are uploaded once and stay resident in their GGUF types
-//     (CPU: views into the mapped file, no copy);
+//     (CPU: views into the mapped file, no copy; a matrix the matmul keeps
+//     repacked has its copy in place of the file's pages);
 //   - activations, KV caches and recurrent states live in device buffers
 //     made by alloc();
 //   - every op works on a whole batch of tokens of one sequence;
@@ -131,6 +132,12 @@ class Backend {
     // Makes a weight resident on the device in its own type. `host` must stay valid for the
     // backend's lifetime: the CPU backend returns a view of it without copying (keep the GGUF mapped).
     virtual Tensor upload_weight(GgmlType type, std::span<const int64_t> ne, const void* host) = 0;
+    // upload_weight() of bytes in a read-only private file mapping that outlives the backend (a GGUF
+    // opened by path): the backend may drop the mapped pages of what it keeps in a form of its own
+    // (release_mapped_pages), so that the weights are held once. The default is upload_weight().
+    virtual Tensor upload_mapped_weight(GgmlType type, std::span<const int64_t> ne, const void* host) {
+        return upload_weight(type, ne, host);
+    }
     // A zero-filled device buffer; released by free() or when the backend is destroyed.
     virtual Tensor alloc(GgmlType type, std::initializer_list<int64_t> ne) = 0;
     virtual void free(Tensor& t) = 0;  // t becomes empty
@@ -279,10 +286,34 @@ class Backend {
     int async_next_ = 0;
 };
 
+// Kernel variants a test forces on the CUDA backend where its launch table would pick another for the
+// shapes at hand. Each is the table's choice for some other type or shape, so tests compare them on
+// the same data; production code leaves these at their defaults.
+struct CudaVariants {
+    bool glu_registers = false;      // gate/up pairs on the register kernel, never the staged one
+    bool glu_narrow = false;         // the staged pair reads 16-byte items for every type
+    bool pro_smem = false;           // the staged pair's RMSNorm prologue keeps x in shared memory
+    int norm_prologues = -1;         // mask of the launches that take a one-token norm in their prologue
+                                     // (cuda::ProKind; 0: the norm in the residual product's launch)
+    bool fuse_all_products = false;  // q/k/v + RoPE + store and in_proj + conv fused for every type
+    bool qkv_head_blocks = false;    // the fused q/k/v launch's norm, RoPE and store by one warp a head
+    bool head_register = false;      // LM-head-sized products on the register kernel, not the streamed one
+    bool moe_per_slot = false;       // MoE batches as one product per (token, expert), not grouped tiles
+    int moe_tile_rows = 0;           // grouped MoE rows a block (a multiple of 8 up to 128; 0: the table's)
+};
+
+struct CudaOptions {
+    bool graphs = true;     // decode steps captured once and replayed as CUDA graphs (false: all eager)
+    bool fuse = true;       // fused launches (false: one launch an op, the reference for the fused ones)
+    bool profile = false;   // GPU and host time per decode step, printed when the backend is destroyed
+    CudaVariants variants;  // tests only
+};
+
 struct BackendOptions {
     DeviceKind device = DeviceKind::kCpu;
     int n_threads = 0;  // CPU: 0 = physical cores
     int gpu_index = 0;  // CUDA: which device
+    CudaOptions cuda;
 };
 
 // The arg-max of Backend::argmax on host memory: x f32 [rows, n], out i32 [rows]. The reference for

@@ -93,6 +93,7 @@ std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& o
     bo.device = opts.device;
     bo.n_threads = opts.n_threads;
     bo.gpu_index = opts.gpu_index;
+    bo.cuda = opts.cuda;
     m->backend_ = create_backend(bo);
     LoadContext ctx{*m->file_, *m->backend_, HParams(*m->file_, arch), WeightLoader(*m->file_, *m->backend_)};
     m->arch_ = make(ctx);

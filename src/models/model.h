@@ -33,6 +33,7 @@ struct ModelOptions {
     int n_ctx = 0;                      // tokens per sequence; 0 = the model's context_length, at most kDefaultMaxCtx
     GgmlType kv_type = GgmlType::kF32;  // KV cache storage: kF32 or kF16
     int n_batch = 512;                  // prefill chunk: tokens per forward pass
+    CudaOptions cuda;                   // the CUDA backend's options (graphs, fusion, profiling)
     static constexpr int kDefaultMaxCtx = 4096;
 };
 

@@ -27,10 +27,10 @@ namespace {
 // row (the tickets must be back at zero), with and without a norm weight.
 TEST_F(CudaBackendTest, ResidualNormFoldMatchesUnfused) {
     using G = GgmlType;
-    auto plain = cuda_backend_with("CERA_CUDA_FUSE", "0");
+    auto plain = cuda_backend_with([](CudaOptions& o) { o.fuse = false; });
     // A plain product does not take the norm in its prologue; the fourth backend never does (the same
     // here: a check that the held residual product still goes out with its norm).
-    auto fold = cuda_backend_with("CERA_CUDA_NORM_PRO", "0");
+    auto fold = cuda_backend_with([](CudaOptions& o) { o.variants.norm_prologues = 0; });
     constexpr int kBes = 4;
     Backend* bes[kBes] = {gpu_.get(), plain.get(), cpu_.get(), fold.get()};
     const int64_t k = 256, m = 64;
@@ -90,13 +90,13 @@ TEST_F(CudaBackendTest, ResidualNormFoldMatchesUnfused) {
 
 // The SwiGLU pair after an RMSNorm, as a decode step makes it (the staged kernel with the norm in its
 // prologue), for rows of several blocks (an odd count too): the K-quants' 32-byte items (the default)
-// against their 16-byte items (CERA_CUDA_GLU_WIDE=0), the register kernel, the CPU backend, and (k <=
+// against their 16-byte items (CudaVariants::glu_narrow), the register kernel, the CPU backend, and (k <=
 // 2048) the prologue's x in registers (the default there) against x in shared memory.
 TEST_F(CudaBackendTest, SwiGluPairMatchesCpu) {
     using G = GgmlType;
-    auto narrow = cuda_backend_with("CERA_CUDA_GLU_WIDE", "0");
-    auto regs = cuda_backend_with("CERA_CUDA_GLU_STAGE", "0");
-    auto xsmem = cuda_backend_with("CERA_CUDA_PRO_XREG", "0");
+    auto narrow = cuda_backend_with([](CudaOptions& o) { o.variants.glu_narrow = true; });
+    auto regs = cuda_backend_with([](CudaOptions& o) { o.variants.glu_registers = true; });
+    auto xsmem = cuda_backend_with([](CudaOptions& o) { o.variants.pro_smem = true; });
     constexpr int kBes = 5;
     Backend* bes[kBes] = {gpu_.get(), narrow.get(), regs.get(), cpu_.get(), xsmem.get()};
     const int64_t rows = 512;
@@ -170,8 +170,7 @@ TEST_F(CudaBackendTest, GraphReplayTracksInputs) {
         gpu_->matmul(w, h, Tensor{}, y);
         std::vector<float> want(static_cast<size_t>(rows));
         gpu_->read(want.data(), y, want.size() * 4);
-        // With CERA_CUDA_MEGA=1 replays run as a decode program: the same function, another rounding
-        // order (a stale replay would be off by O(1), the inputs being new every step).
+        // A stale replay would be off by O(1), the inputs being new every step.
         double err = 0, mag = 0;
         for (size_t i = 0; i < got.size(); ++i) err += std::abs(double(got[i]) - want[i]), mag += std::abs(double(want[i]));
         EXPECT_LT(err / mag, 1e-5) << "step " << step;
@@ -195,28 +194,25 @@ double f16_rel_diff(Backend& be_a, const Tensor& a, Backend& be_ref, const Tenso
 // A decode-shaped layer (attention, short conv and SwiGLU blocks, each with its norm and residual
 // add) run step by step as recorded graphs: the fused decode launches (8-bit side outputs, grouped
 // q/k/v and gate/up products, SwiGLU and residual epilogues, q/k RoPE + KV store) against the same
-// ops on a CUDA backend with fusion off (CERA_CUDA_FUSE=0) and on the CPU backend. Every tensor an
+// ops on a CUDA backend with fusion off (CudaOptions::fuse = false) and on the CPU backend. Every tensor an
 // op writes is compared, not only the residual stream. Head size 128 runs with q/k/v biases and an
 // 8192-row SwiGLU pair (on the register kernel, more 32-row groups than an H200 has SMs: blocks walk
 // several), and one-token K-quant steps take the fused in_proj + short conv launch (gemv_fused.cu).
 TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
     using G = GgmlType;
-    // The reference CUDA path: no fusion, steps replayed as graphs. A fourth backend runs single-token
-    // steps as decode programs (CERA_CUDA_MEGA=1) from the third step on.
-    auto plain = cuda_backend_with("CERA_CUDA_FUSE", "0");
-    auto mega = cuda_backend_with("CERA_CUDA_MEGA", "1");
-    // A fifth fuses every product with its consumer, also where the default leaves it (gemv_fused.cu).
-    // A one-token norm after a residual product is made in the prologue of some launches that read it
-    // (the staged SwiGLU pair, q/k/v, in_proj + conv), else in the residual product's launch: a sixth
-    // backend makes them all there, a seventh in every launch that can take the prologue.
-    auto all = cuda_backend_with("CERA_CUDA_FUSE_PRODUCTS", "all");
-    auto fold = cuda_backend_with("CERA_CUDA_NORM_PRO", "0");
-    auto every = cuda_backend_with("CERA_CUDA_NORM_PRO", "15");
-    // An eighth keeps every SwiGLU pair on the register kernel (the staged one takes every pair here).
-    auto regs = cuda_backend_with("CERA_CUDA_GLU_STAGE", "0");
-    constexpr int kBes = 8;
-    Backend* bes[kBes] = {gpu_.get(), plain.get(), cpu_.get(), mega.get(),
-                          all.get(), fold.get(), every.get(), regs.get()};
+    // The reference CUDA path: no fusion, steps replayed as graphs. A fourth backend fuses every
+    // product with its consumer, also where the default leaves it (gemv_fused.cu). A one-token norm
+    // after a residual product is made in the prologue of some launches that read it (the staged
+    // SwiGLU pair, q/k/v, in_proj + conv), else in the residual product's launch: a fifth backend
+    // makes them all there, a sixth in every launch that can take the prologue.
+    auto plain = cuda_backend_with([](CudaOptions& o) { o.fuse = false; });
+    auto all = cuda_backend_with([](CudaOptions& o) { o.variants.fuse_all_products = true; });
+    auto fold = cuda_backend_with([](CudaOptions& o) { o.variants.norm_prologues = 0; });
+    auto every = cuda_backend_with([](CudaOptions& o) { o.variants.norm_prologues = 15; });
+    // A seventh keeps every SwiGLU pair on the register kernel (the staged one takes every pair here).
+    auto regs = cuda_backend_with([](CudaOptions& o) { o.variants.glu_registers = true; });
+    constexpr int kBes = 7;
+    Backend* bes[kBes] = {gpu_.get(), plain.get(), cpu_.get(), all.get(), fold.get(), every.get(), regs.get()};
     const int64_t n_embd = 256, n_head = 4, n_head_kv = 2, n_ctx = 64, L = 3;
     for (int64_t hd : {64, 128})
     for (G type : {G::kQ4_0, G::kQ8_0, G::kQ4_K, G::kF16, G::kQ5_1, G::kQ6_K, G::kQ5_K}) {
@@ -323,17 +319,16 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
                          {&Bufs::state, "conv state"}, {&Bufs::h, "h"}, {&Bufs::bcx, "in_proj out"}}) {
                     EXPECT_LT(diff(f, 0, 1), tight) << name << " fused vs unfused, step " << step;
                     EXPECT_LT(diff(f, 0, 2), loose) << name << " fused vs cpu, step " << step;
-                    EXPECT_LT(diff(f, 3, 1), tight) << name << " decode program vs unfused, step " << step;
-                    EXPECT_LT(diff(f, 4, 1), tight) << name << " every product fused vs unfused, step " << step;
-                    EXPECT_LT(diff(f, 5, 1), tight) << name << " norms in the residual products vs unfused, step "
+                    EXPECT_LT(diff(f, 3, 1), tight) << name << " every product fused vs unfused, step " << step;
+                    EXPECT_LT(diff(f, 4, 1), tight) << name << " norms in the residual products vs unfused, step "
                                                     << step;
-                    EXPECT_LT(diff(f, 6, 1), tight) << name << " norms in every prologue vs unfused, step " << step;
-                    EXPECT_LT(diff(f, 7, 1), tight) << name << " register SwiGLU kernel vs unfused, step " << step;
+                    EXPECT_LT(diff(f, 5, 1), tight) << name << " norms in every prologue vs unfused, step " << step;
+                    EXPECT_LT(diff(f, 6, 1), tight) << name << " register SwiGLU kernel vs unfused, step " << step;
                 }
                 // The KV cache rows written so far (f16).
                 for (auto [f, other] : {std::pair{&Bufs::kc, 0}, {&Bufs::vc, 0}, {&Bufs::kc, 3}, {&Bufs::vc, 3},
                                         {&Bufs::kc, 4}, {&Bufs::vc, 4}, {&Bufs::kc, 5}, {&Bufs::vc, 5},
-                                        {&Bufs::kc, 6}, {&Bufs::vc, 6}, {&Bufs::kc, 7}, {&Bufs::vc, 7}}) {
+                                        {&Bufs::kc, 6}, {&Bufs::vc, 6}}) {
                     EXPECT_LT(f16_rel_diff(*bes[other], b[other].*f, *bes[1], b[1].*f, kvw * (step + 1) * nt), tight)
                         << "kv cache, step " << step;
                 }
@@ -352,16 +347,16 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
 // The q/k/v launch whose warps normalize and rotate their own rows (gemv_fused.cu's rows kernel):
 // adjacent pairs, neox pairs, partial rotations (the rest of the head passes through), llama-3
 // frequency factors, heads with no RoPE, with and without a per-head RMSNorm (head_dim 128 with the
-// norm takes the block-a-head launch). Each against the block-a-head launch (CERA_CUDA_QKV_ROWS=0: the
+// norm takes the block-a-head launch). Each against the block-a-head launch (CudaVariants::qkv_head_blocks: the
 // same row sums, so equal but for the rounding of the norm and rotation), the unfused ops
-// (CERA_CUDA_FUSE=0) and the CPU, with and without the RMSNorm prologue, through the KV cache and the
+// (CudaOptions::fuse = false) and the CPU, with and without the RMSNorm prologue, through the KV cache and the
 // attention after it, over several recorded steps; a step opening with the norm holds it for the
 // prologue without a residual product (the first layer's).
 TEST_F(CudaBackendTest, QkvRopeRowsMatchBlockAHead) {
     using G = GgmlType;
-    auto heads = cuda_backend_with("CERA_CUDA_QKV_ROWS", "0");
-    auto plain = cuda_backend_with("CERA_CUDA_FUSE", "0");
-    auto fold = cuda_backend_with("CERA_CUDA_NORM_PRO", "0");  // q/k/v read the residual product's 8-bit rows
+    auto heads = cuda_backend_with([](CudaOptions& o) { o.variants.qkv_head_blocks = true; });
+    auto plain = cuda_backend_with([](CudaOptions& o) { o.fuse = false; });
+    auto fold = cuda_backend_with([](CudaOptions& o) { o.variants.norm_prologues = 0; });  // q/k/v read the residual product's 8-bit rows
     constexpr int kBes = 5;
     Backend* bes[kBes] = {gpu_.get(), heads.get(), plain.get(), cpu_.get(), fold.get()};
     const int64_t n_embd = 256, n_head = 8, n_head_kv = 2, n_ctx = 32;
@@ -484,10 +479,10 @@ TEST_F(CudaBackendTest, QkvRopeRowsMatchBlockAHead) {
 // runs as a graph of its own, the rest of the step eagerly) instead of aborting, and the key is
 // recorded at its next step. The key's first step runs one token eagerly and its later steps three
 // (recorded, cut short; recorded; replayed), each against a CUDA backend without graphs
-// (CERA_CUDA_GRAPHS=0) and the CPU.
+// (CudaOptions::graphs = false) and the CPU.
 TEST_F(CudaBackendTest, ScratchGrowsInsideRecordedStep) {
     using G = GgmlType;
-    auto eager = cuda_backend_with("CERA_CUDA_GRAPHS", "0");
+    auto eager = cuda_backend_with([](CudaOptions& o) { o.graphs = false; });
     constexpr int kBes = 3;
     Backend* bes[kBes] = {gpu_.get(), eager.get(), cpu_.get()};
     const std::pair<int64_t, int64_t> shapes[] = {{1024, 2048}, {2048, 8192}, {512, 4096}, {4096, 1024}};

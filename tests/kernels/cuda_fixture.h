@@ -62,15 +62,13 @@ inline std::vector<float> dequant(GgmlType type, const std::vector<uint8_t>& byt
     return out;
 }
 
-// A CUDA backend made while the environment variable `var` is `value` (the backend reads its
-// switches when it is made).
-inline std::unique_ptr<Backend> cuda_backend_with(const char* var, const char* value) {
-    setenv(var, value, 1);
+// A CUDA backend with the options that `set` makes (the defaults otherwise).
+template <class F>
+std::unique_ptr<Backend> cuda_backend_with(F set) {
     BackendOptions o;
     o.device = DeviceKind::kCuda;
-    auto be = create_backend(o);
-    unsetenv(var);
-    return be;
+    set(o.cuda);
+    return create_backend(o);
 }
 
 // An f32 buffer of `be`, filled with *v when v is given.

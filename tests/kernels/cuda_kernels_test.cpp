@@ -137,8 +137,8 @@ TEST_F(CudaBackendTest, MatmulMatchesReference) {
 }
 
 // Products of at least 32 MB for one token (LM heads) take the streamed kernel (gemv_stream_kernel):
-// against the double-precision reference, against the register kernel (CERA_CUDA_HEAD_STREAM=0, read
-// at every launch), with 2 and 4 rows a warp and a short ring, and on a row slice.
+// against the double-precision reference, against the register kernel (CudaVariants::head_register),
+// and on a row slice.
 TEST_F(CudaBackendTest, StreamedProductMatchesReference) {
     using G = GgmlType;
     struct Case {
@@ -148,12 +148,8 @@ TEST_F(CudaBackendTest, StreamedProductMatchesReference) {
     // Row counts that leave a partial last tile in some blocks; every case is >= 32 MB of image.
     const Case cases[] = {{G::kQ6_K, 20011, 2048}, {G::kQ4_0, 15013, 4096}, {G::kQ8_0, 8009, 4096},
                           {G::kQ4_K, 14011, 4096}, {G::kQ5_1, 12007, 4096}};
-    struct Env {
-        const char* stream;
-        const char* r;
-        const char* stages;
-    };
-    const Env envs[] = {{"0", "4", "0"}, {"1", "4", "0"}, {"1", "2", "0"}, {"1", "4", "2"}};
+    // The register kernel (CudaVariants::head_register) beside the streamed one.
+    auto reg = cuda_backend_with([](CudaOptions& o) { o.variants.head_register = true; });
     for (const Case& c : cases) {
         SCOPED_TRACE(std::string(type_name(c.type)) + " rows " + std::to_string(c.rows) + " k " + std::to_string(c.k));
         auto bytes = make_weight(c.type, randn(size_t(c.rows * c.k), rng_), c.rows, c.k);
@@ -170,19 +166,20 @@ TEST_F(CudaBackendTest, StreamedProductMatchesReference) {
         Tensor w = gpu_->upload_weight(c.type, ne, bytes.data());
         Tensor xg = f32_on(*gpu_, {c.k}, &x), bg = f32_on(*gpu_, {c.rows}, &bias), yg = f32_on(*gpu_, {c.rows});
         std::vector<std::vector<float>> got;
-        for (const Env& e : envs) {
-            setenv("CERA_CUDA_HEAD_STREAM", e.stream, 1);
-            setenv("CERA_CUDA_HEAD_R", e.r, 1);
-            setenv("CERA_CUDA_HEAD_STAGES", e.stages, 1);
-            gpu_->matmul(w, xg, bg, yg);
-            got.push_back(get(yg, *gpu_));
+        {
+            Tensor wr = reg->upload_weight(c.type, ne, bytes.data());
+            Tensor xr = f32_on(*reg, {c.k}, &x), br = f32_on(*reg, {c.rows}, &bias), yr = f32_on(*reg, {c.rows});
+            reg->matmul(wr, xr, br, yr);
+            got.push_back(get(yr, *reg));
+            for (Tensor* t : {&wr, &xr, &br, &yr}) reg->free(*t);
         }
+        gpu_->matmul(w, xg, bg, yg);
+        got.push_back(get(yg, *gpu_));
         // A slice 32 rows in (aligned streams), without bias.
         const int64_t s0 = 32, sn = c.rows - 40;
         Tensor ys = f32_on(*gpu_, {sn});
         gpu_->matmul(w.row_slice(s0, sn), xg, Tensor{}, ys);
         const auto slice = get(ys, *gpu_);
-        unsetenv("CERA_CUDA_HEAD_STREAM"), unsetenv("CERA_CUDA_HEAD_R"), unsetenv("CERA_CUDA_HEAD_STAGES");
         // The greedy pick made by the product's own launch (the product held until argmax_feed), twice
         // (the first call may grow the pick's scratch, which launches the product alone).
         Tensor pick = gpu_->alloc(G::kI32, {1}), ids = gpu_->alloc(G::kI32, {1}), pos = gpu_->alloc(G::kI32, {3});
@@ -496,13 +493,17 @@ TEST_F(CudaBackendTest, MoeRouteAndExperts) {
 }
 
 // Batches of MoE experts run grouped by expert (moe.cu: every expert's weights staged once, then its
-// tokens) against the CPU backend and against the per-slot GEMV path (CERA_CUDA_MOE_GROUPED=0), on
+// tokens) against the CPU backend and against the per-slot GEMV path (CudaVariants::moe_per_slot), on
 // uneven routings: experts [n_expert / 2, n_expert - 1) get no token, the last one most of them.
-// With 32 experts the tiles are forced to 24 rows (CERA_CUDA_MOE_TILE), so that the last tile of
+// With 32 experts the tiles are forced to 24 rows (CudaVariants::moe_tile_rows), so that the last tile of
 // every expert is cut short; with 8 experts and k = 4 to 128 rows (over 48 KB of shared memory for
 // Q8_0 and Q6_K down). One token takes the decode path (per slot) on both sides.
 TEST_F(CudaBackendTest, MoeGroupedMatchesPerSlot) {
     using G = GgmlType;
+    // Each variant runs on a backend of its own, with its own copies of the weights and inputs.
+    auto tile24 = cuda_backend_with([](CudaOptions& o) { o.variants.moe_tile_rows = 24; });
+    auto tile128 = cuda_backend_with([](CudaOptions& o) { o.variants.moe_tile_rows = 128; });
+    auto slots = cuda_backend_with([](CudaOptions& o) { o.variants.moe_per_slot = true; });
     const int64_t n_embd = 256, n_ff = 512;
     for (G t : {G::kQ4_0, G::kQ8_0, G::kQ4_K, G::kQ6_K}) {
         for (int n_expert : {8, 32}) {
@@ -513,9 +514,9 @@ TEST_F(CudaBackendTest, MoeGroupedMatchesPerSlot) {
             const auto ub = make_weight(t, up_w, n_expert * n_ff, n_embd);
             const auto db = make_weight(t, down_w, n_expert * n_embd, n_ff);
             const int64_t ne_gu[3] = {n_embd, n_ff, n_expert}, ne_d[3] = {n_ff, n_embd, n_expert};
-            Tensor g_g = gpu_->upload_weight(t, ne_gu, gb.data()), g_c = cpu_->upload_weight(t, ne_gu, gb.data());
-            Tensor u_g = gpu_->upload_weight(t, ne_gu, ub.data()), u_c = cpu_->upload_weight(t, ne_gu, ub.data());
-            Tensor d_g = gpu_->upload_weight(t, ne_d, db.data()), d_c = cpu_->upload_weight(t, ne_d, db.data());
+            Tensor g_c = cpu_->upload_weight(t, ne_gu, gb.data());
+            Tensor u_c = cpu_->upload_weight(t, ne_gu, ub.data());
+            Tensor d_c = cpu_->upload_weight(t, ne_d, db.data());
             for (int k : {2, 4}) {
                 for (int64_t n_tokens : {1, 7, 64, 300}) {
                     SCOPED_TRACE(std::string(type_name(t)) + " n_expert " + std::to_string(n_expert) + " k " +
@@ -536,33 +537,38 @@ TEST_F(CudaBackendTest, MoeGroupedMatchesPerSlot) {
                             wv.push_back(uw(rng_));
                         }
                     }
+                    const auto xv = randn(size_t(n_embd * n_tokens), rng_);
+                    auto run = [&](Backend& be) {
+                        Tensor gw = be.upload_weight(t, ne_gu, gb.data()), uw_ = be.upload_weight(t, ne_gu, ub.data());
+                        Tensor dw = be.upload_weight(t, ne_d, db.data());
+                        Tensor id = be.alloc(G::kI32, {k, n_tokens});
+                        be.write(id, idv.data(), idv.size() * sizeof(int32_t));
+                        Tensor wt = f32_on(be, {k, n_tokens}, &wv), xt = f32_on(be, {n_embd, n_tokens}, &xv);
+                        Tensor o = f32_on(be, {n_embd, n_tokens});
+                        be.moe_ffn(xt, gw, uw_, dw, id, wt, o);
+                        std::vector<float> res = get(o, be);
+                        for (Tensor* tt : {&gw, &uw_, &dw, &id, &wt, &xt, &o}) be.free(*tt);
+                        return res;
+                    };
+                    Backend& tiled = n_expert == 32 ? *tile24 : n_expert == 8 && k == 4 ? *tile128 : *gpu_;
+                    const auto a = run(tiled), b = run(*slots);
                     auto ids = both(G::kI32, {k, n_tokens}, idv.data());
                     auto wts = both({k, n_tokens}, wv);
-                    auto x = both({n_embd, n_tokens}, randn(size_t(n_embd * n_tokens), rng_));
+                    auto x = both({n_embd, n_tokens}, xv);
                     auto out = both({n_embd, n_tokens}, std::vector<float>(size_t(n_embd * n_tokens)));
-                    Tensor per_slot = gpu_->alloc(G::kF32, {n_embd, n_tokens});
-                    if (n_expert == 32) setenv("CERA_CUDA_MOE_TILE", "24", 1);
-                    if (n_expert == 8 && k == 4) setenv("CERA_CUDA_MOE_TILE", "128", 1);
-                    gpu_->moe_ffn(x.g, g_g, u_g, d_g, ids.g, wts.g, out.g);
-                    unsetenv("CERA_CUDA_MOE_TILE");
-                    setenv("CERA_CUDA_MOE_GROUPED", "0", 1);
-                    gpu_->moe_ffn(x.g, g_g, u_g, d_g, ids.g, wts.g, per_slot);
-                    unsetenv("CERA_CUDA_MOE_GROUPED");
                     cpu_->moe_ffn(x.c, g_c, u_c, d_c, ids.c, wts.c, out.c);
-                    EXPECT_LT(rel_diff(out), 5e-2);  // both sides round activations to 8 bits
+                    EXPECT_LT(max_rel_diff(a, get(out.c, *cpu_)), 5e-2);  // both sides round activations to 8 bits
                     // The same 8-bit products summed in another order; the down input's 8-bit
                     // rounding may rarely flip a step.
-                    const auto a = get(out.g, *gpu_), b = get(per_slot, *gpu_);
                     double err = 0, mag = 1;
                     for (size_t i = 0; i < a.size(); ++i) {
                         err = std::max(err, std::isfinite(a[i]) ? double(std::fabs(a[i] - b[i])) : INFINITY);
                         mag = std::max(mag, double(std::fabs(b[i])));
                     }
                     EXPECT_LT(err / mag, 5e-3);
-                    gpu_->free(per_slot), gpu_->free(ids.g), gpu_->free(wts.g), gpu_->free(x.g), gpu_->free(out.g);
+                    gpu_->free(ids.g), gpu_->free(wts.g), gpu_->free(x.g), gpu_->free(out.g);
                 }
             }
-            gpu_->free(g_g), gpu_->free(u_g), gpu_->free(d_g);
         }
     }
 }

@@ -107,12 +107,8 @@ __global__ void __launch_bounds__(kSplitThreads) argmax_split_kernel(const float
 constexpr int64_t kSplitMinN = 16384;
 bool split_launch(const float* x, int64_t n, int32_t* out, int32_t* ids, int32_t* pos, int64_t pos_last,
                   void* scratch, cudaStream_t s, PickMail mail) {
-    static const bool on = [] {
-        const char* e = std::getenv("CERA_CUDA_ARGMAX_SPLIT");  // 0: one block per row always
-        return !(e && e[0] == '0');
-    }();
     const int64_t blocks = ceil_div(n, int64_t(kSplitThreads) * kSplitItems);
-    if (!on || !scratch || n < kSplitMinN || blocks > kArgmaxSplitBlocks) return false;
+    if (!scratch || n < kSplitMinN || blocks > kArgmaxSplitBlocks) return false;
     launch(argmax_split_kernel, dim3(unsigned(blocks)), dim3(kSplitThreads), 0, s, x, n, out, ids, pos, pos_last,
            split_pick_scratch(scratch), mail);
     return true;
@@ -121,7 +117,6 @@ bool split_launch(const float* x, int64_t n, int32_t* out, int32_t* ids, int32_t
 }  // namespace
 
 void argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, Stream stream, void* scratch) {
-    if (debug_skip("argmax")) return;
     if (rows == 0) return;
     CERA_CHECK(n > 0 && n < INT_MAX && rows < INT_MAX, "argmax_rows: %lld rows of %lld", (long long)rows,
                (long long)n);
@@ -132,7 +127,6 @@ void argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out, Stream s
 
 void argmax_feed(const float* x, int64_t n, int32_t* out, int32_t* ids, int32_t* pos, int64_t pos_last, Stream stream,
                  void* scratch, PickMail mail) {
-    if (debug_skip("argmax")) return;
     CERA_CHECK(n > 0 && n < INT_MAX && ids && pos && pos_last >= 0, "argmax_feed: a row of %lld", (long long)n);
     CERA_CHECK((mail.ring == nullptr) == (mail.seq == nullptr), "argmax_feed: a mailbox needs its ring and counter");
     if (split_launch(x, n, out, ids, pos, pos_last, scratch, as_stream(stream), mail)) return;

@@ -758,11 +758,7 @@ namespace {
 // The decode kernel's chunk and split count for these arguments, or !ok (another kernel serves them).
 DecPlan dec_plan(const AttentionArgs& a) {
     DecPlan p;
-    static const bool on = [] {
-        const char* e = std::getenv("CERA_CUDA_ATTN_DEC");  // 0: the per-query kernel for decode too
-        return !(e && e[0] == '0');
-    }();
-    if (!on || a.n_tokens > kDecMaxTokens || a.head_dim % 8 != 0 || a.head_dim > 256 || a.n_head_kv <= 0 ||
+    if (a.n_tokens > kDecMaxTokens || a.head_dim % 8 != 0 || a.head_dim > 256 || a.n_head_kv <= 0 ||
         a.n_head % a.n_head_kv != 0 || a.n_tokens * a.n_head_kv > kCounterFloats)
         return p;
     const int G = a.n_head / a.n_head_kv, hd = a.head_dim, es = a.f16 ? 2 : 4;
@@ -801,7 +797,6 @@ size_t attention_scratch_floats(const AttentionArgs& a) {
 }
 
 void attention(const AttentionArgs& a, Stream stream) {
-    if (debug_skip("attn")) return;
     if (a.n_tokens == 0) return;
     CERA_CHECK(a.head_dim % 8 == 0 && a.head_dim <= 2 * kThreads && a.n_head % a.n_head_kv == 0,
                "attention: head_dim %d (needs a multiple of 8, <= 256), n_head %d, n_head_kv %d", a.head_dim,
@@ -827,32 +822,16 @@ void attention(const AttentionArgs& a, Stream stream) {
     if (a.partial) k.partial = a.partial + kCounterFloats;
     const dim3 grid(unsigned(a.n_head), unsigned(k.n_splits), unsigned(a.n_tokens));
     const size_t smem = sizeof(float) * (a.head_dim + kThreads + 32 + 2 * kThreads);
-    static const bool tiles = [] {
-        const char* e = std::getenv("CERA_CUDA_ATTN_TILES");  // 0: the per-query kernel for batches too
-        return !(e && e[0] == '0');
-    }();
-    // CERA_CUDA_ATTN_MMA: 0 = the f32 tile kernel below; f16 = tensor cores with plain f16 Q and P
-    // (~1e-3 relative error); anything else (the default) = tensor cores with Q and P split hi + lo.
-    static const int mma = [] {
-        const char* e = std::getenv("CERA_CUDA_ATTN_MMA");
-        if (e && e[0] == '0') return 0;
-        if (e && e[0] == 'f') return 2;
-        return 1;
-    }();
-    if (mma && tiles && a.f16 && k.n_splits == 1 && a.n_tokens >= kQT && (a.head_dim == 64 || a.head_dim == 128) &&
+    // F16 caches: tensor cores with Q and P split hi + lo (f32-grade sums); F32 caches: the f32 tiles.
+    if (a.f16 && k.n_splits == 1 && a.n_tokens >= kQT && (a.head_dim == 64 || a.head_dim == 128) &&
         a.n_ctx < INT_MAX) {
         const int G = a.n_head / a.n_head_kv;
         const dim3 mg(unsigned(a.n_head_kv), unsigned(ceil_div(a.n_tokens * G, kFaRows)));
-        if (a.head_dim == 64) {
-            if (mma == 1) launch_mma<64, true>(mg, s, k);
-            else launch_mma<64, false>(mg, s, k);
-        } else {
-            if (mma == 1) launch_mma<128, true>(mg, s, k);
-            else launch_mma<128, false>(mg, s, k);
-        }
+        if (a.head_dim == 64) launch_mma<64, true>(mg, s, k);
+        else launch_mma<128, true>(mg, s, k);
         return;
     }
-    if (tiles && k.n_splits == 1 && a.n_tokens >= kQT && (a.head_dim == 64 || a.head_dim == 128)) {
+    if (k.n_splits == 1 && a.n_tokens >= kQT && (a.head_dim == 64 || a.head_dim == 128)) {
         const dim3 tg(unsigned(a.n_head), unsigned(ceil_div(a.n_tokens, kQT)));
         if (a.head_dim == 64) {
             if (a.f16) launch((attn_tile_kernel<__half, 64>), tg, kThreads, 0, s, k);

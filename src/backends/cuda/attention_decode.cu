@@ -8,15 +8,12 @@
 // rounded up to a power of two), each lane one (key, head) score; the per-head max and sum are
 // shuffles among the lanes of one head; the warp's output rows (G x head_dim, in registers) are
 // rescaled and accumulated from the V rows of the pass. The warps' (m, l, o) merge once in shared
-// memory at the end. 8 warps a block (16: CERA_CUDA_ATTN_WARPS=16). 16 had measured +0.7% lfm2-1.2b,
-// +2.7% llama-1b tg128; since the staged SwiGLU pair's prologue holds x in registers, 8 measures +1.2%
-// llama-1b Q4_K, +1.5% Q4_0, +0.2 / +0.6% lfm2-1.2b Q4_0 / Q4_K, -2.1% llama-1b Q8_0. Same grid,
-// chunks, splits, prologue (K/V rows below the step's positions copied with cp.async before the PDL
-// wait) and partial layout as attn_dec_kernel, whose plan it takes.
-// Measured (bench/NOTES.md): 11.5 -> 7.2 us a layer on lfm2-1.2b, 8.0 -> 4.4 on llama-1b (8 warps).
+// memory at the end. 8 warps a block, which leaves room on the SM for the blocks of the products
+// around it. Same grid, chunks, splits, prologue (K/V rows below the step's positions copied with
+// cp.async before the PDL wait) and partial layout as attn_dec_kernel, whose plan it takes.
 // With one chunk a kv head's warps share one SM, and its shared-memory pipe bounds the key loop:
 // q rows are padded so a pass's lanes read G heads from distinct banks, and a key's weights reach
-// the lanes by one broadcast load instead of G shuffles (+1.2-2% tg128).
+// the lanes by one broadcast load instead of G shuffles.
 // Roofline: the K/V bytes (2 KB per position per layer for lfm2-1.2b) are L2/HBM-trivial in decode;
 // the goal is the shortest chain from the wait's release to the output's 8-bit rows.
 #include <cstdint>
@@ -26,6 +23,8 @@
 
 namespace cera::cuda {
 namespace {
+
+constexpr int kDecodeWarps = 8;  // warps a block
 
 // q rows in shared memory are HD + 4 floats apart, so the lanes of a pass, which read the same 16 bytes
 // of G different heads, hit distinct banks (HD floats apart they all hit the same four).
@@ -46,7 +45,7 @@ __device__ __forceinline__ void load_weights(const float* p, float (&w)[GP]) {
     }
 }
 
-// The dry pass's query rows (attn_decw_kernel warm): zeros, G * HD <= 1024 floats.
+// The dry pass's query rows (attn_decw_kernel): zeros, G * HD <= 1024 floats.
 __device__ float g_dry_q[1024];
 
 // Shared memory: K rows (stride HD * es + 16: 16-byte reads of different rows hit distinct banks),
@@ -94,11 +93,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
     int64_t c = s, lo = begin + c * kc;
     int n = int(min(int64_t(kc), end - lo));
     if (len > 0) copy_rows(lo, n, lo, safe);
-    // warm: the key loop and the merge run once before the wait, on the older rows and a zero q
-    // (g_dry_q), nothing stored, so that the release finds their code in this SM's instruction cache: the
-    // 16-odd blocks of a layer's attention land on SMs that ran other kernels since, and are resident
-    // microseconds before the release (bench/NOTES.md: +4.2% and +0.8% tg128 on llama-1b Q4_K).
-    const bool dry = a.warm && len > 0;
+    // The key loop and the merge run once before the wait, on the older rows and a zero q (g_dry_q),
+    // nothing stored, so that the release finds their code in this SM's instruction cache: the 16-odd
+    // blocks of a layer's attention land on SMs that ran other kernels since, and are resident
+    // microseconds before the release.
+    const bool dry = len > 0;
     const int64_t qrow0 = t * a.n_head + int64_t(hk) * G;
     float* m_s = p_s + kWarps * 32;
     float* l_s = m_s + kWarps * G;
@@ -262,24 +261,17 @@ bool launch_w(const DecodeAttnArgs& a, dim3 grid, size_t smem, int gp, cudaStrea
     }
 }
 template <class C, int HD>
-bool launch_hd(const DecodeAttnArgs& a, dim3 grid, size_t smem, int gp, int warps, cudaStream_t s) {
-    return warps == 16 ? launch_w<C, HD, 16>(a, grid, smem, gp, s) : launch_w<C, HD, 8>(a, grid, smem, gp, s);
+bool launch_hd(const DecodeAttnArgs& a, dim3 grid, size_t smem, int gp, cudaStream_t s) {
+    return launch_w<C, HD, kDecodeWarps>(a, grid, smem, gp, s);
 }
 
 }  // namespace
 
 bool attention_decode_warp(const DecodeAttnArgs& args, bool f16, cudaStream_t s) {
-    static const bool on = [] {
-        const char* e = std::getenv("CERA_CUDA_ATTN_WARP");  // 0: attn_dec_kernel (attention.cu) instead
-        return !(e && e[0] == '0');
-    }();
-    // A GQA group's query heads over up to `hsplit` blocks (each copies the group's K/V rows, L2 hits):
-    // the group's key loop spreads over more SMs. 2 against 1, three calls: lfm2-1.2b Q4_0 +0.3 / +0.5%,
-    // Q4_K +0.8 / 0 / +0.1%, llama-1b Q4_0 +0.7 / 0%, Q4_K -0.2 / +0.8 / +0.9%; 4: even (bench/NOTES.md).
-    static const int hsplit = env_int("CERA_CUDA_ATTN_HSPLIT", 2);
+    // A GQA group's query heads over up to two blocks (each copies the group's K/V rows, L2 hits):
+    // the group's key loop spreads over more SMs.
+    constexpr int hsplit = 2;
     DecodeAttnArgs a = args;
-    static const int warm = env_int("CERA_CUDA_ATTN_WARM", 1);  // 0: no dry pass (A/B)
-    a.warm = warm;
     {
         const int g = a.n_head / a.n_head_kv;
         int d = 1;
@@ -291,11 +283,8 @@ bool attention_decode_warp(const DecodeAttnArgs& args, bool f16, cudaStream_t s)
     const int hd = a.head_dim, G = a.n_head / a.n_head_kv;
     int gp = 1;
     while (gp < G) gp *= 2;
-    if (!on || (hd != 64 && hd != 128) || gp > 8 || gp * hd > 1024 || a.kc < 1) return false;
-    static const int warps = [] {
-        const char* e = std::getenv("CERA_CUDA_ATTN_WARPS");  // 8 (default) or 16 warps a block
-        return e && std::atoi(e) == 16 ? 16 : 8;
-    }();
+    if ((hd != 64 && hd != 128) || gp > 8 || gp * hd > 1024 || a.kc < 1) return false;
+    constexpr int warps = kDecodeWarps;
     const int es = f16 ? 2 : 4;
     const size_t kv = size_t(a.kc) * size_t(2 * hd * es + 16);
     const size_t merge = sizeof(float) * size_t(warps) * size_t(G) * size_t(hd + 2);
@@ -304,9 +293,8 @@ bool attention_decode_warp(const DecodeAttnArgs& args, bool f16, cudaStream_t s)
     if (smem > size_t(device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>())) return false;
     const dim3 grid(unsigned(a.n_head_kv), unsigned(a.n_splits), unsigned(a.n_tokens));
     if (f16)
-        return hd == 64 ? launch_hd<__half, 64>(a, grid, smem, gp, warps, s)
-                        : launch_hd<__half, 128>(a, grid, smem, gp, warps, s);
-    return hd == 64 ? launch_hd<float, 64>(a, grid, smem, gp, warps, s) : launch_hd<float, 128>(a, grid, smem, gp, warps, s);
+        return hd == 64 ? launch_hd<__half, 64>(a, grid, smem, gp, s) : launch_hd<__half, 128>(a, grid, smem, gp, s);
+    return hd == 64 ? launch_hd<float, 64>(a, grid, smem, gp, s) : launch_hd<float, 128>(a, grid, smem, gp, s);
 }
 
 }  // namespace cera::cuda

@@ -30,7 +30,6 @@ struct DecodeAttnArgs {
     // attn_decw_kernel: n_head_kv counts blocks of query heads, kv_div of them to a cache head (a
     // GQA group split over kv_div blocks); every other kernel: 1.
     int kv_div = 1;
-    int warm = 0;  // attn_decw_kernel: a dry pass of the key loop and merge before the PDL wait (A/B)
 };
 
 // 8 halves (16 bytes) as floats.
@@ -95,7 +94,7 @@ __device__ __forceinline__ void merge_last_split(const DecodeAttnArgs& a, const 
 
 // The warp-parallel decode kernel (attention_decode.cu) on a, whose kc and n_splits come from the
 // decode plan of attention.cu; false (nothing launched) when it does not serve these shapes
-// (head_dim other than 64 / 128, GQA groups above 8) or CERA_CUDA_ATTN_WARP=0.
+// (head_dim other than 64 / 128, GQA groups above 8).
 bool attention_decode_warp(const DecodeAttnArgs& a, bool f16, cudaStream_t s);
 
 }  // namespace cera::cuda

@@ -13,7 +13,6 @@
 #include <utility>
 #include <vector>
 
-#include "backends/cuda/env_switch.h"
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels.h"
@@ -132,26 +131,12 @@ void trace_set_this_file(void* buf, unsigned cap) {
 }  // namespace
 #endif
 
-bool pdl_enabled();  // CERA_CUDA_PDL=0 turns it off
 // The next launch() on this thread goes without the PDL attribute: a decode step's first kernel, so
 // that it starts only when everything queued before it (the previous step, possibly a graph that
 // ended in a kernel) has finished, and every kernel of the step may read earlier steps' results
 // before its PDL wait (the rule above).
 // pdl_skip_next() is declared in kernels.h; pdl_take_skip() reads and clears the request.
 bool pdl_take_skip();
-// Benchmarks only: CERA_CUDA_SKIP=norm,attn,... leaves those launches out, so a decode step's time
-// without them can be measured (the results are wrong). Kinds: norm rope attn conv glu allgemv
-// resgemv ingemv lmhead argmax (bench/NOTES.md, "Ablation").
-inline bool debug_skip(std::string_view kind) {
-    static const char* e = std::getenv("CERA_CUDA_SKIP");
-    if (!e) return false;
-    for (std::string_view list = e; !list.empty();) {
-        const size_t comma = list.find(',');
-        if (list.substr(0, comma) == kind) return true;
-        list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
-    }
-    return false;
-}
 
 template <class... KArgs, class... Args>
 void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
@@ -165,7 +150,7 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaSt
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     const bool skip = pdl_take_skip();
-    cfg.numAttrs = pdl_enabled() && !skip ? 1 : 0;
+    cfg.numAttrs = skip ? 0 : 1;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 

@@ -9,7 +9,7 @@
 //    drops every recorded graph, since they hold its old address.
 //  - Matmuls of up to kGemvMaxTokens tokens use the GEMV kernels (8-bit activations for block
 //    types); larger batches expand the weight to F16 and call cuBLAS (F32 weights: SGEMM).
-//  - Decode fusion (CERA_CUDA_FUSE=0 turns it off), with the backend interface unchanged: a GEMV is
+//  - Decode fusion (CudaOptions::fuse = false turns it off), with the backend interface unchanged: a GEMV is
 //    held back until the next call, so products that share an input go out as one launch (q/k/v,
 //    gate/up), gate/up followed by swiglu() become one kernel with a SwiGLU epilogue, and a GEMV
 //    followed by add() of its output takes the residual add in its epilogue, and stays held: an
@@ -21,9 +21,6 @@
 //    their output's 8-bit rows, recorded as the cached quantization of that tensor, so the next GEMV
 //    needs no quantize launch. Every other call (and read, write, sync) first queues whatever is held
 //    back, in order. lfm2-1.2b Q4_0: 274 -> 84 kernels per decoded token.
-//  - Decode programs (opt-in, CERA_CUDA_MEGA=1; slower than the graphs so far, see bench/NOTES.md):
-//    while a single-token step is captured its ops are also recorded (decode_program.h); when every
-//    op is covered, later replays of that step run as one persistent kernel (decode_step.h).
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -39,7 +36,6 @@
 #include "backends/backend.h"
 #include "backends/cuda/backend_switches.h"
 #include "backends/cuda/cuda_check.h"
-#include "backends/cuda/decode_program.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/pick_mail.h"
 #include "backends/cuda/pinned_staging.h"
@@ -65,7 +61,7 @@ constexpr int kQ8Slots = 4;  // kXq .. kXqB
 
 class CudaBackend final : public Backend {
    public:
-    explicit CudaBackend(int device) : device_(device) {
+    CudaBackend(int device, const CudaOptions& options) : sw_(cuda::backend_switches(options)), device_(device) {
         int n = 0;
         if (cudaGetDeviceCount(&n) != cudaSuccess || device < 0 || device >= n) {
             cudaGetLastError();
@@ -82,7 +78,7 @@ class CudaBackend final : public Backend {
         pin_ = std::make_unique<cuda::PinnedStaging>();  // on this device (its events)
         CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, kCublasWorkspace));
         if (sw_.profile) replay_prof_ = std::make_unique<cuda::ReplayProfile>();
-        mail_ok_ = sw_.mailbox && mail_.init();
+        mail_ok_ = mail_.init();
         cuda::trace_start();
     }
 
@@ -162,7 +158,6 @@ class CudaBackend final : public Backend {
     // way the caller may reuse its memory on return.
     void write(const Tensor& dst, const void* host, size_t n_bytes, size_t offset) override {
         touch();
-        if (rec_) rec_->unsupported("write");
         if (n_bytes == 0) return;
         uint8_t* d = static_cast<uint8_t*>(dst.data) + offset;
         if (!pin_->write(d, host, n_bytes, stream_, capturing_))
@@ -202,12 +197,10 @@ class CudaBackend final : public Backend {
 
     void copy(const Tensor& dst, const Tensor& src) override {
         touch();
-        if (rec_) rec_->unsupported("copy");
         CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.n_bytes(), cudaMemcpyDeviceToDevice, stream_));
     }
     void zero(const Tensor& t) override {
         touch();
-        if (rec_) rec_->unsupported("zero");
         CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.n_bytes(), stream_));
     }
     void synchronize() override {
@@ -225,14 +218,8 @@ class CudaBackend final : public Backend {
         Graph& g = graphs_[key];
         if (g.exec) {
             if (replay_prof_) replay_prof_->begin(stream_);
-            if (g.prog) {
-                cuda::decode_program_launch(g.prog->p, stream_);
-                if (g.prog->p.prof && ++g.prog->replays == 50)
-                    cuda::print_decode_program_profile(*g.prog, stream_, device_);
-            } else {
-                CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
-                if (mail_ok_ && g.feed_out) mail_.queued(g.feed_out);
-            }
+            CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
+            if (mail_ok_ && g.feed_out) mail_.queued(g.feed_out);
             if (replay_prof_) replay_prof_->end(stream_);
             return true;
         }
@@ -242,8 +229,6 @@ class CudaBackend final : public Backend {
             capturing_ = true;
             capture_feed_out_ = nullptr;
             capture_key_ = key;
-            if (sw_.mega && cuda::decode_program_grid() > 0) rec_ = std::make_unique<cuda::DecodeRecorder>();
-            else if (sw_.mega && sw_.profile) std::fprintf(stderr, "cuda: decode programs cannot run on this device\n");
         }
         return false;
     }
@@ -255,31 +240,19 @@ class CudaBackend final : public Backend {
         Graph& g = graphs_[capture_key_];
         g.exec = exec;
         g.feed_out = capture_feed_out_;
-        if (rec_) {
-            g.prog = cuda::make_decode_program(*rec_, stream_, sw_.profile);
-            rec_.reset();
-        }
         // The captured ops have not run yet.
-        if (g.prog) {
-            cuda::decode_program_launch(g.prog->p, stream_);
-        } else {
-            CUDA_CHECK(cudaGraphLaunch(exec, stream_));
-            if (mail_ok_ && g.feed_out) mail_.queued(g.feed_out);
-        }
+        CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+        if (mail_ok_ && g.feed_out) mail_.queued(g.feed_out);
     }
 
     // --------------------------------------------------------------- ops
     void embed(const Tensor& table, const Tensor& ids, float scale, const Tensor& out) override {
         touch();
         const cuda::WeightRef w = weights_.ref(table);
-        if (rec_) rec_->embed(w, ids.as<const int32_t>(), ids.ne[0], scale, out.as<float>());
         cuda::dequantize_rows(w, ids.as<const int32_t>(), ids.ne[0], scale, out.data, false, stream_);
     }
 
     void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override {
-        if (rec_)
-            rec_->rms_norm(x.as<const float>(), x.rows(), x.ne[0], w ? w.as<const float>() : nullptr, eps,
-                           out.as<float>());
         if (n_mm_ == 1 && n_rope_ == 0 && mm_[0].a.res_out == x.as<const float>() && x.rows() == mm_[0].a.n_y &&
             x.ne[0] == mm_[0].a.rows && (!w || w.type == GgmlType::kF32) && out.n_elements() == x.n_elements()) {
             // The residual product that makes x is still held: its last block makes the norm too.
@@ -301,7 +274,7 @@ class CudaBackend final : public Backend {
         void* xq = q8_sidecar(out.as<const float>(), x.rows(), x.ne[0], nullptr);
         norm_ = {x.as<const float>(), w ? w.as<const float>() : nullptr, eps, x.rows(), x.ne[0], out.as<float>(), xq,
                  false};
-        if (x.rows() == 1 && sw_.pro_mask && sw_.hold_norm && (!w || w.type == GgmlType::kF32) &&
+        if (x.rows() == 1 && sw_.pro_mask && (!w || w.type == GgmlType::kF32) &&
             out.n_elements() == x.n_elements() && reinterpret_cast<uintptr_t>(x.data) % 16 == 0) {
             // One token after no residual product (the first layer's, after the embedding): held, so
             // that the products reading out may make it in their prologue (take_prologue).
@@ -317,11 +290,10 @@ class CudaBackend final : public Backend {
                    (long long)k, (long long)rows, (long long)x.ne[0], (long long)out.ne[0]);
         const cuda::WeightRef ref = weights_.ref(w);
         const float* b = bias ? bias.as<const float>() : nullptr;
-        if (rec_) rec_->matmul(ref, rows, x.as<const float>(), n_tokens, b, out.as<float>());
         flush_rope();
         if (n_tokens <= kGemvMaxTokens) {
             cuda::GemvArgs a;
-            a.w = ref, a.rows = rows, a.n_y = int(n_tokens);
+            a.w = ref, a.rows = rows, a.n_y = int(n_tokens), a.no_stream = !sw_.head_stream;
             // Products that share the input wait to be launched together (q/k/v, gate/up), or fused
             // with the op that follows (SwiGLU, the residual add).
             const bool pro = take_prologue(a, x.as<const float>(), k);
@@ -355,9 +327,6 @@ class CudaBackend final : public Backend {
 
     void norm_rope(const Tensor& x, int n_head, int head_dim, const Tensor& norm_w, float eps, const Tensor& pos,
                    const RopeParams& rope) override {
-        if (rec_)
-            rec_->norm_rope(x.as<float>(), x.rows(), n_head, head_dim, norm_w ? norm_w.as<const float>() : nullptr, eps,
-                            pos.as<const int32_t>(), rope_args(rope));
         if (sw_.fuse && x.rows() <= kGemvMaxTokens &&
             (n_rope_ == 0 || (n_rope_ == 1 && rope_[0].pos.data == pos.data))) {
             // Decode: wait for the kv_store that usually follows (q, k, then the store: one launch, with
@@ -375,13 +344,6 @@ class CudaBackend final : public Backend {
 
     void kv_store(const Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& k_cache,
                   const Tensor& v_cache) override {
-        if (rec_) {
-            if (k_cache.type == v_cache.type && (k_cache.type == GgmlType::kF16 || k_cache.type == GgmlType::kF32))
-                rec_->kv_store(k.as<const float>(), v.as<const float>(), k.rows(), k.ne[0], pos.as<const int32_t>(),
-                               k_cache.data, v_cache.data, k_cache.type == GgmlType::kF16, k_cache.ne[1]);
-            else
-                rec_->unsupported("KV cache type");
-        }
         if (n_rope_ > 0 && k_cache.type == v_cache.type &&
             (k_cache.type == GgmlType::kF16 || k_cache.type == GgmlType::kF32)) {
             const PendingRope& kr = rope_[n_rope_ - 1];
@@ -442,7 +404,6 @@ class CudaBackend final : public Backend {
         a.partial = n ? static_cast<float*>(scratch(kAttn, n * sizeof(float))) : nullptr;
         if (p.head_dim % 32 == 0 && p.head_dim <= 128)
             a.out_xq = q8_sidecar(out.as<const float>(), a.n_tokens, int64_t(p.n_head) * p.head_dim, nullptr);
-        if (rec_) rec_->attention(a);
         cuda::attention(a, stream_);
     }
 
@@ -453,10 +414,6 @@ class CudaBackend final : public Backend {
                    (!state_prev || state_prev.n_bytes() >= state.n_bytes()));
         const cuda::WeightRef ref = weights_.ref_or_buffer(w);
         const float* conv_w = static_cast<const float*>(ref.image) + ref.row0 * ref.k;
-        if (rec_ && state_prev) rec_->unsupported("short_conv with state_prev");
-        if (rec_)
-            rec_->short_conv(bcx.as<const float>(), conv_w, int(w.ne[0]), state.as<float>(), bcx.rows(), n_embd,
-                             out.as<float>());
         if (n_mm_ == 1 && n_rope_ == 0 && !glu_.held && mm_[0].out.data == bcx.data && bcx.rows() == 1 &&
             out.rows() == 1 &&
             fuses_product(mm_[0].a.w.type, true) && cuda::gemv_conv_supported(mm_[0].a, int(w.ne[0]))) {
@@ -477,7 +434,6 @@ class CudaBackend final : public Backend {
     }
 
     void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override {
-        if (rec_) rec_->swiglu(gate.as<const float>(), up.as<const float>(), gate.n_elements(), out.as<float>());
         if (n_mm_ == 2 && n_rope_ == 0 && !glu_.held) {
             // gate and up products still waiting: one launch computes both and the SwiGLU.
             const cuda::GemvArgs& g = mm_[0].out.data == gate.data ? mm_[0].a : mm_[1].a;
@@ -506,7 +462,6 @@ class CudaBackend final : public Backend {
                      row);
     }
     void add(const Tensor& a, const Tensor& b, float scale, const Tensor& out) override {
-        if (rec_) rec_->add(a.as<const float>(), b.as<const float>(), scale, a.n_elements(), out.as<float>());
         if (n_mm_ == 1 && n_rope_ == 0) {
             // The residual add folded into the epilogue of the product that made b.
             cuda::GemvArgs& m = mm_[0].a;
@@ -531,7 +486,6 @@ class CudaBackend final : public Backend {
     }
     void scale(const Tensor& x, float s) override {
         touch();
-        if (rec_) rec_->scale(x.as<float>(), s, x.n_elements());
         cuda::scale(x.as<float>(), s, x.n_elements(), stream_);
     }
 
@@ -542,7 +496,6 @@ class CudaBackend final : public Backend {
             return;
         }
         touch();
-        if (rec_) rec_->unsupported("top_logits");
         cuda::top_logits(x.as<const float>(), x.n_elements(), m, n_g ? gather.as<const int32_t>() : nullptr, int(n_g),
                          out.as<int32_t>(), stream_);
     }
@@ -551,7 +504,6 @@ class CudaBackend final : public Backend {
         touch();
         CERA_CHECK(x.type == GgmlType::kF32 && out.type == GgmlType::kI32 && out.n_elements() >= x.rows(),
                    "argmax: f32 rows in, one i32 per row out");
-        if (rec_) rec_->argmax(x.as<const float>(), x.rows(), x.ne[0], out.as<int32_t>());
         cuda::argmax_rows(x.as<const float>(), x.rows(), x.ne[0], out.as<int32_t>(), stream_,
                           x.rows() == 1 ? scratch(kArgmax, cuda::kArgmaxScratchBytes) : nullptr);
     }
@@ -561,7 +513,6 @@ class CudaBackend final : public Backend {
                        ids.type == GgmlType::kI32 && pos.type == GgmlType::kI32 && ids.n_elements() >= 1 &&
                        pos.n_elements() >= 1,
                    "argmax_feed: one f32 row in; i32 out, ids and positions");
-        if (rec_) rec_->unsupported("argmax_feed");
         const cuda::PickMail mail = mail_ok_ ? mail_.device() : cuda::PickMail{};
         void* const pick_scratch = scratch(kArgmax, cuda::kArgmaxScratchBytes);
         bool picked = false;
@@ -589,7 +540,6 @@ class CudaBackend final : public Backend {
     void moe_route(const Tensor& logits, const Tensor& bias, const MoeParams& p, const Tensor& ids,
                    const Tensor& weights) override {
         touch();
-        if (rec_) rec_->unsupported("moe_route");
         cuda::moe_route(logits.as<const float>(), bias ? bias.as<const float>() : nullptr, logits.rows(),
                         int(logits.ne[0]), p.n_expert_used, p.gating == MoeGating::kSigmoid, p.normalize_weights,
                         p.weights_scale, ids.as<int32_t>(), weights.as<float>(), stream_);
@@ -602,16 +552,14 @@ class CudaBackend final : public Backend {
         const int64_t n_slots = n_tokens * k;
         CERA_CHECK(n_slots <= 65535, "moe_ffn: %lld (token, expert) slots in one call", (long long)n_slots);
         touch();
-        if (rec_) rec_->unsupported("moe_ffn");
         float* g = static_cast<float*>(scratch(kMoeG, size_t(n_slots * n_ff) * sizeof(float)));
         float* u = static_cast<float*>(scratch(kMoeU, size_t(n_slots * n_ff) * sizeof(float)));
         float* y = static_cast<float*>(scratch(kMoeY, size_t(n_slots * n_embd) * sizeof(float)));
         // Batches: the slots grouped by expert (moe.cu), so that each expert's weights are read once
         // per call, for the block-quantized matrices; decode (one token) and float weights keep one
-        // GEMV slot per (token, expert). CERA_CUDA_MOE_GROUPED=0: always per slot (A/B).
+        // GEMV slot per (token, expert).
         const int n_expert = int(gate_exps.ne[2]);
-        const char* ge = std::getenv("CERA_CUDA_MOE_GROUPED");
-        const bool grouped = n_tokens > 1 && !(ge && ge[0] == '0') &&
+        const bool grouped = n_tokens > 1 && sw_.moe_grouped &&
                              (cuda::moe_grouped_supported(gate_exps.type, n_embd, n_expert) ||
                               cuda::moe_grouped_supported(up_exps.type, n_embd, n_expert) ||
                               cuda::moe_grouped_supported(down_exps.type, n_ff, n_expert));
@@ -630,7 +578,7 @@ class CudaBackend final : public Backend {
             if (route && cuda::moe_grouped_supported(a.w.type, a.w.k, n_expert)) {
                 cuda::MoeGemvArgs m;
                 m.w = a.w, m.rows = rows, m.n_expert = n_expert, m.route = route, m.n_slots = n_slots;
-                m.xq = a.xq, m.x_div = x_div, m.y = o, m.ldy = rows;
+                m.xq = a.xq, m.x_div = x_div, m.y = o, m.ldy = rows, m.tile_rows = sw_.moe_tile_rows;
                 cuda::moe_gemv_grouped(m, stream_);
                 return;
             }
@@ -645,12 +593,11 @@ class CudaBackend final : public Backend {
     }
 
    private:
-    // A step key: how often it was seen, and once recorded its graph (or decode program).
+    // A step key: how often it was seen, and once recorded its graph.
     struct Graph {
         int seen = 0;
         cudaGraphExec_t exec = nullptr;
-        std::unique_ptr<cuda::DecodeProgram> prog;  // run instead of exec when present
-        const void* feed_out = nullptr;             // the out tensor of its argmax_feed (the mailbox's count)
+        const void* feed_out = nullptr;  // the out tensor of its argmax_feed (the mailbox's count)
     };
     struct Q8Cache {
         bool valid = false;
@@ -698,7 +645,6 @@ class CudaBackend final : public Backend {
     // Whether products of `type` are fused with their consumer: the short conv (conv) or q/k RoPE.
     bool fuses_product(GgmlType type, bool conv) const {
         const int block = cuda::quant_layout(type).block_elems;
-        if (sw_.fuse_products == 1 && conv && sw_.fuse_conv >= 0) return sw_.fuse_conv != 0 && block > 0;
         return sw_.fuse_products == 2 || (sw_.fuse_products == 1 && (conv ? cuda::heavy_scales(type) : block > 0));
     }
     // The pending products as a's q, k and v in that order, when they can go out with its RoPEs and
@@ -738,7 +684,7 @@ class CudaBackend final : public Backend {
         return true;
     }
     // Launches the held residual product (res_) before the launch of the products reading its norm:
-    // without the norm when they take their prologue (`use`, a mask of CERA_CUDA_NORM_PRO bits: the
+    // without the norm when they take their prologue (`use`, a mask of ProKind bits: the
     // launch kind), else with it; a (n products) are set up for the choice.
     void launch_res(cuda::GemvArgs* a, int n, int use) {
         const bool pro = n > 0 && a[0].pro_x && (sw_.pro_mask & use);
@@ -827,7 +773,6 @@ class CudaBackend final : public Backend {
     // Ends the capture of the current step without keeping its graph: what was captured is launched
     // once (it has not run yet), and the rest of the step runs eagerly (step_end sees no capture).
     void abandon_capture() {
-        rec_.reset();
         cudaGraphExec_t exec = end_capture();
         CUDA_CHECK(cudaGraphLaunch(exec, stream_));
         CUDA_CHECK(cudaGraphExecDestroy(exec));
@@ -839,14 +784,8 @@ class CudaBackend final : public Backend {
     // Forgets the recorded graphs (their buffers moved); keys keep their counts, so a key seen
     // before is recorded again at its next step.
     void drop_graphs() {
-        bool synced = false;
-        for (auto& [key, g] : graphs_) {
+        for (auto& [key, g] : graphs_)
             if (g.exec) cudaGraphExecDestroy(g.exec), g.exec = nullptr;
-            if (g.prog) {
-                if (!synced) cudaStreamSynchronize(stream_), synced = true;
-                g.prog.reset();
-            }
-        }
     }
 
     // A grow-only scratch buffer. Growing frees the old one, so recorded graphs are dropped. Inside a
@@ -927,7 +866,7 @@ class CudaBackend final : public Backend {
                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
 
-    const cuda::BackendSwitches sw_ = cuda::backend_switches();  // read when the backend is made
+    const cuda::BackendSwitches sw_;
     int device_;
     cudaDeviceProp props_{};
     cudaStream_t stream_ = nullptr;
@@ -968,13 +907,14 @@ class CudaBackend final : public Backend {
     cuda::RopeTables rope_tables_;  // the decode RoPE's (cos, sin) tables (rope_tables.h)
     std::unordered_map<uint64_t, Graph> graphs_;
     bool capturing_ = false;
-    std::unique_ptr<cuda::DecodeRecorder> rec_;  // while a step is captured
     std::unique_ptr<cuda::ReplayProfile> replay_prof_;  // with sw_.profile
     uint64_t capture_key_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int gpu_index) { return std::make_unique<CudaBackend>(gpu_index); }
+std::unique_ptr<Backend> make_cuda_backend(int gpu_index, const CudaOptions& options) {
+    return std::make_unique<CudaBackend>(gpu_index, options);
+}
 
 }  // namespace cera

@@ -48,7 +48,7 @@ __global__ void add_bias_kernel(float* y, const float* __restrict__ bias, int64_
 
 // One thread per channel, tokens in order; the window of the last L-1 inputs stays in registers.
 __global__ void short_conv_seq_kernel(const float* __restrict__ bcx, const float* __restrict__ w, int L, float* state,
-                                      int64_t n_tokens, int64_t n, float* out, uint8_t* xq, float* prev, int early) {
+                                      int64_t n_tokens, int64_t n, float* out, uint8_t* xq, float* prev) {
     pdl_trigger();
     const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     float win[kMaxConv], wc[kMaxConv];
@@ -57,17 +57,13 @@ __global__ void short_conv_seq_kernel(const float* __restrict__ bcx, const float
     // The state was written by this kernel in an earlier step (complete before this step began) and
     // by no other kernel of this one, so it is read, and copied to prev, before the wait too: the
     // read would otherwise miss L2 behind the next launches' weight streams.
-    auto load_state = [&] {
 #pragma unroll
-        for (int j = 0; j < kMaxConv; ++j) win[j] = j < L - 1 && c < n ? state[j * n + c] : 0.0f;
-        if (prev && c < n)
+    for (int j = 0; j < kMaxConv; ++j) win[j] = j < L - 1 && c < n ? state[j * n + c] : 0.0f;
+    if (prev && c < n)
 #pragma unroll
-            for (int j = 0; j < kMaxConv; ++j)
-                if (j < L - 1) prev[j * n + c] = win[j];
-    };
-    if (early) load_state();
+        for (int j = 0; j < kMaxConv; ++j)
+            if (j < L - 1) prev[j * n + c] = win[j];
     pdl_wait();
-    if (!early) load_state();
     if (c >= n) return;
     for (int64_t t = 0; t < n_tokens; ++t) {
         const float* row = bcx + t * 3 * n;
@@ -226,18 +222,13 @@ void add_bias(float* y, const float* bias, int64_t n_rows, int64_t n, Stream str
 
 void short_conv(const float* bcx, const float* w, int L, float* state, int64_t n_tokens, int64_t n_embd, float* out,
                 Stream stream, void* xq, float* state_prev) {
-    if (debug_skip("conv")) return;
     CERA_CHECK(L >= 1 && L <= kMaxConv, "short_conv: kernel length %d (supported 1..%d)", L, kMaxConv);
     if (n_tokens == 0) return;
     cudaStream_t s = as_stream(stream);
     if (n_tokens <= 16) {
         CERA_CHECK(!xq || n_embd % 32 == 0);
-        static const int early = [] {
-            const char* e = std::getenv("CERA_CUDA_CONV_EARLY");  // 0: the state is read after the wait
-            return e && e[0] == '0' ? 0 : 1;
-        }();
         launch(short_conv_seq_kernel, blocks(n_embd, 128), 128, 0, s, bcx, w, L, state, n_tokens, n_embd, out,
-               static_cast<uint8_t*>(xq), state_prev, early);
+               static_cast<uint8_t*>(xq), state_prev);
         return;
     }
     CERA_CHECK(!xq, "short_conv: 8-bit output rows only for short chunks");

@@ -123,9 +123,8 @@ __global__ void __launch_bounds__(128) gemv_q_kernel(const GemvK a) {
     if (a.nctr && a.nw && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
         prefetch_l2(a.nw, uint32_t(sg.rows * sizeof(float)));
     float acc[R], res = 0.0f;
-    const bool pre_res_off = a.res_late != 0;
     auto hook = [&] {
-        if (part == 0 && !pre_res_off) res = residual_in<R>(sg, r0, yi, live);
+        if (part == 0) res = residual_in<R>(sg, r0, yi, live);
     };
     dot_rows<T, R>(a, yi, live, a.ids != nullptr, set_rows, acc, part, ks, hook);
     trace_mark(0);
@@ -145,7 +144,7 @@ __global__ void __launch_bounds__(128) gemv_q_kernel(const GemvK a) {
         }
     }
     trace_mark(1);
-    if (fin) finish<R>(a, sg, acc, r0, yi, pre_res_off ? nullptr : &res);
+    if (fin) finish<R>(a, sg, acc, r0, yi, &res);
     if (a.nctr) last_block_norm(a, sg, yi);
 }
 
@@ -210,15 +209,13 @@ __global__ void __launch_bounds__(512) gemv_glu_kernel(const GemvK a, int prefet
             }
             cp_async_commit();
         };
-        if (pf && prefetch == 1) issue();
+        if (pf) issue();
         auto hook = [&] {
-            if (pf && prefetch == 2) issue();
-            if (first && a.l2_mode == 2) next_to_l2();
             if constexpr (PRO)
                 if (first) norm_prologue(a, xs);
         };
         auto pre = [&] {
-            if (first && a.l2_mode == 1) next_to_l2();
+            if (first && a.l2_q) next_to_l2();
         };
         auto set_smem = [&](const uint8_t** qrow, const uint8_t** mrow) {
 #pragma unroll
@@ -307,8 +304,7 @@ __device__ __forceinline__ void stage_rows(uint64_t* bar, uint8_t* const (&dst)[
 // kWide: Q5_K in 32-byte items (WideTraits). At 16 warps (64 registers) two blocks take a
 // whole SM's registers; at 8 (at most 80 registers) two blocks leave room for a block of the plain
 // GEMV beside them (the out-projection before, the down product after), and each x item read from
-// shared memory serves 4 rows instead of 2. 8 warps for Q4_0 (with the GEMV's carveout, gemv_carveout):
-// llama-1b +4.3%, lfm2-1.2b +1.5% (bench/NOTES.md).
+// shared memory serves 4 rows instead of 2 (8 warps pair with the GEMV's carveout, gemv_carveout).
 // PRO: 0 no prologue, 1 the prologue, 2 the prologue with x in registers (k <= 2048).
 template <GgmlType T, int PRO, bool kWide, int W>
 __global__ void __launch_bounds__(W * 32, W == 16 ? 2 : 3) gemv_glu_stage_kernel(const GemvK a, int rb, int n_y) {
@@ -490,16 +486,10 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t n_rows, 
 //   Q4_0, Q4_1, Q5_0, Q5_1: the most shared memory (100), like the staged SwiGLU pair between the
 //     out-projection and the down product, so that their blocks share SMs (the pair's blocks are
 //     resident, their rows requested, before the out-projection ends; the down's before the pair ends);
-//   Q5_K and Q6_K (heavy_scales): the most L1 (0), which their scale loads go through (Q4_K too
-//     before its 32-element items: then 100 measured -3.7% on llama-1b);
-//   Q8_0: the driver's choice (100 and 0 both measured slower).
-// Measured with the 8-warp staged pair (bench/NOTES.md, thirteenth session): llama-1b Q4_0 +4.3%,
-// lfm2-1.2b Q4_0 +1.5%, the K-quants +0.3-0.6%. CERA_CUDA_CARVEOUT_GEMV_Q / _K / _8 override (-1: none).
-int gemv_carveout(GgmlType t) {
-    static const int q = env_int("CERA_CUDA_CARVEOUT_GEMV_Q", 100), k = env_int("CERA_CUDA_CARVEOUT_GEMV_K", 0),
-                     q8 = env_int("CERA_CUDA_CARVEOUT_GEMV_8", -1);
-    return heavy_scales(t) ? k : t == GgmlType::kQ8_0 ? q8 : q;
-}
+//   Q5_K and Q6_K (heavy_scales): the most L1 (0), which their scale loads go through;
+//   Q8_0: the driver's choice (both fixed splits are slower).
+// (-1: the driver's choice.)
+int gemv_carveout(GgmlType t) { return heavy_scales(t) ? 0 : t == GgmlType::kQ8_0 ? -1 : 100; }
 
 template <int R>
 void launch_r(GgmlType type, const GemvK& k, dim3 grid, cudaStream_t s, bool vec) {
@@ -543,47 +533,24 @@ bool pdl_take_skip() {
     return s;
 }
 
-bool pdl_enabled() {
-    static const bool on = [] {
-        const char* e = std::getenv("CERA_CUDA_PDL");
-        return !(e && e[0] == '0');
-    }();
-    return on;
-}
 
 namespace {
 
 // Rows per warp from the shape: enough warps to cover the SMs several times over first, then
-// activation reuse. Measured on the H200 (bench/NOTES.md): 4 rows per warp is best for
-// Q4_0/Q8_0/float from 2048 rows; Q5_K / Q6_K (heavy_scales), heavier per byte, do better with 2 below
-// LM-head sizes.
+// activation reuse: 4 rows per warp for Q4_0/Q8_0/float from 2048 rows; Q5_K / Q6_K (heavy_scales),
+// heavier per byte, take 2 below LM-head sizes.
 int pick_r(GgmlType type, int64_t rows, int n_y, int requested) {
-    static const int forced = [] {
-        const char* e = std::getenv("CERA_CUDA_GEMV_R");  // benchmarks: force rows per warp
-        return e ? std::atoi(e) : 0;
-    }();
-    const int R = requested ? requested : forced;
-    if (R == 1 || R == 2 || R == 4) return R;
+    if (requested == 1 || requested == 2 || requested == 4) return requested;
     const int64_t work = rows * n_y;
     return work >= 2048 ? (heavy_scales(type) && work < 32768 ? 2 : 4) : work >= 512 ? 2 : 1;
 }
 
 // Split-K for short and wide matrices: while the row warps do not fill the GPU (< 2048 warps, ~16
-// per SM), give each row group 2 or 4 warps, each at least `strip` items of k (32 or 64).
+// per SM), give each row group 2 or 4 warps, each at least 64 items of k (fewer cost more in the
+// cross-warp sums than the extra warps bring).
 int pick_ksplit(int64_t n_items, int64_t row_warps) {
-    static const int forced = [] {
-        const char* e = std::getenv("CERA_CUDA_GEMV_KSPLIT");  // benchmarks: force the split (1, 2, 4)
-        return e ? std::atoi(e) : 0;
-    }();
-    static const int strip = [] {
-        const char* e = std::getenv("CERA_CUDA_GEMV_KSTRIP");  // benchmarks: least items per warp
-        return e && std::atoi(e) == 32 ? 32 : 64;  // 32: -3 to -10% on lfm2 decode (bench/NOTES.md)
-    }();
-    static const int64_t target = [] {
-        const char* e = std::getenv("CERA_CUDA_GEMV_KSWARPS");  // benchmarks: warps the split aims for
-        return e && std::atoi(e) > 0 ? int64_t(std::atoi(e)) : int64_t(2048);
-    }();
-    if (forced == 1 || forced == 2 || forced == 4) return n_items >= 32 * forced ? forced : 1;
+    constexpr int strip = 64;
+    constexpr int64_t target = 2048;
     int ks = 1;
     while (ks < 4 && row_warps * ks < target && n_items >= strip * 2 * ks) ks *= 2;
     return ks;
@@ -595,14 +562,9 @@ constexpr int64_t kGluStageMax = 160 * 1024;
 constexpr int64_t kL2Next = 12 << 20;
 
 // Whether a staged pair keeps its prologue's x in registers (norm_prologue_regs; k <= 2048, one or two
-// float4s a thread at 16 or 8 warps) rather than in shared memory (norm_prologue). One call, three
-// rounds against the binary before it: llama-1b Q4_K +0.9%, Q4_0 even, lfm2-1.2b Q4_0 +1.2%, Q4_K
-// +0.7% (bench/NOTES.md). CERA_CUDA_PRO_XREG=0: never.
-bool glu_pro_xreg(const GemvArgs& g) {
-    static const int default_on = env_int("CERA_CUDA_PRO_XREG", 1);
-    const int on = g.pro_xreg >= 0 ? g.pro_xreg : default_on;
-    return on != 0 && g.pro_x && g.w.k <= 2048;
-}
+// float4s a thread at 16 or 8 warps) rather than in shared memory (norm_prologue), which leaves that
+// memory to the staged rows. GemvArgs::pro_xreg = 0: never.
+bool glu_pro_xreg(const GemvArgs& g) { return g.pro_xreg != 0 && g.pro_x && g.w.k <= 2048; }
 
 // Rows per block and dynamic shared memory of a staged launch (rb = 0: the register kernels serve it).
 struct StagePlan {
@@ -616,15 +578,12 @@ void launch_glu_stage_w(unsigned blocks, size_t smem, cudaStream_t s, const Gemv
     launch(gemv_glu_stage_kernel<T, PRO, kWide, W>, blocks, W * 32, smem, s, p, rb, n_y);
 }
 
-// Warps a staged block: 8 for Q4_0, Q4_1, Q5_0, Q5_1 and Q4_K, 16 for Q5_K / Q6_K (8 measured -1.3% /
-// -2.5% for Q4_K in its earlier layout, lfm2-1.2b / llama-1b; Q4_K's 32-element items: 16 even) and
-// Q8_0 (whose 8-warp kernel spills 72-92 bytes; its pairs are staged only for small rows).
-// CERA_CUDA_GLU_WARPS (8 or 16) forces either.
+// Warps a staged block: 8 for Q4_0, Q4_1, Q5_0, Q5_1 and Q4_K, 16 for Q5_K / Q6_K, whose heavier
+// scale decoding wants more warps in flight, and Q8_0 (whose 8-warp kernel spills; its pairs are
+// staged only for small rows).
 template <GgmlType T, int PRO>
 void launch_glu_stage(bool wide, unsigned blocks, size_t smem, cudaStream_t s, const GemvK& p, int rb, int n_y) {
-    static const int forced = env_int("CERA_CUDA_GLU_WARPS", 0);
-    const bool eight =
-        forced == 8 || (forced != 16 && !heavy_scales(T) && T != GgmlType::kQ8_0);
+    const bool eight = !heavy_scales(T) && T != GgmlType::kQ8_0;
     if constexpr (T == GgmlType::kQ5_K) {
         if (wide) {
             if (eight) launch_glu_stage_w<T, PRO, true, 8>(blocks, smem, s, p, rb, n_y);
@@ -636,20 +595,15 @@ void launch_glu_stage(bool wide, unsigned blocks, size_t smem, cudaStream_t s, c
     else launch_glu_stage_w<T, PRO, false, 16>(blocks, smem, s, p, rb, n_y);
 }
 
-// SwiGLU pairs: blocks of 32 rows of both matrices (Q5_K / Q6_K: 64), else of the other size
-// (CERA_CUDA_GLU_ROWS forces either), at most 160 KB a block, and only where the whole grid is
-// resident at once (a second wave measured slower than the register kernel: Q8_0, -8%). Batches of
-// up to 8 tokens. Every block type that fits: at 64 registers a thread a staged block leaves room on
-// its SM for blocks of the launches before and after it, where the register kernel's 512 threads at
-// 124 take the whole SM.
-// With the RMSNorm prologue the staged Q4_0 pair gained 8-10% (lfm2-1.2b, llama-1b, 32 rows; without
-// the prologue +2.5-4.5%, and before the prologue existed -1.5%; bench/NOTES.md). Q8_0 rows do not
-// fit one wave (139 KB a 32-row block) and keep the register kernel. CERA_CUDA_GLU_STAGE=0: never;
-// 1: K-quants only.
+// SwiGLU pairs: blocks of 32 rows of both matrices (Q5_K / Q6_K: 64), else of the other size, at
+// most 160 KB a block, and only where the whole grid is resident at once (a second wave is slower
+// than the register kernel). Batches of up to 8 tokens. Every block type that fits: at 64 registers
+// a thread a staged block leaves room on its SM for blocks of the launches before and after it,
+// where the register kernel's 512 threads at 124 take the whole SM. Q8_0 rows do not fit one wave
+// (139 KB a 32-row block) and keep the register kernel. GemvArgs::glu_stage = 0: never; 1: K-quants
+// only.
 StagePlan glu_stage_plan(const GemvArgs& g, const GemvArgs& u) {
-    static const int default_mode = env_int("CERA_CUDA_GLU_STAGE", 2);
-    const int mode = g.glu_stage >= 0 ? g.glu_stage : default_mode;
-    static const int forced = env_int("CERA_CUDA_GLU_ROWS", 0);
+    const int mode = g.glu_stage >= 0 ? g.glu_stage : 2;
     const QuantLayout L = quant_layout(g.w.type);
     if (mode == 0 || L.block_elems == 0 || g.n_y < 1 || g.n_y > 8) return {};
     if (mode == 1 && L.block_elems != 256) return {};
@@ -663,18 +617,13 @@ StagePlan glu_stage_plan(const GemvArgs& g, const GemvArgs& u) {
     };
     const bool heavy = heavy_scales(g.w.type);
     for (int64_t rb : {int64_t(heavy ? 64 : 32), int64_t(heavy ? 32 : 64)})
-        if ((forced != 32 && forced != 64) || forced == rb)
-            if (waves_ok(rb)) return {int(rb), size_t(rb * per_row)};
+        if (waves_ok(rb)) return {int(rb), size_t(rb * per_row)};
     return {};
 }
 
 }  // namespace
 
 void gemv_multi(const GemvArgs* a, int n, Stream stream) {
-    if (debug_skip("allgemv")) return;
-    if (a[0].res_out && debug_skip("resgemv")) return;
-    if (!a[0].res_out && a[0].rows > 40000 && debug_skip("lmhead")) return;
-    if (!a[0].res_out && a[0].rows <= 40000 && debug_skip("ingemv")) return;
     CERA_CHECK(n >= 1 && n <= kMaxSegs && !a[0].pro_x);
     if (n == 1 && gemv_stream(a[0], stream)) return;  // an LM head (gemv_stream.cu)
     bool vec = true;
@@ -720,10 +669,9 @@ void gemv_multi(const GemvArgs* a, int n, Stream stream) {
 void gemv(const GemvArgs& a, Stream stream) { gemv_multi(&a, 1, stream); }
 
 bool gemv_norm_supported(const GemvArgs& a) {
-    static const bool on = env_int("CERA_CUDA_NORM_FOLD", 1) != 0;
     const int64_t n = a.rows;
     auto at16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    return on && quant_layout(a.w.type).block_elems > 0 && !a.ids && a.res_out && a.ldy == n &&
+    return quant_layout(a.w.type).block_elems > 0 && !a.ids && a.res_out && a.ldy == n &&
            (n == 256 || n == 512 || n == 1024 || n == 2048 || n == 4096) && a.n_y >= 1 && a.n_y <= 64 && at16(a.res_out) &&
            (!a.norm_w || at16(a.norm_w)) && at16(a.norm_out) && (!a.norm_xq || at16(a.norm_xq));
 }
@@ -732,10 +680,7 @@ bool gemv_norm_prologue_supported(GgmlType type, int64_t k, int n_y) {
     return quant_layout(type).block_elems > 0 && n_y == 1 && k % 32 == 0 && k > 0 && k <= kProMaxK;
 }
 
-bool heavy_scales(GgmlType t) {
-    static const bool q4k = env_int("CERA_CUDA_Q4K_HEAVY", 0) != 0;
-    return t == GgmlType::kQ5_K || t == GgmlType::kQ6_K || (q4k && t == GgmlType::kQ4_K);
-}
+bool heavy_scales(GgmlType t) { return t == GgmlType::kQ5_K || t == GgmlType::kQ6_K; }
 
 bool gemv_glu_staged(const GemvArgs& gate, const GemvArgs& up) { return glu_stage_plan(gate, up).rb > 0; }
 
@@ -743,7 +688,6 @@ bool gemv_glu_supported(GgmlType type, int64_t rows) { return quant_layout(type)
 
 void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq, Stream stream,
               const GemvArgs* next) {
-    if (debug_skip("glu")) return;
     CERA_CHECK(gemv_glu_supported(gate.w.type, gate.rows) && up.w.type == gate.w.type && up.w.k == gate.w.k &&
                up.rows == gate.rows && up.n_y == gate.n_y && up.xq == gate.xq && !gate.ids && !up.ids &&
                !gate.accumulate && !up.accumulate && gate.ldy == gate.rows);
@@ -759,10 +703,9 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
     cudaStream_t s = as_stream(stream);
     if (const StagePlan sp = glu_stage_plan(gate, up); sp.rb > 0) {
         const unsigned blocks = unsigned(gate.rows / sp.rb);
-        // Q5_K in 32-byte items (one scale decode per 32 bytes; +1.1-2.3% for Q4_K in its earlier
-        // layout). The register kernels keep 16-byte items: wide ones took 126 registers at R = 2.
-        static const bool default_wide = env_int("CERA_CUDA_GLU_WIDE", 1) != 0;
-        const bool wide = gate.glu_wide >= 0 ? gate.glu_wide != 0 : default_wide;
+        // Q5_K in 32-byte items (one scale decode per 32 bytes). The register kernels keep 16-byte
+        // items: wide ones take 126 registers at R = 2.
+        const bool wide = gate.glu_wide != 0;
         const bool xreg = glu_pro_xreg(gate);
         const size_t smem = sp.smem + (p.px ? prologue_bytes(p.k, xreg) : 0);
         switch (gate.w.type) {
@@ -778,34 +721,29 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
         }
         return;
     }
-    // Pairs the staged kernel does not take (Q8_0; every type with CERA_CUDA_GLU_STAGE=0). One wave:
-    // blocks of 32 rows walk the row groups (one block per SM at ~120 registers a thread), instead of
-    // a second wave of blocks that start only as the first ones leave, and each block's second group
-    // is copied to shared memory before the PDL wait (prefetch). Measured with the prefetch
-    // (bench/NOTES.md): Q4_0 +4-4.6%, Q8_0 +1.8-2.5%; the K-quants -0.7 to -3.8% (two waves there).
-    // CERA_CUDA_GLU_PERSIST=0: never, 1: every type; CERA_CUDA_GLU_PREFETCH=0: no copy, 2: the copy
-    // after the wait (-2%).
-    static const int persist = env_int("CERA_CUDA_GLU_PERSIST", -1);
+    // Pairs the staged kernel does not take (Q8_0; every type with GemvArgs::glu_stage = 0). For the
+    // 32-element block types one wave: blocks of 32 rows walk the row groups (one block per SM at
+    // ~120 registers a thread), instead of a second wave of blocks that start only as the first ones
+    // leave, and each block's second group is copied to shared memory before the PDL wait
+    // (prefetch). The K-quants keep two waves, where their heavier rows hide the late start.
     const GgmlType t = gate.w.type;
-    const bool one_wave = persist == 1 || (persist < 0 && quant_layout(t).block_elems == 32);
+    const bool one_wave = quant_layout(t).block_elems == 32;
     const int64_t groups = gate.rows / 32;
     int64_t n_rb = groups;
     if (one_wave) n_rb = ceil_div(groups, ceil_div(groups, int64_t(sm_count())));
     // The second row group's rows in shared memory (gemv_glu_kernel's prefetch), 16-byte aligned rows.
-    static const int prefetch_env = env_int("CERA_CUDA_GLU_PREFETCH", 1);
     const QuantLayout L = quant_layout(t);
     const int64_t nb = gate.w.k / L.block_elems, qb = nb * L.q_bytes, mb = nb * L.m_bytes;
     const size_t pf_bytes = size_t(16 * 4 * (qb + mb));  // 16 warps, 2 + 2 rows each
     const int prefetch = n_rb < groups && qb % 16 == 0 && mb % 16 == 0 && stage_aligned(gate, qb, mb) &&
                                  stage_aligned(up, qb, mb) && int64_t(pf_bytes) <= kGluStageMax
-                             ? prefetch_env
+                             ? 1
                              : 0;
     // The down product's weights into L2 while the pair runs: its blocks cannot be resident before this
-    // launch's leave, so its own loads start late. CERA_CUDA_DOWN_L2: 0 never, 1 before the PDL wait,
-    // 2 after it. Only for products of up to kL2Next bytes (Q4_0 down of lfm2-1.2b / llama-1b, 9.4 MB:
-    // -0.4 to +1.5%; Q8_0, 17.8 MB: -2%) and not beside the staged kernel (K-quants: -2%; bench/NOTES.md).
-    static const int l2_env = env_int("CERA_CUDA_DOWN_L2", 1);
-    if (next && l2_env > 0 && one_wave && !next->ids && quant_layout(next->w.type).block_elems > 0) {
+    // launch's leave, so its own loads start late. Issued before the PDL wait. Only for products of up
+    // to kL2Next bytes (a larger one evicts the pair's own rows) and not beside the staged kernel, whose
+    // rows already fill the memory pipes.
+    if (next && one_wave && !next->ids && quant_layout(next->w.type).block_elems > 0) {
         const QuantLayout NL = quant_layout(next->w.type);
         const int64_t nnb = next->w.k / NL.block_elems, nq = nnb * NL.q_bytes, nm = nnb * NL.m_bytes;
         const int64_t rows = next->rows;
@@ -813,7 +751,7 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
         const auto* m = scale_stream(next->w) + next->w.row0 * nm;
         if (reinterpret_cast<uintptr_t>(q) % 16 == 0 && reinterpret_cast<uintptr_t>(m) % 16 == 0 &&
             rows * (nq + nm) <= kL2Next) {
-            p.l2_q = q, p.l2_m = m, p.l2_qbytes = rows * nq, p.l2_mbytes = rows * nm, p.l2_mode = l2_env;
+            p.l2_q = q, p.l2_m = m, p.l2_qbytes = rows * nq, p.l2_mbytes = rows * nm;
         }
     }
     const dim3 grid(unsigned(n_rb), unsigned(gate.n_y));

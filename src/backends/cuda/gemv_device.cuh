@@ -52,8 +52,6 @@ struct GemvK {
     const uint8_t* l2_q;
     const uint8_t* l2_m;
     int64_t l2_qbytes, l2_mbytes;
-    int l2_mode;
-    int res_late;  // the residual input read after the dots (A/B), not right after the PDL wait
 };
 
 // The segment of this block and the block's index inside it.
@@ -325,8 +323,6 @@ inline GemvK common_params(const GemvArgs& a, bool& vec) {
     const GgmlType type = a.w.type;
     const int64_t k = a.w.k;
     GemvK p{};
-    static const int res_late = env_int("CERA_CUDA_RES_LATE", 0);  // 1: the residual input read after the dots
-    p.res_late = res_late;
     const QuantLayout L = quant_layout(type);
     vec = true;
     if (L.block_elems > 0) {

@@ -31,10 +31,9 @@
 namespace cera::cuda {
 namespace {
 
-// Rows a warp in the q/k/v launch: 4, but 2 for Q5_K / Q6_K, whose 4-row kernels spill. Q4_K at 4
-// rows (128 registers) measured +0.5% (lfm2-1.2b) and +2.6% (llama-1b) against 2 (91 registers):
-// its 512-thread blocks no longer fit beside the down product's, so they are not resident, waiting,
-// while it runs (bench/NOTES.md, twelfth session).
+// Rows a warp in the q/k/v launch: 4, but 2 for Q5_K / Q6_K, whose 4-row kernels spill. Q4_K takes 4
+// rows (128 registers): its 512-thread blocks then no longer fit beside the down product's, so they
+// are not resident, waiting, while it runs.
 constexpr int rows_qkv(GgmlType t) { return t == GgmlType::kQ5_K || t == GgmlType::kQ6_K ? 2 : 4; }
 
 // Rows r0 .. r0 + n - 1 of segment sg (n a multiple of 16 R) with their biases into out[0 .. n): 16
@@ -138,10 +137,9 @@ __global__ void __launch_bounds__(512) gemv_qkv_rope_kernel(const GemvK a, const
 // one shuffle after the warp sum. A per-head RMSNorm needs the whole head in the block (head_dim 64):
 // the warps' sums of squares meet in shared memory behind one barrier. Each lane looks its row's
 // rotation and norm weight up before the PDL wait. gemv_qkv_rope_kernel instead writes the row totals
-// to shared memory and normalizes, rotates and stores the head with warp 0 alone; the warps' epilogue
-// measured +3.6% (Q4_0), +4.1% (Q4_K), +4.6% (Q8_0) tg128 on llama-1b. The row sums are the same (same
-// dot order and lanes); 4-warp blocks of 16 rows (4 per head) measured -4.6%: each block makes the
-// RMSNorm prologue, and fewer threads make it slower (bench/NOTES.md).
+// to shared memory and normalizes, rotates and stores the head with warp 0 alone, a longer chain after
+// the dots. The row sums are the same (same dot order and lanes). Blocks stay at 16 warps: each block
+// makes the RMSNorm prologue, and fewer threads make it slower.
 constexpr int kRowsWarps = 16;
 template <GgmlType T, GgmlType TV, class C, bool PRO>
 __global__ void __launch_bounds__(kRowsWarps * 32) gemv_qkv_rope_rows_kernel(const GemvK a, const QkvRopeArgs r) {
@@ -300,24 +298,20 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512) gemv_conv_kerne
     cl.sync();  // the partner has read amax_s before this block leaves
 }
 
-// One q/k/v launch. Q5_K / Q6_K (heavy_scales) prefer the most L1 (their scale loads; Q4_K in its
-// earlier layout: llama-1b +0.9%, lfm2-1.2b +0.3%); the other types keep the driver's choice (100:
-// llama-1b Q4_0 -0.4%, lfm2-1.2b Q8_0 -5%; 0: Q4_0 -0.6 to -1.1%). CERA_CUDA_CARVEOUT_QKV_K overrides
-// (-1: none).
+// One q/k/v launch. Q5_K / Q6_K (heavy_scales) prefer the most L1, which their scale loads go
+// through; the other types keep the driver's choice.
 template <GgmlType T, GgmlType TV, class C, bool PRO>
 void launch_qkv(dim3 grid, size_t smem, cudaStream_t s, const GemvK& p, const QkvRopeArgs& r) {
     constexpr int R = rows_qkv(T);
-    static const int co_k = env_int("CERA_CUDA_CARVEOUT_QKV_K", 0);
-    if (heavy_scales(T)) prefer_carveout<gemv_qkv_rope_kernel<T, TV, C, PRO, R>>(co_k);
+    if (heavy_scales(T)) prefer_carveout<gemv_qkv_rope_kernel<T, TV, C, PRO, R>>(0);
     launch(gemv_qkv_rope_kernel<T, TV, C, PRO, R>, grid, 512, smem, s, p, r);
 }
 
 // Whether the q/k/v launch can take gemv_qkv_rope_rows_kernel: 4 rows a warp (not Q5_K / Q6_K),
 // head_dim a multiple of 64 (64 with a per-head norm), adjacent pairs over an even n_rot or neox pairs
-// over a multiple of 4. QkvRopeArgs::rows_kernel = 0 (or CERA_CUDA_QKV_ROWS=0) keeps gemv_qkv_rope_kernel.
+// over a multiple of 4. QkvRopeArgs::rows_kernel = 0 keeps gemv_qkv_rope_kernel.
 bool qkv_rows_fit(GgmlType t, const QkvRopeArgs& r) {
-    static const int on = env_int("CERA_CUDA_QKV_ROWS", 1);
-    if ((r.rows_kernel >= 0 ? r.rows_kernel : on) == 0 || rows_qkv(t) != 4 || r.head_dim % (4 * kRowsWarps) != 0 ||
+    if (r.rows_kernel == 0 || rows_qkv(t) != 4 || r.head_dim % (4 * kRowsWarps) != 0 ||
         ((r.q_norm || r.k_norm) && r.head_dim != 4 * kRowsWarps))
         return false;
     for (const RopeArgs* rr : {&r.q_rope, &r.k_rope})
@@ -377,7 +371,6 @@ bool gemv_qkv_rope_supported(const GemvArgs (&qkv)[3], const QkvRopeArgs& r) {
 }
 
 void gemv_qkv_rope_store(const GemvArgs (&qkv)[3], const QkvRopeArgs& r, Stream stream) {
-    if (debug_skip("qkvrope")) return;
     CERA_CHECK(gemv_qkv_rope_supported(qkv, r), "gemv_qkv_rope_store: unsupported shapes or types");
     bool vec = true;
     GemvK p = common_params(qkv[0], vec);
@@ -415,7 +408,6 @@ bool gemv_conv_supported(const GemvArgs& in_proj, int taps) {
 
 void gemv_conv(const GemvArgs& in_proj, const float* conv_w, int taps, float* state, float* state_prev, float* out,
                void* out_xq, Stream stream) {
-    if (debug_skip("conv")) return;
     CERA_CHECK(gemv_conv_supported(in_proj, taps), "gemv_conv: unsupported shapes or types");
     bool vec = true;
     GemvK p = common_params(in_proj, vec);

@@ -113,11 +113,9 @@ __global__ void __launch_bounds__(256, 1) gemv_stream_kernel(const GemvK a, int 
 
 // The streamed kernel (gemv_stream_kernel) for a product of at least kStreamBytes of weights, one
 // token, no expert ids, quantized rows whose two streams are 16-byte multiples at 16-byte aligned
-// starts. Measured against the register kernel (bench/NOTES.md, fourteenth session): lfm2-1.2b Q4_0
-// and Q4_K +0.9%, llama-1b even (both with a 50,257-row Q6_K head). CERA_CUDA_HEAD_STREAM=0: never;
-// CERA_CUDA_HEAD_R (2 or 4) rows a warp; CERA_CUDA_HEAD_STAGES: at most that many tiles in the ring
-// (by default as many as fit, up to kStreamMaxStages: 4 for that head). Read at every launch (one a
-// token at most, or one a recorded step), so that tests can compare.
+// starts (GemvArgs::no_stream: never). 4 rows a warp, as many tiles in the ring as fit, up to
+// kStreamMaxStages. The weights stream through shared memory while the register kernel's loads
+// stall on each warp's own rows, which pays for products this large.
 constexpr int64_t kStreamBytes = 32 << 20;
 struct StreamPlan {
     int R = 0;  // 0: not streamed
@@ -126,18 +124,15 @@ struct StreamPlan {
     unsigned blocks = 0;
 };
 StreamPlan stream_plan(const GemvArgs& a) {
-    const int on = env_int("CERA_CUDA_HEAD_STREAM", 1), env_r = env_int("CERA_CUDA_HEAD_R", 4),
-              env_stages = env_int("CERA_CUDA_HEAD_STAGES", 0);
     const QuantLayout L = quant_layout(a.w.type);
-    if (!on || L.block_elems == 0 || a.n_y != 1 || a.ids || a.x_div != 1 || a.norm_out || a.pro_x) return {};
+    if (a.no_stream || L.block_elems == 0 || a.n_y != 1 || a.ids || a.x_div != 1 || a.norm_out || a.pro_x) return {};
     if (a.w.k % L.block_elems != 0 || reinterpret_cast<uintptr_t>(a.xq) % 16) return {};
     const int64_t nb = a.w.k / L.block_elems, qrow = nb * L.q_bytes, mrow = nb * L.m_bytes;
     if (a.rows * (qrow + mrow) < kStreamBytes || qrow % 16 || mrow % 16 || !stage_aligned(a, qrow, mrow)) return {};
-    const int R = env_r == 2 ? 2 : 4;
+    constexpr int R = 4;
     const int64_t stage = 8 * R * (qrow + mrow), xbytes = q8_row_bytes(a.w.k);
     const int64_t room = device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>() - xbytes - 1024;  // + static
-    int stages = int(std::min<int64_t>(kStreamMaxStages, room / stage));
-    if (env_stages > 0) stages = std::min(stages, env_stages);
+    const int stages = int(std::min<int64_t>(kStreamMaxStages, room / stage));
     const int64_t blocks = sm_count();
     if (stages < 2 || a.rows < 8 * R * blocks || a.rows >= INT_MAX) return {};
     return {R, stages, size_t(stages * stage + xbytes), unsigned(blocks)};
@@ -161,8 +156,7 @@ void run_stream(const StreamPlan& sp, const GemvArgs& a, const StreamPick& pk, c
     GemvK p = common_params(a, vec);
     p.seg[0] = make_seg(a);
     p.n_seg = 1;
-    if (sp.R == 2) launch_stream<2>(a.w.type, p, sp, pk, s);
-    else launch_stream<4>(a.w.type, p, sp, pk, s);
+    launch_stream<4>(a.w.type, p, sp, pk, s);
 }
 
 }  // namespace
@@ -176,8 +170,7 @@ bool gemv_stream(const GemvArgs& a, Stream stream) {
 
 bool gemv_argmax_feed(const GemvArgs& a, int32_t* out, int32_t* ids, int32_t* pos, int64_t pos_last, Stream stream,
                       void* scratch, PickMail mail) {
-    static const bool on = env_int("CERA_CUDA_HEAD_PICK", 1) != 0;  // 0: the arg-max launch after it (A/B)
-    if (!on || !scratch || a.accumulate || a.res_out) return false;
+    if (!scratch || a.accumulate || a.res_out) return false;
     const StreamPlan sp = stream_plan(a);
     if (sp.R == 0 || sp.blocks > unsigned(kArgmaxSplitBlocks)) return false;
     StreamPick pk;

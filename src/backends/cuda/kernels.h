@@ -50,7 +50,7 @@ CERA_HD constexpr QuantLayout quant_layout(GgmlType t) {
 // Whether a quantized type's items decode their scales from a record shared by a 256-element block
 // (Q5_K's packed 6-bit scales, Q6_K's sub-scales), heavier per byte than Q4_0 / Q4_1 / Q5_0 / Q5_1 /
 // Q8_0 and Q4_K's 32-element items: the launch choices (rows a warp, the L1 / shared-memory split, the
-// staged SwiGLU blocks) follow this. CERA_CUDA_Q4K_HEAVY=1 gives Q4_K the heavy choices (A/B).
+// staged SwiGLU blocks) follow this.
 bool heavy_scales(GgmlType t);
 inline bool is_float_type(GgmlType t) { return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16; }
 inline bool weight_type_supported(GgmlType t) { return is_float_type(t) || quant_layout(t).block_elems > 0; }
@@ -110,10 +110,11 @@ struct GemvArgs {
     int64_t ldy = 0;
     bool accumulate = false;
     int rows_per_warp = 0;          // 0: chosen from the shape; else 2 or 4 (benchmarks)
-    // SwiGLU pairs (gemv_glu, the gate's args): -1 the process default, else the backend's setting of
-    // CERA_CUDA_GLU_STAGE (0, 1, 2), CERA_CUDA_GLU_WIDE (0, 1) and CERA_CUDA_PRO_XREG (0, 1), read when
-    // the backend was made.
+    // SwiGLU pairs (gemv_glu, the gate's args): -1 the launch table's choice, else a variant a test
+    // forces (CudaVariants): glu_stage 0 the register kernel, glu_wide 0 16-byte items, pro_xreg 0 the
+    // prologue's x in shared memory.
     int glu_stage = -1, glu_wide = -1, pro_xreg = -1;
+    bool no_stream = false;  // never the streamed LM-head kernel (CudaVariants::head_register)
     // Residual epilogue (or null): res_out[j][r] = res_a[j][r] + res_scale * y[j][r], after y is
     // written; res_a, res_out: [n_y, ldy] (res_out may alias res_a, not x or y).
     const float* res_a = nullptr;
@@ -212,9 +213,8 @@ struct QkvRopeArgs {
     void* v_cache = nullptr;
     bool f16 = true;
     int64_t n_ctx = 0;
-    // gemv_qkv_rope_store: the warps' epilogue where it fits (1, gemv_fused.cu qkv_rows_fit), warp 0's
-    // of a block a head (0), or the default (-1, CERA_CUDA_QKV_ROWS). Per backend, so that tests can
-    // compare the kernels.
+    // gemv_qkv_rope_store: the warps' epilogue where it fits (-1 or 1, gemv_fused.cu qkv_rows_fit), or
+    // warp 0's of a block a head (0, CudaVariants::qkv_head_blocks), so that tests can compare them.
     int rows_kernel = -1;
 };
 void qkv_rope_store(const QkvRopeArgs& a, Stream stream);
@@ -325,6 +325,7 @@ struct MoeGemvArgs {
     int x_div = 1;                  // k (gate/up read token s / k) or 1 (down)
     float* y = nullptr;             // [n_slots, ldy]
     int64_t ldy = 0;
+    int tile_rows = 0;              // rows a block (a multiple of 8 up to 128), 0: chosen from the shape
 };
 bool moe_grouped_supported(GgmlType type, int64_t k, int n_expert);
 void moe_gemv_grouped(const MoeGemvArgs& a, Stream stream);

@@ -159,13 +159,10 @@ __global__ void __launch_bounds__(kThreads) moe_gemv_grouped_kernel(const Groupe
     }
 }
 
-// Rows per block: CERA_CUDA_MOE_TILE (benchmarks and tests: a multiple of 8 up to 128), else the
-// most 8-row groups (up to 4) whose staged bytes stay under 48 KB, else one group.
-int pick_tile(const QuantLayout& L, int64_t nb) {
-    if (const char* e = std::getenv("CERA_CUDA_MOE_TILE")) {
-        const int t = std::atoi(e);
-        if (t >= kNR && t <= 128 && t % kNR == 0 && tile_smem(L, nb, t) <= kSmemMax) return t;
-    }
+// Rows per block: `forced` (tests: a multiple of 8 up to 128) when it fits, else the most 8-row
+// groups (up to 4) whose staged bytes stay under 48 KB, else one group.
+int pick_tile(const QuantLayout& L, int64_t nb, int forced) {
+    if (forced >= kNR && forced <= 128 && forced % kNR == 0 && tile_smem(L, nb, forced) <= kSmemMax) return forced;
     for (int g = 4; g > 1; --g)
         if (tile_smem(L, nb, g * kNR) <= kSmemDefault) return g * kNR;
     return kNR;
@@ -201,7 +198,7 @@ void moe_gemv_grouped(const MoeGemvArgs& a, Stream stream) {
     p.m = scale_stream(a.w);
     p.row0 = a.w.row0, p.rows = a.rows, p.k = a.w.k;
     p.n_expert = a.n_expert;
-    p.tile_rows = pick_tile(L, p.nb);
+    p.tile_rows = pick_tile(L, p.nb, a.tile_rows);
     p.route = a.route;
     p.xq = static_cast<const uint8_t*>(a.xq), p.ldxq = q8_row_bytes(a.w.k), p.x_div = a.x_div;
     p.y = a.y, p.ldy = a.ldy;

@@ -140,7 +140,6 @@ __global__ void kv_store_kernel(const float* __restrict__ k, const float* __rest
 }  // namespace
 
 void rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t n, float* out, Stream stream, void* xq) {
-    if (debug_skip("norm")) return;
     if (rows == 0) return;
     CERA_CHECK(!xq || n % 32 == 0);
     const int threads = n >= 2048 ? 512 : n >= 512 ? 256 : 128;
@@ -186,7 +185,6 @@ void rope_table(const RopeArgs& r, int64_t rows, float* table, Stream stream) {
 }
 
 void qkv_rope_store(const QkvRopeArgs& a, Stream stream) {
-    if (debug_skip("rope")) return;
     const int64_t rows = a.n_tokens * (a.n_head + 2 * a.n_head_kv);
     if (rows == 0) return;
     for (const RopeArgs* r : {&a.q_rope, &a.k_rope})

@@ -14,9 +14,7 @@ constexpr size_t kAsyncArea = size_t(Backend::kAsyncReads) * Backend::kAsyncRead
 }  // namespace
 
 PinnedStaging::PinnedStaging() {
-    const char* pin = std::getenv("CERA_CUDA_PINNED");
-    if ((pin && pin[0] == '0') ||
-        cudaHostAlloc(reinterpret_cast<void**>(&base_), kRing + kReadMax + kAsyncArea, cudaHostAllocDefault) !=
+    if (cudaHostAlloc(reinterpret_cast<void**>(&base_), kRing + kReadMax + kAsyncArea, cudaHostAllocDefault) !=
             cudaSuccess) {
         cudaGetLastError();  // no pinned memory: every transfer takes the pageable path
         base_ = nullptr;

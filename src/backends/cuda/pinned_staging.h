@@ -4,7 +4,7 @@
 // reads the bytes it reuses); a read lands in its own pinned area; each asynchronous read has a slot
 // and an event recorded after its copy, so waiting for it waits for nothing queued later. Larger
 // transfers, and any while a step is being captured, are the caller's (the pageable path, which
-// stages the bytes before returning). CERA_CUDA_PINNED=0 turns it off (benchmarks).
+// stages the bytes before returning).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -18,7 +18,7 @@ namespace cera::cuda {
 
 class PinnedStaging {
    public:
-    PinnedStaging();  // without pinned memory (or with CERA_CUDA_PINNED=0) every call declines
+    PinnedStaging();  // without pinned memory every call declines
     PinnedStaging(const PinnedStaging&) = delete;
     PinnedStaging& operator=(const PinnedStaging&) = delete;
     ~PinnedStaging();

@@ -350,8 +350,8 @@ struct QTraits<GgmlType::kQ4_K> {
     }
 };
 // settle_w(w): the item's values are made here, before a GEMV's PDL wait, not where the dot first
-// uses them after it (an empty volatile statement, kept in order with the wait). Q4_K's scale and min
-// made before the wait measured +0.6% (llama-1b) and +1.0% (lfm2-1.2b) tg128 (bench/NOTES.md).
+// uses them after it (an empty volatile statement, kept in order with the wait), so that their
+// loads and arithmetic overlap the wait instead of following it.
 template <class W>
 __device__ __forceinline__ void settle_w(const W&) {}
 __device__ __forceinline__ void settle_w(const QTraits<GgmlType::kQ4_K>::W& w) {

@@ -1,4 +1,4 @@
-// CERA_CUDA_PROFILE=1: the GPU time of each graph replay (events around it) and the host time between
+// CudaOptions::profile: the GPU time of each graph replay (events around it) and the host time between
 // consecutive replays (gaps over 5 ms, between runs, are left out); printed when the backend goes.
 #pragma once
 #include <cuda_runtime.h>

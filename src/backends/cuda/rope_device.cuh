@@ -1,5 +1,5 @@
 // Per-head RMSNorm + RoPE and the KV-cache row store, one warp per head vector: shared by the
-// batched kernels (norm_rope.cu) and the decode program (decode_step.cu).
+// batched kernels (norm_rope.cu).
 #pragma once
 #include "backends/cuda/common.cuh"
 

@@ -9,18 +9,13 @@
 
 namespace cera::cuda {
 
-RopeTables::RopeTables() {
-    const char* e = std::getenv("CERA_CUDA_ROPE_TABLE");
-    on_ = !(e && std::strcmp(e, "0") == 0);
-}
-
 RopeTables::~RopeTables() {
     for (auto& [key, t] : map_) cudaFree(t.ptr);
 }
 
 void RopeTables::attach(RopeArgs& r, int64_t rows, bool capturing, Stream stream,
                         const std::function<void()>& before_free) {
-    if (!on_ || r.mode == 0 || r.n_rot <= 0 || r.n_rot % 2 != 0 || rows <= 0 || rows > (1 << 16)) return;
+    if (r.mode == 0 || r.n_rot <= 0 || r.n_rot % 2 != 0 || rows <= 0 || rows > (1 << 16)) return;
     const auto key = std::make_tuple(r.mode, r.n_rot, r.freq_base, r.freq_scale, r.freq_factors);
     auto it = map_.find(key);
     if (it == map_.end() || it->second.rows < rows) {

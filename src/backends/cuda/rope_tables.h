@@ -1,6 +1,6 @@
 // The (cos, sin) tables of the RoPE rotations for decode (cuda_backend.cpp): one per rotation, for the
 // positions below the cache length, so that the step's RoPE kernels load the angles instead of
-// computing them in double. Made outside recorded steps and kept; CERA_CUDA_ROPE_TABLE=0 turns it off.
+// computing them in double. Made outside recorded steps and kept.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -13,7 +13,7 @@ namespace cera::cuda {
 
 class RopeTables {
    public:
-    RopeTables();
+    RopeTables() = default;
     RopeTables(const RopeTables&) = delete;
     RopeTables& operator=(const RopeTables&) = delete;
     ~RopeTables();
@@ -29,7 +29,6 @@ class RopeTables {
         int64_t rows = 0;
     };
     std::map<std::tuple<int, int, float, float, const float*>, Table> map_;
-    bool on_ = true;
 };
 
 }  // namespace cera::cuda

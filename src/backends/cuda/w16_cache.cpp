@@ -16,10 +16,8 @@ const void* W16Cache::get(const WeightRef& w, bool capturing, Stream stream) {
     if (auto it = map_.find(w.image); it != map_.end()) return it->second;
     if (capturing || budget_ == 0) return nullptr;
     if (budget_ < 0) {
-        const char* e = std::getenv("CERA_CUDA_W16_CACHE");
         size_t free_b = 0, total_b = 0;
-        budget_ = (e && e[0] == '0') || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess
-                      ? 0 : static_cast<long long>(free_b / 2);
+        budget_ = cudaMemGetInfo(&free_b, &total_b) != cudaSuccess ? 0 : static_cast<long long>(free_b / 2);
         if (budget_ == 0) return nullptr;
     }
     const size_t bytes = size_t(w.image_rows * w.k) * 2;

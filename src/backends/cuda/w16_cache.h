@@ -1,7 +1,6 @@
 // The F16 expansions of whole quantized weights for the cuBLAS prefill path (cuda_backend.cpp), made
 // on a weight's first batched matmul and kept, instead of re-expanding it for every prefill chunk,
 // while the cached copies stay under half the device memory that was free at the first one.
-// CERA_CUDA_W16_CACHE=0 turns it off.
 #pragma once
 #include <cstddef>
 #include <unordered_map>
