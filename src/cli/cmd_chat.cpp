@@ -26,11 +26,11 @@
 #include "cera/engine.h"
 #include "cera/error.h"
 #include "cera/session.h"
+#include "chat/chat_template.h"
 #include "cli/command.h"
 #include "cli/engine_flags.h"
-#include "cli/parse_args.h"
 #include "cli/model_path.h"
-#include "tokenizer/chat_template.h"
+#include "cli/parse_args.h"
 
 namespace cera::cli {
 namespace {

@@ -18,8 +18,8 @@
 
 #include "cera/engine.h"
 #include "cera/session.h"
+#include "chat/chat_template.h"
 #include "test_util.h"
-#include "tokenizer/chat_template.h"
 
 namespace fs = std::filesystem;
 

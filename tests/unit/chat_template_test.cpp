@@ -1,7 +1,7 @@
 // Published chat templates (LFM2, LFM2.5, Qwen2.5, Qwen3, Llama 3.2/3.3, Granite 3.3, the fixture ChatML)
 // rendered over the conversations in tests/data/chat_templates/conversations.json and compared byte for
 // byte with tests/data/chat_templates/expected/<case>.txt.
-#include "tokenizer/chat_template.h"
+#include "chat/chat_template.h"
 
 #include <gtest/gtest.h>
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "cera/error.h"
-#include "tokenizer/jinja/template.h"
+#include "chat/jinja/template.h"
 
 namespace {
 

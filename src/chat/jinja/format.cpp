@@ -1,12 +1,12 @@
-#include "tokenizer/jinja/format.h"
+#include "chat/jinja/format.h"
 
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 
-#include "tokenizer/jinja/error.h"
-#include "tokenizer/jinja/text.h"
+#include "chat/jinja/error.h"
+#include "chat/jinja/text.h"
 
 namespace cera::jinja {
 

@@ -1,11 +1,11 @@
-#include "tokenizer/jinja/text.h"
+#include "chat/jinja/text.h"
 
 #include <utf8proc.h>
 
 #include <cstdarg>
 #include <cstdio>
 
-#include "tokenizer/jinja/error.h"
+#include "chat/jinja/error.h"
 #include "tokenizer/unicode.h"
 
 namespace cera::jinja {

@@ -1,11 +1,11 @@
-#include "tokenizer/jinja/interpreter.h"
+#include "chat/jinja/interpreter.h"
 
 #include <algorithm>
 
+#include "chat/jinja/error.h"
+#include "chat/jinja/format.h"
+#include "chat/jinja/text.h"
 #include "core/check.h"
-#include "tokenizer/jinja/error.h"
-#include "tokenizer/jinja/format.h"
-#include "tokenizer/jinja/text.h"
 
 namespace cera::jinja {
 

@@ -5,9 +5,9 @@
 #include <utility>
 #include <vector>
 
-#include "tokenizer/jinja/ast.h"
-#include "tokenizer/jinja/interpreter.h"
-#include "tokenizer/jinja/lexer.h"
+#include "chat/jinja/ast.h"
+#include "chat/jinja/interpreter.h"
+#include "chat/jinja/lexer.h"
 
 namespace cera::jinja {
 

@@ -5,8 +5,8 @@
 #pragma once
 #include <vector>
 
-#include "tokenizer/jinja/ast.h"
-#include "tokenizer/jinja/lexer.h"
+#include "chat/jinja/ast.h"
+#include "chat/jinja/lexer.h"
 
 namespace cera::jinja {
 

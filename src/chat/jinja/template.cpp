@@ -1,11 +1,11 @@
-#include "tokenizer/jinja/template.h"
+#include "chat/jinja/template.h"
 
 #include <algorithm>
 #include <ctime>
 #include <nlohmann/json.hpp>
 
+#include "chat/jinja/parser.h"
 #include "core/check.h"
-#include "tokenizer/jinja/parser.h"
 
 namespace cera::jinja {
 

@@ -1,4 +1,4 @@
-#include "tokenizer/jinja/value.h"
+#include "chat/jinja/value.h"
 
 #include <cmath>
 #include <utility>

@@ -1,7 +1,7 @@
-#include "tokenizer/chat_template.h"
+#include "chat/chat_template.h"
 
+#include "chat/jinja/template.h"
 #include "core/check.h"
-#include "tokenizer/jinja/template.h"
 
 namespace cera {
 

@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "tokenizer/jinja/ast.h"
-#include "tokenizer/jinja/value.h"
+#include "chat/jinja/ast.h"
+#include "chat/jinja/value.h"
 
 namespace cera::jinja {
 

@@ -4,12 +4,12 @@
 #include <algorithm>
 #include <cmath>
 
+#include "chat/jinja/builtins_util.h"
+#include "chat/jinja/error.h"
+#include "chat/jinja/format.h"
+#include "chat/jinja/interpreter.h"
+#include "chat/jinja/text.h"
 #include "core/check.h"
-#include "tokenizer/jinja/builtins_util.h"
-#include "tokenizer/jinja/error.h"
-#include "tokenizer/jinja/format.h"
-#include "tokenizer/jinja/interpreter.h"
-#include "tokenizer/jinja/text.h"
 #include "tokenizer/unicode.h"
 
 namespace cera::jinja {

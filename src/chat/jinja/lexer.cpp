@@ -1,12 +1,12 @@
-#include "tokenizer/jinja/lexer.h"
+#include "chat/jinja/lexer.h"
 
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
+#include "chat/jinja/text.h"
 #include "core/check.h"
-#include "tokenizer/jinja/text.h"
 #include "tokenizer/unicode.h"
 
 namespace cera::jinja {

@@ -3,7 +3,7 @@
 #pragma once
 #include <string>
 
-#include "tokenizer/jinja/value.h"
+#include "chat/jinja/value.h"
 
 namespace cera::jinja {
 

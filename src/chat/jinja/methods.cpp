@@ -2,11 +2,11 @@
 // message.content.strip(), text.split('</think>'), d.items(), list.append(x).
 #include <algorithm>
 
-#include "tokenizer/jinja/builtins_util.h"
-#include "tokenizer/jinja/error.h"
-#include "tokenizer/jinja/format.h"
-#include "tokenizer/jinja/interpreter.h"
-#include "tokenizer/jinja/text.h"
+#include "chat/jinja/builtins_util.h"
+#include "chat/jinja/error.h"
+#include "chat/jinja/format.h"
+#include "chat/jinja/interpreter.h"
+#include "chat/jinja/text.h"
 
 namespace cera::jinja {
 
