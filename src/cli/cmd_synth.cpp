@@ -11,7 +11,7 @@
 #include "cli/command.h"
 #include "core/check.h"
 #include "gguf/gguf.h"
-#include "gguf/synth.h"
+#include "synth/synth.h"
 
 namespace cera::cli {
 namespace {

@@ -14,7 +14,7 @@
 #include "cera/error.h"
 #include "core/quant/quant.h"
 #include "gguf/gguf.h"
-#include "gguf/synth.h"
+#include "synth/synth.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;

@@ -7,7 +7,7 @@
 // (one 64-bit draw per element); norms are 1 + N(0, 0.02). Rows are quantized with
 // the reference quantizers in parallel; the bottleneck is the quantizer (Q4_K and
 // friends search for scales), then the disk.
-#include "gguf/synth.h"
+#include "synth/synth.h"
 
 #include <algorithm>
 #include <cmath>
