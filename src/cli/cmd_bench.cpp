@@ -101,7 +101,7 @@ int run_bench(const std::vector<std::string>& args) {
     CLI::App app{"Measures prefill (pp) and decode (tg) tokens/s on random tokens, like llama-bench.", "cera bench"};
     std::string model;
     EngineFlags ef;
-    int n_prompt = 512, n_gen = 128, reps = 5, n_batch = 512, depth = 0;
+    int n_prompt = 512, n_gen = 128, reps = 5, depth = 0;
     double bandwidth_gbps = 0.0, bw_gib = 1.0;
     bool as_json = false, host_sampling = false, no_ahead = false;
     float temp = 0.0f;
@@ -114,8 +114,7 @@ int run_bench(const std::vector<std::string>& args) {
                    "\"tg128 @ d4096\")")
         ->capture_default_str();
     app.add_option("-r,--repetitions", reps, "repetitions of each test")->capture_default_str();
-    app.add_option("-b,--batch", n_batch, "prefill chunk (tokens per forward pass)")->capture_default_str();
-    ef.add(app, EngineFlags::kKvType);
+    ef.add(app, EngineFlags::kKvType | EngineFlags::kBatch);
     app.add_option("--bandwidth", bandwidth_gbps, "read bandwidth in GB/s for the roofline (default: measure it)");
     app.add_option("--bandwidth-gib", bw_gib, "array size of the bandwidth measurement, GiB")->capture_default_str();
     app.add_flag("--json", as_json, "print one JSON object");
@@ -128,12 +127,11 @@ int run_bench(const std::vector<std::string>& args) {
     app.add_flag("--no-ahead", no_ahead,
                  "decode test: wait for each greedy pick before queuing the next step (see GenerateOptions::decode_ahead)");
     if (int rc = parse_args(app, args, "bench"); rc >= 0) return rc;
-    if (n_prompt < 0 || n_gen < 0 || depth < 0 || reps < 1 || n_batch < 1 || bandwidth_gbps < 0 || bw_gib <= 0)
-        throw Error(ErrorCode::kInvalidArgument, "-p, -n, -d and --bandwidth must be >= 0, -r and -b >= 1");
+    if (n_prompt < 0 || n_gen < 0 || depth < 0 || reps < 1 || bandwidth_gbps < 0 || bw_gib <= 0)
+        throw Error(ErrorCode::kInvalidArgument, "-p, -n, -d and --bandwidth must be >= 0, -r >= 1");
     if (!(temp >= 0.0f) || top_k < 0) throw Error(ErrorCode::kInvalidArgument, "--temp and --top-k must be >= 0");
     EngineOptions eo = ef.options();
     eo.n_ctx = std::max(16, depth + std::max(n_prompt, n_gen + 1));
-    eo.n_batch = n_batch;
     auto engine = Engine::load(model, eo);
     const EngineInfo& info = engine->info();
     const int n_threads = ef.threads > 0 ? ef.threads : std::max(1, cpu_features().physical_cores);

@@ -1,8 +1,10 @@
 // `cera logits -m FILE (-p TEXT | --tokens "ID ID ...") [--no-bos] [--all] [--top K] [--out FILE]
-//               [--threads N] [--ctx N] [--batch N] [--kv-type f32|f16]`
+//               [--device cpu|auto|cuda|cuda:N] [--threads N] [--ctx N] [--batch N] [--kv-type f32|f16]`
 // Runs a prompt through the model and prints the top K (id, logit, piece) of the next-token logits at
 // the last position (every position with --all), or writes the raw little-endian float32 logits,
-// row-major [n_positions, n_vocab], to --out.
+// row-major [n_positions, n_vocab], to --out. The engine flags are those of every model-running
+// command (engine_flags.h); the device defaults to the CPU, the reference that others are checked
+// against.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -12,11 +14,13 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/engine_flags.h"
 #include "cli/parse_args.h"
 #include "core/check.h"
 #include "gguf/gguf.h"
 #include "gguf/keys.h"
 #include "models/model.h"
+#include "runtime/engine_impl.h"
 #include "tokenizer/tokenizer.h"
 
 namespace cera::cli {
@@ -63,9 +67,11 @@ std::string printable(const std::string& s) {
 int run_logits(const std::vector<std::string>& args) {
     CLI::App app{"Prints the next-token logits of a prompt (top K per position) or writes them as raw f32.",
                  "cera logits"};
-    std::string model_path, prompt, tokens_arg, out_path, kv_type = "f32";
+    std::string model_path, prompt, tokens_arg, out_path;
     bool no_bos = false, all = false;
-    int top = 5, threads = 0, n_ctx = 0, n_batch = 512;
+    int top = 5;
+    EngineFlags ef;
+    ef.device = "cpu";
     app.add_option("-m,--model", model_path, "GGUF model file")->required();
     app.add_option("-p,--prompt", prompt, "prompt text (tokenized with the model's tokenizer)");
     app.add_option("--tokens", tokens_arg, "prompt as token ids, separated by spaces or commas");
@@ -73,24 +79,18 @@ int run_logits(const std::vector<std::string>& args) {
     app.add_flag("--all", all, "logits at every position, not only the last");
     app.add_option("--top", top, "entries to print per position (default 5)");
     app.add_option("--out", out_path, "write raw little-endian f32 logits [n_positions, n_vocab] here");
-    app.add_option("-t,--threads", threads, "CPU threads (default: physical cores)");
-    app.add_option("-c,--ctx", n_ctx, "context length (default: the prompt length)");
-    app.add_option("-b,--batch", n_batch, "prefill chunk in tokens (default 512)");
-    app.add_option("--kv-type", kv_type, "KV cache type: f32 or f16");
+    ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch);
+    app.get_option("--ctx")->description("context length (0: the prompt length)");
     if (int rc = parse_args(app, args, "logits", [&] {
             if (prompt.empty() == tokens_arg.empty())
                 throw CLI::ValidationError("give exactly one of -p TEXT or --tokens IDS");
             if (top < 1) throw CLI::ValidationError("--top must be at least 1");
-            if (kv_type != "f32" && kv_type != "f16") throw CLI::ValidationError("--kv-type must be f32 or f16");
         });
         rc >= 0)
         return rc;
 
-    ModelOptions opts;
-    opts.n_threads = threads;
-    opts.n_batch = n_batch;
-    opts.kv_type = kv_type == "f16" ? GgmlType::kF16 : GgmlType::kF32;
-    auto model = load_model(model_path, opts);
+    const EngineOptions eo = ef.options();
+    auto model = load_engine_model(model_path, eo);
     const gguf::File& file = model->file();
     std::unique_ptr<Tokenizer> tok;
     if (file.has(gguf::keys::kTokTokens)) tok = Tokenizer::from_gguf(file);
@@ -107,7 +107,7 @@ int run_logits(const std::vector<std::string>& args) {
     if (ids.empty()) throw_error(ErrorCode::kInvalidArgument, "the prompt has no tokens");
 
     const int64_t n_vocab = model->info().n_vocab;
-    const int ctx = n_ctx > 0 ? n_ctx : int(ids.size());
+    const int ctx = eo.n_ctx > 0 ? eo.n_ctx : int(ids.size());
     auto state = model->create_state(ctx);
     const size_t n_rows = all ? ids.size() : 1;
     std::vector<float> logits(n_rows * size_t(n_vocab));

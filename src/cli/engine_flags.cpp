@@ -10,6 +10,8 @@ void EngineFlags::add(CLI::App& app, unsigned parts) {
     if (parts & kCtx)
         app.add_option("-c,--ctx", n_ctx, "context length (0: the model's, at most 4096)")->capture_default_str();
     if (parts & kKvType) app.add_option("--kv-type", kv_type, "KV cache type: f32 or f16")->capture_default_str();
+    if (parts & kBatch)
+        app.add_option("-b,--batch", n_batch, "prefill chunk (tokens per forward pass)")->capture_default_str();
     if (parts & kPrefixCache) {
         app.add_option("--prompt-cache", cache_dir,
                        "prefix cache directory: a prompt sharing a prefix with a saved one resumes from its state, "
@@ -23,12 +25,14 @@ EngineOptions EngineFlags::options() const {
     if (n_ctx < 0) throw Error(ErrorCode::kInvalidArgument, "--ctx must be >= 0");
     if (kv_type != "f32" && kv_type != "f16")
         throw Error(ErrorCode::kInvalidArgument, "--kv-type " + kv_type + ": expected f32 or f16");
+    if (n_batch < 1) throw Error(ErrorCode::kInvalidArgument, "--batch must be >= 1");
     if (!(cache_mib >= 0)) throw Error(ErrorCode::kInvalidArgument, "--cache-mib must be >= 0");
     EngineOptions eo;
     eo.device = device;
     eo.threads = threads;
     eo.n_ctx = n_ctx;
     eo.kv_type = kv_type == "f16" ? KvCacheType::kF16 : KvCacheType::kF32;
+    eo.n_batch = n_batch;
     eo.prefix_cache_dir = cache_dir;
     eo.prefix_cache_bytes = size_t(cache_mib * 1024 * 1024);
     return eo;

@@ -1,6 +1,6 @@
-// The flags of the commands that load a model for inference (run, chat, embed, bench): the device,
-// CPU threads, context length, KV cache type and prefix cache, each registered with one help text
-// and checked in one place.
+// The flags of every command that loads a model to run it (run, chat, embed, logits, bench): the
+// device, CPU threads, context length, KV cache type, prefill chunk and prefix cache, each
+// registered with one help text and checked in one place.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cstdint>
@@ -11,18 +11,19 @@
 namespace cera::cli {
 
 struct EngineFlags {
-    std::string device = "auto";
+    std::string device = "auto";  // a command may set another default before add()
     int threads = 0;
     int32_t n_ctx = 0;
     std::string kv_type = "f32";
+    int32_t n_batch = 512;  // --batch
     std::string cache_dir;  // --prompt-cache
     double cache_mib = 0;   // --cache-mib
 
     // Which flags a command takes besides -t/--threads and --device.
-    enum Parts : unsigned { kCtx = 1, kKvType = 2, kPrefixCache = 4 };
+    enum Parts : unsigned { kCtx = 1, kKvType = 2, kPrefixCache = 4, kBatch = 8 };
     void add(CLI::App& app, unsigned parts);
     // The engine options, after checking the values: a bad one throws Error(kInvalidArgument) with a
-    // one-line message naming the flag.
+    // one-line message naming the flag. A bad --device is reported the same way when the model loads.
     EngineOptions options() const;
 };
 

@@ -87,20 +87,13 @@ void measure_weights(const gguf::File& f, const std::string& arch, EngineInfo& i
 
 }  // namespace
 
-Engine::Engine() : impl_(std::make_unique<Impl>()) {}
-Engine::~Engine() = default;
-
-std::shared_ptr<Engine> Engine::load(const std::string& path, const EngineOptions& options) {
+std::unique_ptr<Model> load_engine_model(const std::string& path, const EngineOptions& options) {
     if (options.threads < 0)
         throw_error(ErrorCode::kInvalidArgument, "threads = %d: must be >= 0 (0 = the physical cores)",
                     options.threads);
     if (options.n_ctx < 0) throw_error(ErrorCode::kInvalidArgument, "context = %d: must be >= 0", options.n_ctx);
     if (options.n_batch < 1) throw_error(ErrorCode::kInvalidArgument, "batch = %d: must be >= 1", options.n_batch);
     const DeviceChoice dev = parse_device(options.device);
-
-    std::shared_ptr<Engine> e(new Engine());
-    Impl& im = *e->impl_;
-    im.options = options;
 
     ModelOptions mo;
     mo.n_threads = options.threads;
@@ -124,14 +117,25 @@ std::shared_ptr<Engine> Engine::load(const std::string& path, const EngineOption
         if (cuda_compiled() && !cuda_devices(&why).empty()) {
             mo.device = DeviceKind::kCuda;
             try {
-                im.model = load_model(path, mo);
+                return load_model(path, mo);
             } catch (const Error& err) {
                 if (err.code() != ErrorCode::kDevice) throw;
                 mo.device = DeviceKind::kCpu;
             }
         }
     }
-    if (!im.model) im.model = load_model(path, mo);
+    return load_model(path, mo);
+}
+
+Engine::Engine() : impl_(std::make_unique<Impl>()) {}
+Engine::~Engine() = default;
+
+std::shared_ptr<Engine> Engine::load(const std::string& path, const EngineOptions& options) {
+    std::unique_ptr<Model> model = load_engine_model(path, options);
+    std::shared_ptr<Engine> e(new Engine());
+    Impl& im = *e->impl_;
+    im.options = options;
+    im.model = std::move(model);
 
     const gguf::File& f = im.model->file();
     im.tokenizer = Tokenizer::from_gguf(f);

@@ -1,6 +1,8 @@
-// Engine internals shared by engine.cpp and session.cpp (not a public header).
+// Engine internals shared by engine.cpp and session.cpp, and the device-resolving model loader that
+// the CLI's `logits` tool shares with Engine::load (not a public header).
 #pragma once
 #include <memory>
+#include <string>
 
 #include "cera/engine.h"
 #include "models/model.h"
@@ -28,5 +30,10 @@ struct DeviceChoice {
     int gpu_index = 0;
 };
 DeviceChoice parse_device(const std::string& device);
+
+// Checks the options, resolves the device ("auto": a usable CUDA GPU, else the CPU) and loads the
+// model there. Engine::load uses it, and so do the tools that run the model itself (`cera logits`).
+// Throws cera::Error (kInvalidArgument for bad options, kDevice, and whatever load_model throws).
+std::unique_ptr<Model> load_engine_model(const std::string& path, const EngineOptions& options);
 
 }  // namespace cera
