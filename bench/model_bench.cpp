@@ -63,22 +63,22 @@ int main(int argc, char** argv) {
         std::vector<float> logits(size_t(info.n_vocab));
         auto state = model->create_state();
         // Warm-up: touches every weight page and grows the scratch buffers.
-        state->eval(std::span<const int32_t>(prompt.data(), 16), logits.data(), false);
+        state->eval({.tokens = {prompt.data(), 16}, .logits = logits.data()});
         std::vector<double> pp_rates, tg_rates;
         for (int r = 0; r < reps; ++r) {
             if (pp > 0) {
                 state->reset();
                 const auto t0 = Clock::now();
-                state->eval(std::span<const int32_t>(prompt.data(), size_t(pp)), logits.data(), false);
+                state->eval({.tokens = {prompt.data(), size_t(pp)}, .logits = logits.data()});
                 pp_rates.push_back(pp / seconds_since(t0));
             }
             if (tg > 0) {
                 state->reset();
-                state->eval(std::span<const int32_t>(prompt.data(), 16), logits.data(), false);
+                state->eval({.tokens = {prompt.data(), 16}, .logits = logits.data()});
                 const auto t0 = Clock::now();
                 for (int i = 0; i < tg; ++i) {
                     const int32_t id = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-                    state->eval({&id, 1}, logits.data(), false);
+                    state->eval({.tokens = {&id, 1}, .logits = logits.data()});
                 }
                 tg_rates.push_back(tg / seconds_since(t0));
             }

@@ -48,9 +48,9 @@ struct GenerateOptions {
     // is the one the host sampler would pick. false: always copy the logits and sample on the host.
     bool device_greedy = true;
     // Greedy decoding on the device queues each step before the host has seen the previous pick
-    // (ModelState::eval_greedy_ahead), so that the device does not wait for the host between steps; the
-    // tokens and the final state are the same. -1: when the device runs behind the host (CUDA); 0: never;
-    // 1: always.
+    // (EvalRequest::ahead in the model layer), so that the device does not wait for the host between
+    // steps; the tokens and the final state are the same. -1: when the device runs behind the host
+    // (CUDA); 0: never; 1: always.
     int decode_ahead = -1;
     // When the sampler's chain starts with a top-k that leaves only the best k + window logits in the
     // running (Sampler::top_needed() > 0), decode steps select those on the device and copy back only

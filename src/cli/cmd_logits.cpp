@@ -111,7 +111,7 @@ int run_logits(const std::vector<std::string>& args) {
     auto state = model->create_state(ctx);
     const size_t n_rows = all ? ids.size() : 1;
     std::vector<float> logits(n_rows * size_t(n_vocab));
-    state->eval(ids, logits.data(), all);
+    state->eval({.tokens = ids, .all_logits = all, .logits = logits.data()});
 
     if (!out_path.empty()) {
         FILE* f = std::fopen(out_path.c_str(), "wb");

@@ -3,9 +3,9 @@
 //   auto model = cera::load_model("model.gguf", {.n_threads = 2});
 //   auto seq = model->create_state();                 // KV cache + conv state of one sequence
 //   std::vector<float> logits(model->info().n_vocab);
-//   seq->eval(prompt_ids, logits.data(), /*all_logits=*/false);   // prefill, in chunks of n_batch
-//   seq->eval({&next, 1}, logits.data(), false);                  // one decode step
-//   next = seq->eval_greedy({&next, 1});                          // one greedy step: only the id comes back
+//   seq->eval({.tokens = prompt_ids, .logits = logits.data()});   // prefill, in chunks of n_batch
+//   seq->eval({.tokens = {&next, 1}, .logits = logits.data()});   // one decode step
+//   next = seq->eval({.tokens = {&next, 1}, .head = HeadOutput::kGreedy}).token;  // only the id comes back
 //
 // A Model is immutable after loading and may serve many states; one state is used by one
 // thread at a time. Bad input (unknown architecture, missing key or tensor, wrong shape or
@@ -83,41 +83,66 @@ std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& o
 // The architectures this build can run (general.architecture values).
 std::vector<std::string> supported_architectures();
 
+// What the LM head of an evaluation hands back to the host.
+enum class HeadOutput {
+    kLogits,  // the logits (and hidden states) of the last token, or of every token, copied out
+    kGreedy,  // only the arg-max id of the last token's logits; the logits stay on the device
+    kTopK,    // only the top_k best of the last token's logits and the logits at the `gather` ids
+};
+
+// One sequence's share of an evaluation: its tokens and what to return for them. Output pointers
+// belong to the caller; n_out is n_tokens with all_logits, else 1.
+struct EvalRequest {
+    std::span<const int32_t> tokens{};  // run at positions position() .. position() + n_tokens - 1
+    HeadOutput head = HeadOutput::kLogits;
+    // kLogits only:
+    bool all_logits = false;  // output rows for every token, else for the last
+    float* logits = nullptr;  // f32 [n_out, n_vocab], or null
+    float* hidden = nullptr;  // f32 [n_out, n_embd], the hidden state after the final norm, or null
+    // kGreedy only: queue the step that evaluates the pick before the host reads the pick (see eval()).
+    bool ahead = false;
+    // kTopK only:
+    int32_t top_k = 0;                  // candidates wanted, >= 1
+    std::span<const int32_t> gather{};  // ids whose logits come back too
+    int32_t* top_ids = nullptr;         // i32 [top_k]
+    float* top_logits = nullptr;        // f32 [top_k]
+    float* gathered = nullptr;          // f32 [gather.size()]
+};
+
+struct EvalResult {
+    int32_t token = -1;  // kGreedy: the pick
+    int32_t n_top = 0;   // kTopK: candidates written to top_ids / top_logits (<= top_k)
+};
+
 class ModelState {
  public:
     virtual ~ModelState() = default;
 
-    // Runs `tokens` at positions position() .. position() + n - 1 (in chunks of n_batch), then
-    // advances the position. Outputs rows are for every token when all_logits, else for the last:
-    //   logits_out: f32 [n_out, n_vocab] (may be null); hidden_out: f32 [n_out, n_embd], the hidden
-    //   state after the final norm (may be null). Throws kOutOfRange (state unchanged) when a token id
-    //   is outside [0, n_vocab) or the tokens do not fit in the context.
-    virtual void eval(std::span<const int32_t> tokens, float* logits_out, bool all_logits,
-                      float* hidden_out = nullptr) = 0;
-
-    // Greedy decoding on the device: runs `tokens` as eval() does and returns the arg-max of the last
-    // token's logits (Backend::argmax: the lowest id among the largest, NaN never chosen), which is the
-    // token a greedy Sampler without penalties picks from them. Only that id is copied to the host; the
-    // logits stay in device memory until the next eval(), eval_greedy(), reset(), restore_state() or
-    // truncate(), and read_last_logits() fetches them while they are held. A single token is one recorded
-    // step (the arg-max inside it), keyed apart from eval()'s. Throws as eval() does.
-    virtual int32_t eval_greedy(std::span<const int32_t> tokens) = 0;
-    // Pipelined greedy decoding: runs `tokens` as eval_greedy() does and returns the pick p, but queues the
-    // step that evaluates p (when the context has room) before waiting for p, so that the device runs it
-    // while the host looks at p. That step stays pending: a following eval_greedy_ahead({p}) takes it as
-    // its own (and only waits for its pick); any other call, or other tokens, first undoes it, so the
-    // state is always exactly what eval_greedy() calls would have made. position() counts no pending step.
-    virtual int32_t eval_greedy_ahead(std::span<const int32_t> tokens) = 0;
-    // Sampling on the device: runs `tokens` as eval_greedy() does (the logits stay in device memory,
-    // read_last_logits() fetches them), then selects the m best of the last token's logits and the
-    // logits at the ids in `gather` (Backend::top_logits); only those are copied to the host:
-    // ids[0, c), logits[0, c) (best first: value descending, id ascending, values above -inf only) and
-    // gathered[0, gather.size()) (NaN for an id outside the vocabulary). Returns c <= m.
-    // Throws as eval() does, and kInvalidArgument for m < 1.
-    virtual int32_t eval_top(std::span<const int32_t> tokens, int32_t m, std::span<const int32_t> gather,
-                             int32_t* ids, float* logits, float* gathered) = 0;
-    // Copies the logits of the last token of the latest eval_greedy() or eval_top() (f32 [n_vocab]) and
-    // returns true; false, leaving logits_out alone, when they are no longer held (see eval_greedy()).
+    // Runs the request's tokens at positions position() .. position() + n - 1 (in chunks of n_batch),
+    // then advances the position. Throws kOutOfRange (state unchanged) when a token id is outside
+    // [0, n_vocab) or the tokens do not fit in the context. What comes back depends on `head`:
+    //
+    // kLogits: logits and hidden rows (either may be null) for every token when all_logits, else for
+    //   the last. No tokens: nothing runs.
+    // kGreedy: the arg-max of the last token's logits (Backend::argmax: the lowest id among the largest,
+    //   NaN never chosen), which is the token a greedy Sampler without penalties picks from them. Only
+    //   that id is copied to the host; the logits stay in device memory until the next eval(), reset(),
+    //   restore_state() or truncate(), and read_last_logits() fetches them while they are held. A single
+    //   token is one recorded step (the arg-max inside it), keyed apart from kLogits'.
+    //   With `ahead`, the step that evaluates the pick p is queued (when the context has room) before the
+    //   host waits for p, so that the device runs it while the host looks at p. That step stays pending:
+    //   a following ahead request for exactly {p} takes it as its own (and only waits for its pick); any
+    //   other call, or other tokens, first undoes it, so the state is always exactly what plain kGreedy
+    //   requests would have made. position() counts no pending step.
+    // kTopK: runs as kGreedy does (the logits stay in device memory), then selects the top_k best of the
+    //   last token's logits and the logits at the `gather` ids (Backend::top_logits); only those are
+    //   copied to the host: top_ids[0, c), top_logits[0, c) (best first: value descending, id ascending,
+    //   values above -inf only) and gathered[0, gather.size()) (NaN for an id outside the vocabulary);
+    //   n_top = c <= top_k.
+    // kGreedy and kTopK throw kInvalidArgument when there are no tokens, kTopK also when top_k < 1.
+    virtual EvalResult eval(const EvalRequest& request) = 0;
+    // Copies the logits of the last token of the latest kGreedy or kTopK eval() (f32 [n_vocab]) and
+    // returns true; false, leaving logits_out alone, when they are no longer held (see eval()).
     virtual bool read_last_logits(float* logits_out) = 0;
 
     virtual int32_t position() const = 0;  // tokens in the cache

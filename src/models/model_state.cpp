@@ -29,7 +29,7 @@ constexpr uint64_t kKeyStep = 1;      // always set: a key is never 0
 constexpr uint64_t kKeyLmHead = 2;    // the LM head runs inside the step
 constexpr uint64_t kKeyOutput = 4;    // the final norm of the output row runs inside the step
 constexpr uint64_t kKeyArgmax = 8;    // the greedy arg-max of the logits runs inside the step
-constexpr uint64_t kKeyRow1 = 16;     // the step's logits go to row 1 of logits_ (eval_greedy_ahead)
+constexpr uint64_t kKeyRow1 = 16;     // the step's logits go to row 1 of logits_ (greedy_ahead())
 
 Tensor first_rows(const Tensor& t, int64_t n) { return t ? t.row_slice(0, n) : t; }
 
@@ -98,84 +98,26 @@ class SequenceState final : public ModelState {
             be_.free(*t);
     }
 
-    void eval(std::span<const int32_t> tokens, float* logits_out, bool all_logits, float* hidden_out) override {
+    EvalResult eval(const EvalRequest& rq) override {
         std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
-        settle();
-        run(tokens, logits_out, all_logits, hidden_out, /*greedy=*/false);
-    }
-
-    int32_t eval_greedy(std::span<const int32_t> tokens) override {
-        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
-        if (tokens.empty()) throw_error(ErrorCode::kInvalidArgument, "eval_greedy: no tokens");
-        settle();
-        run(tokens, nullptr, false, nullptr, /*greedy=*/true);
-        int32_t id = 0;
-        be_.read(&id, next_id_, sizeof id);
-        logits_held_ = true;
-        return id;
-    }
-
-    int32_t eval_greedy_ahead(std::span<const int32_t> tokens) override {
-        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
-        if (tokens.empty()) throw_error(ErrorCode::kInvalidArgument, "eval_greedy_ahead: no tokens");
-        if (pending_ && tokens.size() == 1 && tokens[0] == pending_token_) {
-            // The queued step evaluates exactly this token: it stands.
-            pending_ = false;
-            position_ += 1;
-            held_row_ = pending_row_;
-            logits_held_ = true;
-        } else {
-            settle();
-            run(tokens, nullptr, false, nullptr, /*greedy=*/true);
-            logits_held_ = true;
+        CERA_CHECK(rq.head == HeadOutput::kLogits || (!rq.logits && !rq.hidden && !rq.all_logits),
+                   "eval: logits and hidden rows come back with HeadOutput::kLogits only");
+        CERA_CHECK(!rq.ahead || rq.head == HeadOutput::kGreedy, "eval: ahead needs HeadOutput::kGreedy");
+        EvalResult res;
+        switch (rq.head) {
+            case HeadOutput::kLogits:
+                settle();
+                run(rq.tokens, rq.logits, rq.all_logits, rq.hidden, /*greedy=*/false);
+                break;
+            case HeadOutput::kGreedy:
+                if (rq.tokens.empty()) throw_error(ErrorCode::kInvalidArgument, "eval: a greedy head needs tokens");
+                res.token = rq.ahead ? greedy_ahead(rq.tokens) : greedy(rq.tokens);
+                break;
+            case HeadOutput::kTopK:
+                res.n_top = top(rq);
+                break;
         }
-        // The pick is in next_id_ (and fed into ids_ / pos_t_ for the next step). Its read (a copy, or the
-        // backend's mailbox) is queued before the step that evaluates it, which runs while the host waits.
-        const int ticket = be_.read_fed_async(next_id_);
-        if (position_ < n_ctx_) {
-            const int row = 1 - held_row_;
-            run_fed(row);
-            pending_ = true;
-            pending_row_ = row;
-        }
-        int32_t id = 0;
-        be_.read_wait(ticket, &id);
-        pending_token_ = id;
-        return id;
-    }
-
-    int32_t eval_top(std::span<const int32_t> tokens, int32_t m, std::span<const int32_t> gather, int32_t* ids,
-                     float* logits, float* gathered) override {
-        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
-        if (tokens.empty()) throw_error(ErrorCode::kInvalidArgument, "eval_top: no tokens");
-        if (m < 1) throw_error(ErrorCode::kInvalidArgument, "eval_top: m = %d, needs >= 1", m);
-        settle();
-        run(tokens, nullptr, false, nullptr, /*greedy=*/true);
-        logits_held_ = true;
-        // The buffers grow (outside any recorded step) geometrically from 256 entries: freeing a device
-        // buffer can drop recorded steps, and the gather list grows by one a token while the window fills.
-        const int64_t n_g = int64_t(gather.size()), out_n = 1 + 2 * int64_t(m) + n_g;
-        auto ensure = [&](Tensor& t, int64_t n) {
-            if (t && t.n_elements() >= n) return;
-            const int64_t cap = std::max<int64_t>({n, 256, t ? 2 * t.n_elements() : 0});
-            be_.free(t);
-            t = be_.alloc(GgmlType::kI32, {cap});
-        };
-        ensure(top_out_, out_n);
-        if (n_g > 0) ensure(top_gather_, n_g);
-        Tensor g;
-        if (n_g > 0) {
-            g = top_gather_.reshaped(n_g);
-            be_.write(g, gather.data(), size_t(n_g) * sizeof(int32_t));
-        }
-        be_.top_logits(logits_.row_slice(held_row_, 1).reshaped(arch_.info.n_vocab), m, g, top_out_.reshaped(out_n));
-        top_host_.resize(size_t(out_n));
-        be_.read(top_host_.data(), top_out_, size_t(out_n) * sizeof(int32_t));
-        const int32_t c = top_host_[0];
-        std::memcpy(ids, &top_host_[1], size_t(c) * sizeof(int32_t));
-        std::memcpy(logits, &top_host_[size_t(1 + m)], size_t(c) * sizeof(float));
-        if (n_g > 0) std::memcpy(gathered, &top_host_[size_t(1 + 2 * m)], size_t(n_g) * sizeof(float));
-        return c;
+        return res;
     }
 
     bool read_last_logits(float* logits_out) override {
@@ -296,7 +238,79 @@ class SequenceState final : public ModelState {
     }
 
  private:
-    // Undoes the step eval_greedy_ahead() queued last and nobody took: its position, conv states and logits
+    // HeadOutput::kGreedy, with the exec mutex held.
+    int32_t greedy(std::span<const int32_t> tokens) {
+        settle();
+        run(tokens, nullptr, false, nullptr, /*greedy=*/true);
+        int32_t id = 0;
+        be_.read(&id, next_id_, sizeof id);
+        logits_held_ = true;
+        return id;
+    }
+
+    // HeadOutput::kGreedy with `ahead`, with the exec mutex held.
+    int32_t greedy_ahead(std::span<const int32_t> tokens) {
+        if (pending_ && tokens.size() == 1 && tokens[0] == pending_token_) {
+            // The queued step evaluates exactly this token: it stands.
+            pending_ = false;
+            position_ += 1;
+            held_row_ = pending_row_;
+            logits_held_ = true;
+        } else {
+            settle();
+            run(tokens, nullptr, false, nullptr, /*greedy=*/true);
+            logits_held_ = true;
+        }
+        // The pick is in next_id_ (and fed into ids_ / pos_t_ for the next step). Its read (a copy, or the
+        // backend's mailbox) is queued before the step that evaluates it, which runs while the host waits.
+        const int ticket = be_.read_fed_async(next_id_);
+        if (position_ < n_ctx_) {
+            const int row = 1 - held_row_;
+            run_fed(row);
+            pending_ = true;
+            pending_row_ = row;
+        }
+        int32_t id = 0;
+        be_.read_wait(ticket, &id);
+        pending_token_ = id;
+        return id;
+    }
+
+    // HeadOutput::kTopK, with the exec mutex held. Returns the candidates written.
+    int32_t top(const EvalRequest& rq) {
+        const int32_t m = rq.top_k;
+        if (rq.tokens.empty()) throw_error(ErrorCode::kInvalidArgument, "eval: a top-k head needs tokens");
+        if (m < 1) throw_error(ErrorCode::kInvalidArgument, "eval: top_k = %d, needs >= 1", m);
+        settle();
+        run(rq.tokens, nullptr, false, nullptr, /*greedy=*/true);
+        logits_held_ = true;
+        // The buffers grow (outside any recorded step) geometrically from 256 entries: freeing a device
+        // buffer can drop recorded steps, and the gather list grows by one a token while the window fills.
+        const int64_t n_g = int64_t(rq.gather.size()), out_n = 1 + 2 * int64_t(m) + n_g;
+        auto ensure = [&](Tensor& t, int64_t n) {
+            if (t && t.n_elements() >= n) return;
+            const int64_t cap = std::max<int64_t>({n, 256, t ? 2 * t.n_elements() : 0});
+            be_.free(t);
+            t = be_.alloc(GgmlType::kI32, {cap});
+        };
+        ensure(top_out_, out_n);
+        if (n_g > 0) ensure(top_gather_, n_g);
+        Tensor g;
+        if (n_g > 0) {
+            g = top_gather_.reshaped(n_g);
+            be_.write(g, rq.gather.data(), size_t(n_g) * sizeof(int32_t));
+        }
+        be_.top_logits(logits_.row_slice(held_row_, 1).reshaped(arch_.info.n_vocab), m, g, top_out_.reshaped(out_n));
+        top_host_.resize(size_t(out_n));
+        be_.read(top_host_.data(), top_out_, size_t(out_n) * sizeof(int32_t));
+        const int32_t c = top_host_[0];
+        std::memcpy(rq.top_ids, &top_host_[1], size_t(c) * sizeof(int32_t));
+        std::memcpy(rq.top_logits, &top_host_[size_t(1 + m)], size_t(c) * sizeof(float));
+        if (n_g > 0) std::memcpy(rq.gathered, &top_host_[size_t(1 + 2 * m)], size_t(n_g) * sizeof(float));
+        return c;
+    }
+
+    // Undoes the step greedy_ahead() queued last and nobody took: its position, conv states and logits
     // row go back to what they were before it (its KV rows lie past the position, unread).
     void settle() const {
         if (!pending_) return;
@@ -320,7 +334,7 @@ class SequenceState final : public ModelState {
         held_row_ = held_row;
     }
 
-    // eval(), eval_greedy() and the steps of eval_greedy_ahead(), with the exec mutex held. greedy: the last
+    // Every head of eval() and the steps of greedy_ahead(), with the exec mutex held. greedy: the last
     // token's logits stay in logits_ row `row` (0 or 1, single-token steps only) and their arg-max goes to
     // next_id_ and is fed back into ids_ / pos_t_ (Backend::argmax_feed), all inside the step. fed: one
     // token that is already on the device (run_fed()).
@@ -434,7 +448,7 @@ class SequenceState final : public ModelState {
     uint64_t serial_ = 0;
     std::vector<LayerCache> cache_;    // [n_layer]
     Tensor ids_, pos_t_;               // i32 [n_batch]
-    Tensor top_out_, top_gather_;      // eval_top: i32 [1 + 2 m + n_gather], i32 [n_gather]
+    Tensor top_out_, top_gather_;      // top(): i32 [1 + 2 m + n_gather], i32 [n_gather]
     std::vector<int32_t> top_host_;
     Tensor x_, h_, y_;                 // f32 [n_batch, n_embd]
     Tensor q_, attn_;                  // f32 [n_batch, max(n_head * head_dim, n_embd)]
@@ -443,11 +457,11 @@ class SequenceState final : public ModelState {
     Tensor router_, moe_ids_, moe_w_;  // [n_batch, n_expert], [n_batch, k], [n_batch, k]
     Tensor hidden_;                    // f32 [n_batch, n_embd] after the final norm
     Tensor logits_;                    // f32 [kLogitRows, n_vocab]
-    Tensor next_id_;                   // i32 [1]: eval_greedy()'s arg-max
-    bool logits_held_ = false;         // logits_ row held_row_ holds the last token's logits of eval_greedy()
-    int held_row_ = 0;                 // 0, or 1 after steps of eval_greedy_ahead()
+    Tensor next_id_;                   // i32 [1]: the greedy head's arg-max
+    bool logits_held_ = false;         // logits_ row held_row_ holds the last token's logits of a greedy or top-k head
+    int held_row_ = 0;                 // 0, or 1 after steps of greedy_ahead()
     mutable bool fed_ = false;         // ids_[0] / pos_t_[0] hold the last greedy step's pick and the next position
-    // eval_greedy_ahead(): a step queued on the device that evaluates pending_token_, logits in pending_row_;
+    // greedy_ahead(): a step queued on the device that evaluates pending_token_, logits in pending_row_;
     // it stands when the next call evaluates that token; any other call first undoes it (settle()).
     mutable bool pending_ = false;
     int32_t pending_token_ = -1;

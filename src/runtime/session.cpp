@@ -103,7 +103,7 @@ struct Session::Impl {
             const size_t begin = size_t(n_evaluated());
             size_t n = std::min(tokens.size() - begin, size_t(n_batch));
             if (pc) n = std::min(n, (begin / size_t(n_batch) + 1) * size_t(n_batch) - begin);
-            state->eval(std::span<const int32_t>(tokens.data() + begin, n), logits.data(), false);
+            state->eval({.tokens = {tokens.data() + begin, n}, .logits = logits.data()});
             logits_on_host();
             const size_t end = begin + n;
             if (!pc || shifted)
@@ -286,22 +286,27 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
             const int32_t last = im.tokens.back();
             if (device_greedy) {
                 // Ahead, unless the pick is the last one the token limit lets through (nothing evaluates it).
-                if (ahead && (options.max_tokens < 0 || r.generated_tokens + 1 < options.max_tokens))
-                    t = im.state->eval_greedy_ahead(std::span<const int32_t>(&last, 1));
-                else
-                    t = im.state->eval_greedy(std::span<const int32_t>(&last, 1));
+                const bool queue = ahead && (options.max_tokens < 0 || r.generated_tokens + 1 < options.max_tokens);
+                t = im.state->eval({.tokens = {&last, 1}, .head = HeadOutput::kGreedy, .ahead = queue}).token;
                 im.has_logits = false;
                 im.logits_on_device = true;
             } else if (top_m > 0) {
                 const std::span<const int32_t> window = sampler.window();
-                const int32_t c = im.state->eval_top(std::span<const int32_t>(&last, 1), top_m, window, top_ids.data(),
-                                                     top_logits.data(), window_logits.data());
+                const int32_t c = im.state
+                                      ->eval({.tokens = {&last, 1},
+                                              .head = HeadOutput::kTopK,
+                                              .top_k = top_m,
+                                              .gather = window,
+                                              .top_ids = top_ids.data(),
+                                              .top_logits = top_logits.data(),
+                                              .gathered = window_logits.data()})
+                                      .n_top;
                 im.has_logits = false;
                 im.logits_on_device = true;
                 if (c > 0) t = sampler.sample_top(top_ids.data(), top_logits.data(), c, window_logits.data());
                 else im.ensure_logits();  // no logit above -inf: the host sampler takes the whole row
             } else {
-                im.state->eval(std::span<const int32_t>(&last, 1), im.logits.data(), false);
+                im.state->eval({.tokens = {&last, 1}, .logits = im.logits.data()});
                 im.logits_on_host();
             }
             ++r.decode_steps;
@@ -410,9 +415,13 @@ std::vector<float> Session::embed(std::span<const int32_t> tokens, Pooling pooli
         // Hidden rows for every token; logits only for the very last (so that generate() can continue).
         const int64_t plain = off + m == n ? m - 1 : m;
         if (plain > 0)
-            im.state->eval(tokens.subspan(size_t(off), size_t(plain)), nullptr, true, hidden.data() + off * n_embd);
+            im.state->eval({.tokens = tokens.subspan(size_t(off), size_t(plain)),
+                            .all_logits = true,
+                            .hidden = hidden.data() + off * n_embd});
         if (plain < m)
-            im.state->eval(tokens.subspan(size_t(n - 1), 1), im.logits.data(), false, hidden.data() + (n - 1) * n_embd);
+            im.state->eval({.tokens = tokens.subspan(size_t(n - 1), 1),
+                            .logits = im.logits.data(),
+                            .hidden = hidden.data() + (n - 1) * n_embd});
     }
     im.logits_on_host();
     im.tokens.assign(tokens.begin(), tokens.end());

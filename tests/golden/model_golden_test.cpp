@@ -39,11 +39,11 @@ std::unique_ptr<Model> load(const std::string& path, int n_batch = 512) {
 std::vector<int32_t> greedy(ModelState& st, const std::vector<int32_t>& prompt, int n, int64_t n_vocab) {
     std::vector<float> logits(static_cast<size_t>(n_vocab));
     std::vector<int32_t> out;
-    st.eval(prompt, logits.data(), false);
+    st.eval({.tokens = prompt, .logits = logits.data()});
     for (int i = 0; i < n; ++i) {
         const int32_t id = argmax(logits.data(), n_vocab);
         out.push_back(id);
-        if (i + 1 < n) st.eval({&id, 1}, logits.data(), false);
+        if (i + 1 < n) st.eval({.tokens = {&id, 1}, .logits = logits.data()});
     }
     return out;
 }
@@ -66,7 +66,7 @@ TEST_P(F32Fixture, LogitsAndGreedyMatchReference) {
 
         auto st = model->create_state();
         std::vector<float> got(ref.size());
-        st->eval(ids, got.data(), true);
+        st->eval({.tokens = ids, .all_logits = true, .logits = got.data()});
         double max_d = 0;
         size_t argmax_eq = 0;
         for (size_t t = 0; t < ids.size(); ++t) {
@@ -103,9 +103,9 @@ TEST_P(F32Fixture, BatchedPrefillEqualsTokenByToken) {
     auto batched = load(dir + "/model.gguf", 64);  // 184 tokens: chunks of 64, 64, 56
     const int64_t n_vocab = batched->info().n_vocab;
     std::vector<float> a(ids.size() * n_vocab), b(ids.size() * n_vocab);
-    batched->create_state()->eval(ids, a.data(), true);
+    batched->create_state()->eval({.tokens = ids, .all_logits = true, .logits = a.data()});
     auto st = batched->create_state();
-    for (size_t t = 0; t < ids.size(); ++t) st->eval({&ids[t], 1}, b.data() + t * n_vocab, false);
+    for (size_t t = 0; t < ids.size(); ++t) st->eval({.tokens = {&ids[t], 1}, .logits = b.data() + t * n_vocab});
     double max_rel = 0;
     for (size_t i = 0; i < a.size(); ++i)
         max_rel = std::max(max_rel, std::fabs(double(a[i]) - b[i]) / std::max(1.0, std::fabs(double(b[i]))));
@@ -127,7 +127,7 @@ TEST(Hidden, FinalNormOutputMatchesReference) {
     const int64_t n_embd = model->info().n_embd;
     ASSERT_EQ(ref.size(), ids.size() * n_embd);
     std::vector<float> got(ref.size());
-    model->create_state()->eval(ids, nullptr, true, got.data());
+    model->create_state()->eval({.tokens = ids, .all_logits = true, .hidden = got.data()});
     double max_d = 0;
     for (size_t i = 0; i < ref.size(); ++i) max_d = std::max(max_d, double(std::fabs(got[i] - ref[i])));
     std::printf("[ hidden ] tiny-lfm2 prompt 0: max |dh| = %.3g\n", max_d);
@@ -204,12 +204,12 @@ TEST(Stories260K, GreedyFromBos) {
     auto st = model->create_state();
     const int64_t n_vocab = model->info().n_vocab;
     std::vector<float> logits(static_cast<size_t>(n_vocab));
-    st->eval(prompt, logits.data(), false);
+    st->eval({.tokens = prompt, .logits = logits.data()});
     std::vector<int32_t> have;
     while (have.size() < want.size()) {
         const int32_t id = argmax(logits.data(), n_vocab);
         have.push_back(id);
-        if (have.size() < want.size()) st->eval({&id, 1}, logits.data(), false);
+        if (have.size() < want.size()) st->eval({.tokens = {&id, 1}, .logits = logits.data()});
     }
     size_t match = 0;
     while (match < want.size() && have[match] == want[match]) ++match;

@@ -77,7 +77,7 @@ TEST_F(TinyStories, FirstStepsLogitsMatchReference) {
     std::vector<float> logits(size_t(model->info().n_vocab));
     int32_t token = 1;
     for (size_t step = 0; step < top5.size(); ++step) {
-        state->eval({&token, 1}, logits.data(), false);
+        state->eval({.tokens = {&token, 1}, .logits = logits.data()});
         for (const auto& pair : top5[step]) {
             const int32_t id = pair[0].get<int32_t>();
             EXPECT_NEAR(logits[size_t(id)], pair[1].get<double>(), 1e-3) << "step " << step << " id " << id;

@@ -1,6 +1,6 @@
 // Whole fixture models on the CUDA backend against the CPU backend: prefill logits and greedy tokens,
-// greedy and top-k selection on the device (eval_greedy, eval_top), greedy decoding queued ahead
-// (eval_greedy_ahead, the pick mailbox). Skips when no CUDA device is present.
+// greedy and top-k selection on the device (HeadOutput::kGreedy, kTopK), greedy decoding queued ahead
+// (EvalRequest::ahead, the pick mailbox). Skips when no CUDA device is present.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,14 +21,21 @@ std::vector<int32_t> greedy(ModelState& st, std::vector<int32_t> prompt, int n, 
                             std::vector<float>* first_logits) {
     std::vector<float> logits(static_cast<size_t>(n_vocab));
     std::vector<int32_t> out;
-    st.eval(prompt, logits.data(), false);
+    st.eval({.tokens = prompt, .logits = logits.data()});
     if (first_logits) *first_logits = logits;
     for (int i = 0; i < n; ++i) {
         const int32_t id = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
         out.push_back(id);
-        if (i + 1 < n) st.eval({&id, 1}, logits.data(), false);
+        if (i + 1 < n) st.eval({.tokens = {&id, 1}, .logits = logits.data()});
     }
     return out;
+}
+
+int32_t greedy_pick(ModelState& st, std::span<const int32_t> tokens) {
+    return st.eval({.tokens = tokens, .head = HeadOutput::kGreedy}).token;
+}
+int32_t ahead_pick(ModelState& st, std::span<const int32_t> tokens) {
+    return st.eval({.tokens = tokens, .head = HeadOutput::kGreedy, .ahead = true}).token;
 }
 
 // A fixture model (its F32 file, or another of its files) loaded on the CPU and on CUDA, and an
@@ -69,7 +76,7 @@ TEST(CudaModel, FixturesMatchCpu) {
     }
 }
 
-// Greedy decoding on the device: ModelState::eval_greedy (the arg-max inside the recorded, then
+// Greedy decoding on the device: HeadOutput::kGreedy (the arg-max inside the recorded, then
 // replayed, decode step) picks the same tokens as the CPU and keeps the step's logits readable.
 TEST(CudaModel, EvalGreedyMatchesCpu) {
     std::string why;
@@ -84,18 +91,18 @@ TEST(CudaModel, EvalGreedyMatchesCpu) {
         const auto tc = greedy(*sc, prompt, 24, n_vocab, nullptr);
         std::vector<int32_t> tg;
         std::vector<float> held(static_cast<size_t>(n_vocab));
-        int32_t id = sg->eval_greedy(prompt);
+        int32_t id = greedy_pick(*sg, prompt);
         for (int i = 0; i < 24; ++i) {
             tg.push_back(id);
             ASSERT_TRUE(sg->read_last_logits(held.data()));
             EXPECT_EQ(id, int32_t(std::max_element(held.begin(), held.end()) - held.begin())) << "step " << i;
-            if (i + 1 < 24) id = sg->eval_greedy({&id, 1});
+            if (i + 1 < 24) id = greedy_pick(*sg, {&id, 1});
         }
         EXPECT_EQ(tc, tg);
     }
 }
 
-// Sampling on the device (eval_top) gives the best of the very logits eval_greedy leaves there.
+// Sampling on the device (HeadOutput::kTopK) gives the best of the very logits it leaves there.
 TEST(CudaModel, EvalTopIsTheBestOfTheLogits) {
     std::string why;
     if (cuda_devices(&why).empty()) GTEST_SKIP() << "no CUDA device (" << why << ")";
@@ -111,7 +118,14 @@ TEST(CudaModel, EvalTopIsTheBestOfTheLogits) {
             const int32_t m = 1 + 9 * step;
             std::vector<int32_t> ids(static_cast<size_t>(m)), want(static_cast<size_t>(1 + 2 * m) + gather.size());
             std::vector<float> top(static_cast<size_t>(m)), got(gather.size());
-            const int32_t c = sg->eval_top(tokens, m, gather, ids.data(), top.data(), got.data());
+            const int32_t c = sg->eval({.tokens = tokens,
+                                        .head = HeadOutput::kTopK,
+                                        .top_k = m,
+                                        .gather = gather,
+                                        .top_ids = ids.data(),
+                                        .top_logits = top.data(),
+                                        .gathered = got.data()})
+                                  .n_top;
             ASSERT_TRUE(sg->read_last_logits(held.data()));
             top_logits_host(held.data(), n_vocab, m, gather.data(), int64_t(gather.size()), want.data());
             ASSERT_EQ(c, want[0]) << "step " << step;
@@ -125,10 +139,10 @@ TEST(CudaModel, EvalTopIsTheBestOfTheLogits) {
     }
 }
 
-// Pipelined greedy decoding on the device (eval_greedy_ahead: each pick's step queued before the host
-// reads the pick) against eval_greedy on a second state of the same model: the same picks, and after a
-// save, another token than the pick, a plain eval() or the end of the context, the state and logits
-// eval_greedy would have left (the pending step undone, conv states included), byte for byte. The
+// Pipelined greedy decoding on the device (EvalRequest::ahead: each pick's step queued before the host
+// reads the pick) against plain greedy steps on a second state of the same model: the same picks, and after
+// a save, another token than the pick, a kLogits eval() or the end of the context, the state and logits
+// plain greedy steps would have left (the pending step undone, conv states included), byte for byte. The
 // quantized lfm2 files take the fused decode launches (Q4_0: q/k/v + RoPE + KV store; Q4_K_M: in_proj
 // + short conv, whose undo keeps the replaced state).
 TEST(CudaModel, EvalGreedyAheadMatchesPlainSteps) {
@@ -153,21 +167,21 @@ TEST(CudaModel, EvalGreedyAheadMatchesPlainSteps) {
             EXPECT_EQ(0, std::memcmp(lg.data(), lh.data(), lg.size() * sizeof(float))) << "step " << step;
         };
         const std::vector<int32_t> prompt = fixture_prompt(n_vocab);
-        int32_t pg = g->eval_greedy_ahead(prompt), ph = h->eval_greedy(prompt);
+        int32_t pg = ahead_pick(*g, prompt), ph = greedy_pick(*h, prompt);
         for (int step = 0; h->position() < n_ctx; ++step) {
             ASSERT_EQ(pg, ph) << "step " << step;
             int32_t next = ph;
             if (step % 7 == 3) same_state(step);
             if (step % 7 == 5) next = int32_t((ph + 101) % n_vocab);
             if (step % 7 == 6) {
-                g->eval({&next, 1}, lg.data(), false);
-                h->eval({&next, 1}, lh.data(), false);
+                g->eval({.tokens = {&next, 1}, .logits = lg.data()});
+                h->eval({.tokens = {&next, 1}, .logits = lh.data()});
                 EXPECT_EQ(0, std::memcmp(lg.data(), lh.data(), lg.size() * sizeof(float))) << "step " << step;
                 if (h->position() >= n_ctx) break;
                 next = int32_t(std::max_element(lh.begin(), lh.end()) - lh.begin());
             }
-            pg = g->eval_greedy_ahead({&next, 1});
-            ph = h->eval_greedy({&next, 1});
+            pg = ahead_pick(*g, {&next, 1});
+            ph = greedy_pick(*h, {&next, 1});
         }
         same_state(-1);
     }
@@ -176,7 +190,7 @@ TEST(CudaModel, EvalGreedyAheadMatchesPlainSteps) {
 // Several sequences decoding ahead on one device, interleaved: each pick must come back to its own
 // state (the CUDA backend tracks, per output tensor, the feed whose pick the mailbox holds), also when
 // a state sat out while the others queued enough steps to wrap the mailbox's ring (then the pick is
-// copied back instead). Plain eval_greedy on twin states is the reference.
+// copied back instead). Plain greedy steps on twin states are the reference.
 TEST(CudaModel, InterleavedAheadStatesKeepTheirPicks) {
     std::string why;
     if (cuda_devices(&why).empty()) GTEST_SKIP() << "no CUDA device (" << why << ")";
@@ -190,8 +204,8 @@ TEST(CudaModel, InterleavedAheadStatesKeepTheirPicks) {
         b.push_back(gpu->create_state(96));
         std::vector<int32_t> prompt = fixture_prompt(n_vocab);
         prompt[0] = int32_t((37 * i + 5) % n_vocab);
-        pa[size_t(i)] = a.back()->eval_greedy_ahead(prompt);
-        pb[size_t(i)] = b.back()->eval_greedy(prompt);
+        pa[size_t(i)] = ahead_pick(*a.back(), prompt);
+        pb[size_t(i)] = greedy_pick(*b.back(), prompt);
     }
     for (int round = 0; round < 24; ++round) {
         for (int k = 0; k < kStates; ++k) {
@@ -199,8 +213,8 @@ TEST(CudaModel, InterleavedAheadStatesKeepTheirPicks) {
             if (round % 6 >= 3 && i == round % kStates) continue;  // sits out while the others run ahead
             ASSERT_EQ(pa[size_t(i)], pb[size_t(i)]) << "round " << round << " state " << i;
             const int32_t next = round % 5 == 4 ? int32_t((pb[size_t(i)] + 11) % n_vocab) : pb[size_t(i)];
-            pa[size_t(i)] = a[size_t(i)]->eval_greedy_ahead({&next, 1});
-            pb[size_t(i)] = b[size_t(i)]->eval_greedy({&next, 1});
+            pa[size_t(i)] = ahead_pick(*a[size_t(i)], {&next, 1});
+            pb[size_t(i)] = greedy_pick(*b[size_t(i)], {&next, 1});
         }
     }
     for (int i = 0; i < kStates; ++i) EXPECT_EQ(pa[size_t(i)], pb[size_t(i)]) << "state " << i;

@@ -146,7 +146,7 @@ TEST(ModelLoad, Lfm2vlTextModelRuns) {
     auto st = m->create_state(16);
     std::vector<float> logits(4100);
     const int32_t ids[] = {1, 397, 398};
-    st->eval(ids, logits.data(), false);
+    st->eval({.tokens = ids, .logits = logits.data()});
     for (float x : logits) ASSERT_TRUE(std::isfinite(x));
 }
 
@@ -163,7 +163,7 @@ TEST(ModelState, RejectsContextOverflowAndBadIdsWithoutChangingState) {
     auto st = m->create_state(8);
     std::vector<int32_t> ids = {1, 397, 398, 263, 378, 16, 390, 284, 263, 356};
     try {
-        st->eval(ids, nullptr, false);
+        st->eval({.tokens = ids});
         FAIL() << "no error";
     } catch (const Error& e) {
         EXPECT_EQ(e.code(), ErrorCode::kOutOfRange);
@@ -171,9 +171,9 @@ TEST(ModelState, RejectsContextOverflowAndBadIdsWithoutChangingState) {
     }
     EXPECT_EQ(st->position(), 0);
     const int32_t bad[] = {1, 4096};
-    EXPECT_THROW(st->eval(bad, nullptr, false), Error);
+    EXPECT_THROW(st->eval({.tokens = bad}), Error);
     const int32_t neg[] = {-1};
-    EXPECT_THROW(st->eval(neg, nullptr, false), Error);
+    EXPECT_THROW(st->eval({.tokens = neg}), Error);
     EXPECT_EQ(st->position(), 0);
 }
 
@@ -183,19 +183,19 @@ TEST(ModelState, SaveRestoreReproducesLogits) {
     std::vector<int32_t> prompt = {1, 397, 398, 263, 378, 16, 390, 284, 263, 356};
     std::vector<int32_t> more = {455, 366, 376};
     auto st = m->create_state(64);
-    st->eval(prompt, nullptr, false);
+    st->eval({.tokens = prompt});
     std::vector<uint8_t> saved;
     st->save_state(saved);
     EXPECT_EQ(saved.size(), st->state_size());
     std::vector<float> a(more.size() * n_vocab), b(a.size()), c(a.size());
-    st->eval(more, a.data(), true);
+    st->eval({.tokens = more, .all_logits = true, .logits = a.data()});
     st->restore_state(saved);
     EXPECT_EQ(st->position(), int32_t(prompt.size()));
-    st->eval(more, b.data(), true);
+    st->eval({.tokens = more, .all_logits = true, .logits = b.data()});
     EXPECT_EQ(a, b);
     auto other = m->create_state(64);
     other->restore_state(saved);
-    other->eval(more, c.data(), true);
+    other->eval({.tokens = more, .all_logits = true, .logits = c.data()});
     EXPECT_EQ(a, c);
     // A state that cannot hold the saved position refuses it.
     auto small = m->create_state(4);
@@ -210,10 +210,10 @@ TEST(ModelState, ResetStartsOver) {
     std::vector<int32_t> prompt = {1, 397, 398, 263, 378};
     auto st = m->create_state(32);
     std::vector<float> a(n_vocab), b(n_vocab);
-    st->eval(prompt, a.data(), false);
+    st->eval({.tokens = prompt, .logits = a.data()});
     st->reset();
     EXPECT_EQ(st->position(), 0);
-    st->eval(prompt, b.data(), false);
+    st->eval({.tokens = prompt, .logits = b.data()});
     EXPECT_EQ(a, b);
 }
 
@@ -224,8 +224,8 @@ TEST(ModelState, F16KvCacheCloseToF32) {
     std::vector<int32_t> ids = pj["ids"].get<std::vector<int32_t>>();
     const int64_t n_vocab = m32->info().n_vocab;
     std::vector<float> a(ids.size() * n_vocab), b(a.size());
-    m32->create_state(256)->eval(ids, a.data(), true);
-    m16->create_state(256)->eval(ids, b.data(), true);
+    m32->create_state(256)->eval({.tokens = ids, .all_logits = true, .logits = a.data()});
+    m16->create_state(256)->eval({.tokens = ids, .all_logits = true, .logits = b.data()});
     double max_d = 0;
     for (size_t i = 0; i < a.size(); ++i) max_d = std::max(max_d, double(std::fabs(a[i] - b[i])));
     std::printf("  F16 vs F32 KV cache, 184 positions: max |dlogit| = %.3g\n", max_d);

@@ -1,4 +1,4 @@
-// Greedy decoding on the device (ModelState::eval_greedy, GenerateOptions::device_greedy) against
+// Greedy decoding on the device (HeadOutput::kGreedy, GenerateOptions::device_greedy) against
 // the host sampler on real models: the same tokens, the same saved state, the same continuation
 // after a save/restore, an EOS or the prefix cache; and the model-level contract (the id equals the
 // arg-max of eval()'s logits, read_last_logits() returns those logits until the state moves on).
@@ -161,7 +161,7 @@ TEST_P(SessionGreedy, PenaltiesAndSamplingStayOnTheHost) {
     EXPECT_EQ(ca.ids, cb.ids);
 }
 
-// Sampling with a top-k on the device (ModelState::eval_top, GenerateOptions::device_sampling): the same
+// Sampling with a top-k on the device (HeadOutput::kTopK, GenerateOptions::device_sampling): the same
 // draws as the host sampler over the whole logits, with penalties, and the same state afterwards.
 TEST_P(SessionGreedy, DeviceSamplingDrawsTheHostTokens) {
     auto e = engine(model());
@@ -210,6 +210,13 @@ int32_t first_argmax(const std::vector<float>& v) {
     return int32_t(std::max_element(v.begin(), v.end()) - v.begin());  // the first of the largest
 }
 
+int32_t greedy_pick(ModelState& st, std::span<const int32_t> tokens) {
+    return st.eval({.tokens = tokens, .head = HeadOutput::kGreedy}).token;
+}
+int32_t ahead_pick(ModelState& st, std::span<const int32_t> tokens) {
+    return st.eval({.tokens = tokens, .head = HeadOutput::kGreedy, .ahead = true}).token;
+}
+
 TEST(ModelStateGreedy, IdIsTheArgmaxOfTheLogitsAndTheLogitsStayReadable) {
     auto model = load_stories();
     const int64_t n_vocab = model->info().n_vocab;
@@ -219,31 +226,32 @@ TEST(ModelStateGreedy, IdIsTheArgmaxOfTheLogitsAndTheLogitsStayReadable) {
     EXPECT_FALSE(g->read_last_logits(held.data()));
 
     // A prompt (several tokens, one forward pass) and then single-token steps.
-    int32_t next_g = g->eval_greedy(prompt);
-    h->eval(prompt, logits.data(), false);
+    int32_t next_g = greedy_pick(*g, prompt);
+    h->eval({.tokens = prompt, .logits = logits.data()});
     int32_t next_h = first_argmax(logits);
     for (int step = 0; step < 24; ++step) {
         ASSERT_EQ(next_g, next_h) << "step " << step;
         ASSERT_TRUE(g->read_last_logits(held.data()));
         EXPECT_EQ(0, std::memcmp(held.data(), logits.data(), logits.size() * sizeof(float))) << "step " << step;
-        next_g = g->eval_greedy({&next_g, 1});
-        h->eval({&next_h, 1}, logits.data(), false);
+        next_g = greedy_pick(*g, {&next_g, 1});
+        h->eval({.tokens = {&next_h, 1}, .logits = logits.data()});
         next_h = first_argmax(logits);
     }
     EXPECT_EQ(g->position(), h->position());
 
     // Gone once the state moves on.
-    g->eval({&next_g, 1}, nullptr, false);
+    g->eval({.tokens = {&next_g, 1}});
     EXPECT_FALSE(g->read_last_logits(held.data()));
-    (void)g->eval_greedy({&next_g, 1});
+    (void)greedy_pick(*g, {&next_g, 1});
     g->reset();
     EXPECT_FALSE(g->read_last_logits(held.data()));
-    EXPECT_THROW(g->eval_greedy(std::span<const int32_t>()), Error);
+    EXPECT_THROW(greedy_pick(*g, std::span<const int32_t>()), Error);
 }
 
-// eval_greedy_ahead() against eval_greedy() on a second state: the same picks and positions, and whatever
-// follows a pick (its own token, another token, a save, a logits read, eval(), a truncate or a reset) finds
-// the state eval_greedy() would have left, conv states included (tiny-lfm2), the pending step undone.
+// Greedy steps queued ahead against plain greedy steps on a second state: the same picks and positions, and
+// whatever follows a pick (its own token, another token, a save, a logits read, a kLogits eval(), a truncate
+// or a reset) finds the state plain steps would have left, conv states included (tiny-lfm2), the pending
+// step undone.
 TEST(ModelStateGreedy, AheadStepsMatchPlainSteps) {
     for (const char* path : kModels) {
         SCOPED_TRACE(path);
@@ -265,7 +273,7 @@ TEST(ModelStateGreedy, AheadStepsMatchPlainSteps) {
             EXPECT_EQ(0, std::memcmp(lg.data(), lh.data(), lg.size() * sizeof(float))) << what << " step " << step;
         };
         const std::vector<int32_t> prompt = {1, 400, 27, 80, 300, 12};
-        int32_t pg = g->eval_greedy_ahead(prompt), ph = h->eval_greedy(prompt);
+        int32_t pg = ahead_pick(*g, prompt), ph = greedy_pick(*h, prompt);
         for (int step = 0; h->position() < n_ctx; ++step) {
             ASSERT_EQ(pg, ph) << "step " << step;
             EXPECT_EQ(g->position(), h->position());
@@ -273,9 +281,9 @@ TEST(ModelStateGreedy, AheadStepsMatchPlainSteps) {
             switch (step % 6) {
                 case 1: same_state("save", step); break;  // then the pick, as usual
                 case 2: next = (ph + 17) % int32_t(n_vocab); break;  // another token than the pick
-                case 3: {                                              // plain eval() of the pick
-                    g->eval({&next, 1}, lg.data(), false);
-                    h->eval({&next, 1}, lh.data(), false);
+                case 3: {                                              // a kLogits eval() of the pick
+                    g->eval({.tokens = {&next, 1}, .logits = lg.data()});
+                    h->eval({.tokens = {&next, 1}, .logits = lh.data()});
                     EXPECT_EQ(0, std::memcmp(lg.data(), lh.data(), lg.size() * sizeof(float))) << "step " << step;
                     if (h->position() >= n_ctx) break;
                     next = first_argmax(lh);
@@ -284,8 +292,8 @@ TEST(ModelStateGreedy, AheadStepsMatchPlainSteps) {
                 default: break;
             }
             if (h->position() >= n_ctx) break;
-            pg = g->eval_greedy_ahead({&next, 1});
-            ph = h->eval_greedy({&next, 1});
+            pg = ahead_pick(*g, {&next, 1});
+            ph = greedy_pick(*h, {&next, 1});
         }
         // At the end of the context nothing was queued ahead; the last pick agrees.
         EXPECT_EQ(pg, ph);
@@ -293,14 +301,14 @@ TEST(ModelStateGreedy, AheadStepsMatchPlainSteps) {
         // Truncate (attention-only) or reset while a step is pending.
         h->reset();
         g->reset();
-        pg = g->eval_greedy_ahead(prompt);
-        ph = h->eval_greedy(prompt);
+        pg = ahead_pick(*g, prompt);
+        ph = greedy_pick(*h, prompt);
         ASSERT_EQ(pg, ph);
         if (!g->has_recurrent_state()) {
             g->truncate(3);
             h->truncate(3);
-            pg = g->eval_greedy_ahead({&ph, 1});
-            ph = h->eval_greedy({&ph, 1});
+            pg = ahead_pick(*g, {&ph, 1});
+            ph = greedy_pick(*h, {&ph, 1});
             EXPECT_EQ(pg, ph);
             same_state("truncate", -1);
         }
@@ -321,8 +329,15 @@ TEST(ModelStateTop, EvalTopIsTheBestOfTheLogits) {
         const int32_t m = 1 + step * 7;
         std::vector<int32_t> ids(static_cast<size_t>(m)), ref(static_cast<size_t>(1 + 2 * m) + gather.size());
         std::vector<float> top(static_cast<size_t>(m)), got(gather.size());
-        const int32_t c = g->eval_top(tokens, m, gather, ids.data(), top.data(), got.data());
-        h->eval(tokens, logits.data(), false);
+        const int32_t c = g->eval({.tokens = tokens,
+                                   .head = HeadOutput::kTopK,
+                                   .top_k = m,
+                                   .gather = gather,
+                                   .top_ids = ids.data(),
+                                   .top_logits = top.data(),
+                                   .gathered = got.data()})
+                              .n_top;
+        h->eval({.tokens = tokens, .logits = logits.data()});
         top_logits_host(logits.data(), n_vocab, m, gather.data(), int64_t(gather.size()), ref.data());
         ASSERT_EQ(c, ref[0]) << "step " << step;
         for (int32_t j = 0; j < c; ++j) {
@@ -334,7 +349,8 @@ TEST(ModelStateTop, EvalTopIsTheBestOfTheLogits) {
         EXPECT_EQ(0, std::memcmp(held.data(), logits.data(), logits.size() * sizeof(float)));
         tokens = {ids[0]};
     }
-    EXPECT_THROW(g->eval_top(tokens, 0, {}, nullptr, nullptr, nullptr), Error);
+    const EvalRequest no_k{.tokens = tokens, .head = HeadOutput::kTopK, .top_k = 0};
+    EXPECT_THROW(g->eval(no_k), Error);
 }
 
 }  // namespace
