@@ -32,6 +32,15 @@ struct EngineOptions {
     size_t prefix_cache_bytes = 0;       // in-memory (warm) tier bound in bytes; 0 = none
     std::string prefix_cache_dir;        // on-disk (cold) tier directory; "" = none
     uint64_t prefix_cache_dir_bytes = 0; // on-disk tier bound in bytes; 0 = 4 GiB
+    bool gpu_profile = false;            // CUDA: print GPU and host time per decode step when the engine goes
+};
+
+// Device memory an engine's backend holds, in bytes (all zero on the CPU, whose memory is the
+// process's).
+struct DeviceMemory {
+    uint64_t weights = 0;  // the model's weights as stored on the device
+    uint64_t buffers = 0;  // KV caches, recurrent states, activations and outputs
+    uint64_t scratch = 0;  // the backend's own working memory
 };
 
 // Counters of an engine's prefix cache.
@@ -76,6 +85,7 @@ class Engine {
 
     // Facts about the model and device (filled at load, never changes).
     const EngineInfo& info() const;
+    DeviceMemory device_memory() const;
     const EngineOptions& options() const;
 
     // A metadata value rendered as text (strings as stored, numbers in decimal, arrays as

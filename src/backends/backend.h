@@ -118,6 +118,14 @@ inline int64_t top_logits_checked(const Tensor& x, int32_t m, const Tensor& gath
     return n_g;
 }
 
+// Device memory a backend holds, by what it holds (bytes).
+struct MemoryUse {
+    size_t weights = 0;  // uploaded weights, as stored on the device
+    size_t buffers = 0;  // alloc(): KV caches, recurrent states, activations, outputs
+    size_t scratch = 0;  // the backend's own working memory (kernel scratch, library workspaces)
+    size_t total() const { return weights + buffers + scratch; }
+};
+
 class Backend {
  public:
     virtual ~Backend() = default;
@@ -141,6 +149,8 @@ class Backend {
     // A zero-filled device buffer; released by free() or when the backend is destroyed.
     virtual Tensor alloc(GgmlType type, std::initializer_list<int64_t> ne) = 0;
     virtual void free(Tensor& t) = 0;  // t becomes empty
+    // What the backend holds now. The CPU backend reports nothing (its memory is the process's).
+    virtual MemoryUse memory_use() const { return {}; }
     // Host -> device copy of n_bytes at a byte offset into dst. The host memory may be reused on return.
     virtual void write(const Tensor& dst, const void* host, size_t n_bytes, size_t offset = 0) = 0;
     // Device -> host copy; waits for the queued work first.

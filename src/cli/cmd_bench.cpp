@@ -103,7 +103,7 @@ int run_bench(const std::vector<std::string>& args) {
     EngineFlags ef;
     int n_prompt = 512, n_gen = 128, reps = 5, depth = 0;
     double bandwidth_gbps = 0.0, bw_gib = 1.0;
-    bool as_json = false, host_sampling = false, no_ahead = false;
+    bool as_json = false, host_sampling = false, no_ahead = false, profile = false;
     float temp = 0.0f;
     int top_k = 40;
     app.add_option("-m,--model", model, "GGUF model")->required();
@@ -114,9 +114,10 @@ int run_bench(const std::vector<std::string>& args) {
                    "\"tg128 @ d4096\")")
         ->capture_default_str();
     app.add_option("-r,--repetitions", reps, "repetitions of each test")->capture_default_str();
-    ef.add(app, EngineFlags::kKvType | EngineFlags::kBatch);
+    ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch);
     app.add_option("--bandwidth", bandwidth_gbps, "read bandwidth in GB/s for the roofline (default: measure it)");
     app.add_option("--bandwidth-gib", bw_gib, "array size of the bandwidth measurement, GiB")->capture_default_str();
+    app.add_flag("--profile", profile, "CUDA: print the GPU and host time per decode step at the end");
     app.add_flag("--json", as_json, "print one JSON object");
     app.add_option("--temp", temp, "decode test: sampling temperature (0: greedy, as llama-bench)")->capture_default_str();
     app.add_option("--top-k", top_k, "decode test with --temp > 0: top-k (other settings: the defaults)")
@@ -131,7 +132,13 @@ int run_bench(const std::vector<std::string>& args) {
         throw Error(ErrorCode::kInvalidArgument, "-p, -n, -d and --bandwidth must be >= 0, -r >= 1");
     if (!(temp >= 0.0f) || top_k < 0) throw Error(ErrorCode::kInvalidArgument, "--temp and --top-k must be >= 0");
     EngineOptions eo = ef.options();
-    eo.n_ctx = std::max(16, depth + std::max(n_prompt, n_gen + 1));
+    const int32_t needed = std::max(16, depth + std::max(n_prompt, n_gen + 1));
+    // --ctx sizes the session (and its KV cache); by default it is what the tests need.
+    if (ef.n_ctx != 0 && ef.n_ctx < needed)
+        throw Error(ErrorCode::kInvalidArgument, "--ctx " + std::to_string(ef.n_ctx) + " is less than the " +
+                                                     std::to_string(needed) + " tokens the tests need");
+    eo.n_ctx = ef.n_ctx != 0 ? ef.n_ctx : needed;
+    eo.gpu_profile = profile;
     auto engine = Engine::load(model, eo);
     const EngineInfo& info = engine->info();
     const int n_threads = ef.threads > 0 ? ef.threads : std::max(1, cpu_features().physical_cores);
@@ -190,6 +197,9 @@ int run_bench(const std::vector<std::string>& args) {
         tests.push_back(std::move(t));
     }
     const double rss = peak_rss_bytes();
+    // What the device holds after the tests (KV cache and scratch at their largest).
+    const DeviceMemory dm = engine->device_memory();
+    const double dm_total = double(dm.weights + dm.buffers + dm.scratch);
 
     // The decode roofline.
     const bool measured = bandwidth_gbps <= 0.0;
@@ -222,6 +232,8 @@ int run_bench(const std::vector<std::string>& args) {
                                   {"samples", t.samples}});
         }
         j["peak_rss_bytes"] = uint64_t(rss);
+        if (info.on_gpu)
+            j["device_memory"] = {{"weights", dm.weights}, {"buffers", dm.buffers}, {"scratch", dm.scratch}};
         j["decode_bytes_per_token"] = info.decode_bytes_per_token;
         j["bandwidth_gbps"] = bandwidth / 1e9;
         j["bandwidth_measured"] = measured && !info.on_gpu;
@@ -240,6 +252,11 @@ int run_bench(const std::vector<std::string>& args) {
         std::printf("| %-15s | %12.2f | %12.2f | %12.2f |\n", t.name.c_str(), st.median, st.p10, st.p90);
     }
     std::printf("\npeak RSS: %.1f MiB\n", rss / (1 << 20));
+    if (info.on_gpu)
+        std::printf("device memory: %.1f MiB = weights %.1f + KV cache, states and outputs %.1f + scratch %.1f "
+                    "(%.2fx the weights and buffers)\n",
+                    dm_total / (1 << 20), double(dm.weights) / (1 << 20), double(dm.buffers) / (1 << 20),
+                    double(dm.scratch) / (1 << 20), dm_total / double(std::max<uint64_t>(1, dm.weights + dm.buffers)));
     std::printf("weights read per decoded token: %.2f MiB\n", bytes_per_token / (1 << 20));
     if (bandwidth > 0) {
         std::printf("read bandwidth: %.1f GB/s (%s)\n", bandwidth / 1e9,

@@ -102,6 +102,7 @@ std::unique_ptr<Model> load_engine_model(const std::string& path, const EngineOp
     mo.kv_type = options.kv_type == KvCacheType::kF16 ? GgmlType::kF16 : GgmlType::kF32;
     mo.device = dev.kind;
     mo.gpu_index = dev.gpu_index;
+    mo.cuda.profile = options.gpu_profile;
     if (dev.kind == DeviceKind::kCuda) {
         std::string why;
         const auto gpus = cuda_devices(&why);
@@ -167,6 +168,12 @@ std::shared_ptr<Engine> Engine::load(const std::string& path, const EngineOption
 }
 
 const EngineInfo& Engine::info() const { return impl_->info; }
+
+DeviceMemory Engine::device_memory() const {
+    std::lock_guard<std::mutex> lock(impl_->model->backend().exec_mutex());
+    const MemoryUse m = impl_->model->backend().memory_use();
+    return {m.weights, m.buffers, m.scratch};
+}
 const EngineOptions& Engine::options() const { return impl_->options; }
 
 std::string Engine::metadata(std::string_view key) const {

@@ -1,5 +1,5 @@
-// What the attention kernels of attention.cu and attention_decode.cu share: the argument block, the
-// scratch layout, shared-memory loads and asynchronous copies, the output writer, and the merge of a
+// What the attention kernels of attention.cu, attention_mma.cu and attention_decode.cu share: the
+// argument block, the scratch layout, shared-memory loads and asynchronous copies, the output writer, and the merge of a
 // decode step's key splits by the last split to finish.
 #pragma once
 #include <cuda_runtime.h>
@@ -91,6 +91,12 @@ __device__ __forceinline__ void merge_last_split(const DecodeAttnArgs& a, const 
     }
     if (tid == 0) *counter = 0;
 }
+
+// Prefill on tensor cores (attention_mma.cu): F16 cache, head_dim 64 or 128, one split. A block owns
+// kFaRows rows of (query, head of the GQA group) pairs of one kv head: grid (n_head_kv,
+// ceil(n_tokens * G / kFaRows)).
+constexpr int kFaRows = 64;
+void attention_prefill_mma(const DecodeAttnArgs& k, dim3 grid, cudaStream_t s);
 
 // The warp-parallel decode kernel (attention_decode.cu) on a, whose kc and n_splits come from the
 // decode plan of attention.cu; false (nothing launched) when it does not serve these shapes

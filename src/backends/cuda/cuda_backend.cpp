@@ -52,6 +52,7 @@ namespace {
 
 constexpr int64_t kGemvMaxTokens = 8;
 constexpr size_t kCublasWorkspace = 32u << 20;
+constexpr size_t kScratchRound = 1u << 20;  // scratch grows in whole MiB, to what the largest use needs
 
 // Scratch buffers. kXq / kXq2: 8-bit activations quantized for a GEMV; kXqA / kXqB: 8-bit rows
 // written by the op that produces a GEMV's input (alternating, so a kernel never writes the rows
@@ -88,7 +89,7 @@ class CudaBackend final : public Backend {
         cuda::trace_finish();
         if (replay_prof_) replay_prof_->print(stream_);
         drop_graphs();
-        for (void* p : buffers_) cudaFree(p);
+        for (auto& [p, bytes] : buffers_) cudaFree(p);
         for (auto& s : scratch_) cudaFree(s.ptr);
         cublasDestroy(cublas_);
         cudaFree(cublas_ws_);
@@ -98,6 +99,14 @@ class CudaBackend final : public Backend {
     }
 
     DeviceKind kind() const override { return DeviceKind::kCuda; }
+    MemoryUse memory_use() const override {
+        MemoryUse m;
+        m.weights = weights_.bytes();
+        for (const auto& [p, bytes] : buffers_) m.buffers += bytes;
+        m.scratch = kCublasWorkspace + 64 * sizeof(unsigned) + rope_tables_.bytes() + w16_.bytes();
+        for (const Scratch& s : scratch_) m.scratch += s.bytes;
+        return m;
+    }
     std::string description() const override {
         return "cuda:" + std::to_string(device_) + " " + props_.name + " (sm_" + std::to_string(props_.major) +
                std::to_string(props_.minor) + ", " + std::to_string(props_.multiProcessorCount) + " SMs)";
@@ -128,7 +137,7 @@ class CudaBackend final : public Backend {
         void* p = nullptr;
         CUDA_CHECK(cudaMalloc(&p, bytes));
         CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
-        buffers_.insert(p);
+        buffers_.emplace(p, bytes);
         t.data = p;
         return t;
     }
@@ -799,7 +808,7 @@ class CudaBackend final : public Backend {
         drop_graphs();
         if (s.ptr) CUDA_CHECK(cudaFree(s.ptr));
         touch();
-        s.bytes = std::max(bytes, s.bytes * 2);
+        s.bytes = (bytes + kScratchRound - 1) / kScratchRound * kScratchRound;
         CUDA_CHECK(cudaMalloc(&s.ptr, s.bytes));
         CUDA_CHECK(cudaMemsetAsync(s.ptr, 0, s.bytes, stream_));  // attention's counters start at zero
         return s.ptr;
@@ -877,8 +886,8 @@ class CudaBackend final : public Backend {
     void* cublas_ws_ = nullptr;
     unsigned* norm_ctr_ = nullptr;  // the residual GEMV's RMSNorm tickets (GemvArgs::norm_ctr), zero between launches
     cuda::WeightRegistry weights_;  // uploaded weights (weight_registry.h)
-    std::unordered_set<void*> buffers_;
-    cuda::W16Cache w16_;  // F16 expansions for the cuBLAS path
+    cuda::W16Cache w16_;            // F16 expansions for the cuBLAS path
+    std::unordered_map<void*, size_t> buffers_;  // alloc()'s buffers and their bytes
     Scratch scratch_[kSlots];
     Q8Cache q8_[kQ8Slots];  // indexed by Slot kXq .. kXqB
     bool next_side_ = false;

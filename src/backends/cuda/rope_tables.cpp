@@ -36,4 +36,10 @@ void RopeTables::attach(RopeArgs& r, int64_t rows, bool capturing, Stream stream
     r.table = it->second.ptr, r.table_rows = it->second.rows;
 }
 
+size_t RopeTables::bytes() const {
+    size_t n = 0;
+    for (const auto& [key, t] : map_) n += size_t(t.rows) * size_t(std::get<1>(key) / 2) * 2 * sizeof(float);
+    return n;
+}
+
 }  // namespace cera::cuda

@@ -22,6 +22,7 @@ class RopeTables {
     // or when there is nothing to rotate. A longer table replaces the old one: `before_free` runs first
     // (it must wait for the stream and forget whatever recorded the old address).
     void attach(RopeArgs& r, int64_t rows, bool capturing, Stream stream, const std::function<void()>& before_free);
+    size_t bytes() const;  // every table
 
    private:
     struct Table {

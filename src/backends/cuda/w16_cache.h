@@ -20,6 +20,7 @@ class W16Cache {
     const void* get(const WeightRef& w, bool capturing, Stream stream);
     // Frees the expansion of the image (image_rows x k), if there is one.
     void drop(const void* image, int64_t image_rows, int64_t k);
+    size_t bytes() const { return bytes_; }  // every expansion
 
    private:
     std::unordered_map<const void*, void*> map_;  // weight image -> its expansion

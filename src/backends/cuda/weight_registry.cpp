@@ -88,4 +88,10 @@ WeightRef WeightRegistry::ref_or_buffer(const Tensor& t) const {
     return r;
 }
 
+size_t WeightRegistry::bytes() const {
+    size_t n = 0;
+    for (const auto& [addr, w] : map_) n += w.bytes;
+    return n;
+}
+
 }  // namespace cera::cuda

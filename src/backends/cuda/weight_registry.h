@@ -35,6 +35,7 @@ class WeightRegistry {
     // is not one); ref_or_buffer: t itself when it is a plain buffer.
     WeightRef ref(const Tensor& t) const;
     WeightRef ref_or_buffer(const Tensor& t) const;
+    size_t bytes() const;  // every image
 
    private:
     const WeightInfo* find(const void* p, int64_t* row0) const;
