@@ -9,6 +9,7 @@
 #include <cinttypes>
 
 #include "core/check.h"
+#include "runtime/decode_strategy.h"
 #include "runtime/engine_impl.h"
 #include "runtime/session_stop.h"
 #include "runtime/state_io.h"
@@ -39,7 +40,7 @@ struct Session::Impl {
     std::vector<int32_t> tokens;  // the whole sequence; [0, state->position()) is evaluated
     std::vector<float> logits;    // [n_vocab] after the last evaluated token
     bool has_logits = false;      // `logits` holds them
-    bool logits_on_device = false;  // !has_logits, but a greedy decode step left them in the model state
+    bool logits_on_device = false;  // !has_logits, but a device decode step left them in the model state
                                     // (ModelState::read_last_logits); ensure_logits() fetches them
     std::atomic<bool> cancel{false};
     size_t pending_store = 0;  // a prompt end whose prefix-cache entry is saved after the first token
@@ -62,6 +63,11 @@ struct Session::Impl {
     void logits_on_host() {
         has_logits = true;
         logits_on_device = false;
+    }
+    // After a decode step that left them in the model state.
+    void logits_left_on_device() {
+        has_logits = false;
+        logits_on_device = true;
     }
     // None held (the state was reset, truncated or replaced).
     void drop_logits() {
@@ -255,15 +261,8 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
     };
     const auto t_decode = Clock::now();
     const int32_t n_ctx = im.state->n_ctx();
-    // Greedy on the device: the step ends in the arg-max and only the id crosses back. Exactly the host
-    // sampler's pick whenever that is a plain arg-max (nothing else here reads the logits).
-    const bool device_greedy = options.device_greedy && sampler.picks_argmax();
-    const bool ahead = device_greedy && (options.decode_ahead > 0 ||
-                                         (options.decode_ahead < 0 && im.eng->model->backend().asynchronous()));
-    // Sampling on the device: the best top_m logits and the penalty window's come back (Sampler::sample_top).
-    const int32_t top_m = options.device_sampling && !device_greedy ? sampler.top_needed() : 0;
-    std::vector<int32_t> top_ids(size_t(std::max(top_m, 0)));
-    std::vector<float> top_logits(top_ids.size()), window_logits(size_t(std::max(options.sampling.penalty_last_n, 1)));
+    const std::unique_ptr<DecodeStrategy> decoder = choose_decode_strategy(
+        options, sampler, *im.state, im.logits, im.eng->model->backend().asynchronous());
     for (;;) {
         if (options.max_tokens >= 0 && r.generated_tokens >= options.max_tokens) {
             r.finish = FinishReason::kLength;
@@ -283,35 +282,17 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
         }
         int32_t t = -1;
         if (size_t(im.n_evaluated()) < im.tokens.size()) {  // the last sampled token goes in first
-            const int32_t last = im.tokens.back();
-            if (device_greedy) {
-                // Ahead, unless the pick is the last one the token limit lets through (nothing evaluates it).
-                const bool queue = ahead && (options.max_tokens < 0 || r.generated_tokens + 1 < options.max_tokens);
-                t = im.state->eval({.tokens = {&last, 1}, .head = HeadOutput::kGreedy, .ahead = queue}).token;
-                im.has_logits = false;
-                im.logits_on_device = true;
-            } else if (top_m > 0) {
-                const std::span<const int32_t> window = sampler.window();
-                const int32_t c = im.state
-                                      ->eval({.tokens = {&last, 1},
-                                              .head = HeadOutput::kTopK,
-                                              .top_k = top_m,
-                                              .gather = window,
-                                              .top_ids = top_ids.data(),
-                                              .top_logits = top_logits.data(),
-                                              .gathered = window_logits.data()})
-                                      .n_top;
-                im.has_logits = false;
-                im.logits_on_device = true;
-                if (c > 0) t = sampler.sample_top(top_ids.data(), top_logits.data(), c, window_logits.data());
-                else im.ensure_logits();  // no logit above -inf: the host sampler takes the whole row
-            } else {
-                im.state->eval({.tokens = {&last, 1}, .logits = im.logits.data()});
+            const bool final_pick = options.max_tokens >= 0 && r.generated_tokens + 1 >= options.max_tokens;
+            const DecodePick pick = decoder->step(im.tokens.back(), final_pick);
+            t = pick.token;
+            if (pick.logits == LogitsAt::kHost)
                 im.logits_on_host();
-            }
+            else
+                im.logits_left_on_device();
             ++r.decode_steps;
+        } else {
+            t = sampler.sample(im.logits.data());  // has_logits: checked above, or set by prefill
         }
-        if (t < 0) t = sampler.sample(im.logits.data());  // has_logits: checked above, or set by prefill
         sampler.accept(t);
         ++r.generated_tokens;
         sink.on_token(t);

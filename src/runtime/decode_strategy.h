@@ -1,0 +1,46 @@
+// How Session::generate() runs a decode step: evaluate the newest token of the sequence and pick the
+// one after it. One strategy per generate() call, chosen from the options and the sampler:
+//   HostSampling       the logits come to the host and the Sampler draws from them
+//   DeviceGreedy       the arg-max runs inside the device step; only the id comes back
+//   DeviceGreedyAhead  DeviceGreedy with each step queued before the host has read the previous pick
+//   DeviceTopK         only the best logits and the penalty window's come back; Sampler::sample_top draws
+// Every strategy picks the token the host sampler would pick from the whole logits row.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "cera/sampler.h"
+#include "cera/session.h"
+#include "models/model.h"
+
+namespace cera {
+
+// Where a decode step leaves the logits of the token it evaluated.
+enum class LogitsAt {
+    kHost,    // in the session's host logits
+    kDevice,  // in the model state (ModelState::read_last_logits)
+};
+
+struct DecodePick {
+    int32_t token = -1;  // the next token
+    LogitsAt logits = LogitsAt::kHost;
+};
+
+class DecodeStrategy {
+ public:
+    virtual ~DecodeStrategy() = default;
+    // Evaluates `token` (the newest of the sequence) and picks the one after it. final_pick: generate()
+    // takes no token after this pick, so nothing will evaluate it.
+    virtual DecodePick step(int32_t token, bool final_pick) = 0;
+};
+
+// The strategy for one generate() call. logits: the session's host logits, f32 [n_vocab], written when a
+// step brings the logits to the host. device_async: the backend runs behind the host (Backend::asynchronous),
+// which is when GenerateOptions::decode_ahead < 0 queues greedy steps ahead. The strategy holds references
+// to state, sampler and logits.
+std::unique_ptr<DecodeStrategy> choose_decode_strategy(const GenerateOptions& options, Sampler& sampler,
+                                                       ModelState& state, std::vector<float>& logits,
+                                                       bool device_async);
+
+}  // namespace cera
