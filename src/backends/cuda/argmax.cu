@@ -13,7 +13,7 @@
 // One row of at least 16k entries (a decode step's logits) is split over up to 128 blocks that merge
 // in the last one to finish (argmax_split_kernel), so many SMs read it.
 // argmax_feed: the same kernels also write the pick and the next position into the next step's inputs,
-// so a greedy decode queues that step before the host has seen the pick (ModelState::eval_greedy_ahead).
+// so a greedy decode queues that step before the host has seen the pick (EvalRequest::ahead).
 #include <climits>
 #include <cstdlib>
 
