@@ -30,7 +30,10 @@ void matmul(GgmlType type, const void* w, int64_t rows, int64_t k, const float* 
 // packed copy is made and later matmul calls with the same (type, w, rows, k) use it. The bytes at w
 // must not change while registered. Returns whether a packed copy is in use. Registrations are
 // counted; unregister_weight drops one (and the copy with the last).
-bool register_weight(GgmlType type, const void* w, int64_t rows, int64_t k);
+// Matmul calls check a few bytes of w against the registration (a freed buffer whose address holds
+// other weights must not use the old copy) unless `immutable`: w lies in a read-only file mapping
+// that outlives the registration, so its bytes are never read again and its pages may be dropped.
+bool register_weight(GgmlType type, const void* w, int64_t rows, int64_t k, bool immutable = false);
 void unregister_weight(const void* w);
 
 // The scalar reference of matmul (dequantize each weight row to f32, then dot in double-free f32 order).

@@ -117,6 +117,80 @@ void pack_group(GgmlType type, const uint8_t* w, size_t rs, int64_t r0, int64_t 
     }
 }
 
+// The inverse of pack_group for one row: lane r of the group at `g` -> the row's GGUF blocks.
+void unpack_lane(GgmlType type, const uint8_t* g, int r, int64_t k, uint8_t* out) {
+    const int64_t nb = k / 32, nsb = k / kQK_K;
+    switch (type) {
+        case GgmlType::kQ4_0:
+        case GgmlType::kQ8_0: {
+            const bool q8 = type == GgmlType::kQ8_0;
+            const size_t bbytes = q8 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0);
+            const int lines = q8 ? 8 : 4;
+            const size_t pair_bytes = 64 + 2 * size_t(lines) * 64;
+            for (int64_t b = 0; b < nb; ++b) {
+                const uint8_t* o = g + size_t(b / 2) * pair_bytes;
+                const int h = int(b % 2);
+                uint8_t* blk = out + size_t(b) * bbytes;
+                std::memcpy(blk, o + 2 * (h * R + r), 2);
+                for (int j = 0; j < lines; ++j)
+                    for (int i = 0; i < 4; ++i)
+                        blk[2 + 4 * j + i] = uint8_t(o[64 + size_t(h * lines + j) * 64 + 4 * r + i] ^ (q8 ? 0x80 : 0));
+            }
+            return;
+        }
+        case GgmlType::kQ4_K: {
+            for (int64_t sb = 0; sb < nsb; ++sb) {
+                const uint8_t* o = g + size_t(sb) * 2368;
+                auto* blk = reinterpret_cast<BlockQ4_K*>(out) + sb;
+                std::memcpy(&blk->d, o + 2 * r, 2);
+                std::memcpy(&blk->dmin, o + 32 + 2 * r, 2);
+                uint8_t sc[8], m[8];
+                for (int s = 0; s < 8; ++s) sc[s] = o[64 + 16 * s + r], m[s] = o[192 + 16 * s + r];
+                for (int j = 0; j < 4; ++j) {  // get_scale_min_k4, backwards
+                    blk->scales[j] = uint8_t(sc[j] | ((sc[j + 4] >> 4) << 6));
+                    blk->scales[j + 4] = uint8_t(m[j] | ((m[j + 4] >> 4) << 6));
+                    blk->scales[j + 8] = uint8_t((sc[j + 4] & 0xF) | ((m[j + 4] & 0xF) << 4));
+                }
+                for (int l = 0; l < 32; ++l)
+                    for (int i = 0; i < 4; ++i) blk->qs[4 * l + i] = o[320 + 64 * l + 4 * r + i];
+            }
+            return;
+        }
+        case GgmlType::kQ6_K: {
+            for (int64_t sb = 0; sb < nsb; ++sb) {
+                const uint8_t* o = g + size_t(sb) * 3392;
+                auto* blk = reinterpret_cast<BlockQ6_K*>(out) + sb;
+                float d;
+                std::memcpy(&d, o + 4 * r, 4);
+                blk->d = fp32_to_fp16(d);
+                for (int s = 0; s < 16; ++s) blk->scales[s] = int8_t(o[64 + 16 * s + r]);
+                uint8_t code[256];
+                for (int q = 0; q < 32; ++q)
+                    for (int i = 0; i < 4; ++i) {
+                        const uint8_t v = o[320 + 192 * (q % 16) + 64 * (q / 16) + 4 * r + i];
+                        code[4 * q + i] = v & 0xF;
+                        code[128 + 4 * q + i] = v >> 4;
+                    }
+                for (int h = 0; h < 16; ++h)
+                    for (int i = 0; i < 4; ++i) {
+                        const uint8_t v = o[320 + 192 * h + 128 + 4 * r + i];
+                        for (int s = 0; s < 4; ++s) code[64 * s + 4 * h + i] |= uint8_t(((v >> (2 * s)) & 3) << 4);
+                    }
+                for (int n = 0; n < 2; ++n)
+                    for (int l = 0; l < 32; ++l) {
+                        const uint8_t* c = code + 128 * n + l;
+                        blk->ql[64 * n + l] = uint8_t((c[0] & 0xF) | ((c[64] & 0xF) << 4));
+                        blk->ql[64 * n + l + 32] = uint8_t((c[32] & 0xF) | ((c[96] & 0xF) << 4));
+                        blk->qh[32 * n + l] =
+                            uint8_t((c[0] >> 4) | ((c[32] >> 4) << 2) | ((c[64] >> 4) << 4) | ((c[96] >> 4) << 6));
+                    }
+            }
+            return;
+        }
+        default: CERA_CHECK(false, "unpack: no packed layout for %s", type_name(type));
+    }
+}
+
 // Packed images live in 2 MiB-aligned chunks marked for transparent huge pages: decode streams
 // every weight byte per token, and with 4 KiB pages each page costs a TLB miss and stops the
 // hardware prefetcher (measured: 1-thread Q8_0 decode 41 -> 82 tok/s). Chunks are carved
@@ -137,13 +211,16 @@ struct Entry {
     Chunk* chunk;
     uint64_t fingerprint;
     int refs;
+    bool immutable;  // every registration so far was immutable: matmul calls skip the fingerprint
 };
 
 // A few 8-byte samples of the original matrix. The registry is keyed by address, and a caller
 // may free a registered buffer and reuse its address for other weights (tests do, through a
 // long-lived backend); a packed copy is used only while the samples still match, and a new
-// registration at the address repacks when they do not. Real weights (a read-only mapping) always
-// match. Four samples: a cheap check per matmul call, and any new quantized content changes them.
+// registration at the address repacks when they do not. Weights in a read-only file mapping are
+// registered immutable and never checked: their pages may be dropped once the copy exists, and a
+// check would map them again. Four samples: a cheap check per matmul call, and any new quantized
+// content changes them.
 uint64_t fingerprint(const void* w, size_t bytes) {
     const auto* p = static_cast<const uint8_t*>(w);
     uint64_t h = 0x9E3779B97F4A7C15ull ^ bytes;
@@ -203,6 +280,10 @@ size_t packed_group_bytes(GgmlType type, int64_t k) {
     }
 }
 
+void unpack_row(GgmlType type, PackedView packed, int64_t r, int64_t k, uint8_t* out) {
+    unpack_lane(type, packed.data + size_t(r / R) * packed.group_stride, int(r % R), k, out);
+}
+
 void repack_weights(GgmlType type, const void* w, int64_t rows, int64_t k, uint8_t* out) {
     const size_t gs = packed_group_bytes(type, k);
     CERA_CHECK(gs > 0, "repack: no packed layout for %s", type_name(type));
@@ -217,11 +298,12 @@ PackedView find_packed(const void* w, GgmlType type, int64_t rows, int64_t k) {
     if (reg.empty()) return {};
     auto it = reg.find(w);
     if (it == reg.end() || it->second.type != type || it->second.rows != rows || it->second.k != k) return {};
-    if (fingerprint(w, row_size(type, k) * size_t(rows)) != it->second.fingerprint) return {};  // stale
-    return {it->second.data, it->second.group_stride};
+    const Entry& e = it->second;
+    if (!e.immutable && fingerprint(w, row_size(type, k) * size_t(rows)) != e.fingerprint) return {};  // stale
+    return {e.data, e.group_stride};
 }
 
-bool register_weight(GgmlType type, const void* w, int64_t rows, int64_t k) {
+bool register_weight(GgmlType type, const void* w, int64_t rows, int64_t k, bool immutable) {
     // Packed copies only serve a kernel table that has a packed kernel for the type (AVX-512 today).
     if (uint32_t(type) >= uint32_t(kMaxTypeId) || active_table().packed[int(type)].fn == nullptr) return false;
     const size_t gs = packed_group_bytes(type, k);
@@ -233,6 +315,7 @@ bool register_weight(GgmlType type, const void* w, int64_t rows, int64_t k) {
         if (it != registry().end() && it->second.type == type && it->second.rows == rows && it->second.k == k &&
             it->second.fingerprint == fp) {
             ++it->second.refs;
+            it->second.immutable = it->second.immutable && immutable;
             return true;
         }
     }
@@ -246,16 +329,17 @@ bool register_weight(GgmlType type, const void* w, int64_t rows, int64_t k) {
     if (data == nullptr) return false;
     repack_weights(type, w, rows, k, data);
     std::lock_guard<std::mutex> lock(g_mu);
-    auto [it, inserted] = registry().emplace(w, Entry{type, rows, k, gs, data, chunk, fp, 1});
+    auto [it, inserted] = registry().emplace(w, Entry{type, rows, k, gs, data, chunk, fp, 1, immutable});
     if (!inserted) {
         Entry& e = it->second;
         if (e.type == type && e.rows == rows && e.k == k && e.fingerprint == fp) {
             arena_free(chunk);  // the same weights, registered by another thread meanwhile
+            e.immutable = e.immutable && immutable;
         } else {
             // Other contents at a reused address: the earlier registrant's buffer is gone, so its
             // copy is replaced (the count keeps both registrations' unregister calls balanced).
             arena_free(e.chunk);
-            e = Entry{type, rows, k, gs, data, chunk, fp, e.refs};
+            e = Entry{type, rows, k, gs, data, chunk, fp, e.refs, immutable};
         }
         ++e.refs;
     }

@@ -43,6 +43,11 @@ struct PackedView {
     size_t group_stride = 0;
 };
 
+// Writes row r of a packed image back in the GGUF layout (row_size(type, k) bytes): the bytes
+// repack_weights read, for every scale but a NaN's payload. Lets ops other than the matmul (the
+// embedding lookup) read a weight whose original bytes are no longer resident.
+void unpack_row(GgmlType type, PackedView packed, int64_t r, int64_t k, uint8_t* out);
+
 // The packed image registered for exactly (w, type, rows, k), if any.
 PackedView find_packed(const void* w, GgmlType type, int64_t rows, int64_t k);
 
