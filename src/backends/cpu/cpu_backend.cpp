@@ -5,12 +5,14 @@
 // the hand-off (a decode step of a small model runs mostly on one thread).
 #include "backends/cpu/cpu_backend.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 #include "backends/cpu/cpu_backend_attention.h"
@@ -92,7 +94,7 @@ class CpuBackend final : public Backend {
         f16_table();
     }
     ~CpuBackend() override {
-        for (void* p : buffers_) std::free(p);
+        for (const auto& [p, mapped_bytes] : buffers_) release_buffer(p, mapped_bytes);
         for (const void* p : packed_) cpu::unregister_weight(p);
     }
 
@@ -114,6 +116,9 @@ class CpuBackend final : public Backend {
         return t;
     }
 
+    // Buffers from kLazyBufferBytes up are anonymous mappings, zero pages that take memory only once
+    // written: a KV cache holds the rows its positions reached, and logits rows no step writes cost
+    // nothing. Smaller ones come from the heap.
     Tensor alloc(GgmlType type, std::initializer_list<int64_t> ne) override {
         CERA_CHECK(ne.size() >= 1 && ne.size() <= 4);
         Tensor t;
@@ -122,16 +127,29 @@ class CpuBackend final : public Backend {
         for (int64_t n : ne) t.ne[i++] = n;
         for (; i < 4; ++i) t.ne[i] = 1;
         const size_t bytes = std::max<size_t>(64, (t.n_bytes() + 63) / 64 * 64);
-        void* p = std::aligned_alloc(64, bytes);
-        if (!p) throw std::bad_alloc();
-        std::memset(p, 0, bytes);
-        buffers_.insert(p);
+        void* p = nullptr;
+        size_t mapped_bytes = 0;
+        if (bytes >= kLazyBufferBytes) {
+            p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (p == MAP_FAILED) throw std::bad_alloc();
+            mapped_bytes = bytes;
+        } else {
+            p = std::aligned_alloc(64, bytes);
+            if (!p) throw std::bad_alloc();
+            std::memset(p, 0, bytes);
+        }
+        buffers_.emplace(p, mapped_bytes);
         t.data = p;
         return t;
     }
 
     void free(Tensor& t) override {
-        if (t.data && buffers_.erase(t.data)) std::free(t.data);
+        if (t.data) {
+            if (auto it = buffers_.find(t.data); it != buffers_.end()) {
+                release_buffer(it->first, it->second);
+                buffers_.erase(it);
+            }
+        }
         t = Tensor{};
     }
 
@@ -439,6 +457,15 @@ class CpuBackend final : public Backend {
     }
 
  private:
+    static constexpr size_t kLazyBufferBytes = size_t(1) << 20;
+
+    static void release_buffer(void* p, size_t mapped_bytes) {
+        if (mapped_bytes > 0)
+            munmap(p, mapped_bytes);
+        else
+            std::free(p);
+    }
+
     static void store_row(const float* src, const Tensor& cache, int64_t row, int64_t width) {
         if (cache.type == GgmlType::kF16) {
             uint16_t* d = cache.as<uint16_t>() + row * width;
@@ -466,7 +493,7 @@ class CpuBackend final : public Backend {
     }
 
     ThreadPool pool_;
-    std::unordered_set<void*> buffers_;
+    std::unordered_map<void*, size_t> buffers_;  // alloc()'s buffers: bytes mapped, or 0 for the heap
     std::vector<const void*> packed_;  // weights registered with cpu::register_weight
     // Scratch, grown to the largest batch seen and then reused (no allocation in steady state).
     std::vector<float> rope_cs_, attn_scratch_, conv_pad_, route_scratch_;
