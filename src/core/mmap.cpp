@@ -35,6 +35,13 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
 
 MappedFile::~MappedFile() { reset(); }
 
+void release_mapped_pages(const void* p, size_t bytes) {
+    const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+    const uintptr_t begin = (uintptr_t(p) + page - 1) & ~(page - 1);
+    const uintptr_t end = (uintptr_t(p) + bytes) & ~(page - 1);
+    if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);  // failure keeps them
+}
+
 void MappedFile::reset() {
     if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
     data_ = nullptr;

@@ -28,4 +28,10 @@ class MappedFile {
     std::string path_;
 };
 
+// Drops this process's pages of the whole pages inside [p, p + bytes) of a read-only private file
+// mapping (a MappedFile's): they stop counting in its resident memory, and a later read maps them
+// from the file again, unchanged. Never for anonymous or written memory, whose pages would come
+// back as zeros. The partial pages at either end stay (they belong to the neighbours too).
+void release_mapped_pages(const void* p, size_t bytes);
+
 }  // namespace cera

@@ -71,6 +71,9 @@ class File {
     size_t file_size() const { return size_; }
     uint64_t alignment() const { return alignment_; }
     uint64_t data_offset() const { return data_offset_; }
+    // Whether the tensor data lies in a read-only mapping of the file (open), not in a caller's
+    // buffer (from_memory).
+    bool mapped() const { return map_.data() != nullptr; }
 
     // Metadata in file order.
     const std::vector<std::pair<std::string, Value>>& metadata() const { return kv_; }

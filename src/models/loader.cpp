@@ -71,7 +71,9 @@ Tensor WeightLoader::load(const std::string& name, std::initializer_list<int64_t
                     name.c_str(), type_name(ti->type));
     if (got.size() > 4) throw_error(ErrorCode::kInvalidFile, "tensor %s has %zu dimensions", name.c_str(), got.size());
     ++n_loaded_;
-    return be_.upload_weight(ti->type, std::span<const int64_t>(got.data(), got.size()), ti->data);
+    const std::span<const int64_t> shape(got.data(), got.size());
+    return f_.mapped() ? be_.upload_mapped_weight(ti->type, shape, ti->data)
+                       : be_.upload_weight(ti->type, shape, ti->data);
 }
 
 Tensor WeightLoader::matrix(const std::string& name, std::initializer_list<int64_t> ne) {

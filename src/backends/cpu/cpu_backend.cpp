@@ -11,15 +11,19 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "backends/cpu/cpu_backend_attention.h"
+#include "backends/cpu/kernel_table.h"
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/repack.h"
 #include "core/check.h"
 #include "core/cpu_features.h"
 #include "core/fp16.h"
+#include "core/mmap.h"
 #include "core/quant/quant.h"
 #include "core/threadpool.h"
 
@@ -96,6 +100,7 @@ class CpuBackend final : public Backend {
     ~CpuBackend() override {
         for (const auto& [p, mapped_bytes] : buffers_) release_buffer(p, mapped_bytes);
         for (const void* p : packed_) cpu::unregister_weight(p);
+        for (void* p : copied_) std::free(p);
     }
 
     DeviceKind kind() const override { return DeviceKind::kCpu; }
@@ -106,13 +111,27 @@ class CpuBackend final : public Backend {
 
     // ------------------------------------------------------------ memory
     Tensor upload_weight(GgmlType type, std::span<const int64_t> ne, const void* host) override {
-        CERA_CHECK(ne.size() <= 4);
-        Tensor t;
-        t.data = const_cast<void*>(host);
-        t.type = type;
-        for (size_t i = 0; i < 4; ++i) t.ne[i] = i < ne.size() ? ne[i] : 1;
-        // Matrices of the types the kernels keep in a repacked layout get their packed copy now.
-        if (ne.size() == 2 && cpu::register_weight(type, host, ne[1], ne[0])) packed_.push_back(host);
+        Tensor t = weight_view(type, ne, host);
+        pack(t, ne.size(), /*immutable=*/false);
+        return t;
+    }
+
+    // Weights are resident once. A repacked matrix is read from its packed copy by every op (matmul,
+    // and embed through unpack_row), and the file's pages under it are dropped. Where the kernel table
+    // repacks, a small tensor (norms, biases, conv kernels) is copied to the heap and its pages dropped
+    // too: reading it through the mapping at every step could map its dropped neighbours again (see
+    // hold_mapped). Other tensors stay views of the mapping.
+    Tensor upload_mapped_weight(GgmlType type, std::span<const int64_t> ne, const void* host) override {
+        Tensor t = weight_view(type, ne, host);
+        if (!pack(t, ne.size(), /*immutable=*/true)) {
+            if (t.n_bytes() >= kCopiedWeightBytes || !table_repacks()) return t;
+            void* copy = std::aligned_alloc(64, std::max<size_t>(64, (t.n_bytes() + 63) / 64 * 64));
+            if (!copy) throw std::bad_alloc();
+            std::memcpy(copy, host, t.n_bytes());
+            copied_.push_back(copy);
+            t.data = copy;
+        }
+        hold_mapped(host, t.n_bytes());
         return t;
     }
 
@@ -167,11 +186,19 @@ class CpuBackend final : public Backend {
     void embed(const Tensor& table, const Tensor& ids, float scale, const Tensor& out) override {
         const int64_t n_embd = table.ne[0], n_tokens = ids.ne[0];
         const int32_t* id = ids.as<const int32_t>();
+        // A repacked table (tied to the LM head) is read from its packed copy: its file pages are gone.
+        const cpu::PackedView packed = cpu::find_packed(table.data, table.type, table.rows(), n_embd);
+        if (packed.data != nullptr && embed_row_.size() < table.row_bytes()) embed_row_.resize(table.row_bytes());
         for (int64_t t = 0; t < n_tokens; ++t) {
             CERA_CHECK(id[t] >= 0 && id[t] < table.ne[1], "token id %d outside [0, %lld)", id[t],
                        (long long)table.ne[1]);
             float* y = out.as<float>() + t * n_embd;
-            dequantize_row(table.type, table.as<const uint8_t>() + size_t(id[t]) * table.row_bytes(), y, n_embd);
+            const uint8_t* row = table.as<const uint8_t>() + size_t(id[t]) * table.row_bytes();
+            if (packed.data != nullptr) {
+                cpu::unpack_row(table.type, packed, id[t], n_embd, embed_row_.data());
+                row = embed_row_.data();
+            }
+            dequantize_row(table.type, row, y, n_embd);
             if (scale != 1.0f)
                 for (int64_t i = 0; i < n_embd; ++i) y[i] *= scale;
         }
@@ -458,6 +485,44 @@ class CpuBackend final : public Backend {
 
  private:
     static constexpr size_t kLazyBufferBytes = size_t(1) << 20;
+    static constexpr size_t kCopiedWeightBytes = size_t(1) << 20;
+    static constexpr uintptr_t kFolioBytes = uintptr_t(2) << 20;
+
+    static Tensor weight_view(GgmlType type, std::span<const int64_t> ne, const void* host) {
+        CERA_CHECK(ne.size() <= 4);
+        Tensor t;
+        t.data = const_cast<void*>(host);
+        t.type = type;
+        for (size_t i = 0; i < 4; ++i) t.ne[i] = i < ne.size() ? ne[i] : 1;
+        return t;
+    }
+
+    // A matrix (dims == 2) of a type the kernels keep in a repacked layout gets its packed copy now;
+    // returns whether.
+    bool pack(const Tensor& w, size_t dims, bool immutable) {
+        if (dims != 2 || !cpu::register_weight(w.type, w.data, w.ne[1], w.ne[0], immutable)) return false;
+        packed_.push_back(w.data);
+        return true;
+    }
+
+    static bool table_repacks() {
+        const cpu::KernelTable& tab = cpu::active_table();
+        return std::any_of(std::begin(tab.packed), std::end(tab.packed), [](const auto& k) { return k.fn != nullptr; });
+    }
+
+    // Drops the file's pages of [host, host + bytes), whose content the backend now holds itself. A fault
+    // on a file mapping can map more than the page it reads: fault-around maps up to 64 KiB, and a tmpfs
+    // file maps a whole large folio (up to a PMD, 2 MiB), so reading one tensor may map pages of a
+    // neighbour whose pages were dropped before. The held ranges within kFolioBytes are dropped again.
+    void hold_mapped(const void* host, size_t bytes) {
+        const uintptr_t a = uintptr_t(host), b = a + bytes;
+        held_.emplace(a, b);
+        const uintptr_t lo = a > kFolioBytes ? a - kFolioBytes : 0, hi = b + kFolioBytes;
+        auto it = held_.upper_bound(lo);
+        if (it != held_.begin()) --it;
+        for (; it != held_.end() && it->first < hi; ++it)
+            if (it->second > lo) release_mapped_pages(reinterpret_cast<const void*>(it->first), it->second - it->first);
+    }
 
     static void release_buffer(void* p, size_t mapped_bytes) {
         if (mapped_bytes > 0)
@@ -494,10 +559,13 @@ class CpuBackend final : public Backend {
 
     ThreadPool pool_;
     std::unordered_map<void*, size_t> buffers_;  // alloc()'s buffers: bytes mapped, or 0 for the heap
-    std::vector<const void*> packed_;  // weights registered with cpu::register_weight
+    std::vector<const void*> packed_;            // weights registered with cpu::register_weight
+    std::vector<void*> copied_;                  // heap copies of small mapped weights
+    std::map<uintptr_t, uintptr_t> held_;        // [begin, end) of mapped weights held in a packed or heap copy
     // Scratch, grown to the largest batch seen and then reused (no allocation in steady state).
     std::vector<float> rope_cs_, attn_scratch_, conv_pad_, route_scratch_;
     std::vector<float> moe_x_, moe_g_, moe_u_, moe_y_;
+    std::vector<uint8_t> embed_row_;  // one table row unpacked from its packed copy
     std::vector<int32_t> moe_count_, moe_order_, moe_fill_;
 };
 
