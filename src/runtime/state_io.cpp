@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "core/check.h"
 #include "gguf/gguf.h"
@@ -99,10 +100,21 @@ uint64_t hash64(const void* data, size_t n, uint64_t seed) {
 uint64_t model_fingerprint(const gguf::File& f) {
     uint64_t h = hash64(nullptr, 0, uint64_t(f.file_size()));
     const auto& tensors = f.tensors();
+    // A mapped file is read through a descriptor: the CPU backend drops the mapped pages of the weights
+    // it holds in a copy of its own, and a read through the mapping would map them again (up to a large
+    // folio per read).
+    const int fd = f.mapped() ? ::open(f.path().c_str(), O_RDONLY | O_CLOEXEC) : -1;
+    std::vector<uint8_t> buf;
+    const uint8_t* start = nullptr;
+    auto hash_at = [&](const uint8_t* p, size_t n) {
+        buf.resize(n);
+        if (fd >= 0 && ::pread(fd, buf.data(), n, off_t(p - start)) == ssize_t(n)) return hash64(buf.data(), n, h);
+        return hash64(p, n, h);
+    };
     if (!tensors.empty() && tensors[0].data) {
         // The mapping starts data_offset + offset bytes before the first tensor's data.
-        const uint8_t* start = tensors[0].data - tensors[0].offset - f.data_offset();
-        h = hash64(start, size_t(f.data_offset()), h);
+        start = tensors[0].data - tensors[0].offset - f.data_offset();
+        h = hash_at(start, size_t(f.data_offset()));
     }
     for (const auto& t : tensors) {
         h = hash64(t.name.data(), t.name.size(), h);
@@ -111,11 +123,12 @@ uint64_t model_fingerprint(const gguf::File& f) {
         h = hash64(shape, sizeof shape, h);
         if (t.data && t.n_bytes > 0) {
             const size_t k = std::min<size_t>(64, t.n_bytes);
-            h = hash64(t.data, k, h);                      // the first bytes
-            h = hash64(t.data + t.n_bytes - k, k, h);      // the last bytes
-            h = hash64(t.data + t.n_bytes / 2 - k / 2, k, h);  // and the middle
+            h = hash_at(t.data, k);                          // the first bytes
+            h = hash_at(t.data + t.n_bytes - k, k);          // the last bytes
+            h = hash_at(t.data + t.n_bytes / 2 - k / 2, k);  // and the middle
         }
     }
+    if (fd >= 0) ::close(fd);
     return h;
 }
 

@@ -1,17 +1,19 @@
 // Weights are resident once on the CPU: a matrix the kernel table keeps repacked (repack.h) is read
 // from its packed copy by every op, a small tensor is copied where the table repacks, and the pages of
-// the mapped file under both are dropped at upload. Checked through /proc/self/pagemap
+// the mapped file under both are dropped at upload. Checked through /proc/self/pagemap and smaps
 // (whether a page is mapped in this process), which needs no timing: the packed image gives back the
 // GGUF bytes row by row; a matrix uploaded from a mapped file gives the same matmul and embedding
 // results as one uploaded from the heap, with none of its file pages mapped before or after the ops;
 // after a model is loaded and run, no page inside a repacked tensor of its GGUF is mapped, nor any
-// other page of its data section than those two tensors share. Where the CPU has no packed kernels
-// (no AVX-512), nothing is repacked: a large matrix's pages are then mapped by the ops that read it.
+// other page of its data section than those two tensors share; and an engine that loaded and ran it
+// maps no more of the file than its header. Where the CPU has no packed kernels (no AVX-512), nothing
+// is repacked: a large matrix's pages are then mapped by the ops that read it.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -22,6 +24,8 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/kernel_table.h"
 #include "backends/cpu/repack.h"
+#include "cera/engine.h"
+#include "cera/session.h"
 #include "core/mmap.h"
 #include "core/quant/quant.h"
 #include "gguf/gguf.h"
@@ -212,6 +216,56 @@ TEST(WeightResidency, LoadedModelKeepsNoFilePagesOfRepackedTensors) {
     const uint8_t* end = begin;
     for (const gguf::TensorInfo& ti : tensors) end = std::max(end, ti.data + ti.n_bytes);
     EXPECT_LE(mapped_pages(begin, size_t(end - begin)), 2 * int64_t(tensors.size()));
+}
+
+// Resident bytes of this process's mappings of `path` (/proc/self/smaps); -1 when unreadable.
+int64_t mapped_file_bytes(const std::string& path) {
+    std::ifstream smaps("/proc/self/smaps");
+    if (!smaps) return -1;
+    const std::string want = std::filesystem::canonical(path).string();
+    int64_t kib = 0;
+    bool in_file = false;
+    for (std::string line; std::getline(smaps, line);) {
+        const size_t dash = line.find('-');
+        if (dash != std::string::npos && dash > 0 && line.find(' ') > dash && std::isxdigit(uint8_t(line[0])) &&
+            line.find(':') > line.find(' ')) {  // a mapping's first line: "begin-end perms offset dev inode path"
+            in_file = line.size() >= want.size() && line.compare(line.size() - want.size(), want.size(), want) == 0;
+        } else if (in_file && line.rfind("Rss:", 0) == 0) {
+            kib += std::stoll(line.substr(4));
+        }
+    }
+    return kib * 1024;
+}
+
+// Through the public API: after an engine has loaded a model and generated, its GGUF mapping holds no
+// more than the header the reader parsed and the pages two tensors share. Nothing reads the weights
+// through the mapping once they are held (the engine's model fingerprint reads the file through a
+// descriptor).
+TEST(WeightResidency, EngineMapsOnlyTheHeaderOfAFileItHoldsInCopies) {
+    if (cpu::active_table().packed[int(GgmlType::kQ8_0)].fn == nullptr)
+        GTEST_SKIP() << "no packed kernels on this CPU: Q8_0 weights stay views of the mapping";
+    const std::string path = test::source_path("models/tiny-lfm2-Q8_0.gguf");
+    uint64_t header = 0;
+    size_t n_tensors = 0;
+    {
+        auto f = gguf::File::open(path);
+        header = f->data_offset();
+        n_tensors = f->tensors().size();
+    }
+    auto engine = Engine::load(path, {.device = "cpu", .threads = 1, .n_ctx = 64});
+    Session s(engine, 64);
+    const std::vector<int32_t> prompt = {1, 2, 3, 500, 4000, 7};
+    s.append_tokens(prompt);
+    GenerateOptions g;
+    g.sampling.temperature = 0.0f;
+    g.max_tokens = 4;
+    NullSink sink;
+    s.generate(g, sink);
+    const int64_t bytes = mapped_file_bytes(path);
+    if (bytes < 0) GTEST_SKIP() << "no /proc/self/smaps";
+    const int64_t page = sysconf(_SC_PAGESIZE);
+    const int64_t fault_around = 64 * 1024;  // what one fault may map beyond the header
+    EXPECT_LE(bytes, int64_t(header) + page + fault_around + 2 * page * int64_t(n_tensors));
 }
 
 }  // namespace
