@@ -72,7 +72,7 @@ void argmax_feed_via_host(Backend& be, const Tensor& x, const Tensor& out, const
 std::unique_ptr<Backend> create_backend(const BackendOptions& opts) {
     switch (opts.device) {
         case DeviceKind::kCpu:
-            return make_cpu_backend(opts.n_threads);
+            return make_cpu_backend(opts.n_threads, opts.cpu_isa);
         case DeviceKind::kCuda:
             if (&make_cuda_backend == nullptr)
                 throw_error(ErrorCode::kDevice, "device cuda: this build has no CUDA backend");

@@ -319,10 +319,16 @@ struct CudaOptions {
     CudaVariants variants;  // tests only
 };
 
+// The kernel table a CPU backend computes with (backends/cpu/kernels.h). kAuto: the process's choice,
+// the best this CPU has (or CERA_CPU_ISA's); the others must be supported by this CPU, else
+// create_backend throws. Tests build a backend of each table side by side.
+enum class CpuIsa { kAuto, kRef, kAvx2, kAvx512 };
+
 struct BackendOptions {
     DeviceKind device = DeviceKind::kCpu;
-    int n_threads = 0;  // CPU: 0 = physical cores
-    int gpu_index = 0;  // CUDA: which device
+    int n_threads = 0;               // CPU: 0 = physical cores
+    CpuIsa cpu_isa = CpuIsa::kAuto;  // CPU: which kernel table
+    int gpu_index = 0;               // CUDA: which device
     CudaOptions cuda;
 };
 

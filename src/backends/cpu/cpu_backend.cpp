@@ -79,9 +79,9 @@ inline float dot_f32(const float* a, const float* b, int64_t n) {
 
 using AttentionBlock = void (*)(const cpu_attention::Args&, int64_t, int64_t, int, float*);
 
-// The attention kernel of the active kernel table's ISA (CERA_CPU_ISA / cpu::force_isa).
-AttentionBlock attention_kernel() {
-    switch (cpu::active_isa()) {
+// The attention kernel of a kernel table's ISA.
+AttentionBlock attention_kernel(cpu::Isa isa) {
+    switch (isa) {
         case cpu::Isa::kAvx512:
             return &cpu_attention::block_avx512;
         case cpu::Isa::kAvx2:
@@ -94,7 +94,9 @@ AttentionBlock attention_kernel() {
 
 class CpuBackend final : public Backend {
  public:
-    explicit CpuBackend(int n_threads) : pool_(n_threads > 0 ? n_threads : std::max(1, cpu_features().physical_cores)) {
+    CpuBackend(int n_threads, cpu::Isa isa)
+        : table_(cpu::kernel_table(isa)),
+          pool_(n_threads > 0 ? n_threads : std::max(1, cpu_features().physical_cores)) {
         f16_table();
     }
     ~CpuBackend() override {
@@ -105,7 +107,7 @@ class CpuBackend final : public Backend {
 
     DeviceKind kind() const override { return DeviceKind::kCpu; }
     std::string description() const override {
-        return std::string("cpu ") + cpu::isa_name(cpu::active_isa()) + ", " + std::to_string(pool_.size()) +
+        return std::string("cpu ") + cpu::isa_name(table_.isa) + ", " + std::to_string(pool_.size()) +
                (pool_.size() == 1 ? " thread" : " threads");
     }
 
@@ -209,7 +211,7 @@ class CpuBackend final : public Backend {
         const float* wp = w ? w.as<const float>() : nullptr;
         for_rows(rows, n, [&](int64_t r0, int64_t r1) {
             for (int64_t r = r0; r < r1; ++r)
-                cpu::rms_norm(x.as<const float>() + r * n, wp, out.as<float>() + r * n, n, eps);
+                table_.rms_norm(x.as<const float>() + r * n, wp, out.as<float>() + r * n, n, eps);
         });
     }
 
@@ -217,7 +219,7 @@ class CpuBackend final : public Backend {
         const int64_t k = w.ne[0], rows = w.rows(), n_tokens = x.rows();
         CERA_CHECK(x.ne[0] == k && out.ne[0] == rows, "matmul shapes: w {%lld, %lld}, x ne0 %lld, out ne0 %lld",
                    (long long)k, (long long)rows, (long long)x.ne[0], (long long)out.ne[0]);
-        cpu::matmul(w.type, w.data, rows, k, x.as<const float>(), n_tokens, out.as<float>(), rows, &pool_);
+        cpu::matmul(table_, w.type, w.data, rows, k, x.as<const float>(), n_tokens, out.as<float>(), rows, &pool_);
         if (bias) {
             const float* b = bias.as<const float>();
             for (int64_t t = 0; t < n_tokens; ++t) {
@@ -251,7 +253,7 @@ class CpuBackend final : public Backend {
         for_rows(n_tokens * n_head, head_dim, [&](int64_t r0, int64_t r1) {
             for (int64_t r = r0; r < r1; ++r) {
                 float* v = x.as<float>() + r * head_dim;
-                if (nw) cpu::rms_norm(v, nw, v, head_dim, eps);
+                if (nw) table_.rms_norm(v, nw, v, head_dim, eps);
                 if (rope.mode == RopeMode::kNone) continue;
                 const float* cs = rope_cs_.data() + (r / n_head) * half * 2;
                 for (int i = 0; i < half; ++i) {
@@ -307,7 +309,7 @@ class CpuBackend final : public Backend {
             int64_t n_tokens, n_units, per_thread;
             int n_head_kv;
             float* scratch;
-        } ctx{&a, attention_kernel(), n_tokens, 0, per_thread, ap.n_head_kv, attn_scratch_.data()};
+        } ctx{&a, attention_kernel(table_.isa), n_tokens, 0, per_thread, ap.n_head_kv, attn_scratch_.data()};
         const int64_t n_blocks = (n_tokens + cpu_attention::kBlockTokens - 1) / cpu_attention::kBlockTokens;
         ctx.n_units = n_blocks * ap.n_head_kv;
         auto work = [](void* p, int thread, int n_threads) {
@@ -365,7 +367,7 @@ class CpuBackend final : public Backend {
         float* o = out.as<float>();
         for_rows(n / gate.ne[0], gate.ne[0], [&](int64_t r0, int64_t r1) {
             const int64_t b = r0 * gate.ne[0];
-            cpu::silu_mul(g + b, u + b, o + b, (r1 - r0) * gate.ne[0]);
+            table_.silu_mul(g + b, u + b, o + b, (r1 - r0) * gate.ne[0]);
         });
     }
 
@@ -374,7 +376,7 @@ class CpuBackend final : public Backend {
         const float* x = a.as<const float>();
         const float* y = b.as<const float>();
         float* o = out.as<float>();
-        cpu::add(x, y, scale, o, n);
+        table_.add(x, y, scale, o, n);
     }
 
     void scale(const Tensor& x, float s) override {
@@ -466,13 +468,13 @@ class CpuBackend final : public Backend {
             for (int64_t i = 0; i < cnt; ++i)
                 std::memcpy(moe_x_.data() + i * n_embd, x.as<const float>() + (moe_order_[b + i] / k) * n_embd,
                             size_t(n_embd) * sizeof(float));
-            cpu::matmul(gate_exps.type, gate_exps.as<const uint8_t>() + e * gate_stride, n_ff, n_embd, moe_x_.data(),
-                        cnt, moe_g_.data(), n_ff, &pool_);
-            cpu::matmul(up_exps.type, up_exps.as<const uint8_t>() + e * up_stride, n_ff, n_embd, moe_x_.data(), cnt,
-                        moe_u_.data(), n_ff, &pool_);
-            cpu::silu_mul(moe_g_.data(), moe_u_.data(), moe_g_.data(), cnt * n_ff);
-            cpu::matmul(down_exps.type, down_exps.as<const uint8_t>() + e * down_stride, n_embd, n_ff, moe_g_.data(),
-                        cnt, moe_y_.data(), n_embd, &pool_);
+            cpu::matmul(table_, gate_exps.type, gate_exps.as<const uint8_t>() + e * gate_stride, n_ff, n_embd,
+                        moe_x_.data(), cnt, moe_g_.data(), n_ff, &pool_);
+            cpu::matmul(table_, up_exps.type, up_exps.as<const uint8_t>() + e * up_stride, n_ff, n_embd, moe_x_.data(),
+                        cnt, moe_u_.data(), n_ff, &pool_);
+            table_.silu_mul(moe_g_.data(), moe_u_.data(), moe_g_.data(), cnt * n_ff);
+            cpu::matmul(table_, down_exps.type, down_exps.as<const uint8_t>() + e * down_stride, n_embd, n_ff,
+                        moe_g_.data(), cnt, moe_y_.data(), n_embd, &pool_);
             for (int64_t i = 0; i < cnt; ++i) {
                 const int32_t slot = moe_order_[b + i];
                 const float w = wt[slot];
@@ -500,14 +502,14 @@ class CpuBackend final : public Backend {
     // A matrix (dims == 2) of a type the kernels keep in a repacked layout gets its packed copy now;
     // returns whether.
     bool pack(const Tensor& w, size_t dims, bool immutable) {
-        if (dims != 2 || !cpu::register_weight(w.type, w.data, w.ne[1], w.ne[0], immutable)) return false;
+        if (dims != 2 || !cpu::register_weight(table_, w.type, w.data, w.ne[1], w.ne[0], immutable)) return false;
         packed_.push_back(w.data);
         return true;
     }
 
-    static bool table_repacks() {
-        const cpu::KernelTable& tab = cpu::active_table();
-        return std::any_of(std::begin(tab.packed), std::end(tab.packed), [](const auto& k) { return k.fn != nullptr; });
+    bool table_repacks() const {
+        return std::any_of(std::begin(table_.packed), std::end(table_.packed),
+                           [](const auto& k) { return k.fn != nullptr; });
     }
 
     // Drops the file's pages of [host, host + bytes), whose content the backend now holds itself. A fault
@@ -557,6 +559,7 @@ class CpuBackend final : public Backend {
         if (v.size() < n) v.resize(n);
     }
 
+    const cpu::KernelTable& table_;  // the kernels of BackendOptions::cpu_isa
     ThreadPool pool_;
     std::unordered_map<void*, size_t> buffers_;  // alloc()'s buffers: bytes mapped, or 0 for the heap
     std::vector<const void*> packed_;            // weights registered with cpu::register_weight
@@ -620,6 +623,24 @@ void cpu_attention::block_ref(const Args& a, int64_t t0, int64_t t1, int hk, flo
     }
 }
 
-std::unique_ptr<Backend> make_cpu_backend(int n_threads) { return std::make_unique<CpuBackend>(n_threads); }
+std::unique_ptr<Backend> make_cpu_backend(int n_threads, CpuIsa isa) {
+    cpu::Isa want = cpu::active_isa();
+    switch (isa) {
+        case CpuIsa::kAuto:
+            break;
+        case CpuIsa::kRef:
+            want = cpu::Isa::kRef;
+            break;
+        case CpuIsa::kAvx2:
+            want = cpu::Isa::kAvx2;
+            break;
+        case CpuIsa::kAvx512:
+            want = cpu::Isa::kAvx512;
+            break;
+    }
+    if (!cpu::isa_supported(want))
+        throw_error(ErrorCode::kDevice, "cpu kernels %s: not supported by this CPU", cpu::isa_name(want));
+    return std::make_unique<CpuBackend>(n_threads, want);
+}
 
 }  // namespace cera

@@ -11,7 +11,8 @@
 
 namespace cera {
 
-// n_threads <= 0: the number of physical cores.
-std::unique_ptr<Backend> make_cpu_backend(int n_threads);
+// n_threads <= 0: the number of physical cores. Throws cera::Error(kDevice) when this CPU cannot run
+// the kernel table `isa` names.
+std::unique_ptr<Backend> make_cpu_backend(int n_threads, CpuIsa isa = CpuIsa::kAuto);
 
 }  // namespace cera

@@ -65,5 +65,13 @@ const KernelTable& kernel_table_ref();
 const KernelTable& kernel_table_avx2();
 const KernelTable& kernel_table_avx512();
 const KernelTable& active_table();  // the table of active_isa()
+// The table of `isa`, which this CPU must support (isa_supported): a CPU backend computes with the
+// table its options name, whatever the active one is.
+const KernelTable& kernel_table(Isa isa);
+
+// matmul and register_weight (kernels.h) for the kernels of `tab` instead of the active table's.
+void matmul(const KernelTable& tab, GgmlType type, const void* w, int64_t rows, int64_t k, const float* x,
+            int64_t n_tokens, float* y, int64_t ldy, ThreadPool* pool);
+bool register_weight(const KernelTable& tab, GgmlType type, const void* w, int64_t rows, int64_t k, bool immutable);
 
 }  // namespace cera::cpu

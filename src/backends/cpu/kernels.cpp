@@ -181,6 +181,11 @@ void force_isa(Isa isa) {
     g_table.store(&table_for(isa), std::memory_order_release);
 }
 
+const KernelTable& kernel_table(Isa isa) {
+    CERA_CHECK(isa_supported(isa), "kernel_table(%s): not supported by this CPU", isa_name(isa));
+    return table_for(isa);
+}
+
 const KernelTable& kernel_table_ref() {
     static const KernelTable t = make_ref_table();
     return t;
@@ -242,7 +247,11 @@ void matmul_ref(GgmlType type, const void* w, int64_t rows, int64_t k, const flo
 
 void matmul(GgmlType type, const void* w, int64_t rows, int64_t k, const float* x, int64_t n_tokens, float* y,
             int64_t ldy, ThreadPool* pool) {
-    const KernelTable& tab = table();
+    matmul(table(), type, w, rows, k, x, n_tokens, y, ldy, pool);
+}
+
+void matmul(const KernelTable& tab, GgmlType type, const void* w, int64_t rows, int64_t k, const float* x,
+            int64_t n_tokens, float* y, int64_t ldy, ThreadPool* pool) {
     if (tab.isa == Isa::kRef) {
         matmul_ref(type, w, rows, k, x, n_tokens, y, ldy);
         return;

@@ -304,8 +304,12 @@ PackedView find_packed(const void* w, GgmlType type, int64_t rows, int64_t k) {
 }
 
 bool register_weight(GgmlType type, const void* w, int64_t rows, int64_t k, bool immutable) {
+    return register_weight(active_table(), type, w, rows, k, immutable);
+}
+
+bool register_weight(const KernelTable& tab, GgmlType type, const void* w, int64_t rows, int64_t k, bool immutable) {
     // Packed copies only serve a kernel table that has a packed kernel for the type (AVX-512 today).
-    if (uint32_t(type) >= uint32_t(kMaxTypeId) || active_table().packed[int(type)].fn == nullptr) return false;
+    if (uint32_t(type) >= uint32_t(kMaxTypeId) || tab.packed[int(type)].fn == nullptr) return false;
     const size_t gs = packed_group_bytes(type, k);
     if (gs == 0 || rows < 1 || k % type_info(type).block_size != 0) return false;
     const uint64_t fp = fingerprint(w, row_size(type, k) * size_t(rows));
