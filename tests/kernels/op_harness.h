@@ -224,7 +224,7 @@ inline MatmulArith matmul_arith(const Target& t, GgmlType type, int64_t n_tokens
 }
 
 // Bound on the relative error of a target's exp(x) (softmax, SwiGLU, router):
-//   CPU: the polynomial exps (kernels_avx512.cpp, cpu_backend_attention_avx*.cpp) truncate a
+//   CPU: the polynomial exps (kernels_avx512.cpp, kernels_attention_avx*.cpp) truncate a
 //   degree-6 series on |r| <= ln2/2: (ln2/2)^7 / 7! = 1.2e-7, plus at most four roundings in the
 //   range reduction and the last Horner steps (4u); std::exp is within 1 ulp (2u).
 //   CUDA: __expf is within 2 + 1.173 |x| ulp (the CUDA programming guide), ulp <= 2^-23 relative,

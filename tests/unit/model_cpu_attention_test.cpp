@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "backends/cpu/cpu_backend_attention.h"
+#include "backends/cpu/kernels_attention.h"
 #include "core/cpu_features.h"
 #include "core/fp16.h"
 

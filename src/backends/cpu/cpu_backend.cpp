@@ -1,6 +1,7 @@
-// CPU backend: executes each op immediately. Elementwise ops, norms, RoPE,
-// attention and the short conv are plain loops here (they move little data next
-// to the matmuls); matmuls go to the ISA-dispatched kernels (kernels.h).
+// CPU backend: executes each op immediately on the kernel table its options name
+// (kernel_table.h): matmuls, row ops and attention go to the table's kernels; RoPE,
+// the short conv and the router are plain loops here (they move little data next to
+// the matmuls).
 // Work is split over the thread pool only when an op is large enough to pay for
 // the hand-off (a decode step of a small model runs mostly on one thread).
 #include "backends/cpu/cpu_backend.h"
@@ -16,7 +17,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backends/cpu/cpu_backend_attention.h"
 #include "backends/cpu/kernel_table.h"
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/repack.h"
@@ -63,33 +63,6 @@ void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
             dequantize_row_ref(type, src, dst, n);
             return;
     }
-}
-
-// Dot product with 8 independent partial sums (lets the compiler keep them in vector registers
-// without reassociating a single sum).
-inline float dot_f32(const float* a, const float* b, int64_t n) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
-    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (; i < n; ++i) s += a[i] * b[i];
-    return s;
-}
-
-using AttentionBlock = void (*)(const cpu_attention::Args&, int64_t, int64_t, int, float*);
-
-// The attention kernel of a kernel table's ISA.
-AttentionBlock attention_kernel(cpu::Isa isa) {
-    switch (isa) {
-        case cpu::Isa::kAvx512:
-            return &cpu_attention::block_avx512;
-        case cpu::Isa::kAvx2:
-            return &cpu_attention::block_avx2;
-        case cpu::Isa::kRef:
-            break;
-    }
-    return &cpu_attention::block_ref;
 }
 
 class CpuBackend final : public Backend {
@@ -305,11 +278,11 @@ class CpuBackend final : public Backend {
         // causal triangle (later blocks see more keys) and the heads.
         struct Ctx {
             const cpu_attention::Args* a;
-            AttentionBlock fn;
+            cpu_attention::BlockFn fn;
             int64_t n_tokens, n_units, per_thread;
             int n_head_kv;
             float* scratch;
-        } ctx{&a, attention_kernel(table_.isa), n_tokens, 0, per_thread, ap.n_head_kv, attn_scratch_.data()};
+        } ctx{&a, table_.attention, n_tokens, 0, per_thread, ap.n_head_kv, attn_scratch_.data()};
         const int64_t n_blocks = (n_tokens + cpu_attention::kBlockTokens - 1) / cpu_attention::kBlockTokens;
         ctx.n_units = n_blocks * ap.n_head_kv;
         auto work = [](void* p, int thread, int n_threads) {
@@ -573,55 +546,6 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
-
-// The scalar specification of the attention rows (see cpu_backend_attention.h).
-void cpu_attention::rows_ref(const Args& a, int64_t r0, int64_t r1, float* scratch) {
-    const int hd = a.head_dim;
-    const float* tab = f16_table();
-    float* acc = scratch;
-    float* kv_row = acc + hd;
-    float* scores = kv_row + hd;
-    auto row = [&](const void* base, int64_t off) -> const float* {
-        if (!a.f16) return static_cast<const float*>(base) + off;
-        const uint16_t* s = static_cast<const uint16_t*>(base) + off;
-        for (int d = 0; d < hd; ++d) kv_row[d] = tab[s[d]];
-        return kv_row;
-    };
-    for (int64_t r = r0; r < r1; ++r) {
-        const int64_t t = r / a.n_head;
-        const int h = int(r % a.n_head), hk = h / a.group;
-        const float* qv = a.q + r * hd;
-        const int32_t end = a.pos[t] + 1;
-        const int32_t begin = a.window > 0 ? std::max(0, end - a.window) : 0;
-        float mx = -INFINITY;
-        for (int32_t j = begin; j < end; ++j) {
-            const float s = dot_f32(qv, row(a.k, int64_t(j) * a.kv_width + int64_t(hk) * hd), hd) * a.scale;
-            scores[j - begin] = s;
-            mx = std::max(mx, s);
-        }
-        double sum = 0;
-        for (int32_t j = 0; j < end - begin; ++j) {
-            scores[j] = std::exp(scores[j] - mx);
-            sum += scores[j];
-        }
-        std::fill(acc, acc + hd, 0.0f);
-        for (int32_t j = begin; j < end; ++j) {
-            const float w = scores[j - begin];
-            const float* vr = row(a.v, int64_t(j) * a.kv_width + int64_t(hk) * hd);
-            for (int d = 0; d < hd; ++d) acc[d] += w * vr[d];
-        }
-        float* o = a.out + r * hd;
-        const float inv = float(1.0 / sum);
-        for (int d = 0; d < hd; ++d) o[d] = acc[d] * inv;
-    }
-}
-
-void cpu_attention::block_ref(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch) {
-    for (int64_t t = t0; t < t1; ++t) {
-        const int64_t r = t * a.n_head + int64_t(hk) * a.group;
-        rows_ref(a, r, r + a.group, scratch);
-    }
-}
 
 std::unique_ptr<Backend> make_cpu_backend(int n_threads, CpuIsa isa) {
     cpu::Isa want = cpu::active_isa();

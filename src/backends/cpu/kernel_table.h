@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/kernels_attention.h"
 
 namespace cera::cpu {
 
@@ -56,6 +57,8 @@ struct KernelTable {
     void (*softmax)(float* x, int64_t n);
     // One activation row in format f: the same bytes as quantize_act_row.
     void (*quantize_act)(ActFormat f, const float* x, int64_t k, void* out);
+    // Causal GQA attention of a block of query tokens over one KV head (kernels_attention.h).
+    cpu_attention::BlockFn attention;
 };
 
 // Fills t.packed with the AVX-512 VNNI kernels on packed weights (kernels_packed_avx512.cpp).

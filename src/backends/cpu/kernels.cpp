@@ -98,6 +98,7 @@ KernelTable make_ref_table() {
     t.dot_f32 = dot_f32_ref;
     t.softmax = softmax_ref;
     t.quantize_act = quantize_act_row;
+    t.attention = cpu_attention::block_ref;
     return t;
 }
 

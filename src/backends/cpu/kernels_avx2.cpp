@@ -262,6 +262,7 @@ KernelTable make_table() {
     t.dot_f32 = dot_f32_avx2;
     t.softmax = softmax_avx2;
     t.quantize_act = quantize_act_row;
+    t.attention = cpu_attention::block_avx2;
     return t;
 }
 

@@ -526,6 +526,7 @@ KernelTable make_table() {
     t.dot_f32 = dot_f32_avx512;
     t.softmax = softmax_avx512;
     t.quantize_act = quantize_act_avx512;
+    t.attention = cpu_attention::block_avx512;
     return t;
 }
 

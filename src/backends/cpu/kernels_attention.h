@@ -1,4 +1,5 @@
-// Causal GQA attention rows for the CPU backend, one kernel per ISA.
+// Causal GQA attention for the CPU kernel tables (kernel_table.h: KernelTable::attention), one kernel
+// per ISA; the scalar reference in kernels_attention.cpp.
 // Idea: each (query token, query head) row computes its scores against the
 // cached keys 0..pos (window-limited), a softmax, and the weighted sum of the
 // cached values, two passes over the cache with the scores kept in a per-thread
@@ -41,6 +42,7 @@ void rows_avx2(const Args& a, int64_t r0, int64_t r1, float* scratch);
 void rows_avx512(const Args& a, int64_t r0, int64_t r1, float* scratch);
 
 // Query tokens [t0, t1) (at most kBlockTokens) of the `group` query heads that read KV head hk.
+using BlockFn = void (*)(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch);
 // The AVX-512 kernel is flash-style: key tiles of 16 are transposed once per block and shared by
 // all of its rows, with an online softmax; the others run their row kernel over the block's rows.
 void block_ref(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch);

@@ -1,10 +1,10 @@
-// AVX2 attention rows (see cpu_backend_attention.h).
+// AVX2 attention rows (see kernels_attention.h).
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 
-#include "backends/cpu/cpu_backend_attention.h"
+#include "backends/cpu/kernels_attention.h"
 
 namespace cera::cpu_attention {
 namespace {

@@ -1,0 +1,74 @@
+// The scalar specification of the attention kernels (kernels_attention.h): each row's scores in
+// one pass over its keys, the maximum found first, then the softmax and the weighted sum of the
+// values in a second pass. Plain loops; the AVX2 and AVX-512 kernels are checked against it.
+#include <algorithm>
+#include <cmath>
+
+#include "backends/cpu/kernels_attention.h"
+#include "core/fp16.h"
+
+namespace cera::cpu_attention {
+namespace {
+
+// Dot product with 8 independent partial sums (lets the compiler keep them in vector registers
+// without reassociating a single sum).
+inline float dot_f32(const float* a, const float* b, int64_t n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; ++i) s += a[i] * b[i];
+    return s;
+}
+
+}  // namespace
+
+void rows_ref(const Args& a, int64_t r0, int64_t r1, float* scratch) {
+    const int hd = a.head_dim;
+    float* acc = scratch;
+    float* kv_row = acc + hd;
+    float* scores = kv_row + hd;
+    auto row = [&](const void* base, int64_t off) -> const float* {
+        if (!a.f16) return static_cast<const float*>(base) + off;
+        const uint16_t* s = static_cast<const uint16_t*>(base) + off;
+        for (int d = 0; d < hd; ++d) kv_row[d] = fp16_to_fp32(s[d]);
+        return kv_row;
+    };
+    for (int64_t r = r0; r < r1; ++r) {
+        const int64_t t = r / a.n_head;
+        const int h = int(r % a.n_head), hk = h / a.group;
+        const float* qv = a.q + r * hd;
+        const int32_t end = a.pos[t] + 1;
+        const int32_t begin = a.window > 0 ? std::max(0, end - a.window) : 0;
+        float mx = -INFINITY;
+        for (int32_t j = begin; j < end; ++j) {
+            const float s = dot_f32(qv, row(a.k, int64_t(j) * a.kv_width + int64_t(hk) * hd), hd) * a.scale;
+            scores[j - begin] = s;
+            mx = std::max(mx, s);
+        }
+        double sum = 0;
+        for (int32_t j = 0; j < end - begin; ++j) {
+            scores[j] = std::exp(scores[j] - mx);
+            sum += scores[j];
+        }
+        std::fill(acc, acc + hd, 0.0f);
+        for (int32_t j = begin; j < end; ++j) {
+            const float w = scores[j - begin];
+            const float* vr = row(a.v, int64_t(j) * a.kv_width + int64_t(hk) * hd);
+            for (int d = 0; d < hd; ++d) acc[d] += w * vr[d];
+        }
+        float* o = a.out + r * hd;
+        const float inv = float(1.0 / sum);
+        for (int d = 0; d < hd; ++d) o[d] = acc[d] * inv;
+    }
+}
+
+void block_ref(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch) {
+    for (int64_t t = t0; t < t1; ++t) {
+        const int64_t r = t * a.n_head + int64_t(hk) * a.group;
+        rows_ref(a, r, r + a.group, scratch);
+    }
+}
+
+}  // namespace cera::cpu_attention
