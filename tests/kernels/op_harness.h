@@ -393,7 +393,7 @@ inline double float_bound(const MatmulArith& a, const DotTerms& d, int64_t k, do
 //    d_b = A_b / 127 (A_b the block's largest |x|), so the dot moves by at most
 //    sum_b A_b / 254 * W_b (W_b = sum of the block's |w_i|); the factor 1 + 1e-4 covers d_b and
 //    1 / d_b rounded to f32 (the codes are rint(x_i * f32(1 / d_b)), off by 254 u relative at most),
-//    and the float terms grow by |x~_i| <= xa_i (1 + 1/254);
+//    and the float terms grow with |x~_i| <= xa_i + A_b / 254;
 //  - f16 rounding of either operand: u16 relative, 2^-25 absolute below f16's normal range;
 //  - the float terms, as float_bound.
 inline double product_bound(const MatmulArith& a, const float* w, const float* off, const double* xa, int64_t k) {
@@ -405,13 +405,17 @@ inline double product_bound(const MatmulArith& a, const float* w, const float* o
     }
     if (const int bl = a.act_block()) {
         for (int64_t b0 = 0; b0 < k; b0 += bl) {
-            double amax = 0, wsum = 0;
-            for (int64_t i = b0; i < b0 + bl; ++i) amax = std::max(amax, xa[i]), wsum += std::fabs(double(w[i]));
+            double amax = 0, wsum = 0, osum = 0;
+            for (int64_t i = b0; i < b0 + bl; ++i) {
+                amax = std::max(amax, xa[i]);
+                wsum += std::fabs(double(w[i]));
+                osum += std::fabs(double(off[i]));
+            }
             q8 += amax / 254.0 * wsum;
+            mag += amax / 254.0 * (wsum + 2.0 * osum);
+            sum_x += amax / 254.0 * double(bl);
         }
         q8 *= 1.0 + 1e-4;
-        mag *= 1.0 + 1.0 / 254;
-        sum_x *= 1.0 + 1.0 / 254;
     }
     double b = gamma(k + 4) * mag + q8;
     if (a.w_f16) b += kU16 * mag + kF16Sub * sum_x;
