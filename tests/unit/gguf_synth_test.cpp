@@ -194,25 +194,34 @@ TEST(GgufSynth, BlockSizeFallbackLikeLlamaQuantize) {
     std::remove(out.c_str());
 }
 
-// The Q4_K_M mixture picks the same type for every tensor as llama-quantize did for the fixture.
+// The Q4_K_M mixture picks the same type for every tensor as llama-quantize did for the fixtures:
+// the dense one (Q6_K on the head, some ffn_down and an attn_v) and the 8-expert one (Q8_0 attn_k
+// and attn_v, Q5_K attn_output, and the fallbacks of a 192-wide model).
 TEST(GgufSynth, MediumMixtureMatchesLlamaQuantize) {
+    for (const char* model : {"tiny-lfm2", "tiny-lfm2moe"}) {
+        SCOPED_TRACE(model);
+        auto ref = File::open(cera::test::data_path(std::string("fixtures/") + model + "/model-Q4_K_M.gguf"));
+        SynthConfig c = config_like(*ref);
+        c.type = cera::GgmlType::kQ4_K;
+        c.k_medium = true;
+        const std::string out = tmp_path("km.gguf");
+        synthesize(c, ref.get(), out, 2);
+        auto f = File::open(out);
+        ASSERT_EQ(f->tensors().size(), ref->tensors().size());
+        int more_bits = 0;
+        for (const auto& t : ref->tensors()) {
+            const auto* mine = f->find_tensor(t.name);
+            ASSERT_NE(mine, nullptr) << t.name;
+            EXPECT_EQ(mine->type, t.type) << t.name;
+            more_bits += t.type == cera::GgmlType::kQ6_K || t.type == cera::GgmlType::kQ8_0;
+        }
+        EXPECT_GE(more_bits, 3);  // the fixture exercises the rules
+        std::remove(out.c_str());
+    }
     auto ref = File::open(cera::test::data_path("fixtures/tiny-lfm2/model-Q4_K_M.gguf"));
     SynthConfig c = config_like(*ref);
     c.type = cera::GgmlType::kQ4_K;
     c.k_medium = true;
-    const std::string out = tmp_path("km.gguf");
-    synthesize(c, ref.get(), out, 2);
-    auto f = File::open(out);
-    ASSERT_EQ(f->tensors().size(), ref->tensors().size());
-    int q6 = 0;
-    for (const auto& t : ref->tensors()) {
-        const auto* mine = f->find_tensor(t.name);
-        ASSERT_NE(mine, nullptr) << t.name;
-        EXPECT_EQ(mine->type, t.type) << t.name;
-        q6 += t.type == cera::GgmlType::kQ6_K;
-    }
-    EXPECT_GE(q6, 3);  // the fixture exercises the rule: the head, some ffn_down and an attn_v
-    std::remove(out.c_str());
 
     SynthConfig bad = c;
     bad.type = cera::GgmlType::kQ8_0;

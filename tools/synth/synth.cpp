@@ -19,6 +19,7 @@
 #include "core/threadpool.h"
 #include "gguf/keys.h"
 #include "gguf/writer.h"
+#include "quantize/mixture.h"
 
 namespace cera::gguf {
 namespace {
@@ -76,45 +77,25 @@ struct TensorSpec {
     std::string name;
     std::vector<int64_t> ne;
     Init init = Init::kWeight;
-    bool keep_f32 = false;  // norms, biases, conv kernels, the MoE router
     bool embedding = false;
-    bool more_bits = false;  // Q6_K in a K-quant "medium" mixture (SynthConfig::k_medium)
 };
-
-GgmlType fallback_type(GgmlType t, int64_t ne0) {
-    auto fits = [&](GgmlType x) { return ne0 % type_info(x).block_size == 0; };
-    while (!fits(t)) {
-        switch (t) {
-            case GgmlType::kQ4_K: t = GgmlType::kQ5_0; break;
-            case GgmlType::kQ5_K: t = GgmlType::kQ5_1; break;
-            case GgmlType::kQ6_K: t = GgmlType::kQ8_0; break;
-            default: t = GgmlType::kF16; break;
-        }
-    }
-    return t;
-}
-
-// llama-quantize's choice of the layers whose attn_v / ffn_down get more bits in its Q4_K_M and
-// Q5_K_M mixtures: the first and last eighth of them, and every third one between.
-bool use_more_bits(int64_t i, int64_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
 std::vector<TensorSpec> layout(const SynthConfig& c, int64_t n_vocab) {
     const int64_t E = c.n_embd, F = c.n_ff, hd = c.head_dim > 0 ? c.head_dim : c.n_embd / c.n_head;
     const int64_t q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
     std::vector<TensorSpec> t;
-    auto add = [&](std::string name, std::vector<int64_t> ne, Init init = Init::kWeight, bool keep_f32 = false) {
-        t.push_back({std::move(name), std::move(ne), init, keep_f32, false});
+    // The last argument of the norms, biases, conv kernels and the router says what they are;
+    // which tensors stay F32 is llama-quantize's rule (quantize/mixture.h), not a flag here.
+    auto add = [&](std::string name, std::vector<int64_t> ne, Init init = Init::kWeight, bool /*stays_f32*/ = false) {
+        t.push_back({std::move(name), std::move(ne), init, false});
     };
-    t.push_back({"token_embd.weight", {E, n_vocab}, Init::kWeight, false, true});
+    t.push_back({"token_embd.weight", {E, n_vocab}, Init::kWeight, true});
     if (is_lfm2(c.arch))
         add("token_embd_norm.weight", {E}, Init::kNorm, true);  // lfm2's final norm
     else
         add("output_norm.weight", {E}, Init::kNorm, true);
-    if (!c.tied) t.push_back({"output.weight", {E, n_vocab}, Init::kWeight, false, true});
+    if (!c.tied) t.push_back({"output.weight", {E, n_vocab}, Init::kWeight, true});
 
-    const int64_t n_attn = is_lfm2(c.arch) ? int64_t(c.attn_layers.size()) : c.n_layer;
-    int64_t i_attn = 0;
-    auto more_bits_last = [&](bool more) { t.back().more_bits = more; };
     for (int64_t il = 0; il < c.n_layer; ++il) {
         const std::string p = "blk." + std::to_string(il) + ".";
         const bool attn = !is_lfm2(c.arch) ||
@@ -124,7 +105,6 @@ std::vector<TensorSpec> layout(const SynthConfig& c, int64_t n_vocab) {
             add(p + "attn_q.weight", {E, q_dim});
             add(p + "attn_k.weight", {E, kv_dim});
             add(p + "attn_v.weight", {E, kv_dim});
-            more_bits_last(use_more_bits(i_attn++, n_attn));
             add(p + "attn_output.weight", {q_dim, E});
             if (c.arch == "qwen2") {
                 add(p + "attn_q.bias", {q_dim}, Init::kSmall, true);
@@ -152,10 +132,38 @@ std::vector<TensorSpec> layout(const SynthConfig& c, int64_t n_vocab) {
             add(p + "ffn_gate.weight", {E, F});
             add(p + "ffn_up.weight", {E, F});
             add(p + "ffn_down.weight", {F, E});
-            more_bits_last(use_more_bits(il, c.n_layer));
         }
     }
     return t;
+}
+
+// Each tensor's type: the mixture's rules with k_medium, else `type` (the embeddings
+// `embd_type`) for every tensor llama-quantize would quantize, rows fitted as it fits them.
+std::vector<GgmlType> tensor_types(const SynthConfig& c, const std::vector<TensorSpec>& specs) {
+    std::vector<quantize::TensorDesc> descs;
+    for (const TensorSpec& s : specs) descs.push_back({s.name, s.ne, GgmlType::kF32});
+    if (c.k_medium) {
+        quantize::MixtureOptions o;
+        o.file_type = c.type == GgmlType::kQ5_K ? quantize::FileType::kQ5_K_M : quantize::FileType::kQ4_K_M;
+        o.token_embedding_type = c.embd_type;
+        o.output_tensor_type = c.embd_type;
+        quantize::ModelFacts m;
+        m.arch = c.arch;
+        m.n_layer = c.n_layer;
+        m.n_expert = c.arch == "lfm2moe" && c.n_expert > 1 ? c.n_expert : 0;
+        return quantize::choose_types(o, m, descs);
+    }
+    std::vector<GgmlType> types;
+    for (size_t i = 0; i < specs.size(); ++i) {
+        if (!quantize::allows_quantization(descs[i])) {
+            types.push_back(GgmlType::kF32);
+            continue;
+        }
+        const GgmlType t = specs[i].embedding ? c.embd_type.value_or(c.type) : c.type;
+        // Where llama-quantize has no fallback (rows not a multiple of 32 in Q8_0, ...), F16.
+        types.push_back(quantize::fallback_for(t, specs[i].ne[0]).value_or(GgmlType::kF16));
+    }
+    return types;
 }
 
 void metadata(const SynthConfig& c, const File* vocab, int64_t n_vocab, Writer& w) {
@@ -289,8 +297,6 @@ void synth_validate(const SynthConfig& c) {
     }
     if (c.k_medium && c.type != GgmlType::kQ4_K && c.type != GgmlType::kQ5_K)
         throw_error(ErrorCode::kInvalidArgument, "the medium mixture is for Q4_K and Q5_K, not %s", type_name(c.type));
-    if (c.k_medium && c.arch == "lfm2moe")
-        throw_error(ErrorCode::kUnsupported, "the medium mixture is modelled for dense architectures, not lfm2moe");
     for (GgmlType t : {c.type, c.embd_type.value_or(c.type)}) {
         if (!can_quantize(t))
             throw_error(ErrorCode::kUnsupported, "cannot write tensor type %s (no quantizer)", type_name(t));
@@ -324,11 +330,11 @@ void synthesize(const SynthConfig& cfg, const File* vocab, const std::string& pa
 
     Writer w;
     metadata(c, vocab, n_vocab, w);
-    for (const TensorSpec& spec : layout(c, n_vocab)) {
-        GgmlType type = spec.keep_f32 ? GgmlType::kF32 : spec.embedding ? c.embd_type.value_or(c.type) : c.type;
-        const bool head = spec.name == "output.weight" || (c.tied && spec.name == "token_embd.weight");
-        if (c.k_medium && (spec.more_bits || (head && !c.embd_type))) type = GgmlType::kQ6_K;
-        type = fallback_type(type, spec.ne[0]);
+    const std::vector<TensorSpec> specs = layout(c, n_vocab);
+    const std::vector<GgmlType> types = tensor_types(c, specs);
+    for (size_t i = 0; i < specs.size(); ++i) {
+        const TensorSpec& spec = specs[i];
+        const GgmlType type = types[i];
         const uint64_t name_seed = c.seed ^ fnv1a(spec.name);
         const int64_t ne0 = spec.ne[0];
         const Init init = spec.init;

@@ -43,9 +43,10 @@ struct SynthConfig {
     float logit_scale = 8.0f;
     GgmlType type = GgmlType::kF32;       // 2-D and 3-D weights
     std::optional<GgmlType> embd_type;    // token_embd / output; unset -> `type`
-    // Q4_K / Q5_K only: llama-quantize's Q4_K_M / Q5_K_M mixture, attn_v and ffn_down in Q6_K on the
-    // first and last eighth of their layers and every third layer between (the rest in `type`), and the
-    // LM head (output, or token_embd when tied) in Q6_K unless embd_type is set. Dense architectures only.
+    // Q4_K / Q5_K only: llama-quantize's Q4_K_M / Q5_K_M mixture (quantize/mixture.h): attn_v and
+    // ffn_down in Q6_K on the first and last eighth of their layers and every third layer between (the
+    // rest in `type`), the LM head (output, or token_embd when tied) in Q6_K unless embd_type is set, and
+    // the 8-expert rules for lfm2moe.
     bool k_medium = false;
     uint64_t seed = 42;
 };
@@ -63,7 +64,8 @@ void synth_validate(const SynthConfig& c);
 // Writes the model to `path`. `vocab` (may be null) supplies every tokenizer.* key and
 // the vocabulary size. Weights whose ne[0] is not a multiple of the type's block size
 // fall back the way llama-quantize does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, then
-// F16). n_threads 0 = all cores. Throws kInvalidArgument / kUnsupported / kIo.
+// F16; F16 also where llama-quantize has no fallback). n_threads 0 = all cores.
+// Throws kInvalidArgument / kUnsupported / kIo.
 void synthesize(const SynthConfig& c, const File* vocab, const std::string& path, int n_threads = 0);
 
 }  // namespace cera::gguf

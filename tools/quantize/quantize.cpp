@@ -1,0 +1,140 @@
+// The requantizer: plan every tensor's type, then stream the tensors through the GGUF
+// writer in llama-quantize's order, each converted row by row on a thread pool
+// (dequantize to f32, quantize with the reference quantizer). Rows are independent, so
+// the bytes do not depend on the thread count. The quantizers (the scale searches of
+// the K-quants) dominate the time; copying and disk come after.
+#include "quantize/quantize.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "core/check.h"
+#include "core/quant/quant.h"
+#include "core/threadpool.h"
+#include "gguf/keys.h"
+#include "gguf/writer.h"
+
+namespace cera::quantize {
+namespace {
+
+// Keys llama-quantize drops: a split file's bookkeeping does not describe the single file written.
+bool dropped_key(const std::string& key) {
+    return key == gguf::keys::kFileType || key == gguf::keys::kQuantVersion || key == "split.no" ||
+           key == "split.count" || key == "split.tensors.count";
+}
+
+constexpr uint32_t kQuantizationVersion = 2;  // GGML_QNT_VERSION: the block layouts of src/core/quant
+
+// Converts rows [begin, end) of a tensor from one type to another through f32.
+void convert_rows(const gguf::TensorInfo& t, GgmlType to, uint8_t* dst, int64_t begin, int64_t end,
+                  std::vector<float>& row) {
+    const int64_t ne0 = t.ne[0];
+    const size_t in_bytes = row_size(t.type, ne0), out_bytes = row_size(to, ne0);
+    row.resize(size_t(ne0));
+    for (int64_t r = begin; r < end; ++r) {
+        const uint8_t* src = t.data + size_t(r) * in_bytes;
+        uint8_t* out = dst + size_t(r) * out_bytes;
+        if (t.type == GgmlType::kF32) {
+            quantize_row_ref(to, reinterpret_cast<const float*>(src), out, ne0);
+        } else {
+            dequantize_row_ref(t.type, src, row.data(), ne0);
+            quantize_row_ref(to, row.data(), out, ne0);
+        }
+    }
+}
+
+}  // namespace
+
+ModelFacts model_facts(const gguf::File& f) {
+    ModelFacts m;
+    m.arch = f.architecture();
+    auto k = [&](const char* suffix) { return gguf::keys::arch_key(m.arch, suffix); };
+    m.n_layer = f.get_i64(k("block_count"), 0);
+    m.n_expert = f.get_i64(k("expert_count"), 0);
+    if (m.n_expert <= 1) m.n_expert = 0;
+    if (m.n_layer == 80 && (m.arch == "llama" || m.arch == "qwen2")) {
+        // Per-layer head counts (arrays) do not occur in these architectures; a scalar is read.
+        const gguf::Value* h = f.find(k("attention.head_count"));
+        const gguf::Value* hkv = f.find(k("attention.head_count_kv"));
+        const bool grouped = h && hkv && h->is_integer() && hkv->is_integer() && h->as_int() != hkv->as_int();
+        m.is_70b = m.arch == "qwen2" || grouped;
+    }
+    return m;
+}
+
+std::vector<GgmlType> plan_types(const gguf::File& f, const QuantizeOptions& o) {
+    std::vector<TensorDesc> descs;
+    descs.reserve(f.tensors().size());
+    for (const auto& t : f.tensors()) descs.push_back({t.name, t.ne, t.type});
+    MixtureOptions mo;
+    mo.file_type = o.file_type;
+    std::vector<GgmlType> types = choose_types(mo, model_facts(f), descs);
+    for (const std::string& name : o.keep) {
+        auto it = std::find_if(descs.begin(), descs.end(), [&](const TensorDesc& d) { return d.name == name; });
+        if (it == descs.end())
+            throw_error(ErrorCode::kInvalidArgument, "--keep: %s has no tensor named '%s'", f.path().c_str(),
+                        name.c_str());
+        types[size_t(it - descs.begin())] = it->type;
+    }
+    for (size_t i = 0; i < descs.size(); ++i) {
+        const TensorDesc& d = descs[i];
+        if (types[i] == d.type) continue;
+        if (!can_dequantize(d.type))
+            throw_error(ErrorCode::kUnsupported,
+                        "tensor '%s' has type %s, which cera cannot read (keep it with --keep)", d.name.c_str(),
+                        type_name(d.type));
+        if (!can_quantize(types[i]))
+            throw_error(ErrorCode::kUnsupported, "tensor '%s': cera has no quantizer for %s", d.name.c_str(),
+                        type_name(types[i]));
+    }
+    return types;
+}
+
+QuantizeSummary quantize_model(const QuantizeOptions& o) {
+    auto f = gguf::File::open(o.input);
+    const std::vector<GgmlType> types = plan_types(*f, o);
+
+    gguf::Writer w;
+    for (const auto& [key, v] : f->metadata())
+        if (!dropped_key(key)) w.set(key, v);
+    // llama-quantize writes these two last, after every copied key.
+    w.set_u32(gguf::keys::kQuantVersion, kQuantizationVersion);
+    w.set_u32(gguf::keys::kFileType, uint32_t(o.file_type));
+
+    const int n_threads = o.n_threads > 0 ? o.n_threads : int(std::max(1u, std::thread::hardware_concurrency()));
+    ThreadPool pool(n_threads);
+    std::vector<std::vector<float>> rows(static_cast<size_t>(n_threads));  // one f32 row per thread
+
+    QuantizeSummary s;
+    const auto& tensors = f->tensors();
+    std::vector<std::string> names;
+    for (const auto& t : tensors) names.push_back(t.name);
+    for (size_t i : quantize_order(names)) {
+        const gguf::TensorInfo& t = tensors[i];
+        const GgmlType to = types[i];
+        ++s.n_tensors;
+        ++s.types[to];
+        s.bytes_in += t.n_bytes;
+        if (to == t.type) {
+            s.bytes_out += t.n_bytes;
+            // Copied at write time, so a large kept tensor is never held in memory twice.
+            w.add_tensor(t.name, to, t.ne, [&t](uint8_t* dst, size_t n) { std::memcpy(dst, t.data, n); });
+            continue;
+        }
+        ++s.n_converted;
+        s.bytes_out += uint64_t(t.rows()) * row_size(to, t.ne[0]);
+        w.add_tensor(t.name, to, t.ne, [&pool, &rows, &t, to](uint8_t* dst, size_t) {
+            pool.parallel_for(
+                t.rows(),
+                [&](int64_t begin, int64_t end, int thread) {
+                    convert_rows(t, to, dst, begin, end, rows[size_t(thread)]);
+                },
+                std::max<int64_t>(1, 4096 / t.ne[0]));
+        });
+    }
+    w.write(o.output);
+    return s;
+}
+
+}  // namespace cera::quantize
