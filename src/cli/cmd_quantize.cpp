@@ -1,0 +1,78 @@
+// `cera quantize`: requantizes a GGUF model to another weight type, tensor for tensor
+// as llama-quantize does (see tools/quantize).
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cera/error.h"
+#include "cli/command.h"
+#include "core/check.h"
+#include "quantize/quantize.h"
+
+namespace cera::cli {
+namespace {
+
+std::string type_list() {
+    std::string s;
+    for (const auto& n : quantize::file_type_names()) s += std::string(s.empty() ? "" : " | ") + n.name;
+    return s;
+}
+
+int run_quantize(const std::vector<std::string>& args) {
+    CLI::App app{"Requantizes a GGUF model to another weight type, with llama-quantize's choice of tensor types.",
+                 "cera quantize"};
+    std::string in, out, type;
+    std::vector<std::string> keep;
+    int threads = 0;
+    app.add_option("IN", in, "input GGUF (F32, F16, BF16 or quantized)")->required();
+    app.add_option("OUT", out, "output GGUF")->required();
+    app.add_option("TYPE", type,
+                   type_list() + " (Q4_K / Q5_K: the _M mixtures; Q3_K_M and Q2_K need quantizers cera lacks)")
+        ->required();
+    app.add_option("--keep", keep, "tensors left in their input type (comma-separated, repeatable)")->delimiter(',');
+    app.add_option("--threads", threads, "threads (default: all cores); the output does not depend on it");
+
+    std::vector<std::string> rev(args.rbegin(), args.rend());
+    quantize::QuantizeOptions o;
+    try {
+        app.parse(rev);
+        if (threads < 0) throw_error(ErrorCode::kInvalidArgument, "--threads must be >= 0");
+        o.file_type = quantize::parse_file_type(type);
+    } catch (const CLI::CallForHelp&) {
+        std::printf("%s", app.help().c_str());
+        return 0;
+    } catch (const CLI::ParseError& e) {
+        std::string msg = e.what();
+        for (char& ch : msg)
+            if (ch == '\n') ch = ' ';
+        std::fprintf(stderr, "cera quantize: error: %s (see `cera quantize --help`)\n", msg.c_str());
+        return 2;
+    } catch (const Error& e) {
+        std::fprintf(stderr, "cera quantize: error: %s\n", e.what());
+        return 2;
+    }
+    o.input = in;
+    o.output = out;
+    o.keep = keep;
+    o.n_threads = threads;
+
+    const auto t0 = std::chrono::steady_clock::now();
+    const quantize::QuantizeSummary s = quantize::quantize_model(o);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::ostringstream types;
+    for (const auto& [t, n] : s.types) types << (types.tellp() > 0 ? ", " : "") << type_name(t) << " x" << n;
+    std::printf("wrote %s: %s, %zu tensors (%zu converted: %s), %.1f MiB -> %.1f MiB, in %.1f s\n", out.c_str(),
+                quantize::file_type_name(o.file_type), s.n_tensors, s.n_converted, types.str().c_str(),
+                double(s.bytes_in) / (1 << 20), double(s.bytes_out) / (1 << 20), secs);
+    return 0;
+}
+
+}  // namespace
+
+CERA_CLI_COMMAND(quantize, "quantize", "requantize a GGUF model to another weight type (like llama-quantize)",
+                 run_quantize);
+
+}  // namespace cera::cli
