@@ -462,4 +462,43 @@ class Checker {
     int misses_ = 0;
 };
 
+// What the op tests share: limits on the work of a case, random weights and activations.
+inline constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+inline constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Work per case at most, so that the CPU part stays within a minute on two cores: multiply-adds
+// of a matmul (rows * k * n_tokens), elements of a weight or activation.
+inline constexpr int64_t kMaxMacs = int64_t(1) << 22;
+inline constexpr int64_t kMaxElems = int64_t(1) << 21;
+
+inline bool fits(GgmlType type, int64_t k) { return k % type_info(type).block_size == 0; }
+
+// A random weight of `type` and its reference values: gaussian rows, every third one 50 times
+// smaller (rows of small weights next to large ones).
+struct Weight {
+    GgmlType type;
+    int64_t rows, k;
+    std::vector<uint8_t> bytes;
+    std::vector<float> w;    // dequantize_row_ref of the bytes: the values the op must use
+    std::vector<float> off;  // zero_code_offsets
+    const float* row(int64_t r) const { return w.data() + r * k; }
+    const float* row_off(int64_t r) const { return off.data() + r * k; }
+};
+inline Weight make_weight(GgmlType type, int64_t rows, int64_t k, std::mt19937& rng, float sd = 1.0f) {
+    std::vector<float> wf = randn(size_t(rows * k), rng, sd);
+    for (int64_t r = 0; r < rows; r += 3)
+        for (int64_t i = 0; i < k; ++i) wf[size_t(r * k + i)] *= 0.02f;
+    Weight m{type, rows, k, weight_bytes(type, wf, rows, k, rng), {}, {}};
+    m.w = dequant(type, m.bytes, rows, k);
+    m.off = zero_code_offsets(type, m.bytes, rows, k);
+    return m;
+}
+
+// Gaussian activations with an outlier every 61 values (blocks whose 8-bit scale one value sets).
+inline std::vector<float> activations(size_t n, std::mt19937& rng) {
+    std::vector<float> x = randn(n, rng);
+    for (size_t i = 3; i < n; i += 61) x[i] *= 8.0f;
+    return x;
+}
+
 }  // namespace cera::harness
