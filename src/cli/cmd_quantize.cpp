@@ -9,7 +9,7 @@
 
 #include "cera/error.h"
 #include "cli/command.h"
-#include "core/check.h"
+#include "cli/parse_args.h"
 #include "quantize/quantize.h"
 
 namespace cera::cli {
@@ -35,25 +35,16 @@ int run_quantize(const std::vector<std::string>& args) {
     app.add_option("--keep", keep, "tensors left in their input type (comma-separated, repeatable)")->delimiter(',');
     app.add_option("--threads", threads, "threads (default: all cores); the output does not depend on it");
 
-    std::vector<std::string> rev(args.rbegin(), args.rend());
     quantize::QuantizeOptions o;
-    try {
-        app.parse(rev);
-        if (threads < 0) throw_error(ErrorCode::kInvalidArgument, "--threads must be >= 0");
-        o.file_type = quantize::parse_file_type(type);
-    } catch (const CLI::CallForHelp&) {
-        std::printf("%s", app.help().c_str());
-        return 0;
-    } catch (const CLI::ParseError& e) {
-        std::string msg = e.what();
-        for (char& ch : msg)
-            if (ch == '\n') ch = ' ';
-        std::fprintf(stderr, "cera quantize: error: %s (see `cera quantize --help`)\n", msg.c_str());
-        return 2;
-    } catch (const Error& e) {
-        std::fprintf(stderr, "cera quantize: error: %s\n", e.what());
-        return 2;
-    }
+    const int rc = parse_args(app, args, "quantize", [&] {
+        if (threads < 0) throw CLI::ValidationError("--threads must be >= 0");
+        try {
+            o.file_type = quantize::parse_file_type(type);
+        } catch (const Error& e) {
+            throw CLI::ValidationError(e.what());
+        }
+    });
+    if (rc >= 0) return rc;
     o.input = in;
     o.output = out;
     o.keep = keep;

@@ -17,16 +17,9 @@
 #include "backends/device.h"
 #include "core/fp16.h"
 #include "core/quant/quant.h"
+#include "kernels/test_weights.h"
 
 namespace cera {
-
-
-inline std::vector<float> randn(size_t n, std::mt19937& rng, float sd = 1.0f) {
-    std::normal_distribution<float> d(0.0f, sd);
-    std::vector<float> v(n);
-    for (auto& x : v) x = d(rng);
-    return v;
-}
 
 // Blocks of a type without a reference quantizer (Q2_K, Q3_K): random bytes, fp16 scales kept small.
 inline void random_blocks(GgmlType type, uint8_t* dst, size_t bytes, unsigned seed) {
@@ -52,13 +45,6 @@ inline std::vector<uint8_t> make_weight(GgmlType type, const std::vector<float>&
         else if (can_quantize(type)) quantize_row_ref(type, src, dst, k);
         else random_blocks(type, dst, rb, unsigned(r));
     }
-    return out;
-}
-
-inline std::vector<float> dequant(GgmlType type, const std::vector<uint8_t>& bytes, int64_t rows, int64_t k) {
-    std::vector<float> out(static_cast<size_t>(rows * k));
-    for (int64_t r = 0; r < rows; ++r)
-        dequantize_row_ref(type, bytes.data() + size_t(r) * row_size(type, k), out.data() + r * k, k);
     return out;
 }
 

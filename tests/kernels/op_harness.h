@@ -29,6 +29,7 @@
 #include "backends/device.h"
 #include "core/fp16.h"
 #include "core/quant/quant.h"
+#include "kernels/test_weights.h"
 #if defined(CERA_TEST_HAVE_CUDA)
 #include "backends/cuda/kernels.h"
 #endif
@@ -243,12 +244,6 @@ inline double norm_err(const Target& t, int64_t n) {
 }
 
 // -------------------------------------------------------------------------------------------- data
-inline std::vector<float> randn(size_t n, std::mt19937& rng, float sd = 1.0f) {
-    std::normal_distribution<float> d(0.0f, sd);
-    std::vector<float> v(n);
-    for (auto& x : v) x = d(rng);
-    return v;
-}
 
 // GGUF bytes of a [rows, k] weight of `type` made from f32 values: the reference quantizer where
 // there is one; Q2_K / Q3_K (none) get random codes with small fp16 scales.
@@ -271,13 +266,6 @@ inline std::vector<uint8_t> weight_bytes(GgmlType type, const std::vector<float>
             std::memcpy(&out[off + offsetof(BlockQ3_K, d)], &d, 2);
         }
     }
-    return out;
-}
-
-inline std::vector<float> dequant(GgmlType type, const std::vector<uint8_t>& bytes, int64_t rows, int64_t k) {
-    std::vector<float> out(static_cast<size_t>(rows * k));
-    for (int64_t r = 0; r < rows; ++r)
-        dequantize_row_ref(type, bytes.data() + size_t(r) * row_size(type, k), out.data() + r * k, k);
     return out;
 }
 
