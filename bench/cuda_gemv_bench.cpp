@@ -1,6 +1,7 @@
 // CUDA GEMV bandwidth: achieved GB/s of batch-1 matmuls per weight type on the benchmark shapes,
 // against the device copy bandwidth measured in the same run, plus a decode-shaped chain of the
-// lfm2-1.2b matmuls (weights only) as a tok/s ceiling. Each figure times CUDA-graph replays of
+// lfm2-1.2b matmuls (weights only) as a tok/s ceiling, and that model's products over a 512-token
+// prefill chunk per weight type. Each figure times CUDA-graph replays of
 // matmuls over enough copies of the weight to defeat the 60 MB L2.
 // Usage: cuda_gemv_bench [--quick].
 #include <algorithm>
@@ -149,20 +150,56 @@ int main(int argc, char** argv) {
         }
     }
 
-    // The matmuls of one lfm2-1.2b decode step (10 conv + 6 attention layers, dense FFN, 65536-row
-    // tied LM head) with an RMSNorm before each group: a ceiling on decode tok/s from weights alone.
-    for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K}) {
-        struct M {
-            int64_t rows, k;
-        };
-        std::vector<M> ms;
-        for (int l = 0; l < 16; ++l) {
-            const bool attn = l == 2 || l == 5 || l == 8 || l == 10 || l == 12 || l == 14;
-            if (attn) ms.insert(ms.end(), {{2048, 2048}, {512, 2048}, {512, 2048}, {2048, 2048}});
-            else ms.insert(ms.end(), {{6144, 2048}, {2048, 2048}});
-            ms.insert(ms.end(), {{8192, 2048}, {8192, 2048}, {2048, 8192}});
+    // The matmuls of one lfm2-1.2b step (10 conv + 6 attention layers, dense FFN; the 65536-row tied
+    // LM head for decode).
+    struct M {
+        int64_t rows, k;
+    };
+    std::vector<M> ms;
+    for (int l = 0; l < 16; ++l) {
+        const bool attn = l == 2 || l == 5 || l == 8 || l == 10 || l == 12 || l == 14;
+        if (attn) ms.insert(ms.end(), {{2048, 2048}, {512, 2048}, {512, 2048}, {2048, 2048}});
+        else ms.insert(ms.end(), {{6144, 2048}, {2048, 2048}});
+        ms.insert(ms.end(), {{8192, 2048}, {8192, 2048}, {2048, 8192}});
+    }
+    // A 512-token prefill chunk through those products (no LM head): block types expand each weight to
+    // F16 for cuBLAS, so their time over F16's is the expansions' cost.
+    {
+        const int64_t n_tok = 512;
+        Tensor x = be->alloc(GgmlType::kF32, {8192, n_tok}), y = be->alloc(GgmlType::kF32, {8192, n_tok});
+        std::printf("\n");
+        for (GgmlType t : {GgmlType::kF16, GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K}) {
+            std::vector<Tensor> ws;
+            for (const M& m : ms) {
+                const auto host = random_weight(t, m.rows, m.k, rng);
+                const int64_t ne[2] = {m.k, m.rows};
+                ws.push_back(be->upload_weight(t, ne, host.data()));
+            }
+            auto chunk = [&] {
+                for (const Tensor& w : ws)
+                    be->matmul(w, x.reshaped(w.ne[0], n_tok), Tensor{}, y.reshaped(w.ne[1], n_tok));
+            };
+            chunk();
+            be->synchronize();
+            std::vector<double> ts;
+            for (int r = 0; r < 5; ++r) {
+                const double t0 = now_s();
+                for (int i = 0; i < 4; ++i) chunk();
+                be->synchronize();
+                ts.push_back((now_s() - t0) / 4);
+            }
+            std::sort(ts.begin(), ts.end());
+            std::printf("lfm2-1.2b-shaped prefill chunk %s: %zu products of %lld tokens, %.2f ms = %.0f tok/s\n",
+                        type_name(t), ws.size(), (long long)n_tok, ts[2] * 1e3, double(n_tok) / ts[2]);
+            for (Tensor& w : ws) be->free(w);
         }
-        ms.push_back({65536, 2048});
+        be->free(x), be->free(y);
+    }
+
+    // The decode step's matmuls with an RMSNorm before each group: a ceiling on decode tok/s from
+    // weights alone.
+    ms.push_back({65536, 2048});
+    for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K}) {
         std::vector<Tensor> ws;
         size_t total = 0;
         for (const M& m : ms) {

@@ -1,12 +1,91 @@
 // Dequantization of whole rows: embedding lookups (f32 out, rows picked by token id) and the
 // weight -> f16 expansion that feeds the cuBLAS GEMM of prefill.
 // Idea: one thread per item (32 elements of a quantized block, see quant_device.cuh), 16-byte loads
-// in, contiguous 16-element runs out. Variants: each split-layout type; float types elementwise.
-// Roofline: bytes = image + output (f16 output is ~3.5x a Q4_0 image); ~4.3 TB/s.
+// in; a warp's 32 items staged in shared memory and written out as contiguous 16-byte vectors.
+// Variants: each split-layout type; float types elementwise.
+// Roofline: bytes = image + output (f16 output is ~3.5x a Q4_0 image); the device copy bandwidth
+// (cuda_gemv_bench's "copy" line).
+#include <climits>
+#include <cstdint>
+
 #include "backends/cuda/quant_device.cuh"
 
 namespace cera::cuda {
 namespace {
+
+__device__ __forceinline__ int swizzle(int c) { return c ^ ((c >> 3) & 7); }
+
+// A run of 16 values as 16-byte chunks of O: 4 of float, 2 of half.
+__device__ __forceinline__ void pack(const float* v, float scale, uint4* c) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float4 f = make_float4(v[4 * i] * scale, v[4 * i + 1] * scale, v[4 * i + 2] * scale, v[4 * i + 3] * scale);
+        c[i] = *reinterpret_cast<const uint4*>(&f);
+    }
+}
+__device__ __forceinline__ void pack(const float* v, float scale, __half2 (&h)[8]) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) h[i] = __floats2half2_rn(v[2 * i] * scale, v[2 * i + 1] * scale);
+}
+template <class O>
+__device__ __forceinline__ void stage_run(uint4* st, int c0, const float* v, float scale);
+template <>
+__device__ __forceinline__ void stage_run<float>(uint4* st, int c0, const float* v, float scale) {
+    uint4 c[4];
+    pack(v, scale, c);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) st[swizzle(c0 + i)] = c[i];
+}
+template <>
+__device__ __forceinline__ void stage_run<__half>(uint4* st, int c0, const float* v, float scale) {
+    __half2 h[8];
+    pack(v, scale, h);
+    const uint4* c = reinterpret_cast<const uint4*>(h);
+    st[swizzle(c0)] = c[0], st[swizzle(c0 + 1)] = c[1];
+}
+
+// One warp a 32-item group of a row: 32 items of a block type always cover whole blocks, 1024
+// consecutive elements (fewer at a row's end). The lanes decode their items into a shared-memory stage
+// of 16-byte chunks, then write the group out as consecutive chunks, so that every store instruction
+// of the warp writes 512 contiguous bytes. The stage's chunk c sits at c ^ ((c >> 3) & 7): the lanes
+// of a phase, whose runs lie 64 bytes apart, store to distinct banks.
+constexpr int kDqWarps = 8;
+template <GgmlType T, class O>
+__global__ void __launch_bounds__(kDqWarps * 32) dequant_q_kernel(const uint8_t* __restrict__ q,
+                                                                  const uint8_t* __restrict__ m, int64_t row0, int nb,
+                                                                  const int32_t* __restrict__ ids, int64_t n_rows,
+                                                                  float scale, O* out) {
+    pdl_trigger();
+    pdl_wait();
+    using Tr = QTraits<T>;
+    static_assert(Tr::kRun == 16 && 32 % Tr::kItems == 0, "dequant: runs of 16, whole blocks a warp");
+    constexpr QuantLayout L = quant_layout(T);
+    constexpr int kVec = 16 / sizeof(O);  // elements a chunk
+    __shared__ uint4 stage[kDqWarps][32 * 32 / kVec];
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+    const unsigned items = unsigned(nb) * Tr::kItems, groups = (items + 31) / 32;
+    const unsigned gw = blockIdx.x * kDqWarps + unsigned(warp);
+    if (gw >= unsigned(n_rows) * groups) return;
+    const unsigned t = gw / groups, g = gw % groups;
+    const unsigned first = g * 32, n_items = min(32u, items - first);
+    const int64_t gr = row0 + (ids ? ids[t] : int64_t(t));
+    uint4* st = stage[warp];
+    if (unsigned(lane) < n_items) {
+        const int it = int(first) + lane, blk = it / Tr::kItems, j = it % Tr::kItems;
+        const auto w = Tr::load_w(q + gr * nb * L.q_bytes, m + gr * nb * L.m_bytes, blk, j);
+        float va[16], vb[16];
+        Tr::dequant(w, j, va, vb);
+        int ea, eb;
+        Tr::runs(j, ea, eb);
+        const int base = (lane / Tr::kItems) * L.block_elems;
+        stage_run<O>(st, (base + ea) / kVec, va, scale);
+        stage_run<O>(st, (base + eb) / kVec, vb, scale);
+    }
+    __syncwarp();
+    const int n_vec = int(n_items) * 32 / kVec;
+    uint4* dst = reinterpret_cast<uint4*>(out + int64_t(t) * nb * L.block_elems + int64_t(first) * 32);
+    for (int v = lane; v < n_vec; v += 32) dst[v] = st[swizzle(v)];
+}
 
 template <class O>
 __device__ __forceinline__ void store(O* p, float v);
@@ -14,33 +93,6 @@ template <>
 __device__ __forceinline__ void store<float>(float* p, float v) { *p = v; }
 template <>
 __device__ __forceinline__ void store<__half>(__half* p, float v) { *p = __float2half_rn(v); }
-
-template <GgmlType T, class O>
-__global__ void dequant_q_kernel(const uint8_t* __restrict__ q, const uint8_t* __restrict__ m, int64_t row0,
-                                 int64_t nb, const int32_t* __restrict__ ids, int64_t n_rows, float scale, O* out) {
-    pdl_trigger();
-    pdl_wait();
-    using Tr = QTraits<T>;
-    constexpr QuantLayout L = quant_layout(T);
-    const int64_t items_per_row = nb * Tr::kItems;
-    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= n_rows * items_per_row) return;
-    const int64_t t = i / items_per_row, it = i % items_per_row;
-    const int64_t gr = row0 + (ids ? ids[t] : t);
-    const int64_t blk = it / Tr::kItems;
-    const int j = int(it % Tr::kItems);
-    const auto w = Tr::load_w(q + gr * nb * L.q_bytes, m + gr * nb * L.m_bytes, blk, j);
-    float va[Tr::kRun], vb[Tr::kRun];
-    Tr::dequant(w, j, va, vb);
-    int ea, eb;
-    Tr::runs(j, ea, eb);
-    O* o = out + t * nb * L.block_elems + blk * L.block_elems;
-#pragma unroll
-    for (int e = 0; e < Tr::kRun; ++e) {
-        store(o + ea + e, va[e] * scale);
-        store(o + eb + e, vb[e] * scale);
-    }
-}
 
 template <GgmlType T, class O>
 __global__ void dequant_f_kernel(const uint8_t* __restrict__ image, int64_t row0, int64_t k,
@@ -65,15 +117,18 @@ template <class O>
 void launch_dequant(const WeightRef& w, const int32_t* ids, int64_t n_rows, float scale, O* out, cudaStream_t s) {
     const QuantLayout L = quant_layout(w.type);
     if (L.block_elems > 0) {
-        const int64_t nb = w.k / L.block_elems;
+        const int nb = int(w.k / L.block_elems);
         const auto* q = static_cast<const uint8_t*>(w.image);
         const uint8_t* m = scale_stream(w);
-        const int64_t items = n_rows * nb * (L.block_elems / 32);
-        const unsigned grid = unsigned(ceil_div(items, 128));
+        const int64_t groups = ceil_div(int64_t(nb) * (L.block_elems / 32), int64_t(32));
+        CERA_CHECK(n_rows * groups < INT32_MAX, "dequantize_rows: %lld rows of %lld elements", (long long)n_rows,
+                   (long long)w.k);
+        const unsigned grid = unsigned(ceil_div(n_rows * groups, int64_t(kDqWarps)));
+        const unsigned block = kDqWarps * 32;
         switch (w.type) {
 #define CERA_Q(T)                                                                                         \
     case GgmlType::T:                                                                                     \
-        launch((dequant_q_kernel<GgmlType::T, O>), grid, 128, 0, s, q, m, w.row0, nb, ids, n_rows, scale, out); \
+        launch((dequant_q_kernel<GgmlType::T, O>), grid, block, 0, s, q, m, w.row0, nb, ids, n_rows, scale, out); \
         break;
             CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K)
             CERA_Q(kQ6_K)
