@@ -83,12 +83,23 @@ struct RopeParams {
     Tensor freq_factors;      // f32 [n_rot/2] or empty: theta_i is divided by freq_factors[i] (llama-3 rope_freqs)
 };
 
+// KV caches as pools of blocks shared by several sequences: position p of the sequence of query t
+// is cache row block_table[seq[t]][p / block_size] * block_size + p % block_size. The queries of one
+// sequence are consecutive rows of the batch. Empty (no block_table): one sequence, position p at row p.
+struct KvPaging {
+    Tensor seq;          // i32 [n_tokens]: the sequence (row of block_table) of each query
+    Tensor block_table;  // i32 [n_seq, max_blocks]: the pool block of each block of a sequence's positions
+    int block_size = 0;  // rows a block, a power of two
+    explicit operator bool() const { return bool(block_table); }
+};
+
 struct AttentionParams {
     int n_head = 0;     // query heads
     int n_head_kv = 0;  // key/value heads; query head h reads kv head h / (n_head / n_head_kv)
     int head_dim = 0;
     float scale = 0.0f;      // softmax scale, usually 1/sqrt(head_dim)
     int sliding_window = 0;  // > 0: query at position p sees keys at positions (p - window, p]
+    KvPaging paging;
 };
 
 enum class MoeGating { kSoftmax, kSigmoid };

@@ -468,3 +468,90 @@ TEST(OpHarness, MoeFfn) {
 
 }  // namespace
 }  // namespace cera::harness
+
+namespace cera::harness {
+namespace {
+
+// ------------------------------------------------------------------------------ paged attention
+// Several sequences in one attention call over pooled caches whose blocks are shuffled (KvPaging):
+// each sequence's output must equal, bit for bit, what the same target computes for it alone over a
+// contiguous cache holding the same rows (the contiguous op is checked against the reference above).
+// CPU targets: the CUDA backend refuses paged caches until its kernels read block tables.
+TEST(OpHarness, PagedAttention) {
+    std::mt19937 rng(11);
+    const int block = 16, hd = 64, n_head = 4, n_head_kv = 2;
+    const int64_t kw = int64_t(n_head_kv) * hd, qw = int64_t(n_head) * hd;
+    // (tokens in this call, positions before them): a 70-token prefill chunk after 30 cached, one decode
+    // token at position 100, five tokens from 0, one decode at 0.
+    const std::vector<std::pair<int64_t, int64_t>> seqs = {{70, 30}, {1, 100}, {5, 0}, {1, 0}};
+    for (GgmlType kv : {GgmlType::kF32, GgmlType::kF16}) {
+        for (int window : {0, 24}) {
+            int64_t max_blocks = 0, n_tokens = 0;
+            for (auto [nt, p0] : seqs) max_blocks = std::max(max_blocks, (p0 + nt + block - 1) / block), n_tokens += nt;
+            const int64_t n_blocks = int64_t(seqs.size()) * max_blocks;
+            std::vector<int32_t> perm(static_cast<size_t>(n_blocks));
+            std::iota(perm.begin(), perm.end(), 0);
+            std::shuffle(perm.begin(), perm.end(), rng);
+            std::vector<int32_t> table(perm.begin(), perm.end()), seq_of, pos;
+            for (size_t s = 0; s < seqs.size(); ++s)
+                for (int64_t t = 0; t < seqs[s].first; ++t) seq_of.push_back(int32_t(s)), pos.push_back(int32_t(seqs[s].second + t));
+            const size_t es = kv == GgmlType::kF16 ? 2 : 4;
+            std::vector<uint8_t> kpool(size_t(n_blocks * block * kw) * es), vpool(kpool.size());
+            for (auto* p : {&kpool, &vpool})
+                for (size_t i = 0; i < p->size(); i += 2) {
+                    const float f = std::normal_distribution<float>(0, 1)(rng);
+                    if (es == 2) {
+                        const uint16_t h = fp32_to_fp16(f);
+                        std::memcpy(p->data() + i, &h, 2);
+                    } else if (i % 4 == 0) {
+                        std::memcpy(p->data() + i, &f, 4);
+                    }
+                }
+            const std::vector<float> q = randn(size_t(n_tokens * qw), rng);
+            AttentionParams ap;
+            ap.n_head = n_head, ap.n_head_kv = n_head_kv, ap.head_dim = hd, ap.scale = 0.125f, ap.sliding_window = window;
+            for (const Target& tg : targets()) {
+                if (tg.cuda()) continue;
+                SCOPED_TRACE(tg.name + " " + type_name(kv) + " window " + std::to_string(window));
+                OnBackend ob(tg);
+                Backend& be = ob.be();
+                const Tensor kp = ob.alloc(kv, {kw, n_blocks * block}, kpool.data());
+                const Tensor vp = ob.alloc(kv, {kw, n_blocks * block}, vpool.data());
+                const Tensor qt = ob.f32({qw, n_tokens}, q);
+                const Tensor pt = ob.alloc(GgmlType::kI32, {n_tokens}, pos.data());
+                const Tensor out = ob.alloc(GgmlType::kF32, {qw, n_tokens});
+                AttentionParams paged = ap;
+                paged.paging.seq = ob.alloc(GgmlType::kI32, {n_tokens}, seq_of.data());
+                paged.paging.block_table = ob.alloc(GgmlType::kI32, {max_blocks, int64_t(seqs.size())}, table.data());
+                paged.paging.block_size = block;
+                be.attention(qt, kp, vp, pt, paged, out);
+                std::vector<float> got(static_cast<size_t>(n_tokens * qw));
+                be.read(got.data(), out, got.size() * 4);
+                int64_t t0 = 0;
+                for (size_t s = 0; s < seqs.size(); ++s) {
+                    const auto [nt, p0] = seqs[s];
+                    const int64_t n_ctx = p0 + nt;
+                    std::vector<uint8_t> kc(size_t(n_ctx * kw) * es), vc(kc.size());
+                    for (int64_t p = 0; p < n_ctx; ++p) {
+                        const int64_t row = int64_t(table[s * size_t(max_blocks) + size_t(p / block)]) * block + p % block;
+                        std::memcpy(kc.data() + size_t(p * kw) * es, kpool.data() + size_t(row * kw) * es, size_t(kw) * es);
+                        std::memcpy(vc.data() + size_t(p * kw) * es, vpool.data() + size_t(row * kw) * es, size_t(kw) * es);
+                    }
+                    const Tensor kct = ob.alloc(kv, {kw, n_ctx}, kc.data()), vct = ob.alloc(kv, {kw, n_ctx}, vc.data());
+                    const Tensor qs = ob.f32({qw, nt}, std::vector<float>(q.begin() + t0 * qw, q.begin() + (t0 + nt) * qw));
+                    const Tensor ps = ob.alloc(GgmlType::kI32, {nt}, pos.data() + t0);
+                    const Tensor os = ob.alloc(GgmlType::kF32, {qw, nt});
+                    be.attention(qs, kct, vct, ps, ap, os);
+                    std::vector<float> want(static_cast<size_t>(nt * qw));
+                    be.read(want.data(), os, want.size() * 4);
+                    for (size_t i = 0; i < want.size(); ++i)
+                        ASSERT_EQ(got[size_t(t0 * qw) + i], want[i]) << "sequence " << s << " element " << i;
+                    t0 += nt;
+                }
+            }
+        }
+    }
+}
+
+}  // namespace
+}  // namespace cera::harness

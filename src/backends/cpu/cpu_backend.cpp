@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -269,28 +270,57 @@ class CpuBackend final : public Backend {
         a.kv_width = int64_t(ap.n_head_kv) * ap.head_dim;
         a.window = ap.sliding_window;
         a.scale = ap.scale;
+        // One Args a sequence: its rows of q, pos and out, its block table.
+        std::vector<cpu_attention::Args>& seqs = attn_seqs_;
+        std::vector<int64_t>& first = attn_first_;  // each sequence's first token
+        seqs.clear(), first.clear();
+        const KvPaging& pg = ap.paging;
+        if (!pg) {
+            seqs.push_back(a), first.push_back(0);
+        } else {
+            CERA_CHECK(pg.block_size > 0 && (pg.block_size & (pg.block_size - 1)) == 0 && pg.seq.n_elements() >= n_tokens,
+                       "attention: paging needs a power-of-two block size and a sequence per query");
+            const int32_t* sq = pg.seq.as<const int32_t>();
+            for (int64_t t = 0; t < n_tokens; ++t) {
+                if (t > 0 && sq[t] == sq[t - 1]) continue;
+                CERA_CHECK(sq[t] >= 0 && sq[t] < pg.block_table.rows(), "attention: query %lld of sequence %d", (long long)t,
+                           sq[t]);
+                cpu_attention::Args s = a;
+                s.q += t * ap.n_head * ap.head_dim, s.out += t * ap.n_head * ap.head_dim, s.pos += t;
+                s.table = pg.block_table.as<const int32_t>() + int64_t(sq[t]) * pg.block_table.ne[0];
+                s.block_shift = std::countr_zero(unsigned(pg.block_size));
+                seqs.push_back(s), first.push_back(t);
+            }
+        }
+        first.push_back(n_tokens);
         int32_t max_pos = 0;
         for (int64_t t = 0; t < n_tokens; ++t) max_pos = std::max(max_pos, a.pos[t]);
         const int nt = pool_.size();
         const int64_t per_thread = cpu_attention::scratch_floats(max_pos + 1, ap.head_dim, a.group);
         grow(attn_scratch_, size_t(per_thread * nt));
-        // Units of work: (query block, KV head). Threads take every nt-th unit, which balances the
-        // causal triangle (later blocks see more keys) and the heads.
+        // Units of work: (query block of a sequence, KV head). Threads take every nt-th unit, which
+        // balances the causal triangle (later blocks see more keys) and the heads.
+        std::vector<int64_t>& units = attn_units_;  // (sequence, block start) pairs
+        units.clear();
+        for (size_t i = 0; i + 1 < first.size(); ++i)
+            for (int64_t t0 = 0; t0 < first[i + 1] - first[i]; t0 += cpu_attention::kBlockTokens)
+                units.push_back(int64_t(i)), units.push_back(t0);
         struct Ctx {
-            const cpu_attention::Args* a;
+            const cpu_attention::Args* seqs;
+            const int64_t* first;
+            const int64_t* units;
             cpu_attention::BlockFn fn;
-            int64_t n_tokens, n_units, per_thread;
+            int64_t n_units, per_thread;
             int n_head_kv;
             float* scratch;
-        } ctx{&a, table_.attention, n_tokens, 0, per_thread, ap.n_head_kv, attn_scratch_.data()};
-        const int64_t n_blocks = (n_tokens + cpu_attention::kBlockTokens - 1) / cpu_attention::kBlockTokens;
-        ctx.n_units = n_blocks * ap.n_head_kv;
+        } ctx{seqs.data(), first.data(), units.data(), table_.attention, int64_t(units.size() / 2) * ap.n_head_kv,
+              per_thread, ap.n_head_kv, attn_scratch_.data()};
         auto work = [](void* p, int thread, int n_threads) {
             const Ctx& c = *static_cast<const Ctx*>(p);
             for (int64_t u = thread; u < c.n_units; u += n_threads) {
-                const int64_t t0 = (u / c.n_head_kv) * cpu_attention::kBlockTokens;
-                const int64_t t1 = std::min(c.n_tokens, t0 + cpu_attention::kBlockTokens);
-                c.fn(*c.a, t0, t1, int(u % c.n_head_kv), c.scratch + c.per_thread * thread);
+                const int64_t b = u / c.n_head_kv, i = c.units[2 * b], t0 = c.units[2 * b + 1];
+                const int64_t t1 = std::min(c.first[i + 1] - c.first[i], t0 + cpu_attention::kBlockTokens);
+                c.fn(c.seqs[i], t0, t1, int(u % c.n_head_kv), c.scratch + c.per_thread * thread);
             }
         };
         const int64_t flops = n_tokens * ap.n_head * int64_t(max_pos + 1) * ap.head_dim;
@@ -540,6 +570,8 @@ class CpuBackend final : public Backend {
     std::map<uintptr_t, uintptr_t> held_;        // [begin, end) of mapped weights held in a packed or heap copy
     // Scratch, grown to the largest batch seen and then reused (no allocation in steady state).
     std::vector<float> rope_cs_, attn_scratch_, conv_pad_, route_scratch_;
+    std::vector<cpu_attention::Args> attn_seqs_;  // attention(): one a sequence
+    std::vector<int64_t> attn_first_, attn_units_;
     std::vector<float> moe_x_, moe_g_, moe_u_, moe_y_;
     std::vector<uint8_t> embed_row_;  // one table row unpacked from its packed copy
     std::vector<int32_t> moe_count_, moe_order_, moe_fill_;

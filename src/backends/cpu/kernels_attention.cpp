@@ -27,13 +27,13 @@ inline float dot_f32(const float* a, const float* b, int64_t n) {
 void rows_ref(const Args& a, int64_t r0, int64_t r1, float* scratch) {
     const int hd = a.head_dim;
     float* acc = scratch;
-    float* kv_row = acc + hd;
-    float* scores = kv_row + hd;
+    float* kv_buf = acc + hd;
+    float* scores = kv_buf + hd;
     auto row = [&](const void* base, int64_t off) -> const float* {
         if (!a.f16) return static_cast<const float*>(base) + off;
         const uint16_t* s = static_cast<const uint16_t*>(base) + off;
-        for (int d = 0; d < hd; ++d) kv_row[d] = fp16_to_fp32(s[d]);
-        return kv_row;
+        for (int d = 0; d < hd; ++d) kv_buf[d] = fp16_to_fp32(s[d]);
+        return kv_buf;
     };
     for (int64_t r = r0; r < r1; ++r) {
         const int64_t t = r / a.n_head;
@@ -43,7 +43,7 @@ void rows_ref(const Args& a, int64_t r0, int64_t r1, float* scratch) {
         const int32_t begin = a.window > 0 ? std::max(0, end - a.window) : 0;
         float mx = -INFINITY;
         for (int32_t j = begin; j < end; ++j) {
-            const float s = dot_f32(qv, row(a.k, int64_t(j) * a.kv_width + int64_t(hk) * hd), hd) * a.scale;
+            const float s = dot_f32(qv, row(a.k, kv_row(a, j) * a.kv_width + int64_t(hk) * hd), hd) * a.scale;
             scores[j - begin] = s;
             mx = std::max(mx, s);
         }
@@ -55,7 +55,7 @@ void rows_ref(const Args& a, int64_t r0, int64_t r1, float* scratch) {
         std::fill(acc, acc + hd, 0.0f);
         for (int32_t j = begin; j < end; ++j) {
             const float w = scores[j - begin];
-            const float* vr = row(a.v, int64_t(j) * a.kv_width + int64_t(hk) * hd);
+            const float* vr = row(a.v, kv_row(a, j) * a.kv_width + int64_t(hk) * hd);
             for (int d = 0; d < hd; ++d) acc[d] += w * vr[d];
         }
         float* o = a.out + r * hd;

@@ -23,7 +23,17 @@ struct Args {
     int64_t kv_width = 0;  // n_head_kv * head_dim
     int window = 0;        // > 0: sliding window
     float scale = 1.0f;
+    // Paged caches (backend.h KvPaging): the query rows' sequence's block table, blocks of
+    // 1 << block_shift rows; null: position j at row j.
+    const int32_t* table = nullptr;
+    int block_shift = 0;
 };
+
+// The cache row of position j.
+inline int64_t kv_row(const Args& a, int64_t j) {
+    if (!a.table) return j;
+    return (int64_t(a.table[j >> a.block_shift]) << a.block_shift) | (j & ((int64_t(1) << a.block_shift) - 1));
+}
 
 // Query tokens per block (the unit of work with the block_* kernels).
 constexpr int kBlockTokens = 64;

@@ -62,7 +62,7 @@ void rows_avx2(const Args& a, int64_t r0, int64_t r1, float* scratch) {
         float mx = -INFINITY;
         for (int32_t j = begin; j < end; ++j) {
             __m256 s0 = _mm256_setzero_ps(), s1 = s0;
-            const int64_t o = int64_t(j) * a.kv_width + head_off;
+            const int64_t o = kv_row(a, j) * a.kv_width + head_off;
             int i = 0;
             for (; i + 2 <= nv; i += 2) {
                 s0 = _mm256_fmadd_ps(q[i], load8(a.k, o + 8 * i, a.f16), s0);
@@ -89,7 +89,7 @@ void rows_avx2(const Args& a, int64_t r0, int64_t r1, float* scratch) {
         for (int v = 0; v < nv; ++v) acc[v] = _mm256_setzero_ps();
         for (int32_t j = begin; j < end; ++j) {
             const __m256 p = _mm256_set1_ps(scores[j - begin]);
-            const int64_t o = int64_t(j) * a.kv_width + head_off;
+            const int64_t o = kv_row(a, j) * a.kv_width + head_off;
             for (int v = 0; v < nv; ++v) acc[v] = _mm256_fmadd_ps(p, load8(a.v, o + 8 * v, a.f16), acc[v]);
         }
         float* out = a.out + r * hd;

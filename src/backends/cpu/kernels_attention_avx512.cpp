@@ -56,12 +56,13 @@ void rows_avx512(const Args& a, int64_t r0, int64_t r1, float* scratch) {
         int32_t j = begin;
         for (; j + 4 <= end; j += 4) {
             __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-            const int64_t o = int64_t(j) * a.kv_width + head_off;
+            const int64_t o0 = kv_row(a, j) * a.kv_width + head_off, o1 = kv_row(a, j + 1) * a.kv_width + head_off,
+                          o2 = kv_row(a, j + 2) * a.kv_width + head_off, o3 = kv_row(a, j + 3) * a.kv_width + head_off;
             for (int i = 0; i < nv; ++i) {
-                s0 = _mm512_fmadd_ps(q[i], load(a.k, o + 16 * i, a.f16, mask[i]), s0);
-                s1 = _mm512_fmadd_ps(q[i], load(a.k, o + a.kv_width + 16 * i, a.f16, mask[i]), s1);
-                s2 = _mm512_fmadd_ps(q[i], load(a.k, o + 2 * a.kv_width + 16 * i, a.f16, mask[i]), s2);
-                s3 = _mm512_fmadd_ps(q[i], load(a.k, o + 3 * a.kv_width + 16 * i, a.f16, mask[i]), s3);
+                s0 = _mm512_fmadd_ps(q[i], load(a.k, o0 + 16 * i, a.f16, mask[i]), s0);
+                s1 = _mm512_fmadd_ps(q[i], load(a.k, o1 + 16 * i, a.f16, mask[i]), s1);
+                s2 = _mm512_fmadd_ps(q[i], load(a.k, o2 + 16 * i, a.f16, mask[i]), s2);
+                s3 = _mm512_fmadd_ps(q[i], load(a.k, o3 + 16 * i, a.f16, mask[i]), s3);
             }
             float* sc = scores + (j - begin);
             sc[0] = _mm512_reduce_add_ps(s0);
@@ -71,7 +72,7 @@ void rows_avx512(const Args& a, int64_t r0, int64_t r1, float* scratch) {
         }
         for (; j < end; ++j) {
             __m512 s0 = _mm512_setzero_ps();
-            const int64_t o = int64_t(j) * a.kv_width + head_off;
+            const int64_t o = kv_row(a, j) * a.kv_width + head_off;
             for (int i = 0; i < nv; ++i) s0 = _mm512_fmadd_ps(q[i], load(a.k, o + 16 * i, a.f16, mask[i]), s0);
             scores[j - begin] = _mm512_reduce_add_ps(s0);
         }
@@ -98,7 +99,7 @@ void rows_avx512(const Args& a, int64_t r0, int64_t r1, float* scratch) {
         for (int v = 0; v < nv; ++v) acc[v] = _mm512_setzero_ps();
         for (j = begin; j < end; ++j) {
             const __m512 p = _mm512_set1_ps(scores[j - begin]);
-            const int64_t o = int64_t(j) * a.kv_width + head_off;
+            const int64_t o = kv_row(a, j) * a.kv_width + head_off;
             for (int v = 0; v < nv; ++v) acc[v] = _mm512_fmadd_ps(p, load(a.v, o + 16 * v, a.f16, mask[v]), acc[v]);
         }
         float* out = a.out + r * hd;
@@ -144,8 +145,8 @@ void block_avx512(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch)
         const int nk = std::min(16, ke - j0);
         for (int i = 0; i < 16; ++i) {
             for (int v = 0; v < nv; ++v) {
-                const int64_t o = int64_t(j0 + i) * a.kv_width + head_off + 16 * v;
                 const bool in = i < nk;
+                const int64_t o = (in ? kv_row(a, j0 + i) : 0) * a.kv_width + head_off + 16 * v;
                 _mm512_storeu_ps(tile + i * hd + 16 * v, in ? load(a.k, o, a.f16, 0xffff) : _mm512_setzero_ps());
                 _mm512_storeu_ps(vt + i * hd + 16 * v, in ? load(a.v, o, a.f16, 0xffff) : _mm512_setzero_ps());
             }

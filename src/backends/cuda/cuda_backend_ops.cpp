@@ -72,6 +72,7 @@ void CudaBackend::kv_store(const Tensor& k, const Tensor& v, const Tensor& pos, 
 void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& pos,
                             const AttentionParams& p, const Tensor& out) {
     CERA_CHECK(k_cache.type == v_cache.type && (k_cache.type == GgmlType::kF16 || k_cache.type == GgmlType::kF32));
+    if (p.paging) throw_error(ErrorCode::kUnsupported, "attention over paged KV caches: not on CUDA yet");
     AttentionNode n;
     cuda::AttentionArgs& a = n.a;
     a.q = q.as<const float>(), a.k_cache = k_cache.data, a.v_cache = v_cache.data;
