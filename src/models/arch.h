@@ -53,16 +53,27 @@ struct Step {
     Tensor wide0, wide1;          // f32 [n_tokens, wide]
     Tensor router;                // f32 [n_tokens, n_expert]
     Tensor moe_ids, moe_w;        // i32 / f32 [n_tokens, n_expert_used]
-    std::span<LayerCache> cache;  // [n_layer]
-    // The rows whose outputs are wanted: [out_begin, out_begin + out_count) (out_count may be 0).
+    std::span<LayerCache> cache;  // [n_layer]: the attention layers' K/V caches (pools when paged)
+    // The sequences of the pass: segment i's tokens are rows [row0, row0 + n_tokens), its recurrent
+    // (short-conv) states those of cache[il].conv. One segment when one sequence runs.
+    struct Segment {
+        int64_t row0 = 0, n_tokens = 0;
+        std::span<LayerCache> cache;  // [n_layer]
+    };
+    std::span<const Segment> segments;
+    Tensor kv_rows;    // i32 [n_tokens]: the cache row that receives each token's K and V
+    KvPaging paging;   // how attention finds a sequence's rows (backend.h); empty: one sequence, row = position
+    // The rows whose outputs are wanted: [out_begin, out_begin + out_count) (out_count may be 0), or
+    // with several sequences the rows out_rows (increasing).
     int64_t out_begin = 0, out_count = 0;
+    std::span<const int64_t> out_rows;
 
     // A wide buffer seen as [n_tokens, width].
     static Tensor cols(const Tensor& wide, int64_t width) { return wide.reshaped(width, wide.ne[1]); }
 
     // Called by an architecture after the last layer's mixer (attention / conv), when the caches
-    // are up to date: keeps only the output rows (moved to the front) for the rest of the pass, so
-    // the last FFN runs on them alone. Returns false when no row is wanted (skip the rest).
+    // are up to date: keeps only the output rows (moved to the front, in order) for the rest of the
+    // pass, so the last FFN runs on them alone. Returns false when no row is wanted (skip the rest).
     bool keep_output_rows();
 };
 

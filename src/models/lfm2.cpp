@@ -137,7 +137,7 @@ class Lfm2 final : public Architecture {
             const Lfm2Layer& l = layers_[il];
             be.rms_norm(s.x, l.attn_norm, cfg_.eps, s.h);
             if (l.mixer == MixerKind::kShortConv)
-                short_conv_block(s, l.conv, s.cache[il], s.h, s.y);
+                short_conv_block(s, l.conv, il, s.h, s.y);
             else
                 attention_block(s, l.attn, l.attn_cfg, s.cache[il], s.h, s.y);
             be.add(s.x, s.y, 1.0f, s.x);

@@ -429,6 +429,9 @@ class SequenceState final : public ModelState {
             s.moe_w = moe_w_.row_slice(0, nt);
         }
         s.cache = std::span<LayerCache>(cache_);
+        segment_ = {0, nt, s.cache};
+        s.segments = std::span<const Step::Segment>(&segment_, 1);
+        s.kv_rows = s.pos;
         return s;
     }
 
@@ -467,16 +470,26 @@ class SequenceState final : public ModelState {
     int32_t pending_token_ = -1;
     int pending_row_ = 0;
     std::vector<int32_t> pos_host_;    // [n_batch]
+    Step::Segment segment_;            // the one sequence of make_step()'s steps
 };
 
 }  // namespace
 
 bool Step::keep_output_rows() {
-    if (out_count == n_tokens) return true;
+    if (!out_rows.empty()) {
+        // Row out_rows[i] >= i moves to row i: no source is overwritten before it is read.
+        for (size_t i = 0; i < out_rows.size(); ++i)
+            if (out_rows[i] != int64_t(i)) be->copy(x.row_slice(int64_t(i), 1), x.row_slice(out_rows[i], 1));
+        out_count = int64_t(out_rows.size());
+        out_rows = {};
+    } else {
+        if (out_count == n_tokens) return true;
+        if (out_count == 0) return false;
+        CERA_CHECK(out_begin >= out_count, "output rows %lld..%lld would overlap their destination",
+                   (long long)out_begin, (long long)(out_begin + out_count));
+        be->copy(x.row_slice(0, out_count), x.row_slice(out_begin, out_count));
+    }
     if (out_count == 0) return false;
-    CERA_CHECK(out_begin >= out_count, "output rows %lld..%lld would overlap their destination", (long long)out_begin,
-               (long long)(out_begin + out_count));
-    be->copy(x.row_slice(0, out_count), x.row_slice(out_begin, out_count));
     n_tokens = out_count;
     out_begin = 0;
     for (Tensor* t : {&x, &h, &y, &q, &k, &v, &attn, &wide0, &wide1, &router, &moe_ids, &moe_w})

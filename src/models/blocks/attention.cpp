@@ -33,13 +33,14 @@ void attention_block(const Step& s, const AttentionWeights& w, const AttentionCo
     be.matmul(w.wv, h, w.bv, v);
     be.norm_rope(q, int(sh.n_head), int(sh.head_dim), w.q_norm, c.norm_eps, s.pos, c.rope);
     be.norm_rope(k, int(sh.n_head_kv), int(sh.head_dim), w.k_norm, c.norm_eps, s.pos, c.rope);
-    be.kv_store(k, v, s.pos, cache.k, cache.v);
+    be.kv_store(k, v, s.kv_rows, cache.k, cache.v);
     AttentionParams p;
     p.n_head = int(sh.n_head);
     p.n_head_kv = int(sh.n_head_kv);
     p.head_dim = int(sh.head_dim);
     p.scale = c.attn_scale;
     p.sliding_window = c.sliding_window;
+    p.paging = s.paging;
     be.attention(q, cache.k, cache.v, s.pos, p, attn);
     be.matmul(w.wo, attn, Tensor{}, y);
 }

@@ -10,13 +10,16 @@ ShortConvWeights load_short_conv(WeightLoader& wl, int64_t il, int64_t n_embd, i
     return w;
 }
 
-void short_conv_block(const Step& s, const ShortConvWeights& w, const LayerCache& cache, const Tensor& h,
-                      const Tensor& y) {
+void short_conv_block(const Step& s, const ShortConvWeights& w, size_t il, const Tensor& h, const Tensor& y) {
     const int64_t n_embd = h.ne[0];
     const Tensor bcx = Step::cols(s.wide0, 3 * n_embd);
     const Tensor gated = s.attn.reshaped(n_embd, s.n_tokens);
     s.be->matmul(w.in_proj, h, Tensor{}, bcx);
-    s.be->short_conv(bcx, w.conv, cache.conv, gated, cache.conv_prev);
+    for (const Step::Segment& g : s.segments) {  // each sequence over its own rolling state
+        const LayerCache& c = g.cache[il];
+        s.be->short_conv(bcx.row_slice(g.row0, g.n_tokens), w.conv, c.conv, gated.row_slice(g.row0, g.n_tokens),
+                         c.conv_prev);
+    }
     s.be->matmul(w.out_proj, gated, Tensor{}, y);
 }
 

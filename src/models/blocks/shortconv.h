@@ -17,9 +17,9 @@ struct ShortConvWeights {
 // Reads blk.<il>.shortconv.{in_proj,conv,out_proj}.weight.
 ShortConvWeights load_short_conv(WeightLoader& wl, int64_t il, int64_t n_embd, int64_t l_cache);
 
-// y = out_proj (C ⊙ conv(B ⊙ X)), with (B, C, X) = in_proj h; updates cache.conv.
+// y = out_proj (C ⊙ conv(B ⊙ X)), with (B, C, X) = in_proj h; updates the conv state of layer il of
+// every sequence of the step (Step::segments).
 //   h, y: f32 [n_tokens, n_embd]
-void short_conv_block(const Step& s, const ShortConvWeights& w, const LayerCache& cache, const Tensor& h,
-                      const Tensor& y);
+void short_conv_block(const Step& s, const ShortConvWeights& w, size_t il, const Tensor& h, const Tensor& y);
 
 }  // namespace cera
