@@ -1,0 +1,195 @@
+#include "models/batch_state.h"
+
+#include <algorithm>
+#include <bit>
+#include <cinttypes>
+#include <mutex>
+#include <set>
+
+#include "core/check.h"
+#include "models/arch.h"
+
+namespace cera {
+
+BatchState::BatchState(const Model& model, const BatchOptions& o)
+    : model_(model), be_(model.backend()), arch_(model.arch()) {
+    if (o.max_seqs < 1 || o.block_size < 1 || !std::has_single_bit(unsigned(o.block_size)) || o.max_step_tokens < 1 ||
+        o.kv_tokens < 0)
+        throw_error(ErrorCode::kInvalidArgument,
+                    "batch: %d sequences, blocks of %d tokens (a power of two), %" PRId64 " tokens a step, pool %" PRId64,
+                    o.max_seqs, o.block_size, o.max_step_tokens, o.kv_tokens);
+    std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+    block_ = o.block_size;
+    const int64_t kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : int64_t(o.max_seqs) * model.default_n_ctx();
+    n_blocks_ = (kv_tokens + block_ - 1) / block_;
+    max_blocks_ = n_blocks_;  // one sequence may hold the whole pool
+    max_tokens_ = o.max_step_tokens;
+    const GgmlType kv = model.options().kv_type;
+    pool_.resize(arch_.state.size());
+    for (size_t il = 0; il < pool_.size(); ++il)
+        if (const LayerStateSpec& sp = arch_.state[il]; sp.kv_width > 0) {
+            pool_[il].k = be_.alloc(kv, {sp.kv_width, n_blocks_ * block_});
+            pool_[il].v = be_.alloc(kv, {sp.kv_width, n_blocks_ * block_});
+        }
+    seqs_.resize(size_t(o.max_seqs));
+    for (Seq& s : seqs_) {
+        s.conv.resize(arch_.state.size());
+        for (size_t il = 0; il < s.conv.size(); ++il)
+            if (const LayerStateSpec& sp = arch_.state[il]; sp.conv_channels > 0) {
+                s.conv[il].conv = be_.alloc(GgmlType::kF32, {sp.conv_channels, sp.conv_rows});
+                s.conv[il].conv_prev = be_.alloc(GgmlType::kF32, {sp.conv_channels, sp.conv_rows});
+            }
+    }
+    for (int64_t b = n_blocks_ - 1; b >= 0; --b) free_.push_back(int32_t(b));
+    table_.assign(size_t(o.max_seqs * max_blocks_), 0);
+    table_t_ = be_.alloc(GgmlType::kI32, {max_blocks_, int64_t(o.max_seqs)});
+    const ModelInfo& info = arch_.info;
+    const ScratchSpec& sc = arch_.scratch;
+    const int64_t nt = max_tokens_, n_embd = info.n_embd, ns = o.max_seqs;
+    seq_t_ = be_.alloc(GgmlType::kI32, {nt});
+    ids_ = be_.alloc(GgmlType::kI32, {nt});
+    pos_t_ = be_.alloc(GgmlType::kI32, {nt});
+    rows_t_ = be_.alloc(GgmlType::kI32, {nt});
+    x_ = be_.alloc(GgmlType::kF32, {n_embd, nt});
+    h_ = be_.alloc(GgmlType::kF32, {n_embd, nt});
+    y_ = be_.alloc(GgmlType::kF32, {n_embd, nt});
+    q_ = be_.alloc(GgmlType::kF32, {std::max<int64_t>(sc.q_width, 1), nt});
+    k_ = be_.alloc(GgmlType::kF32, {std::max<int64_t>(sc.kv_width, 1), nt});
+    v_ = be_.alloc(GgmlType::kF32, {std::max<int64_t>(sc.kv_width, 1), nt});
+    attn_ = be_.alloc(GgmlType::kF32, {std::max(sc.q_width, n_embd), nt});
+    wide0_ = be_.alloc(GgmlType::kF32, {std::max<int64_t>(sc.wide, 1), nt});
+    wide1_ = be_.alloc(GgmlType::kF32, {std::max<int64_t>(sc.wide, 1), nt});
+    if (sc.n_expert > 0) {
+        router_ = be_.alloc(GgmlType::kF32, {sc.n_expert, nt});
+        moe_ids_ = be_.alloc(GgmlType::kI32, {sc.n_expert_used, nt});
+        moe_w_ = be_.alloc(GgmlType::kF32, {sc.n_expert_used, nt});
+    }
+    hidden_ = be_.alloc(GgmlType::kF32, {n_embd, ns});
+    logits_ = be_.alloc(GgmlType::kF32, {info.n_vocab, ns});
+}
+
+BatchState::~BatchState() {
+    std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+    for (LayerCache& c : pool_) be_.free(c.k), be_.free(c.v);
+    for (Seq& s : seqs_)
+        for (LayerCache& c : s.conv) be_.free(c.conv), be_.free(c.conv_prev);
+    for (Tensor* t : {&table_t_, &seq_t_, &ids_, &pos_t_, &rows_t_, &x_, &h_, &y_, &q_, &k_, &v_, &attn_, &wide0_,
+                      &wide1_, &router_, &moe_ids_, &moe_w_, &hidden_, &logits_})
+        be_.free(*t);
+}
+
+int BatchState::add_sequence() {
+    for (size_t i = 0; i < seqs_.size(); ++i) {
+        Seq& s = seqs_[i];
+        if (s.used) continue;
+        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+        s.used = true;
+        s.position = 0;
+        s.blocks.clear();
+        for (const LayerCache& c : s.conv)
+            if (c.conv) be_.zero(c.conv);
+        return int(i);
+    }
+    return -1;
+}
+
+void BatchState::remove_sequence(int seq) {
+    CERA_CHECK(seq >= 0 && size_t(seq) < seqs_.size() && seqs_[size_t(seq)].used, "batch: no sequence %d", seq);
+    Seq& s = seqs_[size_t(seq)];
+    free_.insert(free_.end(), s.blocks.rbegin(), s.blocks.rend());
+    s.blocks.clear();
+    s.used = false;
+}
+
+int32_t BatchState::position(int seq) const {
+    CERA_CHECK(seq >= 0 && size_t(seq) < seqs_.size() && seqs_[size_t(seq)].used, "batch: no sequence %d", seq);
+    return seqs_[size_t(seq)].position;
+}
+
+int64_t BatchState::blocks_needed(int seq, int64_t n) const {
+    const Seq& s = seqs_[size_t(seq)];
+    const int64_t have = int64_t(s.blocks.size()), need = (int64_t(s.position) + n + block_ - 1) / block_;
+    return std::max<int64_t>(0, need - have);
+}
+
+void BatchState::step(std::span<const Entry> entries, float* logits) {
+    const int64_t n_vocab = arch_.info.n_vocab;
+    // Checks first: a step that throws changes nothing.
+    int64_t n_tokens = 0, n_out = 0, blocks = 0;
+    std::set<int> seen;
+    for (const Entry& e : entries) {
+        if (e.seq < 0 || size_t(e.seq) >= seqs_.size() || !seqs_[size_t(e.seq)].used)
+            throw_error(ErrorCode::kInvalidArgument, "batch step: no sequence %d", e.seq);
+        if (!seen.insert(e.seq).second)
+            throw_error(ErrorCode::kInvalidArgument, "batch step: sequence %d appears twice", e.seq);
+        if (e.tokens.empty()) throw_error(ErrorCode::kInvalidArgument, "batch step: sequence %d has no tokens", e.seq);
+        for (int32_t id : e.tokens)
+            if (id < 0 || id >= n_vocab)
+                throw_error(ErrorCode::kOutOfRange, "batch step: token id %d outside [0, %" PRId64 ")", id, n_vocab);
+        n_tokens += int64_t(e.tokens.size());
+        n_out += e.logits ? 1 : 0;
+        blocks += blocks_needed(e.seq, int64_t(e.tokens.size()));
+    }
+    if (n_tokens == 0) return;
+    if (n_tokens > max_tokens_)
+        throw_error(ErrorCode::kOutOfRange, "batch step: %" PRId64 " tokens, at most %" PRId64, n_tokens, max_tokens_);
+    if (blocks > int64_t(free_.size()))
+        throw_error(ErrorCode::kOutOfRange, "batch step: needs %" PRId64 " KV blocks, %zu free", blocks, free_.size());
+
+    std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+    ids_host_.clear(), pos_host_.clear(), rows_host_.clear(), seq_host_.clear();
+    std::vector<Step::Segment> segments;
+    std::vector<int64_t> out_rows;
+    for (const Entry& e : entries) {
+        Seq& s = seqs_[size_t(e.seq)];
+        for (int64_t b = blocks_needed(e.seq, int64_t(e.tokens.size())); b > 0; --b) {
+            s.blocks.push_back(free_.back());
+            free_.pop_back();
+        }
+        std::copy(s.blocks.begin(), s.blocks.end(), table_.begin() + int64_t(e.seq) * max_blocks_);
+        segments.push_back({int64_t(ids_host_.size()), int64_t(e.tokens.size()), std::span<LayerCache>(s.conv)});
+        for (size_t i = 0; i < e.tokens.size(); ++i) {
+            const int32_t p = s.position + int32_t(i);
+            ids_host_.push_back(e.tokens[i]);
+            pos_host_.push_back(p);
+            rows_host_.push_back(s.blocks[size_t(p / block_)] * block_ + p % block_);
+            seq_host_.push_back(e.seq);
+        }
+        if (e.logits) out_rows.push_back(int64_t(ids_host_.size()) - 1);
+        s.position += int32_t(e.tokens.size());
+    }
+    const size_t nb = size_t(n_tokens) * sizeof(int32_t);
+    be_.write(ids_, ids_host_.data(), nb);
+    be_.write(pos_t_, pos_host_.data(), nb);
+    be_.write(rows_t_, rows_host_.data(), nb);
+    be_.write(seq_t_, seq_host_.data(), nb);
+    be_.write(table_t_, table_.data(), table_.size() * sizeof(int32_t));
+
+    Step s;
+    s.be = &be_;
+    s.n_tokens = n_tokens;
+    s.ids = ids_.row_slice(0, 1).reshaped(n_tokens);
+    s.pos = pos_t_.row_slice(0, 1).reshaped(n_tokens);
+    s.kv_rows = rows_t_.row_slice(0, 1).reshaped(n_tokens);
+    s.paging.seq = seq_t_.row_slice(0, 1).reshaped(n_tokens);
+    s.paging.block_table = table_t_;
+    s.paging.block_size = block_;
+    for (auto [t, b] : {std::pair{&s.x, &x_}, {&s.h, &h_}, {&s.y, &y_}, {&s.q, &q_}, {&s.k, &k_}, {&s.v, &v_},
+                        {&s.attn, &attn_}, {&s.wide0, &wide0_}, {&s.wide1, &wide1_}, {&s.router, &router_},
+                        {&s.moe_ids, &moe_ids_}, {&s.moe_w, &moe_w_}})
+        *t = *b ? b->row_slice(0, n_tokens) : Tensor{};
+    s.cache = std::span<LayerCache>(pool_);
+    s.segments = segments;
+    s.out_rows = out_rows;
+    be_.embed(arch_.head.token_embd, s.ids, arch_.head.embedding_scale, s.x);
+    arch_.forward(s);
+    if (n_out == 0) return;
+    // keep_output_rows() moved the output rows to the front of s.x.
+    const Tensor hid = hidden_.row_slice(0, n_out), lg = logits_.row_slice(0, n_out);
+    be_.rms_norm(s.x.row_slice(0, n_out), arch_.head.output_norm, arch_.head.norm_eps, hid);
+    be_.matmul(arch_.head.output, hid, Tensor{}, lg);
+    if (arch_.head.logit_scale != 1.0f) be_.scale(lg, 1.0f / arch_.head.logit_scale);
+    be_.read(logits, lg, size_t(n_out * n_vocab) * sizeof(float));
+}
+
+}  // namespace cera

@@ -1,0 +1,140 @@
+// Several sequences in one pass (models/batch_state.h) on every fixture model, on the CPU: each
+// sequence's logits equal, bit for bit, those of the sequence run alone (a single-sequence state:
+// its prompt in one pass, then one token a step), while sequences of different lengths join and
+// leave mid-batch and their blocks are spread over the pool. The pool gets every block back.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "models/batch_state.h"
+#include "models/model.h"
+#include "test_util.h"
+
+namespace cera {
+namespace {
+
+const char* const kModels[] = {"tiny-lfm2",         "tiny-lfm2moe",      "tiny-qwen3",
+                               "tiny-llama-random", "tiny-qwen2-random", "tiny-granite-random"};
+
+std::unique_ptr<Model> load(const std::string& name) {
+    ModelOptions o;
+    o.n_threads = 2;
+    o.n_ctx = 128;
+    return load_model(test::data_path(std::string("fixtures/") + name) + "/model.gguf", o);
+}
+
+struct Plan {
+    int join = 0;                 // the step the sequence joins at (its prompt goes in that step)
+    std::vector<int32_t> prompt;  // then one token a step:
+    std::vector<int32_t> decode;
+};
+
+// Each sequence alone: the logits after its prompt and after each decode token.
+std::vector<std::vector<float>> alone(const Model& m, const Plan& p) {
+    const int64_t n_vocab = m.info().n_vocab;
+    auto st = m.create_state();
+    std::vector<std::vector<float>> out;
+    out.emplace_back(size_t(n_vocab));
+    st->eval({.tokens = p.prompt, .logits = out.back().data()});
+    for (int32_t id : p.decode) {
+        out.emplace_back(size_t(n_vocab));
+        st->eval({.tokens = {&id, 1}, .logits = out.back().data()});
+    }
+    return out;
+}
+
+class BatchFixture : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(BatchFixture, SequencesInOnePassMatchEachAlone) {
+    auto model = load(GetParam());
+    const int64_t n_vocab = model->info().n_vocab;
+    std::mt19937 rng(3);
+    auto ids = [&](int n) {
+        std::vector<int32_t> v;
+        for (int i = 0; i < n; ++i) v.push_back(int32_t(rng() % uint32_t(n_vocab)));
+        return v;
+    };
+    // Prompts of 1 to 40 tokens (blocks of 8: some end mid-block, one fills several), joining at steps
+    // 0, 0, 2, 3 and 5; decodes of 1 to 9 steps, so sequences leave while others run.
+    const std::vector<Plan> plans = {{0, ids(13), ids(9)}, {0, ids(1), ids(3)}, {2, ids(40), ids(6)},
+                                     {3, ids(8), ids(1)},  {5, ids(5), ids(4)}};
+    std::vector<std::vector<std::vector<float>>> want;
+    for (const Plan& p : plans) want.push_back(alone(*model, p));
+
+    BatchOptions bo;
+    bo.max_seqs = 4;  // the fifth sequence waits for a free slot
+    bo.block_size = 8;
+    bo.kv_tokens = 256;
+    bo.max_step_tokens = 64;
+    BatchState batch(*model, bo);
+    const int64_t all_blocks = batch.free_blocks();
+    std::map<int, int> slot_of;  // plan -> slot
+    std::vector<size_t> done(plans.size(), 0);  // logits rows checked per plan
+    std::vector<float> logits;
+    for (int step = 0; step < 64; ++step) {
+        std::vector<BatchState::Entry> entries;
+        std::vector<int> plan_of;
+        for (size_t i = 0; i < plans.size(); ++i) {
+            const Plan& p = plans[i];
+            if (done[i] == p.decode.size() + 1) continue;  // finished
+            if (!slot_of.count(int(i))) {
+                if (step < p.join) continue;
+                const int slot = batch.add_sequence();
+                if (slot < 0) continue;  // no free slot yet
+                slot_of[int(i)] = slot;
+                entries.push_back({slot, p.prompt, true});
+            } else {
+                entries.push_back({slot_of[int(i)], {&p.decode[done[i] - 1], 1}, true});
+            }
+            plan_of.push_back(int(i));
+        }
+        if (entries.empty()) break;
+        logits.assign(entries.size() * size_t(n_vocab), 0.0f);
+        batch.step(entries, logits.data());
+        for (size_t e = 0; e < entries.size(); ++e) {
+            const int i = plan_of[e];
+            const std::vector<float>& w = want[size_t(i)][done[size_t(i)]];
+            for (int64_t j = 0; j < n_vocab; ++j)
+                ASSERT_EQ(logits[e * size_t(n_vocab) + size_t(j)], w[size_t(j)])
+                    << "sequence " << i << " output " << done[size_t(i)] << " (step " << step << ") logit " << j;
+            if (++done[size_t(i)] == plans[size_t(i)].decode.size() + 1) {
+                batch.remove_sequence(slot_of[i]);
+            }
+        }
+    }
+    for (size_t i = 0; i < plans.size(); ++i) EXPECT_EQ(done[i], plans[i].decode.size() + 1) << "sequence " << i;
+    EXPECT_EQ(batch.free_blocks(), all_blocks);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, BatchFixture, ::testing::ValuesIn(kModels));
+
+TEST(Batch, BadStepsChangeNothing) {
+    auto model = load("tiny-llama-random");
+    BatchOptions bo;
+    bo.max_seqs = 2;
+    bo.block_size = 8;
+    bo.kv_tokens = 16;  // two blocks
+    bo.max_step_tokens = 32;
+    BatchState batch(*model, bo);
+    const int a = batch.add_sequence(), b = batch.add_sequence();
+    EXPECT_EQ(batch.add_sequence(), -1);
+    const std::vector<int32_t> t17(17, 1), t3(3, 1), bad = {int32_t(model->info().n_vocab)};
+    std::vector<float> logits(size_t(2 * model->info().n_vocab));
+    EXPECT_THROW(batch.step(std::vector<BatchState::Entry>{{a, t17, true}}, logits.data()), Error);  // 3 blocks
+    EXPECT_THROW(batch.step(std::vector<BatchState::Entry>{{a, t3, true}, {a, t3, true}}, logits.data()), Error);
+    EXPECT_THROW(batch.step(std::vector<BatchState::Entry>{{b, bad, true}}, logits.data()), Error);
+    EXPECT_THROW(batch.step(std::vector<BatchState::Entry>{{7, t3, true}}, logits.data()), Error);
+    EXPECT_EQ(batch.free_blocks(), 2);
+    EXPECT_EQ(batch.position(a), 0);
+    batch.step(std::vector<BatchState::Entry>{{a, t3, true}, {b, t3, false}}, logits.data());
+    EXPECT_EQ(batch.position(a), 3);
+    EXPECT_EQ(batch.free_blocks(), 0);
+    batch.remove_sequence(a);
+    EXPECT_EQ(batch.free_blocks(), 1);
+}
+
+}  // namespace
+}  // namespace cera
