@@ -11,7 +11,7 @@
 
 namespace cera {
 
-BatchState::BatchState(const Model& model, const BatchOptions& o)
+BatchState::BatchState(const Model& model, const BatchStateOptions& o)
     : model_(model), be_(model.backend()), arch_(model.arch()) {
     if (o.max_seqs < 1 || o.block_size < 1 || !std::has_single_bit(unsigned(o.block_size)) || o.max_step_tokens < 1 ||
         o.kv_tokens < 0)

@@ -14,7 +14,7 @@
 
 namespace cera {
 
-struct BatchOptions {
+struct BatchStateOptions {
     int max_seqs = 8;               // sequence slots
     int64_t kv_tokens = 0;          // pool size in tokens (0: max_seqs times the model's default context)
     int block_size = 16;            // tokens a block (a power of two)
@@ -23,7 +23,7 @@ struct BatchOptions {
 
 class BatchState {
  public:
-    BatchState(const Model& model, const BatchOptions& options);
+    BatchState(const Model& model, const BatchStateOptions& options);
     ~BatchState();
     BatchState(const BatchState&) = delete;
     BatchState& operator=(const BatchState&) = delete;

@@ -64,7 +64,7 @@ TEST_P(BatchFixture, SequencesInOnePassMatchEachAlone) {
     std::vector<std::vector<std::vector<float>>> want;
     for (const Plan& p : plans) want.push_back(alone(*model, p));
 
-    BatchOptions bo;
+    BatchStateOptions bo;
     bo.max_seqs = 4;  // the fifth sequence waits for a free slot
     bo.block_size = 8;
     bo.kv_tokens = 256;
@@ -113,7 +113,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, BatchFixture, ::testing::ValuesIn(kModels));
 
 TEST(Batch, BadStepsChangeNothing) {
     auto model = load("tiny-llama-random");
-    BatchOptions bo;
+    BatchStateOptions bo;
     bo.max_seqs = 2;
     bo.block_size = 8;
     bo.kv_tokens = 16;  // two blocks

@@ -1,0 +1,70 @@
+// cera::Batcher: many sequences generated together on one Engine (continuous batching).
+//
+//   auto batcher = cera::Batcher::create(engine, {.parallel = 8});
+//   auto req = batcher->submit(engine->tokenize("Once upon a time", true), options, sink);  // any thread
+//   cera::GenerationResult r = req->wait();
+//
+// Each step evaluates the next token of every running sequence and chunks of the prompts being
+// prefilled, up to a token budget, in one forward pass; requests join and leave between steps. Each
+// request keeps its own sampler (seed), stop strings and stream. Sequences keep their K/V in one pool
+// of fixed-size blocks; when the pool runs out, the newest running sequence is preempted (its blocks
+// freed) and later resumed by evaluating its tokens again, with the same output. The Sink of a request
+// is called from the batcher's thread.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "cera/engine.h"
+#include "cera/session.h"
+
+namespace cera {
+
+struct BatcherOptions {
+    int32_t parallel = 8;       // sequences in flight at once
+    int64_t kv_tokens = 0;      // KV pool size in tokens; 0: `parallel` full contexts
+    int32_t n_ctx = 0;          // longest sequence (prompt and generated); 0: the engine's context
+    int32_t block_size = 16;    // tokens a KV block (a power of two)
+    int32_t step_tokens = 512;  // tokens a step evaluates, all sequences together (prefill chunks are cut to it)
+    int32_t max_queue = 1024;   // requests waiting for a slot; submit() refuses more
+};
+
+struct BatcherStats {
+    int64_t steps = 0;
+    int64_t tokens_evaluated = 0;  // prompt and generated tokens through the model
+    int64_t preemptions = 0;
+    int64_t kv_blocks_total = 0, kv_blocks_free = 0;
+    int32_t running = 0, waiting = 0;
+};
+
+class Request {
+   public:
+    virtual ~Request() = default;
+    // Finishes the request (FinishReason::kCancelled) before its next step; its blocks go back at once.
+    virtual void cancel() = 0;
+    virtual bool done() const = 0;
+    // Blocks until the request finishes; its result (the Sink's on_done got the same). Throws the
+    // cera::Error that failed it, if one did.
+    virtual GenerationResult wait() = 0;
+};
+
+class Batcher {
+   public:
+    // Starts the batcher's thread and makes its KV pool on the engine's device (reported by stats()).
+    // Throws cera::Error (kInvalidArgument for bad options, kUnsupported where the device cannot run
+    // batches yet).
+    static std::shared_ptr<Batcher> create(std::shared_ptr<Engine> engine, const BatcherOptions& options = {});
+    // Stops the thread; requests still running finish as cancelled.
+    virtual ~Batcher() = default;
+
+    // Queues a request: `prompt` is evaluated, then tokens are sampled as GenerateOptions say
+    // (max_tokens, sampling, stop, ignore_eos; the device and context-shift settings do not apply).
+    // sink may be null. Throws kInvalidArgument for an empty prompt or a bad token id, kOutOfRange
+    // when the prompt cannot fit a sequence or the queue is full ("over capacity").
+    virtual std::shared_ptr<Request> submit(std::span<const int32_t> prompt, const GenerateOptions& options,
+                                            std::shared_ptr<Sink> sink = nullptr) = 0;
+    virtual BatcherStats stats() const = 0;
+};
+
+}  // namespace cera

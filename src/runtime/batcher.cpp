@@ -1,0 +1,372 @@
+// Batcher: the continuous-batching scheduler over a BatchState (models/batch_state.h). One thread
+// owns the state and the scheduling; submit() and cancel() only hand requests and flags to it.
+//
+// Each step: cancelled requests leave; waiting requests are admitted in arrival order while a
+// sequence slot is free; the step takes the next token of every running sequence that is decoding,
+// then prompt chunks in admission order up to the token budget. When the pool lacks the blocks the
+// step needs, the most recently admitted sequence is preempted: it gives its blocks back and waits at
+// the front of the queue, to evaluate its tokens (prompt and generated so far) again when it returns;
+// its sampler, stop matcher and detokenizer carry on, so its output does not change.
+#include "cera/batcher.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cinttypes>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "cera/sampler.h"
+#include "core/check.h"
+#include "models/batch_state.h"
+#include "runtime/engine_impl.h"
+#include "runtime/session_stop.h"
+
+namespace cera {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+class Req final : public Request {
+   public:
+    Req(std::span<const int32_t> prompt, const GenerateOptions& o, std::shared_ptr<Sink> s, const Tokenizer& tok,
+        int32_t n_vocab, uint64_t order)
+        : tokens(prompt.begin(), prompt.end()),
+          n_prompt(prompt.size()),
+          opts(o),
+          sink(std::move(s)),
+          sampler(o.sampling, n_vocab),
+          stopper(o.stop),
+          detok(tok),
+          arrival(order) {
+        const size_t window = size_t(std::max(0, o.sampling.penalty_last_n));
+        for (size_t i = tokens.size() > window ? tokens.size() - window : 0; i < tokens.size(); ++i)
+            sampler.accept(tokens[i]);
+        (void)detok.push(tokens.back());  // as Session: a space prefix is stripped only at a text's start
+    }
+
+    void cancel() override { cancelled.store(true); }
+    bool done() const override {
+        std::lock_guard<std::mutex> lk(mu);
+        return finished;
+    }
+    GenerationResult wait() override {
+        std::unique_lock<std::mutex> lk(mu);
+        cv.wait(lk, [&] { return finished; });
+        if (error) std::rethrow_exception(error);
+        return result;
+    }
+
+    // The end, with the text held back released (a Sink's throw fails the request instead).
+    void finish(FinishReason why, std::exception_ptr e = nullptr) {
+        result.finish = why;
+        if (started) result.decode_seconds = seconds(first_sample, Clock::now());
+        if (!e) {
+            try {
+                if (why != FinishReason::kStop) {
+                    stopper.feed(detok.flush(), out);
+                    if (stopper.stopped()) {
+                        result.finish = FinishReason::kStop;
+                        result.stop_string = stopper.matched();
+                    } else {
+                        stopper.finish(out);
+                    }
+                    emit();
+                }
+                if (sink) sink->on_done(result);
+            } catch (...) {
+                e = std::current_exception();
+            }
+        }
+        std::lock_guard<std::mutex> lk(mu);
+        finished = true;
+        error = e;
+        cv.notify_all();
+    }
+    void emit() {
+        if (out.empty()) return;
+        if (sink) sink->on_text(out);
+        result.text += out;
+        out.clear();
+    }
+
+    // Fixed at submit.
+    std::vector<int32_t> tokens;  // the prompt, then each sampled token once it is to be evaluated
+    const size_t n_prompt;
+    const GenerateOptions opts;
+    const std::shared_ptr<Sink> sink;
+    Sampler sampler;
+    StopMatcher stopper;
+    StreamingDetokenizer detok;
+    const uint64_t arrival;
+    // The batcher thread's.
+    int seq = -1;           // BatchState slot while admitted
+    size_t evaluated = 0;   // tokens of `tokens` in the sequence's cache
+    uint64_t admitted = 0;  // admission order (preemption takes the largest)
+    bool started = false;   // a token has been sampled
+    Clock::time_point t_admit, first_sample;
+    GenerationResult result;
+    std::string out;
+    std::atomic<bool> cancelled{false};
+    // Completion.
+    mutable std::mutex mu;
+    std::condition_variable cv;
+    bool finished = false;
+    std::exception_ptr error;
+};
+
+class BatcherImpl final : public Batcher {
+   public:
+    BatcherImpl(std::shared_ptr<Engine> engine, const BatcherOptions& o)
+        : engine_(std::move(engine)), im_(engine_->impl()), o_(o), n_vocab_(im_.info.n_vocab) {
+        n_ctx_ = o.n_ctx > 0 ? o.n_ctx : im_.model->default_n_ctx();
+        if (o.parallel < 1 || o.step_tokens < 1 || o.max_queue < 0 || o.kv_tokens < 0 || n_ctx_ < 2)
+            throw_error(ErrorCode::kInvalidArgument, "batcher: parallel %d, step tokens %d, queue %d, pool %" PRId64,
+                        o.parallel, o.step_tokens, o.max_queue, o.kv_tokens);
+        BatchStateOptions bo;
+        bo.max_seqs = o.parallel;
+        bo.kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : int64_t(o.parallel) * n_ctx_;
+        if (bo.kv_tokens < n_ctx_)
+            throw_error(ErrorCode::kInvalidArgument, "batcher: a KV pool of %" PRId64 " tokens holds no %d-token sequence",
+                        bo.kv_tokens, n_ctx_);
+        bo.block_size = o.block_size;
+        bo.max_step_tokens = std::max(o.step_tokens, o.parallel);  // every running sequence's next token fits
+        state_ = std::make_unique<BatchState>(*im_.model, bo);
+        step_tokens_ = bo.max_step_tokens;
+        thread_ = std::thread([this] { loop(); });
+    }
+
+    ~BatcherImpl() override {
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        thread_.join();
+    }
+
+    std::shared_ptr<Request> submit(std::span<const int32_t> prompt, const GenerateOptions& options,
+                                    std::shared_ptr<Sink> sink) override {
+        if (prompt.empty()) throw_error(ErrorCode::kInvalidArgument, "submit: an empty prompt");
+        for (int32_t id : prompt)
+            if (id < 0 || id >= n_vocab_)
+                throw_error(ErrorCode::kInvalidArgument, "submit: token id %d outside [0, %d)", id, n_vocab_);
+        if (int64_t(prompt.size()) >= n_ctx_)
+            throw_error(ErrorCode::kOutOfRange, "submit: a %zu-token prompt leaves no room in a %d-token sequence",
+                        prompt.size(), n_ctx_);
+        auto r = std::make_shared<Req>(prompt, options, std::move(sink), *im_.tokenizer, n_vocab_, next_arrival_++);
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            if (stop_) throw_error(ErrorCode::kCancelled, "submit: the batcher is stopping");
+            if (int64_t(inbox_.size()) + waiting_count_.load() >= o_.max_queue)
+                throw_error(ErrorCode::kOutOfRange, "over capacity: %d requests are waiting", o_.max_queue);
+            inbox_.push_back(r);
+        }
+        cv_.notify_all();
+        return r;
+    }
+
+    BatcherStats stats() const override {
+        std::lock_guard<std::mutex> lk(stats_mu_);
+        return stats_;
+    }
+
+   private:
+    void loop() {
+        std::vector<BatchState::Entry> entries;
+        std::vector<Req*> owners;
+        std::vector<float> logits;
+        for (;;) {
+            {
+                std::unique_lock<std::mutex> lk(mu_);
+                cv_.wait(lk, [&] { return stop_ || !inbox_.empty() || !running_.empty() || !waiting_.empty(); });
+                if (stop_) break;
+                for (auto& r : inbox_) waiting_.push_back(std::move(r));
+                inbox_.clear();
+            }
+            drop_cancelled();
+            admit();
+            plan(entries, owners);
+            publish_stats();
+            if (entries.empty()) continue;
+            logits.resize(entries.size() * size_t(n_vocab_));
+            int64_t evaluated = 0;
+            try {
+                state_->step(entries, logits.data());
+                size_t row = 0;
+                for (size_t i = 0; i < entries.size(); ++i) {
+                    Req& r = *owners[i];
+                    evaluated += int64_t(entries[i].tokens.size());
+                    r.evaluated += entries[i].tokens.size();
+                    try {  // a Sink that throws fails its own request only
+                        if (entries[i].logits) after_logits(r, logits.data() + row++ * size_t(n_vocab_));
+                        else if (r.evaluated == r.tokens.size() && r.opts.max_tokens == 0) leave(r, FinishReason::kLength);
+                    } catch (...) {
+                        leave(r, FinishReason::kNone, std::current_exception());
+                    }
+                }
+            } catch (...) {  // the step changed nothing: its requests fail, the others go on
+                const std::exception_ptr e = std::current_exception();
+                for (Req* r : owners) leave(*r, FinishReason::kNone, e);
+            }
+            std::erase_if(running_, [](const std::shared_ptr<Req>& r) { return r->seq < 0; });
+            publish_stats();
+            std::lock_guard<std::mutex> lk(stats_mu_);
+            ++stats_.steps;
+            stats_.tokens_evaluated += evaluated;
+        }
+        // Stopping: everything unfinished is cancelled.
+        for (auto& r : running_) leave(*r, FinishReason::kCancelled);
+        std::lock_guard<std::mutex> lk(mu_);
+        for (auto& r : waiting_) r->finish(FinishReason::kCancelled);
+        for (auto& r : inbox_) r->finish(FinishReason::kCancelled);
+    }
+
+    void drop_cancelled() {
+        for (auto& r : running_)
+            if (r->cancelled.load()) leave(*r, FinishReason::kCancelled);
+        std::erase_if(running_, [](const std::shared_ptr<Req>& r) { return r->seq < 0; });
+        std::erase_if(waiting_, [](const std::shared_ptr<Req>& r) {
+            if (!r->cancelled.load()) return false;
+            r->finish(FinishReason::kCancelled);
+            return true;
+        });
+    }
+
+    // In arrival order, while a slot is free and the pool has room for the request's tokens.
+    void admit() {
+        while (!waiting_.empty() &&
+               state_->free_blocks() * state_->block_size() >= int64_t(waiting_.front()->tokens.size())) {
+            const int seq = state_->add_sequence();
+            if (seq < 0) break;
+            std::shared_ptr<Req> r = std::move(waiting_.front());
+            waiting_.pop_front();
+            r->seq = seq;
+            r->evaluated = 0;
+            r->admitted = next_admission_++;
+            if (!r->started) r->t_admit = Clock::now();
+            running_.push_back(std::move(r));
+        }
+        waiting_count_.store(int64_t(waiting_.size()));
+    }
+
+    // The step's entries: decode tokens first, then prompt chunks within the budget; preempts while the
+    // pool lacks the blocks.
+    void plan(std::vector<BatchState::Entry>& entries, std::vector<Req*>& owners) {
+        for (;;) {
+            entries.clear(), owners.clear();
+            int64_t budget = step_tokens_, blocks = 0;
+            std::vector<Req*> order;
+            for (auto& r : running_) order.push_back(r.get());
+            // Decoding sequences (one token left) first, then the rest by admission.
+            std::stable_sort(order.begin(), order.end(), [](const Req* a, const Req* b) {
+                const bool da = a->tokens.size() - a->evaluated == 1, db = b->tokens.size() - b->evaluated == 1;
+                return da != db ? da : a->admitted < b->admitted;
+            });
+            for (Req* r : order) {
+                const int64_t left = int64_t(r->tokens.size() - r->evaluated);
+                const int64_t n = std::min(left, budget);
+                if (n <= 0) continue;
+                budget -= n;
+                blocks += state_->blocks_needed(r->seq, n);
+                const bool last = n == left;
+                entries.push_back({r->seq, std::span<const int32_t>(r->tokens).subspan(r->evaluated, size_t(n)),
+                                   last && r->opts.max_tokens != 0});
+                owners.push_back(r);
+            }
+            if (blocks <= state_->free_blocks() || running_.size() <= 1) return;
+            preempt();
+        }
+    }
+
+    void preempt() {
+        auto newest = std::max_element(running_.begin(), running_.end(),
+                                       [](const auto& a, const auto& b) { return a->admitted < b->admitted; });
+        std::shared_ptr<Req> r = *newest;
+        running_.erase(newest);
+        state_->remove_sequence(r->seq);
+        r->seq = -1;
+        r->evaluated = 0;
+        waiting_.push_front(std::move(r));
+        waiting_count_.store(int64_t(waiting_.size()));
+        std::lock_guard<std::mutex> lk(stats_mu_);
+        ++stats_.preemptions;
+    }
+
+    // A sequence's last token was evaluated: sample the next one, stream it, finish or go on.
+    void after_logits(Req& r, const float* row) {
+        const auto now = Clock::now();
+        if (!r.started) {
+            r.started = true;
+            r.first_sample = now;
+            r.result.prompt_tokens = int32_t(r.n_prompt);
+            r.result.prefill_seconds = seconds(r.t_admit, now);
+        } else {
+            ++r.result.decode_steps;
+        }
+        const int32_t t = r.sampler.sample(row);
+        r.sampler.accept(t);
+        ++r.result.generated_tokens;
+        if (r.sink) r.sink->on_token(t);
+        if (!r.opts.ignore_eos && im_.tokenizer->is_eog(t)) return leave(r, FinishReason::kEos);
+        r.tokens.push_back(t);
+        if (r.stopper.feed(r.detok.push(t), r.out)) {
+            r.emit();
+            r.result.stop_string = r.stopper.matched();
+            return leave(r, FinishReason::kStop);
+        }
+        r.emit();
+        if (r.opts.max_tokens >= 0 && r.result.generated_tokens >= r.opts.max_tokens) return leave(r, FinishReason::kLength);
+        if (int64_t(r.tokens.size()) >= n_ctx_) return leave(r, FinishReason::kContextFull);
+    }
+
+    // The request finishes (why, or the error e): its sequence leaves the batch.
+    void leave(Req& r, FinishReason why, std::exception_ptr e = nullptr) {
+        if (r.seq >= 0) state_->remove_sequence(r.seq);
+        r.seq = -1;
+        r.finish(why, e);
+    }
+
+    void publish_stats() {
+        std::lock_guard<std::mutex> lk(stats_mu_);
+        stats_.kv_blocks_total = state_->total_blocks();
+        stats_.kv_blocks_free = state_->free_blocks();
+        stats_.running = int32_t(running_.size());
+        stats_.waiting = int32_t(waiting_.size());
+    }
+
+    std::shared_ptr<Engine> engine_;
+    Engine::Impl& im_;
+    const BatcherOptions o_;
+    const int32_t n_vocab_;
+    int32_t n_ctx_ = 0;
+    int64_t step_tokens_ = 0;
+    std::unique_ptr<BatchState> state_;
+    // Shared with submit().
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool stop_ = false;
+    std::deque<std::shared_ptr<Req>> inbox_;
+    std::atomic<int64_t> waiting_count_{0};
+    std::atomic<uint64_t> next_arrival_{0};
+    // The thread's.
+    std::deque<std::shared_ptr<Req>> waiting_;
+    std::vector<std::shared_ptr<Req>> running_;
+    uint64_t next_admission_ = 0;
+    mutable std::mutex stats_mu_;
+    BatcherStats stats_;
+    std::thread thread_;
+};
+
+}  // namespace
+
+std::shared_ptr<Batcher> Batcher::create(std::shared_ptr<Engine> engine, const BatcherOptions& options) {
+    CERA_CHECK(engine != nullptr, "Batcher::create: no engine");
+    return std::make_shared<BatcherImpl>(std::move(engine), options);
+}
+
+}  // namespace cera
