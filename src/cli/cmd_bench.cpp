@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "cera/batcher.h"
 #include "cera/engine.h"
 #include "cera/error.h"
 #include "cera/session.h"
@@ -103,7 +104,8 @@ int run_bench(const std::vector<std::string>& args) {
     EngineFlags ef;
     int n_prompt = 512, n_gen = 128, reps = 5, depth = 0;
     double bandwidth_gbps = 0.0, bw_gib = 1.0;
-    bool as_json = false, host_sampling = false, no_ahead = false, profile = false;
+    bool as_json = false, host_sampling = false, no_ahead = false, profile = false, shared_prompt = false;
+    std::vector<int> parallel;
     float temp = 0.0f;
     int top_k = 40;
     app.add_option("-m,--model", model, "GGUF model")->required();
@@ -125,14 +127,23 @@ int run_bench(const std::vector<std::string>& args) {
     app.add_flag("--host-sampling", host_sampling,
                  "decode test: copy the logits and sample on the host (else the device picks the arg-max or "
                  "selects the top-k candidates)");
+    app.add_option("--parallel", parallel,
+                   "N[,N...]: N sequences at once (continuous batching), each -p prompt and -n generated tokens; "
+                   "prints their aggregate prompt and generation tokens/s (tests pp128 x8, tg128 x8)")
+        ->delimiter(',');
+    app.add_flag("--shared-prompt", shared_prompt, "--parallel: every sequence has the same prompt");
     app.add_flag("--no-ahead", no_ahead,
                  "decode test: wait for each greedy pick before queuing the next step (see GenerateOptions::decode_ahead)");
     if (int rc = parse_args(app, args, "bench"); rc >= 0) return rc;
     if (n_prompt < 0 || n_gen < 0 || depth < 0 || reps < 1 || bandwidth_gbps < 0 || bw_gib <= 0)
         throw Error(ErrorCode::kInvalidArgument, "-p, -n, -d and --bandwidth must be >= 0, -r >= 1");
     if (!(temp >= 0.0f) || top_k < 0) throw Error(ErrorCode::kInvalidArgument, "--temp and --top-k must be >= 0");
+    for (int n : parallel)
+        if (n < 1 || n_prompt < 1 || n_gen < 1 || depth > 0)
+            throw Error(ErrorCode::kInvalidArgument, "--parallel needs N >= 1, -p and -n >= 1 and no -d");
     EngineOptions eo = ef.options();
-    const int32_t needed = std::max(16, depth + std::max(n_prompt, n_gen + 1));
+    const int32_t needed =
+        parallel.empty() ? std::max(16, depth + std::max(n_prompt, n_gen + 1)) : n_prompt + n_gen + 2;
     // --ctx sizes the session (and its KV cache); by default it is what the tests need.
     if (ef.n_ctx != 0 && ef.n_ctx < needed)
         throw Error(ErrorCode::kInvalidArgument, "--ctx " + std::to_string(ef.n_ctx) + " is less than the " +
@@ -184,6 +195,58 @@ int run_bench(const std::vector<std::string>& args) {
 
     std::vector<TestResult> tests;
     const std::string at_depth = depth > 0 ? " @ d" + std::to_string(depth) : "";
+    // Several sequences at once, like llama-batched-bench: N requests of n_prompt random tokens (one
+    // prompt with --shared-prompt) generating n_gen tokens each after the first, submitted together. pp:
+    // the N prompts' tokens over the time until every request has its first token; tg: the N x n_gen
+    // tokens sampled after that over the time until the last request ends.
+    for (int n_seq : parallel) {
+        BatcherOptions bo;
+        bo.parallel = n_seq;
+        bo.n_ctx = eo.n_ctx;
+        bo.step_tokens = eo.n_batch;
+        auto batcher = Batcher::create(engine, bo);
+        struct FirstToken : Sink {
+            Clock::time_point first{};
+            void on_text(std::string_view) override {}
+            void on_token(int32_t) override {
+                if (first == Clock::time_point{}) first = Clock::now();
+            }
+        };
+        auto once = [&](double& pp, double& tg) {
+            std::vector<std::vector<int32_t>> prompts;
+            for (int i = 0; i < n_seq; ++i)
+                prompts.push_back(shared_prompt && i > 0 ? prompts[0] : random_tokens(n_prompt));
+            GenerateOptions g;
+            g.max_tokens = n_gen + 1;
+            g.sampling.temperature = temp;
+            g.sampling.top_k = top_k;
+            g.ignore_eos = true;
+            std::vector<std::shared_ptr<FirstToken>> sinks;
+            std::vector<std::shared_ptr<Request>> reqs;
+            const auto t0 = Clock::now();
+            for (int i = 0; i < n_seq; ++i) {
+                sinks.push_back(std::make_shared<FirstToken>());
+                reqs.push_back(batcher->submit(prompts[size_t(i)], g, sinks.back()));
+            }
+            for (auto& r : reqs) r->wait();
+            const auto t_end = Clock::now();
+            Clock::time_point t_first = t0;
+            for (auto& k : sinks) t_first = std::max(t_first, k->first);
+            pp = double(n_seq) * n_prompt / std::chrono::duration<double>(t_first - t0).count();
+            tg = double(n_seq) * n_gen / std::chrono::duration<double>(t_end - t_first).count();
+        };
+        const std::string x = " x" + std::to_string(n_seq);
+        TestResult pp{"pp" + std::to_string(n_prompt) + x, n_prompt, 0, 0, {}};
+        TestResult tg{"tg" + std::to_string(n_gen) + x, 0, n_gen, 0, {}};
+        double a = 0, b = 0;
+        once(a, b);  // warm-up
+        for (int r = 0; r < reps; ++r) {
+            once(a, b);
+            pp.samples.push_back(a), tg.samples.push_back(b);
+        }
+        tests.push_back(std::move(pp)), tests.push_back(std::move(tg));
+    }
+    if (!parallel.empty()) n_prompt = n_gen = 0;  // the single-sequence tests are not run
     if (n_prompt > 0) {
         TestResult t{"pp" + std::to_string(n_prompt) + at_depth, n_prompt, 0, depth, {}};
         pp_once();  // warm-up
@@ -209,7 +272,7 @@ int run_bench(const std::vector<std::string>& args) {
     const double roofline = bandwidth > 0 ? bandwidth / bytes_per_token : 0.0;
     double tg_median = 0.0;
     for (const auto& t : tests)
-        if (t.n_gen > 0) tg_median = stats(t.samples).median;
+        if (t.n_gen > 0 && parallel.empty()) tg_median = stats(t.samples).median;  // one sequence's rate
     const double fraction = roofline > 0 ? tg_median / roofline : 0.0;
 
     if (as_json) {
@@ -257,6 +320,7 @@ int run_bench(const std::vector<std::string>& args) {
                     "(%.2fx the weights and buffers)\n",
                     dm_total / (1 << 20), double(dm.weights) / (1 << 20), double(dm.buffers) / (1 << 20),
                     double(dm.scratch) / (1 << 20), dm_total / double(std::max<uint64_t>(1, dm.weights + dm.buffers)));
+    if (!parallel.empty()) return 0;  // the roofline is a single sequence's
     std::printf("weights read per decoded token: %.2f MiB\n", bytes_per_token / (1 << 20));
     if (bandwidth > 0) {
         std::printf("read bandwidth: %.1f GB/s (%s)\n", bandwidth / 1e9,
