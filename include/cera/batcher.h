@@ -7,9 +7,11 @@
 // Each step evaluates the next token of every running sequence and chunks of the prompts being
 // prefilled, up to a token budget, in one forward pass; requests join and leave between steps. Each
 // request keeps its own sampler (seed), stop strings and stream. Sequences keep their K/V in one pool
-// of fixed-size blocks; when the pool runs out, the newest running sequence is preempted (its blocks
-// freed) and later resumed by evaluating its tokens again, with the same output. The Sink of a request
-// is called from the batcher's thread.
+// of fixed-size blocks; full blocks stay cached after their request ends, and a request whose prompt
+// starts with cached blocks (a shared system prompt) takes them instead of evaluating those tokens
+// (GenerationResult::cached_tokens). When the pool runs out, the newest running sequence is preempted
+// (its blocks freed) and later resumed by evaluating its tokens again, with the same output. The Sink
+// of a request is called from the batcher's thread.
 #pragma once
 #include <cstdint>
 #include <memory>

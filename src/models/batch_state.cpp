@@ -41,6 +41,20 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
             }
     }
     for (int64_t b = n_blocks_ - 1; b >= 0; --b) free_.push_back(int32_t(b));
+    ref_.assign(size_t(n_blocks_), 0);
+    hash_.assign(size_t(n_blocks_), 0);
+    stamp_.assign(size_t(n_blocks_), 0);
+    block_tokens_.assign(size_t(n_blocks_ * block_), 0);
+    for (const LayerStateSpec& sp : arch_.state) recurrent_ |= sp.conv_channels > 0;
+    if (recurrent_) {
+        snaps_.resize(size_t(4 * o.max_seqs));
+        for (Snapshot& sn : snaps_) {
+            sn.conv.resize(arch_.state.size());
+            for (size_t il = 0; il < sn.conv.size(); ++il)
+                if (const LayerStateSpec& sp = arch_.state[il]; sp.conv_channels > 0)
+                    sn.conv[il] = be_.alloc(GgmlType::kF32, {sp.conv_channels, sp.conv_rows});
+        }
+    }
     table_.assign(size_t(o.max_seqs * max_blocks_), 0);
     table_t_ = be_.alloc(GgmlType::kI32, {max_blocks_, int64_t(o.max_seqs)});
     const ModelInfo& info = arch_.info;
@@ -73,6 +87,8 @@ BatchState::~BatchState() {
     for (LayerCache& c : pool_) be_.free(c.k), be_.free(c.v);
     for (Seq& s : seqs_)
         for (LayerCache& c : s.conv) be_.free(c.conv), be_.free(c.conv_prev);
+    for (Snapshot& sn : snaps_)
+        for (Tensor& t : sn.conv) be_.free(t);
     for (Tensor* t : {&table_t_, &seq_t_, &ids_, &pos_t_, &rows_t_, &x_, &h_, &y_, &q_, &k_, &v_, &attn_, &wide0_,
                       &wide1_, &router_, &moe_ids_, &moe_w_, &hidden_, &logits_})
         be_.free(*t);
@@ -96,9 +112,113 @@ int BatchState::add_sequence() {
 void BatchState::remove_sequence(int seq) {
     CERA_CHECK(seq >= 0 && size_t(seq) < seqs_.size() && seqs_[size_t(seq)].used, "batch: no sequence %d", seq);
     Seq& s = seqs_[size_t(seq)];
-    free_.insert(free_.end(), s.blocks.rbegin(), s.blocks.rend());
-    s.blocks.clear();
+    for (auto b = s.blocks.rbegin(); b != s.blocks.rend(); ++b) release_block(*b);
+    s.blocks.clear(), s.tokens.clear(), s.hashes.clear();
     s.used = false;
+}
+
+int32_t BatchState::take_block() {
+    int32_t b;
+    if (!free_.empty()) {
+        b = free_.back();
+        free_.pop_back();
+    } else {  // the least recently used cached block
+        CERA_CHECK(!evictable_.empty(), "batch: no KV block to take");
+        b = evictable_.begin()->second;
+        evictable_.erase(evictable_.begin());
+        cached_.erase(hash_[size_t(b)]);
+        hash_[size_t(b)] = 0;
+    }
+    ref_[size_t(b)] = 1;
+    stamp_[size_t(b)] = ++clock_;
+    return b;
+}
+
+void BatchState::release_block(int32_t b) {
+    if (--ref_[size_t(b)] > 0) return;
+    if (hash_[size_t(b)] != 0) evictable_.insert({stamp_[size_t(b)], b});
+    else free_.push_back(b);
+}
+
+namespace {
+
+// The prefix hash of a block: its tokens mixed into the hash of the blocks before it (never 0).
+uint64_t block_hash(uint64_t prev, const int32_t* tokens, int n) {
+    uint64_t h = prev ^ 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < n; ++i) {
+        h ^= uint64_t(uint32_t(tokens[i])) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+        h *= 0xff51afd7ed558ccdull;
+    }
+    h ^= h >> 33;
+    return h ? h : 1;
+}
+
+}  // namespace
+
+void BatchState::share_full_blocks(Seq& s) {
+    for (size_t i = s.hashes.size(); int64_t(i + 1) * block_ <= s.position; ++i) {
+        const int32_t* toks = s.tokens.data() + i * size_t(block_);
+        const uint64_t h = block_hash(i ? s.hashes[i - 1] : 0, toks, block_);
+        s.hashes.push_back(h);
+        const int32_t b = s.blocks[i];
+        if (hash_[size_t(b)] == 0 && !cached_.count(h)) {
+            hash_[size_t(b)] = h;
+            cached_[h] = b;
+            std::copy(toks, toks + block_, block_tokens_.begin() + int64_t(b) * block_);
+        }
+        if (recurrent_ && int64_t(i + 1) * block_ == s.position) {  // the states at this block's end
+            auto slot = std::min_element(snaps_.begin(), snaps_.end(), [](const Snapshot& a, const Snapshot& b) {
+                return a.stamp < b.stamp;
+            });
+            for (const Snapshot& sn : snaps_)
+                if (sn.hash == h) slot = snaps_.begin() + (&sn - snaps_.data());
+            slot->hash = h, slot->stamp = ++clock_;
+            for (size_t il = 0; il < s.conv.size(); ++il)
+                if (s.conv[il].conv) be_.copy(slot->conv[il], s.conv[il].conv);
+        }
+    }
+}
+
+int64_t BatchState::attach_prefix(int seq, std::span<const int32_t> prompt) {
+    CERA_CHECK(seq >= 0 && size_t(seq) < seqs_.size() && seqs_[size_t(seq)].used && seqs_[size_t(seq)].position == 0,
+               "batch: attach_prefix needs a new sequence");
+    Seq& s = seqs_[size_t(seq)];
+    const int64_t max_blocks = (int64_t(prompt.size()) - 1) / block_;
+    std::vector<int32_t> found;
+    std::vector<uint64_t> hashes;
+    size_t usable = 0;
+    const Snapshot* snap = nullptr;
+    uint64_t h = 0;
+    for (int64_t i = 0; i < max_blocks; ++i) {
+        const int32_t* toks = prompt.data() + i * block_;
+        h = block_hash(h, toks, block_);
+        const auto it = cached_.find(h);
+        if (it == cached_.end() ||
+            !std::equal(toks, toks + block_, block_tokens_.begin() + int64_t(it->second) * block_))
+            break;
+        found.push_back(it->second), hashes.push_back(h);
+        if (!recurrent_) {
+            usable = found.size();
+        } else {
+            for (const Snapshot& sn : snaps_)
+                if (sn.hash == h) usable = found.size(), snap = &sn;
+        }
+    }
+    if (usable == 0) return 0;
+    std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+    for (size_t i = 0; i < usable; ++i) {
+        const int32_t b = found[i];
+        if (ref_[size_t(b)]++ == 0) evictable_.erase({stamp_[size_t(b)], b});
+        stamp_[size_t(b)] = ++clock_;
+        s.blocks.push_back(b);
+    }
+    s.hashes.assign(hashes.begin(), hashes.begin() + int64_t(usable));
+    s.tokens.assign(prompt.begin(), prompt.begin() + int64_t(usable) * block_);
+    s.position = int32_t(int64_t(usable) * block_);
+    if (snap)
+        for (size_t il = 0; il < s.conv.size(); ++il)
+            if (s.conv[il].conv) be_.copy(s.conv[il].conv, snap->conv[il]);
+    return s.position;
 }
 
 int32_t BatchState::position(int seq) const {
@@ -133,8 +253,9 @@ void BatchState::step(std::span<const Entry> entries, float* logits) {
     if (n_tokens == 0) return;
     if (n_tokens > max_tokens_)
         throw_error(ErrorCode::kOutOfRange, "batch step: %" PRId64 " tokens, at most %" PRId64, n_tokens, max_tokens_);
-    if (blocks > int64_t(free_.size()))
-        throw_error(ErrorCode::kOutOfRange, "batch step: needs %" PRId64 " KV blocks, %zu free", blocks, free_.size());
+    if (blocks > free_blocks())
+        throw_error(ErrorCode::kOutOfRange, "batch step: needs %" PRId64 " KV blocks, %" PRId64 " free", blocks,
+                    free_blocks());
 
     std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
     ids_host_.clear(), pos_host_.clear(), rows_host_.clear(), seq_host_.clear();
@@ -142,10 +263,8 @@ void BatchState::step(std::span<const Entry> entries, float* logits) {
     std::vector<int64_t> out_rows;
     for (const Entry& e : entries) {
         Seq& s = seqs_[size_t(e.seq)];
-        for (int64_t b = blocks_needed(e.seq, int64_t(e.tokens.size())); b > 0; --b) {
-            s.blocks.push_back(free_.back());
-            free_.pop_back();
-        }
+        for (int64_t b = blocks_needed(e.seq, int64_t(e.tokens.size())); b > 0; --b) s.blocks.push_back(take_block());
+        s.tokens.insert(s.tokens.end(), e.tokens.begin(), e.tokens.end());
         std::copy(s.blocks.begin(), s.blocks.end(), table_.begin() + int64_t(e.seq) * max_blocks_);
         segments.push_back({int64_t(ids_host_.size()), int64_t(e.tokens.size()), std::span<LayerCache>(s.conv)});
         for (size_t i = 0; i < e.tokens.size(); ++i) {
@@ -183,6 +302,7 @@ void BatchState::step(std::span<const Entry> entries, float* logits) {
     s.out_rows = out_rows;
     be_.embed(arch_.head.token_embd, s.ids, arch_.head.embedding_scale, s.x);
     arch_.forward(s);
+    for (const Entry& e : entries) share_full_blocks(seqs_[size_t(e.seq)]);
     if (n_out == 0) return;
     // keep_output_rows() moved the output rows to the front of s.x.
     const Tensor hid = hidden_.row_slice(0, n_out), lg = logits_.row_slice(0, n_out);

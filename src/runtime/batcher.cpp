@@ -2,11 +2,12 @@
 // owns the state and the scheduling; submit() and cancel() only hand requests and flags to it.
 //
 // Each step: cancelled requests leave; waiting requests are admitted in arrival order while a
-// sequence slot is free; the step takes the next token of every running sequence that is decoding,
+// sequence slot is free, each taking the longest cached prefix of its tokens; the step takes the next token of every running sequence that is decoding,
 // then prompt chunks in admission order up to the token budget. When the pool lacks the blocks the
 // step needs, the most recently admitted sequence is preempted: it gives its blocks back and waits at
 // the front of the queue, to evaluate its tokens (prompt and generated so far) again when it returns;
-// its sampler, stop matcher and detokenizer carry on, so its output does not change.
+// its sampler, stop matcher and detokenizer carry on, so its output does not change (and its full
+// blocks, still cached, usually come back with it).
 #include "cera/batcher.h"
 
 #include <algorithm>
@@ -246,9 +247,13 @@ class BatcherImpl final : public Batcher {
             std::shared_ptr<Req> r = std::move(waiting_.front());
             waiting_.pop_front();
             r->seq = seq;
-            r->evaluated = 0;
+            // The longest cached prefix of its tokens (a shared prompt, or its own blocks after a preemption).
+            r->evaluated = size_t(state_->attach_prefix(seq, r->tokens));
             r->admitted = next_admission_++;
-            if (!r->started) r->t_admit = Clock::now();
+            if (!r->started) {
+                r->t_admit = Clock::now();
+                r->result.cached_tokens = int32_t(r->evaluated);
+            }
             running_.push_back(std::move(r));
         }
         waiting_count_.store(int64_t(waiting_.size()));
@@ -269,8 +274,14 @@ class BatcherImpl final : public Batcher {
             });
             for (Req* r : order) {
                 const int64_t left = int64_t(r->tokens.size() - r->evaluated);
-                const int64_t n = std::min(left, budget);
+                int64_t n = std::min(left, budget);
                 if (n <= 0) continue;
+                if (state_->recurrent() && n > 1) {
+                    // A prompt chunk ends at a block's end where it spans one, so that the conv states
+                    // there are kept and the prefix can be shared (the rest goes in the next step).
+                    const int64_t end = int64_t(r->evaluated) + n, at = end / state_->block_size() * state_->block_size();
+                    if (at > int64_t(r->evaluated) && at < end) n = at - int64_t(r->evaluated);
+                }
                 budget -= n;
                 blocks += state_->blocks_needed(r->seq, n);
                 const bool last = n == left;
@@ -303,7 +314,7 @@ class BatcherImpl final : public Batcher {
         if (!r.started) {
             r.started = true;
             r.first_sample = now;
-            r.result.prompt_tokens = int32_t(r.n_prompt);
+            r.result.prompt_tokens = int32_t(r.n_prompt) - r.result.cached_tokens;
             r.result.prefill_seconds = seconds(r.t_admit, now);
         } else {
             ++r.result.decode_steps;

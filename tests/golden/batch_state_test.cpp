@@ -109,6 +109,58 @@ TEST_P(BatchFixture, SequencesInOnePassMatchEachAlone) {
     EXPECT_EQ(batch.free_blocks(), all_blocks);
 }
 
+// A prompt sharing a cached prefix with a sequence that has left takes its blocks (and, on models with
+// short-conv layers, the conv states kept at a block's end) and gives the logits of a cold run; a
+// prompt that fills the pool then evicts the cached blocks.
+TEST_P(BatchFixture, PrefixHitsGiveTheColdLogits) {
+    auto model = load(GetParam());
+    const int64_t n_vocab = model->info().n_vocab;
+    std::mt19937 rng(8);
+    std::vector<int32_t> shared, tail;
+    for (int i = 0; i < 40; ++i) shared.push_back(int32_t(rng() % uint32_t(n_vocab)));
+    for (int i = 0; i < 10; ++i) tail.push_back(int32_t(rng() % uint32_t(n_vocab)));
+    std::vector<int32_t> prompt = shared;
+    prompt.insert(prompt.end(), tail.begin(), tail.end());
+    const std::vector<std::vector<float>> cold = alone(*model, {0, prompt, {7, 9}});
+
+    BatchStateOptions bo;
+    bo.max_seqs = 2;
+    bo.block_size = 8;
+    bo.kv_tokens = 96;
+    bo.max_step_tokens = 64;
+    BatchState batch(*model, bo);
+    std::vector<float> logits(static_cast<size_t>(n_vocab), 0.0f);
+    const int a = batch.add_sequence();
+    batch.step(std::vector<BatchState::Entry>{{a, shared, true}}, logits.data());  // ends at a block's end
+    const std::vector<int32_t> more = {3, 4, 5};
+    batch.step(std::vector<BatchState::Entry>{{a, more, true}}, logits.data());
+    batch.remove_sequence(a);
+    EXPECT_EQ(batch.free_blocks(), batch.total_blocks());  // its blocks are cached, and takeable
+
+    const int b = batch.add_sequence();
+    EXPECT_EQ(batch.attach_prefix(b, prompt), 40);
+    auto rest = std::span<const int32_t>(prompt).subspan(40);
+    batch.step(std::vector<BatchState::Entry>{{b, rest, true}}, logits.data());
+    EXPECT_EQ(logits, cold[0]);
+    for (size_t i = 0; i < 2; ++i) {
+        const int32_t id = i == 0 ? 7 : 9;
+        batch.step(std::vector<BatchState::Entry>{{b, {&id, 1}, true}}, logits.data());
+        EXPECT_EQ(logits, cold[i + 1]);
+    }
+    batch.remove_sequence(b);
+
+    // A 90-token prompt needs every block: the cached ones are evicted, and the shared prefix is gone.
+    std::vector<int32_t> big(90, 2);
+    const int c = batch.add_sequence();
+    batch.step(std::vector<BatchState::Entry>{{c, std::span<const int32_t>(big).first(64), false}}, logits.data());
+    batch.step(std::vector<BatchState::Entry>{{c, std::span<const int32_t>(big).subspan(64), false}}, logits.data());
+    batch.remove_sequence(c);
+    const int d = batch.add_sequence();
+    EXPECT_EQ(batch.attach_prefix(d, prompt), 0);
+    batch.remove_sequence(d);
+    EXPECT_EQ(batch.free_blocks(), batch.total_blocks());
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, BatchFixture, ::testing::ValuesIn(kModels));
 
 TEST(Batch, BadStepsChangeNothing) {

@@ -118,6 +118,32 @@ TEST_P(BatcherFixture, PreemptedSequencesResumeWithTheSameOutput) {
     EXPECT_GT(preemptions, 0);
 }
 
+// Requests sharing a 40-token system prompt: on attention-only models those after the first take its
+// cached blocks (cached_tokens), and a repeated request takes its own on every model (short-conv
+// models share up to where a step ended at a block's end); all give what each gives alone.
+TEST_P(BatcherFixture, SharedPromptsArePrefilledOnce) {
+    auto e = load(GetParam());
+    std::vector<Job> js = jobs(*e, 6);
+    std::mt19937 rng(12);
+    std::vector<int32_t> system;
+    for (int i = 0; i < 40; ++i) system.push_back(int32_t(rng() % uint32_t(e->info().n_vocab)));
+    for (Job& j : js) j.prompt.insert(j.prompt.begin(), system.begin(), system.end());
+    for (Job& j : js) j.prompt.resize(std::min<size_t>(j.prompt.size(), 70));
+    std::vector<std::vector<int32_t>> want(js.size());
+    for (size_t i = 0; i < js.size(); ++i) alone(e, js[i], want[i]);
+    auto batcher = Batcher::create(e, {.parallel = 3, .block_size = 8, .step_tokens = 64});
+    const bool conv = e->info().architecture.rfind("lfm2", 0) == 0;
+    js.insert(js.begin() + 1, js[0]);  // a repeat, before other requests' snapshots take the slots
+    want.insert(want.begin() + 1, want[0]);
+    for (size_t i = 0; i < js.size(); ++i) {  // one after another: each finds the blocks the first left
+        auto sink = std::make_shared<Collect>();
+        const GenerationResult r = batcher->submit(js[i].prompt, js[i].g, sink)->wait();
+        EXPECT_EQ(sink->ids, want[i]) << "request " << i;
+        if (i > 0 && (!conv || i == 1)) EXPECT_GE(r.cached_tokens, 32) << "request " << i;
+        EXPECT_EQ(r.cached_tokens + r.prompt_tokens, int32_t(js[i].prompt.size()));
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, BatcherFixture,
                          ::testing::Values("tiny-lfm2", "tiny-llama-random", "tiny-qwen3", "tiny-lfm2moe"));
 
