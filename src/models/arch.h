@@ -56,9 +56,15 @@ struct Step {
     std::span<LayerCache> cache;  // [n_layer]: the attention layers' K/V caches (pools when paged)
     // The sequences of the pass: segment i's tokens are rows [row0, row0 + n_tokens), its recurrent
     // (short-conv) states those of cache[il].conv. One segment when one sequence runs.
+    // A short-conv layer's state kept for prefix sharing: the state after the segment's first `end`
+    // rows goes to row `row` of the layer's cache[il].conv (a pool of states, a row each).
+    struct ConvSnapshot {
+        int64_t end = 0, row = 0;
+    };
     struct Segment {
         int64_t row0 = 0, n_tokens = 0;
         std::span<LayerCache> cache;  // [n_layer]
+        std::span<const ConvSnapshot> snapshots;  // increasing `end`
     };
     std::span<const Segment> segments;
     Tensor kv_rows;    // i32 [n_tokens]: the cache row that receives each token's K and V

@@ -25,12 +25,16 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
     max_blocks_ = n_blocks_;  // one sequence may hold the whole pool
     max_tokens_ = o.max_step_tokens;
     const GgmlType kv = model.options().kv_type;
+    snapshot_blocks_ = std::max(1, o.snapshot_blocks);
     pool_.resize(arch_.state.size());
-    for (size_t il = 0; il < pool_.size(); ++il)
-        if (const LayerStateSpec& sp = arch_.state[il]; sp.kv_width > 0) {
+    for (size_t il = 0; il < pool_.size(); ++il) {
+        const LayerStateSpec& sp = arch_.state[il];
+        if (sp.kv_width > 0) {
             pool_[il].k = be_.alloc(kv, {sp.kv_width, n_blocks_ * block_});
             pool_[il].v = be_.alloc(kv, {sp.kv_width, n_blocks_ * block_});
         }
+        if (sp.conv_channels > 0) pool_[il].conv = be_.alloc(GgmlType::kF32, {sp.conv_channels * sp.conv_rows, n_blocks_});
+    }
     seqs_.resize(size_t(o.max_seqs));
     for (Seq& s : seqs_) {
         s.conv.resize(arch_.state.size());
@@ -42,19 +46,11 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
     }
     for (int64_t b = n_blocks_ - 1; b >= 0; --b) free_.push_back(int32_t(b));
     ref_.assign(size_t(n_blocks_), 0);
+    snap_ok_.assign(size_t(n_blocks_), 0);
     hash_.assign(size_t(n_blocks_), 0);
     stamp_.assign(size_t(n_blocks_), 0);
     block_tokens_.assign(size_t(n_blocks_ * block_), 0);
     for (const LayerStateSpec& sp : arch_.state) recurrent_ |= sp.conv_channels > 0;
-    if (recurrent_) {
-        snaps_.resize(size_t(4 * o.max_seqs));
-        for (Snapshot& sn : snaps_) {
-            sn.conv.resize(arch_.state.size());
-            for (size_t il = 0; il < sn.conv.size(); ++il)
-                if (const LayerStateSpec& sp = arch_.state[il]; sp.conv_channels > 0)
-                    sn.conv[il] = be_.alloc(GgmlType::kF32, {sp.conv_channels, sp.conv_rows});
-        }
-    }
     table_.assign(size_t(o.max_seqs * max_blocks_), 0);
     table_t_ = be_.alloc(GgmlType::kI32, {max_blocks_, int64_t(o.max_seqs)});
     const ModelInfo& info = arch_.info;
@@ -84,11 +80,9 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
 
 BatchState::~BatchState() {
     std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
-    for (LayerCache& c : pool_) be_.free(c.k), be_.free(c.v);
+    for (LayerCache& c : pool_) be_.free(c.k), be_.free(c.v), be_.free(c.conv);
     for (Seq& s : seqs_)
         for (LayerCache& c : s.conv) be_.free(c.conv), be_.free(c.conv_prev);
-    for (Snapshot& sn : snaps_)
-        for (Tensor& t : sn.conv) be_.free(t);
     for (Tensor* t : {&table_t_, &seq_t_, &ids_, &pos_t_, &rows_t_, &x_, &h_, &y_, &q_, &k_, &v_, &attn_, &wide0_,
                       &wide1_, &router_, &moe_ids_, &moe_w_, &hidden_, &logits_})
         be_.free(*t);
@@ -130,6 +124,7 @@ int32_t BatchState::take_block() {
         hash_[size_t(b)] = 0;
     }
     ref_[size_t(b)] = 1;
+    snap_ok_[size_t(b)] = 0;
     stamp_[size_t(b)] = ++clock_;
     return b;
 }
@@ -166,16 +161,6 @@ void BatchState::share_full_blocks(Seq& s) {
             cached_[h] = b;
             std::copy(toks, toks + block_, block_tokens_.begin() + int64_t(b) * block_);
         }
-        if (recurrent_ && int64_t(i + 1) * block_ == s.position) {  // the states at this block's end
-            auto slot = std::min_element(snaps_.begin(), snaps_.end(), [](const Snapshot& a, const Snapshot& b) {
-                return a.stamp < b.stamp;
-            });
-            for (const Snapshot& sn : snaps_)
-                if (sn.hash == h) slot = snaps_.begin() + (&sn - snaps_.data());
-            slot->hash = h, slot->stamp = ++clock_;
-            for (size_t il = 0; il < s.conv.size(); ++il)
-                if (s.conv[il].conv) be_.copy(slot->conv[il], s.conv[il].conv);
-        }
     }
 }
 
@@ -187,7 +172,6 @@ int64_t BatchState::attach_prefix(int seq, std::span<const int32_t> prompt) {
     std::vector<int32_t> found;
     std::vector<uint64_t> hashes;
     size_t usable = 0;
-    const Snapshot* snap = nullptr;
     uint64_t h = 0;
     for (int64_t i = 0; i < max_blocks; ++i) {
         const int32_t* toks = prompt.data() + i * block_;
@@ -197,12 +181,7 @@ int64_t BatchState::attach_prefix(int seq, std::span<const int32_t> prompt) {
             !std::equal(toks, toks + block_, block_tokens_.begin() + int64_t(it->second) * block_))
             break;
         found.push_back(it->second), hashes.push_back(h);
-        if (!recurrent_) {
-            usable = found.size();
-        } else {
-            for (const Snapshot& sn : snaps_)
-                if (sn.hash == h) usable = found.size(), snap = &sn;
-        }
+        if (!recurrent_ || snap_ok_[size_t(it->second)]) usable = found.size();
     }
     if (usable == 0) return 0;
     std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
@@ -215,9 +194,9 @@ int64_t BatchState::attach_prefix(int seq, std::span<const int32_t> prompt) {
     s.hashes.assign(hashes.begin(), hashes.begin() + int64_t(usable));
     s.tokens.assign(prompt.begin(), prompt.begin() + int64_t(usable) * block_);
     s.position = int32_t(int64_t(usable) * block_);
-    if (snap)
+    if (recurrent_)  // the conv states at the prefix's end
         for (size_t il = 0; il < s.conv.size(); ++il)
-            if (s.conv[il].conv) be_.copy(s.conv[il].conv, snap->conv[il]);
+            if (s.conv[il].conv) be_.copy(s.conv[il].conv, pool_[il].conv.row_slice(s.blocks.back(), 1));
     return s.position;
 }
 
@@ -261,12 +240,22 @@ void BatchState::step(std::span<const Entry> entries, float* logits) {
     ids_host_.clear(), pos_host_.clear(), rows_host_.clear(), seq_host_.clear();
     std::vector<Step::Segment> segments;
     std::vector<int64_t> out_rows;
+    std::vector<Step::ConvSnapshot> snaps;
+    std::vector<size_t> snap_first;  // each entry's first snapshot in snaps
     for (const Entry& e : entries) {
         Seq& s = seqs_[size_t(e.seq)];
         for (int64_t b = blocks_needed(e.seq, int64_t(e.tokens.size())); b > 0; --b) s.blocks.push_back(take_block());
         s.tokens.insert(s.tokens.end(), e.tokens.begin(), e.tokens.end());
         std::copy(s.blocks.begin(), s.blocks.end(), table_.begin() + int64_t(e.seq) * max_blocks_);
-        segments.push_back({int64_t(ids_host_.size()), int64_t(e.tokens.size()), std::span<LayerCache>(s.conv)});
+        segments.push_back({int64_t(ids_host_.size()), int64_t(e.tokens.size()), std::span<LayerCache>(s.conv), {}});
+        // The ends of every snapshot_blocks-th block inside this entry's tokens keep their conv states.
+        snap_first.push_back(snaps.size());
+        const int64_t every = int64_t(block_) * snapshot_blocks_;
+        for (int64_t p = (s.position / every + 1) * every; recurrent_ && p <= s.position + int64_t(e.tokens.size()); p += every) {
+            const int32_t b = s.blocks[size_t(p / block_ - 1)];
+            snaps.push_back({p - s.position, b});
+            snap_ok_[size_t(b)] = 1;
+        }
         for (size_t i = 0; i < e.tokens.size(); ++i) {
             const int32_t p = s.position + int32_t(i);
             ids_host_.push_back(e.tokens[i]);
@@ -277,6 +266,9 @@ void BatchState::step(std::span<const Entry> entries, float* logits) {
         if (e.logits) out_rows.push_back(int64_t(ids_host_.size()) - 1);
         s.position += int32_t(e.tokens.size());
     }
+    snap_first.push_back(snaps.size());
+    for (size_t i = 0; i < segments.size(); ++i)
+        segments[i].snapshots = std::span<const Step::ConvSnapshot>(snaps).subspan(snap_first[i], snap_first[i + 1] - snap_first[i]);
     const size_t nb = size_t(n_tokens) * sizeof(int32_t);
     be_.write(ids_, ids_host_.data(), nb);
     be_.write(pos_t_, pos_host_.data(), nb);

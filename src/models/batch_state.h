@@ -7,9 +7,9 @@
 // Prefix sharing: a full block is known by a hash of its tokens and of everything before them. Blocks
 // stay in the pool after their sequence leaves, until the pool needs them (least recently used
 // first), and a new sequence whose prompt starts with such blocks takes them (reference-counted; a
-// full block is never written again) instead of evaluating those tokens. The short-conv layers'
-// states are kept (in a few slots, least recently used reused first) where a step ended exactly at a
-// block's end: on models with such layers, a shared prefix ends at one of those.
+// full block is never written again) instead of evaluating those tokens. On models with short-conv
+// layers, the conv states at the end of every snapshot_blocks-th block are kept beside the block, and a
+// shared prefix ends at one of those.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -28,6 +28,7 @@ struct BatchStateOptions {
     int64_t kv_tokens = 0;          // pool size in tokens (0: max_seqs times the model's default context)
     int block_size = 16;            // tokens a block (a power of two)
     int64_t max_step_tokens = 512;  // tokens of one step, all sequences together
+    int snapshot_blocks = 4;        // short-conv models: conv states kept at the end of every n-th block
 };
 
 class BatchState {
@@ -49,8 +50,6 @@ class BatchState {
     int64_t attach_prefix(int seq, std::span<const int32_t> prompt);
     int64_t total_blocks() const { return n_blocks_; }
     int block_size() const { return block_; }
-    // Whether the model has short-conv layers: prefixes are shared only where a step ended at a block's end.
-    bool recurrent() const { return recurrent_; }
     // Blocks a sequence at `position` needs to take n more tokens.
     int64_t blocks_needed(int seq, int64_t n) const;
 
@@ -73,30 +72,27 @@ class BatchState {
         std::vector<uint64_t> hashes;   // the prefix hash of each full block
         std::vector<LayerCache> conv;   // [n_layer]: the short-conv layers' states
     };
-    struct Snapshot {  // the conv states of a sequence at the end of block `hash`
-        uint64_t hash = 0, stamp = 0;
-        std::vector<Tensor> conv;  // [n_layer], empty for layers without a conv
-    };
     int32_t take_block();
     void release_block(int32_t b);
-    void share_full_blocks(Seq& s);  // after a step: hashes, cache entries, a conv snapshot
+    void share_full_blocks(Seq& s);  // after a step: the new full blocks' hashes and cache entries
 
     const Model& model_;
     Backend& be_;
     const Architecture& arch_;
     int block_ = 16;
     int64_t n_blocks_ = 0, max_blocks_ = 0, max_tokens_ = 0;
-    std::vector<LayerCache> pool_;  // [n_layer]: the attention layers' K/V pools
+    std::vector<LayerCache> pool_;  // [n_layer]: K/V pools; short-conv layers: their states at block ends
     std::vector<Seq> seqs_;
     std::vector<int32_t> free_;     // free pool blocks (no sequence, no cache entry)
     std::vector<int32_t> ref_;      // [n_blocks]: the sequences holding each block
+    std::vector<uint8_t> snap_ok_;  // [n_blocks]: the conv states at the block's end are in pool_[il].conv
     std::vector<uint64_t> hash_, stamp_;  // [n_blocks]: the cached prefix hash (0: none), last use
     std::vector<int32_t> block_tokens_;   // [n_blocks, block]: the tokens of each cached block
     std::set<std::pair<uint64_t, int32_t>> evictable_;  // (stamp, block): cached, held by no sequence
     std::unordered_map<uint64_t, int32_t> cached_;      // prefix hash -> block
     uint64_t clock_ = 0;
     bool recurrent_ = false;             // the model has short-conv layers
-    std::vector<Snapshot> snaps_;
+    int snapshot_blocks_ = 4;
     std::vector<int32_t> table_;    // [max_seqs, max_blocks] block tables (host copy)
     Tensor table_t_, seq_t_, ids_, pos_t_, rows_t_;
     Tensor x_, h_, y_, q_, k_, v_, attn_, wide0_, wide1_, router_, moe_ids_, moe_w_, hidden_, logits_;

@@ -274,14 +274,8 @@ class BatcherImpl final : public Batcher {
             });
             for (Req* r : order) {
                 const int64_t left = int64_t(r->tokens.size() - r->evaluated);
-                int64_t n = std::min(left, budget);
+                const int64_t n = std::min(left, budget);
                 if (n <= 0) continue;
-                if (state_->recurrent() && n > 1) {
-                    // A prompt chunk ends at a block's end where it spans one, so that the conv states
-                    // there are kept and the prefix can be shared (the rest goes in the next step).
-                    const int64_t end = int64_t(r->evaluated) + n, at = end / state_->block_size() * state_->block_size();
-                    if (at > int64_t(r->evaluated) && at < end) n = at - int64_t(r->evaluated);
-                }
                 budget -= n;
                 blocks += state_->blocks_needed(r->seq, n);
                 const bool last = n == left;

@@ -110,8 +110,8 @@ TEST_P(BatchFixture, SequencesInOnePassMatchEachAlone) {
 }
 
 // A prompt sharing a cached prefix with a sequence that has left takes its blocks (and, on models with
-// short-conv layers, the conv states kept at a block's end) and gives the logits of a cold run; a
-// prompt that fills the pool then evicts the cached blocks.
+// short-conv layers, the conv states kept at the block ends inside a step) and gives the logits of a
+// cold run; a prompt that fills the pool then evicts the cached blocks.
 TEST_P(BatchFixture, PrefixHitsGiveTheColdLogits) {
     auto model = load(GetParam());
     const int64_t n_vocab = model->info().n_vocab;
@@ -128,12 +128,14 @@ TEST_P(BatchFixture, PrefixHitsGiveTheColdLogits) {
     bo.block_size = 8;
     bo.kv_tokens = 96;
     bo.max_step_tokens = 64;
+    bo.snapshot_blocks = 1;
     BatchState batch(*model, bo);
     std::vector<float> logits(static_cast<size_t>(n_vocab), 0.0f);
     const int a = batch.add_sequence();
-    batch.step(std::vector<BatchState::Entry>{{a, shared, true}}, logits.data());  // ends at a block's end
     const std::vector<int32_t> more = {3, 4, 5};
-    batch.step(std::vector<BatchState::Entry>{{a, more, true}}, logits.data());
+    std::vector<int32_t> first = shared;  // 43 tokens in one step: conv states kept at 8, 16, .., 40
+    first.insert(first.end(), more.begin(), more.end());
+    batch.step(std::vector<BatchState::Entry>{{a, first, true}}, logits.data());
     batch.remove_sequence(a);
     EXPECT_EQ(batch.free_blocks(), batch.total_blocks());  // its blocks are cached, and takeable
 

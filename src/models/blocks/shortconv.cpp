@@ -17,8 +17,18 @@ void short_conv_block(const Step& s, const ShortConvWeights& w, size_t il, const
     s.be->matmul(w.in_proj, h, Tensor{}, bcx);
     for (const Step::Segment& g : s.segments) {  // each sequence over its own rolling state
         const LayerCache& c = g.cache[il];
-        s.be->short_conv(bcx.row_slice(g.row0, g.n_tokens), w.conv, c.conv, gated.row_slice(g.row0, g.n_tokens),
-                         c.conv_prev);
+        int64_t r0 = 0;  // the rows up to each snapshot, then the rest
+        auto run = [&](int64_t r1) {
+            if (r1 > r0)
+                s.be->short_conv(bcx.row_slice(g.row0 + r0, r1 - r0), w.conv, c.conv,
+                                 gated.row_slice(g.row0 + r0, r1 - r0), c.conv_prev);
+            r0 = r1;
+        };
+        for (const Step::ConvSnapshot& k : g.snapshots) {
+            run(k.end);
+            s.be->copy(s.cache[il].conv.row_slice(k.row, 1), c.conv);
+        }
+        run(g.n_tokens);
     }
     s.be->matmul(w.out_proj, gated, Tensor{}, y);
 }
