@@ -37,6 +37,8 @@ struct BatcherStats {
     int64_t tokens_evaluated = 0;  // prompt and generated tokens through the model
     int64_t preemptions = 0;
     int64_t kv_blocks_total = 0, kv_blocks_free = 0;
+    int32_t kv_block_tokens = 0;   // tokens a block
+    uint64_t kv_bytes = 0;         // the pool: K/V of every block (and short-conv states at block ends)
     int32_t running = 0, waiting = 0;
 };
 

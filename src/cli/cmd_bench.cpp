@@ -245,6 +245,11 @@ int run_bench(const std::vector<std::string>& args) {
             pp.samples.push_back(a), tg.samples.push_back(b);
         }
         tests.push_back(std::move(pp)), tests.push_back(std::move(tg));
+        const BatcherStats st = batcher->stats();
+        const double per_token = double(st.kv_bytes) / double(std::max<int64_t>(1, st.kv_blocks_total * st.kv_block_tokens));
+        std::fprintf(stderr, "cera bench: %d sequences: KV pool %.1f MiB, %lld blocks of %d tokens, %.1f KiB a token\n",
+                     n_seq, double(st.kv_bytes) / (1 << 20), (long long)st.kv_blocks_total, st.kv_block_tokens,
+                     per_token / 1024);
     }
     if (!parallel.empty()) n_prompt = n_gen = 0;  // the single-sequence tests are not run
     if (n_prompt > 0) {

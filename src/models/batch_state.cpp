@@ -88,6 +88,14 @@ BatchState::~BatchState() {
         be_.free(*t);
 }
 
+uint64_t BatchState::pool_bytes() const {
+    uint64_t n = 0;
+    for (const LayerCache& c : pool_)
+        for (const Tensor* t : {&c.k, &c.v, &c.conv})
+            if (*t) n += t->n_bytes();
+    return n;
+}
+
 int BatchState::add_sequence() {
     for (size_t i = 0; i < seqs_.size(); ++i) {
         Seq& s = seqs_[i];

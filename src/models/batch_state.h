@@ -50,6 +50,7 @@ class BatchState {
     int64_t attach_prefix(int seq, std::span<const int32_t> prompt);
     int64_t total_blocks() const { return n_blocks_; }
     int block_size() const { return block_; }
+    uint64_t pool_bytes() const;  // the K/V pools and kept conv states
     // Blocks a sequence at `position` needs to take n more tokens.
     int64_t blocks_needed(int seq, int64_t n) const;
 

@@ -339,6 +339,8 @@ class BatcherImpl final : public Batcher {
     void publish_stats() {
         std::lock_guard<std::mutex> lk(stats_mu_);
         stats_.kv_blocks_total = state_->total_blocks();
+        stats_.kv_block_tokens = state_->block_size();
+        stats_.kv_bytes = state_->pool_bytes();
         stats_.kv_blocks_free = state_->free_blocks();
         stats_.running = int32_t(running_.size());
         stats_.waiting = int32_t(waiting_.size());
