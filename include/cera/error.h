@@ -16,6 +16,7 @@ enum class ErrorCode {
     kParse,             // a template, grammar or JSON that does not parse
     kDevice,            // no such device, or the device failed
     kCancelled,         // the caller cancelled the operation
+    kOverCapacity,      // no room for the request now (a full queue); it may succeed later
 };
 
 // One-line name of an error code, e.g. "invalid file".

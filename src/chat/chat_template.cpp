@@ -5,6 +5,13 @@
 
 namespace cera {
 
+const char* const kChatMlTemplate =
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}";
+
+
 namespace {
 
 using jinja::Value;

@@ -10,6 +10,9 @@
 
 namespace cera {
 
+// ChatML (<|im_start|>role ... <|im_end|>): the template of models that carry none.
+extern const char* const kChatMlTemplate;
+
 namespace jinja {
 class Template;
 }

@@ -36,12 +36,6 @@ namespace cera::cli {
 namespace {
 
 // ChatML, for models without a template.
-constexpr const char* kChatMl =
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}";
-
 constexpr size_t kChatPrefixCacheBytes = size_t(256) << 20;  // the in-memory tier a chat keeps by default
 
 std::atomic<Session*> g_session{nullptr};  // set only while a reply is being generated
@@ -118,7 +112,7 @@ std::vector<ChatMessage> messages_from_json(const nlohmann::json& a) {
 struct Chat {
     std::shared_ptr<Engine> engine;
     std::unique_ptr<Session> session;
-    ChatTemplate tmpl{kChatMl};
+    ChatTemplate tmpl{kChatMlTemplate};
     ChatTemplateOptions topts;
     std::vector<ChatMessage> messages;  // the conversation so far (system message first, if any)
     std::string system;

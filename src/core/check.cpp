@@ -16,6 +16,7 @@ const char* error_code_name(ErrorCode code) {
         case ErrorCode::kParse: return "parse error";
         case ErrorCode::kDevice: return "device error";
         case ErrorCode::kCancelled: return "cancelled";
+        case ErrorCode::kOverCapacity: return "over capacity";
     }
     return "error";
 }

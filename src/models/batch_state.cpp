@@ -33,7 +33,10 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
             pool_[il].k = be_.alloc(kv, {sp.kv_width, n_blocks_ * block_});
             pool_[il].v = be_.alloc(kv, {sp.kv_width, n_blocks_ * block_});
         }
-        if (sp.conv_channels > 0) pool_[il].conv = be_.alloc(GgmlType::kF32, {sp.conv_channels * sp.conv_rows, n_blocks_});
+        // A sequence keeps states at every snapshot_blocks-th of its blocks: the sequences' blocks need
+        // n_blocks / snapshot_blocks rows at most, cached blocks give theirs up when rows run out.
+        if (sp.conv_channels > 0)
+            pool_[il].conv = be_.alloc(GgmlType::kF32, {sp.conv_channels * sp.conv_rows, n_blocks_ / snapshot_blocks_ + 1});
     }
     seqs_.resize(size_t(o.max_seqs));
     for (Seq& s : seqs_) {
@@ -46,7 +49,8 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
     }
     for (int64_t b = n_blocks_ - 1; b >= 0; --b) free_.push_back(int32_t(b));
     ref_.assign(size_t(n_blocks_), 0);
-    snap_ok_.assign(size_t(n_blocks_), 0);
+    snap_row_.assign(size_t(n_blocks_), -1);
+    for (int64_t r = n_blocks_ / snapshot_blocks_; r >= 0; --r) free_snap_rows_.push_back(int32_t(r));
     hash_.assign(size_t(n_blocks_), 0);
     stamp_.assign(size_t(n_blocks_), 0);
     block_tokens_.assign(size_t(n_blocks_ * block_), 0);
@@ -132,7 +136,7 @@ int32_t BatchState::take_block() {
         hash_[size_t(b)] = 0;
     }
     ref_[size_t(b)] = 1;
-    snap_ok_[size_t(b)] = 0;
+    if (snap_row_[size_t(b)] >= 0) free_snap_rows_.push_back(snap_row_[size_t(b)]), snap_row_[size_t(b)] = -1;
     stamp_[size_t(b)] = ++clock_;
     return b;
 }
@@ -189,7 +193,7 @@ int64_t BatchState::attach_prefix(int seq, std::span<const int32_t> prompt) {
             !std::equal(toks, toks + block_, block_tokens_.begin() + int64_t(it->second) * block_))
             break;
         found.push_back(it->second), hashes.push_back(h);
-        if (!recurrent_ || snap_ok_[size_t(it->second)]) usable = found.size();
+        if (!recurrent_ || snap_row_[size_t(it->second)] >= 0) usable = found.size();
     }
     if (usable == 0) return 0;
     std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
@@ -204,7 +208,7 @@ int64_t BatchState::attach_prefix(int seq, std::span<const int32_t> prompt) {
     s.position = int32_t(int64_t(usable) * block_);
     if (recurrent_)  // the conv states at the prefix's end
         for (size_t il = 0; il < s.conv.size(); ++il)
-            if (s.conv[il].conv) be_.copy(s.conv[il].conv, pool_[il].conv.row_slice(s.blocks.back(), 1));
+            if (s.conv[il].conv) be_.copy(s.conv[il].conv, pool_[il].conv.row_slice(snap_row_[size_t(s.blocks.back())], 1));
     return s.position;
 }
 
@@ -261,8 +265,16 @@ void BatchState::step(std::span<const Entry> entries, float* logits) {
         const int64_t every = int64_t(block_) * snapshot_blocks_;
         for (int64_t p = (s.position / every + 1) * every; recurrent_ && p <= s.position + int64_t(e.tokens.size()); p += every) {
             const int32_t b = s.blocks[size_t(p / block_ - 1)];
-            snaps.push_back({p - s.position, b});
-            snap_ok_[size_t(b)] = 1;
+            if (snap_row_[size_t(b)] < 0) {
+                // No free row: the least recently used cached block that no sequence holds gives up its
+                // states (one always has some: the held blocks' states take at most n_blocks / k rows).
+                for (auto it = evictable_.begin(); free_snap_rows_.empty() && it != evictable_.end(); ++it)
+                    if (int32_t& row = snap_row_[size_t(it->second)]; row >= 0) free_snap_rows_.push_back(row), row = -1;
+                CERA_CHECK(!free_snap_rows_.empty(), "batch: no conv state row for block %d", b);
+                snap_row_[size_t(b)] = free_snap_rows_.back();
+                free_snap_rows_.pop_back();
+            }
+            snaps.push_back({p - s.position, snap_row_[size_t(b)]});
         }
         for (size_t i = 0; i < e.tokens.size(); ++i) {
             const int32_t p = s.position + int32_t(i);

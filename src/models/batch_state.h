@@ -86,7 +86,9 @@ class BatchState {
     std::vector<Seq> seqs_;
     std::vector<int32_t> free_;     // free pool blocks (no sequence, no cache entry)
     std::vector<int32_t> ref_;      // [n_blocks]: the sequences holding each block
-    std::vector<uint8_t> snap_ok_;  // [n_blocks]: the conv states at the block's end are in pool_[il].conv
+    std::vector<int32_t> snap_row_;  // [n_blocks]: the row of pool_[il].conv holding the conv states at the
+                                     // block's end, or -1
+    std::vector<int32_t> free_snap_rows_;
     std::vector<uint64_t> hash_, stamp_;  // [n_blocks]: the cached prefix hash (0: none), last use
     std::vector<int32_t> block_tokens_;   // [n_blocks, block]: the tokens of each cached block
     std::set<std::pair<uint64_t, int32_t>> evictable_;  // (stamp, block): cached, held by no sequence

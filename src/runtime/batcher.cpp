@@ -164,7 +164,7 @@ class BatcherImpl final : public Batcher {
             std::lock_guard<std::mutex> lk(mu_);
             if (stop_) throw_error(ErrorCode::kCancelled, "submit: the batcher is stopping");
             if (int64_t(inbox_.size()) + waiting_count_.load() >= o_.max_queue)
-                throw_error(ErrorCode::kOutOfRange, "over capacity: %d requests are waiting", o_.max_queue);
+                throw_error(ErrorCode::kOverCapacity, "over capacity: %d requests are waiting", o_.max_queue);
             inbox_.push_back(r);
         }
         cv_.notify_all();

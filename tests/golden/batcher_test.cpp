@@ -193,7 +193,7 @@ TEST(Batcher, RefusesOverCapacityAndBadRequests) {
         try {
             reqs.push_back(batcher->submit(p, g));
         } catch (const Error& err) {
-            EXPECT_EQ(err.code(), ErrorCode::kOutOfRange);
+            EXPECT_EQ(err.code(), ErrorCode::kOverCapacity);
             EXPECT_NE(std::string(err.what()).find("over capacity"), std::string::npos) << err.what();
             refused = true;
         }

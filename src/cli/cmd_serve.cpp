@@ -1,0 +1,82 @@
+// `cera serve -m MODEL [--host H] [--port P] [--api-key KEY] [--alias NAME] [--chat-template FILE]
+//              [--max-seqs N] [--kv-size TOKENS] [engine flags]`: an OpenAI-compatible HTTP server on the
+// batched engine (server/server.h). SIGINT / SIGTERM stop it: running requests are cancelled, exit 0.
+#include <CLI/CLI.hpp>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "cera/error.h"
+#include "cli/command.h"
+#include "cli/engine_flags.h"
+#include "cli/model_path.h"
+#include "cli/parse_args.h"
+#include "server/server.h"
+
+namespace cera::cli {
+namespace {
+
+volatile std::sig_atomic_t g_stop = 0;
+void on_signal(int) { g_stop = 1; }
+
+int run_serve(const std::vector<std::string>& args) {
+    CLI::App app{"Serves the model over an OpenAI-compatible HTTP API (chat and text completions, streamed).",
+                 "cera serve"};
+    std::string model, template_file;
+    ServeOptions so;
+    EngineFlags ef;
+    int max_seqs = 8;
+    int64_t kv_size = 0;
+    app.add_option("-m,--model", model, "GGUF model (default: the bundled one)");
+    app.add_option("--host", so.host, "address to listen on")->capture_default_str();
+    app.add_option("--port", so.port, "port to listen on (0: any free one)")->capture_default_str();
+    app.add_option("--api-key", so.api_key, "require 'Authorization: Bearer KEY' (default: $CERA_API_KEY)");
+    app.add_option("--alias", so.alias, "the model's name in the API (default: the file name)");
+    app.add_option("--chat-template", template_file, "a Jinja chat template file replacing the model's");
+    app.add_option("--max-seqs", max_seqs, "sequences generated at once")->capture_default_str();
+    app.add_option("--kv-size", kv_size, "KV cache pool in tokens, all sequences together (0: max-seqs full contexts)")
+        ->capture_default_str();
+    ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch);
+    if (int rc = parse_args(app, args, "serve"); rc >= 0) return rc;
+    if (so.port < 0 || so.port > 65535) throw Error(ErrorCode::kInvalidArgument, "--port must be in 0..65535");
+    if (so.api_key.empty())
+        if (const char* k = std::getenv("CERA_API_KEY")) so.api_key = k;
+    if (!template_file.empty()) {
+        std::ifstream f(template_file);
+        if (!f) throw Error(ErrorCode::kIo, "cannot open chat template " + template_file);
+        std::stringstream ss;
+        ss << f.rdbuf();
+        so.chat_template = ss.str();
+    }
+    const EngineOptions eo = ef.options();
+    so.batch.parallel = max_seqs;
+    so.batch.kv_tokens = kv_size;
+    so.batch.step_tokens = eo.n_batch;
+    if (model.empty()) model = find_default_model();
+    auto engine = Engine::load(model, eo);
+    Server server(engine, so);
+    std::string why;
+    if (!server.bind(&why)) throw Error(ErrorCode::kIo, why);
+    std::fprintf(stderr, "cera serve: %s (%s) on %s, listening on http://%s:%d\n", model.c_str(),
+                 engine->info().weight_type.c_str(), engine->info().device.c_str(), so.host.c_str(), server.port());
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
+    std::thread watch([&] {
+        while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        server.stop();
+    });
+    server.run();
+    g_stop = 1;
+    watch.join();
+    std::fprintf(stderr, "cera serve: stopped\n");
+    return 0;
+}
+
+}  // namespace
+
+CERA_CLI_COMMAND(serve, "serve", "an OpenAI-compatible HTTP server (continuous batching)", run_serve);
+
+}  // namespace cera::cli

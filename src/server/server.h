@@ -1,0 +1,46 @@
+// The OpenAI-compatible HTTP server over a Batcher (`cera serve`): /v1/chat/completions and
+// /v1/completions (plain and streamed as server-sent events), /v1/models, /health, /tokenize and
+// /detokenize, errors in the OpenAI error shape.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cera/batcher.h"
+#include "cera/engine.h"
+#include "chat/chat_template.h"
+
+namespace cera {
+
+struct ServeOptions {
+    std::string host = "127.0.0.1";
+    int port = 8080;             // 0: a free port (Server::port() tells which)
+    std::string api_key;         // non-empty: every request needs "Authorization: Bearer <key>"
+    std::string alias;           // the model's id in /v1/models and in responses
+    std::string chat_template;   // Jinja source replacing the model's; empty: the model's, else ChatML
+    size_t max_body_bytes = size_t(4) << 20;
+    BatcherOptions batch;
+};
+
+// The conversation rendered with the template, ending with the assistant header, as token ids (BOS
+// added where the model wants one and the template did not write it).
+std::vector<int32_t> chat_prompt(const Engine& engine, const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages);
+
+class Server {
+   public:
+    Server(std::shared_ptr<Engine> engine, const ServeOptions& options);
+    ~Server();
+    // Binds the address; false (with the reason in `why`) when it cannot.
+    bool bind(std::string* why = nullptr);
+    // Serves on this thread until stop(); requests still running are cancelled.
+    void run();
+    void stop();
+    int port() const;
+
+   private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cera

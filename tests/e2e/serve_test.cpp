@@ -1,0 +1,200 @@
+// The HTTP server (server/server.h) on the bundled tiny LFM2 model, over real HTTP on a free port:
+// chat and text completions (plain and streamed) give what a Session gives for the same prompt and
+// options, concurrent requests what they give one at a time, and every refused request its status
+// and an OpenAI-shaped error body.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cera/engine.h"
+#include "cera/session.h"
+#include "server/server.h"
+#include "test_util.h"
+
+namespace cera {
+namespace {
+
+using json = nlohmann::json;
+
+std::shared_ptr<Engine> engine() {
+    static std::shared_ptr<Engine> e =
+        Engine::load(test::source_path("models/tiny-lfm2-Q8_0.gguf"), {.device = "cpu", .threads = 2, .n_ctx = 256});
+    return e;
+}
+
+// A server on a free port, serving on its own thread.
+struct Running {
+    explicit Running(ServeOptions o = {}) {
+        o.port = 0;
+        o.alias = "tiny";
+        o.batch.parallel = 4;
+        o.batch.block_size = 16;
+        server = std::make_unique<Server>(engine(), o);
+        EXPECT_TRUE(server->bind());
+        thread = std::thread([this] { server->run(); });
+        client = std::make_unique<httplib::Client>("127.0.0.1", server->port());
+        client->set_read_timeout(60, 0);
+        for (int i = 0; i < 100 && !client->Get("/health"); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ~Running() {
+        server->stop();
+        thread.join();
+    }
+    std::unique_ptr<Server> server;
+    std::thread thread;
+    std::unique_ptr<httplib::Client> client;
+};
+
+std::string session_text(const std::vector<int32_t>& prompt, int max_tokens) {
+    Session s(engine());
+    s.append_tokens(prompt);
+    GenerateOptions g;
+    g.sampling.temperature = 0.0f;
+    g.max_tokens = max_tokens;
+    NullSink sink;
+    return s.generate(g, sink).text;
+}
+
+const char* const kMessages = R"([{"role": "system", "content": "You are terse."},
+                                  {"role": "user", "content": [{"type": "text", "text": "Once upon"}, {"type": "text", "text": " a time"}]}])";
+
+TEST(Serve, ChatCompletionIsTheSessionsText) {
+    Running r;
+    auto res = r.client->Post("/v1/chat/completions",
+                              R"({"model": "tiny", "temperature": 0, "max_tokens": 12, "messages": )" + std::string(kMessages) + "}",
+                              "application/json");
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    const json j = json::parse(res->body);
+    EXPECT_EQ(j["object"], "chat.completion");
+    EXPECT_EQ(j["model"], "tiny");
+    const std::vector<ChatMessage> msgs = {{.role = "system", .content = "You are terse."},
+                                           {.role = "user", .content = "Once upon a time"}};
+    ChatTemplate tmpl(engine()->chat_template().empty() ? std::string(kChatMlTemplate) : engine()->chat_template());
+    const std::vector<int32_t> prompt = chat_prompt(*engine(), tmpl, msgs);
+    EXPECT_EQ(j["choices"][0]["message"]["content"], session_text(prompt, 12));
+    EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+    EXPECT_EQ(j["usage"]["prompt_tokens"], prompt.size());
+    EXPECT_EQ(j["usage"]["total_tokens"], j["usage"]["prompt_tokens"].get<int>() + j["usage"]["completion_tokens"].get<int>());
+    const std::string reason = j["choices"][0]["finish_reason"];
+    EXPECT_TRUE(reason == "length" || reason == "stop") << reason;
+}
+
+TEST(Serve, StreamedChunksAddUpToThePlainText) {
+    Running r;
+    const std::string body = R"({"temperature": 0, "max_tokens": 16, "messages": )" + std::string(kMessages);
+    auto plain = r.client->Post("/v1/chat/completions", body + "}", "application/json");
+    ASSERT_TRUE(plain && plain->status == 200);
+    auto res = r.client->Post("/v1/chat/completions", body + R"(, "stream": true, "stream_options": {"include_usage": true}})",
+                              "application/json");
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200);
+    std::string text, finish;
+    bool role = false, usage = false, done = false;
+    std::istringstream lines(res->body);
+    for (std::string line; std::getline(lines, line);) {
+        if (line.empty()) continue;
+        ASSERT_EQ(line.rfind("data: ", 0), 0u) << line;
+        const std::string data = line.substr(6);
+        if (data == "[DONE]") {
+            done = true;
+            continue;
+        }
+        const json c = json::parse(data);
+        EXPECT_EQ(c["object"], "chat.completion.chunk");
+        if (c["choices"].empty()) {
+            usage = c["usage"]["completion_tokens"].get<int>() > 0;
+            continue;
+        }
+        const json& d = c["choices"][0]["delta"];
+        if (d.contains("role")) role = true;
+        if (d.contains("content")) text += d["content"].get<std::string>();
+        if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
+    }
+    EXPECT_TRUE(role && usage && done);
+    EXPECT_EQ(text, json::parse(plain->body)["choices"][0]["message"]["content"]);
+    EXPECT_EQ(finish, json::parse(plain->body)["choices"][0]["finish_reason"]);
+}
+
+TEST(Serve, CompletionsAndConcurrentRequests) {
+    Running r;
+    std::vector<std::string> prompts;
+    for (int i = 0; i < 12; ++i) prompts.push_back("Story number " + std::to_string(i) + ": once");
+    std::vector<std::string> got(prompts.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < prompts.size(); ++i)
+        threads.emplace_back([&, i] {
+            httplib::Client c("127.0.0.1", r.server->port());
+            c.set_read_timeout(60, 0);
+            auto res = c.Post("/v1/completions", json{{"prompt", prompts[i]}, {"temperature", 0}, {"max_tokens", 10}}.dump(),
+                              "application/json");
+            if (res && res->status == 200) got[i] = json::parse(res->body)["choices"][0]["text"];
+        });
+    for (auto& t : threads) t.join();
+    for (size_t i = 0; i < prompts.size(); ++i)
+        EXPECT_EQ(got[i], session_text(engine()->tokenize(prompts[i], engine()->add_bos()), 10)) << "request " << i;
+    auto tok = r.client->Post("/tokenize", R"({"content": "Once upon a time"})", "application/json");
+    ASSERT_TRUE(tok && tok->status == 200);
+    auto detok = r.client->Post("/detokenize", json{{"tokens", json::parse(tok->body)["tokens"]}}.dump(), "application/json");
+    ASSERT_TRUE(detok && detok->status == 200);
+    EXPECT_EQ(json::parse(detok->body)["content"], "Once upon a time");
+    auto models = r.client->Get("/v1/models");
+    ASSERT_TRUE(models && models->status == 200);
+    EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "tiny");
+}
+
+TEST(Serve, RefusedRequestsGetTheirStatusAndAnErrorBody) {
+    ServeOptions o;
+    o.max_body_bytes = 4096;
+    Running r(o);
+    struct Case {
+        const char* path;
+        std::string body;
+        int status;
+        const char* param;
+    };
+    const std::vector<Case> cases = {
+        {"/v1/chat/completions", "{not json", 400, nullptr},
+        {"/v1/chat/completions", "[1, 2]", 400, nullptr},
+        {"/v1/chat/completions", R"({"messages": []})", 400, "messages"},
+        {"/v1/chat/completions", R"({"messages": [{"content": "hi"}]})", 400, "messages"},
+        {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": 5}]})", 400, "messages"},
+        {"/v1/chat/completions", R"({"temperature": "hot", "messages": [{"role": "user", "content": "hi"}]})", 400,
+         "temperature"},
+        {"/v1/chat/completions", R"({"n": 2, "messages": [{"role": "user", "content": "hi"}]})", 400, "n"},
+        {"/v1/chat/completions", R"({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]})", 404, "model"},
+        {"/v1/completions", R"({"prompt": 7})", 400, "prompt"},
+        {"/v1/completions", R"({"prompt": [1, -4]})", 400, "prompt"},
+        {"/v1/completions", json{{"prompt", std::vector<int>(300, 1)}}.dump(), 400, "messages"},
+        {"/v1/completions", R"({"prompt": "hi", "max_tokens": -3})", 400, "max_tokens"},
+        {"/v1/completions", std::string(5000, ' '), 413, nullptr},
+        {"/v1/nothing", "{}", 404, nullptr},
+    };
+    for (const Case& c : cases) {
+        auto res = r.client->Post(c.path, c.body, "application/json");
+        ASSERT_TRUE(res) << c.body.substr(0, 80);
+        EXPECT_EQ(res->status, c.status) << c.body.substr(0, 80) << " -> " << res->body;
+        const json e = json::parse(res->body, nullptr, false);
+        ASSERT_FALSE(e.is_discarded()) << res->body;
+        EXPECT_TRUE(e["error"]["message"].is_string()) << res->body;
+        if (c.param) EXPECT_EQ(e["error"]["param"], json(c.param)) << res->body;
+    }
+}
+
+TEST(Serve, ApiKey) {
+    ServeOptions o;
+    o.api_key = "sesame";
+    Running r(o);
+    EXPECT_EQ(r.client->Get("/health")->status, 200);
+    auto no = r.client->Get("/v1/models");
+    ASSERT_TRUE(no);
+    EXPECT_EQ(no->status, 401);
+    EXPECT_EQ(json::parse(no->body)["error"]["code"], "invalid_api_key");
+    EXPECT_EQ(r.client->Get("/v1/models", {{"Authorization", "Bearer wrong"}})->status, 401);
+    EXPECT_EQ(r.client->Get("/v1/models", {{"Authorization", "Bearer sesame"}})->status, 200);
+}
+
+}  // namespace
+}  // namespace cera
