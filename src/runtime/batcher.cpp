@@ -124,6 +124,9 @@ class BatcherImpl final : public Batcher {
    public:
     BatcherImpl(std::shared_ptr<Engine> engine, const BatcherOptions& o)
         : engine_(std::move(engine)), im_(engine_->impl()), o_(o), n_vocab_(im_.info.n_vocab) {
+        if (im_.info.on_gpu)
+            throw_error(ErrorCode::kUnsupported, "batched generation runs on the CPU only for now (%s)",
+                        im_.info.device.c_str());
         n_ctx_ = o.n_ctx > 0 ? o.n_ctx : im_.model->default_n_ctx();
         if (o.parallel < 1 || o.step_tokens < 1 || o.max_queue < 0 || o.kv_tokens < 0 || n_ctx_ < 2)
             throw_error(ErrorCode::kInvalidArgument, "batcher: parallel %d, step tokens %d, queue %d, pool %" PRId64,

@@ -140,6 +140,7 @@ struct Stream : Sink {
         cv.notify_all();
     }
     void on_token(int32_t) override {
+        std::lock_guard<std::mutex> lk(mu);
         if (first_token == Clock::time_point{}) first_token = Clock::now();
     }
     void on_done(const GenerationResult& r) override {
@@ -270,9 +271,12 @@ struct Server::Impl {
         };
         auto log = [this, n, t0, sink, prompt_n = prompt.size(), chat](const GenerationResult& g, int status) {
             const double total = std::chrono::duration<double>(Clock::now() - t0).count();
-            const double ttft = sink->first_token == Clock::time_point{}
-                                    ? 0.0
-                                    : std::chrono::duration<double>(sink->first_token - t0).count();
+            Clock::time_point first;
+            {
+                std::lock_guard<std::mutex> lk(sink->mu);
+                first = sink->first_token;
+            }
+            const double ttft = first == Clock::time_point{} ? 0.0 : std::chrono::duration<double>(first - t0).count();
             std::fprintf(stderr, "cera serve: request %llu %s %d: %zu tokens in, %d out, first token %.3f s, %.3f s, %s\n",
                          (unsigned long long)n, chat ? "chat" : "completion", status, prompt_n, g.generated_tokens, ttft,
                          total, finish_reason_name(g.finish));
