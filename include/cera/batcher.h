@@ -69,6 +69,7 @@ class Batcher {
     virtual std::shared_ptr<Request> submit(std::span<const int32_t> prompt, const GenerateOptions& options,
                                             std::shared_ptr<Sink> sink = nullptr) = 0;
     virtual BatcherStats stats() const = 0;
+    virtual int32_t n_ctx() const = 0;  // the longest sequence, prompt and generated tokens together
 };
 
 }  // namespace cera

@@ -31,6 +31,7 @@
 #include "cli/engine_flags.h"
 #include "cli/model_path.h"
 #include "cli/parse_args.h"
+#include "server/chat_prompt.h"
 
 namespace cera::cli {
 namespace {
@@ -113,20 +114,13 @@ struct Chat {
     std::shared_ptr<Engine> engine;
     std::unique_ptr<Session> session;
     ChatTemplate tmpl{kChatMlTemplate};
-    ChatTemplateOptions topts;
     std::vector<ChatMessage> messages;  // the conversation so far (system message first, if any)
     std::string system;
     GenerateOptions gen;
     bool verbose = false;
 
     // Renders the conversation, ending with the assistant header, as token ids.
-    std::vector<int32_t> render() const {
-        const std::string text = tmpl.render(messages, topts);
-        std::vector<int32_t> ids = engine->tokenize(text, false, true);
-        const int32_t bos = engine->bos_token();
-        if (engine->add_bos() && bos >= 0 && (ids.empty() || ids.front() != bos)) ids.insert(ids.begin(), bos);
-        return ids;
-    }
+    std::vector<int32_t> render() const { return chat_prompt(*engine, tmpl, messages); }
 
     void reset() {
         messages.clear();
@@ -273,9 +267,6 @@ int run_chat(const std::vector<std::string>& args) {
         std::fprintf(stderr, "cera chat: note: %s has no chat template; using ChatML\n", model.c_str());
     else
         chat.tmpl = ChatTemplate(source);
-    if (e.bos_token() >= 0) chat.topts.bos_token = e.token_text(e.bos_token());
-    if (e.eos_token() >= 0) chat.topts.eos_token = e.token_text(e.eos_token());
-    chat.topts.add_generation_prompt = true;
     chat.reset();
 
     const bool tty = isatty(STDIN_FILENO);

@@ -124,4 +124,16 @@ ArchFactory find_architecture(const std::string& arch);
 void load_common(LoadContext& ctx, Architecture& a, int64_t n_embd, int64_t n_layer, const std::string& norm_name,
                  float norm_eps);
 
+// The activation buffers of passes of up to `rows` tokens (Step's x .. moe_w), made on a backend.
+struct StepBuffers {
+    Tensor x, h, y, q, k, v, attn, wide0, wide1, router, moe_ids, moe_w;
+    void alloc(Backend& be, const Architecture& arch, int64_t rows);
+    void free(Backend& be);
+    // Points s's activations at the first n rows of these buffers.
+    void view(Step& s, int64_t n) const;
+};
+
+// logits = output · hidden / logit_scale:  hidden f32 [m, n_embd], logits f32 [m, n_vocab].
+void lm_head(Backend& be, const HeadWeights& head, const Tensor& hidden, const Tensor& logits);
+
 }  // namespace cera

@@ -58,27 +58,13 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
     table_.assign(size_t(o.max_seqs * max_blocks_), 0);
     table_t_ = be_.alloc(GgmlType::kI32, {max_blocks_, int64_t(o.max_seqs)});
     const ModelInfo& info = arch_.info;
-    const ScratchSpec& sc = arch_.scratch;
-    const int64_t nt = max_tokens_, n_embd = info.n_embd, ns = o.max_seqs;
+    const int64_t nt = max_tokens_, ns = o.max_seqs;
     seq_t_ = be_.alloc(GgmlType::kI32, {nt});
     ids_ = be_.alloc(GgmlType::kI32, {nt});
     pos_t_ = be_.alloc(GgmlType::kI32, {nt});
     rows_t_ = be_.alloc(GgmlType::kI32, {nt});
-    x_ = be_.alloc(GgmlType::kF32, {n_embd, nt});
-    h_ = be_.alloc(GgmlType::kF32, {n_embd, nt});
-    y_ = be_.alloc(GgmlType::kF32, {n_embd, nt});
-    q_ = be_.alloc(GgmlType::kF32, {std::max<int64_t>(sc.q_width, 1), nt});
-    k_ = be_.alloc(GgmlType::kF32, {std::max<int64_t>(sc.kv_width, 1), nt});
-    v_ = be_.alloc(GgmlType::kF32, {std::max<int64_t>(sc.kv_width, 1), nt});
-    attn_ = be_.alloc(GgmlType::kF32, {std::max(sc.q_width, n_embd), nt});
-    wide0_ = be_.alloc(GgmlType::kF32, {std::max<int64_t>(sc.wide, 1), nt});
-    wide1_ = be_.alloc(GgmlType::kF32, {std::max<int64_t>(sc.wide, 1), nt});
-    if (sc.n_expert > 0) {
-        router_ = be_.alloc(GgmlType::kF32, {sc.n_expert, nt});
-        moe_ids_ = be_.alloc(GgmlType::kI32, {sc.n_expert_used, nt});
-        moe_w_ = be_.alloc(GgmlType::kF32, {sc.n_expert_used, nt});
-    }
-    hidden_ = be_.alloc(GgmlType::kF32, {n_embd, ns});
+    act_.alloc(be_, arch_, nt);
+    hidden_ = be_.alloc(GgmlType::kF32, {info.n_embd, ns});
     logits_ = be_.alloc(GgmlType::kF32, {info.n_vocab, ns});
 }
 
@@ -87,9 +73,8 @@ BatchState::~BatchState() {
     for (LayerCache& c : pool_) be_.free(c.k), be_.free(c.v), be_.free(c.conv);
     for (Seq& s : seqs_)
         for (LayerCache& c : s.conv) be_.free(c.conv), be_.free(c.conv_prev);
-    for (Tensor* t : {&table_t_, &seq_t_, &ids_, &pos_t_, &rows_t_, &x_, &h_, &y_, &q_, &k_, &v_, &attn_, &wide0_,
-                      &wide1_, &router_, &moe_ids_, &moe_w_, &hidden_, &logits_})
-        be_.free(*t);
+    act_.free(be_);
+    for (Tensor* t : {&table_t_, &seq_t_, &ids_, &pos_t_, &rows_t_, &hidden_, &logits_}) be_.free(*t);
 }
 
 uint64_t BatchState::pool_bytes() const {
@@ -305,10 +290,7 @@ void BatchState::step(std::span<const Entry> entries, float* logits) {
     s.paging.seq = seq_t_.row_slice(0, 1).reshaped(n_tokens);
     s.paging.block_table = table_t_;
     s.paging.block_size = block_;
-    for (auto [t, b] : {std::pair{&s.x, &x_}, {&s.h, &h_}, {&s.y, &y_}, {&s.q, &q_}, {&s.k, &k_}, {&s.v, &v_},
-                        {&s.attn, &attn_}, {&s.wide0, &wide0_}, {&s.wide1, &wide1_}, {&s.router, &router_},
-                        {&s.moe_ids, &moe_ids_}, {&s.moe_w, &moe_w_}})
-        *t = *b ? b->row_slice(0, n_tokens) : Tensor{};
+    act_.view(s, n_tokens);
     s.cache = std::span<LayerCache>(pool_);
     s.segments = segments;
     s.out_rows = out_rows;
@@ -319,8 +301,7 @@ void BatchState::step(std::span<const Entry> entries, float* logits) {
     // keep_output_rows() moved the output rows to the front of s.x.
     const Tensor hid = hidden_.row_slice(0, n_out), lg = logits_.row_slice(0, n_out);
     be_.rms_norm(s.x.row_slice(0, n_out), arch_.head.output_norm, arch_.head.norm_eps, hid);
-    be_.matmul(arch_.head.output, hid, Tensor{}, lg);
-    if (arch_.head.logit_scale != 1.0f) be_.scale(lg, 1.0f / arch_.head.logit_scale);
+    lm_head(be_, arch_.head, hid, lg);
     be_.read(logits, lg, size_t(n_out * n_vocab) * sizeof(float));
 }
 

@@ -98,7 +98,8 @@ class BatchState {
     int snapshot_blocks_ = 4;
     std::vector<int32_t> table_;    // [max_seqs, max_blocks] block tables (host copy)
     Tensor table_t_, seq_t_, ids_, pos_t_, rows_t_;
-    Tensor x_, h_, y_, q_, k_, v_, attn_, wide0_, wide1_, router_, moe_ids_, moe_w_, hidden_, logits_;
+    StepBuffers act_;        // the activations of max_step_tokens tokens
+    Tensor hidden_, logits_;  // [max_seqs, n_embd], [max_seqs, n_vocab]
     std::vector<int32_t> ids_host_, pos_host_, rows_host_, seq_host_;
 };
 

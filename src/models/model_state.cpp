@@ -61,24 +61,10 @@ class SequenceState final : public ModelState {
                 cache_[il].conv_prev = be_.alloc(GgmlType::kF32, {sp.conv_channels, sp.conv_rows});
             }
         }
-        const ScratchSpec& sc = arch_.scratch;
         const int64_t nb = n_batch_, n_embd = info.n_embd;
         ids_ = be_.alloc(GgmlType::kI32, {nb});
         pos_t_ = be_.alloc(GgmlType::kI32, {nb});
-        x_ = be_.alloc(GgmlType::kF32, {n_embd, nb});
-        h_ = be_.alloc(GgmlType::kF32, {n_embd, nb});
-        y_ = be_.alloc(GgmlType::kF32, {n_embd, nb});
-        q_ = be_.alloc(GgmlType::kF32, {std::max<int64_t>(sc.q_width, 1), nb});
-        k_ = be_.alloc(GgmlType::kF32, {std::max<int64_t>(sc.kv_width, 1), nb});
-        v_ = be_.alloc(GgmlType::kF32, {std::max<int64_t>(sc.kv_width, 1), nb});
-        attn_ = be_.alloc(GgmlType::kF32, {std::max(sc.q_width, n_embd), nb});
-        wide0_ = be_.alloc(GgmlType::kF32, {std::max<int64_t>(sc.wide, 1), nb});
-        wide1_ = be_.alloc(GgmlType::kF32, {std::max<int64_t>(sc.wide, 1), nb});
-        if (sc.n_expert > 0) {
-            router_ = be_.alloc(GgmlType::kF32, {sc.n_expert, nb});
-            moe_ids_ = be_.alloc(GgmlType::kI32, {sc.n_expert_used, nb});
-            moe_w_ = be_.alloc(GgmlType::kF32, {sc.n_expert_used, nb});
-        }
+        act_.alloc(be_, arch_, nb);
         hidden_ = be_.alloc(GgmlType::kF32, {n_embd, nb});
         logits_ = be_.alloc(GgmlType::kF32, {info.n_vocab, std::max<int64_t>(2, std::min<int64_t>(kLogitRows, nb))});
         next_id_ = be_.alloc(GgmlType::kI32, {1});
@@ -93,9 +79,8 @@ class SequenceState final : public ModelState {
             be_.free(c.conv);
             be_.free(c.conv_prev);
         }
-        for (Tensor* t : {&ids_, &pos_t_, &x_, &h_, &y_, &q_, &k_, &v_, &attn_, &wide0_, &wide1_, &router_, &moe_ids_,
-                          &moe_w_, &hidden_, &logits_, &next_id_, &top_out_, &top_gather_})
-            be_.free(*t);
+        act_.free(be_);
+        for (Tensor* t : {&ids_, &pos_t_, &hidden_, &logits_, &next_id_, &top_out_, &top_gather_}) be_.free(*t);
     }
 
     EvalResult eval(const EvalRequest& rq) override {
@@ -414,20 +399,7 @@ class SequenceState final : public ModelState {
         s.n_tokens = nt;
         s.ids = ids_.row_slice(0, 1).reshaped(nt);
         s.pos = pos_t_.row_slice(0, 1).reshaped(nt);
-        s.x = x_.row_slice(0, nt);
-        s.h = h_.row_slice(0, nt);
-        s.y = y_.row_slice(0, nt);
-        s.q = q_.row_slice(0, nt);
-        s.k = k_.row_slice(0, nt);
-        s.v = v_.row_slice(0, nt);
-        s.attn = attn_.row_slice(0, nt);
-        s.wide0 = wide0_.row_slice(0, nt);
-        s.wide1 = wide1_.row_slice(0, nt);
-        if (router_) {
-            s.router = router_.row_slice(0, nt);
-            s.moe_ids = moe_ids_.row_slice(0, nt);
-            s.moe_w = moe_w_.row_slice(0, nt);
-        }
+        act_.view(s, nt);
         s.cache = std::span<LayerCache>(cache_);
         segment_ = {0, nt, s.cache};
         s.segments = std::span<const Step::Segment>(&segment_, 1);
@@ -437,9 +409,7 @@ class SequenceState final : public ModelState {
 
     // logits_[row..row+m) = output · hidden_[j..j+m) / logit_scale
     void lm_head(int64_t j, int64_t m, int64_t row = 0) {
-        const Tensor lg = logits_.row_slice(row, m);
-        be_.matmul(arch_.head.output, hidden_.row_slice(j, m), Tensor{}, lg);
-        if (arch_.head.logit_scale != 1.0f) be_.scale(lg, 1.0f / arch_.head.logit_scale);
+        cera::lm_head(be_, arch_.head, hidden_.row_slice(j, m), logits_.row_slice(row, m));
     }
 
     const Model& model_;
@@ -453,11 +423,7 @@ class SequenceState final : public ModelState {
     Tensor ids_, pos_t_;               // i32 [n_batch]
     Tensor top_out_, top_gather_;      // top(): i32 [1 + 2 m + n_gather], i32 [n_gather]
     std::vector<int32_t> top_host_;
-    Tensor x_, h_, y_;                 // f32 [n_batch, n_embd]
-    Tensor q_, attn_;                  // f32 [n_batch, max(n_head * head_dim, n_embd)]
-    Tensor k_, v_;                     // f32 [n_batch, n_head_kv * head_dim]
-    Tensor wide0_, wide1_;             // f32 [n_batch, wide]
-    Tensor router_, moe_ids_, moe_w_;  // [n_batch, n_expert], [n_batch, k], [n_batch, k]
+    StepBuffers act_;                  // the activations of n_batch tokens
     Tensor hidden_;                    // f32 [n_batch, n_embd] after the final norm
     Tensor logits_;                    // f32 [kLogitRows, n_vocab]
     Tensor next_id_;                   // i32 [1]: the greedy head's arg-max
@@ -474,6 +440,41 @@ class SequenceState final : public ModelState {
 };
 
 }  // namespace
+
+void StepBuffers::alloc(Backend& be, const Architecture& arch, int64_t rows) {
+    const ScratchSpec& sc = arch.scratch;
+    const int64_t n_embd = arch.info.n_embd;
+    x = be.alloc(GgmlType::kF32, {n_embd, rows});
+    h = be.alloc(GgmlType::kF32, {n_embd, rows});
+    y = be.alloc(GgmlType::kF32, {n_embd, rows});
+    q = be.alloc(GgmlType::kF32, {std::max<int64_t>(sc.q_width, 1), rows});
+    k = be.alloc(GgmlType::kF32, {std::max<int64_t>(sc.kv_width, 1), rows});
+    v = be.alloc(GgmlType::kF32, {std::max<int64_t>(sc.kv_width, 1), rows});
+    attn = be.alloc(GgmlType::kF32, {std::max(sc.q_width, n_embd), rows});
+    wide0 = be.alloc(GgmlType::kF32, {std::max<int64_t>(sc.wide, 1), rows});
+    wide1 = be.alloc(GgmlType::kF32, {std::max<int64_t>(sc.wide, 1), rows});
+    if (sc.n_expert > 0) {
+        router = be.alloc(GgmlType::kF32, {sc.n_expert, rows});
+        moe_ids = be.alloc(GgmlType::kI32, {sc.n_expert_used, rows});
+        moe_w = be.alloc(GgmlType::kF32, {sc.n_expert_used, rows});
+    }
+}
+
+void StepBuffers::free(Backend& be) {
+    for (Tensor* t : {&x, &h, &y, &q, &k, &v, &attn, &wide0, &wide1, &router, &moe_ids, &moe_w}) be.free(*t);
+}
+
+void StepBuffers::view(Step& s, int64_t n) const {
+    for (auto [to, from] : {std::pair{&s.x, &x}, {&s.h, &h}, {&s.y, &y}, {&s.q, &q}, {&s.k, &k}, {&s.v, &v},
+                            {&s.attn, &attn}, {&s.wide0, &wide0}, {&s.wide1, &wide1}, {&s.router, &router},
+                            {&s.moe_ids, &moe_ids}, {&s.moe_w, &moe_w}})
+        *to = first_rows(*from, n);
+}
+
+void lm_head(Backend& be, const HeadWeights& head, const Tensor& hidden, const Tensor& logits) {
+    be.matmul(head.output, hidden, Tensor{}, logits);
+    if (head.logit_scale != 1.0f) be.scale(logits, 1.0f / head.logit_scale);
+}
 
 bool Step::keep_output_rows() {
     if (!out_rows.empty()) {

@@ -69,12 +69,9 @@ class Req final : public Request {
         if (!e) {
             try {
                 if (why != FinishReason::kStop) {
-                    stopper.feed(detok.flush(), out);
-                    if (stopper.stopped()) {
+                    if (stopper.end(detok.flush(), out)) {
                         result.finish = FinishReason::kStop;
                         result.stop_string = stopper.matched();
-                    } else {
-                        stopper.finish(out);
                     }
                     emit();
                 }
@@ -173,6 +170,8 @@ class BatcherImpl final : public Batcher {
         cv_.notify_all();
         return r;
     }
+
+    int32_t n_ctx() const override { return n_ctx_; }
 
     BatcherStats stats() const override {
         std::lock_guard<std::mutex> lk(stats_mu_);

@@ -311,12 +311,9 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
         emit(out);
     }
     if (r.finish != FinishReason::kStop) {
-        stopper.feed(detok.flush(), out);
-        if (stopper.stopped()) {
+        if (stopper.end(detok.flush(), out)) {
             r.finish = FinishReason::kStop;
             r.stop_string = stopper.matched();
-        } else {
-            stopper.finish(out);
         }
         emit(out);
     }

@@ -20,6 +20,11 @@ class StopMatcher {
     bool feed(std::string_view text, std::string& out);
     // End of the stream: releases what is held back (unless a stop string matched).
     void finish(std::string& out);
+    // The last text (a detokenizer's flush), then the end: returns whether a stop string completed.
+    bool end(std::string_view tail, std::string& out) {
+        if (!feed(tail, out)) finish(out);
+        return stopped_;
+    }
 
     bool stopped() const { return stopped_; }
     const std::string& matched() const { return matched_; }  // the stop string that matched

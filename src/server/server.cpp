@@ -13,7 +13,6 @@
 
 #include "cera/error.h"
 #include "core/check.h"
-#include "runtime/engine_impl.h"
 
 namespace cera {
 
@@ -161,7 +160,6 @@ struct Server::Impl {
     httplib::Server http;
     int port = 0;
     std::atomic<uint64_t> next_id{1};
-    int32_t n_ctx = 0;
 
     std::string model_id() const { return o.alias; }
 
@@ -233,14 +231,12 @@ struct Server::Impl {
     std::shared_ptr<Request> submit(const std::vector<int32_t>& prompt, const GenerateOptions& g,
                                     std::shared_ptr<Sink> sink) {
         if (prompt.empty()) refuse("the prompt has no tokens", "prompt");
-        if (int64_t(prompt.size()) >= n_ctx)
-            refuse("the prompt has " + std::to_string(prompt.size()) + " tokens; the context holds " +
-                       std::to_string(n_ctx),
-                   "messages", 400, "invalid_request_error", "context_length_exceeded");
         try {
             return batcher->submit(prompt, g, std::move(sink));
         } catch (const Error& e) {
             if (e.code() == ErrorCode::kOverCapacity) refuse(e.what(), "", 429, "server_error", "over_capacity");
+            if (e.code() == ErrorCode::kOutOfRange)  // the prompt leaves no room in a sequence
+                refuse(e.what(), "messages", 400, "invalid_request_error", "context_length_exceeded");
             refuse(e.what());
         }
     }
@@ -252,7 +248,7 @@ struct Server::Impl {
         const std::vector<int32_t> prompt = chat ? chat_prompt(*engine, tmpl, messages(j)) : completion_prompt(j);
         if (!chat && (boolean(j, "echo", false) || field(j, "suffix")))
             refuse("'echo' and 'suffix' are not supported", boolean(j, "echo", false) ? "echo" : "suffix");
-        const GenerateOptions g = generation(j, n_ctx);
+        const GenerateOptions g = generation(j, batcher->n_ctx());
         const bool stream = boolean(j, "stream", false);
         bool usage_chunk = false;
         if (const json* so = field(j, "stream_options"); so && so->is_object()) usage_chunk = boolean(*so, "include_usage", false);
@@ -410,7 +406,6 @@ Server::Server(std::shared_ptr<Engine> engine, const ServeOptions& options) : im
     const std::string source = !options.chat_template.empty() ? options.chat_template : im.engine->chat_template();
     if (!source.empty()) im.tmpl = ChatTemplate(source);
     im.batcher = Batcher::create(im.engine, options.batch);
-    im.n_ctx = options.batch.n_ctx > 0 ? options.batch.n_ctx : int32_t(im.engine->impl().model->default_n_ctx());
     im.routes();
 }
 

@@ -9,7 +9,7 @@
 
 #include "cera/batcher.h"
 #include "cera/engine.h"
-#include "chat/chat_template.h"
+#include "server/chat_prompt.h"
 
 namespace cera {
 
@@ -22,10 +22,6 @@ struct ServeOptions {
     size_t max_body_bytes = size_t(4) << 20;
     BatcherOptions batch;
 };
-
-// The conversation rendered with the template, ending with the assistant header, as token ids (BOS
-// added where the model wants one and the template did not write it).
-std::vector<int32_t> chat_prompt(const Engine& engine, const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages);
 
 class Server {
    public:

@@ -22,6 +22,25 @@ void compact(Step& s) {
     std::erase_if(s.nodes, [](const Node& n) { return std::holds_alternative<std::monostate>(n); });
 }
 
+// Which of two neighbours a rule merged the other into (the other leaves the step).
+enum class Kept { kBoth, kFirst, kSecond };
+
+// A rule over each pair of neighbours of types A then B: merge(a, b, first) may fold one into the
+// other (or put another node in `first`, the first's slot) and says which stays.
+template <class A, class B, class F>
+void fuse_pairs(Step& s, const FusionRules& r, F merge) {
+    if (!r.fuse) return;
+    for (size_t i = 0; i + 1 < s.nodes.size(); ++i) {
+        A* a = at<A>(s, i);
+        B* b = at<B>(s, i + 1);
+        if (!a || !b) continue;
+        const Kept k = merge(*a, *b, s.nodes[i]);
+        if (k == Kept::kFirst) s.nodes[i + 1] = std::monostate{};
+        if (k == Kept::kSecond) s.nodes[i] = std::monostate{};
+    }
+    compact(s);
+}
+
 bool is_block(GgmlType t) { return quant_layout(t).block_elems > 0; }
 
 bool fuses_product(const FusionRules& r, GgmlType t, bool conv) {
@@ -151,58 +170,45 @@ void group_products(Step& s, const FusionRules& r) {
 }
 
 void fuse_glu(Step& s, const FusionRules& r) {
-    if (!r.fuse) return;
-    for (size_t i = 0; i + 1 < s.nodes.size(); ++i) {
-        GemvNode* p = at<GemvNode>(s, i);
-        SwigluNode* sw = at<SwigluNode>(s, i + 1);
-        if (!p || !sw || p->n != 2) continue;
-        const bool first_is_gate = p->a[0].y == sw->gate;
-        const GemvArgs& g = p->a[first_is_gate ? 0 : 1];
-        const GemvArgs& u = p->a[first_is_gate ? 1 : 0];
-        if (g.y != sw->gate || u.y != sw->up || g.rows * g.n_y != sw->n || u.rows != g.rows || g.ldy != g.rows ||
+    fuse_pairs<GemvNode, SwigluNode>(s, r, [&](GemvNode& p, SwigluNode& sw, Node& first) {
+        if (p.n != 2) return Kept::kBoth;
+        const bool first_is_gate = p.a[0].y == sw.gate;
+        const GemvArgs& g = p.a[first_is_gate ? 0 : 1];
+        const GemvArgs& u = p.a[first_is_gate ? 1 : 0];
+        if (g.y != sw.gate || u.y != sw.up || g.rows * g.n_y != sw.n || u.rows != g.rows || g.ldy != g.rows ||
             u.ldy != u.rows || g.res_out || u.res_out || g.w.type != u.w.type || !r.caps.glu(g.w.type, g.rows))
-            continue;
-        GluNode glu{g, u, sw->out, nullptr};
+            return Kept::kBoth;
+        GluNode glu{g, u, sw.out, nullptr};
         glu.g.glu_stage = r.glu_stage, glu.g.glu_wide = r.glu_wide, glu.g.pro_xreg = r.pro_xreg;
-        s.nodes[i] = glu;
-        s.nodes[i + 1] = std::monostate{};
-    }
-    compact(s);
+        first = glu;
+        return Kept::kFirst;
+    });
 }
 
 void fuse_residual(Step& s, const FusionRules& r) {
-    if (!r.fuse) return;
-    for (size_t i = 0; i + 1 < s.nodes.size(); ++i) {
-        GemvNode* p = at<GemvNode>(s, i);
-        AddNode* ad = at<AddNode>(s, i + 1);
-        if (!p || !ad || p->n != 1) continue;
-        GemvArgs& m = p->a[0];
-        const size_t bytes = floats(ad->n);
-        if (m.y != ad->b || m.res_out || m.ldy != m.rows || m.rows * m.n_y != ad->n ||
-            overlaps(ad->out, bytes, m.x, floats(m.n_y * m.ldx)) || overlaps(ad->out, bytes, ad->b, bytes) ||
-            overlaps(ad->a, bytes, ad->b, bytes))
-            continue;
-        m.res_a = ad->a, m.res_out = ad->out, m.res_scale = ad->scale;
-        s.nodes[i + 1] = std::monostate{};
-    }
-    compact(s);
+    fuse_pairs<GemvNode, AddNode>(s, r, [](GemvNode& p, AddNode& ad, Node&) {
+        GemvArgs& m = p.a[0];
+        const size_t bytes = floats(ad.n);
+        if (p.n != 1 || m.y != ad.b || m.res_out || m.ldy != m.rows || m.rows * m.n_y != ad.n ||
+            overlaps(ad.out, bytes, m.x, floats(m.n_y * m.ldx)) || overlaps(ad.out, bytes, ad.b, bytes) ||
+            overlaps(ad.a, bytes, ad.b, bytes))
+            return Kept::kBoth;
+        m.res_a = ad.a, m.res_out = ad.out, m.res_scale = ad.scale;
+        return Kept::kFirst;
+    });
 }
 
 void fuse_norm(Step& s, const FusionRules& r) {
-    if (!r.fuse) return;
-    for (size_t i = 0; i + 1 < s.nodes.size(); ++i) {
-        GemvNode* p = at<GemvNode>(s, i);
-        NormNode* nm = at<NormNode>(s, i + 1);
-        if (!p || !nm || p->n != 1) continue;
-        GemvArgs& m = p->a[0];
-        if (!m.res_out || nm->x != m.res_out || nm->rows != m.n_y || nm->k != m.rows || !nm->w_f32) continue;
+    fuse_pairs<GemvNode, NormNode>(s, r, [&](GemvNode& p, NormNode& nm, Node&) {
+        GemvArgs& m = p.a[0];
+        if (p.n != 1 || !m.res_out || nm.x != m.res_out || nm.rows != m.n_y || nm.k != m.rows || !nm.w_f32)
+            return Kept::kBoth;
         GemvArgs f = m;
-        f.norm_w = nm->w, f.norm_eps = nm->eps, f.norm_out = nm->out, f.norm_xq = nullptr, f.norm_ctr = r.norm_ctr;
-        if (!r.caps.norm_epilogue(f)) continue;
+        f.norm_w = nm.w, f.norm_eps = nm.eps, f.norm_out = nm.out, f.norm_xq = nullptr, f.norm_ctr = r.norm_ctr;
+        if (!r.caps.norm_epilogue(f)) return Kept::kBoth;
         m = f;
-        s.nodes[i + 1] = std::monostate{};
-    }
-    compact(s);
+        return Kept::kFirst;
+    });
 }
 
 void fuse_qkv_rope(Step& s, const FusionRules& r) {
@@ -246,29 +252,21 @@ void fuse_qkv_rope(Step& s, const FusionRules& r) {
 }
 
 void fuse_conv(Step& s, const FusionRules& r) {
-    if (!r.fuse) return;
-    for (size_t i = 0; i + 1 < s.nodes.size(); ++i) {
-        GemvNode* p = at<GemvNode>(s, i);
-        ConvNode* c = at<ConvNode>(s, i + 1);
-        if (!p || !c || p->n != 1 || c->product || p->a[0].y != c->bcx || c->n_tokens != 1 ||
-            !fuses_product(r, p->a[0].w.type, true) || !r.caps.conv(p->a[0], c->taps))
-            continue;
-        c->in = p->a[0], c->product = true;
-        s.nodes[i] = std::monostate{};
-    }
-    compact(s);
+    fuse_pairs<GemvNode, ConvNode>(s, r, [&](GemvNode& p, ConvNode& c, Node&) {
+        if (p.n != 1 || c.product || p.a[0].y != c.bcx || c.n_tokens != 1 || !fuses_product(r, p.a[0].w.type, true) ||
+            !r.caps.conv(p.a[0], c.taps))
+            return Kept::kBoth;
+        c.in = p.a[0], c.product = true;
+        return Kept::kSecond;
+    });
 }
 
 void fuse_pick(Step& s, const FusionRules& r) {
-    if (!r.fuse) return;
-    for (size_t i = 0; i + 1 < s.nodes.size(); ++i) {
-        GemvNode* p = at<GemvNode>(s, i);
-        PickNode* k = at<PickNode>(s, i + 1);
-        if (!p || !k || p->n != 1 || p->a[0].y != k->x || p->a[0].rows != k->n || p->a[0].res_out) continue;
-        k->head = p->a[0], k->product = true;
-        s.nodes[i] = std::monostate{};
-    }
-    compact(s);
+    fuse_pairs<GemvNode, PickNode>(s, r, [](GemvNode& p, PickNode& k, Node&) {
+        if (p.n != 1 || p.a[0].y != k.x || p.a[0].rows != k.n || p.a[0].res_out) return Kept::kBoth;
+        k.head = p.a[0], k.product = true;
+        return Kept::kSecond;
+    });
 }
 
 void norm_prologues(Step& s, const FusionRules& r) {

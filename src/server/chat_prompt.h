@@ -1,0 +1,16 @@
+// A conversation as the prompt of a chat reply: `cera chat` and the server's chat completions.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "cera/engine.h"
+#include "chat/chat_template.h"
+
+namespace cera {
+
+// The conversation rendered with the template (the model's BOS and EOS texts as bos_token and
+// eos_token), ending with the assistant header, as token ids; BOS added where the model wants one
+// and the template did not write it.
+std::vector<int32_t> chat_prompt(const Engine& engine, const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages);
+
+}  // namespace cera
