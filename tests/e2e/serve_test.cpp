@@ -70,8 +70,9 @@ TEST(Serve, ChatCompletionIsTheSessionsText) {
     const json j = json::parse(res->body);
     EXPECT_EQ(j["object"], "chat.completion");
     EXPECT_EQ(j["model"], "tiny");
-    const std::vector<ChatMessage> msgs = {{.role = "system", .content = "You are terse."},
-                                           {.role = "user", .content = "Once upon a time"}};
+    std::vector<ChatMessage> msgs(2);
+    msgs[0].role = "system", msgs[0].content = "You are terse.";
+    msgs[1].role = "user", msgs[1].content = "Once upon a time";
     ChatTemplate tmpl(engine()->chat_template().empty() ? std::string(kChatMlTemplate) : engine()->chat_template());
     const std::vector<int32_t> prompt = chat_prompt(*engine(), tmpl, msgs);
     EXPECT_EQ(j["choices"][0]["message"]["content"], session_text(prompt, 12));
@@ -179,7 +180,9 @@ TEST(Serve, RefusedRequestsGetTheirStatusAndAnErrorBody) {
         const json e = json::parse(res->body, nullptr, false);
         ASSERT_FALSE(e.is_discarded()) << res->body;
         EXPECT_TRUE(e["error"]["message"].is_string()) << res->body;
-        if (c.param) EXPECT_EQ(e["error"]["param"], json(c.param)) << res->body;
+        if (c.param) {
+            EXPECT_EQ(e["error"]["param"], json(c.param)) << res->body;
+        }
     }
 }
 
