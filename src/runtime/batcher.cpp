@@ -316,9 +316,18 @@ class BatcherImpl final : public Batcher {
             ++r.result.decode_steps;
         }
         const int32_t t = r.sampler.sample(row);
+        SampledLogprobs lp;
+        if (r.opts.logprobs >= 0) {
+            lp.top.resize(size_t(std::min(r.opts.logprobs, n_vocab_)));
+            lp.token = {t, r.sampler.log_probs(row, t, int32_t(lp.top.size()), lp.top.data())};
+        }
         r.sampler.accept(t);
         ++r.result.generated_tokens;
         if (r.sink) r.sink->on_token(t);
+        if (r.opts.logprobs >= 0) {
+            if (r.sink) r.sink->on_logprobs(lp);
+            r.result.logprobs.push_back(std::move(lp));
+        }
         if (!r.opts.ignore_eos && im_.tokenizer->is_eog(t)) return leave(r, FinishReason::kEos);
         r.tokens.push_back(t);
         if (r.stopper.feed(r.detok.push(t), r.out)) {
