@@ -173,7 +173,10 @@ float Sampler::log_probs(const float* logits, int32_t token, int32_t n_top, Toke
         for (int32_t i = 0; i < n_vocab_; ++i) z += std::exp(double(c[i].logit) - double(max_l));
     // Every logit -inf (or +inf): no distribution to speak of; each id reads as -inf but the best.
     const double lse = std::isfinite(max_l) ? double(max_l) + std::log(z) : double(max_l);
-    auto lp = [&](float l) { return std::isfinite(max_l) ? float(double(l) - lse) : (l == max_l ? 0.0f : -std::numeric_limits<float>::infinity()); };
+    auto lp = [&](float l) {
+        return std::isfinite(max_l) ? float(double(l) - lse)
+                                    : (l == max_l ? 0.0f : -std::numeric_limits<float>::infinity());
+    };
     const float chosen = token >= 0 && token < n_vocab_ ? lp(c[token].logit) : -std::numeric_limits<float>::infinity();
     n_top = std::clamp(n_top, 0, n_vocab_);
     if (n_top > 0) {

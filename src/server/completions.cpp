@@ -19,8 +19,10 @@ using json = nlohmann::json;
 const char* finish_name(FinishReason f) {
     switch (f) {
         case FinishReason::kLength:
-        case FinishReason::kContextFull: return "length";
-        default: return "stop";
+        case FinishReason::kContextFull:
+            return "length";
+        default:
+            return "stop";
     }
 }
 
@@ -159,9 +161,12 @@ std::vector<SampledLogprobs> without_eog(const Engine& engine, const std::vector
 void Server::Impl::complete(const httplib::Request& req, httplib::Response& res, bool chat, Exchange& x) {
     const CompletionRequest cr = parse_completion(req.body, chat, limits);
     std::vector<int32_t> prompt;
-    if (chat) prompt = chat_prompt(*engine, tmpl, cr.messages);
-    else if (cr.prompt.is_ids) prompt = cr.prompt.ids;
-    else prompt = engine->tokenize(cr.prompt.text, engine->add_bos(), true);
+    if (chat)
+        prompt = chat_prompt(*engine, tmpl, cr.messages);
+    else if (cr.prompt.is_ids)
+        prompt = cr.prompt.ids;
+    else
+        prompt = engine->tokenize(cr.prompt.text, engine->add_bos(), true);
 
     auto ch = std::make_shared<Channel>(x.t0);
     std::vector<std::shared_ptr<Request>> reqs;
@@ -205,7 +210,10 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
     };
     auto outcome = [](const std::vector<GenerationResult>& results) {
         std::string s;
-        for (const GenerationResult& g : results) s += (s.empty() ? "" : ",") + std::string(finish_reason_name(g.finish));
+        for (const GenerationResult& g : results) {
+            if (!s.empty()) s += ',';
+            s += finish_reason_name(g.finish);
+        }
         return s;
     };
     x.deferred = true;
@@ -223,15 +231,22 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
         for (size_t i = 0; i < results.size(); ++i) {
             const GenerationResult& g = results[i];
             json c = {{"index", i}, {"finish_reason", finish_name(g.finish)}, {"logprobs", nullptr}};
-            if (chat) c["message"] = {{"role", "assistant"}, {"content", g.text}, {"refusal", nullptr}};
-            else c["text"] = g.text;
+            if (chat)
+                c["message"] = {{"role", "assistant"}, {"content", g.text}, {"refusal", nullptr}};
+            else
+                c["text"] = g.text;
             size_t offset = 0;
             if (want_logprobs) c["logprobs"] = logprobs(without_eog(*engine, g.logprobs), &offset);
             choices.push_back(std::move(c));
         }
         const json usage = account(results, x, 200, outcome(results));
-        send_json(res, 200, {{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
-                             {"model", o.alias}, {"choices", std::move(choices)}, {"usage", usage}});
+        send_json(res, 200,
+                  {{"id", id},
+                   {"object", chat ? "chat.completion" : "text_completion"},
+                   {"created", created},
+                   {"model", o.alias},
+                   {"choices", std::move(choices)},
+                   {"usage", usage}});
         return;
     }
 
@@ -240,10 +255,16 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
     const std::string object = chat ? "chat.completion.chunk" : "text_completion";
     auto chunk = [=, this](int index, const json& delta_or_text, const json& finish, const json& lp) {
         json c = {{"index", index}, {"finish_reason", finish}, {"logprobs", lp}};
-        if (chat) c["delta"] = delta_or_text;
-        else c["text"] = delta_or_text;
+        if (chat)
+            c["delta"] = delta_or_text;
+        else
+            c["text"] = delta_or_text;
         return "data: " +
-               json{{"id", id}, {"object", object}, {"created", created}, {"model", o.alias}, {"choices", json::array({c})}}
+               json{{"id", id},
+                    {"object", object},
+                    {"created", created},
+                    {"model", o.alias},
+                    {"choices", json::array({c})}}
                    .dump() +
                "\n\n";
     };
@@ -268,7 +289,8 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
                 p->started = true;
                 if (chat)
                     for (size_t i = 0; i < reqs.size(); ++i)
-                        if (!write(chunk(int(i), {{"role", "assistant"}, {"content", ""}}, nullptr, nullptr))) return false;
+                        if (!write(chunk(int(i), {{"role", "assistant"}, {"content", ""}}, nullptr, nullptr)))
+                            return false;
             }
             std::unique_lock<std::mutex> lk(ch->mu);
             ch->cv.wait_for(lk, std::chrono::milliseconds(100), [&] { return !ch->events.empty(); });
@@ -276,8 +298,9 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
                 Channel::Event e = std::move(ch->events.front());
                 ch->events.pop_front();
                 lk.unlock();
-                const json lp = want_logprobs && !e.logprobs.empty() ? logprobs(e.logprobs, &p->offsets[size_t(e.index)])
-                                                                     : json(nullptr);
+                const json lp = want_logprobs && !e.logprobs.empty()
+                                    ? logprobs(e.logprobs, &p->offsets[size_t(e.index)])
+                                    : json(nullptr);
                 if ((!e.text.empty() || !lp.is_null()) &&
                     !write(chunk(e.index, chat ? json{{"content", e.text}} : json(e.text), nullptr, lp)))
                     return false;
@@ -313,8 +336,12 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
             }
             const json usage = account(p->results, xs, 200, outcome(p->results));
             bool ok = !usage_chunk || write("data: " +
-                                            json{{"id", id}, {"object", object}, {"created", created}, {"model", o.alias},
-                                                 {"choices", json::array()}, {"usage", usage}}
+                                            json{{"id", id},
+                                                 {"object", object},
+                                                 {"created", created},
+                                                 {"model", o.alias},
+                                                 {"choices", json::array()},
+                                                 {"usage", usage}}
                                                 .dump() +
                                             "\n\n");
             if (ok) ok = write("data: [DONE]\n\n");

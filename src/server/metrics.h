@@ -14,14 +14,14 @@ namespace cera {
 
 // A cumulative histogram of durations in seconds over fixed bucket bounds.
 class Histogram {
-   public:
-    static constexpr std::array<double, 14> kBounds = {0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25,
+ public:
+    static constexpr std::array<double, 14> kBounds = {0.005, 0.01, 0.025, 0.05, 0.075, 0.1,  0.25,
                                                        0.5,   0.75, 1.0,   2.5,  5.0,   10.0, 30.0};
     void observe(double seconds);
     // `name`_bucket{le=...}, `name`_sum and `name`_count lines.
     std::string render(const std::string& name) const;
 
-   private:
+ private:
     mutable std::mutex mu_;
     std::array<uint64_t, kBounds.size()> buckets_{};  // observations <= kBounds[i] (not cumulative)
     uint64_t count_ = 0;
@@ -29,7 +29,7 @@ class Histogram {
 };
 
 class Metrics {
-   public:
+ public:
     // A finished request: its endpoint ("chat", "completion", "embedding", ...) and HTTP status (499: the
     // client went away mid-stream).
     void request(const std::string& endpoint, int status);
@@ -40,7 +40,7 @@ class Metrics {
     // The whole exposition: these counters and histograms and the batcher's state.
     std::string render(const BatcherStats& stats) const;
 
-   private:
+ private:
     mutable std::mutex mu_;
     std::map<std::pair<std::string, int>, uint64_t> requests_;
     int64_t prompt_tokens_ = 0, cached_tokens_ = 0, generated_tokens_ = 0;

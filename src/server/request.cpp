@@ -29,7 +29,8 @@ double number(const json& j, const char* key, double def, double lo, double hi) 
     if (!v) return def;
     if (!v->is_number()) refuse(quoted(key) + " must be a number", key);
     const double x = v->get<double>();
-    if (!(x >= lo && x <= hi)) refuse(quoted(key) + " must be between " + json(lo).dump() + " and " + json(hi).dump(), key);
+    if (!(x >= lo && x <= hi))
+        refuse(quoted(key) + " must be between " + json(lo).dump() + " and " + json(hi).dump(), key);
     return x;
 }
 int64_t integer(const json& j, const char* key, int64_t def, int64_t lo, int64_t hi) {
@@ -40,7 +41,8 @@ int64_t integer(const json& j, const char* key, int64_t def, int64_t lo, int64_t
     if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX))
         refuse(quoted(key) + " must be between " + std::to_string(lo) + " and " + std::to_string(hi), key);
     const int64_t x = v->get<int64_t>();
-    if (x < lo || x > hi) refuse(quoted(key) + " must be between " + std::to_string(lo) + " and " + std::to_string(hi), key);
+    if (x < lo || x > hi)
+        refuse(quoted(key) + " must be between " + std::to_string(lo) + " and " + std::to_string(hi), key);
     return x;
 }
 bool boolean(const json& j, const char* key, bool def) {
@@ -247,9 +249,12 @@ EmbeddingRequest parse_embedding(std::string_view body, const RequestLimits& lim
     } else if (in->is_array() && !in->empty()) {
         if (in->size() > 2048) refuse("'input' holds at most 2048 items", "input");
         for (const json& x : *in) {
-            if (x.is_string()) text(x);
-            else if (is_id_list(x)) ids(x);
-            else refuse("'input' must be a string, a list of strings, or token ids", "input");
+            if (x.is_string())
+                text(x);
+            else if (is_id_list(x))
+                ids(x);
+            else
+                refuse("'input' must be a string, a list of strings, or token ids", "input");
         }
     } else {
         refuse("'input' must be a non-empty string, a list of strings, or token ids", "input");

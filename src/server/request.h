@@ -52,8 +52,8 @@ struct CompletionRequest {
     bool seeded = false;                // the client gave a seed; else options.sampling.seed is random
     int32_t n = 1;                      // choices, each its own request with seed + index
     bool stream = false;
-    bool include_usage = false;         // stream_options.include_usage
-    std::string user;                   // accepted and logged, nothing else
+    bool include_usage = false;  // stream_options.include_usage
+    std::string user;            // accepted and logged, nothing else
 };
 
 // /v1/embeddings.

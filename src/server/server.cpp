@@ -3,6 +3,8 @@
 // /metrics.
 #include "server/server.h"
 
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -13,7 +15,8 @@
 
 namespace cera {
 
-std::vector<int32_t> chat_prompt(const Engine& engine, const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages) {
+std::vector<int32_t> chat_prompt(const Engine& engine, const ChatTemplate& tmpl,
+                                 const std::vector<ChatMessage>& messages) {
     ChatTemplateOptions o;
     o.add_generation_prompt = true;
     if (engine.bos_token() >= 0) o.bos_token = engine.token_text(engine.bos_token());
@@ -31,7 +34,9 @@ void send_json(httplib::Response& res, int status, const json& body) {
     res.set_content(body.dump(), "application/json");
 }
 
-double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+}
 
 namespace {
 
@@ -109,11 +114,15 @@ void Server::Impl::embeddings(const httplib::Request& req, httplib::Response& re
         if (!embed_session) embed_session = std::make_unique<Session>(engine, batcher->n_ctx());
         for (size_t i = 0; i < inputs.size(); ++i) {
             const std::vector<float> v = embed_session->embed(inputs[i], Pooling::kMean);
-            data.push_back({{"object", "embedding"}, {"index", i}, {"embedding", er.base64 ? json(base64_floats(v)) : json(v)}});
+            data.push_back(
+                {{"object", "embedding"}, {"index", i}, {"embedding", er.base64 ? json(base64_floats(v)) : json(v)}});
         }
     }
-    send_json(res, 200, {{"object", "list"}, {"data", std::move(data)}, {"model", o.alias},
-                         {"usage", {{"prompt_tokens", n_tokens}, {"total_tokens", n_tokens}}}});
+    send_json(res, 200,
+              {{"object", "list"},
+               {"data", std::move(data)},
+               {"model", o.alias},
+               {"usage", {{"prompt_tokens", n_tokens}, {"total_tokens", n_tokens}}}});
     metrics.tokens(n_tokens, 0, 0);
     finish(x, {200, n_tokens, 0, -1.0, "embedded " + std::to_string(inputs.size())});
     x.deferred = true;  // logged here, with its tokens
@@ -123,6 +132,10 @@ void Server::Impl::routes() {
     http.set_payload_max_length(o.max_body_bytes);
     const size_t threads = size_t(o.http_threads > 0 ? o.http_threads : std::max(32, 4 * o.batch.parallel));
     http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    http.set_socket_options([this](socket_t sock) {
+        httplib::default_socket_options(sock);
+        listen_fd = int(sock);
+    });
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
         if (o.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
         if (req.get_header_value("Authorization") == "Bearer " + o.api_key)
@@ -169,28 +182,32 @@ void Server::Impl::routes() {
             }
         };
     };
-    http.Get("/health", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, {{"status", "ok"}}); });
+    http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+        send_json(res, 200, {{"status", "ok"}});
+    });
     http.Get("/v1/models", guarded("models", [this](const httplib::Request&, httplib::Response& res, Exchange&) {
-                 send_json(res, 200, {{"object", "list"},
-                                      {"data", json::array({{{"id", o.alias}, {"object", "model"}, {"created", 0},
-                                                             {"owned_by", "cera"}}})}});
+                 send_json(
+                     res, 200,
+                     {{"object", "list"},
+                      {"data",
+                       json::array({{{"id", o.alias}, {"object", "model"}, {"created", 0}, {"owned_by", "cera"}}})}});
              }));
     http.Get("/metrics", guarded("metrics", [this](const httplib::Request&, httplib::Response& res, Exchange&) {
                  res.status = 200;
                  res.set_content(metrics.render(batcher->stats()), "text/plain; version=0.0.4");
              }));
-    http.Post("/v1/chat/completions",
-              guarded("chat", [this](const httplib::Request& q, httplib::Response& s, Exchange& x) { complete(q, s, true, x); }));
-    http.Post("/v1/completions", guarded("completion", [this](const httplib::Request& q, httplib::Response& s, Exchange& x) {
-                  complete(q, s, false, x);
-              }));
-    http.Post("/v1/embeddings",
-              guarded("embedding", [this](const httplib::Request& q, httplib::Response& s, Exchange& x) { embeddings(q, s, x); }));
+    http.Post("/v1/chat/completions", guarded("chat", [this](const httplib::Request& q, httplib::Response& s,
+                                                             Exchange& x) { complete(q, s, true, x); }));
+    http.Post("/v1/completions", guarded("completion", [this](const httplib::Request& q, httplib::Response& s,
+                                                              Exchange& x) { complete(q, s, false, x); }));
+    http.Post("/v1/embeddings", guarded("embedding", [this](const httplib::Request& q, httplib::Response& s,
+                                                            Exchange& x) { embeddings(q, s, x); }));
     http.Post("/tokenize", guarded("tokenize", [this](const httplib::Request& req, httplib::Response& res, Exchange&) {
                   const TokenizeRequest t = parse_tokenize(req.body, limits);
                   send_json(res, 200, {{"tokens", engine->tokenize(t.content, t.add_special, true)}});
               }));
-    http.Post("/detokenize", guarded("detokenize", [this](const httplib::Request& req, httplib::Response& res, Exchange&) {
+    http.Post("/detokenize",
+              guarded("detokenize", [this](const httplib::Request& req, httplib::Response& res, Exchange&) {
                   send_json(res, 200, {{"content", engine->detokenize(parse_detokenize(req.body, limits))}});
               }));
 }
@@ -207,12 +224,21 @@ Server::Server(std::shared_ptr<Engine> engine, const ServeOptions& options) : im
     im.routes();
 }
 
-Server::~Server() { stop(); }
+Server::~Server() {
+    stop();
+    // Streams the HTTP server dropped while stopping may still run: they end (cancelled) with the batcher,
+    // before the state their sinks use goes.
+    impl_->batcher.reset();
+}
 
 bool Server::bind(std::string* why) {
     Impl& im = *impl_;
-    im.port = im.o.port == 0 ? im.http.bind_to_any_port(im.o.host) : (im.http.bind_to_port(im.o.host, im.o.port) ? im.o.port : -1);
+    im.port = im.o.port == 0 ? im.http.bind_to_any_port(im.o.host)
+                             : (im.http.bind_to_port(im.o.host, im.o.port) ? im.o.port : -1);
     if (im.port < 0 && why) *why = "cannot listen on " + im.o.host + ":" + std::to_string(im.o.port);
+    // The HTTP library listens with a backlog of 5 connections, which a burst of clients overflows (their
+    // connections then stall or fail); a second listen() sets a new backlog.
+    if (im.port >= 0 && im.listen_fd >= 0) ::listen(im.listen_fd, SOMAXCONN);
     return im.port >= 0;
 }
 

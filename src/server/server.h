@@ -16,10 +16,10 @@ namespace cera {
 
 struct ServeOptions {
     std::string host = "127.0.0.1";
-    int port = 8080;             // 0: a free port (Server::port() tells which)
-    std::string api_key;         // non-empty: every request needs "Authorization: Bearer <key>"
-    std::string alias;           // the model's id in /v1/models and in responses
-    std::string chat_template;   // Jinja source replacing the model's; empty: the model's, else ChatML
+    int port = 8080;            // 0: a free port (Server::port() tells which)
+    std::string api_key;        // non-empty: every request needs "Authorization: Bearer <key>"
+    std::string alias;          // the model's id in /v1/models and in responses
+    std::string chat_template;  // Jinja source replacing the model's; empty: the model's, else ChatML
     size_t max_body_bytes = size_t(4) << 20;
     // Threads answering HTTP requests (a streaming request holds one until it ends); 0: 4 per sequence
     // slot (batch.parallel), at least 32.
@@ -28,7 +28,7 @@ struct ServeOptions {
 };
 
 class Server {
-   public:
+ public:
     Server(std::shared_ptr<Engine> engine, const ServeOptions& options);
     ~Server();
     // Binds the address; false (with the reason in `why`) when it cannot.
@@ -39,7 +39,7 @@ class Server {
     int port() const;
     BatcherStats stats() const;  // the batcher's (KV blocks, running and waiting sequences)
 
-   private:
+ private:
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };

@@ -41,12 +41,13 @@ struct Server::Impl {
     std::shared_ptr<Engine> engine;
     ServeOptions o;
     ChatTemplate tmpl{kChatMlTemplate};
+    Metrics metrics;  // before the batcher: the requests' sinks use it until the batcher's thread ends
     std::shared_ptr<Batcher> batcher;
     RequestLimits limits;
     httplib::Server http;
     int port = 0;
+    int listen_fd = -1;  // the listening socket, once bound
     std::atomic<uint64_t> next_id{1};
-    Metrics metrics;
     // Embeddings run on a Session of their own, one request at a time; its evaluations and the batcher's
     // steps take turns on the backend (Backend::exec_mutex).
     std::mutex embed_mu;

@@ -5,12 +5,13 @@
 #include <cmath>
 #include <cstring>
 
+#include "cera/batcher.h"
 #include "cera/session.h"
 #include "chat/chat_template.h"
 #include "models/model.h"
 #include "runtime/engine_impl.h"
-#include "server/chat_prompt.h"
 #include "serve_util.h"
+#include "server/chat_prompt.h"
 
 namespace cera {
 namespace {
@@ -53,7 +54,7 @@ std::vector<Step> reference_greedy(const std::vector<int32_t>& prompt, int n,
     return out;
 }
 
-std::vector<int>  bytes_of(int32_t id) {
+std::vector<int> bytes_of(int32_t id) {
     std::vector<int> b;
     for (unsigned char c : serve_engine()->token_bytes(id)) b.push_back(c);
     return b;
@@ -70,7 +71,10 @@ std::vector<int32_t> chat_ids(const std::string& user) {
 TEST(ServeApi, ChatLogprobsAreTheLogSoftmaxOfTheModelsLogits) {
     RunningServer r;
     const json body = {{"messages", {{{"role", "user"}, {"content", "Tell me a story"}}}},
-                       {"temperature", 0}, {"max_tokens", 6}, {"logprobs", true}, {"top_logprobs", 3}};
+                       {"temperature", 0},
+                       {"max_tokens", 6},
+                       {"logprobs", true},
+                       {"top_logprobs", 3}};
     int status = 0;
     const json j = r.post("/v1/chat/completions", body, &status);
     ASSERT_EQ(status, 200) << j.dump();
@@ -125,7 +129,10 @@ TEST(ServeApi, CompletionLogprobsWithLogitBias) {
     ASSERT_EQ(ref[0].token, second);
     int status = 0;
     const json j = r.post("/v1/completions",
-                          {{"prompt", prompt}, {"temperature", 0}, {"max_tokens", 5}, {"logprobs", 2},
+                          {{"prompt", prompt},
+                           {"temperature", 0},
+                           {"max_tokens", 5},
+                           {"logprobs", 2},
                            {"logit_bias", {{std::to_string(second), 5.0}, {std::to_string(first), -100}}}},
                           &status);
     ASSERT_EQ(status, 200) << j.dump();
@@ -166,8 +173,12 @@ TEST(ServeApi, PenaltiesAndChoicesWithTheirSeeds) {
     s.penalty_last_n = 256;  // the server's penalties count every token
     int status = 0;
     json j = r.post("/v1/completions",
-                    {{"prompt", prompt}, {"temperature", 0}, {"max_tokens", 12}, {"frequency_penalty", 1.5},
-                     {"presence_penalty", 0.5}, {"user", "someone"}},
+                    {{"prompt", prompt},
+                     {"temperature", 0},
+                     {"max_tokens", 12},
+                     {"frequency_penalty", 1.5},
+                     {"presence_penalty", 0.5},
+                     {"user", "someone"}},
                     &status);
     ASSERT_EQ(status, 200) << j.dump();
     EXPECT_EQ(j["choices"][0]["text"], session_text(ids, s, 12));
@@ -211,6 +222,42 @@ TEST(ServeApi, PenaltiesAndChoicesWithTheirSeeds) {
     for (int i = 0; i < 2; ++i) {
         EXPECT_EQ(texts[size_t(i)], plain["choices"][i]["message"]["content"]) << "choice " << i;
         EXPECT_EQ(finish[size_t(i)], plain["choices"][i]["finish_reason"]);
+    }
+}
+
+// The library behind the server: a Session and the Batcher report the same log-probabilities for a
+// sampled (not greedy), biased generation, each token's entry matching the token it sampled.
+TEST(ServeApi, SessionAndBatcherReportTheSameLogprobs) {
+    const std::vector<int32_t> prompt = serve_engine()->tokenize("The little dog", serve_engine()->add_bos());
+    GenerateOptions g;
+    g.max_tokens = 10;
+    g.sampling.temperature = 0.9f;
+    g.sampling.seed = 3;
+    g.sampling.logit_bias = {{prompt.back(), 2.0f}};
+    g.logprobs = 4;
+    Session session(serve_engine());
+    session.append_tokens(prompt);
+    struct Tokens : NullSink {
+        std::vector<int32_t> ids;
+        std::vector<SampledLogprobs> lps;
+        void on_token(int32_t t) override { ids.push_back(t); }
+        void on_logprobs(const SampledLogprobs& lp) override { lps.push_back(lp); }
+    } sink;
+    const GenerationResult a = session.generate(g, sink);
+    auto batcher = Batcher::create(serve_engine(), {.parallel = 2, .n_ctx = 256});
+    const GenerationResult b = batcher->submit(prompt, g)->wait();
+    EXPECT_EQ(a.text, b.text);
+    ASSERT_EQ(a.logprobs.size(), size_t(a.generated_tokens));
+    ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
+    ASSERT_EQ(sink.lps.size(), a.logprobs.size());
+    for (size_t i = 0; i < a.logprobs.size(); ++i) {
+        EXPECT_EQ(a.logprobs[i].token.id, sink.ids[i]);
+        EXPECT_EQ(sink.lps[i].token.id, sink.ids[i]);
+        EXPECT_EQ(b.logprobs[i].token.id, a.logprobs[i].token.id);
+        EXPECT_NEAR(b.logprobs[i].token.logprob, a.logprobs[i].token.logprob, 1e-4);
+        ASSERT_EQ(a.logprobs[i].top.size(), 4u);
+        for (size_t k = 0; k < 4; ++k) EXPECT_NEAR(b.logprobs[i].top[k].logprob, a.logprobs[i].top[k].logprob, 1e-4);
+        EXPECT_LE(a.logprobs[i].token.logprob, a.logprobs[i].top[0].logprob);
     }
 }
 
@@ -288,7 +335,8 @@ double metric(const std::string& text, const std::string& name) {
 
 TEST(ServeApi, Metrics) {
     RunningServer r;
-    for (int i = 0; i < 3; ++i) r.post("/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 4}, {"temperature", 0}});
+    for (int i = 0; i < 3; ++i)
+        r.post("/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 4}, {"temperature", 0}});
     r.post("/v1/completions", {{"prompt", 7}});
     ASSERT_TRUE(r.settle());
     auto res = r.client->Get("/metrics");
@@ -335,7 +383,8 @@ TEST(ServeApi, EveryRefusalHasItsStatusAndErrorBody) {
         {"/v1/chat/completions", "{" + user + R"(, "n": 0})", 400, "n", nullptr},
         {"/v1/chat/completions", "{" + user + R"(, "n": 1000})", 400, "n", nullptr},
         {"/v1/chat/completions", "{" + user + R"(, "top_logprobs": 2})", 400, "top_logprobs", nullptr},
-        {"/v1/chat/completions", "{" + user + R"(, "logprobs": true, "top_logprobs": 21})", 400, "top_logprobs", nullptr},
+        {"/v1/chat/completions", "{" + user + R"(, "logprobs": true, "top_logprobs": 21})", 400, "top_logprobs",
+         nullptr},
         {"/v1/chat/completions", "{" + user + R"(, "logprobs": 3})", 400, "logprobs", nullptr},
         {"/v1/chat/completions", "{" + user + R"(, "logit_bias": {"x": 1}})", 400, "logit_bias", nullptr},
         {"/v1/chat/completions", "{" + user + R"(, "logit_bias": {"5": 101}})", 400, "logit_bias", nullptr},
@@ -345,7 +394,8 @@ TEST(ServeApi, EveryRefusalHasItsStatusAndErrorBody) {
         {"/v1/completions", R"({"prompt": "hi", "logprobs": true})", 400, "logprobs", nullptr},
         {"/v1/completions", R"({"prompt": "hi", "echo": true})", 400, "echo", nullptr},
         {"/v1/completions", R"({"prompt": "hi", "suffix": "x"})", 400, "suffix", nullptr},
-        {"/v1/completions", json{{"prompt", std::vector<int>(300, 1)}}.dump(), 400, "messages", "context_length_exceeded"},
+        {"/v1/completions", json{{"prompt", std::vector<int>(300, 1)}}.dump(), 400, "messages",
+         "context_length_exceeded"},
         {"/v1/completions", R"({"prompt": "hi"})", 429, nullptr, "over_capacity"},
         {"/v1/embeddings", R"({"input": []})", 400, "input", nullptr},
         {"/v1/embeddings", R"({"input": ""})", 400, "input", nullptr},

@@ -17,6 +17,7 @@ std::string completion(int port, const json& body, int* status) {
     c.set_read_timeout(120, 0);
     auto res = c.Post("/v1/completions", body.dump(), "application/json");
     *status = res ? res->status : -1;
+    if (!res) ADD_FAILURE() << "no answer: " << httplib::to_string(res.error());
     if (!res || res->status != 200) return "";
     return json::parse(res->body)["choices"][0]["text"];
 }
@@ -33,7 +34,8 @@ TEST(ServeLoad, ConcurrentGreedyRequestsGiveTheirTextsAlone) {
     std::vector<int> status(kRequests, 0);
     std::vector<std::thread> threads;
     for (int i = 0; i < kRequests; ++i)
-        threads.emplace_back([&, i] { together[size_t(i)] = completion(r.server->port(), bodies[size_t(i)], &status[size_t(i)]); });
+        threads.emplace_back(
+            [&, i] { together[size_t(i)] = completion(r.server->port(), bodies[size_t(i)], &status[size_t(i)]); });
     for (auto& t : threads) t.join();
     for (int i = 0; i < kRequests; ++i) {
         ASSERT_EQ(status[size_t(i)], 200) << "request " << i;
@@ -100,9 +102,12 @@ TEST(ServeLoad, AbortedStreamsLeaveTheServerHealthy) {
     for (std::string line; std::getline(lines, line);) {
         if (line.rfind("cera_requests_total{endpoint=\"completion\"", 0) != 0) continue;
         const double v = std::stod(line.substr(line.rfind(' ') + 1));
-        if (line.find("status=\"200\"") != std::string::npos) answered += v;
-        else if (line.find("status=\"499\"") != std::string::npos) gone += v;
-        else ADD_FAILURE() << line;
+        if (line.find("status=\"200\"") != std::string::npos)
+            answered += v;
+        else if (line.find("status=\"499\"") != std::string::npos)
+            gone += v;
+        else
+            ADD_FAILURE() << line;
     }
     EXPECT_EQ(answered + gone, kClients * kEach);
     EXPECT_LE(gone, aborted.load());

@@ -39,7 +39,8 @@ struct RunningServer {
         thread = std::thread([this] { server->run(); });
         client = std::make_unique<httplib::Client>("127.0.0.1", server->port());
         client->set_read_timeout(60, 0);
-        for (int i = 0; i < 100 && !client->Get("/health"); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        for (int i = 0; i < 100 && !client->Get("/health"); ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     ~RunningServer() {
         server->stop();
