@@ -35,6 +35,8 @@ class Metrics {
     void request(const std::string& endpoint, int status);
     // Tokens of a finished request: its prompt (cached: the part taken from the prefix cache) and generated.
     void tokens(int64_t prompt, int64_t cached, int64_t generated);
+    // Tokens of a finished embeddings request (apart: they never meet the prefix cache).
+    void embedded(int64_t tokens);
     Histogram time_to_first_token, inter_token;
 
     // The whole exposition: these counters and histograms and the batcher's state.
@@ -43,7 +45,7 @@ class Metrics {
  private:
     mutable std::mutex mu_;
     std::map<std::pair<std::string, int>, uint64_t> requests_;
-    int64_t prompt_tokens_ = 0, cached_tokens_ = 0, generated_tokens_ = 0;
+    int64_t prompt_tokens_ = 0, cached_tokens_ = 0, generated_tokens_ = 0, embedded_tokens_ = 0;
 };
 
 }  // namespace cera

@@ -123,7 +123,7 @@ void Server::Impl::embeddings(const httplib::Request& req, httplib::Response& re
                {"data", std::move(data)},
                {"model", o.alias},
                {"usage", {{"prompt_tokens", n_tokens}, {"total_tokens", n_tokens}}}});
-    metrics.tokens(n_tokens, 0, 0);
+    metrics.embedded(n_tokens);
     finish(x, {200, n_tokens, 0, -1.0, "embedded " + std::to_string(inputs.size())});
     x.deferred = true;  // logged here, with its tokens
 }

@@ -338,6 +338,7 @@ TEST(ServeApi, Metrics) {
     for (int i = 0; i < 3; ++i)
         r.post("/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 4}, {"temperature", 0}});
     r.post("/v1/completions", {{"prompt", 7}});
+    r.post("/v1/embeddings", {{"input", {1, 2, 3}}});
     ASSERT_TRUE(r.settle());
     auto res = r.client->Get("/metrics");
     ASSERT_TRUE(res && res->status == 200);
@@ -345,6 +346,8 @@ TEST(ServeApi, Metrics) {
     EXPECT_EQ(metric(m, R"(cera_requests_total{endpoint="completion",status="200"})"), 3) << m;
     EXPECT_EQ(metric(m, R"(cera_requests_total{endpoint="completion",status="400"})"), 1);
     EXPECT_EQ(metric(m, "cera_generated_tokens_total"), 12);
+    EXPECT_EQ(metric(m, "cera_embedding_tokens_total"), 3);
+    EXPECT_EQ(metric(m, R"(cera_requests_total{endpoint="embedding",status="200"})"), 1);
     const size_t n_prompt = serve_engine()->tokenize("Once upon a time", serve_engine()->add_bos()).size();
     EXPECT_EQ(metric(m, "cera_prompt_tokens_total"), 3.0 * double(n_prompt));
     // The second and third requests take the first's full blocks from the prefix cache, if it has any.
