@@ -90,6 +90,9 @@ struct KvPaging {
     Tensor seq;          // i32 [n_tokens]: the sequence (row of block_table) of each query
     Tensor block_table;  // i32 [n_seq, max_blocks]: the pool block of each block of a sequence's positions
     int block_size = 0;  // rows a block, a power of two
+    // Host: the number of queries of each sequence, in batch order (summing to n_tokens), so that a
+    // device backend can launch its kernels by sequence without reading `seq` back.
+    std::span<const int32_t> runs;
     explicit operator bool() const { return bool(block_table); }
 };
 

@@ -22,7 +22,7 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
     block_ = o.block_size;
     const int64_t kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : int64_t(o.max_seqs) * model.default_n_ctx();
     n_blocks_ = (kv_tokens + block_ - 1) / block_;
-    max_blocks_ = n_blocks_;  // one sequence may hold the whole pool
+    max_blocks_ = o.max_seq_tokens > 0 ? std::min(n_blocks_, (o.max_seq_tokens + block_ - 1) / block_) : n_blocks_;
     max_tokens_ = o.max_step_tokens;
     const GgmlType kv = model.options().kv_type;
     snapshot_blocks_ = std::max(1, o.snapshot_blocks);
@@ -66,6 +66,7 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
     act_.alloc(be_, arch_, nt);
     hidden_ = be_.alloc(GgmlType::kF32, {info.n_embd, ns});
     logits_ = be_.alloc(GgmlType::kF32, {info.n_vocab, ns});
+    picks_t_ = be_.alloc(GgmlType::kI32, {ns});
 }
 
 BatchState::~BatchState() {
@@ -74,7 +75,8 @@ BatchState::~BatchState() {
     for (Seq& s : seqs_)
         for (LayerCache& c : s.conv) be_.free(c.conv), be_.free(c.conv_prev);
     act_.free(be_);
-    for (Tensor* t : {&table_t_, &seq_t_, &ids_, &pos_t_, &rows_t_, &hidden_, &logits_}) be_.free(*t);
+    for (Tensor* t : {&table_t_, &seq_t_, &ids_, &pos_t_, &rows_t_, &hidden_, &logits_, &picks_t_, &top_t_, &gather_t_})
+        if (*t) be_.free(*t);
 }
 
 uint64_t BatchState::pool_bytes() const {
@@ -208,7 +210,7 @@ int64_t BatchState::blocks_needed(int seq, int64_t n) const {
     return std::max<int64_t>(0, need - have);
 }
 
-void BatchState::step(std::span<const Entry> entries, float* logits) {
+void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
     const int64_t n_vocab = arch_.info.n_vocab;
     // Checks first: a step that throws changes nothing.
     int64_t n_tokens = 0, n_out = 0, blocks = 0;
@@ -222,10 +224,15 @@ void BatchState::step(std::span<const Entry> entries, float* logits) {
         for (int32_t id : e.tokens)
             if (id < 0 || id >= n_vocab)
                 throw_error(ErrorCode::kOutOfRange, "batch step: token id %d outside [0, %" PRId64 ")", id, n_vocab);
+        if (e.pick == Pick::kTop && (e.top < 0 || e.top >= n_vocab))
+            throw_error(ErrorCode::kInvalidArgument, "batch step: the best %d of %" PRId64 " logits", e.top, n_vocab);
         n_tokens += int64_t(e.tokens.size());
-        n_out += e.logits ? 1 : 0;
+        n_out += e.pick != Pick::kNone ? 1 : 0;
         blocks += blocks_needed(e.seq, int64_t(e.tokens.size()));
     }
+    out.logits.clear(), out.words.clear();
+    out.at.assign(entries.size(), 0);
+    out.row_at.assign(entries.size(), StepOutput::kNoRow);
     if (n_tokens == 0) return;
     if (n_tokens > max_tokens_)
         throw_error(ErrorCode::kOutOfRange, "batch step: %" PRId64 " tokens, at most %" PRId64, n_tokens, max_tokens_);
@@ -268,7 +275,7 @@ void BatchState::step(std::span<const Entry> entries, float* logits) {
             rows_host_.push_back(s.blocks[size_t(p / block_)] * block_ + p % block_);
             seq_host_.push_back(e.seq);
         }
-        if (e.logits) out_rows.push_back(int64_t(ids_host_.size()) - 1);
+        if (e.pick != Pick::kNone) out_rows.push_back(int64_t(ids_host_.size()) - 1);
         s.position += int32_t(e.tokens.size());
     }
     snap_first.push_back(snaps.size());
@@ -279,7 +286,9 @@ void BatchState::step(std::span<const Entry> entries, float* logits) {
     be_.write(pos_t_, pos_host_.data(), nb);
     be_.write(rows_t_, rows_host_.data(), nb);
     be_.write(seq_t_, seq_host_.data(), nb);
-    be_.write(table_t_, table_.data(), table_.size() * sizeof(int32_t));
+    int max_seq = 0;
+    for (const Entry& e : entries) max_seq = std::max(max_seq, e.seq);
+    be_.write(table_t_, table_.data(), size_t(max_seq + 1) * size_t(max_blocks_) * sizeof(int32_t));
 
     Step s;
     s.be = &be_;
@@ -290,6 +299,9 @@ void BatchState::step(std::span<const Entry> entries, float* logits) {
     s.paging.seq = seq_t_.row_slice(0, 1).reshaped(n_tokens);
     s.paging.block_table = table_t_;
     s.paging.block_size = block_;
+    std::vector<int32_t> runs;
+    for (const Entry& e : entries) runs.push_back(int32_t(e.tokens.size()));
+    s.paging.runs = runs;
     act_.view(s, n_tokens);
     s.cache = std::span<LayerCache>(pool_);
     s.segments = segments;
@@ -302,7 +314,72 @@ void BatchState::step(std::span<const Entry> entries, float* logits) {
     const Tensor hid = hidden_.row_slice(0, n_out), lg = logits_.row_slice(0, n_out);
     be_.rms_norm(s.x.row_slice(0, n_out), arch_.head.output_norm, arch_.head.norm_eps, hid);
     lm_head(be_, arch_.head, hid, lg);
-    be_.read(logits, lg, size_t(n_out * n_vocab) * sizeof(float));
+    pick(entries, lg, out);
+}
+
+void BatchState::pick(std::span<const Entry> entries, const Tensor& lg, StepOutput& out) {
+    const int64_t n_vocab = arch_.info.n_vocab;
+    // The words each entry takes; the kTop entries' gather ids, one after another.
+    size_t n_words = 0, n_gather = 0, n_logits = 0;
+    bool argmax = false;
+    for (size_t i = 0; i < entries.size(); ++i) {
+        const Entry& e = entries[i];
+        if (e.pick == Pick::kLogits) out.row_at[i] = n_logits, n_logits += size_t(n_vocab);
+        if (e.pick == Pick::kArgmax) out.at[i] = n_words++, argmax = true;
+        if (e.pick == Pick::kTop) out.at[i] = n_words, n_words += 1 + 2 * size_t(e.top) + e.gather.size(), n_gather += e.gather.size();
+    }
+    auto fit = [&](Tensor& t, size_t n) {
+        if (t && size_t(t.n_elements()) >= n) return;
+        if (t) be_.free(t);
+        t = be_.alloc(GgmlType::kI32, {int64_t(std::max<size_t>(n, 64))});
+    };
+    out.words.assign(n_words, 0);
+    out.logits.resize(n_logits);
+    if (argmax) be_.argmax(lg, picks_t_);
+    if (n_gather) {
+        fit(gather_t_, n_gather);
+        std::vector<int32_t> g;
+        for (const Entry& e : entries)
+            if (e.pick == Pick::kTop) g.insert(g.end(), e.gather.begin(), e.gather.end());
+        be_.write(gather_t_, g.data(), g.size() * sizeof(int32_t));
+    }
+    if (n_words) fit(top_t_, n_words);
+    std::vector<int32_t> ids;
+    size_t gather_at = 0;
+    int64_t row = 0;
+    for (size_t i = 0; i < entries.size(); ++i) {
+        const Entry& e = entries[i];
+        if (e.pick == Pick::kNone) continue;
+        const Tensor x = lg.row_slice(row++, 1);
+        if (e.pick == Pick::kTop) {
+            const int64_t n_g = int64_t(e.gather.size());
+            Tensor gs;
+            if (n_g) gs = gather_t_, gs.data = gather_t_.as<int32_t>() + gather_at, gs.ne[0] = n_g;
+            Tensor o = top_t_;
+            o.data = top_t_.as<int32_t>() + out.at[i], o.ne[0] = 1 + 2 * int64_t(e.top) + n_g;
+            be_.top_logits(x.reshaped(n_vocab), e.top, gs, o);
+            gather_at += size_t(n_g);
+        }
+    }
+    if (argmax) {
+        ids.resize(size_t(lg.ne[1]));
+        be_.read(ids.data(), picks_t_, ids.size() * sizeof(int32_t));
+    }
+    // Everything queued: the top words at once, then the arg-max ids into their places and the rows asked for.
+    if (n_words) be_.read(out.words.data(), top_t_, n_words * sizeof(int32_t));
+    row = 0;
+    for (size_t i = 0; i < entries.size(); ++i) {
+        const Entry& e = entries[i];
+        if (e.pick == Pick::kNone) continue;
+        if (e.pick == Pick::kArgmax) out.words[out.at[i]] = ids[size_t(row)];
+        if (e.pick == Pick::kTop && out.words[out.at[i]] == 0) {
+            out.row_at[i] = out.logits.size();
+            out.logits.resize(out.logits.size() + size_t(n_vocab));
+        }
+        if (out.row_at[i] != StepOutput::kNoRow)
+            be_.read(out.logits.data() + out.row_at[i], lg.row_slice(row, 1), size_t(n_vocab) * sizeof(float));
+        ++row;
+    }
 }
 
 }  // namespace cera
