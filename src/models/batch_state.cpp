@@ -39,14 +39,10 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
             pool_[il].conv = be_.alloc(GgmlType::kF32, {sp.conv_channels * sp.conv_rows, n_blocks_ / snapshot_blocks_ + 1});
     }
     seqs_.resize(size_t(o.max_seqs));
-    for (Seq& s : seqs_) {
-        s.conv.resize(arch_.state.size());
-        for (size_t il = 0; il < s.conv.size(); ++il)
-            if (const LayerStateSpec& sp = arch_.state[il]; sp.conv_channels > 0) {
-                s.conv[il].conv = be_.alloc(GgmlType::kF32, {sp.conv_channels, sp.conv_rows});
-                s.conv[il].conv_prev = be_.alloc(GgmlType::kF32, {sp.conv_channels, sp.conv_rows});
-            }
-    }
+    conv_states_.resize(arch_.state.size());
+    for (size_t il = 0; il < conv_states_.size(); ++il)
+        if (const LayerStateSpec& sp = arch_.state[il]; sp.conv_channels > 0)
+            conv_states_[il] = be_.alloc(GgmlType::kF32, {sp.conv_channels * sp.conv_rows, int64_t(o.max_seqs)});
     for (int64_t b = n_blocks_ - 1; b >= 0; --b) free_.push_back(int32_t(b));
     ref_.assign(size_t(n_blocks_), 0);
     snap_row_.assign(size_t(n_blocks_), -1);
@@ -67,15 +63,21 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
     hidden_ = be_.alloc(GgmlType::kF32, {info.n_embd, ns});
     logits_ = be_.alloc(GgmlType::kF32, {info.n_vocab, ns});
     picks_t_ = be_.alloc(GgmlType::kI32, {ns});
+    if (recurrent_) {
+        // A step's snapshots: one every snapshot_blocks blocks of its tokens, plus one a sequence.
+        segs_t_ = be_.alloc(GgmlType::kI32, {5, ns});
+        snaps_t_ = be_.alloc(GgmlType::kI32, {2, nt / (int64_t(block_) * snapshot_blocks_) + ns});
+    }
 }
 
 BatchState::~BatchState() {
     std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
     for (LayerCache& c : pool_) be_.free(c.k), be_.free(c.v), be_.free(c.conv);
-    for (Seq& s : seqs_)
-        for (LayerCache& c : s.conv) be_.free(c.conv), be_.free(c.conv_prev);
+    for (Tensor& t : conv_states_)
+        if (t) be_.free(t);
     act_.free(be_);
-    for (Tensor* t : {&table_t_, &seq_t_, &ids_, &pos_t_, &rows_t_, &hidden_, &logits_, &picks_t_, &top_t_, &gather_t_})
+    for (Tensor* t : {&table_t_, &seq_t_, &ids_, &pos_t_, &rows_t_, &hidden_, &logits_, &picks_t_, &top_t_, &gather_t_,
+                      &segs_t_, &snaps_t_})
         if (*t) be_.free(*t);
 }
 
@@ -95,8 +97,8 @@ int BatchState::add_sequence() {
         s.used = true;
         s.position = 0;
         s.blocks.clear();
-        for (const LayerCache& c : s.conv)
-            if (c.conv) be_.zero(c.conv);
+        for (const Tensor& t : conv_states_)
+            if (t) be_.zero(t.row_slice(int64_t(i), 1));
         return int(i);
     }
     return -1;
@@ -194,8 +196,9 @@ int64_t BatchState::attach_prefix(int seq, std::span<const int32_t> prompt) {
     s.tokens.assign(prompt.begin(), prompt.begin() + int64_t(usable) * block_);
     s.position = int32_t(int64_t(usable) * block_);
     if (recurrent_)  // the conv states at the prefix's end
-        for (size_t il = 0; il < s.conv.size(); ++il)
-            if (s.conv[il].conv) be_.copy(s.conv[il].conv, pool_[il].conv.row_slice(snap_row_[size_t(s.blocks.back())], 1));
+        for (size_t il = 0; il < conv_states_.size(); ++il)
+            if (const Tensor& t = conv_states_[il])
+                be_.copy(t.row_slice(seq, 1), pool_[il].conv.row_slice(snap_row_[size_t(s.blocks.back())], 1));
     return s.position;
 }
 
@@ -242,18 +245,15 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
 
     std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
     ids_host_.clear(), pos_host_.clear(), rows_host_.clear(), seq_host_.clear();
-    std::vector<Step::Segment> segments;
     std::vector<int64_t> out_rows;
-    std::vector<Step::ConvSnapshot> snaps;
-    std::vector<size_t> snap_first;  // each entry's first snapshot in snaps
+    std::vector<int32_t> segs, snaps;  // Backend::short_conv_segments's descriptors
     for (const Entry& e : entries) {
         Seq& s = seqs_[size_t(e.seq)];
         for (int64_t b = blocks_needed(e.seq, int64_t(e.tokens.size())); b > 0; --b) s.blocks.push_back(take_block());
         s.tokens.insert(s.tokens.end(), e.tokens.begin(), e.tokens.end());
         std::copy(s.blocks.begin(), s.blocks.end(), table_.begin() + int64_t(e.seq) * max_blocks_);
-        segments.push_back({int64_t(ids_host_.size()), int64_t(e.tokens.size()), std::span<LayerCache>(s.conv), {}});
+        const size_t snap_first = snaps.size() / 2;
         // The ends of every snapshot_blocks-th block inside this entry's tokens keep their conv states.
-        snap_first.push_back(snaps.size());
         const int64_t every = int64_t(block_) * snapshot_blocks_;
         for (int64_t p = (s.position / every + 1) * every; recurrent_ && p <= s.position + int64_t(e.tokens.size()); p += every) {
             const int32_t b = s.blocks[size_t(p / block_ - 1)];
@@ -266,8 +266,10 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
                 snap_row_[size_t(b)] = free_snap_rows_.back();
                 free_snap_rows_.pop_back();
             }
-            snaps.push_back({p - s.position, snap_row_[size_t(b)]});
+            snaps.push_back(int32_t(p - s.position)), snaps.push_back(snap_row_[size_t(b)]);
         }
+        segs.insert(segs.end(), {int32_t(ids_host_.size()), int32_t(e.tokens.size()), int32_t(e.seq),
+                                 int32_t(snap_first), int32_t(snaps.size() / 2 - snap_first)});
         for (size_t i = 0; i < e.tokens.size(); ++i) {
             const int32_t p = s.position + int32_t(i);
             ids_host_.push_back(e.tokens[i]);
@@ -278,9 +280,6 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
         if (e.pick != Pick::kNone) out_rows.push_back(int64_t(ids_host_.size()) - 1);
         s.position += int32_t(e.tokens.size());
     }
-    snap_first.push_back(snaps.size());
-    for (size_t i = 0; i < segments.size(); ++i)
-        segments[i].snapshots = std::span<const Step::ConvSnapshot>(snaps).subspan(snap_first[i], snap_first[i + 1] - snap_first[i]);
     const size_t nb = size_t(n_tokens) * sizeof(int32_t);
     be_.write(ids_, ids_host_.data(), nb);
     be_.write(pos_t_, pos_host_.data(), nb);
@@ -289,6 +288,10 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
     int max_seq = 0;
     for (const Entry& e : entries) max_seq = std::max(max_seq, e.seq);
     be_.write(table_t_, table_.data(), size_t(max_seq + 1) * size_t(max_blocks_) * sizeof(int32_t));
+    if (recurrent_) {
+        be_.write(segs_t_, segs.data(), segs.size() * sizeof(int32_t));
+        if (!snaps.empty()) be_.write(snaps_t_, snaps.data(), snaps.size() * sizeof(int32_t));
+    }
 
     Step s;
     s.be = &be_;
@@ -304,7 +307,11 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
     s.paging.runs = runs;
     act_.view(s, n_tokens);
     s.cache = std::span<LayerCache>(pool_);
-    s.segments = segments;
+    if (recurrent_) {
+        s.conv_segs = segs_t_.row_slice(0, int64_t(entries.size()));
+        if (!snaps.empty()) s.conv_snaps = snaps_t_.row_slice(0, int64_t(snaps.size() / 2));
+        s.conv_states = conv_states_;
+    }
     s.out_rows = out_rows;
     be_.embed(arch_.head.token_embd, s.ids, arch_.head.embedding_scale, s.x);
     arch_.forward(s);

@@ -95,7 +95,6 @@ class BatchState {
         std::vector<int32_t> blocks;    // pool blocks, in position order
         std::vector<int32_t> tokens;    // the tokens at positions 0 .. position - 1
         std::vector<uint64_t> hashes;   // the prefix hash of each full block
-        std::vector<LayerCache> conv;   // [n_layer]: the short-conv layers' states
     };
     int32_t take_block();
     void release_block(int32_t b);
@@ -127,6 +126,8 @@ class BatchState {
     StepBuffers act_;        // the activations of max_step_tokens tokens
     Tensor hidden_, logits_;  // [max_seqs, n_embd], [max_seqs, n_vocab]
     Tensor picks_t_;          // i32 [max_seqs]: arg-max ids
+    std::vector<Tensor> conv_states_;  // [n_layer]: short-conv layers: f32 [max_seqs, (L - 1) * n_embd], a row a slot
+    Tensor segs_t_, snaps_t_;          // i32 [max_seqs, 5], [.., 2]: Backend::short_conv_segments's descriptors
     Tensor top_t_, gather_t_;  // i32: the kTop entries' top_logits words and gather ids, one after another
     std::vector<int32_t> ids_host_, pos_host_, rows_host_, seq_host_;
 };

@@ -265,6 +265,10 @@ void attention(const AttentionArgs& a, Stream stream);
 constexpr int kMaxConv = 8;
 void short_conv(const float* bcx, const float* w, int L, float* state, int64_t n_tokens, int64_t n_embd, float* out,
                 Stream stream, void* xq = nullptr, float* state_prev = nullptr);
+// Backend::short_conv_segments: n_seg segments (segs i32 [n_seg, 5]) over states f32 [slots, (L-1) n_embd].
+void short_conv_segments(const float* bcx, const float* w, int L, float* states, const int32_t* segs, int n_seg,
+                         const int32_t* snaps, float* snapshots, int64_t n_tokens, int64_t n_embd, float* out,
+                         Stream stream);
 
 // out = silu(gate) * up over n elements; with xq, rows of `row` elements are quantized too.
 void swiglu(const float* gate, const float* up, int64_t n, float* out, Stream stream, void* xq = nullptr,
