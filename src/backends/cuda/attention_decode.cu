@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
     // nothing stored, so that the release finds their code in this SM's instruction cache: the 16-odd
     // blocks of a layer's attention land on SMs that ran other kernels since, and are resident
     // microseconds before the release.
-    const bool dry = len > 0;
+    const bool dry = n_chunks == 1;  // short contexts only: a longer key loop is worth no second run
     const int64_t qrow0 = t * a.n_head + int64_t(hk) * G;
     float* m_s = p_s + kWarps * 32;
     float* l_s = m_s + kWarps * G;
@@ -267,9 +267,10 @@ bool launch_hd(const DecodeAttnArgs& a, dim3 grid, size_t smem, int gp, cudaStre
 }  // namespace
 
 bool attention_decode_warp(const DecodeAttnArgs& args, bool f16, cudaStream_t s) {
-    // A GQA group's query heads over up to two blocks (each copies the group's K/V rows, L2 hits):
-    // the group's key loop spreads over more SMs.
-    constexpr int hsplit = 2;
+    // A cache that one chunk holds: a GQA group's query heads over up to two blocks (each copies the
+    // group's K/V rows, L2 hits), so the short key loop spreads over more SMs. Longer caches read their
+    // rows once a group: there the reads and the splits dominate, not the loop's latency.
+    const int hsplit = args.n_ctx <= args.kc ? 2 : 1;
     DecodeAttnArgs a = args;
     {
         const int g = a.n_head / a.n_head_kv;
