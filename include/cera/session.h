@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cera/engine.h"
+#include "cera/grammar.h"
 #include "cera/sampler.h"
 
 namespace cera {
@@ -57,6 +58,13 @@ struct GenerateOptions {
     // them (Backend::top_logits), not the n_vocab logits; the token is the one the host sampler would
     // draw, with the same random stream. false: always copy the logits and sample on the host.
     bool device_sampling = true;
+    // Structured output: every sampled token keeps the text in the grammar's language (the sampler draws
+    // from the allowed tokens only, with every setting above applying to them), and end-of-generation
+    // is allowed only where the text is a whole match. Generation ends (FinishReason::kStop, no stop
+    // string) as soon as the text is a whole match that nothing may extend, or if no token of the
+    // vocabulary can continue it. The text is matched from the first generated token. Steps then
+    // bring the logits to the host (device_greedy and device_sampling do not apply).
+    std::shared_ptr<const Grammar> grammar;
 };
 
 // How Session::embed() reduces the per-token hidden states.

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "cera/sampler.h"
+#include "chat/grammar/grammar_impl.h"
 #include "core/check.h"
 #include "models/batch_state.h"
 #include "runtime/engine_impl.h"
@@ -35,7 +36,7 @@ double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 class Req final : public Request {
    public:
     Req(std::span<const int32_t> prompt, const GenerateOptions& o, std::shared_ptr<Sink> s, const Tokenizer& tok,
-        int32_t n_vocab, uint64_t order)
+        int32_t n_vocab, uint64_t order, std::unique_ptr<grammar::Matcher> m)
         : tokens(prompt.begin(), prompt.end()),
           n_prompt(prompt.size()),
           opts(o),
@@ -43,6 +44,7 @@ class Req final : public Request {
           sampler(o.sampling, n_vocab),
           stopper(o.stop),
           detok(tok),
+          matcher(std::move(m)),
           arrival(order) {
         const size_t window = size_t(std::max(0, o.sampling.penalty_last_n));
         for (size_t i = tokens.size() > window ? tokens.size() - window : 0; i < tokens.size(); ++i)
@@ -68,7 +70,7 @@ class Req final : public Request {
         if (started) result.decode_seconds = seconds(first_sample, Clock::now());
         if (!e) {
             try {
-                if (why != FinishReason::kStop) {
+                if (why != FinishReason::kStop || result.stop_string.empty()) {  // a stop string drops the rest
                     if (stopper.end(detok.flush(), out)) {
                         result.finish = FinishReason::kStop;
                         result.stop_string = stopper.matched();
@@ -100,6 +102,7 @@ class Req final : public Request {
     Sampler sampler;
     StopMatcher stopper;
     StreamingDetokenizer detok;
+    const std::unique_ptr<grammar::Matcher> matcher;  // this sequence's grammar state, or null
     const uint64_t arrival;
     // The batcher thread's.
     int seq = -1;           // BatchState slot while admitted
@@ -159,7 +162,9 @@ class BatcherImpl final : public Batcher {
         if (int64_t(prompt.size()) >= n_ctx_)
             throw_error(ErrorCode::kOutOfRange, "submit: a %zu-token prompt leaves no room in a %d-token sequence",
                         prompt.size(), n_ctx_);
-        auto r = std::make_shared<Req>(prompt, options, std::move(sink), *im_.tokenizer, n_vocab_, next_arrival_++);
+        auto m = options.grammar ? make_matcher(*options.grammar, im_.token_trie()) : nullptr;
+        auto r = std::make_shared<Req>(prompt, options, std::move(sink), *im_.tokenizer, n_vocab_, next_arrival_++,
+                                       std::move(m));
         {
             std::lock_guard<std::mutex> lk(mu_);
             if (stop_) throw_error(ErrorCode::kCancelled, "submit: the batcher is stopping");
@@ -315,7 +320,9 @@ class BatcherImpl final : public Batcher {
         } else {
             ++r.result.decode_steps;
         }
-        const int32_t t = r.sampler.sample(row);
+        // The mask depends on this sequence's text alone, so the pick does not depend on the batch.
+        const int32_t t = r.sampler.sample(row, r.matcher ? r.matcher->mask() : nullptr);
+        if (r.matcher && !r.matcher->accept_token(t)) return leave(r, FinishReason::kStop);  // nothing can continue
         r.sampler.accept(t);
         ++r.result.generated_tokens;
         if (r.sink) r.sink->on_token(t);
@@ -327,6 +334,7 @@ class BatcherImpl final : public Batcher {
             return leave(r, FinishReason::kStop);
         }
         r.emit();
+        if (r.matcher && r.matcher->is_complete()) return leave(r, FinishReason::kStop);  // only an end could follow
         if (r.opts.max_tokens >= 0 && r.result.generated_tokens >= r.opts.max_tokens) return leave(r, FinishReason::kLength);
         if (int64_t(r.tokens.size()) >= n_ctx_) return leave(r, FinishReason::kContextFull);
     }
