@@ -104,14 +104,14 @@ struct Out {
 };
 
 std::vector<Out> generate(const std::shared_ptr<Engine>& e, const std::shared_ptr<const Grammar>& g, int seeds,
-                          int max_tokens) {
+                          int max_tokens, uint64_t seed_base) {
     auto batcher = Batcher::create(e, {.parallel = 6, .n_ctx = 512});
     const std::vector<int32_t> prompt = e->tokenize("Data: ", true, false);
     std::vector<std::shared_ptr<Request>> reqs;
     for (int s = 0; s < seeds; ++s) {
         GenerateOptions o;
         o.max_tokens = max_tokens;
-        o.sampling = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = uint64_t(1000 + s)};
+        o.sampling = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = seed_base + uint64_t(s)};
         o.grammar = g;
         reqs.push_back(batcher->submit(prompt, o));
     }
@@ -125,7 +125,7 @@ std::vector<Out> generate(const std::shared_ptr<Engine>& e, const std::shared_pt
     s.append_tokens(prompt);
     GenerateOptions o;
     o.max_tokens = max_tokens;
-    o.sampling = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 1000};
+    o.sampling = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = seed_base};
     o.grammar = g;
     NullSink sink;
     EXPECT_EQ(s.generate(o, sink).text, outs[0].text);
@@ -134,7 +134,8 @@ std::vector<Out> generate(const std::shared_ptr<Engine>& e, const std::shared_pt
 
 bool finished(const Out& o) { return o.finish == FinishReason::kEos || o.finish == FinishReason::kStop; }
 
-TEST(GrammarGeneration, OutputsAlwaysParse) {
+// seeds per JSON case and per GBNF case, for each of the two models.
+void run_suite(int json_seeds, int gbnf_seeds, uint64_t seed_base) {
     const std::vector<std::string> models = {test::source_path("models/tiny-lfm2-Q8_0.gguf"),
                                              test::data_path("fixtures/tiny-qwen3/model.gguf")};
     const std::vector<std::pair<std::string, const char*>> schemas = {
@@ -149,7 +150,7 @@ TEST(GrammarGeneration, OutputsAlwaysParse) {
             auto g = schema ? Grammar::from_json_schema(schema) : Grammar::json();
             nlohmann::json c = {{"name", name}, {"schema", schema ? nlohmann::json::parse(schema) : nullptr},
                                 {"outputs", nlohmann::json::array()}};
-            for (const Out& o : generate(e, g, 24, 200)) {
+            for (const Out& o : generate(e, g, json_seeds, 200, seed_base)) {
                 ++total;
                 if (!finished(o)) {  // cut by max_tokens: a prefix of the language
                     EXPECT_EQ(g->match(o.text), int64_t(o.text.size())) << o.text;
@@ -157,7 +158,9 @@ TEST(GrammarGeneration, OutputsAlwaysParse) {
                 }
                 ++complete;
                 EXPECT_TRUE(nlohmann::json::accept(o.text)) << o.text;
-                if (!schema) EXPECT_TRUE(nlohmann::json::parse(o.text).is_object()) << o.text;
+                if (!schema) {
+                    EXPECT_TRUE(nlohmann::json::parse(o.text).is_object()) << o.text;
+                }
                 c["outputs"].push_back(o.text);
             }
             cases.push_back(c);
@@ -165,7 +168,7 @@ TEST(GrammarGeneration, OutputsAlwaysParse) {
         for (const GbnfCase& gc : kGbnf) {
             SCOPED_TRACE(path + " " + gc.name);
             auto g = Grammar::parse(gc.gbnf);
-            for (const Out& o : generate(e, g, 16, 120)) {
+            for (const Out& o : generate(e, g, gbnf_seeds, 120, seed_base)) {
                 ++total;
                 if (!finished(o)) continue;
                 ++complete;
@@ -191,6 +194,11 @@ TEST(GrammarGeneration, OutputsAlwaysParse) {
     EXPECT_EQ(r.code, 0) << r.out << r.err;
     std::filesystem::remove(file);
 }
+
+TEST(GrammarGeneration, OutputsAlwaysParse) { run_suite(24, 16, 1000); }
+
+// The bar's 2,000+ generations (about 2,900, with different seeds): --gtest_also_run_disabled_tests.
+TEST(GrammarGeneration, DISABLED_ManySeeds) { run_suite(180, 120, 50000); }
 
 }  // namespace
 }  // namespace cera

@@ -122,6 +122,16 @@ TEST(Grammar, MatchReportsWhereItStops) {
     EXPECT_EQ(u->match("\xc3\xa9x"), -1);
     EXPECT_EQ(u->match("\xc3\xa8x"), 1);  // the second byte rules the character out
     EXPECT_EQ(u->match("\xc3"), 1);
+    // Overlong forms, surrogates and bytes past U+10FFFF are not UTF-8: "[" written in 2, 3 and 4 bytes.
+    auto b = Grammar::parse(R"(root ::= "[" | [\uD000-\uDFFF] | [\U00100000-\U0010FFFF] | .)");
+    EXPECT_EQ(b->match("["), -1);
+    EXPECT_EQ(b->match("\xc1\x9b"), 0);
+    EXPECT_EQ(b->match("\xe0\x81\x9b"), 1);
+    EXPECT_EQ(b->match("\xf0\x80\x81\x9b"), 1);
+    EXPECT_EQ(b->match("\xed\xa0\x80"), 1);   // U+D800, a surrogate
+    EXPECT_EQ(b->match("\xed\x9f\xbf"), -1);  // U+D7FF
+    EXPECT_EQ(b->match("\xf4\x90\x80\x80"), 1);  // past U+10FFFF
+    EXPECT_EQ(b->match("\xf4\x8f\xbf\xbf"), -1);
 }
 
 std::string parse_error(const std::string& gbnf) {

@@ -97,7 +97,10 @@ void Matcher::closure(uint32_t node, std::vector<uint32_t>& out) {
             case Op::kChar: out.push_back(n); break;
             case Op::kEnd: work_.push_back(nd.parent); break;
             case Op::kRef: {
-                const uint32_t frame = intern(nd.pos + 1, nd.parent);
+                // A reference in tail position returns straight to the parent: `R ::= x R | ""` then
+                // keeps a constant stack, and its states repeat (and hit the mask cache).
+                const uint32_t frame =
+                    def_->elems[nd.pos + 1].op == Op::kEnd ? nd.parent : intern(nd.pos + 1, nd.parent);
                 for (uint32_t a : def_->rules[e.arg].alts) {
                     work_.push_back(intern(a, frame));
                 }
@@ -125,14 +128,20 @@ void Matcher::successors(uint32_t node, uint32_t& begin, uint32_t& end) {
 // byte cannot continue UTF-8 (out is then empty).
 bool Matcher::step(const std::vector<uint32_t>& in, Utf8 u, uint8_t b, std::vector<uint32_t>& out, Utf8& nu) {
     out.clear();
+    // Strict UTF-8: the lead byte fixes the range of the byte after it, which rules out overlong
+    // forms, surrogates and code points past U+10FFFF.
     if (u.rem == 0) {
         if (b < 0x80) nu = {b, 0};
-        else if ((b & 0xE0) == 0xC0 && b >= 0xC2) nu = {uint32_t(b & 0x1F), 1};
-        else if ((b & 0xF0) == 0xE0) nu = {uint32_t(b & 0x0F), 2};
-        else if ((b & 0xF8) == 0xF0 && b <= 0xF4) nu = {uint32_t(b & 0x07), 3};
+        else if (b >= 0xC2 && b <= 0xDF) nu = {uint32_t(b & 0x1F), 1};
+        else if (b == 0xE0) nu = {0, 2, 0xA0, 0xBF};
+        else if (b == 0xED) nu = {0xD, 2, 0x80, 0x9F};
+        else if (b >= 0xE1 && b <= 0xEF) nu = {uint32_t(b & 0x0F), 2};
+        else if (b == 0xF0) nu = {0, 3, 0x90, 0xBF};
+        else if (b >= 0xF1 && b <= 0xF3) nu = {uint32_t(b & 0x07), 3};
+        else if (b == 0xF4) nu = {4, 3, 0x80, 0x8F};
         else return false;
     } else {
-        if ((b & 0xC0) != 0x80) return false;
+        if (b < u.next_lo || b > u.next_hi) return false;
         nu = {u.val << 6 | (b & 0x3F), u.rem - 1};
     }
     const auto& classes = def_->classes;
@@ -147,9 +156,10 @@ bool Matcher::step(const std::vector<uint32_t>& in, Utf8 u, uint8_t b, std::vect
         }
         sort_unique(out);
     } else {
-        // Every completion of the partial code point lies in [lo, hi].
-        const uint32_t shift = 6 * nu.rem;
-        const uint32_t lo = nu.val << shift, hi = lo | ((1u << shift) - 1);
+        // The completions of the partial code point are exactly [lo, hi].
+        const uint32_t shift = 6 * (nu.rem - 1);
+        const uint32_t lo = nu.val << (shift + 6) | uint32_t(nu.next_lo & 0x3F) << shift;
+        const uint32_t hi = nu.val << (shift + 6) | uint32_t(nu.next_hi & 0x3F) << shift | ((1u << shift) - 1);
         for (uint32_t s : in)
             if (s >= 2 && classes[elems[nodes_[s].pos].arg].intersects(lo, hi)) out.push_back(s);
     }
@@ -233,10 +243,22 @@ void Matcher::walk(const std::vector<uint32_t>& start, Utf8 u, PositionCache::En
     }
 }
 
-std::shared_ptr<const PositionCache::Entry> Matcher::classify(uint32_t pos) {
-    if (auto e = cache_->get(pos)) return e;
+std::shared_ptr<const PositionCache::Entry> Matcher::classify(uint32_t stack) {
+    // The key: the positions of the top frames, and kUnset when the stack ends within them.
+    key_.clear();
+    uint32_t n = stack;
+    while (n >= 2 && key_.size() < PositionCache::kTopFrames) {
+        key_.push_back(nodes_[n].pos);
+        n = nodes_[n].parent;
+    }
+    const bool whole = n < 2;
+    if (whole) key_.push_back(kUnset);
+    if (auto e = cache_->get(key_)) return e;
+    // The same frames over the cut-off bottom (or the real one, when they are the whole stack).
+    uint32_t chain = whole ? kAccept : kCut;
+    for (size_t i = key_.size() - (whole ? 1 : 0); i-- > 0;) chain = intern(key_[i], chain);
     auto e = std::make_shared<PositionCache::Entry>();
-    std::vector<uint32_t> start = {intern(pos, kCut)};
+    std::vector<uint32_t> start = {chain};
     walk(start, {}, e.get(), nullptr);
     if (e->accepted.size() * 16 > size_t(trie_->n_vocab())) {
         e->accepted_bits.assign(words_, 0);
@@ -244,8 +266,7 @@ std::shared_ptr<const PositionCache::Entry> Matcher::classify(uint32_t pos) {
         e->accepted.clear();
         e->accepted.shrink_to_fit();
     }
-    cache_->put(pos, e);
-    return cache_->get(pos);
+    return cache_->put(key_, std::move(e));
 }
 
 bool Matcher::token_ok(int32_t id, uint32_t stack) {
@@ -268,7 +289,7 @@ void Matcher::compute_mask(uint64_t* bits) {
     }
     for (uint32_t s : cur_) {
         if (s < 2) continue;
-        const auto e = classify(nodes_[s].pos);
+        const auto e = classify(s);
         if (!e->accepted_bits.empty())
             for (size_t w = 0; w < words_; ++w) bits[w] |= e->accepted_bits[w];
         for (int32_t t : e->accepted) bits[size_t(t) >> 6] |= 1ull << (t & 63);

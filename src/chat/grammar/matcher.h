@@ -8,10 +8,10 @@
 // stacks whose class can still hold a completion survive.
 //
 // The mask of allowed tokens comes from three layers:
-//  - per grammar position (shared by every matcher of one grammar and vocabulary, PositionCache): a
-//    walk of the token trie from that position alone, with the rules below it cut off, sorts each
-//    token into accepted (it matches within the rule, whatever lies below), rejected, or uncertain
-//    (it runs past the end of the rule, so the answer depends on the stack below);
+//  - per stack top (shared by every matcher of one grammar and vocabulary, PositionCache): a walk of
+//    the token trie from the stack's top few frames alone, with the frames below cut off, sorts each
+//    token into accepted (it matches within those frames, whatever lies below), rejected, or
+//    uncertain (it runs past them, so the answer depends on the rest of the stack);
 //  - per state: the union over its stacks of the accepted tokens, plus the uncertain ones that a
 //    check on the whole stack passes; the result is cached per state;
 //  - a state in the middle of a code point walks the whole trie from the state instead.
@@ -30,35 +30,48 @@
 
 namespace cera::grammar {
 
-// The token classification of grammar positions for one grammar and vocabulary (see above). Filled
-// lazily by the matchers that use it; thread-safe.
+// The token classification of stack tops for one grammar and vocabulary (see above). An entry is
+// keyed by the positions of a stack's top frames (kTopFrames of them, fewer when the stack is that
+// short, which makes the entry exact). Filled lazily by the matchers that use it; thread-safe.
 class PositionCache {
    public:
+    static constexpr size_t kTopFrames = 3;
     struct Entry {
-        std::vector<int32_t> accepted;       // sparse form, when few
+        std::vector<int32_t> accepted;        // sparse form, when few
         std::vector<uint64_t> accepted_bits;  // dense form, when many ([n_vocab / 64] words)
         std::vector<int32_t> uncertain;
     };
     PositionCache(std::shared_ptr<const GrammarDef> def, std::shared_ptr<const TokenTrie> trie)
-        : def_(std::move(def)), trie_(std::move(trie)), entries_(def_->elems.size()) {}
+        : def_(std::move(def)), trie_(std::move(trie)) {}
 
     const GrammarDef& def() const { return *def_; }
     const TokenTrie& trie() const { return *trie_; }
-    const std::shared_ptr<const TokenTrie>& trie_ptr() const { return trie_; }
-    std::shared_ptr<const Entry> get(uint32_t pos) const {
+    std::shared_ptr<const Entry> get(const std::vector<uint32_t>& key) const {
         std::lock_guard<std::mutex> lk(mu_);
-        return entries_[pos];
+        auto it = entries_.find(key);
+        return it == entries_.end() ? nullptr : it->second;
     }
-    void put(uint32_t pos, std::shared_ptr<const Entry> e) {
+    std::shared_ptr<const Entry> put(const std::vector<uint32_t>& key, std::shared_ptr<const Entry> e) {
         std::lock_guard<std::mutex> lk(mu_);
-        if (!entries_[pos]) entries_[pos] = std::move(e);
+        return entries_.emplace(key, std::move(e)).first->second;
+    }
+    size_t size() const {
+        std::lock_guard<std::mutex> lk(mu_);
+        return entries_.size();
     }
 
    private:
+    struct KeyHash {
+        size_t operator()(const std::vector<uint32_t>& k) const {
+            size_t h = 0x9e3779b97f4a7c15ull;
+            for (uint32_t v : k) h = (h ^ v) * 0x100000001b3ull;
+            return h;
+        }
+    };
     std::shared_ptr<const GrammarDef> def_;
     std::shared_ptr<const TokenTrie> trie_;
     mutable std::mutex mu_;
-    std::vector<std::shared_ptr<const Entry>> entries_;  // [elems]
+    std::unordered_map<std::vector<uint32_t>, std::shared_ptr<const Entry>, KeyHash> entries_;
 };
 
 struct MatcherOptions {
@@ -91,8 +104,11 @@ class Matcher {
    private:
     struct Utf8 {
         uint32_t val = 0;
-        uint32_t rem = 0;  // continuation bytes still expected
-        bool operator==(const Utf8& o) const { return val == o.val && rem == o.rem; }
+        uint32_t rem = 0;                 // continuation bytes still expected
+        uint8_t next_lo = 0x80, next_hi = 0xBF;  // the next byte's range (no overlong form, no surrogate)
+        bool operator==(const Utf8& o) const {
+            return val == o.val && rem == o.rem && next_lo == o.next_lo && next_hi == o.next_hi;
+        }
     };
     struct CacheEntry {
         std::vector<uint32_t> set;
@@ -106,7 +122,7 @@ class Matcher {
     void successors(uint32_t node, uint32_t& begin, uint32_t& end);
     bool step(const std::vector<uint32_t>& in, Utf8 u, uint8_t byte, std::vector<uint32_t>& out, Utf8& nu);
     void walk(const std::vector<uint32_t>& start, Utf8 u, PositionCache::Entry* classify, uint64_t* bits);
-    std::shared_ptr<const PositionCache::Entry> classify(uint32_t pos);
+    std::shared_ptr<const PositionCache::Entry> classify(uint32_t stack);
     bool token_ok(int32_t id, uint32_t stack);
     void compute_mask(uint64_t* bits);
 
@@ -125,6 +141,7 @@ class Matcher {
     std::vector<uint32_t> stamp_;                                // closure's visited marks
     uint32_t epoch_ = 0;
     std::vector<uint32_t> work_;
+    std::vector<uint32_t> key_;  // classify()'s cache key
 
     std::vector<uint32_t> initial_, cur_;  // sorted stack sets
     Utf8 cur_utf8_;
