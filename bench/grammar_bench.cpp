@@ -6,7 +6,8 @@
 //     cold (a new grammar: nothing precomputed), then steady (new matchers of the same grammar: the
 //     per-position token classification is shared, each matcher's mask cache starts empty).
 //   grammar_bench decode MODEL.gguf [tokens] [threads]
-//     Decode tokens/s of a Session with and without the schema's grammar, alternating, three rounds.
+//     Decode tokens/s of a Session with the schema's grammar, and without it (the default sampling
+//     path, and the host-sampling path that a grammar uses), alternating, three rounds.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -117,18 +118,19 @@ int bench_decode(const std::string& model, int tokens, int threads) {
     auto g = cera::Grammar::from_json_schema(kSchema);
     std::printf("model %s, %d threads, %d tokens a run\n", model.c_str(), threads, tokens);
     for (int round = 0; round < 3; ++round) {
-        for (int with : {0, 1}) {
+        for (int with : {0, 1, 2}) {
             cera::Session s(e);
             s.append_text("Customer record as JSON:");
             cera::GenerateOptions o;
             o.max_tokens = tokens;
             o.ignore_eos = true;
             o.sampling.seed = uint64_t(round);
-            if (with) o.grammar = g;
+            if (with == 1) o.device_sampling = false;  // the logits come to the host, as under a grammar
+            if (with == 2) o.grammar = g;
             Count sink;
             const auto r = s.generate(o, sink);
-            std::printf("round %d %-8s decode %7.2f tok/s (%d steps, finish %s)\n", round + 1,
-                        with ? "grammar" : "plain", r.decode_tokens_per_second(), r.decode_steps,
+            std::printf("round %d %-10s decode %7.2f tok/s (%d steps, finish %s)\n", round + 1,
+                        with == 2 ? "grammar" : with == 1 ? "plain-host" : "plain", r.decode_tokens_per_second(), r.decode_steps,
                         cera::finish_reason_name(r.finish));
         }
     }

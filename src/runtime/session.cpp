@@ -260,10 +260,10 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
         r.text += text;
         text.clear();
     };
-    const auto t_decode = Clock::now();
-    const int32_t n_ctx = im.state->n_ctx();
     const std::unique_ptr<grammar::Matcher> matcher =
         options.grammar ? make_matcher(*options.grammar, im.eng->token_trie()) : nullptr;
+    const auto t_decode = Clock::now();
+    const int32_t n_ctx = im.state->n_ctx();
     const std::unique_ptr<DecodeStrategy> decoder = choose_decode_strategy(
         options, sampler, *im.state, im.logits, im.eng->model->backend().asynchronous(), matcher.get());
     for (;;) {

@@ -243,7 +243,7 @@ void Matcher::walk(const std::vector<uint32_t>& start, Utf8 u, PositionCache::En
     }
 }
 
-std::shared_ptr<const PositionCache::Entry> Matcher::classify(uint32_t stack) {
+std::shared_ptr<const PositionCache::Entry> Matcher::classify(uint32_t stack, Utf8 u) {
     // The key: the positions of the top frames, and kUnset when the stack ends within them.
     key_.clear();
     uint32_t n = stack;
@@ -252,14 +252,20 @@ std::shared_ptr<const PositionCache::Entry> Matcher::classify(uint32_t stack) {
         n = nodes_[n].parent;
     }
     const bool whole = n < 2;
+    const size_t n_frames = key_.size();
     if (whole) key_.push_back(kUnset);
+    if (u.rem != 0) {  // inside a code point: the bytes still to come are part of the key
+        key_.push_back(kUnset - 1);
+        key_.push_back(u.val);
+        key_.push_back(u.rem << 16 | uint32_t(u.next_lo) << 8 | u.next_hi);
+    }
     if (auto e = cache_->get(key_)) return e;
     // The same frames over the cut-off bottom (or the real one, when they are the whole stack).
     uint32_t chain = whole ? kAccept : kCut;
-    for (size_t i = key_.size() - (whole ? 1 : 0); i-- > 0;) chain = intern(key_[i], chain);
+    for (size_t i = n_frames; i-- > 0;) chain = intern(key_[i], chain);
     auto e = std::make_shared<PositionCache::Entry>();
     std::vector<uint32_t> start = {chain};
-    walk(start, {}, e.get(), nullptr);
+    walk(start, u, e.get(), nullptr);
     if (e->accepted.size() * 16 > size_t(trie_->n_vocab())) {
         e->accepted_bits.assign(words_, 0);
         for (int32_t t : e->accepted) e->accepted_bits[size_t(t) >> 6] |= 1ull << (t & 63);
@@ -269,9 +275,8 @@ std::shared_ptr<const PositionCache::Entry> Matcher::classify(uint32_t stack) {
     return cache_->put(key_, std::move(e));
 }
 
-bool Matcher::token_ok(int32_t id, uint32_t stack) {
+bool Matcher::token_ok(int32_t id, uint32_t stack, Utf8 u) {
     tmp_b_.assign(1, stack);
-    Utf8 u;
     for (char c : trie_->piece(id)) {
         Utf8 nu;
         if (!step(tmp_b_, u, uint8_t(c), tmp_a_, nu)) return false;
@@ -283,18 +288,14 @@ bool Matcher::token_ok(int32_t id, uint32_t stack) {
 
 void Matcher::compute_mask(uint64_t* bits) {
     std::memset(bits, 0, words_ * 8);
-    if (cur_utf8_.rem != 0) {
-        walk(cur_, cur_utf8_, nullptr, bits);
-        return;
-    }
     for (uint32_t s : cur_) {
         if (s < 2) continue;
-        const auto e = classify(s);
+        const auto e = classify(s, cur_utf8_);
         if (!e->accepted_bits.empty())
             for (size_t w = 0; w < words_; ++w) bits[w] |= e->accepted_bits[w];
         for (int32_t t : e->accepted) bits[size_t(t) >> 6] |= 1ull << (t & 63);
         for (int32_t t : e->uncertain)
-            if (!((bits[size_t(t) >> 6] >> (t & 63)) & 1) && token_ok(t, s)) bits[size_t(t) >> 6] |= 1ull << (t & 63);
+            if (!((bits[size_t(t) >> 6] >> (t & 63)) & 1) && token_ok(t, s, cur_utf8_)) bits[size_t(t) >> 6] |= 1ull << (t & 63);
     }
     if (can_end())
         for (int32_t t : trie_->eog_tokens()) bits[size_t(t) >> 6] |= 1ull << (t & 63);

@@ -122,8 +122,8 @@ class Matcher {
     void successors(uint32_t node, uint32_t& begin, uint32_t& end);
     bool step(const std::vector<uint32_t>& in, Utf8 u, uint8_t byte, std::vector<uint32_t>& out, Utf8& nu);
     void walk(const std::vector<uint32_t>& start, Utf8 u, PositionCache::Entry* classify, uint64_t* bits);
-    std::shared_ptr<const PositionCache::Entry> classify(uint32_t stack);
-    bool token_ok(int32_t id, uint32_t stack);
+    std::shared_ptr<const PositionCache::Entry> classify(uint32_t stack, Utf8 u);
+    bool token_ok(int32_t id, uint32_t stack, Utf8 u);
     void compute_mask(uint64_t* bits);
 
     std::shared_ptr<const GrammarDef> def_;
