@@ -51,7 +51,9 @@ const char* kSchema = R"({
 
 const std::vector<std::string> kDocs = {
     R"({"id": 4211, "name": "Ada Lovelace", "email": "ada.king@example.org", "created": "2024-05-17T09:30:00Z", "tags": ["math", "poetry", "engines"], "address": {"street": "12 St James's Square", "city": "London", "geo": {"lat": 51.5074, "lon": -0.1278}}, "orders": [{"sku": "ENG-0001", "qty": 2, "status": "shipped", "notes": "Handle with care; the analytical engine is fragile."}, {"sku": "CRD-1843", "qty": 40, "status": "pending", "notes": null}], "active": true})",
-    "{\n  \"id\": 7,\n  \"name\": \"Grace Hopper\",\n  \"tags\": [\"cobol\", \"navy\"],\n  \"address\": {\n    \"street\": \"1 Compiler Way\",\n    \"city\": \"Arlington\"\n  },\n  \"orders\": [\n    {\n      \"sku\": \"BUG-1947\",\n      \"qty\": 1,\n      \"status\": \"delivered\"\n    }\n  ]\n}",
+    "{\n  \"id\": 7,\n  \"name\": \"Grace Hopper\",\n  \"tags\": [\"cobol\", \"navy\"],\n  \"address\": {\n    "
+    "\"street\": \"1 Compiler Way\",\n    \"city\": \"Arlington\"\n  },\n  \"orders\": [\n    {\n      \"sku\": "
+    "\"BUG-1947\",\n      \"qty\": 1,\n      \"status\": \"delivered\"\n    }\n  ]\n}",
     R"({"id": 99, "name": "Émile Zola — J'accuse", "tags": [], "address": {"street": "Rue de Bruxelles 21 bis", "city": "Paris", "geo": {"lat": 48.8826, "lon": 2.3322}}, "orders": [{"sku": "LIT-1898", "qty": 13, "status": "pending", "notes": "Première édition, 日本語の注記 included"}, {"sku": "NEW-0042", "qty": 5, "status": "shipped"}, {"sku": "OLD-0001", "qty": 99, "status": "delivered", "notes": "\"quoted\" and \\ escaped \u00e9"}], "active": false})",
 };
 
@@ -85,7 +87,8 @@ int bench_mask(const std::string& vocab, int rounds) {
                 const uint64_t* mask = m->mask();
                 st.us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count());
                 if (!((mask[id >> 6] >> (id & 63)) & 1) || !m->accept_token(id)) {
-                    std::fprintf(stderr, "grammar_bench: token %d ('%s') not allowed\n", id, tok->token_to_piece(id).c_str());
+                    std::fprintf(stderr, "grammar_bench: token %d ('%s') not allowed\n", id,
+                                 tok->token_to_piece(id).c_str());
                     std::exit(1);
                 }
             }
@@ -130,8 +133,10 @@ int bench_decode(const std::string& model, int tokens, int threads) {
             Count sink;
             const auto r = s.generate(o, sink);
             std::printf("round %d %-10s decode %7.2f tok/s (%d steps, finish %s)\n", round + 1,
-                        with == 2 ? "grammar" : with == 1 ? "plain-host" : "plain", r.decode_tokens_per_second(), r.decode_steps,
-                        cera::finish_reason_name(r.finish));
+                        with == 2   ? "grammar"
+                        : with == 1 ? "plain-host"
+                                    : "plain",
+                        r.decode_tokens_per_second(), r.decode_steps, cera::finish_reason_name(r.finish));
         }
     }
     return 0;

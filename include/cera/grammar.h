@@ -20,7 +20,7 @@
 namespace cera {
 
 class Grammar {
-   public:
+ public:
     // Parses GBNF text; `root` names the start rule. Throws cera::Error (kParse) naming the line, and
     // the rule for an undefined reference or left recursion.
     static std::shared_ptr<const Grammar> parse(std::string_view gbnf, std::string_view root = "root");
@@ -44,7 +44,7 @@ class Grammar {
     explicit Grammar(std::unique_ptr<Impl> impl);
     ~Grammar();
 
-   private:
+ private:
     std::unique_ptr<Impl> impl_;
 };
 

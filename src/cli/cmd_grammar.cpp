@@ -2,7 +2,6 @@
 // and `cera grammar from-schema SCHEMA_FILE`: validate grammars and schemas, match texts, print the
 // grammar of a schema.
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -23,12 +22,14 @@ std::string around(const std::string& text, size_t at) {
     for (size_t i = from; i < std::min(text.size(), at + 20); ++i) {
         if (i == at) out += "\xe2\x96\xb6";  // a marker where matching stops
         const unsigned char c = static_cast<unsigned char>(text[i]);
-        if (c == '\n') out += "\\n";
+        if (c == '\n')
+            out += "\\n";
         else if (c < 0x20) {
             char b[8];
             std::snprintf(b, sizeof b, "\\x%02x", c);
             out += b;
-        } else out += char(c);
+        } else
+            out += char(c);
     }
     if (at >= text.size()) out += "\xe2\x96\xb6";
     return out;
@@ -38,9 +39,10 @@ int run_grammar(const std::vector<std::string>& args) {
     CLI::App app{"Grammars and JSON Schemas for structured output.", "cera grammar"};
     app.require_subcommand(1);
     std::string file, schema, text, text_file, schema_out;
-    auto* check = app.add_subcommand("check",
-                                     "validate a GBNF grammar (exit 0, or 2 with the error); with --text or --text-file, "
-                                     "say whether the whole text is in its language (exit 0 if it is, 1 if not)");
+    auto* check =
+        app.add_subcommand("check",
+                           "validate a GBNF grammar (exit 0, or 2 with the error); with --text or --text-file, "
+                           "say whether the whole text is in its language (exit 0 if it is, 1 if not)");
     check->add_option("GRAMMAR_FILE", file, "GBNF grammar file");
     check->add_option("--schema", schema, "a JSON Schema file in place of the grammar file");
     auto* t = check->add_option("--text", text, "the text to match");

@@ -19,7 +19,8 @@ void GrammarFlags::add(CLI::App& app) {
     auto* g = app.add_option("--grammar", grammar, "constrain the output to a GBNF grammar (the text)");
     auto* gf = app.add_option("--grammar-file", grammar_file, "constrain the output to the GBNF grammar in FILE");
     auto* j = app.add_flag("--json", json, "constrain the output to a JSON object");
-    auto* js = app.add_option("--json-schema", json_schema_file, "constrain the output to JSON that the JSON Schema in FILE accepts");
+    auto* js = app.add_option("--json-schema", json_schema_file,
+                              "constrain the output to JSON that the JSON Schema in FILE accepts");
     g->excludes(gf)->excludes(j)->excludes(js);
     gf->excludes(j)->excludes(js);
     j->excludes(js);

@@ -20,7 +20,8 @@ namespace {
 std::shared_ptr<const cera::grammar::TokenTrie> small_vocab() {
     std::vector<std::string> pieces = {"</s>"};
     for (int b = 1; b < 256; ++b) pieces.push_back(std::string(1, char(b)));
-    for (const char* p : {"{\"", "\":", "\",", "\"}", "[]", "true", "null", "12", "\xc3\xa9", "\xe4\xb8\xad", " \"", "ab"})
+    for (const char* p :
+         {"{\"", "\":", "\",", "\"}", "[]", "true", "null", "12", "\xc3\xa9", "\xe4\xb8\xad", " \"", "ab"})
         pieces.push_back(p);
     std::vector<bool> eog(pieces.size(), false), control(pieces.size(), false);
     eog[0] = true;

@@ -13,7 +13,9 @@ namespace {
 
 std::string grammars(const std::string& f) { return test::source_path("tests/data/grammars/" + f); }
 
-test::ShellResult cera(const std::string& args) { return test::run_shell(test::shell_quote(test::cera_bin()) + " " + args); }
+test::ShellResult cera(const std::string& args) {
+    return test::run_shell(test::shell_quote(test::cera_bin()) + " " + args);
+}
 
 TEST(GrammarCli, CheckValidatesAndMatches) {
     for (const char* f : {"json.gbnf", "arithmetic.gbnf", "chess.gbnf", "c-like.gbnf", "unicode.gbnf", "list.gbnf"}) {

@@ -42,7 +42,8 @@ const char* kFormats = R"({"type": "object", "properties": {
     "dt": {"type": "string", "format": "date-time"}, "u": {"type": "string", "format": "uuid"},
     "any": {"anyOf": [{"type": "string", "maxLength": 5}, {"type": "null"}, {"type": "boolean"}]}},
   "required": ["d", "u", "any"]})";
-const char* kTuple = R"({"type": "array", "prefixItems": [{"enum": ["x", "y"]}, {"type": "integer"}, {"const": [1, "z"]}],
+const char* kTuple =
+    R"({"type": "array", "prefixItems": [{"enum": ["x", "y"]}, {"type": "integer"}, {"const": [1, "z"]}],
   "items": false})";
 const char* kExtra = R"({"type": "object", "properties": {"id": {"type": "string", "maxLength": 4}},
   "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 9}, "required": ["id"]})";
@@ -138,9 +139,9 @@ bool finished(const Out& o) { return o.finish == FinishReason::kEos || o.finish 
 void run_suite(int json_seeds, int gbnf_seeds, uint64_t seed_base) {
     const std::vector<std::string> models = {test::source_path("models/tiny-lfm2-Q8_0.gguf"),
                                              test::data_path("fixtures/tiny-qwen3/model.gguf")};
-    const std::vector<std::pair<std::string, const char*>> schemas = {
-        {"json-mode", nullptr}, {"person", kPerson}, {"tree", kTree},
-        {"formats", kFormats},  {"tuple", kTuple},   {"extra", kExtra}};
+    const std::vector<std::pair<std::string, const char*>> schemas = {{"json-mode", nullptr}, {"person", kPerson},
+                                                                      {"tree", kTree},        {"formats", kFormats},
+                                                                      {"tuple", kTuple},      {"extra", kExtra}};
     nlohmann::json cases = nlohmann::json::array();
     int total = 0, complete = 0;
     for (const auto& path : models) {
@@ -148,7 +149,8 @@ void run_suite(int json_seeds, int gbnf_seeds, uint64_t seed_base) {
         for (const auto& [name, schema] : schemas) {
             SCOPED_TRACE(path + " " + name);
             auto g = schema ? Grammar::from_json_schema(schema) : Grammar::json();
-            nlohmann::json c = {{"name", name}, {"schema", schema ? nlohmann::json::parse(schema) : nullptr},
+            nlohmann::json c = {{"name", name},
+                                {"schema", schema ? nlohmann::json::parse(schema) : nullptr},
                                 {"outputs", nlohmann::json::array()}};
             for (const Out& o : generate(e, g, json_seeds, 200, seed_base)) {
                 ++total;

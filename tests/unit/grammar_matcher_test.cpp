@@ -43,9 +43,12 @@ std::vector<std::string> check_walks(const Grammar& g, const std::shared_ptr<con
                 const bool got = bit(mask, id);
                 if (step % check_every == 0) {
                     bool want;
-                    if (trie->is_eog(id)) want = g.match(text) == -1;
-                    else if (trie->is_excluded(id)) want = false;
-                    else want = viable(g, text + trie->piece(id));
+                    if (trie->is_eog(id))
+                        want = g.match(text) == -1;
+                    else if (trie->is_excluded(id))
+                        want = false;
+                    else
+                        want = viable(g, text + trie->piece(id));
                     if (got != want) {
                         ADD_FAILURE() << "token " << id << " '" << trie->piece(id) << "' after '" << text << "': mask "
                                       << got << ", reference " << want;
@@ -66,10 +69,11 @@ std::vector<std::string> check_walks(const Grammar& g, const std::shared_ptr<con
 }
 
 std::shared_ptr<const TokenTrie> small_vocab() {
-    std::vector<std::string> p = {"<eos>", "{", "}", "\"", "\":", "\"}", "{\"", ", ", ",", ":", " ", "a", "b", "ab",
-                                  "abc", "\"a", "1", "12", "-", "0", "true", "tr", "ue", "null", "[", "]", "[]",
-                                  "\xc3", "\xa9", "\xc3\xa9", "\xe4\xb8", "\xad", "\xe4\xb8\xad", "\xf0\x9f", "\x98\x80",
-                                  "\\", "\\n", "n", "e", "\n", "  ", "x\"", "<ctl>"};
+    std::vector<std::string> p = {
+        "<eos>",    "{",        "}",  "\"",  "\":", "\"}",  "{\"",  ", ",       ",",        ":",    " ",
+        "a",        "b",        "ab", "abc", "\"a", "1",    "12",   "-",        "0",        "true", "tr",
+        "ue",       "null",     "[",  "]",   "[]",  "\xc3", "\xa9", "\xc3\xa9", "\xe4\xb8", "\xad", "\xe4\xb8\xad",
+        "\xf0\x9f", "\x98\x80", "\\", "\\n", "n",   "e",    "\n",   "  ",       "x\"",      "<ctl>"};
     std::vector<bool> eog(p.size(), false), control(p.size(), false);
     eog[0] = true;
     control.back() = true;
@@ -98,7 +102,7 @@ TEST(GrammarMatcher, CompleteGrammarAllowsOnlyEnd) {
     const auto trie = small_vocab();
     auto g = Grammar::parse(R"(root ::= "ab")");
     auto m = make_matcher(*g, trie);
-    EXPECT_FALSE(bit(m->mask(), 0));  // nothing yet: no end
+    EXPECT_FALSE(bit(m->mask(), 0));   // nothing yet: no end
     ASSERT_TRUE(m->accept_token(13));  // "ab"
     EXPECT_TRUE(m->is_complete());
     const uint64_t* mask = m->mask();

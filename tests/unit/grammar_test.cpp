@@ -1,12 +1,13 @@
 // GBNF parsing and whole-text matching: a suite of grammars, each accepting and rejecting strings as
 // its definition says; parse errors name the line and the rule.
+#include "cera/grammar.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
 #include "cera/error.h"
-#include "cera/grammar.h"
 
 namespace cera {
 namespace {
@@ -33,11 +34,13 @@ ws     ::= [ \t\n]*   # whitespace
 )G";
 
 const std::vector<Case> kSuite = {
-    {"json", kJson,
+    {"json",
+     kJson,
      {R"({"a": [1, 2.5, -3e10, true, null], "b": {"c": "d\n\u00e9"}})", "[]", "{}", "\"x\"", "0", "-0.5E+3",
       "[ {\"k\" : \"v\"} , [ ] ]", "\"caf\xc3\xa9\""},
      {"{", "[1,]", "01", "{\"a\" 1}", "\"\\x\"", "tru", "[1 2]", "{'a': 1}", "\"a\nb\"", "1.", ".5"}},
-    {"arithmetic", R"G(
+    {"arithmetic",
+     R"G(
 root ::= expr
 expr ::= term (("+" | "-") term)*
 term ::= factor (("*" | "/") factor)*
@@ -46,13 +49,15 @@ num ::= [0-9]+
 )G",
      {"1+2*3", "(1+2)*3", "-(4/2)", "((((7))))", "10-2-3", "--1"},
      {"1+", "(1+2", "1+*2", "", "()", "1 + 2", "a"}},
-    {"lists", R"G(
+    {"lists",
+     R"G(
 root ::= item{1,3} ("; " item){0,2}
 item ::= "- " [a-z]+ "\n"
 )G",
      {"- a\n", "- a\n- bc\n- d\n", "- a\n; - b\n", "- a\n- b\n; - c\n; - d\n"},
      {"", "- A\n", "- a\n- b\n- c\n- d\n", "- a\n; - b\n; - c\n; - d\n", "- a"}},
-    {"c-like", R"G(
+    {"c-like",
+     R"G(
 root ::= stmt+
 stmt ::= ( decl | assign | ifs | block ) ws
 decl ::= "int " id ( " = " expr )? ";"
@@ -68,7 +73,8 @@ ws ::= [ \n]?
      {"int x = 1;", "int x;\nx = x + 1;", "if (x < 3) { y = 2; }", "if (a == b) x = 1; else { }",
       "{ int _a1 = (2 + 3); }"},
      {"int 1x;", "x = ;", "if x < 3 y = 2;", "{ int x = 1;", "int x = 1", "x == 1;"}},
-    {"chess", R"G(
+    {"chess",
+     R"G(
 root ::= move (" " move)*
 move ::= ( piece? file? rank? "x"? square promo? | "O-O-O" | "O-O" ) check?
 piece ::= [KQRBN]
@@ -80,7 +86,8 @@ check ::= [+#]
 )G",
      {"e4", "e4 e5 Nf3 Nc6 Bb5", "exd5", "O-O", "O-O-O+", "e8=Q#", "Nbd7", "R1a3", "Qh4xe1#"},
      {"e9", "i4", "O-O-O-O", "Pe4 ", "e8=K", "", "Nf3  Nc6"}},
-    {"unicode", R"G(
+    {"unicode",
+     R"G(
 root ::= greek " " emoji+ " " cjk{2} " " notascii " " any
 greek ::= [\u0391-\u03A9\u03B1-\u03C9]+
 emoji ::= [\U0001F600-\U0001F64F]
@@ -90,12 +97,14 @@ any ::= .
 )G",
      {"αβγ 😀😃 中文 é x", "Ω 🙏 日本 ß 😀", "λ 😀 漢字 \xe2\x82\xac \xe2\x82\xac"},
      {"abc 😀 中文 é x", "αβ 🚀 中文 é x", "α 😀 中 é x", "α 😀 中文 e x", "α 😀 中文 é ", "α 😀 中文 é xy"}},
-    {"escapes", R"G(
+    {"escapes",
+     R"G(
 root ::= "\x41\u00e9\U0001F600\t\"\\" [\[\]\-] "\n"
 )G",
      {"A\xc3\xa9\xf0\x9f\x98\x80\t\"\\[\n", "A\xc3\xa9\xf0\x9f\x98\x80\t\"\\-\n"},
      {"A\xc3\xa9\xf0\x9f\x98\x80\t\"\\a\n", "Ae"}},
-    {"repetition", R"G(
+    {"repetition",
+     R"G(
 root ::= "a"{3} "b"{2,} "c"{0,2} ("d" | "e"){1,2}
 )G",
      {"aaabbd", "aaabbbbbbcce", "aaabbcde", "aaabbed"},
@@ -115,7 +124,7 @@ TEST(Grammar, MatchReportsWhereItStops) {
     auto g = Grammar::parse(R"(root ::= "abc" [0-9]+)");
     EXPECT_EQ(g->match("abc12"), -1);
     EXPECT_EQ(g->match("abx1"), 2);
-    EXPECT_EQ(g->match("abc"), 3);   // a prefix: the end is where it stops
+    EXPECT_EQ(g->match("abc"), 3);  // a prefix: the end is where it stops
     EXPECT_EQ(g->match("abc1x"), 4);
     // A split UTF-8 character is matched byte by byte.
     auto u = Grammar::parse(R"(root ::= [é] "x")");
@@ -128,8 +137,8 @@ TEST(Grammar, MatchReportsWhereItStops) {
     EXPECT_EQ(b->match("\xc1\x9b"), 0);
     EXPECT_EQ(b->match("\xe0\x81\x9b"), 1);
     EXPECT_EQ(b->match("\xf0\x80\x81\x9b"), 1);
-    EXPECT_EQ(b->match("\xed\xa0\x80"), 1);   // U+D800, a surrogate
-    EXPECT_EQ(b->match("\xed\x9f\xbf"), -1);  // U+D7FF
+    EXPECT_EQ(b->match("\xed\xa0\x80"), 1);      // U+D800, a surrogate
+    EXPECT_EQ(b->match("\xed\x9f\xbf"), -1);     // U+D7FF
     EXPECT_EQ(b->match("\xf4\x90\x80\x80"), 1);  // past U+10FFFF
     EXPECT_EQ(b->match("\xf4\x8f\xbf\xbf"), -1);
 }

@@ -25,8 +25,14 @@ TEST(SamplerMask, EqualsMinusInfinityLogitsUnderEverySetting) {
         {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f},
         {.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f},
         {.temperature = 1.3f, .top_k = 0, .top_p = 0.5f, .min_p = 0.0f},
-        {.temperature = 0.7f, .top_k = 5, .top_p = 1.0f, .min_p = 0.2f, .repeat_penalty = 1.3f,
-         .frequency_penalty = 0.2f, .presence_penalty = 0.5f, .penalty_last_n = 16},
+        {.temperature = 0.7f,
+         .top_k = 5,
+         .top_p = 1.0f,
+         .min_p = 0.2f,
+         .repeat_penalty = 1.3f,
+         .frequency_penalty = 0.2f,
+         .presence_penalty = 0.5f,
+         .penalty_last_n = 16},
         {.temperature = 0.0f, .repeat_penalty = 1.5f, .penalty_last_n = 8},
     };
     for (int density : {1, 10, 300}) {  // allowed: every density-th token, plus a few
@@ -38,7 +44,8 @@ TEST(SamplerMask, EqualsMinusInfinityLogitsUnderEverySetting) {
                 masked[size_t(id)] = logits[size_t(id)];
             }
         for (const SamplerParams& p : settings) {
-            SCOPED_TRACE(::testing::Message() << "density " << density << " temp " << p.temperature << " k " << p.top_k);
+            SCOPED_TRACE(::testing::Message()
+                         << "density " << density << " temp " << p.temperature << " k " << p.top_k);
             Sampler a(p, n), b(p, n);
             for (int32_t t : {3, 13, 2999, 3, 7, 103}) a.accept(t), b.accept(t);  // some in the window
             std::map<int32_t, float> want, got;

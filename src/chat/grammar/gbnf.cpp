@@ -32,7 +32,8 @@ CharClass make_class(std::vector<std::pair<uint32_t, uint32_t>> ranges, bool neg
         c.ranges = std::move(merged);
     }
     for (const auto& r : c.ranges)
-        for (uint32_t cp = r.first; cp <= std::min<uint32_t>(r.second, 127); ++cp) c.ascii[cp >> 6] |= 1ull << (cp & 63);
+        for (uint32_t cp = r.first; cp <= std::min<uint32_t>(r.second, 127); ++cp)
+            c.ascii[cp >> 6] |= 1ull << (cp & 63);
     return c;
 }
 
@@ -44,14 +45,14 @@ constexpr uint32_t kMaxRepeat = 10000;
 
 struct ProtoRule {
     std::string name;
-    int line = 0;       // definition line; 0 while only referenced
-    int ref_line = 0;   // first reference
+    int line = 0;      // definition line; 0 while only referenced
+    int ref_line = 0;  // first reference
     bool generated = false;
     std::vector<std::vector<Elem>> alts;
 };
 
 class Parser {
-   public:
+ public:
     explicit Parser(std::string_view text) : s_(text) {
         for (size_t i = 0; i < s_.size(); ++i)
             if (s_[i] == '\n') newlines_.push_back(i);
@@ -66,12 +67,14 @@ class Parser {
         return finish(root);
     }
 
-   private:
+ private:
     [[noreturn]] void fail(const char* fmt, const std::string& a = "") const {
         int line = 1, col = 1;
         for (size_t i = 0; i < pos_ && i < s_.size(); ++i) {
-            if (s_[i] == '\n') ++line, col = 1;
-            else ++col;
+            if (s_[i] == '\n')
+                ++line, col = 1;
+            else
+                ++col;
         }
         char msg[512];
         std::snprintf(msg, sizeof msg, fmt, a.c_str());
@@ -143,10 +146,14 @@ class Parser {
         for (int i = 0; i < digits; ++i) {
             const char c = peek();
             int d;
-            if (c >= '0' && c <= '9') d = c - '0';
-            else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-            else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
-            else fail("expecting %s hex digits in an escape", std::to_string(digits));
+            if (c >= '0' && c <= '9')
+                d = c - '0';
+            else if (c >= 'a' && c <= 'f')
+                d = c - 'a' + 10;
+            else if (c >= 'A' && c <= 'F')
+                d = c - 'A' + 10;
+            else
+                fail("expecting %s hex digits in an escape", std::to_string(digits));
             v = v * 16 + uint32_t(d);
             ++pos_;
         }
@@ -163,14 +170,36 @@ class Parser {
             const char e = peek();
             ++pos_;
             switch (e) {
-                case 'x': cp = hex(2); break;
-                case 'u': cp = hex(4); break;
-                case 'U': cp = hex(8); break;
-                case 'n': cp = '\n'; break;
-                case 'r': cp = '\r'; break;
-                case 't': cp = '\t'; break;
-                case '\\': case '"': case '[': case ']': case '-': case '^': case '\'': cp = uint32_t(e); break;
-                default: --pos_; fail("unknown escape '\\%s'", std::string(1, e));
+                case 'x':
+                    cp = hex(2);
+                    break;
+                case 'u':
+                    cp = hex(4);
+                    break;
+                case 'U':
+                    cp = hex(8);
+                    break;
+                case 'n':
+                    cp = '\n';
+                    break;
+                case 'r':
+                    cp = '\r';
+                    break;
+                case 't':
+                    cp = '\t';
+                    break;
+                case '\\':
+                case '"':
+                case '[':
+                case ']':
+                case '-':
+                case '^':
+                case '\'':
+                    cp = uint32_t(e);
+                    break;
+                default:
+                    --pos_;
+                    fail("unknown escape '\\%s'", std::string(1, e));
             }
             if (cp > 0x10FFFF) fail("code point beyond U+10FFFF in an escape");
             return cp;
@@ -202,8 +231,10 @@ class Parser {
         rules_[id].alts = std::move(alts);
         space(false);
         if (peek() == '\r') ++pos_;
-        if (peek() == '\n') ++pos_;
-        else if (!eof()) fail("expecting the end of the line, found '%s'", std::string(1, peek()));
+        if (peek() == '\n')
+            ++pos_;
+        else if (!eof())
+            fail("expecting the end of the line, found '%s'", std::string(1, peek()));
     }
 
     std::vector<std::vector<Elem>> alternates(const std::string& rule, bool nested, int depth) {

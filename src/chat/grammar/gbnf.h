@@ -27,8 +27,10 @@ struct CharClass {
     bool contains(uint32_t cp) const {
         if (cp < 128) return (ascii[cp >> 6] >> (cp & 63)) & 1;
         for (const auto& r : ranges)
-            if (cp < r.first) return false;
-            else if (cp <= r.second) return true;
+            if (cp < r.first)
+                return false;
+            else if (cp <= r.second)
+                return true;
         return false;
     }
     // Whether any code point in [lo, hi] is in the class.
@@ -52,8 +54,8 @@ struct Elem {
 
 struct Rule {
     std::string name;
-    int line = 0;                 // line of the definition (generated rules: of their parent)
-    std::vector<uint32_t> alts;   // start position of each alternative in `elems`
+    int line = 0;                // line of the definition (generated rules: of their parent)
+    std::vector<uint32_t> alts;  // start position of each alternative in `elems`
 };
 
 struct GrammarDef {

@@ -5,9 +5,9 @@
 #include "chat/grammar/json_schema.h"
 
 #include <algorithm>
-#include <limits>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -33,8 +33,10 @@ const std::map<std::string, std::string> kPrimitives = {
     {"object", R"("{" ws ( string ws ":" ws value ( ws "," ws string ws ":" ws value )* ws )? "}")"},
     {"array", R"("[" ws ( value ( ws "," ws value )* ws )? "]")"},
     {"hex", R"([0-9a-fA-F])"},
-    {"date", R"([0-9]{4} "-" ( ( "0" [13578] | "1" [02] ) "-" ( "0" [1-9] | [12] [0-9] | "3" [01] ) | ( "0" [469] | "11" ) "-" ( "0" [1-9] | [12] [0-9] | "30" ) | "02-" ( "0" [1-9] | "1" [0-9] | "2" [0-8] ) ))"},
-    {"time", R"(( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{1,6} )? ( "Z" | [+-] ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ))"},
+    {"date",
+     R"([0-9]{4} "-" ( ( "0" [13578] | "1" [02] ) "-" ( "0" [1-9] | [12] [0-9] | "3" [01] ) | ( "0" [469] | "11" ) "-" ( "0" [1-9] | [12] [0-9] | "30" ) | "02-" ( "0" [1-9] | "1" [0-9] | "2" [0-8] ) ))"},
+    {"time",
+     R"(( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{1,6} )? ( "Z" | [+-] ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ))"},
     {"uuid", R"(hex{8} "-" hex{4} "-" hex{4} "-" hex{4} "-" hex{12})"},
     {"email-atom", R"([a-zA-Z0-9_+-]{1,32})"},
     {"email-label", R"([a-zA-Z0-9] ( [a-zA-Z0-9-]{0,20} [a-zA-Z0-9] )?)"},
@@ -50,23 +52,28 @@ const std::map<std::string, std::vector<std::string>> kPrimitiveDeps = {
     {"email", {"email-atom", "email-label"}},
 };
 
-const std::set<std::string> kAnnotations = {"title", "description", "$schema", "$id", "$comment", "default",
-                                            "examples", "deprecated", "readOnly", "writeOnly", "$defs",
-                                            "definitions", "strict"};
+const std::set<std::string> kAnnotations = {"title",   "description", "$schema",    "$id",      "$comment",
+                                            "default", "examples",    "deprecated", "readOnly", "writeOnly",
+                                            "$defs",   "definitions", "strict"};
 
 // A GBNF string literal for bytes.
 std::string literal(const std::string& s) {
     std::string out = "\"";
     for (unsigned char c : s) {
-        if (c == '"' || c == '\\') out += '\\', out += char(c);
-        else if (c == '\n') out += "\\n";
-        else if (c == '\r') out += "\\r";
-        else if (c == '\t') out += "\\t";
+        if (c == '"' || c == '\\')
+            out += '\\', out += char(c);
+        else if (c == '\n')
+            out += "\\n";
+        else if (c == '\r')
+            out += "\\r";
+        else if (c == '\t')
+            out += "\\t";
         else if (c < 0x20) {
             char buf[8];
             std::snprintf(buf, sizeof buf, "\\x%02X", c);
             out += buf;
-        } else out += char(c);
+        } else
+            out += char(c);
     }
     return out + "\"";
 }
@@ -119,7 +126,7 @@ std::string uint_range(uint64_t lo, uint64_t hi) {
 }
 
 class Converter {
-   public:
+ public:
     explicit Converter(const Json& root) : root_(root) {}
 
     std::string run() {
@@ -140,7 +147,7 @@ class Converter {
         return out;
     }
 
-   private:
+ private:
     [[noreturn]] static void unsupported(const std::string& path, const std::string& what) {
         throw_error(ErrorCode::kUnsupported, "JSON Schema at '%s': %s", path.empty() ? "/" : path.c_str(),
                     what.c_str());
@@ -159,7 +166,8 @@ class Converter {
         std::string name = sanitize(hint);
         if (kPrimitives.count(name) || rules_.count(name) || name == "root") {
             int k = 2;
-            while (kPrimitives.count(name + "-" + std::to_string(k)) || rules_.count(name + "-" + std::to_string(k))) ++k;
+            while (kPrimitives.count(name + "-" + std::to_string(k)) || rules_.count(name + "-" + std::to_string(k)))
+                ++k;
             name += "-" + std::to_string(k);
         }
         rules_[name] = "";
@@ -196,10 +204,28 @@ class Converter {
         }
         if (!s.is_object()) invalid(path, "a schema must be an object or a boolean");
         for (const auto& [k, v] : s.items()) {
-            static const std::set<std::string> known = {
-                "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems",
-                "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "minLength", "maxLength",
-                "pattern", "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+            static const std::set<std::string> known = {"type",
+                                                        "properties",
+                                                        "required",
+                                                        "additionalProperties",
+                                                        "items",
+                                                        "prefixItems",
+                                                        "minItems",
+                                                        "maxItems",
+                                                        "enum",
+                                                        "const",
+                                                        "anyOf",
+                                                        "oneOf",
+                                                        "allOf",
+                                                        "$ref",
+                                                        "minLength",
+                                                        "maxLength",
+                                                        "pattern",
+                                                        "format",
+                                                        "minimum",
+                                                        "maximum",
+                                                        "exclusiveMinimum",
+                                                        "exclusiveMaximum"};
             if (!known.count(k) && !kAnnotations.count(k)) unsupported(path, "the keyword '" + k + "'");
         }
         if (s.contains("$ref")) {
@@ -232,8 +258,8 @@ class Converter {
             std::string out;
             for (size_t i = 0; i < list.size(); ++i) {
                 Json merged = rest.empty() || only_annotations(rest) ? list[i] : merge(rest, list[i], path);
-                out += (i ? " | " : "") + visit(merged, hint + "-" + std::to_string(i), path + "/" + key + "/" +
-                                                                                           std::to_string(i));
+                out += (i ? " | " : "") +
+                       visit(merged, hint + "-" + std::to_string(i), path + "/" + key + "/" + std::to_string(i));
             }
             return rule(hint, out);
         }
@@ -258,9 +284,11 @@ class Converter {
         if (type.empty()) {  // inferred from the keywords present
             if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required"))
                 type = "object";
-            else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems"))
+            else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") ||
+                     s.contains("maxItems"))
                 type = "array";
-            else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern") || s.contains("format"))
+            else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern") ||
+                     s.contains("format"))
                 type = "string";
             else if (s.contains("minimum") || s.contains("maximum"))
                 type = "number";
@@ -273,7 +301,8 @@ class Converter {
         if (type == "integer") return integer(s, hint, path);
         if (type == "number") {
             for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
-                if (s.contains(k)) unsupported(path, std::string("'") + k + "' on a number (only integers take bounds)");
+                if (s.contains(k))
+                    unsupported(path, std::string("'") + k + "' on a number (only integers take bounds)");
             return prim("number");
         }
         if (type == "boolean") return prim("boolean");
@@ -322,7 +351,10 @@ class Converter {
     }
 
     static std::string repeat(const std::string& item, int64_t lo, int64_t hi) {
-        if (hi < 0) return lo == 0 ? "(" + item + ")*" : lo == 1 ? "(" + item + ")+" : "(" + item + "){" + std::to_string(lo) + ",}";
+        if (hi < 0)
+            return lo == 0   ? "(" + item + ")*"
+                   : lo == 1 ? "(" + item + ")+"
+                             : "(" + item + "){" + std::to_string(lo) + ",}";
         if (lo == hi) return lo == 0 ? "\"\"" : "(" + item + "){" + std::to_string(lo) + "}";
         return "(" + item + "){" + std::to_string(lo) + "," + std::to_string(hi) + "}";
     }
@@ -333,9 +365,12 @@ class Converter {
             if (s.contains("pattern") || s.contains("minLength") || s.contains("maxLength"))
                 unsupported(path, "format together with pattern or a length");
             std::string body;
-            if (f == "date" || f == "time" || f == "uuid" || f == "email") body = prim(f);
-            else if (f == "date-time") body = prim("date") + " \"T\" " + prim("time");
-            else unsupported(path, "format '" + f + "' (supported: date, time, date-time, uuid, email)");
+            if (f == "date" || f == "time" || f == "uuid" || f == "email")
+                body = prim(f);
+            else if (f == "date-time")
+                body = prim("date") + " \"T\" " + prim("time");
+            else
+                unsupported(path, "format '" + f + "' (supported: date, time, date-time, uuid, email)");
             return rule(hint, "\"\\\"\" " + body + " \"\\\"\"");
         }
         if (s.contains("pattern")) {
@@ -390,9 +425,12 @@ class Converter {
                                       path + "/prefixItems/" + std::to_string(i)));
         }
         std::string item;  // further items: none when items is false
-        if (!s.contains("items")) item = elems.empty() || !s.contains("prefixItems") ? prim("value") : "";
-        else if (s["items"].is_boolean() && !s["items"].get<bool>()) item = "";
-        else item = visit(s["items"], hint + "-item", path + "/items");
+        if (!s.contains("items"))
+            item = elems.empty() || !s.contains("prefixItems") ? prim("value") : "";
+        else if (s["items"].is_boolean() && !s["items"].get<bool>())
+            item = "";
+        else
+            item = visit(s["items"], hint + "-item", path + "/items");
         const int64_t n = int64_t(elems.size());
         if (item.empty() && n < lo) invalid(path, "minItems exceeds the items the array may hold");
         const int64_t more_lo = std::max<int64_t>(lo - n, 0), more_hi = hi < 0 ? -1 : hi - n;
@@ -403,8 +441,8 @@ class Converter {
             if (n > 0) {
                 body += " " + repeat(sep + item, more_lo, more_hi);
             } else {  // the first item has no comma before it
-                const std::string tail = repeat(sep + item, std::max<int64_t>(more_lo - 1, 0),
-                                                more_hi < 0 ? -1 : more_hi - 1);
+                const std::string tail =
+                    repeat(sep + item, std::max<int64_t>(more_lo - 1, 0), more_hi < 0 ? -1 : more_hi - 1);
                 body = more_lo > 0 ? item + " " + tail : "(" + item + " " + tail + ")?";
             }
         }
@@ -425,8 +463,10 @@ class Converter {
             bool is_name = false;
             for (const auto& n : cps)
                 if (n.size() >= prefix.size() && n.compare(0, prefix.size(), prefix) == 0) {
-                    if (n.size() == prefix.size()) is_name = true;
-                    else next.insert(n[prefix.size()]);
+                    if (n.size() == prefix.size())
+                        is_name = true;
+                    else
+                        next.insert(n[prefix.size()]);
                 }
             std::string alts, excluded = "^\"\\\\\\x00-\\x1F";
             for (char32_t c : next) {
@@ -449,7 +489,8 @@ class Converter {
             const unsigned char c = static_cast<unsigned char>(s[i]);
             const int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : 4;
             char32_t cp = n == 1 ? c : n == 2 ? (c & 0x1F) : n == 3 ? (c & 0x0F) : (c & 0x07);
-            for (int k = 1; k < n && i + size_t(k) < s.size(); ++k) cp = cp << 6 | (static_cast<unsigned char>(s[i + size_t(k)]) & 0x3F);
+            for (int k = 1; k < n && i + size_t(k) < s.size(); ++k)
+                cp = cp << 6 | (static_cast<unsigned char>(s[i + size_t(k)]) & 0x3F);
             out += cp;
             i += size_t(n);
         }
@@ -476,7 +517,8 @@ class Converter {
             if (!s["properties"].is_object()) invalid(path, "properties must be an object");
             for (const auto& [k, v] : s["properties"].items()) {
                 const std::string value = visit(v, hint + "-" + k, path + "/properties/" + k);
-                items.push_back({literal(Json(k).dump()) + " " + ws + " \":\" " + ws + " " + value, required.count(k) > 0});
+                items.push_back(
+                    {literal(Json(k).dump()) + " " + ws + " \":\" " + ws + " " + value, required.count(k) > 0});
                 names.push_back(k);
             }
         }
@@ -484,8 +526,8 @@ class Converter {
             if (std::find(names.begin(), names.end(), r) == names.end())
                 unsupported(path, "required property '" + r + "' without a schema in properties");
         std::string extra;
-        if (s.contains("additionalProperties") && !(s["additionalProperties"].is_boolean() &&
-                                                    !s["additionalProperties"].get<bool>())) {
+        if (s.contains("additionalProperties") &&
+            !(s["additionalProperties"].is_boolean() && !s["additionalProperties"].get<bool>())) {
             const std::string value = visit(s["additionalProperties"], hint + "-extra", path + "/additionalProperties");
             extra = rule(hint + "-kv", other_key(names, hint) + " " + ws + " \":\" " + ws + " " + value);
         }
@@ -511,9 +553,12 @@ class Converter {
         if (all_optional && !extra.empty()) chain.push_back(extra + " ( " + sep + extra + " )*");
         for (size_t i = 0; i < chain.size(); ++i) first += (i ? " | " : "") + chain[i];
         std::string body;
-        if (first.empty()) body = "\"{\" " + ws + " \"}\"";
-        else if (all_optional) body = "\"{\" " + ws + " ( ( " + first + " ) " + ws + " )? \"}\"";
-        else body = "\"{\" " + ws + " ( " + first + " ) " + ws + " \"}\"";
+        if (first.empty())
+            body = "\"{\" " + ws + " \"}\"";
+        else if (all_optional)
+            body = "\"{\" " + ws + " ( ( " + first + " ) " + ws + " )? \"}\"";
+        else
+            body = "\"{\" " + ws + " ( " + first + " ) " + ws + " \"}\"";
         return rule(hint, body);
     }
 

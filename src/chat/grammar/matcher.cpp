@@ -94,8 +94,12 @@ void Matcher::closure(uint32_t node, std::vector<uint32_t>& out) {
         const Node nd = nodes_[n];
         const Elem e = def_->elems[nd.pos];
         switch (e.op) {
-            case Op::kChar: out.push_back(n); break;
-            case Op::kEnd: work_.push_back(nd.parent); break;
+            case Op::kChar:
+                out.push_back(n);
+                break;
+            case Op::kEnd:
+                work_.push_back(nd.parent);
+                break;
             case Op::kRef: {
                 // A reference in tail position returns straight to the parent: `R ::= x R | ""` then
                 // keeps a constant stack, and its states repeat (and hit the mask cache).
@@ -131,15 +135,24 @@ bool Matcher::step(const std::vector<uint32_t>& in, Utf8 u, uint8_t b, std::vect
     // Strict UTF-8: the lead byte fixes the range of the byte after it, which rules out overlong
     // forms, surrogates and code points past U+10FFFF.
     if (u.rem == 0) {
-        if (b < 0x80) nu = {b, 0};
-        else if (b >= 0xC2 && b <= 0xDF) nu = {uint32_t(b & 0x1F), 1};
-        else if (b == 0xE0) nu = {0, 2, 0xA0, 0xBF};
-        else if (b == 0xED) nu = {0xD, 2, 0x80, 0x9F};
-        else if (b >= 0xE1 && b <= 0xEF) nu = {uint32_t(b & 0x0F), 2};
-        else if (b == 0xF0) nu = {0, 3, 0x90, 0xBF};
-        else if (b >= 0xF1 && b <= 0xF3) nu = {uint32_t(b & 0x07), 3};
-        else if (b == 0xF4) nu = {4, 3, 0x80, 0x8F};
-        else return false;
+        if (b < 0x80)
+            nu = {b, 0};
+        else if (b >= 0xC2 && b <= 0xDF)
+            nu = {uint32_t(b & 0x1F), 1};
+        else if (b == 0xE0)
+            nu = {0, 2, 0xA0, 0xBF};
+        else if (b == 0xED)
+            nu = {0xD, 2, 0x80, 0x9F};
+        else if (b >= 0xE1 && b <= 0xEF)
+            nu = {uint32_t(b & 0x0F), 2};
+        else if (b == 0xF0)
+            nu = {0, 3, 0x90, 0xBF};
+        else if (b >= 0xF1 && b <= 0xF3)
+            nu = {uint32_t(b & 0x07), 3};
+        else if (b == 0xF4)
+            nu = {4, 3, 0x80, 0x8F};
+        else
+            return false;
     } else {
         if (b < u.next_lo || b > u.next_hi) return false;
         nu = {u.val << 6 | (b & 0x3F), u.rem - 1};
@@ -202,16 +215,13 @@ bool Matcher::accept_token(int32_t id) {
 bool Matcher::can_end() const { return cur_utf8_.rem == 0 && !cur_.empty() && cur_[0] == kAccept; }
 bool Matcher::is_complete() const { return can_end() && !has_real(cur_); }
 
-// Walks the trie from `start`. classify: sorts tokens into the entry (start is a cut-off stack);
-// otherwise sets the bits of the tokens that the whole state accepts.
-void Matcher::walk(const std::vector<uint32_t>& start, Utf8 u, PositionCache::Entry* classify, uint64_t* bits) {
+// Walks the trie from `start` (stack tops over the cut-off bottom, or over the real one) and sorts
+// the tokens into the entry.
+void Matcher::walk(const std::vector<uint32_t>& start, Utf8 u, PositionCache::Entry* classify) {
     const auto& nodes = trie_->nodes();
     const auto& order = trie_->order();
     auto accept = [&](uint32_t b, uint32_t e) {
-        if (classify)
-            classify->accepted.insert(classify->accepted.end(), order.begin() + b, order.begin() + e);
-        else
-            for (uint32_t k = b; k < e; ++k) bits[size_t(order[k]) >> 6] |= 1ull << (order[k] & 63);
+        classify->accepted.insert(classify->accepted.end(), order.begin() + b, order.begin() + e);
     };
     auto uncertain = [&](uint32_t b, uint32_t e) {
         classify->uncertain.insert(classify->uncertain.end(), order.begin() + b, order.begin() + e);
@@ -226,16 +236,16 @@ void Matcher::walk(const std::vector<uint32_t>& start, Utf8 u, PositionCache::En
         const uint32_t d = nd.depth;
         std::vector<uint32_t>& out = levels_[d];
         const bool alive = step(levels_[d - 1], level_utf8_[d - 1], nd.byte, out, level_utf8_[d]);
-        const bool cut = classify && alive && (out[0] == kCut || (out.size() > 1 && out[1] == kCut));
+        const bool cut = alive && (out[0] == kCut || (out.size() > 1 && out[1] == kCut));
         level_pop_[d] = level_pop_[d - 1] || cut;
         if (!alive) {
-            if (classify && level_pop_[d - 1]) uncertain(nd.tok_begin, nd.tok_end);
+            if (level_pop_[d - 1]) uncertain(nd.tok_begin, nd.tok_end);
             i = nd.end;
             continue;
         }
         accept(nd.tok_begin, nd.tok_begin + nd.n_own);
         if (!has_real(out)) {  // only bottoms: nothing more can be consumed
-            if (classify && level_pop_[d]) uncertain(nd.tok_begin + nd.n_own, nd.tok_end);
+            if (level_pop_[d]) uncertain(nd.tok_begin + nd.n_own, nd.tok_end);
             i = nd.end;
             continue;
         }
@@ -265,7 +275,7 @@ std::shared_ptr<const PositionCache::Entry> Matcher::classify(uint32_t stack, Ut
     for (size_t i = n_frames; i-- > 0;) chain = intern(key_[i], chain);
     auto e = std::make_shared<PositionCache::Entry>();
     std::vector<uint32_t> start = {chain};
-    walk(start, u, e.get(), nullptr);
+    walk(start, u, e.get());
     if (e->accepted.size() * 16 > size_t(trie_->n_vocab())) {
         e->accepted_bits.assign(words_, 0);
         for (int32_t t : e->accepted) e->accepted_bits[size_t(t) >> 6] |= 1ull << (t & 63);
@@ -295,7 +305,8 @@ void Matcher::compute_mask(uint64_t* bits) {
             for (size_t w = 0; w < words_; ++w) bits[w] |= e->accepted_bits[w];
         for (int32_t t : e->accepted) bits[size_t(t) >> 6] |= 1ull << (t & 63);
         for (int32_t t : e->uncertain)
-            if (!((bits[size_t(t) >> 6] >> (t & 63)) & 1) && token_ok(t, s, cur_utf8_)) bits[size_t(t) >> 6] |= 1ull << (t & 63);
+            if (!((bits[size_t(t) >> 6] >> (t & 63)) & 1) && token_ok(t, s, cur_utf8_))
+                bits[size_t(t) >> 6] |= 1ull << (t & 63);
     }
     if (can_end())
         for (int32_t t : trie_->eog_tokens()) bits[size_t(t) >> 6] |= 1ull << (t & 63);

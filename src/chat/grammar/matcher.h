@@ -34,7 +34,7 @@ namespace cera::grammar {
 // keyed by the positions of a stack's top frames (kTopFrames of them, fewer when the stack is that
 // short, which makes the entry exact). Filled lazily by the matchers that use it; thread-safe.
 class PositionCache {
-   public:
+ public:
     static constexpr size_t kTopFrames = 3;
     struct Entry {
         std::vector<int32_t> accepted;        // sparse form, when few
@@ -60,7 +60,7 @@ class PositionCache {
         return entries_.size();
     }
 
-   private:
+ private:
     struct KeyHash {
         size_t operator()(const std::vector<uint32_t>& k) const {
             size_t h = 0x9e3779b97f4a7c15ull;
@@ -79,7 +79,7 @@ struct MatcherOptions {
 };
 
 class Matcher {
-   public:
+ public:
     // Text matching only (no masks).
     explicit Matcher(std::shared_ptr<const GrammarDef> def);
     // Text matching and token masks over the cache's vocabulary.
@@ -95,16 +95,16 @@ class Matcher {
     // that no stack accepts; the state then stays after the matched part).
     size_t accept_bytes(std::string_view bytes);
 
-    bool can_end() const;       // the text so far is a whole match
-    bool is_complete() const;   // a whole match, and nothing may follow
+    bool can_end() const;      // the text so far is a whole match
+    bool is_complete() const;  // a whole match, and nothing may follow
     bool is_dead() const { return cur_.empty(); }
     void reset();
     size_t n_words() const { return words_; }
 
-   private:
+ private:
     struct Utf8 {
         uint32_t val = 0;
-        uint32_t rem = 0;                 // continuation bytes still expected
+        uint32_t rem = 0;                        // continuation bytes still expected
         uint8_t next_lo = 0x80, next_hi = 0xBF;  // the next byte's range (no overlong form, no surrogate)
         bool operator==(const Utf8& o) const {
             return val == o.val && rem == o.rem && next_lo == o.next_lo && next_hi == o.next_hi;
@@ -121,7 +121,7 @@ class Matcher {
     void closure(uint32_t node, std::vector<uint32_t>& out);
     void successors(uint32_t node, uint32_t& begin, uint32_t& end);
     bool step(const std::vector<uint32_t>& in, Utf8 u, uint8_t byte, std::vector<uint32_t>& out, Utf8& nu);
-    void walk(const std::vector<uint32_t>& start, Utf8 u, PositionCache::Entry* classify, uint64_t* bits);
+    void walk(const std::vector<uint32_t>& start, Utf8 u, PositionCache::Entry* classify);
     std::shared_ptr<const PositionCache::Entry> classify(uint32_t stack, Utf8 u);
     bool token_ok(int32_t id, uint32_t stack, Utf8 u);
     void compute_mask(uint64_t* bits);
@@ -138,7 +138,7 @@ class Matcher {
     std::vector<Node> nodes_;  // 0: the bottom of a whole match; 1: the cut-off bottom (classification)
     std::unordered_map<uint64_t, uint32_t> intern_;
     std::vector<uint32_t> succ_begin_, succ_end_, succ_pool_;  // memoised successors per node
-    std::vector<uint32_t> stamp_;                                // closure's visited marks
+    std::vector<uint32_t> stamp_;                              // closure's visited marks
     uint32_t epoch_ = 0;
     std::vector<uint32_t> work_;
     std::vector<uint32_t> key_;  // classify()'s cache key

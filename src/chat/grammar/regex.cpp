@@ -87,7 +87,7 @@ const Ranges kWord = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
 const Ranges kSpace = {{'\t', '\r'}, {' ', ' '}};
 
 class Regex {
-   public:
+ public:
     explicit Regex(std::string_view p) : s_(p) {}
 
     std::string run() {
@@ -100,7 +100,7 @@ class Regex {
         return (head ? "" : any + " ") + "(" + body + ")" + (tail ? "" : " " + any);
     }
 
-   private:
+ private:
     [[noreturn]] void fail(const char* what, char c = 0) const {
         char msg[128];
         std::snprintf(msg, sizeof msg, what, c);
@@ -161,8 +161,10 @@ class Regex {
         uint32_t v = 0;
         for (int i = 0; i < n; ++i) {
             const char c = peek();
-            const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                        : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+            const int d = c >= '0' && c <= '9'   ? c - '0'
+                          : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                          : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                                 : -1;
             if (d < 0) fail("a bad hex escape");
             v = v * 16 + uint32_t(d);
             ++pos_;
@@ -185,20 +187,48 @@ class Regex {
         if (!more()) fail("a trailing backslash");
         const char e = s_[pos_++];
         switch (e) {
-            case 'd': set = kDigit; return true;
-            case 'D': set = negate(kDigit); return true;
-            case 'w': set = kWord; return true;
-            case 'W': set = negate(kWord); return true;
-            case 's': set = kSpace; return true;
-            case 'S': set = negate(kSpace); return true;
-            case 't': cp = '\t'; return false;
-            case 'n': cp = '\n'; return false;
-            case 'r': cp = '\r'; return false;
-            case 'f': cp = '\f'; return false;
-            case 'v': cp = '\v'; return false;
-            case 'x': cp = hex(2); return false;
-            case 'u': cp = hex(4); return false;
-            case 'b': case 'B': unsupported("a word boundary");
+            case 'd':
+                set = kDigit;
+                return true;
+            case 'D':
+                set = negate(kDigit);
+                return true;
+            case 'w':
+                set = kWord;
+                return true;
+            case 'W':
+                set = negate(kWord);
+                return true;
+            case 's':
+                set = kSpace;
+                return true;
+            case 'S':
+                set = negate(kSpace);
+                return true;
+            case 't':
+                cp = '\t';
+                return false;
+            case 'n':
+                cp = '\n';
+                return false;
+            case 'r':
+                cp = '\r';
+                return false;
+            case 'f':
+                cp = '\f';
+                return false;
+            case 'v':
+                cp = '\v';
+                return false;
+            case 'x':
+                cp = hex(2);
+                return false;
+            case 'u':
+                cp = hex(4);
+                return false;
+            case 'b':
+            case 'B':
+                unsupported("a word boundary");
             default:
                 if ((e >= '0' && e <= '9')) unsupported("a back-reference");
                 if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z')) unsupported("this escape");
@@ -212,10 +242,13 @@ class Regex {
         if (c == '(') {
             ++pos_;
             if (peek() == '?') {
-                if (s_.substr(pos_, 2) == "?:") pos_ += 2;
-                else if (s_.substr(pos_, 2) == "?<" && pos_ + 2 < s_.size() && s_[pos_ + 2] != '=' && s_[pos_ + 2] != '!')
+                if (s_.substr(pos_, 2) == "?:")
+                    pos_ += 2;
+                else if (s_.substr(pos_, 2) == "?<" && pos_ + 2 < s_.size() && s_[pos_ + 2] != '=' &&
+                         s_[pos_ + 2] != '!')
                     pos_ = s_.find('>', pos_) == std::string_view::npos ? s_.size() : s_.find('>', pos_) + 1;
-                else unsupported("look-around or a group flag");
+                else
+                    unsupported("look-around or a group flag");
             }
             std::string inner = alternation(depth + 1);
             if (peek() != ')') fail("expecting ')'");

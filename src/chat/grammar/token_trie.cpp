@@ -29,7 +29,8 @@ TokenTrie::TokenTrie(std::vector<std::string> pieces, std::vector<bool> eog, std
         }
         ids.push_back(int32_t(i));
     }
-    std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return pieces_[size_t(a)] < pieces_[size_t(b)]; });
+    std::stable_sort(ids.begin(), ids.end(),
+                     [&](int32_t a, int32_t b) { return pieces_[size_t(a)] < pieces_[size_t(b)]; });
 
     nodes_.push_back({0, 0, 0, 0, 0, 0});
     std::vector<uint32_t> path = {0};  // node of each depth on the current path

@@ -18,14 +18,14 @@ class Tokenizer;
 namespace grammar {
 
 class TokenTrie {
-   public:
+ public:
     struct Node {
         uint32_t end;        // first node after this subtree
         uint32_t tok_begin;  // subtree's tokens: order[tok_begin, tok_end)
         uint32_t tok_end;
-        uint16_t n_own;      // tokens whose bytes end here
-        uint8_t byte;        // the byte that leads here from the parent
-        uint8_t depth;       // bytes from the root (tokens longer than 255 bytes are left out)
+        uint16_t n_own;  // tokens whose bytes end here
+        uint8_t byte;    // the byte that leads here from the parent
+        uint8_t depth;   // bytes from the root (tokens longer than 255 bytes are left out)
     };
 
     // pieces[id]: the bytes of token id; eog[id]: an end-of-generation token; control[id]: a token
@@ -43,7 +43,7 @@ class TokenTrie {
     // A token outside the trie that is not an end of generation (control, empty or too long).
     bool is_excluded(int32_t id) const { return excluded_[size_t(id)]; }
 
-   private:
+ private:
     std::vector<std::string> pieces_;
     std::vector<Node> nodes_;
     std::vector<int32_t> order_;
