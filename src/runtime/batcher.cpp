@@ -306,11 +306,12 @@ class BatcherImpl final : public Batcher {
         ++stats_.preemptions;
     }
 
-    // What the step brings back for a sequence's next token: the arg-max for a greedy sampler, the best
-    // logits for a top-k chain, else the whole row; each gives the token the Sampler would draw from the row.
-    // Under a grammar the whole row comes back: the mask needs every allowed token's logit.
+    // What the step brings back for a sequence's next token: the whole row when log-probabilities are
+    // asked for or a grammar masks the candidates (the mask needs every allowed token's logit), the
+    // arg-max for a greedy sampler, the best logits for a top-k chain, else the whole row; each gives the
+    // token the Sampler would draw from the row.
     static void choose_pick(Req& r, BatchState::Entry& e) {
-        if (r.matcher) {
+        if (r.opts.logprobs >= 0 || r.matcher) {
             e.pick = Pick::kLogits;
         } else if (r.sampler.picks_argmax()) {
             e.pick = Pick::kArgmax;
@@ -353,9 +354,20 @@ class BatcherImpl final : public Batcher {
         }
         const int32_t t = sample(r, e, out, i);
         if (r.matcher && !r.matcher->accept_token(t)) return leave(r, FinishReason::kStop);  // nothing can continue
+        SampledLogprobs lp;
+        if (r.opts.logprobs >= 0) {  // choose_pick() asked for the whole row
+            CERA_CHECK(out.row_at[i] != StepOutput::kNoRow, "batch: entry %zu has no logits row", i);
+            lp.top.resize(size_t(std::min(r.opts.logprobs, n_vocab_)));
+            lp.token = {t, r.sampler.log_probs(out.logits.data() + out.row_at[i], t, int32_t(lp.top.size()),
+                                               lp.top.data())};
+        }
         r.sampler.accept(t);
         ++r.result.generated_tokens;
         if (r.sink) r.sink->on_token(t);
+        if (r.opts.logprobs >= 0) {
+            if (r.sink) r.sink->on_logprobs(lp);
+            r.result.logprobs.push_back(std::move(lp));
+        }
         if (!r.opts.ignore_eos && im_.tokenizer->is_eog(t)) return leave(r, FinishReason::kEos);
         r.tokens.push_back(t);
         if (r.stopper.feed(r.detok.push(t), r.out)) {

@@ -35,6 +35,13 @@ TEST(SamplerMask, EqualsMinusInfinityLogitsUnderEverySetting) {
          .penalty_last_n = 16},
         {.temperature = 0.0f, .repeat_penalty = 1.5f, .penalty_last_n = 8},
     };
+    std::vector<SamplerParams> biased = settings;  // and each with a logit bias
+    for (SamplerParams& p : biased) p.logit_bias = {{3, 4.0f}, {13, -2.0f}, {2999, 1.5f}, {4, 3.0f}};
+    const std::vector<SamplerParams> all = [&] {
+        std::vector<SamplerParams> v = settings;
+        v.insert(v.end(), biased.begin(), biased.end());
+        return v;
+    }();
     for (int density : {1, 10, 300}) {  // allowed: every density-th token, plus a few
         std::vector<uint64_t> mask((n + 63) / 64, 0);
         std::vector<float> masked(n, -std::numeric_limits<float>::infinity());
@@ -43,7 +50,7 @@ TEST(SamplerMask, EqualsMinusInfinityLogitsUnderEverySetting) {
                 mask[size_t(id) >> 6] |= 1ull << (id & 63);
                 masked[size_t(id)] = logits[size_t(id)];
             }
-        for (const SamplerParams& p : settings) {
+        for (const SamplerParams& p : all) {
             SCOPED_TRACE(::testing::Message()
                          << "density " << density << " temp " << p.temperature << " k " << p.top_k);
             Sampler a(p, n), b(p, n);
