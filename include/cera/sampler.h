@@ -57,11 +57,18 @@ class Sampler {
     // The next token for one row of n_vocab logits (not modified). Never allocates or throws.
     // Does not add the token to the penalty window: call accept() for that.
     int32_t sample(const float* logits);
+    // sample() among the allowed tokens only (structured output): token id is in the running when bit
+    // id % 64 of allowed[id / 64] is set; the others are out before the chain starts, as if their logit
+    // were -inf, so penalties, top-k, top-p, min-p and temperature all see the allowed ones alone. With
+    // no token allowed, the mask is ignored. null: sample(logits). Never allocates or throws.
+    int32_t sample(const float* logits, const uint64_t* allowed);
 
     // The kept candidates with their probabilities, most likely first, exactly as the
     // next sample() on the same logits would draw from them (greedy: the single arg-max
     // with p = 1). The span stays valid until the next call on this Sampler.
     std::span<const TokenProb> distribution(const float* logits);
+    // distribution() among the allowed tokens only (see sample(logits, allowed)).
+    std::span<const TokenProb> distribution(const float* logits, const uint64_t* allowed);
 
     // Sampling from the best logits only (a device backend selects them, Backend::top_logits, and
     // copies back those instead of the whole row). top_needed(): how many of the best logits
@@ -114,6 +121,7 @@ class Sampler {
     int32_t draw();
     void filter(bool sort_kept);  // sort_kept: leave the survivors most likely first
     int32_t greedy_pick() const;
+    bool allowed(int32_t id) const { return !allowed_ || ((allowed_[id >> 6] >> (id & 63)) & 1); }
     uint64_t next_u64();
     double next_uniform();  // [0, 1)
 
@@ -131,6 +139,7 @@ class Sampler {
     std::vector<int32_t> window_;   // [penalty_last_n] window() output
     uint32_t epoch_ = 0;
     uint64_t rng_[4];               // xoshiro256** state
+    const uint64_t* allowed_ = nullptr;  // the mask of the sample() in progress, or null
 };
 
 }  // namespace cera

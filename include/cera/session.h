@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cera/engine.h"
+#include "cera/grammar.h"
 #include "cera/sampler.h"
 
 namespace cera {
@@ -63,6 +64,13 @@ struct GenerateOptions {
     // truncations and temperature. Costs a pass over the logits a token, which then come to the host.
     // < 0: none.
     int32_t logprobs = -1;
+    // Structured output: every sampled token keeps the text in the grammar's language (the sampler draws
+    // from the allowed tokens only, with every setting above applying to them), and end-of-generation
+    // is allowed only where the text is a whole match. Generation ends (FinishReason::kStop, no stop
+    // string) as soon as the text is a whole match that nothing may extend, or if no token of the
+    // vocabulary can continue it. The text is matched from the first generated token. Steps then
+    // bring the logits to the host (device_greedy and device_sampling do not apply).
+    std::shared_ptr<const Grammar> grammar;
 };
 
 // A sampled token's log-probability and the most likely tokens at its position (GenerateOptions::logprobs).

@@ -29,6 +29,7 @@
 #include "chat/chat_template.h"
 #include "cli/command.h"
 #include "cli/engine_flags.h"
+#include "cli/grammar_flags.h"
 #include "cli/model_path.h"
 #include "cli/parse_args.h"
 #include "server/chat_prompt.h"
@@ -252,7 +253,10 @@ int run_chat(const std::vector<std::string>& args) {
                    "when the context fills, keep the first N tokens and drop half of the rest (-1: stop instead)")
         ->capture_default_str();
     app.add_flag("-v,--verbose", chat.verbose, "print the model, and per-reply timings, to stderr");
+    GrammarFlags gf;
+    gf.add(app);
     if (int rc = parse_args(app, args, "chat"); rc >= 0) return rc;
+    g.grammar = gf.build();  // every reply follows it
     const EngineOptions eo = ef.options();
     g.max_tokens = n_predict < 0 ? -1 : n_predict;
     g.n_keep = n_keep;

@@ -17,6 +17,7 @@
 #include "cera/session.h"
 #include "cli/command.h"
 #include "cli/engine_flags.h"
+#include "cli/grammar_flags.h"
 #include "cli/model_path.h"
 #include "cli/parse_args.h"
 
@@ -79,7 +80,10 @@ int run_run(const std::vector<std::string>& args) {
     app.add_option("--n-keep", g.n_keep,
                    "when the context fills, keep the first N tokens and drop half of the rest (-1: stop instead)")
         ->capture_default_str();
+    GrammarFlags gf;
+    gf.add(app);
     if (int rc = parse_args(app, args, "run"); rc >= 0) return rc;
+    g.grammar = gf.build();
     const EngineOptions eo = ef.options();
     g.max_tokens = n_predict < 0 ? -1 : n_predict;
     g.sampling.seed = seed >= 0 ? uint64_t(seed) : uint64_t(std::random_device{}()) << 32 | std::random_device{}();

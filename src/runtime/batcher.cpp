@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "cera/sampler.h"
+#include "chat/grammar/grammar_impl.h"
 #include "core/check.h"
 #include "models/batch_state.h"
 #include "runtime/engine_impl.h"
@@ -35,7 +36,7 @@ double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 class Req final : public Request {
    public:
     Req(std::span<const int32_t> prompt, const GenerateOptions& o, std::shared_ptr<Sink> s, const Tokenizer& tok,
-        int32_t n_vocab, uint64_t order)
+        int32_t n_vocab, uint64_t order, std::unique_ptr<grammar::Matcher> m)
         : tokens(prompt.begin(), prompt.end()),
           n_prompt(prompt.size()),
           opts(o),
@@ -43,6 +44,7 @@ class Req final : public Request {
           sampler(o.sampling, n_vocab),
           stopper(o.stop),
           detok(tok),
+          matcher(std::move(m)),
           arrival(order) {
         const size_t window = size_t(std::max(0, o.sampling.penalty_last_n));
         for (size_t i = tokens.size() > window ? tokens.size() - window : 0; i < tokens.size(); ++i)
@@ -68,7 +70,7 @@ class Req final : public Request {
         if (started) result.decode_seconds = seconds(first_sample, Clock::now());
         if (!e) {
             try {
-                if (why != FinishReason::kStop) {
+                if (why != FinishReason::kStop || result.stop_string.empty()) {  // a stop string drops the rest
                     if (stopper.end(detok.flush(), out)) {
                         result.finish = FinishReason::kStop;
                         result.stop_string = stopper.matched();
@@ -100,6 +102,7 @@ class Req final : public Request {
     Sampler sampler;
     StopMatcher stopper;
     StreamingDetokenizer detok;
+    const std::unique_ptr<grammar::Matcher> matcher;  // this sequence's grammar state, or null
     const uint64_t arrival;
     // The batcher thread's.
     int seq = -1;           // BatchState slot while admitted
@@ -157,7 +160,9 @@ class BatcherImpl final : public Batcher {
         if (int64_t(prompt.size()) >= n_ctx_)
             throw_error(ErrorCode::kOutOfRange, "submit: a %zu-token prompt leaves no room in a %d-token sequence",
                         prompt.size(), n_ctx_);
-        auto r = std::make_shared<Req>(prompt, options, std::move(sink), *im_.tokenizer, n_vocab_, next_arrival_++);
+        auto m = options.grammar ? make_matcher(*options.grammar, im_.token_trie()) : nullptr;
+        auto r = std::make_shared<Req>(prompt, options, std::move(sink), *im_.tokenizer, n_vocab_, next_arrival_++,
+                                       std::move(m));
         {
             std::lock_guard<std::mutex> lk(mu_);
             if (stop_) throw_error(ErrorCode::kCancelled, "submit: the batcher is stopping");
@@ -302,9 +307,11 @@ class BatcherImpl final : public Batcher {
     }
 
     // What the step brings back for a sequence's next token: the whole row when log-probabilities are
-    // asked for, the arg-max for a greedy sampler, the best logits for a top-k chain, else the whole row; each gives the token the Sampler would draw from the row.
+    // asked for or a grammar masks the candidates (the mask needs every allowed token's logit), the
+    // arg-max for a greedy sampler, the best logits for a top-k chain, else the whole row; each gives the
+    // token the Sampler would draw from the row.
     static void choose_pick(Req& r, BatchState::Entry& e) {
-        if (r.opts.logprobs >= 0) {  // log-probabilities need the whole row
+        if (r.opts.logprobs >= 0 || r.matcher) {
             e.pick = Pick::kLogits;
         } else if (r.sampler.picks_argmax()) {
             e.pick = Pick::kArgmax;
@@ -316,7 +323,10 @@ class BatcherImpl final : public Batcher {
     }
 
     static int32_t sample(Req& r, const BatchState::Entry& e, const StepOutput& out, size_t i) {
-        if (out.row_at[i] != StepOutput::kNoRow) return r.sampler.sample(out.logits.data() + out.row_at[i]);
+        // The mask depends on this sequence's text alone, so the pick does not depend on the batch.
+        if (out.row_at[i] != StepOutput::kNoRow)
+            return r.sampler.sample(out.logits.data() + out.row_at[i], r.matcher ? r.matcher->mask() : nullptr);
+        CERA_CHECK(!r.matcher, "batch: a grammar's entry came back without its logits");
         switch (e.pick) {
             case Pick::kArgmax: return out.words[out.at[i]];
             case Pick::kTop: {
@@ -343,6 +353,7 @@ class BatcherImpl final : public Batcher {
             ++r.result.decode_steps;
         }
         const int32_t t = sample(r, e, out, i);
+        if (r.matcher && !r.matcher->accept_token(t)) return leave(r, FinishReason::kStop);  // nothing can continue
         SampledLogprobs lp;
         if (r.opts.logprobs >= 0) {  // choose_pick() asked for the whole row
             CERA_CHECK(out.row_at[i] != StepOutput::kNoRow, "batch: entry %zu has no logits row", i);
@@ -365,6 +376,7 @@ class BatcherImpl final : public Batcher {
             return leave(r, FinishReason::kStop);
         }
         r.emit();
+        if (r.matcher && r.matcher->is_complete()) return leave(r, FinishReason::kStop);  // only an end could follow
         if (r.opts.max_tokens >= 0 && r.result.generated_tokens >= r.opts.max_tokens) return leave(r, FinishReason::kLength);
         if (int64_t(r.tokens.size()) >= n_ctx_) return leave(r, FinishReason::kContextFull);
     }

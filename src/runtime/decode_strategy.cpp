@@ -10,18 +10,19 @@ namespace {
 
 class HostSampling final : public DecodeStrategy {
  public:
-    HostSampling(ModelState& state, Sampler& sampler, std::vector<float>& logits)
-        : state_(state), sampler_(sampler), logits_(logits) {}
+    HostSampling(ModelState& state, Sampler& sampler, std::vector<float>& logits, grammar::Matcher* matcher)
+        : state_(state), sampler_(sampler), logits_(logits), matcher_(matcher) {}
 
     DecodePick step(int32_t token, bool /*final_pick*/) override {
         state_.eval({.tokens = {&token, 1}, .logits = logits_.data()});
-        return {sampler_.sample(logits_.data()), LogitsAt::kHost};
+        return {sampler_.sample(logits_.data(), matcher_ ? matcher_->mask() : nullptr), LogitsAt::kHost};
     }
 
  private:
     ModelState& state_;
     Sampler& sampler_;
     std::vector<float>& logits_;
+    grammar::Matcher* matcher_;
 };
 
 // For a sampler that picks the plain arg-max (Sampler::picks_argmax).
@@ -93,9 +94,9 @@ class DeviceTopK final : public DecodeStrategy {
 
 std::unique_ptr<DecodeStrategy> choose_decode_strategy(const GenerateOptions& options, Sampler& sampler,
                                                        ModelState& state, std::vector<float>& logits,
-                                                       bool device_async) {
-    // Log-probabilities need the whole row on the host.
-    if (options.logprobs >= 0) return std::make_unique<HostSampling>(state, sampler, logits);
+                                                       bool device_async, grammar::Matcher* matcher) {
+    // A grammar's mask and log-probabilities need the whole row on the host.
+    if (matcher || options.logprobs >= 0) return std::make_unique<HostSampling>(state, sampler, logits, matcher);
     // Greedy on the device is exactly the host sampler's pick whenever that is a plain arg-max.
     if (options.device_greedy && sampler.picks_argmax()) {
         if (options.decode_ahead > 0 || (options.decode_ahead < 0 && device_async))
@@ -104,7 +105,7 @@ std::unique_ptr<DecodeStrategy> choose_decode_strategy(const GenerateOptions& op
     }
     if (const int32_t top_k = options.device_sampling ? sampler.top_needed() : 0; top_k > 0)
         return std::make_unique<DeviceTopK>(state, sampler, logits, top_k, options.sampling.penalty_last_n);
-    return std::make_unique<HostSampling>(state, sampler, logits);
+    return std::make_unique<HostSampling>(state, sampler, logits, nullptr);
 }
 
 }  // namespace cera

@@ -1,6 +1,7 @@
 // How Session::generate() runs a decode step: evaluate the newest token of the sequence and pick the
 // one after it. One strategy per generate() call, chosen from the options and the sampler:
-//   HostSampling       the logits come to the host and the Sampler draws from them
+//   HostSampling       the logits come to the host and the Sampler draws from them (the only one under
+//                      a grammar: its mask needs every allowed token's logit)
 //   DeviceGreedy       the arg-max runs inside the device step; only the id comes back
 //   DeviceGreedyAhead  DeviceGreedy with each step queued before the host has read the previous pick
 //   DeviceTopK         only the best logits and the penalty window's come back; Sampler::sample_top draws
@@ -12,6 +13,7 @@
 
 #include "cera/sampler.h"
 #include "cera/session.h"
+#include "chat/grammar/matcher.h"
 #include "models/model.h"
 
 namespace cera {
@@ -38,9 +40,10 @@ class DecodeStrategy {
 // The strategy for one generate() call. logits: the session's host logits, f32 [n_vocab], written when a
 // step brings the logits to the host. device_async: the backend runs behind the host (Backend::asynchronous),
 // which is when GenerateOptions::decode_ahead < 0 queues greedy steps ahead. The strategy holds references
-// to state, sampler and logits.
+// to state, sampler and logits. matcher: the grammar's (or null); each pick is drawn from its mask, and
+// the caller advances it by the pick before the next step.
 std::unique_ptr<DecodeStrategy> choose_decode_strategy(const GenerateOptions& options, Sampler& sampler,
                                                        ModelState& state, std::vector<float>& logits,
-                                                       bool device_async);
+                                                       bool device_async, grammar::Matcher* matcher = nullptr);
 
 }  // namespace cera

@@ -2,9 +2,11 @@
 // the CLI's `logits` tool shares with Engine::load (not a public header).
 #pragma once
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "cera/engine.h"
+#include "chat/grammar/token_trie.h"
 #include "models/model.h"
 #include "runtime/prefix_cache.h"
 #include "tokenizer/tokenizer.h"
@@ -18,6 +20,13 @@ struct Engine::Impl {
     std::unique_ptr<Tokenizer> tokenizer;  // immutable after load
     uint64_t fingerprint = 0;              // model_fingerprint() of the GGUF
     std::unique_ptr<PrefixCache> prefix_cache;  // null unless EngineOptions ask for one; thread-safe
+    // The vocabulary's token trie for grammars, built on first use (token_trie() is thread-safe).
+    std::once_flag trie_once;
+    std::shared_ptr<const grammar::TokenTrie> trie;
+    const std::shared_ptr<const grammar::TokenTrie>& token_trie() {
+        std::call_once(trie_once, [&] { trie = grammar::TokenTrie::from_tokenizer(*tokenizer); });
+        return trie;
+    }
     StateIdentity state_identity() const {
         return {fingerprint, options.kv_type == KvCacheType::kF16 ? 1u : 0u, info.n_vocab};
     }

@@ -130,7 +130,7 @@ void Sampler::load(const float* logits, int32_t k) {
         float thr = -std::numeric_limits<float>::infinity();
         for (int32_t i = 0; i < n_vocab_; ++i) {
             const float l = logits[i];
-            if (!(l > thr)) continue;  // also skips NaN
+            if (!(l > thr) || !allowed(i)) continue;  // also skips NaN
             c[cnt++] = {i, l, 0.0f};
             if (cnt == 2 * m) {  // keep the best m; the m-th becomes the bar to pass
                 std::nth_element(c, c + m - 1, c + cnt, better);
@@ -153,6 +153,22 @@ void Sampler::load(const float* logits, int32_t k) {
 
 void Sampler::load_all(const float* logits) {
     TokenProb* c = cand_.data();
+    if (allowed_) {  // the allowed tokens only; the penalties then go through the window path
+        int32_t cnt = 0;
+        for (int32_t i = 0; i < n_vocab_; ++i) {
+            if (!allowed(i)) continue;
+            const float l = logits[i];
+            c[cnt++] = {i, std::isnan(l) ? -std::numeric_limits<float>::infinity() : l, 0.0f};
+        }
+        for (const auto& [id, bias] : params_.logit_bias) {  // c is in id order
+            TokenProb* at = std::lower_bound(c, c + cnt, id, [](const TokenProb& t, int32_t v) { return t.id < v; });
+            if (at != c + cnt && at->id == id) at->logit += bias;
+        }
+        n_cand_ = cnt;
+        sorted_ = false;
+        add_window(logits, nullptr);
+        return;
+    }
     for (int32_t i = 0; i < n_vocab_; ++i) {
         const float l = logits[i];
         c[i] = {i, std::isnan(l) ? -std::numeric_limits<float>::infinity() : l, 0.0f};
@@ -195,7 +211,7 @@ void Sampler::add_window(const float* logits, const float* window_logits) {
     const int32_t cap = int32_t(ring_.size());
     for (int32_t i = 0; i < ring_size_; ++i) {
         const int32_t t = ring_[size_t((ring_head_ + i) % cap)];
-        if (stamp_[size_t(t)] == epoch_) continue;
+        if (stamp_[size_t(t)] == epoch_ || !allowed(t)) continue;
         stamp_[size_t(t)] = epoch_;
         const float l = window_logits ? window_logits[i] : logits[t];
         c[n_cand_++] = {t, std::isnan(l) ? -std::numeric_limits<float>::infinity() : l, 0.0f};
@@ -403,6 +419,38 @@ int32_t Sampler::sample(const float* logits) {
     load(logits, params_.top_k > 0 ? params_.top_k : 0);
     filter(false);
     return draw();
+}
+
+namespace {
+bool any_bit(const uint64_t* words, int32_t n_vocab) {
+    for (int32_t w = 0; w < (n_vocab + 63) / 64; ++w)
+        if (words[w]) return true;
+    return false;
+}
+}  // namespace
+
+int32_t Sampler::sample(const float* logits, const uint64_t* allowed) {
+    if (!allowed || !any_bit(allowed, n_vocab_)) return sample(logits);
+    allowed_ = allowed;
+    int32_t t;
+    if (greedy_) {
+        load(logits, 1);
+        t = cand_[size_t(greedy_pick())].id;
+    } else {
+        load(logits, params_.top_k > 0 ? params_.top_k : 0);
+        filter(false);
+        t = draw();
+    }
+    allowed_ = nullptr;
+    return t;
+}
+
+std::span<const TokenProb> Sampler::distribution(const float* logits, const uint64_t* allowed) {
+    if (!allowed || !any_bit(allowed, n_vocab_)) return distribution(logits);
+    allowed_ = allowed;
+    const std::span<const TokenProb> d = distribution(logits);
+    allowed_ = nullptr;
+    return d;
 }
 
 // Draw u in [0, sum p) and walk the cumulative mass; the last candidate absorbs rounding.

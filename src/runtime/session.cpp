@@ -8,6 +8,7 @@
 #include <utility>
 #include <cinttypes>
 
+#include "chat/grammar/grammar_impl.h"
 #include "core/check.h"
 #include "runtime/decode_strategy.h"
 #include "runtime/engine_impl.h"
@@ -259,10 +260,12 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
         r.text += text;
         text.clear();
     };
+    const std::unique_ptr<grammar::Matcher> matcher =
+        options.grammar ? make_matcher(*options.grammar, im.eng->token_trie()) : nullptr;
     const auto t_decode = Clock::now();
     const int32_t n_ctx = im.state->n_ctx();
     const std::unique_ptr<DecodeStrategy> decoder = choose_decode_strategy(
-        options, sampler, *im.state, im.logits, im.eng->model->backend().asynchronous());
+        options, sampler, *im.state, im.logits, im.eng->model->backend().asynchronous(), matcher.get());
     for (;;) {
         if (options.max_tokens >= 0 && r.generated_tokens >= options.max_tokens) {
             r.finish = FinishReason::kLength;
@@ -291,7 +294,12 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
                 im.logits_left_on_device();
             ++r.decode_steps;
         } else {
-            t = sampler.sample(im.logits.data());  // has_logits: checked above, or set by prefill
+            // has_logits: checked above, or set by prefill
+            t = sampler.sample(im.logits.data(), matcher ? matcher->mask() : nullptr);
+        }
+        if (matcher && !matcher->accept_token(t)) {  // no token could continue the text
+            r.finish = FinishReason::kStop;
+            break;
         }
         SampledLogprobs lp;
         if (options.logprobs >= 0) {  // the strategy keeps the row on the host when logprobs are asked for
@@ -318,8 +326,12 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
             break;
         }
         emit(out);
+        if (matcher && matcher->is_complete()) {  // only end-of-generation could follow
+            r.finish = FinishReason::kStop;
+            break;
+        }
     }
-    if (r.finish != FinishReason::kStop) {
+    if (r.finish != FinishReason::kStop || r.stop_string.empty()) {  // a stop string drops what follows it
         if (stopper.end(detok.flush(), out)) {
             r.finish = FinishReason::kStop;
             r.stop_string = stopper.matched();

@@ -1,0 +1,54 @@
+// The public Grammar: parsing, JSON Schema conversion, whole-text matching, matchers per vocabulary.
+#include <algorithm>
+
+#include "chat/grammar/grammar_impl.h"
+#include "chat/grammar/json_schema.h"
+
+namespace cera {
+
+Grammar::Grammar(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Grammar::~Grammar() = default;
+
+std::shared_ptr<const Grammar> Grammar::parse(std::string_view gbnf, std::string_view root) {
+    auto impl = std::make_unique<Impl>();
+    impl->def = std::make_shared<const grammar::GrammarDef>(grammar::parse_gbnf(gbnf, root));
+    impl->gbnf = std::string(gbnf);
+    return std::make_shared<const Grammar>(std::move(impl));
+}
+
+std::string Grammar::json_schema_to_gbnf(std::string_view schema_json) {
+    return grammar::json_schema_to_gbnf(schema_json);
+}
+
+std::shared_ptr<const Grammar> Grammar::from_json_schema(std::string_view schema_json) {
+    return parse(grammar::json_schema_to_gbnf(schema_json));
+}
+
+std::shared_ptr<const Grammar> Grammar::json(bool any_value) { return parse(grammar::json_gbnf(any_value)); }
+
+const std::string& Grammar::gbnf() const { return impl_->gbnf; }
+
+int64_t Grammar::match(std::string_view text) const {
+    grammar::Matcher m(impl_->def);
+    const size_t n = m.accept_bytes(text);
+    if (n < text.size()) return int64_t(n);
+    return m.can_end() ? -1 : int64_t(text.size());
+}
+
+std::shared_ptr<grammar::PositionCache> Grammar::Impl::cache_for(
+    const std::shared_ptr<const grammar::TokenTrie>& trie) const {
+    std::lock_guard<std::mutex> lk(mu);
+    std::erase_if(caches, [](const auto& c) { return c.first.expired(); });
+    for (const auto& [t, c] : caches)
+        if (t.lock() == trie) return c;
+    auto c = std::make_shared<grammar::PositionCache>(def, trie);
+    caches.push_back({trie, c});
+    return c;
+}
+
+std::unique_ptr<grammar::Matcher> make_matcher(const Grammar& g, const std::shared_ptr<const grammar::TokenTrie>& trie,
+                                               const grammar::MatcherOptions& options) {
+    return std::make_unique<grammar::Matcher>(g.impl().cache_for(trie), options);
+}
+
+}  // namespace cera

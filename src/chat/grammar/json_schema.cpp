@@ -1,0 +1,591 @@
+// JSON Schema to GBNF. Each schema node becomes a rule (named after its path); the primitives (string,
+// number, ...) are shared rules emitted once. Values carry no whitespace of their own: `ws` (bounded)
+// sits only between the tokens of objects and arrays, so the text ends right after the top value and
+// a schema with bounded strings and arrays has a bounded output.
+#include "chat/grammar/json_schema.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <vector>
+
+#include "core/check.h"
+
+namespace cera::grammar {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// Shared primitives: their GBNF bodies, emitted when used.
+const std::map<std::string, std::string> kPrimitives = {
+    {"ws", R"(( " " | "\n" [ \t]{0,16} )?)"},
+    {"char", R"([^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} ))"},
+    {"string", R"("\"" char* "\"")"},
+    {"integer", R"("-"? ( "0" | [1-9] [0-9]{0,15} ))"},
+    {"number", R"("-"? ( "0" | [1-9] [0-9]{0,15} ) ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?)"},
+    {"boolean", R"("true" | "false")"},
+    {"null", R"("null")"},
+    {"value", R"(object | array | string | number | boolean | null)"},
+    {"object", R"("{" ws ( string ws ":" ws value ( ws "," ws string ws ":" ws value )* ws )? "}")"},
+    {"array", R"("[" ws ( value ( ws "," ws value )* ws )? "]")"},
+    {"hex", R"([0-9a-fA-F])"},
+    {"date",
+     R"([0-9]{4} "-" ( ( "0" [13578] | "1" [02] ) "-" ( "0" [1-9] | [12] [0-9] | "3" [01] ) | ( "0" [469] | "11" ) "-" ( "0" [1-9] | [12] [0-9] | "30" ) | "02-" ( "0" [1-9] | "1" [0-9] | "2" [0-8] ) ))"},
+    {"time",
+     R"(( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{1,6} )? ( "Z" | [+-] ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ))"},
+    {"uuid", R"(hex{8} "-" hex{4} "-" hex{4} "-" hex{4} "-" hex{12})"},
+    {"email-atom", R"([a-zA-Z0-9_+-]{1,32})"},
+    {"email-label", R"([a-zA-Z0-9] ( [a-zA-Z0-9-]{0,20} [a-zA-Z0-9] )?)"},
+    {"email", R"(email-atom ( "." email-atom ){0,3} "@" email-label ( "." email-label ){1,3})"},
+};
+// What each primitive refers to.
+const std::map<std::string, std::vector<std::string>> kPrimitiveDeps = {
+    {"string", {"char"}},
+    {"value", {"object", "array", "string", "number", "boolean", "null"}},
+    {"object", {"ws", "string", "value"}},
+    {"array", {"ws", "value"}},
+    {"uuid", {"hex"}},
+    {"email", {"email-atom", "email-label"}},
+};
+
+const std::set<std::string> kAnnotations = {"title",   "description", "$schema",    "$id",      "$comment",
+                                            "default", "examples",    "deprecated", "readOnly", "writeOnly",
+                                            "$defs",   "definitions", "strict"};
+
+// A GBNF string literal for bytes.
+std::string literal(const std::string& s) {
+    std::string out = "\"";
+    for (unsigned char c : s) {
+        if (c == '"' || c == '\\')
+            out += '\\', out += char(c);
+        else if (c == '\n')
+            out += "\\n";
+        else if (c == '\r')
+            out += "\\r";
+        else if (c == '\t')
+            out += "\\t";
+        else if (c < 0x20) {
+            char buf[8];
+            std::snprintf(buf, sizeof buf, "\\x%02X", c);
+            out += buf;
+        } else
+            out += char(c);
+    }
+    return out + "\"";
+}
+
+std::string sanitize(const std::string& s) {
+    std::string out;
+    for (char c : s) {
+        const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+        out += ok ? c : '-';
+    }
+    if (out.size() > 40) out.resize(40);
+    return out.empty() ? "x" : out;
+}
+
+// Decimal strings of equal length lo <= hi as a GBNF expression.
+std::string digits_range(const std::string& lo, const std::string& hi) {
+    if (lo.empty()) return "";
+    if (lo == hi) return literal(lo);
+    if (lo.size() == 1) return "[" + lo + "-" + hi + "]";
+    const std::string rest_lo = lo.substr(1), rest_hi = hi.substr(1);
+    if (lo[0] == hi[0]) return literal(lo.substr(0, 1)) + " (" + digits_range(rest_lo, rest_hi) + ")";
+    std::vector<std::string> alts;
+    const size_t n = lo.size() - 1;
+    alts.push_back(literal(lo.substr(0, 1)) + " (" + digits_range(rest_lo, std::string(n, '9')) + ")");
+    if (lo[0] + 1 <= hi[0] - 1)
+        alts.push_back("[" + std::string(1, char(lo[0] + 1)) + "-" + std::string(1, char(hi[0] - 1)) + "] [0-9]{" +
+                       std::to_string(n) + "}");
+    alts.push_back(literal(hi.substr(0, 1)) + " (" + digits_range(std::string(n, '0'), rest_hi) + ")");
+    std::string out;
+    for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + alts[i];
+    return out;
+}
+
+// Non-negative integers in [lo, hi], without leading zeros.
+std::string uint_range(uint64_t lo, uint64_t hi) {
+    std::vector<std::string> alts;
+    uint64_t start = lo;
+    while (start <= hi) {
+        const std::string s = std::to_string(start);
+        uint64_t top = 9;
+        for (size_t i = 1; i < s.size(); ++i) top = top * 10 + 9;  // the largest number of s's length
+        const uint64_t end = std::min(top, hi);
+        alts.push_back("(" + digits_range(s, std::to_string(end)) + ")");
+        if (end == hi) break;
+        start = end + 1;
+    }
+    std::string out;
+    for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + alts[i];
+    return out;
+}
+
+class Converter {
+ public:
+    explicit Converter(const Json& root) : root_(root) {}
+
+    std::string run() {
+        const std::string top = visit(root_, "root", "");
+        std::string out = "root ::= " + top + "\n";
+        for (const auto& [name, body] : rules_)
+            if (name != "root") out += name + " ::= " + body + "\n";
+        std::set<std::string> done;
+        std::vector<std::string> todo(used_.begin(), used_.end());
+        while (!todo.empty()) {
+            const std::string p = todo.back();
+            todo.pop_back();
+            if (!done.insert(p).second) continue;
+            out += p + " ::= " + kPrimitives.at(p) + "\n";
+            if (auto it = kPrimitiveDeps.find(p); it != kPrimitiveDeps.end())
+                todo.insert(todo.end(), it->second.begin(), it->second.end());
+        }
+        return out;
+    }
+
+ private:
+    [[noreturn]] static void unsupported(const std::string& path, const std::string& what) {
+        throw_error(ErrorCode::kUnsupported, "JSON Schema at '%s': %s", path.empty() ? "/" : path.c_str(),
+                    what.c_str());
+    }
+    [[noreturn]] static void invalid(const std::string& path, const std::string& what) {
+        throw_error(ErrorCode::kInvalidArgument, "JSON Schema at '%s': %s", path.empty() ? "/" : path.c_str(),
+                    what.c_str());
+    }
+
+    std::string prim(const std::string& name) {
+        used_.insert(name);
+        return name;
+    }
+
+    std::string new_rule(const std::string& hint) {
+        std::string name = sanitize(hint);
+        if (kPrimitives.count(name) || rules_.count(name) || name == "root") {
+            int k = 2;
+            while (kPrimitives.count(name + "-" + std::to_string(k)) || rules_.count(name + "-" + std::to_string(k)))
+                ++k;
+            name += "-" + std::to_string(k);
+        }
+        rules_[name] = "";
+        return name;
+    }
+
+    const Json& resolve(const std::string& ref, const std::string& path) {
+        if (ref == "#") return root_;
+        if (ref.rfind("#/", 0) != 0) unsupported(path, "$ref '" + ref + "' (only local references '#/...')");
+        const Json* node = &root_;
+        size_t p = 2;
+        while (p <= ref.size()) {
+            const size_t slash = std::min(ref.find('/', p), ref.size());
+            std::string key = ref.substr(p, slash - p);
+            for (size_t i; (i = key.find("~1")) != std::string::npos;) key.replace(i, 2, "/");
+            for (size_t i; (i = key.find("~0")) != std::string::npos;) key.replace(i, 2, "~");
+            if (!node->is_object() || !node->contains(key)) invalid(path, "$ref '" + ref + "' points nowhere");
+            node = &(*node)[key];
+            p = slash + 1;
+        }
+        return *node;
+    }
+
+    // An expression for `s`; composite schemas get a rule named after `hint`.
+    std::string visit(const Json& s, const std::string& hint, const std::string& path) {
+        if (++depth_ > 200) invalid(path, "nested too deeply");
+        struct Guard {
+            int& d;
+            ~Guard() { --d; }
+        } guard{depth_};
+        if (s.is_boolean()) {
+            if (!s.get<bool>()) invalid(path, "the schema 'false' accepts nothing");
+            return prim("value");
+        }
+        if (!s.is_object()) invalid(path, "a schema must be an object or a boolean");
+        for (const auto& [k, v] : s.items()) {
+            static const std::set<std::string> known = {"type",
+                                                        "properties",
+                                                        "required",
+                                                        "additionalProperties",
+                                                        "items",
+                                                        "prefixItems",
+                                                        "minItems",
+                                                        "maxItems",
+                                                        "enum",
+                                                        "const",
+                                                        "anyOf",
+                                                        "oneOf",
+                                                        "allOf",
+                                                        "$ref",
+                                                        "minLength",
+                                                        "maxLength",
+                                                        "pattern",
+                                                        "format",
+                                                        "minimum",
+                                                        "maximum",
+                                                        "exclusiveMinimum",
+                                                        "exclusiveMaximum"};
+            if (!known.count(k) && !kAnnotations.count(k)) unsupported(path, "the keyword '" + k + "'");
+        }
+        if (s.contains("$ref")) {
+            if (!s["$ref"].is_string()) invalid(path, "$ref must be a string");
+            const std::string ref = s["$ref"];
+            Json siblings = s;
+            siblings.erase("$ref");
+            if (!only_annotations(siblings))  // keywords beside a $ref apply too
+                return visit(merge(siblings, s, path), hint, path);
+            auto it = refs_.find(ref);
+            if (it != refs_.end()) return it->second;
+            const std::string name = new_rule(ref == "#" ? "root-ref" : ref.substr(ref.rfind('/') + 1));
+            refs_[ref] = name;
+            rules_[name] = visit(resolve(ref, path + "/$ref"), name, ref.substr(1));
+            return name;
+        }
+        if (s.contains("const")) return literal(s["const"].dump());
+        if (s.contains("enum")) {
+            if (!s["enum"].is_array() || s["enum"].empty()) invalid(path, "enum must be a non-empty array");
+            std::string out;
+            for (const auto& v : s["enum"]) out += (out.empty() ? "" : " | ") + literal(v.dump());
+            return rule(hint, out);
+        }
+        for (const char* key : {"anyOf", "oneOf"}) {
+            if (!s.contains(key)) continue;
+            const Json& list = s[key];
+            if (!list.is_array() || list.empty()) invalid(path, std::string(key) + " must be a non-empty array");
+            Json rest = s;
+            rest.erase(key);
+            std::string out;
+            for (size_t i = 0; i < list.size(); ++i) {
+                Json merged = rest.empty() || only_annotations(rest) ? list[i] : merge(rest, list[i], path);
+                out += (i ? " | " : "") +
+                       visit(merged, hint + "-" + std::to_string(i), path + "/" + key + "/" + std::to_string(i));
+            }
+            return rule(hint, out);
+        }
+        if (s.contains("allOf")) {
+            if (!s["allOf"].is_array() || s["allOf"].empty()) invalid(path, "allOf must be a non-empty array");
+            Json merged = s;
+            merged.erase("allOf");
+            for (const auto& sub : s["allOf"]) merged = merge(merged, sub, path + "/allOf");
+            return visit(merged, hint, path);
+        }
+        if (s.contains("type") && s["type"].is_array()) {
+            std::string out;
+            for (size_t i = 0; i < s["type"].size(); ++i) {
+                Json one = s;
+                one["type"] = s["type"][i];
+                out += (i ? " | " : "") + visit(one, hint + "-" + std::to_string(i), path);
+            }
+            if (out.empty()) invalid(path, "an empty list of types");
+            return rule(hint, out);
+        }
+        std::string type = s.contains("type") ? (s["type"].is_string() ? s["type"].get<std::string>() : "?") : "";
+        if (type.empty()) {  // inferred from the keywords present
+            if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required"))
+                type = "object";
+            else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") ||
+                     s.contains("maxItems"))
+                type = "array";
+            else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern") ||
+                     s.contains("format"))
+                type = "string";
+            else if (s.contains("minimum") || s.contains("maximum"))
+                type = "number";
+            else
+                return prim("value");
+        }
+        if (type == "object") return object(s, hint, path);
+        if (type == "array") return array(s, hint, path);
+        if (type == "string") return string(s, hint, path);
+        if (type == "integer") return integer(s, hint, path);
+        if (type == "number") {
+            for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+                if (s.contains(k))
+                    unsupported(path, std::string("'") + k + "' on a number (only integers take bounds)");
+            return prim("number");
+        }
+        if (type == "boolean") return prim("boolean");
+        if (type == "null") return prim("null");
+        invalid(path, "unknown type " + s["type"].dump());
+    }
+
+    static bool only_annotations(const Json& s) {
+        for (const auto& [k, v] : s.items())
+            if (!kAnnotations.count(k)) return false;
+        return true;
+    }
+
+    // allOf: the union of properties and required, the other keywords of both (equal where both have one).
+    Json merge(Json a, Json b, const std::string& path) {
+        if (b.is_object() && b.contains("$ref")) b = resolve(b["$ref"], path);
+        if (b.is_boolean() && b.get<bool>()) return a;
+        if (!b.is_object()) invalid(path, "allOf holds a schema that is not an object");
+        for (auto& [k, v] : b.items()) {
+            if (k == "properties" && a.contains(k)) {
+                for (auto& [pk, pv] : v.items()) a[k][pk] = pv;
+            } else if (k == "required" && a.contains(k)) {
+                for (auto& r : v)
+                    if (std::find(a[k].begin(), a[k].end(), r) == a[k].end()) a[k].push_back(r);
+            } else if (a.contains(k) && a[k] != v && !kAnnotations.count(k)) {
+                unsupported(path, "allOf with different values of '" + k + "'");
+            } else {
+                a[k] = v;
+            }
+        }
+        return a;
+    }
+
+    std::string rule(const std::string& hint, const std::string& body) {
+        const std::string name = new_rule(hint);
+        rules_[name] = body;
+        return name;
+    }
+
+    static int64_t count(const Json& s, const char* key, int64_t dflt, const std::string& path) {
+        if (!s.contains(key)) return dflt;
+        if (!s[key].is_number_integer() || s[key].get<int64_t>() < 0)
+            invalid(path, std::string(key) + " must be a non-negative integer");
+        if (s[key].get<int64_t>() > 10000) unsupported(path, std::string(key) + " above 10000");
+        return s[key].get<int64_t>();
+    }
+
+    static std::string repeat(const std::string& item, int64_t lo, int64_t hi) {
+        if (hi < 0)
+            return lo == 0   ? "(" + item + ")*"
+                   : lo == 1 ? "(" + item + ")+"
+                             : "(" + item + "){" + std::to_string(lo) + ",}";
+        if (lo == hi) return lo == 0 ? "\"\"" : "(" + item + "){" + std::to_string(lo) + "}";
+        return "(" + item + "){" + std::to_string(lo) + "," + std::to_string(hi) + "}";
+    }
+
+    std::string string(const Json& s, const std::string& hint, const std::string& path) {
+        if (s.contains("format")) {
+            const std::string f = s["format"].is_string() ? s["format"].get<std::string>() : "";
+            if (s.contains("pattern") || s.contains("minLength") || s.contains("maxLength"))
+                unsupported(path, "format together with pattern or a length");
+            std::string body;
+            if (f == "date" || f == "time" || f == "uuid" || f == "email")
+                body = prim(f);
+            else if (f == "date-time")
+                body = prim("date") + " \"T\" " + prim("time");
+            else
+                unsupported(path, "format '" + f + "' (supported: date, time, date-time, uuid, email)");
+            return rule(hint, "\"\\\"\" " + body + " \"\\\"\"");
+        }
+        if (s.contains("pattern")) {
+            if (!s["pattern"].is_string()) invalid(path, "pattern must be a string");
+            if (s.contains("minLength") || s.contains("maxLength")) unsupported(path, "pattern together with a length");
+            return rule(hint, "\"\\\"\" (" + regex_to_gbnf(s["pattern"].get<std::string>()) + ") \"\\\"\"");
+        }
+        const int64_t lo = count(s, "minLength", 0, path), hi = count(s, "maxLength", -1, path);
+        if (hi >= 0 && hi < lo) invalid(path, "maxLength < minLength");
+        if (lo == 0 && hi < 0) return prim("string");
+        return rule(hint, "\"\\\"\" " + repeat(prim("char"), lo, hi) + " \"\\\"\"");
+    }
+
+    std::string integer(const Json& s, const std::string& hint, const std::string& path) {
+        constexpr int64_t kBig = 9999999999999999;  // 16 digits: the unbounded integer rule's reach
+        int64_t lo = -kBig, hi = kBig;
+        bool bounded = false;
+        auto bound = [&](const char* key, int64_t& v, bool is_max, bool exclusive) {
+            if (!s.contains(key)) return;
+            const Json& j = s[key];
+            if (!j.is_number()) invalid(path, std::string(key) + " must be a number");
+            const double d = j.get<double>();
+            const double r = is_max ? std::floor(d) : std::ceil(d);
+            int64_t x = r >= double(kBig) ? kBig : r <= -double(kBig) ? -kBig : int64_t(r);
+            if (j.is_number_integer() && std::abs(d) < double(kBig)) x = j.get<int64_t>();
+            if (exclusive && r == d) x += is_max ? -1 : 1;
+            v = is_max ? std::min(v, x) : std::max(v, x);
+            bounded = true;
+        };
+        bound("minimum", lo, false, false);
+        bound("maximum", hi, true, false);
+        bound("exclusiveMinimum", lo, false, true);
+        bound("exclusiveMaximum", hi, true, true);
+        if (!bounded) return prim("integer");
+        if (lo > hi) invalid(path, "no integer lies between minimum and maximum");
+        std::vector<std::string> alts;
+        if (lo < 0) alts.push_back("\"-\" (" + uint_range(uint64_t(std::max<int64_t>(-hi, 1)), uint64_t(-lo)) + ")");
+        if (hi >= 0) alts.push_back(uint_range(uint64_t(std::max<int64_t>(lo, 0)), uint64_t(hi)));
+        std::string out;
+        for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + alts[i];
+        return rule(hint, out);
+    }
+
+    std::string array(const Json& s, const std::string& hint, const std::string& path) {
+        const int64_t lo = count(s, "minItems", 0, path), hi = count(s, "maxItems", -1, path);
+        if (hi >= 0 && hi < lo) invalid(path, "maxItems < minItems");
+        std::vector<std::string> elems;  // the prefix items, each required
+        if (s.contains("prefixItems")) {
+            if (!s["prefixItems"].is_array()) invalid(path, "prefixItems must be an array");
+            for (size_t i = 0; i < s["prefixItems"].size() && (hi < 0 || int64_t(i) < hi); ++i)
+                elems.push_back(visit(s["prefixItems"][i], hint + "-" + std::to_string(i),
+                                      path + "/prefixItems/" + std::to_string(i)));
+        }
+        std::string item;  // further items: none when items is false
+        if (!s.contains("items"))
+            item = elems.empty() || !s.contains("prefixItems") ? prim("value") : "";
+        else if (s["items"].is_boolean() && !s["items"].get<bool>())
+            item = "";
+        else
+            item = visit(s["items"], hint + "-item", path + "/items");
+        const int64_t n = int64_t(elems.size());
+        if (item.empty() && n < lo) invalid(path, "minItems exceeds the items the array may hold");
+        const int64_t more_lo = std::max<int64_t>(lo - n, 0), more_hi = hi < 0 ? -1 : hi - n;
+        const std::string ws = prim("ws"), sep = " " + ws + " \",\" " + ws + " ";
+        std::string body;
+        for (int64_t i = 0; i < n; ++i) body += (i ? sep : "") + elems[size_t(i)];
+        if (!item.empty() && more_hi != 0) {
+            if (n > 0) {
+                body += " " + repeat(sep + item, more_lo, more_hi);
+            } else {  // the first item has no comma before it
+                const std::string tail =
+                    repeat(sep + item, std::max<int64_t>(more_lo - 1, 0), more_hi < 0 ? -1 : more_hi - 1);
+                body = more_lo > 0 ? item + " " + tail : "(" + item + " " + tail + ")?";
+            }
+        }
+        if (body.empty()) return rule(hint, "\"[\" " + ws + " \"]\"");
+        return rule(hint, "\"[\" " + ws + " " + body + " " + ws + " \"]\"");
+    }
+
+    // A JSON string that is none of `names` (the keys of additional properties): one rule per prefix of
+    // the names, where the next character decides whether the key is still a prefix of one.
+    std::string other_key(const std::vector<std::string>& names, const std::string& hint) {
+        if (names.empty()) return prim("string");
+        std::vector<std::u32string> cps;
+        for (const auto& n : names) cps.push_back(decode(n));
+        const std::string any = prim("char") + "* \"\\\"\"";
+        const std::string escape = "\"\\\\\" ( [\"\\\\/bfnrt] | \"u\" " + prim("hex") + "{4} )";
+        std::function<std::string(const std::u32string&)> node = [&](const std::u32string& prefix) -> std::string {
+            std::set<char32_t> next;
+            bool is_name = false;
+            for (const auto& n : cps)
+                if (n.size() >= prefix.size() && n.compare(0, prefix.size(), prefix) == 0) {
+                    if (n.size() == prefix.size())
+                        is_name = true;
+                    else
+                        next.insert(n[prefix.size()]);
+                }
+            std::string alts, excluded = "^\"\\\\\\x00-\\x1F";
+            for (char32_t c : next) {
+                char buf[16];
+                std::snprintf(buf, sizeof buf, "\\U%08X", unsigned(c));
+                alts += (alts.empty() ? "" : " | ") + std::string("\"") + buf + "\" " + node(prefix + c);
+                excluded += buf;
+            }
+            // An escape leaves the names behind too (an escaped spelling of a name is not caught).
+            alts += (alts.empty() ? "" : " | ") + ("( [" + excluded + "] | " + escape + " ) " + any);
+            if (!is_name) alts += " | \"\\\"\"";
+            return rule(hint + "-key", alts);
+        };
+        return "\"\\\"\" " + node(U"");
+    }
+
+    static std::u32string decode(const std::string& s) {
+        std::u32string out;
+        for (size_t i = 0; i < s.size();) {
+            const unsigned char c = static_cast<unsigned char>(s[i]);
+            const int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : 4;
+            char32_t cp = n == 1 ? c : n == 2 ? (c & 0x1F) : n == 3 ? (c & 0x0F) : (c & 0x07);
+            for (int k = 1; k < n && i + size_t(k) < s.size(); ++k)
+                cp = cp << 6 | (static_cast<unsigned char>(s[i + size_t(k)]) & 0x3F);
+            out += cp;
+            i += size_t(n);
+        }
+        return out;
+    }
+
+    std::string object(const Json& s, const std::string& hint, const std::string& path) {
+        struct Item {
+            std::string kv;
+            bool required;
+        };
+        std::vector<Item> items;
+        std::vector<std::string> names;
+        std::set<std::string> required;
+        if (s.contains("required")) {
+            if (!s["required"].is_array()) invalid(path, "required must be an array");
+            for (const auto& r : s["required"]) {
+                if (!r.is_string()) invalid(path, "required must list strings");
+                required.insert(r.get<std::string>());
+            }
+        }
+        const std::string ws = prim("ws");
+        if (s.contains("properties")) {
+            if (!s["properties"].is_object()) invalid(path, "properties must be an object");
+            for (const auto& [k, v] : s["properties"].items()) {
+                const std::string value = visit(v, hint + "-" + k, path + "/properties/" + k);
+                items.push_back(
+                    {literal(Json(k).dump()) + " " + ws + " \":\" " + ws + " " + value, required.count(k) > 0});
+                names.push_back(k);
+            }
+        }
+        for (const auto& r : required)
+            if (std::find(names.begin(), names.end(), r) == names.end())
+                unsupported(path, "required property '" + r + "' without a schema in properties");
+        std::string extra;
+        if (s.contains("additionalProperties") &&
+            !(s["additionalProperties"].is_boolean() && !s["additionalProperties"].get<bool>())) {
+            const std::string value = visit(s["additionalProperties"], hint + "-extra", path + "/additionalProperties");
+            extra = rule(hint + "-kv", other_key(names, hint) + " " + ws + " \":\" " + ws + " " + value);
+        }
+        const std::string sep = ws + " \",\" " + ws + " ";
+        // rest(i): items i.. after something was written (each present one after a comma).
+        auto rest = [&](size_t i) {
+            std::string out;
+            for (size_t j = i; j < items.size(); ++j) {
+                const std::string part = sep + items[j].kv;
+                out += items[j].required ? " " + part : " ( " + part + " )?";
+            }
+            if (!extra.empty()) out += " ( " + sep + extra + " )*";
+            return out;
+        };
+        // first(i): items i.. with nothing written yet; optional items make alternatives.
+        std::string first;
+        std::vector<std::string> chain;
+        bool all_optional = true;
+        for (size_t i = 0; i < items.size() && all_optional; ++i) {
+            chain.push_back(items[i].kv + rest(i + 1));
+            if (items[i].required) all_optional = false;
+        }
+        if (all_optional && !extra.empty()) chain.push_back(extra + " ( " + sep + extra + " )*");
+        for (size_t i = 0; i < chain.size(); ++i) first += (i ? " | " : "") + chain[i];
+        std::string body;
+        if (first.empty())
+            body = "\"{\" " + ws + " \"}\"";
+        else if (all_optional)
+            body = "\"{\" " + ws + " ( ( " + first + " ) " + ws + " )? \"}\"";
+        else
+            body = "\"{\" " + ws + " ( " + first + " ) " + ws + " \"}\"";
+        return rule(hint, body);
+    }
+
+    const Json& root_;
+    std::map<std::string, std::string> rules_;
+    std::map<std::string, std::string> refs_;
+    std::set<std::string> used_;
+    int depth_ = 0;
+};
+
+}  // namespace
+
+std::string json_schema_to_gbnf(std::string_view schema_json) {
+    Json schema;
+    try {
+        schema = Json::parse(schema_json.begin(), schema_json.end());
+    } catch (const nlohmann::json::parse_error& e) {
+        throw_error(ErrorCode::kParse, "JSON Schema: not valid JSON: %s", e.what());
+    }
+    return Converter(schema).run();
+}
+
+std::string json_gbnf(bool any_value) {
+    std::string out = any_value ? "root ::= value\n" : "root ::= object\n";
+    for (const char* p : {"value", "object", "array", "string", "char", "number", "boolean", "null", "ws"})
+        out += std::string(p) + " ::= " + kPrimitives.at(p) + "\n";
+    return out;
+}
+
+}  // namespace cera::grammar

@@ -1,0 +1,333 @@
+// The matcher: stack interning and closure, the byte step, the trie walk and the mask cache.
+#include "chat/grammar/matcher.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/check.h"
+
+namespace cera::grammar {
+namespace {
+
+constexpr uint32_t kUnset = 0xFFFFFFFFu;
+constexpr uint32_t kAccept = 0;  // bottom: popping it means the whole text matched
+constexpr uint32_t kCut = 1;     // bottom: popping it means the walk left the position's rule
+
+uint64_t hash_state(const std::vector<uint32_t>& set, uint32_t val, uint32_t rem) {
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t(val) << 3 | rem);
+    for (uint32_t s : set) h = (h ^ s) * 0x100000001b3ull + (h >> 29);
+    return h;
+}
+
+inline void sort_unique(std::vector<uint32_t>& v) {
+    if (v.size() > 1) {
+        std::sort(v.begin(), v.end());
+        v.erase(std::unique(v.begin(), v.end()), v.end());
+    }
+}
+
+inline bool has_real(const std::vector<uint32_t>& set) { return !set.empty() && set.back() >= 2; }
+
+}  // namespace
+
+Matcher::Matcher(std::shared_ptr<const GrammarDef> def) : def_(std::move(def)) { init_nodes(); }
+
+Matcher::Matcher(std::shared_ptr<PositionCache> cache, const MatcherOptions& options)
+    : cache_(std::move(cache)), options_(options) {
+    // The cache keeps the definition alive; the matcher shares it.
+    def_ = std::shared_ptr<const GrammarDef>(cache_, &cache_->def());
+    trie_ = &cache_->trie();
+    words_ = (size_t(trie_->n_vocab()) + 63) / 64;
+    max_slots_ = std::max<size_t>(1, options_.mask_cache_bytes / (words_ * 8));
+    levels_.resize(257);
+    level_utf8_.resize(257);
+    level_pop_.resize(257);
+    init_nodes();
+}
+
+void Matcher::init_nodes() {
+    nodes_ = {{kUnset, kUnset}, {kUnset, kUnset}};
+    succ_begin_ = {kUnset, kUnset};
+    succ_end_ = {kUnset, kUnset};
+    stamp_ = {0, 0};
+    initial_.clear();
+    for (uint32_t a : def_->rules[def_->root].alts) closure(intern(a, kAccept), initial_);
+    sort_unique(initial_);
+    reset();
+}
+
+void Matcher::reset() {
+    cur_ = initial_;
+    cur_utf8_ = {};
+}
+
+uint32_t Matcher::intern(uint32_t pos, uint32_t parent) {
+    const uint64_t key = uint64_t(pos) << 32 | parent;
+    auto [it, fresh] = intern_.emplace(key, uint32_t(nodes_.size()));
+    if (fresh) {
+        nodes_.push_back({pos, parent});
+        succ_begin_.push_back(kUnset);
+        succ_end_.push_back(kUnset);
+        stamp_.push_back(0);
+    }
+    return it->second;
+}
+
+// Appends the stacks (nodes at a character class) and bottoms reachable from `node` without consuming
+// input. Iterative, with visited marks, so that a deep or ambiguous grammar costs one visit per node.
+void Matcher::closure(uint32_t node, std::vector<uint32_t>& out) {
+    if (++epoch_ == 0) {
+        std::fill(stamp_.begin(), stamp_.end(), 0u);
+        epoch_ = 1;
+    }
+    work_.clear();
+    work_.push_back(node);
+    while (!work_.empty()) {
+        const uint32_t n = work_.back();
+        work_.pop_back();
+        if (n < 2) {
+            out.push_back(n);
+            continue;
+        }
+        if (stamp_[n] == epoch_) continue;
+        stamp_[n] = epoch_;
+        const Node nd = nodes_[n];
+        const Elem e = def_->elems[nd.pos];
+        switch (e.op) {
+            case Op::kChar:
+                out.push_back(n);
+                break;
+            case Op::kEnd:
+                work_.push_back(nd.parent);
+                break;
+            case Op::kRef: {
+                // A reference in tail position returns straight to the parent: `R ::= x R | ""` then
+                // keeps a constant stack, and its states repeat (and hit the mask cache).
+                const uint32_t frame =
+                    def_->elems[nd.pos + 1].op == Op::kEnd ? nd.parent : intern(nd.pos + 1, nd.parent);
+                for (uint32_t a : def_->rules[e.arg].alts) {
+                    work_.push_back(intern(a, frame));
+                }
+                break;
+            }
+        }
+    }
+}
+
+void Matcher::successors(uint32_t node, uint32_t& begin, uint32_t& end) {
+    if (succ_begin_[node] == kUnset) {
+        const Node nd = nodes_[node];
+        std::vector<uint32_t> out;
+        closure(intern(nd.pos + 1, nd.parent), out);
+        sort_unique(out);
+        succ_begin_[node] = uint32_t(succ_pool_.size());
+        succ_pool_.insert(succ_pool_.end(), out.begin(), out.end());
+        succ_end_[node] = uint32_t(succ_pool_.size());
+    }
+    begin = succ_begin_[node];
+    end = succ_end_[node];
+}
+
+// One byte: `in` (a sorted set) with the partial code point u becomes `out` with nu. False when the
+// byte cannot continue UTF-8 (out is then empty).
+bool Matcher::step(const std::vector<uint32_t>& in, Utf8 u, uint8_t b, std::vector<uint32_t>& out, Utf8& nu) {
+    out.clear();
+    // Strict UTF-8: the lead byte fixes the range of the byte after it, which rules out overlong
+    // forms, surrogates and code points past U+10FFFF.
+    if (u.rem == 0) {
+        if (b < 0x80)
+            nu = {b, 0};
+        else if (b >= 0xC2 && b <= 0xDF)
+            nu = {uint32_t(b & 0x1F), 1};
+        else if (b == 0xE0)
+            nu = {0, 2, 0xA0, 0xBF};
+        else if (b == 0xED)
+            nu = {0xD, 2, 0x80, 0x9F};
+        else if (b >= 0xE1 && b <= 0xEF)
+            nu = {uint32_t(b & 0x0F), 2};
+        else if (b == 0xF0)
+            nu = {0, 3, 0x90, 0xBF};
+        else if (b >= 0xF1 && b <= 0xF3)
+            nu = {uint32_t(b & 0x07), 3};
+        else if (b == 0xF4)
+            nu = {4, 3, 0x80, 0x8F};
+        else
+            return false;
+    } else {
+        if (b < u.next_lo || b > u.next_hi) return false;
+        nu = {u.val << 6 | (b & 0x3F), u.rem - 1};
+    }
+    const auto& classes = def_->classes;
+    const auto& elems = def_->elems;
+    if (nu.rem == 0) {
+        const uint32_t cp = nu.val;
+        for (uint32_t s : in) {
+            if (s < 2 || !classes[elems[nodes_[s].pos].arg].contains(cp)) continue;
+            uint32_t sb, se;
+            successors(s, sb, se);
+            out.insert(out.end(), succ_pool_.begin() + sb, succ_pool_.begin() + se);
+        }
+        sort_unique(out);
+    } else {
+        // The completions of the partial code point are exactly [lo, hi].
+        const uint32_t shift = 6 * (nu.rem - 1);
+        const uint32_t lo = nu.val << (shift + 6) | uint32_t(nu.next_lo & 0x3F) << shift;
+        const uint32_t hi = nu.val << (shift + 6) | uint32_t(nu.next_hi & 0x3F) << shift | ((1u << shift) - 1);
+        for (uint32_t s : in)
+            if (s >= 2 && classes[elems[nodes_[s].pos].arg].intersects(lo, hi)) out.push_back(s);
+    }
+    return !out.empty();
+}
+
+size_t Matcher::accept_bytes(std::string_view bytes) {
+    for (size_t i = 0; i < bytes.size(); ++i) {
+        Utf8 nu;
+        if (!step(cur_, cur_utf8_, uint8_t(bytes[i]), tmp_a_, nu)) return i;
+        cur_.swap(tmp_a_);
+        cur_utf8_ = nu;
+    }
+    return bytes.size();
+}
+
+bool Matcher::accept_token(int32_t id) {
+    CERA_CHECK(trie_ != nullptr, "accept_token on a matcher without a vocabulary");
+    if (id < 0 || id >= trie_->n_vocab()) return false;
+    if (trie_->is_eog(id)) {
+        if (!can_end()) return false;
+        cur_ = {kAccept};
+        return true;
+    }
+    if (trie_->is_excluded(id)) return false;
+    const std::string& p = trie_->piece(id);
+    tmp_b_ = cur_;
+    Utf8 u = cur_utf8_;
+    for (char c : p) {
+        Utf8 nu;
+        if (!step(tmp_b_, u, uint8_t(c), tmp_a_, nu)) return false;
+        tmp_b_.swap(tmp_a_);
+        u = nu;
+    }
+    cur_.swap(tmp_b_);
+    cur_utf8_ = u;
+    return true;
+}
+
+bool Matcher::can_end() const { return cur_utf8_.rem == 0 && !cur_.empty() && cur_[0] == kAccept; }
+bool Matcher::is_complete() const { return can_end() && !has_real(cur_); }
+
+// Walks the trie from `start` (stack tops over the cut-off bottom, or over the real one) and sorts
+// the tokens into the entry.
+void Matcher::walk(const std::vector<uint32_t>& start, Utf8 u, PositionCache::Entry* classify) {
+    const auto& nodes = trie_->nodes();
+    const auto& order = trie_->order();
+    auto accept = [&](uint32_t b, uint32_t e) {
+        classify->accepted.insert(classify->accepted.end(), order.begin() + b, order.begin() + e);
+    };
+    auto uncertain = [&](uint32_t b, uint32_t e) {
+        classify->uncertain.insert(classify->uncertain.end(), order.begin() + b, order.begin() + e);
+    };
+    levels_[0] = start;
+    level_utf8_[0] = u;
+    level_pop_[0] = 0;
+    const uint32_t n = uint32_t(nodes.size());
+    uint32_t i = 1;
+    while (i < n) {
+        const TokenTrie::Node& nd = nodes[i];
+        const uint32_t d = nd.depth;
+        std::vector<uint32_t>& out = levels_[d];
+        const bool alive = step(levels_[d - 1], level_utf8_[d - 1], nd.byte, out, level_utf8_[d]);
+        const bool cut = alive && (out[0] == kCut || (out.size() > 1 && out[1] == kCut));
+        level_pop_[d] = level_pop_[d - 1] || cut;
+        if (!alive) {
+            if (level_pop_[d - 1]) uncertain(nd.tok_begin, nd.tok_end);
+            i = nd.end;
+            continue;
+        }
+        accept(nd.tok_begin, nd.tok_begin + nd.n_own);
+        if (!has_real(out)) {  // only bottoms: nothing more can be consumed
+            if (level_pop_[d]) uncertain(nd.tok_begin + nd.n_own, nd.tok_end);
+            i = nd.end;
+            continue;
+        }
+        ++i;
+    }
+}
+
+std::shared_ptr<const PositionCache::Entry> Matcher::classify(uint32_t stack, Utf8 u) {
+    // The key: the positions of the top frames, and kUnset when the stack ends within them.
+    key_.clear();
+    uint32_t n = stack;
+    while (n >= 2 && key_.size() < PositionCache::kTopFrames) {
+        key_.push_back(nodes_[n].pos);
+        n = nodes_[n].parent;
+    }
+    const bool whole = n < 2;
+    const size_t n_frames = key_.size();
+    if (whole) key_.push_back(kUnset);
+    if (u.rem != 0) {  // inside a code point: the bytes still to come are part of the key
+        key_.push_back(kUnset - 1);
+        key_.push_back(u.val);
+        key_.push_back(u.rem << 16 | uint32_t(u.next_lo) << 8 | u.next_hi);
+    }
+    if (auto e = cache_->get(key_)) return e;
+    // The same frames over the cut-off bottom (or the real one, when they are the whole stack).
+    uint32_t chain = whole ? kAccept : kCut;
+    for (size_t i = n_frames; i-- > 0;) chain = intern(key_[i], chain);
+    auto e = std::make_shared<PositionCache::Entry>();
+    std::vector<uint32_t> start = {chain};
+    walk(start, u, e.get());
+    if (e->accepted.size() * 16 > size_t(trie_->n_vocab())) {
+        e->accepted_bits.assign(words_, 0);
+        for (int32_t t : e->accepted) e->accepted_bits[size_t(t) >> 6] |= 1ull << (t & 63);
+        e->accepted.clear();
+        e->accepted.shrink_to_fit();
+    }
+    return cache_->put(key_, std::move(e));
+}
+
+bool Matcher::token_ok(int32_t id, uint32_t stack, Utf8 u) {
+    tmp_b_.assign(1, stack);
+    for (char c : trie_->piece(id)) {
+        Utf8 nu;
+        if (!step(tmp_b_, u, uint8_t(c), tmp_a_, nu)) return false;
+        tmp_b_.swap(tmp_a_);
+        u = nu;
+    }
+    return true;
+}
+
+void Matcher::compute_mask(uint64_t* bits) {
+    std::memset(bits, 0, words_ * 8);
+    for (uint32_t s : cur_) {
+        if (s < 2) continue;
+        const auto e = classify(s, cur_utf8_);
+        if (!e->accepted_bits.empty())
+            for (size_t w = 0; w < words_; ++w) bits[w] |= e->accepted_bits[w];
+        for (int32_t t : e->accepted) bits[size_t(t) >> 6] |= 1ull << (t & 63);
+        for (int32_t t : e->uncertain)
+            if (!((bits[size_t(t) >> 6] >> (t & 63)) & 1) && token_ok(t, s, cur_utf8_))
+                bits[size_t(t) >> 6] |= 1ull << (t & 63);
+    }
+    if (can_end())
+        for (int32_t t : trie_->eog_tokens()) bits[size_t(t) >> 6] |= 1ull << (t & 63);
+}
+
+const uint64_t* Matcher::mask() {
+    CERA_CHECK(trie_ != nullptr, "mask() on a matcher without a vocabulary");
+    const uint64_t h = hash_state(cur_, cur_utf8_.val, cur_utf8_.rem);
+    auto range = mask_cache_.equal_range(h);
+    for (auto it = range.first; it != range.second; ++it)
+        if (it->second.utf8 == cur_utf8_ && it->second.set == cur_) return slots_.data() + it->second.slot * words_;
+    if (used_slots_ == max_slots_) {  // full: start over
+        mask_cache_.clear();
+        used_slots_ = 0;
+    }
+    if (slots_.size() < (used_slots_ + 1) * words_) slots_.resize((used_slots_ + 1) * words_);
+    const size_t slot = used_slots_++;
+    uint64_t* bits = slots_.data() + slot * words_;
+    compute_mask(bits);
+    mask_cache_.emplace(h, CacheEntry{cur_, cur_utf8_, slot});
+    return bits;
+}
+
+}  // namespace cera::grammar

@@ -1,0 +1,158 @@
+// Matcher: where a text is in a grammar, and which tokens may come next.
+//
+// The state is a set of stacks (a pushdown automaton's configurations, all at once): each stack is a
+// grammar position whose element is a character class, above the return positions of the rules it
+// is inside. Stacks are interned nodes (position, parent), so stacks that share their lower part
+// share it in memory, and a stack is a number. The text is matched byte by byte: a code point split
+// across bytes (or tokens) is carried as a partial UTF-8 value, and at each partial byte only the
+// stacks whose class can still hold a completion survive.
+//
+// The mask of allowed tokens comes from three layers:
+//  - per stack top (shared by every matcher of one grammar and vocabulary, PositionCache): a walk of
+//    the token trie from the stack's top few frames alone, with the frames below cut off, sorts each
+//    token into accepted (it matches within those frames, whatever lies below), rejected, or
+//    uncertain (it runs past them, so the answer depends on the rest of the stack);
+//  - per state: the union over its stacks of the accepted tokens, plus the uncertain ones that a
+//    check on the whole stack passes; the result is cached per state;
+//  - a state in the middle of a code point walks the whole trie from the state instead.
+// End-of-generation tokens are allowed exactly when the text so far is a complete match; when it is
+// complete and nothing may follow, they are the only ones.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "chat/grammar/gbnf.h"
+#include "chat/grammar/token_trie.h"
+
+namespace cera::grammar {
+
+// The token classification of stack tops for one grammar and vocabulary (see above). An entry is
+// keyed by the positions of a stack's top frames (kTopFrames of them, fewer when the stack is that
+// short, which makes the entry exact). Filled lazily by the matchers that use it; thread-safe.
+class PositionCache {
+ public:
+    static constexpr size_t kTopFrames = 3;
+    struct Entry {
+        std::vector<int32_t> accepted;        // sparse form, when few
+        std::vector<uint64_t> accepted_bits;  // dense form, when many ([n_vocab / 64] words)
+        std::vector<int32_t> uncertain;
+    };
+    PositionCache(std::shared_ptr<const GrammarDef> def, std::shared_ptr<const TokenTrie> trie)
+        : def_(std::move(def)), trie_(std::move(trie)) {}
+
+    const GrammarDef& def() const { return *def_; }
+    const TokenTrie& trie() const { return *trie_; }
+    std::shared_ptr<const Entry> get(const std::vector<uint32_t>& key) const {
+        std::lock_guard<std::mutex> lk(mu_);
+        auto it = entries_.find(key);
+        return it == entries_.end() ? nullptr : it->second;
+    }
+    std::shared_ptr<const Entry> put(const std::vector<uint32_t>& key, std::shared_ptr<const Entry> e) {
+        std::lock_guard<std::mutex> lk(mu_);
+        return entries_.emplace(key, std::move(e)).first->second;
+    }
+    size_t size() const {
+        std::lock_guard<std::mutex> lk(mu_);
+        return entries_.size();
+    }
+
+ private:
+    struct KeyHash {
+        size_t operator()(const std::vector<uint32_t>& k) const {
+            size_t h = 0x9e3779b97f4a7c15ull;
+            for (uint32_t v : k) h = (h ^ v) * 0x100000001b3ull;
+            return h;
+        }
+    };
+    std::shared_ptr<const GrammarDef> def_;
+    std::shared_ptr<const TokenTrie> trie_;
+    mutable std::mutex mu_;
+    std::unordered_map<std::vector<uint32_t>, std::shared_ptr<const Entry>, KeyHash> entries_;
+};
+
+struct MatcherOptions {
+    size_t mask_cache_bytes = size_t(32) << 20;  // masks kept per matcher (cleared when full)
+};
+
+class Matcher {
+ public:
+    // Text matching only (no masks).
+    explicit Matcher(std::shared_ptr<const GrammarDef> def);
+    // Text matching and token masks over the cache's vocabulary.
+    Matcher(std::shared_ptr<PositionCache> cache, const MatcherOptions& options = {});
+
+    // The tokens allowed next: bit id of words[id / 64]; [ceil(n_vocab / 64)] words. Valid until the
+    // next call on this matcher. No allocation when the state's mask is cached.
+    const uint64_t* mask();
+    // Advances by a token's bytes. False (state unchanged) when the token is not allowed; an
+    // end-of-generation token is allowed when can_end().
+    bool accept_token(int32_t id);
+    // Advances by bytes; returns how many were matched (all of them, or the offset of the first byte
+    // that no stack accepts; the state then stays after the matched part).
+    size_t accept_bytes(std::string_view bytes);
+
+    bool can_end() const;      // the text so far is a whole match
+    bool is_complete() const;  // a whole match, and nothing may follow
+    bool is_dead() const { return cur_.empty(); }
+    void reset();
+    size_t n_words() const { return words_; }
+
+ private:
+    struct Utf8 {
+        uint32_t val = 0;
+        uint32_t rem = 0;                        // continuation bytes still expected
+        uint8_t next_lo = 0x80, next_hi = 0xBF;  // the next byte's range (no overlong form, no surrogate)
+        bool operator==(const Utf8& o) const {
+            return val == o.val && rem == o.rem && next_lo == o.next_lo && next_hi == o.next_hi;
+        }
+    };
+    struct CacheEntry {
+        std::vector<uint32_t> set;
+        Utf8 utf8;
+        size_t slot;
+    };
+
+    void init_nodes();
+    uint32_t intern(uint32_t pos, uint32_t parent);
+    void closure(uint32_t node, std::vector<uint32_t>& out);
+    void successors(uint32_t node, uint32_t& begin, uint32_t& end);
+    bool step(const std::vector<uint32_t>& in, Utf8 u, uint8_t byte, std::vector<uint32_t>& out, Utf8& nu);
+    void walk(const std::vector<uint32_t>& start, Utf8 u, PositionCache::Entry* classify);
+    std::shared_ptr<const PositionCache::Entry> classify(uint32_t stack, Utf8 u);
+    bool token_ok(int32_t id, uint32_t stack, Utf8 u);
+    void compute_mask(uint64_t* bits);
+
+    std::shared_ptr<const GrammarDef> def_;
+    std::shared_ptr<PositionCache> cache_;
+    const TokenTrie* trie_ = nullptr;
+    MatcherOptions options_;
+    size_t words_ = 0;
+
+    struct Node {
+        uint32_t pos, parent;
+    };
+    std::vector<Node> nodes_;  // 0: the bottom of a whole match; 1: the cut-off bottom (classification)
+    std::unordered_map<uint64_t, uint32_t> intern_;
+    std::vector<uint32_t> succ_begin_, succ_end_, succ_pool_;  // memoised successors per node
+    std::vector<uint32_t> stamp_;                              // closure's visited marks
+    uint32_t epoch_ = 0;
+    std::vector<uint32_t> work_;
+    std::vector<uint32_t> key_;  // classify()'s cache key
+
+    std::vector<uint32_t> initial_, cur_;  // sorted stack sets
+    Utf8 cur_utf8_;
+    std::vector<uint32_t> tmp_a_, tmp_b_;
+    std::vector<std::vector<uint32_t>> levels_;  // walk(): the stack set at each trie depth
+    std::vector<Utf8> level_utf8_;
+    std::vector<char> level_pop_;
+
+    std::vector<uint64_t> slots_;  // cached masks, [max_slots][words_]
+    size_t max_slots_ = 0, used_slots_ = 0;
+    std::unordered_multimap<uint64_t, CacheEntry> mask_cache_;
+};
+
+}  // namespace cera::grammar

@@ -1,0 +1,55 @@
+// TokenTrie: the bytes of every token of a vocabulary in one prefix tree, for walking a grammar over
+// all tokens at once (tokens that share a prefix share its matching work).
+//
+// Nodes are in preorder: node 0 is the root (the empty prefix), a node's children follow it, and
+// `end` is the first node past its subtree, so a walk skips a dead subtree in one step. The tokens of
+// a subtree are a contiguous run of `order` ([tok_begin, tok_end)); those ending exactly at the node
+// come first ([tok_begin, tok_begin + n_own)). Immutable after construction; shared by every matcher
+// of one vocabulary.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace cera {
+class Tokenizer;
+
+namespace grammar {
+
+class TokenTrie {
+ public:
+    struct Node {
+        uint32_t end;        // first node after this subtree
+        uint32_t tok_begin;  // subtree's tokens: order[tok_begin, tok_end)
+        uint32_t tok_end;
+        uint16_t n_own;  // tokens whose bytes end here
+        uint8_t byte;    // the byte that leads here from the parent
+        uint8_t depth;   // bytes from the root (tokens longer than 255 bytes are left out)
+    };
+
+    // pieces[id]: the bytes of token id; eog[id]: an end-of-generation token; control[id]: a token
+    // that never stands for text in a grammar (it is never allowed, unless it ends generation).
+    TokenTrie(std::vector<std::string> pieces, std::vector<bool> eog, std::vector<bool> control);
+    // From a tokenizer: pieces as generated text renders them (token_to_piece).
+    static std::shared_ptr<const TokenTrie> from_tokenizer(const Tokenizer& tok);
+
+    int32_t n_vocab() const { return int32_t(pieces_.size()); }
+    const std::vector<Node>& nodes() const { return nodes_; }
+    const std::vector<int32_t>& order() const { return order_; }
+    const std::string& piece(int32_t id) const { return pieces_[size_t(id)]; }
+    const std::vector<int32_t>& eog_tokens() const { return eog_; }
+    bool is_eog(int32_t id) const { return is_eog_[size_t(id)]; }
+    // A token outside the trie that is not an end of generation (control, empty or too long).
+    bool is_excluded(int32_t id) const { return excluded_[size_t(id)]; }
+
+ private:
+    std::vector<std::string> pieces_;
+    std::vector<Node> nodes_;
+    std::vector<int32_t> order_;
+    std::vector<int32_t> eog_;
+    std::vector<bool> is_eog_, excluded_;
+};
+
+}  // namespace grammar
+}  // namespace cera

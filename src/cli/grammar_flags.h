@@ -1,0 +1,25 @@
+// The structured-output flags of `cera run` and `cera chat`: --grammar, --grammar-file, --json,
+// --json-schema (at most one of them).
+#pragma once
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "cera/grammar.h"
+
+namespace cera::cli {
+
+struct GrammarFlags {
+    std::string grammar, grammar_file, json_schema_file;
+    bool json = false;
+
+    void add(CLI::App& app);
+    // The grammar the flags ask for, or null. Throws cera::Error for an unreadable file or a grammar or
+    // schema that does not parse.
+    std::shared_ptr<const Grammar> build() const;
+};
+
+// A whole file as bytes. Throws cera::Error (kIo).
+std::string read_file_text(const std::string& path);
+
+}  // namespace cera::cli

@@ -1,0 +1,141 @@
+// Token masks: each mask equals the brute-force answer (for every token: does the text so far plus its
+// bytes stay a prefix of the language?), on a small vocabulary with tokens that span grammar elements
+// and split UTF-8 characters, and on Qwen3's 151,669-token vocabulary.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cera/grammar.h"
+#include "chat/grammar/grammar_impl.h"
+#include "chat/grammar/matcher.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+
+namespace cera {
+namespace {
+
+using grammar::Matcher;
+using grammar::TokenTrie;
+
+// The reference: a fresh text matcher over text + piece.
+bool viable(const Grammar& g, const std::string& text) {
+    Matcher m(g.impl().def);
+    return m.accept_bytes(text) == text.size();
+}
+
+bool bit(const uint64_t* mask, int32_t id) { return (mask[id >> 6] >> (id & 63)) & 1; }
+
+// Walks random allowed tokens, checking every mask against the reference; returns the texts made.
+std::vector<std::string> check_walks(const Grammar& g, const std::shared_ptr<const TokenTrie>& trie, int walks,
+                                     int max_steps, uint64_t seed, int check_every = 1) {
+    std::mt19937_64 rng(seed);
+    std::vector<std::string> texts;
+    auto m = make_matcher(g, trie);
+    for (int w = 0; w < walks; ++w) {
+        m->reset();
+        std::string text;
+        for (int step = 0; step < max_steps; ++step) {
+            const uint64_t* mask = m->mask();
+            std::vector<int32_t> allowed;
+            for (int32_t id = 0; id < trie->n_vocab(); ++id) {
+                const bool got = bit(mask, id);
+                if (step % check_every == 0) {
+                    bool want;
+                    if (trie->is_eog(id))
+                        want = g.match(text) == -1;
+                    else if (trie->is_excluded(id))
+                        want = false;
+                    else
+                        want = viable(g, text + trie->piece(id));
+                    if (got != want) {
+                        ADD_FAILURE() << "token " << id << " '" << trie->piece(id) << "' after '" << text << "': mask "
+                                      << got << ", reference " << want;
+                        return texts;
+                    }
+                }
+                if (got) allowed.push_back(id);
+            }
+            if (allowed.empty()) break;
+            const int32_t t = allowed[rng() % allowed.size()];
+            EXPECT_TRUE(m->accept_token(t));
+            if (trie->is_eog(t)) break;
+            text += trie->piece(t);
+        }
+        texts.push_back(text);
+    }
+    return texts;
+}
+
+std::shared_ptr<const TokenTrie> small_vocab() {
+    std::vector<std::string> p = {
+        "<eos>",    "{",        "}",  "\"",  "\":", "\"}",  "{\"",  ", ",       ",",        ":",    " ",
+        "a",        "b",        "ab", "abc", "\"a", "1",    "12",   "-",        "0",        "true", "tr",
+        "ue",       "null",     "[",  "]",   "[]",  "\xc3", "\xa9", "\xc3\xa9", "\xe4\xb8", "\xad", "\xe4\xb8\xad",
+        "\xf0\x9f", "\x98\x80", "\\", "\\n", "n",   "e",    "\n",   "  ",       "x\"",      "<ctl>"};
+    std::vector<bool> eog(p.size(), false), control(p.size(), false);
+    eog[0] = true;
+    control.back() = true;
+    return std::make_shared<const TokenTrie>(p, eog, control);
+}
+
+TEST(GrammarMatcher, MasksEqualTheReferenceOnASmallVocabulary) {
+    const auto trie = small_vocab();
+    for (const char* gbnf : {
+             R"(root ::= "{" ws "\"" [a-c]+ "\":" ws value ws "}"
+value ::= "true" | "null" | "-"? [0-9]+ | "\"" [^"\\\x00-\x1F]{0,6} "\""
+ws ::= " "?)",
+             R"(root ::= ( [é中😀] | "ab" | "\n" ){1,8})",
+             R"(root ::= "[" ( "1" | "a" "b"? )* "]" )",
+         }) {
+        SCOPED_TRACE(gbnf);
+        auto g = Grammar::parse(gbnf);
+        const auto texts = check_walks(*g, trie, 30, 24, 7);
+        EXPECT_EQ(texts.size(), 30u);
+    }
+    // JSON mode on the small vocabulary.
+    check_walks(*Grammar::json(true), trie, 20, 20, 11);
+}
+
+TEST(GrammarMatcher, CompleteGrammarAllowsOnlyEnd) {
+    const auto trie = small_vocab();
+    auto g = Grammar::parse(R"(root ::= "ab")");
+    auto m = make_matcher(*g, trie);
+    EXPECT_FALSE(bit(m->mask(), 0));   // nothing yet: no end
+    ASSERT_TRUE(m->accept_token(13));  // "ab"
+    EXPECT_TRUE(m->is_complete());
+    const uint64_t* mask = m->mask();
+    for (int32_t id = 0; id < trie->n_vocab(); ++id) EXPECT_EQ(bit(mask, id), id == 0) << id;
+    EXPECT_FALSE(m->accept_token(11));
+    EXPECT_TRUE(m->accept_token(0));
+}
+
+TEST(GrammarMatcher, SplitUtf8AcrossTokens) {
+    const auto trie = small_vocab();
+    auto g = Grammar::parse(R"(root ::= "é" "中")");
+    auto m = make_matcher(*g, trie);
+    ASSERT_TRUE(m->accept_token(27));   // 0xC3: the first byte of é
+    EXPECT_FALSE(m->accept_token(31));  // 0xAD cannot complete é
+    ASSERT_TRUE(m->accept_token(28));   // 0xA9
+    EXPECT_FALSE(bit(m->mask(), 29));   // é again: no
+    EXPECT_TRUE(bit(m->mask(), 30));    // the first two bytes of 中
+    ASSERT_TRUE(m->accept_token(32));
+    EXPECT_TRUE(m->can_end());
+}
+
+TEST(GrammarMatcher, QwenVocabularyMasksEqualTheReference) {
+    auto tok = Tokenizer::from_file(test::data_path("vocab-extra/qwen3-vocab-qwen2.gguf"));
+    const auto trie = TokenTrie::from_tokenizer(*tok);
+    ASSERT_EQ(trie->n_vocab(), 151669);
+    auto g = Grammar::from_json_schema(R"({"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "tags": {"type": "array", "items": {"enum": ["a", "b c", "é"]}, "maxItems": 3},
+        "n": {"type": "integer", "minimum": -5, "maximum": 300}},
+        "required": ["name", "n"]})");
+    const auto texts = check_walks(*g, trie, 2, 14, 3, 4);
+    for (const auto& t : texts) EXPECT_NE(g->match(t), 0) << t;
+}
+
+}  // namespace
+}  // namespace cera

@@ -1,0 +1,163 @@
+// JSON Schema to grammar: documents the schema accepts are in the grammar's language, documents it
+// rejects are not (written by hand from the schema's definition), and unsupported keywords are errors.
+#include "chat/grammar/json_schema.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "cera/error.h"
+#include "cera/grammar.h"
+
+namespace cera {
+namespace {
+
+struct Case {
+    const char* name;
+    const char* schema;
+    std::vector<std::string> accept;
+    std::vector<std::string> reject;
+};
+
+const std::vector<Case> kCases = {
+    {"object",
+     R"({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+                   "required": ["a"]})",
+     {R"({"a": 1})", R"({"a": -20, "b": "x"})", "{\n  \"a\": 0,\n  \"b\": \"\"\n}", R"({"a":1,"b":"q"})"},
+     {R"({"b": "x"})", R"({"a": 1.5})", R"({"a": 1, "c": 2})", R"({"b": "x", "a": 1})", R"({"a": 01})", "{}",
+      R"({"a": 1,})"}},
+    {"all optional",
+     R"({"properties": {"x": {"type": "boolean"}, "y": {"type": "null"}, "z": {}}})",
+     {"{}", R"({"x": true})", R"({"y": null})", R"({"x": false, "y": null, "z": [1, {"k": "v"}]})", R"({"z": 3})"},
+     {R"({"y": null, "x": true})", R"({, "y": null})", R"({"x": 1})"}},
+    {"additional",
+     R"({"type": "object", "properties": {"id": {"type": "integer"}},
+                       "additionalProperties": {"type": "number"}})",
+     {"{}", R"({"id": 1})", R"({"id": 1, "w": 2.5, "h": -1e3})", R"({"w": 1})", R"({"ida": 1})", R"({"i": 2})"},
+     {R"({"id": 1, "id": 2})", R"({"w": "x"})", R"({"id": 1, "w": true})"}},
+    {"additional true",
+     R"({"additionalProperties": true})",
+     {"{}", R"({"a": [true]})", R"({"a": 1, "b": {"c": null}})"},
+     {"[]", R"({"a"})"}},
+    {"array",
+     R"({"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 12},
+                  "minItems": 2, "maxItems": 3})",
+     {"[1, 2]", "[12,11,10]", "[ 3 , 4 ]"},
+     {"[1]", "[1, 2, 3, 4]", "[0, 1]", "[13, 1]", "[1, 2,]", "[]"}},
+    {"prefixItems",
+     R"({"type": "array", "prefixItems": [{"type": "string"}, {"type": "boolean"}],
+                        "items": {"type": "null"}, "maxItems": 4})",
+     {R"(["a", true])", R"(["a", false, null])", R"(["", true, null, null])"},
+     {R"(["a"])", R"([true, "a"])", R"(["a", true, 1])", R"(["a", true, null, null, null])"}},
+    {"enum const",
+     R"({"type": "object", "properties": {"c": {"enum": ["red", "green", 3, null, {"k": [1]}]},
+                        "k": {"const": "fixed"}}, "required": ["c", "k"]})",
+     {R"({"c": "red", "k": "fixed"})", R"({"c": 3, "k": "fixed"})", R"({"c": {"k":[1]}, "k": "fixed"})"},
+     {R"({"c": "blue", "k": "fixed"})", R"({"c": "red", "k": "other"})"}},
+    {"types", R"({"type": ["string", "null", "number"]})", {"\"x\"", "null", "-1.5e2", "0"}, {"true", "{}", "[]"}},
+    {"anyOf allOf",
+     R"({"anyOf": [{"type": "integer"}, {"allOf": [
+          {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+          {"properties": {"b": {"type": "string"}}, "required": ["b"]}]}]})",
+     {"7", R"({"a": 1, "b": "x"})"},
+     {R"({"a": 1})", R"({"b": "x"})", "\"7\""}},
+    {"ref recursive",
+     R"({"$defs": {"node": {"type": "object", "properties": {
+          "v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+          "required": ["v"]}}, "$ref": "#/$defs/node"})",
+     {R"({"v": 1})", R"({"v": 1, "kids": [{"v": 2}, {"v": 3, "kids": [{"v": 4, "kids": []}]}]})"},
+     {R"({"v": 1, "kids": [{}]})", R"({"kids": []})"}},
+    {"definitions",
+     R"({"definitions": {"p": {"type": "string", "minLength": 2, "maxLength": 3}},
+                        "type": "array", "items": {"$ref": "#/definitions/p"}})",
+     {"[]", R"(["ab", "abc", "\n\u00e9"])"},
+     {R"(["a"])", R"(["abcd"])"}},
+    {"strings",
+     R"({"type": "object", "properties": {
+          "d": {"type": "string", "format": "date"}, "t": {"type": "string", "format": "time"},
+          "dt": {"type": "string", "format": "date-time"}, "u": {"type": "string", "format": "uuid"},
+          "e": {"type": "string", "format": "email"}, "p": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"},
+          "q": {"type": "string", "pattern": "ab+c"}}})",
+     {R"({"d": "2024-02-28"})", R"({"t": "23:59:59Z"})", R"({"t": "23:59:59.123+02:00"})",
+      R"({"dt": "2024-12-31T00:00:00Z"})", R"({"u": "123e4567-e89b-12d3-a456-426614174000"})",
+      R"({"e": "a.b+c@example.co.uk"})", R"({"p": "AB-123"})", R"({"q": "xxabbbcyy"})", R"({"q": "abc"})"},
+     {R"({"d": "2024-02-30"})", R"({"d": "2024-13-01"})", R"({"t": "24:00:00Z"})", R"({"t": "12:00:00"})",
+      R"({"u": "123e4567e89b12d3a456426614174000"})", R"({"e": "a@b"})", R"({"p": "AB-12"})", R"({"p": "ab-123"})",
+      R"({"q": "ac"})"}},
+    {"integer ranges",
+     R"({"type": "array", "items": {"type": "integer", "minimum": -15, "exclusiveMaximum": 1000}})",
+     {"[-15, -9, -1, 0, 5, 10, 99, 100, 999]"},
+     {"[-16]", "[1000]", "[-0]", "[007]", "[1.0]"}},
+};
+
+TEST(JsonSchema, AcceptsWhatTheSchemaAccepts) {
+    for (const Case& c : kCases) {
+        SCOPED_TRACE(c.name);
+        std::shared_ptr<const Grammar> g;
+        ASSERT_NO_THROW(g = Grammar::from_json_schema(c.schema)) << Grammar::json_schema_to_gbnf(c.schema);
+        for (const auto& s : c.accept) EXPECT_EQ(g->match(s), -1) << "should accept: " << s << "\n" << g->gbnf();
+        for (const auto& s : c.reject) EXPECT_NE(g->match(s), -1) << "should reject: " << s << "\n" << g->gbnf();
+    }
+}
+
+TEST(JsonSchema, IntegerRangesAreExact) {
+    for (auto [lo, hi] : std::vector<std::pair<int, int>>{{0, 0}, {-3, 3}, {7, 123}, {-250, -13}, {95, 1005}, {1, 9}}) {
+        const std::string schema =
+            R"({"type": "integer", "minimum": )" + std::to_string(lo) + R"(, "maximum": )" + std::to_string(hi) + "}";
+        auto g = Grammar::from_json_schema(schema);
+        for (int v = lo - 30; v <= hi + 30; ++v)
+            EXPECT_EQ(g->match(std::to_string(v)) == -1, v >= lo && v <= hi) << schema << " " << v;
+    }
+}
+
+TEST(JsonSchema, JsonModeAndBoundedWhitespace) {
+    auto obj = Grammar::json();
+    EXPECT_EQ(obj->match(R"({"a": [1, "b", null, {"c": false}]})"), -1);
+    EXPECT_NE(obj->match("[1]"), -1);  // an object by default
+    EXPECT_EQ(Grammar::json(true)->match("[1]"), -1);
+    EXPECT_NE(obj->match("{" + std::string(40, ' ') + "}"), -1);  // whitespace runs are bounded
+    EXPECT_NE(obj->match(" {}"), -1);
+}
+
+std::pair<ErrorCode, std::string> error_of(const std::string& schema) {
+    try {
+        Grammar::from_json_schema(schema);
+    } catch (const Error& e) {
+        return {e.code(), e.what()};
+    }
+    return {ErrorCode::kIo, "no error"};
+}
+
+TEST(JsonSchema, ClearErrors) {
+    auto [c1, m1] = error_of(R"({"type": "object", "minProperties": 1})");
+    EXPECT_EQ(c1, ErrorCode::kUnsupported);
+    EXPECT_EQ(m1, "JSON Schema at '/': the keyword 'minProperties'");
+    auto [c2, m2] = error_of(R"({"properties": {"a": {"type": "array", "uniqueItems": true}}})");
+    EXPECT_EQ(m2, "JSON Schema at '/properties/a': the keyword 'uniqueItems'");
+    EXPECT_EQ(error_of(R"({"type": "string", "format": "ipv6"})").first, ErrorCode::kUnsupported);
+    EXPECT_EQ(error_of(R"({"type": "number", "minimum": 0})").first, ErrorCode::kUnsupported);
+    EXPECT_EQ(error_of(R"J({"type": "string", "pattern": "(a)\\1"})J").first, ErrorCode::kUnsupported);
+    EXPECT_EQ(error_of(R"J({"type": "string", "pattern": "(?=a)"})J").first, ErrorCode::kUnsupported);
+    EXPECT_EQ(error_of(R"({"$ref": "#/$defs/missing"})").first, ErrorCode::kInvalidArgument);
+    EXPECT_EQ(error_of(R"({"type": "integer", "minimum": 5, "maximum": 4})").first, ErrorCode::kInvalidArgument);
+    EXPECT_EQ(error_of(R"({"type": "array", "minItems": 3, "maxItems": 2})").first, ErrorCode::kInvalidArgument);
+    EXPECT_EQ(error_of("false").first, ErrorCode::kInvalidArgument);
+    EXPECT_EQ(error_of("{\"type\": ").first, ErrorCode::kParse);
+    EXPECT_EQ(error_of(R"({"type": "bogus"})").first, ErrorCode::kInvalidArgument);
+}
+
+TEST(JsonSchema, RegexSubset) {
+    auto g = [](const std::string& re) { return Grammar::parse("root ::= " + grammar::regex_to_gbnf(re)); };
+    EXPECT_EQ(g("^a(b|cd)*e?$")->match("abcdbe"), -1);
+    EXPECT_NE(g("^a(b|cd)*e?$")->match("ac"), -1);
+    EXPECT_EQ(g("^[^a-c]{2,3}$")->match("xyz"), -1);
+    EXPECT_NE(g("^[^a-c]{2,3}$")->match("xaz"), -1);
+    EXPECT_EQ(g("^\\w+@\\d\\.\\s?$")->match("ab_9@1. "), -1);
+    EXPECT_EQ(g("^(?:x|y)+?$")->match("xyx"), -1);
+    EXPECT_EQ(g("^\"q\\\\$")->match("\\\"q\\\\"), -1);  // '"' and '\' come out escaped, as JSON writes them
+    EXPECT_EQ(g("mid")->match("  mid  "), -1);          // unanchored: a search
+}
+
+}  // namespace
+}  // namespace cera
