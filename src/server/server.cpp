@@ -13,6 +13,7 @@
 
 #include "cera/error.h"
 #include "core/check.h"
+#include "server/chat_page.h"
 
 namespace cera {
 
@@ -110,6 +111,7 @@ GenerateOptions generation(const json& j, int32_t n_ctx) {
             refuse("'stop' must be a string or a list of strings", "stop");
         }
     }
+    g.ignore_eos = boolean(j, "ignore_eos", false);  // as llama.cpp's server: load tools ask for exact lengths
     if (integer(j, "n", 1, 1, 128) != 1) refuse("'n' above 1 is not supported", "n");
     if (boolean(j, "logprobs", false) || field(j, "top_logprobs")) refuse("'logprobs' is not supported yet", "logprobs");
     if (field(j, "logit_bias")) refuse("'logit_bias' is not supported yet", "logit_bias");
@@ -260,10 +262,11 @@ struct Server::Impl {
                                     std::chrono::system_clock::now().time_since_epoch())
                                     .count();
         const std::string object = chat ? "chat.completion" : "text_completion";
-        auto usage = [&](const GenerationResult& g) {
-            return json{{"prompt_tokens", prompt.size()},
+        // By value: the stream's provider calls it after this function has returned.
+        auto usage = [n_prompt = int64_t(prompt.size())](const GenerationResult& g) {
+            return json{{"prompt_tokens", n_prompt},
                         {"completion_tokens", g.generated_tokens},
-                        {"total_tokens", int64_t(prompt.size()) + g.generated_tokens}};
+                        {"total_tokens", n_prompt + g.generated_tokens}};
         };
         auto log = [this, n, t0, sink, prompt_n = prompt.size(), chat](const GenerationResult& g, int status) {
             const double total = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -337,7 +340,9 @@ struct Server::Impl {
     void routes() {
         http.set_payload_max_length(o.max_body_bytes);
         http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-            if (o.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+            // The chat page loads without the key; it asks for one and sends it with its API calls.
+            if (o.api_key.empty() || req.path == "/health" || req.path == "/")
+                return httplib::Server::HandlerResponse::Unhandled;
             if (req.get_header_value("Authorization") == "Bearer " + o.api_key)
                 return httplib::Server::HandlerResponse::Unhandled;
             send(res, 401, error_body({401, "invalid API key", "invalid_request_error", "", "invalid_api_key"}));
@@ -367,6 +372,7 @@ struct Server::Impl {
                 }
             };
         };
+        http.Get("/", serve_chat_page);
         http.Get("/health", [](const httplib::Request&, httplib::Response& res) { send(res, 200, {{"status", "ok"}}); });
         http.Get("/v1/models", guarded([this](const httplib::Request&, httplib::Response& res) {
                      send(res, 200, {{"object", "list"},
