@@ -90,6 +90,9 @@ struct KvPaging {
     Tensor seq;          // i32 [n_tokens]: the sequence (row of block_table) of each query
     Tensor block_table;  // i32 [n_seq, max_blocks]: the pool block of each block of a sequence's positions
     int block_size = 0;  // rows a block, a power of two
+    // Host: the number of queries of each sequence, in batch order (summing to n_tokens), so that a
+    // device backend can launch its kernels by sequence without reading `seq` back.
+    std::span<const int32_t> runs;
     explicit operator bool() const { return bool(block_table); }
 };
 
@@ -117,6 +120,9 @@ class Backend;
 void argmax_via_host(Backend& be, const Tensor& x, const Tensor& out);
 // Backend::argmax_feed's default: argmax(), then the pick and the next position through the host.
 void argmax_feed_via_host(Backend& be, const Tensor& x, const Tensor& out, const Tensor& ids, const Tensor& pos);
+// Backend::short_conv_segments's default.
+void short_conv_segments_via_host(Backend& be, const Tensor& bcx, const Tensor& w, const Tensor& states,
+                                  const Tensor& out, const Tensor& segs, const Tensor& snaps, const Tensor& snapshots);
 // Backend::top_logits's default: synchronize, read x and gather, top_logits_host, write out (inline,
 // below, so that a device backend can fall back to it without a link dependency on this library).
 inline void top_logits_via_host(Backend& be, const Tensor& x, int32_t m, const Tensor& gather, const Tensor& out);
@@ -245,6 +251,21 @@ class Backend {
     //   update (a decode step that has to be undone restores the state from it).
     virtual void short_conv(const Tensor& bcx, const Tensor& w, const Tensor& state, const Tensor& out,
                             const Tensor& state_prev = {}) = 0;
+
+    // short_conv over the chunks of several sequences in one call (a step of the batched engine):
+    // segment i is rows [start, start + n) of bcx and out, with its rolling state in row `slot` of
+    // `states`; after the segment's first `end` tokens, for each of its snapshots, that state is also
+    // copied to row `row` of `snapshots`.
+    //   bcx: f32 [n_tokens, 3 * n_embd]; w: f32 [n_embd, L]; states: f32 [n_slots, (L - 1) * n_embd]
+    //   (each row laid out as short_conv's state); out: f32 [n_tokens, n_embd];
+    //   segs: i32 [n_seg, 5]: start, n, slot, first snapshot, snapshot count (segments in row order);
+    //   snaps: i32 [n_snaps, 2]: end (1..n), row (a segment's in increasing `end`), empty when none;
+    //   snapshots: f32 [n_rows, (L - 1) * n_embd], empty when there are no snapshots
+    // The default reads segs and snaps to the host and runs short_conv and copy per piece.
+    virtual void short_conv_segments(const Tensor& bcx, const Tensor& w, const Tensor& states, const Tensor& out,
+                                     const Tensor& segs, const Tensor& snaps, const Tensor& snapshots) {
+        short_conv_segments_via_host(*this, bcx, w, states, out, segs, snaps, snapshots);
+    }
 
     // out = silu(gate) ⊙ up;  gate, up, out: f32 [n_tokens, n_ff] (out may alias gate or up)
     virtual void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;

@@ -54,19 +54,11 @@ struct Step {
     Tensor router;                // f32 [n_tokens, n_expert]
     Tensor moe_ids, moe_w;        // i32 / f32 [n_tokens, n_expert_used]
     std::span<LayerCache> cache;  // [n_layer]: the attention layers' K/V caches (pools when paged)
-    // The sequences of the pass: segment i's tokens are rows [row0, row0 + n_tokens), its recurrent
-    // (short-conv) states those of cache[il].conv. One segment when one sequence runs.
-    // A short-conv layer's state kept for prefix sharing: the state after the segment's first `end`
-    // rows goes to row `row` of the layer's cache[il].conv (a pool of states, a row each).
-    struct ConvSnapshot {
-        int64_t end = 0, row = 0;
-    };
-    struct Segment {
-        int64_t row0 = 0, n_tokens = 0;
-        std::span<LayerCache> cache;  // [n_layer]
-        std::span<const ConvSnapshot> snapshots;  // increasing `end`
-    };
-    std::span<const Segment> segments;
+    // Several sequences (the batched engine): the short-conv layers run every sequence's rows in one
+    // Backend::short_conv_segments call with these descriptors, layer il's sequence states being
+    // conv_states[il] and its kept snapshots cache[il].conv. Empty: one sequence, its state cache[il].conv.
+    Tensor conv_segs, conv_snaps;         // i32 [n_seg, 5], [n_snaps, 2]
+    std::span<const Tensor> conv_states;  // [n_layer]: f32 [n_slots, (L - 1) * n_embd] (short-conv layers)
     Tensor kv_rows;    // i32 [n_tokens]: the cache row that receives each token's K and V
     KvPaging paging;   // how attention finds a sequence's rows (backend.h); empty: one sequence, row = position
     // The rows whose outputs are wanted: [out_begin, out_begin + out_count) (out_count may be 0), or

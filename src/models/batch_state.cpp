@@ -22,7 +22,7 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
     block_ = o.block_size;
     const int64_t kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : int64_t(o.max_seqs) * model.default_n_ctx();
     n_blocks_ = (kv_tokens + block_ - 1) / block_;
-    max_blocks_ = n_blocks_;  // one sequence may hold the whole pool
+    max_blocks_ = o.max_seq_tokens > 0 ? std::min(n_blocks_, (o.max_seq_tokens + block_ - 1) / block_) : n_blocks_;
     max_tokens_ = o.max_step_tokens;
     const GgmlType kv = model.options().kv_type;
     snapshot_blocks_ = std::max(1, o.snapshot_blocks);
@@ -39,14 +39,10 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
             pool_[il].conv = be_.alloc(GgmlType::kF32, {sp.conv_channels * sp.conv_rows, n_blocks_ / snapshot_blocks_ + 1});
     }
     seqs_.resize(size_t(o.max_seqs));
-    for (Seq& s : seqs_) {
-        s.conv.resize(arch_.state.size());
-        for (size_t il = 0; il < s.conv.size(); ++il)
-            if (const LayerStateSpec& sp = arch_.state[il]; sp.conv_channels > 0) {
-                s.conv[il].conv = be_.alloc(GgmlType::kF32, {sp.conv_channels, sp.conv_rows});
-                s.conv[il].conv_prev = be_.alloc(GgmlType::kF32, {sp.conv_channels, sp.conv_rows});
-            }
-    }
+    conv_states_.resize(arch_.state.size());
+    for (size_t il = 0; il < conv_states_.size(); ++il)
+        if (const LayerStateSpec& sp = arch_.state[il]; sp.conv_channels > 0)
+            conv_states_[il] = be_.alloc(GgmlType::kF32, {sp.conv_channels * sp.conv_rows, int64_t(o.max_seqs)});
     for (int64_t b = n_blocks_ - 1; b >= 0; --b) free_.push_back(int32_t(b));
     ref_.assign(size_t(n_blocks_), 0);
     snap_row_.assign(size_t(n_blocks_), -1);
@@ -66,15 +62,23 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
     act_.alloc(be_, arch_, nt);
     hidden_ = be_.alloc(GgmlType::kF32, {info.n_embd, ns});
     logits_ = be_.alloc(GgmlType::kF32, {info.n_vocab, ns});
+    picks_t_ = be_.alloc(GgmlType::kI32, {ns});
+    if (recurrent_) {
+        // A step's snapshots: one every snapshot_blocks blocks of its tokens, plus one a sequence.
+        segs_t_ = be_.alloc(GgmlType::kI32, {5, ns});
+        snaps_t_ = be_.alloc(GgmlType::kI32, {2, nt / (int64_t(block_) * snapshot_blocks_) + ns});
+    }
 }
 
 BatchState::~BatchState() {
     std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
     for (LayerCache& c : pool_) be_.free(c.k), be_.free(c.v), be_.free(c.conv);
-    for (Seq& s : seqs_)
-        for (LayerCache& c : s.conv) be_.free(c.conv), be_.free(c.conv_prev);
+    for (Tensor& t : conv_states_)
+        if (t) be_.free(t);
     act_.free(be_);
-    for (Tensor* t : {&table_t_, &seq_t_, &ids_, &pos_t_, &rows_t_, &hidden_, &logits_}) be_.free(*t);
+    for (Tensor* t : {&table_t_, &seq_t_, &ids_, &pos_t_, &rows_t_, &hidden_, &logits_, &picks_t_, &top_t_, &gather_t_,
+                      &segs_t_, &snaps_t_})
+        if (*t) be_.free(*t);
 }
 
 uint64_t BatchState::pool_bytes() const {
@@ -93,8 +97,8 @@ int BatchState::add_sequence() {
         s.used = true;
         s.position = 0;
         s.blocks.clear();
-        for (const LayerCache& c : s.conv)
-            if (c.conv) be_.zero(c.conv);
+        for (const Tensor& t : conv_states_)
+            if (t) be_.zero(t.row_slice(int64_t(i), 1));
         return int(i);
     }
     return -1;
@@ -192,8 +196,9 @@ int64_t BatchState::attach_prefix(int seq, std::span<const int32_t> prompt) {
     s.tokens.assign(prompt.begin(), prompt.begin() + int64_t(usable) * block_);
     s.position = int32_t(int64_t(usable) * block_);
     if (recurrent_)  // the conv states at the prefix's end
-        for (size_t il = 0; il < s.conv.size(); ++il)
-            if (s.conv[il].conv) be_.copy(s.conv[il].conv, pool_[il].conv.row_slice(snap_row_[size_t(s.blocks.back())], 1));
+        for (size_t il = 0; il < conv_states_.size(); ++il)
+            if (const Tensor& t = conv_states_[il])
+                be_.copy(t.row_slice(seq, 1), pool_[il].conv.row_slice(snap_row_[size_t(s.blocks.back())], 1));
     return s.position;
 }
 
@@ -208,7 +213,7 @@ int64_t BatchState::blocks_needed(int seq, int64_t n) const {
     return std::max<int64_t>(0, need - have);
 }
 
-void BatchState::step(std::span<const Entry> entries, float* logits) {
+void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
     const int64_t n_vocab = arch_.info.n_vocab;
     // Checks first: a step that throws changes nothing.
     int64_t n_tokens = 0, n_out = 0, blocks = 0;
@@ -222,10 +227,15 @@ void BatchState::step(std::span<const Entry> entries, float* logits) {
         for (int32_t id : e.tokens)
             if (id < 0 || id >= n_vocab)
                 throw_error(ErrorCode::kOutOfRange, "batch step: token id %d outside [0, %" PRId64 ")", id, n_vocab);
+        if (e.pick == Pick::kTop && (e.top < 0 || e.top >= n_vocab))
+            throw_error(ErrorCode::kInvalidArgument, "batch step: the best %d of %" PRId64 " logits", e.top, n_vocab);
         n_tokens += int64_t(e.tokens.size());
-        n_out += e.logits ? 1 : 0;
+        n_out += e.pick != Pick::kNone ? 1 : 0;
         blocks += blocks_needed(e.seq, int64_t(e.tokens.size()));
     }
+    out.logits.clear(), out.words.clear();
+    out.at.assign(entries.size(), 0);
+    out.row_at.assign(entries.size(), StepOutput::kNoRow);
     if (n_tokens == 0) return;
     if (n_tokens > max_tokens_)
         throw_error(ErrorCode::kOutOfRange, "batch step: %" PRId64 " tokens, at most %" PRId64, n_tokens, max_tokens_);
@@ -235,18 +245,15 @@ void BatchState::step(std::span<const Entry> entries, float* logits) {
 
     std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
     ids_host_.clear(), pos_host_.clear(), rows_host_.clear(), seq_host_.clear();
-    std::vector<Step::Segment> segments;
     std::vector<int64_t> out_rows;
-    std::vector<Step::ConvSnapshot> snaps;
-    std::vector<size_t> snap_first;  // each entry's first snapshot in snaps
+    std::vector<int32_t> segs, snaps;  // Backend::short_conv_segments's descriptors
     for (const Entry& e : entries) {
         Seq& s = seqs_[size_t(e.seq)];
         for (int64_t b = blocks_needed(e.seq, int64_t(e.tokens.size())); b > 0; --b) s.blocks.push_back(take_block());
         s.tokens.insert(s.tokens.end(), e.tokens.begin(), e.tokens.end());
         std::copy(s.blocks.begin(), s.blocks.end(), table_.begin() + int64_t(e.seq) * max_blocks_);
-        segments.push_back({int64_t(ids_host_.size()), int64_t(e.tokens.size()), std::span<LayerCache>(s.conv), {}});
+        const size_t snap_first = snaps.size() / 2;
         // The ends of every snapshot_blocks-th block inside this entry's tokens keep their conv states.
-        snap_first.push_back(snaps.size());
         const int64_t every = int64_t(block_) * snapshot_blocks_;
         for (int64_t p = (s.position / every + 1) * every; recurrent_ && p <= s.position + int64_t(e.tokens.size()); p += every) {
             const int32_t b = s.blocks[size_t(p / block_ - 1)];
@@ -259,8 +266,10 @@ void BatchState::step(std::span<const Entry> entries, float* logits) {
                 snap_row_[size_t(b)] = free_snap_rows_.back();
                 free_snap_rows_.pop_back();
             }
-            snaps.push_back({p - s.position, snap_row_[size_t(b)]});
+            snaps.push_back(int32_t(p - s.position)), snaps.push_back(snap_row_[size_t(b)]);
         }
+        segs.insert(segs.end(), {int32_t(ids_host_.size()), int32_t(e.tokens.size()), int32_t(e.seq),
+                                 int32_t(snap_first), int32_t(snaps.size() / 2 - snap_first)});
         for (size_t i = 0; i < e.tokens.size(); ++i) {
             const int32_t p = s.position + int32_t(i);
             ids_host_.push_back(e.tokens[i]);
@@ -268,18 +277,21 @@ void BatchState::step(std::span<const Entry> entries, float* logits) {
             rows_host_.push_back(s.blocks[size_t(p / block_)] * block_ + p % block_);
             seq_host_.push_back(e.seq);
         }
-        if (e.logits) out_rows.push_back(int64_t(ids_host_.size()) - 1);
+        if (e.pick != Pick::kNone) out_rows.push_back(int64_t(ids_host_.size()) - 1);
         s.position += int32_t(e.tokens.size());
     }
-    snap_first.push_back(snaps.size());
-    for (size_t i = 0; i < segments.size(); ++i)
-        segments[i].snapshots = std::span<const Step::ConvSnapshot>(snaps).subspan(snap_first[i], snap_first[i + 1] - snap_first[i]);
     const size_t nb = size_t(n_tokens) * sizeof(int32_t);
     be_.write(ids_, ids_host_.data(), nb);
     be_.write(pos_t_, pos_host_.data(), nb);
     be_.write(rows_t_, rows_host_.data(), nb);
     be_.write(seq_t_, seq_host_.data(), nb);
-    be_.write(table_t_, table_.data(), table_.size() * sizeof(int32_t));
+    int max_seq = 0;
+    for (const Entry& e : entries) max_seq = std::max(max_seq, e.seq);
+    be_.write(table_t_, table_.data(), size_t(max_seq + 1) * size_t(max_blocks_) * sizeof(int32_t));
+    if (recurrent_) {
+        be_.write(segs_t_, segs.data(), segs.size() * sizeof(int32_t));
+        if (!snaps.empty()) be_.write(snaps_t_, snaps.data(), snaps.size() * sizeof(int32_t));
+    }
 
     Step s;
     s.be = &be_;
@@ -290,9 +302,16 @@ void BatchState::step(std::span<const Entry> entries, float* logits) {
     s.paging.seq = seq_t_.row_slice(0, 1).reshaped(n_tokens);
     s.paging.block_table = table_t_;
     s.paging.block_size = block_;
+    std::vector<int32_t> runs;
+    for (const Entry& e : entries) runs.push_back(int32_t(e.tokens.size()));
+    s.paging.runs = runs;
     act_.view(s, n_tokens);
     s.cache = std::span<LayerCache>(pool_);
-    s.segments = segments;
+    if (recurrent_) {
+        s.conv_segs = segs_t_.row_slice(0, int64_t(entries.size()));
+        if (!snaps.empty()) s.conv_snaps = snaps_t_.row_slice(0, int64_t(snaps.size() / 2));
+        s.conv_states = conv_states_;
+    }
     s.out_rows = out_rows;
     be_.embed(arch_.head.token_embd, s.ids, arch_.head.embedding_scale, s.x);
     arch_.forward(s);
@@ -302,7 +321,72 @@ void BatchState::step(std::span<const Entry> entries, float* logits) {
     const Tensor hid = hidden_.row_slice(0, n_out), lg = logits_.row_slice(0, n_out);
     be_.rms_norm(s.x.row_slice(0, n_out), arch_.head.output_norm, arch_.head.norm_eps, hid);
     lm_head(be_, arch_.head, hid, lg);
-    be_.read(logits, lg, size_t(n_out * n_vocab) * sizeof(float));
+    pick(entries, lg, out);
+}
+
+void BatchState::pick(std::span<const Entry> entries, const Tensor& lg, StepOutput& out) {
+    const int64_t n_vocab = arch_.info.n_vocab;
+    // The words each entry takes; the kTop entries' gather ids, one after another.
+    size_t n_words = 0, n_gather = 0, n_logits = 0;
+    bool argmax = false;
+    for (size_t i = 0; i < entries.size(); ++i) {
+        const Entry& e = entries[i];
+        if (e.pick == Pick::kLogits) out.row_at[i] = n_logits, n_logits += size_t(n_vocab);
+        if (e.pick == Pick::kArgmax) out.at[i] = n_words++, argmax = true;
+        if (e.pick == Pick::kTop) out.at[i] = n_words, n_words += 1 + 2 * size_t(e.top) + e.gather.size(), n_gather += e.gather.size();
+    }
+    auto fit = [&](Tensor& t, size_t n) {
+        if (t && size_t(t.n_elements()) >= n) return;
+        if (t) be_.free(t);
+        t = be_.alloc(GgmlType::kI32, {int64_t(std::max<size_t>(n, 64))});
+    };
+    out.words.assign(n_words, 0);
+    out.logits.resize(n_logits);
+    if (argmax) be_.argmax(lg, picks_t_);
+    if (n_gather) {
+        fit(gather_t_, n_gather);
+        std::vector<int32_t> g;
+        for (const Entry& e : entries)
+            if (e.pick == Pick::kTop) g.insert(g.end(), e.gather.begin(), e.gather.end());
+        be_.write(gather_t_, g.data(), g.size() * sizeof(int32_t));
+    }
+    if (n_words) fit(top_t_, n_words);
+    std::vector<int32_t> ids;
+    size_t gather_at = 0;
+    int64_t row = 0;
+    for (size_t i = 0; i < entries.size(); ++i) {
+        const Entry& e = entries[i];
+        if (e.pick == Pick::kNone) continue;
+        const Tensor x = lg.row_slice(row++, 1);
+        if (e.pick == Pick::kTop) {
+            const int64_t n_g = int64_t(e.gather.size());
+            Tensor gs;
+            if (n_g) gs = gather_t_, gs.data = gather_t_.as<int32_t>() + gather_at, gs.ne[0] = n_g;
+            Tensor o = top_t_;
+            o.data = top_t_.as<int32_t>() + out.at[i], o.ne[0] = 1 + 2 * int64_t(e.top) + n_g;
+            be_.top_logits(x.reshaped(n_vocab), e.top, gs, o);
+            gather_at += size_t(n_g);
+        }
+    }
+    if (argmax) {
+        ids.resize(size_t(lg.ne[1]));
+        be_.read(ids.data(), picks_t_, ids.size() * sizeof(int32_t));
+    }
+    // Everything queued: the top words at once, then the arg-max ids into their places and the rows asked for.
+    if (n_words) be_.read(out.words.data(), top_t_, n_words * sizeof(int32_t));
+    row = 0;
+    for (size_t i = 0; i < entries.size(); ++i) {
+        const Entry& e = entries[i];
+        if (e.pick == Pick::kNone) continue;
+        if (e.pick == Pick::kArgmax) out.words[out.at[i]] = ids[size_t(row)];
+        if (e.pick == Pick::kTop && out.words[out.at[i]] == 0) {
+            out.row_at[i] = out.logits.size();
+            out.logits.resize(out.logits.size() + size_t(n_vocab));
+        }
+        if (out.row_at[i] != StepOutput::kNoRow)
+            be_.read(out.logits.data() + out.row_at[i], lg.row_slice(row, 1), size_t(n_vocab) * sizeof(float));
+        ++row;
+    }
 }
 
 }  // namespace cera

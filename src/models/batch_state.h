@@ -11,6 +11,7 @@
 // layers, the conv states at the end of every snapshot_blocks-th block are kept beside the block, and a
 // shared prefix ends at one of those.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <set>
@@ -29,6 +30,26 @@ struct BatchStateOptions {
     int block_size = 16;            // tokens a block (a power of two)
     int64_t max_step_tokens = 512;  // tokens of one step, all sequences together
     int snapshot_blocks = 4;        // short-conv models: conv states kept at the end of every n-th block
+    int64_t max_seq_tokens = 0;     // the longest sequence (0: the whole pool); sizes the block tables
+};
+
+// What a step gives back for the last token of an entry.
+enum class Pick {
+    kNone,    // nothing (a prompt chunk with more to come)
+    kLogits,  // its row of logits
+    kArgmax,  // the arg-max of its logits only (Backend::argmax: a greedy sampler's pick)
+    kTop,     // the best `top` logits and those at `gather` (Backend::top_logits: Sampler::sample_top's input)
+};
+
+// A step's outputs, by entry i: kArgmax: the id words[at[i]]; kTop: Backend::top_logits's
+// 1 + 2 top + gather.size() words from words[at[i]]; the row of logits (n_vocab floats from
+// logits[row_at[i]]) of kLogits entries and of kTop entries whose logits are all -inf or NaN (no
+// candidate: a sampler takes the whole row); row_at[i] is kNoRow for the others.
+struct StepOutput {
+    static constexpr size_t kNoRow = SIZE_MAX;
+    std::vector<float> logits;
+    std::vector<int32_t> words;
+    std::vector<size_t> at, row_at;
 };
 
 class BatchState {
@@ -57,12 +78,15 @@ class BatchState {
     struct Entry {
         int seq = -1;
         std::span<const int32_t> tokens;  // appended at the sequence's position
-        bool logits = false;              // the last token's logits are wanted
+        Pick pick = Pick::kNone;          // what comes back for the last token
+        int32_t top = 0;                  // kTop: how many of the best logits
+        std::span<const int32_t> gather;  // kTop: token ids whose logits come back too
     };
-    // Evaluates every entry's tokens in one pass (a sequence at most once). The logits of the last
-    // token of each entry with `logits` go to `logits`, n_vocab floats each, in entry order. Throws
-    // (changing nothing) on a bad entry, a step over max_step_tokens or a pool without the blocks.
-    void step(std::span<const Entry> entries, float* logits);
+    // Evaluates every entry's tokens in one pass (a sequence at most once) and fills `out` as the entries'
+    // picks ask; the selections (arg-max, best logits) run where the logits are, so a device backend
+    // copies back only what is asked. Throws (changing nothing) on a bad entry, a step over
+    // max_step_tokens or a pool without the blocks.
+    void step(std::span<const Entry> entries, StepOutput& out);
 
  private:
     struct Seq {
@@ -71,11 +95,12 @@ class BatchState {
         std::vector<int32_t> blocks;    // pool blocks, in position order
         std::vector<int32_t> tokens;    // the tokens at positions 0 .. position - 1
         std::vector<uint64_t> hashes;   // the prefix hash of each full block
-        std::vector<LayerCache> conv;   // [n_layer]: the short-conv layers' states
     };
     int32_t take_block();
     void release_block(int32_t b);
     void share_full_blocks(Seq& s);  // after a step: the new full blocks' hashes and cache entries
+    // The outputs the entries ask for, from the step's logits lg (a row an entry with a pick).
+    void pick(std::span<const Entry> entries, const Tensor& lg, StepOutput& out);
 
     const Model& model_;
     Backend& be_;
@@ -100,6 +125,10 @@ class BatchState {
     Tensor table_t_, seq_t_, ids_, pos_t_, rows_t_;
     StepBuffers act_;        // the activations of max_step_tokens tokens
     Tensor hidden_, logits_;  // [max_seqs, n_embd], [max_seqs, n_vocab]
+    Tensor picks_t_;          // i32 [max_seqs]: arg-max ids
+    std::vector<Tensor> conv_states_;  // [n_layer]: short-conv layers: f32 [max_seqs, (L - 1) * n_embd], a row a slot
+    Tensor segs_t_, snaps_t_;          // i32 [max_seqs, 5], [.., 2]: Backend::short_conv_segments's descriptors
+    Tensor top_t_, gather_t_;  // i32: the kTop entries' top_logits words and gather ids, one after another
     std::vector<int32_t> ids_host_, pos_host_, rows_host_, seq_host_;
 };
 

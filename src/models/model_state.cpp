@@ -401,8 +401,6 @@ class SequenceState final : public ModelState {
         s.pos = pos_t_.row_slice(0, 1).reshaped(nt);
         act_.view(s, nt);
         s.cache = std::span<LayerCache>(cache_);
-        segment_ = {0, nt, s.cache};
-        s.segments = std::span<const Step::Segment>(&segment_, 1);
         s.kv_rows = s.pos;
         return s;
     }
@@ -436,7 +434,6 @@ class SequenceState final : public ModelState {
     int32_t pending_token_ = -1;
     int pending_row_ = 0;
     std::vector<int32_t> pos_host_;    // [n_batch]
-    Step::Segment segment_;            // the one sequence of make_step()'s steps
 };
 
 }  // namespace

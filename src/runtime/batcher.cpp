@@ -121,9 +121,6 @@ class BatcherImpl final : public Batcher {
    public:
     BatcherImpl(std::shared_ptr<Engine> engine, const BatcherOptions& o)
         : engine_(std::move(engine)), im_(engine_->impl()), o_(o), n_vocab_(im_.info.n_vocab) {
-        if (im_.info.on_gpu)
-            throw_error(ErrorCode::kUnsupported, "batched generation runs on the CPU only for now (%s)",
-                        im_.info.device.c_str());
         n_ctx_ = o.n_ctx > 0 ? o.n_ctx : im_.model->default_n_ctx();
         if (o.parallel < 1 || o.step_tokens < 1 || o.max_queue < 0 || o.kv_tokens < 0 || n_ctx_ < 2)
             throw_error(ErrorCode::kInvalidArgument, "batcher: parallel %d, step tokens %d, queue %d, pool %" PRId64,
@@ -136,6 +133,7 @@ class BatcherImpl final : public Batcher {
                         bo.kv_tokens, n_ctx_);
         bo.block_size = o.block_size;
         bo.max_step_tokens = std::max(o.step_tokens, o.parallel);  // every running sequence's next token fits
+        bo.max_seq_tokens = n_ctx_;
         state_ = std::make_unique<BatchState>(*im_.model, bo);
         step_tokens_ = bo.max_step_tokens;
         thread_ = std::thread([this] { loop(); });
@@ -182,7 +180,7 @@ class BatcherImpl final : public Batcher {
     void loop() {
         std::vector<BatchState::Entry> entries;
         std::vector<Req*> owners;
-        std::vector<float> logits;
+        StepOutput out;
         for (;;) {
             {
                 std::unique_lock<std::mutex> lk(mu_);
@@ -196,17 +194,15 @@ class BatcherImpl final : public Batcher {
             plan(entries, owners);
             publish_stats();
             if (entries.empty()) continue;
-            logits.resize(entries.size() * size_t(n_vocab_));
             int64_t evaluated = 0;
             try {
-                state_->step(entries, logits.data());
-                size_t row = 0;
+                state_->step(entries, out);
                 for (size_t i = 0; i < entries.size(); ++i) {
                     Req& r = *owners[i];
                     evaluated += int64_t(entries[i].tokens.size());
                     r.evaluated += entries[i].tokens.size();
                     try {  // a Sink that throws fails its own request only
-                        if (entries[i].logits) after_logits(r, logits.data() + row++ * size_t(n_vocab_));
+                        if (entries[i].pick != Pick::kNone) after_pick(r, entries[i], out, i);
                         else if (r.evaluated == r.tokens.size() && r.opts.max_tokens == 0) leave(r, FinishReason::kLength);
                     } catch (...) {
                         leave(r, FinishReason::kNone, std::current_exception());
@@ -281,8 +277,9 @@ class BatcherImpl final : public Batcher {
                 budget -= n;
                 blocks += state_->blocks_needed(r->seq, n);
                 const bool last = n == left;
-                entries.push_back({r->seq, std::span<const int32_t>(r->tokens).subspan(r->evaluated, size_t(n)),
-                                   last && r->opts.max_tokens != 0});
+                BatchState::Entry e{r->seq, std::span<const int32_t>(r->tokens).subspan(r->evaluated, size_t(n))};
+                if (last && r->opts.max_tokens != 0) choose_pick(*r, e);
+                entries.push_back(e);
                 owners.push_back(r);
             }
             if (blocks <= state_->free_blocks() || running_.size() <= 1) return;
@@ -304,8 +301,36 @@ class BatcherImpl final : public Batcher {
         ++stats_.preemptions;
     }
 
+    // What the step brings back for a sequence's next token: the arg-max for a greedy sampler, the best
+    // logits for a top-k chain, else the whole row; each gives the token the Sampler would draw from the row.
+    static void choose_pick(Req& r, BatchState::Entry& e) {
+        if (r.sampler.picks_argmax()) {
+            e.pick = Pick::kArgmax;
+        } else if (const int32_t m = r.sampler.top_needed(); m > 0) {
+            e.pick = Pick::kTop, e.top = m, e.gather = r.sampler.window();
+        } else {
+            e.pick = Pick::kLogits;
+        }
+    }
+
+    static int32_t sample(Req& r, const BatchState::Entry& e, const StepOutput& out, size_t i) {
+        if (out.row_at[i] != StepOutput::kNoRow) return r.sampler.sample(out.logits.data() + out.row_at[i]);
+        switch (e.pick) {
+            case Pick::kArgmax: return out.words[out.at[i]];
+            case Pick::kTop: {
+                const int32_t* w = out.words.data() + out.at[i];
+                const auto* logits = reinterpret_cast<const float*>(w + 1 + e.top);
+                const auto* window = reinterpret_cast<const float*>(w + 1 + 2 * size_t(e.top));
+                return r.sampler.sample_top(w + 1, logits, w[0], window);
+            }
+            default: break;
+        }
+        CERA_CHECK(false, "batch: entry %zu has no output", i);
+        return -1;
+    }
+
     // A sequence's last token was evaluated: sample the next one, stream it, finish or go on.
-    void after_logits(Req& r, const float* row) {
+    void after_pick(Req& r, const BatchState::Entry& e, const StepOutput& out, size_t i) {
         const auto now = Clock::now();
         if (!r.started) {
             r.started = true;
@@ -315,7 +340,7 @@ class BatcherImpl final : public Batcher {
         } else {
             ++r.result.decode_steps;
         }
-        const int32_t t = r.sampler.sample(row);
+        const int32_t t = sample(r, e, out, i);
         r.sampler.accept(t);
         ++r.result.generated_tokens;
         if (r.sink) r.sink->on_token(t);

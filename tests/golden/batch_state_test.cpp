@@ -9,12 +9,15 @@
 #include <string>
 #include <vector>
 
+#include "backends/backend.h"
 #include "models/batch_state.h"
 #include "models/model.h"
 #include "test_util.h"
 
 namespace cera {
 namespace {
+
+const std::vector<int32_t> kGather = {3, 0, 11};  // kTop entries' gathered ids
 
 const char* const kModels[] = {"tiny-lfm2",         "tiny-lfm2moe",      "tiny-qwen3",
                                "tiny-llama-random", "tiny-qwen2-random", "tiny-granite-random"};
@@ -73,7 +76,7 @@ TEST_P(BatchFixture, SequencesInOnePassMatchEachAlone) {
     const int64_t all_blocks = batch.free_blocks();
     std::map<int, int> slot_of;  // plan -> slot
     std::vector<size_t> done(plans.size(), 0);  // logits rows checked per plan
-    std::vector<float> logits;
+    StepOutput out;
     for (int step = 0; step < 64; ++step) {
         std::vector<BatchState::Entry> entries;
         std::vector<int> plan_of;
@@ -85,21 +88,37 @@ TEST_P(BatchFixture, SequencesInOnePassMatchEachAlone) {
                 const int slot = batch.add_sequence();
                 if (slot < 0) continue;  // no free slot yet
                 slot_of[int(i)] = slot;
-                entries.push_back({slot, p.prompt, true});
+                entries.push_back({slot, p.prompt, Pick::kLogits});
             } else {
-                entries.push_back({slot_of[int(i)], {&p.decode[done[i] - 1], 1}, true});
+                entries.push_back({slot_of[int(i)], {&p.decode[done[i] - 1], 1}, Pick::kLogits});
             }
+            // Some outputs as the arg-max or the best logits (the selections a sampler takes).
+            if ((step + i) % 3 == 1) entries.back().pick = Pick::kArgmax;
+            if ((step + i) % 3 == 2) entries.back().pick = Pick::kTop, entries.back().top = 5, entries.back().gather = kGather;
             plan_of.push_back(int(i));
         }
         if (entries.empty()) break;
-        logits.assign(entries.size() * size_t(n_vocab), 0.0f);
-        batch.step(entries, logits.data());
+        batch.step(entries, out);
         for (size_t e = 0; e < entries.size(); ++e) {
             const int i = plan_of[e];
             const std::vector<float>& w = want[size_t(i)][done[size_t(i)]];
-            for (int64_t j = 0; j < n_vocab; ++j)
-                ASSERT_EQ(logits[e * size_t(n_vocab) + size_t(j)], w[size_t(j)])
-                    << "sequence " << i << " output " << done[size_t(i)] << " (step " << step << ") logit " << j;
+            const std::string at = "sequence " + std::to_string(i) + " output " + std::to_string(done[size_t(i)]) +
+                                   " (step " + std::to_string(step) + ")";
+            if (entries[e].pick == Pick::kLogits) {
+                for (int64_t j = 0; j < n_vocab; ++j)
+                    ASSERT_EQ(out.logits[out.row_at[e] + size_t(j)], w[size_t(j)]) << at << " logit " << j;
+            } else if (entries[e].pick == Pick::kArgmax) {
+                int32_t best = 0;
+                argmax_rows_host(w.data(), 1, n_vocab, &best);
+                EXPECT_EQ(out.words[out.at[e]], best) << at;
+            } else {
+                std::vector<int32_t> top(1 + 2 * 5 + kGather.size());
+                top_logits_host(w.data(), n_vocab, 5, kGather.data(), int64_t(kGather.size()), top.data());
+                EXPECT_EQ(std::vector<int32_t>(out.words.begin() + int64_t(out.at[e]),
+                                               out.words.begin() + int64_t(out.at[e] + top.size())),
+                          top)
+                    << at;
+            }
             if (++done[size_t(i)] == plans[size_t(i)].decode.size() + 1) {
                 batch.remove_sequence(slot_of[i]);
             }
@@ -130,32 +149,32 @@ TEST_P(BatchFixture, PrefixHitsGiveTheColdLogits) {
     bo.max_step_tokens = 64;
     bo.snapshot_blocks = 1;
     BatchState batch(*model, bo);
-    std::vector<float> logits(static_cast<size_t>(n_vocab), 0.0f);
+    StepOutput out;
     const int a = batch.add_sequence();
     const std::vector<int32_t> more = {3, 4, 5};
     std::vector<int32_t> first = shared;  // 43 tokens in one step: conv states kept at 8, 16, .., 40
     first.insert(first.end(), more.begin(), more.end());
-    batch.step(std::vector<BatchState::Entry>{{a, first, true}}, logits.data());
+    batch.step(std::vector<BatchState::Entry>{{a, first, Pick::kLogits}}, out);
     batch.remove_sequence(a);
     EXPECT_EQ(batch.free_blocks(), batch.total_blocks());  // its blocks are cached, and takeable
 
     const int b = batch.add_sequence();
     EXPECT_EQ(batch.attach_prefix(b, prompt), 40);
     auto rest = std::span<const int32_t>(prompt).subspan(40);
-    batch.step(std::vector<BatchState::Entry>{{b, rest, true}}, logits.data());
-    EXPECT_EQ(logits, cold[0]);
+    batch.step(std::vector<BatchState::Entry>{{b, rest, Pick::kLogits}}, out);
+    EXPECT_EQ(out.logits, cold[0]);
     for (size_t i = 0; i < 2; ++i) {
         const int32_t id = i == 0 ? 7 : 9;
-        batch.step(std::vector<BatchState::Entry>{{b, {&id, 1}, true}}, logits.data());
-        EXPECT_EQ(logits, cold[i + 1]);
+        batch.step(std::vector<BatchState::Entry>{{b, {&id, 1}, Pick::kLogits}}, out);
+        EXPECT_EQ(out.logits, cold[i + 1]);
     }
     batch.remove_sequence(b);
 
     // A 90-token prompt needs every block: the cached ones are evicted, and the shared prefix is gone.
     std::vector<int32_t> big(90, 2);
     const int c = batch.add_sequence();
-    batch.step(std::vector<BatchState::Entry>{{c, std::span<const int32_t>(big).first(64), false}}, logits.data());
-    batch.step(std::vector<BatchState::Entry>{{c, std::span<const int32_t>(big).subspan(64), false}}, logits.data());
+    batch.step(std::vector<BatchState::Entry>{{c, std::span<const int32_t>(big).first(64)}}, out);
+    batch.step(std::vector<BatchState::Entry>{{c, std::span<const int32_t>(big).subspan(64)}}, out);
     batch.remove_sequence(c);
     const int d = batch.add_sequence();
     EXPECT_EQ(batch.attach_prefix(d, prompt), 0);
@@ -176,14 +195,14 @@ TEST(Batch, BadStepsChangeNothing) {
     const int a = batch.add_sequence(), b = batch.add_sequence();
     EXPECT_EQ(batch.add_sequence(), -1);
     const std::vector<int32_t> t17(17, 1), t3(3, 1), bad = {int32_t(model->info().n_vocab)};
-    std::vector<float> logits(size_t(2 * model->info().n_vocab));
-    EXPECT_THROW(batch.step(std::vector<BatchState::Entry>{{a, t17, true}}, logits.data()), Error);  // 3 blocks
-    EXPECT_THROW(batch.step(std::vector<BatchState::Entry>{{a, t3, true}, {a, t3, true}}, logits.data()), Error);
-    EXPECT_THROW(batch.step(std::vector<BatchState::Entry>{{b, bad, true}}, logits.data()), Error);
-    EXPECT_THROW(batch.step(std::vector<BatchState::Entry>{{7, t3, true}}, logits.data()), Error);
+    StepOutput out;
+    EXPECT_THROW(batch.step(std::vector<BatchState::Entry>{{a, t17, Pick::kLogits}}, out), Error);  // 3 blocks
+    EXPECT_THROW(batch.step(std::vector<BatchState::Entry>{{a, t3, Pick::kLogits}, {a, t3, Pick::kLogits}}, out), Error);
+    EXPECT_THROW(batch.step(std::vector<BatchState::Entry>{{b, bad, Pick::kLogits}}, out), Error);
+    EXPECT_THROW(batch.step(std::vector<BatchState::Entry>{{7, t3, Pick::kLogits}}, out), Error);
     EXPECT_EQ(batch.free_blocks(), 2);
     EXPECT_EQ(batch.position(a), 0);
-    batch.step(std::vector<BatchState::Entry>{{a, t3, true}, {b, t3, false}}, logits.data());
+    batch.step(std::vector<BatchState::Entry>{{a, t3, Pick::kLogits}, {b, t3}}, out);
     EXPECT_EQ(batch.position(a), 3);
     EXPECT_EQ(batch.free_blocks(), 0);
     batch.remove_sequence(a);

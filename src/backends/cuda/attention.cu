@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK a) {
         const int64_t j = c + tid;
         float score = -INFINITY;
         if (j < hi) {
-            const C* kr = kc + j * kv_width;
+            const C* kr = kc + kv_row(a, t, j) * kv_width;
             float sacc = 0.0f;
             for (int d = 0; d < hd; d += 8) {
                 float kv[8];
@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK a) {
         const int n_keys = int(min(int64_t(kThreads), hi - c));
         if (active) {
             for (int jj = g; jj < n_keys; jj += G) {
-                const C* vr = vc + (c + jj) * kv_width;
+                const C* vr = vc + kv_row(a, t, c + jj) * kv_width;
                 const float pv = p_s[jj];
                 acc[0] = fmaf(pv, to_float(vr[d0]), acc[0]);
                 if (d0 + kThreads < hd) acc[1] = fmaf(pv, to_float(vr[d0 + kThreads]), acc[1]);
@@ -191,8 +191,9 @@ __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const AttnK a) {
             const int kk = i / (HD / 8), d = (i % (HD / 8)) * 8;
             float kv[8], vv[8];
             if (c + kk < hi_b) {
-                load8(kc + (c + kk) * kv_width + d, kv);
-                load8(vc + (c + kk) * kv_width + d, vv);
+                const int64_t row = kv_row(a, t0, c + kk);
+                load8(kc + row * kv_width + d, kv);
+                load8(vc + row * kv_width + d, vv);
             } else {
 #pragma unroll
                 for (int e = 0; e < 8; ++e) kv[e] = 0.0f, vv[e] = 0.0f;
@@ -321,14 +322,13 @@ __global__ void __launch_bounds__(kThreads) attn_dec_kernel(const AttnK a) {
     const int64_t n_chunks = ceil_div(len, kc);
     const int n_act = int(min(int64_t(S), n_chunks));
     if (s > 0 && s >= n_act) return;  // block (hk, 0, t) always runs (and waits)
-    int64_t safe = INT64_MAX;  // rows below every position of this step: not written by it
-    for (int64_t i = 0; i < a.n_tokens; ++i) safe = min(safe, int64_t(a.pos[i]));
+    const int64_t safe = rows_written_before(a, t);  // rows below it are not written by this step
     auto copy_rows = [&](int64_t lo, int n, int64_t from, int64_t to) {
         for (int i = tid; i < n * pieces; i += kThreads) {
             const int r = i / pieces, c16 = i - r * pieces;
             const int64_t j = lo + r;
             if (j < from || j >= to) continue;
-            const int64_t off = j * kv_width * es + c16 * 16;
+            const int64_t off = kv_row(a, t, j) * kv_width * es + c16 * 16;
             cp_async16v(k_s + r * krow + c16 * 16, kg + off);
             cp_async16v(v_s + r * vrow + c16 * 16, vg + off);
         }
@@ -502,8 +502,8 @@ namespace {
 // The decode kernel's chunk and split count for these arguments, or !ok (another kernel serves them).
 DecPlan dec_plan(const AttentionArgs& a) {
     DecPlan p;
-    if (a.n_tokens > kDecMaxTokens || a.head_dim % 8 != 0 || a.head_dim > 256 || a.n_head_kv <= 0 ||
-        a.n_head % a.n_head_kv != 0 || a.n_tokens * a.n_head_kv > kCounterFloats)
+    if ((a.n_tokens > kDecMaxTokens && !a.each_seq) || a.head_dim % 8 != 0 || a.head_dim > 256 ||
+        a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0)
         return p;
     const int G = a.n_head / a.n_head_kv, hd = a.head_dim, es = a.f16 ? 2 : 4;
     if (int64_t(G) * hd > 2 * kThreads * kDecMaxItems) return p;
@@ -515,7 +515,8 @@ DecPlan dec_plan(const AttentionArgs& a) {
     const int64_t by_sms = std::max<int64_t>(1, ceil_div(2 * sm_count(), int64_t(a.n_head_kv) * a.n_tokens));
     p.ok = true;
     p.kc = int(kc);
-    p.splits = int(std::min(by_len, by_sms));
+    // Split counters (one per (token, kv head)) fit the scratch's head, else one split.
+    p.splits = a.n_tokens * a.n_head_kv > kCounterFloats ? 1 : int(std::min(by_len, by_sms));
     p.smem = size_t(kc * per_key + fixed);
     return p;
 }
@@ -550,6 +551,8 @@ void attention(const AttentionArgs& a, Stream stream) {
     k.n_head = a.n_head, k.n_head_kv = a.n_head_kv, k.head_dim = a.head_dim;
     k.n_splits = attn_splits(a.n_tokens, a.n_ctx);
     k.sliding_window = a.sliding_window, k.scale = a.scale, k.out = a.out, k.partial = a.partial;
+    k.seq = a.seq, k.table = a.block_table, k.table_stride = a.table_stride, k.block_shift = a.block_shift;
+    k.each_seq = a.each_seq;
     CERA_CHECK(!a.out_xq || (a.head_dim % 32 == 0 && a.head_dim <= kThreads), "attention: 8-bit output rows need "
                "head_dim %% 32 == 0 and <= %d", kThreads);
     k.out_xq = static_cast<uint8_t*>(a.out_xq);

@@ -78,13 +78,12 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
     const int64_t n_chunks = ceil_div(len, kc);
     const int n_act = int(min(int64_t(S), n_chunks));
     if (s > 0 && s >= n_act) return;
-    int64_t safe = INT64_MAX;  // rows below every position of this step: written by earlier steps
-    for (int64_t i = 0; i < a.n_tokens; ++i) safe = min(safe, int64_t(a.pos[i]));
+    const int64_t safe = rows_written_before(a, t);  // rows below it: written by earlier steps
     auto copy_rows = [&](int64_t lo, int n, int64_t from, int64_t to) {
         const int64_t r0 = max(from, lo) - lo, r1 = min(to, lo + n) - lo;
         for (int64_t i = r0 * pieces + tid; i < r1 * pieces; i += kWarpThreads) {
             const int r = int(i / pieces), c16 = int(i - int64_t(r) * pieces);
-            const int64_t off = (lo + r) * kv_width * es + c16 * 16;
+            const int64_t off = kv_row(a, t, lo + r) * kv_width * es + c16 * 16;
             cp_async16v(k_s + r * krow + c16 * 16, kg + off);
             cp_async16v(v_s + r * vrow + c16 * 16, vg + off);
         }

@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnK a) {
         for (int e = tid; e < kFaKeys * CH; e += kThreads) {
             const int kk = e / CH, d = (e % CH) * 8, key = c + kk;
             const bool ok = key < hi_b;
-            const int64_t off = ok ? int64_t(key) * kv_width + d : 0;
+            const int64_t off = ok ? kv_row(a, 0, key) * kv_width + d : 0;  // one sequence a launch
             cp_async16(k_s + (buf * kFaKeys + kk) * SP + d, kc + off, ok);
             cp_async16(v_s + (buf * kFaKeys + kk) * SP + d, vc + off, ok);
         }

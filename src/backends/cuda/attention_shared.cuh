@@ -30,7 +30,30 @@ struct DecodeAttnArgs {
     // attn_decw_kernel: n_head_kv counts blocks of query heads, kv_div of them to a cache head (a
     // GQA group split over kv_div blocks); every other kernel: 1.
     int kv_div = 1;
+    // Paged caches (AttentionArgs): the cache row of position p of query t's sequence is
+    // table[seq[t]][p >> block_shift] << block_shift | p % block size; table null: row p.
+    const int32_t* seq;
+    const int32_t* table;
+    int table_stride, block_shift;
+    bool each_seq;  // every query is a sequence of its own (a batch of decode tokens)
 };
+
+// The cache row that holds position p of query t's sequence.
+__device__ __forceinline__ int64_t kv_row(const DecodeAttnArgs& a, int64_t t, int64_t p) {
+    if (!a.table) return p;
+    const int64_t b = __ldg(a.table + int64_t(__ldg(a.seq + t)) * a.table_stride + (p >> a.block_shift));
+    return (b << a.block_shift) | (p & ((int64_t(1) << a.block_shift) - 1));
+}
+
+// The rows of query t's sequence below this position are complete before the step's first kernel
+// (earlier steps wrote them): its position when every query is a sequence of its own, else the
+// smallest position of the step (the queries of one sequence).
+__device__ __forceinline__ int64_t rows_written_before(const DecodeAttnArgs& a, int64_t t) {
+    if (a.each_seq) return a.pos[t];
+    int64_t safe = INT64_MAX;
+    for (int64_t i = 0; i < a.n_tokens; ++i) safe = min(safe, int64_t(a.pos[i]));
+    return safe;
+}
 
 // 8 halves (16 bytes) as floats.
 __device__ __forceinline__ void halves_to_float(const uint4& a, float* v) {

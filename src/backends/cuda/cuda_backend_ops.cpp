@@ -72,7 +72,6 @@ void CudaBackend::kv_store(const Tensor& k, const Tensor& v, const Tensor& pos, 
 void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& pos,
                             const AttentionParams& p, const Tensor& out) {
     CERA_CHECK(k_cache.type == v_cache.type && (k_cache.type == GgmlType::kF16 || k_cache.type == GgmlType::kF32));
-    if (p.paging) throw_error(ErrorCode::kUnsupported, "attention over paged KV caches: not on CUDA yet");
     AttentionNode n;
     cuda::AttentionArgs& a = n.a;
     a.q = q.as<const float>(), a.k_cache = k_cache.data, a.v_cache = v_cache.data;
@@ -82,7 +81,32 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
     a.n_head = p.n_head, a.n_head_kv = p.n_head_kv, a.head_dim = p.head_dim;
     a.scale = p.scale, a.sliding_window = p.sliding_window;
     a.out = out.as<float>();
-    record(n);
+    if (!p.paging) return record(n);
+    const KvPaging& pg = p.paging;
+    CERA_CHECK(pg.block_size > 0 && (pg.block_size & (pg.block_size - 1)) == 0, "attention: block size %d",
+               pg.block_size);
+    a.block_table = pg.block_table.as<const int32_t>(), a.table_stride = int(pg.block_table.ne[0]);
+    while ((1 << a.block_shift) < pg.block_size) ++a.block_shift;
+    a.n_ctx = int64_t(a.table_stride) << a.block_shift;
+    // One launch a prefill run (the tiled kernels share K/V tiles among the queries of one sequence) and
+    // one for each stretch of one-token runs (decode tokens, a sequence each).
+    int64_t total = 0;
+    for (int32_t r : pg.runs) total += r;
+    CERA_CHECK(!pg.runs.empty() && total == a.n_tokens, "attention: paged runs cover %lld of %lld queries",
+               (long long)total, (long long)a.n_tokens);
+    const int64_t qw = int64_t(p.n_head) * p.head_dim;
+    for (size_t i = 0, row = 0; i < pg.runs.size();) {
+        size_t j = i + 1;
+        int64_t n_rows = pg.runs[i];
+        if (n_rows == 1)
+            while (j < pg.runs.size() && pg.runs[j] == 1) ++j, ++n_rows;
+        AttentionNode r = n;
+        r.a.q = a.q + int64_t(row) * qw, r.a.out = a.out + int64_t(row) * qw;
+        r.a.pos = a.pos + row, r.a.seq = pg.seq.as<const int32_t>() + row;
+        r.a.n_tokens = n_rows, r.a.each_seq = pg.runs[i] == 1;
+        record(r);
+        row += size_t(n_rows), i = j;
+    }
 }
 
 void CudaBackend::short_conv(const Tensor& bcx, const Tensor& w, const Tensor& state, const Tensor& out,
@@ -96,6 +120,22 @@ void CudaBackend::short_conv(const Tensor& bcx, const Tensor& w, const Tensor& s
     c.state = state.as<float>(), c.state_prev = state_prev ? state_prev.as<float>() : nullptr;
     c.n_tokens = bcx.rows(), c.n_embd = n_embd, c.out = out.as<float>();
     record(c);
+}
+
+void CudaBackend::short_conv_segments(const Tensor& bcx, const Tensor& w, const Tensor& states, const Tensor& out,
+                                      const Tensor& segs, const Tensor& snaps, const Tensor& snapshots) {
+    const int64_t n_embd = out.ne[0], L = w.ne[0];
+    CERA_CHECK(w.type == GgmlType::kF32 && bcx.ne[0] == 3 * n_embd && states.ne[0] == (L - 1) * n_embd &&
+                   segs.type == GgmlType::kI32 && segs.ne[0] == 5 && (!snapshots || snapshots.ne[0] == states.ne[0]),
+               "short_conv_segments: f32 weights, segs i32 [n_seg, 5], states and snapshots rows of (L - 1) * n_embd");
+    const cuda::WeightRef ref = weights_.ref_or_buffer(w);
+    const float* wp = static_cast<const float*>(ref.image) + ref.row0 * ref.k;
+    record(OtherNode{[=, this] {
+        cuda::short_conv_segments(bcx.as<const float>(), wp, int(L), states.as<float>(), segs.as<const int32_t>(),
+                                  int(segs.ne[1]), snaps ? snaps.as<const int32_t>() : nullptr,
+                                  snapshots ? snapshots.as<float>() : nullptr, bcx.rows(), n_embd, out.as<float>(),
+                                  stream_);
+    }});
 }
 
 void CudaBackend::swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) {

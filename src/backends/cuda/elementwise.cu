@@ -128,6 +128,61 @@ __global__ void short_conv_state_kernel(const float* __restrict__ bcx, int L, fl
         if (j < L - 1) state[j * n + c] = nw[j];
 }
 
+// short_conv_segments, the outputs: a thread per (row, channel); the row's segment by a binary search
+// over the segments' starts, its pad rows before the segment's first from the segment's state.
+__global__ void conv_segments_out_kernel(const float* __restrict__ bcx, const float* __restrict__ w, int L,
+                                         const float* __restrict__ states, const int32_t* __restrict__ segs,
+                                         int n_seg, int64_t n_tokens, int64_t n, float* out) {
+    pdl_trigger();
+    pdl_wait();
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_tokens * n) return;
+    const int64_t t = i / n, c = i % n;
+    int lo = 0, hi = n_seg - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (segs[5 * mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    const int64_t start = segs[5 * lo], slot = segs[5 * lo + 2];
+    const float* seg = bcx + start * 3 * n;
+    const float* state = states + slot * (L - 1) * n;
+    float s = 0.0f;
+    for (int j = 0; j < L; ++j) s = fmaf(w[c * L + j], conv_pad(seg, state, L, n, t - start + j, c), s);
+    out[i] = bcx[t * 3 * n + n + c] * s;
+}
+
+// short_conv_segments, after the outputs: a thread per (segment, channel) writes the snapshots (pad rows
+// end .. end + L - 2) and the new state (the last L - 1 pad rows) from the old state held in registers.
+__global__ void conv_segments_state_kernel(const float* __restrict__ bcx, int L, float* states,
+                                           const int32_t* __restrict__ segs, const int32_t* __restrict__ snaps,
+                                           float* snapshots, int64_t n) {
+    pdl_trigger();
+    pdl_wait();
+    const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (c >= n) return;
+    const int32_t* d = segs + 5 * blockIdx.y;
+    const int64_t start = d[0], len = d[1], slot = d[2];
+    const float* seg = bcx + start * 3 * n;
+    float* state = states + slot * (L - 1) * n;
+    float old[kMaxConv];
+#pragma unroll
+    for (int j = 0; j < kMaxConv; ++j) old[j] = j < L - 1 ? state[j * n + c] : 0.0f;
+    auto pad = [&](int64_t r) {
+        if (r >= L - 1) return conv_pad(seg, nullptr, L, n, r, c);
+        float v = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kMaxConv; ++j)
+            if (j == r) v = old[j];
+        return v;
+    };
+    for (int q = d[3]; q < d[3] + d[4]; ++q) {
+        float* row = snapshots + int64_t(snaps[2 * q + 1]) * (L - 1) * n;
+        for (int j = 0; j < L - 1; ++j) row[j * n + c] = pad(snaps[2 * q] + j);
+    }
+    for (int j = 0; j < L - 1; ++j) state[j * n + c] = pad(len + j);
+}
+
 // One warp per token: gating, then k rounds of argmax over (p + bias), lowest id on ties.
 __global__ void moe_route_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int64_t n_tokens,
                                  int n_expert, int k, int sigmoid, int normalize, float weights_scale, int32_t* ids,
@@ -234,6 +289,19 @@ void short_conv(const float* bcx, const float* w, int L, float* state, int64_t n
     CERA_CHECK(!xq, "short_conv: 8-bit output rows only for short chunks");
     launch(short_conv_par_kernel, blocks(n_tokens * n_embd, 256), 256, 0, s, bcx, w, L, state, n_tokens, n_embd, out);
     launch(short_conv_state_kernel, blocks(n_embd, 128), 128, 0, s, bcx, L, state, n_tokens, n_embd, state_prev);
+}
+
+void short_conv_segments(const float* bcx, const float* w, int L, float* states, const int32_t* segs, int n_seg,
+                         const int32_t* snaps, float* snapshots, int64_t n_tokens, int64_t n_embd, float* out,
+                         Stream stream) {
+    CERA_CHECK(L >= 1 && L <= kMaxConv && n_seg <= 65535, "short_conv_segments: kernel length %d (supported 1..%d), "
+               "%d segments", L, kMaxConv, n_seg);
+    if (n_tokens == 0 || n_seg == 0) return;
+    cudaStream_t s = as_stream(stream);
+    launch(conv_segments_out_kernel, blocks(n_tokens * n_embd, 256), 256, 0, s, bcx, w, L, states, segs, n_seg,
+           n_tokens, n_embd, out);
+    launch(conv_segments_state_kernel, dim3{unsigned(blocks(n_embd, 128)), unsigned(n_seg)}, 128, 0, s, bcx, L,
+           states, segs, snaps, snapshots, n_embd);
 }
 
 void moe_route(const float* logits, const float* bias, int64_t n_tokens, int n_expert, int k, bool sigmoid,

@@ -246,6 +246,14 @@ struct AttentionArgs {
     float* out = nullptr;          // [n_tokens, n_head * head_dim]
     float* partial = nullptr;      // scratch of attention_scratch_floats(), zero-filled when allocated
     void* out_xq = nullptr;        // quantize_q8 rows of out, or null (head_dim % 32 == 0)
+    // Paged caches (backend.h KvPaging): block_table [n_seq, table_stride] i32, seq [n_tokens] the row of
+    // each query's sequence; n_ctx is then table_stride << block_shift. Null: row = position.
+    const int32_t* seq = nullptr;
+    const int32_t* block_table = nullptr;
+    int table_stride = 0, block_shift = 0;
+    // Every query is a sequence of its own (a batch of decode tokens); false: the queries are one
+    // sequence's (with a block table, the launch holds one run of a sequence).
+    bool each_seq = false;
 };
 // Scratch floats attention(a) needs (0: none). Its first words are counters that every call leaves
 // at zero, so the buffer must be zero-filled once when it is allocated.
@@ -257,6 +265,10 @@ void attention(const AttentionArgs& a, Stream stream);
 constexpr int kMaxConv = 8;
 void short_conv(const float* bcx, const float* w, int L, float* state, int64_t n_tokens, int64_t n_embd, float* out,
                 Stream stream, void* xq = nullptr, float* state_prev = nullptr);
+// Backend::short_conv_segments: n_seg segments (segs i32 [n_seg, 5]) over states f32 [slots, (L-1) n_embd].
+void short_conv_segments(const float* bcx, const float* w, int L, float* states, const int32_t* segs, int n_seg,
+                         const int32_t* snaps, float* snapshots, int64_t n_tokens, int64_t n_embd, float* out,
+                         Stream stream);
 
 // out = silu(gate) * up over n elements; with xq, rows of `row` elements are quantized too.
 void swiglu(const float* gate, const float* up, int64_t n, float* out, Stream stream, void* xq = nullptr,

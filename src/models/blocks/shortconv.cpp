@@ -15,21 +15,10 @@ void short_conv_block(const Step& s, const ShortConvWeights& w, size_t il, const
     const Tensor bcx = Step::cols(s.wide0, 3 * n_embd);
     const Tensor gated = s.attn.reshaped(n_embd, s.n_tokens);
     s.be->matmul(w.in_proj, h, Tensor{}, bcx);
-    for (const Step::Segment& g : s.segments) {  // each sequence over its own rolling state
-        const LayerCache& c = g.cache[il];
-        int64_t r0 = 0;  // the rows up to each snapshot, then the rest
-        auto run = [&](int64_t r1) {
-            if (r1 > r0)
-                s.be->short_conv(bcx.row_slice(g.row0 + r0, r1 - r0), w.conv, c.conv,
-                                 gated.row_slice(g.row0 + r0, r1 - r0), c.conv_prev);
-            r0 = r1;
-        };
-        for (const Step::ConvSnapshot& k : g.snapshots) {
-            run(k.end);
-            s.be->copy(s.cache[il].conv.row_slice(k.row, 1), c.conv);
-        }
-        run(g.n_tokens);
-    }
+    if (s.conv_segs)
+        s.be->short_conv_segments(bcx, w.conv, s.conv_states[il], gated, s.conv_segs, s.conv_snaps, s.cache[il].conv);
+    else
+        s.be->short_conv(bcx, w.conv, s.cache[il].conv, gated, s.cache[il].conv_prev);
     s.be->matmul(w.out_proj, gated, Tensor{}, y);
 }
 

@@ -18,7 +18,7 @@ struct ShortConvWeights {
 ShortConvWeights load_short_conv(WeightLoader& wl, int64_t il, int64_t n_embd, int64_t l_cache);
 
 // y = out_proj (C ⊙ conv(B ⊙ X)), with (B, C, X) = in_proj h; updates the conv state of layer il of
-// every sequence of the step (Step::segments).
+// the step's sequence, or of every sequence of a batch (Step::conv_segs).
 //   h, y: f32 [n_tokens, n_embd]
 void short_conv_block(const Step& s, const ShortConvWeights& w, size_t il, const Tensor& h, const Tensor& y);
 
