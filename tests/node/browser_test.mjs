@@ -232,3 +232,13 @@ test("at phone width nothing scrolls sideways", async () => {
   assert.ok(w.scroll <= w.inner, `page width ${w.scroll} > window ${w.inner}`);
   await screenshot("chat_page_narrow");
 });
+
+test("a refused request shows its error where the reply would be", async () => {
+  await run("document.getElementById('api-key').value = 'wrong-key'; document.getElementById('settings').classList.remove('open');");
+  await type("#input", "Hello?");
+  await click("#send");
+  const r = await waitFor("the error", `const r = (() => { ${lastReply} })(); return r && r.state === 'error' ? r : null`);
+  assert.match(r.note, /invalid API key \(401\)/);
+  assert.equal(await run("return document.getElementById('settings').classList.contains('open')"), true);
+  assert.equal(await run("return document.body.classList.contains('busy')"), false);
+});
