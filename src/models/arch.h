@@ -125,6 +125,11 @@ struct StepBuffers {
     void view(Step& s, int64_t n) const;
 };
 
+// Recorded-step keys (Backend::step_begin) in a process: (serial << kStepKeyBits) | a part below
+// 2^kStepKeyBits that the state chooses, each state (sequence or batch) taking a serial of its own.
+constexpr int kStepKeyBits = 24;
+uint64_t new_step_serial();
+
 // logits = output · hidden / logit_scale:  hidden f32 [m, n_embd], logits f32 [m, n_vocab].
 void lm_head(Backend& be, const HeadWeights& head, const Tensor& hidden, const Tensor& logits);
 

@@ -14,7 +14,7 @@ namespace cera {
 BatchState::BatchState(const Model& model, const BatchStateOptions& o)
     : model_(model), be_(model.backend()), arch_(model.arch()) {
     if (o.max_seqs < 1 || o.block_size < 1 || !std::has_single_bit(unsigned(o.block_size)) || o.max_step_tokens < 1 ||
-        o.kv_tokens < 0)
+        o.kv_tokens < 0 || o.max_step_tokens >= (int64_t(1) << kStepKeyBits))
         throw_error(ErrorCode::kInvalidArgument,
                     "batch: %d sequences, blocks of %d tokens (a power of two), %" PRId64 " tokens a step, pool %" PRId64,
                     o.max_seqs, o.block_size, o.max_step_tokens, o.kv_tokens);
@@ -63,6 +63,7 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
     hidden_ = be_.alloc(GgmlType::kF32, {info.n_embd, ns});
     logits_ = be_.alloc(GgmlType::kF32, {info.n_vocab, ns});
     picks_t_ = be_.alloc(GgmlType::kI32, {ns});
+    serial_ = new_step_serial();
     if (recurrent_) {
         // A step's snapshots: one every snapshot_blocks blocks of its tokens, plus one a sequence.
         segs_t_ = be_.alloc(GgmlType::kI32, {5, ns});
@@ -309,19 +310,26 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
     s.cache = std::span<LayerCache>(pool_);
     if (recurrent_) {
         s.conv_segs = segs_t_.row_slice(0, int64_t(entries.size()));
-        if (!snaps.empty()) s.conv_snaps = snaps_t_.row_slice(0, int64_t(snaps.size() / 2));
+        s.conv_snaps = snaps_t_;  // the whole table, so that decode steps of one size record alike
         s.conv_states = conv_states_;
     }
     s.out_rows = out_rows;
-    be_.embed(arch_.head.token_embd, s.ids, arch_.head.embedding_scale, s.x);
-    arch_.forward(s);
-    for (const Entry& e : entries) share_full_blocks(seqs_[size_t(e.seq)]);
-    if (n_out == 0) return;
-    // keep_output_rows() moved the output rows to the front of s.x.
+    // A step of one token a sequence has the same ops and tensors as every other of its size: recorded
+    // once per size (a CUDA graph), then replayed. Steps with prompt chunks run as they come.
+    const bool decode = n_tokens == int64_t(entries.size()) && n_out == n_tokens;
+    const uint64_t key = (serial_ << kStepKeyBits) | uint64_t(n_tokens);
     const Tensor hid = hidden_.row_slice(0, n_out), lg = logits_.row_slice(0, n_out);
-    be_.rms_norm(s.x.row_slice(0, n_out), arch_.head.output_norm, arch_.head.norm_eps, hid);
-    lm_head(be_, arch_.head, hid, lg);
-    pick(entries, lg, out);
+    if (!decode || !be_.step_begin(key)) {
+        be_.embed(arch_.head.token_embd, s.ids, arch_.head.embedding_scale, s.x);
+        arch_.forward(s);
+        if (n_out > 0) {  // keep_output_rows() moved the output rows to the front of s.x
+            be_.rms_norm(s.x.row_slice(0, n_out), arch_.head.output_norm, arch_.head.norm_eps, hid);
+            lm_head(be_, arch_.head, hid, lg);
+        }
+        if (decode) be_.step_end();
+    }
+    for (const Entry& e : entries) share_full_blocks(seqs_[size_t(e.seq)]);
+    if (n_out > 0) pick(entries, lg, out);
 }
 
 void BatchState::pick(std::span<const Entry> entries, const Tensor& lg, StepOutput& out) {

@@ -120,6 +120,7 @@ class BatchState {
     std::unordered_map<uint64_t, int32_t> cached_;      // prefix hash -> block
     uint64_t clock_ = 0;
     bool recurrent_ = false;             // the model has short-conv layers
+    uint64_t serial_ = 0;                // recorded-step keys: (serial_ << kStepKeyBits) | n_tokens
     int snapshot_blocks_ = 4;
     std::vector<int32_t> table_;    // [max_seqs, max_blocks] block tables (host copy)
     Tensor table_t_, seq_t_, ids_, pos_t_, rows_t_;

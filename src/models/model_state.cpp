@@ -22,9 +22,9 @@ constexpr uint32_t kStateVersion = 1;
 
 std::atomic<uint64_t> g_state_serial{1};
 
-// Recorded-step keys: (serial << kKeyBits) | flags. A step's op sequence depends on the state's buffers
-// (the serial) and on these choices only; each distinct combination gets its own recording.
-constexpr int kKeyBits = 5;
+// Recorded-step keys: (serial << kStepKeyBits) | flags. A step's op sequence depends on the state's
+// buffers (the serial) and on these choices only; each distinct combination gets its own recording.
+constexpr int kKeyBits = kStepKeyBits;
 constexpr uint64_t kKeyStep = 1;      // always set: a key is never 0
 constexpr uint64_t kKeyLmHead = 2;    // the LM head runs inside the step
 constexpr uint64_t kKeyOutput = 4;    // the final norm of the output row runs inside the step
@@ -47,7 +47,7 @@ class SequenceState final : public ModelState {
         const ModelInfo& info = arch_.info;
         n_ctx_ = n_ctx > 0 ? n_ctx : model.default_n_ctx();
         n_batch_ = std::min(model.options().n_batch, n_ctx_);
-        serial_ = g_state_serial.fetch_add(1);
+        serial_ = new_step_serial();
         const GgmlType kv = model.options().kv_type;
         cache_.resize(arch_.state.size());
         for (size_t il = 0; il < cache_.size(); ++il) {
@@ -437,6 +437,8 @@ class SequenceState final : public ModelState {
 };
 
 }  // namespace
+
+uint64_t new_step_serial() { return g_state_serial.fetch_add(1); }
 
 void StepBuffers::alloc(Backend& be, const Architecture& arch, int64_t rows) {
     const ScratchSpec& sc = arch.scratch;
