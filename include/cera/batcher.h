@@ -63,7 +63,7 @@ class Batcher {
     virtual ~Batcher() = default;
 
     // Queues a request: `prompt` is evaluated, then tokens are sampled as GenerateOptions say
-    // (max_tokens, sampling, stop, ignore_eos; the device and context-shift settings do not apply).
+    // (max_tokens, sampling, stop, ignore_eos, logprobs; the device and context-shift settings do not apply).
     // sink may be null. Throws kInvalidArgument for an empty prompt or a bad token id, kOutOfRange
     // when the prompt cannot fit a sequence, kOverCapacity when the queue is full.
     virtual std::shared_ptr<Request> submit(std::span<const int32_t> prompt, const GenerateOptions& options,

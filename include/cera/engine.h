@@ -108,6 +108,9 @@ class Engine {
     std::string chat_template() const;
     // The text of a token id as the vocabulary stores it (special tokens included), e.g. "<|im_end|>".
     std::string token_text(int32_t token) const;
+    // The bytes a token adds to a decoded text (a space for a leading '▁', <0xNN> as that byte; control
+    // tokens give ""). Part of a UTF-8 character for byte tokens. Throws kOutOfRange on a bad id.
+    std::string token_bytes(int32_t token) const;
 
     // A hash of the GGUF (size, metadata, tensor table, samples of the data): saved states and
     // prefix-cache entries carry it, and load only into an engine with the same fingerprint.

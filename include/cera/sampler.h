@@ -1,6 +1,7 @@
 // cera::Sampler: turns a row of logits into the next token id.
 //
 // The chain runs in llama.cpp's default order:
+//   logit bias (added to the raw logits of chosen ids) ->
 //   penalties (repetition / frequency / presence over the last `penalty_last_n` accepted tokens)
 //   -> top-k -> top-p -> min-p -> temperature -> draw (seeded)
 // so top-p and min-p look at the temperature-1 distribution of the penalised logits,
@@ -13,6 +14,7 @@
 #pragma once
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace cera {
@@ -28,6 +30,15 @@ struct SamplerParams {
     float presence_penalty = 0.0f;   // logit -= (count > 0) * p
     int32_t penalty_last_n = 64;     // window of recent tokens the penalties count; 0: penalties off
     uint64_t seed = 0;               // same seed, same logits -> same tokens
+    // Added to the raw logit of each id before everything else (OpenAI's logit_bias: -100 all but bans
+    // a token, +100 all but forces it). Ids must be in the vocabulary and biases finite.
+    std::vector<std::pair<int32_t, float>> logit_bias;
+};
+
+// A token id with its log-probability (Sampler::log_probs).
+struct TokenLogprob {
+    int32_t id = -1;
+    float logprob = 0.0f;
 };
 
 // One candidate of the distribution that sample() draws from.
@@ -67,6 +78,14 @@ class Sampler {
     // the whole row, and advances the random stream the same way. Never allocates or throws.
     int32_t sample_top(const int32_t* ids, const float* logits, int32_t n, const float* window_logits);
 
+    // Log-probabilities for reporting (OpenAI's logprobs): the log-softmax over all n_vocab logits after
+    // the logit bias and the penalties, before top-k, top-p, min-p and temperature; that is, the model's
+    // distribution as the request shaped it, whatever the truncation settings. Returns the log-probability
+    // of `token` and writes the n_top most likely ids (most likely first, ties: the lowest id) to top.
+    // Call it before accept() of the token, with the row it was sampled from. Does not touch the random
+    // stream; never allocates or throws (n_top is cut to n_vocab).
+    float log_probs(const float* logits, int32_t token, int32_t n_top, TokenLogprob* top);
+
     // Adds a token (prompt or generated) to the penalty window. Never allocates.
     void accept(int32_t token);
     // Empties the penalty window and re-seeds the generator with params().seed.
@@ -78,13 +97,14 @@ class Sampler {
     // True when sample(logits) is exactly the arg-max of the raw logits (the lowest id among the largest,
     // NaN never chosen; 0 when every logit is NaN): greedy with no penalty in effect. The arg-max may
     // then be taken where the logits are (on the device) and give the same token.
-    bool picks_argmax() const { return greedy_ && !penalties_on_; }
+    bool picks_argmax() const { return greedy_ && !penalties_on_ && params_.logit_bias.empty(); }
     int32_t n_vocab() const { return n_vocab_; }
     // The tokens currently in the penalty window, oldest first (copies; for tests and tools).
     std::vector<int32_t> history() const;
 
    private:
     void apply_penalties();
+    void load_all(const float* logits);  // every id, biased and penalised: cand_[id].id == id
     void next_epoch();
     float penalize(float logit, int32_t count) const;
     void load(const float* logits, int32_t k);

@@ -57,6 +57,18 @@ struct GenerateOptions {
     // them (Backend::top_logits), not the n_vocab logits; the token is the one the host sampler would
     // draw, with the same random stream. false: always copy the logits and sample on the host.
     bool device_sampling = true;
+    // >= 0: report each sampled token's log-probability and the `logprobs` most likely tokens at its
+    // position (Sink::on_logprobs, GenerationResult::logprobs), as Sampler::log_probs() defines them:
+    // the log-softmax over the whole vocabulary after the logit bias and the penalties, before the
+    // truncations and temperature. Costs a pass over the logits a token, which then come to the host.
+    // < 0: none.
+    int32_t logprobs = -1;
+};
+
+// A sampled token's log-probability and the most likely tokens at its position (GenerateOptions::logprobs).
+struct SampledLogprobs {
+    TokenLogprob token;             // the sampled id
+    std::vector<TokenLogprob> top;  // GenerateOptions::logprobs entries, most likely first
 };
 
 // How Session::embed() reduces the per-token hidden states.
@@ -77,6 +89,7 @@ struct GenerationResult {
     int32_t cached_tokens = 0;      // prompt tokens restored from the prefix cache (not in prompt_tokens)
     int32_t context_shifts = 0;     // context shifts made to keep generating (GenerateOptions::n_keep)
     std::string text;               // all text given to the Sink, concatenated
+    std::vector<SampledLogprobs> logprobs;  // one per sampled token when GenerateOptions::logprobs >= 0
 
     double prefill_tokens_per_second() const { return prefill_seconds > 0 ? prompt_tokens / prefill_seconds : 0.0; }
     double decode_tokens_per_second() const { return decode_seconds > 0 ? decode_steps / decode_seconds : 0.0; }
@@ -90,6 +103,8 @@ class Sink {
     virtual void on_text(std::string_view text) = 0;
     // Each sampled token id, before its text reaches on_text. Default: ignored.
     virtual void on_token(int32_t token) {}
+    // Right after on_token, when GenerateOptions::logprobs >= 0: that token's log-probabilities.
+    virtual void on_logprobs(const SampledLogprobs& logprobs) {}
     // Once, when generate() ends normally, with the result it returns. Default: ignored.
     virtual void on_done(const GenerationResult& result) {}
 };

@@ -1,6 +1,7 @@
 // `cera serve -m MODEL [--host H] [--port P] [--api-key KEY] [--alias NAME] [--chat-template FILE]
-//              [--max-seqs N] [--kv-size TOKENS] [engine flags]`: an OpenAI-compatible HTTP server on the
-// batched engine (server/server.h). SIGINT / SIGTERM stop it: running requests are cancelled, exit 0.
+//              [--max-seqs N] [--kv-size TOKENS] [--max-body BYTES] [--http-threads N] [engine flags]`: an
+// OpenAI-compatible HTTP server on the batched engine (server/server.h, docs/serving.md). SIGINT / SIGTERM
+// stop it: running requests are cancelled, exit 0.
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
@@ -23,8 +24,10 @@ volatile std::sig_atomic_t g_stop = 0;
 void on_signal(int) { g_stop = 1; }
 
 int run_serve(const std::vector<std::string>& args) {
-    CLI::App app{"Serves the model over an OpenAI-compatible HTTP API (chat and text completions, streamed).",
-                 "cera serve"};
+    CLI::App app{
+        "Serves the model over an OpenAI-compatible HTTP API (chat and text completions, streamed; "
+        "embeddings; Prometheus metrics).",
+        "cera serve"};
     std::string model, template_file;
     ServeOptions so;
     EngineFlags ef;
@@ -39,9 +42,14 @@ int run_serve(const std::vector<std::string>& args) {
     app.add_option("--max-seqs", max_seqs, "sequences generated at once")->capture_default_str();
     app.add_option("--kv-size", kv_size, "KV cache pool in tokens, all sequences together (0: max-seqs full contexts)")
         ->capture_default_str();
+    app.add_option("--max-body", so.max_body_bytes, "largest request body in bytes (413 above)")->capture_default_str();
+    app.add_option("--http-threads", so.http_threads,
+                   "threads answering requests (0: 4 per sequence slot, at least 32)")
+        ->capture_default_str();
     ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch);
     if (int rc = parse_args(app, args, "serve"); rc >= 0) return rc;
     if (so.port < 0 || so.port > 65535) throw Error(ErrorCode::kInvalidArgument, "--port must be in 0..65535");
+    if (so.http_threads < 0) throw Error(ErrorCode::kInvalidArgument, "--http-threads must be >= 0");
     if (so.api_key.empty())
         if (const char* k = std::getenv("CERA_API_KEY")) so.api_key = k;
     if (!template_file.empty()) {

@@ -301,10 +301,12 @@ class BatcherImpl final : public Batcher {
         ++stats_.preemptions;
     }
 
-    // What the step brings back for a sequence's next token: the arg-max for a greedy sampler, the best
-    // logits for a top-k chain, else the whole row; each gives the token the Sampler would draw from the row.
+    // What the step brings back for a sequence's next token: the whole row when log-probabilities are
+    // asked for, the arg-max for a greedy sampler, the best logits for a top-k chain, else the whole row; each gives the token the Sampler would draw from the row.
     static void choose_pick(Req& r, BatchState::Entry& e) {
-        if (r.sampler.picks_argmax()) {
+        if (r.opts.logprobs >= 0) {  // log-probabilities need the whole row
+            e.pick = Pick::kLogits;
+        } else if (r.sampler.picks_argmax()) {
             e.pick = Pick::kArgmax;
         } else if (const int32_t m = r.sampler.top_needed(); m > 0) {
             e.pick = Pick::kTop, e.top = m, e.gather = r.sampler.window();
@@ -341,9 +343,20 @@ class BatcherImpl final : public Batcher {
             ++r.result.decode_steps;
         }
         const int32_t t = sample(r, e, out, i);
+        SampledLogprobs lp;
+        if (r.opts.logprobs >= 0) {  // choose_pick() asked for the whole row
+            CERA_CHECK(out.row_at[i] != StepOutput::kNoRow, "batch: entry %zu has no logits row", i);
+            lp.top.resize(size_t(std::min(r.opts.logprobs, n_vocab_)));
+            lp.token = {t, r.sampler.log_probs(out.logits.data() + out.row_at[i], t, int32_t(lp.top.size()),
+                                               lp.top.data())};
+        }
         r.sampler.accept(t);
         ++r.result.generated_tokens;
         if (r.sink) r.sink->on_token(t);
+        if (r.opts.logprobs >= 0) {
+            if (r.sink) r.sink->on_logprobs(lp);
+            r.result.logprobs.push_back(std::move(lp));
+        }
         if (!r.opts.ignore_eos && im_.tokenizer->is_eog(t)) return leave(r, FinishReason::kEos);
         r.tokens.push_back(t);
         if (r.stopper.feed(r.detok.push(t), r.out)) {

@@ -94,6 +94,8 @@ class DeviceTopK final : public DecodeStrategy {
 std::unique_ptr<DecodeStrategy> choose_decode_strategy(const GenerateOptions& options, Sampler& sampler,
                                                        ModelState& state, std::vector<float>& logits,
                                                        bool device_async) {
+    // Log-probabilities need the whole row on the host.
+    if (options.logprobs >= 0) return std::make_unique<HostSampling>(state, sampler, logits);
     // Greedy on the device is exactly the host sampler's pick whenever that is a plain arg-max.
     if (options.device_greedy && sampler.picks_argmax()) {
         if (options.decode_ahead > 0 || (options.decode_ahead < 0 && device_async))

@@ -195,6 +195,8 @@ std::string Engine::detokenize(std::span<const int32_t> tokens, bool render_spec
     return impl_->tokenizer->decode(tokens, render_special);
 }
 
+std::string Engine::token_bytes(int32_t token) const { return impl_->tokenizer->token_to_piece(token, false); }
+
 bool Engine::add_bos() const { return impl_->tokenizer->add_bos(); }
 int32_t Engine::bos_token() const { return impl_->tokenizer->bos(); }
 int32_t Engine::eos_token() const { return impl_->tokenizer->eos(); }

@@ -47,6 +47,12 @@ Sampler::Sampler(const SamplerParams& params, int32_t n_vocab) : params_(params)
         throw_error(ErrorCode::kInvalidArgument, "sampler: frequency and presence penalties must be finite");
     if (params.penalty_last_n < 0)
         throw_error(ErrorCode::kInvalidArgument, "sampler: penalty window must be >= 0, got %d", params.penalty_last_n);
+    for (const auto& [id, bias] : params.logit_bias) {
+        if (id < 0 || id >= n_vocab)
+            throw_error(ErrorCode::kInvalidArgument, "sampler: logit bias for token %d outside [0, %d)", id, n_vocab);
+        if (!std::isfinite(bias))
+            throw_error(ErrorCode::kInvalidArgument, "sampler: logit bias for token %d is not finite", id);
+    }
 
     greedy_ = params.temperature <= 0.0f;
     penalties_on_ = params.penalty_last_n > 0 && (params.repeat_penalty != 1.0f || params.frequency_penalty != 0.0f ||
@@ -117,7 +123,8 @@ double Sampler::next_uniform() { return double(next_u64() >> 11) * 0x1.0p-53; }
 void Sampler::load(const float* logits, int32_t k) {
     sorted_ = false;
     const int64_t m = int64_t(k) + (penalties_on_ ? ring_size_ : 0);
-    if (k > 0 && m * 8 < n_vocab_) {
+    // A bias can lift any id into the best k, so a biased row is always loaded whole.
+    if (k > 0 && m * 8 < n_vocab_ && params_.logit_bias.empty()) {
         TokenProb* c = cand_.data();
         int32_t cnt = 0;
         float thr = -std::numeric_limits<float>::infinity();
@@ -141,13 +148,43 @@ void Sampler::load(const float* logits, int32_t k) {
         }
         // every logit is -inf or NaN: fall through to the full load
     }
+    load_all(logits);
+}
+
+void Sampler::load_all(const float* logits) {
     TokenProb* c = cand_.data();
     for (int32_t i = 0; i < n_vocab_; ++i) {
         const float l = logits[i];
         c[i] = {i, std::isnan(l) ? -std::numeric_limits<float>::infinity() : l, 0.0f};
     }
+    for (const auto& [id, bias] : params_.logit_bias) c[id].logit += bias;
     n_cand_ = n_vocab_;
+    sorted_ = false;
     if (penalties_on_) apply_penalties();
+}
+
+float Sampler::log_probs(const float* logits, int32_t token, int32_t n_top, TokenLogprob* top) {
+    load_all(logits);
+    TokenProb* c = cand_.data();
+    float max_l = -std::numeric_limits<float>::infinity();
+    for (int32_t i = 0; i < n_vocab_; ++i) max_l = std::max(max_l, c[i].logit);
+    double z = 0.0;
+    if (std::isfinite(max_l))
+        for (int32_t i = 0; i < n_vocab_; ++i) z += std::exp(double(c[i].logit) - double(max_l));
+    // Every logit -inf (or +inf): no distribution to speak of; each id reads as -inf but the best.
+    const double lse = std::isfinite(max_l) ? double(max_l) + std::log(z) : double(max_l);
+    auto lp = [&](float l) {
+        return std::isfinite(max_l) ? float(double(l) - lse)
+                                    : (l == max_l ? 0.0f : -std::numeric_limits<float>::infinity());
+    };
+    const float chosen = token >= 0 && token < n_vocab_ ? lp(c[token].logit) : -std::numeric_limits<float>::infinity();
+    n_top = std::clamp(n_top, 0, n_vocab_);
+    if (n_top > 0) {
+        std::partial_sort(c, c + n_top, c + n_vocab_, better);
+        for (int32_t i = 0; i < n_top; ++i) top[i] = {c[i].id, lp(c[i].logit)};
+    }
+    n_cand_ = 0;
+    return chosen;
 }
 
 void Sampler::add_window(const float* logits, const float* window_logits) {
@@ -173,7 +210,7 @@ int32_t Sampler::top_needed() const {
     const int64_t k = params_.top_k;
     const int64_t m = k + (penalties_on_ ? int64_t(ring_.size()) : 0);
     // load()'s condition for its top-(k + window) path, for every window fill.
-    return !greedy_ && k > 0 && m * 8 < n_vocab_ ? int32_t(m) : 0;
+    return !greedy_ && k > 0 && m * 8 < n_vocab_ && params_.logit_bias.empty() ? int32_t(m) : 0;
 }
 
 std::span<const int32_t> Sampler::window() {
@@ -355,7 +392,7 @@ int32_t Sampler::greedy_pick() const {
 
 int32_t Sampler::sample(const float* logits) {
     if (greedy_) {
-        if (!penalties_on_) {  // the same pick as Backend::argmax on the device
+        if (picks_argmax()) {  // the same pick as Backend::argmax on the device
             int32_t id = 0;
             argmax_rows_host(logits, 1, n_vocab_, &id);
             return id;

@@ -293,9 +293,18 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
         } else {
             t = sampler.sample(im.logits.data());  // has_logits: checked above, or set by prefill
         }
+        SampledLogprobs lp;
+        if (options.logprobs >= 0) {  // the strategy keeps the row on the host when logprobs are asked for
+            lp.top.resize(size_t(std::min(options.logprobs, n_vocab)));
+            lp.token = {t, sampler.log_probs(im.logits.data(), t, int32_t(lp.top.size()), lp.top.data())};
+        }
         sampler.accept(t);
         ++r.generated_tokens;
         sink.on_token(t);
+        if (options.logprobs >= 0) {
+            sink.on_logprobs(lp);
+            r.logprobs.push_back(std::move(lp));
+        }
         if (r.generated_tokens == 1) im.flush_store();  // the logits are still the prompt's
         if (!options.ignore_eos && tok.is_eog(t)) {
             r.finish = FinishReason::kEos;  // the end token stays out of the sequence

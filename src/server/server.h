@@ -1,6 +1,7 @@
 // The OpenAI-compatible HTTP server over a Batcher (`cera serve`): /v1/chat/completions and
-// /v1/completions (plain and streamed as server-sent events), /v1/models, /health, /tokenize and
-// /detokenize, errors in the OpenAI error shape.
+// /v1/completions (plain and streamed as server-sent events; logprobs, logit_bias, n choices),
+// /v1/embeddings, /v1/models, /health, /metrics (Prometheus), /tokenize and /detokenize, errors in the
+// OpenAI error shape, a log line per request on stderr.
 #pragma once
 #include <cstddef>
 #include <memory>
@@ -15,16 +16,19 @@ namespace cera {
 
 struct ServeOptions {
     std::string host = "127.0.0.1";
-    int port = 8080;             // 0: a free port (Server::port() tells which)
-    std::string api_key;         // non-empty: every request needs "Authorization: Bearer <key>"
-    std::string alias;           // the model's id in /v1/models and in responses
-    std::string chat_template;   // Jinja source replacing the model's; empty: the model's, else ChatML
+    int port = 8080;            // 0: a free port (Server::port() tells which)
+    std::string api_key;        // non-empty: every request needs "Authorization: Bearer <key>"
+    std::string alias;          // the model's id in /v1/models and in responses
+    std::string chat_template;  // Jinja source replacing the model's; empty: the model's, else ChatML
     size_t max_body_bytes = size_t(4) << 20;
+    // Threads answering HTTP requests (a streaming request holds one until it ends); 0: 4 per sequence
+    // slot (batch.parallel), at least 32.
+    int http_threads = 0;
     BatcherOptions batch;
 };
 
 class Server {
-   public:
+ public:
     Server(std::shared_ptr<Engine> engine, const ServeOptions& options);
     ~Server();
     // Binds the address; false (with the reason in `why`) when it cannot.
@@ -33,8 +37,9 @@ class Server {
     void run();
     void stop();
     int port() const;
+    BatcherStats stats() const;  // the batcher's (KV blocks, running and waiting sequences)
 
-   private:
+ private:
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };

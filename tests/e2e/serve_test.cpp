@@ -164,7 +164,7 @@ TEST(Serve, RefusedRequestsGetTheirStatusAndAnErrorBody) {
         {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": 5}]})", 400, "messages"},
         {"/v1/chat/completions", R"({"temperature": "hot", "messages": [{"role": "user", "content": "hi"}]})", 400,
          "temperature"},
-        {"/v1/chat/completions", R"({"n": 2, "messages": [{"role": "user", "content": "hi"}]})", 400, "n"},
+        {"/v1/chat/completions", R"({"n": 0, "messages": [{"role": "user", "content": "hi"}]})", 400, "n"},
         {"/v1/chat/completions", R"({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]})", 404, "model"},
         {"/v1/completions", R"({"prompt": 7})", 400, "prompt"},
         {"/v1/completions", R"({"prompt": [1, -4]})", 400, "prompt"},

@@ -479,6 +479,75 @@ TEST(Sampler, RejectsBadParams) {
     EXPECT_THROW(Sampler(plain(), 0), Error);
 }
 
+TEST(Sampler, LogitBiasAddsToTheRawLogits) {
+    // Greedy: a bias moves the pick; the device arg-max and top-k shortcuts are off for a biased row.
+    SamplerParams p = plain();
+    p.temperature = 0.0f;
+    p.logit_bias = {{1, 0.5f}, {0, -100.0f}};
+    Sampler s(p, 4);
+    EXPECT_FALSE(s.picks_argmax());
+    const std::vector<float> l = {2.0f, 1.6f, 1.8f, 0.0f};
+    EXPECT_EQ(s.sample(l.data()), 1);  // 1.6 + 0.5 beats 1.8; 0 is banned
+    // Sampling with top-k: the distribution is the biased one, whatever the vocabulary size.
+    std::mt19937 rng(3);
+    std::vector<float> big(4000);
+    for (float& x : big) x = std::normal_distribution<float>(0.0f, 1.0f)(rng);
+    p = plain();
+    p.top_k = 5;
+    p.logit_bias = {{17, 50.0f}};
+    Sampler k(p, 4000);
+    EXPECT_EQ(k.top_needed(), 0);
+    const auto d = k.distribution(big.data());
+    ASSERT_EQ(d.size(), 5u);
+    EXPECT_EQ(d[0].id, 17);
+    EXPECT_NEAR(d[0].p, 1.0, 1e-6);
+    p.logit_bias = {{4000, 1.0f}};
+    EXPECT_THROW(Sampler(p, 4000), Error);
+    p.logit_bias = {{3, NAN}};
+    EXPECT_THROW(Sampler(p, 4000), Error);
+}
+
+TEST(Sampler, LogProbsAreTheLogSoftmaxAfterBiasAndPenalties) {
+    std::mt19937 rng(7);
+    const int32_t n = 3000;
+    std::vector<float> l(n);
+    for (float& x : l) x = std::normal_distribution<float>(0.0f, 2.0f)(rng);
+    SamplerParams p = plain();
+    p.temperature = 0.3f;  // neither the temperature nor the truncations change the log-probabilities
+    p.top_k = 10;
+    p.top_p = 0.5f;
+    p.logit_bias = {{5, 3.0f}, {9, -100.0f}};
+    p.frequency_penalty = 0.5f;
+    p.presence_penalty = 0.25f;
+    Sampler s(p, n);
+    for (int32_t t : {5, 5, 7}) s.accept(t);
+    // Reference: the biased, penalised logits' log-softmax in double.
+    std::vector<double> ref(l.begin(), l.end());
+    ref[5] += 3.0, ref[9] -= 100.0;
+    ref[5] -= 2 * 0.5 + 0.25, ref[7] -= 0.5 + 0.25;
+    const double mx = *std::max_element(ref.begin(), ref.end());
+    double z = 0.0;
+    for (double x : ref) z += std::exp(x - mx);
+    for (double& x : ref) x -= mx + std::log(z);
+    std::vector<int32_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return ref[size_t(a)] > ref[size_t(b)]; });
+    const int32_t t = s.sample(l.data());
+    std::vector<TokenLogprob> top(4);
+    const float lp = s.log_probs(l.data(), t, 4, top.data());
+    EXPECT_NEAR(lp, ref[size_t(t)], 1e-4);
+    for (int i = 0; i < 4; ++i) {
+        EXPECT_EQ(top[size_t(i)].id, order[size_t(i)]);
+        EXPECT_NEAR(top[size_t(i)].logprob, ref[size_t(order[size_t(i)])], 1e-4);
+    }
+    EXPECT_NEAR(s.log_probs(l.data(), 9, 0, nullptr), ref[9], 1e-3);
+    // The random stream is untouched: the next draw is the one a sampler that never reported would make.
+    Sampler twin(p, n);
+    for (int32_t x : {5, 5, 7}) twin.accept(x);
+    EXPECT_EQ(twin.sample(l.data()), t);
+    EXPECT_EQ(s.sample(l.data()), twin.sample(l.data()));
+}
+
 TEST(Sampler, AllMinusInfinityStillReturnsAToken) {
     Sampler s(plain(), 3);
     std::vector<float> l(3, -INFINITY);

@@ -1,0 +1,361 @@
+// /v1/chat/completions and /v1/completions: each of the n choices is its own batcher request (seed +
+// index); the answer is one JSON body, or server-sent events with the choices' chunks interleaved as
+// they come. Log-probabilities come in the API's shape of each endpoint: chat's
+// {"content": [{token, logprob, bytes, top_logprobs}]} and completions' {tokens, token_logprobs,
+// top_logprobs, text_offset}.
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+
+#include "cera/error.h"
+#include "server/server_impl.h"
+
+namespace cera {
+namespace {
+
+using json = nlohmann::json;
+
+const char* finish_name(FinishReason f) {
+    switch (f) {
+        case FinishReason::kLength:
+        case FinishReason::kContextFull:
+            return "length";
+        default:
+            return "stop";
+    }
+}
+
+bool valid_utf8(const std::string& s) {
+    size_t i = 0;
+    while (i < s.size()) {
+        const unsigned char c = uint8_t(s[i]);
+        const size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (n == 0 || i + n > s.size()) return false;
+        for (size_t k = 1; k < n; ++k)
+            if ((uint8_t(s[i + k]) & 0xC0) != 0x80) return false;
+        i += n;
+    }
+    return true;
+}
+
+// What the batcher streams for one HTTP request, all choices together, for the HTTP thread to send.
+struct Channel {
+    struct Event {
+        int index = 0;
+        std::string text;
+        std::vector<SampledLogprobs> logprobs;  // the tokens sampled since the choice's previous event
+        bool done = false;
+        GenerationResult result;
+    };
+    explicit Channel(Clock::time_point t) : t0(t) {}
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Event> events;
+    const Clock::time_point t0;
+    Clock::time_point first_token{};
+    int64_t tokens_out = 0;
+    std::atomic<bool> logged{false};
+};
+
+// One choice's Sink (called on the batcher's thread): its events into the channel, its token times into
+// the metrics.
+struct ChoiceSink final : Sink {
+    ChoiceSink(std::shared_ptr<Channel> c, int i, const Engine& e, Metrics& m)
+        : ch(std::move(c)), index(i), engine(e), metrics(m) {}
+    void on_token(int32_t) override {
+        const auto now = Clock::now();
+        bool first = false;
+        {
+            std::lock_guard<std::mutex> lk(ch->mu);
+            ++ch->tokens_out;
+            if (ch->first_token == Clock::time_point{}) first = true, ch->first_token = now;
+        }
+        if (first) metrics.time_to_first_token.observe(seconds_between(ch->t0, now));
+        if (last != Clock::time_point{}) metrics.inter_token.observe(seconds_between(last, now));
+        last = now;
+    }
+    void on_logprobs(const SampledLogprobs& lp) override {
+        // The end-of-generation token is no part of the content, unless ignore_eos made it text.
+        if (ignore_eos || !engine.is_eog(lp.token.id)) pending.push_back(lp);
+    }
+    void on_text(std::string_view t) override { push(std::string(t), false, nullptr); }
+    void on_done(const GenerationResult& r) override { push("", true, &r); }
+    void push(std::string text, bool done, const GenerationResult* r) {
+        std::lock_guard<std::mutex> lk(ch->mu);
+        Channel::Event e{index, std::move(text), std::move(pending), done, r ? *r : GenerationResult{}};
+        pending.clear();
+        ch->events.push_back(std::move(e));
+        ch->cv.notify_all();
+    }
+    const std::shared_ptr<Channel> ch;
+    const int index;
+    const Engine& engine;
+    Metrics& metrics;
+    Clock::time_point last{};
+    std::vector<SampledLogprobs> pending;
+    bool ignore_eos = false;
+};
+
+// Log-probabilities in the API's shapes. -inf (a banned token) reads as -9999, as OpenAI writes it.
+struct LogprobWriter {
+    const Engine& engine;
+    bool chat;
+
+    static double value(float lp) { return std::isfinite(lp) ? double(lp) : -9999.0; }
+    // A token's text, and its bytes; a token that is part of a UTF-8 character reads "bytes:\xNN...".
+    std::pair<std::string, std::string> text(int32_t id) const {
+        std::string bytes = engine.token_bytes(id);
+        if (valid_utf8(bytes)) return {bytes, bytes};
+        std::string t = "bytes:";
+        for (unsigned char c : bytes) {
+            char buf[8];
+            std::snprintf(buf, sizeof buf, "\\x%02x", c);
+            t += buf;
+        }
+        return {t, bytes};
+    }
+    json entry(const TokenLogprob& t) const {
+        const auto [s, bytes] = text(t.id);
+        json b = json::array();
+        for (unsigned char c : bytes) b.push_back(int(c));
+        return {{"token", s}, {"logprob", value(t.logprob)}, {"bytes", std::move(b)}};
+    }
+    // The "logprobs" value of a choice (or a chunk) for these tokens; offset: completions' text_offset of
+    // the first, advanced past them.
+    json operator()(const std::vector<SampledLogprobs>& lps, size_t* offset) const {
+        if (chat) {
+            json content = json::array();
+            for (const SampledLogprobs& lp : lps) {
+                json e = entry(lp.token);
+                json top = json::array();
+                for (const TokenLogprob& t : lp.top) top.push_back(entry(t));
+                e["top_logprobs"] = std::move(top);
+                content.push_back(std::move(e));
+            }
+            return {{"content", std::move(content)}, {"refusal", nullptr}};
+        }
+        json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+        for (const SampledLogprobs& lp : lps) {
+            const std::string s = text(lp.token.id).first;
+            tokens.push_back(s);
+            values.push_back(value(lp.token.logprob));
+            json top = json::object();
+            for (const TokenLogprob& t : lp.top) top[text(t.id).first] = value(t.logprob);
+            tops.push_back(std::move(top));
+            offsets.push_back(*offset);
+            *offset += engine.token_bytes(lp.token.id).size();
+        }
+        return {{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
+    }
+};
+
+std::vector<SampledLogprobs> without_eog(const Engine& engine, const std::vector<SampledLogprobs>& lps) {
+    std::vector<SampledLogprobs> out;
+    for (const SampledLogprobs& lp : lps)
+        if (!engine.is_eog(lp.token.id)) out.push_back(lp);
+    return out;
+}
+
+}  // namespace
+
+void Server::Impl::complete(const httplib::Request& req, httplib::Response& res, bool chat, Exchange& x) {
+    const CompletionRequest cr = parse_completion(req.body, chat, limits);
+    std::vector<int32_t> prompt;
+    if (chat)
+        prompt = chat_prompt(*engine, tmpl, cr.messages);
+    else if (cr.prompt.is_ids)
+        prompt = cr.prompt.ids;
+    else
+        prompt = engine->tokenize(cr.prompt.text, engine->add_bos(), true);
+
+    auto ch = std::make_shared<Channel>(x.t0);
+    std::vector<std::shared_ptr<Request>> reqs;
+    try {
+        for (int32_t i = 0; i < cr.n; ++i) {
+            GenerateOptions g = cr.options;
+            g.sampling.seed += uint64_t(i);
+            auto sink = std::make_shared<ChoiceSink>(ch, i, *engine, metrics);
+            sink->ignore_eos = g.ignore_eos;
+            reqs.push_back(submit(prompt, g, std::move(sink)));
+        }
+    } catch (...) {  // a choice refused: the others go too
+        for (auto& r : reqs) r->cancel();
+        throw;
+    }
+    const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(x.id);
+    const int64_t created =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    const LogprobWriter logprobs{*engine, chat};
+    const bool want_logprobs = cr.options.logprobs >= 0;
+    const int64_t n_prompt = int64_t(prompt.size());
+    // usage: the prompt once (as OpenAI counts it), the choices' tokens summed; the metrics and the log.
+    auto account = [this, n_prompt, ch](const std::vector<GenerationResult>& results, const Exchange& x, int status,
+                                        const std::string& outcome) {
+        int64_t out = 0, cached = 0;
+        for (const GenerationResult& g : results) out += g.generated_tokens, cached += g.cached_tokens;
+        json usage = {{"prompt_tokens", n_prompt},
+                      {"completion_tokens", out},
+                      {"total_tokens", n_prompt + out},
+                      {"prompt_tokens_details", {{"cached_tokens", results.empty() ? 0 : results[0].cached_tokens}}}};
+        if (ch->logged.exchange(true)) return usage;
+        Clock::time_point first;
+        int64_t seen = 0;
+        {
+            std::lock_guard<std::mutex> lk(ch->mu);
+            first = ch->first_token;
+            seen = ch->tokens_out;
+        }
+        metrics.tokens(n_prompt * int64_t(std::max<size_t>(results.size(), 1)), cached, std::max(out, seen));
+        finish(x, {status, n_prompt, std::max(out, seen),
+                   first == Clock::time_point{} ? -1.0 : seconds_between(x.t0, first), outcome});
+        return usage;
+    };
+    auto outcome = [](const std::vector<GenerationResult>& results) {
+        std::string s;
+        for (const GenerationResult& g : results) {
+            if (!s.empty()) s += ',';
+            s += finish_reason_name(g.finish);
+        }
+        return s;
+    };
+    x.deferred = true;
+
+    if (!cr.stream) {
+        std::vector<GenerationResult> results;
+        try {
+            for (auto& r : reqs) results.push_back(r->wait());
+        } catch (...) {
+            for (auto& r : reqs) r->cancel();
+            x.deferred = false;
+            throw;
+        }
+        json choices = json::array();
+        for (size_t i = 0; i < results.size(); ++i) {
+            const GenerationResult& g = results[i];
+            json c = {{"index", i}, {"finish_reason", finish_name(g.finish)}, {"logprobs", nullptr}};
+            if (chat)
+                c["message"] = {{"role", "assistant"}, {"content", g.text}, {"refusal", nullptr}};
+            else
+                c["text"] = g.text;
+            size_t offset = 0;
+            if (want_logprobs) c["logprobs"] = logprobs(without_eog(*engine, g.logprobs), &offset);
+            choices.push_back(std::move(c));
+        }
+        const json usage = account(results, x, 200, outcome(results));
+        send_json(res, 200,
+                  {{"id", id},
+                   {"object", chat ? "chat.completion" : "text_completion"},
+                   {"created", created},
+                   {"model", o.alias},
+                   {"choices", std::move(choices)},
+                   {"usage", usage}});
+        return;
+    }
+
+    // Server-sent events: a chunk per text piece of a choice, its finish reason, the usage when asked,
+    // [DONE]. A client that goes away cancels every choice at once.
+    const std::string object = chat ? "chat.completion.chunk" : "text_completion";
+    auto chunk = [=, this](int index, const json& delta_or_text, const json& finish, const json& lp) {
+        json c = {{"index", index}, {"finish_reason", finish}, {"logprobs", lp}};
+        if (chat)
+            c["delta"] = delta_or_text;
+        else
+            c["text"] = delta_or_text;
+        return "data: " +
+               json{{"id", id},
+                    {"object", object},
+                    {"created", created},
+                    {"model", o.alias},
+                    {"choices", json::array({c})}}
+                   .dump() +
+               "\n\n";
+    };
+    struct Progress {
+        bool started = false;
+        std::vector<GenerationResult> results;
+        std::vector<bool> done;
+        std::vector<size_t> offsets;  // completions' text_offset of each choice's next token
+        size_t n_done = 0;
+    };
+    auto p = std::make_shared<Progress>();
+    p->results.resize(reqs.size());
+    p->done.assign(reqs.size(), false);
+    p->offsets.assign(reqs.size(), 0);
+    const Exchange xs = x;
+    const bool usage_chunk = cr.include_usage;
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [=, this](size_t, httplib::DataSink& out) {
+            auto write = [&](const std::string& s) { return out.write(s.data(), s.size()); };
+            if (!p->started) {
+                p->started = true;
+                if (chat)
+                    for (size_t i = 0; i < reqs.size(); ++i)
+                        if (!write(chunk(int(i), {{"role", "assistant"}, {"content", ""}}, nullptr, nullptr)))
+                            return false;
+            }
+            std::unique_lock<std::mutex> lk(ch->mu);
+            ch->cv.wait_for(lk, std::chrono::milliseconds(100), [&] { return !ch->events.empty(); });
+            while (!ch->events.empty()) {
+                Channel::Event e = std::move(ch->events.front());
+                ch->events.pop_front();
+                lk.unlock();
+                const json lp = want_logprobs && !e.logprobs.empty()
+                                    ? logprobs(e.logprobs, &p->offsets[size_t(e.index)])
+                                    : json(nullptr);
+                if ((!e.text.empty() || !lp.is_null()) &&
+                    !write(chunk(e.index, chat ? json{{"content", e.text}} : json(e.text), nullptr, lp)))
+                    return false;
+                if (e.done) {
+                    p->results[size_t(e.index)] = e.result;
+                    p->done[size_t(e.index)] = true;
+                    ++p->n_done;
+                    if (!write(chunk(e.index, chat ? json::object() : json(""), finish_name(e.result.finish), nullptr)))
+                        return false;
+                }
+                lk.lock();
+            }
+            lk.unlock();
+            if (p->n_done < reqs.size()) {
+                // A choice that failed (a batcher error) finishes without on_done: the stream ends with an error.
+                for (size_t i = 0; i < reqs.size(); ++i) {
+                    if (p->done[i] || !reqs[i]->done()) continue;
+                    std::lock_guard<std::mutex> again(ch->mu);
+                    if (!ch->events.empty()) break;  // its end is queued after all
+                    std::string why = "generation failed";
+                    try {
+                        reqs[i]->wait();
+                    } catch (const std::exception& e) {
+                        why = e.what();
+                    }
+                    for (auto& r : reqs) r->cancel();
+                    write("data: " + error_body({500, why, "server_error", "", ""}).dump() + "\n\n");
+                    out.done();
+                    account(p->results, xs, 500, why);
+                    return true;
+                }
+                return out.is_writable();
+            }
+            const json usage = account(p->results, xs, 200, outcome(p->results));
+            bool ok = !usage_chunk || write("data: " +
+                                            json{{"id", id},
+                                                 {"object", object},
+                                                 {"created", created},
+                                                 {"model", o.alias},
+                                                 {"choices", json::array()},
+                                                 {"usage", usage}}
+                                                .dump() +
+                                            "\n\n");
+            if (ok) ok = write("data: [DONE]\n\n");
+            out.done();
+            return ok;
+        },
+        [=](bool success) {
+            if (success) return;
+            account(p->results, xs, 499, "client gone");
+            for (auto& r : reqs) r->cancel();  // the client went away
+        });
+}
+
+}  // namespace cera

@@ -1,0 +1,287 @@
+#include "server/request.h"
+
+#include <random>
+
+namespace cera {
+
+using json = nlohmann::json;
+
+void refuse(const std::string& message, const std::string& param, int status, const std::string& type,
+            const std::string& code) {
+    throw Refusal{status, message, type, param, code};
+}
+
+json error_body(const Refusal& r) {
+    auto opt = [](const std::string& s) { return s.empty() ? json(nullptr) : json(s); };
+    return {{"error", {{"message", r.message}, {"type", r.type}, {"param", opt(r.param)}, {"code", opt(r.code)}}}};
+}
+
+namespace {
+
+// Typed fields of a request body; a null field is an absent one.
+const json* field(const json& j, const char* key) {
+    const auto it = j.find(key);
+    return it == j.end() || it->is_null() ? nullptr : &*it;
+}
+std::string quoted(const char* key) { return std::string("'") + key + "'"; }
+double number(const json& j, const char* key, double def, double lo, double hi) {
+    const json* v = field(j, key);
+    if (!v) return def;
+    if (!v->is_number()) refuse(quoted(key) + " must be a number", key);
+    const double x = v->get<double>();
+    if (!(x >= lo && x <= hi))
+        refuse(quoted(key) + " must be between " + json(lo).dump() + " and " + json(hi).dump(), key);
+    return x;
+}
+int64_t integer(const json& j, const char* key, int64_t def, int64_t lo, int64_t hi) {
+    const json* v = field(j, key);
+    if (!v) return def;
+    if (!v->is_number_integer()) refuse(quoted(key) + " must be an integer", key);
+    // An unsigned value above INT64_MAX is out of every range here.
+    if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX))
+        refuse(quoted(key) + " must be between " + std::to_string(lo) + " and " + std::to_string(hi), key);
+    const int64_t x = v->get<int64_t>();
+    if (x < lo || x > hi)
+        refuse(quoted(key) + " must be between " + std::to_string(lo) + " and " + std::to_string(hi), key);
+    return x;
+}
+bool boolean(const json& j, const char* key, bool def) {
+    const json* v = field(j, key);
+    if (!v) return def;
+    if (!v->is_boolean()) refuse(quoted(key) + " must be a boolean", key);
+    return v->get<bool>();
+}
+
+// Token ids of the vocabulary, from a JSON array (param names the field for the error).
+std::vector<int32_t> token_ids(const json& a, const RequestLimits& limits, const char* param) {
+    std::vector<int32_t> ids;
+    ids.reserve(a.size());
+    for (const json& x : a) {
+        if (!x.is_number_integer() || (x.is_number_unsigned() && x.get<uint64_t>() >= uint64_t(limits.n_vocab)) ||
+            x.get<int64_t>() < 0 || x.get<int64_t>() >= limits.n_vocab)
+            refuse(quoted(param) + " token ids must be integers in [0, " + std::to_string(limits.n_vocab) + ")", param);
+        ids.push_back(x.get<int32_t>());
+    }
+    return ids;
+}
+
+bool is_id_list(const json& a) { return a.is_array() && !a.empty() && a[0].is_number(); }
+
+std::vector<std::pair<int32_t, float>> logit_bias(const json& j, const RequestLimits& limits) {
+    std::vector<std::pair<int32_t, float>> out;
+    const json* b = field(j, "logit_bias");
+    if (!b) return out;
+    if (!b->is_object()) refuse("'logit_bias' must be an object of token ids to biases", "logit_bias");
+    for (const auto& [key, value] : b->items()) {
+        size_t used = 0;
+        long long id = -1;
+        try {
+            id = std::stoll(key, &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        if (key.empty() || used != key.size() || id < 0 || id >= limits.n_vocab)
+            refuse("'logit_bias' keys must be token ids in [0, " + std::to_string(limits.n_vocab) + ")", "logit_bias");
+        if (!value.is_number() || !(value.get<double>() >= -100.0 && value.get<double>() <= 100.0))
+            refuse("'logit_bias' values must be numbers between -100 and 100", "logit_bias");
+        out.emplace_back(int32_t(id), float(value.get<double>()));
+    }
+    return out;
+}
+
+// The sampling and stopping fields shared by both completion endpoints.
+void generation(const json& j, const RequestLimits& limits, CompletionRequest& r) {
+    GenerateOptions& g = r.options;
+    SamplerParams& s = g.sampling;
+    s.temperature = float(number(j, "temperature", 1.0, 0.0, 2.0));
+    s.top_p = float(number(j, "top_p", 1.0, 0.0, 1.0));
+    s.top_k = int32_t(integer(j, "top_k", 0, -1, 1 << 30));
+    s.min_p = float(number(j, "min_p", 0.0, 0.0, 1.0));
+    s.presence_penalty = float(number(j, "presence_penalty", 0.0, -2.0, 2.0));
+    s.frequency_penalty = float(number(j, "frequency_penalty", 0.0, -2.0, 2.0));
+    s.repeat_penalty = float(number(j, "repeat_penalty", 1.0, 0.01, 10.0));
+    s.penalty_last_n = std::max(limits.n_ctx, 1);  // the API's penalties count every token so far
+    s.logit_bias = logit_bias(j, limits);
+    const json* seed = field(j, "seed");
+    if (seed && !seed->is_number_integer()) refuse("'seed' must be an integer", "seed");
+    r.seeded = seed != nullptr;
+    s.seed = seed ? seed->get<uint64_t>() : (uint64_t(std::random_device{}()) << 32 | std::random_device{}());
+    const int64_t max_tokens = integer(j, "max_tokens", -1, 0, int64_t(1) << 30);
+    g.max_tokens = int32_t(integer(j, "max_completion_tokens", max_tokens, 0, int64_t(1) << 30));
+    if (const json* stop = field(j, "stop")) {
+        if (stop->is_string()) {
+            g.stop.push_back(stop->get<std::string>());
+        } else if (stop->is_array()) {
+            for (const json& x : *stop) {
+                if (!x.is_string()) refuse("'stop' must be a string or a list of strings", "stop");
+                g.stop.push_back(x.get<std::string>());
+            }
+        } else {
+            refuse("'stop' must be a string or a list of strings", "stop");
+        }
+    }
+    g.ignore_eos = boolean(j, "ignore_eos", false);  // as llama.cpp's server: load tools ask for exact lengths
+    r.n = int32_t(integer(j, "n", 1, 1, kMaxChoices));
+    if (const json* u = field(j, "user")) {
+        if (!u->is_string()) refuse("'user' must be a string", "user");
+        r.user = u->get<std::string>();
+    }
+    r.stream = boolean(j, "stream", false);
+    if (const json* so = field(j, "stream_options")) {
+        if (!so->is_object()) refuse("'stream_options' must be an object", "stream_options");
+        r.include_usage = boolean(*so, "include_usage", false);
+    }
+    if (r.chat) {
+        // logprobs: a boolean; top_logprobs: the alternatives, which need logprobs.
+        const bool logprobs = boolean(j, "logprobs", false);
+        const int64_t top = integer(j, "top_logprobs", -1, 0, kMaxTopLogprobs);
+        if (top >= 0 && !logprobs) refuse("'top_logprobs' needs 'logprobs' set to true", "top_logprobs");
+        g.logprobs = logprobs ? int32_t(std::max<int64_t>(top, 0)) : -1;
+    } else {
+        g.logprobs = int32_t(integer(j, "logprobs", -1, 0, kMaxTopLogprobs));
+    }
+}
+
+std::vector<ChatMessage> messages(const json& j) {
+    const json* m = field(j, "messages");
+    if (!m || !m->is_array() || m->empty()) refuse("'messages' must be a non-empty list", "messages");
+    std::vector<ChatMessage> out;
+    for (const json& x : *m) {
+        if (!x.is_object() || !x.contains("role") || !x["role"].is_string())
+            refuse("each message needs a 'role' string", "messages");
+        ChatMessage c;
+        c.role = x["role"].get<std::string>();
+        if (c.role == "developer") c.role = "system";
+        if (c.role != "system" && c.role != "user" && c.role != "assistant" && c.role != "tool")
+            refuse("unknown message role '" + c.role + "'", "messages");
+        const json* content = field(x, "content");
+        if (content && content->is_string()) {
+            c.content = content->get<std::string>();
+        } else if (content && content->is_array()) {
+            for (const json& part : *content) {
+                if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
+                    !part["text"].is_string())
+                    refuse("only text content parts are supported", "messages");
+                c.content += part["text"].get<std::string>();
+            }
+        } else if (content) {
+            refuse("a message's 'content' must be a string or a list of parts", "messages");
+        }
+        if (const json* id = field(x, "tool_call_id"); id && id->is_string()) c.tool_call_id = id->get<std::string>();
+        if (const json* name = field(x, "name"); name && name->is_string()) c.name = name->get<std::string>();
+        out.push_back(std::move(c));
+    }
+    return out;
+}
+
+PromptInput completion_prompt(const json& j, const RequestLimits& limits) {
+    const json* p = field(j, "prompt");
+    if (!p) refuse("'prompt' is required", "prompt");
+    PromptInput in;
+    if (p->is_string()) {
+        in.text = p->get<std::string>();
+        return in;
+    }
+    if (is_id_list(*p) || (p->is_array() && p->size() == 1 && is_id_list((*p)[0]))) {
+        in.ids = token_ids(is_id_list(*p) ? *p : (*p)[0], limits, "prompt");
+        in.is_ids = true;
+        return in;
+    }
+    if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
+        in.text = (*p)[0].get<std::string>();
+        return in;
+    }
+    refuse("'prompt' must be a string, a list of one string, or a list of token ids", "prompt");
+}
+
+}  // namespace
+
+json parse_body(std::string_view body, const RequestLimits& limits) {
+    json j = json::parse(body, nullptr, false);
+    if (j.is_discarded()) refuse("the request body is not valid JSON");
+    if (!j.is_object()) refuse("the request body must be a JSON object");
+    const json* m = field(j, "model");
+    // (A value that is not a string is not echoed: dumping a deeply nested one would recurse as deep.)
+    if (m && !m->is_string()) refuse("'model' must be a string", "model");
+    if (m && m->get<std::string>() != limits.model)
+        refuse("the model '" + m->get<std::string>() + "' does not exist", "model", 404, "invalid_request_error",
+               "model_not_found");
+    return j;
+}
+
+CompletionRequest parse_completion(std::string_view body, bool chat, const RequestLimits& limits) {
+    const json j = parse_body(body, limits);
+    CompletionRequest r;
+    r.chat = chat;
+    if (chat) {
+        r.messages = messages(j);
+    } else {
+        r.prompt = completion_prompt(j, limits);
+        if (boolean(j, "echo", false)) refuse("'echo' is not supported", "echo");
+        if (field(j, "suffix")) refuse("'suffix' is not supported", "suffix");
+        if (field(j, "best_of") && integer(j, "best_of", 1, 1, kMaxChoices) != 1)
+            refuse("'best_of' above 1 is not supported", "best_of");
+    }
+    generation(j, limits, r);
+    return r;
+}
+
+EmbeddingRequest parse_embedding(std::string_view body, const RequestLimits& limits) {
+    const json j = parse_body(body, limits);
+    EmbeddingRequest r;
+    const json* in = field(j, "input");
+    if (!in) refuse("'input' is required", "input");
+    auto text = [&](const json& s) {
+        if (s.get<std::string>().empty()) refuse("'input' must not contain empty strings", "input");
+        PromptInput p;
+        p.text = s.get<std::string>();
+        r.inputs.push_back(std::move(p));
+    };
+    auto ids = [&](const json& a) {
+        PromptInput p;
+        p.ids = token_ids(a, limits, "input");
+        p.is_ids = true;
+        r.inputs.push_back(std::move(p));
+    };
+    if (in->is_string()) {
+        text(*in);
+    } else if (is_id_list(*in)) {
+        ids(*in);
+    } else if (in->is_array() && !in->empty()) {
+        if (in->size() > 2048) refuse("'input' holds at most 2048 items", "input");
+        for (const json& x : *in) {
+            if (x.is_string())
+                text(x);
+            else if (is_id_list(x))
+                ids(x);
+            else
+                refuse("'input' must be a string, a list of strings, or token ids", "input");
+        }
+    } else {
+        refuse("'input' must be a non-empty string, a list of strings, or token ids", "input");
+    }
+    if (const json* f = field(j, "encoding_format")) {
+        if (!f->is_string() || (*f != "float" && *f != "base64"))
+            refuse("'encoding_format' must be \"float\" or \"base64\"", "encoding_format");
+        r.base64 = *f == "base64";
+    }
+    if (field(j, "dimensions")) refuse("'dimensions' is not supported", "dimensions");
+    if (const json* u = field(j, "user"); u && !u->is_string()) refuse("'user' must be a string", "user");
+    return r;
+}
+
+TokenizeRequest parse_tokenize(std::string_view body, const RequestLimits& limits) {
+    const json j = parse_body(body, limits);
+    const json* c = field(j, "content");
+    if (!c || !c->is_string()) refuse("'content' must be a string", "content");
+    return {c->get<std::string>(), boolean(j, "add_special", false)};
+}
+
+std::vector<int32_t> parse_detokenize(std::string_view body, const RequestLimits& limits) {
+    const json j = parse_body(body, limits);
+    const json* t = field(j, "tokens");
+    if (!t || !t->is_array()) refuse("'tokens' must be a list of token ids", "tokens");
+    return token_ids(*t, limits, "tokens");
+}
+
+}  // namespace cera

@@ -1,0 +1,78 @@
+// Request bodies of the OpenAI-compatible server as plain structs: the JSON of each endpoint is
+// checked and turned into options here, without a model (the routes tokenize and submit), so that the
+// parser alone can be tested and fuzzed (tests/fuzz/request_fuzz.cpp). Anything a client may send that
+// is not a valid request throws Refusal: an HTTP status and the fields of an OpenAI error body.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cera/session.h"
+#include "chat/chat_template.h"
+
+namespace cera {
+
+// A request the server refuses: its HTTP status and the OpenAI error fields ("" is null).
+struct Refusal {
+    int status = 400;
+    std::string message, type = "invalid_request_error", param, code;
+};
+[[noreturn]] void refuse(const std::string& message, const std::string& param = "", int status = 400,
+                         const std::string& type = "invalid_request_error", const std::string& code = "");
+// {"error": {"message", "type", "param", "code"}}.
+nlohmann::json error_body(const Refusal& r);
+
+// What the parser checks a request against.
+struct RequestLimits {
+    std::string model;  // the one model id served; a request naming another is refused (404)
+    int32_t n_vocab = 0;
+    int32_t n_ctx = 0;  // the longest sequence; also the penalties' window (they count every token so far)
+};
+
+// The most top_logprobs (chat) or logprobs (completions) alternatives a request may ask for.
+constexpr int32_t kMaxTopLogprobs = 20;
+// The most choices a request may ask for (n).
+constexpr int32_t kMaxChoices = 128;
+
+// A prompt as the client gave it: text to tokenize, or token ids.
+struct PromptInput {
+    std::string text;
+    std::vector<int32_t> ids;
+    bool is_ids = false;
+};
+
+// /v1/chat/completions and /v1/completions.
+struct CompletionRequest {
+    bool chat = false;
+    std::vector<ChatMessage> messages;  // chat
+    PromptInput prompt;                 // completions
+    GenerateOptions options;            // sampling, stop, max_tokens, logit_bias, logprobs (-1: none)
+    bool seeded = false;                // the client gave a seed; else options.sampling.seed is random
+    int32_t n = 1;                      // choices, each its own request with seed + index
+    bool stream = false;
+    bool include_usage = false;  // stream_options.include_usage
+    std::string user;            // accepted and logged, nothing else
+};
+
+// /v1/embeddings.
+struct EmbeddingRequest {
+    std::vector<PromptInput> inputs;
+    bool base64 = false;  // encoding_format "base64": little-endian float32 bytes
+};
+
+// The body as a JSON object naming no other model; Refusal otherwise.
+nlohmann::json parse_body(std::string_view body, const RequestLimits& limits);
+CompletionRequest parse_completion(std::string_view body, bool chat, const RequestLimits& limits);
+EmbeddingRequest parse_embedding(std::string_view body, const RequestLimits& limits);
+// /tokenize: {"content": string, "add_special": bool}.
+struct TokenizeRequest {
+    std::string content;
+    bool add_special = false;
+};
+TokenizeRequest parse_tokenize(std::string_view body, const RequestLimits& limits);
+// /detokenize: {"tokens": [ids]}.
+std::vector<int32_t> parse_detokenize(std::string_view body, const RequestLimits& limits);
+
+}  // namespace cera

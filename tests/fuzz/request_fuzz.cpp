@@ -1,0 +1,68 @@
+// libFuzzer target for the server's request parser (src/server/request.cpp). The input's first byte
+// picks the endpoint (chat, completions, embeddings, tokenize, detokenize); the rest is the body. Any
+// body must either parse into options within their documented bounds or be refused with a 4xx status
+// and an error body that serializes; nothing else may escape, crash or hang.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string_view>
+
+#include "server/request.h"
+
+namespace {
+
+[[noreturn]] void fail(const char* what) {
+    std::fprintf(stderr, "request_fuzz: property violated: %s\n", what);
+    std::abort();
+}
+
+void check(const cera::CompletionRequest& r, const cera::RequestLimits& limits) {
+    const cera::GenerateOptions& g = r.options;
+    if (r.n < 1 || r.n > cera::kMaxChoices) fail("n out of range");
+    if (g.logprobs < -1 || g.logprobs > cera::kMaxTopLogprobs) fail("logprobs out of range");
+    if (g.max_tokens < -1) fail("max_tokens below -1");
+    if (!(g.sampling.temperature >= 0.0f && g.sampling.temperature <= 2.0f)) fail("temperature out of range");
+    if (!(g.sampling.top_p >= 0.0f && g.sampling.top_p <= 1.0f)) fail("top_p out of range");
+    if (!(g.sampling.repeat_penalty > 0.0f)) fail("repeat_penalty not positive");
+    for (const auto& [id, bias] : g.sampling.logit_bias)
+        if (id < 0 || id >= limits.n_vocab || !(bias >= -100.0f && bias <= 100.0f)) fail("logit_bias out of range");
+    if (r.chat && r.messages.empty()) fail("chat without messages");
+    for (int32_t id : r.prompt.ids)
+        if (id < 0 || id >= limits.n_vocab) fail("prompt id outside the vocabulary");
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    if (size == 0) return 0;
+    const cera::RequestLimits limits{"tiny", 1000, 256};
+    const std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
+    try {
+        switch (data[0] % 5) {
+            case 0:
+                check(cera::parse_completion(body, true, limits), limits);
+                break;
+            case 1:
+                check(cera::parse_completion(body, false, limits), limits);
+                break;
+            case 2: {
+                const cera::EmbeddingRequest e = cera::parse_embedding(body, limits);
+                if (e.inputs.empty()) fail("embedding without inputs");
+                for (const cera::PromptInput& in : e.inputs)
+                    if (in.is_ids ? in.ids.empty() : in.text.empty()) fail("an empty embedding input");
+                break;
+            }
+            case 3:
+                (void)cera::parse_tokenize(body, limits);
+                break;
+            default:
+                for (int32_t id : cera::parse_detokenize(body, limits))
+                    if (id < 0 || id >= limits.n_vocab) fail("detokenize id outside the vocabulary");
+        }
+    } catch (const cera::Refusal& r) {
+        if (r.status < 400 || r.status >= 500) fail("a refusal without a 4xx status");
+        if (r.message.empty()) fail("a refusal without a message");
+        (void)cera::error_body(r).dump();  // throws on invalid UTF-8
+    }
+    return 0;
+}
