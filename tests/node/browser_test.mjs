@@ -162,6 +162,9 @@ test("Stop ends a long reply part-way", async () => {
   await sleep(500);
   const later = await run(lastReply);
   assert.equal(later.text, stopped.text, "no text after Stop");
+  // The server saw the page go away and ended the request there.
+  const m = await server.waitForLog(/request \d+ chat \d+: \d+ tokens in, (\d+) out,[^\n]*(client gone|cancelled)\n/);
+  assert.ok(Number(m[1]) < 3000, m[0]);
   assert.equal(await run("return document.body.classList.contains('busy')"), false);
   assert.equal(await run("return getComputedStyle(document.getElementById('send')).display !== 'none'"), true);
   await screenshot("chat_page_stopped");
