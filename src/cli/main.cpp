@@ -28,7 +28,7 @@ void print_usage() {
     std::printf("usage: cera <command> [options]\n\ncommands:\n");
     std::vector<cera::cli::Command> cmds = cera::cli::commands();
     std::sort(cmds.begin(), cmds.end(), [](const auto& a, const auto& b) { return std::strcmp(a.name, b.name) < 0; });
-    for (const auto& c : cmds) std::printf("  %-10s %s\n", c.name, c.summary);
+    for (const auto& c : cmds) std::printf("  %-12s %s\n", c.name, c.summary);
     std::printf("\nRun `cera <command> --help` for the options of a command.\n");
 }
 

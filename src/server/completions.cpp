@@ -76,8 +76,8 @@ struct ChoiceSink final : Sink {
         last = now;
     }
     void on_logprobs(const SampledLogprobs& lp) override {
-        // The end-of-generation token is no part of the content (the server never sets ignore_eos).
-        if (!engine.is_eog(lp.token.id)) pending.push_back(lp);
+        // The end-of-generation token is no part of the content, unless ignore_eos made it text.
+        if (ignore_eos || !engine.is_eog(lp.token.id)) pending.push_back(lp);
     }
     void on_text(std::string_view t) override { push(std::string(t), false, nullptr); }
     void on_done(const GenerationResult& r) override { push("", true, &r); }
@@ -94,6 +94,7 @@ struct ChoiceSink final : Sink {
     Metrics& metrics;
     Clock::time_point last{};
     std::vector<SampledLogprobs> pending;
+    bool ignore_eos = false;
 };
 
 // Log-probabilities in the API's shapes. -inf (a banned token) reads as -9999, as OpenAI writes it.
@@ -174,7 +175,9 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
         for (int32_t i = 0; i < cr.n; ++i) {
             GenerateOptions g = cr.options;
             g.sampling.seed += uint64_t(i);
-            reqs.push_back(submit(prompt, g, std::make_shared<ChoiceSink>(ch, i, *engine, metrics)));
+            auto sink = std::make_shared<ChoiceSink>(ch, i, *engine, metrics);
+            sink->ignore_eos = g.ignore_eos;
+            reqs.push_back(submit(prompt, g, std::move(sink)));
         }
     } catch (...) {  // a choice refused: the others go too
         for (auto& r : reqs) r->cancel();

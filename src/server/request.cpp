@@ -120,6 +120,7 @@ void generation(const json& j, const RequestLimits& limits, CompletionRequest& r
             refuse("'stop' must be a string or a list of strings", "stop");
         }
     }
+    g.ignore_eos = boolean(j, "ignore_eos", false);  // as llama.cpp's server: load tools ask for exact lengths
     r.n = int32_t(integer(j, "n", 1, 1, kMaxChoices));
     if (const json* u = field(j, "user")) {
         if (!u->is_string()) refuse("'user' must be a string", "user");

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "cera/error.h"
+#include "server/chat_page.h"
 #include "server/server_impl.h"
 
 namespace cera {
@@ -137,7 +138,9 @@ void Server::Impl::routes() {
         listen_fd = int(sock);
     });
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-        if (o.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+        // The chat page loads without the key; it asks for one and sends it with its API calls.
+        if (o.api_key.empty() || req.path == "/health" || req.path == "/")
+            return httplib::Server::HandlerResponse::Unhandled;
         if (req.get_header_value("Authorization") == "Bearer " + o.api_key)
             return httplib::Server::HandlerResponse::Unhandled;
         send_json(res, 401, error_body({401, "invalid API key", "invalid_request_error", "", "invalid_api_key"}));
@@ -182,6 +185,7 @@ void Server::Impl::routes() {
             }
         };
     };
+    http.Get("/", serve_chat_page);
     http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
         send_json(res, 200, {{"status", "ok"}});
     });

@@ -1,0 +1,145 @@
+// `cera bench-serve` against a `cera serve` (server/server.h, on a free port in this process) on the
+// bundled tiny LFM2 model: the JSON output counts every request, every output token (ignore_eos
+// makes each request generate exactly --max-tokens) and the prompts' exact token lengths; random
+// cancels are counted as cancels and leave the server serving; bad input ends with one stderr line.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cera/engine.h"
+#include "server/server.h"
+#include "test_util.h"
+
+namespace cera {
+namespace {
+
+using json = nlohmann::json;
+using test::shell_quote;
+
+std::shared_ptr<Engine> engine() {
+    static std::shared_ptr<Engine> e = [] {
+        EngineOptions o;
+        o.device = "cpu";
+        o.threads = 2;
+        o.n_ctx = 512;
+        return Engine::load(test::source_path("models/tiny-lfm2-Q8_0.gguf"), o);
+    }();
+    return e;
+}
+
+struct Running {
+    explicit Running(const std::string& api_key = "") {
+        ServeOptions o;
+        o.port = 0;
+        o.alias = "tiny";
+        o.api_key = api_key;
+        o.batch.parallel = 4;
+        server = std::make_unique<Server>(engine(), o);
+        EXPECT_TRUE(server->bind());
+        thread = std::thread([this] { server->run(); });
+        url = "http://127.0.0.1:" + std::to_string(server->port());
+        httplib::Client c("127.0.0.1", server->port());
+        for (int i = 0; i < 100 && !c.Get("/health"); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ~Running() {
+        server->stop();
+        thread.join();
+    }
+    std::unique_ptr<Server> server;
+    std::thread thread;
+    std::string url;
+};
+
+test::ShellResult bench(const std::string& args) {
+    return test::run_shell(shell_quote(test::cera_bin()) + " bench-serve " + args + " </dev/null");
+}
+
+json parse(const test::ShellResult& r) {
+    json j = json::parse(r.out, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << r.out << r.err;
+    return j.is_discarded() ? json::object() : j;
+}
+
+TEST(BenchServe, CountsEveryRequestAndToken) {
+    Running s;
+    const auto r = bench("--url " + s.url + " -c 3 --requests 7 -p 24 -n 9 --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const json j = parse(r);
+    EXPECT_EQ(j["model"], "tiny");
+    EXPECT_EQ(j["endpoint"], "chat");
+    EXPECT_EQ(j["requests"]["total"], 7);
+    EXPECT_EQ(j["requests"]["ok"], 7);
+    EXPECT_EQ(j["requests"]["cancelled"], 0);
+    EXPECT_EQ(j["requests"]["errors"], 0);
+    EXPECT_EQ(j["output_tokens"], 7 * 9);
+    EXPECT_TRUE(j["prompt_tokens_exact"].get<bool>());
+    EXPECT_GT(j["input_tokens_mean"].get<double>(), 24.0);  // the message, and the chat template's tokens
+    EXPECT_EQ(j["ttft_ms"]["n"], 7);
+    EXPECT_GT(j["ttft_ms"]["p50"].get<double>(), 0.0);
+    EXPECT_LE(j["ttft_ms"]["p50"].get<double>(), j["ttft_ms"]["p99"].get<double>());
+    EXPECT_GT(j["itl_ms"]["n"].get<int>(), 0);
+    EXPECT_GT(j["output_tokens_per_s"].get<double>(), 0.0);
+    EXPECT_GT(j["requests_per_s"].get<double>(), 0.0);
+    EXPECT_EQ(j["latency_s"]["n"], 7);
+}
+
+TEST(BenchServe, CompletionPromptsHaveTheirExactLength) {
+    Running s;
+    const auto r = bench("--url " + s.url + "/v1 --endpoint completions -c 2 --requests 4 -p 40 -n 5 --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const json j = parse(r);
+    EXPECT_EQ(j["requests"]["ok"], 4);
+    EXPECT_EQ(j["output_tokens"], 20);
+    EXPECT_EQ(j["input_tokens_mean"].get<double>(), 40.0 + (engine()->add_bos() ? 1 : 0));
+}
+
+TEST(BenchServe, CancelsAreCountedAndTheServerGoesOn) {
+    Running s;
+    const auto r = bench("--url " + s.url + " -c 4 --requests 8 -n 200 --cancel-rate 1 --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const json j = parse(r);
+    EXPECT_EQ(j["requests"]["cancelled"], 8);
+    EXPECT_EQ(j["requests"]["ok"], 0);
+    EXPECT_EQ(j["requests"]["errors"], 0);
+    EXPECT_LT(j["output_tokens"].get<int>(), 8 * 200);
+    const auto after = bench("--url " + s.url + " -c 2 --requests 2 -n 4 --json");
+    ASSERT_EQ(after.code, 0) << after.err;
+    EXPECT_EQ(parse(after)["requests"]["ok"], 2);
+}
+
+TEST(BenchServe, PromptsFromAFileAndTheTextReport) {
+    Running s("k1");
+    const std::string path = (std::filesystem::temp_directory_path() / "cera_bench_serve_prompts.txt").string();
+    std::ofstream(path) << "Once upon a time\n\nThe little dog ran\n";
+    const auto r = bench("--url " + s.url + " --api-key k1 --requests 3 -n 4 --prompts " + shell_quote(path));
+    std::filesystem::remove(path);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("3 ok, 0 cancelled, 0 errors of 3"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("output tokens/s"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("TTFT:"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("ITL:"), std::string::npos) << r.out;
+}
+
+TEST(BenchServe, BadInputIsOneLine) {
+    Running s("k2");
+    auto one_line = [](const test::ShellResult& r) {
+        EXPECT_NE(r.code, 0);
+        EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+        EXPECT_EQ(r.err.rfind("cera bench-serve: error: ", 0), 0u) << r.err;
+    };
+    one_line(bench("--url " + s.url + " --requests 1"));                            // no key
+    one_line(bench("--url " + s.url + " --api-key k2 --requests 1 --model nope"));  // every request fails
+    one_line(bench("--url ftp://x"));
+    one_line(bench("--url http://127.0.0.1:1 --requests 1"));
+    one_line(bench("--url " + s.url + " --api-key k2 --endpoint embeddings"));
+    one_line(bench("--url " + s.url + " --api-key k2 --cancel-rate 2"));
+    one_line(bench("--url " + s.url + " --api-key k2 --prompts /nonexistent/prompts.txt"));
+}
+
+}  // namespace
+}  // namespace cera
