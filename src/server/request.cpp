@@ -1,6 +1,10 @@
 #include "server/request.h"
 
+#include <memory>
 #include <random>
+
+#include "cera/error.h"
+#include "cera/grammar.h"
 
 namespace cera {
 
@@ -89,6 +93,46 @@ std::vector<std::pair<int32_t, float>> logit_bias(const json& j, const RequestLi
     return out;
 }
 
+// The grammar a request constrains its output with: OpenAI's response_format (json_object, or
+// json_schema with its schema), or llama.cpp's server fields json_schema and grammar (GBNF); null for
+// none. tools and tool_choice are refused until tool calls come back parsed.
+std::shared_ptr<const Grammar> output_grammar(const json& j) {
+    for (const char* key : {"tools", "tool_choice"})
+        if (field(j, key)) refuse(quoted(key) + " is not supported yet", key);
+    int given = 0;
+    for (const char* key : {"response_format", "json_schema", "grammar"}) given += field(j, key) ? 1 : 0;
+    if (given > 1) refuse("give one of 'response_format', 'json_schema' and 'grammar'", "response_format");
+    auto build = [](const char* param, auto&& make) -> std::shared_ptr<const Grammar> {
+        try {
+            return make();
+        } catch (const Error& e) {
+            refuse(quoted(param) + ": " + e.what(), param);
+        }
+        return nullptr;
+    };
+    if (const json* g = field(j, "grammar")) {
+        if (!g->is_string()) refuse("'grammar' must be a string of GBNF", "grammar");
+        return build("grammar", [&] { return Grammar::parse(g->get<std::string>()); });
+    }
+    if (const json* s = field(j, "json_schema")) {
+        if (!s->is_object() && !s->is_boolean()) refuse("'json_schema' must be a JSON Schema object", "json_schema");
+        return build("json_schema", [&] { return Grammar::from_json_schema(s->dump()); });
+    }
+    const json* rf = field(j, "response_format");
+    if (!rf) return nullptr;
+    const json* type = rf->is_object() ? field(*rf, "type") : nullptr;
+    if (!type || !type->is_string())
+        refuse("'response_format' must be an object with a 'type' (text, json_object or json_schema)", "response_format");
+    const std::string t = type->get<std::string>();
+    if (t == "text") return nullptr;
+    if (t == "json_object") return Grammar::json();
+    if (t != "json_schema") refuse("'response_format' type '" + t + "' is not text, json_object or json_schema", "response_format");
+    const json* js = field(*rf, "json_schema");
+    const json* schema = js && js->is_object() ? field(*js, "schema") : nullptr;
+    if (!schema) refuse("'response_format' of type json_schema needs 'json_schema': {'schema': {...}}", "response_format");
+    return build("response_format", [&] { return Grammar::from_json_schema(schema->dump()); });
+}
+
 // The sampling and stopping fields shared by both completion endpoints.
 void generation(const json& j, const RequestLimits& limits, CompletionRequest& r) {
     GenerateOptions& g = r.options;
@@ -121,6 +165,7 @@ void generation(const json& j, const RequestLimits& limits, CompletionRequest& r
         }
     }
     g.ignore_eos = boolean(j, "ignore_eos", false);  // as llama.cpp's server: load tools ask for exact lengths
+    g.grammar = output_grammar(j);
     r.n = int32_t(integer(j, "n", 1, 1, kMaxChoices));
     if (const json* u = field(j, "user")) {
         if (!u->is_string()) refuse("'user' must be a string", "user");

@@ -1,7 +1,7 @@
 // The server's OpenAI API beyond plain completions, on the bundled tiny LFM2 model over real HTTP:
 // logprobs (chat and completions, plain and streamed) against a log-softmax of the model's own logits
 // computed here, logit_bias, penalties, n choices with their seeds, embeddings against Session::embed,
-// /metrics, and every refused request's status and error body.
+// /metrics, response_format and grammars, and every refused request's status and error body.
 #include <cmath>
 #include <cstring>
 
@@ -361,6 +361,61 @@ TEST(ServeApi, Metrics) {
     EXPECT_EQ(metric(m, "cera_inter_token_seconds_count"), 9);
 }
 
+// response_format and llama.cpp's json_schema / grammar fields: sampled replies (temperature 1, several
+// seeds) that finish are in the language, checked here by parsing them.
+TEST(ServeApi, ResponseFormatConstrainsTheOutput) {
+    RunningServer r;
+    const json schema = {{"type", "object"},
+                         {"properties",
+                          {{"name", {{"type", "string"}, {"maxLength", 8}}},
+                           {"age", {{"type", "integer"}, {"minimum", 0}, {"maximum", 120}}}}},
+                         {"required", {"name", "age"}}};
+    int finished = 0;
+    for (int seed = 1; seed <= 6; ++seed) {
+        const json msgs = {{{"role", "user"}, {"content", "Describe a person as JSON"}}};
+        int status = 0;
+        const json a = r.post("/v1/chat/completions",
+                              {{"messages", msgs},
+                               {"temperature", 1.0},
+                               {"seed", seed},
+                               {"max_tokens", 200},
+                               {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "person"}, {"schema", schema}}}}}},
+                              &status);
+        ASSERT_EQ(status, 200) << a.dump();
+        if (a["choices"][0]["finish_reason"] == "stop") {
+            ++finished;
+            const json v = json::parse(a["choices"][0]["message"]["content"].get<std::string>(), nullptr, false);
+            ASSERT_TRUE(v.is_object()) << a.dump();
+            EXPECT_EQ(v.size(), 2u) << v.dump();
+            ASSERT_TRUE(v["name"].is_string()) << v.dump();
+            const std::string name = v["name"];
+            EXPECT_LE(std::count_if(name.begin(), name.end(), [](char ch) { return (uint8_t(ch) & 0xC0) != 0x80; }), 8)
+                << v.dump();  // code points
+            ASSERT_TRUE(v["age"].is_number_integer()) << v.dump();
+            EXPECT_GE(v["age"].get<int64_t>(), 0);
+            EXPECT_LE(v["age"].get<int64_t>(), 120);
+        }
+        const json b = r.post("/v1/completions",
+                              {{"prompt", "Answer:"}, {"temperature", 1.0}, {"seed", seed}, {"max_tokens", 120},
+                               {"response_format", {{"type", "json_object"}}}},
+                              &status);
+        ASSERT_EQ(status, 200) << b.dump();
+        if (b["choices"][0]["finish_reason"] == "stop") {
+            ++finished;
+            EXPECT_TRUE(json::parse(b["choices"][0]["text"].get<std::string>(), nullptr, false).is_object()) << b.dump();
+        }
+        const json c = r.post("/v1/completions",
+                              {{"prompt", "Yes or no?"}, {"temperature", 1.0}, {"seed", seed}, {"max_tokens", 8},
+                               {"grammar", "root ::= \"yes\" | \"no\""}},
+                              &status);
+        ASSERT_EQ(status, 200) << c.dump();
+        EXPECT_EQ(c["choices"][0]["finish_reason"], "stop") << c.dump();
+        const std::string t = c["choices"][0]["text"];
+        EXPECT_TRUE(t == "yes" || t == "no") << c.dump();
+    }
+    EXPECT_GE(finished, 4) << "too few constrained replies finished to check";
+}
+
 TEST(ServeApi, EveryRefusalHasItsStatusAndErrorBody) {
     ServeOptions o;
     o.max_body_bytes = 4096;
@@ -394,6 +449,15 @@ TEST(ServeApi, EveryRefusalHasItsStatusAndErrorBody) {
         {"/v1/chat/completions", "{" + user + R"(, "logit_bias": {"99999999": 1}})", 400, "logit_bias", nullptr},
         {"/v1/chat/completions", "{" + user + R"(, "user": 5})", 400, "user", nullptr},
         {"/v1/chat/completions", "{" + user + R"(, "stream_options": 5})", 400, "stream_options", nullptr},
+        {"/v1/chat/completions", "{" + user + R"(, "tools": []})", 400, "tools", nullptr},
+        {"/v1/chat/completions", "{" + user + R"(, "response_format": {"type": "xml"}})", 400, "response_format", nullptr},
+        {"/v1/chat/completions", "{" + user + R"(, "response_format": {"type": "json_schema"}})", 400,
+         "response_format", nullptr},
+        {"/v1/chat/completions", "{" + user + R"(, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object", "frobnicate": 1}}}})",
+         400, "response_format", nullptr},
+        {"/v1/completions", R"({"prompt": "hi", "grammar": "root ::= undefined"})", 400, "grammar", nullptr},
+        {"/v1/completions", R"({"prompt": "hi", "grammar": "root ::= \"a\"", "json_schema": {}})", 400,
+         "response_format", nullptr},
         {"/v1/completions", R"({"prompt": "hi", "logprobs": true})", 400, "logprobs", nullptr},
         {"/v1/completions", R"({"prompt": "hi", "echo": true})", 400, "echo", nullptr},
         {"/v1/completions", R"({"prompt": "hi", "suffix": "x"})", 400, "suffix", nullptr},
