@@ -575,7 +575,7 @@ std::string json_schema_to_gbnf(std::string_view schema_json) {
     Json schema;
     try {
         schema = Json::parse(schema_json.begin(), schema_json.end());
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // a syntax error, or a number out of range
         throw_error(ErrorCode::kParse, "JSON Schema: not valid JSON: %s", e.what());
     }
     return Converter(schema).run();
