@@ -22,6 +22,7 @@
 #include "cera/error.h"
 #include "cera/session.h"
 #include "cli/command.h"
+#include "cli/percentile.h"
 #include "cli/engine_flags.h"
 #include "cli/parse_args.h"
 #include "core/cpu_features.h"
@@ -35,14 +36,6 @@ struct Stats {
     double median = 0, p10 = 0, p90 = 0;
 };
 
-double percentile(std::vector<double> v, double q) {  // linear interpolation between ranks
-    if (v.empty()) return 0.0;
-    std::sort(v.begin(), v.end());
-    const double pos = q * double(v.size() - 1);
-    const size_t i = size_t(pos);
-    const double frac = pos - double(i);
-    return i + 1 < v.size() ? v[i] * (1 - frac) + v[i + 1] * frac : v[i];
-}
 
 Stats stats(const std::vector<double>& v) { return {percentile(v, 0.5), percentile(v, 0.1), percentile(v, 0.9)}; }
 

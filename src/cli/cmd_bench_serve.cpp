@@ -29,6 +29,7 @@
 
 #include "cera/error.h"
 #include "cli/command.h"
+#include "cli/percentile.h"
 #include "cli/parse_args.h"
 
 namespace cera::cli {
@@ -352,14 +353,6 @@ Sample run_request(httplib::Client& c, const Target& t, const BenchServeOptions&
 
 // ---- summary ----
 
-double percentile(std::vector<double> v, double q) {  // linear interpolation between ranks
-    if (v.empty()) return 0.0;
-    std::sort(v.begin(), v.end());
-    const double pos = q * double(v.size() - 1);
-    const size_t i = size_t(pos);
-    const double frac = pos - double(i);
-    return i + 1 < v.size() ? v[i] * (1 - frac) + v[i + 1] * frac : v[i];
-}
 
 json distribution(const std::vector<double>& v, double scale) {
     double sum = 0;
