@@ -178,6 +178,11 @@ class Session {
     // tokens, kOutOfRange for a bad id or too many tokens.
     std::vector<float> embed(std::span<const int32_t> tokens, Pooling pooling = Pooling::kMean);
 
+    // The next-token logits after the last evaluated token: [n_vocab] floats, valid until the session
+    // changes. Evaluates queued tokens first (as generate() with max_tokens = 0 does). Throws
+    // kInvalidArgument for an empty session.
+    std::span<const float> logits();
+
     int32_t n_evaluated() const;  // tokens already in the KV cache (the rest are queued)
 
     int32_t position() const;  // tokens in the sequence, queued ones included

@@ -434,6 +434,20 @@ std::vector<float> Session::embed(std::span<const int32_t> tokens, Pooling pooli
     return mean;
 }
 
+std::span<const float> Session::logits() {
+    Impl& im = *impl_;
+    if (im.tokens.empty()) throw_error(ErrorCode::kInvalidArgument, "logits: the session is empty");
+    if (size_t(im.n_evaluated()) < im.tokens.size()) {
+        GenerateOptions g;
+        g.max_tokens = 0;
+        NullSink sink;
+        if (generate(g, sink).finish == FinishReason::kCancelled)
+            throw_error(ErrorCode::kCancelled, "logits: cancelled while evaluating the queued tokens");
+    }
+    if (!im.ensure_logits()) throw_error(ErrorCode::kInvalidArgument, "logits: the session has no logits");
+    return im.logits;
+}
+
 int32_t Session::n_evaluated() const { return impl_->n_evaluated(); }
 int32_t Session::position() const { return int32_t(impl_->tokens.size()); }
 int32_t Session::n_ctx() const { return impl_->state->n_ctx(); }
