@@ -27,10 +27,10 @@
  *   - Handles are opaque. A cera_session or cera_batcher keeps its engine alive, so handles may be
  *     freed in any order. Every *_free function accepts NULL.
  *   - Text is UTF-8, NUL-terminated unless a length comes with it.
- *   - Variable-size results are copied into caller buffers: the function stores the size it needs
- *     (*n_out / *len_out) and returns CERA_ERR_BUFFER_TOO_SMALL when `capacity` is short, so that
- *     a call with capacity 0 asks for the size. Text is NUL-terminated when there is room for it;
- *     the length never counts the NUL.
+ *   - Variable-size results are copied into caller buffers: the function stores the size of the
+ *     result (*n_out items, or *len_out bytes of text) and returns CERA_ERR_BUFFER_TOO_SMALL when
+ *     `capacity` is short, so that a call with capacity 0 asks for the size. Text is always
+ *     NUL-terminated, so a text buffer needs *len_out + 1 bytes; *len_out never counts the NUL.
  *   - Option structs come from their cera_*_default_options() and are then edited field by field,
  *     so that fields added later get their defaults in old code recompiled against a new header.
  *   - Threads: an engine may be shared by any number of threads; one thread at a time drives a

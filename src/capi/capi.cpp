@@ -53,14 +53,12 @@ cera_status null_argument(const char* function, const char* argument) {
 
 cera_status copy_text(std::string_view text, char* buf, size_t capacity, size_t* len_out) {
     if (len_out) *len_out = text.size();
-    if (capacity < text.size())
+    if (capacity <= text.size())  // the NUL needs its byte too
         return fail(CERA_ERR_BUFFER_TOO_SMALL, "the buffer holds " + std::to_string(capacity) + " bytes, " +
-                                                   std::to_string(text.size()) + " are needed");
-    if (capacity > 0) {
-        if (!buf) return null_argument("copy", "buf");
-        std::memcpy(buf, text.data(), text.size());
-        if (capacity > text.size()) buf[text.size()] = '\0';
-    }
+                                                   std::to_string(text.size() + 1) + " are needed");
+    if (!buf) return null_argument("copy", "buf");
+    std::memcpy(buf, text.data(), text.size());
+    buf[text.size()] = '\0';
     return CERA_OK;
 }
 

@@ -202,7 +202,7 @@ TEST(CApi, ErrorsAreCodesWithMessages) {
     char buf[4];
     size_t len = 0;
     EXPECT_EQ(cera_engine_metadata(e, "general.architecture", buf, sizeof buf, &len), CERA_ERR_BUFFER_TOO_SMALL);
-    EXPECT_EQ(len, 4u);  // "lfm2": no room for the NUL, but the text fits
+    EXPECT_EQ(len, 4u);  // "lfm2": the text would fit, its NUL would not
     char big[16];
     ASSERT_EQ(cera_engine_metadata(e, "general.architecture", big, sizeof big, &len), CERA_OK);
     EXPECT_STREQ(big, "lfm2");
