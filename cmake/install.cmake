@@ -23,7 +23,9 @@ set(pc_dir ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 file(RELATIVE_PATH CERA_PC_TO_PREFIX /root/${pc_dir} /root)
 set(CERA_PC_LIBS_PRIVATE "-pthread")
 if(CERA_HAVE_CUDA)
-  string(APPEND CERA_PC_LIBS_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcublasLt -lcublas -lcudart")
+  # As cera_static's link option (src/lib): the CUDA backend's weakly referenced entry point.
+  string(APPEND CERA_PC_LIBS_PRIVATE " -Wl,--undefined=_ZN4cera17make_cuda_backendEiRKNS_11CudaOptionsE"
+         " -L${CUDAToolkit_LIBRARY_DIR} -lcublasLt -lcublas -lcudart")
 endif()
 configure_file(${CMAKE_SOURCE_DIR}/cmake/cera.pc.in ${CMAKE_BINARY_DIR}/cera.pc @ONLY)
 install(FILES ${CMAKE_BINARY_DIR}/cera.pc DESTINATION ${pc_dir} COMPONENT dev)
@@ -43,6 +45,11 @@ set(CPACK_DEBIAN_PACKAGE_SECTION devel)
 # toolkit's libraries are not Debian packages, so a CUDA build lists none and expects them installed.
 if(NOT CERA_HAVE_CUDA)
   set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+endif()
+# The Python module is built for one Python version (its file name says which).
+if(TARGET cera_python)
+  set(CPACK_DEBIAN_PACKAGE_DEPENDS "${CERA_PYTHON_DEB_DEPENDS}")
+  set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "python3-numpy")
 endif()
 set(CPACK_STRIP_FILES ON)
 include(CPack)
