@@ -167,6 +167,32 @@ CERA_API const cera_model_info *cera_engine_info(const cera_engine *engine);
  * CERA_ERR_MISSING when the key is absent. Buffer convention as above. */
 CERA_API cera_status cera_engine_metadata(const cera_engine *engine, const char *key, char *buf, size_t capacity,
                                           size_t *len_out);
+/* The number of metadata keys, and the i-th key in file order (buffer convention as above). */
+CERA_API size_t cera_engine_metadata_count(const cera_engine *engine);
+CERA_API cera_status cera_engine_metadata_key(const cera_engine *engine, size_t i, char *buf, size_t capacity,
+                                              size_t *len_out);
+/* A hash of the GGUF: saved states load only into an engine with the same fingerprint. */
+CERA_API uint64_t cera_engine_fingerprint(const cera_engine *engine);
+
+/* Device memory the engine's backend holds, in bytes (all zero on the CPU). */
+typedef struct cera_device_memory {
+    uint64_t weights; /* the weights as stored on the device */
+    uint64_t buffers; /* KV caches, recurrent states, activations, outputs */
+    uint64_t scratch; /* the backend's working memory */
+} cera_device_memory;
+CERA_API cera_status cera_engine_device_memory(const cera_engine *engine, cera_device_memory *out);
+
+/* Counters of the engine's prefix cache (zeros without one). */
+typedef struct cera_prefix_cache_stats {
+    uint64_t hits_memory, hits_disk, misses;
+    uint64_t stores;          /* entries added */
+    uint64_t evictions;       /* in-memory entries evicted by the byte bound */
+    uint64_t disk_evictions;  /* files removed by the disk bound */
+    uint64_t dropped_corrupt; /* torn or corrupt files removed instead of loaded */
+    uint64_t memory_entries, memory_bytes;
+} cera_prefix_cache_stats;
+CERA_API cera_status cera_engine_prefix_cache_stats(const cera_engine *engine, cera_prefix_cache_stats *out);
+
 /* The engine's tokenizer; valid while the engine lives. */
 CERA_API const cera_tokenizer *cera_engine_tokenizer(const cera_engine *engine);
 
@@ -185,6 +211,11 @@ CERA_API cera_status cera_detokenize(const cera_tokenizer *tokenizer, const cera
 /* The text a token id has in the vocabulary (special tokens included), e.g. "<|im_end|>". */
 CERA_API cera_status cera_token_text(const cera_tokenizer *tokenizer, cera_token token, char *buf, size_t capacity,
                                      size_t *len_out);
+/* The bytes a token adds to a decoded text (a space for a leading '\u2581', <0xNN> as that byte;
+ * control tokens give none); part of a UTF-8 character for byte tokens, so the buffer is raw bytes
+ * (still NUL-terminated). */
+CERA_API cera_status cera_token_bytes(const cera_tokenizer *tokenizer, cera_token token, char *buf, size_t capacity,
+                                      size_t *len_out);
 CERA_API int32_t cera_tokenizer_n_vocab(const cera_tokenizer *tokenizer);
 CERA_API cera_token cera_token_bos(const cera_tokenizer *tokenizer); /* CERA_TOKEN_NULL when none */
 CERA_API cera_token cera_token_eos(const cera_tokenizer *tokenizer); /* CERA_TOKEN_NULL when none */
@@ -223,6 +254,13 @@ CERA_API cera_status cera_grammar_from_gbnf(const char *gbnf, const char *root, 
 CERA_API cera_status cera_grammar_from_json_schema(const char *schema_json, cera_grammar **out);
 /* JSON mode: any JSON object (any_value: any JSON value). */
 CERA_API cera_status cera_grammar_json(bool any_value, cera_grammar **out);
+/* The GBNF of a JSON Schema (what cera_grammar_from_json_schema parses). Buffer convention as above. */
+CERA_API cera_status cera_json_schema_to_gbnf(const char *schema_json, char *buf, size_t capacity, size_t *len_out);
+/* The grammar as GBNF text. */
+CERA_API cera_status cera_grammar_gbnf(const cera_grammar *grammar, char *buf, size_t capacity, size_t *len_out);
+/* Matches a whole text: *where = -1 when it is in the grammar's language, else the byte offset where
+ * matching stops (text_len when the text is a proper prefix of something in the language). */
+CERA_API cera_status cera_grammar_match(const cera_grammar *grammar, const char *text, size_t text_len, int64_t *where);
 /* A grammar may be freed while generations that use it run (they hold their own reference). */
 CERA_API void cera_grammar_free(cera_grammar *grammar);
 
@@ -335,6 +373,10 @@ CERA_API void cera_session_free(cera_session *session);
  * is empty and the model wants it. CERA_ERR_OUT_OF_RANGE when it does not fit the context (the
  * session is then unchanged). */
 CERA_API cera_status cera_session_append_text(cera_session *session, const char *text, bool parse_special);
+/* As above with an explicit choice: add_bos prepends the model's BOS token (if it has one) even when
+ * the model does not ask for it, or leaves it out. Only honoured when the session is empty. */
+CERA_API cera_status cera_session_append_text_bos(cera_session *session, const char *text, bool add_bos,
+                                                  bool parse_special);
 /* Queues token ids. CERA_ERR_OUT_OF_RANGE for an id outside the vocabulary or when they do not fit. */
 CERA_API cera_status cera_session_append_tokens(cera_session *session, const cera_token *tokens, size_t n_tokens);
 /* Renders the conversation with the model's chat template (as cera_chat_apply_template with
@@ -395,6 +437,26 @@ CERA_API cera_status cera_session_save_state_file(const cera_session *session, c
 CERA_API cera_status cera_session_load_state_file(cera_session *session, const char *path);
 
 /*
+ * Sampler: the sampler chain on a row of logits, for loops of one's own
+ * (cera_session_logits -> cera_sampler_sample -> cera_session_append_tokens -> ...)
+ */
+
+typedef struct cera_sampler cera_sampler;
+
+/* A sampler for n_vocab candidates. CERA_ERR_INVALID_ARGUMENT for NaN or negative values where they
+ * make no sense. One thread at a time. */
+CERA_API cera_status cera_sampler_new(const cera_sampling_params *params, int32_t n_vocab, cera_sampler **out);
+CERA_API void cera_sampler_free(cera_sampler *sampler);
+/* The next token for one row of n_vocab logits (not modified); allowed (NULL: all) is a bit mask of
+ * the ids in the running (bit id % 64 of allowed[id / 64]). Does not add the token to the penalty
+ * window: cera_sampler_accept does. */
+CERA_API cera_token cera_sampler_sample(cera_sampler *sampler, const float *logits, const uint64_t *allowed);
+/* Adds a token (prompt or generated) to the penalty window. */
+CERA_API void cera_sampler_accept(cera_sampler *sampler, cera_token token);
+/* Empties the penalty window and re-seeds the generator. */
+CERA_API void cera_sampler_reset(cera_sampler *sampler);
+
+/*
  * Batcher: many sequences generated together (continuous batching)
  */
 
@@ -416,8 +478,10 @@ typedef struct cera_batcher_stats {
     int64_t preemptions;
     int64_t kv_blocks_total;
     int64_t kv_blocks_free;
+    int32_t kv_block_tokens; /* tokens a block */
     int32_t running;
     int32_t waiting;
+    uint64_t kv_bytes;       /* the pool: K/V of every block (and short-conv states at block ends) */
 } cera_batcher_stats;
 
 /* Starts the batcher's thread and its KV pool on the engine's device. options NULL: the defaults. */
@@ -425,6 +489,8 @@ CERA_API cera_status cera_batcher_new(cera_engine *engine, const cera_batcher_op
 /* Stops the thread; requests still running finish as cancelled. Requests stay valid handles. */
 CERA_API void cera_batcher_free(cera_batcher *batcher);
 CERA_API cera_status cera_batcher_stats_get(const cera_batcher *batcher, cera_batcher_stats *out);
+/* The longest sequence a request may reach, prompt and generated tokens together. */
+CERA_API int32_t cera_batcher_n_ctx(const cera_batcher *batcher);
 
 /* Queues a request: the prompt is evaluated, then tokens are sampled as options say (the device
  * and context-shift settings do not apply). The callback (may be NULL) runs on the batcher's

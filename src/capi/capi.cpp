@@ -101,25 +101,30 @@ void CallbackSink::on_done(const GenerationResult&) {
     pending_ = false;
 }
 
+SamplerParams sampler_params(const cera_sampling_params& s) {
+    SamplerParams p;
+    p.temperature = s.temperature;
+    p.top_k = s.top_k;
+    p.top_p = s.top_p;
+    p.min_p = s.min_p;
+    p.repeat_penalty = s.repeat_penalty;
+    p.frequency_penalty = s.frequency_penalty;
+    p.presence_penalty = s.presence_penalty;
+    p.penalty_last_n = s.penalty_last_n;
+    p.seed = s.seed;
+    if (s.n_logit_bias > 0 && !s.logit_bias)
+        throw Error(ErrorCode::kInvalidArgument, "sampling: n_logit_bias > 0 but logit_bias is NULL");
+    for (size_t i = 0; i < s.n_logit_bias; ++i) p.logit_bias.emplace_back(s.logit_bias[i].token, s.logit_bias[i].bias);
+    return p;
+}
+
 GenerateOptions generate_options(const cera_generate_options* o) {
     GenerateOptions g;
     if (!o) return g;
     for (const void* r : o->reserved)
         if (r) throw Error(ErrorCode::kInvalidArgument, "generate options: the reserved fields must be NULL");
     g.max_tokens = o->max_tokens;
-    const cera_sampling_params& s = o->sampling;
-    g.sampling.temperature = s.temperature;
-    g.sampling.top_k = s.top_k;
-    g.sampling.top_p = s.top_p;
-    g.sampling.min_p = s.min_p;
-    g.sampling.repeat_penalty = s.repeat_penalty;
-    g.sampling.frequency_penalty = s.frequency_penalty;
-    g.sampling.presence_penalty = s.presence_penalty;
-    g.sampling.penalty_last_n = s.penalty_last_n;
-    g.sampling.seed = s.seed;
-    if (s.n_logit_bias > 0 && !s.logit_bias)
-        throw Error(ErrorCode::kInvalidArgument, "generate options: n_logit_bias > 0 but logit_bias is NULL");
-    for (size_t i = 0; i < s.n_logit_bias; ++i) g.sampling.logit_bias.emplace_back(s.logit_bias[i].token, s.logit_bias[i].bias);
+    g.sampling = sampler_params(o->sampling);
     if (o->n_stop > 0 && !o->stop)
         throw Error(ErrorCode::kInvalidArgument, "generate options: n_stop > 0 but stop is NULL");
     for (size_t i = 0; i < o->n_stop; ++i) {
@@ -273,6 +278,49 @@ cera_status cera_engine_metadata(const cera_engine* engine, const char* key, cha
     });
 }
 
+size_t cera_engine_metadata_count(const cera_engine* engine) {
+    try {
+        return engine ? engine->engine->metadata_keys().size() : 0;
+    } catch (...) {
+        return 0;
+    }
+}
+
+cera_status cera_engine_metadata_key(const cera_engine* engine, size_t i, char* buf, size_t capacity,
+                                     size_t* len_out) {
+    return guard([&] {
+        if (!engine) return null_argument("cera_engine_metadata_key", "engine");
+        const auto keys = engine->engine->metadata_keys();
+        if (i >= keys.size())
+            return cera::capi::fail(CERA_ERR_OUT_OF_RANGE, "cera_engine_metadata_key: key " + std::to_string(i) +
+                                                               " of " + std::to_string(keys.size()));
+        return cera::capi::copy_text(keys[i], buf, capacity, len_out);
+    });
+}
+
+uint64_t cera_engine_fingerprint(const cera_engine* engine) { return engine ? engine->engine->fingerprint() : 0; }
+
+cera_status cera_engine_device_memory(const cera_engine* engine, cera_device_memory* out) {
+    return guard([&] {
+        if (!engine) return null_argument("cera_engine_device_memory", "engine");
+        if (!out) return null_argument("cera_engine_device_memory", "out");
+        const DeviceMemory m = engine->engine->device_memory();
+        *out = {m.weights, m.buffers, m.scratch};
+        return CERA_OK;
+    });
+}
+
+cera_status cera_engine_prefix_cache_stats(const cera_engine* engine, cera_prefix_cache_stats* out) {
+    return guard([&] {
+        if (!engine) return null_argument("cera_engine_prefix_cache_stats", "engine");
+        if (!out) return null_argument("cera_engine_prefix_cache_stats", "out");
+        const PrefixCacheStats p = engine->engine->prefix_cache_stats();
+        *out = {p.hits_memory, p.hits_disk,      p.misses,          p.stores,      p.evictions,
+                p.disk_evictions, p.dropped_corrupt, p.memory_entries, p.memory_bytes};
+        return CERA_OK;
+    });
+}
+
 const cera_tokenizer* cera_engine_tokenizer(const cera_engine* engine) { return engine ? &engine->tokenizer : nullptr; }
 
 // ---- tokenizer ----
@@ -314,6 +362,14 @@ cera_status cera_token_text(const cera_tokenizer* tokenizer, cera_token token, c
             return cera::capi::fail(CERA_ERR_OUT_OF_RANGE, "cera_token_text: token id " + std::to_string(token) +
                                                                " is outside the vocabulary");
         return cera::capi::copy_text(tokenizer->engine->token_text(token), buf, capacity, len_out);
+    });
+}
+
+cera_status cera_token_bytes(const cera_tokenizer* tokenizer, cera_token token, char* buf, size_t capacity,
+                             size_t* len_out) {
+    return guard([&] {
+        if (!tokenizer) return null_argument("cera_token_bytes", "tokenizer");
+        return cera::capi::copy_text(tokenizer->engine->token_bytes(token), buf, capacity, len_out);
     });
 }
 
@@ -389,7 +445,61 @@ cera_status cera_grammar_json(bool any_value, cera_grammar** out) {
     });
 }
 
+cera_status cera_json_schema_to_gbnf(const char* schema_json, char* buf, size_t capacity, size_t* len_out) {
+    return guard([&] {
+        if (!schema_json) return null_argument("cera_json_schema_to_gbnf", "schema_json");
+        return cera::capi::copy_text(Grammar::json_schema_to_gbnf(schema_json), buf, capacity, len_out);
+    });
+}
+
+cera_status cera_grammar_gbnf(const cera_grammar* grammar, char* buf, size_t capacity, size_t* len_out) {
+    return guard([&] {
+        if (!grammar) return null_argument("cera_grammar_gbnf", "grammar");
+        return cera::capi::copy_text(grammar->grammar->gbnf(), buf, capacity, len_out);
+    });
+}
+
+cera_status cera_grammar_match(const cera_grammar* grammar, const char* text, size_t text_len, int64_t* where) {
+    return guard([&] {
+        if (!grammar) return null_argument("cera_grammar_match", "grammar");
+        if (!text && text_len > 0) return null_argument("cera_grammar_match", "text");
+        if (!where) return null_argument("cera_grammar_match", "where");
+        *where = grammar->grammar->match(std::string_view(text ? text : "", text_len));
+        return CERA_OK;
+    });
+}
+
 void cera_grammar_free(cera_grammar* grammar) { delete grammar; }
+
+// ---- sampler ----
+
+cera_status cera_sampler_new(const cera_sampling_params* params, int32_t n_vocab, cera_sampler** out) {
+    return guard([&] {
+        if (!params) return null_argument("cera_sampler_new", "params");
+        if (!out) return null_argument("cera_sampler_new", "out");
+        if (n_vocab <= 0)
+            return cera::capi::fail(CERA_ERR_INVALID_ARGUMENT,
+                                    "cera_sampler_new: n_vocab = " + std::to_string(n_vocab) + " must be > 0");
+        auto s = std::make_unique<cera_sampler>(cera_sampler{Sampler(cera::capi::sampler_params(*params), n_vocab)});
+        *out = s.release();
+        return CERA_OK;
+    });
+}
+
+void cera_sampler_free(cera_sampler* sampler) { delete sampler; }
+
+cera_token cera_sampler_sample(cera_sampler* sampler, const float* logits, const uint64_t* allowed) {
+    if (!sampler || !logits) return CERA_TOKEN_NULL;
+    return sampler->sampler.sample(logits, allowed);  // never throws
+}
+
+void cera_sampler_accept(cera_sampler* sampler, cera_token token) {
+    if (sampler && token >= 0 && token < sampler->sampler.n_vocab()) sampler->sampler.accept(token);
+}
+
+void cera_sampler_reset(cera_sampler* sampler) {
+    if (sampler) sampler->sampler.reset();
+}
 
 cera_generate_options cera_generate_default_options(void) {
     const GenerateOptions d;

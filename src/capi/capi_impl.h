@@ -12,6 +12,7 @@
 #include "cera/engine.h"
 #include "cera/error.h"
 #include "cera/grammar.h"
+#include "cera/sampler.h"
 #include "cera/session.h"
 
 struct cera_tokenizer {
@@ -26,6 +27,10 @@ struct cera_engine {
 
 struct cera_grammar {
     std::shared_ptr<const cera::Grammar> grammar;
+};
+
+struct cera_sampler {
+    cera::Sampler sampler;
 };
 
 struct cera_session {
@@ -65,6 +70,7 @@ template <class T>
 cera_status copy_array(const std::vector<T>& v, T* out, size_t capacity, size_t* n_out);
 
 // The C++ options of a C options struct (validated: bad values throw cera::Error).
+SamplerParams sampler_params(const cera_sampling_params& params);
 GenerateOptions generate_options(const cera_generate_options* options);
 void fill_result(const GenerationResult& r, const std::string& text, const std::string& stop_string,
                  cera_generation_result* out);

@@ -53,6 +53,15 @@ cera_status cera_session_append_text(cera_session* session, const char* text, bo
     });
 }
 
+cera_status cera_session_append_text_bos(cera_session* session, const char* text, bool add_bos, bool parse_special) {
+    return guard([&] {
+        if (!session) return null_argument("cera_session_append_text_bos", "session");
+        if (!text) return null_argument("cera_session_append_text_bos", "text");
+        session->session->append_text(text, add_bos, parse_special);
+        return CERA_OK;
+    });
+}
+
 cera_status cera_session_append_tokens(cera_session* session, const cera_token* tokens, size_t n_tokens) {
     return guard([&] {
         if (!session) return null_argument("cera_session_append_tokens", "session");
@@ -256,11 +265,15 @@ cera_status cera_batcher_stats_get(const cera_batcher* batcher, cera_batcher_sta
         out->preemptions = s.preemptions;
         out->kv_blocks_total = s.kv_blocks_total;
         out->kv_blocks_free = s.kv_blocks_free;
+        out->kv_block_tokens = s.kv_block_tokens;
+        out->kv_bytes = s.kv_bytes;
         out->running = s.running;
         out->waiting = s.waiting;
         return CERA_OK;
     });
 }
+
+int32_t cera_batcher_n_ctx(const cera_batcher* batcher) { return batcher ? batcher->batcher->n_ctx() : 0; }
 
 cera_status cera_batcher_submit(cera_batcher* batcher, const cera_token* prompt, size_t n_prompt,
                                 const cera_generate_options* options, cera_token_callback callback, void* user_data,

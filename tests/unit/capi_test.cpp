@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -29,7 +30,19 @@ cera_engine* load(const std::string& path = kModel) {
     return e;
 }
 
-std::shared_ptr<cera::Engine> load_cpp() { return cera::Engine::load(kModel, {.device = "cpu", .threads = 1}); }
+std::shared_ptr<cera::Engine> load_cpp() {
+    cera::EngineOptions o;
+    o.device = "cpu";
+    o.threads = 1;
+    return cera::Engine::load(kModel, o);
+}
+
+cera::ChatMessage message(const std::string& role, const std::string& content) {
+    cera::ChatMessage m;
+    m.role = role;
+    m.content = content;
+    return m;
+}
 
 cera_generate_options greedy(int32_t n) {
     cera_generate_options g = cera_generate_default_options();
@@ -332,8 +345,7 @@ TEST(CApi, ChatRendersWithTheModelsTemplate) {
     ASSERT_EQ(cera_chat_apply_template(e, nullptr, msgs, 2, true, nullptr, 0, &len), CERA_ERR_BUFFER_TOO_SMALL);
     std::vector<char> buf(len + 1);
     ASSERT_EQ(cera_chat_apply_template(e, nullptr, msgs, 2, true, buf.data(), buf.size(), &len), CERA_OK);
-    const std::vector<cera::ChatMessage> cpp_msgs = {{.role = "system", .content = "You are terse."},
-                                                     {.role = "user", .content = "Hi there"}};
+    const std::vector<cera::ChatMessage> cpp_msgs = {message("system", "You are terse."), message("user", "Hi there")};
     EXPECT_EQ(std::string(buf.data()), cera::capi::render_chat(*cpp, nullptr, cpp_msgs, true));
     EXPECT_NE(std::string(buf.data()).find("Hi there"), std::string::npos);
 
@@ -414,6 +426,96 @@ TEST(CApi, BatchedRequestsGiveTheTextEachGivesAlone) {
     cera_batcher_stats st;
     ASSERT_EQ(cera_batcher_stats_get(b, &st), CERA_OK);
     EXPECT_GT(st.steps, 0);
+    cera_batcher_free(b);
+    cera_engine_free(e);
+}
+
+TEST(CApi, AManualLoopOfLogitsAndSamplerGivesTheGreedyTokens) {
+    cera_engine* e = load();
+    cera_session* s = nullptr;
+    ASSERT_EQ(cera_session_new(e, 0, &s), CERA_OK);
+    ASSERT_EQ(cera_session_append_text(s, "Once upon a time", true), CERA_OK);
+    const cera_generate_options g = greedy(12);
+    Collected c;
+    cera_generation_result r;
+    ASSERT_EQ(cera_session_generate(s, &g, collect, &c, &r), CERA_OK);
+
+    cera_sampler* sampler = nullptr;
+    ASSERT_EQ(cera_sampler_new(&g.sampling, cera_engine_info(e)->n_vocab, &sampler), CERA_OK) << cera_last_error();
+    ASSERT_EQ(cera_session_reset(s), CERA_OK);
+    ASSERT_EQ(cera_session_append_text(s, "Once upon a time", true), CERA_OK);
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < 12; ++i) {
+        const float* logits = nullptr;
+        ASSERT_EQ(cera_session_logits(s, &logits, nullptr), CERA_OK) << cera_last_error();
+        const cera_token t = cera_sampler_sample(sampler, logits, nullptr);
+        cera_sampler_accept(sampler, t);
+        tokens.push_back(t);
+        ASSERT_EQ(cera_session_append_tokens(s, &t, 1), CERA_OK);
+    }
+    EXPECT_EQ(tokens, c.tokens);
+    cera_sampler_free(sampler);
+    cera_sampling_params bad = g.sampling;
+    bad.top_p = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_EQ(cera_sampler_new(&bad, 10, &sampler), CERA_ERR_INVALID_ARGUMENT);
+    cera_session_free(s);
+    cera_engine_free(e);
+}
+
+TEST(CApi, EngineFactsGrammarTextAndExplicitBos) {
+    cera_engine* e = load();
+    auto cpp = load_cpp();
+    const size_t n = cera_engine_metadata_count(e);
+    ASSERT_EQ(n, cpp->metadata_keys().size());
+    char buf[256];
+    size_t len = 0;
+    ASSERT_EQ(cera_engine_metadata_key(e, 0, buf, sizeof buf, &len), CERA_OK);
+    EXPECT_EQ(std::string(buf), cpp->metadata_keys()[0]);
+    EXPECT_EQ(cera_engine_metadata_key(e, n, buf, sizeof buf, &len), CERA_ERR_OUT_OF_RANGE);
+    EXPECT_EQ(cera_engine_fingerprint(e), cpp->fingerprint());
+    cera_device_memory m;
+    ASSERT_EQ(cera_engine_device_memory(e, &m), CERA_OK);
+    EXPECT_EQ(m.weights, 0u);  // the CPU
+    cera_prefix_cache_stats pc;
+    ASSERT_EQ(cera_engine_prefix_cache_stats(e, &pc), CERA_OK);
+    EXPECT_EQ(pc.stores, 0u);
+    const cera_tokenizer* t = cera_engine_tokenizer(e);
+    const int32_t id = cpp->tokenize("Hello", false).at(0);
+    ASSERT_EQ(cera_token_bytes(t, id, buf, sizeof buf, &len), CERA_OK);
+    EXPECT_EQ(std::string(buf, len), cpp->token_bytes(id));
+    EXPECT_EQ(cera_token_bytes(t, -1, buf, sizeof buf, &len), CERA_ERR_OUT_OF_RANGE);
+
+    cera_grammar* g = nullptr;
+    ASSERT_EQ(cera_grammar_from_json_schema(R"({"type": "integer"})", &g), CERA_OK) << cera_last_error();
+    int64_t where = 0;
+    ASSERT_EQ(cera_grammar_match(g, "42", 2, &where), CERA_OK);
+    EXPECT_EQ(where, -1);
+    ASSERT_EQ(cera_grammar_match(g, "4x", 2, &where), CERA_OK);
+    EXPECT_EQ(where, 1);
+    ASSERT_EQ(cera_grammar_gbnf(g, nullptr, 0, &len), CERA_ERR_BUFFER_TOO_SMALL);
+    std::vector<char> gbnf(len + 1);
+    ASSERT_EQ(cera_grammar_gbnf(g, gbnf.data(), gbnf.size(), &len), CERA_OK);
+    std::vector<char> converted(len + 1);
+    ASSERT_EQ(cera_json_schema_to_gbnf(R"({"type": "integer"})", converted.data(), converted.size(), &len), CERA_OK);
+    EXPECT_STREQ(gbnf.data(), converted.data());
+    EXPECT_EQ(cera_json_schema_to_gbnf("{not json", buf, sizeof buf, &len), CERA_ERR_PARSE);
+    cera_grammar_free(g);
+    ASSERT_EQ(cera_grammar_json(false, &g), CERA_OK);
+    cera_grammar_free(g);
+
+    // Explicit BOS choices on an empty session.
+    cera_session* s = nullptr;
+    ASSERT_EQ(cera_session_new(e, 0, &s), CERA_OK);
+    ASSERT_EQ(cera_session_append_text_bos(s, "Hello", false, true), CERA_OK);
+    std::vector<cera_token> toks(64);
+    ASSERT_EQ(cera_session_tokens(s, toks.data(), toks.size(), &len), CERA_OK);
+    toks.resize(len);
+    EXPECT_EQ(toks, cpp->tokenize("Hello", false));
+    cera_session_free(s);
+
+    cera_batcher* b = nullptr;
+    ASSERT_EQ(cera_batcher_new(e, nullptr, &b), CERA_OK);
+    EXPECT_EQ(cera_batcher_n_ctx(b), cera_engine_info(e)->n_ctx);
     cera_batcher_free(b);
     cera_engine_free(e);
 }
