@@ -33,16 +33,26 @@ cera_status fail(cera_status status, std::string_view message) {
 
 cera_status status_of(ErrorCode code) {
     switch (code) {
-        case ErrorCode::kInvalidArgument: return CERA_ERR_INVALID_ARGUMENT;
-        case ErrorCode::kIo: return CERA_ERR_IO;
-        case ErrorCode::kInvalidFile: return CERA_ERR_INVALID_FILE;
-        case ErrorCode::kUnsupported: return CERA_ERR_UNSUPPORTED;
-        case ErrorCode::kMissing: return CERA_ERR_MISSING;
-        case ErrorCode::kOutOfRange: return CERA_ERR_OUT_OF_RANGE;
-        case ErrorCode::kParse: return CERA_ERR_PARSE;
-        case ErrorCode::kDevice: return CERA_ERR_DEVICE;
-        case ErrorCode::kCancelled: return CERA_ERR_CANCELLED;
-        case ErrorCode::kOverCapacity: return CERA_ERR_OVER_CAPACITY;
+        case ErrorCode::kInvalidArgument:
+            return CERA_ERR_INVALID_ARGUMENT;
+        case ErrorCode::kIo:
+            return CERA_ERR_IO;
+        case ErrorCode::kInvalidFile:
+            return CERA_ERR_INVALID_FILE;
+        case ErrorCode::kUnsupported:
+            return CERA_ERR_UNSUPPORTED;
+        case ErrorCode::kMissing:
+            return CERA_ERR_MISSING;
+        case ErrorCode::kOutOfRange:
+            return CERA_ERR_OUT_OF_RANGE;
+        case ErrorCode::kParse:
+            return CERA_ERR_PARSE;
+        case ErrorCode::kDevice:
+            return CERA_ERR_DEVICE;
+        case ErrorCode::kCancelled:
+            return CERA_ERR_CANCELLED;
+        case ErrorCode::kOverCapacity:
+            return CERA_ERR_OVER_CAPACITY;
     }
     return CERA_ERR_INTERNAL;
 }
@@ -128,7 +138,8 @@ GenerateOptions generate_options(const cera_generate_options* o) {
     if (o->n_stop > 0 && !o->stop)
         throw Error(ErrorCode::kInvalidArgument, "generate options: n_stop > 0 but stop is NULL");
     for (size_t i = 0; i < o->n_stop; ++i) {
-        if (!o->stop[i]) throw Error(ErrorCode::kInvalidArgument, "generate options: stop[" + std::to_string(i) + "] is NULL");
+        if (!o->stop[i])
+            throw Error(ErrorCode::kInvalidArgument, "generate options: stop[" + std::to_string(i) + "] is NULL");
         g.stop.emplace_back(o->stop[i]);
     }
     g.ignore_eos = o->ignore_eos;
@@ -172,20 +183,34 @@ int cera_abi_version(void) { return CERA_ABI_VERSION; }
 
 const char* cera_status_name(cera_status status) {
     switch (status) {
-        case CERA_OK: return "ok";
-        case CERA_ERR_INVALID_ARGUMENT: return "invalid argument";
-        case CERA_ERR_IO: return "i/o error";
-        case CERA_ERR_INVALID_FILE: return "invalid file";
-        case CERA_ERR_UNSUPPORTED: return "unsupported";
-        case CERA_ERR_MISSING: return "missing";
-        case CERA_ERR_OUT_OF_RANGE: return "out of range";
-        case CERA_ERR_PARSE: return "parse error";
-        case CERA_ERR_DEVICE: return "device error";
-        case CERA_ERR_CANCELLED: return "cancelled";
-        case CERA_ERR_OVER_CAPACITY: return "over capacity";
-        case CERA_ERR_BUFFER_TOO_SMALL: return "buffer too small";
-        case CERA_ERR_OUT_OF_MEMORY: return "out of memory";
-        case CERA_ERR_INTERNAL: return "internal error";
+        case CERA_OK:
+            return "ok";
+        case CERA_ERR_INVALID_ARGUMENT:
+            return "invalid argument";
+        case CERA_ERR_IO:
+            return "i/o error";
+        case CERA_ERR_INVALID_FILE:
+            return "invalid file";
+        case CERA_ERR_UNSUPPORTED:
+            return "unsupported";
+        case CERA_ERR_MISSING:
+            return "missing";
+        case CERA_ERR_OUT_OF_RANGE:
+            return "out of range";
+        case CERA_ERR_PARSE:
+            return "parse error";
+        case CERA_ERR_DEVICE:
+            return "device error";
+        case CERA_ERR_CANCELLED:
+            return "cancelled";
+        case CERA_ERR_OVER_CAPACITY:
+            return "over capacity";
+        case CERA_ERR_BUFFER_TOO_SMALL:
+            return "buffer too small";
+        case CERA_ERR_OUT_OF_MEMORY:
+            return "out of memory";
+        case CERA_ERR_INTERNAL:
+            return "internal error";
     }
     return "unknown status";
 }
@@ -225,9 +250,9 @@ cera_status cera_engine_load(const char* path, const cera_engine_options* option
             return cera::capi::fail(CERA_ERR_INVALID_ARGUMENT,
                                     "cera_engine_load: the reserved option fields must be NULL");
         if (o.kv_type != CERA_KV_F32 && o.kv_type != CERA_KV_F16)
-            return cera::capi::fail(CERA_ERR_INVALID_ARGUMENT,
-                                    "cera_engine_load: kv_type " + std::to_string(int(o.kv_type)) +
-                                        " is neither CERA_KV_F32 nor CERA_KV_F16");
+            return cera::capi::fail(CERA_ERR_INVALID_ARGUMENT, "cera_engine_load: kv_type " +
+                                                                   std::to_string(int(o.kv_type)) +
+                                                                   " is neither CERA_KV_F32 nor CERA_KV_F16");
         EngineOptions eo;
         eo.device = o.device ? o.device : "auto";
         eo.threads = o.threads;
@@ -286,8 +311,7 @@ size_t cera_engine_metadata_count(const cera_engine* engine) {
     }
 }
 
-cera_status cera_engine_metadata_key(const cera_engine* engine, size_t i, char* buf, size_t capacity,
-                                     size_t* len_out) {
+cera_status cera_engine_metadata_key(const cera_engine* engine, size_t i, char* buf, size_t capacity, size_t* len_out) {
     return guard([&] {
         if (!engine) return null_argument("cera_engine_metadata_key", "engine");
         const auto keys = engine->engine->metadata_keys();
@@ -315,7 +339,7 @@ cera_status cera_engine_prefix_cache_stats(const cera_engine* engine, cera_prefi
         if (!engine) return null_argument("cera_engine_prefix_cache_stats", "engine");
         if (!out) return null_argument("cera_engine_prefix_cache_stats", "out");
         const PrefixCacheStats p = engine->engine->prefix_cache_stats();
-        *out = {p.hits_memory, p.hits_disk,      p.misses,          p.stores,      p.evictions,
+        *out = {p.hits_memory,    p.hits_disk,       p.misses,         p.stores,      p.evictions,
                 p.disk_evictions, p.dropped_corrupt, p.memory_entries, p.memory_bytes};
         return CERA_OK;
     });
@@ -344,9 +368,9 @@ cera_status cera_detokenize(const cera_tokenizer* tokenizer, const cera_token* t
         const int32_t n_vocab = tokenizer->engine->info().n_vocab;
         for (size_t i = 0; i < n_tokens; ++i)
             if (tokens[i] < 0 || tokens[i] >= n_vocab)
-                return cera::capi::fail(CERA_ERR_OUT_OF_RANGE, "cera_detokenize: token id " + std::to_string(tokens[i]) +
-                                                                   " is outside the vocabulary [0, " +
-                                                                   std::to_string(n_vocab) + ")");
+                return cera::capi::fail(CERA_ERR_OUT_OF_RANGE,
+                                        "cera_detokenize: token id " + std::to_string(tokens[i]) +
+                                            " is outside the vocabulary [0, " + std::to_string(n_vocab) + ")");
         const std::string text =
             tokenizer->engine->detokenize(std::span<const int32_t>(tokens, n_tokens), render_special);
         return cera::capi::copy_text(text, buf, capacity, len_out);
@@ -398,15 +422,16 @@ cera_status cera_chat_apply_template(const cera_engine* engine, const char* temp
         std::vector<ChatMessage> msgs;
         for (size_t i = 0; i < n_messages; ++i) {
             if (!messages[i].role || !messages[i].content)
-                return cera::capi::fail(CERA_ERR_INVALID_ARGUMENT, "cera_chat_apply_template: message " +
-                                                                       std::to_string(i) + " has a NULL role or content");
+                return cera::capi::fail(
+                    CERA_ERR_INVALID_ARGUMENT,
+                    "cera_chat_apply_template: message " + std::to_string(i) + " has a NULL role or content");
             ChatMessage& c = msgs.emplace_back();
             c.role = messages[i].role;
             c.content = messages[i].content;
         }
         const std::string source = template_source ? template_source : "";
-        const std::string text = cera::capi::render_chat(*engine->engine, template_source ? &source : nullptr, msgs,
-                                                         add_generation_prompt);
+        const std::string text =
+            cera::capi::render_chat(*engine->engine, template_source ? &source : nullptr, msgs, add_generation_prompt);
         return cera::capi::copy_text(text, buf, capacity, len_out);
     });
 }

@@ -78,7 +78,7 @@ void fill_result(const GenerationResult& r, const std::string& text, const std::
 // Calls a C token callback for each sampled token with the text that became final with it. A false
 // from the callback calls on_stop (which cancels the generation) and silences the rest.
 class CallbackSink : public Sink {
-   public:
+ public:
     CallbackSink(cera_token_callback callback, void* user_data, std::function<void()> on_stop)
         : callback_(callback), user_data_(user_data), on_stop_(std::move(on_stop)) {}
     void on_token(int32_t token) override;
@@ -87,7 +87,7 @@ class CallbackSink : public Sink {
     void on_done(const GenerationResult& result) override;
     bool stopped() const { return stopped_; }
 
-   private:
+ private:
     void deliver(int32_t token, std::string_view text);
     cera_token_callback callback_;
     void* user_data_;

@@ -101,7 +101,7 @@ std::vector<cera::ChatMessage> chat_messages(const py::iterable& messages) {
 // generate(): runs on the caller's thread without the GIL; each token takes the GIL briefly to run
 // the signal handlers, and a raised exception (KeyboardInterrupt) cancels the session.
 class InterruptibleSink : public cera::Sink {
-   public:
+ public:
     explicit InterruptibleSink(cera::Session& session) : session_(session) {}
     void on_text(std::string_view) override {}
     void on_token(int32_t) override {
@@ -121,14 +121,14 @@ class InterruptibleSink : public cera::Sink {
         }
     }
 
-   private:
+ private:
     cera::Session& session_;
     std::optional<py::error_already_set> error_;
 };
 
 // The iterator stream() returns: a thread generates into a queue of pieces.
 class Stream {
-   public:
+ public:
     Stream(std::shared_ptr<cera::Engine> engine, std::vector<int32_t> prompt, cera::GenerateOptions options)
         : session_(std::make_unique<cera::Session>(std::move(engine))) {
         session_->append_tokens(prompt);
@@ -190,9 +190,9 @@ class Stream {
         join();
     }
 
-   private:
+ private:
     class QueueSink : public cera::Sink {
-       public:
+     public:
         explicit QueueSink(Stream& s) : s_(s) {}
         void on_text(std::string_view text) override {
             std::lock_guard<std::mutex> lk(s_.mu_);
@@ -200,7 +200,7 @@ class Stream {
             s_.cv_.notify_all();
         }
 
-       private:
+     private:
         Stream& s_;
     };
     void join() {
@@ -217,7 +217,7 @@ class Stream {
 };
 
 class Engine {
-   public:
+ public:
     Engine(const std::string& path, const std::string& device, int threads, int32_t n_ctx) {
         cera::EngineOptions o;
         o.device = device;
@@ -256,7 +256,9 @@ class Engine {
         return std::make_shared<Stream>(engine_, std::move(prompt), a.options());
     }
 
-    py::str generate(const std::string& prompt, const GenArgs& a) const { return generate_tokens(prompt_tokens(prompt), a); }
+    py::str generate(const std::string& prompt, const GenArgs& a) const {
+        return generate_tokens(prompt_tokens(prompt), a);
+    }
     std::shared_ptr<Stream> stream(const std::string& prompt, const GenArgs& a) const {
         return stream_tokens(prompt_tokens(prompt), a);
     }
@@ -269,10 +271,14 @@ class Engine {
 
     py::object embed(const std::string& text, const std::string& pooling) const {
         cera::Pooling p;
-        if (pooling == "mean") p = cera::Pooling::kMean;
-        else if (pooling == "last") p = cera::Pooling::kLast;
-        else if (pooling == "none") p = cera::Pooling::kNone;
-        else throw cera::Error(cera::ErrorCode::kInvalidArgument, "embed: pooling must be 'mean', 'last' or 'none'");
+        if (pooling == "mean")
+            p = cera::Pooling::kMean;
+        else if (pooling == "last")
+            p = cera::Pooling::kLast;
+        else if (pooling == "none")
+            p = cera::Pooling::kNone;
+        else
+            throw cera::Error(cera::ErrorCode::kInvalidArgument, "embed: pooling must be 'mean', 'last' or 'none'");
         const std::vector<int32_t> tokens = engine_->tokenize(text, true);
         std::vector<float> v;
         {
@@ -305,8 +311,8 @@ class Engine {
         const int32_t n_vocab = engine_->info().n_vocab;
         for (int32_t t : tokens)
             if (t < 0 || t >= n_vocab)
-                throw cera::Error(cera::ErrorCode::kOutOfRange, "detokenize: token id " + std::to_string(t) +
-                                                                    " is outside the vocabulary");
+                throw cera::Error(cera::ErrorCode::kOutOfRange,
+                                  "detokenize: token id " + std::to_string(t) + " is outside the vocabulary");
         return to_str(engine_->detokenize(tokens, special));
     }
 
@@ -320,7 +326,7 @@ class Engine {
     }
     const cera::Engine& engine() const { return *engine_; }
 
-   private:
+ private:
     std::shared_ptr<cera::Engine> engine_;
 };
 
@@ -340,10 +346,9 @@ GenArgs gen_args(int32_t max_tokens, float temperature, float top_p, int32_t top
     return a;
 }
 
-#define CERA_GEN_ARGS                                                                                      \
-    py::kw_only(), "max_tokens"_a = 256, "temperature"_a = 0.8f, "top_p"_a = 0.95f, "top_k"_a = 40,       \
-        "min_p"_a = 0.05f, "seed"_a = py::none(), "stop"_a = py::none(), "repeat_penalty"_a = 1.0f,       \
-        "ignore_eos"_a = false
+#define CERA_GEN_ARGS                                                                                                  \
+    py::kw_only(), "max_tokens"_a = 256, "temperature"_a = 0.8f, "top_p"_a = 0.95f, "top_k"_a = 40, "min_p"_a = 0.05f, \
+                   "seed"_a = py::none(), "stop"_a = py::none(), "repeat_penalty"_a = 1.0f, "ignore_eos"_a = false
 
 }  // namespace
 
@@ -375,8 +380,8 @@ PYBIND11_MODULE(cera, m) {
         .def(
             "generate",
             [](const Engine& e, const std::string& prompt, int32_t max_tokens, float temperature, float top_p,
-               int32_t top_k, float min_p, std::optional<uint64_t> seed, const py::object& stop,
-               float repeat_penalty, bool ignore_eos) {
+               int32_t top_k, float min_p, std::optional<uint64_t> seed, const py::object& stop, float repeat_penalty,
+               bool ignore_eos) {
                 return e.generate(prompt, gen_args(max_tokens, temperature, top_p, top_k, min_p, seed, stop,
                                                    repeat_penalty, ignore_eos));
             },
@@ -385,8 +390,8 @@ PYBIND11_MODULE(cera, m) {
         .def(
             "stream",
             [](const Engine& e, const std::string& prompt, int32_t max_tokens, float temperature, float top_p,
-               int32_t top_k, float min_p, std::optional<uint64_t> seed, const py::object& stop,
-               float repeat_penalty, bool ignore_eos) {
+               int32_t top_k, float min_p, std::optional<uint64_t> seed, const py::object& stop, float repeat_penalty,
+               bool ignore_eos) {
                 return e.stream(prompt, gen_args(max_tokens, temperature, top_p, top_k, min_p, seed, stop,
                                                  repeat_penalty, ignore_eos));
             },
@@ -394,8 +399,8 @@ PYBIND11_MODULE(cera, m) {
         .def(
             "chat",
             [](const Engine& e, const py::iterable& messages, int32_t max_tokens, float temperature, float top_p,
-               int32_t top_k, float min_p, std::optional<uint64_t> seed, const py::object& stop,
-               float repeat_penalty, bool ignore_eos, bool stream) -> py::object {
+               int32_t top_k, float min_p, std::optional<uint64_t> seed, const py::object& stop, float repeat_penalty,
+               bool ignore_eos, bool stream) -> py::object {
                 const GenArgs a =
                     gen_args(max_tokens, temperature, top_p, top_k, min_p, seed, stop, repeat_penalty, ignore_eos);
                 std::vector<int32_t> prompt = e.chat_prompt(messages);

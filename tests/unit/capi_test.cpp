@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <limits>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
