@@ -329,7 +329,8 @@ typedef struct cera_token_logprob {
 
 /* What the callback receives for each sampled token. */
 typedef struct cera_token_event {
-    cera_token token;        /* the sampled id; CERA_TOKEN_NULL for text released when generation ends */
+    cera_token token;        /* the sampled id; CERA_TOKEN_NULL for text released when generation ends,
+                                after the last token's event */
     const char *text;        /* the text that became final with this token (not NUL-terminated); it may be
                                 empty: text that could start a stop string or ends in an unfinished UTF-8
                                 character is held back and comes with a later event */

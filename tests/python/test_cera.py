@@ -92,6 +92,14 @@ class EngineTest(unittest.TestCase):
         with self.assertRaises(cera.Error):
             cera.Engine(MODEL, device="tpu")
 
+    def setUp(self):
+        # A test runner started in the background may inherit SIGINT ignored, and Python then installs
+        # no KeyboardInterrupt handler: install it for the tests that send SIGINT.
+        self.old_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def tearDown(self):
+        signal.signal(signal.SIGINT, self.old_sigint)
+
     def test_keyboard_interrupt_cancels_generation(self):
         # Generation to a full context takes seconds; SIGINT arrives well before it ends.
         timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
