@@ -153,6 +153,7 @@ typedef struct cera_model_info {
     bool has_chat_template;   /* the GGUF carries tokenizer.chat_template */
     int64_t n_params;         /* elements of all weight tensors */
     uint64_t weight_bytes;    /* bytes of all weight tensors */
+    uint64_t decode_bytes_per_token; /* weight bytes one batch-1 decode step reads (the roofline's numerator) */
     int32_t n_vocab;
     int32_t n_embd;
     int32_t n_layer;

@@ -277,6 +277,7 @@ cera_status cera_engine_load(const char* path, const cera_engine_options* option
         m.has_chat_template = i.has_chat_template;
         m.n_params = i.n_params;
         m.weight_bytes = i.weight_bytes;
+        m.decode_bytes_per_token = i.decode_bytes_per_token;
         m.n_vocab = i.n_vocab;
         m.n_embd = i.n_embd;
         m.n_layer = i.n_layer;
