@@ -325,6 +325,7 @@ class Engine {
                         "has_chat_template"_a = i.has_chat_template);
     }
     const cera::Engine& engine() const { return *engine_; }
+    const std::shared_ptr<cera::Engine>& shared() const { return engine_; }
 
  private:
     std::shared_ptr<cera::Engine> engine_;
@@ -345,6 +346,54 @@ GenArgs gen_args(int32_t max_tokens, float temperature, float top_p, int32_t top
     a.ignore_eos = ignore_eos;
     return a;
 }
+
+// A stateful sequence: text and tokens accumulate, generate() continues from where it is, and the
+// state saves to bytes and loads back.
+class PySession {
+ public:
+    PySession(const Engine& engine, int32_t n_ctx) : session_(engine.shared(), n_ctx) {}
+
+    void append(const std::string& text, bool special) { session_.append_text(text, special); }
+    void append_tokens(const std::vector<int32_t>& tokens) { session_.append_tokens(tokens); }
+    py::str generate(const GenArgs& a) {
+        const cera::GenerateOptions g = a.options();
+        InterruptibleSink sink(session_);
+        cera::GenerationResult r;
+        {
+            py::gil_scoped_release release;
+            r = session_.generate(g, sink);
+        }
+        sink.rethrow();
+        return to_str(r.text);
+    }
+    py::object logits() {
+        std::span<const float> row;
+        {
+            py::gil_scoped_release release;
+            row = session_.logits();
+        }
+        try {
+            py::module_::import("numpy");
+        } catch (const py::error_already_set&) {
+            return py::cast(std::vector<float>(row.begin(), row.end()));
+        }
+        py::array_t<float> a(row.size());
+        std::copy(row.begin(), row.end(), a.mutable_data());
+        return a;
+    }
+    py::bytes save_state() const {
+        const std::vector<uint8_t> b = session_.save_state();
+        return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
+    }
+    void load_state(const py::bytes& data) {
+        const std::string_view v = data;
+        session_.load_state(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()), v.size()));
+    }
+    cera::Session& session() { return session_; }
+
+ private:
+    cera::Session session_;
+};
 
 #define CERA_GEN_ARGS                                                                                                  \
     py::kw_only(), "max_tokens"_a = 256, "temperature"_a = 0.8f, "top_p"_a = 0.95f, "top_k"_a = 40, "min_p"_a = 0.05f, \
@@ -371,6 +420,31 @@ PYBIND11_MODULE(cera, m) {
         .def("__iter__", [](std::shared_ptr<Stream> s) { return s; })
         .def("__next__", &Stream::next)
         .def("close", &Stream::stop, "Cancels the generation");
+
+    py::class_<PySession>(m, "Session", "One sequence on an Engine: its tokens, KV cache and state")
+        .def(py::init<const Engine&, int32_t>(), "engine"_a, "n_ctx"_a = 0, py::keep_alive<1, 2>())
+        .def("append", &PySession::append, "text"_a, "special"_a = true,
+             "Queues text (BOS first when the session is empty and the model wants it)")
+        .def("append_tokens", &PySession::append_tokens, "tokens"_a, "Queues token ids")
+        .def(
+            "generate",
+            [](PySession& s, int32_t max_tokens, float temperature, float top_p, int32_t top_k, float min_p,
+               std::optional<uint64_t> seed, const py::object& stop, float repeat_penalty, bool ignore_eos) {
+                return s.generate(
+                    gen_args(max_tokens, temperature, top_p, top_k, min_p, seed, stop, repeat_penalty, ignore_eos));
+            },
+            CERA_GEN_ARGS, "Evaluates what is queued and continues the sequence; the generated text")
+        .def("logits", &PySession::logits, "The next-token logits after the last token (queued ones evaluated)")
+        .def("save_state", &PySession::save_state, "The whole state as bytes")
+        .def("load_state", &PySession::load_state, "data"_a, "Replaces the state with saved bytes")
+        .def("reset", [](PySession& s) { s.session().reset(); })
+        .def(
+            "truncate", [](PySession& s, int32_t n) { s.session().truncate(n); }, "n"_a)
+        .def(
+            "cancel", [](PySession& s) { s.session().cancel(); }, "Stops a generate() running on another thread")
+        .def_property_readonly("tokens", [](PySession& s) { return s.session().tokens(); })
+        .def_property_readonly("position", [](PySession& s) { return s.session().position(); })
+        .def_property_readonly("n_ctx", [](PySession& s) { return s.session().n_ctx(); });
 
     py::class_<Engine>(m, "Engine", "A loaded GGUF model")
         .def(py::init<const std::string&, const std::string&, int, int32_t>(), "path"_a, "device"_a = "auto",

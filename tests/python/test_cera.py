@@ -84,6 +84,22 @@ class EngineTest(unittest.TestCase):
         with self.assertRaises(cera.Error):
             self.engine.detokenize([-1])
 
+    def test_session_continues_and_its_state_round_trips(self):
+        s = cera.Session(self.engine)
+        s.append("Once upon a time")
+        first = s.generate(max_tokens=8, temperature=0)
+        state = s.save_state()
+        self.assertIsInstance(state, bytes)
+        rest = s.generate(max_tokens=8, temperature=0)
+        self.assertEqual(first + rest, self.engine.generate("Once upon a time", max_tokens=16, temperature=0))
+        t = cera.Session(self.engine)
+        t.load_state(state)
+        self.assertEqual(t.generate(max_tokens=8, temperature=0), rest)
+        self.assertEqual(len(s.logits()), self.engine.n_vocab)
+        with self.assertRaises(cera.Error) as ctx:
+            t.load_state(b"not a state")
+        self.assertEqual(ctx.exception.code, "invalid file")
+
     def test_errors(self):
         with self.assertRaises(cera.Error) as ctx:
             cera.Engine("/nonexistent/model.gguf")
