@@ -108,6 +108,49 @@ TEST(CApi, GreedyTextEqualsTheSessionsAndTheCallbackSeesEveryToken) {
     cera_session_free(s);
 }
 
+// Every architecture's fixture: the C API's greedy tokens are the C++ Session's, from the
+// reference prompt's ids (tests/golden checks those against Hugging Face's).
+TEST(CApi, GreedyTokensEqualTheSessionsOnEveryFixture) {
+    for (const char* name :
+         {"tiny-lfm2", "tiny-lfm2moe", "tiny-qwen3", "tiny-llama-random", "tiny-qwen2-random", "tiny-granite-random"}) {
+        const std::string path = cera::test::data_path(std::string("fixtures/") + name + "/model.gguf");
+        cera_engine* e = load(path);
+        ASSERT_NE(e, nullptr) << name;
+        cera::EngineOptions eo;
+        eo.device = "cpu";
+        eo.threads = 1;
+        auto cpp = cera::Engine::load(path, eo);
+        const std::vector<int32_t> ids = cpp->tokenize("Once upon a time, there was a little", true);
+
+        cera_session* s = nullptr;
+        ASSERT_EQ(cera_session_new(e, 0, &s), CERA_OK);
+        ASSERT_EQ(cera_session_append_tokens(s, ids.data(), ids.size()), CERA_OK);
+        cera_generate_options g = greedy(24);
+        g.ignore_eos = true;
+        Collected c;
+        cera_generation_result r;
+        ASSERT_EQ(cera_session_generate(s, &g, collect, &c, &r), CERA_OK) << name << ": " << cera_last_error();
+
+        struct Tokens : cera::Sink {
+            std::vector<int32_t> ids;
+            void on_text(std::string_view) override {}
+            void on_token(int32_t t) override { ids.push_back(t); }
+        } want;
+        cera::Session ref(cpp);
+        ref.append_tokens(ids);
+        cera::GenerateOptions cg;
+        cg.max_tokens = 24;
+        cg.ignore_eos = true;
+        cg.sampling.temperature = 0.0f;
+        const cera::GenerationResult rr = ref.generate(cg, want);
+        EXPECT_EQ(c.tokens, want.ids) << name;
+        EXPECT_EQ(std::string(r.text, r.text_len), rr.text) << name;
+        EXPECT_EQ(c.text, rr.text) << name;
+        cera_session_free(s);
+        cera_engine_free(e);
+    }
+}
+
 TEST(CApi, CallbackFalseStopsGeneration) {
     cera_engine* e = load();
     cera_session* s = nullptr;
