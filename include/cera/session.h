@@ -148,7 +148,9 @@ class Session {
     GenerationResult generate(const GenerateOptions& options, Sink& sink);
 
     // Stops the generate() in progress at the next token (or prefill chunk) boundary, or the next
-    // generate() to start if none is running. Any thread.
+    // generate() to start if none is running. Any thread. A cancel() that comes while a generate()
+    // runs but too late to stop it (after its last token, or from its Sink's on_done) is dropped when
+    // that generate() returns.
     void cancel();
     // Empties the sequence (position 0), keeping its memory.
     void reset();

@@ -341,6 +341,7 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
     r.decode_seconds = seconds_since(t_decode);
     im.flush_store();  // when no token was sampled
     sink.on_done(r);
+    im.cancel.store(false);  // a cancel() that came too late to stop this call must not stop the next
     return r;
 }
 

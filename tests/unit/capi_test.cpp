@@ -169,6 +169,26 @@ TEST(CApi, CallbackFalseStopsGeneration) {
     cera_engine_free(e);
 }
 
+TEST(CApi, AStopAtTheLastEventDoesNotCancelTheNextGeneration) {
+    cera_engine* e = load();
+    cera_session* s = nullptr;
+    ASSERT_EQ(cera_session_new(e, 0, &s), CERA_OK);
+    ASSERT_EQ(cera_session_append_text(s, "Once upon a time", true), CERA_OK);
+    cera_generate_options g = greedy(4);
+    g.ignore_eos = true;
+    Collected c;
+    c.stop_after = 3;  // false at the fourth and last token's event
+    cera_generation_result r;
+    ASSERT_EQ(cera_session_generate(s, &g, collect, &c, &r), CERA_OK);
+    EXPECT_EQ(r.generated_tokens, 4);
+    Collected next;
+    ASSERT_EQ(cera_session_generate(s, &g, collect, &next, &r), CERA_OK);
+    EXPECT_EQ(r.finish, CERA_FINISH_LENGTH);
+    EXPECT_EQ(r.generated_tokens, 4);
+    cera_session_free(s);
+    cera_engine_free(e);
+}
+
 TEST(CApi, StopStringsAndGrammar) {
     cera_engine* e = load();
     cera_session* s = nullptr;
