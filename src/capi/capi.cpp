@@ -182,7 +182,7 @@ const char* cera_version(void) { return CERA_VERSION_STRING; }
 int cera_abi_version(void) { return CERA_ABI_VERSION; }
 
 const char* cera_status_name(cera_status status) {
-    switch (status) {
+    switch (cera::capi::raw_enum(status)) {
         case CERA_OK:
             return "ok";
         case CERA_ERR_INVALID_ARGUMENT:
@@ -220,8 +220,9 @@ const char* cera_last_error(void) { return cera::capi::t_last_error.c_str(); }
 void cera_free(void* ptr) { std::free(ptr); }
 
 const char* cera_finish_reason_name(cera_finish_reason reason) {
-    if (reason < CERA_FINISH_NONE || reason > CERA_FINISH_CANCELLED) return "unknown";
-    return finish_reason_name(FinishReason(int(reason)));
+    const int r = cera::capi::raw_enum(reason);
+    if (r < CERA_FINISH_NONE || r > CERA_FINISH_CANCELLED) return "unknown";
+    return finish_reason_name(FinishReason(r));
 }
 
 // ---- engine ----
@@ -249,15 +250,15 @@ cera_status cera_engine_load(const char* path, const cera_engine_options* option
         if (o.reserved_lora || o.reserved[0] || o.reserved[1] || o.reserved[2])
             return cera::capi::fail(CERA_ERR_INVALID_ARGUMENT,
                                     "cera_engine_load: the reserved option fields must be NULL");
-        if (o.kv_type != CERA_KV_F32 && o.kv_type != CERA_KV_F16)
-            return cera::capi::fail(CERA_ERR_INVALID_ARGUMENT, "cera_engine_load: kv_type " +
-                                                                   std::to_string(int(o.kv_type)) +
+        const int kv_type = cera::capi::raw_enum(o.kv_type);
+        if (kv_type != CERA_KV_F32 && kv_type != CERA_KV_F16)
+            return cera::capi::fail(CERA_ERR_INVALID_ARGUMENT, "cera_engine_load: kv_type " + std::to_string(kv_type) +
                                                                    " is neither CERA_KV_F32 nor CERA_KV_F16");
         EngineOptions eo;
         eo.device = o.device ? o.device : "auto";
         eo.threads = o.threads;
         eo.n_ctx = o.n_ctx;
-        eo.kv_type = o.kv_type == CERA_KV_F16 ? KvCacheType::kF16 : KvCacheType::kF32;
+        eo.kv_type = kv_type == CERA_KV_F16 ? KvCacheType::kF16 : KvCacheType::kF32;
         eo.n_batch = o.n_batch;
         eo.prefix_cache_bytes = size_t(o.prefix_cache_bytes);
         eo.prefix_cache_dir = o.prefix_cache_dir ? o.prefix_cache_dir : "";

@@ -1,6 +1,7 @@
 // Internals of the C API (include/cera/cera.h): the handle structs, the exception barrier every
 // entry point goes through, and the adapter from cera::Sink to the C token callback.
 #pragma once
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -59,6 +60,16 @@ cera_status guard(F&& f) noexcept {
     } catch (...) {
         return fail(CERA_ERR_INTERNAL, "an unknown exception");
     }
+}
+
+// The integer a C enum argument holds. A C caller may pass any int where C++ only allows the
+// enumerators' range, so the value is read as its bytes rather than loaded as the enum type.
+template <class E>
+int raw_enum(const E& e) {
+    static_assert(sizeof(E) == sizeof(int));
+    int v;
+    std::memcpy(&v, &e, sizeof v);
+    return v;
 }
 
 // CERA_ERR_INVALID_ARGUMENT naming the NULL argument.

@@ -125,12 +125,13 @@ cera_status cera_session_embed(cera_session* session, const cera_token* tokens, 
     return guard([&] {
         if (!session) return null_argument("cera_session_embed", "session");
         if (!tokens && n_tokens > 0) return null_argument("cera_session_embed", "tokens");
-        if (pooling != CERA_POOLING_MEAN && pooling != CERA_POOLING_LAST && pooling != CERA_POOLING_NONE)
+        const int pool = cera::capi::raw_enum(pooling);
+        if (pool != CERA_POOLING_MEAN && pool != CERA_POOLING_LAST && pool != CERA_POOLING_NONE)
             return fail(CERA_ERR_INVALID_ARGUMENT,
-                        "cera_session_embed: pooling " + std::to_string(int(pooling)) + " is not a cera_pooling");
-        const Pooling p = pooling == CERA_POOLING_MEAN   ? Pooling::kMean
-                          : pooling == CERA_POOLING_LAST ? Pooling::kLast
-                                                         : Pooling::kNone;
+                        "cera_session_embed: pooling " + std::to_string(pool) + " is not a cera_pooling");
+        const Pooling p = pool == CERA_POOLING_MEAN   ? Pooling::kMean
+                          : pool == CERA_POOLING_LAST ? Pooling::kLast
+                                                      : Pooling::kNone;
         const std::vector<float> v = session->session->embed(std::span<const int32_t>(tokens, n_tokens), p);
         return cera::capi::copy_array(v, out, capacity, n_out);
     });

@@ -81,6 +81,14 @@ TEST(CApi, VersionAndStatusNames) {
     EXPECT_STREQ(cera_status_name(CERA_OK), "ok");
     EXPECT_STREQ(cera_status_name(CERA_ERR_INVALID_FILE), "invalid file");
     EXPECT_STREQ(cera_finish_reason_name(CERA_FINISH_LENGTH), "length");
+    // Values a C caller may pass that are no enumerator.
+    cera_status bad_status;
+    cera_finish_reason bad_reason;
+    const int junk = 99;
+    std::memcpy(&bad_status, &junk, sizeof junk);
+    std::memcpy(&bad_reason, &junk, sizeof junk);
+    EXPECT_STREQ(cera_status_name(bad_status), "unknown status");
+    EXPECT_STREQ(cera_finish_reason_name(bad_reason), "unknown");
 }
 
 TEST(CApi, GreedyTextEqualsTheSessionsAndTheCallbackSeesEveryToken) {
@@ -242,7 +250,8 @@ TEST(CApi, ErrorsAreCodesWithMessages) {
     o.n_batch = -3;
     EXPECT_EQ(cera_engine_load(kModel.c_str(), &o, &e), CERA_ERR_INVALID_ARGUMENT) << cera_last_error();
     o = cera_engine_default_options();
-    o.kv_type = cera_kv_type(7);
+    const int seven = 7;
+    std::memcpy(&o.kv_type, &seven, sizeof seven);
     EXPECT_EQ(cera_engine_load(kModel.c_str(), &o, &e), CERA_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(cera_engine_load(nullptr, nullptr, &e), CERA_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(e, nullptr);
@@ -347,6 +356,11 @@ TEST(CApi, LogitsAndEmbeddingsEqualTheSessions) {
               CERA_ERR_BUFFER_TOO_SMALL);
     EXPECT_EQ(n, n_embd * ids.size());
     EXPECT_EQ(cera_session_embed(s, ids.data(), 0, CERA_POOLING_MEAN, v.data(), v.size(), &n),
+              CERA_ERR_INVALID_ARGUMENT);
+    cera_pooling bad_pooling;
+    const int nine = 9;
+    std::memcpy(&bad_pooling, &nine, sizeof nine);
+    EXPECT_EQ(cera_session_embed(s, ids.data(), ids.size(), bad_pooling, v.data(), v.size(), &n),
               CERA_ERR_INVALID_ARGUMENT);
     cera_session_free(s);
     cera_engine_free(e);
