@@ -79,7 +79,7 @@ std::shared_ptr<Request> Server::Impl::submit(const std::vector<int32_t>& prompt
 void Server::Impl::finish(const Exchange& x, const RequestLog& log) {
     metrics.request(x.endpoint, log.status);
     char ttft[32] = "-";
-    if (log.ttft >= 0) std::snprintf(ttft, sizeof ttft, "%.3f s", log.ttft);
+    if (log.ttft >= 0) std::snprintf(ttft, sizeof ttft, "%.4f s", log.ttft);
     std::fprintf(stderr,
                  "cera serve: request %" PRIu64 " %s %d: %" PRId64 " tokens in, %" PRId64
                  " out, first token %s, total %.3f s, %s\n",

@@ -98,16 +98,18 @@ __device__ __forceinline__ void merge_last_split(const DecodeAttnArgs& a, const 
     if (block_ticket(counter) != unsigned(n_act - 1)) return;
     for (int e = tid; e < G * hd; e += blockDim.x) {
         const int g = e / hd, d = e - g * hd;
-        float M = -INFINITY;
-        for (int j = 0; j < n_act; ++j) M = fmaxf(M, __ldcg(base + j * per + G * hd + g));
-        float L = 0.0f, O = 0.0f;
+        // One pass with a running maximum, unrolled so that the loads of several splits are in flight
+        // together: a long context has tens of splits, and a chain of one L2 round trip a split would
+        // cost more than the split's own key loop.
+        float M = -INFINITY, L = 0.0f, O = 0.0f;
+#pragma unroll 8
         for (int j = 0; j < n_act; ++j) {
             const float* pj = base + j * per;
-            const float lj = __ldcg(pj + G * hd + G + g);
+            const float mj = __ldcg(pj + G * hd + g), lj = __ldcg(pj + G * hd + G + g), oj = __ldcg(pj + e);
             if (lj > 0.0f) {
-                const float w = __expf(__ldcg(pj + G * hd + g) - M);
-                L += lj * w;
-                O += __ldcg(pj + e) * w;
+                const float mn = fmaxf(M, mj);
+                const float c = __expf(M - mn), w = __expf(mj - mn);  // c = 0 while M is -inf
+                L = fmaf(L, c, lj * w), O = fmaf(O, c, oj * w), M = mn;
             }
         }
         write_out(a, qrow0 + g, d, L > 0.0f ? O / L : 0.0f);
