@@ -22,7 +22,8 @@
  *
  * Conventions
  *   - Every function that can fail returns a cera_status. On failure the calling thread's
- *     last-error message (cera_last_error()) says what went wrong; outputs are left untouched.
+ *     last-error message (cera_last_error()) says what went wrong; outputs are left untouched
+ *     (but for the size a short buffer needed, below).
  *     No C++ exception ever leaves a cera_* function.
  *   - Handles are opaque. A cera_session or cera_batcher keeps its engine alive, so handles may be
  *     freed in any order. Every *_free function accepts NULL.
