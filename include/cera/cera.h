@@ -502,8 +502,14 @@ CERA_API int32_t cera_batcher_n_ctx(const cera_batcher *batcher);
 CERA_API cera_status cera_batcher_submit(cera_batcher *batcher, const cera_token *prompt, size_t n_prompt,
                                          const cera_generate_options *options, cera_token_callback callback,
                                          void *user_data, cera_request **out);
-/* Whether the request has finished (polling). */
+/* Whether the request has finished. */
 CERA_API bool cera_request_done(const cera_request *request);
+/* Polling, for callers that would rather not be called from the batcher's thread: copies the text
+ * the request has generated so far (buffer convention as above; text only grows at its end, so a
+ * caller may remember the length it has shown) and sets *done (may be NULL) when the request has
+ * finished, in which case the text is all of it. */
+CERA_API cera_status cera_request_poll(const cera_request *request, char *buf, size_t capacity, size_t *len_out,
+                                       bool *done);
 /* Finishes the request (CERA_FINISH_CANCELLED) before its next step. Any thread. */
 CERA_API void cera_request_cancel(cera_request *request);
 /* Blocks until the request finishes and fills *result (may be NULL); the status is the error that

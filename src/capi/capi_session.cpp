@@ -19,13 +19,45 @@ struct cera_request {
     // Shared with the request's sink, which may outlive the handle on the batcher's thread.
     struct Shared {
         std::mutex mu;
-        std::shared_ptr<Request> request;  // set right after submit
+        std::shared_ptr<Request> request;  // set right after submit, reset by cera_request_free
         bool stop = false;                 // the callback returned false
+        std::string text;                  // generated so far (cera_request_poll)
     };
     std::shared_ptr<Shared> shared;
     std::shared_ptr<Request> request;
     std::string text, stop_string;
 };
+
+namespace {
+
+// A request's sink: keeps the text for polling, then hands the event to the C callback (if any).
+class RequestSink : public cera::capi::CallbackSink {
+ public:
+    RequestSink(cera_token_callback callback, void* user_data, std::shared_ptr<cera_request::Shared> shared)
+        : CallbackSink(callback, user_data, stopper(shared)), shared_(std::move(shared)) {}
+    void on_text(std::string_view text) override {
+        {
+            std::lock_guard<std::mutex> lk(shared_->mu);
+            shared_->text += text;
+        }
+        CallbackSink::on_text(text);
+    }
+
+ private:
+    // The callback's stop may come before submit() has returned the Request: it is remembered, and
+    // submit applies it. The sink's own reference keeps the shared block alive.
+    static std::function<void()> stopper(const std::shared_ptr<cera_request::Shared>& shared) {
+        cera_request::Shared* sh = shared.get();
+        return [sh] {
+            std::lock_guard<std::mutex> lk(sh->mu);
+            sh->stop = true;
+            if (sh->request) sh->request->cancel();
+        };
+    }
+    std::shared_ptr<cera_request::Shared> shared_;
+};
+
+}  // namespace
 
 extern "C" {
 
@@ -287,18 +319,7 @@ cera_status cera_batcher_submit(cera_batcher* batcher, const cera_token* prompt,
         const GenerateOptions g = cera::capi::generate_options(options ? options : &defaults);
         auto h = std::make_unique<cera_request>();
         h->shared = std::make_shared<cera_request::Shared>();
-        std::shared_ptr<Sink> sink;
-        if (callback) {
-            // The sink may run before submit() returns: a stop then is remembered and applied below.
-            std::weak_ptr<cera_request::Shared> weak = h->shared;
-            sink = std::make_shared<cera::capi::CallbackSink>(callback, user_data, [weak] {
-                if (auto sh = weak.lock()) {
-                    std::lock_guard<std::mutex> lk(sh->mu);
-                    sh->stop = true;
-                    if (sh->request) sh->request->cancel();
-                }
-            });
-        }
+        auto sink = std::make_shared<RequestSink>(callback, user_data, h->shared);
         h->request = batcher->batcher->submit(std::span<const int32_t>(prompt, n_prompt), g, sink);
         {
             std::lock_guard<std::mutex> lk(h->shared->mu);
@@ -311,6 +332,20 @@ cera_status cera_batcher_submit(cera_batcher* batcher, const cera_token* prompt,
 }
 
 bool cera_request_done(const cera_request* request) { return request && request->request->done(); }
+
+cera_status cera_request_poll(const cera_request* request, char* buf, size_t capacity, size_t* len_out, bool* done) {
+    return guard([&] {
+        if (!request) return null_argument("cera_request_poll", "request");
+        const bool finished = request->request->done();  // first: once finished, the text is complete
+        std::string text;
+        {
+            std::lock_guard<std::mutex> lk(request->shared->mu);
+            text = request->shared->text;
+        }
+        if (done) *done = finished;
+        return cera::capi::copy_text(text, buf, capacity, len_out);
+    });
+}
 
 void cera_request_cancel(cera_request* request) {
     if (request) request->request->cancel();
@@ -336,6 +371,12 @@ void cera_request_free(cera_request* request) {
         (void)request->request->wait();
     } catch (...) {
         // The request failed: nothing is left to wait for.
+    }
+    {
+        // The Request holds the sink, which holds the shared block: its link back to the Request goes,
+        // or neither would ever be freed.
+        std::lock_guard<std::mutex> lk(request->shared->mu);
+        request->shared->request.reset();
     }
     delete request;
 }

@@ -3,6 +3,7 @@
 // callback stops generation; states round-trip; batched requests give the text each gives alone.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -476,6 +477,29 @@ TEST(CApi, BatchedRequestsGiveTheTextEachGivesAlone) {
         EXPECT_EQ(std::string(r.text, r.text_len), alone) << prompts[i];
         EXPECT_EQ(streamed[size_t(i)].text, alone) << prompts[i];
         cera_request_free(reqs[size_t(i)]);
+    }
+
+    // Polling instead of a callback: the text grows at its end until the request is done.
+    {
+        const std::vector<int32_t> ids = cpp->tokenize("The cat", true);
+        cera_request* r = nullptr;
+        ASSERT_EQ(cera_batcher_submit(b, ids.data(), ids.size(), &g, nullptr, nullptr, &r), CERA_OK);
+        std::string seen;
+        bool done = false;
+        std::vector<char> buf(4096);
+        while (!done) {
+            size_t len = 0;
+            ASSERT_EQ(cera_request_poll(r, buf.data(), buf.size(), &len, &done), CERA_OK) << cera_last_error();
+            const std::string now(buf.data(), len);
+            EXPECT_EQ(now.compare(0, seen.size(), seen), 0) << "the text changed before its end";
+            seen = now;
+            if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        EXPECT_EQ(seen, cpp_greedy("The cat", 24));
+        size_t len = 0;
+        EXPECT_EQ(cera_request_poll(r, nullptr, 0, &len, nullptr), CERA_ERR_BUFFER_TOO_SMALL);
+        EXPECT_EQ(len, seen.size());
+        cera_request_free(r);
     }
 
     // A callback's false cancels its request.
