@@ -102,10 +102,12 @@ std::vector<cera::ChatMessage> chat_messages(const py::iterable& messages) {
 // the signal handlers, and a raised exception (KeyboardInterrupt) cancels the session.
 class InterruptibleSink : public cera::Sink {
  public:
-    explicit InterruptibleSink(cera::Session& session) : session_(session) {}
+    // Constructed with the GIL held. Python runs signal handlers on its main thread only, so a
+    // generation on another thread never takes the GIL back.
+    explicit InterruptibleSink(cera::Session& session) : session_(session), main_thread_(on_main_thread()) {}
     void on_text(std::string_view) override {}
     void on_token(int32_t) override {
-        if (error_) return;
+        if (!main_thread_ || error_) return;
         py::gil_scoped_acquire gil;
         if (PyErr_CheckSignals() != 0) {
             error_.emplace();  // takes the pending Python exception
@@ -122,7 +124,13 @@ class InterruptibleSink : public cera::Sink {
     }
 
  private:
+    static bool on_main_thread() {
+        const py::module_ threading = py::module_::import("threading");
+        return threading.attr("current_thread")().is(threading.attr("main_thread")());
+    }
+
     cera::Session& session_;
+    const bool main_thread_;
     std::optional<py::error_already_set> error_;
 };
 

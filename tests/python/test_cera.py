@@ -134,6 +134,14 @@ class EngineTest(unittest.TestCase):
             for _ in self.engine.stream("Once upon a time", max_tokens=-1, temperature=0, ignore_eos=True):
                 time.sleep(0.001)
 
+    def test_generation_on_another_thread(self):
+        out = []
+        t = threading.Thread(target=lambda: out.append(self.engine.generate("Once upon a time", max_tokens=16,
+                                                                            temperature=0)))
+        t.start()
+        t.join()
+        self.assertEqual(out, [self.engine.generate("Once upon a time", max_tokens=16, temperature=0)])
+
     def test_gil_is_released_while_generating(self):
         ticks = []
         done = threading.Event()
