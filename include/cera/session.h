@@ -148,7 +148,9 @@ class Session {
     GenerationResult generate(const GenerateOptions& options, Sink& sink);
 
     // Stops the generate() in progress at the next token (or prefill chunk) boundary, or the next
-    // generate() to start if none is running. Any thread.
+    // generate() to start if none is running. Any thread. A cancel() that comes while a generate()
+    // runs but too late to stop it (after its last token, or from its Sink's on_done) is dropped when
+    // that generate() returns.
     void cancel();
     // Empties the sequence (position 0), keeping its memory.
     void reset();
@@ -177,6 +179,11 @@ class Session {
     // pooled. The session then holds the tokens (generate() may continue). Throws kInvalidArgument for no
     // tokens, kOutOfRange for a bad id or too many tokens.
     std::vector<float> embed(std::span<const int32_t> tokens, Pooling pooling = Pooling::kMean);
+
+    // The next-token logits after the last evaluated token: [n_vocab] floats, valid until the session
+    // changes. Evaluates queued tokens first (as generate() with max_tokens = 0 does). Throws
+    // kInvalidArgument for an empty session.
+    std::span<const float> logits();
 
     int32_t n_evaluated() const;  // tokens already in the KV cache (the rest are queued)
 

@@ -341,6 +341,7 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
     r.decode_seconds = seconds_since(t_decode);
     im.flush_store();  // when no token was sampled
     sink.on_done(r);
+    im.cancel.store(false);  // a cancel() that came too late to stop this call must not stop the next
     return r;
 }
 
@@ -432,6 +433,20 @@ std::vector<float> Session::embed(std::span<const int32_t> tokens, Pooling pooli
     std::vector<float> mean(static_cast<size_t>(n_embd));
     for (int64_t i = 0; i < n_embd; ++i) mean[size_t(i)] = float(sum[size_t(i)] / double(n));
     return mean;
+}
+
+std::span<const float> Session::logits() {
+    Impl& im = *impl_;
+    if (im.tokens.empty()) throw_error(ErrorCode::kInvalidArgument, "logits: the session is empty");
+    if (size_t(im.n_evaluated()) < im.tokens.size()) {
+        GenerateOptions g;
+        g.max_tokens = 0;
+        NullSink sink;
+        if (generate(g, sink).finish == FinishReason::kCancelled)
+            throw_error(ErrorCode::kCancelled, "logits: cancelled while evaluating the queued tokens");
+    }
+    if (!im.ensure_logits()) throw_error(ErrorCode::kInvalidArgument, "logits: the session has no logits");
+    return im.logits;
 }
 
 int32_t Session::n_evaluated() const { return impl_->n_evaluated(); }
