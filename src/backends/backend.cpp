@@ -92,6 +92,58 @@ void short_conv_segments_via_host(Backend& be, const Tensor& bcx, const Tensor& 
     }
 }
 
+void lora_segments_host(const float* x, int64_t k, std::span<const LoraSegment> segs, float* y, int64_t n_out) {
+    std::vector<double> t;
+    for (const LoraSegment& sg : segs) {
+        const int64_t r = sg.a.ne[1];
+        const float* a = sg.a.as<const float>();
+        const float* b = sg.b.as<const float>();
+        t.assign(size_t(r), 0.0);
+        for (int64_t row = sg.start; row < sg.start + sg.n; ++row) {
+            const float* xr = x + row * k;
+            for (int64_t j = 0; j < r; ++j) {
+                double acc = 0.0;
+                for (int64_t i = 0; i < k; ++i) acc += double(a[j * k + i]) * double(xr[i]);
+                t[size_t(j)] = acc;
+            }
+            float* yr = y + row * n_out;
+            for (int64_t o = 0; o < n_out; ++o) {
+                double acc = 0.0;
+                for (int64_t j = 0; j < r; ++j) acc += double(b[o * r + j]) * t[size_t(j)];
+                yr[o] += float(double(sg.scale) * acc);
+            }
+        }
+    }
+}
+
+void lora_segments_via_host(Backend& be, const Tensor& x, std::span<const LoraSegment> segs, const Tensor& y) {
+    const int64_t k = x.ne[0], n_out = y.ne[0];
+    for (const LoraSegment& sg : segs)
+        CERA_CHECK(sg.a.type == GgmlType::kF32 && sg.b.type == GgmlType::kF32 && sg.a.ne[0] == k &&
+                       sg.b.ne[0] == sg.a.ne[1] && sg.b.ne[1] == n_out && sg.start >= 0 && sg.n >= 0 &&
+                       sg.start + sg.n <= x.rows() && x.rows() == y.rows(),
+                   "lora_segments: segment rows %lld+%lld, a {%lld, %lld}, b {%lld, %lld}, x ne0 %lld, y ne0 %lld",
+                   (long long)sg.start, (long long)sg.n, (long long)sg.a.ne[0], (long long)sg.a.ne[1],
+                   (long long)sg.b.ne[0], (long long)sg.b.ne[1], (long long)k, (long long)n_out);
+    if (segs.empty()) return;
+    be.synchronize();
+    std::vector<float> xh(size_t(x.n_elements())), yh(size_t(y.n_elements()));
+    be.read(xh.data(), x, xh.size() * sizeof(float));
+    be.read(yh.data(), y, yh.size() * sizeof(float));
+    // Each segment's weights on the host, read once per distinct tensor.
+    std::vector<std::vector<float>> held;
+    std::vector<LoraSegment> host(segs.begin(), segs.end());
+    for (LoraSegment& sg : host) {
+        for (Tensor* t : {&sg.a, &sg.b}) {
+            held.emplace_back(size_t(t->n_elements()));
+            be.read(held.back().data(), *t, held.back().size() * sizeof(float));
+            t->data = held.back().data();
+        }
+    }
+    lora_segments_host(xh.data(), k, host, yh.data(), n_out);
+    be.write(y, yh.data(), yh.size() * sizeof(float));
+}
+
 void argmax_feed_via_host(Backend& be, const Tensor& x, const Tensor& out, const Tensor& ids, const Tensor& pos) {
     CERA_CHECK(x.rows() == 1 && ids.type == GgmlType::kI32 && pos.type == GgmlType::kI32 && ids.n_elements() >= 1 &&
                    pos.n_elements() >= 1,
