@@ -5,6 +5,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/check.h"
+#include "core/fp16.h"
 
 namespace cera {
 
@@ -119,7 +120,7 @@ void lora_segments_host(const float* x, int64_t k, std::span<const LoraSegment> 
 void lora_segments_via_host(Backend& be, const Tensor& x, std::span<const LoraSegment> segs, const Tensor& y) {
     const int64_t k = x.ne[0], n_out = y.ne[0];
     for (const LoraSegment& sg : segs)
-        CERA_CHECK(sg.a.type == GgmlType::kF32 && sg.b.type == GgmlType::kF32 && sg.a.ne[0] == k &&
+        CERA_CHECK((sg.a.type == GgmlType::kF32 || sg.a.type == GgmlType::kF16) && sg.b.type == sg.a.type && sg.a.ne[0] == k &&
                        sg.b.ne[0] == sg.a.ne[1] && sg.b.ne[1] == n_out && sg.start >= 0 && sg.n >= 0 &&
                        sg.start + sg.n <= x.rows() && x.rows() == y.rows(),
                    "lora_segments: segment rows %lld+%lld, a {%lld, %lld}, b {%lld, %lld}, x ne0 %lld, y ne0 %lld",
@@ -133,11 +134,19 @@ void lora_segments_via_host(Backend& be, const Tensor& x, std::span<const LoraSe
     // Each segment's weights on the host, read once per distinct tensor.
     std::vector<std::vector<float>> held;
     std::vector<LoraSegment> host(segs.begin(), segs.end());
+    std::vector<uint16_t> half;
     for (LoraSegment& sg : host) {
         for (Tensor* t : {&sg.a, &sg.b}) {
             held.emplace_back(size_t(t->n_elements()));
-            be.read(held.back().data(), *t, held.back().size() * sizeof(float));
+            if (t->type == GgmlType::kF16) {
+                half.resize(held.back().size());
+                be.read(half.data(), *t, half.size() * sizeof(uint16_t));
+                for (size_t i = 0; i < half.size(); ++i) held.back()[i] = fp16_to_fp32(half[i]);
+            } else {
+                be.read(held.back().data(), *t, held.back().size() * sizeof(float));
+            }
             t->data = held.back().data();
+            t->type = GgmlType::kF32;
         }
     }
     lora_segments_host(xh.data(), k, host, yh.data(), n_out);

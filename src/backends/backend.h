@@ -127,8 +127,8 @@ void short_conv_segments_via_host(Backend& be, const Tensor& bcx, const Tensor& 
 // and y go through one adapter's A and B for one projection.
 struct LoraSegment {
     int64_t start = 0, n = 0;  // rows of x and y
-    Tensor a;                  // f32 [r, k]      (GGUF ne {k, r}): the down projection
-    Tensor b;                  // f32 [n_out, r]  (GGUF ne {r, n_out}): the up projection
+    Tensor a;                  // f32 or f16 [r, k]      (GGUF ne {k, r}): the down projection
+    Tensor b;                  // like a, [n_out, r]     (GGUF ne {r, n_out}): the up projection
     float scale = 0.0f;        // the adapter's scale times alpha / r
 };
 // The reference of Backend::lora_segments on host memory: y[t] += scale_i * B_i (A_i x[t]) for every
@@ -287,7 +287,8 @@ class Backend {
     // row t of segment i. Segments come in any order and may cover a row more than once (several
     // adapters on one sequence: their deltas add up); rows in no segment are left alone.
     //   x: f32 [n_tokens, k]; y: f32 [n_tokens, n_out] (the base product, updated in place; must not
-    //   alias x); segs: host descriptors, each a: f32 [r_i, k] and b: f32 [n_out, r_i] on this device.
+    //   alias x); segs: host descriptors, each a [r_i, k] and b [n_out, r_i] on this device, both f32 or
+    //   both f16.
     // The default goes through the host (lora_segments_via_host); a device backend should override it.
     virtual void lora_segments(const Tensor& x, std::span<const LoraSegment> segs, const Tensor& y) {
         lora_segments_via_host(*this, x, segs, y);

@@ -12,6 +12,7 @@
 #include <regex>
 
 #include "core/check.h"
+#include "core/fp16.h"
 #include "core/quant/quant.h"
 #include "gguf/gguf.h"
 #include "models/arch.h"
@@ -179,8 +180,10 @@ uint64_t lora_set_key(const LoraSet& set) {
 
 // ---------------------------------------------------------------- the device cache
 
-LoraCache::LoraCache(Backend& be, std::unordered_map<std::string, Tensor> weights, size_t cap_bytes)
-    : be_(be), weights_(std::move(weights)), cap_(cap_bytes) {}
+LoraCache::LoraCache(Backend& be, std::unordered_map<std::string, Tensor> weights, size_t cap_bytes, GgmlType type)
+    : be_(be), weights_(std::move(weights)), cap_(cap_bytes), type_(type) {
+    CERA_CHECK(type == GgmlType::kF32 || type == GgmlType::kF16, "LoRA weights are stored as F32 or F16");
+}
 
 LoraCache::~LoraCache() = default;  // the backend frees its buffers with itself
 
@@ -230,7 +233,7 @@ const LoraResident& LoraCache::resident(const LoraAdapter& a) {
         it->second.last_use = clock_;
         return it->second;
     }
-    const size_t need = a.bytes();
+    const size_t need = type_ == GgmlType::kF16 ? a.bytes() / 2 : a.bytes();
     while (cap_ > 0 && bytes_ + need > cap_) {
         // The least recently used adapter that this step does not use goes.
         auto victim = resident_.end();
@@ -246,10 +249,17 @@ const LoraResident& LoraCache::resident(const LoraAdapter& a) {
         const Tensor* w = weight(t.target);
         CERA_CHECK(w, "LoRA target %s vanished", t.target.c_str());
         LoraPair p;
-        p.a = be_.alloc(GgmlType::kF32, {t.k, t.r});
-        p.b = be_.alloc(GgmlType::kF32, {t.r, t.n_out});
-        be_.write(p.a, t.a.data(), t.a.size() * sizeof(float));
-        be_.write(p.b, t.b.data(), t.b.size() * sizeof(float));
+        p.a = be_.alloc(type_, {t.k, t.r});
+        p.b = be_.alloc(type_, {t.r, t.n_out});
+        for (auto [dst, src] : {std::pair{&p.a, &t.a}, {&p.b, &t.b}}) {
+            if (type_ == GgmlType::kF32) {
+                be_.write(*dst, src->data(), src->size() * sizeof(float));
+                continue;
+            }
+            std::vector<uint16_t> h(src->size());
+            for (size_t i = 0; i < h.size(); ++i) h[i] = fp32_to_fp16((*src)[i]);
+            be_.write(*dst, h.data(), h.size() * sizeof(uint16_t));
+        }
         p.factor = t.factor;
         r.by_weight[w->data] = p;
     }

@@ -69,8 +69,8 @@ uint64_t lora_set_key(const LoraSet& set);
 
 // An adapter's device copy: for each adapted base weight (by its device data pointer), A and B.
 struct LoraPair {
-    Tensor a;  // f32 [r, k]
-    Tensor b;  // f32 [n_out, r]
+    Tensor a;  // [r, k] in the cache's type
+    Tensor b;  // [n_out, r]
     float factor = 1.0f;
 };
 struct LoraResident {
@@ -83,8 +83,9 @@ struct LoraResident {
 // being set up); forget() may come from any thread.
 class LoraCache {
  public:
-    // cap_bytes: device bytes of adapter weights kept when not in use (0: no bound).
-    LoraCache(Backend& be, std::unordered_map<std::string, Tensor> weights, size_t cap_bytes);
+    // cap_bytes: device bytes of adapter weights kept when not in use (0: no bound); type: how the device
+    // copies store A and B (kF16 or kF32).
+    LoraCache(Backend& be, std::unordered_map<std::string, Tensor> weights, size_t cap_bytes, GgmlType type);
     ~LoraCache();
     // Starts a step: the adapters resident() returns until the next begin_step() are not evicted.
     void begin_step();
@@ -102,6 +103,7 @@ class LoraCache {
     Backend& be_;
     std::unordered_map<std::string, Tensor> weights_;  // the model's matrices by name
     size_t cap_ = 0;
+    GgmlType type_ = GgmlType::kF16;
     mutable std::mutex mu_;
     std::unordered_map<uint64_t, LoraResident> resident_;
     std::vector<uint64_t> dead_;  // forgotten ids whose copies are freed at the next resident()

@@ -35,6 +35,9 @@ struct ModelOptions {
     int n_batch = 512;                  // prefill chunk: tokens per forward pass
     CudaOptions cuda;                   // the CUDA backend's options (graphs, fusion, profiling)
     size_t lora_cache_bytes = 0;        // device bytes of LoRA adapters kept while unused; 0 = no bound
+    // How the device copies of LoRA adapters store A and B: kF16 (half the bytes a decode step reads; the
+    // deltas' rounding stays far below the logits' tolerances) or kF32.
+    GgmlType lora_type = GgmlType::kF16;
     static constexpr int kDefaultMaxCtx = 4096;
 };
 

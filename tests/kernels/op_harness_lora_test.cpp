@@ -34,7 +34,7 @@ std::vector<Seg> segments_for(int64_t n_tokens) {
     return {{h, n_tokens - h, 2, 1.0f}, {0, h - 1, 0, 2.0f}, {1, 1, 1, -1.0f}, {0, n_tokens, 1, 0.125f}};
 }
 
-void check(bool via_host) {
+void check(bool via_host, GgmlType type) {
     std::mt19937 rng(35);
     const int64_t shapes[][3] = {{1, 1, 1}, {7, 96, 4}, {96, 7, 1}, {256, 768, 16}, {288, 96, 8}, {4097, 32, 16},
                                  {768, 4097, 16}};  // k, n_out, max rank
@@ -48,6 +48,10 @@ void check(bool via_host) {
             for (int i = 0; i < 3; ++i) {
                 a[size_t(i)] = randn(size_t(ranks[i] * k), rng, 0.1f);
                 b[size_t(i)] = randn(size_t(n_out * ranks[i]), rng, 0.1f);
+                // F16 copies: the reference uses the values they hold.
+                if (type == GgmlType::kF16)
+                    for (auto* v : {&a[size_t(i)], &b[size_t(i)]})
+                        for (float& x : *v) x = fp16_to_fp32(fp32_to_fp16(x));
             }
             const std::vector<float> x = activations(size_t(n_tokens * k), rng);
             const std::vector<float> y0 = randn(size_t(n_tokens * n_out), rng);
@@ -82,8 +86,16 @@ void check(bool via_host) {
                 OnBackend ob(t);
                 std::vector<Tensor> A(3), B(3);
                 for (int i = 0; i < 3; ++i) {
-                    A[size_t(i)] = ob.f32({k, ranks[i]}, a[size_t(i)]);
-                    B[size_t(i)] = ob.f32({ranks[i], n_out}, b[size_t(i)]);
+                    if (type == GgmlType::kF32) {
+                        A[size_t(i)] = ob.f32({k, ranks[i]}, a[size_t(i)]);
+                        B[size_t(i)] = ob.f32({ranks[i], n_out}, b[size_t(i)]);
+                        continue;
+                    }
+                    std::vector<uint16_t> ha, hb;
+                    for (float x : a[size_t(i)]) ha.push_back(fp32_to_fp16(x));
+                    for (float x : b[size_t(i)]) hb.push_back(fp32_to_fp16(x));
+                    A[size_t(i)] = ob.alloc(GgmlType::kF16, {k, ranks[i]}, ha.data());
+                    B[size_t(i)] = ob.alloc(GgmlType::kF16, {ranks[i], n_out}, hb.data());
                 }
                 const Tensor X = ob.f32({k, n_tokens}, x), Y = ob.f32({n_out, n_tokens}, y0);
                 std::vector<LoraSegment> ls;
@@ -92,7 +104,7 @@ void check(bool via_host) {
                     lora_segments_via_host(ob.be(), X, ls, Y);
                 else
                     ob.be().lora_segments(X, ls, Y);
-                Checker c(str(t.name, via_host ? " lora_segments_via_host" : " lora_segments", " k ", k, " n_out ",
+                Checker c(str(t.name, via_host ? " lora_segments_via_host " : " lora_segments ", type_name(type), " k ", k, " n_out ",
                               n_out, " n_tokens ", n_tokens));
                 const std::vector<float> y = ob.read(Y);
                 for (size_t i = 0; i < y.size(); ++i) c.near(y[i], want[i], bound[i], "y ", i);
@@ -102,8 +114,14 @@ void check(bool via_host) {
     }
 }
 
-TEST(OpHarness, LoraSegments) { check(false); }
-TEST(OpHarness, LoraSegmentsViaHost) { check(true); }
+TEST(OpHarness, LoraSegments) {
+    check(false, GgmlType::kF32);
+    check(false, GgmlType::kF16);
+}
+TEST(OpHarness, LoraSegmentsViaHost) {
+    check(true, GgmlType::kF32);
+    check(true, GgmlType::kF16);
+}
 
 }  // namespace
 }  // namespace cera::harness
