@@ -98,7 +98,7 @@ void lora_segments_host(const float* x, int64_t k, std::span<const LoraSegment> 
     for (const LoraSegment& sg : segs) {
         const int64_t r = sg.a.ne[1];
         const float* a = sg.a.as<const float>();
-        const float* b = sg.b.as<const float>();
+        const float* bt = sg.bt.as<const float>();
         t.assign(size_t(r), 0.0);
         for (int64_t row = sg.start; row < sg.start + sg.n; ++row) {
             const float* xr = x + row * k;
@@ -110,7 +110,7 @@ void lora_segments_host(const float* x, int64_t k, std::span<const LoraSegment> 
             float* yr = y + row * n_out;
             for (int64_t o = 0; o < n_out; ++o) {
                 double acc = 0.0;
-                for (int64_t j = 0; j < r; ++j) acc += double(b[o * r + j]) * t[size_t(j)];
+                for (int64_t j = 0; j < r; ++j) acc += double(bt[j * n_out + o]) * t[size_t(j)];
                 yr[o] += float(double(sg.scale) * acc);
             }
         }
@@ -120,12 +120,13 @@ void lora_segments_host(const float* x, int64_t k, std::span<const LoraSegment> 
 void lora_segments_via_host(Backend& be, const Tensor& x, std::span<const LoraSegment> segs, const Tensor& y) {
     const int64_t k = x.ne[0], n_out = y.ne[0];
     for (const LoraSegment& sg : segs)
-        CERA_CHECK((sg.a.type == GgmlType::kF32 || sg.a.type == GgmlType::kF16) && sg.b.type == sg.a.type && sg.a.ne[0] == k &&
-                       sg.b.ne[0] == sg.a.ne[1] && sg.b.ne[1] == n_out && sg.start >= 0 && sg.n >= 0 &&
-                       sg.start + sg.n <= x.rows() && x.rows() == y.rows(),
-                   "lora_segments: segment rows %lld+%lld, a {%lld, %lld}, b {%lld, %lld}, x ne0 %lld, y ne0 %lld",
+        CERA_CHECK((sg.a.type == GgmlType::kF32 || sg.a.type == GgmlType::kF16) &&
+                       (sg.bt.type == GgmlType::kF32 || sg.bt.type == GgmlType::kF16) &&
+                       sg.a.ne[0] == k && sg.bt.ne[1] == sg.a.ne[1] && sg.bt.ne[0] == n_out && sg.start >= 0 &&
+                       sg.n >= 0 && sg.start + sg.n <= x.rows() && x.rows() == y.rows(),
+                   "lora_segments: segment rows %lld+%lld, a {%lld, %lld}, bt {%lld, %lld}, x ne0 %lld, y ne0 %lld",
                    (long long)sg.start, (long long)sg.n, (long long)sg.a.ne[0], (long long)sg.a.ne[1],
-                   (long long)sg.b.ne[0], (long long)sg.b.ne[1], (long long)k, (long long)n_out);
+                   (long long)sg.bt.ne[0], (long long)sg.bt.ne[1], (long long)k, (long long)n_out);
     if (segs.empty()) return;
     be.synchronize();
     std::vector<float> xh(size_t(x.n_elements())), yh(size_t(y.n_elements()));
@@ -136,7 +137,7 @@ void lora_segments_via_host(Backend& be, const Tensor& x, std::span<const LoraSe
     std::vector<LoraSegment> host(segs.begin(), segs.end());
     std::vector<uint16_t> half;
     for (LoraSegment& sg : host) {
-        for (Tensor* t : {&sg.a, &sg.b}) {
+        for (Tensor* t : {&sg.a, &sg.bt}) {
             held.emplace_back(size_t(t->n_elements()));
             if (t->type == GgmlType::kF16) {
                 half.resize(held.back().size());

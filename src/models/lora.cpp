@@ -215,7 +215,7 @@ size_t LoraCache::n_resident() const {
 void LoraCache::free_entry(LoraResident& r) {
     for (auto& [w, p] : r.by_weight) {
         be_.free(p.a);
-        be_.free(p.b);
+        be_.free(p.bt);
     }
     bytes_ -= r.bytes;
     r.by_weight.clear();
@@ -250,15 +250,23 @@ const LoraResident& LoraCache::resident(const LoraAdapter& a) {
         CERA_CHECK(w, "LoRA target %s vanished", t.target.c_str());
         LoraPair p;
         p.a = be_.alloc(type_, {t.k, t.r});
-        p.b = be_.alloc(type_, {t.r, t.n_out});
-        for (auto [dst, src] : {std::pair{&p.a, &t.a}, {&p.b, &t.b}}) {
-            if (type_ == GgmlType::kF32) {
-                be_.write(*dst, src->data(), src->size() * sizeof(float));
-                continue;
-            }
-            std::vector<uint16_t> h(src->size());
-            for (size_t i = 0; i < h.size(); ++i) h[i] = fp32_to_fp16((*src)[i]);
-            be_.write(*dst, h.data(), h.size() * sizeof(uint16_t));
+        if (type_ == GgmlType::kF32) {
+            be_.write(p.a, t.a.data(), t.a.size() * sizeof(float));
+        } else {
+            std::vector<uint16_t> h(t.a.size());
+            for (size_t i = 0; i < h.size(); ++i) h[i] = fp32_to_fp16(t.a[i]);
+            be_.write(p.a, h.data(), h.size() * sizeof(uint16_t));
+        }
+        std::vector<float> bt(t.b.size());  // B [n_out, r] -> Bᵀ [r, n_out]
+        for (int64_t o = 0; o < t.n_out; ++o)
+            for (int64_t j = 0; j < t.r; ++j) bt[size_t(j * t.n_out + o)] = t.b[size_t(o * t.r + j)];
+        p.bt = be_.alloc(type_, {t.n_out, t.r});
+        if (type_ == GgmlType::kF32) {
+            be_.write(p.bt, bt.data(), bt.size() * sizeof(float));
+        } else {
+            std::vector<uint16_t> h(bt.size());
+            for (size_t i = 0; i < h.size(); ++i) h[i] = fp32_to_fp16(bt[i]);
+            be_.write(p.bt, h.data(), h.size() * sizeof(uint16_t));
         }
         p.factor = t.factor;
         r.by_weight[w->data] = p;
@@ -282,7 +290,7 @@ void Step::linear(const Tensor& w, const Tensor& x, const Tensor& bias, const Te
         sg.start = g.start;
         sg.n = g.n;
         sg.a = it->second.a;
-        sg.b = it->second.b;
+        sg.bt = it->second.bt;
         sg.scale = g.scale * it->second.factor;
         lora_segs->push_back(sg);
     }

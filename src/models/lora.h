@@ -41,7 +41,7 @@ class LoraAdapter {
     uint64_t id() const { return id_; }  // unique in the process
     const std::vector<LoraTensor>& tensors() const { return tensors_; }
     int64_t max_rank() const;
-    size_t bytes() const;  // the weights' bytes (f32), host or device
+    size_t bytes() const;  // the weights' bytes as f32 (host)
 
  private:
     friend std::shared_ptr<LoraAdapter> load_lora(const std::string& path, const Model& model);
@@ -69,8 +69,8 @@ uint64_t lora_set_key(const LoraSet& set);
 
 // An adapter's device copy: for each adapted base weight (by its device data pointer), A and B.
 struct LoraPair {
-    Tensor a;  // [r, k] in the cache's type
-    Tensor b;  // [n_out, r]
+    Tensor a;   // [r, k] in the cache's type
+    Tensor bt;  // [r, n_out] in the cache's type: B transposed (Backend::lora_segments)
     float factor = 1.0f;
 };
 struct LoraResident {
@@ -84,7 +84,7 @@ struct LoraResident {
 class LoraCache {
  public:
     // cap_bytes: device bytes of adapter weights kept when not in use (0: no bound); type: how the device
-    // copies store A and B (kF16 or kF32).
+    // copies store A and Bᵀ (kF16 or kF32).
     LoraCache(Backend& be, std::unordered_map<std::string, Tensor> weights, size_t cap_bytes, GgmlType type);
     ~LoraCache();
     // Starts a step: the adapters resident() returns until the next begin_step() are not evicted.

@@ -2,9 +2,9 @@
 // belong to several adapters) on every target, and its default (lora_segments_via_host, what a
 // device backend without a kernel of its own runs), against a scalar reference computed here in double.
 //
-// Bound: y + s B (A x) with t = A x (k products summed in f32), then B t (r products), then the scaled
-// add: |err| <= |s| gamma(k + r + 2) sum_j |b_oj| sum_i |a_ji x_i| + 2u |y| (every rounding of t and of
-// the B sum is bounded by the magnitudes; the add and the scaling round once each).
+// Bound: y + s B (A x) with t = A x (k products summed in f32), scaled, then B t (r products) added to y
+// in any grouping: |err| <= |s| gamma(k + r + 2) sum_j |b_oj| sum_i |a_ji x_i| (the roundings of t and of
+// the products, bounded by the magnitudes) plus gamma(additions into y) (|y| + |y0|).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -80,22 +80,28 @@ void check(bool via_host, GgmlType type) {
                     }
                 }
             }
-            for (size_t i = 0; i < want.size(); ++i) bound[i] += 2 * kU * (std::fabs(want[i]) + std::fabs(y0[i])) + 1e-37;
+            // y's own roundings: one per addition into it, at most the ranks of every segment on a row (the CPU
+            // adds Bᵀ's rows one by one), 16 + 8 + 1 in two segments at most.
+            for (size_t i = 0; i < want.size(); ++i) bound[i] += gamma(2 * 25 + 2) * (std::fabs(want[i]) + std::fabs(y0[i])) + 1e-37;
             for (const Target& t : targets()) {
                 if (t.moe_only) continue;
                 OnBackend ob(t);
                 std::vector<Tensor> A(3), B(3);
                 for (int i = 0; i < 3; ++i) {
+                    std::vector<float> bt(b[size_t(i)].size());  // B [n_out, r] -> Bᵀ [r, n_out]
+                    for (int64_t o = 0; o < n_out; ++o)
+                        for (int64_t j = 0; j < ranks[i]; ++j)
+                            bt[size_t(j * n_out + o)] = b[size_t(i)][size_t(o * ranks[i] + j)];
                     if (type == GgmlType::kF32) {
                         A[size_t(i)] = ob.f32({k, ranks[i]}, a[size_t(i)]);
-                        B[size_t(i)] = ob.f32({ranks[i], n_out}, b[size_t(i)]);
+                        B[size_t(i)] = ob.f32({n_out, ranks[i]}, bt);
                         continue;
                     }
                     std::vector<uint16_t> ha, hb;
                     for (float x : a[size_t(i)]) ha.push_back(fp32_to_fp16(x));
-                    for (float x : b[size_t(i)]) hb.push_back(fp32_to_fp16(x));
+                    for (float x : bt) hb.push_back(fp32_to_fp16(x));
                     A[size_t(i)] = ob.alloc(GgmlType::kF16, {k, ranks[i]}, ha.data());
-                    B[size_t(i)] = ob.alloc(GgmlType::kF16, {ranks[i], n_out}, hb.data());
+                    B[size_t(i)] = ob.alloc(GgmlType::kF16, {n_out, ranks[i]}, hb.data());
                 }
                 const Tensor X = ob.f32({k, n_tokens}, x), Y = ob.f32({n_out, n_tokens}, y0);
                 std::vector<LoraSegment> ls;
