@@ -21,6 +21,13 @@ namespace cera {
 // Storage of the attention KV cache.
 enum class KvCacheType { kF32, kF16 };
 
+// A LoRA adapter (a llama.cpp GGUF LoRA file or a Hugging Face PEFT folder) and the scale its deltas
+// are applied with: y = W x + scale * (alpha / r) * B (A x).
+struct LoraOptions {
+    std::string path;
+    float scale = 1.0f;
+};
+
 struct EngineOptions {
     std::string device = "auto";             // "auto" (a CUDA GPU when usable, else the CPU), "cpu", "cuda", "cuda:N"
     int threads = 0;                         // CPU worker threads; 0 = the physical cores
@@ -33,6 +40,21 @@ struct EngineOptions {
     std::string prefix_cache_dir;        // on-disk (cold) tier directory; "" = none
     uint64_t prefix_cache_dir_bytes = 0; // on-disk tier bound in bytes; 0 = 4 GiB
     bool gpu_profile = false;            // CUDA: print GPU and host time per decode step when the engine goes
+    // LoRA adapters applied together to every session and to every batcher request that names no adapter
+    // (GenerateOptions::adapter), each with its scale. Loaded with the model; a bad one fails load().
+    std::vector<LoraOptions> lora;
+    // Device bytes of adapter weights kept resident while no step uses them (least recently used go
+    // first beyond it); 0 = no bound.
+    size_t lora_cache_bytes = 0;
+};
+
+// A named adapter of an engine (Engine::load_adapter).
+struct AdapterInfo {
+    std::string name;
+    std::string path;
+    float scale = 1.0f;
+    int64_t n_tensors = 0;  // adapted projections
+    int64_t rank = 0;       // the largest rank among them
 };
 
 // Device memory an engine's backend holds, in bytes (all zero on the CPU, whose memory is the
@@ -118,6 +140,16 @@ class Engine {
     // Whether a prefix cache is configured, and its counters (zeros without one).
     bool has_prefix_cache() const;
     PrefixCacheStats prefix_cache_stats() const;
+
+    // Named LoRA adapters, added and removed while the engine runs (any thread): a batcher request or a
+    // session's generate() selects one by name (GenerateOptions::adapter). load_adapter() reads and
+    // checks the adapter against the model (cera::Error: kIo, kInvalidFile naming the tensor and both
+    // shapes for an adapter of another model, kUnsupported) and throws kInvalidArgument for a name in
+    // use, "", or "base". unload_adapter() returns false for an unknown name; requests already running
+    // with the adapter finish with it.
+    void load_adapter(const std::string& name, const std::string& path, float scale = 1.0f);
+    bool unload_adapter(const std::string& name);
+    std::vector<AdapterInfo> adapters() const;  // by name
 
     // Internal: the loaded model and tokenizer (src/runtime/engine_impl.h).
     struct Impl;

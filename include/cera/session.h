@@ -71,6 +71,10 @@ struct GenerateOptions {
     // vocabulary can continue it. The text is matched from the first generated token. Steps then
     // bring the logits to the host (device_greedy and device_sampling do not apply).
     std::shared_ptr<const Grammar> grammar;
+    // LoRA adapter: "" = the engine's default adapters (EngineOptions::lora), "base" = none, otherwise the
+    // name of an adapter loaded with Engine::load_adapter (kMissing when there is none by that name). A
+    // session whose adapter changes evaluates its tokens again under the new one.
+    std::string adapter;
 };
 
 // A sampled token's log-probability and the most likely tokens at its position (GenerateOptions::logprobs).

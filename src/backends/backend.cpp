@@ -5,6 +5,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/check.h"
+#include "core/fp16.h"
 
 namespace cera {
 
@@ -90,6 +91,67 @@ void short_conv_segments_via_host(Backend& be, const Tensor& bcx, const Tensor& 
         }
         run(n);
     }
+}
+
+void lora_segments_host(const float* x, int64_t k, std::span<const LoraSegment> segs, float* y, int64_t n_out) {
+    std::vector<double> t;
+    for (const LoraSegment& sg : segs) {
+        const int64_t r = sg.a.ne[1];
+        const float* a = sg.a.as<const float>();
+        const float* bt = sg.bt.as<const float>();
+        t.assign(size_t(r), 0.0);
+        for (int64_t row = sg.start; row < sg.start + sg.n; ++row) {
+            const float* xr = x + row * k;
+            for (int64_t j = 0; j < r; ++j) {
+                double acc = 0.0;
+                for (int64_t i = 0; i < k; ++i) acc += double(a[j * k + i]) * double(xr[i]);
+                t[size_t(j)] = acc;
+            }
+            float* yr = y + row * n_out;
+            for (int64_t o = 0; o < n_out; ++o) {
+                double acc = 0.0;
+                for (int64_t j = 0; j < r; ++j) acc += double(bt[j * n_out + o]) * t[size_t(j)];
+                yr[o] += float(double(sg.scale) * acc);
+            }
+        }
+    }
+}
+
+void lora_segments_via_host(Backend& be, const Tensor& x, std::span<const LoraSegment> segs, const Tensor& y) {
+    const int64_t k = x.ne[0], n_out = y.ne[0];
+    for (const LoraSegment& sg : segs)
+        CERA_CHECK((sg.a.type == GgmlType::kF32 || sg.a.type == GgmlType::kF16) &&
+                       (sg.bt.type == GgmlType::kF32 || sg.bt.type == GgmlType::kF16) &&
+                       sg.a.ne[0] == k && sg.bt.ne[1] == sg.a.ne[1] && sg.bt.ne[0] == n_out && sg.start >= 0 &&
+                       sg.n >= 0 && sg.start + sg.n <= x.rows() && x.rows() == y.rows(),
+                   "lora_segments: segment rows %lld+%lld, a {%lld, %lld}, bt {%lld, %lld}, x ne0 %lld, y ne0 %lld",
+                   (long long)sg.start, (long long)sg.n, (long long)sg.a.ne[0], (long long)sg.a.ne[1],
+                   (long long)sg.bt.ne[0], (long long)sg.bt.ne[1], (long long)k, (long long)n_out);
+    if (segs.empty()) return;
+    be.synchronize();
+    std::vector<float> xh(size_t(x.n_elements())), yh(size_t(y.n_elements()));
+    be.read(xh.data(), x, xh.size() * sizeof(float));
+    be.read(yh.data(), y, yh.size() * sizeof(float));
+    // Each segment's weights on the host, read once per distinct tensor.
+    std::vector<std::vector<float>> held;
+    std::vector<LoraSegment> host(segs.begin(), segs.end());
+    std::vector<uint16_t> half;
+    for (LoraSegment& sg : host) {
+        for (Tensor* t : {&sg.a, &sg.bt}) {
+            held.emplace_back(size_t(t->n_elements()));
+            if (t->type == GgmlType::kF16) {
+                half.resize(held.back().size());
+                be.read(half.data(), *t, half.size() * sizeof(uint16_t));
+                for (size_t i = 0; i < half.size(); ++i) held.back()[i] = fp16_to_fp32(half[i]);
+            } else {
+                be.read(held.back().data(), *t, held.back().size() * sizeof(float));
+            }
+            t->data = held.back().data();
+            t->type = GgmlType::kF32;
+        }
+    }
+    lora_segments_host(xh.data(), k, host, yh.data(), n_out);
+    be.write(y, yh.data(), yh.size() * sizeof(float));
 }
 
 void argmax_feed_via_host(Backend& be, const Tensor& x, const Tensor& out, const Tensor& ids, const Tensor& pos) {

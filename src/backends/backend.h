@@ -123,6 +123,22 @@ void argmax_feed_via_host(Backend& be, const Tensor& x, const Tensor& out, const
 // Backend::short_conv_segments's default.
 void short_conv_segments_via_host(Backend& be, const Tensor& bcx, const Tensor& w, const Tensor& states,
                                   const Tensor& out, const Tensor& segs, const Tensor& snaps, const Tensor& snapshots);
+// One group of rows of a grouped LoRA product (Backend::lora_segments): rows [start, start + n) of x
+// and y go through one adapter's A and B for one projection.
+struct LoraSegment {
+    int64_t start = 0, n = 0;  // rows of x and y
+    Tensor a;                  // f32 or f16 [r, k]   (GGUF ne {k, r}): the down projection A
+    Tensor bt;                 // like a, [r, n_out]  (GGUF ne {n_out, r}): the up projection B, transposed, so
+                               // that B·t is r scaled row additions (no per-output reductions)
+    float scale = 0.0f;        // the adapter's scale times alpha / r
+};
+// The reference of Backend::lora_segments on host memory: y[t] += scale_i * B_i (A_i x[t]) for every
+// row t of each segment i, in segment order. x: f32 [n_tokens, k]; y: f32 [n_tokens, n_out]; the a and b
+// of each segment point at host memory.
+void lora_segments_host(const float* x, int64_t k, std::span<const LoraSegment> segs, float* y, int64_t n_out);
+// Backend::lora_segments's default: reads x, y and every segment's A and Bᵀ to the host, runs
+// lora_segments_host there and writes y back.
+void lora_segments_via_host(Backend& be, const Tensor& x, std::span<const LoraSegment> segs, const Tensor& y);
 // Backend::top_logits's default: synchronize, read x and gather, top_logits_host, write out (inline,
 // below, so that a device backend can fall back to it without a link dependency on this library).
 inline void top_logits_via_host(Backend& be, const Tensor& x, int32_t m, const Tensor& gather, const Tensor& out);
@@ -265,6 +281,18 @@ class Backend {
     virtual void short_conv_segments(const Tensor& bcx, const Tensor& w, const Tensor& states, const Tensor& out,
                                      const Tensor& segs, const Tensor& snaps, const Tensor& snapshots) {
         short_conv_segments_via_host(*this, bcx, w, states, out, segs, snaps, snapshots);
+    }
+
+    // The LoRA deltas of one projection over a step whose rows belong to several adapters (grouped,
+    // as Punica's and S-LoRA's segmented products are): y[t] += scale_i * B_i · (A_i · x[t]) for every
+    // row t of segment i. Segments come in any order and may cover a row more than once (several
+    // adapters on one sequence: their deltas add up); rows in no segment are left alone.
+    //   x: f32 [n_tokens, k]; y: f32 [n_tokens, n_out] (the base product, updated in place; must not
+    //   alias x); segs: host descriptors, each a [r_i, k] and bt [r_i, n_out] on this device (f32 or f16
+    //   each).
+    // The default goes through the host (lora_segments_via_host); a device backend should override it.
+    virtual void lora_segments(const Tensor& x, std::span<const LoraSegment> segs, const Tensor& y) {
+        lora_segments_via_host(*this, x, segs, y);
     }
 
     // out = silu(gate) ⊙ up;  gate, up, out: f32 [n_tokens, n_ff] (out may alias gate or up)

@@ -109,7 +109,7 @@ int run_bench(const std::vector<std::string>& args) {
                    "\"tg128 @ d4096\")")
         ->capture_default_str();
     app.add_option("-r,--repetitions", reps, "repetitions of each test")->capture_default_str();
-    ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch);
+    ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch | EngineFlags::kLora);
     app.add_option("--bandwidth", bandwidth_gbps, "read bandwidth in GB/s for the roofline (default: measure it)");
     app.add_option("--bandwidth-gib", bw_gib, "array size of the bandwidth measurement, GiB")->capture_default_str();
     app.add_flag("--profile", profile, "CUDA: print the GPU and host time per decode step at the end");
@@ -283,6 +283,7 @@ int run_bench(const std::vector<std::string>& args) {
         j["device"] = info.device;
         j["threads"] = n_threads;
         j["repetitions"] = reps;
+        for (const LoraOptions& lo : eo.lora) j["lora"].push_back({{"path", lo.path}, {"scale", lo.scale}});
         for (const auto& t : tests) {
             const Stats st = stats(t.samples);
             j["tests"].push_back({{"name", t.name},
@@ -305,6 +306,7 @@ int run_bench(const std::vector<std::string>& args) {
     }
     std::printf("model:  %s (%s, %s, %.2f M params, %.2f MiB)\n", model.c_str(), info.architecture.c_str(),
                 info.weight_type.c_str(), double(info.n_params) / 1e6, double(info.weight_bytes) / (1 << 20));
+    for (const LoraOptions& lo : eo.lora) std::printf("lora:   %s (scale %g)\n", lo.path.c_str(), double(lo.scale));
     std::printf("device: %s; %d repetitions after a warm-up\n\n", info.device.c_str(), reps);
     std::printf("| %-15s | %12s | %12s | %12s |\n", "test", "t/s median", "p10", "p90");
     std::printf("| %-15s | %12s | %12s | %12s |\n", "---------------", "------------", "------------", "------------");

@@ -248,7 +248,7 @@ int run_chat(const std::vector<std::string>& args) {
     app.add_option("--repeat-penalty", g.sampling.repeat_penalty, "repetition penalty (1: off)")
         ->capture_default_str();
     app.add_option("--seed", seed, "random seed (default: a random one)");
-    ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch | EngineFlags::kPrefixCache);
+    ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch | EngineFlags::kPrefixCache | EngineFlags::kLora);
     app.add_option("--n-keep", n_keep,
                    "when the context fills, keep the first N tokens and drop half of the rest (-1: stop instead)")
         ->capture_default_str();

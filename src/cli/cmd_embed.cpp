@@ -64,7 +64,7 @@ int run_embed(const std::vector<std::string>& args) {
     app.add_flag("--no-special", no_special, "tokenize special-token text as plain text");
     app.add_option("--out", out_path, "write raw float32 rows to FILE instead of text");
     app.add_flag("--json", json, "print JSON: {n_tokens, n_embd, tokens, embedding | embeddings}");
-    ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch);
+    ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch | EngineFlags::kLora);
     if (int rc = parse_args(app, args, "embed"); rc >= 0) return rc;
     if (p_opt->count() == 0 && t_opt->count() == 0)
         throw Error(ErrorCode::kInvalidArgument, "give the input with -p TEXT or --tokens IDS");

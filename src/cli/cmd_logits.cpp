@@ -19,6 +19,7 @@
 #include "core/check.h"
 #include "gguf/gguf.h"
 #include "gguf/keys.h"
+#include "models/lora.h"
 #include "models/model.h"
 #include "runtime/engine_impl.h"
 #include "tokenizer/tokenizer.h"
@@ -79,7 +80,7 @@ int run_logits(const std::vector<std::string>& args) {
     app.add_flag("--all", all, "logits at every position, not only the last");
     app.add_option("--top", top, "entries to print per position (default 5)");
     app.add_option("--out", out_path, "write raw little-endian f32 logits [n_positions, n_vocab] here");
-    ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch);
+    ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch | EngineFlags::kLora);
     app.get_option("--ctx")->description("context length (0: the prompt length)");
     if (int rc = parse_args(app, args, "logits", [&] {
             if (prompt.empty() == tokens_arg.empty())
@@ -109,6 +110,9 @@ int run_logits(const std::vector<std::string>& args) {
     const int64_t n_vocab = model->info().n_vocab;
     const int ctx = eo.n_ctx > 0 ? eo.n_ctx : int(ids.size());
     auto state = model->create_state(ctx);
+    LoraSet lora;
+    for (const LoraOptions& lo : eo.lora) lora.push_back({load_lora(lo.path, *model), lo.scale});
+    state->set_lora(lora);
     const size_t n_rows = all ? ids.size() : 1;
     std::vector<float> logits(n_rows * size_t(n_vocab));
     state->eval({.tokens = ids, .all_logits = all, .logits = logits.data()});

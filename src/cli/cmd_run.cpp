@@ -72,7 +72,7 @@ int run_run(const std::vector<std::string>& args) {
     app.add_option("--frequency-penalty", g.sampling.frequency_penalty, "frequency penalty (0: off)");
     app.add_option("--seed", seed, "random seed (default: a random one)");
     app.add_option("--stop", g.stop, "stop string (repeatable)");
-    ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch | EngineFlags::kPrefixCache);
+    ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch | EngineFlags::kPrefixCache | EngineFlags::kLora);
     app.add_flag("--no-bos", no_bos, "do not add the BOS token");
     app.add_flag("--no-special", no_special, "tokenize special-token text in the prompt as plain text");
     app.add_flag("--ignore-eos", g.ignore_eos, "keep generating past end-of-generation tokens");

@@ -1,5 +1,6 @@
 // `cera serve -m MODEL [--host H] [--port P] [--api-key KEY] [--alias NAME] [--chat-template FILE]
-//              [--max-seqs N] [--kv-size TOKENS] [--max-body BYTES] [--http-threads N] [engine flags]`: an
+//              [--max-seqs N] [--kv-size TOKENS] [--max-body BYTES] [--http-threads N] [--lora NAME=PATH[:SCALE]]...
+//              [engine flags]`: an
 // OpenAI-compatible HTTP server on the batched engine (server/server.h, docs/serving.md). SIGINT / SIGTERM
 // stop it: running requests are cancelled, exit 0.
 #include <CLI/CLI.hpp>
@@ -47,6 +48,15 @@ int run_serve(const std::vector<std::string>& args) {
                    "threads answering requests (0: 4 per sequence slot, at least 32)")
         ->capture_default_str();
     ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch);
+    std::vector<std::string> loras;
+    double lora_cache_mib = 0;
+    app.add_option("--lora", loras,
+                   "NAME=PATH[:SCALE]: a LoRA adapter (GGUF LoRA file or PEFT folder) that requests select with "
+                   "\"model\": \"NAME\" (\"base\": none); repeatable. POST /lora and DELETE /lora/NAME change them "
+                   "while serving");
+    app.add_option("--lora-cache-mib", lora_cache_mib,
+                   "device memory for adapters not in use, in MiB (least recently used go first; 0: no bound)")
+        ->capture_default_str();
     if (int rc = parse_args(app, args, "serve"); rc >= 0) return rc;
     if (so.port < 0 || so.port > 65535) throw Error(ErrorCode::kInvalidArgument, "--port must be in 0..65535");
     if (so.http_threads < 0) throw Error(ErrorCode::kInvalidArgument, "--http-threads must be >= 0");
@@ -59,12 +69,22 @@ int run_serve(const std::vector<std::string>& args) {
         ss << f.rdbuf();
         so.chat_template = ss.str();
     }
-    const EngineOptions eo = ef.options();
+    EngineOptions eo = ef.options();
+    if (!(lora_cache_mib >= 0)) throw Error(ErrorCode::kInvalidArgument, "--lora-cache-mib must be >= 0");
+    eo.lora_cache_bytes = size_t(lora_cache_mib * 1024 * 1024);
+    std::vector<std::pair<std::string, LoraOptions>> named;
+    for (const std::string& l : loras) {
+        const size_t eq = l.find('=');
+        if (eq == std::string::npos || eq == 0 || eq + 1 == l.size())
+            throw Error(ErrorCode::kInvalidArgument, "--lora " + l + ": expected NAME=PATH[:SCALE]");
+        named.emplace_back(l.substr(0, eq), parse_lora_flag(l.substr(eq + 1)));
+    }
     so.batch.parallel = max_seqs;
     so.batch.kv_tokens = kv_size;
     so.batch.step_tokens = eo.n_batch;
     if (model.empty()) model = find_default_model();
     auto engine = Engine::load(model, eo);
+    for (const auto& [name, lo] : named) engine->load_adapter(name, lo.path, lo.scale);
     Server server(engine, so);
     std::string why;
     if (!server.bind(&why)) throw Error(ErrorCode::kIo, why);

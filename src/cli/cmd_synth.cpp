@@ -53,9 +53,15 @@ int run_synth(const std::vector<std::string>& args) {
             n_expert_used = 0, n_ff_exp = 0, n_dense_lead = -1, l_cache = 0;
     float rope_base = 0, norm_eps = 0;
     bool untied = false;
-    app.add_option("--arch", arch, "lfm2 | lfm2moe | llama | qwen2 | qwen3 | granite")->required();
+    app.add_option("--arch", arch, "lfm2 | lfm2moe | llama | qwen2 | qwen3 | granite (required for a model)");
     app.add_option("--preset", preset, "tiny | lfm2-350m | lfm2-1.2b | llama-1b (default tiny)");
-    app.add_option("--vocab-from", vocab_from, "GGUF file whose tokenizer.* keys are copied")->required();
+    app.add_option("--vocab-from", vocab_from, "GGUF file whose tokenizer.* keys are copied (required for a model)");
+    int64_t lora_rank = 0;
+    std::string lora_of;
+    app.add_option("--lora-rank", lora_rank,
+                   "write a random LoRA adapter of this rank instead of a model: a GGUF LoRA with a pair on every "
+                   "projection of --lora-of");
+    app.add_option("--lora-of", lora_of, "--lora-rank: the base model GGUF the adapter is for");
     app.add_option("--type", type_name_,
                    "type of the 2-D and 3-D weights (default F32); Q4_K_M / Q5_K_M: llama-quantize's mixture "
                    "(attn_v and ffn_down in Q6_K on an eighth at each end and every third layer between)");
@@ -85,6 +91,18 @@ int run_synth(const std::vector<std::string>& args) {
     gguf::SynthConfig c;
     try {
         app.parse(rev);
+        if (lora_rank != 0 || !lora_of.empty()) {
+            if (lora_of.empty()) throw_error(ErrorCode::kInvalidArgument, "--lora-rank needs --lora-of BASE.gguf");
+            auto base = gguf::File::open(lora_of);
+            gguf::synthesize_lora(*base, lora_rank, seed, out);
+            auto f = gguf::File::open(out);
+            std::printf("wrote %s: a rank-%lld LoRA adapter for %s, %zu tensors, %.1f MiB\n", out.c_str(),
+                        (long long)lora_rank, lora_of.c_str(), f->tensors().size(),
+                        double(f->file_size()) / (1 << 20));
+            return 0;
+        }
+        if (arch.empty() || vocab_from.empty())
+            throw_error(ErrorCode::kInvalidArgument, "--arch and --vocab-from are required for a model");
         c = gguf::synth_preset(arch, preset);
         const int64_t preset_layers = c.n_layer;
         if (n_embd) c.n_embd = n_embd;

@@ -1,5 +1,8 @@
 #include "cli/engine_flags.h"
 
+#include <cmath>
+#include <cstdlib>
+
 #include "cera/error.h"
 
 namespace cera::cli {
@@ -18,6 +21,32 @@ void EngineFlags::add(CLI::App& app, unsigned parts) {
                        "and its own state is saved (default: none)");
         app.add_option("--cache-mib", cache_mib, "in-memory prefix cache size in MiB (0: none)")->capture_default_str();
     }
+    if (parts & kLora) {
+        app.add_option("--lora", lora,
+                       "LoRA adapter PATH[:SCALE] (a GGUF LoRA file or a PEFT folder; scale 1 by default), applied "
+                       "unmerged; repeat for several at once");
+        app.add_option("--lora-cache-mib", lora_cache_mib,
+                       "device memory for adapters not in use, in MiB (least recently used go first; 0: no bound)")
+            ->capture_default_str();
+    }
+}
+
+LoraOptions parse_lora_flag(const std::string& text) {
+    LoraOptions lo;
+    lo.path = text;
+    const size_t colon = text.rfind(':');
+    if (colon != std::string::npos && colon + 1 < text.size()) {
+        const std::string tail = text.substr(colon + 1);
+        char* end = nullptr;
+        const double v = std::strtod(tail.c_str(), &end);
+        if (end && *end == '\0') {
+            if (!std::isfinite(v)) throw Error(ErrorCode::kInvalidArgument, "--lora " + text + ": the scale must be finite");
+            lo.path = text.substr(0, colon);
+            lo.scale = float(v);
+        }
+    }
+    if (lo.path.empty()) throw Error(ErrorCode::kInvalidArgument, "--lora " + text + ": no path");
+    return lo;
 }
 
 EngineOptions EngineFlags::options() const {
@@ -27,6 +56,7 @@ EngineOptions EngineFlags::options() const {
         throw Error(ErrorCode::kInvalidArgument, "--kv-type " + kv_type + ": expected f32 or f16");
     if (n_batch < 1) throw Error(ErrorCode::kInvalidArgument, "--batch must be >= 1");
     if (!(cache_mib >= 0)) throw Error(ErrorCode::kInvalidArgument, "--cache-mib must be >= 0");
+    if (!(lora_cache_mib >= 0)) throw Error(ErrorCode::kInvalidArgument, "--lora-cache-mib must be >= 0");
     EngineOptions eo;
     eo.device = device;
     eo.threads = threads;
@@ -35,6 +65,8 @@ EngineOptions EngineFlags::options() const {
     eo.n_batch = n_batch;
     eo.prefix_cache_dir = cache_dir;
     eo.prefix_cache_bytes = size_t(cache_mib * 1024 * 1024);
+    for (const std::string& l : lora) eo.lora.push_back(parse_lora_flag(l));
+    eo.lora_cache_bytes = size_t(lora_cache_mib * 1024 * 1024);
     return eo;
 }
 

@@ -1,10 +1,11 @@
 // The flags of every command that loads a model to run it (run, chat, embed, logits, bench): the
-// device, CPU threads, context length, KV cache type, prefill chunk and prefix cache, each
+// device, CPU threads, context length, KV cache type, prefill chunk, prefix cache and LoRA adapters, each
 // registered with one help text and checked in one place.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cera/engine.h"
 
@@ -18,13 +19,19 @@ struct EngineFlags {
     int32_t n_batch = 512;  // --batch
     std::string cache_dir;  // --prompt-cache
     double cache_mib = 0;   // --cache-mib
+    std::vector<std::string> lora;  // --lora PATH[:SCALE], repeatable
+    double lora_cache_mib = 0;      // --lora-cache-mib
 
     // Which flags a command takes besides -t/--threads and --device.
-    enum Parts : unsigned { kCtx = 1, kKvType = 2, kPrefixCache = 4, kBatch = 8 };
+    enum Parts : unsigned { kCtx = 1, kKvType = 2, kPrefixCache = 4, kBatch = 8, kLora = 16 };
     void add(CLI::App& app, unsigned parts);
     // The engine options, after checking the values: a bad one throws Error(kInvalidArgument) with a
     // one-line message naming the flag. A bad --device is reported the same way when the model loads.
     EngineOptions options() const;
 };
+
+// "PATH[:SCALE]" -> the adapter and its scale (1 without one). A suffix after the last ':' that is not a
+// number belongs to the path. Throws Error(kInvalidArgument) for a scale that is not finite.
+LoraOptions parse_lora_flag(const std::string& text);
 
 }  // namespace cera::cli

@@ -10,6 +10,7 @@
 
 #include "backends/backend.h"
 #include "models/loader.h"
+#include "models/lora.h"
 #include "models/model.h"
 
 namespace cera {
@@ -65,6 +66,15 @@ struct Step {
     // with several sequences the rows out_rows (increasing).
     int64_t out_begin = 0, out_count = 0;
     std::span<const int64_t> out_rows;
+    // LoRA adapters: the adapters of each group of rows (empty: none), and of the output rows that
+    // keep_output_rows() keeps (their groups after the move). lora_segs: the step's scratch list.
+    std::span<const LoraRows> lora, lora_out;
+    std::vector<LoraSegment>* lora_segs = nullptr;
+
+    // out = w · x (+ bias), plus the LoRA deltas of w for the rows whose adapters adapt it. Every
+    // projection an adapter may target goes through here.
+    //   w: [rows, k]; x: f32 [n_tokens, k]; bias: f32 [rows] or empty; out: f32 [n_tokens, rows]
+    void linear(const Tensor& w, const Tensor& x, const Tensor& bias, const Tensor& out) const;
 
     // A wide buffer seen as [n_tokens, width].
     static Tensor cols(const Tensor& wide, int64_t width) { return wide.reshaped(width, wide.ne[1]); }

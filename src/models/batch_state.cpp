@@ -98,6 +98,8 @@ int BatchState::add_sequence() {
         s.used = true;
         s.position = 0;
         s.blocks.clear();
+        s.lora.clear();
+        s.lora_key = 0;
         for (const Tensor& t : conv_states_)
             if (t) be_.zero(t.row_slice(int64_t(i), 1));
         return int(i);
@@ -110,7 +112,17 @@ void BatchState::remove_sequence(int seq) {
     Seq& s = seqs_[size_t(seq)];
     for (auto b = s.blocks.rbegin(); b != s.blocks.rend(); ++b) release_block(*b);
     s.blocks.clear(), s.tokens.clear(), s.hashes.clear();
+    s.lora.clear();
     s.used = false;
+}
+
+void BatchState::set_lora(int seq, const LoraSet& set) {
+    CERA_CHECK(seq >= 0 && size_t(seq) < seqs_.size() && seqs_[size_t(seq)].used && seqs_[size_t(seq)].position == 0,
+               "batch: set_lora needs a new sequence");
+    for (const LoraChoice& c : set) CERA_CHECK(c.adapter, "batch: set_lora with an empty adapter");
+    Seq& s = seqs_[size_t(seq)];
+    s.lora = set;
+    s.lora_key = lora_set_key(set);
 }
 
 int32_t BatchState::take_block() {
@@ -155,7 +167,7 @@ uint64_t block_hash(uint64_t prev, const int32_t* tokens, int n) {
 void BatchState::share_full_blocks(Seq& s) {
     for (size_t i = s.hashes.size(); int64_t(i + 1) * block_ <= s.position; ++i) {
         const int32_t* toks = s.tokens.data() + i * size_t(block_);
-        const uint64_t h = block_hash(i ? s.hashes[i - 1] : 0, toks, block_);
+        const uint64_t h = block_hash(i ? s.hashes[i - 1] : s.lora_key, toks, block_);
         s.hashes.push_back(h);
         const int32_t b = s.blocks[i];
         if (hash_[size_t(b)] == 0 && !cached_.count(h)) {
@@ -174,7 +186,7 @@ int64_t BatchState::attach_prefix(int seq, std::span<const int32_t> prompt) {
     std::vector<int32_t> found;
     std::vector<uint64_t> hashes;
     size_t usable = 0;
-    uint64_t h = 0;
+    uint64_t h = s.lora_key;  // blocks computed under other adapters never match
     for (int64_t i = 0; i < max_blocks; ++i) {
         const int32_t* toks = prompt.data() + i * block_;
         h = block_hash(h, toks, block_);
@@ -314,9 +326,10 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
         s.conv_states = conv_states_;
     }
     s.out_rows = out_rows;
+    bind_lora(entries, s);
     // A step of one token a sequence has the same ops and tensors as every other of its size: recorded
     // once per size (a CUDA graph), then replayed. Steps with prompt chunks run as they come.
-    const bool decode = n_tokens == int64_t(entries.size()) && n_out == n_tokens;
+    const bool decode = n_tokens == int64_t(entries.size()) && n_out == n_tokens && s.lora.empty();
     const uint64_t key = (serial_ << kStepKeyBits) | uint64_t(n_tokens);
     const Tensor hid = hidden_.row_slice(0, n_out), lg = logits_.row_slice(0, n_out);
     if (!decode || !be_.step_begin(key)) {
@@ -330,6 +343,39 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
     }
     for (const Entry& e : entries) share_full_blocks(seqs_[size_t(e.seq)]);
     if (n_out > 0) pick(entries, lg, out);
+}
+
+void BatchState::bind_lora(std::span<const Entry> entries, Step& s) {
+    lora_rows_.clear(), lora_out_.clear();
+    bool any = false;
+    for (const Entry& e : entries) any = any || !seqs_[size_t(e.seq)].lora.empty();
+    if (!any) return;
+    LoraCache& cache = model_.lora_cache();
+    cache.begin_step();
+    // Rows of one adapter (and scale) that follow each other form one group: a sequence's tokens, and
+    // consecutive sequences naming the same adapter.
+    auto add = [](std::vector<LoraRows>& groups, const LoraResident* r, float scale, int64_t start, int64_t n) {
+        for (auto g = groups.rbegin(); g != groups.rend(); ++g)
+            if (g->adapter == r && g->scale == scale && g->start + g->n == start) {
+                g->n += n;
+                return;
+            }
+        groups.push_back({r, scale, start, n});
+    };
+    int64_t row = 0, out_row = 0;
+    for (const Entry& e : entries) {
+        const int64_t n = int64_t(e.tokens.size());
+        for (const LoraChoice& c : seqs_[size_t(e.seq)].lora) {
+            const LoraResident* r = &cache.resident(*c.adapter);
+            add(lora_rows_, r, c.scale, row, n);
+            if (e.pick != Pick::kNone) add(lora_out_, r, c.scale, out_row, 1);
+        }
+        row += n;
+        out_row += e.pick != Pick::kNone ? 1 : 0;
+    }
+    s.lora = lora_rows_;
+    s.lora_out = lora_out_;
+    s.lora_segs = &lora_segs_;
 }
 
 void BatchState::pick(std::span<const Entry> entries, const Tensor& lg, StepOutput& out) {

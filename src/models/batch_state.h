@@ -69,6 +69,9 @@ class BatchState {
     // A new (empty) sequence takes the longest cached prefix of `prompt` that leaves at least one of
     // its tokens to evaluate; returns the tokens it now holds (a multiple of the block size).
     int64_t attach_prefix(int seq, std::span<const int32_t> prompt);
+    // The LoRA adapters of a new (empty) sequence, before attach_prefix(): its steps apply them, and it
+    // shares cached blocks only with sequences under the same set.
+    void set_lora(int seq, const LoraSet& set);
     int64_t total_blocks() const { return n_blocks_; }
     int block_size() const { return block_; }
     uint64_t pool_bytes() const;  // the K/V pools and kept conv states
@@ -95,12 +98,16 @@ class BatchState {
         std::vector<int32_t> blocks;    // pool blocks, in position order
         std::vector<int32_t> tokens;    // the tokens at positions 0 .. position - 1
         std::vector<uint64_t> hashes;   // the prefix hash of each full block
+        LoraSet lora;                   // its adapters
+        uint64_t lora_key = 0;          // lora_set_key(lora): the seed of its blocks' hashes
     };
     int32_t take_block();
     void release_block(int32_t b);
     void share_full_blocks(Seq& s);  // after a step: the new full blocks' hashes and cache entries
     // The outputs the entries ask for, from the step's logits lg (a row an entry with a pick).
     void pick(std::span<const Entry> entries, const Tensor& lg, StepOutput& out);
+    // Step::lora and lora_out for the entries' sequences' adapters (nothing when none has any).
+    void bind_lora(std::span<const Entry> entries, Step& s);
 
     const Model& model_;
     Backend& be_;
@@ -131,6 +138,8 @@ class BatchState {
     Tensor segs_t_, snaps_t_;          // i32 [max_seqs, 5], [.., 2]: Backend::short_conv_segments's descriptors
     Tensor top_t_, gather_t_;  // i32: the kTop entries' top_logits words and gather ids, one after another
     std::vector<int32_t> ids_host_, pos_host_, rows_host_, seq_host_;
+    std::vector<LoraRows> lora_rows_, lora_out_;
+    std::vector<LoraSegment> lora_segs_;
 };
 
 }  // namespace cera

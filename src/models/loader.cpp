@@ -77,7 +77,9 @@ Tensor WeightLoader::load(const std::string& name, std::initializer_list<int64_t
 }
 
 Tensor WeightLoader::matrix(const std::string& name, std::initializer_list<int64_t> ne) {
-    return load(name, ne, false, false);
+    const Tensor t = load(name, ne, false, false);
+    matrices_[name] = t;
+    return t;
 }
 Tensor WeightLoader::matrix_optional(const std::string& name, std::initializer_list<int64_t> ne) {
     return load(name, ne, false, true);

@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "backends/backend.h"
@@ -55,12 +56,15 @@ class WeightLoader {
     bool has(const std::string& name) const { return f_.find_tensor(name) != nullptr; }
     // The number of tensors fetched so far (to report unused tensors if wanted).
     size_t n_loaded() const { return n_loaded_; }
+    // The matrices fetched so far, by name (what a LoRA adapter may name as its target).
+    const std::unordered_map<std::string, Tensor>& matrices() const { return matrices_; }
 
  private:
     Tensor load(const std::string& name, std::initializer_list<int64_t> ne, bool f32_only, bool optional);
     const gguf::File& f_;
     Backend& be_;
     size_t n_loaded_ = 0;
+    std::unordered_map<std::string, Tensor> matrices_;
 };
 
 // "blk.<il>.<suffix>", e.g. blk(3, "attn_q.weight").

@@ -97,6 +97,7 @@ std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& o
     m->backend_ = create_backend(bo);
     LoadContext ctx{*m->file_, *m->backend_, HParams(*m->file_, arch), WeightLoader(*m->file_, *m->backend_)};
     m->arch_ = make(ctx);
+    m->lora_ = std::make_shared<LoraCache>(*m->backend_, ctx.wl.matrices(), opts.lora_cache_bytes, opts.lora_type);
     m->info_ = m->arch_->info;
     return m;
 }

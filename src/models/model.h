@@ -34,6 +34,10 @@ struct ModelOptions {
     GgmlType kv_type = GgmlType::kF32;  // KV cache storage: kF32 or kF16
     int n_batch = 512;                  // prefill chunk: tokens per forward pass
     CudaOptions cuda;                   // the CUDA backend's options (graphs, fusion, profiling)
+    size_t lora_cache_bytes = 0;        // device bytes of LoRA adapters kept while unused; 0 = no bound
+    // How the device copies of LoRA adapters store A and B: kF16 (half the bytes a decode step reads; the
+    // deltas' rounding stays far below the logits' tolerances) or kF32.
+    GgmlType lora_type = GgmlType::kF16;
     static constexpr int kDefaultMaxCtx = 4096;
 };
 
@@ -50,6 +54,9 @@ struct ModelInfo {
 
 class Architecture;
 class ModelState;
+class LoraCache;
+struct LoraChoice;
+using LoraSet = std::vector<LoraChoice>;
 
 class Model {
  public:
@@ -59,6 +66,9 @@ class Model {
     const gguf::File& file() const { return *file_; }
     Backend& backend() const { return *backend_; }
     const Architecture& arch() const { return *arch_; }
+    // The device copies of the LoRA adapters loaded for this model (models/lora.h).
+    LoraCache& lora_cache() const { return *lora_; }
+    std::weak_ptr<LoraCache> lora_cache_ptr() const { return lora_; }
 
     // A new sequence with an empty cache. n_ctx = 0 takes default_n_ctx().
     std::unique_ptr<ModelState> create_state(int n_ctx = 0) const;
@@ -74,6 +84,7 @@ class Model {
     std::unique_ptr<gguf::File> file_;  // keeps the mapping alive (CPU weights are views into it)
     std::unique_ptr<Backend> backend_;
     std::unique_ptr<Architecture> arch_;
+    std::shared_ptr<LoraCache> lora_;
 };
 
 // Opens `path`, reads and validates the hyperparameters and tensors of its architecture
@@ -164,6 +175,10 @@ class ModelState {
     // Keeps the first n tokens (0 <= n <= position()). Throws kInvalidArgument when n < position() and the
     // state has recurrent parts (reset() and re-evaluate, or restore a snapshot, instead).
     virtual void truncate(int32_t n) = 0;
+
+    // The LoRA adapters every later evaluation applies, each with its scale (empty: the base model). What
+    // the cache holds was computed under the earlier set: the caller resets or re-evaluates as it needs.
+    virtual void set_lora(const LoraSet& set) = 0;
 };
 
 }  // namespace cera

@@ -222,6 +222,14 @@ class SequenceState final : public ModelState {
         logits_held_ = false;
     }
 
+    void set_lora(const LoraSet& set) override {
+        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+        settle();
+        for (const LoraChoice& c : set) CERA_CHECK(c.adapter, "set_lora: an empty adapter");
+        lora_ = set;
+        logits_held_ = false;
+    }
+
  private:
     // HeadOutput::kGreedy, with the exec mutex held.
     int32_t greedy(std::span<const int32_t> tokens) {
@@ -359,8 +367,10 @@ class SequenceState final : public ModelState {
             Step s = make_step(nt);
             s.out_begin = r0;
             s.out_count = nr;
+            bind_lora(s, nt, nr);
             // Single-token steps are the same op sequence every time: a backend may record and replay them.
-            const bool graphable = nt == 1;
+            // Steps with adapters run eagerly: their segments are host descriptors chosen per step.
+            const bool graphable = nt == 1 && lora_.empty();
             const bool argmax_in_step = greedy && nr > 0;  // greedy: nr == 1 on the last chunk only
             const uint64_t key = (serial_ << kKeyBits) | kKeyStep | (lm_in_step ? kKeyLmHead : 0) |
                                  (nr > 0 ? kKeyOutput : 0) | (argmax_in_step ? kKeyArgmax : 0) | (row ? kKeyRow1 : 0);
@@ -391,6 +401,22 @@ class SequenceState final : public ModelState {
         }
         position_ += int32_t(n);
         fed_ = greedy;  // argmax_feed() wrote the next step's id and position
+    }
+
+    // The adapters of this step: every row, and after keep_output_rows() the nr output rows.
+    void bind_lora(Step& s, int64_t nt, int64_t nr) {
+        if (lora_.empty()) return;
+        LoraCache& cache = model_.lora_cache();
+        cache.begin_step();
+        lora_rows_.clear(), lora_out_.clear();
+        for (const LoraChoice& c : lora_) {
+            const LoraResident* r = &cache.resident(*c.adapter);
+            lora_rows_.push_back({r, c.scale, 0, nt});
+            lora_out_.push_back({r, c.scale, 0, nr});
+        }
+        s.lora = lora_rows_;
+        s.lora_out = lora_out_;
+        s.lora_segs = &lora_segs_;
     }
 
     Step make_step(int64_t nt) {
@@ -434,6 +460,9 @@ class SequenceState final : public ModelState {
     int32_t pending_token_ = -1;
     int pending_row_ = 0;
     std::vector<int32_t> pos_host_;    // [n_batch]
+    LoraSet lora_;                     // the adapters applied (set_lora)
+    std::vector<LoraRows> lora_rows_, lora_out_;
+    std::vector<LoraSegment> lora_segs_;
 };
 
 }  // namespace
@@ -490,6 +519,7 @@ bool Step::keep_output_rows() {
         be->copy(x.row_slice(0, out_count), x.row_slice(out_begin, out_count));
     }
     if (out_count == 0) return false;
+    lora = lora_out;
     n_tokens = out_count;
     out_begin = 0;
     for (Tensor* t : {&x, &h, &y, &q, &k, &v, &attn, &wide0, &wide1, &router, &moe_ids, &moe_w})

@@ -104,6 +104,7 @@ class Req final : public Request {
     StreamingDetokenizer detok;
     const std::unique_ptr<grammar::Matcher> matcher;  // this sequence's grammar state, or null
     const uint64_t arrival;
+    LoraSet lora;  // the adapters its steps apply (set at submit)
     // The batcher thread's.
     int seq = -1;           // BatchState slot while admitted
     size_t evaluated = 0;   // tokens of `tokens` in the sequence's cache
@@ -160,9 +161,11 @@ class BatcherImpl final : public Batcher {
         if (int64_t(prompt.size()) >= n_ctx_)
             throw_error(ErrorCode::kOutOfRange, "submit: a %zu-token prompt leaves no room in a %d-token sequence",
                         prompt.size(), n_ctx_);
+        LoraSet lora = im_.resolve_lora(options.adapter);  // held by the request while it runs
         auto m = options.grammar ? make_matcher(*options.grammar, im_.token_trie()) : nullptr;
         auto r = std::make_shared<Req>(prompt, options, std::move(sink), *im_.tokenizer, n_vocab_, next_arrival_++,
                                        std::move(m));
+        r->lora = std::move(lora);
         {
             std::lock_guard<std::mutex> lk(mu_);
             if (stop_) throw_error(ErrorCode::kCancelled, "submit: the batcher is stopping");
@@ -250,6 +253,7 @@ class BatcherImpl final : public Batcher {
             std::shared_ptr<Req> r = std::move(waiting_.front());
             waiting_.pop_front();
             r->seq = seq;
+            state_->set_lora(seq, r->lora);
             // The longest cached prefix of its tokens (a shared prompt, or its own blocks after a preemption).
             r->evaluated = size_t(state_->attach_prefix(seq, r->tokens));
             r->admitted = next_admission_++;

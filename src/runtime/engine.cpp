@@ -3,6 +3,8 @@
 #include "cera/engine.h"
 
 #include <cinttypes>
+#include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -103,6 +105,7 @@ std::unique_ptr<Model> load_engine_model(const std::string& path, const EngineOp
     mo.device = dev.kind;
     mo.gpu_index = dev.gpu_index;
     mo.cuda.profile = options.gpu_profile;
+    mo.lora_cache_bytes = options.lora_cache_bytes;
     if (dev.kind == DeviceKind::kCuda) {
         std::string why;
         const auto gpus = cuda_devices(&why);
@@ -156,6 +159,13 @@ std::shared_ptr<Engine> Engine::load(const std::string& path, const EngineOption
     measure_weights(f, mi.arch, info);
     info.n_ctx = im.model->default_n_ctx();  // the context a session gets by default
     im.fingerprint = model_fingerprint(f);
+    for (const LoraOptions& lo : options.lora) {
+        im.default_lora.push_back({load_lora(lo.path, *im.model), lo.scale});
+        // Saved states and prefix-cache entries made under the default adapters load only under them.
+        uint32_t bits = 0;
+        std::memcpy(&bits, &lo.scale, sizeof bits);
+        for (char c : lo.path + ":" + std::to_string(bits)) im.fingerprint = (im.fingerprint ^ uint8_t(c)) * 0x100000001b3ull;
+    }
     if (options.prefix_cache_bytes > 0 || !options.prefix_cache_dir.empty()) {
         PrefixCacheConfig pc;
         pc.max_bytes = options.prefix_cache_bytes;
@@ -168,6 +178,48 @@ std::shared_ptr<Engine> Engine::load(const std::string& path, const EngineOption
 }
 
 const EngineInfo& Engine::info() const { return impl_->info; }
+
+LoraSet Engine::Impl::resolve_lora(const std::string& name) const {
+    if (name.empty()) return default_lora;
+    if (name == "base") return {};
+    std::lock_guard<std::mutex> lk(lora_mu);
+    auto it = adapters.find(name);
+    if (it == adapters.end()) throw_error(ErrorCode::kMissing, "no LoRA adapter named '%s'", name.c_str());
+    return {{it->second.adapter, it->second.scale}};
+}
+
+void Engine::load_adapter(const std::string& name, const std::string& path, float scale) {
+    if (name.empty() || name == "base")
+        throw_error(ErrorCode::kInvalidArgument, "adapter name '%s' is reserved", name.c_str());
+    if (!std::isfinite(scale)) throw_error(ErrorCode::kInvalidArgument, "adapter %s: scale must be finite", name.c_str());
+    {
+        std::lock_guard<std::mutex> lk(impl_->lora_mu);
+        if (impl_->adapters.count(name))
+            throw_error(ErrorCode::kInvalidArgument, "an adapter named '%s' is already loaded", name.c_str());
+    }
+    auto a = load_lora(path, *impl_->model);  // outside the lock: reads the files
+    std::lock_guard<std::mutex> lk(impl_->lora_mu);
+    if (!impl_->adapters.emplace(name, Impl::NamedAdapter{std::move(a), path, scale}).second)
+        throw_error(ErrorCode::kInvalidArgument, "an adapter named '%s' is already loaded", name.c_str());
+}
+
+bool Engine::unload_adapter(const std::string& name) {
+    std::shared_ptr<const LoraAdapter> gone;  // released after the lock: its destructor takes the cache's
+    std::lock_guard<std::mutex> lk(impl_->lora_mu);
+    auto it = impl_->adapters.find(name);
+    if (it == impl_->adapters.end()) return false;
+    gone = std::move(it->second.adapter);
+    impl_->adapters.erase(it);
+    return true;
+}
+
+std::vector<AdapterInfo> Engine::adapters() const {
+    std::lock_guard<std::mutex> lk(impl_->lora_mu);
+    std::vector<AdapterInfo> out;
+    for (const auto& [name, a] : impl_->adapters)
+        out.push_back({name, a.path, a.scale, int64_t(a.adapter->tensors().size()), a.adapter->max_rank()});
+    return out;
+}
 
 DeviceMemory Engine::device_memory() const {
     std::lock_guard<std::mutex> lock(impl_->model->backend().exec_mutex());

@@ -1,12 +1,14 @@
 // Engine internals shared by engine.cpp and session.cpp, and the device-resolving model loader that
 // the CLI's `logits` tool shares with Engine::load (not a public header).
 #pragma once
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 
 #include "cera/engine.h"
 #include "chat/grammar/token_trie.h"
+#include "models/lora.h"
 #include "models/model.h"
 #include "runtime/prefix_cache.h"
 #include "tokenizer/tokenizer.h"
@@ -30,6 +32,19 @@ struct Engine::Impl {
     StateIdentity state_identity() const {
         return {fingerprint, options.kv_type == KvCacheType::kF16 ? 1u : 0u, info.n_vocab};
     }
+
+    // LoRA: the default adapters (EngineOptions::lora) and the named ones, guarded by lora_mu.
+    struct NamedAdapter {
+        std::shared_ptr<const LoraAdapter> adapter;
+        std::string path;
+        float scale = 1.0f;
+    };
+    LoraSet default_lora;  // fixed at load
+    mutable std::mutex lora_mu;
+    std::map<std::string, NamedAdapter> adapters;
+    // The adapters GenerateOptions::adapter names: "" the defaults, "base" none, else a named one
+    // (kMissing when absent). The set holds the adapters alive while it is used.
+    LoraSet resolve_lora(const std::string& name) const;
 };
 
 // Parses "auto", "cpu", "cuda", "cuda:N". Throws kInvalidArgument on anything else.

@@ -47,6 +47,21 @@ struct Session::Impl {
     size_t pending_store = 0;  // a prompt end whose prefix-cache entry is saved after the first token
     bool shifted = false;      // a context shift happened: the state is not that of a fresh evaluation, so
                                // it never goes into the prefix cache
+    uint64_t lora_key = 0;     // lora_set_key() of the adapters the state was evaluated under
+    bool lora_default = true;  // they are the engine's defaults (the prefix cache holds states of those only)
+
+    // Selects GenerateOptions::adapter's set; a different set than the state's evaluates again.
+    void use_lora(const std::string& name) {
+        LoraSet set = eng->resolve_lora(name);
+        const uint64_t key = lora_set_key(set);
+        lora_default = name.empty() || key == lora_set_key(eng->default_lora);
+        if (key == lora_key) return;
+        state->set_lora(set);
+        state->reset();
+        drop_logits();
+        pending_store = 0;
+        lora_key = key;
+    }
 
     int32_t n_evaluated() const { return state->position(); }
 
@@ -90,7 +105,7 @@ struct Session::Impl {
     // the state at each of those boundaries and at the end.
     bool prefill(int32_t* cached = nullptr) {
         const int32_t n_batch = std::max<int32_t>(1, eng->options.n_batch);
-        PrefixCache* pc = eng->prefix_cache.get();
+        PrefixCache* pc = lora_default ? eng->prefix_cache.get() : nullptr;
         if (pc && size_t(n_evaluated()) < tokens.size()) {
             const int32_t before = n_evaluated();
             if (auto hit = pc->lookup(tokens, size_t(before)); hit && !hit->snapshot.logits.empty()) {
@@ -126,7 +141,7 @@ struct Session::Impl {
     // Saves the deferred prompt-end entry while the state still holds exactly that prompt.
     void flush_store() {
         const size_t n = std::exchange(pending_store, 0);
-        PrefixCache* pc = eng->prefix_cache.get();
+        PrefixCache* pc = lora_default ? eng->prefix_cache.get() : nullptr;
         if (!pc || n == 0 || shifted || size_t(n_evaluated()) != n || !ensure_logits()) return;
         if (!pc->contains(std::span<const int32_t>(tokens.data(), n))) pc->store(snapshot(n));
     }
@@ -185,6 +200,8 @@ Session::Session(std::shared_ptr<Engine> engine, int32_t n_ctx) : impl_(std::mak
     if (n_ctx < 0) throw_error(ErrorCode::kInvalidArgument, "session: context = %d must be >= 0", n_ctx);
     impl_->eng = &engine->impl();
     impl_->state = impl_->eng->model->create_state(n_ctx);
+    impl_->state->set_lora(impl_->eng->default_lora);
+    impl_->lora_key = lora_set_key(impl_->eng->default_lora);
     impl_->logits.assign(size_t(engine->info().n_vocab), 0.0f);
     impl_->engine = std::move(engine);
 }
@@ -223,6 +240,7 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
 
     if (im.tokens.empty())
         throw_error(ErrorCode::kInvalidArgument, "nothing to generate from: append text or tokens first");
+    im.use_lora(options.adapter);
     if (size_t(im.n_evaluated()) == im.tokens.size() && !im.ensure_logits())
         throw_error(ErrorCode::kInvalidArgument, "nothing to generate from: the session has no logits");
 

@@ -248,11 +248,22 @@ json parse_body(std::string_view body, const RequestLimits& limits) {
     const json* m = field(j, "model");
     // (A value that is not a string is not echoed: dumping a deeply nested one would recurse as deep.)
     if (m && !m->is_string()) refuse("'model' must be a string", "model");
-    if (m && m->get<std::string>() != limits.model)
+    if (m && m->get<std::string>() != limits.model && m->get<std::string>() != "base" &&
+        !(limits.is_adapter && limits.is_adapter(m->get<std::string>())))
         refuse("the model '" + m->get<std::string>() + "' does not exist", "model", 404, "invalid_request_error",
                "model_not_found");
     return j;
 }
+
+namespace {
+// GenerateOptions::adapter for the body's "model": "" for the base model's id or none, else the name
+// ("base" or an adapter's).
+std::string adapter_of(const json& j, const RequestLimits& limits) {
+    const json* m = field(j, "model");
+    if (!m || m->get<std::string>() == limits.model) return "";
+    return m->get<std::string>();
+}
+}  // namespace
 
 CompletionRequest parse_completion(std::string_view body, bool chat, const RequestLimits& limits) {
     const json j = parse_body(body, limits);
@@ -268,11 +279,14 @@ CompletionRequest parse_completion(std::string_view body, bool chat, const Reque
             refuse("'best_of' above 1 is not supported", "best_of");
     }
     generation(j, limits, r);
+    r.options.adapter = adapter_of(j, limits);
     return r;
 }
 
 EmbeddingRequest parse_embedding(std::string_view body, const RequestLimits& limits) {
     const json j = parse_body(body, limits);
+    if (!adapter_of(j, limits).empty() && adapter_of(j, limits) != "base")
+        refuse("embeddings come from the base model: a LoRA adapter does not apply to them", "model");
     EmbeddingRequest r;
     const json* in = field(j, "input");
     if (!in) refuse("'input' is required", "input");

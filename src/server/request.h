@@ -4,6 +4,7 @@
 // is not a valid request throws Refusal: an HTTP status and the fields of an OpenAI error body.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -26,9 +27,12 @@ nlohmann::json error_body(const Refusal& r);
 
 // What the parser checks a request against.
 struct RequestLimits {
-    std::string model;  // the one model id served; a request naming another is refused (404)
+    std::string model;  // the base model's id; a request naming no model it serves is refused (404)
     int32_t n_vocab = 0;
     int32_t n_ctx = 0;  // the longest sequence; also the penalties' window (they count every token so far)
+    // Whether a name is a loaded LoRA adapter, which a request selects with "model" ("base": the base
+    // model). Null: no adapters.
+    std::function<bool(const std::string&)> is_adapter;
 };
 
 // The most top_logprobs (chat) or logprobs (completions) alternatives a request may ask for.

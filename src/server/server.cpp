@@ -175,6 +175,10 @@ void Server::Impl::routes() {
             } catch (const Refusal& r) {
                 fail(r);
             } catch (const Error& e) {
+                if (e.code() == ErrorCode::kMissing) {  // an adapter unloaded since the request was read
+                    fail({404, e.what(), "invalid_request_error", "model", "model_not_found"});
+                    return;
+                }
                 const int s = e.code() == ErrorCode::kParse || e.code() == ErrorCode::kInvalidArgument ||
                                       e.code() == ErrorCode::kOutOfRange
                                   ? 400
@@ -190,12 +194,48 @@ void Server::Impl::routes() {
         send_json(res, 200, {{"status", "ok"}});
     });
     http.Get("/v1/models", guarded("models", [this](const httplib::Request&, httplib::Response& res, Exchange&) {
-                 send_json(
-                     res, 200,
-                     {{"object", "list"},
-                      {"data",
-                       json::array({{{"id", o.alias}, {"object", "model"}, {"created", 0}, {"owned_by", "cera"}}})}});
+                 json data = json::array({{{"id", o.alias}, {"object", "model"}, {"created", 0}, {"owned_by", "cera"}}});
+                 for (const AdapterInfo& a : engine->adapters())
+                     data.push_back({{"id", a.name},
+                                     {"object", "model"},
+                                     {"created", 0},
+                                     {"owned_by", "cera"},
+                                     {"parent", o.alias},
+                                     {"lora", {{"path", a.path}, {"scale", a.scale}, {"rank", a.rank}}}});
+                 send_json(res, 200, {{"object", "list"}, {"data", std::move(data)}});
              }));
+    // LoRA adapters while serving: POST /lora {"name", "path", "scale"?} loads one, DELETE /lora/NAME
+    // unloads it (requests already running with it finish with it). Behind the API key like every route.
+    http.Post("/lora", guarded("lora", [this](const httplib::Request& req, httplib::Response& res, Exchange&) {
+                  const json j = json::parse(req.body, nullptr, false);
+                  if (!j.is_object()) refuse("the request body must be a JSON object");
+                  const json* name = j.contains("name") ? &j["name"] : nullptr;
+                  const json* path = j.contains("path") ? &j["path"] : nullptr;
+                  if (!name || !name->is_string() || name->get<std::string>().empty())
+                      refuse("'name' must be a non-empty string", "name");
+                  if (!path || !path->is_string()) refuse("'path' must be a string", "path");
+                  float scale = 1.0f;
+                  if (j.contains("scale")) {
+                      if (!j["scale"].is_number()) refuse("'scale' must be a number", "scale");
+                      scale = j["scale"].get<float>();
+                  }
+                  if (name->get<std::string>() == o.alias) refuse("'name' is the base model's id", "name");
+                  try {
+                      engine->load_adapter(name->get<std::string>(), path->get<std::string>(), scale);
+                  } catch (const Error& e) {
+                      refuse(e.what(), e.code() == ErrorCode::kInvalidArgument ? "name" : "path");
+                  }
+                  send_json(res, 200, {{"id", name->get<std::string>()}, {"object", "model"}, {"parent", o.alias},
+                                       {"lora", {{"path", path->get<std::string>()}, {"scale", scale}}}});
+              }));
+    http.Delete(R"(/lora/([^/]+))",
+                guarded("lora", [this](const httplib::Request& req, httplib::Response& res, Exchange&) {
+                    const std::string name = req.matches[1];
+                    if (!engine->unload_adapter(name))
+                        refuse("no LoRA adapter named '" + name + "'", "name", 404, "invalid_request_error",
+                               "model_not_found");
+                    send_json(res, 200, {{"id", name}, {"object", "model"}, {"deleted", true}});
+                }));
     http.Get("/metrics", guarded("metrics", [this](const httplib::Request&, httplib::Response& res, Exchange&) {
                  res.status = 200;
                  res.set_content(metrics.render(batcher->stats()), "text/plain; version=0.0.4");
@@ -225,6 +265,11 @@ Server::Server(std::shared_ptr<Engine> engine, const ServeOptions& options) : im
     if (!source.empty()) im.tmpl = ChatTemplate(source);
     im.batcher = Batcher::create(im.engine, options.batch);
     im.limits = {im.o.alias, im.engine->info().n_vocab, im.batcher->n_ctx()};
+    im.limits.is_adapter = [e = im.engine.get()](const std::string& name) {
+        for (const AdapterInfo& a : e->adapters())
+            if (a.name == name) return true;
+        return false;
+    };
     im.routes();
 }
 

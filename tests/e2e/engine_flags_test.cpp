@@ -1,6 +1,6 @@
 // Every command that runs a model (run, chat, embed, logits, bench) takes the same engine flags
 // (src/cli/engine_flags.h): each lists them in its help, runs on the CPU with --device cpu, and
-// turns a bad --device into one stderr line and exit 1.
+// turns a bad --device or --lora into one stderr line and exit 1.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -44,7 +44,7 @@ TEST(EngineFlags, EveryModelCommandListsThem) {
         SCOPED_TRACE(c.name);
         const Result r = cera::test::run_shell(shell_quote(cera_bin()) + " " + c.name + " --help");
         EXPECT_EQ(r.code, 0) << r.err;
-        for (const char* flag : {"--device", "--threads", "--kv-type", "--batch"})
+        for (const char* flag : {"--device", "--threads", "--kv-type", "--batch", "--lora"})
             EXPECT_NE(r.out.find(flag), std::string::npos) << flag << " missing from:\n" << r.out;
     }
 }
@@ -67,6 +67,17 @@ TEST(EngineFlags, BadDeviceIsOneLineAndNonZero) {
             EXPECT_EQ(r.err.rfind(std::string("cera ") + c.name + ": error: ", 0), 0u) << r.err;
             EXPECT_NE(r.err.find(device), std::string::npos) << r.err;
         }
+    }
+}
+
+TEST(EngineFlags, BadLoraIsOneLineAndNonZero) {
+    for (const Cmd& c : kCommands) {
+        SCOPED_TRACE(c.name);
+        const Result r = cera(c, "--device cpu --threads 1 --lora /no/such/adapter.gguf:0.5");
+        EXPECT_EQ(r.code, 1);
+        EXPECT_EQ(lines(r.err), 1u) << r.err;
+        EXPECT_EQ(r.err.rfind(std::string("cera ") + c.name + ": error: ", 0), 0u) << r.err;
+        EXPECT_NE(r.err.find("/no/such/adapter.gguf"), std::string::npos) << r.err;
     }
 }
 

@@ -22,6 +22,14 @@ void StTensor::to_f32(float* out) const {
         std::memcpy(out, data, n * 4);
         return;
     }
+    if (dtype == "F64") {  // float64 checkpoints and adapters (references made in double precision)
+        for (size_t i = 0; i < n; ++i) {
+            double d;
+            std::memcpy(&d, data + 8 * i, 8);
+            out[i] = float(d);
+        }
+        return;
+    }
     const bool f16 = dtype == "F16";
     for (size_t i = 0; i < n; ++i) {
         uint16_t h;
@@ -64,12 +72,14 @@ SafeTensors::SafeTensors(const std::string& path) : path_(path), map_(path) {
             throw_error(ErrorCode::kInvalidFile, "%s: tensor '%s': %s", path.c_str(), name.c_str(), e.what());
         }
         size_t elem = 0;
-        if (t.dtype == "F32")
+        if (t.dtype == "F64")
+            elem = 8;
+        else if (t.dtype == "F32")
             elem = 4;
         else if (t.dtype == "F16" || t.dtype == "BF16")
             elem = 2;
         else
-            throw_error(ErrorCode::kUnsupported, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)",
+            throw_error(ErrorCode::kUnsupported, "%s: tensor '%s' has dtype %s (supported: F64, F32, F16, BF16)",
                         path.c_str(), name.c_str(), t.dtype.c_str());
         for (int64_t d : t.shape)
             if (d < 0)

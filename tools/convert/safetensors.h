@@ -1,6 +1,6 @@
 // The safetensors format: an 8-byte little-endian header length, a JSON header
 // {name: {dtype, shape, data_offsets: [begin, end)}} (offsets relative to the end of the
-// header), then the data. The file is mapped, not read; F32, F16 and BF16 tensors are accepted
+// header), then the data. The file is mapped, not read; F64, F32, F16 and BF16 tensors are accepted
 // and every value reaches the converter as f32.
 #pragma once
 #include <cstdint>
@@ -13,7 +13,7 @@
 namespace cera::convert {
 
 struct StTensor {
-    std::string dtype;           // "F32", "F16", "BF16"
+    std::string dtype;           // "F64", "F32", "F16", "BF16"
     std::vector<int64_t> shape;  // outermost first (PyTorch order)
     const uint8_t* data = nullptr;
     size_t n_bytes = 0;

@@ -68,4 +68,11 @@ void synth_validate(const SynthConfig& c);
 // Throws kInvalidArgument / kUnsupported / kIo.
 void synthesize(const SynthConfig& c, const File* vocab, const std::string& path, int n_threads = 0);
 
+// Writes a LoRA adapter for `base` in llama.cpp's GGUF LoRA layout (general.type = adapter, adapter.type =
+// lora, adapter.lora.alpha = rank, so its scale is 1): a rank-`rank` pair of random F32 tensors
+// (W.lora_a ne {k, rank}, W.lora_b ne {rank, n_out}) for every projection of every layer (attention
+// q/k/v/output, short-conv in_proj/out_proj, FFN gate/up/down). For benchmarks of adapters at real
+// shapes. Throws kInvalidArgument / kIo.
+void synthesize_lora(const File& base, int64_t rank, uint64_t seed, const std::string& path);
+
 }  // namespace cera::gguf

@@ -54,6 +54,9 @@ struct KernelTable {
     void (*silu_mul)(const float* g, const float* u, float* y, int64_t n);
     void (*add)(const float* a, const float* b, float scale, float* y, int64_t n);
     float (*dot_f32)(const float* a, const float* b, int64_t n);
+    // y[c] += sum_j t[j] * b[j * ld + c] for c < n, j < r, b f16: the up projection of a LoRA product
+    // (Backend::lora_segments) with Bᵀ's rows, y kept in registers across the r rows.
+    void (*axpy_rows_f16)(const uint16_t* b, int64_t ld, const float* t, int64_t r, float* y, int64_t n);
     void (*softmax)(float* x, int64_t n);
     // One activation row in format f: the same bytes as quantize_act_row.
     void (*quantize_act)(ActFormat f, const float* x, int64_t k, void* out);

@@ -21,6 +21,7 @@
 #include "backends/cpu/kernel_table.h"
 #include "backends/cpu/repack.h"
 #include "core/check.h"
+#include "core/fp16.h"
 #include "core/cpu_features.h"
 #include "core/quant/quant.h"
 
@@ -95,6 +96,7 @@ KernelTable make_ref_table() {
     t.rms_norm = rms_norm_ref;
     t.silu_mul = silu_mul_ref;
     t.add = add_ref;
+    t.axpy_rows_f16 = axpy_rows_f16_ref;
     t.dot_f32 = dot_f32_ref;
     t.softmax = softmax_ref;
     t.quantize_act = quantize_act_row;
@@ -339,6 +341,14 @@ void rms_norm_ref(const float* x, const float* w, float* y, int64_t n, float eps
 
 void silu_mul_ref(const float* g, const float* u, float* y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+void axpy_rows_f16_ref(const uint16_t* b, int64_t ld, const float* t, int64_t r, float* y, int64_t n) {
+    for (int64_t c = 0; c < n; ++c) {
+        float acc = y[c];
+        for (int64_t j = 0; j < r; ++j) acc += t[j] * fp16_to_fp32(b[j * ld + c]);
+        y[c] = acc;
+    }
 }
 
 void add_ref(const float* a, const float* b, float scale, float* y, int64_t n) {

@@ -51,6 +51,8 @@ void silu_mul_ref(const float* g, const float* u, float* y, int64_t n);
 // y = a + scale * b; y may alias a or b.
 void add(const float* a, const float* b, float scale, float* y, int64_t n);
 void add_ref(const float* a, const float* b, float scale, float* y, int64_t n);
+// y[c] += sum_j t[j] * f16(b[j * ld + c]) for c < n, j < r (KernelTable::axpy_rows_f16's specification).
+void axpy_rows_f16_ref(const uint16_t* b, int64_t ld, const float* t, int64_t r, float* y, int64_t n);
 // sum_i a[i] * b[i]
 float dot_f32(const float* a, const float* b, int64_t n);
 float dot_f32_ref(const float* a, const float* b, int64_t n);

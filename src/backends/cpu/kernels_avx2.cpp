@@ -248,6 +248,7 @@ void softmax_avx2(float* x, int64_t n) {
 
 KernelTable make_table() {
     KernelTable t{};
+    t.axpy_rows_f16 = axpy_rows_f16_ref;  // LoRA up products: small next to the base product on AVX2 too
     t.isa = Isa::kAvx2;
     auto set = [&](GgmlType type, GemmFn fn, ActFormat act) { t.matmul[int(type)] = MatmulKernel{fn, act}; };
     set(GgmlType::kF32, gemm<FloatTile<WF32>::T>, ActFormat::kF32);

@@ -418,6 +418,34 @@ void add_avx512(const float* a, const float* b, float scale, float* y, int64_t n
     }
 }
 
+// Four 16-column chunks of y in registers while the r rows of b stream past (one f16 load, conversion
+// and FMA per 16 values).
+void axpy_rows_f16_avx512(const uint16_t* b, int64_t ld, const float* t, int64_t r, float* y, int64_t n) {
+    int64_t c = 0;
+    for (; c + 64 <= n; c += 64) {
+        __m512 y0 = _mm512_loadu_ps(y + c), y1 = _mm512_loadu_ps(y + c + 16);
+        __m512 y2 = _mm512_loadu_ps(y + c + 32), y3 = _mm512_loadu_ps(y + c + 48);
+        for (int64_t j = 0; j < r; ++j) {
+            const __m512 tj = _mm512_set1_ps(t[j]);
+            const uint16_t* bj = b + j * ld + c;
+            y0 = _mm512_fmadd_ps(tj, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)bj)), y0);
+            y1 = _mm512_fmadd_ps(tj, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(bj + 16))), y1);
+            y2 = _mm512_fmadd_ps(tj, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(bj + 32))), y2);
+            y3 = _mm512_fmadd_ps(tj, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(bj + 48))), y3);
+        }
+        _mm512_storeu_ps(y + c, y0), _mm512_storeu_ps(y + c + 16, y1);
+        _mm512_storeu_ps(y + c + 32, y2), _mm512_storeu_ps(y + c + 48, y3);
+    }
+    for (; c < n; c += 16) {
+        const __mmask16 m = n - c >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - c)) - 1);
+        __m512 acc = _mm512_maskz_loadu_ps(m, y + c);
+        for (int64_t j = 0; j < r; ++j)
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(t[j]),
+                                  _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, b + j * ld + c)), acc);
+        _mm512_mask_storeu_ps(y + c, m, acc);
+    }
+}
+
 float dot_f32_avx512(const float* a, const float* b, int64_t n) {
     __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
     int64_t i = 0;
@@ -523,6 +551,7 @@ KernelTable make_table() {
     t.rms_norm = rms_norm_avx512;
     t.silu_mul = silu_mul_avx512;
     t.add = add_avx512;
+    t.axpy_rows_f16 = axpy_rows_f16_avx512;
     t.dot_f32 = dot_f32_avx512;
     t.softmax = softmax_avx512;
     t.quantize_act = quantize_act_avx512;

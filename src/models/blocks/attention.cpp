@@ -28,9 +28,9 @@ void attention_block(const Step& s, const AttentionWeights& w, const AttentionCo
     const Tensor k = s.k.reshaped(sh.kv_width(), s.n_tokens);
     const Tensor v = s.v.reshaped(sh.kv_width(), s.n_tokens);
     const Tensor attn = s.attn.reshaped(sh.q_width(), s.n_tokens);
-    be.matmul(w.wq, h, w.bq, q);
-    be.matmul(w.wk, h, w.bk, k);
-    be.matmul(w.wv, h, w.bv, v);
+    s.linear(w.wq, h, w.bq, q);
+    s.linear(w.wk, h, w.bk, k);
+    s.linear(w.wv, h, w.bv, v);
     be.norm_rope(q, int(sh.n_head), int(sh.head_dim), w.q_norm, c.norm_eps, s.pos, c.rope);
     be.norm_rope(k, int(sh.n_head_kv), int(sh.head_dim), w.k_norm, c.norm_eps, s.pos, c.rope);
     be.kv_store(k, v, s.kv_rows, cache.k, cache.v);
@@ -42,7 +42,7 @@ void attention_block(const Step& s, const AttentionWeights& w, const AttentionCo
     p.sliding_window = c.sliding_window;
     p.paging = s.paging;
     be.attention(q, cache.k, cache.v, s.pos, p, attn);
-    be.matmul(w.wo, attn, Tensor{}, y);
+    s.linear(w.wo, attn, Tensor{}, y);
 }
 
 }  // namespace cera

@@ -14,10 +14,10 @@ void swiglu_block(const Step& s, const SwigluWeights& w, const Tensor& h, const 
     const int64_t n_ff = w.gate.ne[1];
     const Tensor g = Step::cols(s.wide0, n_ff);
     const Tensor u = Step::cols(s.wide1, n_ff);
-    s.be->matmul(w.gate, h, Tensor{}, g);
-    s.be->matmul(w.up, h, Tensor{}, u);
+    s.linear(w.gate, h, Tensor{}, g);
+    s.linear(w.up, h, Tensor{}, u);
     s.be->swiglu(g, u, g);
-    s.be->matmul(w.down, g, Tensor{}, y);
+    s.linear(w.down, g, Tensor{}, y);
 }
 
 MoeWeights load_moe(WeightLoader& wl, int64_t il, int64_t n_embd, int64_t n_ff_exp, int64_t n_expert) {

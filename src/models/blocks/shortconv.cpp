@@ -14,12 +14,12 @@ void short_conv_block(const Step& s, const ShortConvWeights& w, size_t il, const
     const int64_t n_embd = h.ne[0];
     const Tensor bcx = Step::cols(s.wide0, 3 * n_embd);
     const Tensor gated = s.attn.reshaped(n_embd, s.n_tokens);
-    s.be->matmul(w.in_proj, h, Tensor{}, bcx);
+    s.linear(w.in_proj, h, Tensor{}, bcx);
     if (s.conv_segs)
         s.be->short_conv_segments(bcx, w.conv, s.conv_states[il], gated, s.conv_segs, s.conv_snaps, s.cache[il].conv);
     else
         s.be->short_conv(bcx, w.conv, s.cache[il].conv, gated, s.cache[il].conv_prev);
-    s.be->matmul(w.out_proj, gated, Tensor{}, y);
+    s.linear(w.out_proj, gated, Tensor{}, y);
 }
 
 }  // namespace cera

@@ -1,0 +1,300 @@
+// LoRA adapters: the GGUF reader, the checks against the base model, the device cache, and the
+// projection that adds the deltas (Step::linear). The PEFT reader is lora_peft.cpp.
+#include "models/lora.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cinttypes>
+#include <cmath>
+#include <cstring>
+#include <regex>
+
+#include "core/check.h"
+#include "core/fp16.h"
+#include "core/quant/quant.h"
+#include "gguf/gguf.h"
+#include "models/arch.h"
+#include "models/lora_read.h"
+
+namespace cera {
+namespace {
+
+std::atomic<uint64_t> g_lora_id{1};
+
+std::string ne_str(int64_t a, int64_t b) {
+    return "{" + std::to_string(a) + ", " + std::to_string(b) + "}";
+}
+
+bool is_directory(const std::string& path) {
+    struct stat st{};
+    return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// A GGUF tensor's values as f32 (F32, F16, BF16 and the quantized types the reference dequantizes).
+std::vector<float> tensor_f32(const gguf::TensorInfo& ti, const std::string& path) {
+    if (!can_dequantize(ti.type))
+        throw_error(ErrorCode::kUnsupported, "%s: tensor %s has type %s, which this build cannot read", path.c_str(),
+                    ti.name.c_str(), type_name(ti.type));
+    std::vector<float> out(size_t(ti.n_elements()));
+    const int64_t n0 = ti.ne.empty() ? 1 : ti.ne[0];
+    const size_t rb = row_size(ti.type, n0);
+    for (int64_t r = 0; r < ti.rows(); ++r) dequantize_row_ref(ti.type, ti.data + size_t(r) * rb, out.data() + r * n0, n0);
+    return out;
+}
+
+// llama.cpp's GGUF LoRA: general.type = adapter, adapter.type = lora, adapter.lora.alpha, and for each
+// adapted weight W the pair W.lora_a (ne {k, r}) and W.lora_b (ne {r, n_out}).
+LoraRead read_gguf_lora(const std::string& path) {
+    auto f = gguf::File::open(path);
+    const std::string type = f->get_string("general.type", "");
+    if (type != "adapter")
+        throw_error(ErrorCode::kInvalidFile, "%s: general.type is '%s', expected 'adapter' (a LoRA GGUF)", path.c_str(),
+                    type.c_str());
+    const std::string atype = f->get_string("adapter.type", "");
+    if (atype != "lora")
+        throw_error(ErrorCode::kUnsupported, "%s: adapter.type is '%s', only 'lora' is supported", path.c_str(),
+                    atype.c_str());
+    LoraRead out;
+    out.arch = f->architecture();
+    const float alpha = f->get_f32("adapter.lora.alpha", 0.0f);
+    for (const gguf::TensorInfo& ti : f->tensors()) {
+        const std::string& n = ti.name;
+        if (n.size() < 7 || n.compare(n.size() - 7, 7, ".lora_a") != 0) {
+            if (n.size() < 7 || n.compare(n.size() - 7, 7, ".lora_b") != 0)
+                throw_error(ErrorCode::kInvalidFile, "%s: tensor %s is neither a .lora_a nor a .lora_b", path.c_str(),
+                            n.c_str());
+            continue;
+        }
+        const std::string target = n.substr(0, n.size() - 7);
+        const gguf::TensorInfo* tb = f->find_tensor(target + ".lora_b");
+        if (!tb) throw_error(ErrorCode::kMissing, "%s: %s has no %s.lora_b", path.c_str(), n.c_str(), target.c_str());
+        if (ti.ne.size() != 2 || tb->ne.size() != 2 || ti.ne[1] != tb->ne[0])
+            throw_error(ErrorCode::kInvalidFile, "%s: %s.lora_a has ne %s and .lora_b ne %s: not a rank-r pair",
+                        path.c_str(), target.c_str(), ne_str(ti.ne[0], ti.ne.size() > 1 ? ti.ne[1] : 1).c_str(),
+                        ne_str(tb->ne[0], tb->ne.size() > 1 ? tb->ne[1] : 1).c_str());
+        LoraTensor t;
+        t.target = target;
+        t.k = ti.ne[0];
+        t.r = ti.ne[1];
+        t.n_out = tb->ne[1];
+        // llama.cpp scales by alpha / r, or by 1 when the file gives no alpha.
+        t.factor = alpha != 0.0f ? alpha / float(t.r) : 1.0f;
+        t.a = tensor_f32(ti, path);
+        t.b = tensor_f32(*tb, path);
+        out.tensors.push_back(std::move(t));
+    }
+    if (out.tensors.empty()) throw_error(ErrorCode::kInvalidFile, "%s: no .lora_a / .lora_b tensors", path.c_str());
+    return out;
+}
+
+}  // namespace
+
+LoraAdapter::~LoraAdapter() {
+    if (auto c = cache_.lock()) c->forget(id_);
+}
+
+int64_t LoraAdapter::max_rank() const {
+    int64_t r = 0;
+    for (const LoraTensor& t : tensors_) r = std::max(r, t.r);
+    return r;
+}
+
+size_t LoraAdapter::bytes() const {
+    size_t n = 0;
+    for (const LoraTensor& t : tensors_) n += (t.a.size() + t.b.size()) * sizeof(float);
+    return n;
+}
+
+std::shared_ptr<LoraAdapter> load_lora(const std::string& path, const Model& model) {
+    const std::string& arch = model.arch().info.arch;
+    LoraHeads heads;
+    const gguf::File& f = model.file();
+    heads.n_head = f.get_i64(arch + ".attention.head_count", 0);
+    if (const gguf::Value* v = f.find(arch + ".attention.head_count_kv"); v && v->is_integer())
+        heads.n_head_kv = v->as_int();
+    else
+        heads.n_head_kv = heads.n_head;
+    LoraRead rd = is_directory(path) ? read_peft_lora(path, arch, heads) : read_gguf_lora(path);
+    if (!rd.arch.empty() && rd.arch != arch)
+        throw_error(ErrorCode::kInvalidFile, "%s: an adapter for architecture '%s', the model is '%s'", path.c_str(),
+                    rd.arch.c_str(), arch.c_str());
+    const LoraCache& cache = model.lora_cache();
+    static const std::regex kTargets(
+        "blk\\.[0-9]+\\.(attn_q|attn_k|attn_v|attn_output|shortconv\\.in_proj|shortconv\\.out_proj|ffn_gate|ffn_up|"
+        "ffn_down|ffn_gate_exps|ffn_up_exps|ffn_down_exps)\\.weight");
+    for (LoraTensor& t : rd.tensors) {
+        if (!std::regex_match(t.target, kTargets))
+            throw_error(ErrorCode::kUnsupported, "%s: LoRA on %s is not supported (only the layers' projections)",
+                        path.c_str(), t.target.c_str());
+        const Tensor* w = cache.weight(t.target);
+        if (!w) {
+            if (t.target.find("_exps.") != std::string::npos)
+                throw_error(ErrorCode::kUnsupported, "%s: LoRA on MoE experts (%s) is not supported", path.c_str(),
+                            t.target.c_str());
+            throw_error(ErrorCode::kInvalidFile, "%s: LoRA tensor %s adapts %s, which the model does not have",
+                        path.c_str(), (t.target + ".lora_a").c_str(), t.target.c_str());
+        }
+        const int64_t k = w->ne[0], n_out = w->ne[1];
+        if (w->ne[2] != 1 || w->ne[3] != 1)
+            throw_error(ErrorCode::kUnsupported, "%s: LoRA on %s (a stacked weight) is not supported", path.c_str(),
+                        t.target.c_str());
+        if (t.k != k)
+            throw_error(ErrorCode::kInvalidFile, "%s: LoRA tensor %s.lora_a has ne %s, the base %s has ne %s (needs {%" PRId64
+                        ", r})", path.c_str(), t.target.c_str(), ne_str(t.k, t.r).c_str(), t.target.c_str(),
+                        ne_str(k, n_out).c_str(), k);
+        if (t.n_out != n_out)
+            throw_error(ErrorCode::kInvalidFile, "%s: LoRA tensor %s.lora_b has ne %s, the base %s has ne %s (needs {r, %" PRId64
+                        "})", path.c_str(), t.target.c_str(), ne_str(t.r, t.n_out).c_str(), t.target.c_str(),
+                        ne_str(k, n_out).c_str(), n_out);
+        if (t.r < 1 || !std::isfinite(t.factor))
+            throw_error(ErrorCode::kInvalidFile, "%s: LoRA tensor %s has rank %" PRId64 " and scale %g", path.c_str(),
+                        t.target.c_str(), t.r, double(t.factor));
+    }
+    // One pair per target: two would add up silently.
+    std::sort(rd.tensors.begin(), rd.tensors.end(), [](const LoraTensor& a, const LoraTensor& b) { return a.target < b.target; });
+    for (size_t i = 1; i < rd.tensors.size(); ++i)
+        if (rd.tensors[i].target == rd.tensors[i - 1].target)
+            throw_error(ErrorCode::kInvalidFile, "%s: %s is adapted twice", path.c_str(), rd.tensors[i].target.c_str());
+    std::shared_ptr<LoraAdapter> a(new LoraAdapter());
+    a->path_ = path;
+    a->id_ = g_lora_id.fetch_add(1);
+    a->tensors_ = std::move(rd.tensors);
+    a->cache_ = model.lora_cache_ptr();
+    return a;
+}
+
+uint64_t lora_set_key(const LoraSet& set) {
+    uint64_t h = 0;
+    for (const LoraChoice& c : set) {
+        uint32_t bits = 0;
+        std::memcpy(&bits, &c.scale, sizeof bits);
+        for (uint64_t v : {c.adapter ? c.adapter->id() : 0, uint64_t(bits)}) {
+            h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+            h *= 0xff51afd7ed558ccdull;
+        }
+    }
+    return set.empty() ? 0 : (h | 1);
+}
+
+// ---------------------------------------------------------------- the device cache
+
+LoraCache::LoraCache(Backend& be, std::unordered_map<std::string, Tensor> weights, size_t cap_bytes, GgmlType type)
+    : be_(be), weights_(std::move(weights)), cap_(cap_bytes), type_(type) {
+    CERA_CHECK(type == GgmlType::kF32 || type == GgmlType::kF16, "LoRA weights are stored as F32 or F16");
+}
+
+LoraCache::~LoraCache() = default;  // the backend frees its buffers with itself
+
+const Tensor* LoraCache::weight(const std::string& name) const {
+    auto it = weights_.find(name);
+    return it == weights_.end() ? nullptr : &it->second;
+}
+
+void LoraCache::begin_step() {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++clock_;
+}
+
+void LoraCache::forget(uint64_t id) {
+    std::lock_guard<std::mutex> lk(mu_);
+    dead_.push_back(id);
+}
+
+size_t LoraCache::device_bytes() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return bytes_;
+}
+
+size_t LoraCache::n_resident() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return resident_.size();
+}
+
+void LoraCache::free_entry(LoraResident& r) {
+    for (auto& [w, p] : r.by_weight) {
+        be_.free(p.a);
+        be_.free(p.bt);
+    }
+    bytes_ -= r.bytes;
+    r.by_weight.clear();
+}
+
+const LoraResident& LoraCache::resident(const LoraAdapter& a) {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (uint64_t id : dead_)
+        if (auto it = resident_.find(id); it != resident_.end()) {
+            free_entry(it->second);
+            resident_.erase(it);
+        }
+    dead_.clear();
+    if (auto it = resident_.find(a.id()); it != resident_.end()) {
+        it->second.last_use = clock_;
+        return it->second;
+    }
+    const size_t need = type_ == GgmlType::kF16 ? a.bytes() / 2 : a.bytes();
+    while (cap_ > 0 && bytes_ + need > cap_) {
+        // The least recently used adapter that this step does not use goes.
+        auto victim = resident_.end();
+        for (auto it = resident_.begin(); it != resident_.end(); ++it)
+            if (it->second.last_use < clock_ && (victim == resident_.end() || it->second.last_use < victim->second.last_use))
+                victim = it;
+        if (victim == resident_.end()) break;  // everything resident is in this step: the cap gives way
+        free_entry(victim->second);
+        resident_.erase(victim);
+    }
+    LoraResident& r = resident_[a.id()];
+    for (const LoraTensor& t : a.tensors()) {
+        const Tensor* w = weight(t.target);
+        CERA_CHECK(w, "LoRA target %s vanished", t.target.c_str());
+        LoraPair p;
+        p.a = be_.alloc(type_, {t.k, t.r});
+        if (type_ == GgmlType::kF32) {
+            be_.write(p.a, t.a.data(), t.a.size() * sizeof(float));
+        } else {
+            std::vector<uint16_t> h(t.a.size());
+            for (size_t i = 0; i < h.size(); ++i) h[i] = fp32_to_fp16(t.a[i]);
+            be_.write(p.a, h.data(), h.size() * sizeof(uint16_t));
+        }
+        std::vector<float> bt(t.b.size());  // B [n_out, r] -> Bᵀ [r, n_out]
+        for (int64_t o = 0; o < t.n_out; ++o)
+            for (int64_t j = 0; j < t.r; ++j) bt[size_t(j * t.n_out + o)] = t.b[size_t(o * t.r + j)];
+        p.bt = be_.alloc(type_, {t.n_out, t.r});
+        if (type_ == GgmlType::kF32) {
+            be_.write(p.bt, bt.data(), bt.size() * sizeof(float));
+        } else {
+            std::vector<uint16_t> h(bt.size());
+            for (size_t i = 0; i < h.size(); ++i) h[i] = fp32_to_fp16(bt[i]);
+            be_.write(p.bt, h.data(), h.size() * sizeof(uint16_t));
+        }
+        p.factor = t.factor;
+        r.by_weight[w->data] = p;
+    }
+    r.bytes = need;
+    r.last_use = clock_;
+    bytes_ += need;
+    return r;
+}
+
+// ---------------------------------------------------------------- applying
+
+void Step::linear(const Tensor& w, const Tensor& x, const Tensor& bias, const Tensor& out) const {
+    be->matmul(w, x, bias, out);
+    if (lora.empty()) return;
+    lora_segs->clear();
+    for (const LoraRows& g : lora) {
+        auto it = g.adapter->by_weight.find(w.data);
+        if (it == g.adapter->by_weight.end() || g.n == 0) continue;
+        LoraSegment sg;
+        sg.start = g.start;
+        sg.n = g.n;
+        sg.a = it->second.a;
+        sg.bt = it->second.bt;
+        sg.scale = g.scale * it->second.factor;
+        lora_segs->push_back(sg);
+    }
+    if (!lora_segs->empty()) be->lora_segments(x, *lora_segs, out);
+}
+
+}  // namespace cera

@@ -1,0 +1,215 @@
+// LoRA adapters on the model layer (models/lora.h), on the CPU, against transformers + peft float64
+// references (fixtures/<model>/lora/): logits of prompt 0 with the adapter at scale 1 and 0.5, from
+// the PEFT folder and from llama.cpp's GGUF conversion of it; the greedy continuation; two adapters at
+// once adding their deltas; a batch mixing base and adapter sequences giving each what it gives alone;
+// an adapter for another model refused with the tensor and both shapes named.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cera/error.h"
+#include "models/batch_state.h"
+#include "models/lora.h"
+#include "models/model.h"
+#include "test_util.h"
+
+namespace cera {
+namespace {
+
+using nlohmann::json;
+
+std::string fixture(const std::string& model) { return test::data_path("fixtures/" + model); }
+
+std::unique_ptr<Model> load(const std::string& name) {
+    ModelOptions o;
+    o.n_threads = 2;
+    o.n_ctx = 128;
+    return load_model(fixture(name) + "/model.gguf", o);
+}
+
+std::vector<int32_t> prompt0(const std::string& model) {
+    return json::parse(test::read_text(fixture(model) + "/ref/prompt_0.json"))["ids"].get<std::vector<int32_t>>();
+}
+
+std::vector<float> all_logits(ModelState& st, const std::vector<int32_t>& ids, int64_t n_vocab) {
+    std::vector<float> out(ids.size() * size_t(n_vocab));
+    st.eval({.tokens = ids, .all_logits = true, .logits = out.data()});
+    return out;
+}
+
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+    EXPECT_EQ(a.size(), b.size());
+    double d = 0;
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, double(std::fabs(a[i] - b[i])));
+    return d;
+}
+
+struct Case {
+    const char* model;
+    const char* adapter;  // under fixtures/<model>/lora/
+    float scale;
+    const char* ref;      // the reference logits
+};
+
+class LoraLogits : public ::testing::TestWithParam<Case> {};
+
+TEST_P(LoraLogits, MatchFloat64Reference) {
+    const Case c = GetParam();
+    auto model = load(c.model);
+    const int64_t n_vocab = model->info().n_vocab;
+    auto st = model->create_state();
+    const auto adapter = load_lora(fixture(c.model) + "/lora/" + c.adapter, *model);
+    st->set_lora({{adapter, c.scale}});
+    const std::vector<float> got = all_logits(*st, prompt0(c.model), n_vocab);
+    const std::vector<float> ref = test::read_f32(fixture(c.model) + "/lora/" + c.ref);
+    const double d = max_diff(got, ref);
+    std::printf("[ lora ] %-10s %-9s scale %.1f: max |dlogit| = %.3g\n", c.model, c.adapter, c.scale, d);
+    EXPECT_LT(d, 1e-2);
+    // And the adapter makes a difference the test can see.
+    st->set_lora({});
+    st->reset();
+    EXPECT_GT(max_diff(all_logits(*st, prompt0(c.model), n_vocab), ref), 0.1);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, LoraLogits,
+    ::testing::Values(Case{"tiny-lfm2", "lora.gguf", 1.0f, "logits_0.f32"},
+                      Case{"tiny-lfm2", "lora.gguf", 0.5f, "logits_0_s05.f32"},
+                      Case{"tiny-lfm2", "peft", 1.0f, "logits_0.f32"}, Case{"tiny-lfm2", "peft", 0.5f, "logits_0_s05.f32"},
+                      Case{"tiny-qwen3", "lora.gguf", 1.0f, "logits_0.f32"},
+                      Case{"tiny-qwen3", "lora.gguf", 0.5f, "logits_0_s05.f32"},
+                      Case{"tiny-qwen3", "peft", 1.0f, "logits_0.f32"},
+                      Case{"tiny-qwen3", "peft", 0.5f, "logits_0_s05.f32"}));
+
+class LoraModel : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(LoraModel, GreedyContinuationMatchesReference) {
+    const std::string m = GetParam();
+    auto model = load(m);
+    const int64_t n_vocab = model->info().n_vocab;
+    const json g = json::parse(test::read_text(fixture(m) + "/lora/greedy_0.json"));
+    const auto want = g["generated_ids"].get<std::vector<int32_t>>();
+    for (const char* file : {"lora.gguf", "peft"}) {
+        auto st = model->create_state();
+        st->set_lora({{load_lora(fixture(m) + "/lora/" + file, *model), 1.0f}});
+        std::vector<float> logits(static_cast<size_t>(n_vocab));
+        const std::vector<int32_t> prompt = g["prompt_ids"].get<std::vector<int32_t>>();
+        st->eval({.tokens = prompt, .logits = logits.data()});
+        size_t match = 0;
+        for (int32_t ref : want) {
+            const int32_t id = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+            if (id != ref) break;
+            ++match;
+            st->eval({.tokens = {&id, 1}, .logits = logits.data()});
+        }
+        std::printf("[ lora ] %-10s %-9s greedy: %zu/%zu tokens equal\n", m.c_str(), file, match, want.size());
+        if (match < want.size()) {
+            // A divergence is acceptable only where the reference's top two were nearly tied.
+            EXPECT_LT(g["steps"][match]["margin_top1_top2"].get<double>(), 5e-3) << file << " step " << match;
+        }
+    }
+}
+
+// The deltas of two adapters add: the adapter twice at scale 0.5 (once from each format) is the
+// adapter at scale 1, whose reference is independent of this code.
+TEST_P(LoraModel, TwoAdaptersAddTheirDeltas) {
+    const std::string m = GetParam();
+    auto model = load(m);
+    const int64_t n_vocab = model->info().n_vocab;
+    auto st = model->create_state();
+    const auto a1 = load_lora(fixture(m) + "/lora/lora.gguf", *model);
+    const auto a2 = load_lora(fixture(m) + "/lora/peft", *model);
+    st->set_lora({{a1, 0.5f}, {a2, 0.5f}});
+    const double d = max_diff(all_logits(*st, prompt0(m), n_vocab), test::read_f32(fixture(m) + "/lora/logits_0.f32"));
+    std::printf("[ lora ] %-10s two adapters at 0.5: max |dlogit| vs the adapter at 1.0 = %.3g\n", m.c_str(), d);
+    EXPECT_LT(d, 1e-2);
+}
+
+// Base and adapter sequences in one batch: each sequence's logits (prompt, then decode steps) equal
+// those of the sequence alone, bit for bit.
+TEST_P(LoraModel, MixedBatchMatchesEachAlone) {
+    const std::string m = GetParam();
+    auto model = load(m);
+    const int64_t n_vocab = model->info().n_vocab;
+    const auto a1 = load_lora(fixture(m) + "/lora/lora.gguf", *model);
+    const auto a2 = load_lora(fixture(m) + "/lora/peft", *model);
+    const std::vector<LoraSet> sets = {{}, {{a1, 1.0f}}, {{a2, 0.5f}}, {{a1, 0.5f}, {a2, 0.25f}}, {{a1, 1.0f}}};
+    const std::vector<int32_t> p = prompt0(m);
+    const std::vector<int32_t> decode = {5, 77, 300, 12};
+    // Alone.
+    std::vector<std::vector<std::vector<float>>> want(sets.size());
+    for (size_t i = 0; i < sets.size(); ++i) {
+        auto st = model->create_state();
+        st->set_lora(sets[i]);
+        // Prompts of different lengths, so that segments start at different rows.
+        const std::vector<int32_t> pi(p.begin(), p.end() - int64_t(i));
+        want[i].emplace_back(size_t(n_vocab));
+        st->eval({.tokens = pi, .logits = want[i].back().data()});
+        for (int32_t id : decode) {
+            want[i].emplace_back(size_t(n_vocab));
+            st->eval({.tokens = {&id, 1}, .logits = want[i].back().data()});
+        }
+    }
+    BatchStateOptions bo;
+    bo.max_seqs = 8;
+    bo.kv_tokens = 1024;
+    BatchState bs(*model, bo);
+    std::vector<int> seq;
+    for (size_t i = 0; i < sets.size(); ++i) {
+        seq.push_back(bs.add_sequence());
+        bs.set_lora(seq.back(), sets[i]);
+    }
+    std::vector<std::vector<int32_t>> prompts;
+    for (size_t i = 0; i < sets.size(); ++i) prompts.emplace_back(p.begin(), p.end() - int64_t(i));
+    for (size_t step = 0; step <= decode.size(); ++step) {
+        std::vector<BatchState::Entry> entries;
+        for (size_t i = 0; i < sets.size(); ++i) {
+            BatchState::Entry e;
+            e.seq = seq[i];
+            e.tokens = step == 0 ? std::span<const int32_t>(prompts[i]) : std::span<const int32_t>(&decode[step - 1], 1);
+            e.pick = Pick::kLogits;
+            entries.push_back(e);
+        }
+        StepOutput out;
+        bs.step(entries, out);
+        for (size_t i = 0; i < sets.size(); ++i) {
+            const float* row = out.logits.data() + out.row_at[i];
+            const std::vector<float> got(row, row + n_vocab);
+            EXPECT_EQ(max_diff(got, want[i][step]), 0.0) << m << " sequence " << i << " step " << step;
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, LoraModel, ::testing::Values("tiny-lfm2", "tiny-qwen3"));
+
+// An adapter made for another model: a one-line error naming the tensor and both shapes.
+TEST(LoraLoad, AnotherModelIsRefusedWithTensorAndShapes) {
+    auto qwen2 = load("tiny-qwen2-random");
+    try {
+        load_lora(fixture("tiny-qwen3") + "/lora/peft", *qwen2);
+        FAIL() << "loaded a tiny-qwen3 adapter into tiny-qwen2-random";
+    } catch (const Error& e) {
+        const std::string msg = e.what();
+        std::printf("[ lora ] %s\n", msg.c_str());
+        EXPECT_NE(msg.find("blk.0."), std::string::npos) << msg;
+        EXPECT_NE(msg.find("has ne {"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("the base"), std::string::npos) << msg;
+        EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    }
+    auto lfm2 = load("tiny-lfm2");
+    try {
+        load_lora(fixture("tiny-qwen3") + "/lora/lora.gguf", *lfm2);
+        FAIL() << "loaded a qwen3 GGUF adapter into an lfm2 model";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("qwen3"), std::string::npos) << e.what();
+    }
+    // Not an adapter at all.
+    EXPECT_THROW(load_lora(fixture("tiny-lfm2") + "/model.gguf", *lfm2), Error);
+    EXPECT_THROW(load_lora(fixture("tiny-lfm2") + "/no-such-adapter", *lfm2), Error);
+}
+
+}  // namespace
+}  // namespace cera

@@ -1,0 +1,133 @@
+// The op harness, LoRA part: Backend::lora_segments (the grouped LoRA product of a step whose rows
+// belong to several adapters) on every target, and its default (lora_segments_via_host, what a
+// device backend without a kernel of its own runs), against a scalar reference computed here in double.
+//
+// Bound: y + s B (A x) with t = A x (k products summed in f32), scaled, then B t (r products) added to y
+// in any grouping: |err| <= |s| gamma(k + r + 2) sum_j |b_oj| sum_i |a_ji x_i| (the roundings of t and of
+// the products, bounded by the magnitudes) plus gamma(additions into y) (|y| + |y0|).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/op_harness.h"
+
+namespace cera::harness {
+namespace {
+
+const auto* const kReleaseBackends = ::testing::AddGlobalTestEnvironment(new ReleaseBackends);
+
+struct Seg {
+    int64_t start, n;
+    int adapter;  // which of the case's adapters
+    float scale;
+};
+
+// Segments out of row order, one covering rows another covers (two adapters on one sequence),
+// rows in no segment, length-1 segments.
+std::vector<Seg> segments_for(int64_t n_tokens) {
+    if (n_tokens == 1) return {{0, 1, 0, 0.5f}, {0, 1, 1, -2.0f}};
+    if (n_tokens == 3) return {{2, 1, 1, 1.0f}, {0, 2, 0, 0.25f}, {1, 2, 2, 3.0f}};
+    const int64_t h = n_tokens / 2;
+    return {{h, n_tokens - h, 2, 1.0f}, {0, h - 1, 0, 2.0f}, {1, 1, 1, -1.0f}, {0, n_tokens, 1, 0.125f}};
+}
+
+void check(bool via_host, GgmlType type) {
+    std::mt19937 rng(35);
+    const int64_t shapes[][3] = {{1, 1, 1}, {7, 96, 4}, {96, 7, 1}, {256, 768, 16}, {288, 96, 8}, {4097, 32, 16},
+                                 {768, 4097, 16}};  // k, n_out, max rank
+    for (const auto& sh : shapes) {
+        const int64_t k = sh[0], n_out = sh[1];
+        for (int64_t n_tokens : {int64_t(1), int64_t(3), int64_t(17), int64_t(64)}) {
+            if (n_tokens * (k + n_out) > kMaxElems) continue;
+            // Three adapters of ranks max, max/2 (at least 1) and 1.
+            const int64_t ranks[3] = {sh[2], std::max<int64_t>(1, sh[2] / 2), 1};
+            std::vector<std::vector<float>> a(3), b(3);
+            for (int i = 0; i < 3; ++i) {
+                a[size_t(i)] = randn(size_t(ranks[i] * k), rng, 0.1f);
+                b[size_t(i)] = randn(size_t(n_out * ranks[i]), rng, 0.1f);
+                // F16 copies: the reference uses the values they hold.
+                if (type == GgmlType::kF16)
+                    for (auto* v : {&a[size_t(i)], &b[size_t(i)]})
+                        for (float& x : *v) x = fp16_to_fp32(fp32_to_fp16(x));
+            }
+            const std::vector<float> x = activations(size_t(n_tokens * k), rng);
+            const std::vector<float> y0 = randn(size_t(n_tokens * n_out), rng);
+            const std::vector<Seg> segs = segments_for(n_tokens);
+            // The reference, with each value's bound.
+            std::vector<double> want(y0.begin(), y0.end()), bound(y0.size(), 0.0);
+            for (const Seg& g : segs) {
+                const int64_t r = ranks[g.adapter];
+                const float* A = a[size_t(g.adapter)].data();
+                const float* B = b[size_t(g.adapter)].data();
+                for (int64_t t = g.start; t < g.start + g.n; ++t) {
+                    std::vector<double> tv(static_cast<size_t>(r)), tm(static_cast<size_t>(r));
+                    for (int64_t j = 0; j < r; ++j)
+                        for (int64_t i = 0; i < k; ++i) {
+                            const double p = double(A[j * k + i]) * x[size_t(t * k + i)];
+                            tv[size_t(j)] += p, tm[size_t(j)] += std::fabs(p);
+                        }
+                    for (int64_t o = 0; o < n_out; ++o) {
+                        double acc = 0, mag = 0;
+                        for (int64_t j = 0; j < r; ++j) {
+                            acc += double(B[o * r + j]) * tv[size_t(j)];
+                            mag += std::fabs(double(B[o * r + j])) * tm[size_t(j)];
+                        }
+                        want[size_t(t * n_out + o)] += double(g.scale) * acc;
+                        bound[size_t(t * n_out + o)] += std::fabs(double(g.scale)) * gamma(k + r + 2) * mag;
+                    }
+                }
+            }
+            // y's own roundings: one per addition into it, at most the ranks of every segment on a row (the CPU
+            // adds Bᵀ's rows one by one), 16 + 8 + 1 in two segments at most.
+            for (size_t i = 0; i < want.size(); ++i) bound[i] += gamma(2 * 25 + 2) * (std::fabs(want[i]) + std::fabs(y0[i])) + 1e-37;
+            for (const Target& t : targets()) {
+                if (t.moe_only) continue;
+                OnBackend ob(t);
+                std::vector<Tensor> A(3), B(3);
+                for (int i = 0; i < 3; ++i) {
+                    std::vector<float> bt(b[size_t(i)].size());  // B [n_out, r] -> Bᵀ [r, n_out]
+                    for (int64_t o = 0; o < n_out; ++o)
+                        for (int64_t j = 0; j < ranks[i]; ++j)
+                            bt[size_t(j * n_out + o)] = b[size_t(i)][size_t(o * ranks[i] + j)];
+                    if (type == GgmlType::kF32) {
+                        A[size_t(i)] = ob.f32({k, ranks[i]}, a[size_t(i)]);
+                        B[size_t(i)] = ob.f32({n_out, ranks[i]}, bt);
+                        continue;
+                    }
+                    std::vector<uint16_t> ha, hb;
+                    for (float x : a[size_t(i)]) ha.push_back(fp32_to_fp16(x));
+                    for (float x : bt) hb.push_back(fp32_to_fp16(x));
+                    A[size_t(i)] = ob.alloc(GgmlType::kF16, {k, ranks[i]}, ha.data());
+                    B[size_t(i)] = ob.alloc(GgmlType::kF16, {n_out, ranks[i]}, hb.data());
+                }
+                const Tensor X = ob.f32({k, n_tokens}, x), Y = ob.f32({n_out, n_tokens}, y0);
+                std::vector<LoraSegment> ls;
+                for (const Seg& g : segs) ls.push_back({g.start, g.n, A[size_t(g.adapter)], B[size_t(g.adapter)], g.scale});
+                if (via_host)
+                    lora_segments_via_host(ob.be(), X, ls, Y);
+                else
+                    ob.be().lora_segments(X, ls, Y);
+                Checker c(str(t.name, via_host ? " lora_segments_via_host " : " lora_segments ", type_name(type), " k ", k, " n_out ",
+                              n_out, " n_tokens ", n_tokens));
+                const std::vector<float> y = ob.read(Y);
+                for (size_t i = 0; i < y.size(); ++i) c.near(y[i], want[i], bound[i], "y ", i);
+                if (via_host) break;  // one target is enough for the default
+            }
+        }
+    }
+}
+
+TEST(OpHarness, LoraSegments) {
+    check(false, GgmlType::kF32);
+    check(false, GgmlType::kF16);
+}
+TEST(OpHarness, LoraSegmentsViaHost) {
+    check(true, GgmlType::kF32);
+    check(true, GgmlType::kF16);
+}
+
+}  // namespace
+}  // namespace cera::harness
