@@ -10,7 +10,7 @@
 #include <regex>
 #include <sstream>
 
-#include "convert/safetensors.h"
+#include "gguf/safetensors.h"
 #include "core/check.h"
 #include "models/lora_read.h"
 
@@ -121,9 +121,9 @@ LoraRead read_peft_lora(const std::string& dir, const std::string& arch, const L
     const double alpha_default = number(cfg, "lora_alpha", r_default, cfg_path);
     const bool rslora = flag("use_rslora");
 
-    const convert::SafeTensors st(dir + "/adapter_model.safetensors");
+    const SafeTensors st(dir + "/adapter_model.safetensors");
     // module name (model.layers.<i>.<module>) -> its A and B
-    std::map<std::string, std::pair<const convert::StTensor*, const convert::StTensor*>> pairs;
+    std::map<std::string, std::pair<const StTensor*, const StTensor*>> pairs;
     for (const auto& [name, t] : st.tensors()) {
         std::string n = name;
         for (const char* prefix : {"base_model.model.", "base_model."})
@@ -162,12 +162,12 @@ LoraRead read_peft_lora(const std::string& dir, const std::string& arch, const L
             throw_error(ErrorCode::kUnsupported, "%s: LoRA on %s: no %s projection '%s' is known", st.path().c_str(),
                         module.c_str(), arch.c_str(), sub.c_str());
         }
-        const convert::StTensor& a = *ab.first;
-        const convert::StTensor& b = *ab.second;
+        const StTensor& a = *ab.first;
+        const StTensor& b = *ab.second;
         if (a.shape.size() != 2 || b.shape.size() != 2 || a.shape[0] != b.shape[1])
             throw_error(ErrorCode::kInvalidFile, "%s: %s has lora_A %s and lora_B %s: not a rank-r pair",
-                        st.path().c_str(), module.c_str(), convert::shape_str(a.shape).c_str(),
-                        convert::shape_str(b.shape).c_str());
+                        st.path().c_str(), module.c_str(), shape_str(a.shape).c_str(),
+                        shape_str(b.shape).c_str());
         LoraTensor t;
         t.target = "blk." + layer + "." + mn->gguf;
         t.r = a.shape[0];

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "convert/hf_config.h"
-#include "convert/safetensors.h"
+#include "gguf/safetensors.h"
 #include "core/dtype.h"
 #include "gguf/writer.h"
 

@@ -4,7 +4,7 @@
 
 #include "convert/arch.h"
 #include "convert/hf_config.h"
-#include "convert/safetensors.h"
+#include "gguf/safetensors.h"
 #include "convert/tokenizer_writer.h"
 #include "core/check.h"
 #include "gguf/keys.h"

@@ -10,7 +10,7 @@
 
 #include "core/mmap.h"
 
-namespace cera::convert {
+namespace cera {
 
 struct StTensor {
     std::string dtype;           // "F64", "F32", "F16", "BF16"
@@ -41,4 +41,4 @@ class SafeTensors {
 // "4096x128"
 std::string shape_str(const std::vector<int64_t>& shape);
 
-}  // namespace cera::convert
+}  // namespace cera

@@ -1,4 +1,4 @@
-#include "convert/safetensors.h"
+#include "gguf/safetensors.h"
 
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -6,7 +6,7 @@
 #include "core/check.h"
 #include "core/fp16.h"
 
-namespace cera::convert {
+namespace cera {
 
 using nlohmann::json;
 
@@ -106,4 +106,4 @@ std::string shape_str(const std::vector<int64_t>& shape) {
     return s;
 }
 
-}  // namespace cera::convert
+}  // namespace cera
