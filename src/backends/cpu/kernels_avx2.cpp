@@ -37,7 +37,9 @@ inline float h2f(const uint8_t* p) {
 }
 
 struct WF32 {
-    static __m256 load(const uint8_t* row, int64_t i) { return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i); }
+    static __m256 load(const uint8_t* row, int64_t i) {
+        return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i);
+    }
     static float at(const uint8_t* row, int64_t i) { return reinterpret_cast<const float*>(row)[i]; }
 };
 struct WF16 {
@@ -88,6 +90,7 @@ void tile_float(const uint8_t* w, size_t ws, const uint8_t* act, size_t as, int6
 struct WQ4_0 {
     static constexpr size_t kBytes = sizeof(BlockQ4_0);
     static constexpr int kOffset = 8;
+    static constexpr bool kMin = false;
     static constexpr bool kSigned = false;
     static __m256i codes(const uint8_t* b) {
         const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
@@ -97,6 +100,7 @@ struct WQ4_0 {
 struct WQ5_0 {
     static constexpr size_t kBytes = sizeof(BlockQ5_0);
     static constexpr int kOffset = 16;
+    static constexpr bool kMin = false;
     static constexpr bool kSigned = false;
     static __m256i codes(const uint8_t* b) {
         const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 6));
@@ -104,8 +108,38 @@ struct WQ5_0 {
         uint32_t qh;
         std::memcpy(&qh, b + 2, 4);
         // spread the 32 bits to 32 bytes: byte j gets bit j
-        const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
-                                              3, 3, 3, 3, 3, 3);
+        const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3,
+                                              3, 3, 3, 3, 3, 3, 3);
+        const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(int(qh)), shuf);
+        const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+        return _mm256_or_si256(v, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+    }
+};
+// Q4_1 / Q5_1: x = d * q + m; the min term m * dx * sum(activation codes) is one float FMA per
+// block and (row, token), into lane 0 of the accumulator.
+struct WQ4_1 {
+    static constexpr size_t kBytes = sizeof(BlockQ4_1);
+    static constexpr int kOffset = 0;
+    static constexpr bool kMin = true;
+    static constexpr bool kSigned = false;
+    static __m256i codes(const uint8_t* b) {
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4));
+        return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
+    }
+};
+struct WQ5_1 {
+    static constexpr size_t kBytes = sizeof(BlockQ5_1);
+    static constexpr int kOffset = 0;
+    static constexpr bool kMin = true;
+    static constexpr bool kSigned = false;
+    static __m256i codes(const uint8_t* b) {
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 8));
+        const __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
+        uint32_t qh;
+        std::memcpy(&qh, b + 4, 4);
+        const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3,
+                                              3, 3, 3, 3, 3, 3, 3);
         const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(int(qh)), shuf);
         const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
         const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
@@ -115,6 +149,7 @@ struct WQ5_0 {
 struct WQ8_0 {
     static constexpr size_t kBytes = sizeof(BlockQ8_0);
     static constexpr int kOffset = 0;
+    static constexpr bool kMin = false;
     static constexpr bool kSigned = true;
     static __m256i codes(const uint8_t* b) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)); }
 };
@@ -136,11 +171,12 @@ void tile_q32(const uint8_t* w, size_t ws, const uint8_t* act, size_t as, int64_
         for (int c = 0; c < NC; ++c) acc[r][c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         __m256i wq[MR];
-        __m256 wd[MR];
+        __m256 wd[MR], wm[MR];
         for (int r = 0; r < MR; ++r) {
             const uint8_t* blk = w + r * ws + b * W::kBytes;
             wq[r] = W::codes(blk);
             wd[r] = _mm256_set1_ps(h2f(blk));
+            if constexpr (W::kMin) wm[r] = _mm256_set1_ps(h2f(blk + 2));
         }
         if constexpr (W::kSigned) {
             for (int r = 0; r < MR; ++r) {
@@ -162,6 +198,11 @@ void tile_q32(const uint8_t* w, size_t ws, const uint8_t* act, size_t as, int64_
                 for (int r = 0; r < MR; ++r) {
                     const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wq[r], xv), ones), init0);
                     acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(wd[r], dx), acc[r][c]);
+                }
+                if constexpr (W::kMin) {
+                    const __m256 sx = _mm256_castps128_ps256(_mm_set_ss(xd[c][b] * float(xs[c][b])));
+                    const __m256 sx0 = _mm256_insertf128_ps(sx, _mm_setzero_ps(), 1);
+                    for (int r = 0; r < MR; ++r) acc[r][c] = _mm256_fmadd_ps(wm[r], sx0, acc[r][c]);
                 }
             }
         }
@@ -255,7 +296,9 @@ KernelTable make_table() {
     set(GgmlType::kF16, gemm<FloatTile<WF16>::T>, ActFormat::kF32);
     set(GgmlType::kBF16, gemm<FloatTile<WBF16>::T>, ActFormat::kF32);
     set(GgmlType::kQ4_0, gemm<Q32Tile<WQ4_0>::T>, ActFormat::kAct32);
+    set(GgmlType::kQ4_1, gemm<Q32Tile<WQ4_1>::T>, ActFormat::kAct32);
     set(GgmlType::kQ5_0, gemm<Q32Tile<WQ5_0>::T>, ActFormat::kAct32);
+    set(GgmlType::kQ5_1, gemm<Q32Tile<WQ5_1>::T>, ActFormat::kAct32);
     set(GgmlType::kQ8_0, gemm<Q32Tile<WQ8_0>::T>, ActFormat::kAct32);
     t.rms_norm = rms_norm_avx2;
     t.silu_mul = silu_mul_ref;  // std::exp does not vectorize: the scalar loop is as fast

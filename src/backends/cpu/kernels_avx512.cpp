@@ -48,7 +48,9 @@ inline float h2f(const uint8_t* p) {
 // ---------------------------------------------------------------- float weights
 
 struct WF32 {
-    static __m512 load(const uint8_t* row, int64_t i) { return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + i); }
+    static __m512 load(const uint8_t* row, int64_t i) {
+        return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + i);
+    }
     static __m512 load_tail(const uint8_t* row, int64_t i, __mmask16 m) {
         return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(row) + i);
     }
@@ -105,6 +107,7 @@ void tile_float(const uint8_t* w, size_t ws, const uint8_t* act, size_t as, int6
 struct WQ4_0 {
     static constexpr size_t kBytes = sizeof(BlockQ4_0);
     static constexpr int kOffset = 8;
+    static constexpr bool kMin = false;
     static __m256i codes(const uint8_t* b) {
         const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
         const __m256i v = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
@@ -114,6 +117,7 @@ struct WQ4_0 {
 struct WQ5_0 {
     static constexpr size_t kBytes = sizeof(BlockQ5_0);
     static constexpr int kOffset = 16;
+    static constexpr bool kMin = false;
     static __m256i codes(const uint8_t* b) {
         const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 6));
         const __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
@@ -122,11 +126,37 @@ struct WQ5_0 {
         return _mm256_or_si256(v, _mm256_maskz_mov_epi8(__mmask32(qh), _mm256_set1_epi8(0x10)));
     }
 };
+// Q4_1 / Q5_1: x = d * q + m; the min term m * dx * sum(activation codes) is one float FMA per
+// block and (row, token), into lane 0 of the accumulator.
+struct WQ4_1 {
+    static constexpr size_t kBytes = sizeof(BlockQ4_1);
+    static constexpr int kOffset = 0;
+    static constexpr bool kMin = true;
+    static __m256i codes(const uint8_t* b) {
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4));
+        const __m256i v = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+        return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+    }
+};
+struct WQ5_1 {
+    static constexpr size_t kBytes = sizeof(BlockQ5_1);
+    static constexpr int kOffset = 0;
+    static constexpr bool kMin = true;
+    static __m256i codes(const uint8_t* b) {
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 8));
+        const __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
+        uint32_t qh;
+        std::memcpy(&qh, b + 4, 4);
+        return _mm256_or_si256(v, _mm256_maskz_mov_epi8(__mmask32(qh), _mm256_set1_epi8(0x10)));
+    }
+};
 struct WQ8_0 {
     static constexpr size_t kBytes = sizeof(BlockQ8_0);
     static constexpr int kOffset = 128;  // codes + 128 as unsigned
+    static constexpr bool kMin = false;
     static __m256i codes(const uint8_t* b) {
-        return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)), _mm256_set1_epi8(char(0x80)));
+        return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)),
+                                _mm256_set1_epi8(char(0x80)));
     }
 };
 
@@ -146,11 +176,12 @@ void tile_q32(const uint8_t* w, size_t ws, const uint8_t* act, size_t as, int64_
         for (int c = 0; c < NC; ++c) acc[r][c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         __m256i wq[MR];
-        __m256 wd[MR];
+        __m256 wd[MR], wm[MR];
         for (int r = 0; r < MR; ++r) {
             const uint8_t* blk = w + r * ws + b * W::kBytes;
             wq[r] = W::codes(blk);
             wd[r] = _mm256_set1_ps(h2f(blk));
+            if constexpr (W::kMin) wm[r] = _mm256_set1_ps(h2f(blk + 2));
         }
         for (int c = 0; c < NC; ++c) {
             const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[c] + 32 * b));
@@ -159,6 +190,10 @@ void tile_q32(const uint8_t* w, size_t ws, const uint8_t* act, size_t as, int64_
             for (int r = 0; r < MR; ++r) {
                 const __m256i dot = _mm256_dpbusd_epi32(init, wq[r], xv);
                 acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(wd[r], dx), acc[r][c]);
+            }
+            if constexpr (W::kMin) {
+                const __m256 sx = _mm256_zextps128_ps256(_mm_set_ss(xd[c][b] * float(xs[c][b])));
+                for (int r = 0; r < MR; ++r) acc[r][c] = _mm256_fmadd_ps(wm[r], sx, acc[r][c]);
             }
         }
     }
@@ -211,8 +246,10 @@ void tile_q45k(const uint8_t* w, size_t ws, const uint8_t* act, size_t as, int64
                     if constexpr (kQ5) {
                         const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));
                         const __m256i b16 = _mm256_set1_epi8(16);
-                        q0 = _mm256_mask_add_epi8(q0, _mm256_test_epi8_mask(qh, _mm256_set1_epi8(char(1 << (2 * g)))), q0, b16);
-                        q1 = _mm256_mask_add_epi8(q1, _mm256_test_epi8_mask(qh, _mm256_set1_epi8(char(2 << (2 * g)))), q1, b16);
+                        q0 = _mm256_mask_add_epi8(q0, _mm256_test_epi8_mask(qh, _mm256_set1_epi8(char(1 << (2 * g)))),
+                                                  q0, b16);
+                        q1 = _mm256_mask_add_epi8(q1, _mm256_test_epi8_mask(qh, _mm256_set1_epi8(char(2 << (2 * g)))),
+                                                  q1, b16);
                     }
                     const __m256i p0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q0, x0);
                     const __m256i p1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q1, x1);
@@ -261,7 +298,8 @@ void tile_q6k(const uint8_t* w, size_t ws, const uint8_t* act, size_t as, int64_
             __m256i isum[MR];
             // the offset: codes are q + 32, so start at -32 * sum(scale * bsum)
             for (int r = 0; r < MR; ++r)
-                isum[r] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16[r]), 5));
+                isum[r] =
+                    _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16[r]), 5));
             for (int n = 0; n < 2; ++n) {
                 __m256i xv[4];
                 for (int j = 0; j < 4; ++j)
@@ -272,7 +310,8 @@ void tile_q6k(const uint8_t* w, size_t ws, const uint8_t* act, size_t as, int64_
                     const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->ql + 64 * n + 32));
                     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qh + 32 * n));
                     __m256i q[4];
-                    q[0] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(h, three), 4));
+                    q[0] =
+                        _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(h, three), 4));
                     q[1] = _mm256_or_si256(_mm256_and_si256(l1, low4),
                                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), three), 4));
                     q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
@@ -440,8 +479,8 @@ void axpy_rows_f16_avx512(const uint16_t* b, int64_t ld, const float* t, int64_t
         const __mmask16 m = n - c >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - c)) - 1);
         __m512 acc = _mm512_maskz_loadu_ps(m, y + c);
         for (int64_t j = 0; j < r; ++j)
-            acc = _mm512_fmadd_ps(_mm512_set1_ps(t[j]),
-                                  _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, b + j * ld + c)), acc);
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(t[j]), _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, b + j * ld + c)),
+                                  acc);
         _mm512_mask_storeu_ps(y + c, m, acc);
     }
 }
@@ -542,7 +581,9 @@ KernelTable make_table() {
     set(GgmlType::kF16, gemm<FloatTile<WF16>::T>, ActFormat::kF32);
     set(GgmlType::kBF16, gemm<FloatTile<WBF16>::T>, ActFormat::kF32);
     set(GgmlType::kQ4_0, gemm<Q32Tile<WQ4_0>::T>, ActFormat::kAct32);
+    set(GgmlType::kQ4_1, gemm<Q32Tile<WQ4_1>::T>, ActFormat::kAct32);
     set(GgmlType::kQ5_0, gemm<Q32Tile<WQ5_0>::T>, ActFormat::kAct32);
+    set(GgmlType::kQ5_1, gemm<Q32Tile<WQ5_1>::T>, ActFormat::kAct32);
     set(GgmlType::kQ8_0, gemm<Q32Tile<WQ8_0>::T>, ActFormat::kAct32);
     set(GgmlType::kQ4_K, gemm<Q45KTile<false>::T>, ActFormat::kActQ8K);
     set(GgmlType::kQ5_K, gemm<Q45KTile<true>::T>, ActFormat::kActQ8K);

@@ -7,7 +7,7 @@
 // 16 rows instead of 3 per row. Weights are unpacked once per block and reused by up to 8 tokens
 // from registers (NT tokens per tile); zero offsets are the accumulators' start values
 // (-offset * the activation block's code sum); K-quant sub-block scales multiply the int32 sums.
-// Variants: Q4_0 and Q8_0 on kAct32 activations; Q4_K and Q6_K on Q8_K activations.
+// Variants: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 on kAct32 activations; Q4_K and Q6_K on Q8_K activations.
 // Bottleneck: decode (1 token) reads each weight byte once: ~24 vector ops per 288 bytes of Q4_0,
 // well under what 16.5 GB/s per core (half of the ~33 GB/s two-core roofline) needs. Prefill: per
 // block and token 8 vpdpbusd (512 MACs) + 3 float ops, plus 12 unpack ops per block shared by the
@@ -45,7 +45,7 @@ void tile_q32(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
     const float* xd[NT];
     const int32_t* xs[NT];
     __m512 acc[NT];
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) {
         xq[t] = reinterpret_cast<const int8_t*>(act + t * as);
         xd[t] = reinterpret_cast<const float*>(xq[t] + k);
@@ -60,22 +60,22 @@ void tile_q32(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
         const uint8_t* q = p + 64 + size_t(h) * kLines * 64;
         __m512i w[8];
         if constexpr (kQ8) {
-            #pragma GCC unroll 16
+#pragma GCC unroll 16
             for (int j = 0; j < 8; ++j) w[j] = _mm512_load_si512(q + 64 * j);
         } else {
-            #pragma GCC unroll 16
+#pragma GCC unroll 16
             for (int j = 0; j < 4; ++j) {
                 const __m512i v = _mm512_load_si512(q + 64 * j);
                 w[j] = _mm512_and_si512(v, m4);
                 w[4 + j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
             }
         }
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int t = 0; t < NT; ++t) {
             const int8_t* x = xq[t] + 32 * b;
             __m512i s0 = _mm512_set1_epi32(-kOff * xs[t][b]);
             __m512i s1 = _mm512_setzero_si512();
-            #pragma GCC unroll 16
+#pragma GCC unroll 16
             for (int j = 0; j < 8; j += 2) {
                 s0 = _mm512_dpbusd_epi32(s0, w[j], bcast32(x + 4 * j));
                 s1 = _mm512_dpbusd_epi32(s1, w[j + 1], bcast32(x + 4 * j + 4));
@@ -84,7 +84,75 @@ void tile_q32(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
                                      _mm512_mul_ps(dw, _mm512_set1_ps(xd[t][b])), acc[t]);
         }
     }
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + t * ldy, rmask, acc[t]);
+}
+
+// ---------------------------------------------------------------- Q4_1 / Q5_0 / Q5_1 (kAct32)
+
+// Q4_0's nibble lines, plus for the 5-bit types one line H per block whose bit j (4+j) is the 5th
+// bit of line j's low (high) nibbles: shifted into bit 4 and or-ed in by one ternary-logic op.
+// Q5_0's offset 16 starts the accumulators as Q4_0's 8 does; the mins of Q4_1 / Q5_1 add
+// m * dx * sum(activation codes) per block, one FMA for the 16 rows.
+template <int kOff, bool kMin, bool kHigh, int NT>
+void tile_small32(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64_t k, float* y, int64_t ldy,
+                  __mmask16 rmask) {
+    constexpr int kLines = kHigh ? 5 : 4;
+    constexpr size_t kHeader = kMin ? 128 : 64;
+    constexpr size_t kPair = kHeader + 2 * kLines * 64;
+    const int8_t* xq[NT];
+    const float* xd[NT];
+    const int32_t* xs[NT];
+    __m512 acc[NT];
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t) {
+        xq[t] = reinterpret_cast<const int8_t*>(act + t * as);
+        xd[t] = reinterpret_cast<const float*>(xq[t] + k);
+        xs[t] = reinterpret_cast<const int32_t*>(xd[t] + nb);
+        acc[t] = _mm512_setzero_ps();
+    }
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* p = g + size_t(b >> 1) * kPair;
+        const int h = int(b & 1);
+        const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p + 32 * h)));
+        __m512 mw;
+        if constexpr (kMin) mw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p + 64 + 32 * h)));
+        const uint8_t* q = p + kHeader + size_t(h) * kLines * 64;
+        __m512i w[8];
+        if constexpr (kHigh) {
+            const __m512i H = _mm512_load_si512(q + 256);
+#pragma GCC unroll 16
+            for (int j = 0; j < 4; ++j) {
+                const __m512i v = _mm512_load_si512(q + 64 * j);
+                w[j] = _mm512_ternarylogic_epi32(v, m4, _mm512_and_si512(_mm512_slli_epi16(H, 4 - j), m10), 0xEA);
+                w[4 + j] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4), m4,
+                                                     _mm512_and_si512(_mm512_srli_epi16(H, j), m10), 0xEA);
+            }
+        } else {
+#pragma GCC unroll 16
+            for (int j = 0; j < 4; ++j) {
+                const __m512i v = _mm512_load_si512(q + 64 * j);
+                w[j] = _mm512_and_si512(v, m4);
+                w[4 + j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            }
+        }
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t) {
+            const int8_t* x = xq[t] + 32 * b;
+            __m512i s0 = kOff != 0 ? _mm512_set1_epi32(-kOff * xs[t][b]) : _mm512_setzero_si512();
+            __m512i s1 = _mm512_setzero_si512();
+#pragma GCC unroll 16
+            for (int j = 0; j < 8; j += 2) {
+                s0 = _mm512_dpbusd_epi32(s0, w[j], bcast32(x + 4 * j));
+                s1 = _mm512_dpbusd_epi32(s1, w[j + 1], bcast32(x + 4 * j + 4));
+            }
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)),
+                                     _mm512_mul_ps(dw, _mm512_set1_ps(xd[t][b])), acc[t]);
+            if constexpr (kMin) acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xd[t][b] * float(xs[t][b])), acc[t]);
+        }
+    }
+#pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + t * ldy, rmask, acc[t]);
 }
 
@@ -96,13 +164,13 @@ void tile_q4k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
     const int64_t nsb = k / kQK_K;
     (void)nb;
     __m512 facc[NT];
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) facc[t] = _mm512_setzero_ps();
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     for (int64_t sb = 0; sb < nsb; ++sb) {
         const uint8_t* p = g + size_t(sb) * 2368;
         const BlockQ8_K* xb[NT];
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int t = 0; t < NT; ++t) xb[t] = reinterpret_cast<const BlockQ8_K*>(act + t * as) + sb;
         // header first (d, dmin, scales, mins: the lines before the codes), so reads go forward
         const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p)));
@@ -125,13 +193,14 @@ void tile_q4k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
             _mm_store_si128(reinterpret_cast<__m128i*>(pw), s16);
             __m512i ms = _mm512_madd_epi16(mpair[0], _mm512_set1_epi32(pw[0]));
 #pragma GCC unroll 16
-            for (int pp = 1; pp < 4; ++pp) ms = _mm512_add_epi32(ms, _mm512_madd_epi16(mpair[pp], _mm512_set1_epi32(pw[pp])));
+            for (int pp = 1; pp < 4; ++pp)
+                ms = _mm512_add_epi32(ms, _mm512_madd_epi16(mpair[pp], _mm512_set1_epi32(pw[pp])));
             facc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dmin, _mm512_set1_ps(xb[t]->d)), facc[t]);
         }
         __m512i isum[NT];
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int gg = 0; gg < 4; ++gg) {
             // two chains per sub-block when the tile has few tokens (latency of dependent vpdpbusd)
             constexpr int kC = NT <= 2 ? 2 : 1;
@@ -162,16 +231,16 @@ void tile_q4k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
             }
             const __m512i sl = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(sc_raw[gg / 2], 2 * (gg % 2)));
             const __m512i sh = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(sc_raw[gg / 2], 2 * (gg % 2) + 1));
-            #pragma GCC unroll 16
+#pragma GCC unroll 16
             for (int t = 0; t < NT; ++t)
-                isum[t] = _mm512_add_epi32(isum[t], _mm512_add_epi32(_mm512_mullo_epi32(lo[0][t], sl),
-                                                                     _mm512_mullo_epi32(hi[0][t], sh)));
+                isum[t] = _mm512_add_epi32(
+                    isum[t], _mm512_add_epi32(_mm512_mullo_epi32(lo[0][t], sl), _mm512_mullo_epi32(hi[0][t], sh)));
         }
 #pragma GCC unroll 16
         for (int t = 0; t < NT; ++t)
             facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, _mm512_set1_ps(xb[t]->d)), facc[t]);
     }
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + t * ldy, rmask, facc[t]);
 }
 
@@ -183,26 +252,26 @@ void tile_q6k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
     const int64_t nsb = k / kQK_K;
     (void)nb;
     __m512 facc[NT];
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) facc[t] = _mm512_setzero_ps();
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     for (int64_t sb = 0; sb < nsb; ++sb) {
         const uint8_t* p = g + size_t(sb) * 3392;
         const BlockQ8_K* xb[NT];
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int t = 0; t < NT; ++t) xb[t] = reinterpret_cast<const BlockQ8_K*>(act + t * as) + sb;
         __m512i isum[NT];
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int a = 0; a < 4; ++a) {
             // sub-blocks 4i + a, i = 0..3; codes are q + 32: start at -32 * the sub-block's code sum
             __m512i acc[NT][4];
-            #pragma GCC unroll 16
+#pragma GCC unroll 16
             for (int t = 0; t < NT; ++t)
-                #pragma GCC unroll 16
+#pragma GCC unroll 16
                 for (int i = 0; i < 4; ++i) acc[t][i] = _mm512_set1_epi32(-32 * int32_t(xb[t]->bsums[4 * i + a]));
-            #pragma GCC unroll 16
+#pragma GCC unroll 16
             for (int hh = 0; hh < 4; ++hh) {
                 const int h = 4 * a + hh;
                 const __m512i L0 = _mm512_load_si512(p + 320 + 192 * h);
@@ -214,26 +283,26 @@ void tile_q6k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
                 w[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(L0, 4), m4, _mm512_and_si512(H, m30), 0xEA);
                 w[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(L1, 4), m4,
                                                  _mm512_and_si512(_mm512_srli_epi16(H, 2), m30), 0xEA);
-                #pragma GCC unroll 16
+#pragma GCC unroll 16
                 for (int t = 0; t < NT; ++t)
-                    #pragma GCC unroll 16
+#pragma GCC unroll 16
                     for (int i = 0; i < 4; ++i)
                         acc[t][i] = _mm512_dpbusd_epi32(acc[t][i], w[i], bcast32(xb[t]->qs + 4 * (h + 16 * i)));
             }
-            #pragma GCC unroll 16
+#pragma GCC unroll 16
             for (int i = 0; i < 4; ++i) {
                 const __m512i sc =
                     _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p + 64 + 16 * (4 * i + a))));
-                #pragma GCC unroll 16
+#pragma GCC unroll 16
                 for (int t = 0; t < NT; ++t) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(acc[t][i], sc));
             }
         }
         const __m512 d = _mm512_load_ps(reinterpret_cast<const float*>(p));
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int t = 0; t < NT; ++t)
             facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, _mm512_set1_ps(xb[t]->d)), facc[t]);
     }
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + t * ldy, rmask, facc[t]);
 }
 
@@ -248,8 +317,8 @@ struct Tiles {
 };
 
 template <class T>
-void gemm_packed(const uint8_t* packed, size_t gs, int64_t g0, int64_t g1, int64_t rows, const uint8_t* act,
-                 size_t as, int64_t t0, int64_t t1, int64_t k, float* y, int64_t ldy) {
+void gemm_packed(const uint8_t* packed, size_t gs, int64_t g0, int64_t g1, int64_t rows, const uint8_t* act, size_t as,
+                 int64_t t0, int64_t t1, int64_t k, float* y, int64_t ldy) {
     const int64_t nb = k / 32;
     for (int64_t g = g0; g < g1; ++g) {
         const int64_t r0 = g * kPackRows;
@@ -264,8 +333,13 @@ void gemm_packed(const uint8_t* packed, size_t gs, int64_t g0, int64_t g1, int64
 
 using Q4_0Tiles = Tiles<tile_q32<false, 1>, tile_q32<false, 2>, tile_q32<false, 3>, tile_q32<false, 4>,
                         tile_q32<false, 5>, tile_q32<false, 6>, tile_q32<false, 7>, tile_q32<false, 8>>;
-using Q8_0Tiles = Tiles<tile_q32<true, 1>, tile_q32<true, 2>, tile_q32<true, 3>, tile_q32<true, 4>,
-                        tile_q32<true, 5>, tile_q32<true, 6>, tile_q32<true, 7>, tile_q32<true, 8>>;
+using Q8_0Tiles = Tiles<tile_q32<true, 1>, tile_q32<true, 2>, tile_q32<true, 3>, tile_q32<true, 4>, tile_q32<true, 5>,
+                        tile_q32<true, 6>, tile_q32<true, 7>, tile_q32<true, 8>>;
+template <int kOff, bool kMin, bool kHigh>
+using Small32Tiles =
+    Tiles<tile_small32<kOff, kMin, kHigh, 1>, tile_small32<kOff, kMin, kHigh, 2>, tile_small32<kOff, kMin, kHigh, 3>,
+          tile_small32<kOff, kMin, kHigh, 4>, tile_small32<kOff, kMin, kHigh, 5>, tile_small32<kOff, kMin, kHigh, 6>,
+          tile_small32<kOff, kMin, kHigh, 7>, tile_small32<kOff, kMin, kHigh, 8>>;
 using Q4KTiles = Tiles<tile_q4k<1>, tile_q4k<2>, tile_q4k<3>, tile_q4k<4>>;
 using Q6KTiles = Tiles<tile_q6k<1>, tile_q6k<2>, tile_q6k<3>>;
 
@@ -274,6 +348,9 @@ using Q6KTiles = Tiles<tile_q6k<1>, tile_q6k<2>, tile_q6k<3>>;
 void add_packed_kernels_avx512(KernelTable& t) {
     t.packed[int(GgmlType::kQ4_0)] = PackedKernel{gemm_packed<Q4_0Tiles>, ActFormat::kAct32};
     t.packed[int(GgmlType::kQ8_0)] = PackedKernel{gemm_packed<Q8_0Tiles>, ActFormat::kAct32};
+    t.packed[int(GgmlType::kQ4_1)] = PackedKernel{gemm_packed<Small32Tiles<0, true, false>>, ActFormat::kAct32};
+    t.packed[int(GgmlType::kQ5_0)] = PackedKernel{gemm_packed<Small32Tiles<16, false, true>>, ActFormat::kAct32};
+    t.packed[int(GgmlType::kQ5_1)] = PackedKernel{gemm_packed<Small32Tiles<0, true, true>>, ActFormat::kAct32};
     t.packed[int(GgmlType::kQ4_K)] = PackedKernel{gemm_packed<Q4KTiles>, ActFormat::kActQ8K};
     t.packed[int(GgmlType::kQ6_K)] = PackedKernel{gemm_packed<Q6KTiles>, ActFormat::kActQ8K};
 }

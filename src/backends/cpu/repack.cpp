@@ -24,6 +24,29 @@ constexpr int R = kPackRows;
 
 void put_f32(uint8_t* p, float v) { std::memcpy(p, &v, 4); }
 
+// The 32-block types with a min or a 5th bit (Q4_1, Q5_0, Q5_1): where the fields of a GGUF block
+// are, and the size of a packed pair of blocks (repack.h).
+struct Small32 {
+    size_t bbytes, m_off, qh_off, qs_off;  // m_off / qh_off 0: no such field
+    bool min() const { return m_off != 0; }
+    bool high() const { return qh_off != 0; }
+    int lines() const { return high() ? 5 : 4; }
+    size_t header() const { return min() ? 128 : 64; }
+    size_t pair_bytes() const { return header() + 2 * size_t(lines()) * 64; }
+};
+Small32 small32(GgmlType type) {
+    switch (type) {
+        case GgmlType::kQ4_1:
+            return {sizeof(BlockQ4_1), 2, 0, 4};
+        case GgmlType::kQ5_0:
+            return {sizeof(BlockQ5_0), 0, 2, 6};
+        case GgmlType::kQ5_1:
+            return {sizeof(BlockQ5_1), 2, 4, 8};
+        default:
+            return {0, 0, 0, 0};
+    }
+}
+
 // One group: rows [r0, r0 + 16) of w (rows past `rows` are padding) -> out.
 void pack_group(GgmlType type, const uint8_t* w, size_t rs, int64_t r0, int64_t rows, int64_t k, uint8_t* out) {
     auto row = [&](int r) -> const uint8_t* { return r0 + r < rows ? w + size_t(r0 + r) * rs : nullptr; };
@@ -56,6 +79,43 @@ void pack_group(GgmlType type, const uint8_t* w, size_t rs, int64_t r0, int64_t 
             }
             return;
         }
+        case GgmlType::kQ4_1:
+        case GgmlType::kQ5_0:
+        case GgmlType::kQ5_1: {
+            const Small32 L = small32(type);
+            const int lines = L.lines();
+            for (int64_t p = 0; p < (nb + 1) / 2; ++p) {
+                uint8_t* o = out + size_t(p) * L.pair_bytes();
+                for (int h = 0; h < 2; ++h) {
+                    const int64_t b = 2 * p + h;
+                    for (int r = 0; r < R; ++r) {
+                        const uint8_t* src = row(r);
+                        const uint8_t* blk = (src != nullptr && b < nb) ? src + size_t(b) * L.bbytes : nullptr;
+                        uint16_t d = 0, m = 0;
+                        uint32_t qh = 0;
+                        if (blk != nullptr) {
+                            std::memcpy(&d, blk, 2);
+                            if (L.min()) std::memcpy(&m, blk + L.m_off, 2);
+                            if (L.high()) std::memcpy(&qh, blk + L.qh_off, 4);
+                        }
+                        std::memcpy(o + 2 * (h * R + r), &d, 2);
+                        if (L.min()) std::memcpy(o + 64 + 2 * (h * R + r), &m, 2);
+                        uint8_t* q = o + L.header() + size_t(h * lines) * 64 + 4 * r;
+                        for (int j = 0; j < 4; ++j)
+                            for (int i = 0; i < 4; ++i) q[64 * j + i] = blk != nullptr ? blk[L.qs_off + 4 * j + i] : 0;
+                        if (L.high())
+                            for (int i = 0; i < 4; ++i) {
+                                uint8_t v = 0;
+                                for (int j = 0; j < 4; ++j)
+                                    v |= uint8_t(((qh >> (4 * j + i)) & 1) << j | ((qh >> (16 + 4 * j + i)) & 1)
+                                                                                      << (4 + j));
+                                q[64 * 4 + i] = v;
+                            }
+                    }
+                }
+            }
+            return;
+        }
         case GgmlType::kQ4_K: {
             for (int64_t sb = 0; sb < nsb; ++sb) {
                 uint8_t* o = out + size_t(sb) * 2368;
@@ -72,7 +132,8 @@ void pack_group(GgmlType type, const uint8_t* w, size_t rs, int64_t r0, int64_t 
                         o[192 + 16 * s + r] = m;
                     }
                     for (int l = 0; l < 32; ++l)
-                        for (int i = 0; i < 4; ++i) o[320 + 64 * l + 4 * r + i] = blk != nullptr ? blk->qs[4 * l + i] : 0;
+                        for (int i = 0; i < 4; ++i)
+                            o[320 + 64 * l + 4 * r + i] = blk != nullptr ? blk->qs[4 * l + i] : 0;
                 }
             }
             return;
@@ -113,7 +174,8 @@ void pack_group(GgmlType type, const uint8_t* w, size_t rs, int64_t r0, int64_t 
             }
             return;
         }
-        default: CERA_CHECK(false, "repack: no packed layout for %s", type_name(type));
+        default:
+            CERA_CHECK(false, "repack: no packed layout for %s", type_name(type));
     }
 }
 
@@ -135,6 +197,32 @@ void unpack_lane(GgmlType type, const uint8_t* g, int r, int64_t k, uint8_t* out
                 for (int j = 0; j < lines; ++j)
                     for (int i = 0; i < 4; ++i)
                         blk[2 + 4 * j + i] = uint8_t(o[64 + size_t(h * lines + j) * 64 + 4 * r + i] ^ (q8 ? 0x80 : 0));
+            }
+            return;
+        }
+        case GgmlType::kQ4_1:
+        case GgmlType::kQ5_0:
+        case GgmlType::kQ5_1: {
+            const Small32 L = small32(type);
+            const int lines = L.lines();
+            for (int64_t b = 0; b < nb; ++b) {
+                const uint8_t* o = g + size_t(b / 2) * L.pair_bytes();
+                const int h = int(b % 2);
+                uint8_t* blk = out + size_t(b) * L.bbytes;
+                std::memcpy(blk, o + 2 * (h * R + r), 2);
+                if (L.min()) std::memcpy(blk + L.m_off, o + 64 + 2 * (h * R + r), 2);
+                const uint8_t* q = o + L.header() + size_t(h * lines) * 64 + 4 * r;
+                for (int j = 0; j < 4; ++j)
+                    for (int i = 0; i < 4; ++i) blk[L.qs_off + 4 * j + i] = q[64 * j + i];
+                if (L.high()) {
+                    uint32_t qh = 0;
+                    for (int i = 0; i < 4; ++i)
+                        for (int j = 0; j < 4; ++j) {
+                            qh |= uint32_t((q[64 * 4 + i] >> j) & 1) << (4 * j + i);
+                            qh |= uint32_t((q[64 * 4 + i] >> (4 + j)) & 1) << (16 + 4 * j + i);
+                        }
+                    std::memcpy(blk + L.qh_off, &qh, 4);
+                }
             }
             return;
         }
@@ -187,7 +275,8 @@ void unpack_lane(GgmlType type, const uint8_t* g, int r, int64_t k, uint8_t* out
             }
             return;
         }
-        default: CERA_CHECK(false, "unpack: no packed layout for %s", type_name(type));
+        default:
+            CERA_CHECK(false, "unpack: no packed layout for %s", type_name(type));
     }
 }
 
@@ -272,11 +361,20 @@ std::unordered_map<const void*, Entry>& registry() {
 
 size_t packed_group_bytes(GgmlType type, int64_t k) {
     switch (type) {
-        case GgmlType::kQ4_0: return size_t((k / 32 + 1) / 2) * 576;
-        case GgmlType::kQ8_0: return size_t((k / 32 + 1) / 2) * 1088;
-        case GgmlType::kQ4_K: return size_t(k / kQK_K) * 2368;
-        case GgmlType::kQ6_K: return size_t(k / kQK_K) * 3392;
-        default: return 0;
+        case GgmlType::kQ4_0:
+            return size_t((k / 32 + 1) / 2) * 576;
+        case GgmlType::kQ8_0:
+            return size_t((k / 32 + 1) / 2) * 1088;
+        case GgmlType::kQ4_1:
+        case GgmlType::kQ5_0:
+        case GgmlType::kQ5_1:
+            return size_t((k / 32 + 1) / 2) * small32(type).pair_bytes();
+        case GgmlType::kQ4_K:
+            return size_t(k / kQK_K) * 2368;
+        case GgmlType::kQ6_K:
+            return size_t(k / kQK_K) * 3392;
+        default:
+            return 0;
     }
 }
 
