@@ -79,6 +79,20 @@ void pack_group(GgmlType type, const uint8_t* w, size_t rs, int64_t r0, int64_t 
             }
             return;
         }
+        case GgmlType::kF16:
+        case GgmlType::kBF16: {
+            for (int r = 0; r < R; ++r) {
+                const uint8_t* src = row(r);
+                for (int64_t i = 0; i < k; ++i) {
+                    uint8_t* o = out + 32 * size_t(i) + 2 * r;
+                    if (src != nullptr)
+                        std::memcpy(o, src + 2 * i, 2);
+                    else
+                        o[0] = o[1] = 0;
+                }
+            }
+            return;
+        }
         case GgmlType::kQ4_1:
         case GgmlType::kQ5_0:
         case GgmlType::kQ5_1: {
@@ -198,6 +212,11 @@ void unpack_lane(GgmlType type, const uint8_t* g, int r, int64_t k, uint8_t* out
                     for (int i = 0; i < 4; ++i)
                         blk[2 + 4 * j + i] = uint8_t(o[64 + size_t(h * lines + j) * 64 + 4 * r + i] ^ (q8 ? 0x80 : 0));
             }
+            return;
+        }
+        case GgmlType::kF16:
+        case GgmlType::kBF16: {
+            for (int64_t i = 0; i < k; ++i) std::memcpy(out + 2 * i, g + 32 * size_t(i) + 2 * r, 2);
             return;
         }
         case GgmlType::kQ4_1:
@@ -365,6 +384,9 @@ size_t packed_group_bytes(GgmlType type, int64_t k) {
             return size_t((k / 32 + 1) / 2) * 576;
         case GgmlType::kQ8_0:
             return size_t((k / 32 + 1) / 2) * 1088;
+        case GgmlType::kF16:
+        case GgmlType::kBF16:
+            return size_t(k) * 32;
         case GgmlType::kQ4_1:
         case GgmlType::kQ5_0:
         case GgmlType::kQ5_1:
