@@ -7,8 +7,8 @@
 // 16 rows instead of 3 per row. Weights are unpacked once per block and reused by up to 8 tokens
 // from registers (NT tokens per tile); zero offsets are the accumulators' start values
 // (-offset * the activation block's code sum); K-quant sub-block scales multiply the int32 sums.
-// Variants: F16 and BF16 on f32 activations; Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 on kAct32 activations; Q4_K and Q6_K on
-// Q8_K activations. Bottleneck: decode (1 token) reads each weight byte once: ~24 vector ops per 288 bytes of Q4_0,
+// Variants: F16 and BF16 on f32 activations; Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 on kAct32
+// activations; Q4_K, Q5_K and Q6_K on Q8_K activations. Bottleneck: decode (1 token) reads each weight byte once: ~24 vector ops per 288 bytes of Q4_0,
 // well under what 16.5 GB/s per core (half of the ~33 GB/s two-core roofline) needs. Prefill: per
 // block and token 8 vpdpbusd (512 MACs) + 3 float ops, plus 12 unpack ops per block shared by the
 // token tile: ~40 MAC/cycle per core on Zen 4 (double-pumped 512-bit) vs ~16 for 4x4 row tiles.
@@ -205,19 +205,23 @@ void tile_half(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int6
     }
 }
 
-// ---------------------------------------------------------------- Q4_K (Q8_K activations)
+// ---------------------------------------------------------------- Q4_K / Q5_K (Q8_K activations)
 
-template <int NT>
-void tile_q4k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64_t k, float* y, int64_t ldy,
-              __mmask16 rmask) {
+// Q5_K: Q4_K's kernel with the 5th bits of each code line (8 H lines per super-block) added as 16
+// under a byte mask.
+
+template <bool kQ5, int NT>
+void tile_q45k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64_t k, float* y, int64_t ldy,
+               __mmask16 rmask) {
     const int64_t nsb = k / kQK_K;
     (void)nb;
     __m512 facc[NT];
 #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) facc[t] = _mm512_setzero_ps();
     const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i b16 = _mm512_set1_epi8(16);
     for (int64_t sb = 0; sb < nsb; ++sb) {
-        const uint8_t* p = g + size_t(sb) * 2368;
+        const uint8_t* p = g + size_t(sb) * (kQ5 ? 2880 : 2368);
         const BlockQ8_K* xb[NT];
 #pragma GCC unroll 16
         for (int t = 0; t < NT; ++t) xb[t] = reinterpret_cast<const BlockQ8_K*>(act + t * as) + sb;
@@ -261,8 +265,15 @@ void tile_q4k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
 #pragma GCC unroll 16
             for (int j = 0; j < 8; ++j) {
                 const __m512i v = _mm512_load_si512(p + 320 + 64 * (8 * gg + j));
-                const __m512i wl = _mm512_and_si512(v, m4);
-                const __m512i wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                __m512i wl = _mm512_and_si512(v, m4);
+                __m512i wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                if constexpr (kQ5) {
+                    const __m512i H = _mm512_load_si512(p + 2368 + 64 * j);
+                    wl = _mm512_mask_add_epi8(wl, _mm512_test_epi8_mask(H, _mm512_set1_epi8(char(1 << (2 * gg)))), wl,
+                                              b16);
+                    wh = _mm512_mask_add_epi8(wh, _mm512_test_epi8_mask(H, _mm512_set1_epi8(char(2 << (2 * gg)))), wh,
+                                              b16);
+                }
                 const int c = j % kC;
 #pragma GCC unroll 16
                 for (int t = 0; t < NT; ++t) {
@@ -392,7 +403,8 @@ using Small32Tiles =
 template <bool kBf16>
 using HalfTiles = Tiles<tile_half<kBf16, 1>, tile_half<kBf16, 2>, tile_half<kBf16, 3>, tile_half<kBf16, 4>,
                         tile_half<kBf16, 5>, tile_half<kBf16, 6>, tile_half<kBf16, 7>, tile_half<kBf16, 8>>;
-using Q4KTiles = Tiles<tile_q4k<1>, tile_q4k<2>, tile_q4k<3>, tile_q4k<4>>;
+using Q4KTiles = Tiles<tile_q45k<false, 1>, tile_q45k<false, 2>, tile_q45k<false, 3>, tile_q45k<false, 4>>;
+using Q5KTiles = Tiles<tile_q45k<true, 1>, tile_q45k<true, 2>, tile_q45k<true, 3>, tile_q45k<true, 4>>;
 using Q6KTiles = Tiles<tile_q6k<1>, tile_q6k<2>, tile_q6k<3>>;
 
 }  // namespace
@@ -406,6 +418,7 @@ void add_packed_kernels_avx512(KernelTable& t) {
     t.packed[int(GgmlType::kF16)] = PackedKernel{gemm_packed<HalfTiles<false>>, ActFormat::kF32};
     t.packed[int(GgmlType::kBF16)] = PackedKernel{gemm_packed<HalfTiles<true>>, ActFormat::kF32};
     t.packed[int(GgmlType::kQ4_K)] = PackedKernel{gemm_packed<Q4KTiles>, ActFormat::kActQ8K};
+    t.packed[int(GgmlType::kQ5_K)] = PackedKernel{gemm_packed<Q5KTiles>, ActFormat::kActQ8K};
     t.packed[int(GgmlType::kQ6_K)] = PackedKernel{gemm_packed<Q6KTiles>, ActFormat::kActQ8K};
 }
 

@@ -130,24 +130,34 @@ void pack_group(GgmlType type, const uint8_t* w, size_t rs, int64_t r0, int64_t 
             }
             return;
         }
-        case GgmlType::kQ4_K: {
+        case GgmlType::kQ4_K:
+        case GgmlType::kQ5_K: {
+            // Q4_K and Q5_K share d, dmin and the scales; Q5_K's qh comes before its qs
+            const bool q5 = type == GgmlType::kQ5_K;
+            const size_t bbytes = q5 ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K), qs_off = q5 ? 48 : 16;
+            const size_t sbytes = packed_group_bytes(type, kQK_K);
             for (int64_t sb = 0; sb < nsb; ++sb) {
-                uint8_t* o = out + size_t(sb) * 2368;
+                uint8_t* o = out + size_t(sb) * sbytes;
                 for (int r = 0; r < R; ++r) {
                     const uint8_t* src = row(r);
-                    const auto* blk = src != nullptr ? reinterpret_cast<const BlockQ4_K*>(src) + sb : nullptr;
-                    const uint16_t d = blk != nullptr ? blk->d : 0, dmin = blk != nullptr ? blk->dmin : 0;
+                    const uint8_t* blk = src != nullptr ? src + size_t(sb) * bbytes : nullptr;
+                    uint16_t d = 0, dmin = 0;
+                    if (blk != nullptr) std::memcpy(&d, blk, 2), std::memcpy(&dmin, blk + 2, 2);
                     std::memcpy(o + 2 * r, &d, 2);
                     std::memcpy(o + 32 + 2 * r, &dmin, 2);
                     for (int s = 0; s < 8; ++s) {
                         uint8_t sc = 0, m = 0;
-                        if (blk != nullptr) get_scale_min_k4(s, blk->scales, &sc, &m);
+                        if (blk != nullptr) get_scale_min_k4(s, blk + 4, &sc, &m);
                         o[64 + 16 * s + r] = sc;
                         o[192 + 16 * s + r] = m;
                     }
                     for (int l = 0; l < 32; ++l)
                         for (int i = 0; i < 4; ++i)
-                            o[320 + 64 * l + 4 * r + i] = blk != nullptr ? blk->qs[4 * l + i] : 0;
+                            o[320 + 64 * l + 4 * r + i] = blk != nullptr ? blk[qs_off + 4 * l + i] : 0;
+                    if (q5)
+                        for (int j = 0; j < 8; ++j)
+                            for (int i = 0; i < 4; ++i)
+                                o[2368 + 64 * j + 4 * r + i] = blk != nullptr ? blk[16 + 4 * j + i] : 0;
                 }
             }
             return;
@@ -245,21 +255,29 @@ void unpack_lane(GgmlType type, const uint8_t* g, int r, int64_t k, uint8_t* out
             }
             return;
         }
-        case GgmlType::kQ4_K: {
+        case GgmlType::kQ4_K:
+        case GgmlType::kQ5_K: {
+            const bool q5 = type == GgmlType::kQ5_K;
+            const size_t bbytes = q5 ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K), qs_off = q5 ? 48 : 16;
+            const size_t sbytes = packed_group_bytes(type, kQK_K);
             for (int64_t sb = 0; sb < nsb; ++sb) {
-                const uint8_t* o = g + size_t(sb) * 2368;
-                auto* blk = reinterpret_cast<BlockQ4_K*>(out) + sb;
-                std::memcpy(&blk->d, o + 2 * r, 2);
-                std::memcpy(&blk->dmin, o + 32 + 2 * r, 2);
+                const uint8_t* o = g + size_t(sb) * sbytes;
+                uint8_t* blk = out + size_t(sb) * bbytes;
+                std::memcpy(blk, o + 2 * r, 2);
+                std::memcpy(blk + 2, o + 32 + 2 * r, 2);
                 uint8_t sc[8], m[8];
+                uint8_t* scales = blk + 4;
                 for (int s = 0; s < 8; ++s) sc[s] = o[64 + 16 * s + r], m[s] = o[192 + 16 * s + r];
                 for (int j = 0; j < 4; ++j) {  // get_scale_min_k4, backwards
-                    blk->scales[j] = uint8_t(sc[j] | ((sc[j + 4] >> 4) << 6));
-                    blk->scales[j + 4] = uint8_t(m[j] | ((m[j + 4] >> 4) << 6));
-                    blk->scales[j + 8] = uint8_t((sc[j + 4] & 0xF) | ((m[j + 4] & 0xF) << 4));
+                    scales[j] = uint8_t(sc[j] | ((sc[j + 4] >> 4) << 6));
+                    scales[j + 4] = uint8_t(m[j] | ((m[j + 4] >> 4) << 6));
+                    scales[j + 8] = uint8_t((sc[j + 4] & 0xF) | ((m[j + 4] & 0xF) << 4));
                 }
                 for (int l = 0; l < 32; ++l)
-                    for (int i = 0; i < 4; ++i) blk->qs[4 * l + i] = o[320 + 64 * l + 4 * r + i];
+                    for (int i = 0; i < 4; ++i) blk[qs_off + 4 * l + i] = o[320 + 64 * l + 4 * r + i];
+                if (q5)
+                    for (int j = 0; j < 8; ++j)
+                        for (int i = 0; i < 4; ++i) blk[16 + 4 * j + i] = o[2368 + 64 * j + 4 * r + i];
             }
             return;
         }
@@ -393,6 +411,8 @@ size_t packed_group_bytes(GgmlType type, int64_t k) {
             return size_t((k / 32 + 1) / 2) * small32(type).pair_bytes();
         case GgmlType::kQ4_K:
             return size_t(k / kQK_K) * 2368;
+        case GgmlType::kQ5_K:
+            return size_t(k / kQK_K) * 2880;
         case GgmlType::kQ6_K:
             return size_t(k / kQK_K) * 3392;
         default:

@@ -21,6 +21,8 @@
 //   Q4_K: per 256-super-block: d fp16 [16], dmin fp16 [16], scales u8 [8][16], mins u8 [8][16],
 //         then 32 lines: line 8g+j, row r = qs[32g + 4j .. 32g+4j+3] (low nibble: element
 //         64g+4j+i, sub-block 2g; high: +32, 2g+1). 32+32+128+128+2048 = 2368 B (Q4_K: 2304).
+//   Q5_K: Q4_K's layout, then 8 lines H: line j, row r = qh[4j .. 4j+3] of that row's block (bit 2g:
+//         5th bit of the low nibble of line 8g+j's byte, bit 2g+1: of its high nibble). 2880 B.
 //   Q6_K: per 256-super-block: d f32 [16], scales i8 [16][16] (sub-block-major), then for h = 0..15
 //         the lines L[h], L[h+16], H[h] (in the order the kernel reads them), where L[q] byte i:
 //         low nibble = low 4 bits of code 4q+i, high nibble = of code 128+4q+i; H[h] byte i: bits
