@@ -1,0 +1,121 @@
+// Every weight type on every CPU kernel table gives the greedy continuation of the scalar
+// reference table (which dequantizes each weight row to f32: the slow path the fast kernels
+// replace), on the tiny-lfm2 fixture quantized to that type by `cera quantize`. The fast kernels
+// quantize the activations to 8 bits where the scalar path keeps them in f32, so the tokens may
+// part only where the reference's top two logits are nearly tied, and then at its second choice.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/kernel_table.h"
+#include "backends/cpu/kernels.h"
+#include "models/model.h"
+#include "quantize/quantize.h"
+#include "test_util.h"
+
+namespace cera {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct Greedy {
+    std::vector<int32_t> ids;
+    std::vector<int32_t> second;  // the runner-up at each step
+    std::vector<float> margin;    // top1 - top2 logit at each step
+};
+
+Greedy greedy(Model& model, const std::vector<int32_t>& prompt, int n) {
+    const int64_t n_vocab = model.info().n_vocab;
+    std::vector<float> logits(static_cast<size_t>(n_vocab));
+    auto st = model.create_state();
+    st->eval({.tokens = prompt, .logits = logits.data()});
+    Greedy g;
+    for (int i = 0; i < n; ++i) {
+        std::vector<int32_t> order(static_cast<size_t>(n_vocab));
+        for (int32_t j = 0; j < int32_t(n_vocab); ++j) order[size_t(j)] = j;
+        std::partial_sort(order.begin(), order.begin() + 2, order.end(), [&](int32_t a, int32_t b) {
+            return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+        });
+        const int32_t id = order[0];
+        g.ids.push_back(id);
+        g.second.push_back(order[1]);
+        g.margin.push_back(logits[size_t(order[0])] - logits[size_t(order[1])]);
+        if (i + 1 < n) st->eval({.tokens = {&id, 1}, .logits = logits.data()});
+    }
+    return g;
+}
+
+std::unique_ptr<Model> load(const std::string& path) {
+    ModelOptions o;
+    o.n_threads = 2;
+    o.n_ctx = 256;
+    return load_model(path, o);  // the CPU backend takes the active kernel table
+}
+
+// file type, and the weight type most of its matrices get
+struct TypeCase {
+    const char* file_type;
+    GgmlType type;
+};
+
+class WeightType : public ::testing::TestWithParam<TypeCase> {};
+
+TEST_P(WeightType, GreedyMatchesTheScalarPath) {
+    const TypeCase& c = GetParam();
+    const std::string dir = test::data_path("fixtures/tiny-lfm2");
+    quantize::QuantizeOptions qo;
+    qo.input = dir + "/model.gguf";
+    qo.output =
+        (fs::temp_directory_path() / ("cera_wtypes_" + std::to_string(::getpid()) + "_" + c.file_type + ".gguf"))
+            .string();
+    qo.file_type = quantize::parse_file_type(c.file_type);
+    qo.n_threads = 2;
+    quantize::quantize_model(qo);
+
+    const cpu::Isa saved = cpu::active_isa();
+    constexpr int kSteps = 32;
+    for (int p : {0, 2}) {
+        const std::vector<int32_t> prompt =
+            json::parse(test::read_text(dir + "/ref/prompt_" + std::to_string(p) + ".json"))["ids"]
+                .get<std::vector<int32_t>>();
+        cpu::force_isa(cpu::Isa::kRef);
+        const Greedy ref = greedy(*load(qo.output), prompt, kSteps);
+        for (cpu::Isa isa : {cpu::Isa::kAvx2, cpu::Isa::kAvx512}) {
+            if (!cpu::isa_supported(isa)) continue;
+            const cpu::KernelTable& tab = cpu::kernel_table(isa);
+            // the case exercises a kernel of the type, not the dequantizing fallback
+            const bool fast = tab.matmul[int(c.type)].fn != nullptr || tab.packed[int(c.type)].fn != nullptr;
+            if (isa == cpu::Isa::kAvx512) EXPECT_TRUE(tab.packed[int(c.type)].fn != nullptr) << c.file_type;
+            cpu::force_isa(isa);
+            const Greedy got = greedy(*load(qo.output), prompt, kSteps);
+            size_t match = 0;
+            while (match < ref.ids.size() && got.ids[match] == ref.ids[match]) ++match;
+            std::printf("[ wtype  ] %-7s %-6s%s prompt %d: %zu/%d greedy tokens equal the scalar path\n", c.file_type,
+                        cpu::isa_name(isa), fast ? "" : " (fallback)", p, match, kSteps);
+            if (match < ref.ids.size()) {
+                std::printf("           diverges at step %zu: scalar margin top1-top2 %.4g\n", match,
+                            ref.margin[match]);
+                EXPECT_LT(ref.margin[match], 0.05) << c.file_type << " " << cpu::isa_name(isa) << " prompt " << p;
+                EXPECT_EQ(got.ids[match], ref.second[match]) << c.file_type << " " << cpu::isa_name(isa);
+            }
+        }
+    }
+    cpu::force_isa(saved);
+    fs::remove(qo.output);
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, WeightType,
+                         ::testing::Values(TypeCase{"Q4_1", GgmlType::kQ4_1}, TypeCase{"Q5_0", GgmlType::kQ5_0},
+                                           TypeCase{"Q5_1", GgmlType::kQ5_1}, TypeCase{"Q5_K_M", GgmlType::kQ5_K},
+                                           TypeCase{"F16", GgmlType::kF16}, TypeCase{"BF16", GgmlType::kBF16}),
+                         [](const auto& info) { return std::string(info.param.file_type); });
+
+}  // namespace
+}  // namespace cera
