@@ -88,7 +88,8 @@ TEST(Matmul, StridedOutputAndNoPool) {
 TEST(Matmul, ActivationQuantizersMatchTheScalarBytes) {
     std::mt19937 rng(11);
     std::normal_distribution<float> g(0.0f, 1.0f);
-    const cpu::KernelTable* tables[] = {&cpu::kernel_table_ref(), &cpu::kernel_table_avx2(), &cpu::kernel_table_avx512()};
+    const cpu::KernelTable* tables[] = {&cpu::kernel_table_ref(), &cpu::kernel_table_avx2(),
+                                        &cpu::kernel_table_avx512()};
     const std::vector<Isa> isas = available_isas();
     for (int64_t k : {256, 512, 4608}) {
         for (int variant = 0; variant < 4; ++variant) {
@@ -125,7 +126,8 @@ TEST(Matmul, PackedCopyIsNotUsedForNewContentsAtTheSameAddress) {
     const int64_t rows = 40, k = 256, nt = 3;
     std::vector<float> x(size_t(nt * k));
     for (auto& v : x) v = g(rng);
-    for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+    for (GgmlType type : {GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
+                          GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
         cpu::force_isa(available_isas().back());
         auto w = make_weights(type, rows, k, rng);
         const bool packed = cpu::register_weight(type, w.data(), rows, k);
