@@ -183,9 +183,10 @@ class OnBackend {
 
 // ------------------------------------------------------------------------ what the kernels compute
 // What a target's matmul does to its operands, for a weight type and batch size.
-//   CPU: the kernel table's entry for the type (kernel_table.h): activations in 32-blocks (Q4_0, Q5_0,
-//   Q8_0 on AVX2 and AVX-512), in Q8_K 256-blocks (K-quants on AVX-512), or f32 (float weights, the
-//   reference table, and the types a table dequantizes to f32 first).
+//   CPU: the kernel table's entry for the type (kernel_table.h): activations in 32-blocks (Q4_0, Q4_1,
+//   Q5_0, Q5_1, Q8_0 on AVX2 and AVX-512), in Q8_K 256-blocks (Q4_K / Q5_K on AVX2, K-quants on
+//   AVX-512), or f32 (float weights, the reference table, and the types a table dequantizes to f32
+//   first).
 //   CUDA (cuda_backend.cpp): up to kCudaGemvMaxTokens tokens (and every MoE product) a GEMV with
 //   activations in 32-blocks for block types, f32 for float weights; larger batches cuBLAS on
 //   f16 operands (F32 weights: SGEMM). A type without a CUDA kernel is expanded to F16 at upload.

@@ -2,7 +2,7 @@
 // formats the quantized matmuls use.
 //
 // Activation formats (made once per matmul call, one row per token):
-//   kAct32: for weights in 32-blocks (Q4_0, Q5_0, Q8_0): int8 codes qs[k], then float d[k/32],
+//   kAct32: for weights in 32-blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): int8 codes qs[k], then float d[k/32],
 //           then int32 sum[k/32] (sum of the block's codes, for the weights' zero offsets).
 //           x ~ d[b] * qs[i], d = amax / 127 (float, not fp16), codes rounded to nearest.
 //   kActQ8K: for the K-quants: BlockQ8_K[k/256] (core/quant/blocks.h).
@@ -24,8 +24,8 @@ void quantize_act_row(ActFormat f, const float* x, int64_t k, void* out);  // sc
 // Computes y[t][r] for rows [r0, r1) and tokens [t0, t1):
 //   w: the whole weight matrix (row stride w_stride bytes); act: activation rows (stride a_stride
 //   bytes) in the format the kernel's ActFormat names, indexed by token; y: row stride ldy.
-using GemmFn = void (*)(const uint8_t* w, size_t w_stride, int64_t r0, int64_t r1, const uint8_t* act,
-                        size_t a_stride, int64_t t0, int64_t t1, int64_t k, float* y, int64_t ldy);
+using GemmFn = void (*)(const uint8_t* w, size_t w_stride, int64_t r0, int64_t r1, const uint8_t* act, size_t a_stride,
+                        int64_t t0, int64_t t1, int64_t k, float* y, int64_t ldy);
 
 struct MatmulKernel {
     GemmFn fn = nullptr;  // nullptr: this ISA has no kernel for the type

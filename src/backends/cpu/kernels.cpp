@@ -4,10 +4,11 @@
 // product needs (kernel_table.h), then rows are split across the pool's threads; each thread walks
 // its rows once per block of tokens whose activations fit in L2, so every weight row is read from
 // memory once per token block (once per call for decode). Types without a kernel for the active ISA
-// (Q4_1, Q5_1, Q2_K, Q3_K) are dequantized 16 rows at a time into a per-thread f32 scratch and go
+// (Q2_K, Q3_K; Q6_K on AVX2) are dequantized 16 rows at a time into a per-thread f32 scratch and go
 // through the ISA's f32 kernel. Weights registered with register_weight (the CPU backend does it at
-// upload) whose type has a packed kernel in the active table (repack.h: Q4_0, Q8_0, Q4_K, Q6_K on
-// AVX-512) use the packed copy instead, split over threads by 16-row groups.
+// upload) whose type has a packed kernel in the active table (repack.h: F16, BF16, Q4_0,
+// Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K on AVX-512) use the packed copy instead, split over threads by 16-row
+// groups.
 #include "backends/cpu/kernels.h"
 
 #include <atomic>
@@ -21,8 +22,8 @@
 #include "backends/cpu/kernel_table.h"
 #include "backends/cpu/repack.h"
 #include "core/check.h"
-#include "core/fp16.h"
 #include "core/cpu_features.h"
+#include "core/fp16.h"
 #include "core/quant/quant.h"
 
 namespace cera::cpu {
@@ -30,9 +31,12 @@ namespace cera::cpu {
 bool isa_supported(Isa isa) {
     const CpuFeatures& f = cpu_features();
     switch (isa) {
-        case Isa::kRef: return true;
-        case Isa::kAvx2: return f.has_avx2_set();
-        case Isa::kAvx512: return f.has_avx512_set() && f.avx512vnni;
+        case Isa::kRef:
+            return true;
+        case Isa::kAvx2:
+            return f.has_avx2_set();
+        case Isa::kAvx512:
+            return f.has_avx512_set() && f.avx512vnni;
     }
     return false;
 }
@@ -51,9 +55,12 @@ Isa isa_from_env() {
     if (env == nullptr || *env == '\0') return best;
     const std::string_view v(env);
     Isa want;
-    if (v == "ref") want = Isa::kRef;
-    else if (v == "avx2") want = Isa::kAvx2;
-    else if (v == "avx512") want = Isa::kAvx512;
+    if (v == "ref")
+        want = Isa::kRef;
+    else if (v == "avx2")
+        want = Isa::kAvx2;
+    else if (v == "avx512")
+        want = Isa::kAvx512;
     else {
         std::fprintf(stderr, "cera: warning: CERA_CPU_ISA=%s is not one of ref, avx2, avx512; using %s\n", env,
                      isa_name(best));
@@ -69,9 +76,12 @@ Isa isa_from_env() {
 
 const KernelTable& table_for(Isa isa) {
     switch (isa) {
-        case Isa::kAvx512: return kernel_table_avx512();
-        case Isa::kAvx2: return kernel_table_avx2();
-        case Isa::kRef: break;
+        case Isa::kAvx512:
+            return kernel_table_avx512();
+        case Isa::kAvx2:
+            return kernel_table_avx2();
+        case Isa::kRef:
+            break;
     }
     return kernel_table_ref();
 }
@@ -158,8 +168,8 @@ void run_tile(const MatmulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_t t
             dequantize_row_ref(a.type, a.w + size_t(r + i) * a.w_stride, buf.data() + i * a.k, a.k);
         for (int64_t tb = t0; tb < t1; tb += a.token_block) {
             const int64_t te = tb + a.token_block < t1 ? tb + a.token_block : t1;
-            f32.fn(reinterpret_cast<const uint8_t*>(buf.data()), size_t(a.k) * 4, 0, nr, a.act, a.a_stride, tb, te,
-                   a.k, a.y + r, a.ldy);
+            f32.fn(reinterpret_cast<const uint8_t*>(buf.data()), size_t(a.k) * 4, 0, nr, a.act, a.a_stride, tb, te, a.k,
+                   a.y + r, a.ldy);
         }
     }
 }
@@ -170,9 +180,12 @@ const KernelTable& active_table() { return table(); }
 
 const char* isa_name(Isa isa) {
     switch (isa) {
-        case Isa::kRef: return "ref";
-        case Isa::kAvx2: return "avx2";
-        case Isa::kAvx512: return "avx512";
+        case Isa::kRef:
+            return "ref";
+        case Isa::kAvx2:
+            return "avx2";
+        case Isa::kAvx512:
+            return "avx512";
     }
     return "?";
 }
@@ -196,17 +209,24 @@ const KernelTable& kernel_table_ref() {
 
 size_t act_row_bytes(ActFormat f, int64_t k) {
     switch (f) {
-        case ActFormat::kF32: return size_t(k) * 4;
-        case ActFormat::kAct32: return (size_t(k) + size_t(k / 32) * 8 + 63) / 64 * 64;
-        case ActFormat::kActQ8K: return size_t(k / kQK_K) * sizeof(BlockQ8_K);
+        case ActFormat::kF32:
+            return size_t(k) * 4;
+        case ActFormat::kAct32:
+            return (size_t(k) + size_t(k / 32) * 8 + 63) / 64 * 64;
+        case ActFormat::kActQ8K:
+            return size_t(k / kQK_K) * sizeof(BlockQ8_K);
     }
     return 0;
 }
 
 void quantize_act_row(ActFormat f, const float* x, int64_t k, void* out) {
     switch (f) {
-        case ActFormat::kF32: std::memcpy(out, x, size_t(k) * 4); return;
-        case ActFormat::kActQ8K: quantize_row_ref(GgmlType::kQ8_K, x, out, k); return;
+        case ActFormat::kF32:
+            std::memcpy(out, x, size_t(k) * 4);
+            return;
+        case ActFormat::kActQ8K:
+            quantize_row_ref(GgmlType::kQ8_K, x, out, k);
+            return;
         case ActFormat::kAct32: {
             const int64_t nb = k / 32;
             auto* qs = static_cast<int8_t*>(out);
@@ -302,7 +322,8 @@ void matmul(const KernelTable& tab, GgmlType type, const void* w, int64_t rows, 
         };
         if (pool != nullptr && n_threads > 1 && n_tokens > 1)
             pool->parallel_for(n_tokens, [&](int64_t t0, int64_t t1, int t) { quant(t0, t1, t); });
-        else quant(0, n_tokens, 0);
+        else
+            quant(0, n_tokens, 0);
         a.act = act;
     }
     int64_t tb = int64_t(kActL2Budget / a.a_stride);
@@ -315,7 +336,8 @@ void matmul(const KernelTable& tab, GgmlType type, const void* w, int64_t rows, 
         } else if (groups >= 2 * n_threads || n_tokens < 2 * n_threads) {
             pool->parallel_for(groups, [&](int64_t g0, int64_t g1, int) { run_packed(a, g0, g1, 0, n_tokens); });
         } else {
-            pool->parallel_for(n_tokens, [&](int64_t t0, int64_t t1, int) { run_packed(a, 0, groups, t0, t1); }, 4);
+            pool->parallel_for(
+                n_tokens, [&](int64_t t0, int64_t t1, int) { run_packed(a, 0, groups, t0, t1); }, 4);
         }
         return;
     }
@@ -324,9 +346,11 @@ void matmul(const KernelTable& tab, GgmlType type, const void* w, int64_t rows, 
         return;
     }
     if (rows >= 16 * n_threads || n_tokens < 2 * n_threads) {
-        pool->parallel_for(rows, [&](int64_t r0, int64_t r1, int) { run_tile(a, r0, r1, 0, n_tokens); }, 16);
+        pool->parallel_for(
+            rows, [&](int64_t r0, int64_t r1, int) { run_tile(a, r0, r1, 0, n_tokens); }, 16);
     } else {
-        pool->parallel_for(n_tokens, [&](int64_t t0, int64_t t1, int) { run_tile(a, 0, rows, t0, t1); }, 4);
+        pool->parallel_for(
+            n_tokens, [&](int64_t t0, int64_t t1, int) { run_tile(a, 0, rows, t0, t1); }, 4);
     }
 }
 

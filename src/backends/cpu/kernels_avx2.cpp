@@ -5,8 +5,9 @@
 // vpmaddubsw (pairs to int16, no saturation for codes below 64) and vpmaddwd (to int32); Q8_0's
 // signed codes use the sign trick (|w| x sign(x, w)). The zero offset is removed with the
 // activation block sums, as in the AVX-512 kernels. Tiles of 4 rows x 4 tokens.
-// F32/F16/BF16 weights: 8-wide FMAs. Other types (K-quants, Q4_1, Q5_1) take the driver's
-// dequantize-to-f32 path with the f32 kernel below.
+// Q4_1 / Q5_1 as Q4_0 / Q5_0 plus the mins (times the activation block sums); Q4_K / Q5_K on Q8_K
+// activations. F32/F16/BF16 weights: 8-wide FMAs. Other types (Q2_K, Q3_K, Q6_K) take the
+// driver's dequantize-to-f32 path with the f32 kernel below.
 // Bottleneck: as AVX-512 for decode (weight bytes / bandwidth); prefill is ~2x slower per
 // instruction than VNNI (two instructions per 16 products).
 // Row ops are the plain loops compiled for AVX2 (the compiler vectorizes them).
@@ -211,6 +212,74 @@ void tile_q32(const uint8_t* w, size_t ws, const uint8_t* act, size_t as, int64_
         for (int r = 0; r < MR; ++r) y[c * ldy + r] = hsum(acc[r][c]);
 }
 
+// Q4_K / Q5_K on Q8_K activations: 8 sub-blocks of 32 per 256; each sub-block's codes (below 32,
+// so vpmaddubsw's pair sums stay below 2 * 31 * 128) times the activation codes to int32, times the
+// 6-bit sub-scale in int32, to float once per 256; the mins through Q8_K's per-16 code sums.
+template <bool kQ5, int MR, int NC>
+void tile_q45k(const uint8_t* w, size_t ws, const uint8_t* act, size_t as, int64_t k, float* y, int64_t ldy) {
+    const int64_t nsb = k / kQK_K;
+    constexpr size_t kBytes = kQ5 ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
+    __m256 acc[MR][NC], accm[MR][NC];
+    for (int r = 0; r < MR; ++r)
+        for (int c = 0; c < NC; ++c) acc[r][c] = accm[r][c] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), b16 = _mm256_set1_epi8(0x10);
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+        float d[MR], dmin[MR];
+        __m256i sc[MR][8];
+        __m256i mins16[MR];  // int16 [m0 m0 m1 m1 ... m7 m7]: pairs with Q8_K's 16 bsums
+        for (int r = 0; r < MR; ++r) {
+            const uint8_t* blk = w + r * ws + sb * kBytes;
+            d[r] = h2f(blk);
+            dmin[r] = h2f(blk + 2);
+            alignas(32) int16_t m16[16];
+            for (int s = 0; s < 8; ++s) {
+                uint8_t scv, mv;
+                get_scale_min_k4(s, blk + 4, &scv, &mv);
+                sc[r][s] = _mm256_set1_epi32(scv);
+                m16[2 * s] = m16[2 * s + 1] = int16_t(mv);
+            }
+            mins16[r] = _mm256_load_si256(reinterpret_cast<const __m256i*>(m16));
+        }
+        for (int c = 0; c < NC; ++c) {
+            const auto* xb = reinterpret_cast<const BlockQ8_K*>(act + c * as) + sb;
+            const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb->bsums));
+            __m256i isum[MR];
+            for (int r = 0; r < MR; ++r) isum[r] = _mm256_setzero_si256();
+            for (int g = 0; g < 4; ++g) {
+                const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb->qs + 64 * g));
+                const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb->qs + 64 * g + 32));
+                for (int r = 0; r < MR; ++r) {
+                    const uint8_t* blk = w + r * ws + sb * kBytes;
+                    const __m256i q =
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + (kQ5 ? 48 : 16) + 32 * g));
+                    __m256i q0 = _mm256_and_si256(q, low4);
+                    __m256i q1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+                    if constexpr (kQ5) {
+                        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));
+                        const __m256i bl = _mm256_set1_epi8(char(1 << (2 * g))),
+                                      bh = _mm256_set1_epi8(char(2 << (2 * g)));
+                        q0 =
+                            _mm256_or_si256(q0, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bl), bl), b16));
+                        q1 =
+                            _mm256_or_si256(q1, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bh), bh), b16));
+                    }
+                    const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(q0, x0), ones);
+                    const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(q1, x1), ones);
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(p0, sc[r][2 * g]));
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(p1, sc[r][2 * g + 1]));
+                }
+            }
+            for (int r = 0; r < MR; ++r) {
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(d[r] * xb->d), acc[r][c]);
+                const __m256i mprod = _mm256_madd_epi16(bs, mins16[r]);
+                accm[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mprod), _mm256_set1_ps(dmin[r] * xb->d), accm[r][c]);
+            }
+        }
+    }
+    for (int c = 0; c < NC; ++c)
+        for (int r = 0; r < MR; ++r) y[c * ldy + r] = hsum(acc[r][c]) - hsum(accm[r][c]);
+}
+
 using TileFn = void (*)(const uint8_t*, size_t, const uint8_t*, size_t, int64_t, float*, int64_t);
 
 template <template <int, int> class T>
@@ -250,6 +319,16 @@ struct Q32Tile {
     struct T {
         static void run(const uint8_t* w, size_t ws, const uint8_t* a, size_t as, int64_t k, float* y, int64_t ldy) {
             tile_q32<W, MR, NC>(w, ws, a, as, k, y, ldy);
+        }
+    };
+};
+
+template <bool kQ5>
+struct Q45KTile {
+    template <int MR, int NC>
+    struct T {
+        static void run(const uint8_t* w, size_t ws, const uint8_t* a, size_t as, int64_t k, float* y, int64_t ldy) {
+            tile_q45k<kQ5, MR, NC>(w, ws, a, as, k, y, ldy);
         }
     };
 };
@@ -299,6 +378,8 @@ KernelTable make_table() {
     set(GgmlType::kQ4_1, gemm<Q32Tile<WQ4_1>::T>, ActFormat::kAct32);
     set(GgmlType::kQ5_0, gemm<Q32Tile<WQ5_0>::T>, ActFormat::kAct32);
     set(GgmlType::kQ5_1, gemm<Q32Tile<WQ5_1>::T>, ActFormat::kAct32);
+    set(GgmlType::kQ4_K, gemm<Q45KTile<false>::T>, ActFormat::kActQ8K);
+    set(GgmlType::kQ5_K, gemm<Q45KTile<true>::T>, ActFormat::kActQ8K);
     set(GgmlType::kQ8_0, gemm<Q32Tile<WQ8_0>::T>, ActFormat::kAct32);
     t.rms_norm = rms_norm_avx2;
     t.silu_mul = silu_mul_ref;  // std::exp does not vectorize: the scalar loop is as fast
