@@ -3,32 +3,36 @@
 # lfm2 model of that type (written by `cera synth` if missing), then `cera bench` and `llama-bench`
 # on the same file back to back, ROUNDS times, and the median tokens/s of each with the ratios.
 #
-# Usage: bench/types.sh [-c CERA] [-l LLAMA_BENCH] [-d MODEL_DIR] [-t THREADS] [-r ROUNDS]
-#                       [-p N_PROMPT] [-n N_GEN] [-P PRESET] [TYPE ...]
+# Usage: bench/types.sh [-c CERA] [-l LLAMA_BENCH] [-a LLAMA_ARGS] [-d MODEL_DIR] [-t THREADS]
+#                       [-r ROUNDS] [-p N_PROMPT] [-n N_GEN] [-P PRESET] [TYPE ...]
 # Defaults: build/bin/cera, /tmp/peers/llama-bench (../shared/peers/README.md), /tmp/cera-types,
 # 2 threads, 2 rounds, pp256 / tg64, lfm2-350m, the types Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K_M Q5_K_M
 # Q6_K F16 BF16. The quantized files get a Q6_K token embedding, as llama-quantize writes it.
+# LLAMA_ARGS are extra llama-bench arguments (e.g. "--poll 0"). Both engines share the machine with
+# whatever else runs on it: on a loaded one, compare only figures from the same run.
 set -euo pipefail
 
 CERA=build/bin/cera
 LLAMA=/tmp/peers/llama-bench
+LLAMA_ARGS=""
 DIR=/tmp/cera-types
 THREADS=2
 ROUNDS=2
 PP=256
 TG=64
 PRESET=lfm2-350m
-while getopts "c:l:d:t:r:p:n:P:h" opt; do
+while getopts "c:l:a:d:t:r:p:n:P:h" opt; do
     case $opt in
         c) CERA=$OPTARG ;;
         l) LLAMA=$OPTARG ;;
+        a) LLAMA_ARGS=$OPTARG ;;
         d) DIR=$OPTARG ;;
         t) THREADS=$OPTARG ;;
         r) ROUNDS=$OPTARG ;;
         p) PP=$OPTARG ;;
         n) TG=$OPTARG ;;
         P) PRESET=$OPTARG ;;
-        *) sed -n '2,10p' "$0"; exit 2 ;;
+        *) sed -n '2,12p' "$0"; exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
@@ -58,7 +62,8 @@ for type in "${TYPES[@]}"; do
 for t in json.load(sys.stdin)["tests"]:
     print(sys.argv[1], "cera", "pp" if t["n_prompt"] else "tg", t["tokens_per_second"]["median"], sep="\t")' \
                 "$type" >>"$RAW"
-        "$LLAMA" -m "$model" -t "$THREADS" -p "$PP" -n "$TG" -r 1 -o json 2>/dev/null |
+        # shellcheck disable=SC2086
+        "$LLAMA" -m "$model" -t "$THREADS" -p "$PP" -n "$TG" -r 1 $LLAMA_ARGS -o json 2>/dev/null |
             python3 -c 'import json, sys
 for t in json.load(sys.stdin):
     print(sys.argv[1], "llama", "pp" if t["n_prompt"] else "tg", t["avg_ts"], sep="\t")' "$type" >>"$RAW"
