@@ -8,10 +8,10 @@
 // from registers (NT tokens per tile); zero offsets are the accumulators' start values
 // (-offset * the activation block's code sum); K-quant sub-block scales multiply the int32 sums.
 // Variants: F16 and BF16 on f32 activations; Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 on kAct32
-// activations; Q4_K, Q5_K and Q6_K on Q8_K activations. Bottleneck: decode (1 token) reads each weight byte once: ~24 vector ops per 288 bytes of Q4_0,
-// well under what 16.5 GB/s per core (half of the ~33 GB/s two-core roofline) needs. Prefill: per
-// block and token 8 vpdpbusd (512 MACs) + 3 float ops, plus 12 unpack ops per block shared by the
-// token tile: ~40 MAC/cycle per core on Zen 4 (double-pumped 512-bit) vs ~16 for 4x4 row tiles.
+// activations; Q4_K, Q5_K and Q6_K on Q8_K activations. Bottleneck: decode (1 token) reads each weight byte once: ~24
+// vector ops per 288 bytes of Q4_0, well under what 16.5 GB/s per core (half of the ~33 GB/s two-core roofline) needs.
+// Prefill: per block and token 8 vpdpbusd (512 MACs) + 3 float ops, plus 12 unpack ops per block shared by the token
+// tile: ~40 MAC/cycle per core on Zen 4 (double-pumped 512-bit) vs ~16 for 4x4 row tiles.
 #include <immintrin.h>
 
 // GCC 12's AVX-512 headers trip -Wuninitialized in their own reduce/convert helpers.
@@ -207,8 +207,13 @@ void tile_half(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int6
 
 // ---------------------------------------------------------------- Q4_K / Q5_K (Q8_K activations)
 
-// Q5_K: Q4_K's kernel with the 5th bits of each code line (8 H lines per super-block) added as 16
-// under a byte mask.
+// Bit `bit` (0..7) of every byte of h, moved to bit 4 (other bits: garbage to be masked off).
+inline __m512i to_bit4(__m512i h, int bit) {
+    return bit <= 4 ? _mm512_slli_epi16(h, unsigned(4 - bit)) : _mm512_srli_epi16(h, unsigned(bit - 4));
+}
+
+// Q5_K: Q4_K's kernel with the 5th bits of each code line (8 H lines per super-block) shifted to
+// bit 4 and or-ed in.
 
 template <bool kQ5, int NT>
 void tile_q45k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64_t k, float* y, int64_t ldy,
@@ -265,14 +270,16 @@ void tile_q45k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int6
 #pragma GCC unroll 16
             for (int j = 0; j < 8; ++j) {
                 const __m512i v = _mm512_load_si512(p + 320 + 64 * (8 * gg + j));
-                __m512i wl = _mm512_and_si512(v, m4);
-                __m512i wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                __m512i wl, wh;
                 if constexpr (kQ5) {
+                    // bit 2gg (2gg+1) of H moved to bit 4 and or-ed into the low (high) nibble
                     const __m512i H = _mm512_load_si512(p + 2368 + 64 * j);
-                    wl = _mm512_mask_add_epi8(wl, _mm512_test_epi8_mask(H, _mm512_set1_epi8(char(1 << (2 * gg)))), wl,
-                                              b16);
-                    wh = _mm512_mask_add_epi8(wh, _mm512_test_epi8_mask(H, _mm512_set1_epi8(char(2 << (2 * gg)))), wh,
-                                              b16);
+                    wl = _mm512_ternarylogic_epi32(v, m4, _mm512_and_si512(to_bit4(H, 2 * gg), b16), 0xEA);
+                    wh = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4), m4,
+                                                   _mm512_and_si512(to_bit4(H, 2 * gg + 1), b16), 0xEA);
+                } else {
+                    wl = _mm512_and_si512(v, m4);
+                    wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
                 }
                 const int c = j % kC;
 #pragma GCC unroll 16
