@@ -111,11 +111,6 @@ int run_perplexity(const std::vector<std::string>& args) {
     std::vector<int32_t> tokens;
     if (!text_file.empty()) tokens = engine->tokenize(read_text_file(text_file), /*add_bos=*/true);
     if (!json) {
-        std::fprintf(stderr, "perplexity: %s (%s), %s\n", model.c_str(), engine->info().architecture.c_str(),
-                     engine->info().device.c_str());
-        if (!text_file.empty())
-            std::fprintf(stderr, "perplexity: %zu tokens; calculating perplexity over windows of n_ctx=%d\n",
-                         tokens.size(), po.n_ctx);
         if (kl)
             std::printf("chunk             PPL          ln(PPL(Q)/PPL(base))          KL Divergence      Same top p\n");
     }
@@ -138,8 +133,9 @@ int run_perplexity(const std::vector<std::string>& args) {
         std::printf("\n");
         print_kl(r);
     }
-    std::fprintf(stderr, "perplexity: %d windows, %lld tokens scored, %.2f s\n", r.n_chunks, (long long)r.n_scored,
-                 r.seconds);
+    std::fprintf(stderr, "perplexity: %s (%s, %s): %d windows of %d tokens, %lld tokens scored, %.2f s\n",
+                 model.c_str(), engine->info().architecture.c_str(), engine->info().device.c_str(), r.n_chunks, r.n_ctx,
+                 (long long)r.n_scored, r.seconds);
     return 0;
 }
 
