@@ -93,6 +93,10 @@ class Sampler {
     // stream; never allocates or throws (n_top is cut to n_vocab).
     float log_probs(const float* logits, int32_t token, int32_t n_top, TokenLogprob* top);
 
+    // A draw from [0, 1) of this sampler's random stream (speculative sampling's acceptance tests and
+    // residual draws take theirs from here, so that one seed gives one generation).
+    double uniform() { return next_uniform(); }
+
     // Adds a token (prompt or generated) to the penalty window. Never allocates.
     void accept(int32_t token);
     // Empties the penalty window and re-seeds the generator with params().seed.

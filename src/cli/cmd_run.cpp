@@ -1,4 +1,4 @@
-// `cera run [-m FILE] -p PROMPT [-n N] [sampling options]`: generate a continuation of a
+// `cera run [-m FILE] -p PROMPT [-n N] [sampling options] [--lookup-ngram N | --draft-model M ...]`: generate a continuation of a
 // prompt, streaming only the generated text to stdout (flushed per piece) and the
 // timings to stderr. Without -m it runs the bundled default model.
 #include <CLI/CLI.hpp>
@@ -20,6 +20,7 @@
 #include "cli/grammar_flags.h"
 #include "cli/model_path.h"
 #include "cli/parse_args.h"
+#include "cli/spec_flags.h"
 
 namespace cera::cli {
 namespace {
@@ -82,9 +83,12 @@ int run_run(const std::vector<std::string>& args) {
         ->capture_default_str();
     GrammarFlags gf;
     gf.add(app);
+    SpecFlags sf;
+    sf.add(app);
     if (int rc = parse_args(app, args, "run"); rc >= 0) return rc;
     g.grammar = gf.build();
     const EngineOptions eo = ef.options();
+    g.speculative = sf.build(eo);
     g.max_tokens = n_predict < 0 ? -1 : n_predict;
     g.sampling.seed = seed >= 0 ? uint64_t(seed) : uint64_t(std::random_device{}()) << 32 | std::random_device{}();
     if (model.empty()) model = find_default_model();
@@ -130,6 +134,11 @@ int run_run(const std::vector<std::string>& args) {
                  "(%.1f ms); finish: %s\n",
                  r.prompt_tokens, r.prefill_tokens_per_second(), r.prefill_seconds * 1e3, r.generated_tokens,
                  r.decode_tokens_per_second(), r.decode_seconds * 1e3, finish_reason_name(r.finish));
+    if (verbose && g.speculative.enabled())
+        std::fprintf(stderr,
+                     "cera run: speculative: %d drafted, %d accepted (%.1f%%), %d target passes, %.2f tokens a pass\n",
+                     r.drafted_tokens, r.accepted_tokens, 100 * r.acceptance_rate(), r.decode_steps,
+                     r.tokens_per_pass());
     if (r.cached_tokens > 0 || r.context_shifts > 0)
         std::fprintf(stderr, "cera run: %d prompt tokens restored from the prefix cache; %d context shifts\n",
                      r.cached_tokens, r.context_shifts);
