@@ -51,14 +51,14 @@ struct SpeculativeOptions {
     std::shared_ptr<Engine> draft;
     int32_t draft_max = 16;  // tokens drafted a step at most, 1..63 (and below EngineOptions::n_batch)
     int32_t draft_min = 0;   // a shorter draft is not verified: the step decodes one token plainly
-    bool enabled() const { return lookup_ngram > 0 || draft != nullptr; }
+    bool enabled() const { return lookup_ngram != 0 || draft != nullptr; }  // (a negative n-gram is an error)
 };
 
 struct GenerateOptions {
-    int32_t max_tokens = -1;         // tokens to sample at most; < 0: until EOS, a stop string or a full context
-    SamplerParams sampling;          // see sampler.h; temperature 0 is greedy
-    std::vector<std::string> stop;   // stop strings (empty strings are ignored)
-    bool ignore_eos = false;         // keep going past end-of-generation tokens (they are then ordinary text)
+    int32_t max_tokens = -1;        // tokens to sample at most; < 0: until EOS, a stop string or a full context
+    SamplerParams sampling;         // see sampler.h; temperature 0 is greedy
+    std::vector<std::string> stop;  // stop strings (empty strings are ignored)
+    bool ignore_eos = false;        // keep going past end-of-generation tokens (they are then ordinary text)
     // Context shift: >= 0 keeps generating when the context fills by dropping half of the tokens after
     // the first n_keep (BOS included in the count; their keys' RoPE is re-rotated); < 0 finishes with
     // kContextFull instead.
@@ -113,18 +113,18 @@ enum class Pooling {
 
 struct GenerationResult {
     FinishReason finish = FinishReason::kNone;
-    std::string stop_string;        // the stop string that ended generation (kStop)
-    int32_t prompt_tokens = 0;      // tokens evaluated before the first sample (prefill)
-    int32_t generated_tokens = 0;   // tokens sampled, including a final EOS
-    int32_t decode_steps = 0;       // forward passes run while generating (speculative verifications included)
-    int32_t decode_tokens = 0;      // tokens those passes produced (decode_steps without speculation)
-    int32_t drafted_tokens = 0;     // speculative decoding: tokens drafted and verified
-    int32_t accepted_tokens = 0;    // speculative decoding: drafted tokens the model kept
-    double prefill_seconds = 0.0;   // time of the prefill forward passes
-    double decode_seconds = 0.0;    // time of the decode steps, sampling included
-    int32_t cached_tokens = 0;      // prompt tokens restored from the prefix cache (not in prompt_tokens)
-    int32_t context_shifts = 0;     // context shifts made to keep generating (GenerateOptions::n_keep)
-    std::string text;               // all text given to the Sink, concatenated
+    std::string stop_string;                // the stop string that ended generation (kStop)
+    int32_t prompt_tokens = 0;              // tokens evaluated before the first sample (prefill)
+    int32_t generated_tokens = 0;           // tokens sampled, including a final EOS
+    int32_t decode_steps = 0;               // forward passes run while generating (speculative verifications included)
+    int32_t decode_tokens = 0;              // tokens those passes produced (decode_steps without speculation)
+    int32_t drafted_tokens = 0;             // speculative decoding: tokens drafted and verified
+    int32_t accepted_tokens = 0;            // speculative decoding: drafted tokens the model kept
+    double prefill_seconds = 0.0;           // time of the prefill forward passes
+    double decode_seconds = 0.0;            // time of the decode steps, sampling included
+    int32_t cached_tokens = 0;              // prompt tokens restored from the prefix cache (not in prompt_tokens)
+    int32_t context_shifts = 0;             // context shifts made to keep generating (GenerateOptions::n_keep)
+    std::string text;                       // all text given to the Sink, concatenated
     std::vector<SampledLogprobs> logprobs;  // one per sampled token when GenerateOptions::logprobs >= 0
 
     double prefill_tokens_per_second() const { return prefill_seconds > 0 ? prompt_tokens / prefill_seconds : 0.0; }
@@ -136,7 +136,7 @@ struct GenerationResult {
 
 // Receives a generation as it happens, on the thread that called generate().
 class Sink {
-   public:
+ public:
     virtual ~Sink() = default;
     // Final text, in order (whole UTF-8 characters; never part of a stop string).
     virtual void on_text(std::string_view text) = 0;
@@ -150,12 +150,12 @@ class Sink {
 
 // A Sink that ignores everything (the result still carries the text).
 class NullSink : public Sink {
-   public:
+ public:
     void on_text(std::string_view) override {}
 };
 
 class Session {
-   public:
+ public:
     // A new, empty sequence on `engine` (which it keeps alive). n_ctx = 0: the engine's context.
     // Allocates the KV cache; throws cera::Error on failure.
     explicit Session(std::shared_ptr<Engine> engine, int32_t n_ctx = 0);
@@ -224,7 +224,7 @@ class Session {
     const std::vector<int32_t>& tokens() const;
     const std::shared_ptr<Engine>& engine() const;
 
-   private:
+ private:
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };

@@ -3,10 +3,9 @@
 // p10 and p90 of tokens/s over the repetitions; peak RSS; and the decode roofline:
 // (decode tokens/s x weight bytes read per token) / read bandwidth, the bandwidth measured
 // once with a multi-threaded sum over a large array (or given with --bandwidth).
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 #include <sys/resource.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,6 +13,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <thread>
@@ -24,9 +24,9 @@
 #include "cera/error.h"
 #include "cera/session.h"
 #include "cli/command.h"
-#include "cli/percentile.h"
 #include "cli/engine_flags.h"
 #include "cli/parse_args.h"
+#include "cli/percentile.h"
 #include "cli/spec_flags.h"
 #include "core/cpu_features.h"
 
@@ -38,7 +38,6 @@ using Clock = std::chrono::steady_clock;
 struct Stats {
     double median = 0, p10 = 0, p90 = 0;
 };
-
 
 Stats stats(const std::vector<double>& v) { return {percentile(v, 0.5), percentile(v, 0.1), percentile(v, 0.9)}; }
 
@@ -117,7 +116,8 @@ int run_bench(const std::vector<std::string>& args) {
     app.add_option("--bandwidth-gib", bw_gib, "array size of the bandwidth measurement, GiB")->capture_default_str();
     app.add_flag("--profile", profile, "CUDA: print the GPU and host time per decode step at the end");
     app.add_flag("--json", as_json, "print one JSON object");
-    app.add_option("--temp", temp, "decode test: sampling temperature (0: greedy, as llama-bench)")->capture_default_str();
+    app.add_option("--temp", temp, "decode test: sampling temperature (0: greedy, as llama-bench)")
+        ->capture_default_str();
     app.add_option("--top-k", top_k, "decode test with --temp > 0: top-k (other settings: the defaults)")
         ->capture_default_str();
     app.add_flag("--host-sampling", host_sampling,
@@ -128,8 +128,9 @@ int run_bench(const std::vector<std::string>& args) {
                    "prints their aggregate prompt and generation tokens/s (tests pp128 x8, tg128 x8)")
         ->delimiter(',');
     app.add_flag("--shared-prompt", shared_prompt, "--parallel: every sequence has the same prompt");
-    app.add_flag("--no-ahead", no_ahead,
-                 "decode test: wait for each greedy pick before queuing the next step (see GenerateOptions::decode_ahead)");
+    app.add_flag(
+        "--no-ahead", no_ahead,
+        "decode test: wait for each greedy pick before queuing the next step (see GenerateOptions::decode_ahead)");
     SpecFlags sf;
     sf.add(app);
     std::string prompt_file;
@@ -265,7 +266,8 @@ int run_bench(const std::vector<std::string>& args) {
         }
         tests.push_back(std::move(pp)), tests.push_back(std::move(tg));
         const BatcherStats st = batcher->stats();
-        const double per_token = double(st.kv_bytes) / double(std::max<int64_t>(1, st.kv_blocks_total * st.kv_block_tokens));
+        const double per_token =
+            double(st.kv_bytes) / double(std::max<int64_t>(1, st.kv_blocks_total * st.kv_block_tokens));
         std::fprintf(stderr, "cera bench: %d sequences: KV pool %.1f MiB, %lld blocks of %d tokens, %.1f KiB a token\n",
                      n_seq, double(st.kv_bytes) / (1 << 20), (long long)st.kv_blocks_total, st.kv_block_tokens,
                      per_token / 1024);
@@ -332,8 +334,11 @@ int run_bench(const std::vector<std::string>& args) {
         j["decode_roofline_tokens_per_second"] = roofline;
         j["decode_roofline_fraction"] = fraction;
         if (speculative)
-            j["speculative"] = {{"drafted", drafted},       {"accepted", accepted},   {"acceptance_rate", acceptance},
-                                {"target_passes", passes}, {"tokens_per_pass", per_pass}};
+            j["speculative"] = {{"drafted", drafted},
+                                {"accepted", accepted},
+                                {"acceptance_rate", acceptance},
+                                {"target_passes", passes},
+                                {"tokens_per_pass", per_pass}};
         std::printf("%s\n", j.dump(2).c_str());
         return 0;
     }
@@ -348,15 +353,17 @@ int run_bench(const std::vector<std::string>& args) {
         std::printf("| %-15s | %12.2f | %12.2f | %12.2f |\n", t.name.c_str(), st.median, st.p10, st.p90);
     }
     if (speculative)
-        std::printf("\nspeculative decoding: %lld drafted, %lld accepted (%.1f%%), %lld target passes, %.2f tokens a "
-                    "pass\n",
-                    (long long)drafted, (long long)accepted, 100 * acceptance, (long long)passes, per_pass);
+        std::printf(
+            "\nspeculative decoding: %lld drafted, %lld accepted (%.1f%%), %lld target passes, %.2f tokens a "
+            "pass\n",
+            (long long)drafted, (long long)accepted, 100 * acceptance, (long long)passes, per_pass);
     std::printf("\npeak RSS: %.1f MiB\n", rss / (1 << 20));
     if (info.on_gpu)
-        std::printf("device memory: %.1f MiB = weights %.1f + KV cache, states and outputs %.1f + scratch %.1f "
-                    "(%.2fx the weights and buffers)\n",
-                    dm_total / (1 << 20), double(dm.weights) / (1 << 20), double(dm.buffers) / (1 << 20),
-                    double(dm.scratch) / (1 << 20), dm_total / double(std::max<uint64_t>(1, dm.weights + dm.buffers)));
+        std::printf(
+            "device memory: %.1f MiB = weights %.1f + KV cache, states and outputs %.1f + scratch %.1f "
+            "(%.2fx the weights and buffers)\n",
+            dm_total / (1 << 20), double(dm.weights) / (1 << 20), double(dm.buffers) / (1 << 20),
+            double(dm.scratch) / (1 << 20), dm_total / double(std::max<uint64_t>(1, dm.weights + dm.buffers)));
     if (!parallel.empty()) return 0;  // the roofline is a single sequence's
     std::printf("weights read per decoded token: %.2f MiB\n", bytes_per_token / (1 << 20));
     if (bandwidth > 0) {

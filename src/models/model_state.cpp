@@ -25,11 +25,11 @@ std::atomic<uint64_t> g_state_serial{1};
 // Recorded-step keys: (serial << kStepKeyBits) | flags. A step's op sequence depends on the state's
 // buffers (the serial) and on these choices only; each distinct combination gets its own recording.
 constexpr int kKeyBits = kStepKeyBits;
-constexpr uint64_t kKeyStep = 1;      // always set: a key is never 0
-constexpr uint64_t kKeyLmHead = 2;    // the LM head runs inside the step
-constexpr uint64_t kKeyOutput = 4;    // the final norm of the output row runs inside the step
-constexpr uint64_t kKeyArgmax = 8;    // the greedy arg-max of the logits runs inside the step
-constexpr uint64_t kKeyRow1 = 16;     // the step's logits go to row 1 of logits_ (greedy_ahead())
+constexpr uint64_t kKeyStep = 1;    // always set: a key is never 0
+constexpr uint64_t kKeyLmHead = 2;  // the LM head runs inside the step
+constexpr uint64_t kKeyOutput = 4;  // the final norm of the output row runs inside the step
+constexpr uint64_t kKeyArgmax = 8;  // the greedy arg-max of the logits runs inside the step
+constexpr uint64_t kKeyRow1 = 16;   // the step's logits go to row 1 of logits_ (greedy_ahead())
 
 Tensor first_rows(const Tensor& t, int64_t n) { return t ? t.row_slice(0, n) : t; }
 
@@ -149,8 +149,6 @@ class SequenceState final : public ModelState {
         for (LayerCache& c : cache_)
             if (c.conv) be_.zero(c.conv);
     }
-
-
 
     size_t state_size() const override {
         size_t n = sizeof(SavedHeader);
@@ -280,8 +278,8 @@ class SequenceState final : public ModelState {
         const int64_t n = int64_t(rq.tokens.size());
         if (n == 0) return;
         if (n > kept_rows_)
-            throw_error(ErrorCode::kInvalidArgument, "eval: %lld tokens keeping their states, at most %d",
-                        (long long)n, kept_rows_);
+            throw_error(ErrorCode::kInvalidArgument, "eval: %lld tokens keeping their states, at most %d", (long long)n,
+                        kept_rows_);
         if (kept_base_ < 0 || kept_base_ + kept_count_ != position_ || kept_count_ + n > kept_rows_) {
             // A new run of kept states starts here; conv_prev holds the state before it.
             for (const LayerCache& c : cache_)
@@ -459,8 +457,8 @@ class SequenceState final : public ModelState {
                     be_.rms_norm(s.x.row_slice(s.out_begin, nr), arch_.head.output_norm, arch_.head.norm_eps,
                                  hidden_.row_slice(0, nr));
                 if (lm_in_step) lm_head(0, nr, row);
-                if (argmax_in_step) be_.argmax_feed(logits_.row_slice(row, 1), next_id_, ids_.row_slice(0, 1).reshaped(1),
-                                                    s.pos);
+                if (argmax_in_step)
+                    be_.argmax_feed(logits_.row_slice(row, 1), next_id_, ids_.row_slice(0, 1).reshaped(1), s.pos);
                 if (graphable) be_.step_end();
             }
             if (nr > 0) {
@@ -520,32 +518,32 @@ class SequenceState final : public ModelState {
     int n_batch_ = 0;
     int32_t position_ = 0;
     uint64_t serial_ = 0;
-    std::vector<LayerCache> cache_;    // [n_layer]
-    Tensor ids_, pos_t_;               // i32 [n_batch]
-    Tensor top_out_, top_gather_;      // top(): i32 [1 + 2 m + n_gather], i32 [n_gather]
+    std::vector<LayerCache> cache_;  // [n_layer]
+    Tensor ids_, pos_t_;             // i32 [n_batch]
+    Tensor top_out_, top_gather_;    // top(): i32 [1 + 2 m + n_gather], i32 [n_gather]
     std::vector<int32_t> top_host_;
-    StepBuffers act_;                  // the activations of n_batch tokens
-    Tensor hidden_;                    // f32 [n_batch, n_embd] after the final norm
-    Tensor logits_;                    // f32 [kLogitRows, n_vocab]
-    Tensor next_id_;                   // i32 [1]: the greedy head's arg-max
-    bool logits_held_ = false;         // logits_ row held_row_ holds the last token's logits of a greedy or top-k head
-    int held_row_ = 0;                 // 0, or 1 after steps of greedy_ahead()
-    mutable bool fed_ = false;         // ids_[0] / pos_t_[0] hold the last greedy step's pick and the next position
+    StepBuffers act_;           // the activations of n_batch tokens
+    Tensor hidden_;             // f32 [n_batch, n_embd] after the final norm
+    Tensor logits_;             // f32 [kLogitRows, n_vocab]
+    Tensor next_id_;            // i32 [1]: the greedy head's arg-max
+    bool logits_held_ = false;  // logits_ row held_row_ holds the last token's logits of a greedy or top-k head
+    int held_row_ = 0;          // 0, or 1 after steps of greedy_ahead()
+    mutable bool fed_ = false;  // ids_[0] / pos_t_[0] hold the last greedy step's pick and the next position
     // greedy_ahead(): a step queued on the device that evaluates pending_token_, logits in pending_row_;
     // it stands when the next call evaluates that token; any other call first undoes it (settle()).
     mutable bool pending_ = false;
     int32_t pending_token_ = -1;
     int pending_row_ = 0;
-    std::vector<int32_t> pos_host_;    // [n_batch]
+    std::vector<int32_t> pos_host_;  // [n_batch]
     // Kept states (EvalRequest::keep_states), on states with conv layers: kept_ is cache_ with each conv
     // layer's `conv` replaced by f32 [kept_rows_, (L - 1) * n_embd] snapshots; row i holds the state after
     // position kept_base_ + i + 1, for i < kept_count_; conv_prev holds the one at kept_base_ (-1: none).
     int32_t kept_rows_ = 0, kept_base_ = -1, kept_count_ = 0;
     std::vector<LayerCache> kept_;
-    std::vector<Tensor> conv_rows_;    // [n_layer]: cache_[il].conv seen as f32 [1, (L - 1) * n_embd]
-    Tensor segs_t_, snaps_t_;          // i32 [1, 5], [kept_rows_, 2]: Backend::short_conv_segments's descriptors
+    std::vector<Tensor> conv_rows_;  // [n_layer]: cache_[il].conv seen as f32 [1, (L - 1) * n_embd]
+    Tensor segs_t_, snaps_t_;        // i32 [1, 5], [kept_rows_, 2]: Backend::short_conv_segments's descriptors
     std::vector<int32_t> kept_host_;
-    LoraSet lora_;                     // the adapters applied (set_lora)
+    LoraSet lora_;  // the adapters applied (set_lora)
     std::vector<LoraRows> lora_rows_, lora_out_;
     std::vector<LoraSegment> lora_segs_;
 };
@@ -578,9 +576,18 @@ void StepBuffers::free(Backend& be) {
 }
 
 void StepBuffers::view(Step& s, int64_t n) const {
-    for (auto [to, from] : {std::pair{&s.x, &x}, {&s.h, &h}, {&s.y, &y}, {&s.q, &q}, {&s.k, &k}, {&s.v, &v},
-                            {&s.attn, &attn}, {&s.wide0, &wide0}, {&s.wide1, &wide1}, {&s.router, &router},
-                            {&s.moe_ids, &moe_ids}, {&s.moe_w, &moe_w}})
+    for (auto [to, from] : {std::pair{&s.x, &x},
+                            {&s.h, &h},
+                            {&s.y, &y},
+                            {&s.q, &q},
+                            {&s.k, &k},
+                            {&s.v, &v},
+                            {&s.attn, &attn},
+                            {&s.wide0, &wide0},
+                            {&s.wide1, &wide1},
+                            {&s.router, &router},
+                            {&s.moe_ids, &moe_ids},
+                            {&s.moe_w, &moe_w}})
         *to = first_rows(*from, n);
 }
 

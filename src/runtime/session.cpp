@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <utility>
 #include <cinttypes>
+#include <utility>
 
 #include "chat/grammar/grammar_impl.h"
 #include "core/check.h"
@@ -20,12 +20,18 @@ namespace cera {
 
 const char* finish_reason_name(FinishReason reason) {
     switch (reason) {
-        case FinishReason::kNone: return "none";
-        case FinishReason::kEos: return "eos";
-        case FinishReason::kStop: return "stop";
-        case FinishReason::kLength: return "length";
-        case FinishReason::kContextFull: return "context";
-        case FinishReason::kCancelled: return "cancelled";
+        case FinishReason::kNone:
+            return "none";
+        case FinishReason::kEos:
+            return "eos";
+        case FinishReason::kStop:
+            return "stop";
+        case FinishReason::kLength:
+            return "length";
+        case FinishReason::kContextFull:
+            return "context";
+        case FinishReason::kCancelled:
+            return "cancelled";
     }
     return "?";
 }
@@ -39,9 +45,9 @@ struct Session::Impl {
     std::shared_ptr<Engine> engine;
     Engine::Impl* eng = nullptr;
     std::unique_ptr<ModelState> state;
-    std::vector<int32_t> tokens;  // the whole sequence; [0, state->position()) is evaluated
-    std::vector<float> logits;    // [n_vocab] after the last evaluated token
-    bool has_logits = false;      // `logits` holds them
+    std::vector<int32_t> tokens;    // the whole sequence; [0, state->position()) is evaluated
+    std::vector<float> logits;      // [n_vocab] after the last evaluated token
+    bool has_logits = false;        // `logits` holds them
     bool logits_on_device = false;  // !has_logits, but a device decode step left them in the model state
                                     // (ModelState::read_last_logits); ensure_logits() fetches them
     std::atomic<bool> cancel{false};
@@ -97,8 +103,8 @@ struct Session::Impl {
         const size_t total = tokens.size() + n_new;
         if (total > size_t(state->n_ctx()))
             throw_error(ErrorCode::kOutOfRange,
-                        "the input (%zu tokens) does not fit in the context: %zu of %d tokens are in use",
-                        n_new, tokens.size(), state->n_ctx());
+                        "the input (%zu tokens) does not fit in the context: %zu of %d tokens are in use", n_new,
+                        tokens.size(), state->n_ctx());
     }
 
     // Evaluates the queued tokens in chunks of n_batch, checking cancel between chunks.
@@ -130,8 +136,7 @@ struct Session::Impl {
             state->eval({.tokens = {tokens.data() + begin, n}, .logits = logits.data()});
             logits_on_host();
             const size_t end = begin + n;
-            if (!pc || shifted)
-                continue;
+            if (!pc || shifted) continue;
             if (end == tokens.size())
                 pending_store = end;  // saved once the first token is out (time to first token)
             else if (end % size_t(n_batch) == 0 && !pc->contains(std::span<const int32_t>(tokens.data(), end)))
@@ -166,7 +171,7 @@ struct Session::Impl {
         if (!s.logits.empty() && s.logits.size() != logits.size())
             throw_error(ErrorCode::kInvalidFile, "saved state: %zu logits, the model has %zu", s.logits.size(),
                         logits.size());
-        state->restore_state(s.model_state);  // checks everything before it writes
+        state->restore_state(s.model_state);                                  // checks everything before it writes
         if (const int32_t held = state->position(); held != s.n_evaluated) {  // consistent checksums, bad content
             state->reset();
             tokens.clear();
@@ -317,7 +322,8 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
             break;
         }
         if (im.tokens.size() >= size_t(n_ctx)) {  // no room for another token
-            if (options.n_keep >= 0 && size_t(im.n_evaluated()) + 1 == im.tokens.size() && im.shift(options.n_keep) > 0) {
+            if (options.n_keep >= 0 && size_t(im.n_evaluated()) + 1 == im.tokens.size() &&
+                im.shift(options.n_keep) > 0) {
                 ++r.context_shifts;
             } else {
                 r.finish = FinishReason::kContextFull;

@@ -70,13 +70,13 @@ class Speculator {
     DraftSlot& slot_;
     int32_t max_pass_;
     std::unique_ptr<Sampler> draft_sampler_;
-    std::vector<int32_t> draft_;               // the current draft
-    std::vector<std::vector<TokenProb>> q_;    // the proposal of each draft token (a point for lookup)
-    std::vector<float> logits_;                // f32 [max_pass, n_vocab]: the verification's rows
-    std::vector<float> draft_logits_;          // f32 [n_vocab]
-    std::vector<float> q_dense_;               // f32 [n_vocab]: the proposal being tested, zero elsewhere
-    std::vector<int32_t> batch_;               // the verification's tokens
-    int32_t verified_ = 0, first_pos_ = 0;     // rows of logits_ valid, and the position of row 0's token
+    std::vector<int32_t> draft_;             // the current draft
+    std::vector<std::vector<TokenProb>> q_;  // the proposal of each draft token (a point for lookup)
+    std::vector<float> logits_;              // f32 [max_pass, n_vocab]: the verification's rows
+    std::vector<float> draft_logits_;        // f32 [n_vocab]
+    std::vector<float> q_dense_;             // f32 [n_vocab]: the proposal being tested, zero elsewhere
+    std::vector<int32_t> batch_;             // the verification's tokens
+    int32_t verified_ = 0, first_pos_ = 0;   // rows of logits_ valid, and the position of row 0's token
     int32_t drafted_ = 0, accepted_ = 0;
 };
 
