@@ -176,6 +176,34 @@ TEST(SpeculativeRollback, StoppingInsideAStepLeavesThePlainState) {
     }
 }
 
+// Context shifts keep working under speculation: a small context filled several times over gives the
+// plain greedy tokens (the draft model's sequence follows the target's through the shifts).
+TEST(SpeculativeRollback, ContextShiftsGiveThePlainTokens) {
+    auto engine = load("tiny-lfm2");
+    auto draft = load("tiny-qwen3");
+    const std::string prompt = prompt_text("tiny-lfm2", 0);
+    std::vector<int32_t> want;
+    for (const bool spec : {false, true}) {
+        cera::Session s(engine, 48);
+        s.append_text(prompt);
+        cera::GenerateOptions g;
+        g.max_tokens = 120;
+        g.ignore_eos = true;
+        g.sampling.temperature = 0;
+        g.n_keep = 4;
+        if (spec) g.speculative = {.lookup_ngram = 3, .draft = draft, .draft_max = 5};
+        Collect sink;
+        const auto r = s.generate(g, sink);
+        EXPECT_GT(r.context_shifts, 1);
+        if (!spec)
+            want = sink.tokens;
+        else {
+            EXPECT_EQ(sink.tokens, want);
+            EXPECT_GT(r.drafted_tokens, 0);
+        }
+    }
+}
+
 // Softmax over the k best logits of a row (the sampler with top_k = k, temperature 1, top-p and min-p
 // off), as an id -> p map.
 std::map<int32_t, double> top_k_softmax(std::span<const float> row, int k) {
