@@ -49,7 +49,7 @@ struct TokenProb {
 };
 
 class Sampler {
-   public:
+ public:
     // Validates params (throws cera::Error kInvalidArgument on NaN or negative values
     // where they make no sense) and allocates buffers for n_vocab candidates.
     Sampler(const SamplerParams& params, int32_t n_vocab);
@@ -93,6 +93,10 @@ class Sampler {
     // stream; never allocates or throws (n_top is cut to n_vocab).
     float log_probs(const float* logits, int32_t token, int32_t n_top, TokenLogprob* top);
 
+    // A draw from [0, 1) of this sampler's random stream (speculative sampling's acceptance tests and
+    // residual draws take theirs from here, so that one seed gives one generation).
+    double uniform() { return next_uniform(); }
+
     // Adds a token (prompt or generated) to the penalty window. Never allocates.
     void accept(int32_t token);
     // Empties the penalty window and re-seeds the generator with params().seed.
@@ -109,7 +113,7 @@ class Sampler {
     // The tokens currently in the penalty window, oldest first (copies; for tests and tools).
     std::vector<int32_t> history() const;
 
-   private:
+ private:
     void apply_penalties();
     void load_all(const float* logits);  // every id, biased and penalised: cand_[id].id == id
     void next_epoch();
@@ -129,16 +133,16 @@ class Sampler {
     int32_t n_vocab_;
     bool greedy_;
     bool penalties_on_;
-    std::vector<TokenProb> cand_;   // [n_vocab] working set; the first n_cand_ are live
+    std::vector<TokenProb> cand_;  // [n_vocab] working set; the first n_cand_ are live
     int32_t n_cand_ = 0;
-    bool sorted_ = false;           // cand_[0, n_cand_) sorted by logit, descending
-    std::vector<int32_t> ring_;     // [penalty_last_n] recent tokens
+    bool sorted_ = false;        // cand_[0, n_cand_) sorted by logit, descending
+    std::vector<int32_t> ring_;  // [penalty_last_n] recent tokens
     int32_t ring_head_ = 0, ring_size_ = 0;
-    std::vector<int32_t> count_;    // [n_vocab] occurrences of each id in the window
-    std::vector<uint32_t> stamp_;   // [n_vocab] last penalty pass that touched an id
-    std::vector<int32_t> window_;   // [penalty_last_n] window() output
+    std::vector<int32_t> count_;   // [n_vocab] occurrences of each id in the window
+    std::vector<uint32_t> stamp_;  // [n_vocab] last penalty pass that touched an id
+    std::vector<int32_t> window_;  // [penalty_last_n] window() output
     uint32_t epoch_ = 0;
-    uint64_t rng_[4];               // xoshiro256** state
+    uint64_t rng_[4];                    // xoshiro256** state
     const uint64_t* allowed_ = nullptr;  // the mask of the sample() in progress, or null
 };
 

@@ -35,11 +35,30 @@ enum class FinishReason {
 // "none", "eos", "stop", "length", "context", "cancelled".
 const char* finish_reason_name(FinishReason reason);
 
+// Speculative decoding: a decode step drafts a continuation of the sequence cheaply, evaluates the pending
+// token and every drafted one in one forward pass of the model, and keeps the drafted tokens the model
+// agrees with (speculative sampling: a drafted token d is kept with probability min(1, p(d) / q(d)), and
+// the first one that is not is replaced by a draw from the residual max(0, p - q), normalised), plus one
+// token the model samples itself. The tokens follow the model's own distribution exactly: greedy output is
+// the one plain greedy decoding gives. The KV cache and the conv states of LFM2's short-conv layers go back
+// to the last kept token. Off under a grammar and with logprobs (those decode one token at a time).
+struct SpeculativeOptions {
+    // Prompt lookup: the draft is what followed the latest earlier occurrence in the sequence of its last n
+    // tokens, n from lookup_ngram down to 1. 0: off.
+    int32_t lookup_ngram = 0;
+    // A draft model (same vocabulary as this engine's, checked: kInvalidArgument otherwise): it samples
+    // the draft one token at a time with the same sampling settings. Used when prompt lookup finds nothing.
+    std::shared_ptr<Engine> draft;
+    int32_t draft_max = 16;  // tokens drafted a step at most, 1..63 (and below EngineOptions::n_batch)
+    int32_t draft_min = 0;   // a shorter draft is not verified: the step decodes one token plainly
+    bool enabled() const { return lookup_ngram != 0 || draft != nullptr; }  // (a negative n-gram is an error)
+};
+
 struct GenerateOptions {
-    int32_t max_tokens = -1;         // tokens to sample at most; < 0: until EOS, a stop string or a full context
-    SamplerParams sampling;          // see sampler.h; temperature 0 is greedy
-    std::vector<std::string> stop;   // stop strings (empty strings are ignored)
-    bool ignore_eos = false;         // keep going past end-of-generation tokens (they are then ordinary text)
+    int32_t max_tokens = -1;        // tokens to sample at most; < 0: until EOS, a stop string or a full context
+    SamplerParams sampling;         // see sampler.h; temperature 0 is greedy
+    std::vector<std::string> stop;  // stop strings (empty strings are ignored)
+    bool ignore_eos = false;        // keep going past end-of-generation tokens (they are then ordinary text)
     // Context shift: >= 0 keeps generating when the context fills by dropping half of the tokens after
     // the first n_keep (BOS included in the count; their keys' RoPE is re-rotated); < 0 finishes with
     // kContextFull instead.
@@ -71,6 +90,8 @@ struct GenerateOptions {
     // vocabulary can continue it. The text is matched from the first generated token. Steps then
     // bring the logits to the host (device_greedy and device_sampling do not apply).
     std::shared_ptr<const Grammar> grammar;
+    // Speculative decoding (see SpeculativeOptions); off by default.
+    SpeculativeOptions speculative;
     // LoRA adapter: "" = the engine's default adapters (EngineOptions::lora), "base" = none, otherwise the
     // name of an adapter loaded with Engine::load_adapter (kMissing when there is none by that name). A
     // session whose adapter changes evaluates its tokens again under the new one.
@@ -92,24 +113,30 @@ enum class Pooling {
 
 struct GenerationResult {
     FinishReason finish = FinishReason::kNone;
-    std::string stop_string;        // the stop string that ended generation (kStop)
-    int32_t prompt_tokens = 0;      // tokens evaluated before the first sample (prefill)
-    int32_t generated_tokens = 0;   // tokens sampled, including a final EOS
-    int32_t decode_steps = 0;       // single-token forward passes run while generating
-    double prefill_seconds = 0.0;   // time of the prefill forward passes
-    double decode_seconds = 0.0;    // time of the decode steps, sampling included
-    int32_t cached_tokens = 0;      // prompt tokens restored from the prefix cache (not in prompt_tokens)
-    int32_t context_shifts = 0;     // context shifts made to keep generating (GenerateOptions::n_keep)
-    std::string text;               // all text given to the Sink, concatenated
+    std::string stop_string;                // the stop string that ended generation (kStop)
+    int32_t prompt_tokens = 0;              // tokens evaluated before the first sample (prefill)
+    int32_t generated_tokens = 0;           // tokens sampled, including a final EOS
+    int32_t decode_steps = 0;               // forward passes run while generating (speculative verifications included)
+    int32_t decode_tokens = 0;              // tokens those passes produced (decode_steps without speculation)
+    int32_t drafted_tokens = 0;             // speculative decoding: tokens drafted and verified
+    int32_t accepted_tokens = 0;            // speculative decoding: drafted tokens the model kept
+    double prefill_seconds = 0.0;           // time of the prefill forward passes
+    double decode_seconds = 0.0;            // time of the decode steps, sampling included
+    int32_t cached_tokens = 0;              // prompt tokens restored from the prefix cache (not in prompt_tokens)
+    int32_t context_shifts = 0;             // context shifts made to keep generating (GenerateOptions::n_keep)
+    std::string text;                       // all text given to the Sink, concatenated
     std::vector<SampledLogprobs> logprobs;  // one per sampled token when GenerateOptions::logprobs >= 0
 
     double prefill_tokens_per_second() const { return prefill_seconds > 0 ? prompt_tokens / prefill_seconds : 0.0; }
-    double decode_tokens_per_second() const { return decode_seconds > 0 ? decode_steps / decode_seconds : 0.0; }
+    double decode_tokens_per_second() const { return decode_seconds > 0 ? decode_tokens / decode_seconds : 0.0; }
+    // Speculative decoding: the fraction of drafted tokens kept, and tokens a forward pass produced.
+    double acceptance_rate() const { return drafted_tokens > 0 ? double(accepted_tokens) / drafted_tokens : 0.0; }
+    double tokens_per_pass() const { return decode_steps > 0 ? double(decode_tokens) / decode_steps : 0.0; }
 };
 
 // Receives a generation as it happens, on the thread that called generate().
 class Sink {
-   public:
+ public:
     virtual ~Sink() = default;
     // Final text, in order (whole UTF-8 characters; never part of a stop string).
     virtual void on_text(std::string_view text) = 0;
@@ -123,12 +150,12 @@ class Sink {
 
 // A Sink that ignores everything (the result still carries the text).
 class NullSink : public Sink {
-   public:
+ public:
     void on_text(std::string_view) override {}
 };
 
 class Session {
-   public:
+ public:
     // A new, empty sequence on `engine` (which it keeps alive). n_ctx = 0: the engine's context.
     // Allocates the KV cache; throws cera::Error on failure.
     explicit Session(std::shared_ptr<Engine> engine, int32_t n_ctx = 0);
@@ -197,7 +224,7 @@ class Session {
     const std::vector<int32_t>& tokens() const;
     const std::shared_ptr<Engine>& engine() const;
 
-   private:
+ private:
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };

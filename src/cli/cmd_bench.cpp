@@ -3,15 +3,17 @@
 // p10 and p90 of tokens/s over the repetitions; peak RSS; and the decode roofline:
 // (decode tokens/s x weight bytes read per token) / read bandwidth, the bandwidth measured
 // once with a multi-threaded sum over a large array (or given with --bandwidth).
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 #include <sys/resource.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <thread>
@@ -22,9 +24,10 @@
 #include "cera/error.h"
 #include "cera/session.h"
 #include "cli/command.h"
-#include "cli/percentile.h"
 #include "cli/engine_flags.h"
 #include "cli/parse_args.h"
+#include "cli/percentile.h"
+#include "cli/spec_flags.h"
 #include "core/cpu_features.h"
 
 namespace cera::cli {
@@ -35,7 +38,6 @@ using Clock = std::chrono::steady_clock;
 struct Stats {
     double median = 0, p10 = 0, p90 = 0;
 };
-
 
 Stats stats(const std::vector<double>& v) { return {percentile(v, 0.5), percentile(v, 0.1), percentile(v, 0.9)}; }
 
@@ -114,7 +116,8 @@ int run_bench(const std::vector<std::string>& args) {
     app.add_option("--bandwidth-gib", bw_gib, "array size of the bandwidth measurement, GiB")->capture_default_str();
     app.add_flag("--profile", profile, "CUDA: print the GPU and host time per decode step at the end");
     app.add_flag("--json", as_json, "print one JSON object");
-    app.add_option("--temp", temp, "decode test: sampling temperature (0: greedy, as llama-bench)")->capture_default_str();
+    app.add_option("--temp", temp, "decode test: sampling temperature (0: greedy, as llama-bench)")
+        ->capture_default_str();
     app.add_option("--top-k", top_k, "decode test with --temp > 0: top-k (other settings: the defaults)")
         ->capture_default_str();
     app.add_flag("--host-sampling", host_sampling,
@@ -125,8 +128,15 @@ int run_bench(const std::vector<std::string>& args) {
                    "prints their aggregate prompt and generation tokens/s (tests pp128 x8, tg128 x8)")
         ->delimiter(',');
     app.add_flag("--shared-prompt", shared_prompt, "--parallel: every sequence has the same prompt");
-    app.add_flag("--no-ahead", no_ahead,
-                 "decode test: wait for each greedy pick before queuing the next step (see GenerateOptions::decode_ahead)");
+    app.add_flag(
+        "--no-ahead", no_ahead,
+        "decode test: wait for each greedy pick before queuing the next step (see GenerateOptions::decode_ahead)");
+    SpecFlags sf;
+    sf.add(app);
+    std::string prompt_file;
+    app.add_option("-f,--prompt-file", prompt_file,
+                   "decode test: prompt with this text (then the -n tokens generated) instead of one random token; "
+                   "for speculative decoding on an input-grounded task");
     if (int rc = parse_args(app, args, "bench"); rc >= 0) return rc;
     if (n_prompt < 0 || n_gen < 0 || depth < 0 || reps < 1 || bandwidth_gbps < 0 || bw_gib <= 0)
         throw Error(ErrorCode::kInvalidArgument, "-p, -n, -d and --bandwidth must be >= 0, -r >= 1");
@@ -146,6 +156,20 @@ int run_bench(const std::vector<std::string>& args) {
     auto engine = Engine::load(model, eo);
     const EngineInfo& info = engine->info();
     const int n_threads = ef.threads > 0 ? ef.threads : std::max(1, cpu_features().physical_cores);
+    std::vector<int32_t> prompt_ids;
+    if (!prompt_file.empty()) {
+        std::ifstream f(prompt_file, std::ios::binary);
+        if (!f) throw Error(ErrorCode::kIo, "-f " + prompt_file + ": cannot open the file");
+        prompt_ids = engine->tokenize(std::string(std::istreambuf_iterator<char>(f), {}), true);
+        if (!parallel.empty()) throw Error(ErrorCode::kInvalidArgument, "-f does not go with --parallel");
+        if (ef.n_ctx == 0) eo.n_ctx += int32_t(prompt_ids.size());
+        if (depth + int64_t(prompt_ids.size()) + n_gen + 1 > eo.n_ctx)
+            throw Error(ErrorCode::kInvalidArgument, "--ctx " + std::to_string(eo.n_ctx) + " has no room for the " +
+                                                         std::to_string(prompt_ids.size()) + "-token prompt of -f");
+    }
+    EngineOptions spec_eo = eo;
+    const SpeculativeOptions spec = sf.build(spec_eo);
+    int64_t drafted = 0, accepted = 0, passes = 0, decoded = 0;
 
     Session s(engine, eo.n_ctx);
     std::mt19937 rng(42);
@@ -174,15 +198,18 @@ int run_bench(const std::vector<std::string>& args) {
     };
     auto tg_once = [&](int n) {
         fill_depth();
-        s.append_tokens(random_tokens(1));
+        s.append_tokens(prompt_ids.empty() ? random_tokens(1) : prompt_ids);
         GenerateOptions g;
-        g.max_tokens = n + 1;  // the first token comes from the 1-token prefill, then n decode steps
+        g.speculative = spec;
+        g.max_tokens = n + 1;  // the first token comes from the prompt's prefill, then n decode steps
         g.sampling.temperature = temp;
         g.sampling.top_k = top_k;
         g.device_greedy = g.device_sampling = !host_sampling;
         if (no_ahead) g.decode_ahead = 0;
         g.ignore_eos = true;
         const GenerationResult r = s.generate(g, sink);
+        drafted += r.drafted_tokens, accepted += r.accepted_tokens, passes += r.decode_steps;
+        decoded += r.decode_tokens;
         return r.decode_tokens_per_second();
     };
 
@@ -239,7 +266,8 @@ int run_bench(const std::vector<std::string>& args) {
         }
         tests.push_back(std::move(pp)), tests.push_back(std::move(tg));
         const BatcherStats st = batcher->stats();
-        const double per_token = double(st.kv_bytes) / double(std::max<int64_t>(1, st.kv_blocks_total * st.kv_block_tokens));
+        const double per_token =
+            double(st.kv_bytes) / double(std::max<int64_t>(1, st.kv_blocks_total * st.kv_block_tokens));
         std::fprintf(stderr, "cera bench: %d sequences: KV pool %.1f MiB, %lld blocks of %d tokens, %.1f KiB a token\n",
                      n_seq, double(st.kv_bytes) / (1 << 20), (long long)st.kv_blocks_total, st.kv_block_tokens,
                      per_token / 1024);
@@ -254,9 +282,13 @@ int run_bench(const std::vector<std::string>& args) {
     if (n_gen > 0) {
         TestResult t{"tg" + std::to_string(n_gen) + at_depth, 0, n_gen, depth, {}};
         tg_once(std::min(n_gen, 16));  // warm-up
+        drafted = accepted = passes = decoded = 0;
         for (int r = 0; r < reps; ++r) t.samples.push_back(tg_once(n_gen));
         tests.push_back(std::move(t));
     }
+    const bool speculative = spec.enabled() && n_gen > 0 && parallel.empty();
+    const double acceptance = drafted > 0 ? double(accepted) / double(drafted) : 0.0;
+    const double per_pass = passes > 0 ? double(decoded) / double(passes) : 0.0;
     const double rss = peak_rss_bytes();
     // What the device holds after the tests (KV cache and scratch at their largest).
     const DeviceMemory dm = engine->device_memory();
@@ -301,6 +333,12 @@ int run_bench(const std::vector<std::string>& args) {
         j["bandwidth_measured"] = measured && !info.on_gpu;
         j["decode_roofline_tokens_per_second"] = roofline;
         j["decode_roofline_fraction"] = fraction;
+        if (speculative)
+            j["speculative"] = {{"drafted", drafted},
+                                {"accepted", accepted},
+                                {"acceptance_rate", acceptance},
+                                {"target_passes", passes},
+                                {"tokens_per_pass", per_pass}};
         std::printf("%s\n", j.dump(2).c_str());
         return 0;
     }
@@ -314,12 +352,18 @@ int run_bench(const std::vector<std::string>& args) {
         const Stats st = stats(t.samples);
         std::printf("| %-15s | %12.2f | %12.2f | %12.2f |\n", t.name.c_str(), st.median, st.p10, st.p90);
     }
+    if (speculative)
+        std::printf(
+            "\nspeculative decoding: %lld drafted, %lld accepted (%.1f%%), %lld target passes, %.2f tokens a "
+            "pass\n",
+            (long long)drafted, (long long)accepted, 100 * acceptance, (long long)passes, per_pass);
     std::printf("\npeak RSS: %.1f MiB\n", rss / (1 << 20));
     if (info.on_gpu)
-        std::printf("device memory: %.1f MiB = weights %.1f + KV cache, states and outputs %.1f + scratch %.1f "
-                    "(%.2fx the weights and buffers)\n",
-                    dm_total / (1 << 20), double(dm.weights) / (1 << 20), double(dm.buffers) / (1 << 20),
-                    double(dm.scratch) / (1 << 20), dm_total / double(std::max<uint64_t>(1, dm.weights + dm.buffers)));
+        std::printf(
+            "device memory: %.1f MiB = weights %.1f + KV cache, states and outputs %.1f + scratch %.1f "
+            "(%.2fx the weights and buffers)\n",
+            dm_total / (1 << 20), double(dm.weights) / (1 << 20), double(dm.buffers) / (1 << 20),
+            double(dm.scratch) / (1 << 20), dm_total / double(std::max<uint64_t>(1, dm.weights + dm.buffers)));
     if (!parallel.empty()) return 0;  // the roofline is a single sequence's
     std::printf("weights read per decoded token: %.2f MiB\n", bytes_per_token / (1 << 20));
     if (bandwidth > 0) {

@@ -7,12 +7,11 @@
 // canonical mode (the terminal's own line editing); a line ending in '\' continues on the
 // next. When stdin is not a terminal, every line is one user message and every reply is
 // printed followed by a newline, so a conversation can be scripted.
-#include <CLI/CLI.hpp>
 #include <editline/readline.h>
-
 #include <signal.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -32,6 +31,7 @@
 #include "cli/grammar_flags.h"
 #include "cli/model_path.h"
 #include "cli/parse_args.h"
+#include "cli/spec_flags.h"
 #include "server/chat_prompt.h"
 
 namespace cera::cli {
@@ -49,7 +49,7 @@ void on_sigint(int) {
 }
 
 class ReplySink : public Sink {
-   public:
+ public:
     void on_text(std::string_view text) override {
         std::fwrite(text.data(), 1, text.size(), stdout);
         std::fflush(stdout);
@@ -159,8 +159,8 @@ struct Chat {
         while (common < have.size() && common < ids.size() && have[common] == ids[common]) ++common;
         if (common < have.size()) {
             if (verbose)
-                std::fprintf(stderr, "cera chat: the rendering differs from the session at token %zu of %zu\n",
-                             common, have.size());
+                std::fprintf(stderr, "cera chat: the rendering differs from the session at token %zu of %zu\n", common,
+                             have.size());
             session->truncate(int32_t(common));
         }
         session->append_tokens(std::span<const int32_t>(ids.data() + common, ids.size() - common));
@@ -179,14 +179,17 @@ struct Chat {
         std::fputc('\n', stdout);
         std::fflush(stdout);
         messages.push_back(message_of("assistant", r.text));
-        if (verbose)
+        if (verbose) {
             std::fprintf(stderr,
                          "cera chat: prompt %d new tokens (%d from the prefix cache), %.1f tok/s; reply %d tokens, "
                          "%.1f tok/s; finish: %s; context %d/%d\n",
                          r.prompt_tokens, r.cached_tokens, r.prefill_tokens_per_second(), r.generated_tokens,
                          r.decode_tokens_per_second(), finish_reason_name(r.finish), session->position(),
                          session->n_ctx());
-        else if (r.finish == FinishReason::kCancelled)
+            if (gen.speculative.enabled())
+                std::fprintf(stderr, "cera chat: speculative: %d drafted, %d accepted (%.1f%%), %.2f tokens a pass\n",
+                             r.drafted_tokens, r.accepted_tokens, 100 * r.acceptance_rate(), r.tokens_per_pass());
+        } else if (r.finish == FinishReason::kCancelled)
             std::fprintf(stderr, "cera chat: reply stopped\n");
         else if (r.finish == FinishReason::kContextFull)
             std::fprintf(stderr, "cera chat: the context is full (see --ctx, --n-keep)\n");
@@ -245,19 +248,22 @@ int run_chat(const std::vector<std::string>& args) {
     app.add_option("--top-k", g.sampling.top_k, "top-k (0: off)")->capture_default_str();
     app.add_option("--top-p", g.sampling.top_p, "top-p (1: off)")->capture_default_str();
     app.add_option("--min-p", g.sampling.min_p, "min-p (0: off)")->capture_default_str();
-    app.add_option("--repeat-penalty", g.sampling.repeat_penalty, "repetition penalty (1: off)")
-        ->capture_default_str();
+    app.add_option("--repeat-penalty", g.sampling.repeat_penalty, "repetition penalty (1: off)")->capture_default_str();
     app.add_option("--seed", seed, "random seed (default: a random one)");
-    ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch | EngineFlags::kPrefixCache | EngineFlags::kLora);
+    ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch | EngineFlags::kPrefixCache |
+                    EngineFlags::kLora);
     app.add_option("--n-keep", n_keep,
                    "when the context fills, keep the first N tokens and drop half of the rest (-1: stop instead)")
         ->capture_default_str();
     app.add_flag("-v,--verbose", chat.verbose, "print the model, and per-reply timings, to stderr");
     GrammarFlags gf;
     gf.add(app);
+    SpecFlags sf;
+    sf.add(app);
     if (int rc = parse_args(app, args, "chat"); rc >= 0) return rc;
     g.grammar = gf.build();  // every reply follows it
     const EngineOptions eo = ef.options();
+    g.speculative = sf.build(eo);
     g.max_tokens = n_predict < 0 ? -1 : n_predict;
     g.n_keep = n_keep;
     g.sampling.seed = seed >= 0 ? uint64_t(seed) : uint64_t(std::random_device{}()) << 32 | std::random_device{}();
@@ -279,7 +285,8 @@ int run_chat(const std::vector<std::string>& args) {
                      e.info().weight_type.c_str(), e.info().device.c_str(), chat.session->n_ctx());
     if (tty) print_help();
 
-    struct sigaction sa {}, old_sa {};
+    struct sigaction sa {
+    }, old_sa{};
     sa.sa_handler = on_sigint;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = 0;  // no SA_RESTART: Ctrl-C at the prompt interrupts the read

@@ -1,10 +1,9 @@
-// `cera run [-m FILE] -p PROMPT [-n N] [sampling options]`: generate a continuation of a
-// prompt, streaming only the generated text to stdout (flushed per piece) and the
-// timings to stderr. Without -m it runs the bundled default model.
-#include <CLI/CLI.hpp>
-
+// `cera run [-m FILE] -p PROMPT [-n N] [sampling options] [--lookup-ngram N | --draft-model M ...]`: generate a
+// continuation of a prompt, streaming only the generated text to stdout (flushed per piece) and the timings to stderr.
+// Without -m it runs the bundled default model.
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +19,7 @@
 #include "cli/grammar_flags.h"
 #include "cli/model_path.h"
 #include "cli/parse_args.h"
+#include "cli/spec_flags.h"
 
 namespace cera::cli {
 namespace {
@@ -27,7 +27,7 @@ namespace {
 [[noreturn]] void fail(ErrorCode code, const std::string& msg) { throw Error(code, msg); }
 
 class StdoutSink : public Sink {
-   public:
+ public:
     void on_text(std::string_view text) override {
         std::fwrite(text.data(), 1, text.size(), stdout);
         std::fflush(stdout);
@@ -35,7 +35,7 @@ class StdoutSink : public Sink {
     }
     char last() const { return last_; }
 
-   private:
+ private:
     char last_ = '\n';
 };
 
@@ -46,9 +46,10 @@ void on_sigint(int) {
 }
 
 int run_run(const std::vector<std::string>& args) {
-    CLI::App app{"Generates a continuation of a prompt. The generated text goes to stdout as it decodes;\n"
-                 "timings go to stderr.",
-                 "cera run"};
+    CLI::App app{
+        "Generates a continuation of a prompt. The generated text goes to stdout as it decodes;\n"
+        "timings go to stderr.",
+        "cera run"};
     std::string model, prompt;
     int32_t n_predict = 256;
     EngineFlags ef;
@@ -64,15 +65,15 @@ int run_run(const std::vector<std::string>& args) {
     app.add_option("--top-k", g.sampling.top_k, "top-k (0: off)")->capture_default_str();
     app.add_option("--top-p", g.sampling.top_p, "top-p (1: off)")->capture_default_str();
     app.add_option("--min-p", g.sampling.min_p, "min-p (0: off)")->capture_default_str();
-    app.add_option("--repeat-penalty", g.sampling.repeat_penalty, "repetition penalty (1: off)")
-        ->capture_default_str();
+    app.add_option("--repeat-penalty", g.sampling.repeat_penalty, "repetition penalty (1: off)")->capture_default_str();
     app.add_option("--repeat-last-n", g.sampling.penalty_last_n, "tokens the penalties look back over")
         ->capture_default_str();
     app.add_option("--presence-penalty", g.sampling.presence_penalty, "presence penalty (0: off)");
     app.add_option("--frequency-penalty", g.sampling.frequency_penalty, "frequency penalty (0: off)");
     app.add_option("--seed", seed, "random seed (default: a random one)");
     app.add_option("--stop", g.stop, "stop string (repeatable)");
-    ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch | EngineFlags::kPrefixCache | EngineFlags::kLora);
+    ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch | EngineFlags::kPrefixCache |
+                    EngineFlags::kLora);
     app.add_flag("--no-bos", no_bos, "do not add the BOS token");
     app.add_flag("--no-special", no_special, "tokenize special-token text in the prompt as plain text");
     app.add_flag("--ignore-eos", g.ignore_eos, "keep generating past end-of-generation tokens");
@@ -82,9 +83,12 @@ int run_run(const std::vector<std::string>& args) {
         ->capture_default_str();
     GrammarFlags gf;
     gf.add(app);
+    SpecFlags sf;
+    sf.add(app);
     if (int rc = parse_args(app, args, "run"); rc >= 0) return rc;
     g.grammar = gf.build();
     const EngineOptions eo = ef.options();
+    g.speculative = sf.build(eo);
     g.max_tokens = n_predict < 0 ? -1 : n_predict;
     g.sampling.seed = seed >= 0 ? uint64_t(seed) : uint64_t(std::random_device{}()) << 32 | std::random_device{}();
     if (model.empty()) model = find_default_model();
@@ -130,6 +134,10 @@ int run_run(const std::vector<std::string>& args) {
                  "(%.1f ms); finish: %s\n",
                  r.prompt_tokens, r.prefill_tokens_per_second(), r.prefill_seconds * 1e3, r.generated_tokens,
                  r.decode_tokens_per_second(), r.decode_seconds * 1e3, finish_reason_name(r.finish));
+    if (verbose && g.speculative.enabled())
+        std::fprintf(
+            stderr, "cera run: speculative: %d drafted, %d accepted (%.1f%%), %d target passes, %.2f tokens a pass\n",
+            r.drafted_tokens, r.accepted_tokens, 100 * r.acceptance_rate(), r.decode_steps, r.tokens_per_pass());
     if (r.cached_tokens > 0 || r.context_shifts > 0)
         std::fprintf(stderr, "cera run: %d prompt tokens restored from the prefix cache; %d context shifts\n",
                      r.cached_tokens, r.context_shifts);

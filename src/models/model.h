@@ -110,6 +110,11 @@ struct EvalRequest {
     bool all_logits = false;  // output rows for every token, else for the last
     float* logits = nullptr;  // f32 [n_out, n_vocab], or null
     float* hidden = nullptr;  // f32 [n_out, n_embd], the hidden state after the final norm, or null
+    // Keep the recurrent state (LFM2 conv states) after each token, so that truncate() can go back to any
+    // position this evaluation passed (speculative decoding's verification). Consecutive evaluations that
+    // keep their states add to the kept ones while ModelState::kKeptStates rows last. At most
+    // min(n_batch, kKeptStates) tokens (kInvalidArgument beyond). No effect on a state without recurrent parts.
+    bool keep_states = false;
     // kGreedy only: queue the step that evaluates the pick before the host reads the pick (see eval()).
     bool ahead = false;
     // kTopK only:
@@ -170,10 +175,17 @@ class ModelState {
     // re-rotating their keys' RoPE by -n_discard; conv states are untouched; position() drops by n_discard.
     // Throws kOutOfRange unless 0 <= n_keep, 0 <= n_discard and n_keep + n_discard <= position().
     virtual void shift(int32_t n_keep, int32_t n_discard) = 0;
-    // True when the state has recurrent parts (LFM2 conv states) that cannot be rewound.
+    // True when the state has recurrent parts (LFM2 conv states) that cannot be rewound in general.
     virtual bool has_recurrent_state() const = 0;
-    // Keeps the first n tokens (0 <= n <= position()). Throws kInvalidArgument when n < position() and the
-    // state has recurrent parts (reset() and re-evaluate, or restore a snapshot, instead).
+    // The smallest n that truncate(n) accepts: 0 without recurrent parts; with them, the position before the
+    // first of the latest run of evaluations that kept their states (EvalRequest::keep_states), or position()
+    // when there is none.
+    virtual int32_t rewind_floor() const = 0;
+    // Recurrent states kept at most (EvalRequest::keep_states).
+    static constexpr int32_t kKeptStates = 64;
+    // Keeps the first n tokens (rewind_floor() <= n <= position()); the recurrent state goes back to the one
+    // kept after token n. Throws kOutOfRange for n outside [0, position()] and kInvalidArgument for
+    // n < rewind_floor() (reset() and re-evaluate, or restore a snapshot, instead).
     virtual void truncate(int32_t n) = 0;
 
     // The LoRA adapters every later evaluation applies, each with its scale (empty: the base model). What

@@ -25,11 +25,11 @@ std::atomic<uint64_t> g_state_serial{1};
 // Recorded-step keys: (serial << kStepKeyBits) | flags. A step's op sequence depends on the state's
 // buffers (the serial) and on these choices only; each distinct combination gets its own recording.
 constexpr int kKeyBits = kStepKeyBits;
-constexpr uint64_t kKeyStep = 1;      // always set: a key is never 0
-constexpr uint64_t kKeyLmHead = 2;    // the LM head runs inside the step
-constexpr uint64_t kKeyOutput = 4;    // the final norm of the output row runs inside the step
-constexpr uint64_t kKeyArgmax = 8;    // the greedy arg-max of the logits runs inside the step
-constexpr uint64_t kKeyRow1 = 16;     // the step's logits go to row 1 of logits_ (greedy_ahead())
+constexpr uint64_t kKeyStep = 1;    // always set: a key is never 0
+constexpr uint64_t kKeyLmHead = 2;  // the LM head runs inside the step
+constexpr uint64_t kKeyOutput = 4;  // the final norm of the output row runs inside the step
+constexpr uint64_t kKeyArgmax = 8;  // the greedy arg-max of the logits runs inside the step
+constexpr uint64_t kKeyRow1 = 16;   // the step's logits go to row 1 of logits_ (greedy_ahead())
 
 Tensor first_rows(const Tensor& t, int64_t n) { return t ? t.row_slice(0, n) : t; }
 
@@ -61,6 +61,22 @@ class SequenceState final : public ModelState {
                 cache_[il].conv_prev = be_.alloc(GgmlType::kF32, {sp.conv_channels, sp.conv_rows});
             }
         }
+        if (has_recurrent_state()) {
+            // Kept states (EvalRequest::keep_states): a step whose conv layers run as one segment with a
+            // snapshot after each token, into rows of kept_[il].conv.
+            kept_rows_ = std::min<int32_t>(kKeptStates, n_batch_);
+            kept_ = cache_;
+            conv_rows_.resize(cache_.size());
+            for (size_t il = 0; il < cache_.size(); ++il) {
+                const LayerStateSpec& sp = arch_.state[il];
+                if (sp.conv_channels == 0) continue;
+                const int64_t w = sp.conv_channels * sp.conv_rows;
+                kept_[il].conv = be_.alloc(GgmlType::kF32, {w, kept_rows_});
+                conv_rows_[il] = cache_[il].conv.reshaped(w, 1);
+            }
+            segs_t_ = be_.alloc(GgmlType::kI32, {5, 1});
+            snaps_t_ = be_.alloc(GgmlType::kI32, {2, kept_rows_});
+        }
         const int64_t nb = n_batch_, n_embd = info.n_embd;
         ids_ = be_.alloc(GgmlType::kI32, {nb});
         pos_t_ = be_.alloc(GgmlType::kI32, {nb});
@@ -79,6 +95,10 @@ class SequenceState final : public ModelState {
             be_.free(c.conv);
             be_.free(c.conv_prev);
         }
+        for (LayerCache& c : kept_)
+            if (c.conv) be_.free(c.conv);
+        be_.free(segs_t_);
+        be_.free(snaps_t_);
         act_.free(be_);
         for (Tensor* t : {&ids_, &pos_t_, &hidden_, &logits_, &next_id_, &top_out_, &top_gather_}) be_.free(*t);
     }
@@ -92,7 +112,10 @@ class SequenceState final : public ModelState {
         switch (rq.head) {
             case HeadOutput::kLogits:
                 settle();
-                run(rq.tokens, rq.logits, rq.all_logits, rq.hidden, /*greedy=*/false);
+                if (rq.keep_states && kept_rows_ > 0)
+                    run_keeping(rq);
+                else
+                    run(rq.tokens, rq.logits, rq.all_logits, rq.hidden, /*greedy=*/false);
                 break;
             case HeadOutput::kGreedy:
                 if (rq.tokens.empty()) throw_error(ErrorCode::kInvalidArgument, "eval: a greedy head needs tokens");
@@ -122,11 +145,10 @@ class SequenceState final : public ModelState {
         settle();
         position_ = 0;
         logits_held_ = false;
+        kept_base_ = -1;
         for (LayerCache& c : cache_)
             if (c.conv) be_.zero(c.conv);
     }
-
-
 
     size_t state_size() const override {
         size_t n = sizeof(SavedHeader);
@@ -182,6 +204,7 @@ class SequenceState final : public ModelState {
             throw_error(ErrorCode::kInvalidFile, "saved state: %zu bytes, expected %zu", bytes.size(), state_size());
         }
         logits_held_ = false;
+        kept_base_ = -1;
         size_t off = sizeof hd;
         for (const LayerCache& c : cache_) {
             if (c.k) {
@@ -202,6 +225,7 @@ class SequenceState final : public ModelState {
         settle();
         shift_kv_cache(be_, arch_.state, cache_, position_, n_keep, n_discard);
         position_ -= n_discard;
+        kept_base_ = -1;
     }
 
     bool has_recurrent_state() const override {
@@ -215,11 +239,28 @@ class SequenceState final : public ModelState {
         settle();
         if (n < 0 || n > position_)
             throw_error(ErrorCode::kOutOfRange, "truncate to %d tokens: the state holds %d", n, position_);
-        if (n < position_ && has_recurrent_state())
-            throw_error(ErrorCode::kInvalidArgument, "truncate to %d of %d tokens: the conv state cannot be rewound", n,
-                        position_);
+        if (n < rewind_floor())
+            throw_error(ErrorCode::kInvalidArgument,
+                        "truncate to %d of %d tokens: the conv state cannot be rewound past %d", n, position_,
+                        rewind_floor());
+        if (n < position_ && has_recurrent_state()) {
+            // The state after token n: the one before the kept run, or the snapshot after its token n.
+            for (size_t il = 0; il < cache_.size(); ++il) {
+                if (!cache_[il].conv) continue;
+                if (n == kept_base_)
+                    be_.copy(cache_[il].conv, cache_[il].conv_prev);
+                else
+                    be_.copy(conv_rows_[il], kept_[il].conv.row_slice(n - kept_base_ - 1, 1));
+            }
+            kept_count_ = n - kept_base_;
+        }
         position_ = n;
         logits_held_ = false;
+    }
+
+    int32_t rewind_floor() const override {
+        if (!has_recurrent_state()) return 0;
+        return kept_base_ >= 0 ? kept_base_ : position_;
     }
 
     void set_lora(const LoraSet& set) override {
@@ -231,6 +272,33 @@ class SequenceState final : public ModelState {
     }
 
  private:
+    // HeadOutput::kLogits with keep_states on a state with conv layers, with the exec mutex held: one step
+    // whose conv layers keep the state after each token in kept_[il].conv rows kept_count_ on.
+    void run_keeping(const EvalRequest& rq) {
+        const int64_t n = int64_t(rq.tokens.size());
+        if (n == 0) return;
+        if (n > kept_rows_)
+            throw_error(ErrorCode::kInvalidArgument, "eval: %lld tokens keeping their states, at most %d", (long long)n,
+                        kept_rows_);
+        if (kept_base_ < 0 || kept_base_ + kept_count_ != position_ || kept_count_ + n > kept_rows_) {
+            // A new run of kept states starts here; conv_prev holds the state before it.
+            for (const LayerCache& c : cache_)
+                if (c.conv) be_.copy(c.conv_prev, c.conv);
+            kept_base_ = position_;
+            kept_count_ = 0;
+        }
+        std::vector<int32_t>& host = kept_host_;
+        host.assign({0, int32_t(n), 0, 0, int32_t(n)});
+        be_.write(segs_t_, host.data(), 5 * sizeof(int32_t));
+        host.clear();
+        for (int32_t i = 0; i < int32_t(n); ++i) host.insert(host.end(), {i + 1, kept_count_ + i});
+        be_.write(snaps_t_, host.data(), host.size() * sizeof(int32_t));
+        const int32_t base = kept_base_, count = kept_count_;
+        run(rq.tokens, rq.logits, rq.all_logits, rq.hidden, /*greedy=*/false, 0, false, /*keeping=*/n);
+        kept_base_ = base;
+        kept_count_ = count + int32_t(n);
+    }
+
     // HeadOutput::kGreedy, with the exec mutex held.
     int32_t greedy(std::span<const int32_t> tokens) {
         settle();
@@ -332,9 +400,10 @@ class SequenceState final : public ModelState {
     // next_id_ and is fed back into ids_ / pos_t_ (Backend::argmax_feed), all inside the step. fed: one
     // token that is already on the device (run_fed()).
     void run(std::span<const int32_t> tokens, float* logits_out, bool all_logits, float* hidden_out, bool greedy,
-             int row = 0, bool fed = false) {
+             int row = 0, bool fed = false, int64_t keeping = 0) {
         const int64_t n = int64_t(tokens.size());
         if (n == 0) return;
+        kept_base_ = -1;  // any evaluation but run_keeping()'s (which sets it again) ends a run of kept states
         CERA_CHECK(row == 0 || (n == 1 && greedy), "logits row %d: greedy single-token steps only", row);
         if (position_ + n > n_ctx_)
             throw_error(ErrorCode::kOutOfRange, "%" PRId64 " tokens at position %d exceed the context of %d tokens", n,
@@ -368,9 +437,15 @@ class SequenceState final : public ModelState {
             s.out_begin = r0;
             s.out_count = nr;
             bind_lora(s, nt, nr);
+            if (keeping > 0) {  // one chunk: run_keeping() caps n at n_batch
+                s.conv_segs = segs_t_;
+                s.conv_snaps = snaps_t_.row_slice(0, keeping);
+                s.conv_states = conv_rows_;
+                s.cache = std::span<LayerCache>(kept_);
+            }
             // Single-token steps are the same op sequence every time: a backend may record and replay them.
             // Steps with adapters run eagerly: their segments are host descriptors chosen per step.
-            const bool graphable = nt == 1 && lora_.empty();
+            const bool graphable = nt == 1 && lora_.empty() && keeping == 0;
             const bool argmax_in_step = greedy && nr > 0;  // greedy: nr == 1 on the last chunk only
             const uint64_t key = (serial_ << kKeyBits) | kKeyStep | (lm_in_step ? kKeyLmHead : 0) |
                                  (nr > 0 ? kKeyOutput : 0) | (argmax_in_step ? kKeyArgmax : 0) | (row ? kKeyRow1 : 0);
@@ -382,8 +457,8 @@ class SequenceState final : public ModelState {
                     be_.rms_norm(s.x.row_slice(s.out_begin, nr), arch_.head.output_norm, arch_.head.norm_eps,
                                  hidden_.row_slice(0, nr));
                 if (lm_in_step) lm_head(0, nr, row);
-                if (argmax_in_step) be_.argmax_feed(logits_.row_slice(row, 1), next_id_, ids_.row_slice(0, 1).reshaped(1),
-                                                    s.pos);
+                if (argmax_in_step)
+                    be_.argmax_feed(logits_.row_slice(row, 1), next_id_, ids_.row_slice(0, 1).reshaped(1), s.pos);
                 if (graphable) be_.step_end();
             }
             if (nr > 0) {
@@ -443,24 +518,32 @@ class SequenceState final : public ModelState {
     int n_batch_ = 0;
     int32_t position_ = 0;
     uint64_t serial_ = 0;
-    std::vector<LayerCache> cache_;    // [n_layer]
-    Tensor ids_, pos_t_;               // i32 [n_batch]
-    Tensor top_out_, top_gather_;      // top(): i32 [1 + 2 m + n_gather], i32 [n_gather]
+    std::vector<LayerCache> cache_;  // [n_layer]
+    Tensor ids_, pos_t_;             // i32 [n_batch]
+    Tensor top_out_, top_gather_;    // top(): i32 [1 + 2 m + n_gather], i32 [n_gather]
     std::vector<int32_t> top_host_;
-    StepBuffers act_;                  // the activations of n_batch tokens
-    Tensor hidden_;                    // f32 [n_batch, n_embd] after the final norm
-    Tensor logits_;                    // f32 [kLogitRows, n_vocab]
-    Tensor next_id_;                   // i32 [1]: the greedy head's arg-max
-    bool logits_held_ = false;         // logits_ row held_row_ holds the last token's logits of a greedy or top-k head
-    int held_row_ = 0;                 // 0, or 1 after steps of greedy_ahead()
-    mutable bool fed_ = false;         // ids_[0] / pos_t_[0] hold the last greedy step's pick and the next position
+    StepBuffers act_;           // the activations of n_batch tokens
+    Tensor hidden_;             // f32 [n_batch, n_embd] after the final norm
+    Tensor logits_;             // f32 [kLogitRows, n_vocab]
+    Tensor next_id_;            // i32 [1]: the greedy head's arg-max
+    bool logits_held_ = false;  // logits_ row held_row_ holds the last token's logits of a greedy or top-k head
+    int held_row_ = 0;          // 0, or 1 after steps of greedy_ahead()
+    mutable bool fed_ = false;  // ids_[0] / pos_t_[0] hold the last greedy step's pick and the next position
     // greedy_ahead(): a step queued on the device that evaluates pending_token_, logits in pending_row_;
     // it stands when the next call evaluates that token; any other call first undoes it (settle()).
     mutable bool pending_ = false;
     int32_t pending_token_ = -1;
     int pending_row_ = 0;
-    std::vector<int32_t> pos_host_;    // [n_batch]
-    LoraSet lora_;                     // the adapters applied (set_lora)
+    std::vector<int32_t> pos_host_;  // [n_batch]
+    // Kept states (EvalRequest::keep_states), on states with conv layers: kept_ is cache_ with each conv
+    // layer's `conv` replaced by f32 [kept_rows_, (L - 1) * n_embd] snapshots; row i holds the state after
+    // position kept_base_ + i + 1, for i < kept_count_; conv_prev holds the one at kept_base_ (-1: none).
+    int32_t kept_rows_ = 0, kept_base_ = -1, kept_count_ = 0;
+    std::vector<LayerCache> kept_;
+    std::vector<Tensor> conv_rows_;  // [n_layer]: cache_[il].conv seen as f32 [1, (L - 1) * n_embd]
+    Tensor segs_t_, snaps_t_;        // i32 [1, 5], [kept_rows_, 2]: Backend::short_conv_segments's descriptors
+    std::vector<int32_t> kept_host_;
+    LoraSet lora_;  // the adapters applied (set_lora)
     std::vector<LoraRows> lora_rows_, lora_out_;
     std::vector<LoraSegment> lora_segs_;
 };
@@ -493,9 +576,18 @@ void StepBuffers::free(Backend& be) {
 }
 
 void StepBuffers::view(Step& s, int64_t n) const {
-    for (auto [to, from] : {std::pair{&s.x, &x}, {&s.h, &h}, {&s.y, &y}, {&s.q, &q}, {&s.k, &k}, {&s.v, &v},
-                            {&s.attn, &attn}, {&s.wide0, &wide0}, {&s.wide1, &wide1}, {&s.router, &router},
-                            {&s.moe_ids, &moe_ids}, {&s.moe_w, &moe_w}})
+    for (auto [to, from] : {std::pair{&s.x, &x},
+                            {&s.h, &h},
+                            {&s.y, &y},
+                            {&s.q, &q},
+                            {&s.k, &k},
+                            {&s.v, &v},
+                            {&s.attn, &attn},
+                            {&s.wide0, &wide0},
+                            {&s.wide1, &wide1},
+                            {&s.router, &router},
+                            {&s.moe_ids, &moe_ids},
+                            {&s.moe_w, &moe_w}})
         *to = first_rows(*from, n);
 }
 

@@ -355,6 +355,7 @@ class BatcherImpl final : public Batcher {
             r.result.prefill_seconds = seconds(r.t_admit, now);
         } else {
             ++r.result.decode_steps;
+            ++r.result.decode_tokens;
         }
         const int32_t t = sample(r, e, out, i);
         if (r.matcher && !r.matcher->accept_token(t)) return leave(r, FinishReason::kStop);  // nothing can continue

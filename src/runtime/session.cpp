@@ -5,26 +5,33 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <utility>
 #include <cinttypes>
+#include <utility>
 
 #include "chat/grammar/grammar_impl.h"
 #include "core/check.h"
 #include "runtime/decode_strategy.h"
 #include "runtime/engine_impl.h"
 #include "runtime/session_stop.h"
+#include "runtime/speculative.h"
 #include "runtime/state_io.h"
 
 namespace cera {
 
 const char* finish_reason_name(FinishReason reason) {
     switch (reason) {
-        case FinishReason::kNone: return "none";
-        case FinishReason::kEos: return "eos";
-        case FinishReason::kStop: return "stop";
-        case FinishReason::kLength: return "length";
-        case FinishReason::kContextFull: return "context";
-        case FinishReason::kCancelled: return "cancelled";
+        case FinishReason::kNone:
+            return "none";
+        case FinishReason::kEos:
+            return "eos";
+        case FinishReason::kStop:
+            return "stop";
+        case FinishReason::kLength:
+            return "length";
+        case FinishReason::kContextFull:
+            return "context";
+        case FinishReason::kCancelled:
+            return "cancelled";
     }
     return "?";
 }
@@ -38,9 +45,9 @@ struct Session::Impl {
     std::shared_ptr<Engine> engine;
     Engine::Impl* eng = nullptr;
     std::unique_ptr<ModelState> state;
-    std::vector<int32_t> tokens;  // the whole sequence; [0, state->position()) is evaluated
-    std::vector<float> logits;    // [n_vocab] after the last evaluated token
-    bool has_logits = false;      // `logits` holds them
+    std::vector<int32_t> tokens;    // the whole sequence; [0, state->position()) is evaluated
+    std::vector<float> logits;      // [n_vocab] after the last evaluated token
+    bool has_logits = false;        // `logits` holds them
     bool logits_on_device = false;  // !has_logits, but a device decode step left them in the model state
                                     // (ModelState::read_last_logits); ensure_logits() fetches them
     std::atomic<bool> cancel{false};
@@ -49,6 +56,7 @@ struct Session::Impl {
                                // it never goes into the prefix cache
     uint64_t lora_key = 0;     // lora_set_key() of the adapters the state was evaluated under
     bool lora_default = true;  // they are the engine's defaults (the prefix cache holds states of those only)
+    DraftSlot draft;           // speculative decoding's draft model sequence (SpeculativeOptions::draft)
 
     // Selects GenerateOptions::adapter's set; a different set than the state's evaluates again.
     void use_lora(const std::string& name) {
@@ -95,8 +103,8 @@ struct Session::Impl {
         const size_t total = tokens.size() + n_new;
         if (total > size_t(state->n_ctx()))
             throw_error(ErrorCode::kOutOfRange,
-                        "the input (%zu tokens) does not fit in the context: %zu of %d tokens are in use",
-                        n_new, tokens.size(), state->n_ctx());
+                        "the input (%zu tokens) does not fit in the context: %zu of %d tokens are in use", n_new,
+                        tokens.size(), state->n_ctx());
     }
 
     // Evaluates the queued tokens in chunks of n_batch, checking cancel between chunks.
@@ -128,8 +136,7 @@ struct Session::Impl {
             state->eval({.tokens = {tokens.data() + begin, n}, .logits = logits.data()});
             logits_on_host();
             const size_t end = begin + n;
-            if (!pc || shifted)
-                continue;
+            if (!pc || shifted) continue;
             if (end == tokens.size())
                 pending_store = end;  // saved once the first token is out (time to first token)
             else if (end % size_t(n_batch) == 0 && !pc->contains(std::span<const int32_t>(tokens.data(), end)))
@@ -164,7 +171,7 @@ struct Session::Impl {
         if (!s.logits.empty() && s.logits.size() != logits.size())
             throw_error(ErrorCode::kInvalidFile, "saved state: %zu logits, the model has %zu", s.logits.size(),
                         logits.size());
-        state->restore_state(s.model_state);  // checks everything before it writes
+        state->restore_state(s.model_state);                                  // checks everything before it writes
         if (const int32_t held = state->position(); held != s.n_evaluated) {  // consistent checksums, bad content
             state->reset();
             tokens.clear();
@@ -284,6 +291,27 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
     const int32_t n_ctx = im.state->n_ctx();
     const std::unique_ptr<DecodeStrategy> decoder = choose_decode_strategy(
         options, sampler, *im.state, im.logits, im.eng->model->backend().asynchronous(), matcher.get());
+    // Speculative decoding: each step yields several tokens, handed out one per turn of the loop below (each
+    // already in the sampler's window). The state runs ahead of the sequence while some are left.
+    std::unique_ptr<Speculator> spec;
+    if (options.speculative.enabled() && !matcher && options.logprobs < 0)
+        spec = std::make_unique<Speculator>(options.speculative, *im.engine, *im.state, sampler, im.draft,
+                                            std::max<int32_t>(1, im.eng->options.n_batch));
+    std::vector<int32_t> queued_picks;
+    size_t next_pick = 0;
+    // A speculative step, drafting at most what max_tokens and the context leave room for (the step adds
+    // one token beyond its draft). False when there was no draft: a plain step runs instead.
+    auto speculate = [&] {
+        const int64_t left = options.max_tokens >= 0 ? int64_t(options.max_tokens) - r.generated_tokens : INT32_MAX;
+        const int64_t room = int64_t(n_ctx) - int64_t(im.tokens.size());
+        queued_picks.clear();
+        next_pick = 0;
+        if (!spec->step(im.tokens, int32_t(std::min(left, room) - 1), queued_picks)) return false;
+        im.drop_logits();
+        ++r.decode_steps;
+        r.decode_tokens += int32_t(queued_picks.size());
+        return true;
+    };
     for (;;) {
         if (options.max_tokens >= 0 && r.generated_tokens >= options.max_tokens) {
             r.finish = FinishReason::kLength;
@@ -294,7 +322,8 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
             break;
         }
         if (im.tokens.size() >= size_t(n_ctx)) {  // no room for another token
-            if (options.n_keep >= 0 && size_t(im.n_evaluated()) + 1 == im.tokens.size() && im.shift(options.n_keep) > 0) {
+            if (options.n_keep >= 0 && size_t(im.n_evaluated()) + 1 == im.tokens.size() &&
+                im.shift(options.n_keep) > 0) {
                 ++r.context_shifts;
             } else {
                 r.finish = FinishReason::kContextFull;
@@ -302,7 +331,15 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
             }
         }
         int32_t t = -1;
-        if (size_t(im.n_evaluated()) < im.tokens.size()) {  // the last sampled token goes in first
+        bool in_window = false;  // the speculative step put t in the sampler's window already
+        if (next_pick < queued_picks.size()) {
+            t = queued_picks[next_pick++];
+            in_window = true;
+        } else if (spec && size_t(im.n_evaluated()) < im.tokens.size() && speculate()) {
+            t = queued_picks[next_pick++];
+            in_window = true;
+        } else if (size_t(im.n_evaluated()) < im.tokens.size()) {  // the last sampled token goes in first
+            if (spec) spec->forget();
             const bool final_pick = options.max_tokens >= 0 && r.generated_tokens + 1 >= options.max_tokens;
             const DecodePick pick = decoder->step(im.tokens.back(), final_pick);
             t = pick.token;
@@ -311,6 +348,7 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
             else
                 im.logits_left_on_device();
             ++r.decode_steps;
+            ++r.decode_tokens;
         } else {
             // has_logits: checked above, or set by prefill
             t = sampler.sample(im.logits.data(), matcher ? matcher->mask() : nullptr);
@@ -324,7 +362,7 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
             lp.top.resize(size_t(std::min(options.logprobs, n_vocab)));
             lp.token = {t, sampler.log_probs(im.logits.data(), t, int32_t(lp.top.size()), lp.top.data())};
         }
-        sampler.accept(t);
+        if (!in_window) sampler.accept(t);
         ++r.generated_tokens;
         sink.on_token(t);
         if (options.logprobs >= 0) {
@@ -356,6 +394,16 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
         }
         emit(out);
     }
+    if (spec) {
+        // A finish before the speculative step's last token: the state goes back to the sequence, and the
+        // logits after its last token come from that step's verification.
+        if (size_t(im.n_evaluated()) > im.tokens.size()) im.state->truncate(int32_t(im.tokens.size()));
+        if (size_t(im.n_evaluated()) == im.tokens.size() && !im.has_logits && !im.logits_on_device &&
+            spec->logits_after(im.n_evaluated(), im.logits.data()))
+            im.logits_on_host();
+        r.drafted_tokens = spec->drafted();
+        r.accepted_tokens = spec->accepted();
+    }
     r.decode_seconds = seconds_since(t_decode);
     im.flush_store();  // when no token was sampled
     sink.on_done(r);
@@ -378,8 +426,8 @@ void Session::truncate(int32_t n) {
     if (n < 0 || size_t(n) > im.tokens.size())
         throw_error(ErrorCode::kOutOfRange, "truncate to %d tokens: the session holds %zu", n, im.tokens.size());
     if (n < im.n_evaluated()) {
-        if (im.state->has_recurrent_state()) {
-            im.state->reset();  // the conv state cannot be rewound: the kept tokens are queued again
+        if (n < im.state->rewind_floor()) {
+            im.state->reset();  // the conv state cannot be rewound that far: the kept tokens are queued again
             im.shifted = false;
         } else {
             im.state->truncate(n);

@@ -1,0 +1,332 @@
+// Speculative decoding (SpeculativeOptions): greedy output equal to plain greedy output for every fixture
+// model, by prompt lookup and with a draft model; the conv states of LFM2 rolled back to any position a
+// verification passed (ModelState::truncate after EvalRequest::keep_states) giving the logits of a fresh
+// evaluation; a session that stops inside a speculative step continuing as a plain one would; and sampled
+// speculation drawing the second token from the model's exact marginal distribution (chi-square).
+#include "runtime/speculative.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cera/engine.h"
+#include "cera/error.h"
+#include "cera/session.h"
+#include "models/model.h"
+#include "runtime/engine_impl.h"
+#include "test_util.h"
+
+namespace {
+
+using cera::test::data_path;
+
+std::shared_ptr<cera::Engine> load(const std::string& model) {
+    return cera::Engine::load(data_path("fixtures/" + model + "/model.gguf"),
+                              {.device = "cpu", .threads = 2, .n_ctx = 512});
+}
+
+std::string prompt_text(const std::string& model, int i) {
+    return nlohmann::json::parse(cera::test::read_text(
+        data_path("fixtures/" + model + "/ref/prompt_" + std::to_string(i) + ".json")))["text"]
+        .get<std::string>();
+}
+
+struct Generated {
+    std::vector<int32_t> tokens;
+    cera::GenerationResult result;
+};
+
+class Collect : public cera::Sink {
+ public:
+    std::vector<int32_t> tokens;
+    void on_text(std::string_view) override {}
+    void on_token(int32_t t) override { tokens.push_back(t); }
+};
+
+Generated generate(const std::shared_ptr<cera::Engine>& engine, const std::string& prompt, int n,
+                   const cera::SpeculativeOptions& spec, float temperature = 0.0f, uint64_t seed = 0) {
+    cera::Session s(engine);
+    s.append_text(prompt);
+    cera::GenerateOptions g;
+    g.max_tokens = n;
+    g.ignore_eos = true;
+    g.sampling.temperature = temperature;
+    g.sampling.seed = seed;
+    g.speculative = spec;
+    Collect sink;
+    Generated r;
+    r.result = s.generate(g, sink);
+    r.tokens = sink.tokens;
+    return r;
+}
+
+const std::vector<std::string> kModels = {"tiny-lfm2",         "tiny-qwen3",        "tiny-lfm2moe",
+                                          "tiny-llama-random", "tiny-qwen2-random", "tiny-granite-random"};
+
+class SpeculativeGreedy : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SpeculativeGreedy, EqualsPlainGreedyByLookupAndWithADraftModel) {
+    const std::string model = GetParam();
+    auto engine = load(model);
+    // A story told twice: the second telling gives prompt lookup something to find.
+    const std::string story = prompt_text(model, 2);
+    const std::string prompt = story + "\n" + story.substr(0, story.size() / 2);
+    const Generated plain = generate(engine, prompt, 64, {});
+    ASSERT_EQ(plain.tokens.size(), 64u);
+
+    const Generated lookup = generate(engine, prompt, 64, {.lookup_ngram = 3, .draft_max = 8});
+    EXPECT_EQ(lookup.tokens, plain.tokens) << model << ": prompt lookup";
+    EXPECT_GT(lookup.result.drafted_tokens, 0);
+    EXPECT_GT(lookup.result.accepted_tokens, 0);
+    EXPECT_EQ(lookup.result.decode_tokens, 63);  // every token after the prefill's
+    EXPECT_LT(lookup.result.decode_steps, 63);
+
+    // tiny-qwen3 drafts for the others, tiny-lfm2 (short-conv layers) for tiny-qwen3.
+    auto draft = load(model == "tiny-qwen3" ? "tiny-lfm2" : "tiny-qwen3");
+    const Generated drafted = generate(engine, prompt, 64, {.draft = draft, .draft_max = 6});
+    EXPECT_EQ(drafted.tokens, plain.tokens) << model << ": draft model";
+    EXPECT_GT(drafted.result.drafted_tokens, drafted.result.accepted_tokens);  // some rejected: rollbacks ran
+    EXPECT_EQ(drafted.result.decode_tokens, 63);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, SpeculativeGreedy, ::testing::ValuesIn(kModels));
+
+// Keeping the conv states through a verification-sized evaluation, truncating back to each position, and
+// evaluating on from there gives the logits a state that never went past that position gives.
+TEST(SpeculativeRollback, TruncateAfterKeptStatesMatchesAFreshEvaluation) {
+    auto engine = load("tiny-lfm2");
+    const cera::Model& model = *engine->impl().model;
+    const std::vector<int32_t> prompt = engine->tokenize(prompt_text("tiny-lfm2", 2), true);
+    const std::vector<int32_t> head(prompt.begin(), prompt.begin() + 40);
+    const std::vector<int32_t> rest(prompt.begin() + 40, prompt.begin() + 52);  // 12 tokens "verified"
+    const std::vector<int32_t> other = {11, 500, 77, 1200};                     // a different continuation
+    const size_t n_vocab = size_t(engine->info().n_vocab);
+    for (int32_t keep = 0; keep <= int32_t(rest.size()); keep += 3) {
+        auto st = model.create_state(256);
+        ASSERT_TRUE(st->has_recurrent_state());
+        st->eval({.tokens = head});
+        EXPECT_EQ(st->rewind_floor(), 40);
+        st->eval({.tokens = rest, .keep_states = true});
+        EXPECT_EQ(st->rewind_floor(), 40);
+        st->truncate(40 + keep);
+        std::vector<float> got(n_vocab * other.size()), want(n_vocab * other.size());
+        st->eval({.tokens = other, .all_logits = true, .logits = got.data()});
+
+        std::vector<int32_t> seq = head;
+        seq.insert(seq.end(), rest.begin(), rest.begin() + keep);
+        auto fresh = model.create_state(256);
+        fresh->eval({.tokens = seq});
+        fresh->eval({.tokens = other, .all_logits = true, .logits = want.data()});
+        float worst = 0;
+        for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
+        EXPECT_LT(worst, 1e-4f) << "kept " << keep;
+    }
+    // Runs of kept states add up across evaluations, and anything else ends them.
+    auto st = model.create_state(256);
+    st->eval({.tokens = head});
+    st->eval({.tokens = std::span(rest).first(4), .keep_states = true});
+    st->eval({.tokens = std::span(rest).subspan(4, 4), .keep_states = true});
+    EXPECT_EQ(st->rewind_floor(), 40);
+    st->truncate(42);
+    st->eval({.tokens = std::span(rest).subspan(2, 1)});
+    EXPECT_EQ(st->rewind_floor(), 43);
+    try {
+        st->truncate(41);
+        ADD_FAILURE() << "truncate below the floor";
+    } catch (const cera::Error& e) {
+        EXPECT_EQ(e.code(), cera::ErrorCode::kInvalidArgument);
+    }
+}
+
+// A generation that ends inside a speculative step (max_tokens) leaves the session as a plain one: the
+// same logits, and a second generate() continuing identically.
+TEST(SpeculativeRollback, StoppingInsideAStepLeavesThePlainState) {
+    auto engine = load("tiny-lfm2");
+    auto draft = load("tiny-llama-random");  // random weights: nearly every draft is rejected
+    const std::string prompt = prompt_text("tiny-lfm2", 0);
+    for (int n : {5, 9, 17}) {
+        cera::Session a(engine), b(engine);
+        a.append_text(prompt);
+        b.append_text(prompt);
+        cera::GenerateOptions g;
+        g.max_tokens = n;
+        g.ignore_eos = true;
+        g.sampling.temperature = 0;
+        cera::NullSink sink;
+        const auto ra = a.generate(g, sink);
+        g.speculative = {.lookup_ngram = 2, .draft = draft, .draft_max = 7};
+        const auto rb = b.generate(g, sink);
+        EXPECT_EQ(ra.text, rb.text);
+        EXPECT_EQ(a.tokens(), b.tokens());
+        const auto la = a.logits();
+        const std::vector<float> lav(la.begin(), la.end());
+        const auto lb = b.logits();
+        float worst = 0;
+        for (size_t i = 0; i < lav.size(); ++i) worst = std::max(worst, std::abs(lav[i] - lb[i]));
+        EXPECT_LT(worst, 1e-4f) << n;
+        g.max_tokens = 20;
+        const auto ra2 = a.generate(g, sink);
+        const auto rb2 = b.generate(g, sink);
+        EXPECT_EQ(ra2.text, rb2.text) << n;
+    }
+}
+
+// Context shifts keep working under speculation: a small context filled several times over gives the
+// plain greedy tokens (the draft model's sequence follows the target's through the shifts).
+TEST(SpeculativeRollback, ContextShiftsGiveThePlainTokens) {
+    auto engine = load("tiny-lfm2");
+    auto draft = load("tiny-qwen3");
+    const std::string prompt = prompt_text("tiny-lfm2", 0);
+    std::vector<int32_t> want;
+    for (const bool spec : {false, true}) {
+        cera::Session s(engine, 48);
+        s.append_text(prompt);
+        cera::GenerateOptions g;
+        g.max_tokens = 120;
+        g.ignore_eos = true;
+        g.sampling.temperature = 0;
+        g.n_keep = 4;
+        if (spec) g.speculative = {.lookup_ngram = 3, .draft = draft, .draft_max = 5};
+        Collect sink;
+        const auto r = s.generate(g, sink);
+        EXPECT_GT(r.context_shifts, 1);
+        if (!spec)
+            want = sink.tokens;
+        else {
+            EXPECT_EQ(sink.tokens, want);
+            EXPECT_GT(r.drafted_tokens, 0);
+        }
+    }
+}
+
+// Softmax over the k best logits of a row (the sampler with top_k = k, temperature 1, top-p and min-p
+// off), as an id -> p map.
+std::map<int32_t, double> top_k_softmax(std::span<const float> row, int k) {
+    std::vector<int32_t> ids(row.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
+                      [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+    double sum = 0;
+    std::map<int32_t, double> p;
+    for (int i = 0; i < k; ++i) sum += std::exp(double(row[ids[i]]) - double(row[ids[0]]));
+    for (int i = 0; i < k; ++i) p[ids[i]] = std::exp(double(row[ids[i]]) - double(row[ids[0]])) / sum;
+    return p;
+}
+
+// Pearson's chi-square of counts against probabilities, categories with an expected count under 5 pooled;
+// returns the statistic and the degrees of freedom.
+std::pair<double, int> chi_square(const std::map<int32_t, int>& counts, const std::map<int32_t, double>& p, int n) {
+    double stat = 0, pooled_e = 0, pooled_o = 0;
+    int cats = 0;
+    for (const auto& [id, pr] : p) {
+        const double e = pr * n;
+        const double o = counts.count(id) ? counts.at(id) : 0;
+        if (e < 5) {
+            pooled_e += e, pooled_o += o;
+            continue;
+        }
+        stat += (o - e) * (o - e) / e;
+        ++cats;
+    }
+    int outside = 0;  // samples of ids the distribution gives no mass
+    for (const auto& [id, c] : counts)
+        if (!p.count(id)) outside += c;
+    EXPECT_EQ(outside, 0);
+    if (pooled_e > 0) {
+        stat += (pooled_o - pooled_e) * (pooled_o - pooled_e) / pooled_e;
+        ++cats;
+    }
+    return {stat, cats - 1};
+}
+
+// The chi-square critical value at significance 0.001 (Wilson-Hilferty).
+double chi_square_critical(int df) {
+    const double z = 3.090, a = 2.0 / (9.0 * df);
+    return df * std::pow(1 - a + z * std::sqrt(a), 3);
+}
+
+TEST(SpeculativeSampling, TheSecondTokenFollowsTheModelsMarginal) {
+    auto engine = load("tiny-lfm2");
+    auto draft = load("tiny-qwen3");
+    // The story repeats itself: prompt lookup finds a draft after most first tokens.
+    const std::string prompt = "Tom had a big red ball. He liked to play with it. Tom had a big red";
+    constexpr int kTop = 6;
+    // The exact marginal of the second sampled token: sum over the first of p(t1) p(t2 | t1).
+    cera::Session s(engine);
+    s.append_text(prompt);
+    const auto row0 = s.logits();
+    const auto p1 = top_k_softmax(std::vector<float>(row0.begin(), row0.end()), kTop);
+    std::map<int32_t, double> p2;
+    for (const auto& [t1, pr1] : p1) {
+        cera::Session b(engine);
+        b.append_text(prompt);
+        b.append_tokens(std::vector<int32_t>{t1});
+        const auto row = b.logits();
+        for (const auto& [t2, pr2] : top_k_softmax(std::vector<float>(row.begin(), row.end()), kTop))
+            p2[t2] += pr1 * pr2;
+    }
+    for (const bool with_draft : {true, false}) {
+        constexpr int kRuns = 500;
+        std::map<int32_t, int> counts;
+        int drafted = 0, accepted = 0;
+        for (int seed = 1; seed <= kRuns; ++seed) {
+            cera::Session g(engine);
+            g.append_text(prompt);
+            cera::GenerateOptions o;
+            o.max_tokens = 3;
+            o.ignore_eos = true;
+            o.sampling = {.temperature = 1.0f, .top_k = kTop, .top_p = 1.0f, .min_p = 0.0f, .seed = uint64_t(seed)};
+            // A prompt lookup draft is a point mass; the draft model's is a full distribution.
+            o.speculative = with_draft ? cera::SpeculativeOptions{.draft = draft, .draft_max = 4}
+                                       : cera::SpeculativeOptions{.lookup_ngram = 3, .draft_max = 4};
+            Collect sink;
+            const auto r = g.generate(o, sink);
+            ASSERT_EQ(sink.tokens.size(), 3u);
+            ++counts[sink.tokens[1]];
+            drafted += r.drafted_tokens, accepted += r.accepted_tokens;
+        }
+        EXPECT_GT(drafted, kRuns / 10) << with_draft;
+        EXPECT_GT(accepted, 0) << with_draft;
+        EXPECT_LT(accepted, drafted) << with_draft;
+        const auto [stat, df] = chi_square(counts, p2, kRuns);
+        ASSERT_GE(df, 3);
+        EXPECT_LT(stat, chi_square_critical(df)) << (with_draft ? "draft model" : "prompt lookup") << ": chi2 " << stat
+                                                 << " with " << df << " degrees of freedom";
+    }
+}
+
+TEST(SpeculativeOptions, BadOptionsAndForeignDraftsAreNamed) {
+    auto engine = load("tiny-lfm2");
+    auto vl = load("tiny-lfm2vl-random");  // 4 more tokens in its vocabulary
+    auto expect_invalid = [&](const cera::SpeculativeOptions& so, const std::string& word) {
+        try {
+            generate(engine, "Once upon a time", 4, so);
+            ADD_FAILURE() << "no error for " << word;
+        } catch (const cera::Error& e) {
+            EXPECT_EQ(e.code(), cera::ErrorCode::kInvalidArgument);
+            EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
+        }
+    };
+    expect_invalid({.draft = vl}, "vocabulary");
+    expect_invalid({.lookup_ngram = 2, .draft_max = 0}, "draft max");
+    expect_invalid({.lookup_ngram = 2, .draft_max = 64}, "draft max");
+    expect_invalid({.lookup_ngram = 2, .draft_max = 4, .draft_min = 5}, "draft min");
+    expect_invalid({.lookup_ngram = -1}, "n-gram");
+}
+
+TEST(SpeculativeLookup, DraftsWhatFollowedTheLatestLongestMatch) {
+    const std::vector<int32_t> t = {1, 2, 3, 9, 1, 2, 3, 4, 5, 7, 2, 3};
+    EXPECT_EQ(cera::lookup_draft(t, 3, 3), (std::vector<int32_t>{4, 5, 7}));  // "2 3" latest at 5
+    EXPECT_EQ(cera::lookup_draft(t, 3, 1), (std::vector<int32_t>{4}));
+    const std::vector<int32_t> u = {5, 6, 7, 8};
+    EXPECT_TRUE(cera::lookup_draft(u, 3, 4).empty());
+    const std::vector<int32_t> v = {1, 2, 1, 3, 1};
+    EXPECT_EQ(cera::lookup_draft(v, 2, 4), (std::vector<int32_t>{3, 1}));  // "1" latest at 2
+}
+
+}  // namespace
