@@ -42,6 +42,10 @@ Matcher::Matcher(std::shared_ptr<PositionCache> cache, const MatcherOptions& opt
     levels_.resize(257);
     level_utf8_.resize(257);
     level_pop_.resize(257);
+    if (!options_.trigger.empty()) {
+        free_mask_.assign(words_, ~uint64_t(0));
+        if (trie_->n_vocab() % 64) free_mask_.back() = (uint64_t(1) << (trie_->n_vocab() % 64)) - 1;
+    }
     init_nodes();
 }
 
@@ -59,6 +63,8 @@ void Matcher::init_nodes() {
 void Matcher::reset() {
     cur_ = initial_;
     cur_utf8_ = {};
+    waiting_ = !options_.trigger.empty();
+    seen_.clear();
 }
 
 uint32_t Matcher::intern(uint32_t pos, uint32_t parent) {
@@ -192,6 +198,20 @@ size_t Matcher::accept_bytes(std::string_view bytes) {
 bool Matcher::accept_token(int32_t id) {
     CERA_CHECK(trie_ != nullptr, "accept_token on a matcher without a vocabulary");
     if (id < 0 || id >= trie_->n_vocab()) return false;
+    if (waiting_) {
+        if (trie_->is_eog(id)) return true;
+        seen_ += trie_->piece(id);
+        const size_t at = seen_.find(options_.trigger);
+        if (at == std::string::npos) {  // keep only what could still be the trigger's start
+            const size_t keep = options_.trigger.size() - 1;
+            if (seen_.size() > keep) seen_.erase(0, seen_.size() - keep);
+            return true;
+        }
+        waiting_ = false;
+        const std::string tail = seen_.substr(at);
+        seen_.clear();
+        return accept_bytes(tail) == tail.size();  // false: the token's text after the trigger cannot match
+    }
     if (trie_->is_eog(id)) {
         if (!can_end()) return false;
         cur_ = {kAccept};
@@ -212,8 +232,8 @@ bool Matcher::accept_token(int32_t id) {
     return true;
 }
 
-bool Matcher::can_end() const { return cur_utf8_.rem == 0 && !cur_.empty() && cur_[0] == kAccept; }
-bool Matcher::is_complete() const { return can_end() && !has_real(cur_); }
+bool Matcher::can_end() const { return waiting_ || (cur_utf8_.rem == 0 && !cur_.empty() && cur_[0] == kAccept); }
+bool Matcher::is_complete() const { return !waiting_ && can_end() && !has_real(cur_); }
 
 // Walks the trie from `start` (stack tops over the cut-off bottom, or over the real one) and sorts
 // the tokens into the entry.
@@ -314,6 +334,7 @@ void Matcher::compute_mask(uint64_t* bits) {
 
 const uint64_t* Matcher::mask() {
     CERA_CHECK(trie_ != nullptr, "mask() on a matcher without a vocabulary");
+    if (waiting_) return free_mask_.data();
     const uint64_t h = hash_state(cur_, cur_utf8_.val, cur_utf8_.rem);
     auto range = mask_cache_.equal_range(h);
     for (auto it = range.first; it != range.second; ++it)

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -76,6 +77,10 @@ class PositionCache {
 
 struct MatcherOptions {
     size_t mask_cache_bytes = size_t(32) << 20;  // masks kept per matcher (cleared when full)
+    // A lazy grammar: until the generated text contains `trigger`, every token is allowed and the
+    // text may end anywhere; from the trigger's first byte on, the text must match the grammar (which
+    // therefore starts with the trigger). Empty: the grammar applies from the first byte.
+    std::string trigger;
 };
 
 class Matcher {
@@ -95,9 +100,10 @@ class Matcher {
     // that no stack accepts; the state then stays after the matched part).
     size_t accept_bytes(std::string_view bytes);
 
-    bool can_end() const;      // the text so far is a whole match
+    bool can_end() const;      // the text so far is a whole match (or a lazy grammar is still waiting)
     bool is_complete() const;  // a whole match, and nothing may follow
-    bool is_dead() const { return cur_.empty(); }
+    bool is_dead() const { return !waiting_ && cur_.empty(); }
+    bool is_waiting() const { return waiting_; }  // a lazy grammar that has not seen its trigger yet
     void reset();
     size_t n_words() const { return words_; }
 
@@ -153,6 +159,10 @@ class Matcher {
     std::vector<uint64_t> slots_;  // cached masks, [max_slots][words_]
     size_t max_slots_ = 0, used_slots_ = 0;
     std::unordered_multimap<uint64_t, CacheEntry> mask_cache_;
+
+    bool waiting_ = false;             // lazy: the trigger has not appeared yet
+    std::string seen_;                 // lazy: the text's tail that may hold the start of the trigger
+    std::vector<uint64_t> free_mask_;  // lazy: every token
 };
 
 }  // namespace cera::grammar
