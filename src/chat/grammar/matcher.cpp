@@ -45,6 +45,9 @@ Matcher::Matcher(std::shared_ptr<PositionCache> cache, const MatcherOptions& opt
     if (!options_.trigger.empty()) {
         free_mask_.assign(words_, ~uint64_t(0));
         if (trie_->n_vocab() % 64) free_mask_.back() = (uint64_t(1) << (trie_->n_vocab() % 64)) - 1;
+        for (int32_t id = 0; id < trie_->n_vocab(); ++id)
+            if (!trie_->is_excluded(id) && trie_->piece(id).find(options_.trigger) != std::string::npos)
+                trigger_tokens_.push_back(id);
     }
     init_nodes();
 }
@@ -199,7 +202,7 @@ bool Matcher::accept_token(int32_t id) {
     CERA_CHECK(trie_ != nullptr, "accept_token on a matcher without a vocabulary");
     if (id < 0 || id >= trie_->n_vocab()) return false;
     if (waiting_) {
-        if (trie_->is_eog(id)) return true;
+        if (trie_->is_eog(id) || trie_->is_excluded(id)) return true;
         seen_ += trie_->piece(id);
         const size_t at = seen_.find(options_.trigger);
         if (at == std::string::npos) {  // keep only what could still be the trigger's start
@@ -332,9 +335,57 @@ void Matcher::compute_mask(uint64_t* bits) {
         for (int32_t t : trie_->eog_tokens()) bits[size_t(t) >> 6] |= 1ull << (t & 63);
 }
 
+// Whether the grammar accepts text as a prefix from its start (the state of a waiting lazy matcher).
+bool Matcher::viable_from_start(std::string_view text) {
+    tmp_b_ = initial_;
+    Utf8 u;
+    for (char c : text) {
+        Utf8 nu;
+        if (!step(tmp_b_, u, uint8_t(c), tmp_a_, nu)) return false;
+        tmp_b_.swap(tmp_a_);
+        u = nu;
+    }
+    return true;
+}
+
+// Before the trigger every token is allowed, except one that completes the trigger with bytes after it
+// that the grammar does not accept: the tokens that hold the whole trigger, and those that finish a
+// trigger begun at the end of the text so far (found in the trie under the trigger's rest).
+const uint64_t* Matcher::waiting_mask() {
+    const std::string& trig = options_.trigger;
+    std::vector<int32_t> candidates = trigger_tokens_;
+    const auto& nodes = trie_->nodes();
+    const auto& order = trie_->order();
+    for (size_t k = std::min(seen_.size(), trig.size() - 1); k > 0; --k) {
+        if (seen_.compare(seen_.size() - k, k, trig, 0, k) != 0) continue;
+        uint32_t node = 0;  // follow the trigger's rest down the trie
+        for (size_t b = k; b < trig.size() && node != UINT32_MAX; ++b) {
+            uint32_t c = node + 1, found = UINT32_MAX;
+            for (; c < nodes[node].end; c = nodes[c].end)
+                if (nodes[c].byte == uint8_t(trig[b])) {
+                    found = c;
+                    break;
+                }
+            node = found;
+        }
+        if (node != UINT32_MAX)
+            candidates.insert(candidates.end(), order.begin() + nodes[node].tok_begin,
+                              order.begin() + nodes[node].tok_end);
+    }
+    if (candidates.empty()) return free_mask_.data();
+    lazy_mask_ = free_mask_;
+    for (int32_t t : candidates) {
+        const std::string text = seen_ + trie_->piece(t);
+        const size_t at = text.find(trig);
+        if (at != std::string::npos && !viable_from_start(std::string_view(text).substr(at)))
+            lazy_mask_[size_t(t) >> 6] &= ~(uint64_t(1) << (t & 63));
+    }
+    return lazy_mask_.data();
+}
+
 const uint64_t* Matcher::mask() {
     CERA_CHECK(trie_ != nullptr, "mask() on a matcher without a vocabulary");
-    if (waiting_) return free_mask_.data();
+    if (waiting_) return waiting_mask();
     const uint64_t h = hash_state(cur_, cur_utf8_.val, cur_utf8_.rem);
     auto range = mask_cache_.equal_range(h);
     for (auto it = range.first; it != range.second; ++it)

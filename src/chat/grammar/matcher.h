@@ -160,9 +160,13 @@ class Matcher {
     size_t max_slots_ = 0, used_slots_ = 0;
     std::unordered_multimap<uint64_t, CacheEntry> mask_cache_;
 
-    bool waiting_ = false;             // lazy: the trigger has not appeared yet
-    std::string seen_;                 // lazy: the text's tail that may hold the start of the trigger
-    std::vector<uint64_t> free_mask_;  // lazy: every token
+    bool waiting_ = false;                 // lazy: the trigger has not appeared yet
+    std::string seen_;                     // lazy: the text's tail that may hold the start of the trigger
+    std::vector<uint64_t> free_mask_;      // lazy: every token
+    std::vector<uint64_t> lazy_mask_;      // lazy: every token but those that start the grammar wrongly
+    std::vector<int32_t> trigger_tokens_;  // lazy: tokens whose bytes hold the whole trigger
+    const uint64_t* waiting_mask();
+    bool viable_from_start(std::string_view text);
 };
 
 }  // namespace cera::grammar
