@@ -150,8 +150,11 @@ std::vector<CallView> scan(std::string_view s, ToolCallFormat f) {
                 } else {
                     const size_t open = s.find('(', i);
                     if (open == std::string_view::npos) return calls;
-                    c.named = true;
                     c.name = std::string(trim(s.substr(i, open - i)));
+                    for (char ch : c.name)  // a Python name (the parser's), or no call
+                        if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_' && ch != '.' && ch != '-')
+                            return calls;
+                    c.named = !c.name.empty();
                     arguments(s, open, ')', true, c);
                     const Members m = members(s, open + 1, ')', true);
                     i = m.end;

@@ -16,7 +16,7 @@ namespace cera {
 
 struct ToolCallDelta {
     size_t index = 0;
-    std::string id, name;   // set in a call's first delta only
+    std::string id, name;   // set in a call's first delta only (id is never empty there)
     std::string arguments;  // the next fragment of the arguments (may be empty in the first delta)
 };
 

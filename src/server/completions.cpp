@@ -165,7 +165,7 @@ json tool_call_deltas(const std::vector<ToolCallDelta>& calls) {
     json a = json::array();
     for (const ToolCallDelta& c : calls) {
         json d = {{"index", c.index}};
-        if (!c.name.empty()) {
+        if (!c.id.empty()) {
             d["id"] = c.id;
             d["type"] = "function";
             d["function"] = {{"name", c.name}, {"arguments", c.arguments}};

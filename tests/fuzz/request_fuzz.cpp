@@ -28,7 +28,8 @@ void check(const cera::CompletionRequest& r, const cera::RequestLimits& limits) 
     for (const auto& [id, bias] : g.sampling.logit_bias)
         if (id < 0 || id >= limits.n_vocab || !(bias >= -100.0f && bias <= 100.0f)) fail("logit_bias out of range");
     if (r.chat && r.messages.empty()) fail("chat without messages");
-    if (!r.tools.empty() && (!g.grammar || r.tool_choice.choice == cera::ToolChoice::kNone)) fail("tools without a grammar");
+    if (!r.tools.empty() && (!g.grammar || r.tool_choice.choice == cera::ToolChoice::kNone))
+        fail("tools without a grammar");
     for (int32_t id : r.prompt.ids)
         if (id < 0 || id >= limits.n_vocab) fail("prompt id outside the vocabulary");
 }
@@ -48,7 +49,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         std::vector<std::string> args;
         auto take = [&](const cera::ToolStreamDelta& d) {
             for (const cera::ToolCallDelta& c : d.calls) {
-                if (!c.name.empty()) args.emplace_back();
+                if (!c.id.empty()) args.emplace_back();
                 if (c.index >= args.size()) fail("tool-call arguments before the call");
                 args[c.index] += c.arguments;
             }

@@ -21,7 +21,7 @@ Streamed run(const std::string& text, ToolCallFormat f, size_t piece) {
     auto take = [&](const ToolStreamDelta& d) {
         out.content += d.content;
         for (const ToolCallDelta& c : d.calls) {
-            if (!c.name.empty()) {
+            if (!c.id.empty()) {
                 EXPECT_EQ(c.index, out.calls.size()) << "a call is announced once, in order";
                 out.calls.push_back({c.id, c.name, ""});
                 out.fragments.push_back(0);
