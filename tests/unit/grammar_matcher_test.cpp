@@ -147,7 +147,21 @@ namespace {
 // one that completes the trigger with bytes the grammar rejects; from the trigger on, the grammar's
 // masks. Random walks check each mask against that reference.
 TEST(GrammarMatcher, LazyGrammarMasksEqualTheReference) {
-    const auto trie = small_vocab();
+    // The small vocabulary and tokens that hold the whole trigger, followed well or badly.
+    const auto small = small_vocab();
+    std::vector<std::string> pieces;
+    std::vector<bool> eog, control;
+    for (int32_t id = 0; id < small->n_vocab(); ++id) {
+        pieces.push_back(small->piece(id));
+        eog.push_back(small->is_eog(id));
+        control.push_back(small->is_excluded(id));
+    }
+    for (const char* extra : {"x{\"1", "{\"ab", "a{\"b\":", "{\"\":"}) {
+        pieces.push_back(extra);
+        eog.push_back(false);
+        control.push_back(false);
+    }
+    const auto trie = std::make_shared<const TokenTrie>(pieces, eog, control);
     auto g = Grammar::lazy(R"(root ::= "{\"" [ab]+ "\":" " "? ( "1" | "true" ) "}")", "{\"");
     std::mt19937_64 rng(5);
     auto m = make_matcher(*g, trie);

@@ -45,9 +45,7 @@ Matcher::Matcher(std::shared_ptr<PositionCache> cache, const MatcherOptions& opt
     if (!options_.trigger.empty()) {
         free_mask_.assign(words_, ~uint64_t(0));
         if (trie_->n_vocab() % 64) free_mask_.back() = (uint64_t(1) << (trie_->n_vocab() % 64)) - 1;
-        for (int32_t id = 0; id < trie_->n_vocab(); ++id)
-            if (!trie_->is_excluded(id) && trie_->piece(id).find(options_.trigger) != std::string::npos)
-                trigger_tokens_.push_back(id);
+        trigger_tokens_ = cache_->trigger_tokens(options_.trigger);
     }
     init_nodes();
 }
@@ -349,38 +347,46 @@ bool Matcher::viable_from_start(std::string_view text) {
 }
 
 // Before the trigger every token is allowed, except one that completes the trigger with bytes after it
-// that the grammar does not accept: the tokens that hold the whole trigger, and those that finish a
-// trigger begun at the end of the text so far (found in the trie under the trigger's rest).
+// that the grammar does not accept: the tokens that hold the whole trigger (the same for every text
+// that ends in no part of the trigger: base_mask_, made once), and those that finish a trigger begun
+// at the end of the text so far (found in the trie under the trigger's rest).
 const uint64_t* Matcher::waiting_mask() {
     const std::string& trig = options_.trigger;
-    std::vector<int32_t> candidates = trigger_tokens_;
+    auto clear_if_bad = [&](std::vector<uint64_t>& mask, const std::string& before, int32_t t) {
+        const std::string text = before + trie_->piece(t);
+        const size_t at = text.find(trig);
+        if (at != std::string::npos && !viable_from_start(std::string_view(text).substr(at)))
+            mask[size_t(t) >> 6] &= ~(uint64_t(1) << (t & 63));
+    };
+    if (base_mask_.empty()) {
+        base_mask_ = free_mask_;
+        for (int32_t t : *trigger_tokens_) clear_if_bad(base_mask_, "", t);
+    }
     const auto& nodes = trie_->nodes();
     const auto& order = trie_->order();
+    bool partial = false;
     for (size_t k = std::min(seen_.size(), trig.size() - 1); k > 0; --k) {
         if (seen_.compare(seen_.size() - k, k, trig, 0, k) != 0) continue;
         uint32_t node = 0;  // follow the trigger's rest down the trie
         for (size_t b = k; b < trig.size() && node != UINT32_MAX; ++b) {
-            uint32_t c = node + 1, found = UINT32_MAX;
-            for (; c < nodes[node].end; c = nodes[c].end)
+            uint32_t found = UINT32_MAX;
+            for (uint32_t c = node + 1; c < nodes[node].end; c = nodes[c].end)
                 if (nodes[c].byte == uint8_t(trig[b])) {
                     found = c;
                     break;
                 }
             node = found;
         }
-        if (node != UINT32_MAX)
-            candidates.insert(candidates.end(), order.begin() + nodes[node].tok_begin,
-                              order.begin() + nodes[node].tok_end);
+        if (node == UINT32_MAX) continue;
+        if (!partial) {
+            lazy_mask_ = free_mask_;
+            for (int32_t t : *trigger_tokens_) clear_if_bad(lazy_mask_, seen_, t);
+            partial = true;
+        }
+        for (uint32_t i = nodes[node].tok_begin; i < nodes[node].tok_end; ++i)
+            clear_if_bad(lazy_mask_, seen_, order[i]);
     }
-    if (candidates.empty()) return free_mask_.data();
-    lazy_mask_ = free_mask_;
-    for (int32_t t : candidates) {
-        const std::string text = seen_ + trie_->piece(t);
-        const size_t at = text.find(trig);
-        if (at != std::string::npos && !viable_from_start(std::string_view(text).substr(at)))
-            lazy_mask_[size_t(t) >> 6] &= ~(uint64_t(1) << (t & 63));
-    }
-    return lazy_mask_.data();
+    return partial ? lazy_mask_.data() : base_mask_.data();
 }
 
 const uint64_t* Matcher::mask() {

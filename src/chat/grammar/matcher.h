@@ -60,6 +60,18 @@ class PositionCache {
         std::lock_guard<std::mutex> lk(mu_);
         return entries_.size();
     }
+    // The tokens whose bytes hold the whole of a lazy grammar's trigger (computed on first use).
+    std::shared_ptr<const std::vector<int32_t>> trigger_tokens(const std::string& trigger) const {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (!trigger_tokens_ || trigger_ != trigger) {
+            auto t = std::make_shared<std::vector<int32_t>>();
+            for (int32_t id = 0; id < trie_->n_vocab(); ++id)
+                if (!trie_->is_excluded(id) && trie_->piece(id).find(trigger) != std::string::npos) t->push_back(id);
+            trigger_ = trigger;
+            trigger_tokens_ = std::move(t);
+        }
+        return trigger_tokens_;
+    }
 
  private:
     struct KeyHash {
@@ -73,6 +85,8 @@ class PositionCache {
     std::shared_ptr<const TokenTrie> trie_;
     mutable std::mutex mu_;
     std::unordered_map<std::vector<uint32_t>, std::shared_ptr<const Entry>, KeyHash> entries_;
+    mutable std::string trigger_;
+    mutable std::shared_ptr<const std::vector<int32_t>> trigger_tokens_;
 };
 
 struct MatcherOptions {
@@ -160,11 +174,12 @@ class Matcher {
     size_t max_slots_ = 0, used_slots_ = 0;
     std::unordered_multimap<uint64_t, CacheEntry> mask_cache_;
 
-    bool waiting_ = false;                 // lazy: the trigger has not appeared yet
-    std::string seen_;                     // lazy: the text's tail that may hold the start of the trigger
-    std::vector<uint64_t> free_mask_;      // lazy: every token
-    std::vector<uint64_t> lazy_mask_;      // lazy: every token but those that start the grammar wrongly
-    std::vector<int32_t> trigger_tokens_;  // lazy: tokens whose bytes hold the whole trigger
+    bool waiting_ = false;             // lazy: the trigger has not appeared yet
+    std::string seen_;                 // lazy: the text's tail that may hold the start of the trigger
+    std::vector<uint64_t> free_mask_;  // lazy: every token
+    std::vector<uint64_t> base_mask_;  // lazy: every token but those holding the trigger wrongly followed
+    std::vector<uint64_t> lazy_mask_;  // lazy: base_mask_'s rule after a text ending in part of the trigger
+    std::shared_ptr<const std::vector<int32_t>> trigger_tokens_;  // lazy: tokens holding the whole trigger
     const uint64_t* waiting_mask();
     bool viable_from_start(std::string_view text);
 };
