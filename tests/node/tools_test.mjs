@@ -153,6 +153,44 @@ for (const model of ["lfm2", "hermes"]) {
     assert.ok(checked >= seeds.length, `${checked} replies checked`);
   });
 
+  test(`${model}: tool_choice auto gives text, or text and valid calls, never call markup as content`, async (t) => {
+    const client = clients[model];
+    if (!client) return t.skip("the Qwen2 fixture is not unpacked");
+    for (const seed of seeds) {
+      const body = { model: "tiny", messages, tools, temperature: 1, seed, max_tokens: 60, parallel_tool_calls: false };
+      const r = await client.chat.completions.create(body);
+      const msg = r.choices[0].message;
+      if (msg.tool_calls) checkCalls(msg, r.choices[0].finish_reason);
+      else assert.doesNotMatch(msg.content, /<\|tool_call_start\|>|<tool_call>/, "a started call ends valid");
+      const s = await streamed(client, body);
+      assert.equal(s.content, msg.content ?? "");
+      assert.equal(s.calls.length, msg.tool_calls?.length ?? 0);
+    }
+  });
+
+  test(`${model}: several choices stream their calls apart`, async (t) => {
+    const client = clients[model];
+    if (!client) return t.skip("the Qwen2 fixture is not unpacked");
+    const body = {
+      model: "tiny", messages, tools, tool_choice: "required", parallel_tool_calls: false, n: 3, temperature: 1,
+      seed: 11, max_tokens: 400,
+    };
+    const r = await client.chat.completions.create(body);
+    const calls = [[], [], []];
+    for await (const chunk of await client.chat.completions.create({ ...body, stream: true })) {
+      for (const c of chunk.choices) {
+        for (const d of c.delta.tool_calls ?? []) {
+          if (d.id) calls[c.index].push({ name: d.function.name, arguments: "" });
+          if (d.function?.arguments) calls[c.index][d.index].arguments += d.function.arguments;
+        }
+      }
+    }
+    for (const c of r.choices) {
+      checkCalls(c.message, c.finish_reason);
+      assert.deepEqual(calls[c.index], c.message.tool_calls.map((x) => ({ name: x.function.name, arguments: x.function.arguments })));
+    }
+  });
+
   test(`${model}: tool_choice none gives plain content`, async (t) => {
     const client = clients[model];
     if (!client) return t.skip("the Qwen2 fixture is not unpacked");
