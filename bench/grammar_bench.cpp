@@ -19,6 +19,7 @@
 #include "cera/grammar.h"
 #include "cera/session.h"
 #include "chat/grammar/grammar_impl.h"
+#include "chat/tool_grammar.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -106,6 +107,32 @@ int bench_mask(const std::string& vocab, int rounds) {
         const double cold_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
         for (int k = 0; k < 3; ++k) run(g, steady);
         std::printf("round %d (cold pass %.0f ms for %zu tokens)\n", r + 1, cold_ms, cold.us.size());
+        cold.print("  cold (first use of the grammar)");
+        steady.print("  steady (new matchers)");
+    }
+    // Tool calls with tool_choice "auto" (Hermes format, the schema as the tool's parameters): a lazy
+    // grammar over a sentence of free text, then the call. Setup: a new matcher's construction.
+    const std::vector<cera::ToolDef> tools = {{"record", kSchema}};
+    std::vector<std::vector<int32_t>> calls;
+    for (const auto& d : kDocs)
+        calls.push_back(
+            tok->encode("Let me save that record for you, with every field filled in.\n<tool_call>\n"
+                        "{\"name\": \"record\", \"arguments\": " +
+                            d + "}\n</tool_call>",
+                        false, false));
+    docs = calls;
+    for (int r = 0; r < rounds; ++r) {
+        auto g = cera::tool_call_grammar(cera::ToolCallFormat::kHermes, tools, {cera::ToolChoice::kAuto});
+        Stats setup, cold, steady;
+        for (int k = 0; k < 4; ++k) {
+            const auto a = Clock::now();
+            auto m = cera::make_matcher(*g, trie);
+            setup.us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count());
+        }
+        run(g, cold);
+        for (int k = 0; k < 3; ++k) run(g, steady);
+        std::printf("tool calls, lazy grammar, round %d\n", r + 1);
+        setup.print("  new matcher (first, then shared)");
         cold.print("  cold (first use of the grammar)");
         steady.print("  steady (new matchers)");
     }

@@ -30,13 +30,21 @@ class Grammar {
     static std::shared_ptr<const Grammar> from_json_schema(std::string_view schema_json);
     // JSON mode: any JSON object (any_value: any JSON value).
     static std::shared_ptr<const Grammar> json(bool any_value = false);
+    // A lazy grammar: generation is free until the text contains `trigger`; from the trigger's first
+    // byte on, the text must match the GBNF (which starts with the trigger). Tool calls with
+    // tool_choice "auto" use it: free text, then a call that parses. Throws as parse() does, and
+    // kInvalidArgument for an empty trigger.
+    static std::shared_ptr<const Grammar> lazy(std::string_view gbnf, std::string_view trigger);
     // The GBNF of a JSON Schema (what from_json_schema parses).
     static std::string json_schema_to_gbnf(std::string_view schema_json);
 
     // The grammar as GBNF text.
     const std::string& gbnf() const;
+    // A lazy grammar's trigger; empty for a grammar that applies from the first byte.
+    const std::string& trigger() const;
     // Matches a whole text: -1 when it is in the language; otherwise the byte offset where matching
-    // stops (text.size() when the text is a proper prefix of something in the language).
+    // stops (text.size() when the text is a proper prefix of something in the language). A lazy
+    // grammar matches the text from its trigger's first occurrence (a text without it is in).
     int64_t match(std::string_view text) const;
 
     struct Impl;

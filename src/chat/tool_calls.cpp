@@ -269,6 +269,9 @@ ParsedToolCalls parse_tool_calls(std::string_view text, ToolCallFormat format) {
             if (tag != std::string_view::npos) {
                 before = trim(t.substr(0, tag));
                 t = t.substr(tag + 14);
+            } else if (const size_t call = t.find("{\"name\""); call != std::string_view::npos) {
+                before = trim(t.substr(0, call));  // text, then a call (as a lazy grammar lets the model write)
+                t = t.substr(call);
             }
             const std::string body = trim(t);
             if (body.empty() || body[0] != '{') return {std::string(text), {}};

@@ -2,7 +2,8 @@
 //
 //   LFM2            <|tool_call_start|>[get_weather(city="Paris", days=3), ...]<|tool_call_end|>   (Python calls)
 //   Hermes / Qwen   <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>   (repeated)
-//   Llama 3.x       {"name": "get_weather", "parameters": {"city": "Paris"}}   (optionally after <|python_tag|>,
+//   Llama 3.x       {"name": "get_weather", "parameters": {"city": "Paris"}}   (optionally after <|python_tag|> or
+//   text,
 //                   several separated by ';')
 //   Granite         <|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}, ...]
 //

@@ -9,6 +9,7 @@
 #include <deque>
 
 #include "cera/error.h"
+#include "chat/tool_call_stream.h"
 #include "server/server_impl.h"
 
 namespace cera {
@@ -150,6 +151,32 @@ struct LogprobWriter {
     }
 };
 
+// A reply's tool calls in the API's shape.
+json tool_calls_json(const std::vector<ToolCall>& calls) {
+    json a = json::array();
+    for (const ToolCall& c : calls)
+        a.push_back(
+            {{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments_json}}}});
+    return a;
+}
+
+// A streamed chunk's delta.tool_calls: a call's first delta has its id, type and name.
+json tool_call_deltas(const std::vector<ToolCallDelta>& calls) {
+    json a = json::array();
+    for (const ToolCallDelta& c : calls) {
+        json d = {{"index", c.index}};
+        if (!c.id.empty()) {
+            d["id"] = c.id;
+            d["type"] = "function";
+            d["function"] = {{"name", c.name}, {"arguments", c.arguments}};
+        } else {
+            d["function"] = {{"arguments", c.arguments}};
+        }
+        a.push_back(std::move(d));
+    }
+    return a;
+}
+
 std::vector<SampledLogprobs> without_eog(const Engine& engine, const std::vector<SampledLogprobs>& lps) {
     std::vector<SampledLogprobs> out;
     for (const SampledLogprobs& lp : lps)
@@ -163,7 +190,7 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
     const CompletionRequest cr = parse_completion(req.body, chat, limits);
     std::vector<int32_t> prompt;
     if (chat)
-        prompt = chat_prompt(*engine, tmpl, cr.messages);
+        prompt = chat_prompt(*engine, tmpl, cr.messages, cr.tools_json);
     else if (cr.prompt.is_ids)
         prompt = cr.prompt.ids;
     else
@@ -184,6 +211,13 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
         throw;
     }
     const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(x.id);
+    // With tools, each choice's text is parsed into content and tool calls (ids call_<request>_<choice>_<i>).
+    const bool with_tools = chat && !cr.tools.empty();
+    const ToolCallFormat tool_format = limits.tool_format;
+    auto tool_stream = [id = x.id, tool_format](size_t choice) {
+        return std::make_shared<ToolCallStream>(tool_format,
+                                                "call_" + std::to_string(id) + "_" + std::to_string(choice) + "_");
+    };
     const int64_t created =
         std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     const LogprobWriter logprobs{*engine, chat};
@@ -234,7 +268,20 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
         for (size_t i = 0; i < results.size(); ++i) {
             const GenerationResult& g = results[i];
             json c = {{"index", i}, {"finish_reason", finish_name(g.finish)}, {"logprobs", nullptr}};
-            if (chat)
+            if (with_tools) {
+                // The same parse as a stream's, so that both give the same content and calls.
+                auto ts = tool_stream(i);
+                std::string content = ts->push(g.text).content;
+                content += ts->finish().content;
+                const auto& calls = ts->result().calls;
+                c["message"] = {{"role", "assistant"},
+                                {"content", calls.empty() || !content.empty() ? json(content) : json(nullptr)},
+                                {"refusal", nullptr}};
+                if (!calls.empty()) {
+                    c["message"]["tool_calls"] = tool_calls_json(calls);
+                    c["finish_reason"] = "tool_calls";
+                }
+            } else if (chat)
                 c["message"] = {{"role", "assistant"}, {"content", g.text}, {"refusal", nullptr}};
             else
                 c["text"] = g.text;
@@ -275,10 +322,13 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
         bool started = false;
         std::vector<GenerationResult> results;
         std::vector<bool> done;
-        std::vector<size_t> offsets;  // completions' text_offset of each choice's next token
+        std::vector<size_t> offsets;                         // completions' text_offset of each choice's next token
+        std::vector<std::shared_ptr<ToolCallStream>> tools;  // with tools: each choice's parse
         size_t n_done = 0;
     };
     auto p = std::make_shared<Progress>();
+    if (with_tools)
+        for (size_t i = 0; i < reqs.size(); ++i) p->tools.push_back(tool_stream(i));
     p->results.resize(reqs.size());
     p->done.assign(reqs.size(), false);
     p->offsets.assign(reqs.size(), 0);
@@ -304,15 +354,33 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
                 const json lp = want_logprobs && !e.logprobs.empty()
                                     ? logprobs(e.logprobs, &p->offsets[size_t(e.index)])
                                     : json(nullptr);
-                if ((!e.text.empty() || !lp.is_null()) &&
-                    !write(chunk(e.index, chat ? json{{"content", e.text}} : json(e.text), nullptr, lp)))
+                if (with_tools) {
+                    // Content and tool-call deltas as the parse finds them; the logprobs ride on the first chunk.
+                    ToolCallStream& ts = *p->tools[size_t(e.index)];
+                    ToolStreamDelta d = ts.push(e.text);
+                    if (e.done) {
+                        ToolStreamDelta rest = ts.finish();
+                        d.content += rest.content;
+                        d.calls.insert(d.calls.end(), rest.calls.begin(), rest.calls.end());
+                    }
+                    if ((!d.content.empty() || !lp.is_null()) &&
+                        !write(chunk(e.index, {{"content", d.content}}, nullptr, lp)))
+                        return false;
+                    if (!d.calls.empty() &&
+                        !write(chunk(e.index, {{"tool_calls", tool_call_deltas(d.calls)}}, nullptr, nullptr)))
+                        return false;
+                } else if ((!e.text.empty() || !lp.is_null()) &&
+                           !write(chunk(e.index, chat ? json{{"content", e.text}} : json(e.text), nullptr, lp))) {
                     return false;
+                }
                 if (e.done) {
                     p->results[size_t(e.index)] = e.result;
                     p->done[size_t(e.index)] = true;
                     ++p->n_done;
-                    if (!write(chunk(e.index, chat ? json::object() : json(""), finish_name(e.result.finish), nullptr)))
-                        return false;
+                    const json reason = with_tools && !p->tools[size_t(e.index)]->result().calls.empty()
+                                            ? json("tool_calls")
+                                            : json(finish_name(e.result.finish));
+                    if (!write(chunk(e.index, chat ? json::object() : json(""), reason, nullptr))) return false;
                 }
                 lk.lock();
             }

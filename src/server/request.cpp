@@ -95,10 +95,8 @@ std::vector<std::pair<int32_t, float>> logit_bias(const json& j, const RequestLi
 
 // The grammar a request constrains its output with: OpenAI's response_format (json_object, or
 // json_schema with its schema), or llama.cpp's server fields json_schema and grammar (GBNF); null for
-// none. tools and tool_choice are refused until tool calls come back parsed.
+// none.
 std::shared_ptr<const Grammar> output_grammar(const json& j) {
-    for (const char* key : {"tools", "tool_choice"})
-        if (field(j, key)) refuse(quoted(key) + " is not supported yet", key);
     int given = 0;
     for (const char* key : {"response_format", "json_schema", "grammar"}) given += field(j, key) ? 1 : 0;
     if (given > 1) refuse("give one of 'response_format', 'json_schema' and 'grammar'", "response_format");
@@ -122,15 +120,99 @@ std::shared_ptr<const Grammar> output_grammar(const json& j) {
     if (!rf) return nullptr;
     const json* type = rf->is_object() ? field(*rf, "type") : nullptr;
     if (!type || !type->is_string())
-        refuse("'response_format' must be an object with a 'type' (text, json_object or json_schema)", "response_format");
+        refuse("'response_format' must be an object with a 'type' (text, json_object or json_schema)",
+               "response_format");
     const std::string t = type->get<std::string>();
     if (t == "text") return nullptr;
     if (t == "json_object") return Grammar::json();
-    if (t != "json_schema") refuse("'response_format' type '" + t + "' is not text, json_object or json_schema", "response_format");
+    if (t != "json_schema")
+        refuse("'response_format' type '" + t + "' is not text, json_object or json_schema", "response_format");
     const json* js = field(*rf, "json_schema");
     const json* schema = js && js->is_object() ? field(*js, "schema") : nullptr;
-    if (!schema) refuse("'response_format' of type json_schema needs 'json_schema': {'schema': {...}}", "response_format");
+    if (!schema)
+        refuse("'response_format' of type json_schema needs 'json_schema': {'schema': {...}}", "response_format");
     return build("response_format", [&] { return Grammar::from_json_schema(schema->dump()); });
+}
+
+// tools, tool_choice and parallel_tool_calls (chat): the definitions checked, and the grammar that
+// makes the calls valid (none for tool_choice "none", where the tools are not shown to the model).
+void tools(const json& j, const RequestLimits& limits, CompletionRequest& r) {
+    const json* t = field(j, "tools");
+    const json* choice = field(j, "tool_choice");
+    if (!r.chat) {
+        for (const char* key : {"tools", "tool_choice", "parallel_tool_calls"})
+            if (field(j, key)) refuse(quoted(key) + " is for chat completions only", key);
+        return;
+    }
+    ToolGrammarOptions& o = r.tool_choice;
+    o.parallel = boolean(j, "parallel_tool_calls", true);
+    o.choice = t ? ToolChoice::kAuto : ToolChoice::kNone;
+    if (choice && choice->is_string()) {
+        const std::string c = choice->get<std::string>();
+        if (c == "none")
+            o.choice = ToolChoice::kNone;
+        else if (c == "auto")
+            o.choice = ToolChoice::kAuto;
+        else if (c == "required")
+            o.choice = ToolChoice::kRequired;
+        else
+            refuse(
+                "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": "
+                "{\"name\": ...}}",
+                "tool_choice");
+    } else if (choice) {
+        const json* fn = choice->is_object() ? field(*choice, "function") : nullptr;
+        const json* name = fn && fn->is_object() ? field(*fn, "name") : nullptr;
+        if (!name || !name->is_string() || (field(*choice, "type") && (*choice)["type"] != "function"))
+            refuse(
+                "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": "
+                "{\"name\": ...}}",
+                "tool_choice");
+        o.choice = ToolChoice::kNamed;
+        o.function = name->get<std::string>();
+    }
+    if (!t) {
+        if (o.choice != ToolChoice::kNone) refuse("'tool_choice' needs 'tools'", "tool_choice");
+        return;
+    }
+    if (!t->is_array() || t->empty()) refuse("'tools' must be a non-empty list of function definitions", "tools");
+    for (size_t i = 0; i < t->size(); ++i) {
+        const json& x = (*t)[i];
+        const std::string at = "'tools[" + std::to_string(i) + "]'";
+        if (!x.is_object()) refuse(at + " must be an object {\"type\": \"function\", \"function\": {...}}", "tools");
+        if (const json* type = field(x, "type"); type && *type != "function")
+            refuse(at + " has type " + type->dump() + "; only \"function\" tools are supported", "tools");
+        const json* fn = field(x, "function");
+        if (!fn || !fn->is_object()) refuse(at + " needs a 'function' object", "tools");
+        const json* name = field(*fn, "name");
+        if (!name || !name->is_string()) refuse(at + " needs a 'function.name' string", "tools");
+        ToolDef d{name->get<std::string>(), ""};
+        if (const json* params = field(*fn, "parameters")) {
+            if (!params->is_object()) refuse(at + " 'function.parameters' must be a JSON Schema object", "tools");
+            d.parameters_json = params->dump();
+        }
+        for (const ToolDef& other : r.tools)
+            if (other.name == d.name) refuse(at + " repeats the function name '" + d.name + "'", "tools");
+        r.tools.push_back(std::move(d));
+    }
+    // The grammar checks names and schemas even when tool_choice is "none": a bad tool is a bad request.
+    ToolGrammarOptions check = o;
+    if (check.choice == ToolChoice::kNone) check.choice = ToolChoice::kRequired;
+    std::shared_ptr<const Grammar> g;
+    try {
+        g = tool_call_grammar(limits.tool_format, r.tools, check);
+    } catch (const Error& e) {
+        const bool named = std::string(e.what()).rfind("tool_choice", 0) == 0;  // the named function is missing
+        refuse(named ? std::string(e.what()) : std::string("'tools': ") + e.what(), named ? "tool_choice" : "tools");
+    }
+    if (o.choice == ToolChoice::kNone) {
+        r.tools.clear();
+        return;
+    }
+    if (r.options.grammar)
+        refuse("give either 'tools' or one of 'response_format', 'json_schema' and 'grammar'", "tools");
+    r.options.grammar = g;
+    r.tools_json = t->dump();
 }
 
 // The sampling and stopping fields shared by both completion endpoints.
@@ -166,6 +248,7 @@ void generation(const json& j, const RequestLimits& limits, CompletionRequest& r
     }
     g.ignore_eos = boolean(j, "ignore_eos", false);  // as llama.cpp's server: load tools ask for exact lengths
     g.grammar = output_grammar(j);
+    tools(j, limits, r);
     r.n = int32_t(integer(j, "n", 1, 1, kMaxChoices));
     if (const json* u = field(j, "user")) {
         if (!u->is_string()) refuse("'user' must be a string", "user");
@@ -213,6 +296,29 @@ std::vector<ChatMessage> messages(const json& j) {
             refuse("a message's 'content' must be a string or a list of parts", "messages");
         }
         if (const json* id = field(x, "tool_call_id"); id && id->is_string()) c.tool_call_id = id->get<std::string>();
+        if (const json* calls = field(x, "tool_calls")) {
+            // An assistant's earlier calls, as OpenAI clients send them back.
+            if (!calls->is_array()) refuse("a message's 'tool_calls' must be a list", "messages");
+            for (const json& tc : *calls) {
+                const json* fn = tc.is_object() ? field(tc, "function") : nullptr;
+                const json* name = fn && fn->is_object() ? field(*fn, "name") : nullptr;
+                if (!name || !name->is_string())
+                    refuse("each of a message's 'tool_calls' needs 'function': {'name', 'arguments'}", "messages");
+                ToolCall call;
+                call.name = name->get<std::string>();
+                if (const json* id = field(tc, "id"); id && id->is_string()) call.id = id->get<std::string>();
+                const json* args = field(*fn, "arguments");
+                if (args && args->is_string())
+                    call.arguments_json = args->get<std::string>();
+                else if (args && args->is_object())
+                    call.arguments_json = args->dump();
+                else if (args)
+                    refuse("a tool call's 'function.arguments' must be a JSON string", "messages");
+                else
+                    call.arguments_json = "{}";
+                c.tool_calls.push_back(std::move(call));
+            }
+        }
         if (const json* name = field(x, "name"); name && name->is_string()) c.name = name->get<std::string>();
         out.push_back(std::move(c));
     }

@@ -12,6 +12,8 @@
 
 #include "cera/session.h"
 #include "chat/chat_template.h"
+#include "chat/tool_calls.h"
+#include "chat/tool_grammar.h"
 
 namespace cera {
 
@@ -33,6 +35,7 @@ struct RequestLimits {
     // Whether a name is a loaded LoRA adapter, which a request selects with "model" ("base": the base
     // model). Null: no adapters.
     std::function<bool(const std::string&)> is_adapter;
+    ToolCallFormat tool_format = ToolCallFormat::kHermes;  // how the model writes tool calls
 };
 
 // The most top_logprobs (chat) or logprobs (completions) alternatives a request may ask for.
@@ -58,6 +61,12 @@ struct CompletionRequest {
     bool stream = false;
     bool include_usage = false;  // stream_options.include_usage
     std::string user;            // accepted and logged, nothing else
+    // Chat tools: the definitions as the client sent them (a JSON array, for the template's `tools`;
+    // empty for none or tool_choice "none"), and how calls are constrained (options.grammar holds the
+    // grammar). The reply's text is parsed into tool calls when tools is non-empty.
+    std::string tools_json;
+    std::vector<ToolDef> tools;
+    ToolGrammarOptions tool_choice;
 };
 
 // /v1/embeddings.

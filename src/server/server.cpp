@@ -17,9 +17,10 @@
 namespace cera {
 
 std::vector<int32_t> chat_prompt(const Engine& engine, const ChatTemplate& tmpl,
-                                 const std::vector<ChatMessage>& messages) {
+                                 const std::vector<ChatMessage>& messages, const std::string& tools_json) {
     ChatTemplateOptions o;
     o.add_generation_prompt = true;
+    o.tools_json = tools_json;
     if (engine.bos_token() >= 0) o.bos_token = engine.token_text(engine.bos_token());
     if (engine.eos_token() >= 0) o.eos_token = engine.token_text(engine.eos_token());
     std::vector<int32_t> ids = engine.tokenize(tmpl.render(messages, o), false, true);
@@ -193,17 +194,18 @@ void Server::Impl::routes() {
     http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
         send_json(res, 200, {{"status", "ok"}});
     });
-    http.Get("/v1/models", guarded("models", [this](const httplib::Request&, httplib::Response& res, Exchange&) {
-                 json data = json::array({{{"id", o.alias}, {"object", "model"}, {"created", 0}, {"owned_by", "cera"}}});
-                 for (const AdapterInfo& a : engine->adapters())
-                     data.push_back({{"id", a.name},
-                                     {"object", "model"},
-                                     {"created", 0},
-                                     {"owned_by", "cera"},
-                                     {"parent", o.alias},
-                                     {"lora", {{"path", a.path}, {"scale", a.scale}, {"rank", a.rank}}}});
-                 send_json(res, 200, {{"object", "list"}, {"data", std::move(data)}});
-             }));
+    http.Get(
+        "/v1/models", guarded("models", [this](const httplib::Request&, httplib::Response& res, Exchange&) {
+            json data = json::array({{{"id", o.alias}, {"object", "model"}, {"created", 0}, {"owned_by", "cera"}}});
+            for (const AdapterInfo& a : engine->adapters())
+                data.push_back({{"id", a.name},
+                                {"object", "model"},
+                                {"created", 0},
+                                {"owned_by", "cera"},
+                                {"parent", o.alias},
+                                {"lora", {{"path", a.path}, {"scale", a.scale}, {"rank", a.rank}}}});
+            send_json(res, 200, {{"object", "list"}, {"data", std::move(data)}});
+        }));
     // LoRA adapters while serving: POST /lora {"name", "path", "scale"?} loads one, DELETE /lora/NAME
     // unloads it (requests already running with it finish with it). Behind the API key like every route.
     http.Post("/lora", guarded("lora", [this](const httplib::Request& req, httplib::Response& res, Exchange&) {
@@ -225,17 +227,19 @@ void Server::Impl::routes() {
                   } catch (const Error& e) {
                       refuse(e.what(), e.code() == ErrorCode::kInvalidArgument ? "name" : "path");
                   }
-                  send_json(res, 200, {{"id", name->get<std::string>()}, {"object", "model"}, {"parent", o.alias},
-                                       {"lora", {{"path", path->get<std::string>()}, {"scale", scale}}}});
+                  send_json(res, 200,
+                            {{"id", name->get<std::string>()},
+                             {"object", "model"},
+                             {"parent", o.alias},
+                             {"lora", {{"path", path->get<std::string>()}, {"scale", scale}}}});
               }));
-    http.Delete(R"(/lora/([^/]+))",
-                guarded("lora", [this](const httplib::Request& req, httplib::Response& res, Exchange&) {
-                    const std::string name = req.matches[1];
-                    if (!engine->unload_adapter(name))
-                        refuse("no LoRA adapter named '" + name + "'", "name", 404, "invalid_request_error",
-                               "model_not_found");
-                    send_json(res, 200, {{"id", name}, {"object", "model"}, {"deleted", true}});
-                }));
+    http.Delete(
+        R"(/lora/([^/]+))", guarded("lora", [this](const httplib::Request& req, httplib::Response& res, Exchange&) {
+            const std::string name = req.matches[1];
+            if (!engine->unload_adapter(name))
+                refuse("no LoRA adapter named '" + name + "'", "name", 404, "invalid_request_error", "model_not_found");
+            send_json(res, 200, {{"id", name}, {"object", "model"}, {"deleted", true}});
+        }));
     http.Get("/metrics", guarded("metrics", [this](const httplib::Request&, httplib::Response& res, Exchange&) {
                  res.status = 200;
                  res.set_content(metrics.render(batcher->stats()), "text/plain; version=0.0.4");
@@ -265,6 +269,7 @@ Server::Server(std::shared_ptr<Engine> engine, const ServeOptions& options) : im
     if (!source.empty()) im.tmpl = ChatTemplate(source);
     im.batcher = Batcher::create(im.engine, options.batch);
     im.limits = {im.o.alias, im.engine->info().n_vocab, im.batcher->n_ctx()};
+    im.limits.tool_format = tool_call_format_for(im.engine->info().architecture, im.tmpl.source());
     im.limits.is_adapter = [e = im.engine.get()](const std::string& name) {
         for (const AdapterInfo& a : e->adapters())
             if (a.name == name) return true;

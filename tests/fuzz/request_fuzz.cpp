@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "chat/tool_call_stream.h"
 #include "server/request.h"
 
 namespace {
@@ -27,6 +28,8 @@ void check(const cera::CompletionRequest& r, const cera::RequestLimits& limits) 
     for (const auto& [id, bias] : g.sampling.logit_bias)
         if (id < 0 || id >= limits.n_vocab || !(bias >= -100.0f && bias <= 100.0f)) fail("logit_bias out of range");
     if (r.chat && r.messages.empty()) fail("chat without messages");
+    if (!r.tools.empty() && (!g.grammar || r.tool_choice.choice == cera::ToolChoice::kNone))
+        fail("tools without a grammar");
     for (int32_t id : r.prompt.ids)
         if (id < 0 || id >= limits.n_vocab) fail("prompt id outside the vocabulary");
 }
@@ -37,6 +40,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (size == 0) return 0;
     const cera::RequestLimits limits{"tiny", 1000, 256};
     const std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
+    // The body as a model's output, through the tool-call parsers of every format, whole and streamed
+    // in pieces: calls or text, never a crash, and no argument fragment before its call's announcement.
+    for (cera::ToolCallFormat f : {cera::ToolCallFormat::kLfm2, cera::ToolCallFormat::kHermes,
+                                   cera::ToolCallFormat::kLlama3, cera::ToolCallFormat::kGranite}) {
+        const cera::ParsedToolCalls whole = cera::parse_tool_calls(body, f);
+        cera::ToolCallStream stream(f, "c");
+        std::vector<std::string> args;
+        auto take = [&](const cera::ToolStreamDelta& d) {
+            for (const cera::ToolCallDelta& c : d.calls) {
+                if (!c.id.empty()) args.emplace_back();
+                if (c.index >= args.size()) fail("tool-call arguments before the call");
+                args[c.index] += c.arguments;
+            }
+        };
+        const size_t piece = size_t(data[0] % 7) + 1;
+        for (size_t i = 0; i < body.size(); i += piece) take(stream.push(body.substr(i, piece)));
+        take(stream.finish());
+        if (stream.result().calls.size() != whole.calls.size()) fail("streamed and whole parses differ");
+    }
     try {
         switch (data[0] % 5) {
             case 0:

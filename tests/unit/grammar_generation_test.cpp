@@ -199,6 +199,29 @@ void run_suite(int json_seeds, int gbnf_seeds, uint64_t seed_base) {
 
 TEST(GrammarGeneration, OutputsAlwaysParse) { run_suite(24, 16, 1000); }
 
+// A lazy grammar (tool_choice "auto"): free text until the trigger, then the grammar to its end. The
+// model writes " the" often; after it the grammar wants a space, a short word and a full stop (so a
+// token such as " them" may not complete the trigger).
+TEST(GrammarGeneration, LazyGrammarConstrainsFromTheTrigger) {
+    auto e =
+        Engine::load(test::source_path("models/tiny-lfm2-Q8_0.gguf"), {.device = "cpu", .threads = 1, .n_ctx = 512});
+    auto g = Grammar::lazy(R"(root ::= " the " [a-z]{1,6} ".")", " the");
+    const std::regex tail(" the [a-z]{1,6}\\.");
+    int triggered = 0;
+    for (const Out& o : generate(e, g, 16, 200, 300)) {
+        const size_t at = o.text.find(" the");
+        if (at == std::string::npos) {
+            EXPECT_EQ(o.finish, FinishReason::kLength) << o.text;
+            continue;
+        }
+        ++triggered;
+        EXPECT_EQ(o.finish, FinishReason::kStop) << o.text;  // the grammar is complete: generation ends
+        EXPECT_TRUE(std::regex_match(o.text.substr(at), tail)) << o.text;
+        EXPECT_EQ(g->match(o.text), -1) << o.text;
+    }
+    EXPECT_GE(triggered, 8);
+}
+
 // The bar's 2,000+ generations (about 2,900, with different seeds): --gtest_also_run_disabled_tests.
 TEST(GrammarGeneration, DISABLED_ManySeeds) { run_suite(180, 120, 50000); }
 

@@ -139,3 +139,68 @@ TEST(GrammarMatcher, QwenVocabularyMasksEqualTheReference) {
 
 }  // namespace
 }  // namespace cera
+
+namespace cera {
+namespace {
+
+// A lazy grammar (tool calls with tool_choice "auto"): before the trigger every token is allowed but
+// one that completes the trigger with bytes the grammar rejects; from the trigger on, the grammar's
+// masks. Random walks check each mask against that reference.
+TEST(GrammarMatcher, LazyGrammarMasksEqualTheReference) {
+    // The small vocabulary and tokens that hold the whole trigger, followed well or badly.
+    const auto small = small_vocab();
+    std::vector<std::string> pieces;
+    std::vector<bool> eog, control;
+    for (int32_t id = 0; id < small->n_vocab(); ++id) {
+        pieces.push_back(small->piece(id));
+        eog.push_back(small->is_eog(id));
+        control.push_back(small->is_excluded(id));
+    }
+    for (const char* extra : {"x{\"1", "{\"ab", "a{\"b\":", "{\"\":"}) {
+        pieces.push_back(extra);
+        eog.push_back(false);
+        control.push_back(false);
+    }
+    const auto trie = std::make_shared<const TokenTrie>(pieces, eog, control);
+    auto g = Grammar::lazy(R"(root ::= "{\"" [ab]+ "\":" " "? ( "1" | "true" ) "}")", "{\"");
+    std::mt19937_64 rng(5);
+    auto m = make_matcher(*g, trie);
+    int triggered = 0;
+    for (int w = 0; w < 200; ++w) {
+        m->reset();
+        std::string text;
+        bool seen = false;  // the trigger is in the text
+        for (int step = 0; step < 16; ++step) {
+            const uint64_t* mask = m->mask();
+            std::vector<int32_t> allowed;
+            for (int32_t id = 0; id < trie->n_vocab(); ++id) {
+                bool want;
+                if (trie->is_eog(id)) {
+                    want = g->match(text) == -1;
+                } else if (trie->is_excluded(id)) {
+                    want = !seen;
+                } else {
+                    const std::string s = text + trie->piece(id);
+                    const size_t at = s.find("{\"");
+                    want = at == std::string::npos || viable(*g, s.substr(at));
+                }
+                ASSERT_EQ(bit(mask, id), want) << "token '" << trie->piece(id) << "' after '" << text << "'";
+                if (want) allowed.push_back(id);
+            }
+            if (allowed.empty()) break;
+            // Lean to the braces so that walks reach the trigger.
+            int32_t t = allowed[rng() % allowed.size()];
+            if (!seen && rng() % 3 == 0) t = rng() % 2 ? 1 : 6;  // "{" or "{\""
+            if (!bit(mask, t)) continue;
+            ASSERT_TRUE(m->accept_token(t));
+            if (trie->is_eog(t)) break;
+            if (!trie->is_excluded(t)) text += trie->piece(t);
+            if (!seen && text.find("{\"") != std::string::npos) seen = true, ++triggered;
+            EXPECT_EQ(m->is_waiting(), !seen);
+        }
+    }
+    EXPECT_GT(triggered, 50);
+}
+
+}  // namespace
+}  // namespace cera

@@ -3,6 +3,7 @@
 
 #include "chat/grammar/grammar_impl.h"
 #include "chat/grammar/json_schema.h"
+#include "core/check.h"
 
 namespace cera {
 
@@ -13,6 +14,15 @@ std::shared_ptr<const Grammar> Grammar::parse(std::string_view gbnf, std::string
     auto impl = std::make_unique<Impl>();
     impl->def = std::make_shared<const grammar::GrammarDef>(grammar::parse_gbnf(gbnf, root));
     impl->gbnf = std::string(gbnf);
+    return std::make_shared<const Grammar>(std::move(impl));
+}
+
+std::shared_ptr<const Grammar> Grammar::lazy(std::string_view gbnf, std::string_view trigger) {
+    if (trigger.empty()) throw_error(ErrorCode::kInvalidArgument, "a lazy grammar needs a non-empty trigger");
+    auto impl = std::make_unique<Impl>();
+    impl->def = std::make_shared<const grammar::GrammarDef>(grammar::parse_gbnf(gbnf, "root"));
+    impl->gbnf = std::string(gbnf);
+    impl->trigger = std::string(trigger);
     return std::make_shared<const Grammar>(std::move(impl));
 }
 
@@ -27,11 +37,17 @@ std::shared_ptr<const Grammar> Grammar::from_json_schema(std::string_view schema
 std::shared_ptr<const Grammar> Grammar::json(bool any_value) { return parse(grammar::json_gbnf(any_value)); }
 
 const std::string& Grammar::gbnf() const { return impl_->gbnf; }
+const std::string& Grammar::trigger() const { return impl_->trigger; }
 
 int64_t Grammar::match(std::string_view text) const {
+    size_t from = 0;
+    if (!impl_->trigger.empty()) {
+        from = text.find(impl_->trigger);
+        if (from == std::string_view::npos) return -1;
+    }
     grammar::Matcher m(impl_->def);
-    const size_t n = m.accept_bytes(text);
-    if (n < text.size()) return int64_t(n);
+    const size_t n = m.accept_bytes(text.substr(from));
+    if (n < text.size() - from) return int64_t(from + n);
     return m.can_end() ? -1 : int64_t(text.size());
 }
 
@@ -48,7 +64,9 @@ std::shared_ptr<grammar::PositionCache> Grammar::Impl::cache_for(
 
 std::unique_ptr<grammar::Matcher> make_matcher(const Grammar& g, const std::shared_ptr<const grammar::TokenTrie>& trie,
                                                const grammar::MatcherOptions& options) {
-    return std::make_unique<grammar::Matcher>(g.impl().cache_for(trie), options);
+    grammar::MatcherOptions o = options;
+    if (o.trigger.empty()) o.trigger = g.impl().trigger;
+    return std::make_unique<grammar::Matcher>(g.impl().cache_for(trie), o);
 }
 
 }  // namespace cera

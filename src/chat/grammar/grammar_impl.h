@@ -12,6 +12,7 @@ namespace cera {
 
 struct Grammar::Impl {
     std::string gbnf;
+    std::string trigger;  // a lazy grammar's trigger, or empty
     std::shared_ptr<const grammar::GrammarDef> def;
     // One position cache per vocabulary this grammar was used with.
     mutable std::mutex mu;

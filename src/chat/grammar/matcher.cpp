@@ -42,6 +42,11 @@ Matcher::Matcher(std::shared_ptr<PositionCache> cache, const MatcherOptions& opt
     levels_.resize(257);
     level_utf8_.resize(257);
     level_pop_.resize(257);
+    if (!options_.trigger.empty()) {
+        free_mask_.assign(words_, ~uint64_t(0));
+        if (trie_->n_vocab() % 64) free_mask_.back() = (uint64_t(1) << (trie_->n_vocab() % 64)) - 1;
+        trigger_tokens_ = cache_->trigger_tokens(options_.trigger);
+    }
     init_nodes();
 }
 
@@ -59,6 +64,8 @@ void Matcher::init_nodes() {
 void Matcher::reset() {
     cur_ = initial_;
     cur_utf8_ = {};
+    waiting_ = !options_.trigger.empty();
+    seen_.clear();
 }
 
 uint32_t Matcher::intern(uint32_t pos, uint32_t parent) {
@@ -192,6 +199,20 @@ size_t Matcher::accept_bytes(std::string_view bytes) {
 bool Matcher::accept_token(int32_t id) {
     CERA_CHECK(trie_ != nullptr, "accept_token on a matcher without a vocabulary");
     if (id < 0 || id >= trie_->n_vocab()) return false;
+    if (waiting_) {
+        if (trie_->is_eog(id) || trie_->is_excluded(id)) return true;
+        seen_ += trie_->piece(id);
+        const size_t at = seen_.find(options_.trigger);
+        if (at == std::string::npos) {  // keep only what could still be the trigger's start
+            const size_t keep = options_.trigger.size() - 1;
+            if (seen_.size() > keep) seen_.erase(0, seen_.size() - keep);
+            return true;
+        }
+        waiting_ = false;
+        const std::string tail = seen_.substr(at);
+        seen_.clear();
+        return accept_bytes(tail) == tail.size();  // false: the token's text after the trigger cannot match
+    }
     if (trie_->is_eog(id)) {
         if (!can_end()) return false;
         cur_ = {kAccept};
@@ -212,8 +233,8 @@ bool Matcher::accept_token(int32_t id) {
     return true;
 }
 
-bool Matcher::can_end() const { return cur_utf8_.rem == 0 && !cur_.empty() && cur_[0] == kAccept; }
-bool Matcher::is_complete() const { return can_end() && !has_real(cur_); }
+bool Matcher::can_end() const { return waiting_ || (cur_utf8_.rem == 0 && !cur_.empty() && cur_[0] == kAccept); }
+bool Matcher::is_complete() const { return !waiting_ && can_end() && !has_real(cur_); }
 
 // Walks the trie from `start` (stack tops over the cut-off bottom, or over the real one) and sorts
 // the tokens into the entry.
@@ -312,8 +333,65 @@ void Matcher::compute_mask(uint64_t* bits) {
         for (int32_t t : trie_->eog_tokens()) bits[size_t(t) >> 6] |= 1ull << (t & 63);
 }
 
+// Whether the grammar accepts text as a prefix from its start (the state of a waiting lazy matcher).
+bool Matcher::viable_from_start(std::string_view text) {
+    tmp_b_ = initial_;
+    Utf8 u;
+    for (char c : text) {
+        Utf8 nu;
+        if (!step(tmp_b_, u, uint8_t(c), tmp_a_, nu)) return false;
+        tmp_b_.swap(tmp_a_);
+        u = nu;
+    }
+    return true;
+}
+
+// Before the trigger every token is allowed, except one that completes the trigger with bytes after it
+// that the grammar does not accept: the tokens that hold the whole trigger (the same for every text
+// that ends in no part of the trigger: base_mask_, made once), and those that finish a trigger begun
+// at the end of the text so far (found in the trie under the trigger's rest).
+const uint64_t* Matcher::waiting_mask() {
+    const std::string& trig = options_.trigger;
+    auto clear_if_bad = [&](std::vector<uint64_t>& mask, const std::string& before, int32_t t) {
+        const std::string text = before + trie_->piece(t);
+        const size_t at = text.find(trig);
+        if (at != std::string::npos && !viable_from_start(std::string_view(text).substr(at)))
+            mask[size_t(t) >> 6] &= ~(uint64_t(1) << (t & 63));
+    };
+    if (base_mask_.empty()) {
+        base_mask_ = free_mask_;
+        for (int32_t t : *trigger_tokens_) clear_if_bad(base_mask_, "", t);
+    }
+    const auto& nodes = trie_->nodes();
+    const auto& order = trie_->order();
+    bool partial = false;
+    for (size_t k = std::min(seen_.size(), trig.size() - 1); k > 0; --k) {
+        if (seen_.compare(seen_.size() - k, k, trig, 0, k) != 0) continue;
+        uint32_t node = 0;  // follow the trigger's rest down the trie
+        for (size_t b = k; b < trig.size() && node != UINT32_MAX; ++b) {
+            uint32_t found = UINT32_MAX;
+            for (uint32_t c = node + 1; c < nodes[node].end; c = nodes[c].end)
+                if (nodes[c].byte == uint8_t(trig[b])) {
+                    found = c;
+                    break;
+                }
+            node = found;
+        }
+        if (node == UINT32_MAX) continue;
+        if (!partial) {
+            lazy_mask_ = free_mask_;
+            for (int32_t t : *trigger_tokens_) clear_if_bad(lazy_mask_, seen_, t);
+            partial = true;
+        }
+        for (uint32_t i = nodes[node].tok_begin; i < nodes[node].tok_end; ++i)
+            clear_if_bad(lazy_mask_, seen_, order[i]);
+    }
+    return partial ? lazy_mask_.data() : base_mask_.data();
+}
+
 const uint64_t* Matcher::mask() {
     CERA_CHECK(trie_ != nullptr, "mask() on a matcher without a vocabulary");
+    if (waiting_) return waiting_mask();
     const uint64_t h = hash_state(cur_, cur_utf8_.val, cur_utf8_.rem);
     auto range = mask_cache_.equal_range(h);
     for (auto it = range.first; it != range.second; ++it)

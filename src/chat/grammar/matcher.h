@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -59,6 +60,18 @@ class PositionCache {
         std::lock_guard<std::mutex> lk(mu_);
         return entries_.size();
     }
+    // The tokens whose bytes hold the whole of a lazy grammar's trigger (computed on first use).
+    std::shared_ptr<const std::vector<int32_t>> trigger_tokens(const std::string& trigger) const {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (!trigger_tokens_ || trigger_ != trigger) {
+            auto t = std::make_shared<std::vector<int32_t>>();
+            for (int32_t id = 0; id < trie_->n_vocab(); ++id)
+                if (!trie_->is_excluded(id) && trie_->piece(id).find(trigger) != std::string::npos) t->push_back(id);
+            trigger_ = trigger;
+            trigger_tokens_ = std::move(t);
+        }
+        return trigger_tokens_;
+    }
 
  private:
     struct KeyHash {
@@ -72,10 +85,16 @@ class PositionCache {
     std::shared_ptr<const TokenTrie> trie_;
     mutable std::mutex mu_;
     std::unordered_map<std::vector<uint32_t>, std::shared_ptr<const Entry>, KeyHash> entries_;
+    mutable std::string trigger_;
+    mutable std::shared_ptr<const std::vector<int32_t>> trigger_tokens_;
 };
 
 struct MatcherOptions {
     size_t mask_cache_bytes = size_t(32) << 20;  // masks kept per matcher (cleared when full)
+    // A lazy grammar: until the generated text contains `trigger`, every token is allowed and the
+    // text may end anywhere; from the trigger's first byte on, the text must match the grammar (which
+    // therefore starts with the trigger). Empty: the grammar applies from the first byte.
+    std::string trigger;
 };
 
 class Matcher {
@@ -95,9 +114,10 @@ class Matcher {
     // that no stack accepts; the state then stays after the matched part).
     size_t accept_bytes(std::string_view bytes);
 
-    bool can_end() const;      // the text so far is a whole match
+    bool can_end() const;      // the text so far is a whole match (or a lazy grammar is still waiting)
     bool is_complete() const;  // a whole match, and nothing may follow
-    bool is_dead() const { return cur_.empty(); }
+    bool is_dead() const { return !waiting_ && cur_.empty(); }
+    bool is_waiting() const { return waiting_; }  // a lazy grammar that has not seen its trigger yet
     void reset();
     size_t n_words() const { return words_; }
 
@@ -153,6 +173,15 @@ class Matcher {
     std::vector<uint64_t> slots_;  // cached masks, [max_slots][words_]
     size_t max_slots_ = 0, used_slots_ = 0;
     std::unordered_multimap<uint64_t, CacheEntry> mask_cache_;
+
+    bool waiting_ = false;             // lazy: the trigger has not appeared yet
+    std::string seen_;                 // lazy: the text's tail that may hold the start of the trigger
+    std::vector<uint64_t> free_mask_;  // lazy: every token
+    std::vector<uint64_t> base_mask_;  // lazy: every token but those holding the trigger wrongly followed
+    std::vector<uint64_t> lazy_mask_;  // lazy: base_mask_'s rule after a text ending in part of the trigger
+    std::shared_ptr<const std::vector<int32_t>> trigger_tokens_;  // lazy: tokens holding the whole trigger
+    const uint64_t* waiting_mask();
+    bool viable_from_start(std::string_view text);
 };
 
 }  // namespace cera::grammar
