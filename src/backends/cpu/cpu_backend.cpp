@@ -447,6 +447,34 @@ class CpuBackend final : public Backend {
         table_.add(x, y, scale, o, n);
     }
 
+    // The encoder ops run their references (backend.h), split over the pool by rows.
+    void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& out) override {
+        const int64_t n = x.ne[0];
+        for_rows(x.rows(), 4 * n, [&](int64_t r0, int64_t r1) {
+            layer_norm_rows_host(x.as<const float>(), n, w ? w.as<const float>() : nullptr,
+                                 b ? b.as<const float>() : nullptr, eps, out.as<float>(), r0, r1);
+        });
+    }
+
+    void gelu(const Tensor& x, GeluKind kind, const Tensor& out) override {
+        const int64_t n = x.ne[0];
+        for_rows(x.rows(), 16 * n, [&](int64_t r0, int64_t r1) {
+            gelu_host(x.as<const float>() + r0 * n, out.as<float>() + r0 * n, (r1 - r0) * n, kind);
+        });
+    }
+
+    void attention_full(const Tensor& q, const Tensor& k, const Tensor& v, int n_head, int head_dim, float scale,
+                        const Tensor& out) override {
+        CERA_CHECK(q.ne[0] == int64_t(n_head) * head_dim && k.ne[0] == q.ne[0] && v.ne[0] == q.ne[0] &&
+                       k.rows() == q.rows() && v.rows() == q.rows(),
+                   "attention_full: q, k, v must be [n_tokens, n_head * head_dim]");
+        const int64_t n = q.rows();
+        for_rows(n, 4 * n * q.ne[0], [&](int64_t r0, int64_t r1) {
+            attention_full_host(q.as<const float>(), k.as<const float>(), v.as<const float>(), n, n_head, head_dim,
+                                scale, out.as<float>(), r0, r1);
+        });
+    }
+
     void scale(const Tensor& x, float s) override {
         const int64_t n = x.n_elements();
         float* v = x.as<float>();
