@@ -46,6 +46,9 @@ struct EngineOptions {
     // Device bytes of adapter weights kept resident while no step uses them (least recently used go
     // first beyond it); 0 = no bound.
     size_t lora_cache_bytes = 0;
+    // A vision projector GGUF (llama.cpp's mmproj of an LFM2-VL model), loaded onto the model's device:
+    // sessions then take images (Session::append_image). "" = none.
+    std::string mmproj;
 };
 
 // A named adapter of an engine (Engine::load_adapter).
@@ -137,6 +140,9 @@ class Engine {
     // A hash of the GGUF (size, metadata, tensor table, samples of the data): saved states and
     // prefix-cache entries carry it, and load only into an engine with the same fingerprint.
     uint64_t fingerprint() const;
+    // Whether a vision projector is loaded (EngineOptions::mmproj): sessions take images.
+    bool has_vision() const;
+
     // Whether a prefix cache is configured, and its counters (zeros without one).
     bool has_prefix_cache() const;
     PrefixCacheStats prefix_cache_stats() const;

@@ -25,11 +25,11 @@ std::atomic<uint64_t> g_state_serial{1};
 // Recorded-step keys: (serial << kStepKeyBits) | flags. A step's op sequence depends on the state's
 // buffers (the serial) and on these choices only; each distinct combination gets its own recording.
 constexpr int kKeyBits = kStepKeyBits;
-constexpr uint64_t kKeyStep = 1;      // always set: a key is never 0
-constexpr uint64_t kKeyLmHead = 2;    // the LM head runs inside the step
-constexpr uint64_t kKeyOutput = 4;    // the final norm of the output row runs inside the step
-constexpr uint64_t kKeyArgmax = 8;    // the greedy arg-max of the logits runs inside the step
-constexpr uint64_t kKeyRow1 = 16;     // the step's logits go to row 1 of logits_ (greedy_ahead())
+constexpr uint64_t kKeyStep = 1;    // always set: a key is never 0
+constexpr uint64_t kKeyLmHead = 2;  // the LM head runs inside the step
+constexpr uint64_t kKeyOutput = 4;  // the final norm of the output row runs inside the step
+constexpr uint64_t kKeyArgmax = 8;  // the greedy arg-max of the logits runs inside the step
+constexpr uint64_t kKeyRow1 = 16;   // the step's logits go to row 1 of logits_ (greedy_ahead())
 
 Tensor first_rows(const Tensor& t, int64_t n) { return t ? t.row_slice(0, n) : t; }
 
@@ -89,6 +89,12 @@ class SequenceState final : public ModelState {
                    "eval: logits and hidden rows come back with HeadOutput::kLogits only");
         CERA_CHECK(!rq.ahead || rq.head == HeadOutput::kGreedy, "eval: ahead needs HeadOutput::kGreedy");
         EvalResult res;
+        check_embd(rq);
+        embd_ = rq.embd;
+        struct Clear {
+            std::span<const EmbdRun>& e;
+            ~Clear() { e = {}; }
+        } clear{embd_};
         switch (rq.head) {
             case HeadOutput::kLogits:
                 settle();
@@ -125,8 +131,6 @@ class SequenceState final : public ModelState {
         for (LayerCache& c : cache_)
             if (c.conv) be_.zero(c.conv);
     }
-
-
 
     size_t state_size() const override {
         size_t n = sizeof(SavedHeader);
@@ -243,7 +247,7 @@ class SequenceState final : public ModelState {
 
     // HeadOutput::kGreedy with `ahead`, with the exec mutex held.
     int32_t greedy_ahead(std::span<const int32_t> tokens) {
-        if (pending_ && tokens.size() == 1 && tokens[0] == pending_token_) {
+        if (pending_ && embd_.empty() && tokens.size() == 1 && tokens[0] == pending_token_) {
             // The queued step evaluates exactly this token: it stands.
             pending_ = false;
             position_ += 1;
@@ -370,20 +374,22 @@ class SequenceState final : public ModelState {
             bind_lora(s, nt, nr);
             // Single-token steps are the same op sequence every time: a backend may record and replay them.
             // Steps with adapters run eagerly: their segments are host descriptors chosen per step.
-            const bool graphable = nt == 1 && lora_.empty();
+            const bool has_embd = !fed && chunk_has_embd(off, nt);
+            const bool graphable = nt == 1 && lora_.empty() && !has_embd;
             const bool argmax_in_step = greedy && nr > 0;  // greedy: nr == 1 on the last chunk only
             const uint64_t key = (serial_ << kKeyBits) | kKeyStep | (lm_in_step ? kKeyLmHead : 0) |
                                  (nr > 0 ? kKeyOutput : 0) | (argmax_in_step ? kKeyArgmax : 0) | (row ? kKeyRow1 : 0);
             if (!graphable || !be_.step_begin(key)) {
                 be_.embed(arch_.head.token_embd, s.ids, arch_.head.embedding_scale, s.x);
+                if (has_embd) write_embd(s.x, off, nt);
                 arch_.forward(s);
                 // keep_output_rows() moved the output rows to the front of s.x (out_begin = 0).
                 if (nr > 0)
                     be_.rms_norm(s.x.row_slice(s.out_begin, nr), arch_.head.output_norm, arch_.head.norm_eps,
                                  hidden_.row_slice(0, nr));
                 if (lm_in_step) lm_head(0, nr, row);
-                if (argmax_in_step) be_.argmax_feed(logits_.row_slice(row, 1), next_id_, ids_.row_slice(0, 1).reshaped(1),
-                                                    s.pos);
+                if (argmax_in_step)
+                    be_.argmax_feed(logits_.row_slice(row, 1), next_id_, ids_.row_slice(0, 1).reshaped(1), s.pos);
                 if (graphable) be_.step_end();
             }
             if (nr > 0) {
@@ -401,6 +407,35 @@ class SequenceState final : public ModelState {
         }
         position_ += int32_t(n);
         fed_ = greedy;  // argmax_feed() wrote the next step's id and position
+    }
+
+    // The request's embedding runs must lie inside its tokens, in order, without overlaps.
+    void check_embd(const EvalRequest& rq) const {
+        int64_t end = 0;
+        for (const EmbdRun& r : rq.embd) {
+            if (r.n < 0 || r.begin < end || r.begin + r.n > int64_t(rq.tokens.size()) || (r.n > 0 && !r.rows))
+                throw_error(ErrorCode::kInvalidArgument,
+                            "eval: embedding rows [%" PRId64 ", %" PRId64 ") outside the %zu tokens or out of order",
+                            r.begin, r.begin + r.n, rq.tokens.size());
+            end = r.begin + r.n;
+        }
+    }
+
+    bool chunk_has_embd(int64_t off, int64_t nt) const {
+        for (const EmbdRun& r : embd_)
+            if (r.n > 0 && r.begin < off + nt && r.begin + r.n > off) return true;
+        return false;
+    }
+
+    // Overwrites the rows of x (the chunk's tokens [off, off + nt)) that the request gives as embeddings.
+    void write_embd(const Tensor& x, int64_t off, int64_t nt) {
+        const int64_t n_embd = arch_.info.n_embd;
+        for (const EmbdRun& r : embd_) {
+            const int64_t b = std::max(r.begin, off), e = std::min(r.begin + r.n, off + nt);
+            if (b >= e) continue;
+            be_.write(x, r.rows + (b - r.begin) * n_embd, size_t((e - b) * n_embd) * sizeof(float),
+                      size_t((b - off) * n_embd) * sizeof(float));
+        }
     }
 
     // The adapters of this step: every row, and after keep_output_rows() the nr output rows.
@@ -443,24 +478,25 @@ class SequenceState final : public ModelState {
     int n_batch_ = 0;
     int32_t position_ = 0;
     uint64_t serial_ = 0;
-    std::vector<LayerCache> cache_;    // [n_layer]
-    Tensor ids_, pos_t_;               // i32 [n_batch]
-    Tensor top_out_, top_gather_;      // top(): i32 [1 + 2 m + n_gather], i32 [n_gather]
+    std::vector<LayerCache> cache_;  // [n_layer]
+    Tensor ids_, pos_t_;             // i32 [n_batch]
+    Tensor top_out_, top_gather_;    // top(): i32 [1 + 2 m + n_gather], i32 [n_gather]
     std::vector<int32_t> top_host_;
-    StepBuffers act_;                  // the activations of n_batch tokens
-    Tensor hidden_;                    // f32 [n_batch, n_embd] after the final norm
-    Tensor logits_;                    // f32 [kLogitRows, n_vocab]
-    Tensor next_id_;                   // i32 [1]: the greedy head's arg-max
-    bool logits_held_ = false;         // logits_ row held_row_ holds the last token's logits of a greedy or top-k head
-    int held_row_ = 0;                 // 0, or 1 after steps of greedy_ahead()
-    mutable bool fed_ = false;         // ids_[0] / pos_t_[0] hold the last greedy step's pick and the next position
+    StepBuffers act_;           // the activations of n_batch tokens
+    Tensor hidden_;             // f32 [n_batch, n_embd] after the final norm
+    Tensor logits_;             // f32 [kLogitRows, n_vocab]
+    Tensor next_id_;            // i32 [1]: the greedy head's arg-max
+    bool logits_held_ = false;  // logits_ row held_row_ holds the last token's logits of a greedy or top-k head
+    int held_row_ = 0;          // 0, or 1 after steps of greedy_ahead()
+    mutable bool fed_ = false;  // ids_[0] / pos_t_[0] hold the last greedy step's pick and the next position
     // greedy_ahead(): a step queued on the device that evaluates pending_token_, logits in pending_row_;
     // it stands when the next call evaluates that token; any other call first undoes it (settle()).
     mutable bool pending_ = false;
     int32_t pending_token_ = -1;
     int pending_row_ = 0;
-    std::vector<int32_t> pos_host_;    // [n_batch]
-    LoraSet lora_;                     // the adapters applied (set_lora)
+    std::vector<int32_t> pos_host_;  // [n_batch]
+    LoraSet lora_;                   // the adapters applied (set_lora)
+    std::span<const EmbdRun> embd_;  // during eval(): the request's embedding runs
     std::vector<LoraRows> lora_rows_, lora_out_;
     std::vector<LoraSegment> lora_segs_;
 };
@@ -493,9 +529,18 @@ void StepBuffers::free(Backend& be) {
 }
 
 void StepBuffers::view(Step& s, int64_t n) const {
-    for (auto [to, from] : {std::pair{&s.x, &x}, {&s.h, &h}, {&s.y, &y}, {&s.q, &q}, {&s.k, &k}, {&s.v, &v},
-                            {&s.attn, &attn}, {&s.wide0, &wide0}, {&s.wide1, &wide1}, {&s.router, &router},
-                            {&s.moe_ids, &moe_ids}, {&s.moe_w, &moe_w}})
+    for (auto [to, from] : {std::pair{&s.x, &x},
+                            {&s.h, &h},
+                            {&s.y, &y},
+                            {&s.q, &q},
+                            {&s.k, &k},
+                            {&s.v, &v},
+                            {&s.attn, &attn},
+                            {&s.wide0, &wide0},
+                            {&s.wide1, &wide1},
+                            {&s.router, &router},
+                            {&s.moe_ids, &moe_ids},
+                            {&s.moe_w, &moe_w}})
         *to = first_rows(*from, n);
 }
 

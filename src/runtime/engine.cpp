@@ -166,6 +166,8 @@ std::shared_ptr<Engine> Engine::load(const std::string& path, const EngineOption
         std::memcpy(&bits, &lo.scale, sizeof bits);
         for (char c : lo.path + ":" + std::to_string(bits)) im.fingerprint = (im.fingerprint ^ uint8_t(c)) * 0x100000001b3ull;
     }
+    if (!options.mmproj.empty())
+        im.vision = vision::VisionEncoder::load(options.mmproj, im.model->backend(), mi.n_embd);
     if (options.prefix_cache_bytes > 0 || !options.prefix_cache_dir.empty()) {
         PrefixCacheConfig pc;
         pc.max_bytes = options.prefix_cache_bytes;
@@ -178,6 +180,7 @@ std::shared_ptr<Engine> Engine::load(const std::string& path, const EngineOption
 }
 
 const EngineInfo& Engine::info() const { return impl_->info; }
+bool Engine::has_vision() const { return impl_->vision != nullptr; }
 
 LoraSet Engine::Impl::resolve_lora(const std::string& name) const {
     if (name.empty()) return default_lora;

@@ -5,8 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <utility>
 #include <cinttypes>
+#include <filesystem>
+#include <utility>
 
 #include "chat/grammar/grammar_impl.h"
 #include "core/check.h"
@@ -14,17 +15,24 @@
 #include "runtime/engine_impl.h"
 #include "runtime/session_stop.h"
 #include "runtime/state_io.h"
+#include "vision/image.h"
 
 namespace cera {
 
 const char* finish_reason_name(FinishReason reason) {
     switch (reason) {
-        case FinishReason::kNone: return "none";
-        case FinishReason::kEos: return "eos";
-        case FinishReason::kStop: return "stop";
-        case FinishReason::kLength: return "length";
-        case FinishReason::kContextFull: return "context";
-        case FinishReason::kCancelled: return "cancelled";
+        case FinishReason::kNone:
+            return "none";
+        case FinishReason::kEos:
+            return "eos";
+        case FinishReason::kStop:
+            return "stop";
+        case FinishReason::kLength:
+            return "length";
+        case FinishReason::kContextFull:
+            return "context";
+        case FinishReason::kCancelled:
+            return "cancelled";
     }
     return "?";
 }
@@ -38,9 +46,9 @@ struct Session::Impl {
     std::shared_ptr<Engine> engine;
     Engine::Impl* eng = nullptr;
     std::unique_ptr<ModelState> state;
-    std::vector<int32_t> tokens;  // the whole sequence; [0, state->position()) is evaluated
-    std::vector<float> logits;    // [n_vocab] after the last evaluated token
-    bool has_logits = false;      // `logits` holds them
+    std::vector<int32_t> tokens;    // the whole sequence; [0, state->position()) is evaluated
+    std::vector<float> logits;      // [n_vocab] after the last evaluated token
+    bool has_logits = false;        // `logits` holds them
     bool logits_on_device = false;  // !has_logits, but a device decode step left them in the model state
                                     // (ModelState::read_last_logits); ensure_logits() fetches them
     std::atomic<bool> cancel{false};
@@ -49,6 +57,47 @@ struct Session::Impl {
                                // it never goes into the prefix cache
     uint64_t lora_key = 0;     // lora_set_key() of the adapters the state was evaluated under
     bool lora_default = true;  // they are the engine's defaults (the prefix cache holds states of those only)
+    // The images of the sequence, in order: the image's tokens start at tokens[begin]. The prefix cache
+    // keys on token ids alone, so a sequence with images neither reads nor writes it.
+    struct ImageSpan {
+        size_t begin = 0;
+        std::shared_ptr<const EncodedImage> image;
+    };
+    std::vector<ImageSpan> images;
+    std::vector<EmbdRun> embd_runs;  // prefill's scratch
+
+    PrefixCache* prefix_cache() const { return lora_default && images.empty() ? eng->prefix_cache.get() : nullptr; }
+
+    // The embedding runs of tokens [begin, begin + n), relative to begin.
+    std::span<const EmbdRun> runs_in(size_t begin, size_t n) {
+        embd_runs.clear();
+        const int64_t n_embd = eng->info.n_embd;
+        for (const ImageSpan& sp : images) {
+            const EncodedImage& im = *sp.image;
+            if (sp.begin >= begin + n || sp.begin + im.ids.size() <= begin) continue;
+            int64_t row = 0;
+            for (size_t i = 0; i < im.ids.size();) {
+                if (im.ids[i] != im.image_token) {
+                    ++i;
+                    continue;
+                }
+                size_t j = i;
+                while (j < im.ids.size() && im.ids[j] == im.image_token) ++j;
+                const size_t b = std::max(sp.begin + i, begin), e = std::min(sp.begin + j, begin + n);
+                if (b < e)
+                    embd_runs.push_back({int64_t(b - begin), int64_t(e - b),
+                                         im.rows.data() + (row + int64_t(b - sp.begin - i)) * n_embd});
+                row += int64_t(j - i);
+                i = j;
+            }
+        }
+        return embd_runs;
+    }
+
+    // Keeps the images whose tokens start before n.
+    void drop_images_from(size_t n) {
+        std::erase_if(images, [&](const ImageSpan& sp) { return sp.begin >= n; });
+    }
 
     // Selects GenerateOptions::adapter's set; a different set than the state's evaluates again.
     void use_lora(const std::string& name) {
@@ -95,8 +144,8 @@ struct Session::Impl {
         const size_t total = tokens.size() + n_new;
         if (total > size_t(state->n_ctx()))
             throw_error(ErrorCode::kOutOfRange,
-                        "the input (%zu tokens) does not fit in the context: %zu of %d tokens are in use",
-                        n_new, tokens.size(), state->n_ctx());
+                        "the input (%zu tokens) does not fit in the context: %zu of %d tokens are in use", n_new,
+                        tokens.size(), state->n_ctx());
     }
 
     // Evaluates the queued tokens in chunks of n_batch, checking cancel between chunks.
@@ -105,7 +154,7 @@ struct Session::Impl {
     // the state at each of those boundaries and at the end.
     bool prefill(int32_t* cached = nullptr) {
         const int32_t n_batch = std::max<int32_t>(1, eng->options.n_batch);
-        PrefixCache* pc = lora_default ? eng->prefix_cache.get() : nullptr;
+        PrefixCache* pc = prefix_cache();
         if (pc && size_t(n_evaluated()) < tokens.size()) {
             const int32_t before = n_evaluated();
             if (auto hit = pc->lookup(tokens, size_t(before)); hit && !hit->snapshot.logits.empty()) {
@@ -125,11 +174,10 @@ struct Session::Impl {
             const size_t begin = size_t(n_evaluated());
             size_t n = std::min(tokens.size() - begin, size_t(n_batch));
             if (pc) n = std::min(n, (begin / size_t(n_batch) + 1) * size_t(n_batch) - begin);
-            state->eval({.tokens = {tokens.data() + begin, n}, .logits = logits.data()});
+            state->eval({.tokens = {tokens.data() + begin, n}, .embd = runs_in(begin, n), .logits = logits.data()});
             logits_on_host();
             const size_t end = begin + n;
-            if (!pc || shifted)
-                continue;
+            if (!pc || shifted) continue;
             if (end == tokens.size())
                 pending_store = end;  // saved once the first token is out (time to first token)
             else if (end % size_t(n_batch) == 0 && !pc->contains(std::span<const int32_t>(tokens.data(), end)))
@@ -141,7 +189,7 @@ struct Session::Impl {
     // Saves the deferred prompt-end entry while the state still holds exactly that prompt.
     void flush_store() {
         const size_t n = std::exchange(pending_store, 0);
-        PrefixCache* pc = lora_default ? eng->prefix_cache.get() : nullptr;
+        PrefixCache* pc = prefix_cache();
         if (!pc || n == 0 || shifted || size_t(n_evaluated()) != n || !ensure_logits()) return;
         if (!pc->contains(std::span<const int32_t>(tokens.data(), n))) pc->store(snapshot(n));
     }
@@ -164,7 +212,7 @@ struct Session::Impl {
         if (!s.logits.empty() && s.logits.size() != logits.size())
             throw_error(ErrorCode::kInvalidFile, "saved state: %zu logits, the model has %zu", s.logits.size(),
                         logits.size());
-        state->restore_state(s.model_state);  // checks everything before it writes
+        state->restore_state(s.model_state);                                  // checks everything before it writes
         if (const int32_t held = state->position(); held != s.n_evaluated) {  // consistent checksums, bad content
             state->reset();
             tokens.clear();
@@ -173,6 +221,7 @@ struct Session::Impl {
                         s.n_evaluated, held);
         }
         tokens = std::move(s.tokens);
+        images.clear();
         shifted = false;
         drop_logits();
         if (!s.logits.empty()) {
@@ -191,6 +240,12 @@ struct Session::Impl {
         shifted = true;
         pending_store = 0;
         tokens.erase(tokens.begin() + n_keep, tokens.begin() + n_keep + n_discard);
+        // Images cut by the shift are gone from the cache's view of the sequence; later ones move down.
+        const size_t lo = size_t(n_keep), hi = size_t(n_keep + n_discard);
+        std::erase_if(images,
+                      [&](const ImageSpan& sp) { return sp.begin + sp.image->ids.size() > lo && sp.begin < hi; });
+        for (ImageSpan& sp : images)
+            if (sp.begin >= hi) sp.begin -= size_t(n_discard);
         return n_discard;
     }
 };
@@ -220,6 +275,27 @@ void Session::append_text(std::string_view text, bool add_bos, bool parse_specia
     const std::vector<int32_t> body = tok.encode(text, false, parse_special);
     ids.insert(ids.end(), body.begin(), body.end());
     append_tokens(ids);
+}
+
+void Session::append_image(std::span<const uint8_t> file_bytes) {
+    Impl& im = *impl_;
+    std::shared_ptr<const EncodedImage> img = im.eng->encode_image(file_bytes);
+    const Tokenizer& tok = *im.eng->tokenizer;
+    const bool bos = im.tokens.empty() && im.engine->add_bos() && tok.bos() >= 0;
+    im.check_fit(img->ids.size() + (bos ? 1 : 0));
+    if (bos) im.tokens.push_back(tok.bos());
+    im.images.push_back({im.tokens.size(), img});
+    im.tokens.insert(im.tokens.end(), img->ids.begin(), img->ids.end());
+}
+
+void Session::append_image_file(const std::string& path) {
+    std::error_code ec;
+    const uintmax_t size = std::filesystem::file_size(path, ec);
+    if (ec) throw_error(ErrorCode::kIo, "image: cannot open %s: %s", path.c_str(), ec.message().c_str());
+    if (size > vision::DecodeLimits{}.max_bytes)
+        throw_error(ErrorCode::kInvalidArgument, "image %s: %ju bytes is over the limit of %zu", path.c_str(), size,
+                    vision::DecodeLimits{}.max_bytes);
+    append_image(read_file_bytes(path));
 }
 
 void Session::append_tokens(std::span<const int32_t> tokens) {
@@ -294,7 +370,8 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
             break;
         }
         if (im.tokens.size() >= size_t(n_ctx)) {  // no room for another token
-            if (options.n_keep >= 0 && size_t(im.n_evaluated()) + 1 == im.tokens.size() && im.shift(options.n_keep) > 0) {
+            if (options.n_keep >= 0 && size_t(im.n_evaluated()) + 1 == im.tokens.size() &&
+                im.shift(options.n_keep) > 0) {
                 ++r.context_shifts;
             } else {
                 r.finish = FinishReason::kContextFull;
@@ -370,6 +447,7 @@ void Session::reset() {
     impl_->pending_store = 0;
     impl_->state->reset();
     impl_->tokens.clear();
+    impl_->images.clear();
     impl_->drop_logits();
 }
 
@@ -387,6 +465,7 @@ void Session::truncate(int32_t n) {
         im.drop_logits();
     }
     im.tokens.resize(size_t(n));
+    im.drop_images_from(size_t(n));
 }
 
 int32_t Session::shift_context(int32_t n_keep) { return impl_->shift(n_keep); }
