@@ -36,10 +36,10 @@ enum class FinishReason {
 const char* finish_reason_name(FinishReason reason);
 
 struct GenerateOptions {
-    int32_t max_tokens = -1;         // tokens to sample at most; < 0: until EOS, a stop string or a full context
-    SamplerParams sampling;          // see sampler.h; temperature 0 is greedy
-    std::vector<std::string> stop;   // stop strings (empty strings are ignored)
-    bool ignore_eos = false;         // keep going past end-of-generation tokens (they are then ordinary text)
+    int32_t max_tokens = -1;        // tokens to sample at most; < 0: until EOS, a stop string or a full context
+    SamplerParams sampling;         // see sampler.h; temperature 0 is greedy
+    std::vector<std::string> stop;  // stop strings (empty strings are ignored)
+    bool ignore_eos = false;        // keep going past end-of-generation tokens (they are then ordinary text)
     // Context shift: >= 0 keeps generating when the context fills by dropping half of the tokens after
     // the first n_keep (BOS included in the count; their keys' RoPE is re-rotated); < 0 finishes with
     // kContextFull instead.
@@ -92,15 +92,15 @@ enum class Pooling {
 
 struct GenerationResult {
     FinishReason finish = FinishReason::kNone;
-    std::string stop_string;        // the stop string that ended generation (kStop)
-    int32_t prompt_tokens = 0;      // tokens evaluated before the first sample (prefill)
-    int32_t generated_tokens = 0;   // tokens sampled, including a final EOS
-    int32_t decode_steps = 0;       // single-token forward passes run while generating
-    double prefill_seconds = 0.0;   // time of the prefill forward passes
-    double decode_seconds = 0.0;    // time of the decode steps, sampling included
-    int32_t cached_tokens = 0;      // prompt tokens restored from the prefix cache (not in prompt_tokens)
-    int32_t context_shifts = 0;     // context shifts made to keep generating (GenerateOptions::n_keep)
-    std::string text;               // all text given to the Sink, concatenated
+    std::string stop_string;                // the stop string that ended generation (kStop)
+    int32_t prompt_tokens = 0;              // tokens evaluated before the first sample (prefill)
+    int32_t generated_tokens = 0;           // tokens sampled, including a final EOS
+    int32_t decode_steps = 0;               // single-token forward passes run while generating
+    double prefill_seconds = 0.0;           // time of the prefill forward passes
+    double decode_seconds = 0.0;            // time of the decode steps, sampling included
+    int32_t cached_tokens = 0;              // prompt tokens restored from the prefix cache (not in prompt_tokens)
+    int32_t context_shifts = 0;             // context shifts made to keep generating (GenerateOptions::n_keep)
+    std::string text;                       // all text given to the Sink, concatenated
     std::vector<SampledLogprobs> logprobs;  // one per sampled token when GenerateOptions::logprobs >= 0
 
     double prefill_tokens_per_second() const { return prefill_seconds > 0 ? prompt_tokens / prefill_seconds : 0.0; }
@@ -109,7 +109,7 @@ struct GenerationResult {
 
 // Receives a generation as it happens, on the thread that called generate().
 class Sink {
-   public:
+ public:
     virtual ~Sink() = default;
     // Final text, in order (whole UTF-8 characters; never part of a stop string).
     virtual void on_text(std::string_view text) = 0;
@@ -123,12 +123,12 @@ class Sink {
 
 // A Sink that ignores everything (the result still carries the text).
 class NullSink : public Sink {
-   public:
+ public:
     void on_text(std::string_view) override {}
 };
 
 class Session {
-   public:
+ public:
     // A new, empty sequence on `engine` (which it keeps alive). n_ctx = 0: the engine's context.
     // Allocates the KV cache; throws cera::Error on failure.
     explicit Session(std::shared_ptr<Engine> engine, int32_t n_ctx = 0);
@@ -192,6 +192,9 @@ class Session {
     // pooled. The session then holds the tokens (generate() may continue). Throws kInvalidArgument for no
     // tokens, kOutOfRange for a bad id or too many tokens.
     std::vector<float> embed(std::span<const int32_t> tokens, Pooling pooling = Pooling::kMean);
+    // embed() of the session's whole sequence as queued (text and images: rows for every position of an
+    // image's expanded tokens), evaluated again from the start. Throws kInvalidArgument when it is empty.
+    std::vector<float> embed_sequence(Pooling pooling = Pooling::kMean);
 
     // The next-token logits after the last evaluated token: [n_vocab] floats, valid until the session
     // changes. Evaluates queued tokens first (as generate() with max_tokens = 0 does). Throws
@@ -206,7 +209,7 @@ class Session {
     const std::vector<int32_t>& tokens() const;
     const std::shared_ptr<Engine>& engine() const;
 
-   private:
+ private:
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };

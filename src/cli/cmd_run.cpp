@@ -1,10 +1,9 @@
 // `cera run [-m FILE] -p PROMPT [-n N] [sampling options]`: generate a continuation of a
 // prompt, streaming only the generated text to stdout (flushed per piece) and the
 // timings to stderr. Without -m it runs the bundled default model.
-#include <CLI/CLI.hpp>
-
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +17,7 @@
 #include "cli/command.h"
 #include "cli/engine_flags.h"
 #include "cli/grammar_flags.h"
+#include "cli/image_prompt.h"
 #include "cli/model_path.h"
 #include "cli/parse_args.h"
 
@@ -27,7 +27,7 @@ namespace {
 [[noreturn]] void fail(ErrorCode code, const std::string& msg) { throw Error(code, msg); }
 
 class StdoutSink : public Sink {
-   public:
+ public:
     void on_text(std::string_view text) override {
         std::fwrite(text.data(), 1, text.size(), stdout);
         std::fflush(stdout);
@@ -35,7 +35,7 @@ class StdoutSink : public Sink {
     }
     char last() const { return last_; }
 
-   private:
+ private:
     char last_ = '\n';
 };
 
@@ -45,10 +45,25 @@ void on_sigint(int) {
     std::signal(SIGINT, SIG_DFL);        // a second Ctrl-C ends the process
 }
 
+// The prompt's ids (BOS as asked), queued; one line naming the problem when it is empty or too long.
+void queue_text(Session& session, const Engine& engine, const std::string& prompt, bool add_bos, bool special) {
+    std::vector<int32_t> ids;
+    if (add_bos && engine.bos_token() >= 0) ids.push_back(engine.bos_token());
+    const std::vector<int32_t> body = engine.tokenize(prompt, false, special);
+    ids.insert(ids.end(), body.begin(), body.end());
+    if (ids.empty()) fail(ErrorCode::kInvalidArgument, "the prompt is empty (and no BOS token is added)");
+    if (int64_t(ids.size()) > session.n_ctx())
+        fail(ErrorCode::kOutOfRange, "the prompt is " + std::to_string(ids.size()) +
+                                         " tokens, longer than the context of " + std::to_string(session.n_ctx()) +
+                                         " tokens (see --ctx)");
+    session.append_tokens(ids);
+}
+
 int run_run(const std::vector<std::string>& args) {
-    CLI::App app{"Generates a continuation of a prompt. The generated text goes to stdout as it decodes;\n"
-                 "timings go to stderr.",
-                 "cera run"};
+    CLI::App app{
+        "Generates a continuation of a prompt. The generated text goes to stdout as it decodes;\n"
+        "timings go to stderr.",
+        "cera run"};
     std::string model, prompt;
     int32_t n_predict = 256;
     EngineFlags ef;
@@ -64,15 +79,15 @@ int run_run(const std::vector<std::string>& args) {
     app.add_option("--top-k", g.sampling.top_k, "top-k (0: off)")->capture_default_str();
     app.add_option("--top-p", g.sampling.top_p, "top-p (1: off)")->capture_default_str();
     app.add_option("--min-p", g.sampling.min_p, "min-p (0: off)")->capture_default_str();
-    app.add_option("--repeat-penalty", g.sampling.repeat_penalty, "repetition penalty (1: off)")
-        ->capture_default_str();
+    app.add_option("--repeat-penalty", g.sampling.repeat_penalty, "repetition penalty (1: off)")->capture_default_str();
     app.add_option("--repeat-last-n", g.sampling.penalty_last_n, "tokens the penalties look back over")
         ->capture_default_str();
     app.add_option("--presence-penalty", g.sampling.presence_penalty, "presence penalty (0: off)");
     app.add_option("--frequency-penalty", g.sampling.frequency_penalty, "frequency penalty (0: off)");
     app.add_option("--seed", seed, "random seed (default: a random one)");
     app.add_option("--stop", g.stop, "stop string (repeatable)");
-    ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch | EngineFlags::kPrefixCache | EngineFlags::kLora);
+    ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch | EngineFlags::kPrefixCache |
+                    EngineFlags::kLora | EngineFlags::kVision);
     app.add_flag("--no-bos", no_bos, "do not add the BOS token");
     app.add_flag("--no-special", no_special, "tokenize special-token text in the prompt as plain text");
     app.add_flag("--ignore-eos", g.ignore_eos, "keep generating past end-of-generation tokens");
@@ -98,16 +113,11 @@ int run_run(const std::vector<std::string>& args) {
 
     Session session(engine);
     const bool add_bos = !no_bos && engine->add_bos();
-    std::vector<int32_t> ids;
-    if (add_bos && engine->bos_token() >= 0) ids.push_back(engine->bos_token());
-    const std::vector<int32_t> body = engine->tokenize(prompt, false, !no_special);
-    ids.insert(ids.end(), body.begin(), body.end());
-    if (ids.empty()) fail(ErrorCode::kInvalidArgument, "the prompt is empty (and no BOS token is added)");
-    if (int64_t(ids.size()) > session.n_ctx())
-        fail(ErrorCode::kOutOfRange, "the prompt is " + std::to_string(ids.size()) +
-                                         " tokens, longer than the context of " + std::to_string(session.n_ctx()) +
-                                         " tokens (see --ctx)");
-    session.append_tokens(ids);
+    if (!ef.images.empty()) {
+        queue_prompt(session, prompt, ef.images, add_bos, !no_special);
+    } else {
+        queue_text(session, *engine, prompt, add_bos, !no_special);
+    }
 
     StdoutSink sink;
     g_session = &session;

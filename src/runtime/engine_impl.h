@@ -23,6 +23,14 @@ struct EncodedImage {
     std::vector<float> rows;   // f32 [image tokens, n_embd], in the order the image tokens come in ids
     int32_t image_token = -1;  // the id of <image>
 };
+// An image file's bytes -> its EncodedImage (runtime/image_input.cpp). Throws cera::Error for a bad image
+// or a vocabulary without <image>.
+EncodedImage encode_image(const vision::VisionEncoder& enc, const Tokenizer& tok, int64_t n_embd,
+                          std::span<const uint8_t> file_bytes);
+// An image file's bytes, refused (kInvalidArgument) past vision::DecodeLimits' size cap before reading.
+std::vector<uint8_t> read_image_file(const std::string& path);
+// The embedding runs of an image whose tokens start at index `begin` of a request's tokens.
+std::vector<EmbdRun> image_runs(const EncodedImage& img, int64_t begin, int64_t n_embd);
 
 struct Engine::Impl {
     EngineOptions options;

@@ -6,7 +6,6 @@
 #include <atomic>
 #include <chrono>
 #include <cinttypes>
-#include <filesystem>
 #include <utility>
 
 #include "chat/grammar/grammar_impl.h"
@@ -15,7 +14,6 @@
 #include "runtime/engine_impl.h"
 #include "runtime/session_stop.h"
 #include "runtime/state_io.h"
-#include "vision/image.h"
 
 namespace cera {
 
@@ -71,26 +69,12 @@ struct Session::Impl {
     // The embedding runs of tokens [begin, begin + n), relative to begin.
     std::span<const EmbdRun> runs_in(size_t begin, size_t n) {
         embd_runs.clear();
-        const int64_t n_embd = eng->info.n_embd;
-        for (const ImageSpan& sp : images) {
-            const EncodedImage& im = *sp.image;
-            if (sp.begin >= begin + n || sp.begin + im.ids.size() <= begin) continue;
-            int64_t row = 0;
-            for (size_t i = 0; i < im.ids.size();) {
-                if (im.ids[i] != im.image_token) {
-                    ++i;
-                    continue;
-                }
-                size_t j = i;
-                while (j < im.ids.size() && im.ids[j] == im.image_token) ++j;
-                const size_t b = std::max(sp.begin + i, begin), e = std::min(sp.begin + j, begin + n);
-                if (b < e)
-                    embd_runs.push_back({int64_t(b - begin), int64_t(e - b),
-                                         im.rows.data() + (row + int64_t(b - sp.begin - i)) * n_embd});
-                row += int64_t(j - i);
-                i = j;
+        const int64_t n_embd = eng->info.n_embd, lo = int64_t(begin), hi = int64_t(begin + n);
+        for (const ImageSpan& sp : images)
+            for (const EmbdRun& r : image_runs(*sp.image, int64_t(sp.begin), n_embd)) {
+                const int64_t b = std::max(r.begin, lo), e = std::min(r.begin + r.n, hi);
+                if (b < e) embd_runs.push_back({b - lo, e - b, r.rows + (b - r.begin) * n_embd});
             }
-        }
         return embd_runs;
     }
 
@@ -288,15 +272,7 @@ void Session::append_image(std::span<const uint8_t> file_bytes) {
     im.tokens.insert(im.tokens.end(), img->ids.begin(), img->ids.end());
 }
 
-void Session::append_image_file(const std::string& path) {
-    std::error_code ec;
-    const uintmax_t size = std::filesystem::file_size(path, ec);
-    if (ec) throw_error(ErrorCode::kIo, "image: cannot open %s: %s", path.c_str(), ec.message().c_str());
-    if (size > vision::DecodeLimits{}.max_bytes)
-        throw_error(ErrorCode::kInvalidArgument, "image %s: %ju bytes is over the limit of %zu", path.c_str(), size,
-                    vision::DecodeLimits{}.max_bytes);
-    append_image(read_file_bytes(path));
-}
+void Session::append_image_file(const std::string& path) { append_image(read_image_file(path)); }
 
 void Session::append_tokens(std::span<const int32_t> tokens) {
     const int32_t n_vocab = impl_->engine->info().n_vocab;
@@ -490,7 +466,7 @@ void Session::load_state_file(const std::string& path) { load_state(read_file_by
 
 std::vector<float> Session::embed(std::span<const int32_t> tokens, Pooling pooling) {
     Impl& im = *impl_;
-    const int64_t n = int64_t(tokens.size()), n_embd = im.engine->info().n_embd;
+    const int64_t n = int64_t(tokens.size());
     if (n == 0) throw_error(ErrorCode::kInvalidArgument, "embed: no tokens");
     if (n > im.state->n_ctx())
         throw_error(ErrorCode::kOutOfRange, "embed: %" PRId64 " tokens exceed the context of %d tokens", n,
@@ -500,9 +476,22 @@ std::vector<float> Session::embed(std::span<const int32_t> tokens, Pooling pooli
         if (t < 0 || t >= n_vocab)
             throw_error(ErrorCode::kOutOfRange, "token id %d is outside the vocabulary [0, %d)", t, n_vocab);
     reset();
+    im.tokens.assign(tokens.begin(), tokens.end());
+    return embed_sequence(pooling);
+}
+
+std::vector<float> Session::embed_sequence(Pooling pooling) {
+    Impl& im = *impl_;
+    const int64_t n = int64_t(im.tokens.size()), n_embd = im.engine->info().n_embd;
+    if (n == 0) throw_error(ErrorCode::kInvalidArgument, "embed: no tokens");
+    im.state->reset();
+    im.drop_logits();
+    im.pending_store = 0;
+    im.shifted = false;
     im.cancel.store(false);
-    std::vector<float> hidden(size_t(n * n_embd));
+    std::vector<float> hidden(static_cast<size_t>(n * n_embd));
     const int64_t n_batch = std::max<int32_t>(1, im.eng->options.n_batch);
+    const std::span<const int32_t> tokens(im.tokens);
     for (int64_t off = 0; off < n; off += n_batch) {
         if (im.cancel.exchange(false)) {
             reset();
@@ -513,15 +502,16 @@ std::vector<float> Session::embed(std::span<const int32_t> tokens, Pooling pooli
         const int64_t plain = off + m == n ? m - 1 : m;
         if (plain > 0)
             im.state->eval({.tokens = tokens.subspan(size_t(off), size_t(plain)),
+                            .embd = im.runs_in(size_t(off), size_t(plain)),
                             .all_logits = true,
                             .hidden = hidden.data() + off * n_embd});
         if (plain < m)
             im.state->eval({.tokens = tokens.subspan(size_t(n - 1), 1),
+                            .embd = im.runs_in(size_t(n - 1), 1),
                             .logits = im.logits.data(),
                             .hidden = hidden.data() + (n - 1) * n_embd});
     }
     im.logits_on_host();
-    im.tokens.assign(tokens.begin(), tokens.end());
     if (pooling == Pooling::kNone) return hidden;
     if (pooling == Pooling::kLast) return std::vector<float>(hidden.end() - n_embd, hidden.end());
     std::vector<double> sum(size_t(n_embd), 0.0);
