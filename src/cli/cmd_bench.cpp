@@ -3,15 +3,15 @@
 // p10 and p90 of tokens/s over the repetitions; peak RSS; and the decode roofline:
 // (decode tokens/s x weight bytes read per token) / read bandwidth, the bandwidth measured
 // once with a multi-threaded sum over a large array (or given with --bandwidth).
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 #include <sys/resource.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <thread>
@@ -22,9 +22,9 @@
 #include "cera/error.h"
 #include "cera/session.h"
 #include "cli/command.h"
-#include "cli/percentile.h"
 #include "cli/engine_flags.h"
 #include "cli/parse_args.h"
+#include "cli/percentile.h"
 #include "core/cpu_features.h"
 
 namespace cera::cli {
@@ -35,7 +35,6 @@ using Clock = std::chrono::steady_clock;
 struct Stats {
     double median = 0, p10 = 0, p90 = 0;
 };
-
 
 Stats stats(const std::vector<double>& v) { return {percentile(v, 0.5), percentile(v, 0.1), percentile(v, 0.9)}; }
 
@@ -91,6 +90,64 @@ struct TestResult {
     std::vector<double> samples;  // tokens/s per repetition
 };
 
+// A W x H 24-bit BMP of random pixels (a different image each seed: the engine's cache never hits).
+std::vector<uint8_t> random_bmp(int w, int h, uint32_t seed) {
+    const size_t stride = (size_t(w) * 3 + 3) / 4 * 4, size = 54 + stride * size_t(h);
+    std::vector<uint8_t> f(size, 0);
+    auto put32 = [&](size_t off, uint32_t v) {
+        for (int i = 0; i < 4; ++i) f[off + size_t(i)] = uint8_t(v >> (8 * i));
+    };
+    f[0] = 'B', f[1] = 'M';
+    put32(2, uint32_t(size)), put32(10, 54), put32(14, 40), put32(18, uint32_t(w)), put32(22, uint32_t(h));
+    f[26] = 1, f[28] = 24;
+    std::mt19937 rng(seed);
+    for (size_t y = 0; y < size_t(h); ++y)
+        for (size_t x = 0; x < size_t(w) * 3; ++x) f[54 + y * stride + x] = uint8_t(rng());
+    return f;
+}
+
+// --mmproj: the encode time of a W x H image (decode, preprocessing, vision tower and projector: what
+// Session::append_image spends) and the time to first token of a short prompt with it.
+int run_image_bench(const std::shared_ptr<Engine>& engine, const std::string& size, int reps, bool as_json) {
+    int w = 0, h = 0;
+    if (std::sscanf(size.c_str(), "%dx%d", &w, &h) != 2 || w < 1 || h < 1 || w > 16384 || h > 16384)
+        throw Error(ErrorCode::kInvalidArgument, "--image-size '" + size + "': expected WxH, e.g. 1024x768");
+    using Clock = std::chrono::steady_clock;
+    std::vector<double> encode_ms, ttft_ms;
+    int32_t n_tokens = 0;
+    for (int r = 0; r <= reps; ++r) {  // run 0 warms up
+        const std::vector<uint8_t> img = random_bmp(w, h, uint32_t(r + 1));
+        Session s(engine);
+        const auto t0 = Clock::now();
+        s.append_image(img);
+        const auto t1 = Clock::now();
+        s.append_text("Describe this image.", false, true);
+        GenerateOptions g;
+        g.max_tokens = 1;
+        g.sampling.temperature = 0.0f;
+        NullSink sink;
+        s.generate(g, sink);
+        const auto t2 = Clock::now();
+        n_tokens = s.position();
+        if (r == 0) continue;
+        encode_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+        ttft_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t0).count());
+    }
+    const double enc = percentile(encode_ms, 0.5), ttft = percentile(ttft_ms, 0.5);
+    if (as_json) {
+        nlohmann::json j = {{"image_size", size}, {"prompt_tokens", n_tokens}, {"encode_ms", enc},
+                            {"ttft_ms", ttft},    {"repetitions", reps},       {"device", engine->info().device}};
+        std::printf("%s\n", j.dump().c_str());
+    } else {
+        std::printf(
+            "image %dx%d (%d prompt tokens, %s): encode %.1f ms (p10 %.1f, p90 %.1f), time to first token "
+            "%.1f ms (median of %d)\n",
+            w, h, n_tokens, engine->info().device.c_str(), enc, percentile(encode_ms, 0.1), percentile(encode_ms, 0.9),
+            ttft, reps);
+    }
+    return 0;
+}
+
 int run_bench(const std::vector<std::string>& args) {
     CLI::App app{"Measures prefill (pp) and decode (tg) tokens/s on random tokens, like llama-bench.", "cera bench"};
     std::string model;
@@ -114,7 +171,8 @@ int run_bench(const std::vector<std::string>& args) {
     app.add_option("--bandwidth-gib", bw_gib, "array size of the bandwidth measurement, GiB")->capture_default_str();
     app.add_flag("--profile", profile, "CUDA: print the GPU and host time per decode step at the end");
     app.add_flag("--json", as_json, "print one JSON object");
-    app.add_option("--temp", temp, "decode test: sampling temperature (0: greedy, as llama-bench)")->capture_default_str();
+    app.add_option("--temp", temp, "decode test: sampling temperature (0: greedy, as llama-bench)")
+        ->capture_default_str();
     app.add_option("--top-k", top_k, "decode test with --temp > 0: top-k (other settings: the defaults)")
         ->capture_default_str();
     app.add_flag("--host-sampling", host_sampling,
@@ -125,8 +183,15 @@ int run_bench(const std::vector<std::string>& args) {
                    "prints their aggregate prompt and generation tokens/s (tests pp128 x8, tg128 x8)")
         ->delimiter(',');
     app.add_flag("--shared-prompt", shared_prompt, "--parallel: every sequence has the same prompt");
-    app.add_flag("--no-ahead", no_ahead,
-                 "decode test: wait for each greedy pick before queuing the next step (see GenerateOptions::decode_ahead)");
+    app.add_flag(
+        "--no-ahead", no_ahead,
+        "decode test: wait for each greedy pick before queuing the next step (see GenerateOptions::decode_ahead)");
+    app.add_option("--mmproj", ef.mmproj, "vision projector GGUF: measure an image's encode instead (--image-size)");
+    std::string image_size = "1024x768";
+    app.add_option("--image-size", image_size,
+                   "with --mmproj: the size WxH of the random image whose encode time and time to first token are "
+                   "measured (instead of the pp / tg tests)")
+        ->capture_default_str();
     if (int rc = parse_args(app, args, "bench"); rc >= 0) return rc;
     if (n_prompt < 0 || n_gen < 0 || depth < 0 || reps < 1 || bandwidth_gbps < 0 || bw_gib <= 0)
         throw Error(ErrorCode::kInvalidArgument, "-p, -n, -d and --bandwidth must be >= 0, -r >= 1");
@@ -143,6 +208,10 @@ int run_bench(const std::vector<std::string>& args) {
                                                      std::to_string(needed) + " tokens the tests need");
     eo.n_ctx = ef.n_ctx != 0 ? ef.n_ctx : needed;
     eo.gpu_profile = profile;
+    if (!eo.mmproj.empty()) {
+        eo.n_ctx = ef.n_ctx != 0 ? ef.n_ctx : 4096;
+        return run_image_bench(Engine::load(model, eo), image_size, reps, as_json);
+    }
     auto engine = Engine::load(model, eo);
     const EngineInfo& info = engine->info();
     const int n_threads = ef.threads > 0 ? ef.threads : std::max(1, cpu_features().physical_cores);
@@ -239,7 +308,8 @@ int run_bench(const std::vector<std::string>& args) {
         }
         tests.push_back(std::move(pp)), tests.push_back(std::move(tg));
         const BatcherStats st = batcher->stats();
-        const double per_token = double(st.kv_bytes) / double(std::max<int64_t>(1, st.kv_blocks_total * st.kv_block_tokens));
+        const double per_token =
+            double(st.kv_bytes) / double(std::max<int64_t>(1, st.kv_blocks_total * st.kv_block_tokens));
         std::fprintf(stderr, "cera bench: %d sequences: KV pool %.1f MiB, %lld blocks of %d tokens, %.1f KiB a token\n",
                      n_seq, double(st.kv_bytes) / (1 << 20), (long long)st.kv_blocks_total, st.kv_block_tokens,
                      per_token / 1024);
@@ -316,10 +386,11 @@ int run_bench(const std::vector<std::string>& args) {
     }
     std::printf("\npeak RSS: %.1f MiB\n", rss / (1 << 20));
     if (info.on_gpu)
-        std::printf("device memory: %.1f MiB = weights %.1f + KV cache, states and outputs %.1f + scratch %.1f "
-                    "(%.2fx the weights and buffers)\n",
-                    dm_total / (1 << 20), double(dm.weights) / (1 << 20), double(dm.buffers) / (1 << 20),
-                    double(dm.scratch) / (1 << 20), dm_total / double(std::max<uint64_t>(1, dm.weights + dm.buffers)));
+        std::printf(
+            "device memory: %.1f MiB = weights %.1f + KV cache, states and outputs %.1f + scratch %.1f "
+            "(%.2fx the weights and buffers)\n",
+            dm_total / (1 << 20), double(dm.weights) / (1 << 20), double(dm.buffers) / (1 << 20),
+            double(dm.scratch) / (1 << 20), dm_total / double(std::max<uint64_t>(1, dm.weights + dm.buffers)));
     if (!parallel.empty()) return 0;  // the roofline is a single sequence's
     std::printf("weights read per decoded token: %.2f MiB\n", bytes_per_token / (1 << 20));
     if (bandwidth > 0) {

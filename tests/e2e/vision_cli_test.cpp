@@ -58,6 +58,38 @@ TEST(VisionCli, EmbedGivesOneRowPerExpandedPosition) {
     EXPECT_EQ(j["embeddings"].size(), 90u);
 }
 
+TEST(VisionCli, ChatImageStaysInTheConversation) {
+    // /image attaches the test image to the next message: the chat template renders the fixture's prompt,
+    // so the reply is the reference's greedy start; the second turn evaluates only its new tokens.
+    const nlohmann::json greedy = nlohmann::json::parse(test::read_text(fx("ref/greedy_vl.json")));
+    const std::string input = "/image " + fx("ref/test_image.png") + "\nWhat is in the picture?\nAnd now?\n";
+    const test::ShellResult r = test::run_shell("printf '%s' " + shell_quote(input) + " | " + base("chat") +
+                                                " --mmproj " + shell_quote(fx("mmproj.gguf")) + " --temp 0 -n 8 -v");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const std::string first = r.out.substr(0, r.out.find('\n'));
+    EXPECT_EQ(first, greedy["generated_text"].get<std::string>().substr(0, first.size()));
+    EXPECT_EQ(first.size(), 42u);  // " Tommy Tommy" and six "Sorry": the first 8 tokens
+    EXPECT_NE(r.err.find("prompt 90 new tokens"), std::string::npos) << r.err;
+    const size_t second = r.err.find("prompt ", r.err.find("prompt 90 new tokens") + 10);
+    ASSERT_NE(second, std::string::npos) << r.err;
+    EXPECT_LT(std::stoi(r.err.substr(second + 7)), 30) << r.err;
+}
+
+TEST(VisionCli, SynthMmprojLoadsAndBenchReportsEncodeTime) {
+    const std::string out = (std::filesystem::temp_directory_path() / "cera_synth_mmproj_tiny.gguf").string();
+    test::ShellResult r =
+        test::run_shell(shell_quote(test::cera_bin()) + " synth --mmproj tiny -o " + shell_quote(out));
+    ASSERT_EQ(r.code, 0) << r.err;
+    r = test::run_shell(base("bench") + " --mmproj " + shell_quote(out) + " --image-size 300x520 -r 1 --json");
+    std::filesystem::remove(out);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    // The tall image's prompt: 144 image tokens and its markers, then the text.
+    EXPECT_GT(j["prompt_tokens"].get<int>(), 146);
+    EXPECT_GT(j["encode_ms"].get<double>(), 0.0);
+    EXPECT_GE(j["ttft_ms"].get<double>(), j["encode_ms"].get<double>());
+}
+
 TEST(VisionCli, BadInputIsOneLineError) {
     const std::vector<std::pair<std::string, std::string>> cases = {
         {base("run") + " --image " + shell_quote(fx("ref/test_image.png")) + " -p hi", "--mmproj"},
