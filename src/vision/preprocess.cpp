@@ -244,6 +244,16 @@ ProcessedImage preprocess(const RgbImage& img, const ProcessorConfig& cfg) {
     const bool large = hb * wb > double(cfg.max_image_tokens) * cfg.patch_size * cfg.patch_size * cfg.downsample *
                                      cfg.downsample * cfg.max_pixels_tolerance;
     const auto [new_h, new_w] = smart_resize(h, w, cfg);
+    // An extreme aspect ratio makes the smart resize overshoot the encoder's patch budget (the processor
+    // would then cut patches off when it pads): refused instead.
+    const int64_t max_patches =
+        std::max<int64_t>(int64_t(cfg.max_image_tokens) * cfg.downsample * cfg.downsample,
+                          int64_t(cfg.tile_size / cfg.patch_size) * (cfg.tile_size / cfg.patch_size));
+    const int64_t patches = int64_t(new_h / cfg.patch_size) * (new_w / cfg.patch_size);
+    if (patches > max_patches)
+        throw_error(ErrorCode::kInvalidArgument,
+                    "image: %d x %d pixels has too extreme an aspect ratio (%lld patches after resizing, at most %lld)",
+                    w, h, (long long)patches, (long long)max_patches);
     ProcessedImage out;
     if (large && splitting) {
         const auto [gc, gr] = tile_grid(h, w, cfg);

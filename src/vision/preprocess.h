@@ -46,7 +46,8 @@ struct ProcessedImage {
 int piece_tokens(const PatchGrid& g, int downsample);
 int image_tokens(const ProcessedImage& img, int downsample);
 
-// The pieces and layout of an image.
+// The pieces and layout of an image. Throws kInvalidArgument for an aspect ratio so extreme that a
+// piece would exceed the encoder's patch budget (max(max_image_tokens f², (tile_size / patch_size)²)).
 ProcessedImage preprocess(const RgbImage& img, const ProcessorConfig& cfg);
 
 // The prompt text the chat template expects in place of one image: <|image_start|>, for a tiled

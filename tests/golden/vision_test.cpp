@@ -141,6 +141,25 @@ TEST(VisionImage, BadImagesFailCleanly) {
     }
 }
 
+TEST(VisionPreprocess, ExtremeAspectRatioIsRefused) {
+    // 13569 x 1 (found by the fuzzer): the smart resize would give 2 x 424 x 2 patches, over 1024.
+    vision::RgbImage img;
+    img.width = 13569;
+    img.height = 1;
+    img.rgb.assign(size_t(img.width) * 3, 128);
+    try {
+        vision::preprocess(img, vision::ProcessorConfig{});
+        ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+        EXPECT_NE(std::string(e.what()).find("aspect ratio"), std::string::npos) << e.what();
+    }
+    img.width = 1000;  // 10:1, within the budget
+    img.height = 100;
+    img.rgb.assign(size_t(img.width) * size_t(img.height) * 3, 128);
+    EXPECT_NO_THROW(vision::preprocess(img, vision::ProcessorConfig{}));
+}
+
 TEST(VisionImage, AlphaAndGrayscaleBecomeRgb) {
     // A 1 x 1 BMP is easy to write by hand; a 2 x 1 gray+alpha image through stb's PNM/TGA is not, so
     // the composite rule is checked on a 32-bit BMP (BGRA) pixel at alpha 0 (white) and 255 (itself).

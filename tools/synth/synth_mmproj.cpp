@@ -70,7 +70,8 @@ void synthesize_mmproj(const MmprojShape& s, GgmlType type, uint64_t seed, const
     const int64_t n = s.n_embd;
     tensor("v.patch_embd.weight", {kPatch, kPatch, 3, n}, type, 0.0, 1.0 / std::sqrt(double(3 * kPatch * kPatch)));
     vec("v.patch_embd.bias", n, 0.0);
-    tensor("v.position_embd.weight", {n, kSide * kSide}, type, 0.0, 0.02);
+    // The position table stays F32, as llama.cpp needs it for its resize (ggml_interpolate).
+    tensor("v.position_embd.weight", {n, kSide * kSide}, GgmlType::kF32, 0.0, 0.02);
     for (int64_t il = 0; il < s.n_layer; ++il) {
         const std::string p = "v.blk." + std::to_string(il) + ".";
         for (const char* ln : {"ln1", "ln2"}) {
