@@ -103,15 +103,18 @@ std::unique_ptr<VisionEncoder> VisionEncoder::load(const std::string& path, Back
         throw_error(ErrorCode::kInvalidFile, "mmproj: clip.vision.projector.scale_factor = %lld, expected 1..8",
                     (long long)factor);
     c.proc.downsample = int(factor);
-    for (const char* key : {"clip.vision.image_mean", "clip.vision.image_std"}) {
+    // Normalisation: finite means, positive standard deviations, one a channel.
+    auto channels = [&](const char* key, std::array<float, 3>& out, bool positive_only) {
         const std::vector<float> v = f.get_f32_array(key);
         if (v.size() != 3) throw_error(ErrorCode::kInvalidFile, "mmproj: %s has %zu values, expected 3", key, v.size());
         for (size_t i = 0; i < 3; ++i) {
-            if (!std::isfinite(v[i]) || (key[12] == 's' && !(v[i] > 0.0f)))
+            if (!std::isfinite(v[i]) || (positive_only && !(v[i] > 0.0f)))
                 throw_error(ErrorCode::kInvalidFile, "mmproj: %s[%zu] = %g is not usable", key, i, double(v[i]));
-            (key[12] == 'm' ? c.proc.mean : c.proc.std)[i] = v[i];
+            out[i] = v[i];
         }
-    }
+    };
+    channels("clip.vision.image_mean", c.proc.mean, false);
+    channels("clip.vision.image_std", c.proc.std, true);
 
     WeightLoader wl(f, be);
     const int64_t n = c.n_embd, pdim = patch * patch * 3;
@@ -157,11 +160,13 @@ std::unique_ptr<VisionEncoder> VisionEncoder::load(const std::string& path, Back
         l.down_w = wl.matrix(p + "ffn_down.weight", {c.n_ff, n});
         l.down_b = wl.f32(p + "ffn_down.bias", {n});
     }
-    e->post_w_ = wl.f32("v.post_ln.weight", {n});
-    e->post_b_ = wl.f32("v.post_ln.bias", {n});
+    // Optional: a tower cut before its last block (LFM2-VL's) may come without its final norm.
+    e->post_w_ = wl.f32_optional("v.post_ln.weight", {n});
+    e->post_b_ = wl.f32_optional("v.post_ln.bias", {n});
     const int64_t in = n * factor * factor;
-    e->proj_norm_w_ = wl.f32("mm.input_norm.weight", {in});
-    e->proj_norm_b_ = wl.f32("mm.input_norm.bias", {in});
+    // Optional: projectors without the layer norm (projector_use_layernorm = false) leave it out.
+    e->proj_norm_w_ = wl.f32_optional("mm.input_norm.weight", {in});
+    e->proj_norm_b_ = wl.f32_optional("mm.input_norm.bias", {in});
     const gguf::TensorInfo* m1 = f.find_tensor("mm.1.weight");
     const gguf::TensorInfo* m2 = f.find_tensor("mm.2.weight");
     if (!m1 || !m2) throw_error(ErrorCode::kMissing, "mmproj: missing tensor %s", m1 ? "mm.2.weight" : "mm.1.weight");
@@ -218,7 +223,7 @@ Tensor VisionEncoder::run_tower(const PatchGrid& g) const {
         be.matmul(l.down_w, ff, l.down_b, h);
         be.add(x, h, 1.0f, x);
     }
-    be.layer_norm(x, post_w_, post_b_, c.eps, x);
+    if (post_w_) be.layer_norm(x, post_w_, post_b_, c.eps, x);
     return x;
 }
 
@@ -253,7 +258,7 @@ std::vector<float> VisionEncoder::project(const Tensor& x, const PatchGrid& g) c
                     dst.ne[0] = n;
                     be.copy(dst, x.row_slice(src, 1).reshaped(n));
                 }
-    be.layer_norm(y, proj_norm_w_, proj_norm_b_, c.proj_eps, y);
+    if (proj_norm_w_) be.layer_norm(y, proj_norm_w_, proj_norm_b_, c.proj_eps, y);
     Tensor hid = s.get(c.proj_hidden, nt), out = s.get(c.n_embd_text, nt);
     be.matmul(proj1_w_, y, proj1_b_, hid);
     be.gelu(hid, GeluKind::kErf, hid);

@@ -3,9 +3,9 @@
 //   x = patches · patch_embd + b + resize_bilinear_aa(position_embd, grid)     (NaFlex: one grid a piece)
 //   per block:  x += Wo·Attn(Wq h, Wk h, Wv h),  h = LayerNorm(x) * ln1        (bidirectional, all patches)
 //               x += W2·gelu_tanh(W1 · LayerNorm(x) * ln2)
-//   x = LayerNorm(x) * post_ln
+//   x = LayerNorm(x) * post_ln                                  (when the file has post_ln)
 //   y = pixel_unshuffle(x, f): each f x f block of patches becomes one row of f² n_embd
-//   embeddings = mm.2 · gelu(mm.1 · LayerNorm(y) * input_norm)                  [n_tokens, n_embd_text]
+//   embeddings = mm.2 · gelu(mm.1 · LayerNorm(y) * input_norm)   [n_tokens, n_embd_text] (norm when present)
 #pragma once
 #include <cstdint>
 #include <memory>

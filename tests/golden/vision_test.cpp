@@ -4,11 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "backends/backend.h"
 #include "cera/engine.h"
 #include "cera/error.h"
+#include "gguf/gguf.h"
+#include "gguf/writer.h"
 #include "test_util.h"
 #include "vision/encoder.h"
 #include "vision/image.h"
@@ -107,6 +111,49 @@ TEST_F(VisionGolden, LayoutAndEmbeddingsMatchEveryImage) {
         const std::vector<float> emb = enc_->encode(p);
         EXPECT_LE(max_abs_diff(emb, test::read_f32(fx(c.embeddings))), 1e-3f);
     }
+}
+
+// A copy of the fixture's mmproj with one key changed (or dropped: `value` empty) and one tensor
+// dropped (`drop`), written to a temporary file; the encoder must refuse it naming what is wrong.
+std::string expect_mmproj_error(const std::string& key, std::optional<gguf::Value> value, const std::string& drop,
+                                ErrorCode code) {
+    auto src = gguf::File::open(fx("mmproj.gguf"));
+    gguf::Writer w;
+    for (const auto& [k, v] : src->metadata())
+        if (k != key) w.set(k, v);
+    if (value) w.set(key, *value);
+    for (const gguf::TensorInfo& t : src->tensors())
+        if (t.name != drop) w.add_tensor(t.name, t.type, t.ne, std::span<const uint8_t>(t.data, t.n_bytes));
+    const std::string path = (std::filesystem::temp_directory_path() / "cera_bad_mmproj.gguf").string();
+    w.write(path);
+    auto be = create_backend({});
+    std::string what;
+    try {
+        vision::VisionEncoder::load(path, *be, 64);
+        ADD_FAILURE() << key << " / " << drop << ": no error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), code) << e.what();
+        what = e.what();
+    }
+    std::filesystem::remove(path);
+    return what;
+}
+
+TEST(VisionMmproj, MalformedFilesAreRefusedByName) {
+    EXPECT_NE(expect_mmproj_error("clip.projector_type", gguf::value_string("mlp"), "", ErrorCode::kUnsupported)
+                  .find("projector_type"),
+              std::string::npos);
+    EXPECT_NE(expect_mmproj_error("clip.vision.block_count", std::nullopt, "", ErrorCode::kMissing).find("block_count"),
+              std::string::npos);
+    EXPECT_NE(expect_mmproj_error("clip.vision.attention.head_count", gguf::value_u32(3), "", ErrorCode::kInvalidFile)
+                  .find("head_count"),
+              std::string::npos);
+    EXPECT_NE(expect_mmproj_error("", std::nullopt, "v.blk.1.attn_q.weight", ErrorCode::kMissing).find("attn_q"),
+              std::string::npos);
+    EXPECT_NE(expect_mmproj_error("clip.vision.image_std", gguf::value_f32_array(std::vector<float>{0.5f, 0.0f, 0.5f}),
+                                  "", ErrorCode::kInvalidFile)
+                  .find("image_std"),
+              std::string::npos);
 }
 
 TEST(VisionImage, BadImagesFailCleanly) {
