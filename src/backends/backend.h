@@ -125,18 +125,17 @@ class Backend;
 // loops, the specification every backend's kernel is checked against. Rows [r0, r1) of x / q only, so
 // that a caller may split the rows over threads.
 //   layer_norm: x, out f32 [rows, n]; w, b f32 [n] or null.
-void layer_norm_rows_host(const float* x, int64_t n, const float* w, const float* b, float eps, float* out,
-                          int64_t r0, int64_t r1);
+void layer_norm_rows_host(const float* x, int64_t n, const float* w, const float* b, float eps, float* out, int64_t r0,
+                          int64_t r1);
 void gelu_host(const float* x, float* out, int64_t n, GeluKind kind);
 //   attention_full: q, k, v, out f32 [n_tokens, n_head * head_dim]; query rows [r0, r1) of every head.
-void attention_full_host(const float* q, const float* k, const float* v, int64_t n_tokens, int n_head,
-                         int head_dim, float scale, float* out, int64_t r0, int64_t r1);
+void attention_full_host(const float* q, const float* k, const float* v, int64_t n_tokens, int n_head, int head_dim,
+                         float scale, float* out, int64_t r0, int64_t r1);
 // The defaults of those ops: read the operands to the host, run the reference, write out back.
-void layer_norm_via_host(Backend& be, const Tensor& x, const Tensor& w, const Tensor& b, float eps,
-                         const Tensor& out);
+void layer_norm_via_host(Backend& be, const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& out);
 void gelu_via_host(Backend& be, const Tensor& x, GeluKind kind, const Tensor& out);
-void attention_full_via_host(Backend& be, const Tensor& q, const Tensor& k, const Tensor& v, int n_head,
-                             int head_dim, float scale, const Tensor& out);
+void attention_full_via_host(Backend& be, const Tensor& q, const Tensor& k, const Tensor& v, int n_head, int head_dim,
+                             float scale, const Tensor& out);
 // Backend::argmax's default: synchronize, read x, argmax_rows_host, write out.
 void argmax_via_host(Backend& be, const Tensor& x, const Tensor& out);
 // Backend::argmax_feed's default: argmax(), then the pick and the next position through the host.

@@ -113,7 +113,7 @@ struct EmbdRun {
 struct EvalRequest {
     std::span<const int32_t> tokens{};  // run at positions position() .. position() + n_tokens - 1
     HeadOutput head = HeadOutput::kLogits;
-    std::span<const EmbdRun> embd{};    // runs of tokens whose input is given as embeddings (in order, disjoint)
+    std::span<const EmbdRun> embd{};  // runs of tokens whose input is given as embeddings (in order, disjoint)
     // kLogits only:
     bool all_logits = false;  // output rows for every token, else for the last
     float* logits = nullptr;  // f32 [n_out, n_vocab], or null
