@@ -29,23 +29,26 @@ struct LoraOptions {
 };
 
 struct EngineOptions {
-    std::string device = "auto";             // "auto" (a CUDA GPU when usable, else the CPU), "cpu", "cuda", "cuda:N"
-    int threads = 0;                         // CPU worker threads; 0 = the physical cores
-    int32_t n_ctx = 0;                       // context length of each session; 0 = the model's, at most 4096
+    std::string device = "auto";              // "auto" (a CUDA GPU when usable, else the CPU), "cpu", "cuda", "cuda:N"
+    int threads = 0;                          // CPU worker threads; 0 = the physical cores
+    int32_t n_ctx = 0;                        // context length of each session; 0 = the model's, at most 4096
     KvCacheType kv_type = KvCacheType::kF32;  // KV cache storage
-    int32_t n_batch = 512;                   // prefill chunk (tokens per forward pass)
+    int32_t n_batch = 512;                    // prefill chunk (tokens per forward pass)
     // Prefix cache (src/runtime/prefix_cache.h): sessions save their state at the end of each prompt
     // and at n_batch-aligned chunk boundaries, and a later prompt sharing such a prefix restores it.
-    size_t prefix_cache_bytes = 0;       // in-memory (warm) tier bound in bytes; 0 = none
-    std::string prefix_cache_dir;        // on-disk (cold) tier directory; "" = none
-    uint64_t prefix_cache_dir_bytes = 0; // on-disk tier bound in bytes; 0 = 4 GiB
-    bool gpu_profile = false;            // CUDA: print GPU and host time per decode step when the engine goes
+    size_t prefix_cache_bytes = 0;        // in-memory (warm) tier bound in bytes; 0 = none
+    std::string prefix_cache_dir;         // on-disk (cold) tier directory; "" = none
+    uint64_t prefix_cache_dir_bytes = 0;  // on-disk tier bound in bytes; 0 = 4 GiB
+    bool gpu_profile = false;             // CUDA: print GPU and host time per decode step when the engine goes
     // LoRA adapters applied together to every session and to every batcher request that names no adapter
     // (GenerateOptions::adapter), each with its scale. Loaded with the model; a bad one fails load().
     std::vector<LoraOptions> lora;
     // Device bytes of adapter weights kept resident while no step uses them (least recently used go
     // first beyond it); 0 = no bound.
     size_t lora_cache_bytes = 0;
+    // A vision projector GGUF (llama.cpp's mmproj of an LFM2-VL model), loaded onto the model's device:
+    // sessions then take images (Session::append_image). "" = none.
+    std::string mmproj;
 };
 
 // A named adapter of an engine (Engine::load_adapter).
@@ -77,13 +80,13 @@ struct PrefixCacheStats {
 
 // What a loaded model is and where it runs.
 struct EngineInfo {
-    std::string path;          // the GGUF file
-    std::string architecture;  // general.architecture, e.g. "lfm2"
-    std::string name;          // general.name, or ""
-    std::string weight_type;   // the type holding most weight bytes, e.g. "Q8_0"
-    std::string device;        // the backend, e.g. "cpu avx512, 2 threads"
-    bool on_gpu = false;       // true when the weights live on a CUDA device
-    int64_t n_params = 0;      // elements of all weight tensors
+    std::string path;           // the GGUF file
+    std::string architecture;   // general.architecture, e.g. "lfm2"
+    std::string name;           // general.name, or ""
+    std::string weight_type;    // the type holding most weight bytes, e.g. "Q8_0"
+    std::string device;         // the backend, e.g. "cpu avx512, 2 threads"
+    bool on_gpu = false;        // true when the weights live on a CUDA device
+    int64_t n_params = 0;       // elements of all weight tensors
     uint64_t weight_bytes = 0;  // bytes of all weight tensors
     // Weight bytes one batch-1 decode step reads: every matrix once, one embedding row,
     // the routed share of MoE experts. The numerator of the decode roofline.
@@ -91,13 +94,13 @@ struct EngineInfo {
     int32_t n_vocab = 0;
     int32_t n_embd = 0;
     int32_t n_layer = 0;
-    int32_t n_ctx_train = 0;   // the context the model was trained with (<arch>.context_length)
-    int32_t n_ctx = 0;         // the context of each session
+    int32_t n_ctx_train = 0;  // the context the model was trained with (<arch>.context_length)
+    int32_t n_ctx = 0;        // the context of each session
     bool has_chat_template = false;
 };
 
 class Engine {
-   public:
+ public:
     // Loads a GGUF model and makes its weights resident on the chosen device. Throws cera::Error
     // (kIo, kInvalidFile, kUnsupported, kDevice, kInvalidArgument for bad options).
     static std::shared_ptr<Engine> load(const std::string& path, const EngineOptions& options = {});
@@ -123,9 +126,9 @@ class Engine {
     std::string detokenize(std::span<const int32_t> tokens, bool render_special = false) const;
     // Whether the model wants BOS at the start of a sequence (tokenizer.ggml.add_bos_token).
     bool add_bos() const;
-    int32_t bos_token() const;          // -1 when the model has none
-    int32_t eos_token() const;          // -1 when the model has none
-    bool is_eog(int32_t token) const;   // end of generation: EOS, EOT, EOM and the like
+    int32_t bos_token() const;         // -1 when the model has none
+    int32_t eos_token() const;         // -1 when the model has none
+    bool is_eog(int32_t token) const;  // end of generation: EOS, EOT, EOM and the like
     // tokenizer.chat_template, or "" when absent.
     std::string chat_template() const;
     // The text of a token id as the vocabulary stores it (special tokens included), e.g. "<|im_end|>".
@@ -137,6 +140,9 @@ class Engine {
     // A hash of the GGUF (size, metadata, tensor table, samples of the data): saved states and
     // prefix-cache entries carry it, and load only into an engine with the same fingerprint.
     uint64_t fingerprint() const;
+    // Whether a vision projector is loaded (EngineOptions::mmproj): sessions take images.
+    bool has_vision() const;
+
     // Whether a prefix cache is configured, and its counters (zeros without one).
     bool has_prefix_cache() const;
     PrefixCacheStats prefix_cache_stats() const;
@@ -155,7 +161,7 @@ class Engine {
     struct Impl;
     Impl& impl() const { return *impl_; }
 
-   private:
+ private:
     Engine();
     std::unique_ptr<Impl> impl_;
 };

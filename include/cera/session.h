@@ -172,6 +172,15 @@ class Session {
     void append_text(std::string_view text, bool add_bos, bool parse_special);
     // Queues token ids. Throws kOutOfRange for an id outside the vocabulary or when they do not fit.
     void append_tokens(std::span<const int32_t> tokens);
+    // Queues an image, given as the bytes of its file (PNG, JPEG, BMP, GIF's first frame, ...): the
+    // engine's vision projector (EngineOptions::mmproj) encodes it, and the tokens the chat template
+    // expects for it (<|image_start|>, tile markers, one image token per embedding row, <|image_end|>)
+    // join the sequence, the image's embeddings standing in for its image tokens. A repeated image (same
+    // pixels) is not encoded again. BOS is prepended as append_text does. Throws kInvalidArgument for a
+    // bad image (not an image, truncated, too large) or an engine without a projector, kOutOfRange when
+    // it does not fit; the session is then unchanged.
+    void append_image(std::span<const uint8_t> file_bytes);
+    void append_image_file(const std::string& path);  // as append_image; kIo when unreadable
 
     // Evaluates what is queued, then samples until EOS, a stop string, max_tokens, a full context
     // or cancel(). Text streams to sink. Throws kInvalidArgument when there is nothing to continue
@@ -210,6 +219,9 @@ class Session {
     // pooled. The session then holds the tokens (generate() may continue). Throws kInvalidArgument for no
     // tokens, kOutOfRange for a bad id or too many tokens.
     std::vector<float> embed(std::span<const int32_t> tokens, Pooling pooling = Pooling::kMean);
+    // embed() of the session's whole sequence as queued (text and images: rows for every position of an
+    // image's expanded tokens), evaluated again from the start. Throws kInvalidArgument when it is empty.
+    std::vector<float> embed_sequence(Pooling pooling = Pooling::kMean);
 
     // The next-token logits after the last evaluated token: [n_vocab] floats, valid until the session
     // changes. Evaluates queued tokens first (as generate() with max_tokens = 0 does). Throws

@@ -115,7 +115,27 @@ struct MoeParams {
     float weights_scale = 1.0f;     // multiplies the (normalised) weights
 };
 
+enum class GeluKind {
+    kTanh,  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): SigLIP's gelu_pytorch_tanh
+    kErf,   // 0.5 x (1 + erf(x / sqrt(2))): the exact GELU (LFM2-VL's projector)
+};
+
 class Backend;
+// The references of the encoder ops (Backend::layer_norm, gelu, attention_full) on host memory: plain
+// loops, the specification every backend's kernel is checked against. Rows [r0, r1) of x / q only, so
+// that a caller may split the rows over threads.
+//   layer_norm: x, out f32 [rows, n]; w, b f32 [n] or null.
+void layer_norm_rows_host(const float* x, int64_t n, const float* w, const float* b, float eps, float* out, int64_t r0,
+                          int64_t r1);
+void gelu_host(const float* x, float* out, int64_t n, GeluKind kind);
+//   attention_full: q, k, v, out f32 [n_tokens, n_head * head_dim]; query rows [r0, r1) of every head.
+void attention_full_host(const float* q, const float* k, const float* v, int64_t n_tokens, int n_head, int head_dim,
+                         float scale, float* out, int64_t r0, int64_t r1);
+// The defaults of those ops: read the operands to the host, run the reference, write out back.
+void layer_norm_via_host(Backend& be, const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& out);
+void gelu_via_host(Backend& be, const Tensor& x, GeluKind kind, const Tensor& out);
+void attention_full_via_host(Backend& be, const Tensor& q, const Tensor& k, const Tensor& v, int n_head, int head_dim,
+                             float scale, const Tensor& out);
 // Backend::argmax's default: synchronize, read x, argmax_rows_host, write out.
 void argmax_via_host(Backend& be, const Tensor& x, const Tensor& out);
 // Backend::argmax_feed's default: argmax(), then the pick and the next position through the host.
@@ -293,6 +313,23 @@ class Backend {
     // The default goes through the host (lora_segments_via_host); a device backend should override it.
     virtual void lora_segments(const Tensor& x, std::span<const LoraSegment> segs, const Tensor& y) {
         lora_segments_via_host(*this, x, segs, y);
+    }
+
+    // The vision encoder's ops (SigLIP2 ViT and the LFM2-VL projector). Their defaults go through the host
+    // (the *_via_host functions above); a device backend should override them.
+    // out[r] = (x[r] - mean(x[r])) / sqrt(var(x[r]) + eps) * w + b
+    //   x, out: f32 [rows, n] (out may alias x); w, b: f32 [n] or empty (1 and 0)
+    virtual void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& out) {
+        layer_norm_via_host(*this, x, w, b, eps, out);
+    }
+    // out = gelu(x), elementwise;  x, out: f32, same shape (out may alias x)
+    virtual void gelu(const Tensor& x, GeluKind kind, const Tensor& out) { gelu_via_host(*this, x, kind, out); }
+    // Bidirectional multi-head softmax attention of a set of tokens (the patches of one image): every
+    // query sees every key, no mask, no cache.
+    //   q, k, v: f32 [n_tokens, n_head * head_dim]; out: f32 [n_tokens, n_head * head_dim] (must not alias q, k, v)
+    virtual void attention_full(const Tensor& q, const Tensor& k, const Tensor& v, int n_head, int head_dim,
+                                float scale, const Tensor& out) {
+        attention_full_via_host(*this, q, k, v, n_head, head_dim, scale, out);
     }
 
     // out = silu(gate) ⊙ up;  gate, up, out: f32 [n_tokens, n_ff] (out may alias gate or up)

@@ -93,6 +93,64 @@ struct TestResult {
     std::vector<double> samples;  // tokens/s per repetition
 };
 
+// A W x H 24-bit BMP of random pixels (a different image each seed: the engine's cache never hits).
+std::vector<uint8_t> random_bmp(int w, int h, uint32_t seed) {
+    const size_t stride = (size_t(w) * 3 + 3) / 4 * 4, size = 54 + stride * size_t(h);
+    std::vector<uint8_t> f(size, 0);
+    auto put32 = [&](size_t off, uint32_t v) {
+        for (int i = 0; i < 4; ++i) f[off + size_t(i)] = uint8_t(v >> (8 * i));
+    };
+    f[0] = 'B', f[1] = 'M';
+    put32(2, uint32_t(size)), put32(10, 54), put32(14, 40), put32(18, uint32_t(w)), put32(22, uint32_t(h));
+    f[26] = 1, f[28] = 24;
+    std::mt19937 rng(seed);
+    for (size_t y = 0; y < size_t(h); ++y)
+        for (size_t x = 0; x < size_t(w) * 3; ++x) f[54 + y * stride + x] = uint8_t(rng());
+    return f;
+}
+
+// --mmproj: the encode time of a W x H image (decode, preprocessing, vision tower and projector: what
+// Session::append_image spends) and the time to first token of a short prompt with it.
+int run_image_bench(const std::shared_ptr<Engine>& engine, const std::string& size, int reps, bool as_json) {
+    int w = 0, h = 0;
+    if (std::sscanf(size.c_str(), "%dx%d", &w, &h) != 2 || w < 1 || h < 1 || w > 16384 || h > 16384)
+        throw Error(ErrorCode::kInvalidArgument, "--image-size '" + size + "': expected WxH, e.g. 1024x768");
+    using Clock = std::chrono::steady_clock;
+    std::vector<double> encode_ms, ttft_ms;
+    int32_t n_tokens = 0;
+    for (int r = 0; r <= reps; ++r) {  // run 0 warms up
+        const std::vector<uint8_t> img = random_bmp(w, h, uint32_t(r + 1));
+        Session s(engine);
+        const auto t0 = Clock::now();
+        s.append_image(img);
+        const auto t1 = Clock::now();
+        s.append_text("Describe this image.", false, true);
+        GenerateOptions g;
+        g.max_tokens = 1;
+        g.sampling.temperature = 0.0f;
+        NullSink sink;
+        s.generate(g, sink);
+        const auto t2 = Clock::now();
+        n_tokens = s.position();
+        if (r == 0) continue;
+        encode_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+        ttft_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t0).count());
+    }
+    const double enc = percentile(encode_ms, 0.5), ttft = percentile(ttft_ms, 0.5);
+    if (as_json) {
+        nlohmann::json j = {{"image_size", size}, {"prompt_tokens", n_tokens}, {"encode_ms", enc},
+                            {"ttft_ms", ttft},    {"repetitions", reps},       {"device", engine->info().device}};
+        std::printf("%s\n", j.dump().c_str());
+    } else {
+        std::printf(
+            "image %dx%d (%d prompt tokens, %s): encode %.1f ms (p10 %.1f, p90 %.1f), time to first token "
+            "%.1f ms (median of %d)\n",
+            w, h, n_tokens, engine->info().device.c_str(), enc, percentile(encode_ms, 0.1), percentile(encode_ms, 0.9),
+            ttft, reps);
+    }
+    return 0;
+}
+
 int run_bench(const std::vector<std::string>& args) {
     CLI::App app{"Measures prefill (pp) and decode (tg) tokens/s on random tokens, like llama-bench.", "cera bench"};
     std::string model;
@@ -137,6 +195,12 @@ int run_bench(const std::vector<std::string>& args) {
     app.add_option("-f,--prompt-file", prompt_file,
                    "decode test: prompt with this text (then the -n tokens generated) instead of one random token; "
                    "for speculative decoding on an input-grounded task");
+    app.add_option("--mmproj", ef.mmproj, "vision projector GGUF: measure an image's encode instead (--image-size)");
+    std::string image_size = "1024x768";
+    app.add_option("--image-size", image_size,
+                   "with --mmproj: the size WxH of the random image whose encode time and time to first token are "
+                   "measured (instead of the pp / tg tests)")
+        ->capture_default_str();
     if (int rc = parse_args(app, args, "bench"); rc >= 0) return rc;
     if (n_prompt < 0 || n_gen < 0 || depth < 0 || reps < 1 || bandwidth_gbps < 0 || bw_gib <= 0)
         throw Error(ErrorCode::kInvalidArgument, "-p, -n, -d and --bandwidth must be >= 0, -r >= 1");
@@ -153,6 +217,10 @@ int run_bench(const std::vector<std::string>& args) {
                                                      std::to_string(needed) + " tokens the tests need");
     eo.n_ctx = ef.n_ctx != 0 ? ef.n_ctx : needed;
     eo.gpu_profile = profile;
+    if (!eo.mmproj.empty()) {
+        eo.n_ctx = ef.n_ctx != 0 ? ef.n_ctx : 4096;
+        return run_image_bench(Engine::load(model, eo), image_size, reps, as_json);
+    }
     auto engine = Engine::load(model, eo);
     const EngineInfo& info = engine->info();
     const int n_threads = ef.threads > 0 ? ef.threads : std::max(1, cpu_features().physical_cores);

@@ -2,7 +2,7 @@
 // Each turn renders the whole conversation with the model's chat template (ChatML when
 // the GGUF has none), checks that the tokens already in the session are a prefix of the
 // new rendering and prefills only the rest (from the first difference when they are not).
-// Commands: /reset, /save FILE, /load FILE, /help, /quit. Ctrl-C stops the reply being
+// Commands: /reset, /image FILE, /save FILE, /load FILE, /help, /quit. Ctrl-C stops the reply being
 // generated; at the prompt it clears the line. On a terminal the input is read in
 // canonical mode (the terminal's own line editing); a line ending in '\' continues on the
 // next. When stdin is not a terminal, every line is one user message and every reply is
@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -119,14 +120,78 @@ struct Chat {
     std::string system;
     GenerateOptions gen;
     bool verbose = false;
+    // Images (/image PATH, with --mmproj): those attached to each message, parallel to `messages`, and
+    // those waiting for the next user message. A user message with images starts with one <image>
+    // marker for each.
+    std::vector<std::vector<std::string>> attached;
+    std::vector<std::string> pending;
+    // The rendering the session holds, images not expanded (its image tokens stand for whole images),
+    // then the generated tokens; equal to session->tokens() while no image has been sent.
+    std::vector<int32_t> rendered;
 
     // Renders the conversation, ending with the assistant header, as token ids.
     std::vector<int32_t> render() const { return chat_prompt(*engine, tmpl, messages); }
 
     void reset() {
         messages.clear();
-        if (!system.empty()) messages.push_back(message_of("system", system));
+        attached.clear();
+        pending.clear();
+        rendered.clear();
+        if (!system.empty()) push("system", system);
         session->reset();
+    }
+
+    void push(const std::string& role, const std::string& content, std::vector<std::string> images = {}) {
+        messages.push_back(message_of(role, content));
+        attached.push_back(std::move(images));
+    }
+    void pop() {
+        messages.pop_back();
+        attached.pop_back();
+    }
+
+    // Brings the session to `ids` (a rendering): keeps the common prefix and appends the rest, each
+    // <image> token of a rendering with images becoming that image's tokens and embeddings.
+    void sync(const std::vector<int32_t>& ids) {
+        std::vector<std::string> images;
+        for (const auto& a : attached) images.insert(images.end(), a.begin(), a.end());
+        if (images.empty() && rendered.empty()) {
+            const std::vector<int32_t>& have = session->tokens();
+            size_t common = 0;
+            while (common < have.size() && common < ids.size() && have[common] == ids[common]) ++common;
+            if (common < have.size()) {
+                if (verbose)
+                    std::fprintf(stderr, "cera chat: the rendering differs from the session at token %zu of %zu\n",
+                                 common, have.size());
+                session->truncate(int32_t(common));
+            }
+            session->append_tokens(std::span<const int32_t>(ids.data() + common, ids.size() - common));
+            return;
+        }
+        const std::vector<int32_t> marker = engine->tokenize("<image>", false, true);
+        const int32_t image_id = marker.size() == 1 ? marker[0] : -1;
+        size_t common = 0;
+        while (common < rendered.size() && common < ids.size() && rendered[common] == ids[common]) ++common;
+        size_t from = common;
+        if (common < rendered.size()) {  // positions in `rendered` do not map onto the session's: start over
+            if (verbose) std::fprintf(stderr, "cera chat: the rendering differs; evaluating it again\n");
+            session->reset();
+            rendered.clear();
+            from = 0;
+        }
+        size_t next_image = size_t(std::count(ids.begin(), ids.begin() + std::ptrdiff_t(from), image_id));
+        size_t i = from;
+        while (i < ids.size()) {
+            size_t j = i;
+            while (j < ids.size() && ids[j] != image_id) ++j;
+            session->append_tokens(std::span<const int32_t>(ids.data() + i, j - i));
+            if (j == ids.size()) break;
+            if (next_image >= images.size())
+                throw Error(ErrorCode::kInvalidArgument, "the conversation has more <image> markers than images");
+            session->append_image_file(images[next_image++]);
+            i = j + 1;
+        }
+        rendered.assign(ids.begin(), ids.end());
     }
 
     // Drops the oldest exchange after the system message; false when nothing is left to drop.
@@ -136,12 +201,15 @@ struct Chat {
         size_t end = first + 1;                          // the user message and its reply
         while (end < messages.size() - 1 && messages[end].role != "user") ++end;
         messages.erase(messages.begin() + std::ptrdiff_t(first), messages.begin() + std::ptrdiff_t(end));
+        attached.erase(attached.begin() + std::ptrdiff_t(first), attached.begin() + std::ptrdiff_t(end));
         return true;
     }
 
     // One user message -> one streamed reply.
     void turn(const std::string& user) {
-        messages.push_back(message_of("user", user));
+        std::string content;
+        for (size_t k = 0; k < pending.size(); ++k) content += "<image>";
+        push("user", content + user, pending);
         std::vector<int32_t> ids = render();
         const size_t room = size_t(std::max(1, session->n_ctx() / 8));  // leave space for a reply
         while (ids.size() + room > size_t(session->n_ctx()) && drop_oldest_turn()) {
@@ -149,21 +217,18 @@ struct Chat {
             ids = render();
         }
         if (ids.size() >= size_t(session->n_ctx())) {
-            messages.pop_back();
+            pop();
             throw Error(ErrorCode::kOutOfRange, "the message does not fit in the context of " +
                                                     std::to_string(session->n_ctx()) + " tokens (see --ctx)");
         }
         // Keep what the session already holds when it is a prefix of the new rendering.
-        const std::vector<int32_t>& have = session->tokens();
-        size_t common = 0;
-        while (common < have.size() && common < ids.size() && have[common] == ids[common]) ++common;
-        if (common < have.size()) {
-            if (verbose)
-                std::fprintf(stderr, "cera chat: the rendering differs from the session at token %zu of %zu\n", common,
-                             have.size());
-            session->truncate(int32_t(common));
+        try {
+            sync(ids);
+        } catch (...) {
+            pop();
+            throw;
         }
-        session->append_tokens(std::span<const int32_t>(ids.data() + common, ids.size() - common));
+        pending.clear();
 
         ReplySink sink;
         g_interrupted.store(false);
@@ -178,7 +243,12 @@ struct Chat {
         g_session.store(nullptr);
         std::fputc('\n', stdout);
         std::fflush(stdout);
-        messages.push_back(message_of("assistant", r.text));
+        if (!rendered.empty()) {  // the generated tokens follow the rendering
+            const std::vector<int32_t>& have = session->tokens();
+            rendered.insert(rendered.end(), have.end() - std::min<std::ptrdiff_t>(r.generated_tokens, have.size()),
+                            have.end());
+        }
+        push("assistant", r.text);
         if (verbose) {
             std::fprintf(stderr,
                          "cera chat: prompt %d new tokens (%d from the prefix cache), %.1f tok/s; reply %d tokens, "
@@ -220,13 +290,17 @@ struct Chat {
         }
         session->load_state_file(path);  // throws, leaving the session as it was, on a mismatch
         messages = std::move(loaded);
+        attached.assign(messages.size(), {});
+        pending.clear();
+        rendered.clear();
         system = j.value("system", std::string());
     }
 };
 
 void print_help() {
     std::fprintf(stderr,
-                 "commands: /reset (new conversation), /save FILE, /load FILE, /help, /quit (or Ctrl-D)\n"
+                 "commands: /reset (new conversation), /image FILE (with --mmproj: attach an image to the next "
+                 "message), /save FILE, /load FILE, /help, /quit (or Ctrl-D)\n"
                  "Ctrl-C stops a reply; a line ending in '\\' continues on the next line\n");
 }
 
@@ -251,7 +325,7 @@ int run_chat(const std::vector<std::string>& args) {
     app.add_option("--repeat-penalty", g.sampling.repeat_penalty, "repetition penalty (1: off)")->capture_default_str();
     app.add_option("--seed", seed, "random seed (default: a random one)");
     ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch | EngineFlags::kPrefixCache |
-                    EngineFlags::kLora);
+                    EngineFlags::kLora | EngineFlags::kVision);
     app.add_option("--n-keep", n_keep,
                    "when the context fills, keep the first N tokens and drop half of the rest (-1: stop instead)")
         ->capture_default_str();
@@ -278,6 +352,7 @@ int run_chat(const std::vector<std::string>& args) {
     else
         chat.tmpl = ChatTemplate(source);
     chat.reset();
+    chat.pending = ef.images;  // --image: with the first message
 
     const bool tty = isatty(STDIN_FILENO);
     if (chat.verbose || tty)
@@ -324,6 +399,13 @@ int run_chat(const std::vector<std::string>& args) {
                 } else if (cmd == "/reset") {
                     chat.reset();
                     std::fprintf(stderr, "cera chat: new conversation\n");
+                } else if (cmd == "/image") {
+                    if (!chat.engine->has_vision())
+                        throw Error(ErrorCode::kInvalidArgument, "/image needs a vision projector (--mmproj)");
+                    if (arg.empty()) throw Error(ErrorCode::kInvalidArgument, "/image needs a file name");
+                    if (!std::ifstream(arg)) throw Error(ErrorCode::kIo, "cannot open " + arg);
+                    chat.pending.push_back(arg);
+                    std::fprintf(stderr, "cera chat: %s goes with the next message\n", arg.c_str());
                 } else if (cmd == "/save" || cmd == "/load") {
                     if (arg.empty()) throw Error(ErrorCode::kInvalidArgument, cmd + " needs a file name");
                     if (cmd == "/save")

@@ -3,9 +3,9 @@
 // included) by default, or one row per token. Text goes to stdout (one row per line, or
 // JSON); --out writes the raw float32 rows (little-endian, row-major) instead.
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -15,8 +15,9 @@
 #include "cera/session.h"
 #include "cli/command.h"
 #include "cli/engine_flags.h"
-#include "cli/parse_args.h"
+#include "cli/image_prompt.h"
 #include "cli/model_path.h"
+#include "cli/parse_args.h"
 
 namespace cera::cli {
 namespace {
@@ -64,7 +65,8 @@ int run_embed(const std::vector<std::string>& args) {
     app.add_flag("--no-special", no_special, "tokenize special-token text as plain text");
     app.add_option("--out", out_path, "write raw float32 rows to FILE instead of text");
     app.add_flag("--json", json, "print JSON: {n_tokens, n_embd, tokens, embedding | embeddings}");
-    ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch | EngineFlags::kLora);
+    ef.add(app,
+           EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch | EngineFlags::kLora | EngineFlags::kVision);
     if (int rc = parse_args(app, args, "embed"); rc >= 0) return rc;
     if (p_opt->count() == 0 && t_opt->count() == 0)
         throw Error(ErrorCode::kInvalidArgument, "give the input with -p TEXT or --tokens IDS");
@@ -72,7 +74,13 @@ int run_embed(const std::vector<std::string>& args) {
     if (model.empty()) model = find_default_model();
     auto engine = Engine::load(model, eo);
     std::vector<int32_t> ids;
-    if (t_opt->count() > 0) {
+    std::unique_ptr<Session> image_session;  // --image: the prompt with its images, one row per position
+    if (!ef.images.empty()) {
+        if (t_opt->count() > 0) throw Error(ErrorCode::kInvalidArgument, "--image needs -p, not --tokens");
+        image_session = std::make_unique<Session>(engine);
+        queue_prompt(*image_session, prompt, ef.images, !no_bos && engine->add_bos(), !no_special);
+        ids = image_session->tokens();
+    } else if (t_opt->count() > 0) {
         ids = parse_ids(tokens_text);
     } else {
         if (!no_bos && engine->add_bos() && engine->bos_token() >= 0) ids.push_back(engine->bos_token());
@@ -80,8 +88,14 @@ int run_embed(const std::vector<std::string>& args) {
         ids.insert(ids.end(), body.begin(), body.end());
     }
     if (ids.empty()) throw Error(ErrorCode::kInvalidArgument, "no tokens to embed");
-    Session session(engine, std::max<int32_t>(int32_t(ids.size()), 1));
-    const std::vector<float> v = session.embed(ids, per_token ? Pooling::kNone : Pooling::kMean);
+    const Pooling pooling = per_token ? Pooling::kNone : Pooling::kMean;
+    std::vector<float> v;
+    if (image_session) {
+        v = image_session->embed_sequence(pooling);
+    } else {
+        Session session(engine, std::max<int32_t>(int32_t(ids.size()), 1));
+        v = session.embed(ids, pooling);
+    }
     const size_t n_embd = size_t(engine->info().n_embd);
     const size_t rows = v.size() / n_embd;
 

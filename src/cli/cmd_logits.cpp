@@ -15,6 +15,7 @@
 
 #include "cli/command.h"
 #include "cli/engine_flags.h"
+#include "cli/image_prompt.h"
 #include "cli/parse_args.h"
 #include "core/check.h"
 #include "gguf/gguf.h"
@@ -23,6 +24,7 @@
 #include "models/model.h"
 #include "runtime/engine_impl.h"
 #include "tokenizer/tokenizer.h"
+#include "vision/encoder.h"
 
 namespace cera::cli {
 namespace {
@@ -80,13 +82,15 @@ int run_logits(const std::vector<std::string>& args) {
     app.add_flag("--all", all, "logits at every position, not only the last");
     app.add_option("--top", top, "entries to print per position (default 5)");
     app.add_option("--out", out_path, "write raw little-endian f32 logits [n_positions, n_vocab] here");
-    ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch | EngineFlags::kLora);
+    ef.add(app,
+           EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch | EngineFlags::kLora | EngineFlags::kVision);
     app.get_option("--ctx")->description("context length (0: the prompt length)");
-    if (int rc = parse_args(app, args, "logits", [&] {
-            if (prompt.empty() == tokens_arg.empty())
-                throw CLI::ValidationError("give exactly one of -p TEXT or --tokens IDS");
-            if (top < 1) throw CLI::ValidationError("--top must be at least 1");
-        });
+    if (int rc = parse_args(app, args, "logits",
+                            [&] {
+                                if (prompt.empty() == tokens_arg.empty())
+                                    throw CLI::ValidationError("give exactly one of -p TEXT or --tokens IDS");
+                                if (top < 1) throw CLI::ValidationError("--top must be at least 1");
+                            });
         rc >= 0)
         return rc;
 
@@ -97,7 +101,23 @@ int run_logits(const std::vector<std::string>& args) {
     if (file.has(gguf::keys::kTokTokens)) tok = Tokenizer::from_gguf(file);
 
     std::vector<int32_t> ids;
-    if (!tokens_arg.empty()) {
+    std::vector<EncodedImage> images;  // --image: each image's tokens and embeddings
+    std::vector<EmbdRun> runs;
+    if (!ef.images.empty()) {
+        if (!tok || prompt.empty()) throw_error(ErrorCode::kInvalidArgument, "--image needs -p and a tokenizer");
+        auto enc = vision::VisionEncoder::load(eo.mmproj, model->backend(), model->info().n_embd);
+        const std::vector<std::string> pieces = split_image_prompt(prompt, ef.images.size());
+        images.reserve(ef.images.size());
+        for (size_t i = 0; i < pieces.size(); ++i) {
+            const std::vector<int32_t> t = tok->encode(pieces[i], i == 0 && !no_bos, true);
+            ids.insert(ids.end(), t.begin(), t.end());
+            if (i == ef.images.size()) break;
+            images.push_back(encode_image(*enc, *tok, model->info().n_embd, read_image_file(ef.images[i])));
+            for (const EmbdRun& r : image_runs(images.back(), int64_t(ids.size()), model->info().n_embd))
+                runs.push_back(r);
+            ids.insert(ids.end(), images.back().ids.begin(), images.back().ids.end());
+        }
+    } else if (!tokens_arg.empty()) {
         ids = parse_ids(tokens_arg);
     } else {
         if (!tok)
@@ -115,7 +135,7 @@ int run_logits(const std::vector<std::string>& args) {
     state->set_lora(lora);
     const size_t n_rows = all ? ids.size() : 1;
     std::vector<float> logits(n_rows * size_t(n_vocab));
-    state->eval({.tokens = ids, .all_logits = all, .logits = logits.data()});
+    state->eval({.tokens = ids, .embd = runs, .all_logits = all, .logits = logits.data()});
 
     if (!out_path.empty()) {
         FILE* f = std::fopen(out_path.c_str(), "wb");

@@ -17,6 +17,7 @@
 #include "cli/command.h"
 #include "cli/engine_flags.h"
 #include "cli/grammar_flags.h"
+#include "cli/image_prompt.h"
 #include "cli/model_path.h"
 #include "cli/parse_args.h"
 #include "cli/spec_flags.h"
@@ -43,6 +44,20 @@ Session* g_session = nullptr;
 void on_sigint(int) {
     if (g_session) g_session->cancel();  // an atomic store: safe in a signal handler
     std::signal(SIGINT, SIG_DFL);        // a second Ctrl-C ends the process
+}
+
+// The prompt's ids (BOS as asked), queued; one line naming the problem when it is empty or too long.
+void queue_text(Session& session, const Engine& engine, const std::string& prompt, bool add_bos, bool special) {
+    std::vector<int32_t> ids;
+    if (add_bos && engine.bos_token() >= 0) ids.push_back(engine.bos_token());
+    const std::vector<int32_t> body = engine.tokenize(prompt, false, special);
+    ids.insert(ids.end(), body.begin(), body.end());
+    if (ids.empty()) fail(ErrorCode::kInvalidArgument, "the prompt is empty (and no BOS token is added)");
+    if (int64_t(ids.size()) > session.n_ctx())
+        fail(ErrorCode::kOutOfRange, "the prompt is " + std::to_string(ids.size()) +
+                                         " tokens, longer than the context of " + std::to_string(session.n_ctx()) +
+                                         " tokens (see --ctx)");
+    session.append_tokens(ids);
 }
 
 int run_run(const std::vector<std::string>& args) {
@@ -73,7 +88,7 @@ int run_run(const std::vector<std::string>& args) {
     app.add_option("--seed", seed, "random seed (default: a random one)");
     app.add_option("--stop", g.stop, "stop string (repeatable)");
     ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch | EngineFlags::kPrefixCache |
-                    EngineFlags::kLora);
+                    EngineFlags::kLora | EngineFlags::kVision);
     app.add_flag("--no-bos", no_bos, "do not add the BOS token");
     app.add_flag("--no-special", no_special, "tokenize special-token text in the prompt as plain text");
     app.add_flag("--ignore-eos", g.ignore_eos, "keep generating past end-of-generation tokens");
@@ -102,16 +117,11 @@ int run_run(const std::vector<std::string>& args) {
 
     Session session(engine);
     const bool add_bos = !no_bos && engine->add_bos();
-    std::vector<int32_t> ids;
-    if (add_bos && engine->bos_token() >= 0) ids.push_back(engine->bos_token());
-    const std::vector<int32_t> body = engine->tokenize(prompt, false, !no_special);
-    ids.insert(ids.end(), body.begin(), body.end());
-    if (ids.empty()) fail(ErrorCode::kInvalidArgument, "the prompt is empty (and no BOS token is added)");
-    if (int64_t(ids.size()) > session.n_ctx())
-        fail(ErrorCode::kOutOfRange, "the prompt is " + std::to_string(ids.size()) +
-                                         " tokens, longer than the context of " + std::to_string(session.n_ctx()) +
-                                         " tokens (see --ctx)");
-    session.append_tokens(ids);
+    if (!ef.images.empty()) {
+        queue_prompt(session, prompt, ef.images, add_bos, !no_special);
+    } else {
+        queue_text(session, *engine, prompt, add_bos, !no_special);
+    }
 
     StdoutSink sink;
     g_session = &session;

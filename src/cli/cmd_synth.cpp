@@ -38,8 +38,10 @@ std::vector<int64_t> parse_layer_list(const std::string& s) {
 GgmlType parse_type(const std::string& name, const char* flag) {
     auto t = type_from_name(name);
     if (!t)
-        throw_error(ErrorCode::kInvalidArgument, "%s: unknown tensor type '%s' (F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
-                    "Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)", flag, name.c_str());
+        throw_error(ErrorCode::kInvalidArgument,
+                    "%s: unknown tensor type '%s' (F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
+                    "Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)",
+                    flag, name.c_str());
     return *t;
 }
 
@@ -62,6 +64,10 @@ int run_synth(const std::vector<std::string>& args) {
                    "write a random LoRA adapter of this rank instead of a model: a GGUF LoRA with a pair on every "
                    "projection of --lora-of");
     app.add_option("--lora-of", lora_of, "--lora-rank: the base model GGUF the adapter is for");
+    std::string mmproj;
+    app.add_option("--mmproj", mmproj,
+                   "write a random LFM2-VL vision projector (mmproj) instead of a model, in a preset's shape: "
+                   "tiny | lfm2-vl-450m | lfm2-vl-1.6b (--type F32 or F16)");
     app.add_option("--type", type_name_,
                    "type of the 2-D and 3-D weights (default F32); Q4_K_M / Q5_K_M: llama-quantize's mixture "
                    "(attn_v and ffn_down in Q6_K on an eighth at each end and every third layer between)");
@@ -97,8 +103,16 @@ int run_synth(const std::vector<std::string>& args) {
             gguf::synthesize_lora(*base, lora_rank, seed, out);
             auto f = gguf::File::open(out);
             std::printf("wrote %s: a rank-%lld LoRA adapter for %s, %zu tensors, %.1f MiB\n", out.c_str(),
-                        (long long)lora_rank, lora_of.c_str(), f->tensors().size(),
-                        double(f->file_size()) / (1 << 20));
+                        (long long)lora_rank, lora_of.c_str(), f->tensors().size(), double(f->file_size()) / (1 << 20));
+            return 0;
+        }
+        if (!mmproj.empty()) {
+            gguf::synthesize_mmproj(gguf::mmproj_preset(mmproj), parse_type(type_name_, "--type"), seed, out);
+            auto f = gguf::File::open(out);
+            int64_t params = 0;
+            for (const auto& t : f->tensors()) params += t.n_elements();
+            std::printf("wrote %s: a %s-shaped mmproj, %zu tensors, %.1fM parameters, %.1f MiB\n", out.c_str(),
+                        mmproj.c_str(), f->tensors().size(), double(params) / 1e6, double(f->file_size()) / (1 << 20));
             return 0;
         }
         if (arch.empty() || vocab_from.empty())
@@ -119,8 +133,10 @@ int run_synth(const std::vector<std::string>& args) {
         if (l_cache) c.l_cache = l_cache;
         if (rope_base > 0) c.rope_freq_base = rope_base;
         if (norm_eps > 0) c.norm_eps = norm_eps;
-        if (!attn_layers.empty()) c.attn_layers = parse_layer_list(attn_layers);
-        else if (c.n_layer != preset_layers) c.attn_layers.clear();  // the default pattern, for the new depth
+        if (!attn_layers.empty())
+            c.attn_layers = parse_layer_list(attn_layers);
+        else if (c.n_layer != preset_layers)
+            c.attn_layers.clear();  // the default pattern, for the new depth
         c.tied = !untied;
         std::string base = type_name_;
         for (const char* mix : {"Q4_K_M", "Q5_K_M"})
@@ -152,9 +168,8 @@ int run_synth(const std::vector<std::string>& args) {
     auto f = gguf::File::open(out);
     int64_t params = 0;
     for (const auto& t : f->tensors()) params += t.n_elements();
-    std::printf("wrote %s: %s, %zu tensors, %.1fM parameters, %.1f MiB, %s, in %.1f s\n", out.c_str(),
-                c.arch.c_str(), f->tensors().size(), double(params) / 1e6, double(f->file_size()) / (1 << 20),
-                type_name(c.type), secs);
+    std::printf("wrote %s: %s, %zu tensors, %.1fM parameters, %.1f MiB, %s, in %.1f s\n", out.c_str(), c.arch.c_str(),
+                f->tensors().size(), double(params) / 1e6, double(f->file_size()) / (1 << 20), type_name(c.type), secs);
     return 0;
 }
 

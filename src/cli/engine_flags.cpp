@@ -21,6 +21,12 @@ void EngineFlags::add(CLI::App& app, unsigned parts) {
                        "and its own state is saved (default: none)");
         app.add_option("--cache-mib", cache_mib, "in-memory prefix cache size in MiB (0: none)")->capture_default_str();
     }
+    if (parts & kVision) {
+        app.add_option("--mmproj", mmproj, "vision projector GGUF (llama.cpp mmproj) of an LFM2-VL model");
+        app.add_option("--image", images,
+                       "image file (repeatable; needs --mmproj): <image> in the prompt marks where each goes, "
+                       "else they come before the text");
+    }
     if (parts & kLora) {
         app.add_option("--lora", lora,
                        "LoRA adapter PATH[:SCALE] (a GGUF LoRA file or a PEFT folder; scale 1 by default), applied "
@@ -40,7 +46,8 @@ LoraOptions parse_lora_flag(const std::string& text) {
         char* end = nullptr;
         const double v = std::strtod(tail.c_str(), &end);
         if (end && *end == '\0') {
-            if (!std::isfinite(v)) throw Error(ErrorCode::kInvalidArgument, "--lora " + text + ": the scale must be finite");
+            if (!std::isfinite(v))
+                throw Error(ErrorCode::kInvalidArgument, "--lora " + text + ": the scale must be finite");
             lo.path = text.substr(0, colon);
             lo.scale = float(v);
         }
@@ -67,6 +74,8 @@ EngineOptions EngineFlags::options() const {
     eo.prefix_cache_bytes = size_t(cache_mib * 1024 * 1024);
     for (const std::string& l : lora) eo.lora.push_back(parse_lora_flag(l));
     eo.lora_cache_bytes = size_t(lora_cache_mib * 1024 * 1024);
+    if (!images.empty() && mmproj.empty()) throw Error(ErrorCode::kInvalidArgument, "--image needs --mmproj");
+    eo.mmproj = mmproj;
     return eo;
 }
 

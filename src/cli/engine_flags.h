@@ -16,14 +16,16 @@ struct EngineFlags {
     int threads = 0;
     int32_t n_ctx = 0;
     std::string kv_type = "f32";
-    int32_t n_batch = 512;  // --batch
-    std::string cache_dir;  // --prompt-cache
-    double cache_mib = 0;   // --cache-mib
-    std::vector<std::string> lora;  // --lora PATH[:SCALE], repeatable
-    double lora_cache_mib = 0;      // --lora-cache-mib
+    int32_t n_batch = 512;            // --batch
+    std::string cache_dir;            // --prompt-cache
+    double cache_mib = 0;             // --cache-mib
+    std::vector<std::string> lora;    // --lora PATH[:SCALE], repeatable
+    double lora_cache_mib = 0;        // --lora-cache-mib
+    std::string mmproj;               // --mmproj
+    std::vector<std::string> images;  // --image, repeatable
 
     // Which flags a command takes besides -t/--threads and --device.
-    enum Parts : unsigned { kCtx = 1, kKvType = 2, kPrefixCache = 4, kBatch = 8, kLora = 16 };
+    enum Parts : unsigned { kCtx = 1, kKvType = 2, kPrefixCache = 4, kBatch = 8, kLora = 16, kVision = 32 };
     void add(CLI::App& app, unsigned parts);
     // The engine options, after checking the values: a bad one throws Error(kInvalidArgument) with a
     // one-line message naming the flag. A bad --device is reported the same way when the model loads.

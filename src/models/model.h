@@ -101,11 +101,19 @@ enum class HeadOutput {
     kTopK,    // only the top_k best of the last token's logits and the logits at the `gather` ids
 };
 
+// Input rows that replace the token embeddings of a run of a request's tokens (an image's embeddings
+// in place of its image tokens): tokens [begin, begin + n) of the request take rows [0, n) of `rows`.
+struct EmbdRun {
+    int64_t begin = 0, n = 0;
+    const float* rows = nullptr;  // f32 [n, n_embd], the caller's
+};
+
 // One sequence's share of an evaluation: its tokens and what to return for them. Output pointers
 // belong to the caller; n_out is n_tokens with all_logits, else 1.
 struct EvalRequest {
     std::span<const int32_t> tokens{};  // run at positions position() .. position() + n_tokens - 1
     HeadOutput head = HeadOutput::kLogits;
+    std::span<const EmbdRun> embd{};  // runs of tokens whose input is given as embeddings (in order, disjoint)
     // kLogits only:
     bool all_logits = false;  // output rows for every token, else for the last
     float* logits = nullptr;  // f32 [n_out, n_vocab], or null

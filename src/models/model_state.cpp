@@ -109,6 +109,12 @@ class SequenceState final : public ModelState {
                    "eval: logits and hidden rows come back with HeadOutput::kLogits only");
         CERA_CHECK(!rq.ahead || rq.head == HeadOutput::kGreedy, "eval: ahead needs HeadOutput::kGreedy");
         EvalResult res;
+        check_embd(rq);
+        embd_ = rq.embd;
+        struct Clear {
+            std::span<const EmbdRun>& e;
+            ~Clear() { e = {}; }
+        } clear{embd_};
         switch (rq.head) {
             case HeadOutput::kLogits:
                 settle();
@@ -311,7 +317,7 @@ class SequenceState final : public ModelState {
 
     // HeadOutput::kGreedy with `ahead`, with the exec mutex held.
     int32_t greedy_ahead(std::span<const int32_t> tokens) {
-        if (pending_ && tokens.size() == 1 && tokens[0] == pending_token_) {
+        if (pending_ && embd_.empty() && tokens.size() == 1 && tokens[0] == pending_token_) {
             // The queued step evaluates exactly this token: it stands.
             pending_ = false;
             position_ += 1;
@@ -445,12 +451,14 @@ class SequenceState final : public ModelState {
             }
             // Single-token steps are the same op sequence every time: a backend may record and replay them.
             // Steps with adapters run eagerly: their segments are host descriptors chosen per step.
-            const bool graphable = nt == 1 && lora_.empty() && keeping == 0;
+            const bool has_embd = !fed && chunk_has_embd(off, nt);
+            const bool graphable = nt == 1 && lora_.empty() && keeping == 0 && !has_embd;
             const bool argmax_in_step = greedy && nr > 0;  // greedy: nr == 1 on the last chunk only
             const uint64_t key = (serial_ << kKeyBits) | kKeyStep | (lm_in_step ? kKeyLmHead : 0) |
                                  (nr > 0 ? kKeyOutput : 0) | (argmax_in_step ? kKeyArgmax : 0) | (row ? kKeyRow1 : 0);
             if (!graphable || !be_.step_begin(key)) {
                 be_.embed(arch_.head.token_embd, s.ids, arch_.head.embedding_scale, s.x);
+                if (has_embd) write_embd(s.x, off, nt);
                 arch_.forward(s);
                 // keep_output_rows() moved the output rows to the front of s.x (out_begin = 0).
                 if (nr > 0)
@@ -476,6 +484,35 @@ class SequenceState final : public ModelState {
         }
         position_ += int32_t(n);
         fed_ = greedy;  // argmax_feed() wrote the next step's id and position
+    }
+
+    // The request's embedding runs must lie inside its tokens, in order, without overlaps.
+    void check_embd(const EvalRequest& rq) const {
+        int64_t end = 0;
+        for (const EmbdRun& r : rq.embd) {
+            if (r.n < 0 || r.begin < end || r.begin + r.n > int64_t(rq.tokens.size()) || (r.n > 0 && !r.rows))
+                throw_error(ErrorCode::kInvalidArgument,
+                            "eval: embedding rows [%" PRId64 ", %" PRId64 ") outside the %zu tokens or out of order",
+                            r.begin, r.begin + r.n, rq.tokens.size());
+            end = r.begin + r.n;
+        }
+    }
+
+    bool chunk_has_embd(int64_t off, int64_t nt) const {
+        for (const EmbdRun& r : embd_)
+            if (r.n > 0 && r.begin < off + nt && r.begin + r.n > off) return true;
+        return false;
+    }
+
+    // Overwrites the rows of x (the chunk's tokens [off, off + nt)) that the request gives as embeddings.
+    void write_embd(const Tensor& x, int64_t off, int64_t nt) {
+        const int64_t n_embd = arch_.info.n_embd;
+        for (const EmbdRun& r : embd_) {
+            const int64_t b = std::max(r.begin, off), e = std::min(r.begin + r.n, off + nt);
+            if (b >= e) continue;
+            be_.write(x, r.rows + (b - r.begin) * n_embd, size_t((e - b) * n_embd) * sizeof(float),
+                      size_t((b - off) * n_embd) * sizeof(float));
+        }
     }
 
     // The adapters of this step: every row, and after keep_output_rows() the nr output rows.
@@ -543,7 +580,8 @@ class SequenceState final : public ModelState {
     std::vector<Tensor> conv_rows_;  // [n_layer]: cache_[il].conv seen as f32 [1, (L - 1) * n_embd]
     Tensor segs_t_, snaps_t_;        // i32 [1, 5], [kept_rows_, 2]: Backend::short_conv_segments's descriptors
     std::vector<int32_t> kept_host_;
-    LoraSet lora_;  // the adapters applied (set_lora)
+    LoraSet lora_;                   // the adapters applied (set_lora)
+    std::span<const EmbdRun> embd_;  // during eval(): the request's embedding runs
     std::vector<LoraRows> lora_rows_, lora_out_;
     std::vector<LoraSegment> lora_segs_;
 };

@@ -4,8 +4,8 @@
 
 #include <cinttypes>
 #include <cmath>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <string>
 
@@ -45,9 +45,12 @@ namespace {
 std::string render_value(const gguf::Value& v) {
     using gguf::ValueType;
     switch (v.type) {
-        case ValueType::kString: return v.as_string();
-        case ValueType::kArray: return "[" + std::to_string(v.as_array().items.size()) + " items]";
-        case ValueType::kBool: return std::get<bool>(v.v) ? "true" : "false";
+        case ValueType::kString:
+            return v.as_string();
+        case ValueType::kArray:
+            return "[" + std::to_string(v.as_array().items.size()) + " items]";
+        case ValueType::kBool:
+            return std::get<bool>(v.v) ? "true" : "false";
         case ValueType::kF32:
         case ValueType::kF64: {
             char buf[64];
@@ -164,8 +167,11 @@ std::shared_ptr<Engine> Engine::load(const std::string& path, const EngineOption
         // Saved states and prefix-cache entries made under the default adapters load only under them.
         uint32_t bits = 0;
         std::memcpy(&bits, &lo.scale, sizeof bits);
-        for (char c : lo.path + ":" + std::to_string(bits)) im.fingerprint = (im.fingerprint ^ uint8_t(c)) * 0x100000001b3ull;
+        for (char c : lo.path + ":" + std::to_string(bits))
+            im.fingerprint = (im.fingerprint ^ uint8_t(c)) * 0x100000001b3ull;
     }
+    if (!options.mmproj.empty())
+        im.vision = vision::VisionEncoder::load(options.mmproj, im.model->backend(), mi.n_embd);
     if (options.prefix_cache_bytes > 0 || !options.prefix_cache_dir.empty()) {
         PrefixCacheConfig pc;
         pc.max_bytes = options.prefix_cache_bytes;
@@ -178,6 +184,7 @@ std::shared_ptr<Engine> Engine::load(const std::string& path, const EngineOption
 }
 
 const EngineInfo& Engine::info() const { return impl_->info; }
+bool Engine::has_vision() const { return impl_->vision != nullptr; }
 
 LoraSet Engine::Impl::resolve_lora(const std::string& name) const {
     if (name.empty()) return default_lora;
@@ -191,7 +198,8 @@ LoraSet Engine::Impl::resolve_lora(const std::string& name) const {
 void Engine::load_adapter(const std::string& name, const std::string& path, float scale) {
     if (name.empty() || name == "base")
         throw_error(ErrorCode::kInvalidArgument, "adapter name '%s' is reserved", name.c_str());
-    if (!std::isfinite(scale)) throw_error(ErrorCode::kInvalidArgument, "adapter %s: scale must be finite", name.c_str());
+    if (!std::isfinite(scale))
+        throw_error(ErrorCode::kInvalidArgument, "adapter %s: scale must be finite", name.c_str());
     {
         std::lock_guard<std::mutex> lk(impl_->lora_mu);
         if (impl_->adapters.count(name))
@@ -253,9 +261,7 @@ bool Engine::add_bos() const { return impl_->tokenizer->add_bos(); }
 int32_t Engine::bos_token() const { return impl_->tokenizer->bos(); }
 int32_t Engine::eos_token() const { return impl_->tokenizer->eos(); }
 bool Engine::is_eog(int32_t token) const { return impl_->tokenizer->is_eog(token); }
-std::string Engine::chat_template() const {
-    return impl_->model->file().get_string(gguf::keys::kChatTemplate, "");
-}
+std::string Engine::chat_template() const { return impl_->model->file().get_string(gguf::keys::kChatTemplate, ""); }
 std::string Engine::token_text(int32_t token) const { return impl_->tokenizer->token_piece(token); }
 
 uint64_t Engine::fingerprint() const { return impl_->fingerprint; }

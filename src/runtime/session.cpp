@@ -57,6 +57,33 @@ struct Session::Impl {
     uint64_t lora_key = 0;     // lora_set_key() of the adapters the state was evaluated under
     bool lora_default = true;  // they are the engine's defaults (the prefix cache holds states of those only)
     DraftSlot draft;           // speculative decoding's draft model sequence (SpeculativeOptions::draft)
+    // The images of the sequence, in order: the image's tokens start at tokens[begin]. The prefix cache
+    // keys on token ids alone, so a sequence with images neither reads nor writes it.
+    struct ImageSpan {
+        size_t begin = 0;
+        std::shared_ptr<const EncodedImage> image;
+    };
+    std::vector<ImageSpan> images;
+    std::vector<EmbdRun> embd_runs;  // prefill's scratch
+
+    PrefixCache* prefix_cache() const { return lora_default && images.empty() ? eng->prefix_cache.get() : nullptr; }
+
+    // The embedding runs of tokens [begin, begin + n), relative to begin.
+    std::span<const EmbdRun> runs_in(size_t begin, size_t n) {
+        embd_runs.clear();
+        const int64_t n_embd = eng->info.n_embd, lo = int64_t(begin), hi = int64_t(begin + n);
+        for (const ImageSpan& sp : images)
+            for (const EmbdRun& r : image_runs(*sp.image, int64_t(sp.begin), n_embd)) {
+                const int64_t b = std::max(r.begin, lo), e = std::min(r.begin + r.n, hi);
+                if (b < e) embd_runs.push_back({b - lo, e - b, r.rows + (b - r.begin) * n_embd});
+            }
+        return embd_runs;
+    }
+
+    // Keeps the images whose tokens start before n.
+    void drop_images_from(size_t n) {
+        std::erase_if(images, [&](const ImageSpan& sp) { return sp.begin >= n; });
+    }
 
     // Selects GenerateOptions::adapter's set; a different set than the state's evaluates again.
     void use_lora(const std::string& name) {
@@ -113,7 +140,7 @@ struct Session::Impl {
     // the state at each of those boundaries and at the end.
     bool prefill(int32_t* cached = nullptr) {
         const int32_t n_batch = std::max<int32_t>(1, eng->options.n_batch);
-        PrefixCache* pc = lora_default ? eng->prefix_cache.get() : nullptr;
+        PrefixCache* pc = prefix_cache();
         if (pc && size_t(n_evaluated()) < tokens.size()) {
             const int32_t before = n_evaluated();
             if (auto hit = pc->lookup(tokens, size_t(before)); hit && !hit->snapshot.logits.empty()) {
@@ -133,7 +160,7 @@ struct Session::Impl {
             const size_t begin = size_t(n_evaluated());
             size_t n = std::min(tokens.size() - begin, size_t(n_batch));
             if (pc) n = std::min(n, (begin / size_t(n_batch) + 1) * size_t(n_batch) - begin);
-            state->eval({.tokens = {tokens.data() + begin, n}, .logits = logits.data()});
+            state->eval({.tokens = {tokens.data() + begin, n}, .embd = runs_in(begin, n), .logits = logits.data()});
             logits_on_host();
             const size_t end = begin + n;
             if (!pc || shifted) continue;
@@ -148,7 +175,7 @@ struct Session::Impl {
     // Saves the deferred prompt-end entry while the state still holds exactly that prompt.
     void flush_store() {
         const size_t n = std::exchange(pending_store, 0);
-        PrefixCache* pc = lora_default ? eng->prefix_cache.get() : nullptr;
+        PrefixCache* pc = prefix_cache();
         if (!pc || n == 0 || shifted || size_t(n_evaluated()) != n || !ensure_logits()) return;
         if (!pc->contains(std::span<const int32_t>(tokens.data(), n))) pc->store(snapshot(n));
     }
@@ -180,6 +207,7 @@ struct Session::Impl {
                         s.n_evaluated, held);
         }
         tokens = std::move(s.tokens);
+        images.clear();
         shifted = false;
         drop_logits();
         if (!s.logits.empty()) {
@@ -198,6 +226,12 @@ struct Session::Impl {
         shifted = true;
         pending_store = 0;
         tokens.erase(tokens.begin() + n_keep, tokens.begin() + n_keep + n_discard);
+        // Images cut by the shift are gone from the cache's view of the sequence; later ones move down.
+        const size_t lo = size_t(n_keep), hi = size_t(n_keep + n_discard);
+        std::erase_if(images,
+                      [&](const ImageSpan& sp) { return sp.begin + sp.image->ids.size() > lo && sp.begin < hi; });
+        for (ImageSpan& sp : images)
+            if (sp.begin >= hi) sp.begin -= size_t(n_discard);
         return n_discard;
     }
 };
@@ -228,6 +262,19 @@ void Session::append_text(std::string_view text, bool add_bos, bool parse_specia
     ids.insert(ids.end(), body.begin(), body.end());
     append_tokens(ids);
 }
+
+void Session::append_image(std::span<const uint8_t> file_bytes) {
+    Impl& im = *impl_;
+    std::shared_ptr<const EncodedImage> img = im.eng->encode_image(file_bytes);
+    const Tokenizer& tok = *im.eng->tokenizer;
+    const bool bos = im.tokens.empty() && im.engine->add_bos() && tok.bos() >= 0;
+    im.check_fit(img->ids.size() + (bos ? 1 : 0));
+    if (bos) im.tokens.push_back(tok.bos());
+    im.images.push_back({im.tokens.size(), img});
+    im.tokens.insert(im.tokens.end(), img->ids.begin(), img->ids.end());
+}
+
+void Session::append_image_file(const std::string& path) { append_image(read_image_file(path)); }
 
 void Session::append_tokens(std::span<const int32_t> tokens) {
     const int32_t n_vocab = impl_->engine->info().n_vocab;
@@ -418,6 +465,7 @@ void Session::reset() {
     impl_->pending_store = 0;
     impl_->state->reset();
     impl_->tokens.clear();
+    impl_->images.clear();
     impl_->drop_logits();
 }
 
@@ -435,6 +483,7 @@ void Session::truncate(int32_t n) {
         im.drop_logits();
     }
     im.tokens.resize(size_t(n));
+    im.drop_images_from(size_t(n));
 }
 
 int32_t Session::shift_context(int32_t n_keep) { return impl_->shift(n_keep); }
@@ -459,7 +508,7 @@ void Session::load_state_file(const std::string& path) { load_state(read_file_by
 
 std::vector<float> Session::embed(std::span<const int32_t> tokens, Pooling pooling) {
     Impl& im = *impl_;
-    const int64_t n = int64_t(tokens.size()), n_embd = im.engine->info().n_embd;
+    const int64_t n = int64_t(tokens.size());
     if (n == 0) throw_error(ErrorCode::kInvalidArgument, "embed: no tokens");
     if (n > im.state->n_ctx())
         throw_error(ErrorCode::kOutOfRange, "embed: %" PRId64 " tokens exceed the context of %d tokens", n,
@@ -469,9 +518,22 @@ std::vector<float> Session::embed(std::span<const int32_t> tokens, Pooling pooli
         if (t < 0 || t >= n_vocab)
             throw_error(ErrorCode::kOutOfRange, "token id %d is outside the vocabulary [0, %d)", t, n_vocab);
     reset();
+    im.tokens.assign(tokens.begin(), tokens.end());
+    return embed_sequence(pooling);
+}
+
+std::vector<float> Session::embed_sequence(Pooling pooling) {
+    Impl& im = *impl_;
+    const int64_t n = int64_t(im.tokens.size()), n_embd = im.engine->info().n_embd;
+    if (n == 0) throw_error(ErrorCode::kInvalidArgument, "embed: no tokens");
+    im.state->reset();
+    im.drop_logits();
+    im.pending_store = 0;
+    im.shifted = false;
     im.cancel.store(false);
-    std::vector<float> hidden(size_t(n * n_embd));
+    std::vector<float> hidden(static_cast<size_t>(n * n_embd));
     const int64_t n_batch = std::max<int32_t>(1, im.eng->options.n_batch);
+    const std::span<const int32_t> tokens(im.tokens);
     for (int64_t off = 0; off < n; off += n_batch) {
         if (im.cancel.exchange(false)) {
             reset();
@@ -482,15 +544,16 @@ std::vector<float> Session::embed(std::span<const int32_t> tokens, Pooling pooli
         const int64_t plain = off + m == n ? m - 1 : m;
         if (plain > 0)
             im.state->eval({.tokens = tokens.subspan(size_t(off), size_t(plain)),
+                            .embd = im.runs_in(size_t(off), size_t(plain)),
                             .all_logits = true,
                             .hidden = hidden.data() + off * n_embd});
         if (plain < m)
             im.state->eval({.tokens = tokens.subspan(size_t(n - 1), 1),
+                            .embd = im.runs_in(size_t(n - 1), 1),
                             .logits = im.logits.data(),
                             .hidden = hidden.data() + (n - 1) * n_embd});
     }
     im.logits_on_host();
-    im.tokens.assign(tokens.begin(), tokens.end());
     if (pooling == Pooling::kNone) return hidden;
     if (pooling == Pooling::kLast) return std::vector<float>(hidden.end() - n_embd, hidden.end());
     std::vector<double> sum(size_t(n_embd), 0.0);

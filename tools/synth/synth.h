@@ -41,8 +41,8 @@ struct SynthConfig {
     float residual_scale = 0.22f;
     float attention_scale = 0.0f;  // 0 -> 1 / head_dim
     float logit_scale = 8.0f;
-    GgmlType type = GgmlType::kF32;       // 2-D and 3-D weights
-    std::optional<GgmlType> embd_type;    // token_embd / output; unset -> `type`
+    GgmlType type = GgmlType::kF32;     // 2-D and 3-D weights
+    std::optional<GgmlType> embd_type;  // token_embd / output; unset -> `type`
     // Q4_K / Q5_K only: llama-quantize's Q4_K_M / Q5_K_M mixture (quantize/mixture.h): attn_v and
     // ffn_down in Q6_K on the first and last eighth of their layers and every third layer between (the
     // rest in `type`), the LM head (output, or token_embd when tied) in Q6_K unless embd_type is set, and
@@ -74,5 +74,18 @@ void synthesize(const SynthConfig& c, const File* vocab, const std::string& path
 // q/k/v/output, short-conv in_proj/out_proj, FFN gate/up/down). For benchmarks of adapters at real
 // shapes. Throws kInvalidArgument / kIo.
 void synthesize_lora(const File& base, int64_t rank, uint64_t seed, const std::string& path);
+
+// The shapes of an LFM2-VL vision projector (SigLIP2 tower and the lfm2 projector).
+struct MmprojShape {
+    int64_t n_embd = 0, n_layer = 0, n_head = 0, n_ff = 0;
+    int64_t proj_hidden = 0;  // mm.1 rows
+    int64_t n_embd_text = 0;  // mm.2 rows: the text model's n_embd
+};
+// tiny (the test fixture's), lfm2-vl-450m, lfm2-vl-1.6b. Throws kInvalidArgument for another name.
+MmprojShape mmproj_preset(std::string_view preset);
+// Writes a random mmproj GGUF (llama.cpp's layout: clip architecture, clip.projector_type lfm2, 16 px
+// patches on a 16 x 16 position table, downsample 2) with its matrices in `type` (F32 or F16), for
+// encode benchmarks. Throws kUnsupported / kIo.
+void synthesize_mmproj(const MmprojShape& shape, GgmlType type, uint64_t seed, const std::string& path);
 
 }  // namespace cera::gguf

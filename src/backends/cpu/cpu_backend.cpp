@@ -212,8 +212,8 @@ class CpuBackend final : public Backend {
         for (const LoraSegment& sg : segs) {
             const int64_t r = sg.a.ne[1];
             CERA_CHECK(sg.a.ne[0] == k && (sg.bt.type == GgmlType::kF32 || sg.bt.type == GgmlType::kF16) &&
-                           sg.bt.ne[1] == r && sg.bt.ne[0] == n_out &&
-                           sg.start >= 0 && sg.start + sg.n <= x.rows() && x.rows() == y.rows(),
+                           sg.bt.ne[1] == r && sg.bt.ne[0] == n_out && sg.start >= 0 && sg.start + sg.n <= x.rows() &&
+                           x.rows() == y.rows(),
                        "lora_segments: segment rows %lld+%lld, a {%lld, %lld}, bt {%lld, %lld}, x ne0 %lld, y ne0 %lld",
                        (long long)sg.start, (long long)sg.n, (long long)sg.a.ne[0], (long long)r,
                        (long long)sg.bt.ne[0], (long long)sg.bt.ne[1], (long long)k, (long long)n_out);
@@ -256,10 +256,12 @@ class CpuBackend final : public Backend {
         const int64_t n_chunks = (n_out + 15) / 16;
         pool_.parallel_for(nt, [&](int64_t i0, int64_t i1, int) {
             for (int64_t i = i0; i < i1; ++i) {
-                const int64_t c0 = std::min(n_out, n_chunks * i / nt * 16), c1 = std::min(n_out, n_chunks * (i + 1) / nt * 16);
+                const int64_t c0 = std::min(n_out, n_chunks * i / nt * 16),
+                              c1 = std::min(n_out, n_chunks * (i + 1) / nt * 16);
                 if (c1 <= c0) continue;
                 float* t = lora_tmp_.data() + i * sg.n * r;
-                cpu::matmul(table_, sg.a.type, sg.a.data, r, k, x.as<const float>() + sg.start * k, sg.n, t, r, nullptr);
+                cpu::matmul(table_, sg.a.type, sg.a.data, r, k, x.as<const float>() + sg.start * k, sg.n, t, r,
+                            nullptr);
                 for (int64_t j = 0; j < sg.n * r; ++j) t[j] *= sg.scale;
                 for (int64_t row = 0; row < sg.n; ++row)
                     table_.axpy_rows_f16(sg.bt.as<const uint16_t>() + c0, n_out, t + row * r, r,
@@ -343,13 +345,14 @@ class CpuBackend final : public Backend {
         if (!pg) {
             seqs.push_back(a), first.push_back(0);
         } else {
-            CERA_CHECK(pg.block_size > 0 && (pg.block_size & (pg.block_size - 1)) == 0 && pg.seq.n_elements() >= n_tokens,
-                       "attention: paging needs a power-of-two block size and a sequence per query");
+            CERA_CHECK(
+                pg.block_size > 0 && (pg.block_size & (pg.block_size - 1)) == 0 && pg.seq.n_elements() >= n_tokens,
+                "attention: paging needs a power-of-two block size and a sequence per query");
             const int32_t* sq = pg.seq.as<const int32_t>();
             for (int64_t t = 0; t < n_tokens; ++t) {
                 if (t > 0 && sq[t] == sq[t - 1]) continue;
-                CERA_CHECK(sq[t] >= 0 && sq[t] < pg.block_table.rows(), "attention: query %lld of sequence %d", (long long)t,
-                           sq[t]);
+                CERA_CHECK(sq[t] >= 0 && sq[t] < pg.block_table.rows(), "attention: query %lld of sequence %d",
+                           (long long)t, sq[t]);
                 cpu_attention::Args s = a;
                 s.q += t * ap.n_head * ap.head_dim, s.out += t * ap.n_head * ap.head_dim, s.pos += t;
                 s.table = pg.block_table.as<const int32_t>() + int64_t(sq[t]) * pg.block_table.ne[0];
@@ -378,8 +381,9 @@ class CpuBackend final : public Backend {
             int64_t n_units, per_thread;
             int n_head_kv;
             float* scratch;
-        } ctx{seqs.data(), first.data(), units.data(), table_.attention, int64_t(units.size() / 2) * ap.n_head_kv,
-              per_thread, ap.n_head_kv, attn_scratch_.data()};
+        } ctx{
+            seqs.data(), first.data(), units.data(),        table_.attention, int64_t(units.size() / 2) * ap.n_head_kv,
+            per_thread,  ap.n_head_kv, attn_scratch_.data()};
         auto work = [](void* p, int thread, int n_threads) {
             const Ctx& c = *static_cast<const Ctx*>(p);
             for (int64_t u = thread; u < c.n_units; u += n_threads) {
@@ -445,6 +449,76 @@ class CpuBackend final : public Backend {
         const float* y = b.as<const float>();
         float* o = out.as<float>();
         table_.add(x, y, scale, o, n);
+    }
+
+    // The encoder ops run their references (backend.h), split over the pool by rows.
+    void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& out) override {
+        const int64_t n = x.ne[0];
+        for_rows(x.rows(), 4 * n, [&](int64_t r0, int64_t r1) {
+            layer_norm_rows_host(x.as<const float>(), n, w ? w.as<const float>() : nullptr,
+                                 b ? b.as<const float>() : nullptr, eps, out.as<float>(), r0, r1);
+        });
+    }
+
+    void gelu(const Tensor& x, GeluKind kind, const Tensor& out) override {
+        const int64_t n = x.ne[0];
+        for_rows(x.rows(), 16 * n, [&](int64_t r0, int64_t r1) {
+            gelu_host(x.as<const float>() + r0 * n, out.as<float>() + r0 * n, (r1 - r0) * n, kind);
+        });
+    }
+
+    // Bidirectional attention as two products a head, on the matmul kernels: S = K_h · (scale Q_h) for a
+    // block of queries, a softmax a row, then O = V_hᵀ · S written into the head's columns of out. The
+    // reference table runs attention_full_host instead (the specification these are checked against).
+    void attention_full(const Tensor& q, const Tensor& k, const Tensor& v, int n_head, int head_dim, float scale,
+                        const Tensor& out) override {
+        CERA_CHECK(q.ne[0] == int64_t(n_head) * head_dim && k.ne[0] == q.ne[0] && v.ne[0] == q.ne[0] &&
+                       k.rows() == q.rows() && v.rows() == q.rows(),
+                   "attention_full: q, k, v must be [n_tokens, n_head * head_dim]");
+        const int64_t n = q.rows(), width = q.ne[0], hd = head_dim;
+        if (table_.isa == cpu::Isa::kRef) {
+            for_rows(n, 4 * n * width, [&](int64_t r0, int64_t r1) {
+                attention_full_host(q.as<const float>(), k.as<const float>(), v.as<const float>(), n, n_head, head_dim,
+                                    scale, out.as<float>(), r0, r1);
+            });
+            return;
+        }
+        constexpr int64_t kQueryBlock = 256;
+        const int64_t qb = std::min(n, kQueryBlock);
+        grow(enc_k_, size_t(n * hd));
+        grow(enc_vt_, size_t(hd * n));
+        grow(enc_q_, size_t(n * hd));
+        grow(enc_s_, size_t(qb * n));
+        const float *Q = q.as<const float>(), *K = k.as<const float>(), *V = v.as<const float>();
+        for (int h = 0; h < n_head; ++h) {
+            for_rows(n, hd, [&](int64_t r0, int64_t r1) {
+                for (int64_t t = r0; t < r1; ++t)
+                    for (int64_t c = 0; c < hd; ++c) {
+                        const size_t src = size_t(t * width + h * hd + c);
+                        enc_k_[size_t(t * hd + c)] = K[src];
+                        enc_q_[size_t(t * hd + c)] = Q[src] * scale;
+                        enc_vt_[size_t(c * n + t)] = V[src];
+                    }
+            });
+            for (int64_t b = 0; b < n; b += qb) {
+                const int64_t m = std::min(qb, n - b);
+                cpu::matmul(table_, GgmlType::kF32, enc_k_.data(), n, hd, enc_q_.data() + b * hd, m, enc_s_.data(), n,
+                            &pool_);
+                for_rows(m, 8 * n, [&](int64_t r0, int64_t r1) {
+                    for (int64_t r = r0; r < r1; ++r) {
+                        float* row = enc_s_.data() + r * n;
+                        float mx = row[0];
+                        for (int64_t j = 1; j < n; ++j) mx = std::max(mx, row[j]);
+                        double sum = 0.0;
+                        for (int64_t j = 0; j < n; ++j) sum += (row[j] = std::exp(row[j] - mx));
+                        const float inv = float(1.0 / sum);
+                        for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+                    }
+                });
+                cpu::matmul(table_, GgmlType::kF32, enc_vt_.data(), hd, n, enc_s_.data(), m,
+                            out.as<float>() + b * width + h * hd, width, &pool_);
+            }
+        }
     }
 
     void scale(const Tensor& x, float s) override {
@@ -638,7 +712,8 @@ class CpuBackend final : public Backend {
     std::vector<cpu_attention::Args> attn_seqs_;  // attention(): one a sequence
     std::vector<int64_t> attn_first_, attn_units_;
     std::vector<float> moe_x_, moe_g_, moe_u_, moe_y_;
-    std::vector<uint8_t> embed_row_;  // one table row unpacked from its packed copy
+    std::vector<float> enc_k_, enc_vt_, enc_q_, enc_s_;  // attention_full: one head's K, Vᵀ, Q, a block of S
+    std::vector<uint8_t> embed_row_;                     // one table row unpacked from its packed copy
     std::vector<int32_t> moe_count_, moe_order_, moe_fill_;
 };
 

@@ -1,0 +1,102 @@
+// Engine::Impl::encode_image: an image file's bytes -> the tokens that stand for it and the
+// embeddings of its image tokens, with a small cache by content hash.
+#include <algorithm>
+#include <filesystem>
+
+#include "core/check.h"
+#include "runtime/engine_impl.h"
+#include "runtime/state_io.h"
+#include "vision/image.h"
+#include "vision/preprocess.h"
+
+namespace cera {
+namespace {
+
+constexpr size_t kImageCacheEntries = 8;
+
+uint64_t pixel_hash(const vision::RgbImage& img) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    auto mix = [&](uint8_t b) { h = (h ^ b) * 0x100000001b3ull; };
+    for (int v : {img.width, img.height})
+        for (int i = 0; i < 4; ++i) mix(uint8_t(v >> (8 * i)));
+    for (uint8_t b : img.rgb) mix(b);
+    return h;
+}
+
+}  // namespace
+
+EncodedImage encode_image_pixels(const vision::VisionEncoder& enc, const Tokenizer& tok, int64_t n_embd,
+                                 const vision::RgbImage& img) {
+    const vision::VisionConfig& vc = enc.config();
+    const vision::ProcessedImage p = vision::preprocess(img, vc.proc);
+    EncodedImage out;
+    out.hash = pixel_hash(img);
+    const std::vector<int32_t> marker = tok.encode("<image>", false, true);
+    if (marker.size() != 1)
+        throw_error(ErrorCode::kInvalidFile, "the model's vocabulary has no <image> token: not a vision model");
+    out.image_token = marker[0];
+    out.ids = tok.encode(vision::image_prompt_text(p, vc.proc.downsample), false, true);
+    out.rows = enc.encode(p);
+    const int64_t n_image = std::count(out.ids.begin(), out.ids.end(), out.image_token);
+    if (n_image * n_embd != int64_t(out.rows.size()))
+        throw_error(ErrorCode::kInvalidFile, "image: %lld image tokens for %lld embedding rows", (long long)n_image,
+                    (long long)(int64_t(out.rows.size()) / std::max<int64_t>(1, n_embd)));
+    return out;
+}
+
+EncodedImage encode_image(const vision::VisionEncoder& enc, const Tokenizer& tok, int64_t n_embd,
+                          std::span<const uint8_t> file_bytes) {
+    return encode_image_pixels(enc, tok, n_embd, vision::decode_image(file_bytes));
+}
+
+std::vector<uint8_t> read_image_file(const std::string& path) {
+    std::error_code ec;
+    const uintmax_t size = std::filesystem::file_size(path, ec);
+    if (ec) throw_error(ErrorCode::kIo, "image: cannot open %s: %s", path.c_str(), ec.message().c_str());
+    if (size > vision::DecodeLimits{}.max_bytes)
+        throw_error(ErrorCode::kInvalidArgument, "image %s: %ju bytes is over the limit of %zu", path.c_str(), size,
+                    vision::DecodeLimits{}.max_bytes);
+    return read_file_bytes(path);
+}
+
+std::vector<EmbdRun> image_runs(const EncodedImage& img, int64_t begin, int64_t n_embd) {
+    std::vector<EmbdRun> runs;
+    int64_t row = 0;
+    for (size_t i = 0; i < img.ids.size();) {
+        if (img.ids[i] != img.image_token) {
+            ++i;
+            continue;
+        }
+        size_t j = i;
+        while (j < img.ids.size() && img.ids[j] == img.image_token) ++j;
+        runs.push_back({begin + int64_t(i), int64_t(j - i), img.rows.data() + row * n_embd});
+        row += int64_t(j - i);
+        i = j;
+    }
+    return runs;
+}
+
+std::shared_ptr<const EncodedImage> Engine::Impl::encode_image(std::span<const uint8_t> file_bytes) {
+    if (!vision)
+        throw_error(ErrorCode::kInvalidArgument, "image input needs a vision projector (load the engine with mmproj)");
+    // The hash is of the decoded pixels: decode first (cheap next to the encoder), then look up.
+    const vision::RgbImage img = vision::decode_image(file_bytes);
+    const uint64_t hash = pixel_hash(img);
+    {
+        std::lock_guard<std::mutex> lock(image_mu);
+        for (auto it = image_cache.begin(); it != image_cache.end(); ++it)
+            if ((*it)->hash == hash) {
+                auto hit = *it;
+                image_cache.erase(it);
+                image_cache.push_back(hit);
+                return hit;
+            }
+    }
+    auto out = std::make_shared<const EncodedImage>(encode_image_pixels(*vision, *tokenizer, info.n_embd, img));
+    std::lock_guard<std::mutex> lock(image_mu);
+    image_cache.push_back(out);
+    if (image_cache.size() > kImageCacheEntries) image_cache.erase(image_cache.begin());
+    return out;
+}
+
+}  // namespace cera

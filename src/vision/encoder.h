@@ -1,0 +1,79 @@
+// The LFM2-VL vision tower and projector, loaded from a llama.cpp mmproj GGUF (general.architecture
+// "clip", clip.projector_type "lfm2") and run through the Backend ops on the text model's device:
+//   x = patches · patch_embd + b + resize_bilinear_aa(position_embd, grid)     (NaFlex: one grid a piece)
+//   per block:  x += Wo·Attn(Wq h, Wk h, Wv h),  h = LayerNorm(x) * ln1        (bidirectional, all patches)
+//               x += W2·gelu_tanh(W1 · LayerNorm(x) * ln2)
+//   x = LayerNorm(x) * post_ln                                  (when the file has post_ln)
+//   y = pixel_unshuffle(x, f): each f x f block of patches becomes one row of f² n_embd
+//   embeddings = mm.2 · gelu(mm.1 · LayerNorm(y) * input_norm)   [n_tokens, n_embd_text] (norm when present)
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "vision/preprocess.h"
+
+namespace cera {
+namespace gguf {
+class File;
+}
+
+namespace vision {
+
+struct VisionConfig {
+    int64_t n_embd = 0;       // clip.vision.embedding_length
+    int64_t n_layer = 0;      // clip.vision.block_count
+    int64_t n_head = 0;       // clip.vision.attention.head_count
+    int64_t head_dim = 0;     // n_embd / n_head
+    int64_t n_ff = 0;         // clip.vision.feed_forward_length
+    int64_t n_pos_side = 0;   // the position table is a n_pos_side x n_pos_side grid
+    float eps = 1e-6f;        // clip.vision.attention.layer_norm_epsilon
+    float proj_eps = 1e-5f;   // the projector's layer norm (PyTorch's default; not in the file)
+    int64_t proj_hidden = 0;  // mm.1 rows
+    int64_t n_embd_text = 0;  // mm.2 rows: the text model's n_embd
+    ProcessorConfig proc;     // patch size, downsample factor, mean / std from the file
+};
+
+struct VisionLayer {
+    Tensor ln1_w, ln1_b, ln2_w, ln2_b;  // f32 [n_embd]
+    Tensor q_w, k_w, v_w, o_w;          // [n_embd, n_embd]
+    Tensor q_b, k_b, v_b, o_b;          // f32 [n_embd]
+    Tensor up_w, up_b, down_w, down_b;  // [n_ff, n_embd], [n_ff]; [n_embd, n_ff], [n_embd]
+};
+
+class VisionEncoder {
+ public:
+    // Opens and validates an mmproj file and makes its weights resident on `be`, which must outlive
+    // the encoder. n_embd_text > 0: the projector must map to that width. Throws cera::Error naming the
+    // key or tensor that is wrong.
+    static std::unique_ptr<VisionEncoder> load(const std::string& path, Backend& be, int64_t n_embd_text = 0);
+    ~VisionEncoder();
+
+    const VisionConfig& config() const { return cfg_; }
+
+    // The embeddings of an image's pieces, in order: f32 [image_tokens, n_embd_text].
+    std::vector<float> encode(const ProcessedImage& img) const;
+    // The vision tower's output (after post_ln) of one piece: f32 [grid_h * grid_w, n_embd].
+    std::vector<float> tower(const PatchGrid& g) const;
+
+ private:
+    VisionEncoder() = default;
+    // Runs the tower on one piece, leaving x [n_patches, n_embd] on the device (caller frees).
+    Tensor run_tower(const PatchGrid& g) const;
+    std::vector<float> project(const Tensor& x, const PatchGrid& g) const;
+
+    Backend* be_ = nullptr;
+    std::unique_ptr<gguf::File> file_;
+    VisionConfig cfg_;
+    std::vector<float> patch_w_host_;  // [n_embd, p * p * 3] in the patches' (y, x, c) order
+    std::vector<float> pos_host_;      // [n_pos_side, n_pos_side, n_embd]
+    Tensor patch_w_, patch_b_;
+    Tensor post_w_, post_b_;
+    std::vector<VisionLayer> layers_;
+    Tensor proj_norm_w_, proj_norm_b_, proj1_w_, proj1_b_, proj2_w_, proj2_b_;
+};
+
+}  // namespace vision
+}  // namespace cera

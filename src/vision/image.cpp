@@ -1,0 +1,70 @@
+// stb_image does the decoding; this file adds the checks before it and the RGB conversion after it.
+#include "vision/image.h"
+
+#include <climits>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include "core/check.h"
+
+#define STB_IMAGE_IMPLEMENTATION
+#define STBI_NO_STDIO
+#define STBI_FAILURE_USERMSG
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+#pragma GCC diagnostic ignored "-Wsign-compare"
+#pragma GCC diagnostic ignored "-Wunused-function"
+#include <stb/stb_image.h>
+#pragma GCC diagnostic pop
+
+namespace cera::vision {
+
+RgbImage decode_image(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
+    if (bytes.empty()) throw_error(ErrorCode::kInvalidArgument, "image: the file is empty");
+    if (bytes.size() > limits.max_bytes || bytes.size() > size_t(INT_MAX))
+        throw_error(ErrorCode::kInvalidArgument, "image: %zu bytes is over the limit of %zu", bytes.size(),
+                    limits.max_bytes);
+    const auto* data = reinterpret_cast<const stbi_uc*>(bytes.data());
+    const int len = int(bytes.size());
+    int w = 0, h = 0, comp = 0;
+    if (!stbi_info_from_memory(data, len, &w, &h, &comp))
+        throw_error(ErrorCode::kInvalidArgument, "image: not a supported image (PNG, JPEG, BMP, GIF, ...): %s",
+                    stbi_failure_reason());
+    if (w <= 0 || h <= 0 || w > limits.max_side || h > limits.max_side || int64_t(w) * h > limits.max_pixels)
+        throw_error(ErrorCode::kInvalidArgument, "image: %d x %d pixels is over the limit (%d per side, %lld in all)",
+                    w, h, limits.max_side, (long long)limits.max_pixels);
+    std::unique_ptr<stbi_uc, void (*)(void*)> px(stbi_load_from_memory(data, len, &w, &h, &comp, 4), stbi_image_free);
+    if (!px) throw_error(ErrorCode::kInvalidArgument, "image: cannot decode: %s", stbi_failure_reason());
+    RgbImage img;
+    img.width = w;
+    img.height = h;
+    img.rgb.resize(size_t(w) * size_t(h) * 3);
+    const stbi_uc* s = px.get();
+    for (size_t i = 0, n = size_t(w) * size_t(h); i < n; ++i) {
+        const int a = s[4 * i + 3];
+        for (int c = 0; c < 3; ++c) {
+            // Over an opaque white background, rounded to nearest.
+            const int v = s[4 * i + size_t(c)];
+            img.rgb[3 * i + size_t(c)] = uint8_t((v * a + 255 * (255 - a) + 127) / 255);
+        }
+    }
+    return img;
+}
+
+RgbImage load_image_file(const std::string& path, const DecodeLimits& limits) {
+    std::ifstream f(path, std::ios::binary | std::ios::ate);
+    if (!f) throw_error(ErrorCode::kIo, "image: cannot open %s", path.c_str());
+    const std::streamoff size = f.tellg();
+    if (size < 0) throw_error(ErrorCode::kIo, "image: cannot read %s", path.c_str());
+    if (uint64_t(size) > limits.max_bytes)
+        throw_error(ErrorCode::kInvalidArgument, "image %s: %lld bytes is over the limit of %zu", path.c_str(),
+                    (long long)size, limits.max_bytes);
+    std::vector<uint8_t> bytes(static_cast<size_t>(size));
+    f.seekg(0);
+    if (!f.read(reinterpret_cast<char*>(bytes.data()), size))
+        throw_error(ErrorCode::kIo, "image: cannot read %s", path.c_str());
+    return decode_image(bytes, limits);
+}
+
+}  // namespace cera::vision

@@ -1,0 +1,249 @@
+// LFM2-VL vision against transformers (float64 references in fixtures/tiny-lfm2vl, from
+// ../shared/fixtures/tiny-lfm2vl-random): the processor's pixel values and prompt layout, the
+// SigLIP2 tower's last hidden state, the projector's image embeddings, and clean errors for bad images.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "backends/backend.h"
+#include "cera/engine.h"
+#include "cera/error.h"
+#include "gguf/gguf.h"
+#include "gguf/writer.h"
+#include "test_util.h"
+#include "vision/encoder.h"
+#include "vision/image.h"
+#include "vision/preprocess.h"
+
+namespace cera {
+namespace {
+
+std::string fx(const std::string& rel) { return test::data_path("fixtures/tiny-lfm2vl/" + rel); }
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+    EXPECT_EQ(a.size(), b.size());
+    float m = 0.0f;
+    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+    return m;
+}
+
+std::vector<uint8_t> bytes_of(const std::string& path) {
+    const std::string s = test::read_text(path);
+    return std::vector<uint8_t>(s.begin(), s.end());
+}
+
+struct Case {
+    const char* image;       // under fixtures/tiny-lfm2vl/
+    const char* embeddings;  // projector output reference
+    const char* prompt;      // prompt.json with the processor's ids
+};
+const Case kCases[] = {
+    {"ref/test_image.png", "ref/image_embeddings.f32", "ref/prompt_vl.json"},
+    {"images/tall-300x520/image.png", "images/tall-300x520/image_embeddings.f32", "images/tall-300x520/prompt.json"},
+    {"images/large-1000x700/image.png", "images/large-1000x700/image_embeddings.f32",
+     "images/large-1000x700/prompt.json"},
+};
+
+class VisionGolden : public ::testing::Test {
+ protected:
+    static void SetUpTestSuite() {
+        be_ = create_backend({}).release();
+        enc_ = vision::VisionEncoder::load(fx("mmproj.gguf"), *be_, 64).release();
+    }
+    static void TearDownTestSuite() {
+        delete enc_;
+        delete be_;
+    }
+    static Backend* be_;
+    static vision::VisionEncoder* enc_;
+};
+Backend* VisionGolden::be_ = nullptr;
+vision::VisionEncoder* VisionGolden::enc_ = nullptr;
+
+TEST_F(VisionGolden, ConfigFromMmproj) {
+    const vision::VisionConfig& c = enc_->config();
+    EXPECT_EQ(c.n_embd, 64);
+    EXPECT_EQ(c.n_layer, 2);
+    EXPECT_EQ(c.n_head, 2);
+    EXPECT_EQ(c.n_ff, 256);
+    EXPECT_EQ(c.n_pos_side, 16);
+    EXPECT_EQ(c.proc.patch_size, 16);
+    EXPECT_EQ(c.proc.downsample, 2);
+    EXPECT_EQ(c.proj_hidden, 128);
+    EXPECT_EQ(c.n_embd_text, 64);
+}
+
+TEST_F(VisionGolden, PixelValuesMatchTheProcessor) {
+    const vision::RgbImage img = vision::load_image_file(fx("ref/test_image.png"));
+    ASSERT_EQ(img.width, 64);
+    ASSERT_EQ(img.height, 48);
+    const vision::ProcessedImage p = vision::preprocess(img, enc_->config().proc);
+    ASSERT_EQ(p.pieces.size(), 1u);
+    EXPECT_EQ(p.pieces[0].grid_h, 14);
+    EXPECT_EQ(p.pieces[0].grid_w, 20);
+    const std::vector<float> ref = test::read_f32(fx("ref/pixel_values_valid.f32"));
+    EXPECT_LE(max_abs_diff(p.pieces[0].patches, ref), 1e-5f);
+}
+
+TEST_F(VisionGolden, TowerHiddenStateMatches) {
+    const vision::ProcessedImage p =
+        vision::preprocess(vision::load_image_file(fx("ref/test_image.png")), enc_->config().proc);
+    const std::vector<float> hidden = enc_->tower(p.pieces[0]);
+    EXPECT_LE(max_abs_diff(hidden, test::read_f32(fx("ref/vision_last_hidden.f32"))), 1e-3f);
+}
+
+TEST_F(VisionGolden, LayoutAndEmbeddingsMatchEveryImage) {
+    auto engine = Engine::load(fx("model.gguf"), {.device = "cpu"});
+    for (const Case& c : kCases) {
+        SCOPED_TRACE(c.image);
+        const vision::ProcessedImage p = vision::preprocess(vision::load_image_file(fx(c.image)), enc_->config().proc);
+        const nlohmann::json prompt = nlohmann::json::parse(test::read_text(fx(c.prompt)));
+        // The processor's expanded prompt, rebuilt from the image's layout.
+        std::string text = prompt["prompt_text_before_expansion"];
+        const size_t at = text.find("<image>");
+        ASSERT_NE(at, std::string::npos);
+        text.replace(at, 7, vision::image_prompt_text(p, enc_->config().proc.downsample));
+        const std::vector<int32_t> ids = engine->tokenize(text, false, true);
+        EXPECT_EQ(ids, prompt["ids"].get<std::vector<int32_t>>());
+        const std::vector<float> emb = enc_->encode(p);
+        EXPECT_LE(max_abs_diff(emb, test::read_f32(fx(c.embeddings))), 1e-3f);
+    }
+}
+
+// A copy of the fixture's mmproj with one key changed (or dropped: `value` empty) and one tensor
+// dropped (`drop`), written to a temporary file; the encoder must refuse it naming what is wrong.
+std::string expect_mmproj_error(const std::string& key, std::optional<gguf::Value> value, const std::string& drop,
+                                ErrorCode code) {
+    auto src = gguf::File::open(fx("mmproj.gguf"));
+    gguf::Writer w;
+    for (const auto& [k, v] : src->metadata())
+        if (k != key) w.set(k, v);
+    if (value) w.set(key, *value);
+    for (const gguf::TensorInfo& t : src->tensors())
+        if (t.name != drop) w.add_tensor(t.name, t.type, t.ne, std::span<const uint8_t>(t.data, t.n_bytes));
+    const std::string path = (std::filesystem::temp_directory_path() / "cera_bad_mmproj.gguf").string();
+    w.write(path);
+    auto be = create_backend({});
+    std::string what;
+    try {
+        vision::VisionEncoder::load(path, *be, 64);
+        ADD_FAILURE() << key << " / " << drop << ": no error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), code) << e.what();
+        what = e.what();
+    }
+    std::filesystem::remove(path);
+    return what;
+}
+
+TEST(VisionMmproj, MalformedFilesAreRefusedByName) {
+    EXPECT_NE(expect_mmproj_error("clip.projector_type", gguf::value_string("mlp"), "", ErrorCode::kUnsupported)
+                  .find("projector_type"),
+              std::string::npos);
+    EXPECT_NE(expect_mmproj_error("clip.vision.block_count", std::nullopt, "", ErrorCode::kMissing).find("block_count"),
+              std::string::npos);
+    EXPECT_NE(expect_mmproj_error("clip.vision.attention.head_count", gguf::value_u32(3), "", ErrorCode::kInvalidFile)
+                  .find("head_count"),
+              std::string::npos);
+    EXPECT_NE(expect_mmproj_error("", std::nullopt, "v.blk.1.attn_q.weight", ErrorCode::kMissing).find("attn_q"),
+              std::string::npos);
+    EXPECT_NE(expect_mmproj_error("clip.vision.image_std", gguf::value_f32_array(std::vector<float>{0.5f, 0.0f, 0.5f}),
+                                  "", ErrorCode::kInvalidFile)
+                  .find("image_std"),
+              std::string::npos);
+}
+
+TEST(VisionImage, BadImagesFailCleanly) {
+    auto expect_error = [](std::span<const uint8_t> b, const char* what) {
+        try {
+            vision::decode_image(b);
+            ADD_FAILURE() << what << ": no error";
+        } catch (const Error& e) {
+            EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << what;
+            EXPECT_NE(std::string(e.what()).find("image"), std::string::npos) << what << ": " << e.what();
+        }
+    };
+    const std::vector<uint8_t> png = bytes_of(fx("ref/test_image.png"));
+    expect_error({}, "empty");
+    const std::string text = "this is a text file, not an image\n";
+    expect_error({reinterpret_cast<const uint8_t*>(text.data()), text.size()}, "text");
+    for (size_t cut : {size_t(8), size_t(33), png.size() / 2, png.size() - 13})
+        expect_error({png.data(), cut}, "truncated png");
+    // A valid header claiming 100000 x 100000 pixels: refused before any pixel is decoded.
+    std::vector<uint8_t> huge = png;
+    const uint8_t dim[4] = {0x00, 0x01, 0x86, 0xA0};
+    std::copy(dim, dim + 4, huge.begin() + 16);
+    std::copy(dim, dim + 4, huge.begin() + 20);
+    expect_error(huge, "huge");
+    vision::DecodeLimits small;
+    small.max_bytes = 100;
+    try {
+        vision::decode_image(png, small);
+        ADD_FAILURE() << "size cap: no error";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("limit"), std::string::npos) << e.what();
+    }
+}
+
+TEST(VisionPreprocess, ExtremeAspectRatioIsRefused) {
+    // 13569 x 1 (found by the fuzzer): the smart resize would give 2 x 424 x 2 patches, over 1024.
+    vision::RgbImage img;
+    img.width = 13569;
+    img.height = 1;
+    img.rgb.assign(size_t(img.width) * 3, 128);
+    try {
+        vision::preprocess(img, vision::ProcessorConfig{});
+        ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+        EXPECT_NE(std::string(e.what()).find("aspect ratio"), std::string::npos) << e.what();
+    }
+    img.width = 1000;  // 10:1, within the budget
+    img.height = 100;
+    img.rgb.assign(size_t(img.width) * size_t(img.height) * 3, 128);
+    EXPECT_NO_THROW(vision::preprocess(img, vision::ProcessorConfig{}));
+}
+
+TEST(VisionImage, AlphaAndGrayscaleBecomeRgb) {
+    // A 1 x 1 BMP is easy to write by hand; a 2 x 1 gray+alpha image through stb's PNM/TGA is not, so
+    // the composite rule is checked on a 32-bit BMP (BGRA) pixel at alpha 0 (white) and 255 (itself).
+    auto bmp = [](uint8_t b, uint8_t g, uint8_t r, uint8_t a) {
+        std::vector<uint8_t> f(14 + 108 + 4, 0);
+        auto put32 = [&](size_t off, uint32_t v) {
+            for (int i = 0; i < 4; ++i) f[off + size_t(i)] = uint8_t(v >> (8 * i));
+        };
+        f[0] = 'B', f[1] = 'M';
+        put32(2, uint32_t(f.size()));
+        put32(10, 14 + 108);
+        put32(14, 108);  // BITMAPV4HEADER
+        put32(18, 1), put32(22, 1);
+        f[26] = 1, f[28] = 32;
+        put32(30, 3);  // BI_BITFIELDS
+        put32(34, 4);
+        put32(54, 0x00FF0000), put32(58, 0x0000FF00), put32(62, 0x000000FF), put32(66, 0xFF000000);
+        f[122] = b, f[123] = g, f[124] = r, f[125] = a;
+        return f;
+    };
+    const vision::RgbImage opaque = vision::decode_image(bmp(10, 20, 30, 255));
+    EXPECT_EQ(opaque.rgb, (std::vector<uint8_t>{30, 20, 10}));
+    const vision::RgbImage clear = vision::decode_image(bmp(10, 20, 30, 0));
+    EXPECT_EQ(clear.rgb, (std::vector<uint8_t>{255, 255, 255}));
+}
+
+TEST(VisionPreprocess, SmartResizeKeepsTokenBounds) {
+    const vision::ProcessorConfig cfg;
+    for (auto [h, w] : std::vector<std::pair<int, int>>{{48, 64}, {520, 300}, {1, 1}, {2000, 30}, {512, 512}}) {
+        const auto [nh, nw] = vision::smart_resize(h, w, cfg);
+        EXPECT_EQ(nh % 32, 0);
+        EXPECT_EQ(nw % 32, 0);
+        EXPECT_LE(nh / 32 * (nw / 32), 256) << h << "x" << w;
+    }
+    EXPECT_EQ(vision::smart_resize(48, 64, cfg), (std::array<int, 2>{224, 320}));
+    EXPECT_EQ(vision::smart_resize(520, 300, cfg), (std::array<int, 2>{512, 288}));
+}
+
+}  // namespace
+}  // namespace cera
