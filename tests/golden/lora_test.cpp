@@ -1,18 +1,21 @@
-// LoRA adapters on the model layer (models/lora.h), on the CPU, against transformers + peft float64
-// references (fixtures/<model>/lora/): logits of prompt 0 with the adapter at scale 1 and 0.5, from
-// the PEFT folder and from llama.cpp's GGUF conversion of it; the greedy continuation; two adapters at
-// once adding their deltas; a batch mixing base and adapter sequences giving each what it gives alone;
-// an adapter for another model refused with the tensor and both shapes named.
+// LoRA adapters on the model layer (models/lora.h), on the CPU and on CUDA (where a device is present), against
+// transformers + peft float64 references (fixtures/<model>/lora/): logits of prompt 0 with the adapter at scale 1 and
+// 0.5, from the PEFT folder and from llama.cpp's GGUF conversion of it; the greedy continuation; two adapters at once
+// adding their deltas; a batch mixing base and adapter sequences giving each what it gives alone; an adapter for
+// another model refused with the tensor and both shapes named.
+#include "models/lora.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "backends/device.h"
 #include "cera/error.h"
 #include "models/batch_state.h"
-#include "models/lora.h"
 #include "models/model.h"
 #include "test_util.h"
 
@@ -23,8 +26,28 @@ using nlohmann::json;
 
 std::string fixture(const std::string& model) { return test::data_path("fixtures/" + model); }
 
-std::unique_ptr<Model> load(const std::string& name) {
+// The devices the model-level tests run on: the CPU, and CUDA in CUDA builds (skipped without a GPU).
+std::vector<DeviceKind> devices() {
+#ifdef CERA_TEST_HAVE_CUDA
+    return {DeviceKind::kCpu, DeviceKind::kCuda};
+#else
+    return {DeviceKind::kCpu};
+#endif
+}
+
+const char* device_name(DeviceKind d) { return d == DeviceKind::kCuda ? "cuda" : "cpu"; }
+
+// Skips the calling test when it asks for CUDA and no device is there.
+#define SKIP_WITHOUT(device)                                             \
+    do {                                                                 \
+        std::string why;                                                 \
+        if ((device) == DeviceKind::kCuda && cuda_devices(&why).empty()) \
+            GTEST_SKIP() << "no CUDA device (" << why << ")";            \
+    } while (0)
+
+std::unique_ptr<Model> load(const std::string& name, DeviceKind device = DeviceKind::kCpu) {
     ModelOptions o;
+    o.device = device;
     o.n_threads = 2;
     o.n_ctx = 128;
     return load_model(fixture(name) + "/model.gguf", o);
@@ -51,14 +74,15 @@ struct Case {
     const char* model;
     const char* adapter;  // under fixtures/<model>/lora/
     float scale;
-    const char* ref;      // the reference logits
+    const char* ref;  // the reference logits
 };
 
-class LoraLogits : public ::testing::TestWithParam<Case> {};
+class LoraLogits : public ::testing::TestWithParam<std::tuple<Case, DeviceKind>> {};
 
 TEST_P(LoraLogits, MatchFloat64Reference) {
-    const Case c = GetParam();
-    auto model = load(c.model);
+    const auto [c, device] = GetParam();
+    SKIP_WITHOUT(device);
+    auto model = load(c.model, device);
     const int64_t n_vocab = model->info().n_vocab;
     auto st = model->create_state();
     const auto adapter = load_lora(fixture(c.model) + "/lora/" + c.adapter, *model);
@@ -66,7 +90,8 @@ TEST_P(LoraLogits, MatchFloat64Reference) {
     const std::vector<float> got = all_logits(*st, prompt0(c.model), n_vocab);
     const std::vector<float> ref = test::read_f32(fixture(c.model) + "/lora/" + c.ref);
     const double d = max_diff(got, ref);
-    std::printf("[ lora ] %-10s %-9s scale %.1f: max |dlogit| = %.3g\n", c.model, c.adapter, c.scale, d);
+    std::printf("[ lora ] %-4s %-10s %-9s scale %.1f: max |dlogit| = %.3g\n", device_name(device), c.model, c.adapter,
+                c.scale, d);
     EXPECT_LT(d, 1e-2);
     // And the adapter makes a difference the test can see.
     st->set_lora({});
@@ -74,21 +99,24 @@ TEST_P(LoraLogits, MatchFloat64Reference) {
     EXPECT_GT(max_diff(all_logits(*st, prompt0(c.model), n_vocab), ref), 0.1);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Fixtures, LoraLogits,
-    ::testing::Values(Case{"tiny-lfm2", "lora.gguf", 1.0f, "logits_0.f32"},
-                      Case{"tiny-lfm2", "lora.gguf", 0.5f, "logits_0_s05.f32"},
-                      Case{"tiny-lfm2", "peft", 1.0f, "logits_0.f32"}, Case{"tiny-lfm2", "peft", 0.5f, "logits_0_s05.f32"},
-                      Case{"tiny-qwen3", "lora.gguf", 1.0f, "logits_0.f32"},
-                      Case{"tiny-qwen3", "lora.gguf", 0.5f, "logits_0_s05.f32"},
-                      Case{"tiny-qwen3", "peft", 1.0f, "logits_0.f32"},
-                      Case{"tiny-qwen3", "peft", 0.5f, "logits_0_s05.f32"}));
+INSTANTIATE_TEST_SUITE_P(Fixtures, LoraLogits,
+                         ::testing::Combine(::testing::Values(Case{"tiny-lfm2", "lora.gguf", 1.0f, "logits_0.f32"},
+                                                              Case{"tiny-lfm2", "lora.gguf", 0.5f, "logits_0_s05.f32"},
+                                                              Case{"tiny-lfm2", "peft", 1.0f, "logits_0.f32"},
+                                                              Case{"tiny-lfm2", "peft", 0.5f, "logits_0_s05.f32"},
+                                                              Case{"tiny-qwen3", "lora.gguf", 1.0f, "logits_0.f32"},
+                                                              Case{"tiny-qwen3", "lora.gguf", 0.5f, "logits_0_s05.f32"},
+                                                              Case{"tiny-qwen3", "peft", 1.0f, "logits_0.f32"},
+                                                              Case{"tiny-qwen3", "peft", 0.5f, "logits_0_s05.f32"}),
+                                            ::testing::ValuesIn(devices())));
 
-class LoraModel : public ::testing::TestWithParam<const char*> {};
+class LoraModel : public ::testing::TestWithParam<std::tuple<const char*, DeviceKind>> {};
 
 TEST_P(LoraModel, GreedyContinuationMatchesReference) {
-    const std::string m = GetParam();
-    auto model = load(m);
+    const auto [name, device] = GetParam();
+    SKIP_WITHOUT(device);
+    const std::string m = name;
+    auto model = load(m, device);
     const int64_t n_vocab = model->info().n_vocab;
     const json g = json::parse(test::read_text(fixture(m) + "/lora/greedy_0.json"));
     const auto want = g["generated_ids"].get<std::vector<int32_t>>();
@@ -116,8 +144,10 @@ TEST_P(LoraModel, GreedyContinuationMatchesReference) {
 // The deltas of two adapters add: the adapter twice at scale 0.5 (once from each format) is the
 // adapter at scale 1, whose reference is independent of this code.
 TEST_P(LoraModel, TwoAdaptersAddTheirDeltas) {
-    const std::string m = GetParam();
-    auto model = load(m);
+    const auto [name, device] = GetParam();
+    SKIP_WITHOUT(device);
+    const std::string m = name;
+    auto model = load(m, device);
     const int64_t n_vocab = model->info().n_vocab;
     auto st = model->create_state();
     const auto a1 = load_lora(fixture(m) + "/lora/lora.gguf", *model);
@@ -131,8 +161,10 @@ TEST_P(LoraModel, TwoAdaptersAddTheirDeltas) {
 // Base and adapter sequences in one batch: each sequence's logits (prompt, then decode steps) equal
 // those of the sequence alone, bit for bit.
 TEST_P(LoraModel, MixedBatchMatchesEachAlone) {
-    const std::string m = GetParam();
-    auto model = load(m);
+    const auto [name, device] = GetParam();
+    SKIP_WITHOUT(device);
+    const std::string m = name;
+    auto model = load(m, device);
     const int64_t n_vocab = model->info().n_vocab;
     const auto a1 = load_lora(fixture(m) + "/lora/lora.gguf", *model);
     const auto a2 = load_lora(fixture(m) + "/lora/peft", *model);
@@ -169,7 +201,8 @@ TEST_P(LoraModel, MixedBatchMatchesEachAlone) {
         for (size_t i = 0; i < sets.size(); ++i) {
             BatchState::Entry e;
             e.seq = seq[i];
-            e.tokens = step == 0 ? std::span<const int32_t>(prompts[i]) : std::span<const int32_t>(&decode[step - 1], 1);
+            e.tokens =
+                step == 0 ? std::span<const int32_t>(prompts[i]) : std::span<const int32_t>(&decode[step - 1], 1);
             e.pick = Pick::kLogits;
             entries.push_back(e);
         }
@@ -183,7 +216,9 @@ TEST_P(LoraModel, MixedBatchMatchesEachAlone) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, LoraModel, ::testing::Values("tiny-lfm2", "tiny-qwen3"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, LoraModel,
+                         ::testing::Combine(::testing::Values("tiny-lfm2", "tiny-qwen3"),
+                                            ::testing::ValuesIn(devices())));
 
 // An adapter made for another model: a one-line error naming the tensor and both shapes.
 TEST(LoraLoad, AnotherModelIsRefusedWithTensorAndShapes) {

@@ -73,6 +73,7 @@ class CudaBackend final : public Backend {
                    const AttentionParams& p, const Tensor& out) override;
     void short_conv(const Tensor& bcx, const Tensor& w, const Tensor& state, const Tensor& out,
                     const Tensor& state_prev) override;
+    void lora_segments(const Tensor& x, std::span<const LoraSegment> segs, const Tensor& y) override;
     void short_conv_segments(const Tensor& bcx, const Tensor& w, const Tensor& states, const Tensor& out,
                              const Tensor& segs, const Tensor& snaps, const Tensor& snapshots) override;
     void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override;

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/lora.h"
 #include "core/quant/quant.h"
 
 namespace cera::cuda {
@@ -135,6 +136,35 @@ void CudaBackend::short_conv_segments(const Tensor& bcx, const Tensor& w, const 
                                   int(segs.ne[1]), snaps ? snaps.as<const int32_t>() : nullptr,
                                   snapshots ? snapshots.as<float>() : nullptr, bcx.rows(), n_embd, out.as<float>(),
                                   stream_);
+    }});
+}
+
+void CudaBackend::lora_segments(const Tensor& x, std::span<const LoraSegment> segs, const Tensor& y) {
+    const int64_t k = x.ne[0], n_out = y.ne[0], n_rows = x.rows();
+    std::vector<LoraSegDev> dev;
+    int64_t t_floats = 0;
+    for (const LoraSegment& sg : segs) {
+        const int64_t r = sg.a.ne[1];
+        const auto half_or_f32 = [](const Tensor& t) { return t.type == GgmlType::kF32 || t.type == GgmlType::kF16; };
+        CERA_CHECK(half_or_f32(sg.a) && half_or_f32(sg.bt) && sg.a.ne[0] == k && sg.bt.ne[1] == r &&
+                       sg.bt.ne[0] == n_out && sg.start >= 0 && sg.n >= 0 && sg.start + sg.n <= n_rows &&
+                       n_rows == y.rows() && r <= INT32_MAX,
+                   "lora_segments: segment rows %lld+%lld, a {%lld, %lld}, bt {%lld, %lld}, x ne0 %lld, y ne0 %lld",
+                   (long long)sg.start, (long long)sg.n, (long long)sg.a.ne[0], (long long)r, (long long)sg.bt.ne[0],
+                   (long long)sg.bt.ne[1], (long long)k, (long long)n_out);
+        if (sg.n == 0 || r == 0) continue;
+        LoraSegDev d;
+        d.start = sg.start, d.n = sg.n, d.t_off = t_floats, d.a = sg.a.data, d.bt = sg.bt.data;
+        d.scale = sg.scale, d.r = int(r), d.a_f16 = sg.a.type == GgmlType::kF16, d.bt_f16 = sg.bt.type == GgmlType::kF16;
+        dev.push_back(d);
+        t_floats += sg.n * r;
+    }
+    if (dev.empty()) return;
+    // The scratch is taken when the node runs: every LoRA node of a step uses the one buffer in turn.
+    record(OtherNode{[=, this, dev = std::move(dev)] {
+        float* t = static_cast<float*>(scratch(kLora, size_t(t_floats) * sizeof(float)));
+        cuda::lora_segments(x.as<const float>(), y.as<float>(), t, k, n_out, n_rows, dev.data(), int(dev.size()),
+                            stream_);
     }});
 }
 

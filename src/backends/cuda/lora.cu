@@ -1,0 +1,101 @@
+// The grouped LoRA product (lora.h), in two launches per batch of segments: the down products t = s A x,
+// a warp per (row, rank index), then the up products y += Bᵀ t, a thread per output column over a few
+// rows, each row summing every segment that covers it (so overlapping segments need no atomics and the
+// sum does not depend on the launch's timing). Bᵀ is read by rows (the column index is the fast one),
+// once for kUpRows rows of x.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/lora.h"
+
+namespace cera::cuda {
+namespace {
+
+constexpr int kDownWarps = 8;
+constexpr int kUpThreads = 256;
+constexpr int kUpRows = 8;
+
+struct LoraBatch {
+    LoraSegDev s[kLoraSegsPerLaunch];
+    int n = 0;
+};
+
+__device__ __forceinline__ float at(const void* p, bool f16, int64_t i) {
+    return f16 ? __half2float(static_cast<const __half*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+
+// grid (segments, row groups); a warp per rank index of a row.
+__global__ void __launch_bounds__(kDownWarps * 32) lora_down_kernel(const float* __restrict__ x, float* t, int64_t k,
+                                                                     const LoraBatch b) {
+    pdl_trigger();
+    pdl_wait();
+    const LoraSegDev& sg = b.s[blockIdx.x];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int64_t i = blockIdx.y; i < sg.n; i += gridDim.y) {
+        const float* xr = x + (sg.start + i) * k;
+        for (int j = warp; j < sg.r; j += kDownWarps) {
+            const int64_t a0 = int64_t(j) * k;
+            float acc = 0.0f;
+            for (int64_t c = lane; c < k; c += 32) acc = fmaf(at(sg.a, sg.a_f16, a0 + c), xr[c], acc);
+            acc = warp_sum(acc);
+            if (lane == 0) t[sg.t_off + i * sg.r + j] = sg.scale * acc;
+        }
+    }
+}
+
+// grid (column blocks, row groups of kUpRows).
+__global__ void __launch_bounds__(kUpThreads) lora_up_kernel(const float* __restrict__ t, float* y, int64_t n_out,
+                                                              int64_t n_rows, const LoraBatch b) {
+    pdl_trigger();
+    pdl_wait();
+    const int64_t c = int64_t(blockIdx.x) * kUpThreads + threadIdx.x;
+    const int64_t r0 = int64_t(blockIdx.y) * kUpRows;
+    if (c >= n_out) return;
+    float acc[kUpRows];
+    bool hit[kUpRows];
+#pragma unroll
+    for (int i = 0; i < kUpRows; ++i) acc[i] = 0.0f, hit[i] = false;
+    for (int q = 0; q < b.n; ++q) {
+        const LoraSegDev& sg = b.s[q];
+        const int64_t lo = max(r0, sg.start), hi = min(min(r0 + kUpRows, n_rows), sg.start + sg.n);
+        if (lo >= hi) continue;
+        for (int j = 0; j < sg.r; ++j) {
+            const float w = at(sg.bt, sg.bt_f16, int64_t(j) * n_out + c);
+#pragma unroll
+            for (int i = 0; i < kUpRows; ++i) {
+                const int64_t row = r0 + i;
+                if (row >= lo && row < hi) acc[i] = fmaf(t[sg.t_off + (row - sg.start) * sg.r + j], w, acc[i]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < kUpRows; ++i) hit[i] = hit[i] || (r0 + i >= lo && r0 + i < hi);
+    }
+#pragma unroll
+    for (int i = 0; i < kUpRows; ++i)
+        if (hit[i]) y[(r0 + i) * n_out + c] += acc[i];
+}
+
+}  // namespace
+
+void lora_segments(const float* x, float* y, float* t, int64_t k, int64_t n_out, int64_t n_rows,
+                   const LoraSegDev* segs, int n_segs, Stream stream) {
+    cudaStream_t s = as_stream(stream);
+    for (int first = 0; first < n_segs; first += kLoraSegsPerLaunch) {
+        LoraBatch b;
+        int64_t most = 0;
+        for (int i = first; i < n_segs && b.n < kLoraSegsPerLaunch; ++i) {
+            if (segs[i].n == 0 || segs[i].r == 0) continue;
+            b.s[b.n++] = segs[i];
+            most = std::max(most, segs[i].n);
+        }
+        if (b.n == 0) continue;
+        const unsigned row_groups = unsigned(std::min<int64_t>(most, 1024));
+        launch(lora_down_kernel, dim3(unsigned(b.n), row_groups), kDownWarps * 32, 0, s, x, t, k, b);
+        launch(lora_up_kernel, dim3(unsigned((n_out + kUpThreads - 1) / kUpThreads), unsigned((n_rows + kUpRows - 1) / kUpRows)),
+               kUpThreads, 0, s, static_cast<const float*>(t), y, n_out, n_rows, b);
+    }
+}
+
+}  // namespace cera::cuda
