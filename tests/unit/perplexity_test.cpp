@@ -22,6 +22,17 @@
 
 namespace {
 
+// PerplexityOptions with the fields the tests vary (the others at their defaults).
+cera::PerplexityOptions opts(int32_t n_ctx, int32_t n_chunks = -1, std::string save_base = "",
+                             std::string compare_base = "") {
+    cera::PerplexityOptions o;
+    o.n_ctx = n_ctx;
+    o.n_chunks = n_chunks;
+    o.save_base = std::move(save_base);
+    o.compare_base = std::move(compare_base);
+    return o;
+}
+
 using cera::test::data_path;
 
 std::vector<int32_t> prompt_ids(const std::string& model, int i) {
@@ -62,7 +73,7 @@ TEST_P(PerplexityReference, EqualsThePerplexityOfTheReferenceLogits) {
         const std::vector<int32_t> ids = prompt_ids(model, i);
         std::vector<int32_t> text = ids;
         text.insert(text.end(), ids.begin(), ids.end());
-        const cera::PerplexityResult r = cera::perplexity(*engine, text, {.n_ctx = int32_t(ids.size())});
+        const cera::PerplexityResult r = cera::perplexity(*engine, text, opts(int32_t(ids.size()), -1, "", ""));
         const double want = reference_ppl(model, i);
         EXPECT_EQ(r.n_chunks, 2);
         EXPECT_EQ(r.n_scored, 2 * int64_t(ids.size() - ids.size() / 2 - 1));
@@ -97,10 +108,10 @@ TEST(PerplexityKl, AgainstItselfIsZeroAndAgainstAQuantizedModelIsNot) {
     const std::vector<int32_t> tokens = story_tokens(*f32);
     ASSERT_GE(tokens.size(), 128u);
     const std::string base = temp_file("base.kl");
-    const cera::PerplexityResult r0 = cera::perplexity(*f32, tokens, {.n_ctx = 32, .save_base = base});
+    const cera::PerplexityResult r0 = cera::perplexity(*f32, tokens, opts(32, -1, base, ""));
     EXPECT_FALSE(r0.has_kl);
 
-    const cera::PerplexityResult self = cera::perplexity(*f32, {}, {.compare_base = base});
+    const cera::PerplexityResult self = cera::perplexity(*f32, {}, opts(512, -1, "", base));
     ASSERT_TRUE(self.has_kl);
     EXPECT_EQ(self.n_chunks, r0.n_chunks);
     EXPECT_EQ(self.n_ctx, 32);
@@ -111,7 +122,7 @@ TEST(PerplexityKl, AgainstItselfIsZeroAndAgainstAQuantizedModelIsNot) {
     EXPECT_NEAR(self.kl.ppl_ratio, 1.0, 1e-9);
 
     auto q4 = load("tiny-lfm2", "model-Q4_0.gguf");
-    const cera::PerplexityResult q = cera::perplexity(*q4, tokens, {.compare_base = base});
+    const cera::PerplexityResult q = cera::perplexity(*q4, tokens, opts(512, -1, "", base));
     ASSERT_TRUE(q.has_kl);
     EXPECT_NEAR(q.kl.ppl_base, r0.ppl, 1e-9 * r0.ppl);
     EXPECT_GT(q.kl.kld, 1e-5);
@@ -139,31 +150,31 @@ TEST(PerplexityErrors, ShortTextsMissingOrForeignBasesAreNamed) {
     auto engine = load("tiny-lfm2");
     const std::vector<int32_t> tokens = story_tokens(*engine);
     // Fewer than two windows.
-    EXPECT_EQ(error_of([&] { cera::perplexity(*engine, std::span(tokens).first(63), {.n_ctx = 32}); }),
+    EXPECT_EQ(error_of([&] { cera::perplexity(*engine, std::span(tokens).first(63), opts(32, -1, "", "")); }),
               cera::ErrorCode::kInvalidArgument);
-    EXPECT_EQ(error_of([&] { cera::perplexity(*engine, tokens, {.n_ctx = 2}); }), cera::ErrorCode::kInvalidArgument);
+    EXPECT_EQ(error_of([&] { cera::perplexity(*engine, tokens, opts(2, -1, "", "")); }), cera::ErrorCode::kInvalidArgument);
     // A base file that is not there, or not a base file.
-    EXPECT_EQ(error_of([&] { cera::perplexity(*engine, tokens, {.compare_base = temp_file("missing.kl")}); }),
+    EXPECT_EQ(error_of([&] { cera::perplexity(*engine, tokens, opts(512, -1, "", temp_file("missing.kl"))); }),
               cera::ErrorCode::kIo);
     const std::string junk = temp_file("junk.kl");
     { std::ofstream(junk) << "not a base file at all, just some text to fill the header"; }
-    EXPECT_EQ(error_of([&] { cera::perplexity(*engine, tokens, {.compare_base = junk}); }),
+    EXPECT_EQ(error_of([&] { cera::perplexity(*engine, tokens, opts(512, -1, "", junk)); }),
               cera::ErrorCode::kInvalidFile);
     // A base of a model with another vocabulary (tiny-lfm2vl-random has 4 more tokens).
     auto vl = load("tiny-lfm2vl-random");
     const std::string vl_base = temp_file("vl.kl");
-    cera::perplexity(*vl, tokens, {.n_ctx = 32, .n_chunks = 2, .save_base = vl_base});
-    EXPECT_EQ(error_of([&] { cera::perplexity(*engine, {}, {.compare_base = vl_base}); }),
+    cera::perplexity(*vl, tokens, opts(32, 2, vl_base, ""));
+    EXPECT_EQ(error_of([&] { cera::perplexity(*engine, {}, opts(512, -1, "", vl_base)); }),
               cera::ErrorCode::kInvalidFile);
     // A base of other tokens than the text given.
     const std::string base = temp_file("b.kl");
-    cera::perplexity(*engine, tokens, {.n_ctx = 32, .n_chunks = 2, .save_base = base});
+    cera::perplexity(*engine, tokens, opts(32, 2, base, ""));
     std::vector<int32_t> other(tokens.begin() + 1, tokens.end());
-    EXPECT_EQ(error_of([&] { cera::perplexity(*engine, other, {.compare_base = base}); }),
+    EXPECT_EQ(error_of([&] { cera::perplexity(*engine, other, opts(512, -1, "", base)); }),
               cera::ErrorCode::kInvalidArgument);
     // A truncated base.
     std::filesystem::resize_file(base, std::filesystem::file_size(base) - 100);
-    EXPECT_EQ(error_of([&] { cera::perplexity(*engine, {}, {.compare_base = base}); }), cera::ErrorCode::kInvalidFile);
+    EXPECT_EQ(error_of([&] { cera::perplexity(*engine, {}, opts(512, -1, "", base)); }), cera::ErrorCode::kInvalidFile);
     for (const auto& p : {junk, vl_base, base}) std::filesystem::remove(p);
 }
 
