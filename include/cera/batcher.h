@@ -65,10 +65,13 @@ class Batcher {
     // Queues a request: `prompt` is evaluated, then tokens are sampled as GenerateOptions say
     // (max_tokens, sampling, stop, ignore_eos, logprobs, grammar with one matcher per request; the device
     // and context-shift settings do not apply).
-    // sink may be null. Throws kInvalidArgument for an empty prompt or a bad token id, kOutOfRange
+    // sink may be null. `images` (in prompt order; Engine::expand_images makes them) put images into the
+    // prompt; cached prefix blocks are shared only where the images match too. Throws kInvalidArgument
+    // for an empty prompt, a bad token id or an image whose tokens are not where it says, kOutOfRange
     // when the prompt cannot fit a sequence, kOverCapacity when the queue is full.
     virtual std::shared_ptr<Request> submit(std::span<const int32_t> prompt, const GenerateOptions& options,
-                                            std::shared_ptr<Sink> sink = nullptr) = 0;
+                                            std::shared_ptr<Sink> sink = nullptr,
+                                            std::span<const PromptImage> images = {}) = 0;
     virtual BatcherStats stats() const = 0;
     virtual int32_t n_ctx() const = 0;  // the longest sequence, prompt and generated tokens together
 };

@@ -99,6 +99,17 @@ struct EngineInfo {
     bool has_chat_template = false;
 };
 
+// An image decoded and run through the engine's vision projector (Engine::encode_image): the tokens that
+// stand for it in a prompt and the embeddings of its image tokens. Opaque; shared, immutable.
+struct EncodedImage;
+
+// An image in a prompt: its tokens (Engine::image_tokens) stand in the prompt from index `begin`, and the
+// image's embeddings take the place of its image tokens.
+struct PromptImage {
+    size_t begin = 0;
+    std::shared_ptr<const EncodedImage> image;  // Engine::encode_image
+};
+
 class Engine {
  public:
     // Loads a GGUF model and makes its weights resident on the chosen device. Throws cera::Error
@@ -142,6 +153,22 @@ class Engine {
     uint64_t fingerprint() const;
     // Whether a vision projector is loaded (EngineOptions::mmproj): sessions take images.
     bool has_vision() const;
+    // Decodes an image file's bytes (PNG, JPEG, BMP, GIF's first frame, ...) and encodes it with the vision
+    // projector, for a batcher prompt (Batcher::submit). The latest few images are kept by content hash,
+    // so a repeated one is not encoded again. Thread-safe. Throws kInvalidArgument for a bad image (not an
+    // image, truncated, too large) or an engine without a projector.
+    std::shared_ptr<const EncodedImage> encode_image(std::span<const uint8_t> file_bytes) const;
+    // The tokens that stand for an encoded image in a prompt: <|image_start|>, tile markers, one image
+    // token per embedding row, <|image_end|>, as the model's chat template expects.
+    std::span<const int32_t> image_tokens(const EncodedImage& image) const;
+    // The id of the "<image>" token with which a rendered chat marks where an image goes, or -1.
+    int32_t image_marker() const;
+    // A prompt with its i-th image marker (image_marker()) replaced by the tokens of images[i]; the images'
+    // places go to *placed, for Batcher::submit. Throws kInvalidArgument when the markers and images
+    // differ in number.
+    std::vector<int32_t> expand_images(std::span<const int32_t> prompt,
+                                       std::span<const std::shared_ptr<const EncodedImage>> images,
+                                       std::vector<PromptImage>* placed) const;
 
     // Whether a prefix cache is configured, and its counters (zeros without one).
     bool has_prefix_cache() const;

@@ -1,10 +1,11 @@
 // `cera serve -m MODEL [--host H] [--port P] [--api-key KEY] [--alias NAME] [--chat-template FILE]
 //              [--max-seqs N] [--kv-size TOKENS] [--max-body BYTES] [--http-threads N] [--lora NAME=PATH[:SCALE]]...
-//              [engine flags]`: an
+//              [--mmproj FILE [--allow-local-images DIR]] [engine flags]`: an
 // OpenAI-compatible HTTP server on the batched engine (server/server.h, docs/serving.md). SIGINT / SIGTERM
 // stop it: running requests are cancelled, exit 0.
 #include <CLI/CLI.hpp>
 #include <csignal>
+#include <filesystem>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -48,6 +49,12 @@ int run_serve(const std::vector<std::string>& args) {
                    "threads answering requests (0: 4 per sequence slot, at least 32)")
         ->capture_default_str();
     ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch);
+    app.add_option("--mmproj", ef.mmproj,
+                   "vision projector GGUF (llama.cpp mmproj) of an LFM2-VL model: chat requests then take image_url "
+                   "content parts (data: URLs)");
+    app.add_option("--allow-local-images", so.allow_local_images,
+                   "with --mmproj: image_url parts may also name files inside this folder (file:// URLs or absolute "
+                   "paths)");
     std::vector<std::string> loras;
     double lora_cache_mib = 0;
     app.add_option("--lora", loras,
@@ -60,6 +67,11 @@ int run_serve(const std::vector<std::string>& args) {
     if (int rc = parse_args(app, args, "serve"); rc >= 0) return rc;
     if (so.port < 0 || so.port > 65535) throw Error(ErrorCode::kInvalidArgument, "--port must be in 0..65535");
     if (so.http_threads < 0) throw Error(ErrorCode::kInvalidArgument, "--http-threads must be >= 0");
+    if (!so.allow_local_images.empty()) {
+        if (ef.mmproj.empty()) throw Error(ErrorCode::kInvalidArgument, "--allow-local-images needs --mmproj");
+        if (!std::filesystem::is_directory(so.allow_local_images))
+            throw Error(ErrorCode::kInvalidArgument, "--allow-local-images " + so.allow_local_images + ": not a folder");
+    }
     if (so.api_key.empty())
         if (const char* k = std::getenv("CERA_API_KEY")) so.api_key = k;
     if (!template_file.empty()) {

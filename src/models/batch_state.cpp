@@ -112,7 +112,8 @@ void BatchState::remove_sequence(int seq) {
     Seq& s = seqs_[size_t(seq)];
     for (auto b = s.blocks.rbegin(); b != s.blocks.rend(); ++b) release_block(*b);
     s.blocks.clear(), s.tokens.clear(), s.hashes.clear();
-    s.lora.clear();
+    s.lora.clear(), s.lora_key = 0;
+    s.content.clear();
     s.used = false;
 }
 
@@ -123,6 +124,12 @@ void BatchState::set_lora(int seq, const LoraSet& set) {
     Seq& s = seqs_[size_t(seq)];
     s.lora = set;
     s.lora_key = lora_set_key(set);
+}
+
+void BatchState::set_content_keys(int seq, std::span<const ContentKey> keys) {
+    CERA_CHECK(seq >= 0 && size_t(seq) < seqs_.size() && seqs_[size_t(seq)].used && seqs_[size_t(seq)].position == 0,
+               "batch: set_content_keys needs a new sequence");
+    seqs_[size_t(seq)].content.assign(keys.begin(), keys.end());
 }
 
 int32_t BatchState::take_block() {
@@ -164,10 +171,17 @@ uint64_t block_hash(uint64_t prev, const int32_t* tokens, int n) {
 
 }  // namespace
 
+uint64_t BatchState::seq_block_hash(const Seq& s, size_t i, uint64_t prev, const int32_t* tokens) const {
+    const int64_t lo = int64_t(i) * block_, hi = lo + block_;
+    for (const ContentKey& k : s.content)
+        if (k.begin < hi && k.end > lo) prev = block_hash(prev ^ k.hash, nullptr, 0);
+    return block_hash(prev, tokens, block_);
+}
+
 void BatchState::share_full_blocks(Seq& s) {
     for (size_t i = s.hashes.size(); int64_t(i + 1) * block_ <= s.position; ++i) {
         const int32_t* toks = s.tokens.data() + i * size_t(block_);
-        const uint64_t h = block_hash(i ? s.hashes[i - 1] : s.lora_key, toks, block_);
+        const uint64_t h = seq_block_hash(s, i, i ? s.hashes[i - 1] : s.lora_key, toks);
         s.hashes.push_back(h);
         const int32_t b = s.blocks[i];
         if (hash_[size_t(b)] == 0 && !cached_.count(h)) {
@@ -189,7 +203,7 @@ int64_t BatchState::attach_prefix(int seq, std::span<const int32_t> prompt) {
     uint64_t h = s.lora_key;  // blocks computed under other adapters never match
     for (int64_t i = 0; i < max_blocks; ++i) {
         const int32_t* toks = prompt.data() + i * block_;
-        h = block_hash(h, toks, block_);
+        h = seq_block_hash(s, size_t(i), h, toks);
         const auto it = cached_.find(h);
         if (it == cached_.end() ||
             !std::equal(toks, toks + block_, block_tokens_.begin() + int64_t(it->second) * block_))
@@ -230,6 +244,7 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
     const int64_t n_vocab = arch_.info.n_vocab;
     // Checks first: a step that throws changes nothing.
     int64_t n_tokens = 0, n_out = 0, blocks = 0;
+    bool has_embd = false;
     std::set<int> seen;
     for (const Entry& e : entries) {
         if (e.seq < 0 || size_t(e.seq) >= seqs_.size() || !seqs_[size_t(e.seq)].used)
@@ -240,6 +255,16 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
         for (int32_t id : e.tokens)
             if (id < 0 || id >= n_vocab)
                 throw_error(ErrorCode::kOutOfRange, "batch step: token id %d outside [0, %" PRId64 ")", id, n_vocab);
+        int64_t embd_end = 0;
+        for (const EmbdRun& r : e.embd) {
+            if (r.n <= 0 || r.begin < embd_end || r.begin + r.n > int64_t(e.tokens.size()) || !r.rows)
+                throw_error(ErrorCode::kInvalidArgument,
+                            "batch step: sequence %d: embedding rows [%" PRId64 ", %" PRId64
+                            ") outside its %zu tokens or out of order",
+                            e.seq, r.begin, r.begin + r.n, e.tokens.size());
+            embd_end = r.begin + r.n;
+        }
+        has_embd = has_embd || !e.embd.empty();
         if (e.pick == Pick::kTop && (e.top < 0 || e.top >= n_vocab))
             throw_error(ErrorCode::kInvalidArgument, "batch step: the best %d of %" PRId64 " logits", e.top, n_vocab);
         n_tokens += int64_t(e.tokens.size());
@@ -329,11 +354,12 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
     bind_lora(entries, s);
     // A step of one token a sequence has the same ops and tensors as every other of its size: recorded
     // once per size (a CUDA graph), then replayed. Steps with prompt chunks run as they come.
-    const bool decode = n_tokens == int64_t(entries.size()) && n_out == n_tokens && s.lora.empty();
+    const bool decode = n_tokens == int64_t(entries.size()) && n_out == n_tokens && s.lora.empty() && !has_embd;
     const uint64_t key = (serial_ << kStepKeyBits) | uint64_t(n_tokens);
     const Tensor hid = hidden_.row_slice(0, n_out), lg = logits_.row_slice(0, n_out);
     if (!decode || !be_.step_begin(key)) {
         be_.embed(arch_.head.token_embd, s.ids, arch_.head.embedding_scale, s.x);
+        if (has_embd) write_embd(entries, s.x);
         arch_.forward(s);
         if (n_out > 0) {  // keep_output_rows() moved the output rows to the front of s.x
             be_.rms_norm(s.x.row_slice(0, n_out), arch_.head.output_norm, arch_.head.norm_eps, hid);
@@ -343,6 +369,16 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
     }
     for (const Entry& e : entries) share_full_blocks(seqs_[size_t(e.seq)]);
     if (n_out > 0) pick(entries, lg, out);
+}
+
+void BatchState::write_embd(std::span<const Entry> entries, const Tensor& x) {
+    const int64_t n_embd = arch_.info.n_embd;
+    int64_t row = 0;  // the entry's first row of x
+    for (const Entry& e : entries) {
+        for (const EmbdRun& r : e.embd)
+            be_.write(x, r.rows, size_t(r.n * n_embd) * sizeof(float), size_t((row + r.begin) * n_embd) * sizeof(float));
+        row += int64_t(e.tokens.size());
+    }
 }
 
 void BatchState::bind_lora(std::span<const Entry> entries, Step& s) {

@@ -72,6 +72,14 @@ class BatchState {
     // The LoRA adapters of a new (empty) sequence, before attach_prefix(): its steps apply them, and it
     // shares cached blocks only with sequences under the same set.
     void set_lora(int seq, const LoraSet& set);
+    // The input embeddings of a new (empty) sequence, before attach_prefix(): the content hash of each run of
+    // positions whose input comes as embeddings (an image's), so that its blocks share a cached prefix only
+    // with sequences holding the same content there (their token ids alone do not tell images apart).
+    struct ContentKey {
+        int64_t begin = 0, end = 0;  // positions [begin, end)
+        uint64_t hash = 0;
+    };
+    void set_content_keys(int seq, std::span<const ContentKey> keys);
     int64_t total_blocks() const { return n_blocks_; }
     int block_size() const { return block_; }
     uint64_t pool_bytes() const;  // the K/V pools and kept conv states
@@ -84,6 +92,7 @@ class BatchState {
         Pick pick = Pick::kNone;          // what comes back for the last token
         int32_t top = 0;                  // kTop: how many of the best logits
         std::span<const int32_t> gather;  // kTop: token ids whose logits come back too
+        std::span<const EmbdRun> embd;    // runs of `tokens` (indices into it) whose input is given as embeddings
     };
     // Evaluates every entry's tokens in one pass (a sequence at most once) and fills `out` as the entries'
     // picks ask; the selections (arg-max, best logits) run where the logits are, so a device backend
@@ -100,12 +109,17 @@ class BatchState {
         std::vector<uint64_t> hashes;   // the prefix hash of each full block
         LoraSet lora;                   // its adapters
         uint64_t lora_key = 0;          // lora_set_key(lora): the seed of its blocks' hashes
+        std::vector<ContentKey> content;  // set_content_keys(), by position
     };
+    // The prefix hash of block i of a sequence whose tokens are `tokens`, after the hash `prev` of those before.
+    uint64_t seq_block_hash(const Seq& s, size_t i, uint64_t prev, const int32_t* tokens) const;
     int32_t take_block();
     void release_block(int32_t b);
     void share_full_blocks(Seq& s);  // after a step: the new full blocks' hashes and cache entries
     // The outputs the entries ask for, from the step's logits lg (a row an entry with a pick).
     void pick(std::span<const Entry> entries, const Tensor& lg, StepOutput& out);
+    // Overwrites the rows of x (the step's tokens, entry after entry) that the entries give as embeddings.
+    void write_embd(std::span<const Entry> entries, const Tensor& x);
     // Step::lora and lora_out for the entries' sequences' adapters (nothing when none has any).
     void bind_lora(std::span<const Entry> entries, Step& s);
 

@@ -105,6 +105,12 @@ class Req final : public Request {
     const std::unique_ptr<grammar::Matcher> matcher;  // this sequence's grammar state, or null
     const uint64_t arrival;
     LoraSet lora;  // the adapters its steps apply (set at submit)
+    // Its images (set at submit): held while it runs; their embedding runs over `tokens`, and the content
+    // keys of those runs for the prefix blocks.
+    std::vector<PromptImage> images;
+    std::vector<EmbdRun> runs;
+    std::vector<BatchState::ContentKey> content;
+    std::vector<EmbdRun> step_runs;  // the runs of the tokens of its entry in the step being planned
     // The batcher thread's.
     int seq = -1;           // BatchState slot while admitted
     size_t evaluated = 0;   // tokens of `tokens` in the sequence's cache
@@ -153,7 +159,7 @@ class BatcherImpl final : public Batcher {
     }
 
     std::shared_ptr<Request> submit(std::span<const int32_t> prompt, const GenerateOptions& options,
-                                    std::shared_ptr<Sink> sink) override {
+                                    std::shared_ptr<Sink> sink, std::span<const PromptImage> images) override {
         if (prompt.empty()) throw_error(ErrorCode::kInvalidArgument, "submit: an empty prompt");
         for (int32_t id : prompt)
             if (id < 0 || id >= n_vocab_)
@@ -166,6 +172,20 @@ class BatcherImpl final : public Batcher {
         auto r = std::make_shared<Req>(prompt, options, std::move(sink), *im_.tokenizer, n_vocab_, next_arrival_++,
                                        std::move(m));
         r->lora = std::move(lora);
+        size_t end = 0;
+        for (const PromptImage& pi : images) {
+            if (!pi.image) throw_error(ErrorCode::kInvalidArgument, "submit: an empty image");
+            const std::vector<int32_t>& ids = pi.image->ids;
+            if (pi.begin < end || pi.begin + ids.size() > prompt.size() ||
+                !std::equal(ids.begin(), ids.end(), prompt.begin() + std::ptrdiff_t(pi.begin)))
+                throw_error(ErrorCode::kInvalidArgument,
+                            "submit: the image at %zu: its tokens are not there in the prompt, or it overlaps another",
+                            pi.begin);
+            end = pi.begin + ids.size();
+            for (const EmbdRun& run : image_runs(*pi.image, int64_t(pi.begin), im_.info.n_embd)) r->runs.push_back(run);
+            r->content.push_back({int64_t(pi.begin), int64_t(end), pi.image->hash});
+        }
+        r->images.assign(images.begin(), images.end());
         {
             std::lock_guard<std::mutex> lk(mu_);
             if (stop_) throw_error(ErrorCode::kCancelled, "submit: the batcher is stopping");
@@ -254,6 +274,7 @@ class BatcherImpl final : public Batcher {
             waiting_.pop_front();
             r->seq = seq;
             state_->set_lora(seq, r->lora);
+            state_->set_content_keys(seq, r->content);
             // The longest cached prefix of its tokens (a shared prompt, or its own blocks after a preemption).
             r->evaluated = size_t(state_->attach_prefix(seq, r->tokens));
             r->admitted = next_admission_++;
@@ -286,7 +307,10 @@ class BatcherImpl final : public Batcher {
                 budget -= n;
                 blocks += state_->blocks_needed(r->seq, n);
                 const bool last = n == left;
-                BatchState::Entry e{r->seq, std::span<const int32_t>(r->tokens).subspan(r->evaluated, size_t(n))};
+                BatchState::Entry e;
+                e.seq = r->seq;
+                e.tokens = std::span<const int32_t>(r->tokens).subspan(r->evaluated, size_t(n));
+                e.embd = chunk_runs(*r, int64_t(r->evaluated), n);
                 if (last && r->opts.max_tokens != 0) choose_pick(*r, e);
                 entries.push_back(e);
                 owners.push_back(r);
@@ -294,6 +318,17 @@ class BatcherImpl final : public Batcher {
             if (blocks <= state_->free_blocks() || running_.size() <= 1) return;
             preempt();
         }
+    }
+
+    // The request's embedding runs inside its tokens [begin, begin + n), relative to begin.
+    std::span<const EmbdRun> chunk_runs(Req& r, int64_t begin, int64_t n) const {
+        r.step_runs.clear();
+        const int64_t n_embd = im_.info.n_embd;
+        for (const EmbdRun& run : r.runs) {
+            const int64_t b = std::max(run.begin, begin), e = std::min(run.begin + run.n, begin + n);
+            if (b < e) r.step_runs.push_back({b - begin, e - b, run.rows + (b - run.begin) * n_embd});
+        }
+        return r.step_runs;
     }
 
     void preempt() {

@@ -99,4 +99,41 @@ std::shared_ptr<const EncodedImage> Engine::Impl::encode_image(std::span<const u
     return out;
 }
 
+std::shared_ptr<const EncodedImage> Engine::encode_image(std::span<const uint8_t> file_bytes) const {
+    return impl_->encode_image(file_bytes);
+}
+
+std::span<const int32_t> Engine::image_tokens(const EncodedImage& image) const { return image.ids; }
+
+int32_t Engine::image_marker() const {
+    if (!impl_->vision) return -1;
+    const std::vector<int32_t> ids = impl_->tokenizer->encode("<image>", false, true);
+    return ids.size() == 1 ? ids[0] : -1;
+}
+
+std::vector<int32_t> Engine::expand_images(std::span<const int32_t> prompt,
+                                           std::span<const std::shared_ptr<const EncodedImage>> images,
+                                           std::vector<PromptImage>* placed) const {
+    const int32_t marker = image_marker();
+    std::vector<int32_t> out;
+    size_t next = 0;
+    for (int32_t t : prompt) {
+        if (t != marker || marker < 0) {
+            out.push_back(t);
+            continue;
+        }
+        if (next == images.size())
+            throw_error(ErrorCode::kInvalidArgument, "the prompt has more <image> markers than the %zu images",
+                        images.size());
+        const std::shared_ptr<const EncodedImage>& img = images[next++];
+        CERA_CHECK(img != nullptr, "expand_images: an empty image");
+        if (placed) placed->push_back({out.size(), img});
+        out.insert(out.end(), img->ids.begin(), img->ids.end());
+    }
+    if (next != images.size())
+        throw_error(ErrorCode::kInvalidArgument, "the prompt has %zu <image> markers for %zu images", next,
+                    images.size());
+    return out;
+}
+
 }  // namespace cera

@@ -7,6 +7,8 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
+#include <fstream>
+#include <iterator>
 
 #include "cera/error.h"
 #include "chat/tool_call_stream.h"
@@ -184,14 +186,41 @@ std::vector<SampledLogprobs> without_eog(const Engine& engine, const std::vector
     return out;
 }
 
+// The chat prompt with each <image> marker replaced by its image's tokens (the images decoded and
+// encoded here, on the request's thread); a bad image or a marker count that differs is the client's
+// error.
+std::vector<int32_t> with_images(const Engine& engine, const std::vector<int32_t>& prompt,
+                                 const std::vector<ImageSource>& sources, std::vector<PromptImage>& placed) {
+    std::vector<std::shared_ptr<const EncodedImage>> images;
+    try {
+        for (const ImageSource& src : sources) {
+            if (!src.path.empty()) {
+                std::ifstream f(src.path, std::ios::binary);
+                const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+                if (!f.good() && !f.eof()) refuse("image file " + src.path + ": cannot be read", "messages");
+                images.push_back(engine.encode_image(bytes));
+            } else {
+                images.push_back(engine.encode_image(src.bytes));
+            }
+        }
+        return engine.expand_images(prompt, images, &placed);
+    } catch (const Error& e) {
+        if (e.code() != ErrorCode::kInvalidArgument) throw;
+        refuse(e.what(), "messages");
+    }
+    return {};
+}
+
 }  // namespace
 
 void Server::Impl::complete(const httplib::Request& req, httplib::Response& res, bool chat, Exchange& x) {
     const CompletionRequest cr = parse_completion(req.body, chat, limits);
     std::vector<int32_t> prompt;
-    if (chat)
+    std::vector<PromptImage> placed;
+    if (chat) {
         prompt = chat_prompt(*engine, tmpl, cr.messages, cr.tools_json);
-    else if (cr.prompt.is_ids)
+        if (engine->has_vision()) prompt = with_images(*engine, prompt, cr.images, placed);
+    } else if (cr.prompt.is_ids)
         prompt = cr.prompt.ids;
     else
         prompt = engine->tokenize(cr.prompt.text, engine->add_bos(), true);
@@ -204,7 +233,7 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
             g.sampling.seed += uint64_t(i);
             auto sink = std::make_shared<ChoiceSink>(ch, i, *engine, metrics);
             sink->ignore_eos = g.ignore_eos;
-            reqs.push_back(submit(prompt, g, std::move(sink)));
+            reqs.push_back(submit(prompt, g, std::move(sink), placed));
         }
     } catch (...) {  // a choice refused: the others go too
         for (auto& r : reqs) r->cancel();

@@ -1,5 +1,6 @@
 #include "server/request.h"
 
+#include <filesystem>
 #include <memory>
 #include <random>
 
@@ -270,7 +271,60 @@ void generation(const json& j, const RequestLimits& limits, CompletionRequest& r
     }
 }
 
-std::vector<ChatMessage> messages(const json& j) {
+// An image_url part's URL: a data: URL's bytes, or a file inside the allowed folder.
+ImageSource image_source(const json& part, const RequestLimits& limits) {
+    if (!limits.vision)
+        refuse("this model takes no images (start the server with --mmproj)", "messages");
+    const json* iu = field(part, "image_url");
+    const json* url = iu && iu->is_object() ? field(*iu, "url") : iu;
+    if (!url || !url->is_string()) refuse("an image_url part needs 'image_url': {'url': string}", "messages");
+    const std::string u = url->get<std::string>();
+    ImageSource src;
+    if (u.rfind("data:", 0) == 0) {
+        const size_t comma = u.find(',');
+        if (comma == std::string::npos || comma < 12 || u.compare(comma - 7, 7, ";base64") != 0)
+            refuse("an image data: URL must be data:<type>;base64,<data>", "messages");
+        const std::string_view data = std::string_view(u).substr(comma + 1);
+        if (data.size() / 4 * 3 > limits.max_image_bytes + 3)
+            refuse("an image of over " + std::to_string(limits.max_image_bytes) + " bytes", "messages", 413);
+        if (!base64_decode(data, src.bytes)) refuse("an image data: URL whose base64 is malformed", "messages");
+        if (src.bytes.empty()) refuse("an empty image", "messages");
+        return src;
+    }
+    std::string path;
+    if (u.rfind("file://", 0) == 0)
+        path = u.substr(7);
+    else if (!u.empty() && u[0] == '/')
+        path = u;
+    else if (u.find("://") != std::string::npos)
+        refuse("image URLs must be data: URLs (or local files with --allow-local-images); '" +
+                   u.substr(0, u.find("://")) + "' is not fetched",
+               "messages");
+    else
+        refuse("an image URL must be a data: URL, a file:// URL or an absolute path", "messages");
+    if (limits.local_images_dir.empty())
+        refuse("local image files are not allowed (start the server with --allow-local-images DIR)", "messages", 403,
+               "permission_error");
+    std::error_code ec, ec_dir;
+    const std::filesystem::path real = std::filesystem::canonical(path, ec);
+    const std::filesystem::path dir = std::filesystem::canonical(limits.local_images_dir, ec_dir);
+    auto inside = [&] {
+        auto d = dir.begin(), r = real.begin();
+        for (; d != dir.end(); ++d, ++r)
+            if (r == real.end() || *d != *r) return false;
+        return true;
+    };
+    if (ec || ec_dir || !inside())
+        refuse("image file " + path + ": not found inside the folder the server allows", "messages", 403,
+               "permission_error");
+    if (!std::filesystem::is_regular_file(real, ec)) refuse("image file " + path + ": not a file", "messages");
+    if (std::filesystem::file_size(real, ec) > limits.max_image_bytes)
+        refuse("image file " + path + ": over " + std::to_string(limits.max_image_bytes) + " bytes", "messages", 413);
+    src.path = real.string();
+    return src;
+}
+
+std::vector<ChatMessage> messages(const json& j, const RequestLimits& limits, std::vector<ImageSource>& images) {
     const json* m = field(j, "messages");
     if (!m || !m->is_array() || m->empty()) refuse("'messages' must be a non-empty list", "messages");
     std::vector<ChatMessage> out;
@@ -287,9 +341,15 @@ std::vector<ChatMessage> messages(const json& j) {
             c.content = content->get<std::string>();
         } else if (content && content->is_array()) {
             for (const json& part : *content) {
-                if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
-                    !part["text"].is_string())
-                    refuse("only text content parts are supported", "messages");
+                const json* type = part.is_object() ? field(part, "type") : nullptr;
+                if (type && *type == "image_url") {
+                    if (c.role != "user") refuse("only user messages may hold images", "messages");
+                    images.push_back(image_source(part, limits));
+                    c.content += "<image>";
+                    continue;
+                }
+                if (!type || *type != "text" || !part.contains("text") || !part["text"].is_string())
+                    refuse("content parts must be of type 'text' or 'image_url'", "messages");
                 c.content += part["text"].get<std::string>();
             }
         } else if (content) {
@@ -376,7 +436,7 @@ CompletionRequest parse_completion(std::string_view body, bool chat, const Reque
     CompletionRequest r;
     r.chat = chat;
     if (chat) {
-        r.messages = messages(j);
+        r.messages = messages(j, limits, r.images);
     } else {
         r.prompt = completion_prompt(j, limits);
         if (boolean(j, "echo", false)) refuse("'echo' is not supported", "echo");
@@ -447,6 +507,31 @@ std::vector<int32_t> parse_detokenize(std::string_view body, const RequestLimits
     const json* t = field(j, "tokens");
     if (!t || !t->is_array()) refuse("'tokens' must be a list of token ids", "tokens");
     return token_ids(*t, limits, "tokens");
+}
+
+bool base64_decode(std::string_view in, std::vector<uint8_t>& out) {
+    out.clear();
+    while (!in.empty() && in.back() == '=') in.remove_suffix(1);
+    if (in.size() % 4 == 1) return false;
+    out.reserve(in.size() / 4 * 3 + 2);
+    uint32_t acc = 0;
+    int bits = 0;
+    for (char ch : in) {
+        int v;
+        if (ch >= 'A' && ch <= 'Z') v = ch - 'A';
+        else if (ch >= 'a' && ch <= 'z') v = ch - 'a' + 26;
+        else if (ch >= '0' && ch <= '9') v = ch - '0' + 52;
+        else if (ch == '+') v = 62;
+        else if (ch == '/') v = 63;
+        else return false;
+        acc = (acc << 6) | uint32_t(v);
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out.push_back(uint8_t(acc >> bits));
+        }
+    }
+    return true;
 }
 
 }  // namespace cera

@@ -36,6 +36,18 @@ struct RequestLimits {
     // model). Null: no adapters.
     std::function<bool(const std::string&)> is_adapter;
     ToolCallFormat tool_format = ToolCallFormat::kHermes;  // how the model writes tool calls
+    // Images: whether the model takes them (a vision projector is loaded), and the folder whose files
+    // image_url parts may name (file:// URLs or absolute paths); empty: data: URLs only.
+    bool vision = false;
+    std::string local_images_dir;
+    size_t max_image_bytes = size_t(20) << 20;  // an image's encoded size
+};
+
+// An image_url content part: the file's bytes (a data: URL), or a local file inside
+// RequestLimits::local_images_dir (canonical path; read when the request runs).
+struct ImageSource {
+    std::vector<uint8_t> bytes;
+    std::string path;
 };
 
 // The most top_logprobs (chat) or logprobs (completions) alternatives a request may ask for.
@@ -53,7 +65,8 @@ struct PromptInput {
 // /v1/chat/completions and /v1/completions.
 struct CompletionRequest {
     bool chat = false;
-    std::vector<ChatMessage> messages;  // chat
+    std::vector<ChatMessage> messages;  // chat; an image part is an "<image>" marker in its message's content
+    std::vector<ImageSource> images;    // chat: the image parts, in order
     PromptInput prompt;                 // completions
     GenerateOptions options;            // sampling, stop, max_tokens, logit_bias, logprobs (-1: none)
     bool seeded = false;                // the client gave a seed; else options.sampling.seed is random
@@ -84,6 +97,8 @@ struct TokenizeRequest {
     std::string content;
     bool add_special = false;
 };
+// Decodes standard base64 (padding optional); false on any other character or a bad length.
+bool base64_decode(std::string_view in, std::vector<uint8_t>& out);
 TokenizeRequest parse_tokenize(std::string_view body, const RequestLimits& limits);
 // /detokenize: {"tokens": [ids]}.
 std::vector<int32_t> parse_detokenize(std::string_view body, const RequestLimits& limits);

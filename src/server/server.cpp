@@ -65,10 +65,10 @@ std::string base64_floats(const std::vector<float>& v) {
 }  // namespace
 
 std::shared_ptr<Request> Server::Impl::submit(const std::vector<int32_t>& prompt, const GenerateOptions& g,
-                                              std::shared_ptr<Sink> sink) {
+                                              std::shared_ptr<Sink> sink, std::span<const PromptImage> images) {
     if (prompt.empty()) refuse("the prompt has no tokens", "prompt");
     try {
-        return batcher->submit(prompt, g, std::move(sink));
+        return batcher->submit(prompt, g, std::move(sink), images);
     } catch (const Error& e) {
         if (e.code() == ErrorCode::kOverCapacity) refuse(e.what(), "", 429, "server_error", "over_capacity");
         if (e.code() == ErrorCode::kOutOfRange)  // the prompt leaves no room in a sequence
@@ -275,6 +275,8 @@ Server::Server(std::shared_ptr<Engine> engine, const ServeOptions& options) : im
             if (a.name == name) return true;
         return false;
     };
+    im.limits.vision = im.engine->has_vision();
+    im.limits.local_images_dir = options.allow_local_images;
     im.routes();
 }
 

@@ -20,7 +20,10 @@ struct ServeOptions {
     std::string api_key;        // non-empty: every request needs "Authorization: Bearer <key>"
     std::string alias;          // the model's id in /v1/models and in responses
     std::string chat_template;  // Jinja source replacing the model's; empty: the model's, else ChatML
-    size_t max_body_bytes = size_t(4) << 20;
+    size_t max_body_bytes = size_t(32) << 20;  // a request body (base64 images make big ones)
+    // A folder whose image files chat requests may name in image_url parts (file:// URLs or absolute
+    // paths); empty: images come as data: URLs only. Needs a vision projector (EngineOptions::mmproj).
+    std::string allow_local_images;
     // Threads answering HTTP requests (a streaming request holds one until it ends); 0: 4 per sequence
     // slot (batch.parallel), at least 32.
     int http_threads = 0;

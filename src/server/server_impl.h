@@ -58,7 +58,7 @@ struct Server::Impl {
     void embeddings(const httplib::Request& req, httplib::Response& res, Exchange& x);
     // Submits one choice; a refusal for what the batcher refuses (429 when over capacity).
     std::shared_ptr<Request> submit(const std::vector<int32_t>& prompt, const GenerateOptions& g,
-                                    std::shared_ptr<Sink> sink);
+                                    std::shared_ptr<Sink> sink, std::span<const PromptImage> images = {});
     // Counts the request in the metrics and writes its log line.
     void finish(const Exchange& x, const RequestLog& log);
 };

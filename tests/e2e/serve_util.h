@@ -29,12 +29,13 @@ inline std::shared_ptr<Engine> serve_engine() {
 }
 
 struct RunningServer {
-    explicit RunningServer(ServeOptions o = {}, int parallel = 4) {
+    // On `engine`, or the bundled tiny model when null.
+    explicit RunningServer(ServeOptions o = {}, int parallel = 4, std::shared_ptr<Engine> engine = nullptr) {
         o.port = 0;
         o.alias = "tiny";
         o.batch.parallel = parallel;
         o.batch.block_size = 16;
-        server = std::make_unique<Server>(serve_engine(), o);
+        server = std::make_unique<Server>(engine ? engine : serve_engine(), o);
         EXPECT_TRUE(server->bind());
         thread = std::thread([this] { server->run(); });
         client = std::make_unique<httplib::Client>("127.0.0.1", server->port());
