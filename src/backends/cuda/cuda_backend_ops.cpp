@@ -201,9 +201,11 @@ void CudaBackend::attention_full(const Tensor& q, const Tensor& k, const Tensor&
         attention_full_via_host(*this, q, k, v, n_head, head_dim, scale, out);
         return;
     }
+    // The scratch is taken when the node runs: the encoder's layers use the one buffer in turn.
     record(OtherNode{[=, this] {
+        void* s = scratch(kAttnFull, cuda::attention_full_scratch_bytes(n_tokens, n_head, head_dim));
         cuda::attention_full(q.as<const float>(), k.as<const float>(), v.as<const float>(), n_tokens, n_head, head_dim,
-                             scale, out.as<float>(), nullptr, stream_);
+                             scale, out.as<float>(), s, stream_);
     }});
 }
 
