@@ -1,6 +1,7 @@
 // LFM2-VL vision against transformers (float64 references in fixtures/tiny-lfm2vl, from
 // ../shared/fixtures/tiny-lfm2vl-random): the processor's pixel values and prompt layout, the
-// SigLIP2 tower's last hidden state, the projector's image embeddings, and clean errors for bad images.
+// SigLIP2 tower's last hidden state and the projector's image embeddings (on the CPU, and on CUDA where
+// a device is present), and clean errors for bad images.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <optional>
 
 #include "backends/backend.h"
+#include "backends/device.h"
 #include "cera/engine.h"
 #include "cera/error.h"
 #include "gguf/gguf.h"
@@ -88,30 +90,69 @@ TEST_F(VisionGolden, PixelValuesMatchTheProcessor) {
     EXPECT_LE(max_abs_diff(p.pieces[0].patches, ref), 1e-5f);
 }
 
-TEST_F(VisionGolden, TowerHiddenStateMatches) {
+// The devices the encoder runs on: the CPU, and CUDA in CUDA builds (skipped without a GPU).
+std::vector<DeviceKind> devices() {
+#ifdef CERA_TEST_HAVE_CUDA
+    return {DeviceKind::kCpu, DeviceKind::kCuda};
+#else
+    return {DeviceKind::kCpu};
+#endif
+}
+
+// A backend on the device and the fixture's encoder on it (the encoder goes first).
+struct OnDevice {
+    explicit OnDevice(DeviceKind device) {
+        BackendOptions o;
+        o.device = device;
+        be = create_backend(o);
+        enc = vision::VisionEncoder::load(fx("mmproj.gguf"), *be, 64);
+    }
+    std::unique_ptr<Backend> be;
+    std::unique_ptr<vision::VisionEncoder> enc;
+};
+
+class VisionDevice : public ::testing::TestWithParam<DeviceKind> {
+ protected:
+    void SetUp() override {
+        std::string why;
+        if (GetParam() == DeviceKind::kCuda && cuda_devices(&why).empty())
+            GTEST_SKIP() << "no CUDA device (" << why << ")";
+    }
+};
+
+TEST_P(VisionDevice, TowerHiddenStateMatches) {
+    OnDevice d(GetParam());
     const vision::ProcessedImage p =
-        vision::preprocess(vision::load_image_file(fx("ref/test_image.png")), enc_->config().proc);
-    const std::vector<float> hidden = enc_->tower(p.pieces[0]);
+        vision::preprocess(vision::load_image_file(fx("ref/test_image.png")), d.enc->config().proc);
+    const std::vector<float> hidden = d.enc->tower(p.pieces[0]);
     EXPECT_LE(max_abs_diff(hidden, test::read_f32(fx("ref/vision_last_hidden.f32"))), 1e-3f);
 }
 
-TEST_F(VisionGolden, LayoutAndEmbeddingsMatchEveryImage) {
-    auto engine = Engine::load(fx("model.gguf"), {.device = "cpu"});
+TEST_P(VisionDevice, LayoutAndEmbeddingsMatchEveryImage) {
+    OnDevice d(GetParam());
+    EngineOptions eo;
+    eo.device = "cpu";  // the tokenizer
+    auto engine = Engine::load(fx("model.gguf"), eo);
     for (const Case& c : kCases) {
         SCOPED_TRACE(c.image);
-        const vision::ProcessedImage p = vision::preprocess(vision::load_image_file(fx(c.image)), enc_->config().proc);
+        const vision::ProcessedImage p = vision::preprocess(vision::load_image_file(fx(c.image)), d.enc->config().proc);
         const nlohmann::json prompt = nlohmann::json::parse(test::read_text(fx(c.prompt)));
         // The processor's expanded prompt, rebuilt from the image's layout.
         std::string text = prompt["prompt_text_before_expansion"];
         const size_t at = text.find("<image>");
         ASSERT_NE(at, std::string::npos);
-        text.replace(at, 7, vision::image_prompt_text(p, enc_->config().proc.downsample));
+        text.replace(at, 7, vision::image_prompt_text(p, d.enc->config().proc.downsample));
         const std::vector<int32_t> ids = engine->tokenize(text, false, true);
         EXPECT_EQ(ids, prompt["ids"].get<std::vector<int32_t>>());
-        const std::vector<float> emb = enc_->encode(p);
+        const std::vector<float> emb = d.enc->encode(p);
         EXPECT_LE(max_abs_diff(emb, test::read_f32(fx(c.embeddings))), 1e-3f);
     }
 }
+
+INSTANTIATE_TEST_SUITE_P(Devices, VisionDevice, ::testing::ValuesIn(devices()),
+                         [](const ::testing::TestParamInfo<DeviceKind>& i) {
+                             return std::string(device_kind_name(i.param));
+                         });
 
 // A copy of the fixture's mmproj with one key changed (or dropped: `value` empty) and one tensor
 // dropped (`drop`), written to a temporary file; the encoder must refuse it naming what is wrong.

@@ -74,6 +74,10 @@ class CudaBackend final : public Backend {
     void short_conv(const Tensor& bcx, const Tensor& w, const Tensor& state, const Tensor& out,
                     const Tensor& state_prev) override;
     void lora_segments(const Tensor& x, std::span<const LoraSegment> segs, const Tensor& y) override;
+    void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& out) override;
+    void gelu(const Tensor& x, GeluKind kind, const Tensor& out) override;
+    void attention_full(const Tensor& q, const Tensor& k, const Tensor& v, int n_head, int head_dim, float scale,
+                        const Tensor& out) override;
     void short_conv_segments(const Tensor& bcx, const Tensor& w, const Tensor& states, const Tensor& out,
                              const Tensor& segs, const Tensor& snaps, const Tensor& snapshots) override;
     void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override;

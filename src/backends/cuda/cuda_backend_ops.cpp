@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/encoder_ops.h"
 #include "backends/cuda/lora.h"
 #include "core/quant/quant.h"
 
@@ -165,6 +166,46 @@ void CudaBackend::lora_segments(const Tensor& x, std::span<const LoraSegment> se
         float* t = static_cast<float*>(scratch(kLora, size_t(t_floats) * sizeof(float)));
         cuda::lora_segments(x.as<const float>(), y.as<float>(), t, k, n_out, n_rows, dev.data(), int(dev.size()),
                             stream_);
+    }});
+}
+
+void CudaBackend::layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& out) {
+    const int64_t n = x.ne[0];
+    CERA_CHECK(x.type == GgmlType::kF32 && out.type == GgmlType::kF32 && out.n_elements() == x.n_elements() &&
+                   (!w || (w.type == GgmlType::kF32 && w.n_elements() == n)) &&
+                   (!b || (b.type == GgmlType::kF32 && b.n_elements() == n)),
+               "layer_norm: f32 x and out of one size, w and b f32 [%lld] or empty", (long long)n);
+    const float* wp = w ? w.as<const float>() : nullptr;
+    const float* bp = b ? b.as<const float>() : nullptr;
+    record(OtherNode{
+        [=, this] { cuda::layer_norm(x.as<const float>(), wp, bp, eps, x.rows(), n, out.as<float>(), stream_); }});
+}
+
+void CudaBackend::gelu(const Tensor& x, GeluKind kind, const Tensor& out) {
+    CERA_CHECK(x.type == GgmlType::kF32 && out.type == GgmlType::kF32 && out.n_elements() == x.n_elements(),
+               "gelu: f32 x and out of one size");
+    record(OtherNode{[=, this] {
+        cuda::gelu(x.as<const float>(), x.n_elements(), kind == GeluKind::kErf, out.as<float>(), stream_);
+    }});
+}
+
+void CudaBackend::attention_full(const Tensor& q, const Tensor& k, const Tensor& v, int n_head, int head_dim,
+                                 float scale, const Tensor& out) {
+    const int64_t n_tokens = q.rows();
+    CERA_CHECK(n_head > 0 && head_dim > 0 && q.ne[0] == int64_t(n_head) * head_dim && k.ne[0] == q.ne[0] &&
+                   v.ne[0] == q.ne[0] && out.ne[0] == q.ne[0] && k.rows() == n_tokens && v.rows() == n_tokens &&
+                   out.rows() == n_tokens && q.type == GgmlType::kF32 && k.type == GgmlType::kF32 &&
+                   v.type == GgmlType::kF32 && out.type == GgmlType::kF32,
+               "attention_full: q, k, v and out f32 [n_tokens, n_head * head_dim]");
+    if (head_dim > cuda::kAttnFullMaxHeadDim) {  // beyond the kernel
+        attention_full_via_host(*this, q, k, v, n_head, head_dim, scale, out);
+        return;
+    }
+    // The scratch is taken when the node runs: the encoder's layers use the one buffer in turn.
+    record(OtherNode{[=, this] {
+        void* s = scratch(kAttnFull, cuda::attention_full_scratch_bytes(n_tokens, n_head, head_dim));
+        cuda::attention_full(q.as<const float>(), k.as<const float>(), v.as<const float>(), n_tokens, n_head, head_dim,
+                             scale, out.as<float>(), s, stream_);
     }});
 }
 
