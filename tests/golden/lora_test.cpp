@@ -159,7 +159,9 @@ TEST_P(LoraModel, TwoAdaptersAddTheirDeltas) {
 }
 
 // Base and adapter sequences in one batch: each sequence's logits (prompt, then decode steps) equal
-// those of the sequence alone, bit for bit.
+// those of the sequence alone: bit for bit on the CPU, whose kernels reduce each row alike whatever the
+// batch; within 1e-4 on CUDA, where a batch of rows takes other matrix kernels (tensor-core tiles) than
+// one row does, and so sums in another order.
 TEST_P(LoraModel, MixedBatchMatchesEachAlone) {
     const auto [name, device] = GetParam();
     SKIP_WITHOUT(device);
@@ -211,7 +213,8 @@ TEST_P(LoraModel, MixedBatchMatchesEachAlone) {
         for (size_t i = 0; i < sets.size(); ++i) {
             const float* row = out.logits.data() + out.row_at[i];
             const std::vector<float> got(row, row + n_vocab);
-            EXPECT_EQ(max_diff(got, want[i][step]), 0.0) << m << " sequence " << i << " step " << step;
+            EXPECT_LE(max_diff(got, want[i][step]), device == DeviceKind::kCuda ? 1e-4 : 0.0)
+                << m << " sequence " << i << " step " << step;
         }
     }
 }
