@@ -96,6 +96,10 @@ struct GenerateOptions {
     // name of an adapter loaded with Engine::load_adapter (kMissing when there is none by that name). A
     // session whose adapter changes evaluates its tokens again under the new one.
     std::string adapter;
+    // Control tokens whose text the output keeps (others render as nothing): the markers of a tool-call
+    // format that the vocabulary holds as single control tokens (LFM2's <|tool_call_start|>), so that the
+    // reply can be parsed. A grammar matches control tokens by their text either way.
+    std::vector<int32_t> rendered_tokens;
 };
 
 // A sampled token's log-probability and the most likely tokens at its position (GenerateOptions::logprobs).

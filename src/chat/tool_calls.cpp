@@ -324,4 +324,18 @@ const char* tool_call_trigger(ToolCallFormat format) {
     return "";
 }
 
+std::vector<std::string> tool_call_markers(ToolCallFormat format) {
+    switch (format) {
+        case ToolCallFormat::kLfm2:
+            return {"<|tool_call_start|>", "<|tool_call_end|>"};
+        case ToolCallFormat::kHermes:
+            return {"<tool_call>", "</tool_call>"};
+        case ToolCallFormat::kLlama3:
+            return {"<|python_tag|>"};
+        case ToolCallFormat::kGranite:
+            return {"<|tool_call|>"};
+    }
+    return {};
+}
+
 }  // namespace cera

@@ -34,5 +34,8 @@ ToolCallFormat tool_call_format_for(std::string_view architecture, std::string_v
 // The text that starts a call in a format's output ("<|tool_call_start|>", "<tool_call>", "{",
 // "<|tool_call|>"): where a lazy grammar starts constraining.
 const char* tool_call_trigger(ToolCallFormat format);
+// Every marker of a format's calls ("<|tool_call_start|>" and "<|tool_call_end|>", ...): a vocabulary may
+// hold them as single control tokens, whose text the reply must then keep (GenerateOptions::rendered_tokens).
+std::vector<std::string> tool_call_markers(ToolCallFormat format);
 
 }  // namespace cera

@@ -43,7 +43,7 @@ class Req final : public Request {
           sink(std::move(s)),
           sampler(o.sampling, n_vocab),
           stopper(o.stop),
-          detok(tok),
+          detok(tok, false, o.rendered_tokens),
           matcher(std::move(m)),
           arrival(order) {
         const size_t window = size_t(std::max(0, o.sampling.penalty_last_n));

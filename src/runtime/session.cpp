@@ -320,7 +320,7 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
 
     // Decode.
     StopMatcher stopper(options.stop);
-    StreamingDetokenizer detok(tok);
+    StreamingDetokenizer detok(tok, false, options.rendered_tokens);
     // Prime the detokenizer with the token before the generated ones, so that a space-prefix
     // vocabulary strips the leading space only at the very start of a text (not after a prompt).
     if (!im.tokens.empty()) (void)detok.push(im.tokens.back());

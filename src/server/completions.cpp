@@ -225,12 +225,23 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
     else
         prompt = engine->tokenize(cr.prompt.text, engine->add_bos(), true);
 
+    // With tools, the format's markers that the vocabulary holds as control tokens stay in the text, so
+    // that the reply parses into calls.
+    std::vector<int32_t> rendered;
+    if (chat && !cr.tools.empty())
+        for (const std::string& marker : tool_call_markers(limits.tool_format)) {
+            const std::vector<int32_t> ids = engine->tokenize(marker, false, true);
+            if (ids.size() == 1 && engine->token_bytes(ids[0]).empty() && engine->token_text(ids[0]) == marker)
+                rendered.push_back(ids[0]);
+        }
+
     auto ch = std::make_shared<Channel>(x.t0);
     std::vector<std::shared_ptr<Request>> reqs;
     try {
         for (int32_t i = 0; i < cr.n; ++i) {
             GenerateOptions g = cr.options;
             g.sampling.seed += uint64_t(i);
+            g.rendered_tokens = rendered;
             auto sink = std::make_shared<ChoiceSink>(ch, i, *engine, metrics);
             sink->ignore_eos = g.ignore_eos;
             reqs.push_back(submit(prompt, g, std::move(sink), placed));

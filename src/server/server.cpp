@@ -268,7 +268,9 @@ Server::Server(std::shared_ptr<Engine> engine, const ServeOptions& options) : im
     const std::string source = !options.chat_template.empty() ? options.chat_template : im.engine->chat_template();
     if (!source.empty()) im.tmpl = ChatTemplate(source);
     im.batcher = Batcher::create(im.engine, options.batch);
-    im.limits = {im.o.alias, im.engine->info().n_vocab, im.batcher->n_ctx()};
+    im.limits.model = im.o.alias;
+    im.limits.n_vocab = im.engine->info().n_vocab;
+    im.limits.n_ctx = im.batcher->n_ctx();
     im.limits.tool_format = tool_call_format_for(im.engine->info().architecture, im.tmpl.source());
     im.limits.is_adapter = [e = im.engine.get()](const std::string& name) {
         for (const AdapterInfo& a : e->adapters())

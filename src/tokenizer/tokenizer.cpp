@@ -1,6 +1,7 @@
 // Tokenizer: special-token partition, dispatch to the SPM or BPE encoder, and decoding.
 #include "tokenizer/tokenizer.h"
 
+#include <algorithm>
 #include <cctype>
 
 #include "core/check.h"
@@ -279,11 +280,12 @@ std::string take_valid_utf8(std::string& bytes, bool final) {
     return out;
 }
 
-StreamingDetokenizer::StreamingDetokenizer(const Tokenizer& tok, bool render_special)
-    : tok_(tok), render_special_(render_special), strip_space_(tok.add_space_prefix()) {}
+StreamingDetokenizer::StreamingDetokenizer(const Tokenizer& tok, bool render_special, std::vector<int32_t> rendered)
+    : tok_(tok), render_special_(render_special), rendered_(std::move(rendered)), strip_space_(tok.add_space_prefix()) {}
 
 std::string StreamingDetokenizer::push(int32_t id) {
-    std::string piece = tok_.token_to_piece(id, render_special_);
+    const bool render = render_special_ || std::find(rendered_.begin(), rendered_.end(), id) != rendered_.end();
+    std::string piece = tok_.token_to_piece(id, render);
     if (strip_space_ && !tok_.is_control(id)) {
         strip_space_ = false;
         if (!piece.empty() && piece[0] == ' ') piece.erase(0, 1);

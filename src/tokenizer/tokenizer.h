@@ -92,7 +92,10 @@ class Tokenizer {
 // whenever that is valid UTF-8.
 class StreamingDetokenizer {
    public:
-    explicit StreamingDetokenizer(const Tokenizer& tok, bool render_special = false);
+    // rendered: control tokens whose text is kept although render_special is off (a tool-call format's
+    // markers, which the caller parses).
+    explicit StreamingDetokenizer(const Tokenizer& tok, bool render_special = false,
+                                  std::vector<int32_t> rendered = {});
     std::string push(int32_t id);  // text that is now complete (may be ""); throws kOutOfRange
     std::string flush();           // the rest, and starts a new stream
     void reset();                  // drops held bytes, starts a new stream
@@ -100,6 +103,7 @@ class StreamingDetokenizer {
    private:
     const Tokenizer& tok_;
     bool render_special_;
+    std::vector<int32_t> rendered_;
     bool strip_space_;
     std::string pending_;
 };

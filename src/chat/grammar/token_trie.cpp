@@ -67,8 +67,7 @@ std::shared_ptr<const TokenTrie> TokenTrie::from_tokenizer(const Tokenizer& tok)
     std::vector<bool> eog(size_t(n), false), control(size_t(n), false);
     for (int32_t id = 0; id < n; ++id) {
         eog[size_t(id)] = tok.is_eog(id);
-        control[size_t(id)] = tok.is_control(id);
-        if (!control[size_t(id)]) pieces[size_t(id)] = tok.token_to_piece(id);
+        pieces[size_t(id)] = tok.token_to_piece(id, /*render_special=*/!eog[size_t(id)] && tok.is_control(id));
     }
     return std::make_shared<const TokenTrie>(std::move(pieces), std::move(eog), std::move(control));
 }

@@ -31,7 +31,9 @@ class TokenTrie {
     // pieces[id]: the bytes of token id; eog[id]: an end-of-generation token; control[id]: a token
     // that never stands for text in a grammar (it is never allowed, unless it ends generation).
     TokenTrie(std::vector<std::string> pieces, std::vector<bool> eog, std::vector<bool> control);
-    // From a tokenizer: pieces as generated text renders them (token_to_piece).
+    // From a tokenizer: pieces as generated text renders them (token_to_piece), and control tokens that
+    // do not end generation as their vocabulary text ("<|tool_call_start|>"): a grammar that spells that
+    // text allows the one token, as the model writes it, and a lazy grammar's trigger can be one.
     static std::shared_ptr<const TokenTrie> from_tokenizer(const Tokenizer& tok);
 
     int32_t n_vocab() const { return int32_t(pieces_.size()); }
