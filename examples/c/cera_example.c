@@ -2,9 +2,10 @@
  * A C program on cera's C API (include/cera/cera.h): loads a model, continues a prompt and
  * streams the text to stdout; with --chat, answers the prompt as a user message with the
  * model's chat template; with --batch N, generates the prompt N times through the batcher and
- * checks that every copy matches.
+ * checks that every copy matches; --lora applies a LoRA adapter (a GGUF LoRA file or a PEFT folder).
  *
  *     cera_c_example MODEL.gguf "Once upon a time" [-n 32] [--temp T] [--seed S] [--chat] [--batch N]
+ *                    [--lora PATH]
  *
  * Sampling is greedy unless --temp is given, so the output equals `cera run --temp 0`'s.
  */
@@ -68,7 +69,8 @@ static int run_batch(cera_engine *engine, const char *prompt, const cera_generat
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s MODEL PROMPT [-n N] [--temp T] [--seed S] [--chat] [--batch N]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL PROMPT [-n N] [--temp T] [--seed S] [--chat] [--batch N] [--lora PATH]\n",
+                argv[0]);
         return 2;
     }
     const char *model = argv[1], *prompt = argv[2];
@@ -77,12 +79,14 @@ int main(int argc, char **argv) {
     g.sampling.temperature = 0.0f;
     bool chat = false;
     int batch = 0;
+    cera_lora_adapter lora = {NULL, 1.0f};
     for (int i = 3; i < argc; ++i) {
         if (strcmp(argv[i], "-n") == 0 && i + 1 < argc) g.max_tokens = atoi(argv[++i]);
         else if (strcmp(argv[i], "--temp") == 0 && i + 1 < argc) g.sampling.temperature = (float)atof(argv[++i]);
         else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) g.sampling.seed = strtoull(argv[++i], NULL, 10);
         else if (strcmp(argv[i], "--chat") == 0) chat = true;
         else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) batch = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--lora") == 0 && i + 1 < argc) lora.path = argv[++i];
         else {
             fprintf(stderr, "cera_c_example: unknown argument '%s'\n", argv[i]);
             return 2;
@@ -96,6 +100,10 @@ int main(int argc, char **argv) {
     cera_engine_options eo = cera_engine_default_options();
     eo.device = "cpu";
     eo.threads = 1;
+    if (lora.path) {
+        eo.lora = &lora;
+        eo.n_lora = 1;
+    }
     cera_engine *engine = NULL;
     cera_status st = cera_engine_load(model, &eo, &engine);
     if (st != CERA_OK) return fail("load", st);

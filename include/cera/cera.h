@@ -116,6 +116,14 @@ typedef enum cera_kv_type {
     CERA_KV_F16 = 1,
 } cera_kv_type;
 
+/* A LoRA adapter: a llama.cpp GGUF LoRA file or a Hugging Face PEFT folder (adapter_config.json and
+ * adapter_model.safetensors), and the scale its deltas are applied with:
+ * y = W x + scale * (alpha / r) * B (A x). */
+typedef struct cera_lora_adapter {
+    const char *path;
+    float scale; /* 1 = as trained */
+} cera_lora_adapter;
+
 typedef struct cera_engine_options {
     const char *device;              /* "auto" (a CUDA GPU when usable, else the CPU), "cpu", "cuda", "cuda:N"; NULL = "auto" */
     int32_t threads;                 /* CPU worker threads; 0 = the physical cores */
@@ -126,13 +134,21 @@ typedef struct cera_engine_options {
     const char *prefix_cache_dir;    /* on-disk prefix cache directory; NULL or "" = none */
     uint64_t prefix_cache_dir_bytes; /* on-disk bound; 0 = 4 GiB */
     bool gpu_profile;                /* CUDA: print GPU and host time per decode step when the engine goes */
-    /* Reserved for LoRA adapters (paths and scales applied at load), which are not part of this
-     * ABI version yet. Must stay NULL. */
-    const void *reserved_lora;
-    const void *reserved[3]; /* must stay NULL */
+    /* A vision projector GGUF (llama.cpp's mmproj of an LFM2-VL model), loaded onto the model's device:
+     * sessions and batcher requests then take images. NULL or "" = none. */
+    const char *mmproj;
+    /* n_lora LoRA adapters applied together to every session, and to every batcher request that names no
+     * adapter (cera_generate_options.adapter). Loaded with the model: a bad one fails cera_engine_load().
+     * NULL when n_lora is 0. */
+    const cera_lora_adapter *lora;
+    size_t n_lora;
+    /* Device bytes of adapter weights kept resident while no step uses them (least recently used go
+     * first beyond it); 0 = no bound. */
+    size_t lora_cache_bytes;
 } cera_engine_options;
 
-/* The defaults: device "auto", threads 0, n_ctx 0, F32 KV cache, n_batch 512, no prefix cache. */
+/* The defaults: device "auto", threads 0, n_ctx 0, F32 KV cache, n_batch 512, no prefix cache, no
+ * projector, no adapters. */
 CERA_API cera_engine_options cera_engine_default_options(void);
 
 /* Loads a GGUF model and makes its weights resident on the chosen device. options NULL: the
@@ -197,6 +213,61 @@ CERA_API cera_status cera_engine_prefix_cache_stats(const cera_engine *engine, c
 
 /* The engine's tokenizer; valid while the engine lives. */
 CERA_API const cera_tokenizer *cera_engine_tokenizer(const cera_engine *engine);
+
+/*
+ * LoRA adapters: named adapters, added and removed while the engine runs (from any thread). A session's
+ * generation or a batcher request picks one by name (cera_generate_options.adapter).
+ */
+
+/* Reads an adapter and checks it against the model. scale as in cera_lora_adapter. Errors: CERA_ERR_IO
+ * (no such file), CERA_ERR_INVALID_FILE (not an adapter, or one of another model: the message names the
+ * tensor and both shapes), CERA_ERR_UNSUPPORTED, CERA_ERR_INVALID_ARGUMENT (a name in use, "" or "base"). */
+CERA_API cera_status cera_engine_load_adapter(cera_engine *engine, const char *name, const char *path, float scale);
+/* Removes a named adapter; generations already running with it finish with it. CERA_ERR_MISSING when
+ * there is no adapter by that name. */
+CERA_API cera_status cera_engine_unload_adapter(cera_engine *engine, const char *name);
+
+/* A named adapter. */
+typedef struct cera_adapter_info {
+    const char *name;
+    const char *path;
+    float scale;
+    int64_t n_tensors; /* adapted projections */
+    int64_t rank;      /* the largest rank among them */
+} cera_adapter_info;
+
+/* The number of named adapters, and the i-th in name order. The strings of *out stay valid until the
+ * next cera_engine_adapter_info() call on this thread. A load or unload on another thread between the
+ * two calls shifts the indexes: CERA_ERR_OUT_OF_RANGE then says that i is past the end. */
+CERA_API size_t cera_engine_adapter_count(const cera_engine *engine);
+CERA_API cera_status cera_engine_adapter_info(const cera_engine *engine, size_t i, cera_adapter_info *out);
+
+/*
+ * Images (an engine loaded with cera_engine_options.mmproj)
+ *
+ * A session takes an image directly (cera_session_append_image). A batcher prompt carries encoded images
+ * (cera_image) at "<image>" marker tokens: render the conversation with "<image>" where each image goes
+ * (as LFM2-VL's chat template does), tokenize it with parse_special, and pass the images in the same order
+ * to cera_batcher_submit_images().
+ */
+
+typedef struct cera_image cera_image; /* an image decoded and encoded by an engine's vision projector */
+
+/* Whether the engine has a vision projector. */
+CERA_API bool cera_engine_has_vision(const cera_engine *engine);
+/* Decodes an image file's bytes (PNG, JPEG, BMP, GIF's first frame, ...) and encodes it with the vision
+ * projector. The latest few images are kept by content, so a repeated one is not encoded again. On
+ * success *out is a new image to free with cera_image_free(); it keeps its engine alive. Errors:
+ * CERA_ERR_INVALID_ARGUMENT (not an image, truncated, too large; an engine without a projector). */
+CERA_API cera_status cera_engine_encode_image(cera_engine *engine, const uint8_t *data, size_t size,
+                                              cera_image **out);
+/* An image may be freed while requests that use it run (they hold their own reference). */
+CERA_API void cera_image_free(cera_image *image);
+/* The tokens that stand for the image in a prompt: <|image_start|>, tile markers, one image token per
+ * embedding row, <|image_end|>. Their count is the context the image takes. Buffer convention as above. */
+CERA_API cera_status cera_image_tokens(const cera_image *image, cera_token *tokens, size_t capacity, size_t *n_out);
+/* The id of the "<image>" marker token, or CERA_TOKEN_NULL when the model has none. */
+CERA_API cera_token cera_engine_image_marker(const cera_engine *engine);
 
 /*
  * Tokenizer
@@ -305,7 +376,12 @@ typedef struct cera_generate_options {
     bool device_greedy;           /* take greedy picks on the device (the same tokens, less copying) */
     bool device_sampling;         /* select top-k candidates on the device (the same tokens) */
     int32_t decode_ahead;         /* -1: when the device runs behind the host; 0: never; 1: always */
-    const void *reserved[4];      /* room for image inputs and adapters; must stay NULL */
+    /* LoRA adapter: NULL or "" = the engine's default adapters (cera_engine_options.lora), "base" = none,
+     * otherwise the name of an adapter loaded with cera_engine_load_adapter() (CERA_ERR_MISSING when
+     * there is none by that name). A session whose adapter changes evaluates its tokens again under the
+     * new one. */
+    const char *adapter;
+    const void *reserved[3];      /* must stay NULL */
 } cera_generate_options;
 
 /* The defaults of the C++ API: sampling at temperature 0.8, top-k 40, top-p 0.95, min-p 0.05,
@@ -388,6 +464,15 @@ CERA_API cera_status cera_session_append_tokens(cera_session *session, const cer
  * conversation (reset first, or truncate to the common prefix). */
 CERA_API cera_status cera_session_append_chat(cera_session *session, const cera_chat_message *messages,
                                               size_t n_messages);
+
+/* Queues an image given as the bytes of its file (PNG, JPEG, BMP, GIF's first frame, ...): the vision
+ * projector encodes it and its tokens (as cera_image_tokens) join the sequence, its embeddings standing in
+ * for its image tokens. BOS is prepended as for text. Errors (the session is then unchanged):
+ * CERA_ERR_INVALID_ARGUMENT (not an image, truncated, too large; an engine without a projector),
+ * CERA_ERR_OUT_OF_RANGE (it does not fit the context). */
+CERA_API cera_status cera_session_append_image(cera_session *session, const uint8_t *data, size_t size);
+/* As above from a file; CERA_ERR_IO when it cannot be read. */
+CERA_API cera_status cera_session_append_image_file(cera_session *session, const char *path);
 
 /* Evaluates what is queued, then samples until EOS, a stop string, max_tokens, a full context, a
  * cancel or the callback's false. callback may be NULL; result may be NULL. options NULL: the
@@ -502,6 +587,15 @@ CERA_API int32_t cera_batcher_n_ctx(const cera_batcher *batcher);
 CERA_API cera_status cera_batcher_submit(cera_batcher *batcher, const cera_token *prompt, size_t n_prompt,
                                          const cera_generate_options *options, cera_token_callback callback,
                                          void *user_data, cera_request **out);
+/* As cera_batcher_submit, with images: the prompt's i-th "<image>" marker (cera_engine_image_marker) is
+ * replaced by the tokens of images[i] (encoded by the batcher's engine). Cached prefix blocks are shared
+ * only where the images match too. The request holds its own references to the images. Errors as
+ * cera_batcher_submit, and CERA_ERR_INVALID_ARGUMENT when the markers and images differ in number (with
+ * n_images 0 too: a marker then has no image) or an image comes from another engine. */
+CERA_API cera_status cera_batcher_submit_images(cera_batcher *batcher, const cera_token *prompt, size_t n_prompt,
+                                                const cera_image *const *images, size_t n_images,
+                                                const cera_generate_options *options, cera_token_callback callback,
+                                                void *user_data, cera_request **out);
 /* Whether the request has finished. */
 CERA_API bool cera_request_done(const cera_request *request);
 /* Polling, for callers that would rather not be called from the batcher's thread: copies the text
@@ -517,15 +611,6 @@ CERA_API void cera_request_cancel(cera_request *request);
 CERA_API cera_status cera_request_wait(cera_request *request, cera_generation_result *result);
 /* Cancels the request if it still runs, and frees the handle. */
 CERA_API void cera_request_free(cera_request *request);
-
-/*
- * Reserved: LoRA adapters and image inputs
- *
- * Both are being added to the C++ API. Their C functions will take this place
- * (cera_lora_* to load and apply adapters, cera_session_append_image for images), together
- * with the reserved fields of cera_engine_options and cera_generate_options, in a later
- * CERA_ABI_VERSION.
- */
 
 #ifdef __cplusplus
 }

@@ -149,6 +149,7 @@ GenerateOptions generate_options(const cera_generate_options* o) {
     g.device_greedy = o->device_greedy;
     g.device_sampling = o->device_sampling;
     g.decode_ahead = o->decode_ahead;
+    if (o->adapter) g.adapter = o->adapter;
     return g;
 }
 
@@ -239,6 +240,10 @@ cera_engine_options cera_engine_default_options(void) {
     o.prefix_cache_dir = nullptr;
     o.prefix_cache_dir_bytes = d.prefix_cache_dir_bytes;
     o.gpu_profile = d.gpu_profile;
+    o.mmproj = nullptr;
+    o.lora = nullptr;
+    o.n_lora = 0;
+    o.lora_cache_bytes = d.lora_cache_bytes;
     return o;
 }
 
@@ -247,9 +252,8 @@ cera_status cera_engine_load(const char* path, const cera_engine_options* option
         if (!path) return null_argument("cera_engine_load", "path");
         if (!out) return null_argument("cera_engine_load", "out");
         const cera_engine_options o = options ? *options : cera_engine_default_options();
-        if (o.reserved_lora || o.reserved[0] || o.reserved[1] || o.reserved[2])
-            return cera::capi::fail(CERA_ERR_INVALID_ARGUMENT,
-                                    "cera_engine_load: the reserved option fields must be NULL");
+        if (o.n_lora > 0 && !o.lora)
+            return cera::capi::fail(CERA_ERR_INVALID_ARGUMENT, "cera_engine_load: n_lora > 0 but lora is NULL");
         const int kv_type = cera::capi::raw_enum(o.kv_type);
         if (kv_type != CERA_KV_F32 && kv_type != CERA_KV_F16)
             return cera::capi::fail(CERA_ERR_INVALID_ARGUMENT, "cera_engine_load: kv_type " + std::to_string(kv_type) +
@@ -264,6 +268,14 @@ cera_status cera_engine_load(const char* path, const cera_engine_options* option
         eo.prefix_cache_dir = o.prefix_cache_dir ? o.prefix_cache_dir : "";
         eo.prefix_cache_dir_bytes = o.prefix_cache_dir_bytes;
         eo.gpu_profile = o.gpu_profile;
+        eo.mmproj = o.mmproj ? o.mmproj : "";
+        for (size_t i = 0; i < o.n_lora; ++i) {
+            if (!o.lora[i].path)
+                return cera::capi::fail(CERA_ERR_INVALID_ARGUMENT,
+                                        "cera_engine_load: lora[" + std::to_string(i) + "].path is NULL");
+            eo.lora.push_back({o.lora[i].path, o.lora[i].scale});
+        }
+        eo.lora_cache_bytes = o.lora_cache_bytes;
         auto h = std::make_unique<cera_engine>();
         h->engine = Engine::load(path, eo);
         h->tokenizer.engine = h->engine.get();

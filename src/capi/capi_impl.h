@@ -34,6 +34,11 @@ struct cera_sampler {
     cera::Sampler sampler;
 };
 
+struct cera_image {
+    std::shared_ptr<cera::Engine> engine;  // the engine whose projector encoded it
+    std::shared_ptr<const cera::EncodedImage> image;
+};
+
 struct cera_session {
     std::unique_ptr<cera::Session> session;
     std::string text, stop_string;  // the last generation's, for cera_generation_result

@@ -12,6 +12,7 @@ using cera::capi::guard;
 using cera::capi::null_argument;
 
 struct cera_batcher {
+    std::shared_ptr<Engine> engine;  // the batcher's; images must come from it
     std::shared_ptr<Batcher> batcher;
 };
 
@@ -56,6 +57,36 @@ class RequestSink : public cera::capi::CallbackSink {
     }
     std::shared_ptr<cera_request::Shared> shared_;
 };
+
+// Queues a request. With images (possibly none), the prompt's markers are expanded first, so that a
+// marker without its image is refused rather than evaluated as text.
+cera_status submit(const char* fn, cera_batcher* batcher, const cera_token* prompt, size_t n_prompt,
+                   const std::vector<std::shared_ptr<const EncodedImage>>* images, const cera_generate_options* options,
+                   cera_token_callback callback, void* user_data, cera_request** out) {
+    return guard([&] {
+        if (!batcher) return null_argument(fn, "batcher");
+        if (!out) return null_argument(fn, "out");
+        if (!prompt && n_prompt > 0) return null_argument(fn, "prompt");
+        const cera_generate_options defaults = cera_generate_default_options();
+        const GenerateOptions g = cera::capi::generate_options(options ? options : &defaults);
+        const std::span<const int32_t> ids(prompt, n_prompt);
+        std::vector<PromptImage> placed;
+        std::vector<int32_t> expanded;
+        if (images) expanded = batcher->engine->expand_images(ids, *images, &placed);
+        auto h = std::make_unique<cera_request>();
+        h->shared = std::make_shared<cera_request::Shared>();
+        auto sink = std::make_shared<RequestSink>(callback, user_data, h->shared);
+        h->request =
+            images ? batcher->batcher->submit(expanded, g, sink, placed) : batcher->batcher->submit(ids, g, sink);
+        {
+            std::lock_guard<std::mutex> lk(h->shared->mu);
+            h->shared->request = h->request;
+            if (h->shared->stop) h->request->cancel();
+        }
+        *out = h.release();
+        return CERA_OK;
+    });
+}
 
 }  // namespace
 
@@ -273,6 +304,7 @@ cera_status cera_batcher_new(cera_engine* engine, const cera_batcher_options* op
         bo.step_tokens = o.step_tokens;
         bo.max_queue = o.max_queue;
         auto b = std::make_unique<cera_batcher>();
+        b->engine = engine->engine;
         b->batcher = Batcher::create(engine->engine, bo);
         *out = b.release();
         return CERA_OK;
@@ -311,23 +343,27 @@ int32_t cera_batcher_n_ctx(const cera_batcher* batcher) { return batcher ? batch
 cera_status cera_batcher_submit(cera_batcher* batcher, const cera_token* prompt, size_t n_prompt,
                                 const cera_generate_options* options, cera_token_callback callback, void* user_data,
                                 cera_request** out) {
+    return submit("cera_batcher_submit", batcher, prompt, n_prompt, nullptr, options, callback, user_data, out);
+}
+
+cera_status cera_batcher_submit_images(cera_batcher* batcher, const cera_token* prompt, size_t n_prompt,
+                                       const cera_image* const* images, size_t n_images,
+                                       const cera_generate_options* options, cera_token_callback callback,
+                                       void* user_data, cera_request** out) {
     return guard([&] {
-        if (!batcher) return null_argument("cera_batcher_submit", "batcher");
-        if (!out) return null_argument("cera_batcher_submit", "out");
-        if (!prompt && n_prompt > 0) return null_argument("cera_batcher_submit", "prompt");
-        const cera_generate_options defaults = cera_generate_default_options();
-        const GenerateOptions g = cera::capi::generate_options(options ? options : &defaults);
-        auto h = std::make_unique<cera_request>();
-        h->shared = std::make_shared<cera_request::Shared>();
-        auto sink = std::make_shared<RequestSink>(callback, user_data, h->shared);
-        h->request = batcher->batcher->submit(std::span<const int32_t>(prompt, n_prompt), g, sink);
-        {
-            std::lock_guard<std::mutex> lk(h->shared->mu);
-            h->shared->request = h->request;
-            if (h->shared->stop) h->request->cancel();
+        if (!batcher) return null_argument("cera_batcher_submit_images", "batcher");
+        if (!images && n_images > 0) return null_argument("cera_batcher_submit_images", "images");
+        std::vector<std::shared_ptr<const EncodedImage>> encoded;
+        for (size_t i = 0; i < n_images; ++i) {
+            const std::string which = "cera_batcher_submit_images: images[" + std::to_string(i) + "]";
+            if (!images[i]) return fail(CERA_ERR_INVALID_ARGUMENT, which + " is NULL");
+            // An image's embeddings are rows of its own engine's width and meaning.
+            if (images[i]->engine != batcher->engine)
+                return fail(CERA_ERR_INVALID_ARGUMENT, which + " was encoded by another engine");
+            encoded.push_back(images[i]->image);
         }
-        *out = h.release();
-        return CERA_OK;
+        return submit("cera_batcher_submit_images", batcher, prompt, n_prompt, &encoded, options, callback, user_data,
+                      out);
     });
 }
 

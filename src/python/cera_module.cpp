@@ -9,6 +9,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -46,6 +47,7 @@ struct GenArgs {
     std::vector<std::string> stop;
     float repeat_penalty = 1.0f;
     bool ignore_eos = false;
+    std::string adapter;  // "": the engine's default adapters
 
     cera::GenerateOptions options() const {
         cera::GenerateOptions g;
@@ -58,9 +60,40 @@ struct GenArgs {
         g.sampling.seed = seed ? *seed : (uint64_t(std::random_device{}()) << 32 | std::random_device{}());
         g.stop = stop;
         g.ignore_eos = ignore_eos;
+        g.adapter = adapter;
         return g;
     }
 };
+
+// A file system path from a str or an os.PathLike.
+std::string fs_path(const py::handle& p) { return py::module_::import("os").attr("fspath")(p).cast<std::string>(); }
+
+// The bytes of a bytes-like object (bytes, bytearray, memoryview, ...).
+std::vector<uint8_t> buffer_bytes(const py::handle& o) {
+    const py::buffer_info info = py::reinterpret_borrow<py::buffer>(o).request();
+    const auto* p = static_cast<const uint8_t*>(info.ptr);
+    return std::vector<uint8_t>(p, p + info.size * info.itemsize);
+}
+
+// Engine(lora=[...]): each item a path, or a (path, scale) pair.
+std::vector<cera::LoraOptions> lora_list(const py::object& lora) {
+    std::vector<cera::LoraOptions> out;
+    if (lora.is_none()) return out;
+    if (py::isinstance<py::str>(lora) || py::hasattr(lora, "__fspath__"))
+        throw cera::Error(cera::ErrorCode::kInvalidArgument,
+                          "lora: a list of paths or (path, scale) pairs is expected");
+    for (const py::handle item : lora) {
+        if (py::isinstance<py::tuple>(item) || py::isinstance<py::list>(item)) {
+            const py::sequence pair = py::reinterpret_borrow<py::sequence>(item);
+            if (pair.size() != 2)
+                throw cera::Error(cera::ErrorCode::kInvalidArgument, "lora: an item is not a (path, scale) pair");
+            out.push_back({fs_path(pair[0]), pair[1].cast<float>()});
+        } else {
+            out.push_back({fs_path(item), 1.0f});
+        }
+    }
+    return out;
+}
 
 std::vector<std::string> stop_list(const py::object& stop) {
     if (stop.is_none()) return {};
@@ -68,28 +101,88 @@ std::vector<std::string> stop_list(const py::object& stop) {
     return stop.cast<std::vector<std::string>>();
 }
 
-// An OpenAI-style message's content: a string, None, or a list of parts of which the text ones count.
-std::string content_text(const py::handle& content) {
+// An image given to the module: the bytes of its file, or the path of one.
+struct ImageSource {
+    std::vector<uint8_t> bytes;
+    std::string path;  // used when bytes is empty
+};
+
+ImageSource image_source(const py::handle& o) {
+    ImageSource src;
+    if (py::isinstance<py::str>(o) || py::hasattr(o, "__fspath__"))
+        src.path = fs_path(o);
+    else if (PyObject_CheckBuffer(o.ptr()))
+        src.bytes = buffer_bytes(o);
+    else
+        throw cera::Error(cera::ErrorCode::kInvalidArgument, "an image is given as bytes or a path");
+    return src;
+}
+
+void queue_image(cera::Session& s, const ImageSource& src) {
+    if (src.path.empty())
+        s.append_image(src.bytes);
+    else
+        s.append_image_file(src.path);
+}
+
+// A prompt: token ids with an "<image>" marker (Engine::image_marker) where each image goes.
+struct Prompt {
+    std::vector<int32_t> tokens;
+    std::vector<ImageSource> images;
+};
+
+// Queues a prompt: the tokens between markers, and each image at its marker.
+void queue_prompt(cera::Session& s, const Prompt& p) {
+    if (p.images.empty()) return s.append_tokens(p.tokens);
+    const int32_t marker = s.engine()->image_marker();
+    const size_t n_markers = size_t(std::count(p.tokens.begin(), p.tokens.end(), marker));
+    if (marker < 0 || n_markers != p.images.size())
+        throw cera::Error(cera::ErrorCode::kInvalidArgument,
+                          "chat: the prompt has " + std::to_string(marker < 0 ? 0 : n_markers) +
+                              " <image> markers for " + std::to_string(p.images.size()) + " images");
+    const std::span<const int32_t> tokens(p.tokens);
+    size_t from = 0, image = 0;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        if (tokens[i] != marker) continue;
+        if (i > from) s.append_tokens(tokens.subspan(from, i - from));
+        queue_image(s, p.images[image++]);
+        from = i + 1;
+    }
+    if (from < tokens.size()) s.append_tokens(tokens.subspan(from));
+}
+
+// An OpenAI-style message's content: a string, None, or a list of parts: text ones, and image ones
+// ({"type": "image", "image": bytes or a path}) which become "<image>" markers, their images going to
+// *images in order.
+std::string content_text(const py::handle& content, std::vector<ImageSource>* images) {
     if (content.is_none()) return "";
     if (py::isinstance<py::str>(content)) return content.cast<std::string>();
     std::string out;
     for (const py::handle part : content) {
         const py::dict d = py::reinterpret_borrow<py::dict>(part);
-        if (d.contains("type") && d["type"].cast<std::string>() != "text")
-            throw cera::Error(cera::ErrorCode::kUnsupported, "chat: only text content parts are supported");
-        out += d["text"].cast<std::string>();
+        const std::string type = d.contains("type") ? d["type"].cast<std::string>() : "text";
+        if (type == "image" && d.contains("image")) {
+            images->push_back(image_source(d["image"]));
+            out += "<image>";
+        } else if (type == "text") {
+            out += d["text"].cast<std::string>();
+        } else {
+            throw cera::Error(
+                cera::ErrorCode::kUnsupported,
+                "chat: content parts are {'type': 'text', 'text': ...} or {'type': 'image', 'image': ...}");
+        }
     }
     return out;
 }
 
-std::vector<cera::ChatMessage> chat_messages(const py::iterable& messages) {
+std::vector<cera::ChatMessage> chat_messages(const py::iterable& messages, std::vector<ImageSource>* images) {
     std::vector<cera::ChatMessage> out;
     for (const py::handle m : messages) {
         const py::dict d = py::reinterpret_borrow<py::dict>(m);
         if (!d.contains("role")) throw cera::Error(cera::ErrorCode::kInvalidArgument, "chat: a message has no 'role'");
         cera::ChatMessage c;
         c.role = d["role"].cast<std::string>();
-        if (d.contains("content")) c.content = content_text(d["content"]);
+        if (d.contains("content")) c.content = content_text(d["content"], images);
         if (d.contains("name") && !d["name"].is_none()) c.name = d["name"].cast<std::string>();
         if (d.contains("tool_call_id") && !d["tool_call_id"].is_none())
             c.tool_call_id = d["tool_call_id"].cast<std::string>();
@@ -137,9 +230,9 @@ class InterruptibleSink : public cera::Sink {
 // The iterator stream() returns: a thread generates into a queue of pieces.
 class Stream {
  public:
-    Stream(std::shared_ptr<cera::Engine> engine, std::vector<int32_t> prompt, cera::GenerateOptions options)
+    Stream(std::shared_ptr<cera::Engine> engine, const Prompt& prompt, cera::GenerateOptions options)
         : session_(std::make_unique<cera::Session>(std::move(engine))) {
-        session_->append_tokens(prompt);
+        queue_prompt(*session_, prompt);
         thread_ = std::thread([this, options = std::move(options)] {
             QueueSink sink(*this);
             try {
@@ -226,13 +319,17 @@ class Stream {
 
 class Engine {
  public:
-    Engine(const std::string& path, const std::string& device, int threads, int32_t n_ctx) {
+    Engine(const py::object& path, const std::string& device, int threads, int32_t n_ctx, const py::object& mmproj,
+           const py::object& lora) {
         cera::EngineOptions o;
         o.device = device;
         o.threads = threads;
         o.n_ctx = n_ctx;
+        if (!mmproj.is_none()) o.mmproj = fs_path(mmproj);
+        o.lora = lora_list(lora);
+        const std::string file = fs_path(path);
         py::gil_scoped_release release;
-        engine_ = cera::Engine::load(path, o);
+        engine_ = cera::Engine::load(file, o);
     }
 
     // The prompt as `cera run` tokenizes it: BOS where the model wants it, then the text with
@@ -246,10 +343,13 @@ class Engine {
         return ids;
     }
 
-    py::str generate_tokens(const std::vector<int32_t>& prompt, const GenArgs& a) const {
+    py::str generate_tokens(const Prompt& prompt, const GenArgs& a) const {
         const cera::GenerateOptions g = a.options();
         cera::Session session(engine_);
-        session.append_tokens(prompt);
+        {
+            py::gil_scoped_release release;  // images are encoded here
+            queue_prompt(session, prompt);
+        }
         InterruptibleSink sink(session);
         cera::GenerationResult r;
         {
@@ -260,21 +360,26 @@ class Engine {
         return to_str(r.text);
     }
 
-    std::shared_ptr<Stream> stream_tokens(std::vector<int32_t> prompt, const GenArgs& a) const {
-        return std::make_shared<Stream>(engine_, std::move(prompt), a.options());
+    std::shared_ptr<Stream> stream_tokens(const Prompt& prompt, const GenArgs& a) const {
+        return std::make_shared<Stream>(engine_, prompt, a.options());
     }
 
     py::str generate(const std::string& prompt, const GenArgs& a) const {
-        return generate_tokens(prompt_tokens(prompt), a);
+        return generate_tokens({prompt_tokens(prompt), {}}, a);
     }
     std::shared_ptr<Stream> stream(const std::string& prompt, const GenArgs& a) const {
-        return stream_tokens(prompt_tokens(prompt), a);
+        return stream_tokens({prompt_tokens(prompt), {}}, a);
     }
-    std::vector<int32_t> chat_prompt(const py::iterable& messages) const {
-        return cera::capi::chat_tokens(*engine_, chat_messages(messages));
+    Prompt chat_prompt(const py::iterable& messages) const {
+        Prompt p;
+        const std::vector<cera::ChatMessage> msgs = chat_messages(messages, &p.images);
+        p.tokens = cera::capi::chat_tokens(*engine_, msgs);
+        return p;
     }
     py::str apply_chat_template(const py::iterable& messages, bool add_generation_prompt) const {
-        return to_str(cera::capi::render_chat(*engine_, nullptr, chat_messages(messages), add_generation_prompt));
+        std::vector<ImageSource> images;  // their markers stay in the text
+        return to_str(
+            cera::capi::render_chat(*engine_, nullptr, chat_messages(messages, &images), add_generation_prompt));
     }
 
     py::object embed(const std::string& text, const std::string& pooling) const {
@@ -324,6 +429,19 @@ class Engine {
         return to_str(engine_->detokenize(tokens, special));
     }
 
+    void load_adapter(const std::string& name, const py::object& path, float scale) {
+        const std::string file = fs_path(path);
+        py::gil_scoped_release release;
+        engine_->load_adapter(name, file, scale);
+    }
+    py::list adapters() const {
+        py::list out;
+        for (const cera::AdapterInfo& a : engine_->adapters())
+            out.append(py::dict("name"_a = a.name, "path"_a = a.path, "scale"_a = a.scale, "n_tensors"_a = a.n_tensors,
+                                "rank"_a = a.rank));
+        return out;
+    }
+
     py::dict info() const {
         const cera::EngineInfo& i = engine_->info();
         return py::dict("path"_a = i.path, "architecture"_a = i.architecture, "name"_a = i.name,
@@ -341,7 +459,8 @@ class Engine {
 
 // The keyword arguments generate(), stream() and chat() share, after their first argument.
 GenArgs gen_args(int32_t max_tokens, float temperature, float top_p, int32_t top_k, float min_p,
-                 std::optional<uint64_t> seed, const py::object& stop, float repeat_penalty, bool ignore_eos) {
+                 std::optional<uint64_t> seed, const py::object& stop, float repeat_penalty, bool ignore_eos,
+                 const std::optional<std::string>& adapter) {
     GenArgs a;
     a.max_tokens = max_tokens;
     a.temperature = temperature;
@@ -352,6 +471,7 @@ GenArgs gen_args(int32_t max_tokens, float temperature, float top_p, int32_t top
     a.stop = stop_list(stop);
     a.repeat_penalty = repeat_penalty;
     a.ignore_eos = ignore_eos;
+    a.adapter = adapter.value_or("");
     return a;
 }
 
@@ -363,6 +483,11 @@ class PySession {
 
     void append(const std::string& text, bool special) { session_.append_text(text, special); }
     void append_tokens(const std::vector<int32_t>& tokens) { session_.append_tokens(tokens); }
+    void append_image(const py::object& image) {
+        const ImageSource src = image_source(image);
+        py::gil_scoped_release release;
+        queue_image(session_, src);
+    }
     py::str generate(const GenArgs& a) {
         const cera::GenerateOptions g = a.options();
         InterruptibleSink sink(session_);
@@ -405,7 +530,8 @@ class PySession {
 
 #define CERA_GEN_ARGS                                                                                                  \
     py::kw_only(), "max_tokens"_a = 256, "temperature"_a = 0.8f, "top_p"_a = 0.95f, "top_k"_a = 40, "min_p"_a = 0.05f, \
-                   "seed"_a = py::none(), "stop"_a = py::none(), "repeat_penalty"_a = 1.0f, "ignore_eos"_a = false
+                   "seed"_a = py::none(), "stop"_a = py::none(), "repeat_penalty"_a = 1.0f, "ignore_eos"_a = false,    \
+                   "adapter"_a = py::none()
 
 }  // namespace
 
@@ -434,12 +560,16 @@ PYBIND11_MODULE(cera, m) {
         .def("append", &PySession::append, "text"_a, "special"_a = true,
              "Queues text (BOS first when the session is empty and the model wants it)")
         .def("append_tokens", &PySession::append_tokens, "tokens"_a, "Queues token ids")
+        .def("append_image", &PySession::append_image, "image"_a,
+             "Queues an image, given as the bytes of its file or its path (an Engine with mmproj): its tokens "
+             "join the sequence, its embeddings standing in for the image tokens")
         .def(
             "generate",
             [](PySession& s, int32_t max_tokens, float temperature, float top_p, int32_t top_k, float min_p,
-               std::optional<uint64_t> seed, const py::object& stop, float repeat_penalty, bool ignore_eos) {
-                return s.generate(
-                    gen_args(max_tokens, temperature, top_p, top_k, min_p, seed, stop, repeat_penalty, ignore_eos));
+               std::optional<uint64_t> seed, const py::object& stop, float repeat_penalty, bool ignore_eos,
+               const std::optional<std::string>& adapter) {
+                return s.generate(gen_args(max_tokens, temperature, top_p, top_k, min_p, seed, stop, repeat_penalty,
+                                           ignore_eos, adapter));
             },
             CERA_GEN_ARGS, "Evaluates what is queued and continues the sequence; the generated text")
         .def("logits", &PySession::logits, "The next-token logits after the last token (queued ones evaluated)")
@@ -455,17 +585,19 @@ PYBIND11_MODULE(cera, m) {
         .def_property_readonly("n_ctx", [](PySession& s) { return s.session().n_ctx(); });
 
     py::class_<Engine>(m, "Engine", "A loaded GGUF model")
-        .def(py::init<const std::string&, const std::string&, int, int32_t>(), "path"_a, "device"_a = "auto",
-             "threads"_a = 0, "n_ctx"_a = 0,
+        .def(py::init<const py::object&, const std::string&, int, int32_t, const py::object&, const py::object&>(),
+             "path"_a, "device"_a = "auto", "threads"_a = 0, "n_ctx"_a = 0, py::kw_only(), "mmproj"_a = py::none(),
+             "lora"_a = py::none(),
              "Loads a model. device: 'auto', 'cpu', 'cuda' or 'cuda:N'; threads 0: the physical cores; "
-             "n_ctx 0: the model's context (at most 4096)")
+             "n_ctx 0: the model's context (at most 4096); mmproj: a vision projector GGUF (sessions and chat then "
+             "take images); lora: default adapters, each a path or a (path, scale) pair")
         .def(
             "generate",
             [](const Engine& e, const std::string& prompt, int32_t max_tokens, float temperature, float top_p,
                int32_t top_k, float min_p, std::optional<uint64_t> seed, const py::object& stop, float repeat_penalty,
-               bool ignore_eos) {
+               bool ignore_eos, const std::optional<std::string>& adapter) {
                 return e.generate(prompt, gen_args(max_tokens, temperature, top_p, top_k, min_p, seed, stop,
-                                                   repeat_penalty, ignore_eos));
+                                                   repeat_penalty, ignore_eos, adapter));
             },
             "prompt"_a, CERA_GEN_ARGS,
             "The continuation of a prompt (greedy at temperature 0: the text `cera run` prints)")
@@ -473,25 +605,31 @@ PYBIND11_MODULE(cera, m) {
             "stream",
             [](const Engine& e, const std::string& prompt, int32_t max_tokens, float temperature, float top_p,
                int32_t top_k, float min_p, std::optional<uint64_t> seed, const py::object& stop, float repeat_penalty,
-               bool ignore_eos) {
+               bool ignore_eos, const std::optional<std::string>& adapter) {
                 return e.stream(prompt, gen_args(max_tokens, temperature, top_p, top_k, min_p, seed, stop,
-                                                 repeat_penalty, ignore_eos));
+                                                 repeat_penalty, ignore_eos, adapter));
             },
             "prompt"_a, CERA_GEN_ARGS, "As generate(), yielding the text in pieces as it decodes")
         .def(
             "chat",
             [](const Engine& e, const py::iterable& messages, int32_t max_tokens, float temperature, float top_p,
                int32_t top_k, float min_p, std::optional<uint64_t> seed, const py::object& stop, float repeat_penalty,
-               bool ignore_eos, bool stream) -> py::object {
-                const GenArgs a =
-                    gen_args(max_tokens, temperature, top_p, top_k, min_p, seed, stop, repeat_penalty, ignore_eos);
-                std::vector<int32_t> prompt = e.chat_prompt(messages);
-                if (stream) return py::cast(e.stream_tokens(std::move(prompt), a));
+               bool ignore_eos, const std::optional<std::string>& adapter, bool stream) -> py::object {
+                const GenArgs a = gen_args(max_tokens, temperature, top_p, top_k, min_p, seed, stop, repeat_penalty,
+                                           ignore_eos, adapter);
+                const Prompt prompt = e.chat_prompt(messages);
+                if (stream) return py::cast(e.stream_tokens(prompt, a));
                 return e.generate_tokens(prompt, a);
             },
             "messages"_a, CERA_GEN_ARGS, "stream"_a = false,
             "The assistant's reply to OpenAI-style messages ([{'role': 'user', 'content': '...'}]), rendered with "
             "the model's chat template (ChatML when it has none); stream=True: an iterator of pieces")
+        .def("load_adapter", &Engine::load_adapter, "name"_a, "path"_a, "scale"_a = 1.0f,
+             "Adds a named LoRA adapter (a GGUF LoRA file or a PEFT folder) that generate(adapter=name) uses")
+        .def(
+            "unload_adapter", [](Engine& e, const std::string& name) { return e.shared()->unload_adapter(name); },
+            "name"_a, "Removes a named adapter; False when there is none by that name")
+        .def("adapters", &Engine::adapters, "The named adapters: dicts of name, path, scale, n_tensors and rank")
         .def("apply_chat_template", &Engine::apply_chat_template, "messages"_a, "add_generation_prompt"_a = true,
              "The messages rendered with the model's chat template, as text")
         .def("embed", &Engine::embed, "text"_a, "pooling"_a = "mean",
@@ -501,6 +639,9 @@ PYBIND11_MODULE(cera, m) {
              "Text to token ids (add_bos: BOS where the model wants it; special: special-token text as its id)")
         .def("detokenize", &Engine::detokenize, "tokens"_a, "special"_a = false, "Token ids to text")
         .def_property_readonly("info", &Engine::info, "Facts about the model and device")
+        .def_property_readonly(
+            "has_vision", [](const Engine& e) { return e.engine().has_vision(); },
+            "Whether a vision projector is loaded (mmproj)")
         .def_property_readonly("n_vocab", [](const Engine& e) { return e.engine().info().n_vocab; })
         .def_property_readonly("n_embd", [](const Engine& e) { return e.engine().info().n_embd; })
         .def_property_readonly("n_ctx", [](const Engine& e) { return e.engine().info().n_ctx; })

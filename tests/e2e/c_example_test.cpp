@@ -1,5 +1,6 @@
 // The C example (examples/c, plain C11 on libcera.so) prints exactly what `cera run --temp 0`
-// prints for the same prompt, answers chat messages, and its batched requests all match.
+// prints for the same prompt (also with a LoRA adapter), answers chat messages, and its batched requests
+// all match.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -26,6 +27,23 @@ TEST(CExample, GreedyOutputEqualsCeraRun) {
     EXPECT_FALSE(c.out.empty());
     EXPECT_EQ(c.out, run.out);
     EXPECT_NE(c.err.find("finish: length"), std::string::npos) << c.err;
+}
+
+TEST(CExample, LoraOutputEqualsCeraRun) {
+    const std::string model = cera::test::data_path("fixtures/tiny-lfm2/model.gguf");
+    const std::string lora = cera::test::data_path("fixtures/tiny-lfm2/lora/lora.gguf");
+    const auto run =
+        cera::test::run_shell(shell_quote(cera::test::cera_bin()) + " run -m " + shell_quote(model) + " --lora " +
+                              shell_quote(lora) + " -p 'Once upon a time' -n 24 --temp 0 --threads 1 </dev/null");
+    ASSERT_EQ(run.code, 0) << run.err;
+    const auto c = cera::test::run_shell(shell_quote(kExample) + " " + shell_quote(model) +
+                                         " 'Once upon a time' -n 24 --lora " + shell_quote(lora) + " </dev/null");
+    ASSERT_EQ(c.code, 0) << c.err;
+    EXPECT_FALSE(c.out.empty());
+    EXPECT_EQ(c.out, run.out);
+    const auto base = cera::test::run_shell(shell_quote(kExample) + " " + shell_quote(model) +
+                                            " 'Once upon a time' -n 24 </dev/null");
+    EXPECT_NE(base.out, c.out);
 }
 
 TEST(CExample, ChatAndBatch) {

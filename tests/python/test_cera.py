@@ -1,9 +1,12 @@
 """The Python module `cera` (src/python), run by CTest with Debian's python3.
 
 CERA_TEST_MODEL names the model, CERA_BIN the cera binary whose `run` output greedy generation must
-equal; PYTHONPATH holds the module.
+equal; CERA_TESTDATA the unpacked test data (fixtures with LoRA adapters and a vision model, and their
+transformers references); PYTHONPATH holds the module.
 """
+import json
 import os
+import pathlib
 import signal
 import subprocess
 import threading
@@ -14,6 +17,17 @@ import cera
 
 MODEL = os.environ["CERA_TEST_MODEL"]
 CERA_BIN = os.environ["CERA_BIN"]
+TESTDATA = os.environ.get("CERA_TESTDATA", "")
+
+
+def fixture(rel):
+    return os.path.join(TESTDATA, "fixtures", rel)
+
+
+def cera_run(model, prompt, n, *flags):
+    out = subprocess.run([CERA_BIN, "run", "-m", model, "-p", prompt, "-n", str(n), "--temp", "0", "--threads", "1",
+                          *flags], capture_output=True, check=True, stdin=subprocess.DEVNULL)
+    return out.stdout.decode()
 
 
 class EngineTest(unittest.TestCase):
@@ -22,9 +36,7 @@ class EngineTest(unittest.TestCase):
         cls.engine = cera.Engine(MODEL, device="cpu", threads=1)
 
     def cera_run(self, prompt, n):
-        out = subprocess.run([CERA_BIN, "run", "-m", MODEL, "-p", prompt, "-n", str(n), "--temp", "0",
-                              "--threads", "1"], capture_output=True, check=True, stdin=subprocess.DEVNULL)
-        return out.stdout.decode()
+        return cera_run(MODEL, prompt, n)
 
     def test_greedy_generate_equals_cera_run(self):
         for prompt in ["Once upon a time", "The cat sat"]:
@@ -159,6 +171,154 @@ class EngineTest(unittest.TestCase):
             done.set()
             t.join()
         self.assertGreater(len(ticks), 5)
+
+
+@unittest.skipUnless(TESTDATA, "CERA_TESTDATA is not set")
+class LoraTest(unittest.TestCase):
+    """LoRA adapters against `cera run --lora` (the C++ API) and transformers + peft's greedy tokens."""
+
+    MODEL = fixture("tiny-lfm2/model.gguf")
+    GGUF = fixture("tiny-lfm2/lora/lora.gguf")
+    PEFT = fixture("tiny-lfm2/lora/peft")
+
+    @classmethod
+    def setUpClass(cls):
+        cls.engine = cera.Engine(cls.MODEL, device="cpu", threads=1)
+        cls.engine.load_adapter("story", cls.GGUF)
+        cls.engine.load_adapter("half", pathlib.Path(cls.PEFT), 0.5)
+
+    def test_default_adapters_equal_cera_run(self):
+        e = cera.Engine(self.MODEL, device="cpu", threads=1, lora=[self.GGUF])
+        want = cera_run(self.MODEL, "Once upon a time", 24, "--lora", self.GGUF)
+        self.assertEqual(e.generate("Once upon a time", max_tokens=24, temperature=0), want)
+        plain = cera_run(self.MODEL, "Once upon a time", 24)
+        self.assertNotEqual(plain, want)
+        self.assertEqual(e.generate("Once upon a time", max_tokens=24, temperature=0, adapter="base"), plain)
+        half = cera.Engine(self.MODEL, device="cpu", threads=1, lora=[(pathlib.Path(self.PEFT), 0.5)])
+        self.assertEqual(half.generate("Once upon a time", max_tokens=24, temperature=0),
+                         cera_run(self.MODEL, "Once upon a time", 24, "--lora", self.PEFT + ":0.5"))
+
+    def test_named_adapters_equal_cera_run(self):
+        e = self.engine
+        self.assertEqual([(a["name"], a["scale"], a["rank"]) for a in e.adapters()], [("half", 0.5, 8), ("story", 1.0, 8)])
+        self.assertEqual(e.adapters()[1]["path"], self.GGUF)
+        self.assertGreater(e.adapters()[1]["n_tensors"], 0)
+        self.assertEqual(e.generate("Once upon a time", max_tokens=24, temperature=0, adapter="story"),
+                         cera_run(self.MODEL, "Once upon a time", 24, "--lora", self.GGUF))
+        self.assertEqual(e.generate("Once upon a time", max_tokens=24, temperature=0, adapter="half"),
+                         cera_run(self.MODEL, "Once upon a time", 24, "--lora", self.PEFT + ":0.5"))
+        self.assertEqual(e.generate("Once upon a time", max_tokens=24, temperature=0),
+                         cera_run(self.MODEL, "Once upon a time", 24))
+        streamed = "".join(e.stream("Once upon a time", max_tokens=24, temperature=0, adapter="story"))
+        self.assertEqual(streamed, e.generate("Once upon a time", max_tokens=24, temperature=0, adapter="story"))
+        messages = [{"role": "user", "content": "Tell me a story."}]
+        self.assertNotEqual(e.chat(messages, max_tokens=12, temperature=0, adapter="story"),
+                            e.chat(messages, max_tokens=12, temperature=0))
+
+    def test_session_with_adapter_gives_transformers_greedy_tokens(self):
+        with open(fixture("tiny-lfm2/lora/greedy_0.json")) as f:
+            ref = json.load(f)
+        s = cera.Session(self.engine)
+        s.append_tokens(ref["prompt_ids"])
+        text = s.generate(max_tokens=len(ref["generated_ids"]), temperature=0, ignore_eos=True, adapter="story")
+        self.assertEqual(s.tokens[len(ref["prompt_ids"]):], ref["generated_ids"])
+        self.assertEqual(text, self.engine.detokenize(ref["generated_ids"]))
+
+    def test_bad_adapters(self):
+        e = self.engine
+        with self.assertRaises(cera.Error) as ctx:
+            e.generate("Once upon a time", max_tokens=4, adapter="nope")
+        self.assertEqual(ctx.exception.code, "missing")
+        self.assertIn("nope", str(ctx.exception))
+        with self.assertRaises(cera.Error) as ctx:
+            e.load_adapter("qwen", fixture("tiny-qwen3/lora/peft"))
+        self.assertEqual(ctx.exception.code, "invalid file")
+        self.assertNotIn("\n", str(ctx.exception))
+        with self.assertRaises(cera.Error) as ctx:
+            e.load_adapter("x", fixture("tiny-lfm2/lora/missing.gguf"))
+        self.assertEqual(ctx.exception.code, "i/o error")
+        with self.assertRaises(cera.Error) as ctx:
+            e.load_adapter("story", self.PEFT)
+        self.assertEqual(ctx.exception.code, "invalid argument")
+        with self.assertRaises(cera.Error) as ctx:
+            cera.Engine(self.MODEL, device="cpu", threads=1, lora=[fixture("tiny-qwen3/lora/lora.gguf")])
+        self.assertEqual(ctx.exception.code, "invalid file")
+        with self.assertRaises(cera.Error):
+            cera.Engine(self.MODEL, device="cpu", threads=1, lora=self.GGUF)  # a list is expected
+        e.load_adapter("gone", self.GGUF)
+        self.assertTrue(e.unload_adapter("gone"))
+        self.assertFalse(e.unload_adapter("gone"))
+        self.assertEqual([a["name"] for a in e.adapters()], ["half", "story"])
+
+
+@unittest.skipUnless(TESTDATA, "CERA_TESTDATA is not set")
+class VisionTest(unittest.TestCase):
+    """Images against transformers' greedy continuation of fixtures/tiny-lfm2vl."""
+
+    MODEL = fixture("tiny-lfm2vl/model.gguf")
+    MMPROJ = fixture("tiny-lfm2vl/mmproj.gguf")
+    IMAGE = fixture("tiny-lfm2vl/ref/test_image.png")
+
+    @classmethod
+    def setUpClass(cls):
+        cls.engine = cera.Engine(cls.MODEL, device="cpu", threads=1, n_ctx=2048, mmproj=pathlib.Path(cls.MMPROJ))
+        with open(fixture("tiny-lfm2vl/ref/prompt_vl.json")) as f:
+            cls.prompt = json.load(f)
+        with open(fixture("tiny-lfm2vl/ref/greedy_vl.json")) as f:
+            cls.want = json.load(f)["generated_ids"]
+
+    def test_session_image_gives_transformers_greedy_tokens(self):
+        self.assertTrue(self.engine.has_vision)
+        before, after = self.prompt["prompt_text_before_expansion"].split("<image>")
+        with open(self.IMAGE, "rb") as f:
+            data = f.read()
+        for image in [data, bytearray(data), self.IMAGE, pathlib.Path(self.IMAGE)]:
+            s = cera.Session(self.engine)
+            s.append_tokens(self.engine.tokenize(before, add_bos=False))
+            s.append_image(image)
+            s.append_tokens(self.engine.tokenize(after, add_bos=False))
+            self.assertEqual(s.tokens, self.prompt["ids"])
+            text = s.generate(max_tokens=len(self.want), temperature=0, ignore_eos=True)
+            self.assertEqual(s.tokens[len(self.prompt["ids"]):], self.want)
+            self.assertEqual(text, self.engine.detokenize(self.want))
+
+    def test_chat_with_an_image_part(self):
+        with open(self.IMAGE, "rb") as f:
+            data = f.read()
+        messages = [{"role": "user", "content": [{"type": "image", "image": data},
+                                                 {"type": "text", "text": "What is in the picture?"}]}]
+        self.assertEqual(self.engine.apply_chat_template(messages), self.prompt["prompt_text_before_expansion"])
+        want = self.engine.detokenize(self.want)
+        self.assertEqual(self.engine.chat(messages, max_tokens=len(self.want), temperature=0, ignore_eos=True), want)
+        streamed = self.engine.chat(messages, max_tokens=len(self.want), temperature=0, ignore_eos=True, stream=True)
+        self.assertEqual("".join(streamed), want)
+
+    def test_bad_images(self):
+        s = cera.Session(self.engine)
+        for bad in [b"not an image", b""]:
+            with self.assertRaises(cera.Error) as ctx:
+                s.append_image(bad)
+            self.assertEqual(ctx.exception.code, "invalid argument")
+            self.assertNotIn("\n", str(ctx.exception))
+        with self.assertRaises(cera.Error) as ctx:
+            s.append_image(fixture("tiny-lfm2vl/ref/no-such-image.png"))
+        self.assertEqual(ctx.exception.code, "i/o error")
+        with self.assertRaises(cera.Error) as ctx:
+            s.append_image(42)
+        self.assertEqual(ctx.exception.code, "invalid argument")
+        self.assertEqual(s.tokens, [])
+        # A marker typed in the text besides the image's own: two markers for one image.
+        messages = [{"role": "user", "content": [{"type": "text", "text": "<image> and"},
+                                                 {"type": "image", "image": self.IMAGE}]}]
+        with self.assertRaises(cera.Error) as ctx:
+            self.engine.chat(messages, max_tokens=1)
+        self.assertEqual(ctx.exception.code, "invalid argument")
+        # An engine without a projector.
+        text_only = cera.Engine(self.MODEL, device="cpu", threads=1)
+        self.assertFalse(text_only.has_vision)
+        with self.assertRaises(cera.Error) as ctx:
+            cera.Session(text_only).append_image(self.IMAGE)
+        self.assertEqual(ctx.exception.code, "invalid argument")
 
 
 if __name__ == "__main__":
