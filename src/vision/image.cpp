@@ -1,8 +1,11 @@
-// stb_image does the decoding; this file adds the checks before it and the RGB conversion after it.
+// stb_image decodes PNG, JPEG, BMP, GIF and the rest, libwebp WebP; this file adds the checks before them
+// and the RGB conversion after them.
 #include "vision/image.h"
 
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
 
@@ -17,6 +20,7 @@
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include <stb/stb_image.h>
 #pragma GCC diagnostic pop
+#include <webp/decode.h>
 
 namespace cera::vision {
 
@@ -28,19 +32,38 @@ RgbImage decode_image(std::span<const uint8_t> bytes, const DecodeLimits& limits
     const auto* data = reinterpret_cast<const stbi_uc*>(bytes.data());
     const int len = int(bytes.size());
     int w = 0, h = 0, comp = 0;
-    if (!stbi_info_from_memory(data, len, &w, &h, &comp))
-        throw_error(ErrorCode::kInvalidArgument, "image: not a supported image (PNG, JPEG, BMP, GIF, ...): %s",
-                    stbi_failure_reason());
-    if (w <= 0 || h <= 0 || w > limits.max_side || h > limits.max_side || int64_t(w) * h > limits.max_pixels)
-        throw_error(ErrorCode::kInvalidArgument, "image: %d x %d pixels is over the limit (%d per side, %lld in all)",
-                    w, h, limits.max_side, (long long)limits.max_pixels);
-    std::unique_ptr<stbi_uc, void (*)(void*)> px(stbi_load_from_memory(data, len, &w, &h, &comp, 4), stbi_image_free);
-    if (!px) throw_error(ErrorCode::kInvalidArgument, "image: cannot decode: %s", stbi_failure_reason());
+    auto check_size = [&] {
+        if (w <= 0 || h <= 0 || w > limits.max_side || h > limits.max_side || int64_t(w) * h > limits.max_pixels)
+            throw_error(ErrorCode::kInvalidArgument,
+                        "image: %d x %d pixels is over the limit (%d per side, %lld in all)", w, h, limits.max_side,
+                        (long long)limits.max_pixels);
+    };
+    // A RIFF container of type WEBP: libwebp (the first frame of an animation is not decoded: refused).
+    const bool webp = bytes.size() >= 12 && std::memcmp(data, "RIFF", 4) == 0 && std::memcmp(data + 8, "WEBP", 4) == 0;
+    std::unique_ptr<uint8_t, void (*)(void*)> px(nullptr, std::free);
+    if (webp) {
+        WebPBitstreamFeatures f;
+        if (WebPGetFeatures(data, bytes.size(), &f) != VP8_STATUS_OK)
+            throw_error(ErrorCode::kInvalidArgument, "image: a WebP file that cannot be read (truncated or corrupt)");
+        if (f.has_animation) throw_error(ErrorCode::kInvalidArgument, "image: animated WebP is not supported");
+        w = f.width, h = f.height;
+        check_size();
+        px = std::unique_ptr<uint8_t, void (*)(void*)>(WebPDecodeRGBA(data, bytes.size(), &w, &h), WebPFree);
+        if (!px) throw_error(ErrorCode::kInvalidArgument, "image: cannot decode the WebP data (truncated or corrupt)");
+    } else {
+        if (!stbi_info_from_memory(data, len, &w, &h, &comp))
+            throw_error(ErrorCode::kInvalidArgument,
+                        "image: not a supported image (PNG, JPEG, WebP, BMP, GIF, ...): %s", stbi_failure_reason());
+        check_size();
+        px = std::unique_ptr<uint8_t, void (*)(void*)>(stbi_load_from_memory(data, len, &w, &h, &comp, 4),
+                                                       stbi_image_free);
+        if (!px) throw_error(ErrorCode::kInvalidArgument, "image: cannot decode: %s", stbi_failure_reason());
+    }
     RgbImage img;
     img.width = w;
     img.height = h;
     img.rgb.resize(size_t(w) * size_t(h) * 3);
-    const stbi_uc* s = px.get();
+    const uint8_t* s = px.get();
     for (size_t i = 0, n = size_t(w) * size_t(h); i < n; ++i) {
         const int a = s[4 * i + 3];
         for (int c = 0; c < 3; ++c) {

@@ -4,7 +4,6 @@
 // only when the image is the same, not when only the token ids agree; and the request API refusals.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -108,27 +107,31 @@ std::vector<int32_t> run_alone(const std::shared_ptr<Engine>& e, const Prompt& p
     return sink->ids;
 }
 
-// The cases' prompts generated together on one batcher; its statistics at the end.
-BatcherStats generate_together(const std::shared_ptr<Engine>& e, const BatcherOptions& bo, bool reversed = false) {
-    auto batcher = Batcher::create(e, bo);
-    std::vector<std::shared_ptr<Request>> reqs;
-    std::vector<std::shared_ptr<Ids>> sinks;
+// The cases' prompts (in the order given by `order`) generated together on one batcher, all submitted
+// before any is waited for; its statistics at the end.
+BatcherStats generate_together(const std::shared_ptr<Engine>& e, const BatcherOptions& bo,
+                               std::vector<size_t> order = {0, 1, 2}) {
+    std::vector<Prompt> prompts;
     std::vector<std::vector<int32_t>> want;
-    std::vector<Case> cases(std::begin(kCases), std::end(kCases));
-    if (reversed) std::reverse(cases.begin(), cases.end());
-    for (const Case& c : cases) {
+    for (size_t i : order) {
+        const Case& c = kCases[i];
         const std::string dir = c.dir;
         const nlohmann::json prompt = nlohmann::json::parse(test::read_text(fx(dir + c.prompt)));
         const nlohmann::json ref = nlohmann::json::parse(test::read_text(fx(dir + c.greedy)));
-        const Prompt p = make_prompt(*e, prompt["prompt_text_before_expansion"], file_bytes(fx(dir + c.image)));
-        EXPECT_EQ(p.ids, prompt["ids"].get<std::vector<int32_t>>()) << c.dir;
+        prompts.push_back(make_prompt(*e, prompt["prompt_text_before_expansion"], file_bytes(fx(dir + c.image))));
+        EXPECT_EQ(prompts.back().ids, prompt["ids"].get<std::vector<int32_t>>()) << c.dir;
         want.push_back(ref["generated_ids"].get<std::vector<int32_t>>());
+    }
+    auto batcher = Batcher::create(e, bo);
+    std::vector<std::shared_ptr<Request>> reqs;
+    std::vector<std::shared_ptr<Ids>> sinks;
+    for (size_t i = 0; i < prompts.size(); ++i) {
         sinks.push_back(std::make_shared<Ids>());
-        reqs.push_back(batcher->submit(p.ids, greedy(int32_t(want.back().size())), sinks.back(), p.images));
+        reqs.push_back(batcher->submit(prompts[i].ids, greedy(int32_t(want[i].size())), sinks.back(), prompts[i].images));
     }
     for (size_t i = 0; i < reqs.size(); ++i) {
         reqs[i]->wait();
-        EXPECT_EQ(sinks[i]->ids, want[i]) << cases[i].dir;
+        EXPECT_EQ(sinks[i]->ids, want[i]) << kCases[order[i]].dir;
     }
     return batcher->stats();
 }
@@ -138,9 +141,11 @@ TEST(BatcherVision, GreedyMatchesTransformersTogether) {
 }
 
 TEST(BatcherVision, GreedyMatchesTransformersThroughPreemption) {
-    // One context's worth of KV for sequences that need more together (the large image's first): the
-    // newest is preempted and comes back, evaluating its prompt (image rows included) again.
-    const BatcherStats s = generate_together(vl_engine(), batch(3, 2048, 256), /*reversed=*/true);
+    // A pool of 128 blocks of 16 tokens for the large image's sequence (1,894 prompt tokens, prefilled in
+    // one step) and the small one's beside it (90): the two need 129 blocks before the small one's 32
+    // tokens are done, so the newest, the small one, is preempted and comes back, evaluating its prompt
+    // (image rows included) again; the tall one waits for room.
+    const BatcherStats s = generate_together(vl_engine(), batch(3, 2048, 2048), {2, 0, 1});
     EXPECT_GT(s.preemptions, 0);
 }
 

@@ -229,6 +229,32 @@ TEST(VisionImage, BadImagesFailCleanly) {
     }
 }
 
+// WebP (libwebp): the fixture's PNG made lossless WebP decodes to the same pixels, a lossy one to the
+// same size and nearly the same pixels; broken WebP files are refused like broken PNGs.
+TEST(VisionImage, WebpDecodes) {
+    const vision::RgbImage png = vision::load_image_file(fx("ref/test_image.png"));
+    const vision::RgbImage lossless = vision::load_image_file(test::source_path("tests/data/images/test_image_lossless.webp"));
+    EXPECT_EQ(lossless.width, png.width);
+    EXPECT_EQ(lossless.height, png.height);
+    EXPECT_EQ(lossless.rgb, png.rgb);
+    const vision::RgbImage lossy = vision::load_image_file(test::source_path("tests/data/images/test_image_lossy.webp"));
+    ASSERT_EQ(lossy.rgb.size(), png.rgb.size());
+    double mean = 0.0;
+    for (size_t i = 0; i < png.rgb.size(); ++i) mean += std::abs(int(lossy.rgb[i]) - int(png.rgb[i]));
+    EXPECT_LT(mean / double(png.rgb.size()), 12.0);
+
+    const std::vector<uint8_t> webp = bytes_of(test::source_path("tests/data/images/test_image_lossy.webp"));
+    for (size_t cut : {size_t(12), size_t(20), webp.size() / 2, webp.size() - 5}) {
+        try {
+            vision::decode_image(std::span<const uint8_t>(webp.data(), cut));
+            ADD_FAILURE() << "truncated webp at " << cut << ": no error";
+        } catch (const Error& e) {
+            EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+            EXPECT_NE(std::string(e.what()).find("WebP"), std::string::npos) << e.what();
+        }
+    }
+}
+
 TEST(VisionPreprocess, ExtremeAspectRatioIsRefused) {
     // 13569 x 1 (found by the fuzzer): the smart resize would give 2 x 424 x 2 patches, over 1024.
     vision::RgbImage img;
