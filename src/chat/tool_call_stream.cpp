@@ -198,6 +198,7 @@ ToolStreamDelta ToolCallStream::push(std::string_view text) {
     text_ += text;
     ToolStreamDelta d;
     advance(d, false);
+    sent_content_ += d.content;
     return d;
 }
 
@@ -271,6 +272,12 @@ ToolStreamDelta ToolCallStream::finish() {
         content_sent_ = text_.size();
         return d;
     }
+    // Text after the calls (LFM2 often writes a sentence there) is content too: what the whole parse
+    // holds beyond what has streamed.
+    sent_content_ += d.content;
+    if (result_.content.size() > sent_content_.size() &&
+        result_.content.compare(0, sent_content_.size(), sent_content_) == 0)
+        d.content += result_.content.substr(sent_content_.size());
     for (size_t i = 0; i < result_.calls.size(); ++i) {
         const ToolCall& c = result_.calls[i];
         if (i == args_sent_.size()) {

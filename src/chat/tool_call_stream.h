@@ -4,7 +4,7 @@
 // object as each argument is complete (an object's "{", then `"key":value` with its ",", then "}").
 // The fragments of a call join into the arguments_json that parse_tool_calls() gives for the whole
 // text; finish() sends what is left and reconciles with that parse: output that turns out not to hold
-// valid calls comes back as content.
+// valid calls comes back as content, and so does text after the calls.
 #pragma once
 #include <string>
 #include <string_view>
@@ -48,6 +48,7 @@ class ToolCallStream {
     size_t calls_at_ = std::string::npos;  // where the first call's marker starts
     size_t content_sent_ = 0;              // bytes of text_ streamed as content (or skipped as blank)
     std::vector<std::string> args_sent_;   // per announced call
+    std::string sent_content_;             // the content streamed so far
     ParsedToolCalls result_;
 };
 

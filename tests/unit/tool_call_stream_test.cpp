@@ -68,6 +68,17 @@ TEST(ToolCallStream, Lfm2) {
           ToolCallFormat::kLfm2, "", 1);
 }
 
+// Text after the calls comes as content, streamed or not (LFM2 often writes a sentence after its call).
+TEST(ToolCallStream, TextAfterTheCallsIsContent) {
+    check("Let me check.<|tool_call_start|>[ping()]<|tool_call_end|>Checking now.", ToolCallFormat::kLfm2,
+          "Let me check.Checking now.", 1);
+    check("<|tool_call_start|>[ping()]<|tool_call_end|>Done", ToolCallFormat::kLfm2, "Done", 1);
+    check("<tool_call>\n{\"name\": \"ping\", \"arguments\": {}}\n</tool_call>\nOK.", ToolCallFormat::kHermes,
+          "OK.", 1);
+    EXPECT_EQ(parse_tool_calls("<|tool_call_start|>[ping()]<|tool_call_end|>Done", ToolCallFormat::kLfm2).content,
+              "Done");
+}
+
 TEST(ToolCallStream, Hermes) {
     check(
         "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"n\": {\"x\": "
