@@ -196,7 +196,12 @@ void Server::Impl::routes() {
     });
     http.Get(
         "/v1/models", guarded("models", [this](const httplib::Request&, httplib::Response& res, Exchange&) {
-            json data = json::array({{{"id", o.alias}, {"object", "model"}, {"created", 0}, {"owned_by", "cera"}}});
+            // "vision": chat messages may hold image_url parts (a projector is loaded).
+            json data = json::array({{{"id", o.alias},
+                                      {"object", "model"},
+                                      {"created", 0},
+                                      {"owned_by", "cera"},
+                                      {"vision", engine->has_vision()}}});
             for (const AdapterInfo& a : engine->adapters())
                 data.push_back({{"id", a.name},
                                 {"object", "model"},

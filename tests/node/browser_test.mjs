@@ -5,15 +5,15 @@
 // shown as text (no element, no script run) with the code in <pre><code>; copy, new chat, and no
 // sideways scrolling at phone width. Screenshots go to OUT_DIR.
 //
-// node browser_test.mjs CERA_BIN OUT_DIR
+// node browser_test.mjs CERA_BIN OUT_DIR [VISION_MODEL MMPROJ IMAGE]
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { mkdirSync, writeFileSync } from "node:fs";
+import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import net from "node:net";
 import { startServer } from "./cera_server.mjs";
 
-const [ceraBin, outDir] = process.argv.slice(2);
+const [ceraBin, outDir, visionModel, visionMmproj, visionImage] = process.argv.slice(2);
 const apiKey = "page-key";
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 let server, driver, wd, session;
@@ -256,4 +256,43 @@ test("a refused request shows its error where the reply would be", async () => {
   assert.match(r.note, /invalid API key \(401\)/);
   assert.equal(await run("return document.getElementById('settings').classList.contains('open')"), true);
   assert.equal(await run("return document.body.classList.contains('busy')"), false);
+});
+
+// With a vision model (the LFM2-VL fixture and its projector, given as arguments), the page offers
+// "+ Image": an attached file shows as a thumbnail, goes with the next message as an image_url part
+// (a data: URL), and the reply is the API's reply to the same message with the same image. A text
+// model's page does not offer it.
+test("an attached image goes with the message", { skip: !visionModel && "no vision fixture given" }, async () => {
+  assert.equal(await run("return getComputedStyle(document.getElementById('attach')).display"), "none");
+  const vision = await startServer(ceraBin, ["-m", visionModel, "--mmproj", visionMmproj, "--alias", "vl", "--ctx", "512"]);
+  try {
+    await command("POST", s("/window/rect"), { width: 1024, height: 768 });
+    await command("POST", s("/url"), { url: vision.url + "/" });
+    await run("document.getElementById('api-key').value = ''; localStorage.clear();");
+    await command("POST", s("/refresh"), {});
+    await waitFor("the model name", "return document.getElementById('model').textContent === 'vl'");
+    assert.notEqual(await run("return getComputedStyle(document.getElementById('attach')).display"), "none");
+    await run("document.getElementById('temperature').value = '0'; document.getElementById('max-tokens').value = '24';");
+    await type("#image-input", visionImage);  // WebDriver sets a file input's files from a path
+    await waitFor("the thumbnail", "return document.querySelectorAll('#attachments img').length === 1");
+    await type("#input", "What is in the picture?");
+    await click("#send");
+    const r = await waitFor("the reply", `const r = (() => { ${lastReply} })(); return r && (r.state === 'done' || r.state === 'error') ? r : null`, 60000);
+    assert.equal(r.state, "done", r.note);
+    assert.equal(await run("return document.querySelectorAll('.msg.user .bubble img').length"), 1);
+    assert.equal(await run("return document.querySelectorAll('#attachments img').length"), 0);
+    await screenshot("chat_page_image");
+    const url = "data:image/png;base64," + readFileSync(visionImage).toString("base64");
+    const api = await fetch(vision.url + "/v1/chat/completions", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({
+        messages: [{ role: "user", content: [{ type: "image_url", image_url: { url } }, { type: "text", text: "What is in the picture?" }] }],
+        temperature: 0, max_tokens: 24,
+      }),
+    }).then((x) => x.json());
+    assert.equal(r.text, api.choices[0].message.content);
+  } finally {
+    assert.equal(await vision.stop(), 0);
+  }
 });
