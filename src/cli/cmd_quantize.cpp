@@ -30,7 +30,7 @@ int run_quantize(const std::vector<std::string>& args) {
     app.add_option("IN", in, "input GGUF (F32, F16, BF16 or quantized)")->required();
     app.add_option("OUT", out, "output GGUF")->required();
     app.add_option("TYPE", type,
-                   type_list() + " (Q4_K / Q5_K: the _M mixtures; Q3_K_M and Q2_K need quantizers cera lacks)")
+                   type_list() + " (Q3_K / Q4_K / Q5_K: the _M mixtures)")
         ->required();
     app.add_option("--keep", keep, "tensors left in their input type (comma-separated, repeatable)")->delimiter(',');
     app.add_option("--threads", threads, "threads (default: all cores); the output does not depend on it");

@@ -76,6 +76,7 @@ GgmlType mixture_type(FileType ft, GgmlType type, const TensorDesc& t, const Mod
     const Role role = role_of(t.name);
     const bool falcon = m.arch == "falcon";
     const bool k_m = ft == FileType::kQ4_K_M || ft == FileType::kQ5_K_M;
+    const bool q2 = ft == FileType::kQ2_K, q3m = ft == FileType::kQ3_K_M, q3l = ft == FileType::kQ3_K_L;
     if (role == Role::kOutput || (c.tied && role == Role::kTokenEmbd)) {
         if (o.output_tensor_type) return *o.output_tensor_type;
         const int64_t ne0 = t.ne[0];
@@ -85,7 +86,15 @@ GgmlType mixture_type(FileType ft, GgmlType type, const TensorDesc& t, const Mod
     if (role == Role::kTokenEmbd) return o.token_embedding_type.value_or(type);
     switch (role) {
         case Role::kAttnV:
-            if (k_m && use_more_bits(c.i_attn_v, c.n_attn_v))
+            if (q2)
+                type = m.n_gqa >= 4 ? GgmlType::kQ4_K : GgmlType::kQ3_K;
+            else if (ft == FileType::kQ2_K_S && m.n_gqa >= 4)
+                type = GgmlType::kQ4_K;
+            else if (q3m)
+                type = c.i_attn_v < 2 ? GgmlType::kQ5_K : GgmlType::kQ4_K;
+            else if (q3l)
+                type = GgmlType::kQ5_K;
+            else if (k_m && use_more_bits(c.i_attn_v, c.n_attn_v))
                 type = GgmlType::kQ6_K;
             else if (ft == FileType::kQ4_K_S && c.i_attn_v < 4)
                 type = GgmlType::kQ5_K;
@@ -98,7 +107,17 @@ GgmlType mixture_type(FileType ft, GgmlType type, const TensorDesc& t, const Mod
             break;
         case Role::kFfnDown: {
             const int64_t il = ffn_layer(t, c.i_ffn_down, c, m), n = c.n_ffn;
-            if (ft == FileType::kQ4_K_M) {
+            if (q2) {
+                type = GgmlType::kQ3_K;
+            } else if (ft == FileType::kQ2_K_S) {
+                if (il < n / 8) type = GgmlType::kQ4_K;
+            } else if (q3m) {
+                type = il < n / 16                          ? GgmlType::kQ5_K
+                       : !falcon || use_more_bits(il, n) ? GgmlType::kQ4_K
+                                                           : GgmlType::kQ3_K;
+            } else if (q3l) {
+                type = falcon ? GgmlType::kQ4_K : GgmlType::kQ5_K;
+            } else if (ft == FileType::kQ4_K_M) {
                 if (falcon)
                     type = il < n / 16 ? GgmlType::kQ6_K : use_more_bits(il, n) ? GgmlType::kQ5_K : GgmlType::kQ4_K;
                 else if (use_more_bits(il, n))
@@ -112,8 +131,18 @@ GgmlType mixture_type(FileType ft, GgmlType type, const TensorDesc& t, const Mod
             break;
         }
         case Role::kAttnOutput:
-            if (!falcon && m.n_expert == 8 && (ft == FileType::kQ4_K_S || ft == FileType::kQ4_K_M))
+            if (falcon) {
+                if (q3l) type = GgmlType::kQ4_K;
+            } else if (m.n_expert == 8) {
+                if (q2 || ft == FileType::kQ3_K_S || q3m || ft == FileType::kQ4_K_S || ft == FileType::kQ4_K_M)
+                    type = GgmlType::kQ5_K;
+            } else if (q2) {
+                type = GgmlType::kQ3_K;
+            } else if (q3m) {
+                type = GgmlType::kQ4_K;
+            } else if (q3l) {
                 type = GgmlType::kQ5_K;
+            }
             break;
         case Role::kFfnGate:
             ffn_layer(t, c.i_ffn_gate++, c, m);  // only checks the name, as llama-quantize does
@@ -133,6 +162,8 @@ const std::vector<FileTypeName> kNames = {
     {FileType::kQ5_K_S, "Q5_K_S"}, {FileType::kQ5_K_M, "Q5_K"},   {FileType::kQ5_1, "Q5_1"},
     {FileType::kQ5_0, "Q5_0"},     {FileType::kQ4_K_M, "Q4_K_M"}, {FileType::kQ4_K_S, "Q4_K_S"},
     {FileType::kQ4_K_M, "Q4_K"},   {FileType::kQ4_1, "Q4_1"},     {FileType::kQ4_0, "Q4_0"},
+    {FileType::kQ3_K_L, "Q3_K_L"}, {FileType::kQ3_K_M, "Q3_K_M"}, {FileType::kQ3_K_M, "Q3_K"},
+    {FileType::kQ3_K_S, "Q3_K_S"}, {FileType::kQ2_K, "Q2_K"},
 };
 
 std::string upper(std::string_view s) {
@@ -244,12 +275,8 @@ FileType parse_file_type(std::string_view name) {
         CERA_CHECK(can_quantize(default_type(n.type)), "no quantizer for %s", type_name(default_type(n.type)));
         return n.type;
     }
-    for (const char* k : {"Q2_K", "Q2_K_S", "Q3_K", "Q3_K_S", "Q3_K_M", "Q3_K_L"}) {
-        if (u != k) continue;
-        const GgmlType base = u[1] == '2' ? GgmlType::kQ2_K : GgmlType::kQ3_K;
-        throw_error(ErrorCode::kUnsupported, "%s needs a %s quantizer, which cera does not have (it only reads %s)", k,
-                    type_name(base), type_name(base));
-    }
+    if (u == "Q2_K_S")
+        throw_error(ErrorCode::kUnsupported, "Q2_K_S needs an importance matrix, which cera quantize does not take yet");
     if (u == "Q8_1" || u == "Q8_K")
         throw_error(ErrorCode::kUnsupported, "%s is a format for activations, not a weight type llama.cpp reads",
                     u.c_str());

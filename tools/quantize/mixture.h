@@ -63,6 +63,9 @@ struct ModelFacts {
     // llama.cpp's 70B class (llama with 80 layers and grouped KV heads, qwen2 with 80):
     // its attn_v gets Q5_K where the mixture says Q3_K or Q4_K.
     bool is_70b = false;
+    // Query heads per KV head of layer 0 (0 when that layer has no attention, as LFM2's first layers):
+    // the Q2_K mixtures give attn_v more bits from 4 on.
+    int64_t n_gqa = 0;
 };
 
 // A tensor as the rules see it.

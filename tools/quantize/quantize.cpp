@@ -53,6 +53,17 @@ ModelFacts model_facts(const gguf::File& f) {
     m.n_layer = f.get_i64(k("block_count"), 0);
     m.n_expert = f.get_i64(k("expert_count"), 0);
     if (m.n_expert <= 1) m.n_expert = 0;
+    // Head counts are a scalar or one per layer; layer 0's decide.
+    auto first = [&](const char* suffix) -> int64_t {
+        const gguf::Value* v = f.find(k(suffix));
+        if (!v) return 0;
+        if (v->is_integer()) return v->as_int();
+        if (v->type != gguf::ValueType::kArray) return 0;
+        const auto& a = v->as_array();
+        return a.items.empty() || !a.items[0].is_integer() ? 0 : a.items[0].as_int();
+    };
+    if (const int64_t h = first("attention.head_count"), hkv = first("attention.head_count_kv"); hkv > 0)
+        m.n_gqa = h / hkv;
     if (m.n_layer == 80 && (m.arch == "llama" || m.arch == "qwen2")) {
         // Per-layer head counts (arrays) do not occur in these architectures; a scalar is read.
         const gguf::Value* h = f.find(k("attention.head_count"));

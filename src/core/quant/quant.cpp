@@ -344,9 +344,10 @@ void dequant_q8_k(const void* src, float* y, int64_t n) {
 // ---- K-quants: quantization (llama.cpp's reference search, same float order) ----
 
 // Weighted least-squares fit of x ~ scale * L + min over a grid of candidate inverse scales;
-// returns scale, stores -min in *the_min. L in [0, nmax].
+// returns scale, stores -min in *the_min. L in [0, nmax]. The candidates are ranked by their weighted
+// squared error, or by their weighted absolute error with use_mad (Q2_K's choice).
 float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, uint8_t* L, float* the_min,
-                       uint8_t* Laux, float rmin, float rdelta, int nstep) {
+                       uint8_t* Laux, float rmin, float rdelta, int nstep, bool use_mad = false) {
     float min = x[0], max = x[0];
     float sum_w = weights[0];
     float sum_x = sum_w * x[0];
@@ -370,7 +371,7 @@ float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, ui
         const int l = nearest_int(iscale * (x[i] - min));
         L[i] = uint8_t(l < 0 ? 0 : (l > nmax ? nmax : l));
         float diff = scale * float(L[i]) + min - x[i];
-        diff = diff * diff;
+        diff = use_mad ? std::fabs(diff) : diff * diff;
         best_error += weights[i] * diff;
     }
     if (nstep < 1) {
@@ -400,7 +401,7 @@ float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, ui
             float cur_error = 0;
             for (int i = 0; i < n; ++i) {
                 float diff = this_scale * float(Laux[i]) + this_min - x[i];
-                diff = diff * diff;
+                diff = use_mad ? std::fabs(diff) : diff * diff;
                 cur_error += weights[i] * diff;
             }
             if (cur_error < best_error) {
@@ -455,6 +456,161 @@ float make_qx_quants(int n, int nmax, const float* x, int8_t* L) {
         }
     }
     return scale;
+}
+
+// Symmetric fit x ~ scale * (L - nmax), L in [0, 2 nmax), weights x^2: from the rounding at -nmax / max,
+// each value in turn moves to the level that the current fit predicts for it when that raises the fit's
+// sum(w x l)^2 / sum(w l^2), for up to five passes (llama.cpp's make_q3_quants with do_rmse, in its float
+// order).
+float make_q3_quants(int n, int nmax, const float* x, int8_t* L) {
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; ++i) {
+        const float ax = std::fabs(x[i]);
+        if (ax > amax) { amax = ax; max = x[i]; }
+    }
+    if (amax < kGroupMaxEps) {
+        for (int i = 0; i < n; ++i) L[i] = 0;
+        return 0.f;
+    }
+    auto clampl = [nmax](int l) { return l < -nmax ? -nmax : (l > nmax - 1 ? nmax - 1 : l); };
+    const float iscale = float(-nmax) / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; ++i) {
+        const int l = clampl(nearest_int(iscale * x[i]));
+        L[i] = int8_t(l);
+        const float w = x[i] * x[i];
+        sumlx += w * x[i] * float(l);
+        suml2 += w * float(l) * float(l);
+    }
+    for (int pass = 0; pass < 5; ++pass) {
+        bool changed = false;
+        for (int i = 0; i < n; ++i) {
+            const float w = x[i] * x[i];
+            float slx = sumlx - w * x[i] * float(L[i]);
+            if (!(slx > 0)) continue;
+            float sl2 = suml2 - w * float(L[i]) * float(L[i]);
+            const int l = clampl(nearest_int(x[i] * sl2 / slx));
+            if (l == L[i]) continue;
+            slx += w * x[i] * float(l);
+            sl2 += w * float(l) * float(l);
+            if (sl2 > 0 && slx * slx * suml2 > sumlx * sumlx * sl2) {
+                L[i] = int8_t(l);
+                sumlx = slx;
+                suml2 = sl2;
+                changed = true;
+            }
+        }
+        if (!changed) break;
+    }
+    for (int i = 0; i < n; ++i) L[i] = int8_t(L[i] + nmax);
+    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+// The 2-bit quants of a K-quant block in its qs layout: four 32-value groups of each 128 share a byte.
+void pack_2bit(const uint8_t* L, uint8_t* qs) {
+    for (int j = 0; j < kQK_K; j += 128)
+        for (int l = 0; l < 32; ++l)
+            qs[j / 4 + l] = uint8_t(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
+}
+
+// Q2_K: per 16 values an asymmetric 2-bit fit (weights |x|, absolute error), then the 16 scales and the
+// 16 mins as 4-bit multiples of their largest / 15, and the quants again against the rounded pair.
+void quant_q2_k(const float* x, void* dst, int64_t n) {
+    auto* y = static_cast<BlockQ2_K*>(dst);
+    uint8_t L[kQK_K], Laux[16];
+    float weights[16], mins[16], scales[16];
+    for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
+        float max_scale = 0, max_min = 0;
+        for (int j = 0; j < 16; ++j) {
+            for (int l = 0; l < 16; ++l) weights[l] = std::fabs(x[16 * j + l]);
+            scales[j] = make_qkx2_quants(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], Laux, -0.5f, 0.1f, 15, true);
+            if (scales[j] > max_scale) max_scale = scales[j];
+            if (mins[j] > max_min) max_min = mins[j];
+        }
+        BlockQ2_K& b = y[i];
+        if (max_scale > 0) {
+            const float iscale = 15.f / max_scale;
+            for (int j = 0; j < 16; ++j) b.scales[j] = uint8_t(nearest_int(iscale * scales[j]));
+            b.d = f2h(max_scale / 15.f);
+        } else {
+            for (int j = 0; j < 16; ++j) b.scales[j] = 0;
+            b.d = f2h(0.f);
+        }
+        if (max_min > 0) {
+            const float iscale = 15.f / max_min;
+            for (int j = 0; j < 16; ++j) b.scales[j] = uint8_t(b.scales[j] | (nearest_int(iscale * mins[j]) << 4));
+            b.dmin = f2h(max_min / 15.f);
+        } else {
+            b.dmin = f2h(0.f);
+        }
+        for (int j = 0; j < 16; ++j) {
+            const float d = h2f(b.d) * float(b.scales[j] & 0xF);
+            if (d == 0.0f) continue;
+            const float dm = h2f(b.dmin) * float(b.scales[j] >> 4);
+            for (int ii = 0; ii < 16; ++ii) {
+                const int l = nearest_int((x[16 * j + ii] + dm) / d);
+                L[16 * j + ii] = uint8_t(l < 0 ? 0 : (l > 3 ? 3 : l));
+            }
+        }
+        pack_2bit(L, b.qs);
+    }
+}
+
+// Q3_K: per 16 values a symmetric 3-bit fit (make_q3_quants), the 16 scales as signed 6-bit multiples
+// of the largest in magnitude / -32, and the quants again against the rounded scales; the high bit of
+// each quant goes to hmask (bit k of byte m: value 32 k + m), the low two bits to qs.
+void quant_q3_k(const float* x, void* dst, int64_t n) {
+    auto* y = static_cast<BlockQ3_K*>(dst);
+    int8_t L[kQK_K];
+    float scales[16];
+    for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
+        float max_scale = 0, amax = 0;
+        for (int j = 0; j < 16; ++j) {
+            scales[j] = make_q3_quants(16, 4, x + 16 * j, L + 16 * j);
+            if (std::fabs(scales[j]) > amax) {
+                amax = std::fabs(scales[j]);
+                max_scale = scales[j];
+            }
+        }
+        BlockQ3_K& b = y[i];
+        std::memset(b.scales, 0, sizeof b.scales);
+        if (max_scale != 0.0f) {
+            const float iscale = -32.f / max_scale;
+            for (int j = 0; j < 16; ++j) {
+                int l = int8_t(nearest_int(iscale * scales[j]));
+                l = (l < -32 ? -32 : (l > 31 ? 31 : l)) + 32;  // 0 .. 63
+                if (j < 8)
+                    b.scales[j] = uint8_t(l & 0xF);
+                else
+                    b.scales[j - 8] = uint8_t(b.scales[j - 8] | ((l & 0xF) << 4));
+                b.scales[j % 4 + 8] = uint8_t(b.scales[j % 4 + 8] | ((l >> 4) << (2 * (j / 4))));
+            }
+            b.d = f2h(1 / iscale);
+        } else {
+            b.d = f2h(0.f);
+        }
+        for (int j = 0; j < 16; ++j) {
+            int sc = j < 8 ? b.scales[j] & 0xF : b.scales[j - 8] >> 4;
+            sc = (sc | (((b.scales[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32;
+            const float d = h2f(b.d) * float(sc);
+            if (d == 0.0f) continue;
+            for (int ii = 0; ii < 16; ++ii) {
+                const int l = nearest_int(x[16 * j + ii] / d);
+                L[16 * j + ii] = int8_t((l < -4 ? -4 : (l > 3 ? 3 : l)) + 4);
+            }
+        }
+        std::memset(b.hmask, 0, sizeof b.hmask);
+        uint8_t low[kQK_K];
+        for (int j = 0; j < kQK_K; ++j) {
+            int l = L[j];
+            if (l > 3) {
+                b.hmask[j % 32] = uint8_t(b.hmask[j % 32] | (1 << (j / 32)));
+                l -= 4;
+            }
+            low[j] = uint8_t(l);
+        }
+        pack_2bit(low, b.qs);
+    }
 }
 
 // Packs 8 6-bit scales and 8 6-bit mins into the 12 bytes get_scale_min_k4 reads.
@@ -624,8 +780,8 @@ constexpr QuantTraits kTraits[] = {
     {GgmlType::kQ5_1, kQK5_1, sizeof(BlockQ5_1), dequant_q5_1, quant_q5_1},
     {GgmlType::kQ8_0, kQK8_0, sizeof(BlockQ8_0), dequant_q8_0, quant_q8_0},
     {GgmlType::kQ8_1, kQK8_1, sizeof(BlockQ8_1), dequant_q8_1, quant_q8_1},
-    {GgmlType::kQ2_K, kQK_K, sizeof(BlockQ2_K), dequant_q2_k, nullptr},
-    {GgmlType::kQ3_K, kQK_K, sizeof(BlockQ3_K), dequant_q3_k, nullptr},
+    {GgmlType::kQ2_K, kQK_K, sizeof(BlockQ2_K), dequant_q2_k, quant_q2_k},
+    {GgmlType::kQ3_K, kQK_K, sizeof(BlockQ3_K), dequant_q3_k, quant_q3_k},
     {GgmlType::kQ4_K, kQK_K, sizeof(BlockQ4_K), dequant_q4_k, quant_q4_k},
     {GgmlType::kQ5_K, kQK_K, sizeof(BlockQ5_K), dequant_q5_k, quant_q5_k},
     {GgmlType::kQ6_K, kQK_K, sizeof(BlockQ6_K), dequant_q6_k, quant_q6_k},
