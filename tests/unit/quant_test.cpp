@@ -213,11 +213,11 @@ TEST(QuantTable, SupportAndErrors) {
         EXPECT_EQ(qt->type_size, type_info(t).type_size);
     }
     for (GgmlType t : {GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
-                       GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
-                       GgmlType::kQ8_K, GgmlType::kQ8_1})
+                       GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K,
+                       GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_K, GgmlType::kQ8_1})
         EXPECT_TRUE(can_quantize(t)) << type_name(t);
     EXPECT_FALSE(can_dequantize(GgmlType::kIQ2_XXS));
-    EXPECT_FALSE(can_quantize(GgmlType::kQ2_K));
+    EXPECT_FALSE(can_quantize(GgmlType::kIQ4_NL));
     float x[256] = {};
     uint8_t buf[1024] = {};
     try {
@@ -227,7 +227,7 @@ TEST(QuantTable, SupportAndErrors) {
         EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
         EXPECT_NE(std::string(e.what()).find("IQ4_NL"), std::string::npos);
     }
-    EXPECT_THROW(quantize_row_ref(GgmlType::kQ3_K, x, buf, 256), Error);
+    EXPECT_THROW(quantize_row_ref(GgmlType::kIQ4_NL, x, buf, 256), Error);
 }
 
 // ------------------------------------------------------------------ error bounds
