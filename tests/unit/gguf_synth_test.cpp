@@ -247,8 +247,8 @@ TEST(GgufSynth, BadConfigurationsAreRejected) {
     bad.n_embd = 0;
     expect_error(bad, cera::ErrorCode::kInvalidArgument, "n_embd");
     bad = c;
-    bad.type = cera::GgmlType::kQ2_K;
-    expect_error(bad, cera::ErrorCode::kUnsupported, "Q2_K");
+    bad.type = cera::GgmlType::kIQ4_NL;
+    expect_error(bad, cera::ErrorCode::kUnsupported, "IQ4_NL");
     bad = c;
     bad.n_vocab = 0;
     expect_error(bad, cera::ErrorCode::kInvalidArgument, "n_vocab");
