@@ -25,6 +25,7 @@
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/encoder_ops.h"
+#include "backends/cuda/mma_f16.cuh"
 
 namespace cera::cuda {
 namespace {
@@ -37,37 +38,6 @@ constexpr int tile_keys(int hdp) { return hdp > 96 ? 32 : 64; }
 int padded_dim(int hd) { return (hd + 15) / 16 * 16; }
 int64_t padded_keys(int64_t n, int hdp) { return ceil_div(n, tile_keys(hdp)) * tile_keys(hdp); }
 
-__device__ __forceinline__ uint32_t half2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
-// f16 pair (a low) and the pair of what rounding left out.
-__device__ __forceinline__ void to_half2(float a, float b, uint32_t& hi, uint32_t& lo) {
-    const __half2 h = __floats2half2_rn(a, b);
-    hi = half2_bits(h);
-    const float2 f = __half22float2(h);
-    lo = half2_bits(__floats2half2_rn(a - f.x, b - f.y));
-}
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-__device__ __forceinline__ void mma_16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t* r, const __half* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(uint32_t(__cvta_generic_to_shared(p)))
-                 : "memory");
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t* r, const __half* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(uint32_t(__cvta_generic_to_shared(p)))
-                 : "memory");
-}
 
 // The four planes of the scratch, each [n_head][n_pad][hdp] halves: K hi, K lo, V hi, V lo.
 // A thread per (head, key, 8 dims): 16-byte stores of every plane, the padding written as zeros.
