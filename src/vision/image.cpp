@@ -11,15 +11,8 @@
 
 #include "core/check.h"
 
-#define STB_IMAGE_IMPLEMENTATION
 #define STBI_NO_STDIO
-#define STBI_FAILURE_USERMSG
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
-#pragma GCC diagnostic ignored "-Wsign-compare"
-#pragma GCC diagnostic ignored "-Wunused-function"
 #include <stb/stb_image.h>
-#pragma GCC diagnostic pop
 #include <webp/decode.h>
 
 namespace cera::vision {
