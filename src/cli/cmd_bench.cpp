@@ -17,6 +17,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cera/batcher.h"
@@ -186,6 +187,10 @@ int run_bench(const std::vector<std::string>& args) {
                    "prints their aggregate prompt and generation tokens/s (tests pp128 x8, tg128 x8)")
         ->delimiter(',');
     app.add_flag("--shared-prompt", shared_prompt, "--parallel: every sequence has the same prompt");
+    bool lora_per_seq = false;
+    app.add_flag("--lora-per-sequence", lora_per_seq,
+                 "--parallel: sequence i takes the (i mod N)-th of the N --lora adapters alone (a batch mixing "
+                 "adapters), instead of all of them applying to every sequence");
     app.add_flag(
         "--no-ahead", no_ahead,
         "decode test: wait for each greedy pick before queuing the next step (see GenerateOptions::decode_ahead)");
@@ -209,6 +214,11 @@ int run_bench(const std::vector<std::string>& args) {
         if (n < 1 || n_prompt < 1 || n_gen < 1 || depth > 0)
             throw Error(ErrorCode::kInvalidArgument, "--parallel needs N >= 1, -p and -n >= 1 and no -d");
     EngineOptions eo = ef.options();
+    if (lora_per_seq && (parallel.empty() || eo.lora.empty()))
+        throw Error(ErrorCode::kInvalidArgument, "--lora-per-sequence goes with --parallel and --lora");
+    // With --lora-per-sequence the adapters are named ones that each request selects.
+    std::vector<LoraOptions> per_seq;
+    if (lora_per_seq) per_seq = std::exchange(eo.lora, {});
     const int32_t needed =
         parallel.empty() ? std::max(16, depth + std::max(n_prompt, n_gen + 1)) : n_prompt + n_gen + 2;
     // --ctx sizes the session (and its KV cache); by default it is what the tests need.
@@ -222,6 +232,8 @@ int run_bench(const std::vector<std::string>& args) {
         return run_image_bench(Engine::load(model, eo), image_size, reps, as_json);
     }
     auto engine = Engine::load(model, eo);
+    for (size_t i = 0; i < per_seq.size(); ++i)
+        engine->load_adapter("a" + std::to_string(i), per_seq[i].path, per_seq[i].scale);
     const EngineInfo& info = engine->info();
     const int n_threads = ef.threads > 0 ? ef.threads : std::max(1, cpu_features().physical_cores);
     std::vector<int32_t> prompt_ids;
@@ -314,6 +326,7 @@ int run_bench(const std::vector<std::string>& args) {
             const auto t0 = Clock::now();
             for (int i = 0; i < n_seq; ++i) {
                 sinks.push_back(std::make_shared<FirstToken>());
+                if (!per_seq.empty()) g.adapter = "a" + std::to_string(size_t(i) % per_seq.size());
                 reqs.push_back(batcher->submit(prompts[size_t(i)], g, sinks.back()));
             }
             for (auto& r : reqs) r->wait();

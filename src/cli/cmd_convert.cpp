@@ -1,62 +1,88 @@
 // `cera convert --hf DIR -o OUT.gguf [--type T]`: a Hugging Face checkpoint (model.safetensors,
 // config.json, tokenizer.json) to GGUF, through the converter library in tools/convert.
+// `cera convert --lora-merge -m BASE.gguf --lora PATH[:SCALE] ... -o OUT.gguf`: LoRA adapters folded into a
+// copy of their base model (tools/quantize/lora_merge.h).
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "cera/error.h"
 #include "cli/command.h"
+#include "cli/engine_flags.h"
+#include "cli/parse_args.h"
 #include "convert/convert.h"
-#include "core/check.h"
 #include "core/quant/quant.h"
+#include "quantize/lora_merge.h"
 
 namespace cera::cli {
 namespace {
 
 int run_convert(const std::vector<std::string>& args) {
-    convert::ConvertOptions o;
-    auto usage = [](FILE* f) {
-        std::fprintf(f,
-                     "usage: cera convert --hf DIR -o OUT.gguf [--type F32|F16|BF16|Q8_0|Q4_0|...]\n\n"
-                     "Converts a Hugging Face checkpoint (model.safetensors, config.json, tokenizer.json)\n"
-                     "to GGUF with llama.cpp's names and layout. model_type: %s.\n"
-                     "Matrices get --type (default F32); norms, biases, routers and conv kernels stay F32.\n",
-                     convert::supported_model_types());
-    };
-    for (size_t i = 0; i < args.size(); ++i) {
-        const std::string& a = args[i];
-        auto value = [&]() -> const std::string& {
-            if (i + 1 >= args.size()) throw_error(ErrorCode::kInvalidArgument, "%s needs a value", a.c_str());
-            return args[++i];
-        };
-        if (a == "-h" || a == "--help") {
-            usage(stdout);
-            return 0;
-        } else if (a == "--hf") {
-            o.hf_dir = value();
-        } else if (a == "-o" || a == "--out") {
-            o.out = value();
-        } else if (a == "--type" || a == "--outtype") {
-            const std::string& t = value();
-            auto type = type_from_name(t);
-            if (!type || !can_quantize(*type) || *type == GgmlType::kQ8_1 || *type == GgmlType::kQ8_K)
-                throw_error(ErrorCode::kInvalidArgument, "--type %s is not a weight type this converter can write",
-                            t.c_str());
-            o.type = *type;
-        } else {
-            throw_error(ErrorCode::kInvalidArgument, "unknown option '%s' (see --help)", a.c_str());
+    CLI::App app{std::string("Converts a Hugging Face checkpoint (model.safetensors, config.json, tokenizer.json) to "
+                             "GGUF with llama.cpp's names and layout (model_type: ") +
+                     convert::supported_model_types() +
+                     "); matrices get --type, norms, biases, routers and conv kernels stay F32.\n"
+                     "With --lora-merge: folds LoRA adapters (GGUF LoRA files or PEFT folders, each at its scale) "
+                     "into a copy of the base model -m; adapted weights keep their type.",
+                 "cera convert"};
+    std::string hf, out, type = "F32", base;
+    std::vector<std::string> loras;
+    bool merge = false;
+    int threads = 0;
+    app.add_option("--hf", hf, "a Hugging Face checkpoint folder");
+    app.add_option("-o,--out", out, "the GGUF file to write")->required();
+    app.add_option("--type,--outtype", type, "the matrices' type: F32, F16, BF16, Q8_0, Q4_0, ... (with --hf)")
+        ->capture_default_str();
+    app.add_flag("--lora-merge", merge, "merge LoRA adapters into -m instead of converting a checkpoint");
+    app.add_option("-m,--model", base, "the base model's GGUF (with --lora-merge)");
+    app.add_option("--lora", loras, "PATH[:SCALE]: a GGUF LoRA file or a PEFT folder, scale default 1 (repeatable)");
+    app.add_option("--threads", threads, "threads of the merge (default: all cores); the output does not depend on it");
+
+    convert::ConvertOptions co;
+    quantize::LoraMergeOptions mo;
+    const int rc = parse_args(app, args, "convert", [&] {
+        if (merge) {
+            if (base.empty() || loras.empty()) throw CLI::ValidationError("--lora-merge needs -m BASE.gguf and --lora");
+            if (!hf.empty()) throw CLI::ValidationError("--hf and --lora-merge are two different jobs");
+            if (threads < 0) throw CLI::ValidationError("--threads must be >= 0");
+            try {
+                for (const std::string& l : loras) {
+                    const LoraOptions lo = parse_lora_flag(l);
+                    mo.adapters.push_back({lo.path, lo.scale});
+                }
+            } catch (const Error& e) {
+                throw CLI::ValidationError(e.what());
+            }
+            return;
         }
+        if (hf.empty()) throw CLI::ValidationError("give --hf DIR (or --lora-merge -m BASE.gguf --lora PATH)");
+        if (!base.empty() || !loras.empty()) throw CLI::ValidationError("-m and --lora go with --lora-merge");
+        const auto t = type_from_name(type);
+        if (!t || !can_quantize(*t) || *t == GgmlType::kQ8_1 || *t == GgmlType::kQ8_K)
+            throw CLI::ValidationError("--type " + type + " is not a weight type this converter can write");
+        co.type = *t;
+    });
+    if (rc >= 0) return rc;
+    if (merge) {
+        mo.base = base;
+        mo.output = out;
+        mo.n_threads = threads;
+        const quantize::LoraMergeSummary s = quantize::merge_lora(mo);
+        std::fprintf(stderr, "cera convert: wrote %s (%zu tensors, %zu with the adapters merged)\n", out.c_str(),
+                     s.n_tensors, s.n_merged);
+        return 0;
     }
-    if (o.hf_dir.empty() || o.out.empty()) {
-        usage(stderr);
-        return 2;
-    }
-    const size_t n = convert::convert_hf(o);
-    std::fprintf(stderr, "cera convert: wrote %s (%zu tensors, %s)\n", o.out.c_str(), n, type_name(o.type));
+    co.hf_dir = hf;
+    co.out = out;
+    const size_t n = convert::convert_hf(co);
+    std::fprintf(stderr, "cera convert: wrote %s (%zu tensors, %s)\n", out.c_str(), n, type_name(co.type));
     return 0;
 }
 
 }  // namespace
 
-CERA_CLI_COMMAND(convert, "convert", "convert a Hugging Face checkpoint to GGUF", run_convert);
+CERA_CLI_COMMAND(convert, "convert", "convert a Hugging Face checkpoint to GGUF, or merge LoRA adapters into a model",
+                 run_convert);
 
 }  // namespace cera::cli

@@ -353,9 +353,10 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
     s.out_rows = out_rows;
     bind_lora(entries, s);
     // A step of one token a sequence has the same ops and tensors as every other of its size: recorded
-    // once per size (a CUDA graph), then replayed. Steps with prompt chunks run as they come.
-    const bool decode = n_tokens == int64_t(entries.size()) && n_out == n_tokens && s.lora.empty() && !has_embd;
-    const uint64_t key = (serial_ << kStepKeyBits) | uint64_t(n_tokens);
+    // once per size (a CUDA graph), then replayed; with adapters, once per size and grouping of the rows by
+    // adapter. Steps with prompt chunks run as they come.
+    const bool decode = n_tokens == int64_t(entries.size()) && n_out == n_tokens && !has_embd;
+    const uint64_t key = ((serial_ << kStepKeyBits) | uint64_t(n_tokens)) ^ lora_rows_key(lora_rows_, lora_out_);
     const Tensor hid = hidden_.row_slice(0, n_out), lg = logits_.row_slice(0, n_out);
     if (!decode || !be_.step_begin(key)) {
         be_.embed(arch_.head.token_embd, s.ids, arch_.head.embedding_scale, s.x);

@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <array>
+#include <functional>
 #include <atomic>
 #include <cinttypes>
 #include <cmath>
@@ -107,10 +109,14 @@ size_t LoraAdapter::bytes() const {
     return n;
 }
 
-std::shared_ptr<LoraAdapter> load_lora(const std::string& path, const Model& model) {
-    const std::string& arch = model.arch().info.arch;
+namespace {
+
+// Reads the adapter at `path` for a model of architecture `arch` whose file is `f`, and checks every pair
+// against the base weight `shape_of` gives (nullptr: the model has no such weight). The pairs come back
+// sorted by target.
+std::vector<LoraTensor> read_checked(const std::string& path, const gguf::File& f, const std::string& arch,
+                                     const std::function<const int64_t*(const std::string&)>& shape_of) {
     LoraHeads heads;
-    const gguf::File& f = model.file();
     heads.n_head = f.get_i64(arch + ".attention.head_count", 0);
     if (const gguf::Value* v = f.find(arch + ".attention.head_count_kv"); v && v->is_integer())
         heads.n_head_kv = v->as_int();
@@ -120,7 +126,6 @@ std::shared_ptr<LoraAdapter> load_lora(const std::string& path, const Model& mod
     if (!rd.arch.empty() && rd.arch != arch)
         throw_error(ErrorCode::kInvalidFile, "%s: an adapter for architecture '%s', the model is '%s'", path.c_str(),
                     rd.arch.c_str(), arch.c_str());
-    const LoraCache& cache = model.lora_cache();
     static const std::regex kTargets(
         "blk\\.[0-9]+\\.(attn_q|attn_k|attn_v|attn_output|shortconv\\.in_proj|shortconv\\.out_proj|ffn_gate|ffn_up|"
         "ffn_down|ffn_gate_exps|ffn_up_exps|ffn_down_exps)\\.weight");
@@ -128,16 +133,15 @@ std::shared_ptr<LoraAdapter> load_lora(const std::string& path, const Model& mod
         if (!std::regex_match(t.target, kTargets))
             throw_error(ErrorCode::kUnsupported, "%s: LoRA on %s is not supported (only the layers' projections)",
                         path.c_str(), t.target.c_str());
-        const Tensor* w = cache.weight(t.target);
-        if (!w) {
-            if (t.target.find("_exps.") != std::string::npos)
-                throw_error(ErrorCode::kUnsupported, "%s: LoRA on MoE experts (%s) is not supported", path.c_str(),
-                            t.target.c_str());
+        if (t.target.find("_exps.") != std::string::npos)
+            throw_error(ErrorCode::kUnsupported, "%s: LoRA on MoE experts (%s) is not supported", path.c_str(),
+                        t.target.c_str());
+        const int64_t* ne = shape_of(t.target);
+        if (!ne)
             throw_error(ErrorCode::kInvalidFile, "%s: LoRA tensor %s adapts %s, which the model does not have",
                         path.c_str(), (t.target + ".lora_a").c_str(), t.target.c_str());
-        }
-        const int64_t k = w->ne[0], n_out = w->ne[1];
-        if (w->ne[2] != 1 || w->ne[3] != 1)
+        const int64_t k = ne[0], n_out = ne[1];
+        if (ne[2] != 1 || ne[3] != 1)
             throw_error(ErrorCode::kUnsupported, "%s: LoRA on %s (a stacked weight) is not supported", path.c_str(),
                         t.target.c_str());
         if (t.k != k)
@@ -157,12 +161,33 @@ std::shared_ptr<LoraAdapter> load_lora(const std::string& path, const Model& mod
     for (size_t i = 1; i < rd.tensors.size(); ++i)
         if (rd.tensors[i].target == rd.tensors[i - 1].target)
             throw_error(ErrorCode::kInvalidFile, "%s: %s is adapted twice", path.c_str(), rd.tensors[i].target.c_str());
+    return std::move(rd.tensors);
+}
+
+}  // namespace
+
+std::shared_ptr<LoraAdapter> load_lora(const std::string& path, const Model& model) {
+    const LoraCache& cache = model.lora_cache();
     std::shared_ptr<LoraAdapter> a(new LoraAdapter());
+    a->tensors_ = read_checked(path, model.file(), model.arch().info.arch, [&](const std::string& name) {
+        const Tensor* w = cache.weight(name);
+        return w ? w->ne : nullptr;
+    });
     a->path_ = path;
     a->id_ = g_lora_id.fetch_add(1);
-    a->tensors_ = std::move(rd.tensors);
     a->cache_ = model.lora_cache_ptr();
     return a;
+}
+
+std::vector<LoraTensor> read_lora(const std::string& path, const gguf::File& base) {
+    std::array<int64_t, 4> ne{};
+    return read_checked(path, base, base.architecture(), [&](const std::string& name) -> const int64_t* {
+        const gguf::TensorInfo* t = base.find_tensor(name);
+        if (!t || t->ne.empty() || t->ne.size() > 4) return nullptr;
+        ne = {1, 1, 1, 1};
+        for (size_t i = 0; i < t->ne.size(); ++i) ne[i] = t->ne[i];
+        return ne.data();
+    });
 }
 
 uint64_t lora_set_key(const LoraSet& set) {
@@ -176,6 +201,27 @@ uint64_t lora_set_key(const LoraSet& set) {
         }
     }
     return set.empty() ? 0 : (h | 1);
+}
+
+uint64_t lora_rows_key(std::span<const LoraRows> rows, std::span<const LoraRows> out_rows) {
+    if (rows.empty() && out_rows.empty()) return 0;
+    uint64_t h = 0x6c6f7261;
+    auto mix = [&h](uint64_t v) {
+        h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+        h *= 0xff51afd7ed558ccdull;
+    };
+    for (std::span<const LoraRows> list : {rows, out_rows}) {
+        mix(list.size());
+        for (const LoraRows& g : list) {
+            uint32_t bits = 0;
+            std::memcpy(&bits, &g.scale, sizeof bits);
+            mix(reinterpret_cast<uintptr_t>(g.adapter));
+            mix(bits);
+            mix(uint64_t(g.start));
+            mix(uint64_t(g.n));
+        }
+    }
+    return h | 1;
 }
 
 // ---------------------------------------------------------------- the device cache

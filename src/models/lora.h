@@ -21,6 +21,9 @@ namespace cera {
 
 class Model;
 class LoraCache;
+namespace gguf {
+class File;
+}
 
 // One adapted projection, on the host.
 struct LoraTensor {
@@ -45,6 +48,10 @@ class LoraAdapter {
 
  private:
     friend std::shared_ptr<LoraAdapter> load_lora(const std::string& path, const Model& model);
+
+// The same reading and checks against a model's GGUF file instead of a loaded model (no backend): the pairs,
+// sorted by target, that `cera convert --lora-merge` folds into the base weights.
+std::vector<LoraTensor> read_lora(const std::string& path, const gguf::File& base);
     std::string path_;
     uint64_t id_ = 0;
     std::vector<LoraTensor> tensors_;
@@ -56,6 +63,10 @@ class LoraAdapter {
 // kIo, kInvalidFile, kUnsupported (a target this build cannot adapt, e.g. MoE experts), and kInvalidFile
 // naming the tensor and both shapes when the adapter was made for another model.
 std::shared_ptr<LoraAdapter> load_lora(const std::string& path, const Model& model);
+
+// The same reading and checks against a model's GGUF file instead of a loaded model (no backend): the pairs,
+// sorted by target, that `cera convert --lora-merge` folds into the base weights.
+std::vector<LoraTensor> read_lora(const std::string& path, const gguf::File& base);
 
 // Adapters applied together, each with its own scale (empty: the base model).
 struct LoraChoice {
@@ -117,5 +128,10 @@ struct LoraRows {
     float scale = 1.0f;          // the choice's scale (the pair's factor multiplies it)
     int64_t start = 0, n = 0;    // rows of the step
 };
+
+// A key of a step's adapter groups (which device copies, scales and rows, for all rows and for the output
+// rows): single-token steps with equal keys record the same ops, so a backend may replay them (a device copy
+// that goes is freed through the backend, which drops its recordings). 0 when there are no groups.
+uint64_t lora_rows_key(std::span<const LoraRows> rows, std::span<const LoraRows> out_rows);
 
 }  // namespace cera

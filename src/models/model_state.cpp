@@ -450,12 +450,13 @@ class SequenceState final : public ModelState {
                 s.cache = std::span<LayerCache>(kept_);
             }
             // Single-token steps are the same op sequence every time: a backend may record and replay them.
-            // Steps with adapters run eagerly: their segments are host descriptors chosen per step.
+            // With adapters, the recording also holds their segments, so the key names them.
             const bool has_embd = !fed && chunk_has_embd(off, nt);
-            const bool graphable = nt == 1 && lora_.empty() && keeping == 0 && !has_embd;
+            const bool graphable = nt == 1 && keeping == 0 && !has_embd;
             const bool argmax_in_step = greedy && nr > 0;  // greedy: nr == 1 on the last chunk only
-            const uint64_t key = (serial_ << kKeyBits) | kKeyStep | (lm_in_step ? kKeyLmHead : 0) |
-                                 (nr > 0 ? kKeyOutput : 0) | (argmax_in_step ? kKeyArgmax : 0) | (row ? kKeyRow1 : 0);
+            const uint64_t key = ((serial_ << kKeyBits) | kKeyStep | (lm_in_step ? kKeyLmHead : 0) |
+                                  (nr > 0 ? kKeyOutput : 0) | (argmax_in_step ? kKeyArgmax : 0) | (row ? kKeyRow1 : 0)) ^
+                                 lora_rows_key(lora_rows_, lora_out_);
             if (!graphable || !be_.step_begin(key)) {
                 be_.embed(arch_.head.token_embd, s.ids, arch_.head.embedding_scale, s.x);
                 if (has_embd) write_embd(s.x, off, nt);
@@ -517,10 +518,10 @@ class SequenceState final : public ModelState {
 
     // The adapters of this step: every row, and after keep_output_rows() the nr output rows.
     void bind_lora(Step& s, int64_t nt, int64_t nr) {
+        lora_rows_.clear(), lora_out_.clear();
         if (lora_.empty()) return;
         LoraCache& cache = model_.lora_cache();
         cache.begin_step();
-        lora_rows_.clear(), lora_out_.clear();
         for (const LoraChoice& c : lora_) {
             const LoraResident* r = &cache.resident(*c.adapter);
             lora_rows_.push_back({r, c.scale, 0, nt});

@@ -219,6 +219,42 @@ TEST_P(LoraModel, MixedBatchMatchesEachAlone) {
     }
 }
 
+// Decode steps are recorded and replayed per adapter grouping (CUDA graphs): a session that switches its
+// adapters between single-token steps gets, step for step, what multi-token evaluations (never recorded)
+// of the same tokens under the same adapters give.
+TEST_P(LoraModel, SwitchingAdaptersBetweenDecodeSteps) {
+    const auto [name, device] = GetParam();
+    SKIP_WITHOUT(device);
+    const std::string m = name;
+    auto model = load(m, device);
+    const int64_t n_vocab = model->info().n_vocab;
+    const auto a1 = load_lora(fixture(m) + "/lora/lora.gguf", *model);
+    const auto a2 = load_lora(fixture(m) + "/lora/peft", *model);
+    const std::vector<LoraSet> phases = {{{a1, 1.0f}}, {{a2, 0.5f}}, {}, {{a1, 1.0f}}, {{a1, 0.5f}, {a2, 1.0f}}};
+    const std::vector<int32_t> p = prompt0(m);
+    const std::vector<int32_t> toks = {5, 77, 300, 12, 9, 41, 250, 3};  // each phase decodes all of them
+    auto one = model->create_state();
+    auto chunked = model->create_state();
+    std::vector<float> got(static_cast<size_t>(n_vocab));
+    for (auto* st : {one.get(), chunked.get()}) st->eval({.tokens = p, .logits = got.data()});
+    double worst = 0;
+    for (size_t ph = 0; ph < phases.size(); ++ph) {
+        one->set_lora(phases[ph]);
+        chunked->set_lora(phases[ph]);
+        std::vector<float> want(toks.size() * size_t(n_vocab));
+        chunked->eval({.tokens = toks, .all_logits = true, .logits = want.data()});
+        for (size_t i = 0; i < toks.size(); ++i) {
+            one->eval({.tokens = {&toks[i], 1}, .logits = got.data()});
+            const std::vector<float> w(want.begin() + int64_t(i) * n_vocab, want.begin() + int64_t(i + 1) * n_vocab);
+            const double d = max_diff(got, w);
+            worst = std::max(worst, d);
+            EXPECT_LT(d, 1e-3) << m << " phase " << ph << " token " << i;
+        }
+    }
+    std::printf("[ lora ] %-4s %-10s adapters switched between decode steps: max |dlogit| = %.3g\n",
+                device_name(device), m.c_str(), worst);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, LoraModel,
                          ::testing::Combine(::testing::Values("tiny-lfm2", "tiny-qwen3"),
                                             ::testing::ValuesIn(devices())));

@@ -201,6 +201,13 @@ bool CudaBackend::step_begin(uint64_t key) {
     CERA_CHECK(!capturing_, "step_begin inside a step");
     // The step's first kernel (eager or captured) waits for all the work queued before it.
     if (!sw_.graphs) return cuda::pdl_skip_next(), false;
+    // Keys are bounded in number for a session (step kinds x batch sizes) but not across the adapter
+    // groupings of a batch, so past kMaxGraphs keys the recordings start over.
+    if (graphs_.size() >= kMaxGraphs && !graphs_.count(key)) {
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        drop_graphs();
+        graphs_.clear();
+    }
     Graph& g = graphs_[key];
     if (g.exec) {
         if (replay_prof_) replay_prof_->begin(stream_);

@@ -171,6 +171,7 @@ class CudaBackend final : public Backend {
     Scratch scratch_[kSlots];
     std::unique_ptr<cuda::PinnedStaging> pin_;  // small host transfers (pinned_staging.h)
     cuda::RopeTables rope_tables_;  // the decode RoPE's (cos, sin) tables (rope_tables.h)
+    static constexpr size_t kMaxGraphs = 512;
     std::unordered_map<uint64_t, Graph> graphs_;
     bool capturing_ = false;
     std::unique_ptr<cuda::ReplayProfile> replay_prof_;  // with sw_.profile
