@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
         else if (k == "--batch")
             o.n_batch = v;
         else if (k == "--kv")
-            o.kv_type = std::strcmp(argv[i + 1], "f16") ? cera::GgmlType::kF32 : cera::GgmlType::kF16;
+            o.kv_type_k = o.kv_type_v = std::strcmp(argv[i + 1], "f16") ? cera::GgmlType::kF32 : cera::GgmlType::kF16;
         else {
             std::fprintf(stderr, "unknown option %s\n", k.c_str());
             return 2;

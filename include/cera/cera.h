@@ -111,9 +111,14 @@ CERA_API void cera_free(void *ptr);
  * Engine: a loaded model
  */
 
+/* KV cache storage (keys and values alike): floats, or blocks of 32 with one scale (8-bit, 4-bit); the
+ * block types need attention heads of a multiple of 32 and run on the CPU. */
 typedef enum cera_kv_type {
     CERA_KV_F32 = 0,
     CERA_KV_F16 = 1,
+    CERA_KV_BF16 = 2,
+    CERA_KV_Q8_0 = 3,
+    CERA_KV_Q4_0 = 4,
 } cera_kv_type;
 
 /* A LoRA adapter: a llama.cpp GGUF LoRA file or a Hugging Face PEFT folder (adapter_config.json and

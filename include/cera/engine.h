@@ -18,8 +18,13 @@
 
 namespace cera {
 
-// Storage of the attention KV cache.
-enum class KvCacheType { kF32, kF16 };
+// Storage of the attention KV cache: floats, or blocks of 32 with one scale (Q8_0: 8-bit, Q4_0: 4-bit,
+// as in GGUF weights). The block types need attention heads of a multiple of 32 and run on the CPU.
+enum class KvCacheType { kF32, kF16, kBF16, kQ8_0, kQ4_0 };
+// "f32", "f16", "bf16", "q8_0", "q4_0"; parse_kv_cache_type throws cera::Error (kInvalidArgument) for
+// another name.
+const char* kv_cache_type_name(KvCacheType t);
+KvCacheType parse_kv_cache_type(const std::string& name);
 
 // A LoRA adapter (a llama.cpp GGUF LoRA file or a Hugging Face PEFT folder) and the scale its deltas
 // are applied with: y = W x + scale * (alpha / r) * B (A x).
@@ -32,7 +37,8 @@ struct EngineOptions {
     std::string device = "auto";              // "auto" (a CUDA GPU when usable, else the CPU), "cpu", "cuda", "cuda:N"
     int threads = 0;                          // CPU worker threads; 0 = the physical cores
     int32_t n_ctx = 0;                        // context length of each session; 0 = the model's, at most 4096
-    KvCacheType kv_type = KvCacheType::kF32;  // KV cache storage
+    KvCacheType kv_type_k = KvCacheType::kF32;  // KV cache storage of the keys
+    KvCacheType kv_type_v = KvCacheType::kF32;  // and of the values
     int32_t n_batch = 512;                    // prefill chunk (tokens per forward pass)
     // Prefix cache (src/runtime/prefix_cache.h): sessions save their state at the end of each prompt
     // and at n_batch-aligned chunk boundaries, and a later prompt sharing such a prefix restores it.

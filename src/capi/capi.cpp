@@ -228,13 +228,16 @@ const char* cera_finish_reason_name(cera_finish_reason reason) {
 
 // ---- engine ----
 
+static_assert(int(KvCacheType::kQ4_0) == CERA_KV_Q4_0 && int(KvCacheType::kQ8_0) == CERA_KV_Q8_0 &&
+              int(KvCacheType::kBF16) == CERA_KV_BF16 && int(KvCacheType::kF16) == CERA_KV_F16);
+
 cera_engine_options cera_engine_default_options(void) {
     const EngineOptions d;
     cera_engine_options o{};
     o.device = "auto";
     o.threads = d.threads;
     o.n_ctx = d.n_ctx;
-    o.kv_type = d.kv_type == KvCacheType::kF16 ? CERA_KV_F16 : CERA_KV_F32;
+    o.kv_type = cera_kv_type(d.kv_type_k);
     o.n_batch = d.n_batch;
     o.prefix_cache_bytes = d.prefix_cache_bytes;
     o.prefix_cache_dir = nullptr;
@@ -255,14 +258,14 @@ cera_status cera_engine_load(const char* path, const cera_engine_options* option
         if (o.n_lora > 0 && !o.lora)
             return cera::capi::fail(CERA_ERR_INVALID_ARGUMENT, "cera_engine_load: n_lora > 0 but lora is NULL");
         const int kv_type = cera::capi::raw_enum(o.kv_type);
-        if (kv_type != CERA_KV_F32 && kv_type != CERA_KV_F16)
+        if (kv_type < CERA_KV_F32 || kv_type > CERA_KV_Q4_0)
             return cera::capi::fail(CERA_ERR_INVALID_ARGUMENT, "cera_engine_load: kv_type " + std::to_string(kv_type) +
-                                                                   " is neither CERA_KV_F32 nor CERA_KV_F16");
+                                                                   " is none of CERA_KV_F32 ... CERA_KV_Q4_0");
         EngineOptions eo;
         eo.device = o.device ? o.device : "auto";
         eo.threads = o.threads;
         eo.n_ctx = o.n_ctx;
-        eo.kv_type = kv_type == CERA_KV_F16 ? KvCacheType::kF16 : KvCacheType::kF32;
+        eo.kv_type_k = eo.kv_type_v = KvCacheType(kv_type);
         eo.n_batch = o.n_batch;
         eo.prefix_cache_bytes = size_t(o.prefix_cache_bytes);
         eo.prefix_cache_dir = o.prefix_cache_dir ? o.prefix_cache_dir : "";

@@ -12,7 +12,12 @@ void EngineFlags::add(CLI::App& app, unsigned parts) {
     app.add_option("--device", device, "auto, cpu, cuda or cuda:N")->capture_default_str();
     if (parts & kCtx)
         app.add_option("-c,--ctx", n_ctx, "context length (0: the model's, at most 4096)")->capture_default_str();
-    if (parts & kKvType) app.add_option("--kv-type", kv_type, "KV cache type: f32 or f16")->capture_default_str();
+    if (parts & kKvType) {
+        app.add_option("--kv-type", kv_type, "KV cache type of keys and values: f32, f16, bf16, q8_0 or q4_0")
+            ->capture_default_str();
+        app.add_option("--cache-type-k", kv_type_k, "KV cache type of the keys (default: --kv-type)");
+        app.add_option("--cache-type-v", kv_type_v, "KV cache type of the values (default: --kv-type)");
+    }
     if (parts & kBatch)
         app.add_option("-b,--batch", n_batch, "prefill chunk (tokens per forward pass)")->capture_default_str();
     if (parts & kPrefixCache) {
@@ -59,8 +64,6 @@ LoraOptions parse_lora_flag(const std::string& text) {
 EngineOptions EngineFlags::options() const {
     if (threads < 0) throw Error(ErrorCode::kInvalidArgument, "--threads must be >= 0");
     if (n_ctx < 0) throw Error(ErrorCode::kInvalidArgument, "--ctx must be >= 0");
-    if (kv_type != "f32" && kv_type != "f16")
-        throw Error(ErrorCode::kInvalidArgument, "--kv-type " + kv_type + ": expected f32 or f16");
     if (n_batch < 1) throw Error(ErrorCode::kInvalidArgument, "--batch must be >= 1");
     if (!(cache_mib >= 0)) throw Error(ErrorCode::kInvalidArgument, "--cache-mib must be >= 0");
     if (!(lora_cache_mib >= 0)) throw Error(ErrorCode::kInvalidArgument, "--lora-cache-mib must be >= 0");
@@ -68,7 +71,8 @@ EngineOptions EngineFlags::options() const {
     eo.device = device;
     eo.threads = threads;
     eo.n_ctx = n_ctx;
-    eo.kv_type = kv_type == "f16" ? KvCacheType::kF16 : KvCacheType::kF32;
+    eo.kv_type_k = parse_kv_cache_type(kv_type_k.empty() ? kv_type : kv_type_k);
+    eo.kv_type_v = parse_kv_cache_type(kv_type_v.empty() ? kv_type : kv_type_v);
     eo.n_batch = n_batch;
     eo.prefix_cache_dir = cache_dir;
     eo.prefix_cache_bytes = size_t(cache_mib * 1024 * 1024);

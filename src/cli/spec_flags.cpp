@@ -30,7 +30,8 @@ SpeculativeOptions SpecFlags::build(const EngineOptions& engine) const {
         eo.device = engine.device;
         eo.threads = engine.threads;
         eo.n_ctx = engine.n_ctx;
-        eo.kv_type = engine.kv_type;
+        eo.kv_type_k = engine.kv_type_k;
+        eo.kv_type_v = engine.kv_type_v;
         eo.n_batch = engine.n_batch;
         so.draft = Engine::load(draft_model, eo);
     }

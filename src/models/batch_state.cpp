@@ -24,14 +24,14 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
     n_blocks_ = (kv_tokens + block_ - 1) / block_;
     max_blocks_ = o.max_seq_tokens > 0 ? std::min(n_blocks_, (o.max_seq_tokens + block_ - 1) / block_) : n_blocks_;
     max_tokens_ = o.max_step_tokens;
-    const GgmlType kv = model.options().kv_type;
+    const ModelOptions& mo = model.options();
     snapshot_blocks_ = std::max(1, o.snapshot_blocks);
     pool_.resize(arch_.state.size());
     for (size_t il = 0; il < pool_.size(); ++il) {
         const LayerStateSpec& sp = arch_.state[il];
         if (sp.kv_width > 0) {
-            pool_[il].k = be_.alloc(kv, {sp.kv_width, n_blocks_ * block_});
-            pool_[il].v = be_.alloc(kv, {sp.kv_width, n_blocks_ * block_});
+            pool_[il].k = be_.alloc(mo.kv_type_k, {sp.kv_width, n_blocks_ * block_});
+            pool_[il].v = be_.alloc(mo.kv_type_v, {sp.kv_width, n_blocks_ * block_});
         }
         // A sequence keeps states at every snapshot_blocks-th of its blocks: the sequences' blocks need
         // n_blocks / snapshot_blocks rows at most, cached blocks give theirs up when rows run out.

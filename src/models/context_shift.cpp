@@ -6,32 +6,23 @@
 #include <vector>
 
 #include "core/check.h"
-#include "core/fp16.h"
+#include "core/quant/quant.h"
 
 namespace cera {
 namespace {
 
-// Host rows of a cache ([n, width] of F32 or F16) to f32 and back.
-void rows_to_f32(const std::vector<uint8_t>& raw, GgmlType type, std::vector<float>& out) {
-    const size_t n = type == GgmlType::kF16 ? raw.size() / 2 : raw.size() / 4;
-    out.resize(n);
-    if (type == GgmlType::kF16) {
-        const uint16_t* h = reinterpret_cast<const uint16_t*>(raw.data());
-        for (size_t i = 0; i < n; ++i) out[i] = fp16_to_fp32(h[i]);
-    } else {
-        std::memcpy(out.data(), raw.data(), n * 4);
-    }
+// Host rows of a cache ([n, width] of F32, F16, BF16, Q8_0 or Q4_0) to f32 and back (the keys are
+// rotated in f32 and stored again in their type).
+void rows_to_f32(const std::vector<uint8_t>& raw, GgmlType type, int64_t width, std::vector<float>& out) {
+    const size_t row = row_size(type, width), n = raw.size() / row;
+    out.resize(n * size_t(width));
+    for (size_t r = 0; r < n; ++r) dequantize_row_ref(type, raw.data() + r * row, out.data() + r * size_t(width), width);
 }
 
-void f32_to_rows(const std::vector<float>& in, GgmlType type, std::vector<uint8_t>& raw) {
-    if (type == GgmlType::kF16) {
-        raw.resize(in.size() * 2);
-        uint16_t* h = reinterpret_cast<uint16_t*>(raw.data());
-        for (size_t i = 0; i < in.size(); ++i) h[i] = fp32_to_fp16(in[i]);
-    } else {
-        raw.resize(in.size() * 4);
-        std::memcpy(raw.data(), in.data(), in.size() * 4);
-    }
+void f32_to_rows(const std::vector<float>& in, GgmlType type, int64_t width, std::vector<uint8_t>& raw) {
+    const size_t row = row_size(type, width), n = in.size() / size_t(width);
+    raw.resize(n * row);
+    for (size_t r = 0; r < n; ++r) quantize_row_ref(type, in.data() + r * size_t(width), raw.data() + r * row, width);
 }
 
 }  // namespace
@@ -54,23 +45,25 @@ void shift_kv_cache(Backend& be, std::span<const LayerStateSpec> specs, std::spa
         const LayerCache& c = caches[il];
         const LayerStateSpec& sp = specs[il];
         if (!c.k) continue;
+        // Values: a plain move.
+        const size_t vrow = c.v.row_bytes();
+        raw.resize(vrow * size_t(n_move));
+        be.read(raw.data(), c.v, raw.size(), vrow * size_t(n_keep + n_discard));
+        be.write(c.v, raw.data(), raw.size(), vrow * size_t(n_keep));
+        // Keys: move and rotate by -n_discard.
         const size_t row = c.k.row_bytes();
         const size_t src = row * size_t(n_keep + n_discard), dst = row * size_t(n_keep), n = row * size_t(n_move);
-        // Values: a plain move.
         raw.resize(n);
-        be.read(raw.data(), c.v, n, src);
-        be.write(c.v, raw.data(), n, dst);
-        // Keys: move and rotate by -n_discard.
         be.read(raw.data(), c.k, n, src);
         if (sp.rope.mode != RopeMode::kNone) {
             CERA_CHECK(sp.head_dim > 0 && sp.kv_width % sp.head_dim == 0);
-            rows_to_f32(raw, c.k.type, f);
+            rows_to_f32(raw, c.k.type, sp.kv_width, f);
             Tensor tmp = be.alloc(GgmlType::kF32, {sp.kv_width, n_move});
             be.write(tmp, f.data(), f.size() * 4);
             be.norm_rope(tmp, int(sp.kv_width / sp.head_dim), int(sp.head_dim), Tensor{}, 0.0f, pos, sp.rope);
             be.read(f.data(), tmp, f.size() * 4);
             be.free(tmp);
-            f32_to_rows(f, c.k.type, raw);
+            f32_to_rows(f, c.k.type, sp.kv_width, raw);
         }
         be.write(c.k, raw.data(), n, dst);
     }

@@ -72,8 +72,16 @@ void load_common(LoadContext& ctx, Architecture& a, int64_t n_embd, int64_t n_la
 Model::~Model() = default;
 
 std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& opts) {
-    if (opts.kv_type != GgmlType::kF32 && opts.kv_type != GgmlType::kF16)
-        throw_error(ErrorCode::kInvalidArgument, "KV cache type %s: expected F32 or F16", type_name(opts.kv_type));
+    for (GgmlType t : {opts.kv_type_k, opts.kv_type_v})
+        if (t != GgmlType::kF32 && t != GgmlType::kF16 && t != GgmlType::kBF16 && t != GgmlType::kQ8_0 &&
+            t != GgmlType::kQ4_0)
+            throw_error(ErrorCode::kInvalidArgument, "KV cache type %s: expected F32, F16, BF16, Q8_0 or Q4_0",
+                        type_name(t));
+    // The CUDA attention kernels read F32 or F16 caches, keys and values alike.
+    if (opts.device == DeviceKind::kCuda &&
+        (opts.kv_type_k != opts.kv_type_v || (opts.kv_type_k != GgmlType::kF32 && opts.kv_type_k != GgmlType::kF16)))
+        throw_error(ErrorCode::kUnsupported, "KV cache types %s/%s: CUDA takes f32 or f16, the same for keys and values",
+                    type_name(opts.kv_type_k), type_name(opts.kv_type_v));
     if (opts.n_batch < 1) throw_error(ErrorCode::kInvalidArgument, "n_batch = %d: must be at least 1", opts.n_batch);
     if (opts.n_ctx < 0) throw_error(ErrorCode::kInvalidArgument, "n_ctx = %d: must not be negative", opts.n_ctx);
 
@@ -99,6 +107,15 @@ std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& o
     m->arch_ = make(ctx);
     m->lora_ = std::make_shared<LoraCache>(*m->backend_, ctx.wl.matrices(), opts.lora_cache_bytes, opts.lora_type);
     m->info_ = m->arch_->info;
+    // Block types hold 32 elements: every head must start a block.
+    for (GgmlType t : {opts.kv_type_k, opts.kv_type_v}) {
+        const int64_t block = type_info(t).block_size;
+        if (block <= 1) continue;
+        for (const LayerStateSpec& sp : m->arch_->state)
+            if (sp.kv_width > 0 && sp.head_dim % block != 0)
+                throw_error(ErrorCode::kUnsupported, "KV cache type %s needs heads of a multiple of %lld, this model's are %lld",
+                            type_name(t), (long long)block, (long long)sp.head_dim);
+    }
     return m;
 }
 

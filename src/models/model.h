@@ -31,7 +31,9 @@ struct ModelOptions {
     int n_threads = 0;                  // CPU threads; 0 = physical cores
     int gpu_index = 0;                  // CUDA device
     int n_ctx = 0;                      // tokens per sequence; 0 = the model's context_length, at most kDefaultMaxCtx
-    GgmlType kv_type = GgmlType::kF32;  // KV cache storage: kF32 or kF16
+    // KV cache storage of keys and values: kF32, kF16, kBF16, kQ8_0 or kQ4_0 (the block types need heads of
+    // a multiple of 32; on CUDA both kF32 or both kF16).
+    GgmlType kv_type_k = GgmlType::kF32, kv_type_v = GgmlType::kF32;
     int n_batch = 512;                  // prefill chunk: tokens per forward pass
     CudaOptions cuda;                   // the CUDA backend's options (graphs, fusion, profiling)
     size_t lora_cache_bytes = 0;        // device bytes of LoRA adapters kept while unused; 0 = no bound

@@ -33,9 +33,14 @@ constexpr uint64_t kKeyRow1 = 16;   // the step's logits go to row 1 of logits_ 
 
 Tensor first_rows(const Tensor& t, int64_t n) { return t ? t.row_slice(0, n) : t; }
 
+// The cache types in the header: the GgmlType when keys and values share it (F32 0, F16 1), else both.
+uint32_t kv_code(const ModelOptions& o) {
+    return o.kv_type_k == o.kv_type_v ? uint32_t(o.kv_type_k) : 0x80000000u | uint32_t(o.kv_type_k) << 8 | uint32_t(o.kv_type_v);
+}
+
 struct SavedHeader {
     uint32_t magic, version;
-    uint32_t n_layer, kv_type;
+    uint32_t n_layer, kv_type;  // kv_code()
     int32_t position, reserved;
     int64_t n_vocab, n_embd;
 };
@@ -48,13 +53,13 @@ class SequenceState final : public ModelState {
         n_ctx_ = n_ctx > 0 ? n_ctx : model.default_n_ctx();
         n_batch_ = std::min(model.options().n_batch, n_ctx_);
         serial_ = new_step_serial();
-        const GgmlType kv = model.options().kv_type;
+        const ModelOptions& mo = model.options();
         cache_.resize(arch_.state.size());
         for (size_t il = 0; il < cache_.size(); ++il) {
             const LayerStateSpec& sp = arch_.state[il];
             if (sp.kv_width > 0) {
-                cache_[il].k = be_.alloc(kv, {sp.kv_width, n_ctx_});
-                cache_[il].v = be_.alloc(kv, {sp.kv_width, n_ctx_});
+                cache_[il].k = be_.alloc(mo.kv_type_k, {sp.kv_width, n_ctx_});
+                cache_[il].v = be_.alloc(mo.kv_type_v, {sp.kv_width, n_ctx_});
             }
             if (sp.conv_channels > 0) {
                 cache_[il].conv = be_.alloc(GgmlType::kF32, {sp.conv_channels, sp.conv_rows});
@@ -159,7 +164,7 @@ class SequenceState final : public ModelState {
     size_t state_size() const override {
         size_t n = sizeof(SavedHeader);
         for (const LayerCache& c : cache_) {
-            if (c.k) n += 2 * c.k.row_bytes() * size_t(position_);
+            if (c.k) n += (c.k.row_bytes() + c.v.row_bytes()) * size_t(position_);
             if (c.conv) n += c.conv.n_bytes();
         }
         return n;
@@ -170,16 +175,16 @@ class SequenceState final : public ModelState {
         settle();
         out.resize(state_size());
         SavedHeader hd{
-            kStateMagic, kStateVersion,      uint32_t(cache_.size()), uint32_t(model_.options().kv_type), position_,
+            kStateMagic, kStateVersion,      uint32_t(cache_.size()), kv_code(model_.options()), position_,
             0,           arch_.info.n_vocab, arch_.info.n_embd};
         std::memcpy(out.data(), &hd, sizeof hd);
         size_t off = sizeof hd;
         for (const LayerCache& c : cache_) {
             if (c.k) {
-                const size_t bytes = c.k.row_bytes() * size_t(position_);
-                be_.read(out.data() + off, c.k, bytes);
-                be_.read(out.data() + off + bytes, c.v, bytes);
-                off += 2 * bytes;
+                const size_t kb = c.k.row_bytes() * size_t(position_), vb = c.v.row_bytes() * size_t(position_);
+                be_.read(out.data() + off, c.k, kb);
+                be_.read(out.data() + off + kb, c.v, vb);
+                off += kb + vb;
             }
             if (c.conv) {
                 be_.read(out.data() + off, c.conv, c.conv.n_bytes());
@@ -197,7 +202,7 @@ class SequenceState final : public ModelState {
         std::memcpy(&hd, bytes.data(), sizeof hd);
         if (hd.magic != kStateMagic || hd.version != kStateVersion)
             throw_error(ErrorCode::kInvalidFile, "saved state: bad magic or version %u", hd.version);
-        if (hd.n_layer != cache_.size() || hd.kv_type != uint32_t(model_.options().kv_type) ||
+        if (hd.n_layer != cache_.size() || hd.kv_type != kv_code(model_.options()) ||
             hd.n_vocab != arch_.info.n_vocab || hd.n_embd != arch_.info.n_embd)
             throw_error(ErrorCode::kInvalidFile, "saved state: made by a different model or KV cache type");
         if (hd.position < 0 || hd.position > n_ctx_)
@@ -214,10 +219,10 @@ class SequenceState final : public ModelState {
         size_t off = sizeof hd;
         for (const LayerCache& c : cache_) {
             if (c.k) {
-                const size_t n = c.k.row_bytes() * size_t(position_);
-                be_.write(c.k, bytes.data() + off, n);
-                be_.write(c.v, bytes.data() + off + n, n);
-                off += 2 * n;
+                const size_t kb = c.k.row_bytes() * size_t(position_), vb = c.v.row_bytes() * size_t(position_);
+                be_.write(c.k, bytes.data() + off, kb);
+                be_.write(c.v, bytes.data() + off + kb, vb);
+                off += kb + vb;
             }
             if (c.conv) {
                 be_.write(c.conv, bytes.data() + off, c.conv.n_bytes());

@@ -92,6 +92,17 @@ void measure_weights(const gguf::File& f, const std::string& arch, EngineInfo& i
 
 }  // namespace
 
+static GgmlType kv_ggml_type(KvCacheType t) {
+    switch (t) {
+        case KvCacheType::kF32: return GgmlType::kF32;
+        case KvCacheType::kF16: return GgmlType::kF16;
+        case KvCacheType::kBF16: return GgmlType::kBF16;
+        case KvCacheType::kQ8_0: return GgmlType::kQ8_0;
+        case KvCacheType::kQ4_0: return GgmlType::kQ4_0;
+    }
+    throw_error(ErrorCode::kInvalidArgument, "KV cache type %d is none of f32, f16, bf16, q8_0, q4_0", int(t));
+}
+
 std::unique_ptr<Model> load_engine_model(const std::string& path, const EngineOptions& options) {
     if (options.threads < 0)
         throw_error(ErrorCode::kInvalidArgument, "threads = %d: must be >= 0 (0 = the physical cores)",
@@ -104,7 +115,8 @@ std::unique_ptr<Model> load_engine_model(const std::string& path, const EngineOp
     mo.n_threads = options.threads;
     mo.n_ctx = options.n_ctx;
     mo.n_batch = options.n_batch;
-    mo.kv_type = options.kv_type == KvCacheType::kF16 ? GgmlType::kF16 : GgmlType::kF32;
+    mo.kv_type_k = kv_ggml_type(options.kv_type_k);
+    mo.kv_type_v = kv_ggml_type(options.kv_type_v);
     mo.device = dev.kind;
     mo.gpu_index = dev.gpu_index;
     mo.cuda.profile = options.gpu_profile;
@@ -274,6 +286,26 @@ PrefixCacheStats Engine::prefix_cache_stats() const {
     s.evictions = c.evictions, s.disk_evictions = c.disk_evictions, s.dropped_corrupt = c.dropped_corrupt;
     s.memory_entries = c.memory_entries, s.memory_bytes = c.memory_bytes;
     return s;
+}
+
+namespace {
+constexpr std::pair<KvCacheType, const char*> kKvNames[] = {{KvCacheType::kF32, "f32"},
+                                                            {KvCacheType::kF16, "f16"},
+                                                            {KvCacheType::kBF16, "bf16"},
+                                                            {KvCacheType::kQ8_0, "q8_0"},
+                                                            {KvCacheType::kQ4_0, "q4_0"}};
+}  // namespace
+
+const char* kv_cache_type_name(KvCacheType t) {
+    for (const auto& [k, n] : kKvNames)
+        if (k == t) return n;
+    return "unknown";
+}
+
+KvCacheType parse_kv_cache_type(const std::string& name) {
+    for (const auto& [k, n] : kKvNames)
+        if (name == n) return k;
+    throw_error(ErrorCode::kInvalidArgument, "KV cache type '%s': expected f32, f16, bf16, q8_0 or q4_0", name.c_str());
 }
 
 }  // namespace cera

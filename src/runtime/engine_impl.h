@@ -54,7 +54,7 @@ struct Engine::Impl {
         return trie;
     }
     StateIdentity state_identity() const {
-        return {fingerprint, options.kv_type == KvCacheType::kF16 ? 1u : 0u, info.n_vocab};
+        return {fingerprint, kv_state_code(options.kv_type_k, options.kv_type_v), info.n_vocab};
     }
 
     // LoRA: the default adapters (EngineOptions::lora) and the named ones, guarded by lora_mu.

@@ -54,7 +54,7 @@ PrefixCache::PrefixCache(const PrefixCacheConfig& config, const StateIdentity& i
     const uint64_t parts[2] = {identity.fingerprint, uint64_t(identity.kv_type)};
     ns_ = hash64(parts, sizeof parts, hash64(config_.device.data(), config_.device.size()));
     if (!config_.dir.empty()) {
-        const fs::path dir = fs::path(config_.dir) / (config_.device + "-" + (identity.kv_type ? "f16" : "f32") + "-" +
+        const fs::path dir = fs::path(config_.dir) / (config_.device + "-" + kv_state_name(identity.kv_type) + "-" +
                                                       hex16(ns_));
         std::error_code ec;
         fs::create_directories(dir, ec);

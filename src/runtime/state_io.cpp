@@ -56,9 +56,17 @@ struct StateHeader {
 };
 static_assert(sizeof(StateHeader) == 80);
 
-const char* kv_name(uint32_t t) { return t == 0 ? "f32" : t == 1 ? "f16" : "unknown"; }
-
 }  // namespace
+
+uint32_t kv_state_code(KvCacheType k, KvCacheType v) {
+    return k == v ? uint32_t(k) : 256 + 16 * uint32_t(k) + uint32_t(v);
+}
+
+std::string kv_state_name(uint32_t code) {
+    if (code < 256) return kv_cache_type_name(KvCacheType(code));
+    return std::string(kv_cache_type_name(KvCacheType((code - 256) / 16))) + "-" +
+           kv_cache_type_name(KvCacheType((code - 256) % 16));
+}
 
 uint64_t hash64(const void* data, size_t n, uint64_t seed) {
     const uint8_t* p = static_cast<const uint8_t*>(data);
@@ -175,8 +183,8 @@ SessionSnapshot decode_state(std::span<const uint8_t> bytes, const StateIdentity
                     "saved state: made by a different model (fingerprint %016llx, this model %016llx)",
                     (unsigned long long)hd.fingerprint, (unsigned long long)expect.fingerprint);
     if (hd.kv_type != expect.kv_type)
-        throw_error(ErrorCode::kInvalidFile, "saved state: KV cache type %s, this engine uses %s", kv_name(hd.kv_type),
-                    kv_name(expect.kv_type));
+        throw_error(ErrorCode::kInvalidFile, "saved state: KV cache type %s, this engine uses %s",
+                    kv_state_name(hd.kv_type).c_str(), kv_state_name(expect.kv_type).c_str());
     if (hd.n_vocab != expect.n_vocab)
         throw_error(ErrorCode::kInvalidFile, "saved state: vocabulary of %d tokens, the model has %d", hd.n_vocab,
                     expect.n_vocab);

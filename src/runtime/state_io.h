@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "cera/engine.h"
+
 namespace cera {
 
 namespace gguf {
@@ -27,9 +29,15 @@ uint64_t model_fingerprint(const gguf::File& file);
 // What a saved state must match to load.
 struct StateIdentity {
     uint64_t fingerprint = 0;  // model_fingerprint()
-    uint32_t kv_type = 0;      // 0 = F32, 1 = F16 (KvCacheType)
+    uint32_t kv_type = 0;      // kv_state_code() of the key and value types
+
     int32_t n_vocab = 0;
 };
+
+// The KV cache types of a state in one number: the KvCacheType when keys and values have the same (so
+// 0 = F32, 1 = F16, as before separate types), else 256 + 16 k + v. kv_state_name() spells it.
+uint32_t kv_state_code(KvCacheType k, KvCacheType v);
+std::string kv_state_name(uint32_t code);
 
 // The contents of a session: its tokens (the first n_evaluated are in the model state), the
 // logits after the last evaluated token, and the model state bytes.

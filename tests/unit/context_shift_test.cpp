@@ -173,7 +173,7 @@ cera::GenerateOptions long_greedy(int32_t n, int32_t n_keep) {
 }
 
 void generates_past_the_context(const std::string& model, cera::KvCacheType kv) {
-    auto e = cera::Engine::load(model, {.device = "cpu", .threads = 1, .kv_type = kv});
+    auto e = cera::Engine::load(model, {.device = "cpu", .threads = 1, .kv_type_k = kv, .kv_type_v = kv});
     constexpr int32_t kCtx = 48, kKeep = 5;
     cera::Session s(e, kCtx);
     s.append_text("Once upon a time, there was a little");

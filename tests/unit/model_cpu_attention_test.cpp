@@ -1,6 +1,6 @@
 // The CPU backend's vectorized attention rows against the scalar specification,
 // over awkward shapes: head sizes that are not a multiple of 16, one key, GQA
-// groups, a sliding window, F32 and F16 caches, positions not starting at 0.
+// groups, a sliding window, F32, F16, BF16, Q8_0 and Q4_0 caches, positions not starting at 0.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,14 +10,14 @@
 
 #include "backends/cpu/kernels_attention.h"
 #include "core/cpu_features.h"
-#include "core/fp16.h"
+#include "core/quant/quant.h"
 
 namespace cera::cpu_attention {
 namespace {
 
 struct Case {
     int n_head, n_head_kv, head_dim, n_tokens, pos0, window;
-    bool f16;
+    Elem type;
 };
 
 using RowsFn = void (*)(const Args&, int64_t, int64_t, float*);
@@ -33,18 +33,22 @@ void run_case(const Case& c, RowsFn rows, BlockFn block, const char* name) {
     std::vector<float> k32(size_t(n_ctx * kv_width)), v32(k32.size());
     for (float& x : k32) x = nd(rng);
     for (float& x : v32) x = nd(rng);
-    std::vector<uint16_t> k16(k32.size()), v16(v32.size());
-    for (size_t i = 0; i < k32.size(); ++i) {
-        k16[i] = fp32_to_fp16(k32[i]);
-        v16[i] = fp32_to_fp16(v32[i]);
+    // The caches in the case's type, row by row as the backend stores them.
+    const GgmlType gt[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0};
+    const GgmlType t = gt[int(c.type)];
+    const size_t row = row_size(t, kv_width);
+    std::vector<uint8_t> kc(row * size_t(n_ctx)), vc(kc.size());
+    for (int64_t r = 0; r < n_ctx; ++r) {
+        quantize_row_ref(t, k32.data() + r * kv_width, kc.data() + size_t(r) * row, kv_width);
+        quantize_row_ref(t, v32.data() + r * kv_width, vc.data() + size_t(r) * row, kv_width);
     }
     std::vector<int32_t> pos(size_t(c.n_tokens));
     for (int t = 0; t < c.n_tokens; ++t) pos[size_t(t)] = c.pos0 + t;
     Args a;
     a.q = q.data();
-    a.k = c.f16 ? static_cast<const void*>(k16.data()) : k32.data();
-    a.v = c.f16 ? static_cast<const void*>(v16.data()) : v32.data();
-    a.f16 = c.f16;
+    a.k = kc.data();
+    a.v = vc.data();
+    a.k_type = a.v_type = c.type;
     a.pos = pos.data();
     a.n_head = c.n_head;
     a.group = c.n_head / c.n_head_kv;
@@ -70,16 +74,18 @@ void run_case(const Case& c, RowsFn rows, BlockFn block, const char* name) {
         double max_d = 0;
         for (size_t i = 0; i < want.size(); ++i) max_d = std::max(max_d, double(std::fabs(want[i] - got[i])));
         EXPECT_LT(max_d, 2e-5) << name << (pass ? " block" : " rows") << " head_dim " << c.head_dim << " n_tokens "
-                               << c.n_tokens << " pos0 " << c.pos0 << " window " << c.window << " f16 " << c.f16;
+                               << c.n_tokens << " pos0 " << c.pos0 << " window " << c.window << " type " << int(c.type);
     }
 }
 
+constexpr Elem F32 = Elem::kF32, F16 = Elem::kF16, BF16 = Elem::kBF16, Q8 = Elem::kQ8_0, Q4 = Elem::kQ4_0;
 const Case kCases[] = {
-    {4, 2, 64, 7, 0, 0, false},   {4, 2, 64, 1, 200, 0, false},  {4, 4, 48, 5, 3, 0, true},
-    {2, 1, 16, 33, 0, 0, false},  {8, 2, 80, 3, 17, 0, true},    {4, 2, 32, 20, 5, 8, false},
-    {1, 1, 8, 1, 0, 0, false},    {6, 3, 128, 4, 60, 0, true},   {4, 1, 24, 9, 1, 0, false},
-    {16, 8, 64, 40, 0, 0, false}, {16, 8, 64, 37, 100, 0, true}, {4, 2, 64, 50, 3, 20, false},
-    {8, 2, 32, 17, 0, 0, false},
+    {4, 2, 64, 7, 0, 0, F32},   {4, 2, 64, 1, 200, 0, F32},  {4, 4, 48, 5, 3, 0, F16},   {2, 1, 16, 33, 0, 0, F32},
+    {8, 2, 80, 3, 17, 0, F16},  {4, 2, 32, 20, 5, 8, F32},   {1, 1, 8, 1, 0, 0, F32},    {6, 3, 128, 4, 60, 0, F16},
+    {4, 1, 24, 9, 1, 0, F32},   {16, 8, 64, 40, 0, 0, F32},  {16, 8, 64, 37, 100, 0, F16}, {4, 2, 64, 50, 3, 20, F32},
+    {8, 2, 32, 17, 0, 0, F32},  {4, 2, 64, 7, 0, 0, BF16},   {8, 2, 48, 3, 9, 0, BF16},  {4, 2, 64, 1, 200, 0, Q8},
+    {16, 8, 64, 37, 100, 0, Q8}, {6, 3, 128, 4, 60, 0, Q8},  {4, 2, 32, 20, 5, 8, Q8},   {4, 2, 64, 1, 200, 0, Q4},
+    {16, 8, 64, 37, 100, 0, Q4}, {6, 3, 128, 4, 60, 0, Q4},  {8, 2, 32, 17, 0, 0, Q4},
 };
 
 TEST(CpuAttention, Avx512MatchesReference) {

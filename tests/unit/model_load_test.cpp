@@ -153,7 +153,7 @@ TEST(ModelLoad, Lfm2vlTextModelRuns) {
 std::unique_ptr<Model> tiny_lfm2(GgmlType kv = GgmlType::kF32) {
     ModelOptions o;
     o.n_threads = 1;
-    o.kv_type = kv;
+    o.kv_type_k = o.kv_type_v = kv;
     o.n_batch = 16;
     return load_model(fixture("tiny-lfm2"), o);
 }
@@ -230,6 +230,46 @@ TEST(ModelState, F16KvCacheCloseToF32) {
     for (size_t i = 0; i < a.size(); ++i) max_d = std::max(max_d, double(std::fabs(a[i] - b[i])));
     std::printf("  F16 vs F32 KV cache, 184 positions: max |dlogit| = %.3g\n", max_d);
     EXPECT_LT(max_d, 2e-2);
+}
+
+// The other cache types against F32 keys and values over the 184 positions of a fixture prompt: the mean
+// |dlogit| and the top-1 agreement, bounded per type by its rounding (BF16 8 bits of mantissa, Q8_0 and
+// Q4_0 blocks of 32 with one scale), and keys and values of different types.
+TEST(ModelState, BlockKvCachesCloseToF32) {
+    nlohmann::json pj = nlohmann::json::parse(test::read_text(test::data_path("fixtures/tiny-lfm2/ref/prompt_2.json")));
+    const std::vector<int32_t> ids = pj["ids"].get<std::vector<int32_t>>();
+    auto logits = [&](GgmlType k, GgmlType v) {
+        ModelOptions o;
+        o.n_threads = 1;
+        o.kv_type_k = k, o.kv_type_v = v;
+        auto m = load_model(fixture("tiny-lfm2"), o);
+        std::vector<float> out(ids.size() * size_t(m->info().n_vocab));
+        m->create_state(256)->eval({.tokens = ids, .all_logits = true, .logits = out.data()});
+        return out;
+    };
+    const std::vector<float> ref = logits(GgmlType::kF32, GgmlType::kF32);
+    const int64_t n_vocab = int64_t(ref.size() / ids.size());
+    struct Case {
+        GgmlType k, v;
+        double mean, agree;  // bounds: mean |dlogit| below, top-1 agreement above
+    };
+    for (const Case& c : {Case{GgmlType::kBF16, GgmlType::kBF16, 0.02, 0.97}, Case{GgmlType::kQ8_0, GgmlType::kQ8_0, 0.02, 0.97},
+                          Case{GgmlType::kQ4_0, GgmlType::kQ4_0, 0.15, 0.85}, Case{GgmlType::kQ8_0, GgmlType::kF16, 0.02, 0.97}}) {
+        const std::vector<float> got = logits(c.k, c.v);
+        double sum = 0;
+        int agree = 0;
+        for (size_t t = 0; t < ids.size(); ++t) {
+            const float* a = ref.data() + t * size_t(n_vocab);
+            const float* b = got.data() + t * size_t(n_vocab);
+            for (int64_t i = 0; i < n_vocab; ++i) sum += std::fabs(a[i] - b[i]);
+            agree += std::max_element(a, a + n_vocab) - a == std::max_element(b, b + n_vocab) - b;
+        }
+        const double mean = sum / double(ref.size()), frac = double(agree) / double(ids.size());
+        std::printf("  %s/%s vs F32 KV cache: mean |dlogit| %.4f, top-1 agreement %.3f\n", type_name(c.k),
+                    type_name(c.v), mean, frac);
+        EXPECT_LT(mean, c.mean) << type_name(c.k);
+        EXPECT_GT(frac, c.agree) << type_name(c.k);
+    }
 }
 
 }  // namespace

@@ -45,7 +45,7 @@ std::shared_ptr<cera::Engine> engine(size_t bytes, const std::string& dir = "",
     o.threads = 1;
     o.prefix_cache_bytes = bytes;
     o.prefix_cache_dir = dir;
-    o.kv_type = kv;
+    o.kv_type_k = o.kv_type_v = kv;
     return cera::Engine::load(kModel, o);
 }
 
@@ -64,9 +64,9 @@ Prefilled prefill(const std::shared_ptr<cera::Engine>& e, const std::string& tex
     cera::NullSink sink;
     Prefilled p;
     p.result = s.generate(g, sink);
-    const cera::KvCacheType kv = e->options().kv_type;
     const cera::SessionSnapshot snap = cera::decode_state(
-        s.save_state(), {e->fingerprint(), kv == cera::KvCacheType::kF16 ? 1u : 0u, e->info().n_vocab});
+        s.save_state(),
+        {e->fingerprint(), cera::kv_state_code(e->options().kv_type_k, e->options().kv_type_v), e->info().n_vocab});
     p.logits = snap.logits;
     p.tokens = s.tokens();
     return p;

@@ -26,7 +26,7 @@ std::shared_ptr<cera::Engine> engine(cera::KvCacheType kv = cera::KvCacheType::k
     cera::EngineOptions o;
     o.device = "cpu";
     o.threads = 1;
-    o.kv_type = kv;
+    o.kv_type_k = o.kv_type_v = kv;
     o.n_batch = n_batch;
     return cera::Engine::load(kModel, o);
 }

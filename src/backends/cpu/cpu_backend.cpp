@@ -328,7 +328,8 @@ class CpuBackend final : public Backend {
         a.q = q.as<const float>();
         a.k = k_cache.data;
         a.v = v_cache.data;
-        a.f16 = k_cache.type == GgmlType::kF16;
+        a.k_type = cache_elem(k_cache);
+        a.v_type = cache_elem(v_cache);
         a.pos = pos.as<const int32_t>();
         a.out = out.as<float>();
         a.n_head = ap.n_head;
@@ -676,12 +677,23 @@ class CpuBackend final : public Backend {
     }
 
     static void store_row(const float* src, const Tensor& cache, int64_t row, int64_t width) {
-        if (cache.type == GgmlType::kF16) {
-            uint16_t* d = cache.as<uint16_t>() + row * width;
-            for (int64_t i = 0; i < width; ++i) d[i] = fp32_to_fp16(src[i]);
-        } else {
-            std::memcpy(cache.as<float>() + row * width, src, size_t(width) * sizeof(float));
+        uint8_t* dst = static_cast<uint8_t*>(cache.data) + size_t(row) * row_size(cache.type, width);
+        if (cache.type == GgmlType::kF32)
+            std::memcpy(dst, src, size_t(width) * sizeof(float));
+        else
+            quantize_row_ref(cache.type, src, dst, width);  // F16, BF16 round to nearest even; Q8_0, Q4_0 blocks
+    }
+
+    static cpu_attention::Elem cache_elem(const Tensor& cache) {
+        switch (cache.type) {
+            case GgmlType::kF32: return cpu_attention::Elem::kF32;
+            case GgmlType::kF16: return cpu_attention::Elem::kF16;
+            case GgmlType::kBF16: return cpu_attention::Elem::kBF16;
+            case GgmlType::kQ8_0: return cpu_attention::Elem::kQ8_0;
+            case GgmlType::kQ4_0: return cpu_attention::Elem::kQ4_0;
+            default: break;
         }
+        throw_error(ErrorCode::kUnsupported, "attention: a KV cache of type %s", type_name(cache.type));
     }
 
     // Runs body(r0, r1) over [0, rows), split over the pool when rows * cost_per_row is large.

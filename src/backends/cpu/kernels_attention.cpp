@@ -5,7 +5,9 @@
 #include <cmath>
 
 #include "backends/cpu/kernels_attention.h"
+#include "core/dtype.h"
 #include "core/fp16.h"
+#include "core/quant/quant.h"
 
 namespace cera::cpu_attention {
 namespace {
@@ -29,11 +31,25 @@ void rows_ref(const Args& a, int64_t r0, int64_t r1, float* scratch) {
     float* acc = scratch;
     float* kv_buf = acc + hd;
     float* scores = kv_buf + hd;
-    auto row = [&](const void* base, int64_t off) -> const float* {
-        if (!a.f16) return static_cast<const float*>(base) + off;
-        const uint16_t* s = static_cast<const uint16_t*>(base) + off;
-        for (int d = 0; d < hd; ++d) kv_buf[d] = fp16_to_fp32(s[d]);
-        return kv_buf;
+    // head_dim elements from element offset off (a block boundary for the block types).
+    auto row = [&](const void* base, Elem type, int64_t off) -> const float* {
+        switch (type) {
+            case Elem::kF32:
+                return static_cast<const float*>(base) + off;
+            case Elem::kF16:
+            case Elem::kBF16: {
+                const uint16_t* s = static_cast<const uint16_t*>(base) + off;
+                for (int d = 0; d < hd; ++d) kv_buf[d] = type == Elem::kF16 ? fp16_to_fp32(s[d]) : bf16_to_fp32(s[d]);
+                return kv_buf;
+            }
+            case Elem::kQ8_0:
+            case Elem::kQ4_0: {
+                const GgmlType t = type == Elem::kQ8_0 ? GgmlType::kQ8_0 : GgmlType::kQ4_0;
+                dequantize_row_ref(t, static_cast<const uint8_t*>(base) + (off / 32) * row_size(t, 32), kv_buf, hd);
+                return kv_buf;
+            }
+        }
+        return nullptr;
     };
     for (int64_t r = r0; r < r1; ++r) {
         const int64_t t = r / a.n_head;
@@ -43,7 +59,7 @@ void rows_ref(const Args& a, int64_t r0, int64_t r1, float* scratch) {
         const int32_t begin = a.window > 0 ? std::max(0, end - a.window) : 0;
         float mx = -INFINITY;
         for (int32_t j = begin; j < end; ++j) {
-            const float s = dot_f32(qv, row(a.k, kv_row(a, j) * a.kv_width + int64_t(hk) * hd), hd) * a.scale;
+            const float s = dot_f32(qv, row(a.k, a.k_type, kv_row(a, j) * a.kv_width + int64_t(hk) * hd), hd) * a.scale;
             scores[j - begin] = s;
             mx = std::max(mx, s);
         }
@@ -55,7 +71,7 @@ void rows_ref(const Args& a, int64_t r0, int64_t r1, float* scratch) {
         std::fill(acc, acc + hd, 0.0f);
         for (int32_t j = begin; j < end; ++j) {
             const float w = scores[j - begin];
-            const float* vr = row(a.v, kv_row(a, j) * a.kv_width + int64_t(hk) * hd);
+            const float* vr = row(a.v, a.v_type, kv_row(a, j) * a.kv_width + int64_t(hk) * hd);
             for (int d = 0; d < hd; ++d) acc[d] += w * vr[d];
         }
         float* o = a.out + r * hd;

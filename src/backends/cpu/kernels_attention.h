@@ -12,11 +12,15 @@
 
 namespace cera::cpu_attention {
 
+// The cache element types. The block types (Q8_0, Q4_0: 32 elements a block) need head_dim % 32 == 0, so
+// that every head starts a block; the kernels read element offsets as block and place in the block.
+enum class Elem : uint8_t { kF32, kF16, kBF16, kQ8_0, kQ4_0 };
+
 struct Args {
     const float* q = nullptr;      // f32 [n_tokens, n_head * head_dim]
-    const void* k = nullptr;       // [n_ctx, n_head_kv * head_dim], F32 or F16
-    const void* v = nullptr;       // [n_ctx, n_head_kv * head_dim], F32 or F16
-    bool f16 = false;              // cache element type
+    const void* k = nullptr;       // [n_ctx, n_head_kv * head_dim] of k_type
+    const void* v = nullptr;       // [n_ctx, n_head_kv * head_dim] of v_type
+    Elem k_type = Elem::kF32, v_type = Elem::kF32;
     const int32_t* pos = nullptr;  // [n_tokens]
     float* out = nullptr;          // f32 [n_tokens, n_head * head_dim]
     int n_head = 0, group = 1, head_dim = 0;

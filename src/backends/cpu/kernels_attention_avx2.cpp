@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "backends/cpu/kernels_attention.h"
+#include "core/fp16.h"
 
 namespace cera::cpu_attention {
 namespace {
@@ -35,11 +36,35 @@ inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-inline __m256 load8(const void* base, int64_t off, bool f16) {
-    if (f16)
-        return _mm256_cvtph_ps(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + off)));
-    return _mm256_loadu_ps(static_cast<const float*>(base) + off);
+// 8 elements from element offset off (a multiple of 8).
+inline __m256 load8(const void* base, int64_t off, Elem type) {
+    switch (type) {
+        case Elem::kF32:
+            return _mm256_loadu_ps(static_cast<const float*>(base) + off);
+        case Elem::kF16:
+            return _mm256_cvtph_ps(
+                _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + off)));
+        case Elem::kBF16:
+            return _mm256_castsi256_ps(_mm256_slli_epi32(
+                _mm256_cvtepu16_epi32(
+                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + off))),
+                16));
+        case Elem::kQ8_0: {  // blocks of 34 bytes: f16 scale, 32 int8
+            const uint8_t* b = static_cast<const uint8_t*>(base) + (off >> 5) * 34;
+            const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + (off & 31)));
+            return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
+                                 _mm256_set1_ps(fp16_to_fp32(*reinterpret_cast<const uint16_t*>(b))));
+        }
+        case Elem::kQ4_0: {  // blocks of 18 bytes: f16 scale, 16 bytes of nibbles (low: 0-15, high: 16-31)
+            const uint8_t* b = static_cast<const uint8_t*>(base) + (off >> 5) * 18;
+            __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + (off & 15)));
+            if (off & 16) q = _mm_srli_epi16(q, 4);
+            q = _mm_and_si128(q, _mm_set1_epi8(0x0f));
+            const __m256i v = _mm256_sub_epi32(_mm256_cvtepu8_epi32(q), _mm256_set1_epi32(8));
+            return _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(fp16_to_fp32(*reinterpret_cast<const uint16_t*>(b))));
+        }
+    }
+    return _mm256_setzero_ps();
 }
 
 }  // namespace
@@ -65,10 +90,10 @@ void rows_avx2(const Args& a, int64_t r0, int64_t r1, float* scratch) {
             const int64_t o = kv_row(a, j) * a.kv_width + head_off;
             int i = 0;
             for (; i + 2 <= nv; i += 2) {
-                s0 = _mm256_fmadd_ps(q[i], load8(a.k, o + 8 * i, a.f16), s0);
-                s1 = _mm256_fmadd_ps(q[i + 1], load8(a.k, o + 8 * i + 8, a.f16), s1);
+                s0 = _mm256_fmadd_ps(q[i], load8(a.k, o + 8 * i, a.k_type), s0);
+                s1 = _mm256_fmadd_ps(q[i + 1], load8(a.k, o + 8 * i + 8, a.k_type), s1);
             }
-            if (i < nv) s0 = _mm256_fmadd_ps(q[i], load8(a.k, o + 8 * i, a.f16), s0);
+            if (i < nv) s0 = _mm256_fmadd_ps(q[i], load8(a.k, o + 8 * i, a.k_type), s0);
             const float s = hsum(_mm256_add_ps(s0, s1));
             scores[j - begin] = s;
             mx = std::max(mx, s);
@@ -90,7 +115,7 @@ void rows_avx2(const Args& a, int64_t r0, int64_t r1, float* scratch) {
         for (int32_t j = begin; j < end; ++j) {
             const __m256 p = _mm256_set1_ps(scores[j - begin]);
             const int64_t o = kv_row(a, j) * a.kv_width + head_off;
-            for (int v = 0; v < nv; ++v) acc[v] = _mm256_fmadd_ps(p, load8(a.v, o + 8 * v, a.f16), acc[v]);
+            for (int v = 0; v < nv; ++v) acc[v] = _mm256_fmadd_ps(p, load8(a.v, o + 8 * v, a.v_type), acc[v]);
         }
         float* out = a.out + r * hd;
         for (int v = 0; v < nv; ++v) _mm256_storeu_ps(out + 8 * v, _mm256_mul_ps(acc[v], _mm256_set1_ps(inv)));

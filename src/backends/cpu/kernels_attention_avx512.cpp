@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "backends/cpu/kernels_attention.h"
+#include "core/fp16.h"
 
 namespace cera::cpu_attention {
 namespace {
@@ -26,9 +27,32 @@ inline __m512 exp512(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
-inline __m512 load(const void* base, int64_t off, bool f16, __mmask16 m) {
-    if (f16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(base) + off));
-    return _mm512_maskz_loadu_ps(m, static_cast<const float*>(base) + off);
+// 16 elements (those of mask m) from element offset off; for the block types off % 16 == 0 and m is full.
+inline __m512 load(const void* base, int64_t off, Elem type, __mmask16 m) {
+    switch (type) {
+        case Elem::kF32:
+            return _mm512_maskz_loadu_ps(m, static_cast<const float*>(base) + off);
+        case Elem::kF16:
+            return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(base) + off));
+        case Elem::kBF16:
+            return _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(base) + off)), 16));
+        case Elem::kQ8_0: {  // blocks of 34 bytes: f16 scale, 32 int8
+            const uint8_t* b = static_cast<const uint8_t*>(base) + (off >> 5) * 34;
+            const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + (off & 31)));
+            return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)),
+                                 _mm512_set1_ps(fp16_to_fp32(*reinterpret_cast<const uint16_t*>(b))));
+        }
+        case Elem::kQ4_0: {  // blocks of 18 bytes: f16 scale, 16 bytes of nibbles (low: 0-15, high: 16-31)
+            const uint8_t* b = static_cast<const uint8_t*>(base) + (off >> 5) * 18;
+            __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
+            if (off & 16) q = _mm_srli_epi16(q, 4);
+            q = _mm_and_si128(q, _mm_set1_epi8(0x0f));
+            const __m512i v = _mm512_sub_epi32(_mm512_cvtepu8_epi32(q), _mm512_set1_epi32(8));
+            return _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(fp16_to_fp32(*reinterpret_cast<const uint16_t*>(b))));
+        }
+    }
+    return _mm512_setzero_ps();
 }
 
 }  // namespace
@@ -59,10 +83,10 @@ void rows_avx512(const Args& a, int64_t r0, int64_t r1, float* scratch) {
             const int64_t o0 = kv_row(a, j) * a.kv_width + head_off, o1 = kv_row(a, j + 1) * a.kv_width + head_off,
                           o2 = kv_row(a, j + 2) * a.kv_width + head_off, o3 = kv_row(a, j + 3) * a.kv_width + head_off;
             for (int i = 0; i < nv; ++i) {
-                s0 = _mm512_fmadd_ps(q[i], load(a.k, o0 + 16 * i, a.f16, mask[i]), s0);
-                s1 = _mm512_fmadd_ps(q[i], load(a.k, o1 + 16 * i, a.f16, mask[i]), s1);
-                s2 = _mm512_fmadd_ps(q[i], load(a.k, o2 + 16 * i, a.f16, mask[i]), s2);
-                s3 = _mm512_fmadd_ps(q[i], load(a.k, o3 + 16 * i, a.f16, mask[i]), s3);
+                s0 = _mm512_fmadd_ps(q[i], load(a.k, o0 + 16 * i, a.k_type, mask[i]), s0);
+                s1 = _mm512_fmadd_ps(q[i], load(a.k, o1 + 16 * i, a.k_type, mask[i]), s1);
+                s2 = _mm512_fmadd_ps(q[i], load(a.k, o2 + 16 * i, a.k_type, mask[i]), s2);
+                s3 = _mm512_fmadd_ps(q[i], load(a.k, o3 + 16 * i, a.k_type, mask[i]), s3);
             }
             float* sc = scores + (j - begin);
             sc[0] = _mm512_reduce_add_ps(s0);
@@ -73,7 +97,7 @@ void rows_avx512(const Args& a, int64_t r0, int64_t r1, float* scratch) {
         for (; j < end; ++j) {
             __m512 s0 = _mm512_setzero_ps();
             const int64_t o = kv_row(a, j) * a.kv_width + head_off;
-            for (int i = 0; i < nv; ++i) s0 = _mm512_fmadd_ps(q[i], load(a.k, o + 16 * i, a.f16, mask[i]), s0);
+            for (int i = 0; i < nv; ++i) s0 = _mm512_fmadd_ps(q[i], load(a.k, o + 16 * i, a.k_type, mask[i]), s0);
             scores[j - begin] = _mm512_reduce_add_ps(s0);
         }
         const int32_t n = end - begin;
@@ -100,7 +124,7 @@ void rows_avx512(const Args& a, int64_t r0, int64_t r1, float* scratch) {
         for (j = begin; j < end; ++j) {
             const __m512 p = _mm512_set1_ps(scores[j - begin]);
             const int64_t o = kv_row(a, j) * a.kv_width + head_off;
-            for (int v = 0; v < nv; ++v) acc[v] = _mm512_fmadd_ps(p, load(a.v, o + 16 * v, a.f16, mask[v]), acc[v]);
+            for (int v = 0; v < nv; ++v) acc[v] = _mm512_fmadd_ps(p, load(a.v, o + 16 * v, a.v_type, mask[v]), acc[v]);
         }
         float* out = a.out + r * hd;
         for (int v = 0; v < nv; ++v)
@@ -147,8 +171,8 @@ void block_avx512(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch)
             for (int v = 0; v < nv; ++v) {
                 const bool in = i < nk;
                 const int64_t o = (in ? kv_row(a, j0 + i) : 0) * a.kv_width + head_off + 16 * v;
-                _mm512_storeu_ps(tile + i * hd + 16 * v, in ? load(a.k, o, a.f16, 0xffff) : _mm512_setzero_ps());
-                _mm512_storeu_ps(vt + i * hd + 16 * v, in ? load(a.v, o, a.f16, 0xffff) : _mm512_setzero_ps());
+                _mm512_storeu_ps(tile + i * hd + 16 * v, in ? load(a.k, o, a.k_type, 0xffff) : _mm512_setzero_ps());
+                _mm512_storeu_ps(vt + i * hd + 16 * v, in ? load(a.v, o, a.v_type, 0xffff) : _mm512_setzero_ps());
             }
         }
         for (int d = 0; d < hd; ++d)

@@ -1,8 +1,10 @@
 // The grouped LoRA product (lora.h), in two launches per batch of segments: the down products t = s A x,
-// a warp per (row, rank index), then the up products y += Bᵀ t, a thread per output column over a few
-// rows, each row summing every segment that covers it (so overlapping segments need no atomics and the
-// sum does not depend on the launch's timing). Bᵀ is read by rows (the column index is the fast one),
-// once for kUpRows rows of x.
+// a block per (segment, rank index, group of rows), its threads splitting the row's k products four at a
+// time so that every load of a row is in flight at once (a warp walking k alone waits out one memory
+// latency per 32 elements: tens of microseconds for one decode row); then the up products y += Bᵀ t, a
+// thread per output column over a few rows, each row summing every segment that covers it (so
+// overlapping segments need no atomics and the sum does not depend on the launch's timing). Bᵀ is read by
+// rows (the column index is the fast one), once for kUpRows rows of x.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -13,7 +15,8 @@
 namespace cera::cuda {
 namespace {
 
-constexpr int kDownWarps = 8;
+constexpr int kDownThreads = 256;
+constexpr int kDownRowGroups = 64;  // blocks along the rows, each taking every 64th row
 constexpr int kUpThreads = 256;
 constexpr int kUpRows = 8;
 
@@ -26,22 +29,41 @@ __device__ __forceinline__ float at(const void* p, bool f16, int64_t i) {
     return f16 ? __half2float(static_cast<const __half*>(p)[i]) : static_cast<const float*>(p)[i];
 }
 
-// grid (segments, row groups); a warp per rank index of a row.
-__global__ void __launch_bounds__(kDownWarps * 32) lora_down_kernel(const float* __restrict__ x, float* t, int64_t k,
-                                                                     const LoraBatch b) {
+// Four elements of A from i (a multiple of 4).
+__device__ __forceinline__ float4 at4(const void* p, bool f16, int64_t i) {
+    if (!f16) return *reinterpret_cast<const float4*>(static_cast<const float*>(p) + i);
+    const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const __half*>(p) + i);
+    const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+    const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
+// grid (segments, largest rank, row groups). vec: k is a multiple of 4 (rows and A's rows 16-byte aligned).
+__global__ void __launch_bounds__(kDownThreads) lora_down_kernel(const float* __restrict__ x, float* t, int64_t k,
+                                                                   bool vec, const LoraBatch b) {
+    __shared__ float red[32];
     pdl_trigger();
     pdl_wait();
     const LoraSegDev& sg = b.s[blockIdx.x];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int64_t i = blockIdx.y; i < sg.n; i += gridDim.y) {
+    const int j = blockIdx.y;
+    if (j >= sg.r) return;
+    const int64_t a0 = int64_t(j) * k;
+    for (int64_t i = blockIdx.z; i < sg.n; i += gridDim.z) {
         const float* xr = x + (sg.start + i) * k;
-        for (int j = warp; j < sg.r; j += kDownWarps) {
-            const int64_t a0 = int64_t(j) * k;
-            float acc = 0.0f;
-            for (int64_t c = lane; c < k; c += 32) acc = fmaf(at(sg.a, sg.a_f16, a0 + c), xr[c], acc);
-            acc = warp_sum(acc);
-            if (lane == 0) t[sg.t_off + i * sg.r + j] = sg.scale * acc;
+        float acc = 0.0f;
+        if (vec) {
+#pragma unroll 4
+            for (int64_t c = int64_t(threadIdx.x) * 4; c < k; c += kDownThreads * 4) {
+                const float4 xv = *reinterpret_cast<const float4*>(xr + c);
+                const float4 av = at4(sg.a, sg.a_f16, a0 + c);
+                acc = fmaf(av.x, xv.x, fmaf(av.y, xv.y, fmaf(av.z, xv.z, fmaf(av.w, xv.w, acc))));
+            }
+        } else {
+#pragma unroll 4
+            for (int64_t c = threadIdx.x; c < k; c += kDownThreads) acc = fmaf(at(sg.a, sg.a_f16, a0 + c), xr[c], acc);
         }
+        acc = block_sum(acc, red);
+        if (threadIdx.x == 0) t[sg.t_off + i * sg.r + j] = sg.scale * acc;
     }
 }
 
@@ -61,6 +83,7 @@ __global__ void __launch_bounds__(kUpThreads) lora_up_kernel(const float* __rest
         const LoraSegDev& sg = b.s[q];
         const int64_t lo = max(r0, sg.start), hi = min(min(r0 + kUpRows, n_rows), sg.start + sg.n);
         if (lo >= hi) continue;
+#pragma unroll 8
         for (int j = 0; j < sg.r; ++j) {
             const float w = at(sg.bt, sg.bt_f16, int64_t(j) * n_out + c);
 #pragma unroll
@@ -85,14 +108,18 @@ void lora_segments(const float* x, float* y, float* t, int64_t k, int64_t n_out,
     for (int first = 0; first < n_segs; first += kLoraSegsPerLaunch) {
         LoraBatch b;
         int64_t most = 0;
+        int r_max = 0;
         for (int i = first; i < n_segs && b.n < kLoraSegsPerLaunch; ++i) {
             if (segs[i].n == 0 || segs[i].r == 0) continue;
             b.s[b.n++] = segs[i];
             most = std::max(most, segs[i].n);
+            r_max = std::max(r_max, segs[i].r);
         }
         if (b.n == 0) continue;
-        const unsigned row_groups = unsigned(std::min<int64_t>(most, 1024));
-        launch(lora_down_kernel, dim3(unsigned(b.n), row_groups), kDownWarps * 32, 0, s, x, t, k, b);
+        const unsigned row_groups = unsigned(std::min<int64_t>(most, kDownRowGroups));
+        bool vec = k % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+        for (int i = 0; i < b.n; ++i) vec = vec && reinterpret_cast<uintptr_t>(b.s[i].a) % 16 == 0;
+        launch(lora_down_kernel, dim3(unsigned(b.n), unsigned(r_max), row_groups), kDownThreads, 0, s, x, t, k, vec, b);
         launch(lora_up_kernel, dim3(unsigned((n_out + kUpThreads - 1) / kUpThreads), unsigned((n_rows + kUpRows - 1) / kUpRows)),
                kUpThreads, 0, s, static_cast<const float*>(t), y, n_out, n_rows, b);
     }
