@@ -2,9 +2,9 @@
 // a block per (segment, rank index, group of rows), its threads splitting the row's k products four at a
 // time so that every load of a row is in flight at once (a warp walking k alone waits out one memory
 // latency per 32 elements: tens of microseconds for one decode row); then the up products y += Bᵀ t, a
-// thread per output column over a few rows, each row summing every segment that covers it (so
-// overlapping segments need no atomics and the sum does not depend on the launch's timing). Bᵀ is read by
-// rows (the column index is the fast one), once for kUpRows rows of x.
+// thread per output column over a few rows (their t staged in shared memory), each row summing every
+// segment that covers it (so overlapping segments need no atomics and the sum does not depend on the
+// launch's timing). Bᵀ is read by rows (the column index is the fast one), once for kUpRows rows of x.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -17,7 +17,8 @@ namespace {
 
 constexpr int kDownThreads = 256;
 constexpr int kDownRowGroups = 64;  // blocks along the rows, each taking every 64th row
-constexpr int kUpThreads = 256;
+constexpr int kUpThreads = 128;
+constexpr int kUpRanks = 32;  // ranks of t staged in shared memory at a time
 constexpr int kUpRows = 8;
 
 struct LoraBatch {
@@ -70,11 +71,14 @@ __global__ void __launch_bounds__(kDownThreads) lora_down_kernel(const float* __
 // grid (column blocks, row groups of kUpRows).
 __global__ void __launch_bounds__(kUpThreads) lora_up_kernel(const float* __restrict__ t, float* y, int64_t n_out,
                                                               int64_t n_rows, const LoraBatch b) {
+    // The block's rows of t, kUpRanks ranks at a time (zero outside the segment), so that the loop over the
+    // ranks has no branch and its loads of Bᵀ are all in flight together.
+    __shared__ float st[kUpRows][kUpRanks];
     pdl_trigger();
     pdl_wait();
     const int64_t c = int64_t(blockIdx.x) * kUpThreads + threadIdx.x;
     const int64_t r0 = int64_t(blockIdx.y) * kUpRows;
-    if (c >= n_out) return;
+    const bool col = c < n_out;
     float acc[kUpRows];
     bool hit[kUpRows];
 #pragma unroll
@@ -82,19 +86,28 @@ __global__ void __launch_bounds__(kUpThreads) lora_up_kernel(const float* __rest
     for (int q = 0; q < b.n; ++q) {
         const LoraSegDev& sg = b.s[q];
         const int64_t lo = max(r0, sg.start), hi = min(min(r0 + kUpRows, n_rows), sg.start + sg.n);
-        if (lo >= hi) continue;
-#pragma unroll 8
-        for (int j = 0; j < sg.r; ++j) {
-            const float w = at(sg.bt, sg.bt_f16, int64_t(j) * n_out + c);
-#pragma unroll
-            for (int i = 0; i < kUpRows; ++i) {
+        if (lo >= hi) continue;  // the same for the whole block
+        for (int j0 = 0; j0 < sg.r; j0 += kUpRanks) {
+            const int nj = min(kUpRanks, sg.r - j0);
+            __syncthreads();  // st of the previous chunk is read
+            for (int e = threadIdx.x; e < kUpRows * kUpRanks; e += kUpThreads) {
+                const int i = e / kUpRanks, j = e % kUpRanks;
                 const int64_t row = r0 + i;
-                if (row >= lo && row < hi) acc[i] = fmaf(t[sg.t_off + (row - sg.start) * sg.r + j], w, acc[i]);
+                st[i][j] = row >= lo && row < hi && j < nj ? t[sg.t_off + (row - sg.start) * sg.r + j0 + j] : 0.0f;
+            }
+            __syncthreads();
+            if (!col) continue;
+#pragma unroll 8
+            for (int j = 0; j < nj; ++j) {
+                const float w = at(sg.bt, sg.bt_f16, int64_t(j0 + j) * n_out + c);
+#pragma unroll
+                for (int i = 0; i < kUpRows; ++i) acc[i] = fmaf(st[i][j], w, acc[i]);
             }
         }
 #pragma unroll
         for (int i = 0; i < kUpRows; ++i) hit[i] = hit[i] || (r0 + i >= lo && r0 + i < hi);
     }
+    if (!col) return;
 #pragma unroll
     for (int i = 0; i < kUpRows; ++i)
         if (hit[i]) y[(r0 + i) * n_out + c] += acc[i];
