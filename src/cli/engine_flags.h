@@ -15,8 +15,8 @@ struct EngineFlags {
     std::string device = "auto";  // a command may set another default before add()
     int threads = 0;
     int32_t n_ctx = 0;
-    std::string kv_type = "f32";  // --kv-type: keys and values
-    std::string kv_type_k, kv_type_v;  // --cache-type-k / -v: one of them ("" = --kv-type)
+    std::string kv_type = "f32";      // --kv-type: keys and values
+    std::string kv_type_k, kv_type_v; // --cache-type-k / -v ("" = --kv-type)
     int32_t n_batch = 512;            // --batch
     std::string cache_dir;            // --prompt-cache
     double cache_mib = 0;             // --cache-mib

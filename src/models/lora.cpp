@@ -6,11 +6,11 @@
 
 #include <algorithm>
 #include <array>
-#include <functional>
 #include <atomic>
 #include <cinttypes>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <regex>
 
 #include "core/check.h"

@@ -48,10 +48,6 @@ class LoraAdapter {
 
  private:
     friend std::shared_ptr<LoraAdapter> load_lora(const std::string& path, const Model& model);
-
-// The same reading and checks against a model's GGUF file instead of a loaded model (no backend): the pairs,
-// sorted by target, that `cera convert --lora-merge` folds into the base weights.
-std::vector<LoraTensor> read_lora(const std::string& path, const gguf::File& base);
     std::string path_;
     uint64_t id_ = 0;
     std::vector<LoraTensor> tensors_;

@@ -30,13 +30,6 @@ std::string prompt_tokens(const std::string& model) {
     return s;
 }
 
-double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
-    EXPECT_EQ(a.size(), b.size());
-    double d = 0;
-    for (size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, double(std::fabs(a[i] - b[i])));
-    return d;
-}
-
 TEST(LoraCli, LogitsMatchReferenceForEachFormatAndScale) {
     const std::string out = (std::filesystem::temp_directory_path() / ("cera_lora_" + std::to_string(::getpid()))).string();
     for (const char* model : {"tiny-lfm2", "tiny-qwen3"}) {
@@ -58,7 +51,7 @@ TEST(LoraCli, LogitsMatchReferenceForEachFormatAndScale) {
             const auto r = run_shell(bin() + " logits --device cpu -t 2 -m " + shell_quote(fx(m + "/model.gguf")) +
                                      " --tokens " + prompt_tokens(m) + " --all --out " + shell_quote(out) + " " + c.flags);
             ASSERT_EQ(r.code, 0) << r.err;
-            const double d = max_diff(test::read_f32(out), test::read_f32(fx(m + "/lora/" + c.ref)));
+            const double d = test::max_abs_diff(test::read_f32(out), test::read_f32(fx(m + "/lora/" + c.ref)));
             std::printf("[ lora ] %-10s %s: max |dlogit| = %.3g\n", model, c.flags.c_str(), d);
             EXPECT_LT(d, 1e-2) << c.flags;
         }

@@ -46,13 +46,6 @@ std::vector<float> logits_of(Model& model, const std::string& name, const LoraSe
     return out;
 }
 
-double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
-    EXPECT_EQ(a.size(), b.size());
-    double d = 0;
-    for (size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, double(std::fabs(a[i] - b[i])));
-    return d;
-}
-
 class LoraMerge : public ::testing::Test {
  protected:
     void SetUp() override {
@@ -97,7 +90,7 @@ TEST_F(LoraMerge, MergedModelsMatchFloat64References) {
             }
             const std::string out = merge(fixture(m) + "/model.gguf", in);
             auto merged = load(out);
-            const double d = max_diff(logits_of(*merged, m), test::read_f32(fixture(m) + "/lora/" + c.ref));
+            const double d = test::max_abs_diff(logits_of(*merged, m), test::read_f32(fixture(m) + "/lora/" + c.ref));
             std::printf("[ merge ] %-10s %s: max |dlogit| vs reference = %.3g\n", m, what.c_str(), d);
             EXPECT_LT(d, 1e-2) << m << " " << what;
             // Same tensors, same types; the tensors no adapter touches keep their bytes.
@@ -137,7 +130,7 @@ TEST_F(LoraMerge, QuantizedBaseKeepsItsTypes) {
     const auto runtime = logits_of(*base_model, m, {{load_lora(adapter, *base_model), 1.0f}});
     const auto plain = logits_of(*base_model, m);
     auto merged = load(out);
-    const double d = max_diff(logits_of(*merged, m), runtime), effect = max_diff(plain, runtime);
+    const double d = test::max_abs_diff(logits_of(*merged, m), runtime), effect = test::max_abs_diff(plain, runtime);
     std::printf("[ merge ] Q8_0 base: merged vs runtime adapter %.3g, the adapter's effect %.3g\n", d, effect);
     EXPECT_LT(d, 0.1 * effect);
 }

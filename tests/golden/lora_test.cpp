@@ -63,13 +63,6 @@ std::vector<float> all_logits(ModelState& st, const std::vector<int32_t>& ids, i
     return out;
 }
 
-double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
-    EXPECT_EQ(a.size(), b.size());
-    double d = 0;
-    for (size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, double(std::fabs(a[i] - b[i])));
-    return d;
-}
-
 struct Case {
     const char* model;
     const char* adapter;  // under fixtures/<model>/lora/
@@ -89,14 +82,14 @@ TEST_P(LoraLogits, MatchFloat64Reference) {
     st->set_lora({{adapter, c.scale}});
     const std::vector<float> got = all_logits(*st, prompt0(c.model), n_vocab);
     const std::vector<float> ref = test::read_f32(fixture(c.model) + "/lora/" + c.ref);
-    const double d = max_diff(got, ref);
+    const double d = test::max_abs_diff(got, ref);
     std::printf("[ lora ] %-4s %-10s %-9s scale %.1f: max |dlogit| = %.3g\n", device_name(device), c.model, c.adapter,
                 c.scale, d);
     EXPECT_LT(d, 1e-2);
     // And the adapter makes a difference the test can see.
     st->set_lora({});
     st->reset();
-    EXPECT_GT(max_diff(all_logits(*st, prompt0(c.model), n_vocab), ref), 0.1);
+    EXPECT_GT(test::max_abs_diff(all_logits(*st, prompt0(c.model), n_vocab), ref), 0.1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LoraLogits,
@@ -153,7 +146,7 @@ TEST_P(LoraModel, TwoAdaptersAddTheirDeltas) {
     const auto a1 = load_lora(fixture(m) + "/lora/lora.gguf", *model);
     const auto a2 = load_lora(fixture(m) + "/lora/peft", *model);
     st->set_lora({{a1, 0.5f}, {a2, 0.5f}});
-    const double d = max_diff(all_logits(*st, prompt0(m), n_vocab), test::read_f32(fixture(m) + "/lora/logits_0.f32"));
+    const double d = test::max_abs_diff(all_logits(*st, prompt0(m), n_vocab), test::read_f32(fixture(m) + "/lora/logits_0.f32"));
     std::printf("[ lora ] %-10s two adapters at 0.5: max |dlogit| vs the adapter at 1.0 = %.3g\n", m.c_str(), d);
     EXPECT_LT(d, 1e-2);
 }
@@ -213,7 +206,7 @@ TEST_P(LoraModel, MixedBatchMatchesEachAlone) {
         for (size_t i = 0; i < sets.size(); ++i) {
             const float* row = out.logits.data() + out.row_at[i];
             const std::vector<float> got(row, row + n_vocab);
-            EXPECT_LE(max_diff(got, want[i][step]), device == DeviceKind::kCuda ? 1e-4 : 0.0)
+            EXPECT_LE(test::max_abs_diff(got, want[i][step]), device == DeviceKind::kCuda ? 1e-4 : 0.0)
                 << m << " sequence " << i << " step " << step;
         }
     }
@@ -246,7 +239,7 @@ TEST_P(LoraModel, SwitchingAdaptersBetweenDecodeSteps) {
         for (size_t i = 0; i < toks.size(); ++i) {
             one->eval({.tokens = {&toks[i], 1}, .logits = got.data()});
             const std::vector<float> w(want.begin() + int64_t(i) * n_vocab, want.begin() + int64_t(i + 1) * n_vocab);
-            const double d = max_diff(got, w);
+            const double d = test::max_abs_diff(got, w);
             worst = std::max(worst, d);
             EXPECT_LT(d, 1e-3) << m << " phase " << ph << " token " << i;
         }
