@@ -3,6 +3,7 @@
 // and split UTF-8 characters, and on Qwen3's 151,669-token vocabulary.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -96,6 +97,51 @@ ws ::= " "?)",
     }
     // JSON mode on the small vocabulary.
     check_walks(*Grammar::json(true), trie, 20, 20, 11);
+}
+
+// Random tokens over quotes, backslashes, newlines, letters, digits, whole and split UTF-8 characters:
+// long runs of one class share trie prefixes, so walks take whole subtrees in one step, and tokens
+// leave the top frames at one or several places (through optional whitespace).
+std::shared_ptr<const TokenTrie> random_vocab(uint64_t seed) {
+    const std::vector<std::string> units = {"a",  "b",  "z",        "1",        "0",           "\"",   "\\",
+                                            " ",  "\n", ",",        ".",        "[",           "]",    "\xc3\xa9",
+                                            "!",  "é",  "\xe4\xb8\xad", "\xf0\x9f\x98\x80", "\xc3", "\xa9", "\t"};
+    std::mt19937_64 rng(seed);
+    std::vector<std::string> pieces = {"<eos>"};
+    for (int i = 0; i < 900; ++i) {
+        std::string p;
+        const int len = 1 + int(rng() % 9);
+        // Most tokens are letters; the rest draw from every unit.
+        for (int k = 0; k < len; ++k) p += rng() % 3 ? units[rng() % 3] : units[rng() % units.size()];
+        pieces.push_back(p);
+    }
+    std::sort(pieces.begin() + 1, pieces.end());
+    pieces.erase(std::unique(pieces.begin() + 1, pieces.end()), pieces.end());
+    std::vector<bool> eog(pieces.size(), false), control(pieces.size(), false);
+    eog[0] = true;
+    return std::make_shared<const TokenTrie>(pieces, eog, control);
+}
+
+TEST(GrammarMatcher, SubtreesTakenWholeMatchTheReference) {
+    const auto trie = random_vocab(17);
+    for (const char* gbnf : {
+             R"(root ::= "\"" [^"\\\x00-\x1F]{0,12} "\"" ( " "? "," " "? "\"" [a-z]{1,3} "\"" )*)",
+             R"(root ::= ( [a-z] | [a-zé] [a-z0-9]{0,3} ){0,6} ws "!" ws
+ws ::= [ \n]{0,3})",
+             R"(root ::= x{2,5} y
+x ::= [^a] | "a"
+y ::= [\x00-\U0010FFFF]{0,4} ".")",
+             R"(root ::= [^é"]{0,7} "\"" [^\x00-\x60]* "!")",
+             R"(root ::= ( "[" item{0,4} "]" ){1,3}
+item ::= [a-c]{1,5} " "?)",
+             R"(root ::= ( [a-z]+ | [a-z0-9 ]{0,20} ) ( "\n" [ab]* )? ".")",
+         }) {
+        SCOPED_TRACE(gbnf);
+        auto g = Grammar::parse(gbnf);
+        const auto texts = check_walks(*g, trie, 16, 24, 23);
+        EXPECT_EQ(texts.size(), 16u);
+    }
+    check_walks(*Grammar::json(true), trie, 16, 24, 29);
 }
 
 TEST(GrammarMatcher, CompleteGrammarAllowsOnlyEnd) {

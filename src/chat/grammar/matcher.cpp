@@ -12,6 +12,9 @@ namespace {
 constexpr uint32_t kUnset = 0xFFFFFFFFu;
 constexpr uint32_t kAccept = 0;  // bottom: popping it means the whole text matched
 constexpr uint32_t kCut = 1;     // bottom: popping it means the walk left the position's rule
+constexpr uint16_t kRunBusy = 0xFFFF;
+constexpr uint32_t kRunMax = 256;  // longer than any token (the trie holds pieces of up to 255 bytes)
+constexpr int kRunDepth = 512;     // recursion bound of run(); past it a result is a lower bound
 
 uint64_t hash_state(const std::vector<uint32_t>& set, uint32_t val, uint32_t rem) {
     uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t(val) << 3 | rem);
@@ -42,6 +45,8 @@ Matcher::Matcher(std::shared_ptr<PositionCache> cache, const MatcherOptions& opt
     levels_.resize(257);
     level_utf8_.resize(257);
     level_pop_.resize(257);
+    level_cut_.resize(257);
+    level_runs_.resize(257);
     if (!options_.trigger.empty()) {
         free_mask_.assign(words_, ~uint64_t(0));
         if (trie_->n_vocab() % 64) free_mask_.back() = (uint64_t(1) << (trie_->n_vocab() % 64)) - 1;
@@ -55,6 +60,16 @@ void Matcher::init_nodes() {
     succ_begin_ = {kUnset, kUnset};
     succ_end_ = {kUnset, kUnset};
     stamp_ = {0, 0};
+    run_ = {0, 0};
+    class_high_.clear();
+    for (const CharClass& c : def_->classes) {
+        auto covers = [&](uint32_t lo, uint32_t hi) {
+            for (const auto& r : c.ranges)
+                if (r.first <= lo && hi <= r.second) return true;
+            return false;
+        };
+        class_high_.push_back(covers(0x80, 0xD7FF) && covers(0xE000, 0x10FFFF));
+    }
     initial_.clear();
     for (uint32_t a : def_->rules[def_->root].alts) closure(intern(a, kAccept), initial_);
     sort_unique(initial_);
@@ -76,6 +91,7 @@ uint32_t Matcher::intern(uint32_t pos, uint32_t parent) {
         succ_begin_.push_back(kUnset);
         succ_end_.push_back(kUnset);
         stamp_.push_back(0);
+        run_.push_back(0);
     }
     return it->second;
 }
@@ -168,13 +184,15 @@ bool Matcher::step(const std::vector<uint32_t>& in, Utf8 u, uint8_t b, std::vect
     const auto& elems = def_->elems;
     if (nu.rem == 0) {
         const uint32_t cp = nu.val;
+        int from = 0;
         for (uint32_t s : in) {
             if (s < 2 || !classes[elems[nodes_[s].pos].arg].contains(cp)) continue;
             uint32_t sb, se;
             successors(s, sb, se);
             out.insert(out.end(), succ_pool_.begin() + sb, succ_pool_.begin() + se);
+            ++from;
         }
-        sort_unique(out);
+        if (from > 1) sort_unique(out);  // one stack's successors are sorted and distinct already
     } else {
         // The completions of the partial code point are exactly [lo, hi].
         const uint32_t shift = 6 * (nu.rem - 1);
@@ -236,42 +254,124 @@ bool Matcher::accept_token(int32_t id) {
 bool Matcher::can_end() const { return waiting_ || (cur_utf8_.rem == 0 && !cur_.empty() && cur_[0] == kAccept); }
 bool Matcher::is_complete() const { return !waiting_ && can_end() && !has_real(cur_); }
 
+// Whether class a holds every code point of class b.
+bool Matcher::class_holds(uint32_t a, uint32_t b) const {
+    if (a == b) return true;
+    const CharClass& ca = def_->classes[a];
+    const CharClass& cb = def_->classes[b];
+    size_t j = 0;
+    for (const auto& r : cb.ranges) {  // each range of b lies within one range of a (a's are maximal)
+        while (j < ca.ranges.size() && ca.ranges[j].second < r.first) ++j;
+        if (j == ca.ranges.size() || ca.ranges[j].first > r.first || ca.ranges[j].second < r.second) return false;
+    }
+    return true;
+}
+
+// How many code points of its class a stack can take in a row, capped at kRunMax: one, plus the most
+// that a successor whose class holds this one's can take. A cycle among such successors is a loop
+// (kRunMax). Memoised per node; a result cut short by the recursion bound is kept only at the cap.
+uint32_t Matcher::run(uint32_t stack, int depth) {
+    if (run_[stack] == kRunBusy) return kRunMax;
+    if (run_[stack] != 0) return run_[stack];
+    if (depth > kRunDepth) {
+        run_capped_ = true;
+        return 1;
+    }
+    run_[stack] = kRunBusy;
+    const uint32_t cls = def_->elems[nodes_[stack].pos].arg;
+    uint32_t b, e, best = 0;
+    successors(stack, b, e);
+    for (uint32_t k = b; k < e && best + 1 < kRunMax; ++k) {
+        const uint32_t next = succ_pool_[k];
+        if (next >= 2 && class_holds(def_->elems[nodes_[next].pos].arg, cls)) best = std::max(best, run(next, depth + 1));
+    }
+    const uint32_t r = std::min(kRunMax, best + 1);
+    run_[stack] = r == kRunMax || !run_capped_ ? uint16_t(r) : 0;
+    return r;
+}
+
+// The stacks of walk level d that could take a subtree whole (their class and run), found once per
+// level set.
+void Matcher::level_runs(uint32_t d) {
+    LevelRuns& lr = level_runs_[d];
+    lr.n = 0;
+    lr.ready = true;
+    for (uint32_t s : levels_[d]) {
+        if (s < 2 || lr.n == LevelRuns::kMax) continue;
+        const uint32_t cls = def_->elems[nodes_[s].pos].arg;
+        const CharClass& c = def_->classes[cls];
+        run_capped_ = false;
+        lr.run[lr.n] = {{c.ascii[0], c.ascii[1]}, run(s, 0), class_high_[cls] != 0};
+        ++lr.n;
+    }
+}
+
+// Whether a stack of walk level d (at a code point boundary) takes every token under trie_node whole.
+bool Matcher::takes_subtree(uint32_t d, uint32_t trie_node) {
+    const TokenTrie::Subtree& t = trie_->subtrees()[trie_node];
+    if (!t.utf8_ok) return false;
+    if (!level_runs_[d].ready) level_runs(d);
+    const LevelRuns& lr = level_runs_[d];
+    for (uint32_t k = 0; k < lr.n; ++k) {
+        const auto& r = lr.run[k];
+        if (!(t.ascii[0] & ~r.ascii[0]) && !(t.ascii[1] & ~r.ascii[1]) && (r.high || !t.non_ascii) && r.length >= t.max_cp)
+            return true;
+    }
+    return false;
+}
+
 // Walks the trie from `start` (stack tops over the cut-off bottom, or over the real one) and sorts
-// the tokens into the entry.
-void Matcher::walk(const std::vector<uint32_t>& start, Utf8 u, PositionCache::Entry* classify) {
+// the tokens: accepted ones into `accepted` (a bitset over the vocabulary, which the caller zeroed;
+// returns how many), uncertain ones into the entry.
+size_t Matcher::walk(const std::vector<uint32_t>& start, Utf8 u, uint64_t* accepted, PositionCache::Entry* classify) {
     const auto& nodes = trie_->nodes();
     const auto& order = trie_->order();
+    size_t n_accepted = 0;
     auto accept = [&](uint32_t b, uint32_t e) {
-        classify->accepted.insert(classify->accepted.end(), order.begin() + b, order.begin() + e);
+        for (uint32_t k = b; k < e; ++k) accepted[uint32_t(order[k]) >> 6] |= 1ull << (order[k] & 63);
+        n_accepted += e - b;
     };
-    auto uncertain = [&](uint32_t b, uint32_t e) {
-        classify->uncertain.insert(classify->uncertain.end(), order.begin() + b, order.begin() + e);
+    auto uncertain = [&](uint32_t b, uint32_t e, uint32_t depth) {  // tokens that left at a level <= depth
+        exits_.clear();
+        for (uint32_t k = 1; k <= depth; ++k)
+            if (level_cut_[k]) exits_.push_back(k);
+        for (uint32_t k = b; k < e; ++k)
+            for (uint32_t at : exits_) classify->uncertain.push_back({order[k], at});
     };
     levels_[0] = start;
     level_utf8_[0] = u;
     level_pop_[0] = 0;
+    level_runs_[0].ready = false;
     const uint32_t n = uint32_t(nodes.size());
     uint32_t i = 1;
     while (i < n) {
         const TokenTrie::Node& nd = nodes[i];
         const uint32_t d = nd.depth;
+        if (level_utf8_[d - 1].rem == 0 && takes_subtree(d - 1, i)) {
+            accept(nd.tok_begin, nd.tok_end);
+            i = nd.end;
+            continue;
+        }
         std::vector<uint32_t>& out = levels_[d];
         const bool alive = step(levels_[d - 1], level_utf8_[d - 1], nd.byte, out, level_utf8_[d]);
+        level_runs_[d].ready = false;
         const bool cut = alive && (out[0] == kCut || (out.size() > 1 && out[1] == kCut));
+        level_cut_[d] = cut;
         level_pop_[d] = level_pop_[d - 1] || cut;
         if (!alive) {
-            if (level_pop_[d - 1]) uncertain(nd.tok_begin, nd.tok_end);
+            if (level_pop_[d - 1]) uncertain(nd.tok_begin, nd.tok_end, d - 1);
             i = nd.end;
             continue;
         }
         accept(nd.tok_begin, nd.tok_begin + nd.n_own);
         if (!has_real(out)) {  // only bottoms: nothing more can be consumed
-            if (level_pop_[d]) uncertain(nd.tok_begin + nd.n_own, nd.tok_end);
+            if (level_pop_[d]) uncertain(nd.tok_begin + nd.n_own, nd.tok_end, d);
             i = nd.end;
             continue;
         }
         ++i;
     }
+    return n_accepted;
 }
 
 std::shared_ptr<const PositionCache::Entry> Matcher::classify(uint32_t stack, Utf8 u) {
@@ -296,24 +396,31 @@ std::shared_ptr<const PositionCache::Entry> Matcher::classify(uint32_t stack, Ut
     for (size_t i = n_frames; i-- > 0;) chain = intern(key_[i], chain);
     auto e = std::make_shared<PositionCache::Entry>();
     std::vector<uint32_t> start = {chain};
-    walk(start, u, e.get());
-    if (e->accepted.size() * 16 > size_t(trie_->n_vocab())) {
-        e->accepted_bits.assign(words_, 0);
-        for (int32_t t : e->accepted) e->accepted_bits[size_t(t) >> 6] |= 1ull << (t & 63);
-        e->accepted.clear();
-        e->accepted.shrink_to_fit();
+    e->accepted_bits.assign(words_, 0);
+    const size_t n_accepted = walk(start, u, e->accepted_bits.data(), e.get());
+    if (n_accepted * 16 <= size_t(trie_->n_vocab())) {  // few: keep them as a list
+        e->accepted.reserve(n_accepted);
+        for (size_t w = 0; w < words_; ++w)
+            for (uint64_t b = e->accepted_bits[w]; b; b &= b - 1)
+                e->accepted.push_back(int32_t(w * 64 + size_t(__builtin_ctzll(b))));
+        e->accepted_bits = {};
     }
     return cache_->put(key_, std::move(e));
 }
 
-bool Matcher::token_ok(int32_t id, uint32_t stack, Utf8 u) {
-    tmp_b_.assign(1, stack);
-    for (char c : trie_->piece(id)) {
+// Whether the stacks below_ (at a code point boundary) take the bytes of rest.
+bool Matcher::rest_ok(std::string_view rest) {
+    auto [it, fresh] = rest_seen_.emplace(rest, false);
+    if (!fresh) return it->second;
+    tmp_b_ = below_;
+    Utf8 u;
+    for (char c : rest) {
         Utf8 nu;
         if (!step(tmp_b_, u, uint8_t(c), tmp_a_, nu)) return false;
         tmp_b_.swap(tmp_a_);
         u = nu;
     }
+    it->second = true;
     return true;
 }
 
@@ -325,9 +432,19 @@ void Matcher::compute_mask(uint64_t* bits) {
         if (!e->accepted_bits.empty())
             for (size_t w = 0; w < words_; ++w) bits[w] |= e->accepted_bits[w];
         for (int32_t t : e->accepted) bits[size_t(t) >> 6] |= 1ull << (t & 63);
-        for (int32_t t : e->uncertain)
-            if (!((bits[size_t(t) >> 6] >> (t & 63)) & 1) && token_ok(t, s, cur_utf8_))
+        if (e->uncertain.empty()) continue;
+        // The uncertain tokens left the top frames (there are kTopFrames of them, and more below).
+        uint32_t n = s;
+        for (size_t k = 0; k < PositionCache::kTopFrames; ++k) n = nodes_[n].parent;
+        below_.clear();
+        closure(n, below_);
+        sort_unique(below_);
+        rest_seen_.clear();
+        for (const auto& x : e->uncertain) {
+            const int32_t t = x.token;
+            if (!((bits[size_t(t) >> 6] >> (t & 63)) & 1) && rest_ok(std::string_view(trie_->piece(t)).substr(x.at)))
                 bits[size_t(t) >> 6] |= 1ull << (t & 63);
+        }
     }
     if (can_end())
         for (int32_t t : trie_->eog_tokens()) bits[size_t(t) >> 6] |= 1ull << (t & 63);
@@ -395,14 +512,14 @@ const uint64_t* Matcher::mask() {
     const uint64_t h = hash_state(cur_, cur_utf8_.val, cur_utf8_.rem);
     auto range = mask_cache_.equal_range(h);
     for (auto it = range.first; it != range.second; ++it)
-        if (it->second.utf8 == cur_utf8_ && it->second.set == cur_) return slots_.data() + it->second.slot * words_;
+        if (it->second.utf8 == cur_utf8_ && it->second.set == cur_) return slots_[it->second.slot].get();
     if (used_slots_ == max_slots_) {  // full: start over
         mask_cache_.clear();
         used_slots_ = 0;
     }
-    if (slots_.size() < (used_slots_ + 1) * words_) slots_.resize((used_slots_ + 1) * words_);
+    if (slots_.size() == used_slots_) slots_.push_back(std::make_unique_for_overwrite<uint64_t[]>(words_));
     const size_t slot = used_slots_++;
-    uint64_t* bits = slots_.data() + slot * words_;
+    uint64_t* bits = slots_[slot].get();
     compute_mask(bits);
     mask_cache_.emplace(h, CacheEntry{cur_, cur_utf8_, slot});
     return bits;

@@ -12,9 +12,15 @@
 //    the token trie from the stack's top few frames alone, with the frames below cut off, sorts each
 //    token into accepted (it matches within those frames, whatever lies below), rejected, or
 //    uncertain (it runs past them, so the answer depends on the rest of the stack);
-//  - per state: the union over its stacks of the accepted tokens, plus the uncertain ones that a
-//    check on the whole stack passes; the result is cached per state;
+//  - per state: the union over its stacks of the accepted tokens, plus the uncertain ones whose rest,
+//    past the place where they leave the top frames, matches from the stack below (each distinct
+//    rest checked once); the result is cached per state;
 //  - a state in the middle of a code point walks the whole trie from the state instead.
+// A walk settles a trie subtree in one step when a stack on the way can take all of it: its class
+// holds every byte of the subtree (TokenTrie::Subtree) and its run (how many code points of its
+// class it can take in a row, through successors whose classes hold its own) is at least the
+// subtree's longest path. Inside a JSON string that skips all but the few subtrees that hold a quote,
+// a backslash or a control character.
 // End-of-generation tokens are allowed exactly when the text so far is a complete match; when it is
 // complete and nothing may follow, they are the only ones.
 #pragma once
@@ -40,7 +46,13 @@ class PositionCache {
     struct Entry {
         std::vector<int32_t> accepted;        // sparse form, when few
         std::vector<uint64_t> accepted_bits;  // dense form, when many ([n_vocab / 64] words)
-        std::vector<int32_t> uncertain;
+        // A token that leaves the frames: after its first `at` bytes the rest must match from the
+        // stack below them (one entry per place where it can leave).
+        struct Exit {
+            int32_t token;
+            uint32_t at;
+        };
+        std::vector<Exit> uncertain;
     };
     PositionCache(std::shared_ptr<const GrammarDef> def, std::shared_ptr<const TokenTrie> trie)
         : def_(std::move(def)), trie_(std::move(trie)) {}
@@ -141,9 +153,13 @@ class Matcher {
     void closure(uint32_t node, std::vector<uint32_t>& out);
     void successors(uint32_t node, uint32_t& begin, uint32_t& end);
     bool step(const std::vector<uint32_t>& in, Utf8 u, uint8_t byte, std::vector<uint32_t>& out, Utf8& nu);
-    void walk(const std::vector<uint32_t>& start, Utf8 u, PositionCache::Entry* classify);
+    size_t walk(const std::vector<uint32_t>& start, Utf8 u, uint64_t* accepted, PositionCache::Entry* classify);
     std::shared_ptr<const PositionCache::Entry> classify(uint32_t stack, Utf8 u);
-    bool token_ok(int32_t id, uint32_t stack, Utf8 u);
+    bool rest_ok(std::string_view rest);
+    uint32_t run(uint32_t stack, int depth);
+    void level_runs(uint32_t d);
+    bool takes_subtree(uint32_t d, uint32_t trie_node);
+    bool class_holds(uint32_t a, uint32_t b) const;
     void compute_mask(uint64_t* bits);
 
     std::shared_ptr<const GrammarDef> def_;
@@ -159,6 +175,9 @@ class Matcher {
     std::unordered_map<uint64_t, uint32_t> intern_;
     std::vector<uint32_t> succ_begin_, succ_end_, succ_pool_;  // memoised successors per node
     std::vector<uint32_t> stamp_;                              // closure's visited marks
+    std::vector<uint16_t> run_;                                // memoised run() per node (0: not yet)
+    bool run_capped_ = false;                                  // run(): a result is only a lower bound
+    std::vector<char> class_high_;  // per class: holds every code point past ASCII (surrogates aside)
     uint32_t epoch_ = 0;
     std::vector<uint32_t> work_;
     std::vector<uint32_t> key_;  // classify()'s cache key
@@ -168,9 +187,24 @@ class Matcher {
     std::vector<uint32_t> tmp_a_, tmp_b_;
     std::vector<std::vector<uint32_t>> levels_;  // walk(): the stack set at each trie depth
     std::vector<Utf8> level_utf8_;
-    std::vector<char> level_pop_;
+    std::vector<char> level_pop_;  // walk(): some level down to this one left the frames
+    std::vector<char> level_cut_;  // walk(): this level left the frames
+    std::vector<uint32_t> exits_;  // walk(): the depths at which the current path left the frames
+    std::vector<uint32_t> below_;  // compute_mask(): the stacks below a stack's top frames
+    std::unordered_map<std::string_view, bool> rest_seen_;
+    struct LevelRuns {  // walk(): the stacks of a level that could take a subtree whole
+        static constexpr uint32_t kMax = 4;
+        struct Run {
+            uint64_t ascii[2];  // the stack's class, ASCII part
+            uint32_t length;    // run()
+            bool high;          // the class holds all of non-ASCII
+        } run[kMax];
+        uint32_t n = 0;
+        bool ready = false;
+    };
+    std::vector<LevelRuns> level_runs_;
 
-    std::vector<uint64_t> slots_;  // cached masks, [max_slots][words_]
+    std::vector<std::unique_ptr<uint64_t[]>> slots_;  // cached masks, [words_] each (at most max_slots_)
     size_t max_slots_ = 0, used_slots_ = 0;
     std::unordered_multimap<uint64_t, CacheEntry> mask_cache_;
 

@@ -27,6 +27,16 @@ class TokenTrie {
         uint8_t byte;    // the byte that leads here from the parent
         uint8_t depth;   // bytes from the root (tokens longer than 255 bytes are left out)
     };
+    // What the bytes of a node's subtree (its own byte included) hold, so that a walk can settle the
+    // subtree in one step when a repeated character class takes all of it: the ASCII bytes, whether a
+    // byte is past ASCII, whether every path is strict UTF-8 when it starts at a code point boundary
+    // (a path may end inside a code point), and the most code points a path starts (at most 255).
+    struct Subtree {
+        uint64_t ascii[2];
+        uint8_t max_cp;
+        bool non_ascii;
+        bool utf8_ok;
+    };
 
     // pieces[id]: the bytes of token id; eog[id]: an end-of-generation token; control[id]: a token
     // that never stands for text in a grammar (it is never allowed, unless it ends generation).
@@ -39,6 +49,7 @@ class TokenTrie {
     int32_t n_vocab() const { return int32_t(pieces_.size()); }
     const std::vector<Node>& nodes() const { return nodes_; }
     const std::vector<int32_t>& order() const { return order_; }
+    const std::vector<Subtree>& subtrees() const { return subtrees_; }
     const std::string& piece(int32_t id) const { return pieces_[size_t(id)]; }
     const std::vector<int32_t>& eog_tokens() const { return eog_; }
     bool is_eog(int32_t id) const { return is_eog_[size_t(id)]; }
@@ -48,6 +59,7 @@ class TokenTrie {
  private:
     std::vector<std::string> pieces_;
     std::vector<Node> nodes_;
+    std::vector<Subtree> subtrees_;
     std::vector<int32_t> order_;
     std::vector<int32_t> eog_;
     std::vector<bool> is_eog_, excluded_;
