@@ -322,8 +322,8 @@ bool Matcher::takes_subtree(uint32_t d, uint32_t trie_node) {
 
 // Walks the trie from `start` (stack tops over the cut-off bottom, or over the real one) and sorts
 // the tokens: accepted ones into `accepted` (a bitset over the vocabulary, which the caller zeroed;
-// returns how many), uncertain ones into the entry.
-size_t Matcher::walk(const std::vector<uint32_t>& start, Utf8 u, uint64_t* accepted, PositionCache::Entry* classify) {
+// returns how many), uncertain ones into left_.
+size_t Matcher::walk(const std::vector<uint32_t>& start, Utf8 u, uint64_t* accepted) {
     const auto& nodes = trie_->nodes();
     const auto& order = trie_->order();
     size_t n_accepted = 0;
@@ -336,8 +336,9 @@ size_t Matcher::walk(const std::vector<uint32_t>& start, Utf8 u, uint64_t* accep
         for (uint32_t k = 1; k <= depth; ++k)
             if (level_cut_[k]) exits_.push_back(k);
         for (uint32_t k = b; k < e; ++k)
-            for (uint32_t at : exits_) classify->uncertain.push_back({order[k], at});
+            for (uint32_t at : exits_) left_.push_back({order[k], at});
     };
+    left_.clear();
     levels_[0] = start;
     level_utf8_[0] = u;
     level_pop_[0] = 0;
@@ -397,7 +398,16 @@ std::shared_ptr<const PositionCache::Entry> Matcher::classify(uint32_t stack, Ut
     auto e = std::make_shared<PositionCache::Entry>();
     std::vector<uint32_t> start = {chain};
     e->accepted_bits.assign(words_, 0);
-    const size_t n_accepted = walk(start, u, e->accepted_bits.data(), e.get());
+    const size_t n_accepted = walk(start, u, e->accepted_bits.data());
+    if (!left_.empty()) {
+        std::unordered_map<std::string_view, size_t> group;
+        for (const auto& [t, at] : left_) {
+            const std::string_view rest = std::string_view(trie_->piece(t)).substr(at);
+            auto [it, fresh] = group.emplace(rest, e->uncertain.size());
+            if (fresh) e->uncertain.push_back({std::string(rest), {}});
+            e->uncertain[it->second].tokens.push_back(t);
+        }
+    }
     if (n_accepted * 16 <= size_t(trie_->n_vocab())) {  // few: keep them as a list
         e->accepted.reserve(n_accepted);
         for (size_t w = 0; w < words_; ++w)
@@ -410,8 +420,6 @@ std::shared_ptr<const PositionCache::Entry> Matcher::classify(uint32_t stack, Ut
 
 // Whether the stacks below_ (at a code point boundary) take the bytes of rest.
 bool Matcher::rest_ok(std::string_view rest) {
-    auto [it, fresh] = rest_seen_.emplace(rest, false);
-    if (!fresh) return it->second;
     tmp_b_ = below_;
     Utf8 u;
     for (char c : rest) {
@@ -420,7 +428,6 @@ bool Matcher::rest_ok(std::string_view rest) {
         tmp_b_.swap(tmp_a_);
         u = nu;
     }
-    it->second = true;
     return true;
 }
 
@@ -439,12 +446,9 @@ void Matcher::compute_mask(uint64_t* bits) {
         below_.clear();
         closure(n, below_);
         sort_unique(below_);
-        rest_seen_.clear();
-        for (const auto& x : e->uncertain) {
-            const int32_t t = x.token;
-            if (!((bits[size_t(t) >> 6] >> (t & 63)) & 1) && rest_ok(std::string_view(trie_->piece(t)).substr(x.at)))
-                bits[size_t(t) >> 6] |= 1ull << (t & 63);
-        }
+        for (const auto& x : e->uncertain)
+            if (rest_ok(x.rest))
+                for (int32_t t : x.tokens) bits[size_t(t) >> 6] |= 1ull << (t & 63);
     }
     if (can_end())
         for (int32_t t : trie_->eog_tokens()) bits[size_t(t) >> 6] |= 1ull << (t & 63);

@@ -13,8 +13,8 @@
 //    token into accepted (it matches within those frames, whatever lies below), rejected, or
 //    uncertain (it runs past them, so the answer depends on the rest of the stack);
 //  - per state: the union over its stacks of the accepted tokens, plus the uncertain ones whose rest,
-//    past the place where they leave the top frames, matches from the stack below (each distinct
-//    rest checked once); the result is cached per state;
+//    past the place where they leave the top frames, matches from the stack below (the entry groups
+//    them by rest, so each distinct rest is checked once); the result is cached per state;
 //  - a state in the middle of a code point walks the whole trie from the state instead.
 // A walk settles a trie subtree in one step when a stack on the way can take all of it: its class
 // holds every byte of the subtree (TokenTrie::Subtree) and its run (how many code points of its
@@ -46,11 +46,12 @@ class PositionCache {
     struct Entry {
         std::vector<int32_t> accepted;        // sparse form, when few
         std::vector<uint64_t> accepted_bits;  // dense form, when many ([n_vocab / 64] words)
-        // A token that leaves the frames: after its first `at` bytes the rest must match from the
-        // stack below them (one entry per place where it can leave).
+        // Tokens that leave the frames, grouped by what must follow: past the place where they leave,
+        // `rest` must match from the stack below the frames. A token that can leave at several places
+        // is in several groups.
         struct Exit {
-            int32_t token;
-            uint32_t at;
+            std::string rest;
+            std::vector<int32_t> tokens;
         };
         std::vector<Exit> uncertain;
     };
@@ -153,7 +154,7 @@ class Matcher {
     void closure(uint32_t node, std::vector<uint32_t>& out);
     void successors(uint32_t node, uint32_t& begin, uint32_t& end);
     bool step(const std::vector<uint32_t>& in, Utf8 u, uint8_t byte, std::vector<uint32_t>& out, Utf8& nu);
-    size_t walk(const std::vector<uint32_t>& start, Utf8 u, uint64_t* accepted, PositionCache::Entry* classify);
+    size_t walk(const std::vector<uint32_t>& start, Utf8 u, uint64_t* accepted);
     std::shared_ptr<const PositionCache::Entry> classify(uint32_t stack, Utf8 u);
     bool rest_ok(std::string_view rest);
     uint32_t run(uint32_t stack, int depth);
@@ -190,8 +191,8 @@ class Matcher {
     std::vector<char> level_pop_;  // walk(): some level down to this one left the frames
     std::vector<char> level_cut_;  // walk(): this level left the frames
     std::vector<uint32_t> exits_;  // walk(): the depths at which the current path left the frames
-    std::vector<uint32_t> below_;  // compute_mask(): the stacks below a stack's top frames
-    std::unordered_map<std::string_view, bool> rest_seen_;
+    std::vector<std::pair<int32_t, uint32_t>> left_;  // walk(): tokens that left the frames, and where
+    std::vector<uint32_t> below_;                     // compute_mask(): the stacks below a stack's top frames
     struct LevelRuns {  // walk(): the stacks of a level that could take a subtree whole
         static constexpr uint32_t kMax = 4;
         struct Run {
