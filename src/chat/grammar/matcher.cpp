@@ -399,15 +399,7 @@ std::shared_ptr<const PositionCache::Entry> Matcher::classify(uint32_t stack, Ut
     std::vector<uint32_t> start = {chain};
     e->accepted_bits.assign(words_, 0);
     const size_t n_accepted = walk(start, u, e->accepted_bits.data());
-    if (!left_.empty()) {
-        std::unordered_map<std::string_view, size_t> group;
-        for (const auto& [t, at] : left_) {
-            const std::string_view rest = std::string_view(trie_->piece(t)).substr(at);
-            auto [it, fresh] = group.emplace(rest, e->uncertain.size());
-            if (fresh) e->uncertain.push_back({std::string(rest), {}});
-            e->uncertain[it->second].tokens.push_back(t);
-        }
-    }
+    if (!left_.empty()) group_left(*e);
     if (n_accepted * 16 <= size_t(trie_->n_vocab())) {  // few: keep them as a list
         e->accepted.reserve(n_accepted);
         for (size_t w = 0; w < words_; ++w)
@@ -416,6 +408,43 @@ std::shared_ptr<const PositionCache::Entry> Matcher::classify(uint32_t stack, Ut
         e->accepted_bits = {};
     }
     return cache_->put(key_, std::move(e));
+}
+
+// Groups the tokens of left_ by their rest (an open-addressing table of views into the pieces), then
+// lays the groups out in the entry.
+void Matcher::group_left(PositionCache::Entry& e) {
+    const size_t n = left_.size();
+    size_t size = 16;
+    while (size < 2 * n) size *= 2;
+    group_slots_.assign(size, kUnset);
+    group_of_.resize(n);
+    group_first_.clear();
+    auto rest_of = [&](size_t i) { return std::string_view(trie_->piece(left_[i].first)).substr(left_[i].second); };
+    for (size_t i = 0; i < n; ++i) {
+        const std::string_view r = rest_of(i);
+        uint64_t h = 0xcbf29ce484222325ull;
+        for (char c : r) h = (h ^ uint8_t(c)) * 0x100000001b3ull;
+        size_t slot = size_t(h ^ (h >> 29)) & (size - 1);
+        while (group_slots_[slot] != kUnset && rest_of(group_first_[group_slots_[slot]]) != r) slot = (slot + 1) & (size - 1);
+        if (group_slots_[slot] == kUnset) {
+            group_slots_[slot] = uint32_t(group_first_.size());
+            group_first_.push_back(uint32_t(i));
+        }
+        group_of_[i] = group_slots_[slot];
+    }
+    const size_t groups = group_first_.size();
+    e.rest_at.assign(groups + 1, 0);
+    e.left_at.assign(groups + 1, 0);
+    for (size_t g = 0; g < groups; ++g) {
+        e.rests += rest_of(group_first_[g]);
+        e.rest_at[g + 1] = uint32_t(e.rests.size());
+    }
+    for (size_t i = 0; i < n; ++i) ++e.left_at[group_of_[i] + 1];
+    for (size_t g = 0; g < groups; ++g) e.left_at[g + 1] += e.left_at[g];
+    e.left.resize(n);
+    std::vector<uint32_t>& fill = group_first_;  // reused: the next free place of each group
+    for (size_t g = 0; g < groups; ++g) fill[g] = e.left_at[g];
+    for (size_t i = 0; i < n; ++i) e.left[fill[group_of_[i]]++] = left_[i].first;
 }
 
 // Whether the stacks below_ (at a code point boundary) take the bytes of rest.
@@ -439,16 +468,17 @@ void Matcher::compute_mask(uint64_t* bits) {
         if (!e->accepted_bits.empty())
             for (size_t w = 0; w < words_; ++w) bits[w] |= e->accepted_bits[w];
         for (int32_t t : e->accepted) bits[size_t(t) >> 6] |= 1ull << (t & 63);
-        if (e->uncertain.empty()) continue;
+        if (e->groups() == 0) continue;
         // The uncertain tokens left the top frames (there are kTopFrames of them, and more below).
         uint32_t n = s;
         for (size_t k = 0; k < PositionCache::kTopFrames; ++k) n = nodes_[n].parent;
         below_.clear();
         closure(n, below_);
         sort_unique(below_);
-        for (const auto& x : e->uncertain)
-            if (rest_ok(x.rest))
-                for (int32_t t : x.tokens) bits[size_t(t) >> 6] |= 1ull << (t & 63);
+        for (size_t g = 0; g < e->groups(); ++g)
+            if (rest_ok(std::string_view(e->rests).substr(e->rest_at[g], e->rest_at[g + 1] - e->rest_at[g])))
+                for (uint32_t k = e->left_at[g]; k < e->left_at[g + 1]; ++k)
+                    bits[size_t(e->left[k]) >> 6] |= 1ull << (e->left[k] & 63);
     }
     if (can_end())
         for (int32_t t : trie_->eog_tokens()) bits[size_t(t) >> 6] |= 1ull << (t & 63);

@@ -46,14 +46,14 @@ class PositionCache {
     struct Entry {
         std::vector<int32_t> accepted;        // sparse form, when few
         std::vector<uint64_t> accepted_bits;  // dense form, when many ([n_vocab / 64] words)
-        // Tokens that leave the frames, grouped by what must follow: past the place where they leave,
-        // `rest` must match from the stack below the frames. A token that can leave at several places
-        // is in several groups.
-        struct Exit {
-            std::string rest;
-            std::vector<int32_t> tokens;
-        };
-        std::vector<Exit> uncertain;
+        // Tokens that leave the frames (uncertain), grouped by what must follow: past the place where
+        // they leave, the rest must match from the stack below the frames. Group g: the rest is
+        // rests[rest_at[g], rest_at[g + 1]), the tokens left[left_at[g], left_at[g + 1]). A token that
+        // can leave at several places is in several groups.
+        std::string rests;
+        std::vector<uint32_t> rest_at, left_at;
+        std::vector<int32_t> left;
+        size_t groups() const { return rest_at.empty() ? 0 : rest_at.size() - 1; }
     };
     PositionCache(std::shared_ptr<const GrammarDef> def, std::shared_ptr<const TokenTrie> trie)
         : def_(std::move(def)), trie_(std::move(trie)) {}
@@ -157,6 +157,7 @@ class Matcher {
     size_t walk(const std::vector<uint32_t>& start, Utf8 u, uint64_t* accepted);
     std::shared_ptr<const PositionCache::Entry> classify(uint32_t stack, Utf8 u);
     bool rest_ok(std::string_view rest);
+    void group_left(PositionCache::Entry& e);
     uint32_t run(uint32_t stack, int depth);
     void level_runs(uint32_t d);
     bool takes_subtree(uint32_t d, uint32_t trie_node);
@@ -192,6 +193,7 @@ class Matcher {
     std::vector<char> level_cut_;  // walk(): this level left the frames
     std::vector<uint32_t> exits_;  // walk(): the depths at which the current path left the frames
     std::vector<std::pair<int32_t, uint32_t>> left_;  // walk(): tokens that left the frames, and where
+    std::vector<uint32_t> group_slots_, group_of_, group_first_;  // classify(): grouping left_ by rest
     std::vector<uint32_t> below_;                     // compute_mask(): the stacks below a stack's top frames
     struct LevelRuns {  // walk(): the stacks of a level that could take a subtree whole
         static constexpr uint32_t kMax = 4;
