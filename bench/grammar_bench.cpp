@@ -5,9 +5,10 @@
 //     nested objects and arrays, while matching hand-written documents tokenized by the vocabulary:
 //     cold (a new grammar: nothing precomputed), then steady (new matchers of the same grammar: the
 //     per-position token classification is shared, each matcher's mask cache starts empty).
-//   grammar_bench decode MODEL.gguf [tokens] [threads]
+//   grammar_bench decode MODEL.gguf [tokens] [threads] [device]
 //     Decode tokens/s of a Session with the schema's grammar, and without it (the default sampling
-//     path, and the host-sampling path that a grammar uses), alternating, three rounds.
+//     path, and the host-sampling path that a grammar uses), alternating, three rounds; on the CPU
+//     unless a device ("cuda") is named.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -143,10 +144,10 @@ struct Count : cera::Sink {
     void on_text(std::string_view) override {}
 };
 
-int bench_decode(const std::string& model, int tokens, int threads) {
-    auto e = cera::Engine::load(model, {.device = "cpu", .threads = threads, .n_ctx = 1024});
+int bench_decode(const std::string& model, int tokens, int threads, const std::string& device) {
+    auto e = cera::Engine::load(model, {.device = device, .threads = threads, .n_ctx = 1024});
     auto g = cera::Grammar::from_json_schema(kSchema);
-    std::printf("model %s, %d threads, %d tokens a run\n", model.c_str(), threads, tokens);
+    std::printf("model %s, %s, %d threads, %d tokens a run\n", model.c_str(), device.c_str(), threads, tokens);
     for (int round = 0; round < 3; ++round) {
         for (int with : {0, 1, 2}) {
             cera::Session s(e);
@@ -175,11 +176,12 @@ int main(int argc, char** argv) {
     try {
         if (argc >= 3 && std::string(argv[1]) == "mask") return bench_mask(argv[2], argc > 3 ? std::atoi(argv[3]) : 2);
         if (argc >= 3 && std::string(argv[1]) == "decode")
-            return bench_decode(argv[2], argc > 3 ? std::atoi(argv[3]) : 128, argc > 4 ? std::atoi(argv[4]) : 2);
+            return bench_decode(argv[2], argc > 3 ? std::atoi(argv[3]) : 128, argc > 4 ? std::atoi(argv[4]) : 2,
+                                argc > 5 ? argv[5] : "cpu");
     } catch (const std::exception& ex) {
         std::fprintf(stderr, "grammar_bench: %s\n", ex.what());
         return 1;
     }
-    std::fprintf(stderr, "usage: grammar_bench mask VOCAB.gguf [rounds] | decode MODEL.gguf [tokens] [threads]\n");
+    std::fprintf(stderr, "usage: grammar_bench mask VOCAB.gguf [rounds] | decode MODEL.gguf [tokens] [threads] [device]\n");
     return 2;
 }
