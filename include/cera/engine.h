@@ -10,6 +10,7 @@
 // Thread-safety: every const member of Engine may be called from any thread at any time.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -55,6 +56,9 @@ struct EngineOptions {
     // A vision projector GGUF (llama.cpp's mmproj of an LFM2-VL model), loaded onto the model's device:
     // sessions then take images (Session::append_image). "" = none.
     std::string mmproj;
+    // Called as the weights go onto the device, with the tensor bytes loaded so far and in all (the last
+    // call has them equal); unset = quiet.
+    std::function<void(uint64_t done, uint64_t total)> on_load_progress;
 };
 
 // A named adapter of an engine (Engine::load_adapter).

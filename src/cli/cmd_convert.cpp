@@ -11,6 +11,7 @@
 #include "cli/command.h"
 #include "cli/engine_flags.h"
 #include "cli/parse_args.h"
+#include "cli/progress.h"
 #include "convert/convert.h"
 #include "core/quant/quant.h"
 #include "quantize/lora_merge.h"
@@ -64,18 +65,24 @@ int run_convert(const std::vector<std::string>& args) {
         co.type = *t;
     });
     if (rc >= 0) return rc;
+    Progress bar(merge ? "merge" : "convert");
+    const auto progress = [&bar](uint64_t done, uint64_t total) { bar.update(done, total); };
     if (merge) {
         mo.base = base;
         mo.output = out;
         mo.n_threads = threads;
+        mo.on_progress = progress;
         const quantize::LoraMergeSummary s = quantize::merge_lora(mo);
+        bar.finish();
         std::fprintf(stderr, "cera convert: wrote %s (%zu tensors, %zu with the adapters merged)\n", out.c_str(),
                      s.n_tensors, s.n_merged);
         return 0;
     }
     co.hf_dir = hf;
     co.out = out;
+    co.on_progress = progress;
     const size_t n = convert::convert_hf(co);
+    bar.finish();
     std::fprintf(stderr, "cera convert: wrote %s (%zu tensors, %s)\n", out.c_str(), n, type_name(co.type));
     return 0;
 }

@@ -10,6 +10,7 @@
 #include "cera/error.h"
 #include "cli/command.h"
 #include "cli/parse_args.h"
+#include "cli/progress.h"
 #include "quantize/quantize.h"
 
 namespace cera::cli {
@@ -50,8 +51,11 @@ int run_quantize(const std::vector<std::string>& args) {
     o.keep = keep;
     o.n_threads = threads;
 
+    Progress bar("quantize");
+    o.on_progress = [&bar](uint64_t done, uint64_t total) { bar.update(done, total); };
     const auto t0 = std::chrono::steady_clock::now();
     const quantize::QuantizeSummary s = quantize::quantize_model(o);
+    bar.finish();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::ostringstream types;
     for (const auto& [t, n] : s.types) types << (types.tellp() > 0 ? ", " : "") << type_name(t) << " x" << n;

@@ -2,8 +2,10 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <memory>
 
 #include "cera/error.h"
+#include "cli/progress.h"
 
 namespace cera::cli {
 
@@ -80,6 +82,9 @@ EngineOptions EngineFlags::options() const {
     eo.lora_cache_bytes = size_t(lora_cache_mib * 1024 * 1024);
     if (!images.empty() && mmproj.empty()) throw Error(ErrorCode::kInvalidArgument, "--image needs --mmproj");
     eo.mmproj = mmproj;
+    // A load that takes over a second shows its progress.
+    auto bar = std::make_shared<Progress>("load", 1.0);
+    eo.on_load_progress = [bar](uint64_t done, uint64_t total) { bar->update(done, total); };
     return eo;
 }
 

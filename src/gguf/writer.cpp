@@ -258,8 +258,8 @@ std::vector<uint8_t> Writer::header_bytes() const {
     return std::move(out.data());
 }
 
-template <typename Sink>
-void Writer::emit(Sink& sink) const {
+template <typename Sink, typename OnTensor>
+void Writer::emit(Sink& sink, OnTensor& on_tensor) const {
     std::vector<uint8_t> head = header_bytes();
     sink(head.data(), head.size());
     std::vector<uint8_t> buf;
@@ -278,27 +278,35 @@ void Writer::emit(Sink& sink) const {
             sink(kZeros, n);
             pad -= n;
         }
+        on_tensor(t);
     }
 }
 
 std::vector<uint8_t> Writer::to_bytes() const {
     std::vector<uint8_t> out;
     auto sink = [&](const uint8_t* p, size_t n) { out.insert(out.end(), p, p + n); };
-    emit(sink);
+    auto on_tensor = [](const Tensor&) {};
+    emit(sink, on_tensor);
     return out;
 }
 
-void Writer::write(const std::string& path) const {
+void Writer::write(const std::string& path, const ProgressFn& progress) const {
     const std::string tmp = path + ".tmp";
     std::FILE* f = std::fopen(tmp.c_str(), "wb");
     if (!f) throw_error(ErrorCode::kIo, "cannot create '%s': %s", tmp.c_str(), std::strerror(errno));
     std::unique_ptr<std::FILE, int (*)(std::FILE*)> guard(f, std::fclose);
     bool ok = true;
+    uint64_t total = 0, done = 0;
+    for (const Tensor& t : tensors_) total += t.n_bytes;
     auto sink = [&](const uint8_t* p, size_t n) {
         if (ok && n > 0 && std::fwrite(p, 1, n, f) != n) ok = false;
     };
+    auto tensor_done = [&](const Tensor& t) {
+        done += t.n_bytes;
+        if (progress) progress(done, total);
+    };
     try {
-        emit(sink);
+        emit(sink, tensor_done);
     } catch (...) {
         guard.reset();
         std::remove(tmp.c_str());

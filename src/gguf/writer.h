@@ -63,8 +63,10 @@ class Writer {
     size_t n_tensors() const { return tensors_.size(); }
     const std::vector<std::pair<std::string, Value>>& metadata() const { return kv_; }
 
-    // Writes the file (to `path`.tmp, then renamed over `path`). Throws kIo on failure.
-    void write(const std::string& path) const;
+    // Writes the file (to `path`.tmp, then renamed over `path`). Throws kIo on failure. `progress`, when
+    // set, is called after each tensor with the tensor bytes written so far and in all.
+    using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
+    void write(const std::string& path, const ProgressFn& progress = {}) const;
     // The whole file in memory (tests, fuzz seeds).
     std::vector<uint8_t> to_bytes() const;
 
@@ -80,8 +82,8 @@ class Writer {
     };
     Tensor& new_tensor(std::string name, GgmlType type, std::vector<int64_t> ne);
     std::vector<uint8_t> header_bytes() const;  // header, metadata, tensor infos, padding
-    template <typename Sink>
-    void emit(Sink& sink) const;
+    template <typename Sink, typename OnTensor>
+    void emit(Sink& sink, OnTensor& on_tensor) const;
 
     std::vector<std::pair<std::string, Value>> kv_;
     std::vector<Tensor> tensors_;

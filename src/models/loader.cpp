@@ -1,5 +1,6 @@
 #include "models/loader.h"
 
+#include <algorithm>
 #include <cinttypes>
 
 #include "core/check.h"
@@ -72,8 +73,16 @@ Tensor WeightLoader::load(const std::string& name, std::initializer_list<int64_t
     if (got.size() > 4) throw_error(ErrorCode::kInvalidFile, "tensor %s has %zu dimensions", name.c_str(), got.size());
     ++n_loaded_;
     const std::span<const int64_t> shape(got.data(), got.size());
-    return f_.mapped() ? be_.upload_mapped_weight(ti->type, shape, ti->data)
-                       : be_.upload_weight(ti->type, shape, ti->data);
+    const Tensor t = f_.mapped() ? be_.upload_mapped_weight(ti->type, shape, ti->data)
+                                 : be_.upload_weight(ti->type, shape, ti->data);
+    bytes_done_ += ti->n_bytes;
+    if (progress_) progress_(std::min(bytes_done_, bytes_total_), bytes_total_);
+    return t;
+}
+
+WeightLoader::WeightLoader(const gguf::File& f, Backend& be, ProgressFn progress)
+    : f_(f), be_(be), progress_(std::move(progress)) {
+    for (const auto& t : f_.tensors()) bytes_total_ += t.n_bytes;
 }
 
 Tensor WeightLoader::matrix(const std::string& name, std::initializer_list<int64_t> ne) {

@@ -3,6 +3,7 @@
 // the expected vs actual value.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <string>
 #include <string_view>
@@ -44,7 +45,8 @@ class HParams {
 // on the backend.
 class WeightLoader {
  public:
-    WeightLoader(const gguf::File& f, Backend& be) : f_(f), be_(be) {}
+    using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
+    WeightLoader(const gguf::File& f, Backend& be, ProgressFn progress = {});
 
     // Any weight type the backend's matmul accepts (F32, F16, BF16, quantized).
     Tensor matrix(const std::string& name, std::initializer_list<int64_t> ne);
@@ -64,6 +66,8 @@ class WeightLoader {
     const gguf::File& f_;
     Backend& be_;
     size_t n_loaded_ = 0;
+    ProgressFn progress_;
+    uint64_t bytes_done_ = 0, bytes_total_ = 0;
     std::unordered_map<std::string, Tensor> matrices_;
 };
 

@@ -103,8 +103,14 @@ std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& o
     bo.gpu_index = opts.gpu_index;
     bo.cuda = opts.cuda;
     m->backend_ = create_backend(bo);
-    LoadContext ctx{*m->file_, *m->backend_, HParams(*m->file_, arch), WeightLoader(*m->file_, *m->backend_)};
+    LoadContext ctx{*m->file_, *m->backend_, HParams(*m->file_, arch),
+                    WeightLoader(*m->file_, *m->backend_, opts.on_load_progress)};
     m->arch_ = make(ctx);
+    if (opts.on_load_progress) {  // tensors the model does not use count as done
+        uint64_t total = 0;
+        for (const auto& t : m->file_->tensors()) total += t.n_bytes;
+        opts.on_load_progress(total, total);
+    }
     m->lora_ = std::make_shared<LoraCache>(*m->backend_, ctx.wl.matrices(), opts.lora_cache_bytes, opts.lora_type);
     m->info_ = m->arch_->info;
     // Block types hold 32 elements: every head must start a block.

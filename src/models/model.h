@@ -12,6 +12,7 @@
 // type, a prompt longer than the context, a token id out of range) throws cera::Error.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -40,6 +41,8 @@ struct ModelOptions {
     // How the device copies of LoRA adapters store A and B: kF16 (half the bytes a decode step reads; the
     // deltas' rounding stays far below the logits' tolerances) or kF32.
     GgmlType lora_type = GgmlType::kF16;
+    // The tensor bytes loaded so far and in all, after each weight (the last call has them equal).
+    std::function<void(uint64_t done, uint64_t total)> on_load_progress;
     static constexpr int kDefaultMaxCtx = 4096;
 };
 

@@ -121,6 +121,7 @@ std::unique_ptr<Model> load_engine_model(const std::string& path, const EngineOp
     mo.gpu_index = dev.gpu_index;
     mo.cuda.profile = options.gpu_profile;
     mo.lora_cache_bytes = options.lora_cache_bytes;
+    mo.on_load_progress = options.on_load_progress;
     if (dev.kind == DeviceKind::kCuda) {
         std::string why;
         const auto gpus = cuda_devices(&why);

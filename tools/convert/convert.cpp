@@ -72,7 +72,7 @@ size_t convert_hf(const ConvertOptions& o) {
     w.set_u32(k::kFileType, k::file_type_of(o.type, /*k_medium=*/false));
     w.set_u32(k::kQuantVersion, 2);
     write_tokenizer(o.hf_dir, cfg, c.dims.n_vocab, w);
-    w.write(o.out);
+    w.write(o.out, o.on_progress);
     return w.n_tensors();
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "gguf/writer.h"
 
 namespace cera::convert {
 
@@ -14,6 +15,7 @@ struct ConvertOptions {
     std::filesystem::path hf_dir;
     std::string out;
     GgmlType type = GgmlType::kF32;  // matrices; norms, biases, routers and conv kernels stay F32
+    gguf::Writer::ProgressFn on_progress;  // tensor bytes written so far and in all, after each tensor
 };
 
 // config.json model_types that convert, comma-separated (for messages and --help).

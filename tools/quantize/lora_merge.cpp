@@ -85,7 +85,7 @@ LoraMergeSummary merge_lora(const LoraMergeOptions& o) {
                 std::max<int64_t>(1, 4096 / t.ne[0]));
         });
     }
-    wr.write(o.output);
+    wr.write(o.output, o.on_progress);
     return s;
 }
 

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "gguf/writer.h"
+
 namespace cera::quantize {
 
 struct LoraMergeInput {
@@ -20,6 +22,7 @@ struct LoraMergeOptions {
     std::string output;  // written to output.tmp and renamed, so a failure leaves no partial file
     std::vector<LoraMergeInput> adapters;
     int n_threads = 0;  // 0: all cores; the bytes do not depend on it
+    gguf::Writer::ProgressFn on_progress;  // tensor bytes written so far and in all, after each tensor
 };
 
 struct LoraMergeSummary {

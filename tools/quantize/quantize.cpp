@@ -144,7 +144,7 @@ QuantizeSummary quantize_model(const QuantizeOptions& o) {
                 std::max<int64_t>(1, 4096 / t.ne[0]));
         });
     }
-    w.write(o.output);
+    w.write(o.output, o.on_progress);
     return s;
 }
 

@@ -11,6 +11,7 @@
 
 #include "core/dtype.h"
 #include "gguf/gguf.h"
+#include "gguf/writer.h"
 #include "quantize/mixture.h"
 
 namespace cera::quantize {
@@ -21,6 +22,7 @@ struct QuantizeOptions {
     FileType file_type = FileType::kQ8_0;
     std::vector<std::string> keep;  // tensors left in their input type
     int n_threads = 0;              // 0: all cores; the bytes do not depend on it
+    gguf::Writer::ProgressFn on_progress;  // tensor bytes written so far and in all, after each tensor
 };
 
 struct QuantizeSummary {

@@ -1,0 +1,43 @@
+// Progress of long work (convert, quantize, model load) on stderr: a bar redrawn in place on a
+// terminal, and on anything else a plain line at each tenth, so that logs stay readable.
+//
+//   Progress p("quantize");
+//   for (...) p.update(done_bytes, total_bytes);
+//   p.finish();
+//
+// With show_after_s > 0 nothing appears until the work has run that long (a model load that is over
+// in a moment prints nothing).
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace cera::cli {
+
+class Progress {
+ public:
+    explicit Progress(std::string label, double show_after_s = 0, std::FILE* out = stderr);
+    ~Progress() { finish(); }
+    Progress(const Progress&) = delete;
+    Progress& operator=(const Progress&) = delete;
+
+    void update(uint64_t done, uint64_t total);  // byte counts; done == total finishes
+    void finish();                               // ends the bar's line (once; later updates are ignored)
+
+    // The bar as drawn at `done` of `total` after `elapsed_s` (no terminal codes).
+    static std::string bar_line(const std::string& label, uint64_t done, uint64_t total, double elapsed_s, int width);
+
+ private:
+    using Clock = std::chrono::steady_clock;
+    std::string label_;
+    double show_after_s_;
+    std::FILE* out_;
+    bool tty_;
+    bool shown_ = false, finished_ = false;
+    int last_tenth_ = -1;
+    uint64_t done_ = 0, total_ = 0;
+    Clock::time_point start_, last_draw_;
+};
+
+}  // namespace cera::cli
