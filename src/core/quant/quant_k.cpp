@@ -7,9 +7,56 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/cpu_features.h"
 #include "core/quant/quant.h"
 
 namespace cera::quant_detail {
+
+void qkx2_search(Qkx2Search& s) {
+    const int n = s.n, nmax = s.nmax;
+    const float* x = s.x;
+    const float* weights = s.weights;
+    for (int is = 0; is <= s.nstep; ++is) {
+        const float iscale = (s.rmin + s.rdelta * float(is) + float(nmax)) / (s.max - s.min);
+        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+        for (int i = 0; i < n; ++i) {
+            int l = nearest_int(iscale * (x[i] - s.min));
+            l = l < 0 ? 0 : (l > nmax ? nmax : l);
+            s.Laux[i] = uint8_t(l);
+            const float w = weights[i];
+            sum_l += w * float(l);
+            sum_l2 += w * float(l) * float(l);
+            sum_xl += w * float(l) * x[i];
+        }
+        const float D = s.sum_w * sum_l2 - sum_l * sum_l;
+        if (D > 0) {
+            float this_scale = (s.sum_w * sum_xl - s.sum_x * sum_l) / D;
+            float this_min = (sum_l2 * s.sum_x - sum_l * sum_xl) / D;
+            if (this_min > 0) {
+                this_min = 0;
+                this_scale = sum_xl / sum_l2;
+            }
+            float cur_error = 0;
+            for (int i = 0; i < n; ++i) {
+                float diff = this_scale * float(s.Laux[i]) + this_min - x[i];
+                diff = s.use_mad ? std::fabs(diff) : diff * diff;
+                cur_error += weights[i] * diff;
+            }
+            if (cur_error < s.best_error) {
+                for (int i = 0; i < n; ++i) s.L[i] = s.Laux[i];
+                s.best_error = cur_error;
+                s.scale = this_scale;
+                s.min = this_min;
+            }
+        }
+    }
+}
+
+bool qkx2_search_avx512_usable() {
+    static const bool usable = cpu_features().has_avx512_set();
+    return usable;
+}
+
 namespace {
 
 // The value of largest magnitude (the first of equals), its magnitude in *amax.
@@ -61,42 +108,13 @@ float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, ui
         *the_min = -min;
         return scale;
     }
-    for (int is = 0; is <= nstep; ++is) {
-        iscale = (rmin + rdelta * float(is) + float(nmax)) / (max - min);
-        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
-        for (int i = 0; i < n; ++i) {
-            int l = nearest_int(iscale * (x[i] - min));
-            l = l < 0 ? 0 : (l > nmax ? nmax : l);
-            Laux[i] = uint8_t(l);
-            const float w = weights[i];
-            sum_l += w * float(l);
-            sum_l2 += w * float(l) * float(l);
-            sum_xl += w * float(l) * x[i];
-        }
-        const float D = sum_w * sum_l2 - sum_l * sum_l;
-        if (D > 0) {
-            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
-            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-            if (this_min > 0) {
-                this_min = 0;
-                this_scale = sum_xl / sum_l2;
-            }
-            float cur_error = 0;
-            for (int i = 0; i < n; ++i) {
-                float diff = this_scale * float(Laux[i]) + this_min - x[i];
-                diff = use_mad ? std::fabs(diff) : diff * diff;
-                cur_error += weights[i] * diff;
-            }
-            if (cur_error < best_error) {
-                for (int i = 0; i < n; ++i) L[i] = Laux[i];
-                best_error = cur_error;
-                scale = this_scale;
-                min = this_min;
-            }
-        }
-    }
-    *the_min = -min;
-    return scale;
+    Qkx2Search s{n, nmax, x, weights, rmin, rdelta, nstep, use_mad, sum_w, sum_x, max, min, scale, best_error, L, Laux};
+    if (qkx2_search_avx512_usable())
+        qkx2_search_avx512(s);
+    else
+        qkx2_search(s);
+    *the_min = -s.min;
+    return s.scale;
 }
 
 // Symmetric fit x ~ scale * (L - nmax) with weights x^2 (rmse_type 1, no importance weights).

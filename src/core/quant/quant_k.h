@@ -13,6 +13,30 @@ constexpr float kGroupMaxEps = 1e-15f;
 inline float h2f(uint16_t h) { return fp16_to_fp32(h); }
 inline uint16_t f2h(float f) { return fp32_to_fp16(f); }
 
+// The grid search of make_qkx2_quants (Q2_K, Q4_K, Q5_K), after its first fit: for each step is in
+// [0, nstep], a fit at the inverse scale (rmin + rdelta * is + nmax) / (max - min); a fit with a smaller
+// weighted error replaces scale, min, best_error and L. The search reads min, so a step that moves it
+// changes the steps after it.
+struct Qkx2Search {
+    int n, nmax;
+    const float* x;
+    const float* weights;
+    float rmin, rdelta;
+    int nstep;
+    bool use_mad;  // rank by weighted absolute error instead of squared
+    float sum_w, sum_x, max;
+    float min, scale, best_error;  // the fit so far, updated
+    uint8_t* L;                    // [n] the fit's levels, updated
+    uint8_t* Laux;                 // [n] scratch
+};
+// The reference: llama.cpp's loop, step by step.
+void qkx2_search(Qkx2Search& s);
+// The same result bit for bit, sixteen steps at a time in AVX-512 lanes (each lane runs the scalar
+// loop's operations in its order, with no FMA contraction). A lane that improves the fit and moves min
+// ends the round; the next round starts at the step after it.
+void qkx2_search_avx512(Qkx2Search& s);
+bool qkx2_search_avx512_usable();
+
 // x[0..n) (n a multiple of 256) into n / 256 blocks of each type at dst.
 void quant_q2_k(const float* x, void* dst, int64_t n);
 void quant_q3_k(const float* x, void* dst, int64_t n);
