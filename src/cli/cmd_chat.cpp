@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -265,9 +266,23 @@ struct Chat {
             std::fprintf(stderr, "cera chat: the context is full (see --ctx, --n-keep)\n");
     }
 
+    // The state file, and next to it the conversation: the messages, the images of each (as absolute
+    // paths, read again only if the conversation has to be evaluated anew), the images waiting for the
+    // next message, and the rendering the state holds.
     void save(const std::string& path) {
         session->save_state_file(path);
-        nlohmann::json j = {{"system", system}, {"messages", messages_to_json(messages)}};
+        auto absolute = [](const std::vector<std::string>& paths) {
+            std::vector<std::string> out;
+            for (const std::string& p : paths) out.push_back(std::filesystem::absolute(p).string());
+            return out;
+        };
+        nlohmann::json images = nlohmann::json::array();
+        for (const auto& a : attached) images.push_back(absolute(a));
+        nlohmann::json j = {{"system", system},
+                            {"messages", messages_to_json(messages)},
+                            {"images", images},
+                            {"pending_images", absolute(pending)},
+                            {"rendered", rendered}};
         std::ofstream f(path + ".chat.json");
         f << j.dump(1) << "\n";
         if (!f) throw Error(ErrorCode::kIo, "cannot write " + path + ".chat.json");
@@ -283,16 +298,26 @@ struct Chat {
             throw Error(ErrorCode::kInvalidFile, path + ".chat.json: " + e.what());
         }
         std::vector<ChatMessage> loaded;
+        std::vector<std::vector<std::string>> images;
+        std::vector<std::string> waiting;
+        std::vector<int32_t> held;
         try {
             loaded = messages_from_json(j.at("messages"));
+            if (j.contains("images")) j.at("images").get_to(images);
+            if (j.contains("pending_images")) j.at("pending_images").get_to(waiting);
+            if (j.contains("rendered")) j.at("rendered").get_to(held);
         } catch (const nlohmann::json::exception& e) {
             throw Error(ErrorCode::kInvalidFile, path + ".chat.json: " + e.what());
         }
+        if (!images.empty() && images.size() != loaded.size())
+            throw Error(ErrorCode::kInvalidFile, path + ".chat.json: " + std::to_string(images.size()) +
+                                                     " image lists for " + std::to_string(loaded.size()) + " messages");
+        images.resize(loaded.size());
         session->load_state_file(path);  // throws, leaving the session as it was, on a mismatch
         messages = std::move(loaded);
-        attached.assign(messages.size(), {});
-        pending.clear();
-        rendered.clear();
+        attached = std::move(images);
+        pending = std::move(waiting);
+        rendered = std::move(held);
         system = j.value("system", std::string());
     }
 };

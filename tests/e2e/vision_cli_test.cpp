@@ -2,6 +2,7 @@
 // logits of transformers (float64 references), one embedding row per position of the expanded prompt,
 // <image> markers, and one-line errors for bad input.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -73,6 +74,33 @@ TEST(VisionCli, ChatImageStaysInTheConversation) {
     const size_t second = r.err.find("prompt ", r.err.find("prompt 90 new tokens") + 10);
     ASSERT_NE(second, std::string::npos) << r.err;
     EXPECT_LT(std::stoi(r.err.substr(second + 7)), 30) << r.err;
+}
+
+TEST(VisionCli, ChatSaveAndLoadKeepTheImage) {
+    // The same two turns in one process, and split by /save and /load across two: the second reply is
+    // the same, and the loaded conversation evaluates only the new turn's tokens (the image stays in the
+    // saved state; its marker is not fed as a token).
+    const std::string chat = base("chat") + " --mmproj " + shell_quote(fx("mmproj.gguf")) + " --temp 0 -n 8 -v";
+    const std::string image = "/image " + fx("ref/test_image.png") + "\n";
+    const test::ShellResult whole =
+        test::run_shell("printf '%s' " + shell_quote(image + "What is in the picture?\nAnd now?\n") + " | " + chat);
+    ASSERT_EQ(whole.code, 0) << whole.err;
+    const std::string state =
+        (std::filesystem::temp_directory_path() / ("cera_vision_chat_" + std::to_string(::getpid()) + ".state"))
+            .string();
+    const test::ShellResult first = test::run_shell(
+        "printf '%s' " + shell_quote(image + "What is in the picture?\n/save " + state + "\n") + " | " + chat);
+    ASSERT_EQ(first.code, 0) << first.err;
+    const test::ShellResult second =
+        test::run_shell("printf '%s' " + shell_quote("/load " + state + "\nAnd now?\n") + " | " + chat);
+    ASSERT_EQ(second.code, 0) << second.err;
+    std::filesystem::remove(state);
+    std::filesystem::remove(state + ".chat.json");
+    const std::string want = whole.out.substr(whole.out.find('\n') + 1);
+    EXPECT_EQ(second.out, want);
+    const size_t at = second.err.find("prompt ");
+    ASSERT_NE(at, std::string::npos) << second.err;
+    EXPECT_LT(std::stoi(second.err.substr(at + 7)), 30) << second.err;
 }
 
 TEST(VisionCli, SynthMmprojLoadsAndBenchReportsEncodeTime) {

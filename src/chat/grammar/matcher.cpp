@@ -85,7 +85,7 @@ void Matcher::reset() {
 
 uint32_t Matcher::intern(uint32_t pos, uint32_t parent) {
     const uint64_t key = uint64_t(pos) << 32 | parent;
-    auto [it, fresh] = intern_.emplace(key, uint32_t(nodes_.size()));
+    auto [it, fresh] = intern_.try_emplace(key, uint32_t(nodes_.size()));
     if (fresh) {
         nodes_.push_back({pos, parent});
         succ_begin_.push_back(kUnset);
