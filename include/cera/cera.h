@@ -54,7 +54,7 @@
 #    define CERA_API __attribute__((visibility("default")))
 #endif
 
-#define CERA_ABI_VERSION 1
+#define CERA_ABI_VERSION 2
 
 /* Tokens are vocabulary ids; CERA_TOKEN_NULL means "none". */
 #define CERA_TOKEN_NULL (-1)
@@ -150,10 +150,14 @@ typedef struct cera_engine_options {
     /* Device bytes of adapter weights kept resident while no step uses them (least recently used go
      * first beyond it); 0 = no bound. */
     size_t lora_cache_bytes;
+    /* Called from the loading thread as the weights go onto the device, with the tensor bytes loaded so
+     * far and in all (the last call has them equal) and load_progress_user_data. NULL = none. */
+    void (*load_progress)(uint64_t done, uint64_t total, void *user_data);
+    void *load_progress_user_data;
 } cera_engine_options;
 
 /* The defaults: device "auto", threads 0, n_ctx 0, F32 KV cache, n_batch 512, no prefix cache, no
- * projector, no adapters. */
+ * projector, no adapters, no progress callback. */
 CERA_API cera_engine_options cera_engine_default_options(void);
 
 /* Loads a GGUF model and makes its weights resident on the chosen device. options NULL: the

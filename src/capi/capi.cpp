@@ -247,6 +247,8 @@ cera_engine_options cera_engine_default_options(void) {
     o.lora = nullptr;
     o.n_lora = 0;
     o.lora_cache_bytes = d.lora_cache_bytes;
+    o.load_progress = nullptr;
+    o.load_progress_user_data = nullptr;
     return o;
 }
 
@@ -279,6 +281,11 @@ cera_status cera_engine_load(const char* path, const cera_engine_options* option
             eo.lora.push_back({o.lora[i].path, o.lora[i].scale});
         }
         eo.lora_cache_bytes = o.lora_cache_bytes;
+        if (o.load_progress)
+            eo.on_load_progress = [cb = o.load_progress, user = o.load_progress_user_data](uint64_t done,
+                                                                                           uint64_t total) {
+                cb(done, total, user);
+            };
         auto h = std::make_unique<cera_engine>();
         h->engine = Engine::load(path, eo);
         h->tokenizer.engine = h->engine.get();

@@ -26,7 +26,8 @@ const std::string kLfm2 = fx("tiny-lfm2/model.gguf");
 const std::string kLoraGguf = fx("tiny-lfm2/lora/lora.gguf");
 const std::string kLoraPeft = fx("tiny-lfm2/lora/peft");
 
-// The layouts of ABI 1's option structs, whose reserved fields the new ones replace.
+// The layouts of ABI 1's option structs, whose reserved fields the LoRA and image ones replace (ABI 2
+// appends the load progress callback).
 struct EngineOptionsV1 {
     const char* device;
     int32_t threads, n_ctx;
@@ -39,7 +40,7 @@ struct EngineOptionsV1 {
     const void* reserved_lora;
     const void* reserved[3];
 };
-static_assert(sizeof(cera_engine_options) == sizeof(EngineOptionsV1));
+static_assert(offsetof(cera_engine_options, load_progress) == sizeof(EngineOptionsV1));
 static_assert(offsetof(cera_engine_options, mmproj) == offsetof(EngineOptionsV1, reserved_lora));
 static_assert(offsetof(cera_engine_options, lora) == offsetof(EngineOptionsV1, reserved[0]));
 static_assert(offsetof(cera_engine_options, n_lora) == offsetof(EngineOptionsV1, reserved[1]));

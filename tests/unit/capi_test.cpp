@@ -76,6 +76,32 @@ bool collect(const cera_token_event* ev, void* user) {
     return c->stop_after < 0 || c->events++ < c->stop_after;
 }
 
+TEST(CApi, LoadProgressCountsUpToTheWholeModel) {
+    struct Seen {
+        std::vector<std::pair<uint64_t, uint64_t>> calls;
+    } seen;
+    cera_engine_options o = cera_engine_default_options();
+    EXPECT_EQ(o.load_progress, nullptr);
+    o.device = "cpu";
+    o.threads = 1;
+    o.load_progress = [](uint64_t done, uint64_t total, void* user) {
+        static_cast<Seen*>(user)->calls.push_back({done, total});
+    };
+    o.load_progress_user_data = &seen;
+    cera_engine* e = nullptr;
+    ASSERT_EQ(cera_engine_load(cera::test::data_path("fixtures/tiny-lfm2/model.gguf").c_str(), &o, &e), CERA_OK)
+        << cera_last_error();
+    cera_engine_free(e);
+    ASSERT_GT(seen.calls.size(), 10u);  // one a weight
+    const uint64_t total = seen.calls.back().second;
+    EXPECT_GT(total, 1000000u);
+    EXPECT_EQ(seen.calls.back().first, total);
+    for (size_t i = 0; i < seen.calls.size(); ++i) {
+        EXPECT_EQ(seen.calls[i].second, total);
+        if (i > 0) EXPECT_GE(seen.calls[i].first, seen.calls[i - 1].first);
+    }
+}
+
 TEST(CApi, VersionAndStatusNames) {
     EXPECT_STREQ(cera_version(), CERA_TEST_PROJECT_VERSION);
     EXPECT_EQ(cera_abi_version(), CERA_ABI_VERSION);
