@@ -14,7 +14,8 @@ constexpr uint32_t kAccept = 0;  // bottom: popping it means the whole text matc
 constexpr uint32_t kCut = 1;     // bottom: popping it means the walk left the position's rule
 constexpr uint16_t kRunBusy = 0xFFFF;
 constexpr uint32_t kRunMax = 256;  // longer than any token (the trie holds pieces of up to 255 bytes)
-constexpr int kRunDepth = 512;     // recursion bound of run(); past it a result is a lower bound
+constexpr int kRunDepth = 300;         // run()'s recursion bound: above kRunMax, so chains up to it are exact
+constexpr uint32_t kRunBudget = 4096;  // nodes one run() call may evaluate
 
 uint64_t hash_state(const std::vector<uint32_t>& set, uint32_t val, uint32_t rem) {
     uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t(val) << 3 | rem);
@@ -269,14 +270,14 @@ bool Matcher::class_holds(uint32_t a, uint32_t b) const {
 
 // How many code points of its class a stack can take in a row, capped at kRunMax: one, plus the most
 // that a successor whose class holds this one's can take. A cycle among such successors is a loop
-// (kRunMax). Memoised per node; a result cut short by the recursion bound is kept only at the cap.
+// (kRunMax). Memoised per node. The recursion is bounded (kRunDepth deep, run_budget_ nodes a call,
+// since successors can be new nodes without end); where it is cut a node counts as one code point, so
+// a result is then a lower bound, which is safe: a walk takes a subtree only when the run covers it.
 uint32_t Matcher::run(uint32_t stack, int depth) {
     if (run_[stack] == kRunBusy) return kRunMax;
     if (run_[stack] != 0) return run_[stack];
-    if (depth > kRunDepth) {
-        run_capped_ = true;
-        return 1;
-    }
+    if (depth > kRunDepth || run_budget_ == 0) return 1;
+    --run_budget_;
     run_[stack] = kRunBusy;
     const uint32_t cls = def_->elems[nodes_[stack].pos].arg;
     uint32_t b, e, best = 0;
@@ -286,7 +287,7 @@ uint32_t Matcher::run(uint32_t stack, int depth) {
         if (next >= 2 && class_holds(def_->elems[nodes_[next].pos].arg, cls)) best = std::max(best, run(next, depth + 1));
     }
     const uint32_t r = std::min(kRunMax, best + 1);
-    run_[stack] = r == kRunMax || !run_capped_ ? uint16_t(r) : 0;
+    run_[stack] = uint16_t(r);
     return r;
 }
 
@@ -300,7 +301,7 @@ void Matcher::level_runs(uint32_t d) {
         if (s < 2 || lr.n == LevelRuns::kMax) continue;
         const uint32_t cls = def_->elems[nodes_[s].pos].arg;
         const CharClass& c = def_->classes[cls];
-        run_capped_ = false;
+        run_budget_ = kRunBudget;
         lr.run[lr.n] = {{c.ascii[0], c.ascii[1]}, run(s, 0), class_high_[cls] != 0};
         ++lr.n;
     }

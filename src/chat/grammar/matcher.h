@@ -178,7 +178,7 @@ class Matcher {
     std::vector<uint32_t> succ_begin_, succ_end_, succ_pool_;  // memoised successors per node
     std::vector<uint32_t> stamp_;                              // closure's visited marks
     std::vector<uint16_t> run_;                                // memoised run() per node (0: not yet)
-    bool run_capped_ = false;                                  // run(): a result is only a lower bound
+    uint32_t run_budget_ = 0;                                  // run(): nodes this call may still evaluate
     std::vector<char> class_high_;  // per class: holds every code point past ASCII (surrogates aside)
     uint32_t epoch_ = 0;
     std::vector<uint32_t> work_;
