@@ -103,9 +103,27 @@ ws ::= " "?)",
 // long runs of one class share trie prefixes, so walks take whole subtrees in one step, and tokens
 // leave the top frames at one or several places (through optional whitespace).
 std::shared_ptr<const TokenTrie> random_vocab(uint64_t seed) {
-    const std::vector<std::string> units = {"a",  "b",  "z",        "1",        "0",           "\"",   "\\",
-                                            " ",  "\n", ",",        ".",        "[",           "]",    "\xc3\xa9",
-                                            "!",  "é",  "\xe4\xb8\xad", "\xf0\x9f\x98\x80", "\xc3", "\xa9", "\t"};
+    const std::vector<std::string> units = {"a",
+                                            "b",
+                                            "z",
+                                            "1",
+                                            "0",
+                                            "\"",
+                                            "\\",
+                                            " ",
+                                            "\n",
+                                            ",",
+                                            ".",
+                                            "[",
+                                            "]",
+                                            "\xc3\xa9",
+                                            "!",
+                                            "é",
+                                            "\xe4\xb8\xad",
+                                            "\xf0\x9f\x98\x80",
+                                            "\xc3",
+                                            "\xa9",
+                                            "\t"};
     std::mt19937_64 rng(seed);
     std::vector<std::string> pieces = {"<eos>"};
     for (int i = 0; i < 900; ++i) {
