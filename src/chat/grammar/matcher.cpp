@@ -448,11 +448,11 @@ void Matcher::group_left(PositionCache::Entry& e) {
     for (size_t i = 0; i < n; ++i) e.left[fill[group_of_[i]]++] = left_[i].first;
 }
 
-// Whether the stacks below_ (at a code point boundary) take the bytes of rest.
-bool Matcher::rest_ok(std::string_view rest) {
-    tmp_b_ = below_;
+// Whether the stacks `from` (at a code point boundary) take all of bytes.
+bool Matcher::takes(const std::vector<uint32_t>& from, std::string_view bytes) {
+    tmp_b_ = from;
     Utf8 u;
-    for (char c : rest) {
+    for (char c : bytes) {
         Utf8 nu;
         if (!step(tmp_b_, u, uint8_t(c), tmp_a_, nu)) return false;
         tmp_b_.swap(tmp_a_);
@@ -477,25 +477,12 @@ void Matcher::compute_mask(uint64_t* bits) {
         closure(n, below_);
         sort_unique(below_);
         for (size_t g = 0; g < e->groups(); ++g)
-            if (rest_ok(std::string_view(e->rests).substr(e->rest_at[g], e->rest_at[g + 1] - e->rest_at[g])))
+            if (takes(below_, std::string_view(e->rests).substr(e->rest_at[g], e->rest_at[g + 1] - e->rest_at[g])))
                 for (uint32_t k = e->left_at[g]; k < e->left_at[g + 1]; ++k)
                     bits[size_t(e->left[k]) >> 6] |= 1ull << (e->left[k] & 63);
     }
     if (can_end())
         for (int32_t t : trie_->eog_tokens()) bits[size_t(t) >> 6] |= 1ull << (t & 63);
-}
-
-// Whether the grammar accepts text as a prefix from its start (the state of a waiting lazy matcher).
-bool Matcher::viable_from_start(std::string_view text) {
-    tmp_b_ = initial_;
-    Utf8 u;
-    for (char c : text) {
-        Utf8 nu;
-        if (!step(tmp_b_, u, uint8_t(c), tmp_a_, nu)) return false;
-        tmp_b_.swap(tmp_a_);
-        u = nu;
-    }
-    return true;
 }
 
 // Before the trigger every token is allowed, except one that completes the trigger with bytes after it
@@ -507,7 +494,7 @@ const uint64_t* Matcher::waiting_mask() {
     auto clear_if_bad = [&](std::vector<uint64_t>& mask, const std::string& before, int32_t t) {
         const std::string text = before + trie_->piece(t);
         const size_t at = text.find(trig);
-        if (at != std::string::npos && !viable_from_start(std::string_view(text).substr(at)))
+        if (at != std::string::npos && !takes(initial_, std::string_view(text).substr(at)))
             mask[size_t(t) >> 6] &= ~(uint64_t(1) << (t & 63));
     };
     if (base_mask_.empty()) {

@@ -156,7 +156,7 @@ class Matcher {
     bool step(const std::vector<uint32_t>& in, Utf8 u, uint8_t byte, std::vector<uint32_t>& out, Utf8& nu);
     size_t walk(const std::vector<uint32_t>& start, Utf8 u, uint64_t* accepted);
     std::shared_ptr<const PositionCache::Entry> classify(uint32_t stack, Utf8 u);
-    bool rest_ok(std::string_view rest);
+    bool takes(const std::vector<uint32_t>& from, std::string_view bytes);
     void group_left(PositionCache::Entry& e);
     uint32_t run(uint32_t stack, int depth);
     void level_runs(uint32_t d);
@@ -218,7 +218,6 @@ class Matcher {
     std::vector<uint64_t> lazy_mask_;  // lazy: base_mask_'s rule after a text ending in part of the trigger
     std::shared_ptr<const std::vector<int32_t>> trigger_tokens_;  // lazy: tokens holding the whole trigger
     const uint64_t* waiting_mask();
-    bool viable_from_start(std::string_view text);
 };
 
 }  // namespace cera::grammar
