@@ -12,8 +12,9 @@ __attribute__((weak)) std::unique_ptr<Backend> make_cuda_backend(int gpu_index, 
 std::unique_ptr<Backend> create_backend(const BackendOptions& opts) {
     switch (opts.device) {
         case DeviceKind::kCpu:
-            return make_cpu_backend(opts.n_threads, opts.cpu_isa);
+            return make_cpu_backend(opts.n_threads, opts.cpu_isa, opts.observer);
         case DeviceKind::kCuda:
+            if (opts.observer) throw_error(ErrorCode::kUnsupported, "the matmul observer (imatrix) needs the cpu device");
             if (&make_cuda_backend == nullptr)
                 throw_error(ErrorCode::kDevice, "device cuda: this build has no CUDA backend");
             return make_cuda_backend(opts.gpu_index, opts.cuda);

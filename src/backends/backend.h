@@ -421,12 +421,22 @@ struct CudaOptions {
 // create_backend throws. Tests build a backend of each table side by side.
 enum class CpuIsa { kAuto, kRef, kAvx2, kAvx512 };
 
+// Sees the input rows of every product with a weight matrix: the statistics of `cera imatrix`. Called on
+// the thread that issues the op, before the product.
+class MatmulObserver {
+ public:
+    virtual ~MatmulObserver() = default;
+    // x: f32 [n, w.ne[0]], multiplied by w (by its expert `expert` when w is a stacked MoE weight, else -1).
+    virtual void observe(const Tensor& w, int64_t expert, const float* x, int64_t n) = 0;
+};
+
 struct BackendOptions {
     DeviceKind device = DeviceKind::kCpu;
     int n_threads = 0;               // CPU: 0 = physical cores
     CpuIsa cpu_isa = CpuIsa::kAuto;  // CPU: which kernel table
     int gpu_index = 0;               // CUDA: which device
     CudaOptions cuda;
+    MatmulObserver* observer = nullptr;  // CPU: sees every weight product's input (null: none)
 };
 
 // The arg-max of Backend::argmax on host memory: x f32 [rows, n], out i32 [rows]. The reference for

@@ -34,6 +34,8 @@ int run_quantize(const std::vector<std::string>& args) {
                    type_list() + " (Q3_K / Q4_K / Q5_K: the _M mixtures)")
         ->required();
     app.add_option("--keep", keep, "tensors left in their input type (comma-separated, repeatable)")->delimiter(',');
+    std::string imatrix;
+    app.add_option("--imatrix", imatrix, "importance matrix (from cera imatrix or llama-imatrix) to weight the quantizers");
     app.add_option("--threads", threads, "threads (default: all cores); the output does not depend on it");
 
     quantize::QuantizeOptions o;
@@ -49,6 +51,7 @@ int run_quantize(const std::vector<std::string>& args) {
     o.input = in;
     o.output = out;
     o.keep = keep;
+    o.imatrix = imatrix;
     o.n_threads = threads;
 
     Progress bar("quantize");
@@ -62,6 +65,12 @@ int run_quantize(const std::vector<std::string>& args) {
     std::printf("wrote %s: %s, %zu tensors (%zu converted: %s), %.1f MiB -> %.1f MiB, in %.1f s\n", out.c_str(),
                 quantize::file_type_name(o.file_type), s.n_tensors, s.n_converted, types.str().c_str(),
                 double(s.bytes_in) / (1 << 20), double(s.bytes_out) / (1 << 20), secs);
+    if (!imatrix.empty()) {
+        std::printf("importance matrix: %zu tensors quantized under it", s.n_imatrix);
+        if (!s.no_imatrix.empty())
+            std::printf("; %zu without (no entry, e.g. %s)", s.no_imatrix.size(), s.no_imatrix.front().c_str());
+        std::printf("\n");
+    }
     return 0;
 }
 

@@ -17,22 +17,26 @@ namespace cera::cli {
 
 class Progress {
  public:
-    explicit Progress(std::string label, double show_after_s = 0, std::FILE* out = stderr);
+    // count_unit: the amounts are counts of these ("chunks"), not bytes (shown in MiB).
+    explicit Progress(std::string label, double show_after_s = 0, std::FILE* out = stderr,
+                      const char* count_unit = nullptr);
     ~Progress() { finish(); }
     Progress(const Progress&) = delete;
     Progress& operator=(const Progress&) = delete;
 
-    void update(uint64_t done, uint64_t total);  // byte counts; done == total finishes
+    void update(uint64_t done, uint64_t total);  // bytes (or counts); done == total finishes
     void finish();                               // ends the bar's line (once; later updates are ignored)
 
     // The bar as drawn at `done` of `total` after `elapsed_s` (no terminal codes).
-    static std::string bar_line(const std::string& label, uint64_t done, uint64_t total, double elapsed_s, int width);
+    static std::string bar_line(const std::string& label, uint64_t done, uint64_t total, double elapsed_s, int width,
+                                const char* count_unit = nullptr);
 
  private:
     using Clock = std::chrono::steady_clock;
     std::string label_;
     double show_after_s_;
     std::FILE* out_;
+    const char* count_unit_;
     bool tty_;
     bool shown_ = false, finished_ = false;
     int last_tenth_ = -1;

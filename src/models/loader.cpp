@@ -75,6 +75,7 @@ Tensor WeightLoader::load(const std::string& name, std::initializer_list<int64_t
     const std::span<const int64_t> shape(got.data(), got.size());
     const Tensor t = f_.mapped() ? be_.upload_mapped_weight(ti->type, shape, ti->data)
                                  : be_.upload_weight(ti->type, shape, ti->data);
+    if (!f32_only) weight_names_.emplace(t.data, name);
     bytes_done_ += ti->n_bytes;
     if (progress_) progress_(std::min(bytes_done_, bytes_total_), bytes_total_);
     return t;

@@ -60,6 +60,8 @@ class WeightLoader {
     size_t n_loaded() const { return n_loaded_; }
     // The matrices fetched so far, by name (what a LoRA adapter may name as its target).
     const std::unordered_map<std::string, Tensor>& matrices() const { return matrices_; }
+    // Every weight matrix fetched so far (optional ones too), by device pointer.
+    const std::unordered_map<const void*, std::string>& weight_names() const { return weight_names_; }
 
  private:
     Tensor load(const std::string& name, std::initializer_list<int64_t> ne, bool f32_only, bool optional);
@@ -69,6 +71,7 @@ class WeightLoader {
     ProgressFn progress_;
     uint64_t bytes_done_ = 0, bytes_total_ = 0;
     std::unordered_map<std::string, Tensor> matrices_;
+    std::unordered_map<const void*, std::string> weight_names_;
 };
 
 // "blk.<il>.<suffix>", e.g. blk(3, "attn_q.weight").

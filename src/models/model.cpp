@@ -71,6 +71,11 @@ void load_common(LoadContext& ctx, Architecture& a, int64_t n_embd, int64_t n_la
 
 Model::~Model() = default;
 
+std::string Model::weight_name(const Tensor& w) const {
+    auto it = weight_names_.find(w.data);
+    return it == weight_names_.end() ? std::string() : it->second;
+}
+
 std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& opts) {
     for (GgmlType t : {opts.kv_type_k, opts.kv_type_v})
         if (t != GgmlType::kF32 && t != GgmlType::kF16 && t != GgmlType::kBF16 && t != GgmlType::kQ8_0 &&
@@ -102,6 +107,7 @@ std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& o
     bo.n_threads = opts.n_threads;
     bo.gpu_index = opts.gpu_index;
     bo.cuda = opts.cuda;
+    bo.observer = opts.observer;
     m->backend_ = create_backend(bo);
     LoadContext ctx{*m->file_, *m->backend_, HParams(*m->file_, arch),
                     WeightLoader(*m->file_, *m->backend_, opts.on_load_progress)};
@@ -112,6 +118,7 @@ std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& o
         opts.on_load_progress(total, total);
     }
     m->lora_ = std::make_shared<LoraCache>(*m->backend_, ctx.wl.matrices(), opts.lora_cache_bytes, opts.lora_type);
+    m->weight_names_ = ctx.wl.weight_names();
     m->info_ = m->arch_->info;
     // Block types hold 32 elements: every head must start a block.
     for (GgmlType t : {opts.kv_type_k, opts.kv_type_v}) {

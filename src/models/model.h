@@ -16,6 +16,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "backends/backend.h"
@@ -43,6 +44,8 @@ struct ModelOptions {
     GgmlType lora_type = GgmlType::kF16;
     // The tensor bytes loaded so far and in all, after each weight (the last call has them equal).
     std::function<void(uint64_t done, uint64_t total)> on_load_progress;
+    // Sees the input of every product with a weight (CPU only; Model::weight_name() names the weight).
+    MatmulObserver* observer = nullptr;
     static constexpr int kDefaultMaxCtx = 4096;
 };
 
@@ -75,6 +78,9 @@ class Model {
     LoraCache& lora_cache() const { return *lora_; }
     std::weak_ptr<LoraCache> lora_cache_ptr() const { return lora_; }
 
+    // The GGUF name of a weight matrix as the model passes it to the backend ("" for no weight).
+    std::string weight_name(const Tensor& w) const;
+
     // A new sequence with an empty cache. n_ctx = 0 takes default_n_ctx().
     std::unique_ptr<ModelState> create_state(int n_ctx = 0) const;
     // The context a sequence gets by default: the options' n_ctx, else the trained context (2048 when
@@ -90,6 +96,7 @@ class Model {
     std::unique_ptr<Backend> backend_;
     std::unique_ptr<Architecture> arch_;
     std::shared_ptr<LoraCache> lora_;
+    std::unordered_map<const void*, std::string> weight_names_;  // by device pointer
 };
 
 // Opens `path`, reads and validates the hyperparameters and tensors of its architecture

@@ -126,6 +126,9 @@ GgmlType mixture_type(FileType ft, GgmlType type, const TensorDesc& t, const Mod
                 type = GgmlType::kQ6_K;
             } else if (ft == FileType::kQ4_K_S && !falcon && il < n / 8) {
                 type = GgmlType::kQ5_K;
+            } else if ((ft == FileType::kQ4_0 || ft == FileType::kQ5_0) && o.has_imatrix && il < n / 8) {
+                // The first eighth of ffn_down gets the type with a minimum under an importance matrix.
+                type = ft == FileType::kQ4_0 ? GgmlType::kQ4_1 : GgmlType::kQ5_1;
             }
             ++c.i_ffn_down;
             break;

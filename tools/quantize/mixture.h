@@ -82,6 +82,7 @@ struct MixtureOptions {
     bool pure = false;
     std::optional<GgmlType> token_embedding_type;  // --token-embedding-type
     std::optional<GgmlType> output_tensor_type;    // --output-tensor-type
+    bool has_imatrix = false;  // an importance matrix is given (changes Q4_0 / Q5_0's ffn_down)
 };
 
 // Whether llama-quantize quantizes this tensor at all: 2-D and 3-D tensors whose names

@@ -8,12 +8,14 @@
 #include <algorithm>
 #include <cstring>
 #include <thread>
+#include <unordered_map>
 
 #include "core/check.h"
 #include "core/quant/quant.h"
 #include "core/threadpool.h"
 #include "gguf/keys.h"
 #include "gguf/writer.h"
+#include "quantize/imatrix.h"
 
 namespace cera::quantize {
 namespace {
@@ -26,8 +28,9 @@ bool dropped_key(const std::string& key) {
 
 constexpr uint32_t kQuantizationVersion = 2;  // GGML_QNT_VERSION: the block layouts of src/core/quant
 
-// Converts rows [begin, end) of a tensor from one type to another through f32.
-void convert_rows(const gguf::TensorInfo& t, GgmlType to, uint8_t* dst, int64_t begin, int64_t end,
+// Converts rows [begin, end) of a tensor from one type to another through f32, under the importance
+// matrix qw ([experts * ne[0]]: row r takes expert r / ne[1]'s part) when it is given.
+void convert_rows(const gguf::TensorInfo& t, GgmlType to, const float* qw, uint8_t* dst, int64_t begin, int64_t end,
                   std::vector<float>& row) {
     const int64_t ne0 = t.ne[0];
     const size_t in_bytes = row_size(t.type, ne0), out_bytes = row_size(to, ne0);
@@ -35,12 +38,13 @@ void convert_rows(const gguf::TensorInfo& t, GgmlType to, uint8_t* dst, int64_t 
     for (int64_t r = begin; r < end; ++r) {
         const uint8_t* src = t.data + size_t(r) * in_bytes;
         uint8_t* out = dst + size_t(r) * out_bytes;
-        if (t.type == GgmlType::kF32) {
-            quantize_row_ref(to, reinterpret_cast<const float*>(src), out, ne0);
-        } else {
+        const float* w = qw ? qw + (r / t.ne[1]) * ne0 : nullptr;
+        const float* x = reinterpret_cast<const float*>(src);
+        if (t.type != GgmlType::kF32) {
             dequantize_row_ref(t.type, src, row.data(), ne0);
-            quantize_row_ref(to, row.data(), out, ne0);
+            x = row.data();
         }
+        quantize_row_imatrix(to, x, out, ne0, w);
     }
 }
 
@@ -80,6 +84,7 @@ std::vector<GgmlType> plan_types(const gguf::File& f, const QuantizeOptions& o) 
     for (const auto& t : f.tensors()) descs.push_back({t.name, t.ne, t.type});
     MixtureOptions mo;
     mo.file_type = o.file_type;
+    mo.has_imatrix = !o.imatrix.empty();
     std::vector<GgmlType> types = choose_types(mo, model_facts(f), descs);
     for (const std::string& name : o.keep) {
         auto it = std::find_if(descs.begin(), descs.end(), [&](const TensorDesc& d) { return d.name == name; });
@@ -105,6 +110,12 @@ std::vector<GgmlType> plan_types(const gguf::File& f, const QuantizeOptions& o) 
 QuantizeSummary quantize_model(const QuantizeOptions& o) {
     auto f = gguf::File::open(o.input);
     const std::vector<GgmlType> types = plan_types(*f, o);
+    Imatrix im;
+    std::unordered_map<std::string, std::vector<float>> importance_of;  // by tensor name
+    if (!o.imatrix.empty()) {
+        im = read_imatrix(o.imatrix);
+        for (const auto& [name, e] : im.entries) importance_of.emplace(name, importance(e));
+    }
 
     gguf::Writer w;
     for (const auto& [key, v] : f->metadata())
@@ -112,6 +123,12 @@ QuantizeSummary quantize_model(const QuantizeOptions& o) {
     // llama-quantize writes these two last, after every copied key.
     w.set_u32(gguf::keys::kQuantVersion, kQuantizationVersion);
     w.set_u32(gguf::keys::kFileType, uint32_t(o.file_type));
+    if (!o.imatrix.empty()) {  // llama-quantize's record of the importance matrix (a 127-byte field there)
+        w.set_string("quantize.imatrix.file", o.imatrix.substr(0, 127));
+        if (!im.datasets.empty()) w.set_string("quantize.imatrix.dataset", im.datasets[0].substr(0, 127));
+        w.set_u32("quantize.imatrix.entries_count", uint32_t(im.entries.size()));
+        if (im.chunk_count > 0) w.set_u32("quantize.imatrix.chunks_count", im.chunk_count);
+    }
 
     const int n_threads = o.n_threads > 0 ? o.n_threads : int(std::max(1u, std::thread::hardware_concurrency()));
     ThreadPool pool(n_threads);
@@ -135,11 +152,25 @@ QuantizeSummary quantize_model(const QuantizeOptions& o) {
         }
         ++s.n_converted;
         s.bytes_out += uint64_t(t.rows()) * row_size(to, t.ne[0]);
-        w.add_tensor(t.name, to, t.ne, [&pool, &rows, &t, to](uint8_t* dst, size_t) {
+        const float* qw = nullptr;
+        if (!importance_of.empty()) {
+            auto it = importance_of.find(t.name);
+            const int64_t want = t.ne[0] * (t.ne.size() > 2 ? t.ne[2] : 1);
+            if (it == importance_of.end()) {
+                if (takes_imatrix(to)) s.no_imatrix.push_back(t.name);
+            } else if (int64_t(it->second.size()) == want) {
+                qw = it->second.data();
+                if (takes_imatrix(to)) ++s.n_imatrix;
+            } else if (t.name != "token_embd.weight") {  // llama-quantize lets the embedding go without
+                throw_error(ErrorCode::kInvalidArgument, "%s: the entry for %s has %zu values, the tensor needs %lld",
+                            o.imatrix.c_str(), t.name.c_str(), it->second.size(), (long long)want);
+            }
+        }
+        w.add_tensor(t.name, to, t.ne, [&pool, &rows, &t, to, qw](uint8_t* dst, size_t) {
             pool.parallel_for(
                 t.rows(),
                 [&](int64_t begin, int64_t end, int thread) {
-                    convert_rows(t, to, dst, begin, end, rows[size_t(thread)]);
+                    convert_rows(t, to, qw, dst, begin, end, rows[size_t(thread)]);
                 },
                 std::max<int64_t>(1, 4096 / t.ne[0]));
         });

@@ -68,9 +68,10 @@ void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
 
 class CpuBackend final : public Backend {
  public:
-    CpuBackend(int n_threads, cpu::Isa isa)
+    CpuBackend(int n_threads, cpu::Isa isa, MatmulObserver* observer)
         : table_(cpu::kernel_table(isa)),
-          pool_(n_threads > 0 ? n_threads : std::max(1, cpu_features().physical_cores)) {
+          pool_(n_threads > 0 ? n_threads : std::max(1, cpu_features().physical_cores)),
+          observer_(observer) {
         f16_table();
     }
     ~CpuBackend() override {
@@ -193,6 +194,7 @@ class CpuBackend final : public Backend {
         const int64_t k = w.ne[0], rows = w.rows(), n_tokens = x.rows();
         CERA_CHECK(x.ne[0] == k && out.ne[0] == rows, "matmul shapes: w {%lld, %lld}, x ne0 %lld, out ne0 %lld",
                    (long long)k, (long long)rows, (long long)x.ne[0], (long long)out.ne[0]);
+        if (observer_) observer_->observe(w, -1, x.as<const float>(), n_tokens);
         cpu::matmul(table_, w.type, w.data, rows, k, x.as<const float>(), n_tokens, out.as<float>(), rows, &pool_);
         if (bias) {
             const float* b = bias.as<const float>();
@@ -611,11 +613,16 @@ class CpuBackend final : public Backend {
             for (int64_t i = 0; i < cnt; ++i)
                 std::memcpy(moe_x_.data() + i * n_embd, x.as<const float>() + (moe_order_[b + i] / k) * n_embd,
                             size_t(n_embd) * sizeof(float));
+            if (observer_) {
+                observer_->observe(gate_exps, e, moe_x_.data(), cnt);
+                observer_->observe(up_exps, e, moe_x_.data(), cnt);
+            }
             cpu::matmul(table_, gate_exps.type, gate_exps.as<const uint8_t>() + e * gate_stride, n_ff, n_embd,
                         moe_x_.data(), cnt, moe_g_.data(), n_ff, &pool_);
             cpu::matmul(table_, up_exps.type, up_exps.as<const uint8_t>() + e * up_stride, n_ff, n_embd, moe_x_.data(),
                         cnt, moe_u_.data(), n_ff, &pool_);
             table_.silu_mul(moe_g_.data(), moe_u_.data(), moe_g_.data(), cnt * n_ff);
+            if (observer_) observer_->observe(down_exps, e, moe_g_.data(), cnt);
             cpu::matmul(table_, down_exps.type, down_exps.as<const uint8_t>() + e * down_stride, n_embd, n_ff,
                         moe_g_.data(), cnt, moe_y_.data(), n_embd, &pool_);
             for (int64_t i = 0; i < cnt; ++i) {
@@ -727,11 +734,12 @@ class CpuBackend final : public Backend {
     std::vector<float> enc_k_, enc_vt_, enc_q_, enc_s_;  // attention_full: one head's K, Vᵀ, Q, a block of S
     std::vector<uint8_t> embed_row_;                     // one table row unpacked from its packed copy
     std::vector<int32_t> moe_count_, moe_order_, moe_fill_;
+    MatmulObserver* observer_ = nullptr;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int n_threads, CpuIsa isa) {
+std::unique_ptr<Backend> make_cpu_backend(int n_threads, CpuIsa isa, MatmulObserver* observer) {
     cpu::Isa want = cpu::active_isa();
     switch (isa) {
         case CpuIsa::kAuto:
@@ -748,7 +756,7 @@ std::unique_ptr<Backend> make_cpu_backend(int n_threads, CpuIsa isa) {
     }
     if (!cpu::isa_supported(want))
         throw_error(ErrorCode::kDevice, "cpu kernels %s: not supported by this CPU", cpu::isa_name(want));
-    return std::make_unique<CpuBackend>(n_threads, want);
+    return std::make_unique<CpuBackend>(n_threads, want, observer);
 }
 
 }  // namespace cera

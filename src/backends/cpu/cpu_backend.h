@@ -13,6 +13,6 @@ namespace cera {
 
 // n_threads <= 0: the number of physical cores. Throws cera::Error(kDevice) when this CPU cannot run
 // the kernel table `isa` names.
-std::unique_ptr<Backend> make_cpu_backend(int n_threads, CpuIsa isa = CpuIsa::kAuto);
+std::unique_ptr<Backend> make_cpu_backend(int n_threads, CpuIsa isa = CpuIsa::kAuto, MatmulObserver* observer = nullptr);
 
 }  // namespace cera

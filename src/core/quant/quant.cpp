@@ -56,12 +56,15 @@ void quant_q4_0(const float* x, void* dst, int64_t n) {
     for (int64_t i = 0; i < n / kQK4_0; ++i, x += kQK4_0) {
         float amax = 0.0f, max = 0.0f;  // max: the signed value of largest magnitude (first one wins)
         for (int j = 0; j < kQK4_0; ++j)
-            if (amax < std::fabs(x[j])) { amax = std::fabs(x[j]); max = x[j]; }
+            if (amax < std::fabs(x[j])) {
+                amax = std::fabs(x[j]);
+                max = x[j];
+            }
         const float d = max / -8.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
         y[i].d = f2h(d);
         for (int j = 0; j < 16; ++j) {
-            const int q0 = int(int8_t(x[j] * id + 8.5f));        // truncation, as ggml's cast
+            const int q0 = int(int8_t(x[j] * id + 8.5f));  // truncation, as ggml's cast
             const int q1 = int(int8_t(x[j + 16] * id + 8.5f));
             y[i].qs[j] = uint8_t((q0 < 15 ? q0 : 15) | ((q1 < 15 ? q1 : 15) << 4));
         }
@@ -123,7 +126,10 @@ void quant_q5_0(const float* x, void* dst, int64_t n) {
     for (int64_t i = 0; i < n / kQK5_0; ++i, x += kQK5_0) {
         float amax = 0.0f, max = 0.0f;
         for (int j = 0; j < kQK5_0; ++j)
-            if (amax < std::fabs(x[j])) { amax = std::fabs(x[j]); max = x[j]; }
+            if (amax < std::fabs(x[j])) {
+                amax = std::fabs(x[j]);
+                max = x[j];
+            }
         const float d = max / -16.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
         y[i].d = f2h(d);
@@ -339,29 +345,34 @@ void dequant_q8_k(const void* src, float* y, int64_t n) {
         for (int j = 0; j < kQK_K; ++j) *y++ = x[i].d * float(x[i].qs[j]);
 }
 
+// A K-quant quantizer with no importance matrix: the reference.
+template <void (*F)(const float*, void*, int64_t, const float*)>
+void unweighted(const float* x, void* dst, int64_t n) {
+    F(x, dst, n, nullptr);
+}
+
 constexpr QuantTraits kTraits[] = {
-    {GgmlType::kF32, 1, 4, dequant_f32, quant_f32},
-    {GgmlType::kF16, 1, 2, dequant_f16, quant_f16},
-    {GgmlType::kBF16, 1, 2, dequant_bf16, quant_bf16},
-    {GgmlType::kQ4_0, kQK4_0, sizeof(BlockQ4_0), dequant_q4_0, quant_q4_0},
-    {GgmlType::kQ4_1, kQK4_1, sizeof(BlockQ4_1), dequant_q4_1, quant_q4_1},
-    {GgmlType::kQ5_0, kQK5_0, sizeof(BlockQ5_0), dequant_q5_0, quant_q5_0},
-    {GgmlType::kQ5_1, kQK5_1, sizeof(BlockQ5_1), dequant_q5_1, quant_q5_1},
-    {GgmlType::kQ8_0, kQK8_0, sizeof(BlockQ8_0), dequant_q8_0, quant_q8_0},
-    {GgmlType::kQ8_1, kQK8_1, sizeof(BlockQ8_1), dequant_q8_1, quant_q8_1},
-    {GgmlType::kQ2_K, kQK_K, sizeof(BlockQ2_K), dequant_q2_k, quant_q2_k},
-    {GgmlType::kQ3_K, kQK_K, sizeof(BlockQ3_K), dequant_q3_k, quant_q3_k},
-    {GgmlType::kQ4_K, kQK_K, sizeof(BlockQ4_K), dequant_q4_k, quant_q4_k},
-    {GgmlType::kQ5_K, kQK_K, sizeof(BlockQ5_K), dequant_q5_k, quant_q5_k},
-    {GgmlType::kQ6_K, kQK_K, sizeof(BlockQ6_K), dequant_q6_k, quant_q6_k},
-    {GgmlType::kQ8_K, kQK_K, sizeof(BlockQ8_K), dequant_q8_k, quant_q8_k},
+    {GgmlType::kF32, 1, 4, dequant_f32, quant_f32, nullptr},
+    {GgmlType::kF16, 1, 2, dequant_f16, quant_f16, nullptr},
+    {GgmlType::kBF16, 1, 2, dequant_bf16, quant_bf16, nullptr},
+    {GgmlType::kQ4_0, kQK4_0, sizeof(BlockQ4_0), dequant_q4_0, quant_q4_0, quant_q4_0_weighted},
+    {GgmlType::kQ4_1, kQK4_1, sizeof(BlockQ4_1), dequant_q4_1, quant_q4_1, quant_q4_1_weighted},
+    {GgmlType::kQ5_0, kQK5_0, sizeof(BlockQ5_0), dequant_q5_0, quant_q5_0, quant_q5_0_weighted},
+    {GgmlType::kQ5_1, kQK5_1, sizeof(BlockQ5_1), dequant_q5_1, quant_q5_1, quant_q5_1_weighted},
+    {GgmlType::kQ8_0, kQK8_0, sizeof(BlockQ8_0), dequant_q8_0, quant_q8_0, nullptr},
+    {GgmlType::kQ8_1, kQK8_1, sizeof(BlockQ8_1), dequant_q8_1, quant_q8_1, nullptr},
+    {GgmlType::kQ2_K, kQK_K, sizeof(BlockQ2_K), dequant_q2_k, unweighted<quant_q2_k>, quant_q2_k},
+    {GgmlType::kQ3_K, kQK_K, sizeof(BlockQ3_K), dequant_q3_k, unweighted<quant_q3_k>, quant_q3_k},
+    {GgmlType::kQ4_K, kQK_K, sizeof(BlockQ4_K), dequant_q4_k, unweighted<quant_q4_k>, quant_q4_k},
+    {GgmlType::kQ5_K, kQK_K, sizeof(BlockQ5_K), dequant_q5_k, unweighted<quant_q5_k>, quant_q5_k},
+    {GgmlType::kQ6_K, kQK_K, sizeof(BlockQ6_K), dequant_q6_k, unweighted<quant_q6_k>, quant_q6_k},
+    {GgmlType::kQ8_K, kQK_K, sizeof(BlockQ8_K), dequant_q8_k, quant_q8_k, nullptr},
 };
 
 void check_row(const QuantTraits& t, int64_t n) {
     CERA_CHECK(n >= 0 && n % t.block_size == 0, "%s row of %lld elements is not a multiple of the block size %lld",
                type_name(t.type), (long long)n, (long long)t.block_size);
-    CERA_CHECK(type_info(t.type).type_size == t.type_size, "%s block size disagrees with dtype.cpp",
-               type_name(t.type));
+    CERA_CHECK(type_info(t.type).type_size == t.type_size, "%s block size disagrees with dtype.cpp", type_name(t.type));
 }
 
 }  // namespace
@@ -390,6 +401,19 @@ void dequantize_row_ref(GgmlType type, const void* src, float* dst, int64_t n) {
     }
     check_row(*t, n);
     t->dequantize(src, dst, n);
+}
+
+bool takes_imatrix(GgmlType type) {
+    const QuantTraits* t = quant_traits(type);
+    return t != nullptr && t->quantize_weighted != nullptr;
+}
+
+void quantize_row_imatrix(GgmlType type, const float* src, void* dst, int64_t n, const float* imatrix) {
+    const QuantTraits* t = quant_traits(type);
+    if (imatrix == nullptr || t == nullptr || t->quantize_weighted == nullptr)
+        return quantize_row_ref(type, src, dst, n);
+    check_row(*t, n);
+    t->quantize_weighted(src, dst, n, imatrix);
 }
 
 void quantize_row_ref(GgmlType type, const float* src, void* dst, int64_t n) {

@@ -17,6 +17,8 @@ struct QuantTraits {
     size_t type_size;     // bytes per block
     void (*dequantize)(const void* src, float* dst, int64_t n);   // nullptr: not supported
     void (*quantize)(const float* src, void* dst, int64_t n);     // nullptr: not supported
+    // Under an importance matrix (one row, its qw of n values); nullptr: the type takes none (quantize).
+    void (*quantize_weighted)(const float* src, void* dst, int64_t n, const float* qw);
 };
 
 // nullptr when the type has neither a dequantizer nor a quantizer here.
@@ -34,6 +36,13 @@ void dequantize_row_ref(GgmlType type, const void* src, float* dst, int64_t n);
 // Supported: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q8_1 Q2_K Q3_K Q4_K Q5_K Q6_K Q8_K (activation format);
 // any other type throws cera::Error(kUnsupported).
 void quantize_row_ref(GgmlType type, const float* src, void* dst, int64_t n);
+
+// Quantizes one row of n values under its importance matrix row: imatrix[k] is the mean square of the
+// activations that multiply column k (what `cera imatrix` and llama-imatrix measure). Reproduces
+// llama.cpp's quantize_<type> with quant_weights bit for bit (so llama-quantize --imatrix). Types that
+// take no importance matrix (F32, F16, BF16, Q8_0) and imatrix == nullptr quantize as quantize_row_ref.
+void quantize_row_imatrix(GgmlType type, const float* src, void* dst, int64_t n, const float* imatrix);
+bool takes_imatrix(GgmlType type);
 
 // Rounds to the nearest integer, ties to even, as ggml's K-quant helpers do (|x| < 2^22).
 inline int nearest_int(float x) {

@@ -37,12 +37,21 @@ void qkx2_search(Qkx2Search& s);
 void qkx2_search_avx512(Qkx2Search& s);
 bool qkx2_search_avx512_usable();
 
-// x[0..n) (n a multiple of 256) into n / 256 blocks of each type at dst.
-void quant_q2_k(const float* x, void* dst, int64_t n);
-void quant_q3_k(const float* x, void* dst, int64_t n);
-void quant_q4_k(const float* x, void* dst, int64_t n);
-void quant_q5_k(const float* x, void* dst, int64_t n);
-void quant_q6_k(const float* x, void* dst, int64_t n);
+// x[0..n) (n a multiple of 256) into n / 256 blocks of each type at dst. qw: an importance matrix row of
+// n values (llama.cpp's quantize_* with quant_weights), or nullptr for the reference quantizer
+// (quantize_row_*_ref).
+void quant_q2_k(const float* x, void* dst, int64_t n, const float* qw = nullptr);
+void quant_q3_k(const float* x, void* dst, int64_t n, const float* qw = nullptr);
+void quant_q4_k(const float* x, void* dst, int64_t n, const float* qw = nullptr);
+void quant_q5_k(const float* x, void* dst, int64_t n, const float* qw = nullptr);
+void quant_q6_k(const float* x, void* dst, int64_t n, const float* qw = nullptr);
 void quant_q8_k(const float* x, void* dst, int64_t n);
+
+// One row x[0..n) (n a multiple of 32) under its importance matrix row qw[0..n): llama.cpp's quantize_*
+// with quant_weights for the 32-element types.
+void quant_q4_0_weighted(const float* x, void* dst, int64_t n, const float* qw);
+void quant_q4_1_weighted(const float* x, void* dst, int64_t n, const float* qw);
+void quant_q5_0_weighted(const float* x, void* dst, int64_t n, const float* qw);
+void quant_q5_1_weighted(const float* x, void* dst, int64_t n, const float* qw);
 
 }  // namespace cera::quant_detail
