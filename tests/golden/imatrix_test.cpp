@@ -1,6 +1,6 @@
 // Importance matrices against llama.cpp: `cera imatrix` measures what llama-imatrix measures
-// (tests/data/imatrix holds llama-imatrix b10470's files for two fixture models over the 50 stories of
-// the tokenizer corpus, -c 128); quantizing under such a file reproduces llama-quantize --imatrix
+// (tests/data/imatrix holds llama-imatrix b10470's files for three fixture models over the 50 stories
+// of the tokenizer corpus, -c 128); quantizing under such a file reproduces llama-quantize --imatrix
 // (b10470) bit for bit for every type that takes one; the matrix lowers the perplexity gap of Q4_K
 // against F32 on text it was not measured on; bad files and inputs fail with one line.
 #include "quantize/imatrix.h"
@@ -94,6 +94,27 @@ TEST(Imatrix, MatchesLlamaImatrix) {
         auto it = mine.imatrix.entries.find(name);
         ASSERT_NE(it, mine.imatrix.entries.end());
         EXPECT_EQ(it->second.ne0, r.ne0);
+        EXPECT_EQ(it->second.counts, r.counts);
+        EXPECT_LT(max_rel(it->second, r), 5e-3);
+    }
+}
+
+// --process-output adds the LM head's input (a model with its own output.weight).
+TEST(Imatrix, ProcessOutputMatchesLlamaImatrix) {
+    cera::quantize::ImatrixOptions o;
+    o.model = fixture("tiny-qwen2-random");
+    o.n_ctx = 128;
+    o.n_threads = 2;
+    o.process_output = true;
+    const auto mine = cera::quantize::compute_imatrix(o, stories(0, 50));
+    const Imatrix ref = cera::quantize::read_imatrix(
+        cera::test::source_path("tests/data/imatrix/tiny-qwen2-random.process-output.imatrix.gguf"));
+    ASSERT_EQ(mine.imatrix.entries.size(), ref.entries.size());
+    ASSERT_TRUE(mine.imatrix.entries.count("output.weight"));
+    for (const auto& [name, r] : ref.entries) {
+        SCOPED_TRACE(name);
+        auto it = mine.imatrix.entries.find(name);
+        ASSERT_NE(it, mine.imatrix.entries.end());
         EXPECT_EQ(it->second.counts, r.counts);
         EXPECT_LT(max_rel(it->second, r), 5e-3);
     }

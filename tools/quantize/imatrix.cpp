@@ -180,15 +180,19 @@ ImatrixRun compute_imatrix(const ImatrixOptions& o, const std::string& text) {
 
     const bool put_bos = tok->add_bos() && tok->bos() >= 0;
     std::unique_ptr<ModelState> state = model->create_state(o.n_ctx);
-    // Every row's logits are asked for, so that every layer runs over every token (as llama-imatrix
-    // asks for them) and the head's input is there for process_output.
-    std::vector<float> logits(size_t(o.n_ctx) * size_t(model->info().n_vocab));
+    // Every row's output is asked for, so that every layer runs over every token (llama-imatrix asks for
+    // every row's logits): the hidden states, or with process_output the logits, whose product is then
+    // the head's input being measured.
+    const size_t width = size_t(o.process_output ? model->info().n_vocab : model->info().n_embd);
+    std::vector<float> out(size_t(o.n_ctx) * width);
     std::vector<int32_t> chunk(size_t(o.n_ctx));
     for (int32_t c = 0; c < n_chunks; ++c) {
         std::copy_n(tokens.begin() + int64_t(c) * o.n_ctx, o.n_ctx, chunk.begin());
         if (put_bos) chunk[0] = tok->bos();
         state->reset();
-        state->eval({.tokens = chunk, .all_logits = true, .logits = logits.data()});
+        EvalRequest rq{.tokens = chunk, .all_logits = true};
+        (o.process_output ? rq.logits : rq.hidden) = out.data();
+        state->eval(rq);
         if (o.on_chunk) o.on_chunk(c + 1, n_chunks);
     }
 
