@@ -48,7 +48,7 @@ int bench_mask(const std::string& vocab, int rounds) {
     auto trie = cera::grammar::TokenTrie::from_tokenizer(*tok);
     const double trie_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     std::printf("vocabulary %s: %d tokens, trie %zu nodes, built in %.1f ms\n", vocab.c_str(), tok->n_vocab(),
-                trie->nodes().size(), trie_ms);
+                trie->n_nodes(), trie_ms);
     std::vector<std::vector<int32_t>> docs;
     for (const auto& d : kDocs) docs.push_back(tok->encode(d, false, false));
 

@@ -13,7 +13,7 @@ constexpr uint32_t kUnset = 0xFFFFFFFFu;
 constexpr uint32_t kAccept = 0;  // bottom: popping it means the whole text matched
 constexpr uint32_t kCut = 1;     // bottom: popping it means the walk left the position's rule
 constexpr uint16_t kRunBusy = 0xFFFF;
-constexpr uint32_t kRunMax = 256;  // longer than any token (the trie holds pieces of up to 255 bytes)
+constexpr uint32_t kRunMax = 256;      // longer than any token (the trie holds pieces of up to 255 bytes)
 constexpr int kRunDepth = 300;         // run()'s recursion bound: above kRunMax, so chains up to it are exact
 constexpr uint32_t kRunBudget = 4096;  // nodes one run() call may evaluate
 
@@ -284,7 +284,8 @@ uint32_t Matcher::run(uint32_t stack, int depth) {
     successors(stack, b, e);
     for (uint32_t k = b; k < e && best + 1 < kRunMax; ++k) {
         const uint32_t next = succ_pool_[k];
-        if (next >= 2 && class_holds(def_->elems[nodes_[next].pos].arg, cls)) best = std::max(best, run(next, depth + 1));
+        if (next >= 2 && class_holds(def_->elems[nodes_[next].pos].arg, cls))
+            best = std::max(best, run(next, depth + 1));
     }
     const uint32_t r = std::min(kRunMax, best + 1);
     run_[stack] = uint16_t(r);
@@ -309,13 +310,14 @@ void Matcher::level_runs(uint32_t d) {
 
 // Whether a stack of walk level d (at a code point boundary) takes every token under trie_node whole.
 bool Matcher::takes_subtree(uint32_t d, uint32_t trie_node) {
-    const TokenTrie::Subtree& t = trie_->subtrees()[trie_node];
+    const TokenTrie::Node& t = trie_->nodes()[trie_node];
     if (!t.utf8_ok) return false;
     if (!level_runs_[d].ready) level_runs(d);
     const LevelRuns& lr = level_runs_[d];
     for (uint32_t k = 0; k < lr.n; ++k) {
         const auto& r = lr.run[k];
-        if (!(t.ascii[0] & ~r.ascii[0]) && !(t.ascii[1] & ~r.ascii[1]) && (r.high || !t.non_ascii) && r.length >= t.max_cp)
+        if (!(t.ascii[0] & ~r.ascii[0]) && !(t.ascii[1] & ~r.ascii[1]) && (r.high || !t.non_ascii) &&
+            r.length >= t.max_cp)
             return true;
     }
     return false;
@@ -344,13 +346,13 @@ size_t Matcher::walk(const std::vector<uint32_t>& start, Utf8 u, uint64_t* accep
     level_utf8_[0] = u;
     level_pop_[0] = 0;
     level_runs_[0].ready = false;
-    const uint32_t n = uint32_t(nodes.size());
+    const uint32_t n = trie_->n_nodes();
     uint32_t i = 1;
     while (i < n) {
         const TokenTrie::Node& nd = nodes[i];
         const uint32_t d = nd.depth;
         if (level_utf8_[d - 1].rem == 0 && takes_subtree(d - 1, i)) {
-            accept(nd.tok_begin, nd.tok_end);
+            accept(nd.tok_begin, trie_->tok_end(nd));
             i = nd.end;
             continue;
         }
@@ -361,13 +363,13 @@ size_t Matcher::walk(const std::vector<uint32_t>& start, Utf8 u, uint64_t* accep
         level_cut_[d] = cut;
         level_pop_[d] = level_pop_[d - 1] || cut;
         if (!alive) {
-            if (level_pop_[d - 1]) uncertain(nd.tok_begin, nd.tok_end, d - 1);
+            if (level_pop_[d - 1]) uncertain(nd.tok_begin, trie_->tok_end(nd), d - 1);
             i = nd.end;
             continue;
         }
         accept(nd.tok_begin, nd.tok_begin + nd.n_own);
         if (!has_real(out)) {  // only bottoms: nothing more can be consumed
-            if (level_pop_[d]) uncertain(nd.tok_begin + nd.n_own, nd.tok_end, d);
+            if (level_pop_[d]) uncertain(nd.tok_begin + nd.n_own, trie_->tok_end(nd), d);
             i = nd.end;
             continue;
         }
@@ -426,7 +428,8 @@ void Matcher::group_left(PositionCache::Entry& e) {
         uint64_t h = 0xcbf29ce484222325ull;
         for (char c : r) h = (h ^ uint8_t(c)) * 0x100000001b3ull;
         size_t slot = size_t(h ^ (h >> 29)) & (size - 1);
-        while (group_slots_[slot] != kUnset && rest_of(group_first_[group_slots_[slot]]) != r) slot = (slot + 1) & (size - 1);
+        while (group_slots_[slot] != kUnset && rest_of(group_first_[group_slots_[slot]]) != r)
+            slot = (slot + 1) & (size - 1);
         if (group_slots_[slot] == kUnset) {
             group_slots_[slot] = uint32_t(group_first_.size());
             group_first_.push_back(uint32_t(i));
@@ -522,7 +525,7 @@ const uint64_t* Matcher::waiting_mask() {
             for (int32_t t : *trigger_tokens_) clear_if_bad(lazy_mask_, seen_, t);
             partial = true;
         }
-        for (uint32_t i = nodes[node].tok_begin; i < nodes[node].tok_end; ++i)
+        for (uint32_t i = nodes[node].tok_begin; i < trie_->tok_end(nodes[node]); ++i)
             clear_if_bad(lazy_mask_, seen_, order[i]);
     }
     return partial ? lazy_mask_.data() : base_mask_.data();

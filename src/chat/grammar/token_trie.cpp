@@ -26,13 +26,20 @@ int utf8_next(int st, uint8_t b) {
             if (b >= 0xF1 && b <= 0xF3) return 6;
             if (b == 0xF4) return 7;
             return -1;
-        case 1: return b >= 0x80 && b <= 0xBF ? 0 : -1;
-        case 2: return b >= 0xA0 && b <= 0xBF ? 1 : -1;
-        case 3: return b >= 0x80 && b <= 0x9F ? 1 : -1;
-        case 4: return b >= 0x80 && b <= 0xBF ? 1 : -1;
-        case 5: return b >= 0x90 && b <= 0xBF ? 4 : -1;
-        case 6: return b >= 0x80 && b <= 0xBF ? 4 : -1;
-        default: return b >= 0x80 && b <= 0x8F ? 4 : -1;
+        case 1:
+            return b >= 0x80 && b <= 0xBF ? 0 : -1;
+        case 2:
+            return b >= 0xA0 && b <= 0xBF ? 1 : -1;
+        case 3:
+            return b >= 0x80 && b <= 0x9F ? 1 : -1;
+        case 4:
+            return b >= 0x80 && b <= 0xBF ? 1 : -1;
+        case 5:
+            return b >= 0x90 && b <= 0xBF ? 4 : -1;
+        case 6:
+            return b >= 0x80 && b <= 0xBF ? 4 : -1;
+        default:
+            return b >= 0x80 && b <= 0x8F ? 4 : -1;
     }
 }
 
@@ -60,14 +67,21 @@ TokenTrie::TokenTrie(std::vector<std::string> pieces, std::vector<bool> eog, std
     std::stable_sort(ids.begin(), ids.end(),
                      [&](int32_t a, int32_t b) { return pieces_[size_t(a)] < pieces_[size_t(b)]; });
 
-    nodes_.push_back({0, 0, 0, 0, 0, 0});
+    auto node = [](uint32_t tok_begin, uint8_t byte, uint8_t depth) {
+        Node nd{};
+        nd.tok_begin = tok_begin;
+        nd.byte = byte;
+        nd.depth = depth;
+        nd.utf8_ok = true;
+        return nd;
+    };
+    nodes_.push_back(node(0, 0, 0));
     std::vector<uint32_t> path = {0};  // node of each depth on the current path
     std::string prev;
     auto close_to = [&](size_t depth) {  // pops nodes deeper than `depth`
         while (path.size() > depth + 1) {
             Node& nd = nodes_[path.back()];
             nd.end = uint32_t(nodes_.size());
-            nd.tok_end = uint32_t(order_.size());
             path.pop_back();
         }
     };
@@ -78,7 +92,7 @@ TokenTrie::TokenTrie(std::vector<std::string> pieces, std::vector<bool> eog, std
         close_to(lcp);
         for (size_t d = lcp; d < p.size(); ++d) {
             path.push_back(uint32_t(nodes_.size()));
-            nodes_.push_back({0, uint32_t(order_.size()), 0, 0, uint8_t(p[d]), uint8_t(d + 1)});
+            nodes_.push_back(node(uint32_t(order_.size()), uint8_t(p[d]), uint8_t(d + 1)));
         }
         ++nodes_[path.back()].n_own;
         order_.push_back(id);
@@ -86,19 +100,19 @@ TokenTrie::TokenTrie(std::vector<std::string> pieces, std::vector<bool> eog, std
     }
     close_to(0);
     nodes_[0].end = uint32_t(nodes_.size());
-    nodes_[0].tok_end = uint32_t(order_.size());
+    nodes_.push_back(node(uint32_t(order_.size()), 0, 0));  // the sentinel
+    nodes_.back().end = uint32_t(nodes_.size() - 1);
 
     // Subtree summaries, children before parents (a child's index is above its parent's). ok[n] has
     // bit st when every path through n's byte and on down is valid UTF-8 from state st.
-    subtrees_.assign(nodes_.size(), Subtree{{0, 0}, 0, false, true});
     std::vector<uint8_t> ok(nodes_.size(), 0);
-    for (size_t n = nodes_.size(); n-- > 1;) {
-        Subtree& t = subtrees_[n];
+    for (size_t n = nodes_.size() - 1; n-- > 1;) {
+        Node& t = nodes_[n];
         const uint8_t b = nodes_[n].byte;
         uint8_t below_ok = 0xFF;
         uint32_t below_cp = 0;
         for (uint32_t c = uint32_t(n) + 1; c < nodes_[n].end; c = nodes_[c].end) {
-            const Subtree& ct = subtrees_[c];
+            const Node& ct = nodes_[c];
             t.ascii[0] |= ct.ascii[0];
             t.ascii[1] |= ct.ascii[1];
             t.non_ascii |= ct.non_ascii;

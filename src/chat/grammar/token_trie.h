@@ -4,8 +4,8 @@
 // Nodes are in preorder: node 0 is the root (the empty prefix), a node's children follow it, and
 // `end` is the first node past its subtree, so a walk skips a dead subtree in one step. The tokens of
 // a subtree are a contiguous run of `order` ([tok_begin, tok_end)); those ending exactly at the node
-// come first ([tok_begin, tok_begin + n_own)). Immutable after construction; shared by every matcher
-// of one vocabulary.
+// come first ([tok_begin, tok_begin + n_own)). A sentinel node after the last one closes the runs.
+// Immutable after construction; shared by every matcher of one vocabulary.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -19,24 +19,24 @@ namespace grammar {
 
 class TokenTrie {
  public:
-    struct Node {
-        uint32_t end;        // first node after this subtree
-        uint32_t tok_begin;  // subtree's tokens: order[tok_begin, tok_end)
-        uint32_t tok_end;
-        uint16_t n_own;  // tokens whose bytes end here
-        uint8_t byte;    // the byte that leads here from the parent
-        uint8_t depth;   // bytes from the root (tokens longer than 255 bytes are left out)
-    };
-    // What the bytes of a node's subtree (its own byte included) hold, so that a walk can settle the
-    // subtree in one step when a repeated character class takes all of it: the ASCII bytes, whether a
-    // byte is past ASCII, whether every path is strict UTF-8 when it starts at a code point boundary
-    // (a path may end inside a code point), and the most code points a path starts (at most 255).
-    struct Subtree {
+    // A node and the summary of its subtree, in one half cache line (a walk that skips subtrees touches
+    // each node it visits once). The summary says what the bytes of the subtree (the node's own byte
+    // included) hold, so that a walk can settle the subtree in one step when a repeated character class
+    // takes all of it: the ASCII bytes, whether a byte is past ASCII, whether every path is strict
+    // UTF-8 when it starts at a code point boundary (a path may end inside a code point), and the most
+    // code points a path starts (at most 255).
+    struct alignas(32) Node {
         uint64_t ascii[2];
+        uint32_t end;        // first node after this subtree
+        uint32_t tok_begin;  // subtree's tokens: order[tok_begin, tok_end(node))
+        uint16_t n_own;      // tokens whose bytes end here
+        uint8_t byte;        // the byte that leads here from the parent
+        uint8_t depth;       // bytes from the root (tokens longer than 255 bytes are left out)
         uint8_t max_cp;
         bool non_ascii;
         bool utf8_ok;
     };
+    static_assert(sizeof(Node) == 32);
 
     // pieces[id]: the bytes of token id; eog[id]: an end-of-generation token; control[id]: a token
     // that never stands for text in a grammar (it is never allowed, unless it ends generation).
@@ -47,9 +47,11 @@ class TokenTrie {
     static std::shared_ptr<const TokenTrie> from_tokenizer(const Tokenizer& tok);
 
     int32_t n_vocab() const { return int32_t(pieces_.size()); }
+    // The nodes, then the sentinel: n_nodes() of them are real.
     const std::vector<Node>& nodes() const { return nodes_; }
+    uint32_t n_nodes() const { return uint32_t(nodes_.size() - 1); }
+    uint32_t tok_end(const Node& n) const { return nodes_[n.end].tok_begin; }
     const std::vector<int32_t>& order() const { return order_; }
-    const std::vector<Subtree>& subtrees() const { return subtrees_; }
     const std::string& piece(int32_t id) const { return pieces_[size_t(id)]; }
     const std::vector<int32_t>& eog_tokens() const { return eog_; }
     bool is_eog(int32_t id) const { return is_eog_[size_t(id)]; }
@@ -59,7 +61,6 @@ class TokenTrie {
  private:
     std::vector<std::string> pieces_;
     std::vector<Node> nodes_;
-    std::vector<Subtree> subtrees_;
     std::vector<int32_t> order_;
     std::vector<int32_t> eog_;
     std::vector<bool> is_eog_, excluded_;
