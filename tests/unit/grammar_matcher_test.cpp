@@ -162,6 +162,50 @@ item ::= [a-c]{1,5} " "?)",
     check_walks(*Grammar::json(true), trie, 16, 24, 29);
 }
 
+// Bounded runs of a class that end by leaving the position's top frames, where more of the same class
+// may follow from below (the tokens past the run are uncertain there, not rejected), or that end at a
+// level holding such an exit: every string of a small alphabet up to 5 bytes, and longer letter runs.
+TEST(GrammarMatcher, ExactRunsMatchTheReference) {
+    std::vector<std::string> pieces = {"<eos>"};
+    const std::string alphabet = "ab[],!.";
+    std::vector<std::string> level = {""};
+    for (int len = 1; len <= 5; ++len) {
+        std::vector<std::string> next;
+        for (const std::string& p : level)
+            for (char c : alphabet) next.push_back(p + c);
+        pieces.insert(pieces.end(), next.begin(), next.end());
+        level = std::move(next);
+    }
+    // Runs of a letter outside the alphabet, so that their subtrees hold letters only.
+    for (int len = 1; len <= 12; ++len) {
+        pieces.push_back(std::string(size_t(len), 'z'));
+        pieces.push_back("[" + std::string(size_t(len), 'z'));
+        pieces.push_back("[]!" + std::string(size_t(len), 'z'));
+        pieces.push_back("[a]!" + std::string(size_t(len), 'z'));
+    }
+    std::vector<bool> eog(pieces.size(), false), control(pieces.size(), false);
+    eog[0] = true;
+    const auto trie = std::make_shared<const TokenTrie>(pieces, eog, control);
+    for (const char* gbnf : {
+             R"(root ::= w [a-z] "."
+w ::= v [a-z]?
+v ::= u [a-z]?
+u ::= "[" [a-z]{2,3})",
+             R"(root ::= w [a-z]* "."
+w ::= v ( [a-z]{0,2} "," )?
+v ::= u "!"
+u ::= "[" [a-z]{0,2} "]")",
+             R"(root ::= "[" w "]" [ab]{0,9}
+w ::= v [a-z]{0,2}
+v ::= u ","?
+u ::= [ab]{1,3})",
+         }) {
+        SCOPED_TRACE(gbnf);
+        auto g = Grammar::parse(gbnf);
+        check_walks(*g, trie, 12, 8, 31);
+    }
+}
+
 // A grammar the fuzzer found: stacks grow without end through classes that hold each other, in many
 // ways, so a stack's run must be bounded work. Masks over single bytes, following the first allowed
 // byte, each against the reference.
@@ -231,7 +275,6 @@ TEST(GrammarMatcher, QwenVocabularyMasksEqualTheReference) {
     const auto texts = check_walks(*g, trie, 2, 14, 3, 4);
     for (const auto& t : texts) EXPECT_NE(g->match(t), 0) << t;
 }
-
 }  // namespace
 }  // namespace cera
 
