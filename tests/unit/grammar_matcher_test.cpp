@@ -165,7 +165,7 @@ item ::= [a-c]{1,5} " "?)",
 // Bounded runs of a class that end by leaving the position's top frames, where more of the same class
 // may follow from below (the tokens past the run are uncertain there, not rejected), or that end at a
 // level holding such an exit: every string of a small alphabet up to 5 bytes, and longer letter runs.
-TEST(GrammarMatcher, ExactRunsMatchTheReference) {
+TEST(GrammarMatcher, BoundedRunsLeavingTheFramesMatchTheReference) {
     std::vector<std::string> pieces = {"<eos>"};
     const std::string alphabet = "ab[],!.";
     std::vector<std::string> level = {""};

@@ -16,7 +16,6 @@ constexpr uint16_t kRunBusy = 0xFFFF;
 constexpr uint32_t kRunMax = 256;      // longer than any token (the trie holds pieces of up to 255 bytes)
 constexpr int kRunDepth = 300;         // run()'s recursion bound: above kRunMax, so chains up to it are exact
 constexpr uint32_t kRunBudget = 4096;  // nodes one run() call may evaluate
-constexpr uint16_t kNoExact = 0xFFFE;  // exact_run(): the run is not exact
 
 uint64_t hash_state(const std::vector<uint32_t>& set, uint32_t val, uint32_t rem) {
     uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t(val) << 3 | rem);
@@ -48,7 +47,6 @@ Matcher::Matcher(std::shared_ptr<PositionCache> cache, const MatcherOptions& opt
     level_utf8_.resize(257);
     level_pop_.resize(257);
     level_cut_.resize(257);
-    cps_.resize(257);
     level_runs_.resize(257);
     if (!options_.trigger.empty()) {
         free_mask_.assign(words_, ~uint64_t(0));
@@ -64,7 +62,6 @@ void Matcher::init_nodes() {
     succ_end_ = {kUnset, kUnset};
     stamp_ = {0, 0};
     run_ = {0, 0};
-    exact_ = {0, 0};
     class_high_.clear();
     for (const CharClass& c : def_->classes) {
         auto covers = [&](uint32_t lo, uint32_t hi) {
@@ -96,7 +93,6 @@ uint32_t Matcher::intern(uint32_t pos, uint32_t parent) {
         succ_end_.push_back(kUnset);
         stamp_.push_back(0);
         run_.push_back(0);
-        exact_.push_back(0);
     }
     return it->second;
 }
@@ -296,63 +292,6 @@ uint32_t Matcher::run(uint32_t stack, int depth) {
     return r;
 }
 
-// Whether classes a and b share no code point.
-bool Matcher::class_disjoint(uint32_t a, uint32_t b) const {
-    const CharClass& ca = def_->classes[a];
-    const CharClass& cb = def_->classes[b];
-    size_t i = 0, j = 0;
-    while (i < ca.ranges.size() && j < cb.ranges.size()) {
-        if (ca.ranges[i].second < cb.ranges[j].first)
-            ++i;
-        else if (cb.ranges[j].second < ca.ranges[i].first)
-            ++j;
-        else
-            return false;
-    }
-    return true;
-}
-
-// run(), when it is exact: every code point string of the stack's class up to that length, and none
-// longer, is taken by the stack and its successors. That holds when each successor on the way (no
-// bottom among them: the run must not leave the frames) has a class that holds the stack's class or
-// is disjoint from it. 0 when it does not hold (or the bounded search is cut). Memoised per node.
-uint32_t Matcher::exact_run(uint32_t stack, int depth) {
-    if (exact_[stack] == kRunBusy) return kRunMax;
-    if (exact_[stack] == kNoExact) return 0;
-    if (exact_[stack] != 0) return exact_[stack];
-    if (depth > kRunDepth || run_budget_ == 0) return 0;
-    --run_budget_;
-    exact_[stack] = kRunBusy;
-    const uint32_t cls = def_->elems[nodes_[stack].pos].arg;
-    uint32_t b, e, best = 0;
-    successors(stack, b, e);
-    bool exact = true;
-    for (uint32_t k = b; k < e && exact; ++k) {
-        const uint32_t next = succ_pool_[k];
-        if (next < 2) {
-            exact = false;
-            break;
-        }
-        const uint32_t ncls = def_->elems[nodes_[next].pos].arg;
-        if (class_holds(ncls, cls)) {
-            const uint32_t r = exact_run(next, depth + 1);
-            if (r == 0)
-                exact = false;
-            else
-                best = std::max(best, r);
-        } else if (!class_disjoint(ncls, cls)) {
-            exact = false;
-        }
-    }
-    if (!exact) {
-        exact_[stack] = kNoExact;
-        return 0;
-    }
-    const uint32_t r = std::min(kRunMax, best + 1);
-    exact_[stack] = uint16_t(r);
-    return r;
-}
-
 // The stacks of walk level d that could take a subtree whole (their class and run), found once per
 // level set.
 void Matcher::level_runs(uint32_t d) {
@@ -364,32 +303,9 @@ void Matcher::level_runs(uint32_t d) {
         const uint32_t cls = def_->elems[nodes_[s].pos].arg;
         const CharClass& c = def_->classes[cls];
         run_budget_ = kRunBudget;
-        lr.run[lr.n] = {{c.ascii[0], c.ascii[1]}, run(s, 0), kUnset, s, class_high_[cls] != 0};
+        lr.run[lr.n] = {{c.ascii[0], c.ascii[1]}, run(s, 0), class_high_[cls] != 0};
         ++lr.n;
     }
-}
-
-// The exact run of a stack of walk level d whose class holds every byte of the subtree under
-// trie_node, the other stacks of the level being disjoint from that class; 0 when there is none.
-uint32_t Matcher::exact_cover(uint32_t d, uint32_t trie_node) {
-    const TokenTrie::Node& t = trie_->nodes()[trie_node];
-    if (!t.utf8_ok) return 0;
-    if (!level_runs_[d].ready) level_runs(d);
-    LevelRuns& lr = level_runs_[d];
-    for (uint32_t k = 0; k < lr.n; ++k) {
-        auto& r = lr.run[k];
-        if ((t.ascii[0] & ~r.ascii[0]) || (t.ascii[1] & ~r.ascii[1]) || (!r.high && t.non_ascii)) continue;
-        if (r.exact == kUnset) {  // found once per level set, when first asked for
-            const uint32_t cls = def_->elems[nodes_[r.stack].pos].arg;
-            bool alone = true;
-            for (uint32_t s : levels_[d])
-                if (s >= 2 && s != r.stack && !class_disjoint(def_->elems[nodes_[s].pos].arg, cls)) alone = false;
-            run_budget_ = kRunBudget;
-            r.exact = alone ? exact_run(r.stack, 0) : 0;
-        }
-        if (r.exact > 0) return r.exact;
-    }
-    return 0;
 }
 
 // Whether a stack of walk level d (at a code point boundary) takes every token under trie_node whole.
@@ -439,29 +355,6 @@ size_t Matcher::walk(const std::vector<uint32_t>& start, Utf8 u, uint64_t* accep
             accept(nd.tok_begin, trie_->tok_end(nd));
             i = nd.end;
             continue;
-        }
-        // An exact run shorter than the subtree's longest path: accept the tokens that start at most
-        // r code points, reject the rest (no frame was left on the way, so nothing is uncertain).
-        if (level_utf8_[d - 1].rem == 0 && !level_pop_[d - 1]) {
-            if (const uint32_t r = exact_cover(d - 1, i)) {
-                for (uint32_t j = i; j < nd.end;) {
-                    const TokenTrie::Node& m = nodes[j];
-                    const uint32_t before = m.depth == d ? 0 : cps_[m.depth - 1];
-                    const uint32_t c = before + (m.byte < 0x80 || m.byte >= 0xC0 ? 1 : 0);
-                    if (c > r) {
-                        j = m.end;
-                    } else if (before + m.max_cp <= r) {
-                        accept(m.tok_begin, trie_->tok_end(m));
-                        j = m.end;
-                    } else {
-                        cps_[m.depth] = c;
-                        accept(m.tok_begin, m.tok_begin + m.n_own);
-                        ++j;
-                    }
-                }
-                i = nd.end;
-                continue;
-            }
         }
         std::vector<uint32_t>& out = levels_[d];
         const bool alive = step(levels_[d - 1], level_utf8_[d - 1], nd.byte, out, level_utf8_[d]);

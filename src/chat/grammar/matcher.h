@@ -17,14 +17,10 @@
 //    them by rest, so each distinct rest is checked once); the result is cached per state;
 //  - a state in the middle of a code point walks the whole trie from the state instead.
 // A walk settles a trie subtree in one step when a stack on the way can take all of it: its class
-// holds every byte of the subtree (TokenTrie::Node's summary) and its run (how many code points of its
+// holds every byte of the subtree (TokenTrie::Subtree) and its run (how many code points of its
 // class it can take in a row, through successors whose classes hold its own) is at least the
 // subtree's longest path. Inside a JSON string that skips all but the few subtrees that hold a quote,
-// a backslash or a control character. When the run is shorter than the subtree's longest path but
-// exact (every stack it passes through leads only to stacks whose classes hold its class or are
-// disjoint from it, and the other stacks of the level are disjoint from it too), the subtree's tokens
-// are accepted when they start at most that many code points and rejected otherwise, by a pass over
-// its nodes with no stepping: the positions of a bounded string (maxLength) are such runs.
+// a backslash or a control character.
 // End-of-generation tokens are allowed exactly when the text so far is a complete match; when it is
 // complete and nothing may follow, they are the only ones.
 #pragma once
@@ -163,9 +159,6 @@ class Matcher {
     bool takes(const std::vector<uint32_t>& from, std::string_view bytes);
     void group_left(PositionCache::Entry& e);
     uint32_t run(uint32_t stack, int depth);
-    uint32_t exact_run(uint32_t stack, int depth);
-    bool class_disjoint(uint32_t a, uint32_t b) const;
-    uint32_t exact_cover(uint32_t d, uint32_t trie_node);  // updates the level's runs
     void level_runs(uint32_t d);
     bool takes_subtree(uint32_t d, uint32_t trie_node);
     bool class_holds(uint32_t a, uint32_t b) const;
@@ -185,7 +178,6 @@ class Matcher {
     std::vector<uint32_t> succ_begin_, succ_end_, succ_pool_;  // memoised successors per node
     std::vector<uint32_t> stamp_;                              // closure's visited marks
     std::vector<uint16_t> run_;                                // memoised run() per node (0: not yet)
-    std::vector<uint16_t> exact_;                              // memoised exact_run() per node (0: not yet)
     uint32_t run_budget_ = 0;                                  // run(): nodes this call may still evaluate
     std::vector<char> class_high_;  // per class: holds every code point past ASCII (surrogates aside)
     uint32_t epoch_ = 0;
@@ -197,22 +189,18 @@ class Matcher {
     std::vector<uint32_t> tmp_a_, tmp_b_;
     std::vector<std::vector<uint32_t>> levels_;  // walk(): the stack set at each trie depth
     std::vector<Utf8> level_utf8_;
-    std::vector<char> level_pop_;                     // walk(): some level down to this one left the frames
-    std::vector<char> level_cut_;                     // walk(): this level left the frames
-    std::vector<uint32_t> cps_;                       // walk(): code points started from a level down to each depth
-    std::vector<uint32_t> exits_;                     // walk(): the depths at which the current path left the frames
+    std::vector<char> level_pop_;  // walk(): some level down to this one left the frames
+    std::vector<char> level_cut_;  // walk(): this level left the frames
+    std::vector<uint32_t> exits_;  // walk(): the depths at which the current path left the frames
     std::vector<std::pair<int32_t, uint32_t>> left_;  // walk(): tokens that left the frames, and where
     std::vector<uint32_t> group_slots_, group_of_, group_first_;  // classify(): grouping left_ by rest
-    std::vector<uint32_t> below_;  // compute_mask(): the stacks below a stack's top frames
-    struct LevelRuns {             // walk(): the stacks of a level that could take a subtree whole
+    std::vector<uint32_t> below_;                     // compute_mask(): the stacks below a stack's top frames
+    struct LevelRuns {  // walk(): the stacks of a level that could take a subtree whole
         static constexpr uint32_t kMax = 4;
         struct Run {
             uint64_t ascii[2];  // the stack's class, ASCII part
             uint32_t length;    // run()
-            uint32_t exact;     // exact_run() when every other stack of the level is disjoint from the class,
-                                // else 0; kUnset until exact_cover() first asks
-            uint32_t stack;
-            bool high;  // the class holds all of non-ASCII
+            bool high;          // the class holds all of non-ASCII
         } run[kMax];
         uint32_t n = 0;
         bool ready = false;
