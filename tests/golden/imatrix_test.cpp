@@ -239,6 +239,30 @@ TEST(Imatrix, QuantizeEqualsLlamaQuantize) {
     }
 }
 
+// llama-imatrix's older .dat format (its --output-format dat of the same run): the same bytes as
+// llama-quantize --imatrix with that file.
+TEST(Imatrix, DatFileQuantizesAsLlamaQuantize) {
+    const std::string dat = cera::test::source_path("tests/data/imatrix/tiny-lfm2moe.imatrix.dat");
+    const Imatrix m = cera::quantize::read_imatrix(dat);
+    EXPECT_EQ(m.entries.size(), 39u);
+    EXPECT_EQ(m.chunk_count, 67u);
+    EXPECT_EQ(m.datasets, std::vector<std::string>{"/tmp/stories.txt"});
+    for (const auto& [type, sha] : {std::pair<const char*, const char*>{
+                                        "Q4_K_M", "cd387f1c45fbb41045530a11f258d74e412743d37a85a9225beab0692e3a9e43"},
+                                    {"Q4_0", "1efc7d58305c9419b1d6a3659752aac869e0b68414fdfb95a88c471f7467d991"}}) {
+        SCOPED_TRACE(type);
+        const std::string out = tmp_path("dat.gguf");
+        quantize(fixture("tiny-lfm2moe"), out, type, dat);
+        EXPECT_EQ(tensor_sha256(out), sha);
+        fs::remove(out);
+    }
+    // Cut short: one line naming the file.
+    const std::string bytes = cera::test::read_text(dat), cut = tmp_path("cut.dat");
+    std::ofstream(cut, std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+    EXPECT_EQ(error_of([&] { cera::quantize::read_imatrix(cut); }), ErrorCode::kInvalidFile);
+    fs::remove(cut);
+}
+
 // Measured on the first half of the stories, judged on the second: Q4_K_M under the matrix is closer
 // to F32 than without it, in perplexity and in KL divergence.
 TEST(Imatrix, LowersTheQ4KGap) {

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 
 #include "backends/backend.h"
 #include "core/check.h"
@@ -63,9 +65,67 @@ class Collector final : public MatmulObserver {
     std::map<std::string, ImatrixEntry> entries_;
 };
 
+// llama.cpp's legacy format: i32 n_entries; per entry i32 name length, the name, i32 call count, i32 value
+// count, f32 values; then optionally i32 chunk count, i32 length and the dataset's name.
+Imatrix read_legacy(const std::string& path, const std::string& bytes) {
+    size_t at = 0;
+    auto fail = [&](const char* what) {
+        throw_error(ErrorCode::kInvalidFile, "%s: not an importance matrix (%s at byte %zu of the .dat format)",
+                    path.c_str(), what, at);
+    };
+    auto i32 = [&](const char* what) {
+        if (bytes.size() - at < 4) fail(what);
+        int32_t v;
+        std::memcpy(&v, bytes.data() + at, 4);
+        at += 4;
+        return v;
+    };
+    Imatrix m;
+    const int32_t n = i32("the entry count");
+    if (n < 1) fail("no entries");
+    for (int32_t k = 0; k < n; ++k) {
+        const int32_t len = i32("a name length");
+        if (len < 1 || len > 4096 || size_t(len) > bytes.size() - at) fail("a bad name length");
+        std::string name = bytes.substr(at, size_t(len));
+        at += size_t(len);
+        const int32_t ncall = i32("a call count"), nval = i32("a value count");
+        if (ncall < 0 || nval < 1 || (bytes.size() - at) / 4 < size_t(nval)) fail("bad counts");
+        ImatrixEntry e;
+        e.legacy = true;
+        e.ne0 = nval;
+        e.counts = {ncall};
+        e.sums.resize(size_t(nval));
+        for (int32_t i = 0; i < nval; ++i) {
+            float v;
+            std::memcpy(&v, bytes.data() + at, 4);
+            at += 4;
+            if (!std::isfinite(v) || v < 0) fail("a value that is not finite and non-negative");
+            e.sums[size_t(i)] = v;
+        }
+        if (!m.entries.emplace(std::move(name), std::move(e)).second) fail("a name given twice");
+    }
+    if (bytes.size() - at >= 8) {  // the trailing chunk count and dataset are optional
+        m.chunk_count = uint32_t(std::max(0, i32("the chunk count")));
+        const int32_t len = i32("the dataset's length");
+        if (len > 0 && size_t(len) <= bytes.size() - at) m.datasets.push_back(bytes.substr(at, size_t(len)));
+    }
+    return m;
+}
+
 }  // namespace
 
 Imatrix read_imatrix(const std::string& path) {
+    {
+        std::ifstream in(path, std::ios::binary);
+        if (!in) throw_error(ErrorCode::kIo, "%s: cannot open the importance matrix", path.c_str());
+        char magic[4] = {};
+        in.read(magic, 4);
+        if (in.gcount() < 4 || std::memcmp(magic, "GGUF", 4) != 0) {
+            in.clear();
+            in.seekg(0);
+            return read_legacy(path, std::string(std::istreambuf_iterator<char>(in), {}));
+        }
+    }
     auto f = gguf::File::open(path);
     if (f->get_string("general.type", "") != "imatrix" && !f->find("imatrix.chunk_count"))
         throw_error(ErrorCode::kInvalidFile, "%s: not an importance matrix (no general.type \"imatrix\")",
@@ -149,7 +209,7 @@ std::vector<float> importance(const ImatrixEntry& e) {
         const float count = float(e.counts[m]);
         for (int64_t i = 0; i < e.ne0; ++i) {
             const size_t k = m * size_t(e.ne0) + size_t(i);
-            out[k] = count > 0 ? float(e.sums[k]) / count : 1.0f;
+            out[k] = count > 0 ? float(e.sums[k]) / count : e.legacy ? float(e.sums[k]) : 1.0f;
         }
     }
     return out;

@@ -6,6 +6,7 @@
 // "imatrix", imatrix.datasets (the texts), imatrix.chunk_count and imatrix.chunk_size, and for each W
 // the tensors "W.in_sum2" (f32 {ne0, n_mat}: the sums of squared inputs per column, one row per
 // expert of a stacked MoE weight, else one) and "W.counts" (f32 {1, n_mat}: the input rows summed).
+// llama.cpp's older .dat files are read too (per weight: its name, a call count and the values).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -19,6 +20,7 @@ struct ImatrixEntry {
     int64_t ne0 = 0;              // columns
     std::vector<double> sums;     // [n_mat * ne0]
     std::vector<int64_t> counts;  // [n_mat]
+    bool legacy = false;          // from a .dat file: one call count for all the values
 };
 
 struct Imatrix {
@@ -27,13 +29,14 @@ struct Imatrix {
     uint32_t chunk_count = 0, chunk_size = 0;
 };
 
-// Throws cera::Error: kIo (cannot open), kInvalidFile (not an imatrix GGUF, a sums tensor without its
-// counts or the other way round, shapes that disagree, non-finite or negative values).
+// Reads an imatrix GGUF, or a .dat file (anything that does not start with GGUF's magic). Throws
+// cera::Error: kIo (cannot open), kInvalidFile (not an imatrix GGUF, a sums tensor without its counts or
+// the other way round, shapes that disagree, non-finite or negative values, a truncated .dat file).
 Imatrix read_imatrix(const std::string& path);
 void write_imatrix(const Imatrix& m, const std::string& path);
 
 // The quantizer's weights of an entry, [n_mat * ne0]: sums / count per matrix (1 for a matrix that no
-// row reached, as llama-quantize does).
+// row reached; a .dat entry's values as they are when its call count is 0), as llama-quantize does.
 std::vector<float> importance(const ImatrixEntry& e);
 
 struct ImatrixOptions {
