@@ -47,6 +47,7 @@ struct KlStats {
 struct PerplexityResult {
     int32_t n_ctx = 0;
     int32_t n_chunks = 0;         // windows scored
+    int32_t n_chunks_total = 0;   // windows the run scores in all (set before the first window)
     int64_t n_scored = 0;         // tokens scored
     double ppl = 0, ppl_err = 0;  // exp(mean nll) and its standard error
     std::vector<double> running;  // the estimate after each window

@@ -28,6 +28,7 @@
 #include "cli/engine_flags.h"
 #include "cli/parse_args.h"
 #include "cli/percentile.h"
+#include "cli/progress.h"
 #include "cli/spec_flags.h"
 #include "core/cpu_features.h"
 
@@ -295,6 +296,11 @@ int run_bench(const std::vector<std::string>& args) {
 
     std::vector<TestResult> tests;
     const std::string at_depth = depth > 0 ? " @ d" + std::to_string(depth) : "";
+    // Progress over the runs (each test's warm-up and repetitions).
+    const int n_runs = (reps + 1) * (parallel.empty() ? (n_prompt > 0) + (n_gen > 0) : int(parallel.size()));
+    int runs_done = 0;
+    Progress bar("bench", 0, stderr, "runs");
+    auto ran = [&] { bar.update(uint64_t(++runs_done), uint64_t(n_runs)); };
     // Several sequences at once, like llama-batched-bench: N requests of n_prompt random tokens (one
     // prompt with --shared-prompt) generating n_gen tokens each after the first, submitted together. pp:
     // the N prompts' tokens over the time until every request has its first token; tg: the N x n_gen
@@ -341,14 +347,17 @@ int run_bench(const std::vector<std::string>& args) {
         TestResult tg{"tg" + std::to_string(n_gen) + x, 0, n_gen, 0, {}};
         double a = 0, b = 0;
         once(a, b);  // warm-up
+        ran();
         for (int r = 0; r < reps; ++r) {
             once(a, b);
             pp.samples.push_back(a), tg.samples.push_back(b);
+            ran();
         }
         tests.push_back(std::move(pp)), tests.push_back(std::move(tg));
         const BatcherStats st = batcher->stats();
         const double per_token =
             double(st.kv_bytes) / double(std::max<int64_t>(1, st.kv_blocks_total * st.kv_block_tokens));
+        bar.clear_line();
         std::fprintf(stderr, "cera bench: %d sequences: KV pool %.1f MiB, %lld blocks of %d tokens, %.1f KiB a token\n",
                      n_seq, double(st.kv_bytes) / (1 << 20), (long long)st.kv_blocks_total, st.kv_block_tokens,
                      per_token / 1024);
@@ -357,14 +366,22 @@ int run_bench(const std::vector<std::string>& args) {
     if (n_prompt > 0) {
         TestResult t{"pp" + std::to_string(n_prompt) + at_depth, n_prompt, 0, depth, {}};
         pp_once();  // warm-up
-        for (int r = 0; r < reps; ++r) t.samples.push_back(pp_once());
+        ran();
+        for (int r = 0; r < reps; ++r) {
+            t.samples.push_back(pp_once());
+            ran();
+        }
         tests.push_back(std::move(t));
     }
     if (n_gen > 0) {
         TestResult t{"tg" + std::to_string(n_gen) + at_depth, 0, n_gen, depth, {}};
         tg_once(std::min(n_gen, 16));  // warm-up
+        ran();
         drafted = accepted = passes = decoded = 0;
-        for (int r = 0; r < reps; ++r) t.samples.push_back(tg_once(n_gen));
+        for (int r = 0; r < reps; ++r) {
+            t.samples.push_back(tg_once(n_gen));
+            ran();
+        }
         tests.push_back(std::move(t));
     }
     const bool speculative = spec.enabled() && n_gen > 0 && parallel.empty();

@@ -5,6 +5,8 @@
 // standard error. --kl-divergence-base FILE alone saves the run's log-probabilities to FILE; with
 // --kl-divergence it compares this run against the saved ones instead (the tokens come from FILE; -f is
 // optional and must then tokenize to the same tokens).
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <fstream>
@@ -20,6 +22,7 @@
 #include "cli/engine_flags.h"
 #include "cli/model_path.h"
 #include "cli/parse_args.h"
+#include "cli/progress.h"
 
 namespace cera::cli {
 namespace {
@@ -114,8 +117,13 @@ int run_perplexity(const std::vector<std::string>& args) {
         if (kl)
             std::printf("chunk             PPL          ln(PPL(Q)/PPL(base))          KL Divergence      Same top p\n");
     }
+    // Progress over the windows on stderr; on a terminal shared with stdout the bar stands in for the
+    // per-window figures, which would tear it.
+    Progress bar("perplexity", 0, stderr, "windows");
+    const bool shared_terminal = bar.terminal() && isatty(fileno(stdout));
     const PerplexityResult r = perplexity(*engine, tokens, po, [&](int32_t c, const PerplexityResult& now) {
-        if (json) return;
+        bar.update(uint64_t(c + 1), uint64_t(now.n_chunks_total));
+        if (json || shared_terminal) return;
         if (kl)
             std::printf("%4d %10.4f %18s %24.5f %18.3f%%\n", c + 1, now.running.back(), "", now.chunk_kld.back(),
                         100 * now.chunk_same_top.back());

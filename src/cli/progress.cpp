@@ -72,6 +72,13 @@ void Progress::update(uint64_t done, uint64_t total) {
     if (total > 0 && done >= total) finish();
 }
 
+void Progress::clear_line() {
+    if (!tty_ || !shown_ || finished_) return;
+    std::fprintf(out_, "\r\x1b[K");
+    std::fflush(out_);
+    last_draw_ = {};  // redraw at the next update
+}
+
 void Progress::finish() {
     if (finished_) return;
     finished_ = true;

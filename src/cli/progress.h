@@ -26,6 +26,9 @@ class Progress {
 
     void update(uint64_t done, uint64_t total);  // bytes (or counts); done == total finishes
     void finish();                               // ends the bar's line (once; later updates are ignored)
+    // On a terminal, erases the bar so that a line can be printed; the next update draws it again.
+    void clear_line();
+    bool terminal() const { return tty_; }
 
     // The bar as drawn at `done` of `total` after `elapsed_s` (no terminal codes).
     static std::string bar_line(const std::string& label, uint64_t done, uint64_t total, double elapsed_s, int width,

@@ -163,6 +163,7 @@ PerplexityResult perplexity(Engine& engine, std::span<const int32_t> tokens_in, 
     std::vector<int32_t> window(static_cast<size_t>(n_ctx));
     PerplexityResult r;
     r.n_ctx = n_ctx;
+    r.n_chunks_total = n_chunks;
     double nll = 0, nll2 = 0;
     // KL sums: nll of the base, ln ratio, kld, same top, dp.
     double nll_b = 0, lr = 0, lr2 = 0, kl = 0, kl2 = 0, dp2 = 0, dp4 = 0;

@@ -1,10 +1,12 @@
 // Progress of long work on stderr: `cera quantize` and `cera convert` print a plain line at each tenth
 // when stderr is not a terminal (monotonic, ending at 100%), and redraw one bar in place on a terminal
-// (run under script(1), which gives the command a pseudo-terminal).
+// (run under script(1), which gives the command a pseudo-terminal); `perplexity`, `bench` and `imatrix`
+// count their windows, runs and chunks the same way.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -67,6 +69,49 @@ TEST(ProgressCli, ConvertPrintsTenthsWhenNotATerminal) {
     ASSERT_EQ(r.code, 0) << r.err;
     expect_tenths(plain_lines(r.err, "convert"));
     std::filesystem::remove(out);
+}
+
+// Plain lines of work counted in units (windows, runs, chunks): increasing, ending at all of them.
+void expect_counted(const std::string& err, const std::string& label, const std::string& unit, int total) {
+    const std::regex line("^" + label + R"(: (\d+)% \((\d+)/(\d+) )" + unit + R"(, \d+\.\d s\)$)");
+    std::vector<int> pct, done;
+    std::istringstream in(err);
+    for (std::string l; std::getline(in, l);) {
+        if (l.rfind(label + ": ", 0) != 0 || l.find('%') == std::string::npos) continue;
+        std::smatch m;
+        EXPECT_TRUE(std::regex_match(l, m, line)) << l;
+        if (m.empty()) continue;
+        pct.push_back(std::stoi(m[1]));
+        done.push_back(std::stoi(m[2]));
+        EXPECT_EQ(std::stoi(m[3]), total) << l;
+    }
+    ASSERT_FALSE(done.empty()) << err;
+    for (size_t i = 1; i < done.size(); ++i) EXPECT_GT(done[i], done[i - 1]);
+    EXPECT_EQ(done.back(), total);
+    EXPECT_EQ(pct.back(), 100);
+}
+
+TEST(ProgressCli, PerplexityBenchAndImatrixCountTheirWork) {
+    const std::string model = shell_quote(data_path("fixtures/tiny-lfm2/model.gguf"));
+    const std::string text = temp_path("text.txt"), im = temp_path("im.gguf");
+    {
+        std::ofstream f(text);
+        for (int i = 0; i < 200; ++i) f << "Once upon a time there was a little girl who liked to play in the park. ";
+    }
+    auto r = cera::test::run_shell(shell_quote(cera_bin()) + " perplexity -m " + model + " -f " + shell_quote(text) +
+                                   " -c 64 --chunks 12");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("[12]"), std::string::npos) << r.out;  // the per-window figures stay on stdout
+    expect_counted(r.err, "perplexity", "windows", 12);
+    r = cera::test::run_shell(shell_quote(cera_bin()) + " bench -m " + model + " -p 32 -n 8 -r 2");
+    ASSERT_EQ(r.code, 0) << r.err;
+    expect_counted(r.err, "bench", "runs", 6);  // two tests, each a warm-up and two repetitions
+    r = cera::test::run_shell(shell_quote(cera_bin()) + " imatrix -m " + model + " -f " + shell_quote(text) +
+                              " -c 64 --chunks 5 -o " + shell_quote(im));
+    ASSERT_EQ(r.code, 0) << r.err;
+    expect_counted(r.err, "imatrix", "chunks", 5);
+    std::filesystem::remove(text);
+    std::filesystem::remove(im);
 }
 
 TEST(ProgressCli, QuantizeRedrawsOneBarOnATerminal) {
