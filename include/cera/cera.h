@@ -621,6 +621,46 @@ CERA_API cera_status cera_request_wait(cera_request *request, cera_generation_re
 /* Cancels the request if it still runs, and frees the handle. */
 CERA_API void cera_request_free(cera_request *request);
 
+/* ---- perplexity ---- */
+
+/* Perplexity as llama-perplexity measures it: the tokens cut into windows of n_ctx, each from an empty
+ * cache (its first token replaced by BOS when the model wants one and bos_per_window), the second half of
+ * each scored. With compare_base, the KL statistics against a base file that an earlier run wrote with
+ * save_base (the tokens may then be empty: the file holds them). */
+typedef struct cera_perplexity_options {
+    int32_t n_ctx;             /* window length, >= 4 (default 512) */
+    int32_t n_chunks;          /* windows to score at most; < 0: all that fit (default) */
+    bool bos_per_window;       /* default true */
+    const char *save_base;     /* write the log-probabilities here (a KL base file), or NULL */
+    const char *compare_base;  /* compare against this KL base file, or NULL */
+    /* After each window: its index (from 0), the windows in all and the running estimate; may be NULL. */
+    void (*on_chunk)(int32_t chunk, int32_t n_chunks, double ppl, void *user_data);
+    void *user_data;
+} cera_perplexity_options;
+CERA_API cera_perplexity_options cera_perplexity_default_options(void);
+
+typedef struct cera_perplexity_result {
+    int32_t n_ctx;
+    int32_t n_chunks;  /* windows scored */
+    int64_t n_scored;  /* tokens scored */
+    double ppl, ppl_err;
+    double seconds;
+    bool has_kl;  /* the fields below are set (compare_base was given) */
+    double ppl_base;
+    double ln_ratio, ln_ratio_err;    /* mean ln(PPL(Q) / PPL(base)) */
+    double ppl_ratio, ppl_ratio_err;
+    double kld, kld_err;              /* mean KL(base || Q) per token, nats */
+    double kld_max, kld_p99, kld_median, kld_min;
+    double same_top, same_top_err;    /* fraction of tokens whose arg-max agrees */
+    double rms_dp, rms_dp_err;        /* RMS of p_Q(token) - p_base(token) */
+} cera_perplexity_result;
+
+/* Runs the windows on a sequence of its own. Errors: CERA_ERR_INVALID_ARGUMENT (bad options, fewer
+ * than two windows of tokens), CERA_ERR_IO / CERA_ERR_INVALID_FILE (base files), CERA_ERR_OUT_OF_RANGE
+ * (a token id outside the vocabulary). */
+CERA_API cera_status cera_perplexity(cera_engine *engine, const cera_token *tokens, size_t n_tokens,
+                                     const cera_perplexity_options *options, cera_perplexity_result *out);
+
 #ifdef __cplusplus
 }
 #endif

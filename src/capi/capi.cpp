@@ -7,6 +7,7 @@
 
 #include "capi/capi_impl.h"
 #include "capi/chat.h"
+#include "cera/perplexity.h"
 
 #ifndef CERA_VERSION_STRING
 #error "CERA_VERSION_STRING comes from CMake (the project's version)"
@@ -282,10 +283,8 @@ cera_status cera_engine_load(const char* path, const cera_engine_options* option
         }
         eo.lora_cache_bytes = o.lora_cache_bytes;
         if (o.load_progress)
-            eo.on_load_progress = [cb = o.load_progress, user = o.load_progress_user_data](uint64_t done,
-                                                                                           uint64_t total) {
-                cb(done, total, user);
-            };
+            eo.on_load_progress = [cb = o.load_progress, user = o.load_progress_user_data](
+                                      uint64_t done, uint64_t total) { cb(done, total, user); };
         auto h = std::make_unique<cera_engine>();
         h->engine = Engine::load(path, eo);
         h->tokenizer.engine = h->engine.get();
@@ -347,6 +346,53 @@ cera_status cera_engine_metadata_key(const cera_engine* engine, size_t i, char* 
 }
 
 uint64_t cera_engine_fingerprint(const cera_engine* engine) { return engine ? engine->engine->fingerprint() : 0; }
+
+cera_perplexity_options cera_perplexity_default_options(void) {
+    cera_perplexity_options o{};
+    o.n_ctx = 512;
+    o.n_chunks = -1;
+    o.bos_per_window = true;
+    return o;
+}
+
+cera_status cera_perplexity(cera_engine* engine, const cera_token* tokens, size_t n_tokens,
+                            const cera_perplexity_options* options, cera_perplexity_result* out) {
+    return guard([&] {
+        if (!engine) return null_argument("cera_perplexity", "engine");
+        if (!tokens && n_tokens > 0) return null_argument("cera_perplexity", "tokens");
+        if (!out) return null_argument("cera_perplexity", "out");
+        const cera_perplexity_options o = options ? *options : cera_perplexity_default_options();
+        cera::PerplexityOptions po;
+        po.n_ctx = o.n_ctx;
+        po.n_chunks = o.n_chunks;
+        po.bos_per_window = o.bos_per_window;
+        if (o.save_base) po.save_base = o.save_base;
+        if (o.compare_base) po.compare_base = o.compare_base;
+        const auto r = cera::perplexity(*engine->engine, std::span<const int32_t>(tokens, n_tokens), po,
+                                        [&](int32_t c, const cera::PerplexityResult& now) {
+                                            if (o.on_chunk)
+                                                o.on_chunk(c, now.n_chunks_total, now.running.back(), o.user_data);
+                                        });
+        cera_perplexity_result x{};
+        x.n_ctx = r.n_ctx;
+        x.n_chunks = r.n_chunks;
+        x.n_scored = r.n_scored;
+        x.ppl = r.ppl;
+        x.ppl_err = r.ppl_err;
+        x.seconds = r.seconds;
+        x.has_kl = r.has_kl;
+        const cera::KlStats& k = r.kl;
+        x.ppl_base = k.ppl_base;
+        x.ln_ratio = k.ln_ratio, x.ln_ratio_err = k.ln_ratio_err;
+        x.ppl_ratio = k.ppl_ratio, x.ppl_ratio_err = k.ppl_ratio_err;
+        x.kld = k.kld, x.kld_err = k.kld_err;
+        x.kld_max = k.kld_max, x.kld_p99 = k.kld_p99, x.kld_median = k.kld_median, x.kld_min = k.kld_min;
+        x.same_top = k.same_top, x.same_top_err = k.same_top_err;
+        x.rms_dp = k.rms_dp, x.rms_dp_err = k.rms_dp_err;
+        *out = x;
+        return CERA_OK;
+    });
+}
 
 cera_status cera_engine_device_memory(const cera_engine* engine, cera_device_memory* out) {
     return guard([&] {

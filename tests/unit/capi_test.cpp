@@ -15,6 +15,7 @@
 #include "cera/batcher.h"
 #include "cera/cera.h"
 #include "cera/engine.h"
+#include "cera/perplexity.h"
 #include "cera/session.h"
 #include "test_util.h"
 
@@ -100,6 +101,57 @@ TEST(CApi, LoadProgressCountsUpToTheWholeModel) {
         EXPECT_EQ(seen.calls[i].second, total);
         if (i > 0) EXPECT_GE(seen.calls[i].first, seen.calls[i - 1].first);
     }
+}
+
+// Perplexity and the KL divergence against a saved base: the C++ API's figures, and its errors as codes.
+TEST(CApi, PerplexityEqualsTheCppApis) {
+    cera_engine* e = load();
+    auto cpp = load_cpp();
+    std::string text;
+    for (int i = 0; i < 40; ++i) text += "Once upon a time there was a little girl who liked to play in the park. ";
+    const std::vector<int32_t> ids = cpp->tokenize(text, true);
+    const cera::PerplexityResult want = cera::perplexity(*cpp, ids, {.n_ctx = 64});
+
+    cera_perplexity_options o = cera_perplexity_default_options();
+    EXPECT_EQ(o.n_ctx, 512);
+    o.n_ctx = 64;
+    const std::string base = (std::filesystem::temp_directory_path() / "cera_capi_ppl_base.kl").string();
+    o.save_base = base.c_str();
+    int calls = 0;
+    o.user_data = &calls;
+    o.on_chunk = [](int32_t chunk, int32_t n_chunks, double ppl, void* user) {
+        int& c = *static_cast<int*>(user);
+        EXPECT_EQ(chunk, c);
+        EXPECT_GT(n_chunks, chunk);
+        EXPECT_GT(ppl, 1.0);
+        ++c;
+    };
+    cera_perplexity_result r{};
+    ASSERT_EQ(cera_perplexity(e, ids.data(), ids.size(), &o, &r), CERA_OK) << cera_last_error();
+    EXPECT_EQ(r.n_chunks, want.n_chunks);
+    EXPECT_EQ(calls, want.n_chunks);
+    EXPECT_EQ(r.n_scored, want.n_scored);
+    EXPECT_DOUBLE_EQ(r.ppl, want.ppl);
+    EXPECT_DOUBLE_EQ(r.ppl_err, want.ppl_err);
+    EXPECT_FALSE(r.has_kl);
+
+    // Against itself: the tokens come from the base file, the divergence is zero.
+    cera_perplexity_options k = cera_perplexity_default_options();
+    k.compare_base = base.c_str();
+    ASSERT_EQ(cera_perplexity(e, nullptr, 0, &k, &r), CERA_OK) << cera_last_error();
+    EXPECT_TRUE(r.has_kl);
+    EXPECT_EQ(r.n_ctx, 64);
+    EXPECT_DOUBLE_EQ(r.ppl, want.ppl);
+    EXPECT_NEAR(r.kld, 0.0, 1e-9);
+    EXPECT_DOUBLE_EQ(r.same_top, 1.0);
+
+    EXPECT_EQ(cera_perplexity(e, ids.data(), 10, &o, &r), CERA_ERR_INVALID_ARGUMENT);  // under two windows
+    EXPECT_NE(std::string(cera_last_error()).find("perplexity"), std::string::npos) << cera_last_error();
+    k.compare_base = "/nonexistent/base.kl";
+    EXPECT_EQ(cera_perplexity(e, nullptr, 0, &k, &r), CERA_ERR_IO);
+    EXPECT_EQ(cera_perplexity(nullptr, ids.data(), ids.size(), &o, &r), CERA_ERR_INVALID_ARGUMENT);
+    std::filesystem::remove(base);
+    cera_engine_free(e);
 }
 
 TEST(CApi, VersionAndStatusNames) {
