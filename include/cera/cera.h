@@ -336,6 +336,12 @@ CERA_API cera_status cera_grammar_from_gbnf(const char *gbnf, const char *root, 
 CERA_API cera_status cera_grammar_from_json_schema(const char *schema_json, cera_grammar **out);
 /* JSON mode: any JSON object (any_value: any JSON value). */
 CERA_API cera_status cera_grammar_json(bool any_value, cera_grammar **out);
+/* A lazy grammar: generation is free until the text contains the trigger; from the trigger's first byte
+ * on, the text must match the GBNF (which starts with the trigger): tool calls with tool_choice "auto".
+ * Errors as cera_grammar_from_gbnf, and CERA_ERR_INVALID_ARGUMENT for an empty trigger. */
+CERA_API cera_status cera_grammar_lazy(const char *gbnf, const char *trigger, cera_grammar **out);
+/* A lazy grammar's trigger ("" for one that applies from the first byte). Buffer convention as above. */
+CERA_API cera_status cera_grammar_trigger(const cera_grammar *grammar, char *buf, size_t capacity, size_t *len_out);
 /* The GBNF of a JSON Schema (what cera_grammar_from_json_schema parses). Buffer convention as above. */
 CERA_API cera_status cera_json_schema_to_gbnf(const char *schema_json, char *buf, size_t capacity, size_t *len_out);
 /* The grammar as GBNF text. */

@@ -547,6 +547,25 @@ cera_status cera_json_schema_to_gbnf(const char* schema_json, char* buf, size_t 
     });
 }
 
+cera_status cera_grammar_lazy(const char* gbnf, const char* trigger, cera_grammar** out) {
+    return guard([&] {
+        if (!gbnf) return null_argument("cera_grammar_lazy", "gbnf");
+        if (!trigger) return null_argument("cera_grammar_lazy", "trigger");
+        if (!out) return null_argument("cera_grammar_lazy", "out");
+        auto g = std::make_unique<cera_grammar>();
+        g->grammar = Grammar::lazy(gbnf, trigger);
+        *out = g.release();
+        return CERA_OK;
+    });
+}
+
+cera_status cera_grammar_trigger(const cera_grammar* grammar, char* buf, size_t capacity, size_t* len_out) {
+    return guard([&] {
+        if (!grammar) return null_argument("cera_grammar_trigger", "grammar");
+        return cera::capi::copy_text(grammar->grammar->trigger(), buf, capacity, len_out);
+    });
+}
+
 cera_status cera_grammar_gbnf(const cera_grammar* grammar, char* buf, size_t capacity, size_t* len_out) {
     return guard([&] {
         if (!grammar) return null_argument("cera_grammar_gbnf", "grammar");

@@ -154,6 +154,38 @@ TEST(CApi, PerplexityEqualsTheCppApis) {
     cera_engine_free(e);
 }
 
+// A lazy grammar (tool calls with tool_choice "auto"): free text until the trigger, then the grammar.
+TEST(CApi, LazyGrammar) {
+    cera_grammar* g = nullptr;
+    ASSERT_EQ(cera_grammar_lazy("root ::= \"<call>\" [a-z]+ \"</call>\"", "<call>", &g), CERA_OK) << cera_last_error();
+    char buf[64];
+    size_t len = 0;
+    ASSERT_EQ(cera_grammar_trigger(g, buf, sizeof buf, &len), CERA_OK);
+    EXPECT_EQ(std::string(buf, len), "<call>");
+    // Greedy text from the bundled model under it equals the C++ API's.
+    cera_engine* e = load();
+    cera_session* s = nullptr;
+    ASSERT_EQ(cera_session_new(e, 0, &s), CERA_OK) << cera_last_error();
+    ASSERT_EQ(cera_session_append_text(s, "Once upon a time", false), CERA_OK);
+    cera_generate_options o = greedy(12);
+    o.grammar = g;
+    cera_generation_result r{};
+    ASSERT_EQ(cera_session_generate(s, &o, nullptr, nullptr, &r), CERA_OK) << cera_last_error();
+    cera::Session cs(load_cpp());
+    cs.append_text("Once upon a time");
+    cera::GenerateOptions cg;
+    cg.max_tokens = 12;
+    cg.sampling.temperature = 0.0f;
+    cg.grammar = cera::Grammar::lazy("root ::= \"<call>\" [a-z]+ \"</call>\"", "<call>");
+    cera::NullSink sink;
+    EXPECT_EQ(std::string(r.text, r.text_len), cs.generate(cg, sink).text);
+    cera_session_free(s);
+    cera_engine_free(e);
+    cera_grammar_free(g);
+    EXPECT_EQ(cera_grammar_lazy("root ::= \"x\"", "", &g), CERA_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(cera_grammar_lazy("root ::= [a-", "x", &g), CERA_ERR_PARSE);
+}
+
 TEST(CApi, VersionAndStatusNames) {
     EXPECT_STREQ(cera_version(), CERA_TEST_PROJECT_VERSION);
     EXPECT_EQ(cera_abi_version(), CERA_ABI_VERSION);
