@@ -554,6 +554,23 @@ CERA_API void cera_sampler_free(cera_sampler *sampler);
  * the ids in the running (bit id % 64 of allowed[id / 64]). Does not add the token to the penalty
  * window: cera_sampler_accept does. */
 CERA_API cera_token cera_sampler_sample(cera_sampler *sampler, const float *logits, const uint64_t *allowed);
+/* One candidate of the distribution cera_sampler_sample draws from. */
+typedef struct cera_token_prob {
+    cera_token token;
+    float logit; /* after penalties and temperature */
+    float p;     /* normalised over the kept candidates */
+} cera_token_prob;
+/* The kept candidates with their probabilities, most likely first, exactly as the next
+ * cera_sampler_sample on the same logits (and allowed mask, NULL: all) would draw from them (greedy:
+ * the single arg-max with p = 1). Stores the count in *n_out; buffer convention as above. */
+CERA_API cera_status cera_sampler_distribution(cera_sampler *sampler, const float *logits, const uint64_t *allowed,
+                                               cera_token_prob *out, size_t capacity, size_t *n_out);
+/* Log-probabilities for reporting (OpenAI's logprobs): the log-softmax over all logits after the logit
+ * bias and the penalties, before truncation and temperature. Stores the log-probability of `token` in
+ * *logprob and the n_top most likely tokens in top (n_top entries; may be NULL when n_top is 0). Call it
+ * before cera_sampler_accept of the token. */
+CERA_API cera_status cera_sampler_log_probs(cera_sampler *sampler, const float *logits, cera_token token,
+                                            int32_t n_top, cera_token_logprob *top, float *logprob);
 /* Adds a token (prompt or generated) to the penalty window. */
 CERA_API void cera_sampler_accept(cera_sampler *sampler, cera_token token);
 /* Empties the penalty window and re-seeds the generator. */

@@ -607,6 +607,37 @@ cera_token cera_sampler_sample(cera_sampler* sampler, const float* logits, const
     return sampler->sampler.sample(logits, allowed);  // never throws
 }
 
+cera_status cera_sampler_distribution(cera_sampler* sampler, const float* logits, const uint64_t* allowed,
+                                      cera_token_prob* out, size_t capacity, size_t* n_out) {
+    return guard([&] {
+        if (!sampler) return null_argument("cera_sampler_distribution", "sampler");
+        if (!logits) return null_argument("cera_sampler_distribution", "logits");
+        const auto d = sampler->sampler.distribution(logits, allowed);
+        std::vector<cera_token_prob> v(d.size());
+        for (size_t i = 0; i < d.size(); ++i) v[i] = {d[i].id, d[i].logit, d[i].p};
+        return cera::capi::copy_array(v, out, capacity, n_out);
+    });
+}
+
+cera_status cera_sampler_log_probs(cera_sampler* sampler, const float* logits, cera_token token, int32_t n_top,
+                                   cera_token_logprob* top, float* logprob) {
+    return guard([&] {
+        if (!sampler) return null_argument("cera_sampler_log_probs", "sampler");
+        if (!logits) return null_argument("cera_sampler_log_probs", "logits");
+        if (!logprob) return null_argument("cera_sampler_log_probs", "logprob");
+        if (n_top < 0) throw cera::Error(cera::ErrorCode::kInvalidArgument, "cera_sampler_log_probs: n_top < 0");
+        if (n_top > 0 && !top) return null_argument("cera_sampler_log_probs", "top");
+        if (token < 0 || token >= sampler->sampler.n_vocab())
+            throw cera::Error(cera::ErrorCode::kOutOfRange,
+                              "cera_sampler_log_probs: token " + std::to_string(token) + " outside the vocabulary");
+        std::vector<cera::TokenLogprob> t(size_t(std::min(n_top, sampler->sampler.n_vocab())));
+        *logprob = sampler->sampler.log_probs(logits, token, int32_t(t.size()), t.data());
+        for (size_t i = 0; i < t.size(); ++i) top[i] = {t[i].id, t[i].logprob};
+        for (size_t i = t.size(); i < size_t(n_top); ++i) top[i] = {CERA_TOKEN_NULL, 0.0f};
+        return CERA_OK;
+    });
+}
+
 void cera_sampler_accept(cera_sampler* sampler, cera_token token) {
     if (sampler && token >= 0 && token < sampler->sampler.n_vocab()) sampler->sampler.accept(token);
 }

@@ -16,6 +16,7 @@
 #include "cera/cera.h"
 #include "cera/engine.h"
 #include "cera/perplexity.h"
+#include "cera/sampler.h"
 #include "cera/session.h"
 #include "test_util.h"
 
@@ -184,6 +185,48 @@ TEST(CApi, LazyGrammar) {
     cera_grammar_free(g);
     EXPECT_EQ(cera_grammar_lazy("root ::= \"x\"", "", &g), CERA_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(cera_grammar_lazy("root ::= [a-", "x", &g), CERA_ERR_PARSE);
+}
+
+// The sampler's distribution and log-probabilities: the C++ Sampler's.
+TEST(CApi, SamplerDistributionAndLogProbsEqualTheCpps) {
+    const int32_t n_vocab = 300;
+    std::vector<float> logits(n_vocab);
+    for (int32_t i = 0; i < n_vocab; ++i) logits[size_t(i)] = float((i * 37) % 101) / 10.0f;
+    cera_sampling_params p = cera_generate_default_options().sampling;
+    p.temperature = 0.8f;
+    p.top_k = 20;
+    p.top_p = 0.9f;
+    cera_sampler* s = nullptr;
+    ASSERT_EQ(cera_sampler_new(&p, n_vocab, &s), CERA_OK) << cera_last_error();
+    cera::SamplerParams cp;
+    cp.temperature = 0.8f;
+    cp.top_k = 20;
+    cp.top_p = 0.9f;
+    cp.min_p = p.min_p;
+    cp.seed = p.seed;
+    cera::Sampler ref(cp, n_vocab);
+    const auto want = ref.distribution(logits.data());
+    size_t n = 0;
+    EXPECT_EQ(cera_sampler_distribution(s, logits.data(), nullptr, nullptr, 0, &n), CERA_ERR_BUFFER_TOO_SMALL);
+    ASSERT_EQ(n, want.size());
+    std::vector<cera_token_prob> got(n);
+    ASSERT_EQ(cera_sampler_distribution(s, logits.data(), nullptr, got.data(), n, &n), CERA_OK);
+    for (size_t i = 0; i < n; ++i) {
+        EXPECT_EQ(got[i].token, want[i].id);
+        EXPECT_EQ(got[i].p, want[i].p);
+        EXPECT_EQ(got[i].logit, want[i].logit);
+    }
+    cera_token_logprob top[3];
+    float lp = 0;
+    ASSERT_EQ(cera_sampler_log_probs(s, logits.data(), 7, 3, top, &lp), CERA_OK);
+    cera::TokenLogprob rtop[3];
+    EXPECT_EQ(lp, ref.log_probs(logits.data(), 7, 3, rtop));
+    for (int i = 0; i < 3; ++i) {
+        EXPECT_EQ(top[i].token, rtop[i].id);
+        EXPECT_EQ(top[i].logprob, rtop[i].logprob);
+    }
+    EXPECT_EQ(cera_sampler_log_probs(s, logits.data(), n_vocab, 0, nullptr, &lp), CERA_ERR_OUT_OF_RANGE);
+    cera_sampler_free(s);
 }
 
 TEST(CApi, VersionAndStatusNames) {
