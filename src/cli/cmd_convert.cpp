@@ -14,6 +14,7 @@
 #include "cli/progress.h"
 #include "convert/convert.h"
 #include "core/quant/quant.h"
+#include "quantize/lora_gguf.h"
 #include "quantize/lora_merge.h"
 
 namespace cera::cli {
@@ -25,24 +26,32 @@ int run_convert(const std::vector<std::string>& args) {
                      convert::supported_model_types() +
                      "); matrices get --type, norms, biases, routers and conv kernels stay F32.\n"
                      "With --lora-merge: folds LoRA adapters (GGUF LoRA files or PEFT folders, each at its scale) "
-                     "into a copy of the base model -m; adapted weights keep their type.",
+                     "into a copy of the base model -m; adapted weights keep their type.\n"
+                     "With --peft DIR: a PEFT LoRA adapter of the base model -m to a GGUF LoRA file, as llama.cpp's "
+                     "convert_lora_to_gguf.py writes it.",
                  "cera convert"};
-    std::string hf, out, type = "F32", base;
+    std::string hf, out, type = "F32", base, peft;
     std::vector<std::string> loras;
     bool merge = false;
     int threads = 0;
     app.add_option("--hf", hf, "a Hugging Face checkpoint folder");
+    app.add_option("--peft", peft, "a PEFT LoRA adapter folder to convert to a GGUF LoRA file (with -m BASE.gguf)");
     app.add_option("-o,--out", out, "the GGUF file to write")->required();
     app.add_option("--type,--outtype", type, "the matrices' type: F32, F16, BF16, Q8_0, Q4_0, ... (with --hf)")
         ->capture_default_str();
     app.add_flag("--lora-merge", merge, "merge LoRA adapters into -m instead of converting a checkpoint");
-    app.add_option("-m,--model", base, "the base model's GGUF (with --lora-merge)");
+    app.add_option("-m,--model", base, "the base model's GGUF (with --lora-merge or --peft)");
     app.add_option("--lora", loras, "PATH[:SCALE]: a GGUF LoRA file or a PEFT folder, scale default 1 (repeatable)");
     app.add_option("--threads", threads, "threads of the merge (default: all cores); the output does not depend on it");
 
     convert::ConvertOptions co;
     quantize::LoraMergeOptions mo;
     const int rc = parse_args(app, args, "convert", [&] {
+        if (!peft.empty()) {
+            if (base.empty()) throw CLI::ValidationError("--peft needs -m BASE.gguf (the model the adapter is for)");
+            if (merge || !hf.empty() || !loras.empty()) throw CLI::ValidationError("--peft goes with -m and -o only");
+            return;
+        }
         if (merge) {
             if (base.empty() || loras.empty()) throw CLI::ValidationError("--lora-merge needs -m BASE.gguf and --lora");
             if (!hf.empty()) throw CLI::ValidationError("--hf and --lora-merge are two different jobs");
@@ -65,6 +74,11 @@ int run_convert(const std::vector<std::string>& args) {
         co.type = *t;
     });
     if (rc >= 0) return rc;
+    if (!peft.empty()) {
+        const size_t n = quantize::convert_peft_lora({peft, base, out});
+        std::fprintf(stderr, "cera convert: wrote %s (a LoRA adapter of %zu weights)\n", out.c_str(), n);
+        return 0;
+    }
     Progress bar(merge ? "merge" : "convert");
     const auto progress = [&bar](uint64_t done, uint64_t total) { bar.update(done, total); };
     if (merge) {
