@@ -348,10 +348,11 @@ cera_status cera_engine_metadata_key(const cera_engine* engine, size_t i, char* 
 uint64_t cera_engine_fingerprint(const cera_engine* engine) { return engine ? engine->engine->fingerprint() : 0; }
 
 cera_perplexity_options cera_perplexity_default_options(void) {
+    const cera::PerplexityOptions d;
     cera_perplexity_options o{};
-    o.n_ctx = 512;
-    o.n_chunks = -1;
-    o.bos_per_window = true;
+    o.n_ctx = d.n_ctx;
+    o.n_chunks = d.n_chunks;
+    o.bos_per_window = d.bos_per_window;
     return o;
 }
 

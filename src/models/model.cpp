@@ -71,9 +71,10 @@ void load_common(LoadContext& ctx, Architecture& a, int64_t n_embd, int64_t n_la
 
 Model::~Model() = default;
 
-std::string Model::weight_name(const Tensor& w) const {
+const std::string& Model::weight_name(const Tensor& w) const {
+    static const std::string kNone;
     auto it = weight_names_.find(w.data);
-    return it == weight_names_.end() ? std::string() : it->second;
+    return it == weight_names_.end() ? kNone : it->second;
 }
 
 std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& opts) {
@@ -85,7 +86,8 @@ std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& o
     // The CUDA attention kernels read F32 or F16 caches, keys and values alike.
     if (opts.device == DeviceKind::kCuda &&
         (opts.kv_type_k != opts.kv_type_v || (opts.kv_type_k != GgmlType::kF32 && opts.kv_type_k != GgmlType::kF16)))
-        throw_error(ErrorCode::kUnsupported, "KV cache types %s/%s: CUDA takes f32 or f16, the same for keys and values",
+        throw_error(ErrorCode::kUnsupported,
+                    "KV cache types %s/%s: CUDA takes f32 or f16, the same for keys and values",
                     type_name(opts.kv_type_k), type_name(opts.kv_type_v));
     if (opts.n_batch < 1) throw_error(ErrorCode::kInvalidArgument, "n_batch = %d: must be at least 1", opts.n_batch);
     if (opts.n_ctx < 0) throw_error(ErrorCode::kInvalidArgument, "n_ctx = %d: must not be negative", opts.n_ctx);
@@ -126,8 +128,9 @@ std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& o
         if (block <= 1) continue;
         for (const LayerStateSpec& sp : m->arch_->state)
             if (sp.kv_width > 0 && sp.head_dim % block != 0)
-                throw_error(ErrorCode::kUnsupported, "KV cache type %s needs heads of a multiple of %lld, this model's are %lld",
-                            type_name(t), (long long)block, (long long)sp.head_dim);
+                throw_error(ErrorCode::kUnsupported,
+                            "KV cache type %s needs heads of a multiple of %lld, this model's are %lld", type_name(t),
+                            (long long)block, (long long)sp.head_dim);
     }
     return m;
 }

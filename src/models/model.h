@@ -79,7 +79,7 @@ class Model {
     std::weak_ptr<LoraCache> lora_cache_ptr() const { return lora_; }
 
     // The GGUF name of a weight matrix as the model passes it to the backend ("" for no weight).
-    std::string weight_name(const Tensor& w) const;
+    const std::string& weight_name(const Tensor& w) const;
 
     // A new sequence with an empty cache. n_ctx = 0 takes default_n_ctx().
     std::unique_ptr<ModelState> create_state(int n_ctx = 0) const;

@@ -36,9 +36,7 @@ class Collector final : public MatmulObserver {
 
     void observe(const Tensor& w, int64_t expert, const float* x, int64_t n) override {
         if (!model_) return;
-        auto name_it = names_.find(w.data);
-        if (name_it == names_.end()) name_it = names_.emplace(w.data, model_->weight_name(w)).first;
-        const std::string& name = name_it->second;
+        const std::string& name = model_->weight_name(w);
         if (name.empty() || !(name.rfind("blk.", 0) == 0 || (process_output_ && name == "output.weight"))) return;
         const int64_t ne0 = w.ne[0], n_mat = w.ne[2] * w.ne[3];
         ImatrixEntry& e = entries_[name];
@@ -61,7 +59,6 @@ class Collector final : public MatmulObserver {
  private:
     bool process_output_;
     const Model* model_ = nullptr;
-    std::unordered_map<const void*, std::string> names_;
     std::map<std::string, ImatrixEntry> entries_;
 };
 

@@ -278,7 +278,8 @@ void importance_weights(int n, const float* x, const float* qw, float sigma2, fl
     *sum = s;
 }
 
-float mean_square(int n, const float* x) {
+// x[0]^2 + ... + x[n-1]^2, summed in order (each type divides it into its sigma2).
+float sum_squares(int n, const float* x) {
     float s = 0;
     for (int j = 0; j < n; ++j) s += x[j] * x[j];
     return s;
@@ -347,7 +348,7 @@ void quant_k4_weighted(const float* x, const float* qw, int nmax, bool clamp63, 
                        uint8_t* scales_out, uint8_t* L) {
     uint8_t Laux[32], ls[8], lm[8];
     float weights[32], sw[8], mins[8], scales[8];
-    const float sigma2 = 2 * mean_square(kQK_K, x) / kQK_K;
+    const float sigma2 = 2 * sum_squares(kQK_K, x) / kQK_K;
     for (int j = 0; j < 8; ++j) {
         importance_weights(32, x + 32 * j, qw + 32 * j, sigma2, weights, &sw[j]);
         scales[j] = make_qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -0.9f, 0.05f, 36);
@@ -380,13 +381,27 @@ void k4_requantize(const float* x, int nmax, uint16_t d_h, uint16_t dmin_h, cons
     }
 }
 
+// The quants of a Q2_K block against its packed scales and mins (d, dmin and scales set), into qs.
+void q2_k_requantize(const float* x, BlockQ2_K& b, uint8_t* L) {
+    for (int j = 0; j < 16; ++j) {
+        const float d = h2f(b.d) * float(b.scales[j] & 0xF);
+        if (d == 0.0f) continue;
+        const float dm = h2f(b.dmin) * float(b.scales[j] >> 4);
+        for (int ii = 0; ii < 16; ++ii) {
+            const int l = nearest_int((x[16 * j + ii] + dm) / d);
+            L[16 * j + ii] = uint8_t(l < 0 ? 0 : (l > 3 ? 3 : l));
+        }
+    }
+    pack_2bit(L, b.qs);
+}
+
 // Q2_K under an importance matrix row: the per-16 fits weighted by it, the 16 scales and mins fitted by
 // make_qp_quants (4 bits) weighted by each group's total weight, and the quants again against them.
 void quant_q2_k_weighted(const float* x, BlockQ2_K* y, int64_t n, const float* qw) {
     uint8_t L[kQK_K], Laux[16], ls[16], lm[16];
     float weights[16], mins[16], scales[16], sw[16];
     for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K, qw += kQK_K) {
-        const float sigma2 = mean_square(kQK_K, x) / kQK_K;
+        const float sigma2 = sum_squares(kQK_K, x) / kQK_K;
         for (int j = 0; j < 16; ++j) {
             importance_weights(16, x + 16 * j, qw + 16 * j, sigma2, weights, &sw[j]);
             scales[j] = make_qkx2_quants(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], Laux, -0.9f, 0.05f, 36);
@@ -394,18 +409,8 @@ void quant_q2_k_weighted(const float* x, BlockQ2_K* y, int64_t n, const float* q
         BlockQ2_K& b = y[i];
         b.d = f2h(make_qp_quants(16, 15, scales, ls, sw));
         b.dmin = f2h(make_qp_quants(16, 15, mins, lm, sw));
-        const float dm = h2f(b.d), mm = h2f(b.dmin);
         for (int j = 0; j < 16; ++j) b.scales[j] = uint8_t(ls[j] | (lm[j] << 4));
-        for (int j = 0; j < 16; ++j) {
-            const float d = dm * float(b.scales[j] & 0xF);
-            if (d == 0.0f) continue;
-            const float m = mm * float(b.scales[j] >> 4);
-            for (int ii = 0; ii < 16; ++ii) {
-                const int l = nearest_int((x[16 * j + ii] + m) / d);
-                L[16 * j + ii] = uint8_t(l < 0 ? 0 : (l > 3 ? 3 : l));
-            }
-        }
-        pack_2bit(L, b.qs);
+        q2_k_requantize(x, b, L);
     }
 }
 
@@ -440,7 +445,7 @@ void quant_q3_k_weighted(const float* x, BlockQ3_K* y, int64_t n, const float* q
     int8_t L[kQK_K], ls[16];
     float weights[16], scales[16], sw[16];
     for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K, qw += kQK_K) {
-        const float sigma2 = 2 * mean_square(kQK_K, x) / kQK_K;
+        const float sigma2 = 2 * sum_squares(kQK_K, x) / kQK_K;
         for (int j = 0; j < 16; ++j) {
             importance_weights(16, x + 16 * j, qw + 16 * j, sigma2, weights, &sw[j]);
             scales[j] = make_qx_quants(16, 4, x + 16 * j, L + 16 * j, weights);
@@ -493,16 +498,7 @@ void quant_q2_k(const float* x, void* dst, int64_t n, const float* qw) {
         } else {
             b.dmin = f2h(0.f);
         }
-        for (int j = 0; j < 16; ++j) {
-            const float d = h2f(b.d) * float(b.scales[j] & 0xF);
-            if (d == 0.0f) continue;
-            const float dm = h2f(b.dmin) * float(b.scales[j] >> 4);
-            for (int ii = 0; ii < 16; ++ii) {
-                const int l = nearest_int((x[16 * j + ii] + dm) / d);
-                L[16 * j + ii] = uint8_t(l < 0 ? 0 : (l > 3 ? 3 : l));
-            }
-        }
-        pack_2bit(L, b.qs);
+        q2_k_requantize(x, b, L);
     }
 }
 
@@ -685,7 +681,7 @@ void quant_sym_weighted(const float* x, Block* y, int64_t n, const float* qw, in
     float weights[32];
     int8_t L[32];
     float sum;
-    const float sigma2 = mean_square(int(n), x) / float(n);
+    const float sigma2 = sum_squares(int(n), x) / float(n);
     for (int64_t ib = 0; ib < n / 32; ++ib, x += 32, qw += 32) {
         importance_weights(32, x, qw, sigma2, weights, &sum);
         y[ib].d = f2h(make_qx_quants(32, nmax, x, L, weights));
@@ -703,7 +699,7 @@ void quant_min_weighted(const float* x, Block* y, int64_t n, const float* qw, in
     float weights[32];
     uint8_t L[32], Laux[32];
     float sum, min;
-    const float sigma2 = mean_square(int(n), x) / float(n);
+    const float sigma2 = sum_squares(int(n), x) / float(n);
     for (int64_t ib = 0; ib < n / 32; ++ib, x += 32, qw += 32) {
         importance_weights(32, x, qw, sigma2, weights, &sum);
         const float d = make_qkx2_quants(32, nmax, x, weights, L, &min, Laux, -0.9f, 0.05f, 36);
