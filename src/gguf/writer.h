@@ -61,6 +61,12 @@ class Writer {
     void add_tensor(std::string name, GgmlType type, std::vector<int64_t> ne, FillFn fill);
 
     size_t n_tensors() const { return tensors_.size(); }
+    // The tensors' data bytes (alignment padding not counted), as write()'s progress counts them.
+    uint64_t tensor_bytes() const {
+        uint64_t n = 0;
+        for (const Tensor& t : tensors_) n += t.n_bytes;
+        return n;
+    }
     const std::vector<std::pair<std::string, Value>>& metadata() const { return kv_; }
 
     // Writes the file (to `path`.tmp, then renamed over `path`). Throws kIo on failure. `progress`, when

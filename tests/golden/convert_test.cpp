@@ -1,8 +1,8 @@
-// `cera convert` on a checkpoint saved by transformers 5 (tiny-llama-random: rope_parameters, a
-// byte-level BPE tokenizer): the file it writes must equal llama.cpp's conversion of the same folder
-// (fixtures/tiny-llama-random/model.gguf) tensor for tensor and key for key, and run like it: the same
-// prompt ids and the greedy continuation of the float64 transformers reference. What the GGUF form
-// cannot hold is refused with a message, never written.
+// `cera convert` on checkpoints saved by transformers 5 (rope_parameters, byte-level BPE tokenizers):
+// the file it writes must equal llama.cpp's conversion of the same folder (fixtures/<model>/model.gguf;
+// for LFM2-VL also the vision projector, mmproj.gguf) tensor for tensor and key for key, and run like
+// it: the same prompt ids and the greedy continuation of the float64 transformers reference. What the
+// GGUF form cannot hold is refused with a message, never written.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -16,10 +16,14 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "backends/backend.h"
 #include "cera/engine.h"
 #include "cera/session.h"
 #include "gguf/gguf.h"
 #include "test_util.h"
+#include "vision/encoder.h"
+#include "vision/image.h"
+#include "vision/preprocess.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -104,9 +108,10 @@ fs::path ConvertFixture::dir_;
 // Every tensor byte-equal; every key of llama.cpp's file present with the same type and value.
 // Keys that differ on purpose: general.name (llama.cpp takes it from its own heuristics, cera from
 // the folder name) and general.size_label (a display string that cera does not write).
-TEST_P(ConvertFixture, MatchesLlamaCppConversion) {
-    auto ours = cera::gguf::File::open(converted());
-    auto ref = cera::gguf::File::open(fixture("model.gguf"));
+void expect_same_file(const std::string& ours_path, const std::string& ref_path) {
+    SCOPED_TRACE(ref_path);
+    auto ours = cera::gguf::File::open(ours_path);
+    auto ref = cera::gguf::File::open(ref_path);
     const std::set<std::string> differ = {"general.name", "general.size_label"};
     for (const auto& [key, value] : ref->metadata()) {
         if (differ.count(key)) continue;
@@ -127,6 +132,8 @@ TEST_P(ConvertFixture, MatchesLlamaCppConversion) {
         EXPECT_EQ(std::memcmp(o->data, t.data, t.n_bytes), 0) << t.name;
     }
 }
+
+TEST_P(ConvertFixture, MatchesLlamaCppConversion) { expect_same_file(converted(), fixture("model.gguf")); }
 
 // The prompt tokenizes as the HF tokenizer does, and greedy decoding on the CPU gives the float64
 // transformers reference.
@@ -349,6 +356,150 @@ TEST(ConvertQuantized, Q4_0TensorsEqualLlamaQuantize) {
     }
     EXPECT_EQ(n_q4, 28);
     fs::remove_all(dir);
+}
+
+// ---------------------------------------------------------------- LFM2-VL: a text model and its vision projector
+
+class ConvertVl : public ::testing::Test {
+ protected:
+    static void SetUpTestSuite() {
+        dir_ = fs::temp_directory_path() / ("cera_convert_vl_" + std::to_string(::getpid()));
+        fs::create_directories(dir_);
+    }
+    static void TearDownTestSuite() { fs::remove_all(dir_); }
+    static std::string fx(const std::string& rel) { return cera::test::data_path("fixtures/tiny-lfm2vl/" + rel); }
+    // `cera convert` of `hf` into <name>.gguf and <name>.mmproj.gguf under dir_.
+    static cera::test::ShellResult convert_vl(const std::string& hf, const std::string& name,
+                                              const std::string& extra = "") {
+        return cera::test::run_shell(shell_quote(cera_bin()) + " convert --hf " + shell_quote(hf) + " -o " +
+                                     shell_quote(out(name)) + " --mmproj " + shell_quote(mmproj(name)) + " " + extra);
+    }
+    static std::string out(const std::string& name) { return (dir_ / (name + ".gguf")).string(); }
+    static std::string mmproj(const std::string& name) { return (dir_ / (name + ".mmproj.gguf")).string(); }
+    static std::string edited(const std::string& name, const std::function<void(json&)>& edit) {
+        return edited_copy(dir_, "tiny-lfm2vl", name, edit);
+    }
+
+    static fs::path dir_;
+};
+fs::path ConvertVl::dir_;
+
+// Both files equal llama.cpp's conversion of the checkpoint (convert_hf_to_gguf.py, and again with
+// --mmproj), key for key and tensor for tensor.
+TEST_F(ConvertVl, BothFilesMatchLlamaCppConversion) {
+    const auto r = convert_vl(fx("hf"), "f32");
+    ASSERT_EQ(r.code, 0) << r.err;
+    expect_same_file(out("f32"), fx("model.gguf"));
+    expect_same_file(mmproj("f32"), fx("mmproj.gguf"));
+}
+
+// The converted pair runs the image prompt as transformers does: the processor's ids and the greedy
+// continuation of the float64 reference.
+TEST_F(ConvertVl, RunsTheImagePromptLikeTheReference) {
+    const auto r = convert_vl(fx("hf"), "run");
+    ASSERT_EQ(r.code, 0) << r.err;
+    cera::EngineOptions o;
+    o.device = "cpu";
+    o.threads = 2;
+    o.mmproj = mmproj("run");
+    auto engine = cera::Engine::load(out("run"), o);
+    ASSERT_TRUE(engine->has_vision());
+    const json prompt = json::parse(cera::test::read_text(fx("ref/prompt_vl.json")));
+    const json greedy = json::parse(cera::test::read_text(fx("ref/greedy_vl.json")));
+    const std::string text = prompt["prompt_text_before_expansion"];
+    const size_t at = text.find("<image>");
+    ASSERT_NE(at, std::string::npos);
+    cera::Session s(engine);
+    s.append_text(text.substr(0, at), /*add_bos=*/false, /*parse_special=*/true);
+    s.append_image_file(fx("ref/test_image.png"));
+    s.append_text(text.substr(at + 7), false, true);
+    ASSERT_EQ(s.tokens(), prompt["ids"].get<std::vector<int32_t>>());
+    cera::GenerateOptions g;
+    g.sampling.temperature = 0.0f;
+    g.ignore_eos = true;
+    const auto want = greedy["generated_ids"].get<std::vector<int32_t>>();
+    g.max_tokens = int32_t(want.size());
+    Collect sink;
+    s.generate(g, sink);
+    EXPECT_EQ(sink.ids, want);
+}
+
+// --type F16 halves the matrices of both files as llama.cpp does: the patch embedding goes F16 too,
+// the position table and every 1-D tensor stay F32; the projector still gives the reference image
+// embeddings within F16 rounding.
+TEST_F(ConvertVl, F16KeepsTheTablesLlamaCppKeepsAndStillEncodes) {
+    const auto r = convert_vl(fx("hf"), "f16", "--type F16");
+    ASSERT_EQ(r.code, 0) << r.err;
+    auto m = cera::gguf::File::open(mmproj("f16"));
+    EXPECT_EQ(m->get_u32("general.file_type"), 1u);
+    EXPECT_EQ(m->find_tensor("v.patch_embd.weight")->type, cera::GgmlType::kF16);
+    EXPECT_EQ(m->find_tensor("v.position_embd.weight")->type, cera::GgmlType::kF32);
+    EXPECT_EQ(m->find_tensor("v.blk.0.attn_q.weight")->type, cera::GgmlType::kF16);
+    EXPECT_EQ(m->find_tensor("mm.1.weight")->type, cera::GgmlType::kF16);
+    EXPECT_EQ(m->find_tensor("mm.input_norm.weight")->type, cera::GgmlType::kF32);
+    EXPECT_EQ(m->find_tensor("v.blk.0.attn_q.bias")->type, cera::GgmlType::kF32);
+
+    auto be = cera::create_backend({});
+    auto enc = cera::vision::VisionEncoder::load(mmproj("f16"), *be, 64);
+    const auto p =
+        cera::vision::preprocess(cera::vision::load_image_file(fx("ref/test_image.png")), enc->config().proc);
+    const std::vector<float> emb = enc->encode(p);
+    const std::vector<float> ref = cera::test::read_f32(fx("ref/image_embeddings.f32"));
+    EXPECT_LE(cera::test::max_abs_diff(emb, ref), 2e-2);
+}
+
+// A vision tower whose features come from an earlier layer (vision_feature_layer -2) keeps only the
+// layers it runs; the ones after are not written.
+TEST_F(ConvertVl, FeatureLayerDropsTheLayersAfterIt) {
+    const auto r = convert_vl(edited("layer", [](json& c) { c["vision_feature_layer"] = -2; }), "layer");
+    ASSERT_EQ(r.code, 0) << r.err;
+    auto m = cera::gguf::File::open(mmproj("layer"));
+    EXPECT_EQ(m->get_u32("clip.vision.block_count"), 1u);
+    EXPECT_NE(m->find_tensor("v.blk.0.attn_q.weight"), nullptr);
+    EXPECT_EQ(m->find_tensor("v.blk.1.attn_q.weight"), nullptr);
+}
+
+// Without --mmproj the vision side would be lost, so nothing is written; --mmproj for a text-only
+// checkpoint, and what the clip form cannot express, are refused with one line and no file.
+TEST_F(ConvertVl, RefusesWhatWouldLoseOrMisstateTheVisionSide) {
+    {
+        const std::string o = out("no-mmproj");
+        const auto r = cera::test::run_shell(shell_quote(cera_bin()) + " convert --hf " + shell_quote(fx("hf")) +
+                                             " -o " + shell_quote(o));
+        EXPECT_NE(r.code, 0);
+        EXPECT_NE(r.err.find("--mmproj"), std::string::npos) << r.err;
+        EXPECT_FALSE(fs::exists(o));
+    }
+    {
+        const auto r = convert_vl(cera::test::data_path("fixtures/tiny-qwen3/hf"), "text-only");
+        EXPECT_NE(r.code, 0);
+        EXPECT_NE(r.err.find("no vision tower"), std::string::npos) << r.err;
+        EXPECT_FALSE(fs::exists(out("text-only")));
+        EXPECT_FALSE(fs::exists(mmproj("text-only")));
+    }
+    struct Case {
+        const char* name;
+        std::function<void(json&)> edit;
+        const char* message;
+    };
+    const std::vector<Case> cases = {
+        {"act", [](json& c) { c["projector_hidden_act"] = "relu"; }, "projector_hidden_act 'relu'"},
+        {"tower-act", [](json& c) { c["vision_config"]["hidden_act"] = "quick_gelu"; }, "hidden_act 'quick_gelu'"},
+        {"tower", [](json& c) { c["vision_config"]["model_type"] = "clip_vision_model"; }, "clip_vision_model"},
+        {"text", [](json& c) { c["text_config"]["model_type"] = "llama"; }, "text_config.model_type 'llama'"},
+        {"bias", [](json& c) { c["projector_bias"] = false; }, "projector_bias"},
+        {"patches", [](json& c) { c["vision_config"]["num_patches"] = 200; }, "square num_patches"},
+        // The checkpoint's projector norm has no place when the config says there is none.
+        {"norm", [](json& c) { c["projector_use_layernorm"] = false; }, "multi_modal_projector.layer_norm"},
+    };
+    for (const Case& k : cases) {
+        const auto r = convert_vl(edited(k.name, k.edit), k.name);
+        EXPECT_NE(r.code, 0) << k.name;
+        EXPECT_NE(r.err.find(k.message), std::string::npos) << k.name << ": " << r.err;
+        EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << k.name << ": " << r.err;
+        EXPECT_FALSE(fs::exists(out(k.name))) << k.name;
+        EXPECT_FALSE(fs::exists(mmproj(k.name))) << k.name;
+    }
 }
 
 }  // namespace

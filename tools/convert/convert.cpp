@@ -19,6 +19,9 @@ namespace fs = std::filesystem;
 struct Entry {
     const char* model_type;
     void (*convert)(Conversion&);
+    // Vision-language checkpoints: the text model's config is text_config and its tensors are under
+    // model.language_model.; this writes the vision side's mmproj file.
+    bool vision = false;
 };
 // clang-format off
 constexpr Entry kEntries[] = {
@@ -29,8 +32,13 @@ constexpr Entry kEntries[] = {
     {"granite",  convert_granite},
     {"lfm2",     convert_lfm2},
     {"lfm2_moe", convert_lfm2moe},
+    {"lfm2_vl",  convert_lfm2, true},
 };
 // clang-format on
+
+std::string model_name(const fs::path& dir) {
+    return dir.filename().empty() ? dir.parent_path().filename().string() : dir.filename().string();
+}
 
 }  // namespace
 
@@ -43,7 +51,7 @@ const char* supported_model_types() {
     return names.c_str();
 }
 
-size_t convert_hf(const ConvertOptions& o) {
+ConvertSummary convert_hf(const ConvertOptions& o) {
     if (!fs::is_directory(o.hf_dir)) throw_error(ErrorCode::kIo, "%s is not a directory", o.hf_dir.c_str());
     const HfConfig cfg = HfConfig::read(o.hf_dir / "config.json");
     const std::string model_type = cfg.str("model_type", "");
@@ -51,6 +59,13 @@ size_t convert_hf(const ConvertOptions& o) {
     for (const Entry& e : kEntries)
         if (model_type == e.model_type) entry = &e;
     if (!entry) refuse("model_type '%s' (supported: %s)", model_type.c_str(), supported_model_types());
+    if (entry->vision && o.mmproj_out.empty())
+        throw_error(ErrorCode::kInvalidArgument,
+                    "%s is a vision-language checkpoint (%s): give --mmproj OUT.gguf for its vision projector",
+                    o.hf_dir.c_str(), model_type.c_str());
+    if (!entry->vision && !o.mmproj_out.empty())
+        throw_error(ErrorCode::kInvalidArgument, "%s (%s) has no vision tower to write to %s", o.hf_dir.c_str(),
+                    model_type.c_str(), o.mmproj_out.c_str());
 
     const fs::path st_path = o.hf_dir / "model.safetensors";
     if (!fs::exists(st_path))
@@ -58,22 +73,54 @@ size_t convert_hf(const ConvertOptions& o) {
     const SafeTensors st(st_path.string());
 
     namespace k = gguf::keys;
+    // The general keys come first in a file; the converter fills in the architecture's name.
+    auto general = [&](gguf::Writer& w, const char* type) {
+        w.set_string(k::kArchitecture, "");
+        w.set_string("general.type", type);
+        w.set_string(k::kName, model_name(o.hf_dir));
+    };
+    auto finish = [&](gguf::Writer& w) {
+        w.set_u32(k::kFileType, k::file_type_of(o.type, /*k_medium=*/false));
+        w.set_u32(k::kQuantVersion, 2);
+    };
+
+    const HfConfig text_cfg = entry->vision ? lfm2vl_text_config(cfg) : cfg;
     gguf::Writer w;
-    // The general keys come first in the file; the converter fills in the architecture's name.
-    w.set_string(k::kArchitecture, "");
-    w.set_string("general.type", "model");
-    w.set_string(k::kName, o.hf_dir.filename().empty() ? o.hf_dir.parent_path().filename().string()
-                                                       : o.hf_dir.filename().string());
-    Conversion c(cfg, st, w, o.type);
+    general(w, "model");
+    Conversion c(text_cfg, st, w, o.type);
+    if (entry->vision) {
+        c.hf_model = "model.language_model.";
+        leave_lfm2vl_vision(c);
+    }
     entry->convert(c);  // general.architecture, the <arch>.* keys, the tensors
     CERA_CHECK(!c.arch().empty() && c.dims.n_vocab > 0, "the converter set no architecture or vocabulary");
     c.check_all_used();
+    finish(w);
+    write_tokenizer(o.hf_dir, text_cfg, c.dims.n_vocab, w);
 
-    w.set_u32(k::kFileType, k::file_type_of(o.type, /*k_medium=*/false));
-    w.set_u32(k::kQuantVersion, 2);
-    write_tokenizer(o.hf_dir, cfg, c.dims.n_vocab, w);
-    w.write(o.out, o.on_progress);
-    return w.n_tensors();
+    // Both files are checked before either is written.
+    gguf::Writer wm;
+    if (entry->vision) {
+        general(wm, "mmproj");
+        Conversion cm(cfg, st, wm, o.type);
+        convert_lfm2vl_mmproj(cm, o.hf_dir);
+        cm.check_all_used();
+        finish(wm);
+    }
+    // One progress count over both files.
+    const uint64_t first = w.tensor_bytes(), all = first + wm.tensor_bytes();
+    auto progress = [&](uint64_t base) -> gguf::Writer::ProgressFn {
+        if (!o.on_progress) return {};
+        return [&o, base, all](uint64_t done, uint64_t) { o.on_progress(base + done, all); };
+    };
+    ConvertSummary s;
+    w.write(o.out, progress(0));
+    s.n_tensors = w.n_tensors();
+    if (entry->vision) {
+        wm.write(o.mmproj_out, progress(first));
+        s.n_mmproj_tensors = wm.n_tensors();
+    }
+    return s;
 }
 
 }  // namespace cera::convert

@@ -14,6 +14,9 @@ namespace cera::convert {
 struct ConvertOptions {
     std::filesystem::path hf_dir;
     std::string out;
+    // A vision-language checkpoint's vision tower and projector go to this mmproj file (llama.cpp's
+    // clip format); required for those checkpoints, refused for text-only ones.
+    std::string mmproj_out;
     GgmlType type = GgmlType::kF32;  // matrices; norms, biases, routers and conv kernels stay F32
     gguf::Writer::ProgressFn on_progress;  // tensor bytes written so far and in all, after each tensor
 };
@@ -21,7 +24,12 @@ struct ConvertOptions {
 // config.json model_types that convert, comma-separated (for messages and --help).
 const char* supported_model_types();
 
-// Writes o.out; returns the number of tensors written.
-size_t convert_hf(const ConvertOptions& o);
+struct ConvertSummary {
+    size_t n_tensors = 0;         // in o.out
+    size_t n_mmproj_tensors = 0;  // in o.mmproj_out
+};
+
+// Writes o.out (and o.mmproj_out); nothing is written when the checkpoint is refused.
+ConvertSummary convert_hf(const ConvertOptions& o);
 
 }  // namespace cera::convert
