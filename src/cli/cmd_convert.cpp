@@ -21,7 +21,8 @@ namespace cera::cli {
 namespace {
 
 int run_convert(const std::vector<std::string>& args) {
-    CLI::App app{std::string("Converts a Hugging Face checkpoint (model.safetensors, config.json, tokenizer.json) to "
+    CLI::App app{std::string("Converts a Hugging Face checkpoint (model.safetensors or its shards and index, "
+                             "config.json, tokenizer.json) to "
                              "GGUF with llama.cpp's names and layout (model_type: ") +
                      convert::supported_model_types() +
                      "); matrices get --type, norms, biases, routers and conv kernels stay F32. An LFM2-VL "

@@ -38,9 +38,24 @@ void StTensor::to_f32(float* out) const {
     }
 }
 
-SafeTensors::SafeTensors(const std::string& path) : path_(path), map_(path) {
-    const uint8_t* p = map_.data();
-    const size_t size = map_.size();
+SafeTensors::SafeTensors(const std::string& path) : path_(path) { add_file(path); }
+
+SafeTensors::SafeTensors(const std::vector<std::string>& shards, std::string name) : path_(std::move(name)) {
+    maps_.reserve(shards.size());
+    for (const std::string& s : shards) add_file(s);
+}
+
+const std::string& SafeTensors::file_of(const std::string& name) const {
+    auto it = shard_of_.find(name);
+    CERA_CHECK(it != shard_of_.end(), "no tensor '%s'", name.c_str());
+    return maps_[it->second].path();
+}
+
+void SafeTensors::add_file(const std::string& path) {
+    maps_.emplace_back(path);
+    const size_t shard = maps_.size() - 1;
+    const uint8_t* p = maps_.back().data();
+    const size_t size = maps_.back().size();
     if (size < 8) throw_error(ErrorCode::kInvalidFile, "%s: too small for a safetensors file", path.c_str());
     uint64_t header_len = 0;
     for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | p[i];
@@ -88,7 +103,11 @@ SafeTensors::SafeTensors(const std::string& path) : path_(path), map_(path) {
         if (size_t(t.n_elements()) * elem != t.n_bytes)
             throw_error(ErrorCode::kInvalidFile, "%s: tensor '%s' holds %zu bytes, its shape needs %zu", path.c_str(),
                         name.c_str(), t.n_bytes, size_t(t.n_elements()) * elem);
+        if (tensors_.count(name))
+            throw_error(ErrorCode::kInvalidFile, "%s: tensor '%s' is also in %s", path.c_str(), name.c_str(),
+                        file_of(name).c_str());
         tensors_.emplace(name, std::move(t));
+        shard_of_.emplace(name, shard);
     }
 }
 

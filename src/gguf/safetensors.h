@@ -27,15 +27,23 @@ class SafeTensors {
  public:
     // Maps and validates the file: every tensor's dtype, shape and byte range (throws cera::Error).
     explicit SafeTensors(const std::string& path);
+    // The shards of one checkpoint as one set of tensors; a name in two shards is refused. `name`
+    // (the index file) stands for the set in messages.
+    SafeTensors(const std::vector<std::string>& shards, std::string name);
 
     const std::string& path() const { return path_; }
     const StTensor* find(const std::string& name) const;
     const std::map<std::string, StTensor>& tensors() const { return tensors_; }
+    // The shard file that holds a tensor (the one file when not sharded).
+    const std::string& file_of(const std::string& name) const;
 
  private:
+    void add_file(const std::string& path);
+
     std::string path_;
-    MappedFile map_;
+    std::vector<MappedFile> maps_;
     std::map<std::string, StTensor> tensors_;
+    std::map<std::string, size_t> shard_of_;  // tensor name -> maps_ index
 };
 
 // "4096x128"

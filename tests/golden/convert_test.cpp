@@ -20,6 +20,7 @@
 #include "cera/engine.h"
 #include "cera/session.h"
 #include "gguf/gguf.h"
+#include "gguf/safetensors.h"
 #include "test_util.h"
 #include "vision/encoder.h"
 #include "vision/image.h"
@@ -500,6 +501,96 @@ TEST_F(ConvertVl, RefusesWhatWouldLoseOrMisstateTheVisionSide) {
         EXPECT_FALSE(fs::exists(out(k.name))) << k.name;
         EXPECT_FALSE(fs::exists(mmproj(k.name))) << k.name;
     }
+}
+
+// ---------------------------------------------------------------- sharded checkpoints
+
+// A safetensors file of the given tensors (raw bytes copied, dtypes kept).
+void write_safetensors(const fs::path& path, const std::vector<std::pair<std::string, const cera::StTensor*>>& ts) {
+    json header = json::object();
+    std::string data;
+    for (const auto& [name, t] : ts) {
+        const size_t begin = data.size();
+        data.append(reinterpret_cast<const char*>(t->data), t->n_bytes);
+        header[name] = {{"dtype", t->dtype}, {"shape", t->shape}, {"data_offsets", {begin, data.size()}}};
+    }
+    const std::string hj = header.dump();
+    std::ofstream f(path, std::ios::binary);
+    const uint64_t len = hj.size();
+    f.write(reinterpret_cast<const char*>(&len), 8);
+    f << hj << data;
+}
+
+// tiny-qwen3's checkpoint split into two shards with an index, as transformers saves large models:
+// it converts to the same file as the single one; a shard missing, a tensor the map places in the
+// wrong shard, one left out of the map or in two shards is refused, with no file written.
+TEST(ConvertSharded, ShardsConvertAsTheSingleFile) {
+    const fs::path dir = fs::temp_directory_path() / ("cera_convert_shards_" + std::to_string(::getpid()));
+    const fs::path hf = dir / "hf";
+    fs::create_directories(hf);
+    const std::string src = cera::test::data_path("fixtures/tiny-qwen3/hf");
+    for (const auto& e : fs::directory_iterator(src))
+        if (e.path().filename() != "model.safetensors") fs::copy_file(e.path(), hf / e.path().filename());
+    const cera::SafeTensors st(src + "/model.safetensors");
+    const std::string shard[2] = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"};
+    std::vector<std::pair<std::string, const cera::StTensor*>> parts[2];
+    json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", json::object()}};
+    size_t i = 0;
+    for (const auto& [name, t] : st.tensors()) {
+        parts[i % 2].emplace_back(name, &t);
+        index["weight_map"][name] = shard[i % 2];
+        ++i;
+    }
+    ASSERT_GT(parts[1].size(), 0u);
+    write_safetensors(hf / shard[0], parts[0]);
+    write_safetensors(hf / shard[1], parts[1]);
+    std::ofstream(hf / "model.safetensors.index.json") << index.dump(2);
+
+    const std::string out = (dir / "sharded.gguf").string();
+    const auto r = convert(hf.string(), out);
+    ASSERT_EQ(r.code, 0) << r.err;
+    expect_same_file(out, cera::test::data_path("fixtures/tiny-qwen3/model.gguf"));
+
+    // Each broken variant in its own copy of the folder.
+    auto refused = [&](const char* name, const std::function<void(const fs::path&)>& breakit, const char* message) {
+        const fs::path d = dir / name;
+        fs::copy(hf, d);
+        breakit(d);
+        const std::string o = (dir / (std::string(name) + ".gguf")).string();
+        const auto b = convert(d.string(), o);
+        EXPECT_NE(b.code, 0) << name;
+        EXPECT_NE(b.err.find(message), std::string::npos) << name << ": " << b.err;
+        EXPECT_EQ(std::count(b.err.begin(), b.err.end(), '\n'), 1) << name << ": " << b.err;
+        EXPECT_FALSE(fs::exists(o)) << name;
+    };
+    refused(
+        "missing", [&](const fs::path& d) { fs::remove(d / shard[1]); }, "is missing");
+    const std::string moved = parts[0].front().first;
+    refused(
+        "wrong-shard",
+        [&](const fs::path& d) {
+            json j = index;
+            j["weight_map"][moved] = shard[1];
+            std::ofstream(d / "model.safetensors.index.json") << j.dump();
+        },
+        "the map says");
+    refused(
+        "unlisted",
+        [&](const fs::path& d) {
+            json j = index;
+            j["weight_map"].erase(moved);
+            std::ofstream(d / "model.safetensors.index.json") << j.dump();
+        },
+        "is not in the weight_map");
+    refused(
+        "twice",
+        [&](const fs::path& d) {
+            auto both = parts[1];
+            both.push_back(parts[0].front());
+            write_safetensors(d / shard[1], both);
+        },
+        "is also in");
+    fs::remove_all(dir);
 }
 
 }  // namespace

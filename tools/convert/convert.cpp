@@ -1,13 +1,17 @@
 #include "convert/convert.h"
 
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 #include "convert/arch.h"
 #include "convert/hf_config.h"
-#include "gguf/safetensors.h"
 #include "convert/tokenizer_writer.h"
 #include "core/check.h"
 #include "gguf/keys.h"
+#include "gguf/safetensors.h"
 #include "gguf/writer.h"
 
 namespace cera::convert {
@@ -40,6 +44,54 @@ std::string model_name(const fs::path& dir) {
     return dir.filename().empty() ? dir.parent_path().filename().string() : dir.filename().string();
 }
 
+// model.safetensors, or the shards that model.safetensors.index.json's weight_map names, which must
+// hold exactly the tensors the map lists (a shard missing or left over would convert part of a model).
+SafeTensors open_checkpoint(const fs::path& dir) {
+    const fs::path single = dir / "model.safetensors";
+    if (fs::exists(single)) return SafeTensors(single.string());
+    const fs::path index = dir / "model.safetensors.index.json";
+    if (!fs::exists(index))
+        throw_error(ErrorCode::kIo, "%s has neither model.safetensors nor model.safetensors.index.json", dir.c_str());
+    std::ifstream in(index);
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+        throw_error(ErrorCode::kInvalidFile, "%s: no weight_map object", index.c_str());
+    std::map<std::string, std::string> where;  // tensor -> shard file name
+    std::set<std::string> shards;
+    for (const auto& [name, file] : j["weight_map"].items()) {
+        if (!file.is_string())
+            throw_error(ErrorCode::kInvalidFile, "%s: weight_map['%s'] is not a file name", index.c_str(),
+                        name.c_str());
+        const std::string f = file.get<std::string>();
+        if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+            throw_error(ErrorCode::kInvalidFile, "%s: shard '%s' is not a file name in the folder", index.c_str(),
+                        f.c_str());
+        where[name] = f;
+        shards.insert(f);
+    }
+    if (shards.empty()) throw_error(ErrorCode::kInvalidFile, "%s: weight_map is empty", index.c_str());
+    std::vector<std::string> paths;
+    for (const std::string& f : shards) {
+        if (!fs::exists(dir / f))
+            throw_error(ErrorCode::kIo, "%s: shard %s is missing", index.c_str(), (dir / f).c_str());
+        paths.push_back((dir / f).string());
+    }
+    SafeTensors st(paths, index.string());
+    for (const auto& [name, f] : where) {
+        if (!st.find(name))
+            throw_error(ErrorCode::kInvalidFile, "%s: tensor '%s' is not in its shard %s", index.c_str(), name.c_str(),
+                        f.c_str());
+        if (fs::path(st.file_of(name)).filename() != f)
+            throw_error(ErrorCode::kInvalidFile, "%s: tensor '%s' is in %s, the map says %s", index.c_str(),
+                        name.c_str(), st.file_of(name).c_str(), f.c_str());
+    }
+    for (const auto& [name, t] : st.tensors())
+        if (!where.count(name))
+            throw_error(ErrorCode::kInvalidFile, "%s: tensor '%s' of %s is not in the weight_map", index.c_str(),
+                        name.c_str(), st.file_of(name).c_str());
+    return st;
+}
+
 }  // namespace
 
 const char* supported_model_types() {
@@ -67,10 +119,7 @@ ConvertSummary convert_hf(const ConvertOptions& o) {
         throw_error(ErrorCode::kInvalidArgument, "%s (%s) has no vision tower to write to %s", o.hf_dir.c_str(),
                     model_type.c_str(), o.mmproj_out.c_str());
 
-    const fs::path st_path = o.hf_dir / "model.safetensors";
-    if (!fs::exists(st_path))
-        throw_error(ErrorCode::kIo, "%s not found (sharded checkpoints are not supported)", st_path.c_str());
-    const SafeTensors st(st_path.string());
+    const SafeTensors st = open_checkpoint(o.hf_dir);
 
     namespace k = gguf::keys;
     // The general keys come first in a file; the converter fills in the architecture's name.
