@@ -111,14 +111,16 @@ CERA_API void cera_free(void *ptr);
  * Engine: a loaded model
  */
 
-/* KV cache storage (keys and values alike): floats, or blocks of 32 with one scale (8-bit, 4-bit); the
- * block types need attention heads of a multiple of 32 and run on the CPU. */
+/* KV cache storage (keys and values alike): floats, or blocks of 32 with one scale (8-bit, 4-bit), or
+ * 4-bit blocks of each head through a fixed random rotation (TQ4); the block types need attention heads
+ * of a multiple of 32 (TQ4: a power of two) and run on the CPU. */
 typedef enum cera_kv_type {
     CERA_KV_F32 = 0,
     CERA_KV_F16 = 1,
     CERA_KV_BF16 = 2,
     CERA_KV_Q8_0 = 3,
     CERA_KV_Q4_0 = 4,
+    CERA_KV_TQ4 = 5,
 } cera_kv_type;
 
 /* A LoRA adapter: a llama.cpp GGUF LoRA file or a Hugging Face PEFT folder (adapter_config.json and

@@ -32,6 +32,8 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
         if (sp.kv_width > 0) {
             pool_[il].k = be_.alloc(mo.kv_type_k, {sp.kv_width, n_blocks_ * block_});
             pool_[il].v = be_.alloc(mo.kv_type_v, {sp.kv_width, n_blocks_ * block_});
+            pool_[il].rotated_k = mo.kv_rotate_k;
+            pool_[il].rotated_v = mo.kv_rotate_v;
         }
         // A sequence keeps states at every snapshot_blocks-th of its blocks: the sequences' blocks need
         // n_blocks / snapshot_blocks rows at most, cached blocks give theirs up when rows run out.

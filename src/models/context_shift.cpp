@@ -60,7 +60,10 @@ void shift_kv_cache(Backend& be, std::span<const LayerStateSpec> specs, std::spa
             rows_to_f32(raw, c.k.type, sp.kv_width, f);
             Tensor tmp = be.alloc(GgmlType::kF32, {sp.kv_width, n_move});
             be.write(tmp, f.data(), f.size() * 4);
+            // RoPE acts on the keys as the model made them: a rotated cache's rows turn back first.
+            if (c.rotated_k) be.rotate_heads(tmp, int(sp.head_dim), true);
             be.norm_rope(tmp, int(sp.kv_width / sp.head_dim), int(sp.head_dim), Tensor{}, 0.0f, pos, sp.rope);
+            if (c.rotated_k) be.rotate_heads(tmp, int(sp.head_dim), false);
             be.read(f.data(), tmp, f.size() * 4);
             be.free(tmp);
             f32_to_rows(f, c.k.type, sp.kv_width, raw);

@@ -4,6 +4,7 @@
 #include <cinttypes>
 
 #include "core/check.h"
+#include "core/rotation.h"
 #include "gguf/gguf.h"
 #include "models/arch.h"
 
@@ -83,6 +84,8 @@ std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& o
             t != GgmlType::kQ4_0)
             throw_error(ErrorCode::kInvalidArgument, "KV cache type %s: expected F32, F16, BF16, Q8_0 or Q4_0",
                         type_name(t));
+    if (opts.device != DeviceKind::kCpu && (opts.kv_rotate_k || opts.kv_rotate_v))
+        throw_error(ErrorCode::kUnsupported, "rotated KV caches (tq4) run on the cpu device only");
     // The CUDA attention kernels read F32 or F16 caches, keys and values alike.
     if (opts.device == DeviceKind::kCuda &&
         (opts.kv_type_k != opts.kv_type_v || (opts.kv_type_k != GgmlType::kF32 && opts.kv_type_k != GgmlType::kF16)))
@@ -122,6 +125,13 @@ std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& o
     m->lora_ = std::make_shared<LoraCache>(*m->backend_, ctx.wl.matrices(), opts.lora_cache_bytes, opts.lora_type);
     m->weight_names_ = ctx.wl.weight_names();
     m->info_ = m->arch_->info;
+    // The rotation runs over whole heads of a power of two.
+    if (opts.kv_rotate_k || opts.kv_rotate_v)
+        for (const LayerStateSpec& sp : m->arch_->state)
+            if (sp.kv_width > 0 && !rotation_fits(sp.head_dim))
+                throw_error(ErrorCode::kUnsupported,
+                            "rotated KV caches (tq4) need heads of a power of two up to 1024, this model's are %lld",
+                            (long long)sp.head_dim);
     // Block types hold 32 elements: every head must start a block.
     for (GgmlType t : {opts.kv_type_k, opts.kv_type_v}) {
         const int64_t block = type_info(t).block_size;

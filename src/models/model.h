@@ -36,6 +36,8 @@ struct ModelOptions {
     // KV cache storage of keys and values: kF32, kF16, kBF16, kQ8_0 or kQ4_0 (the block types need heads of
     // a multiple of 32; on CUDA both kF32 or both kF16).
     GgmlType kv_type_k = GgmlType::kF32, kv_type_v = GgmlType::kF32;
+    // Rows stored rotated (core/rotation.h; EngineOptions' tq4): the CPU only, heads of a power of two.
+    bool kv_rotate_k = false, kv_rotate_v = false;
     int n_batch = 512;                  // prefill chunk: tokens per forward pass
     CudaOptions cuda;                   // the CUDA backend's options (graphs, fusion, profiling)
     size_t lora_cache_bytes = 0;        // device bytes of LoRA adapters kept while unused; 0 = no bound

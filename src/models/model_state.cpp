@@ -34,8 +34,11 @@ constexpr uint64_t kKeyRow1 = 16;   // the step's logits go to row 1 of logits_ 
 Tensor first_rows(const Tensor& t, int64_t n) { return t ? t.row_slice(0, n) : t; }
 
 // The cache types in the header: the GgmlType when keys and values share it (F32 0, F16 1), else both.
+// Rotated caches (tq4) add bits 28 (keys) and 29 (values): their rows differ from plain ones.
 uint32_t kv_code(const ModelOptions& o) {
-    return o.kv_type_k == o.kv_type_v ? uint32_t(o.kv_type_k) : 0x80000000u | uint32_t(o.kv_type_k) << 8 | uint32_t(o.kv_type_v);
+    const uint32_t types = o.kv_type_k == o.kv_type_v ? uint32_t(o.kv_type_k)
+                                                       : 0x80000000u | uint32_t(o.kv_type_k) << 8 | uint32_t(o.kv_type_v);
+    return types | (o.kv_rotate_k ? 1u << 28 : 0u) | (o.kv_rotate_v ? 1u << 29 : 0u);
 }
 
 struct SavedHeader {
@@ -60,6 +63,8 @@ class SequenceState final : public ModelState {
             if (sp.kv_width > 0) {
                 cache_[il].k = be_.alloc(mo.kv_type_k, {sp.kv_width, n_ctx_});
                 cache_[il].v = be_.alloc(mo.kv_type_v, {sp.kv_width, n_ctx_});
+                cache_[il].rotated_k = mo.kv_rotate_k;
+                cache_[il].rotated_v = mo.kv_rotate_v;
             }
             if (sp.conv_channels > 0) {
                 cache_[il].conv = be_.alloc(GgmlType::kF32, {sp.conv_channels, sp.conv_rows});

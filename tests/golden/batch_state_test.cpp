@@ -22,10 +22,14 @@ const std::vector<int32_t> kGather = {3, 0, 11};  // kTop entries' gathered ids
 const char* const kModels[] = {"tiny-lfm2",         "tiny-lfm2moe",      "tiny-qwen3",
                                "tiny-llama-random", "tiny-qwen2-random", "tiny-granite-random"};
 
-std::unique_ptr<Model> load(const std::string& name) {
+std::unique_ptr<Model> load(const std::string& name, bool tq4 = false) {
     ModelOptions o;
     o.n_threads = 2;
     o.n_ctx = 128;
+    if (tq4) {  // the rotated 4-bit cache (EngineOptions' KvCacheType::kTq4)
+        o.kv_type_k = o.kv_type_v = GgmlType::kQ4_0;
+        o.kv_rotate_k = o.kv_rotate_v = true;
+    }
     return load_model(test::data_path(std::string("fixtures/") + name) + "/model.gguf", o);
 }
 
@@ -51,8 +55,7 @@ std::vector<std::vector<float>> alone(const Model& m, const Plan& p) {
 
 class BatchFixture : public ::testing::TestWithParam<const char*> {};
 
-TEST_P(BatchFixture, SequencesInOnePassMatchEachAlone) {
-    auto model = load(GetParam());
+void sequences_in_one_pass_match_each_alone(std::unique_ptr<Model> model) {
     const int64_t n_vocab = model->info().n_vocab;
     std::mt19937 rng(3);
     auto ids = [&](int n) {
@@ -127,6 +130,11 @@ TEST_P(BatchFixture, SequencesInOnePassMatchEachAlone) {
     for (size_t i = 0; i < plans.size(); ++i) EXPECT_EQ(done[i], plans[i].decode.size() + 1) << "sequence " << i;
     EXPECT_EQ(batch.free_blocks(), all_blocks);
 }
+
+TEST_P(BatchFixture, SequencesInOnePassMatchEachAlone) { sequences_in_one_pass_match_each_alone(load(GetParam())); }
+
+// The paged pool holds rotated 4-bit rows (tq4) as the single-sequence cache does: the same logits.
+TEST(Batch, RotatedCacheSequencesMatchEachAlone) { sequences_in_one_pass_match_each_alone(load("tiny-lfm2", true)); }
 
 // A prompt sharing a cached prefix with a sequence that has left takes its blocks (and, on models with
 // short-conv layers, the conv states kept at the block ends inside a step) and gives the logits of a

@@ -12,6 +12,7 @@
 #include "cera/error.h"
 #include "cera/session.h"
 #include "core/fp16.h"
+#include "core/rotation.h"
 #include "models/context_shift.h"
 #include "test_util.h"
 
@@ -151,6 +152,53 @@ TEST_P(ContextShiftKernel, KeptKeysEqualDirectRopeAtTheirNewPositions) {
     EXPECT_THROW(cera::shift_kv_cache(*be, specs, caches, kPos, -1, 1), cera::Error);
 }
 
+// A cache of rotated keys (tq4): the shift turns them back, ropes them and rotates them again, so the
+// kept rows are the rotation of the keys roped directly at their new positions.
+TEST(ContextShiftRotated, KeysAreRopedInTheModelsFrame) {
+    auto be = cera::create_backend({});
+    constexpr int kHeadDim = 32, kHeads = 2, kCtx = 24, kPos = 20, kKeep = 3, kDiscard = 7;
+    constexpr int64_t kWidth = kHeadDim * kHeads;
+    cera::LayerStateSpec spec;
+    spec.kv_width = kWidth;
+    spec.head_dim = kHeadDim;
+    spec.rope.mode = RopeMode::kNeox;
+    spec.rope.n_rot = kHeadDim;
+    spec.rope.freq_base = 10000.0f;
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd;
+    std::vector<float> raw(size_t(kPos * kWidth)), vals(size_t(kPos * kWidth));
+    for (float& x : raw) x = nd(rng);
+    for (float& x : vals) x = nd(rng);
+    std::vector<int32_t> positions(kPos);
+    for (int i = 0; i < kPos; ++i) positions[size_t(i)] = i;
+    auto rotated = [&](std::vector<float> x) {
+        for (size_t h = 0; h < x.size() / kHeadDim; ++h) cera::rotate_head(x.data() + h * kHeadDim, kHeadDim, false);
+        return x;
+    };
+    cera::LayerCache c;
+    c.k = be->alloc(GgmlType::kF32, {kWidth, kCtx});
+    c.v = be->alloc(GgmlType::kF32, {kWidth, kCtx});
+    c.rotated_k = c.rotated_v = true;
+    write_rows(*be, c.k, rotated(rope_at(*be, raw, kWidth, kHeadDim, positions, spec.rope)));
+    write_rows(*be, c.v, vals);
+    cera::shift_kv_cache(*be, std::vector<cera::LayerStateSpec>{spec}, std::vector<cera::LayerCache>{c}, kPos, kKeep,
+                         kDiscard);
+    std::vector<float> moved_raw;
+    std::vector<int32_t> new_pos;
+    for (int p = kKeep + kDiscard; p < kPos; ++p) {
+        moved_raw.insert(moved_raw.end(), raw.begin() + p * kWidth, raw.begin() + (p + 1) * kWidth);
+        new_pos.push_back(p - kDiscard);
+    }
+    const std::vector<float> want = rotated(rope_at(*be, moved_raw, kWidth, kHeadDim, new_pos, spec.rope));
+    const std::vector<float> k_after = read_rows(*be, c.k, kPos - kDiscard);
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(k_after[kKeep * kWidth + i], want[i], 2e-5f) << i;
+    const std::vector<float> v_after = read_rows(*be, c.v, kPos - kDiscard);
+    for (size_t i = 0; i < want.size(); ++i)
+        EXPECT_EQ(v_after[kKeep * kWidth + i], vals[(kKeep + kDiscard) * kWidth + i]) << "values move unchanged";
+    be->free(c.k);
+    be->free(c.v);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Modes, ContextShiftKernel,
     ::testing::Values(Case{"neox", RopeMode::kNeox, 8, false, 1.0f, GgmlType::kF32},
@@ -199,6 +247,10 @@ void generates_past_the_context(const std::string& model, cera::KvCacheType kv) 
 
 TEST(ContextShiftSession, Lfm2GeneratesPastTheContext) {
     generates_past_the_context(cera::test::source_path("models/tiny-lfm2-Q8_0.gguf"), cera::KvCacheType::kF32);
+}
+
+TEST(ContextShiftSession, Lfm2GeneratesPastTheContextTq4) {
+    generates_past_the_context(cera::test::source_path("models/tiny-lfm2-Q8_0.gguf"), cera::KvCacheType::kTq4);
 }
 
 TEST(ContextShiftSession, LlamaGeneratesPastTheContextF16) {

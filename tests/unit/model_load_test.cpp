@@ -238,10 +238,11 @@ TEST(ModelState, F16KvCacheCloseToF32) {
 TEST(ModelState, BlockKvCachesCloseToF32) {
     nlohmann::json pj = nlohmann::json::parse(test::read_text(test::data_path("fixtures/tiny-lfm2/ref/prompt_2.json")));
     const std::vector<int32_t> ids = pj["ids"].get<std::vector<int32_t>>();
-    auto logits = [&](GgmlType k, GgmlType v) {
+    auto logits = [&](GgmlType k, GgmlType v, bool rotate = false) {
         ModelOptions o;
         o.n_threads = 1;
         o.kv_type_k = k, o.kv_type_v = v;
+        o.kv_rotate_k = o.kv_rotate_v = rotate;
         auto m = load_model(fixture("tiny-lfm2"), o);
         std::vector<float> out(ids.size() * size_t(m->info().n_vocab));
         m->create_state(256)->eval({.tokens = ids, .all_logits = true, .logits = out.data()});
@@ -252,10 +253,12 @@ TEST(ModelState, BlockKvCachesCloseToF32) {
     struct Case {
         GgmlType k, v;
         double mean, agree;  // bounds: mean |dlogit| below, top-1 agreement above
+        bool rotate = false;  // tq4: Q4_0 blocks of rotated heads
     };
     for (const Case& c : {Case{GgmlType::kBF16, GgmlType::kBF16, 0.02, 0.97}, Case{GgmlType::kQ8_0, GgmlType::kQ8_0, 0.02, 0.97},
-                          Case{GgmlType::kQ4_0, GgmlType::kQ4_0, 0.15, 0.85}, Case{GgmlType::kQ8_0, GgmlType::kF16, 0.02, 0.97}}) {
-        const std::vector<float> got = logits(c.k, c.v);
+                          Case{GgmlType::kQ4_0, GgmlType::kQ4_0, 0.15, 0.85}, Case{GgmlType::kQ8_0, GgmlType::kF16, 0.02, 0.97},
+                          Case{GgmlType::kQ4_0, GgmlType::kQ4_0, 0.15, 0.85, true}}) {
+        const std::vector<float> got = logits(c.k, c.v, c.rotate);
         double sum = 0;
         int agree = 0;
         for (size_t t = 0; t < ids.size(); ++t) {
@@ -265,10 +268,25 @@ TEST(ModelState, BlockKvCachesCloseToF32) {
             agree += std::max_element(a, a + n_vocab) - a == std::max_element(b, b + n_vocab) - b;
         }
         const double mean = sum / double(ref.size()), frac = double(agree) / double(ids.size());
-        std::printf("  %s/%s vs F32 KV cache: mean |dlogit| %.4f, top-1 agreement %.3f\n", type_name(c.k),
-                    type_name(c.v), mean, frac);
+        std::printf("  %s%s/%s vs F32 KV cache: mean |dlogit| %.4f, top-1 agreement %.3f\n", c.rotate ? "rotated " : "",
+                    type_name(c.k), type_name(c.v), mean, frac);
         EXPECT_LT(mean, c.mean) << type_name(c.k);
         EXPECT_GT(frac, c.agree) << type_name(c.k);
+    }
+}
+
+// The rotated cache runs on the CPU only: another device is refused at load, naming it.
+TEST(ModelState, RotatedCacheRefusedOffTheCpu) {
+    ModelOptions o;
+    o.device = DeviceKind::kCuda;
+    o.kv_type_k = o.kv_type_v = GgmlType::kQ4_0;
+    o.kv_rotate_k = o.kv_rotate_v = true;
+    try {
+        load_model(fixture("tiny-lfm2"), o);
+        ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+        EXPECT_TRUE(contains(e, "tq4")) << e.what();
     }
 }
 

@@ -22,6 +22,7 @@
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/repack.h"
 #include "core/check.h"
+#include "core/rotation.h"
 #include "core/cpu_features.h"
 #include "core/fp16.h"
 #include "core/mmap.h"
@@ -528,6 +529,13 @@ class CpuBackend final : public Backend {
         const int64_t n = x.n_elements();
         float* v = x.as<float>();
         for (int64_t i = 0; i < n; ++i) v[i] *= s;
+    }
+
+    void rotate_heads(const Tensor& x, int head_dim, bool inverse) override {
+        CERA_CHECK(x.type == GgmlType::kF32 && head_dim > 0 && x.ne[0] % head_dim == 0);
+        const int64_t n_heads = x.n_elements() / head_dim;
+        float* v = x.as<float>();
+        for (int64_t h = 0; h < n_heads; ++h) rotate_head(v + h * head_dim, head_dim, inverse);
     }
 
     void moe_route(const Tensor& logits, const Tensor& bias, const MoeParams& mp, const Tensor& ids,

@@ -33,6 +33,13 @@ void attention_block(const Step& s, const AttentionWeights& w, const AttentionCo
     s.linear(w.wv, h, w.bv, v);
     be.norm_rope(q, int(sh.n_head), int(sh.head_dim), w.q_norm, c.norm_eps, s.pos, c.rope);
     be.norm_rope(k, int(sh.n_head_kv), int(sh.head_dim), w.k_norm, c.norm_eps, s.pos, c.rope);
+    // Rotated caches: q.k is the same with both sides rotated; the values' weighted sum comes out
+    // rotated and is turned back below.
+    if (cache.rotated_k) {
+        be.rotate_heads(q, int(sh.head_dim), false);
+        be.rotate_heads(k, int(sh.head_dim), false);
+    }
+    if (cache.rotated_v) be.rotate_heads(v, int(sh.head_dim), false);
     be.kv_store(k, v, s.kv_rows, cache.k, cache.v);
     AttentionParams p;
     p.n_head = int(sh.n_head);
@@ -42,6 +49,7 @@ void attention_block(const Step& s, const AttentionWeights& w, const AttentionCo
     p.sliding_window = c.sliding_window;
     p.paging = s.paging;
     be.attention(q, cache.k, cache.v, s.pos, p, attn);
+    if (cache.rotated_v) be.rotate_heads(attn, int(sh.head_dim), true);
     s.linear(w.wo, attn, Tensor{}, y);
 }
 
