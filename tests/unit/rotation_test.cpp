@@ -76,24 +76,28 @@ TEST(Rotation, SignsAreFixed) {
     EXPECT_LT(plus, 574);
 }
 
+// A decode step's few heads and a prefill chunk's many (shared over the thread pool).
 TEST(Rotation, CpuBackendRotatesEveryHead) {
     auto be = create_backend({});
-    constexpr int kHead = 64, kHeads = 3, kRows = 5;
-    const std::vector<float> x = random_vector(kHead * kHeads * kRows, 11);
-    Tensor t = be->alloc(GgmlType::kF32, {kHead * kHeads, kRows});
-    be->write(t, x.data(), x.size() * 4);
-    be->rotate_heads(t, kHead, false);
-    std::vector<float> got(x.size());
-    be->read(got.data(), t, got.size() * 4);
-    for (int h = 0; h < kHeads * kRows; ++h) {
-        const std::vector<float> head(x.begin() + h * kHead, x.begin() + (h + 1) * kHead);
-        const std::vector<float> want = by_definition(head);
-        for (int i = 0; i < kHead; ++i) ASSERT_NEAR(got[size_t(h * kHead + i)], want[size_t(i)], 1e-5f);
+    constexpr int kHead = 64, kHeads = 3;
+    for (int rows : {5, 100}) {
+        SCOPED_TRACE(rows);
+        const std::vector<float> x = random_vector(size_t(kHead * kHeads * rows), 11);
+        Tensor t = be->alloc(GgmlType::kF32, {kHead * kHeads, rows});
+        be->write(t, x.data(), x.size() * 4);
+        be->rotate_heads(t, kHead, false);
+        std::vector<float> got(x.size());
+        be->read(got.data(), t, got.size() * 4);
+        for (int h = 0; h < kHeads * rows; ++h) {
+            const std::vector<float> head(x.begin() + h * kHead, x.begin() + (h + 1) * kHead);
+            const std::vector<float> want = by_definition(head);
+            for (int i = 0; i < kHead; ++i) ASSERT_NEAR(got[size_t(h * kHead + i)], want[size_t(i)], 1e-5f) << h;
+        }
+        be->rotate_heads(t, kHead, true);
+        be->read(got.data(), t, got.size() * 4);
+        for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(got[i], x[i], 1e-5f);
+        be->free(t);
     }
-    be->rotate_heads(t, kHead, true);
-    be->read(got.data(), t, got.size() * 4);
-    for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(got[i], x[i], 1e-5f);
-    be->free(t);
 }
 
 }  // namespace

@@ -535,7 +535,14 @@ class CpuBackend final : public Backend {
         CERA_CHECK(x.type == GgmlType::kF32 && head_dim > 0 && x.ne[0] % head_dim == 0);
         const int64_t n_heads = x.n_elements() / head_dim;
         float* v = x.as<float>();
-        for (int64_t h = 0; h < n_heads; ++h) rotate_head(v + h * head_dim, head_dim, inverse);
+        auto body = [&](int64_t h0, int64_t h1, int) {
+            for (int64_t h = h0; h < h1; ++h) rotate_head(v + h * head_dim, head_dim, inverse);
+        };
+        // A decode step's few heads cost less than a hand-off to the pool; a prefill chunk's are shared.
+        if (n_heads < 256)
+            body(0, n_heads, 0);
+        else
+            pool_.parallel_for(n_heads, body, 16);
     }
 
     void moe_route(const Tensor& logits, const Tensor& bias, const MoeParams& mp, const Tensor& ids,
