@@ -1,6 +1,5 @@
 #include "convert/convert.h"
 
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -52,9 +51,8 @@ SafeTensors open_checkpoint(const fs::path& dir) {
     const fs::path index = dir / "model.safetensors.index.json";
     if (!fs::exists(index))
         throw_error(ErrorCode::kIo, "%s has neither model.safetensors nor model.safetensors.index.json", dir.c_str());
-    std::ifstream in(index);
-    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    const nlohmann::json j = HfConfig::read(index).raw();
+    if (!j.contains("weight_map") || !j["weight_map"].is_object())
         throw_error(ErrorCode::kInvalidFile, "%s: no weight_map object", index.c_str());
     std::map<std::string, std::string> where;  // tensor -> shard file name
     std::set<std::string> shards;

@@ -5,7 +5,6 @@
 // linear, GELU, linear into the text model's width. The text model is an LFM2 under text_config;
 // convert.cpp writes it with convert_lfm2.
 #include <cmath>
-#include <fstream>
 
 #include "convert/arch.h"
 #include "core/check.h"
@@ -72,10 +71,7 @@ nlohmann::json image_processor(const fs::path& dir) {
     nlohmann::json merged = nlohmann::json::object();
     auto merge = [&](const fs::path& p, const char* nested) {
         if (!fs::exists(p)) return;
-        std::ifstream in(p);
-        nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-        if (j.is_discarded() || !j.is_object())
-            throw_error(ErrorCode::kInvalidFile, "%s is not a JSON object", p.c_str());
+        nlohmann::json j = HfConfig::read(p).raw();
         if (nested && j.contains(nested) && j[nested].is_object()) j = j[nested];
         for (auto& [k, v] : j.items()) merged[k] = v;
     };
