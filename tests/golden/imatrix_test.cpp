@@ -208,6 +208,10 @@ const Case kCases[] = {
     {"tiny-lfm2moe", "Q4_1", "368907fca67fe761a62ea2d40caf9cf0bb81c20643532351d86eccdd3f31a6f5"},
     {"tiny-lfm2moe", "Q5_0", "373b923161f10123d3e4ca490eebfcc7570b1acf9edb5c6fd344274e553cd943"},
     {"tiny-lfm2moe", "Q5_1", "a571d6cb0c781d51c4ab8bb6067b0ac9dca6daf505e83ff647ae1db5b2d63561"},
+    {"tiny-lfm2", "IQ4_NL", "71d871b1f905ba91eff0fbf16b5c88b0677535317e730f10b1dd0678587a2ae7"},
+    {"tiny-lfm2", "IQ4_XS", "d704cb88508577d0bd82e7063593243c86883b845d1b6cc2163375d2bb411c98"},
+    {"tiny-lfm2moe", "IQ4_NL", "accb51c696d565a9520b89c98aca16a4c8132d9a5099b431c7c5cf1104d00e24"},
+    {"tiny-lfm2moe", "IQ4_XS", "7e90f3d4d500b2f409a919e3bbd82655c019afa4dd26e7d80c61807696d637f0"},
 };
 
 cera::quantize::QuantizeSummary quantize(const std::string& in, const std::string& out, const std::string& type,

@@ -132,6 +132,19 @@ const Case kCases[] = {
     {"tiny-granite-random", "Q3_K_M", "49a6a813cb23c4c8f98b5556cbf57aab785f65cdd65ece6e346bb63eb30c2230"},
     {"tiny-lfm2vl-random", "Q2_K", "2ed21df90c54db6f8ae2b2b4abb7a85570d39eb5973497a21ceb9e68d0aef475"},
     {"tiny-lfm2vl-random", "Q3_K_L", "5b148027cb4a99141e5179d149fcc9cfa551c6f9eb1ecb7c3688ccaabb83d76e"},
+    // IQ4_NL and IQ4_XS (llama-quantize b10470); IQ4_XS falls back to IQ4_NL for rows of 128 (tiny-qwen3).
+    {"tiny-lfm2", "IQ4_NL", "83ab8fe525439924e7940fe691e0793bf87109e6dc84d66fb5e7dfaff5f931b4"},
+    {"tiny-lfm2", "IQ4_XS", "bdbea9b7d793ba5c90b263c2470e307f5498903a2241006f45106e9de61f06f8"},
+    {"tiny-qwen3", "IQ4_NL", "c48431611c8f26a10d0efe02d60c74a0a679e6655372d38480ebb66c5e9bbfae"},
+    {"tiny-qwen3", "IQ4_XS", "565bddf174fbdc581c712ae41dcb1681903b9ddf775af809f688d00c01ae29f8"},
+    {"tiny-lfm2moe", "IQ4_NL", "83df995a70918636ce6d9993edda6dc6466a336327d9940d3e708844818c666e"},
+    {"tiny-lfm2moe", "IQ4_XS", "f03afdf768818cc569ebabf2a5aead2105a33b7759f8ccd66c020d8ad0347417"},
+    {"tiny-llama-random", "IQ4_NL", "cfc0be2294b6c24ededc5137d10d0cfbc74ab9c25f0d71405ca0d07208ac4fc3"},
+    {"tiny-llama-random", "IQ4_XS", "61e9d1a3c63cf1830d3098e0ec25d389f4c2c8311ea3ea785b4702d9e164fcab"},
+    {"tiny-qwen2-random", "IQ4_NL", "90bd7e31361dd178f177d5ee8a81deb572211cc85fc153a8f0c61a2b785092ac"},
+    {"tiny-qwen2-random", "IQ4_XS", "439046af9d84d767652cb6be2a314038000b0ff8e5fe60123021092995fdec6c"},
+    {"tiny-granite-random", "IQ4_NL", "6259312ec4cdc598c149153b9eb9742d8a2d671f905a874e1915060a5cc02851"},
+    {"tiny-granite-random", "IQ4_XS", "5c3502090f03c9de686aa38440741a649dfa5af5fd809ac00fe451c5b84823ad"},
 };
 
 // The quantized twin of a fixture where the test data has it.
@@ -242,13 +255,13 @@ TEST(Quantize, MixturesAndKeep) {
 TEST(Quantize, BadInputFailsWithOneLineAndNoFile) {
     const std::string out = tmp_path("bad.gguf");
     const std::string in = fixture("tiny-qwen3", "model.gguf");
-    // A model with a tensor type cera cannot dequantize (IQ4_NL) that Q8_0 would convert.
-    const std::string iq = tmp_path("iq4nl.gguf");
+    // A model with a tensor type cera cannot dequantize (IQ2_XXS) that Q8_0 would convert.
+    const std::string iq = tmp_path("iq2xxs.gguf");
     {
         cera::gguf::Writer w;
         w.set_string("general.architecture", "llama");
         w.set_u32("llama.block_count", 1);
-        w.add_tensor("blk.0.attn_q.weight", GgmlType::kIQ4_NL, {64, 2}, std::vector<uint8_t>(4 * 18, 0));
+        w.add_tensor("blk.0.attn_q.weight", GgmlType::kIQ2_XXS, {256, 2}, std::vector<uint8_t>(2 * 66, 0));
         w.write(iq);
     }
     struct Bad {
@@ -259,7 +272,7 @@ TEST(Quantize, BadInputFailsWithOneLineAndNoFile) {
         {cera::test::shell_quote(in) + " OUT Q2_K_S", "importance matrix"},
         {cera::test::shell_quote(in) + " OUT Q8_K", "activations"},
         {"/nonexistent/model.gguf OUT Q8_0", "/nonexistent/model.gguf"},
-        {cera::test::shell_quote(iq) + " OUT Q8_0", "IQ4_NL"},
+        {cera::test::shell_quote(iq) + " OUT Q8_0", "IQ2_XXS"},
         {cera::test::shell_quote(in) + " OUT Q4_0 --keep nope.weight", "nope.weight"},
         {cera::test::shell_quote(in) + " OUT Q4_0 --threads -1", "--threads"},
         {cera::test::shell_quote(in), "required"},
@@ -282,7 +295,7 @@ TEST(Quantize, BadInputFailsWithOneLineAndNoFile) {
     o.output = out;
     try {
         cera::quantize::quantize_model(o);
-        ADD_FAILURE() << "accepted an IQ4_NL tensor";
+        ADD_FAILURE() << "accepted an IQ2_XXS tensor";
     } catch (const cera::Error& e) {
         EXPECT_EQ(e.code(), cera::ErrorCode::kUnsupported) << e.what();
     }

@@ -114,7 +114,9 @@ TEST_P(WeightType, GreedyMatchesTheScalarPath) {
 INSTANTIATE_TEST_SUITE_P(Types, WeightType,
                          ::testing::Values(TypeCase{"Q4_1", GgmlType::kQ4_1}, TypeCase{"Q5_0", GgmlType::kQ5_0},
                                            TypeCase{"Q5_1", GgmlType::kQ5_1}, TypeCase{"Q5_K_M", GgmlType::kQ5_K},
-                                           TypeCase{"F16", GgmlType::kF16}, TypeCase{"BF16", GgmlType::kBF16}),
+                                           TypeCase{"F16", GgmlType::kF16}, TypeCase{"BF16", GgmlType::kBF16},
+                                           TypeCase{"IQ4_NL", GgmlType::kIQ4_NL},
+                                           TypeCase{"IQ4_XS", GgmlType::kIQ4_XS}),
                          [](const auto& info) { return std::string(info.param.file_type); });
 
 }  // namespace

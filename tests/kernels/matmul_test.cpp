@@ -126,8 +126,9 @@ TEST(Matmul, PackedCopyIsNotUsedForNewContentsAtTheSameAddress) {
     const int64_t rows = 40, k = 256, nt = 3;
     std::vector<float> x(size_t(nt * k));
     for (auto& v : x) v = g(rng);
-    for (GgmlType type : {GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
-                          GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
+    for (GgmlType type :
+         {GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
+          GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS}) {
         cpu::force_isa(available_isas().back());
         auto w = make_weights(type, rows, k, rng);
         const bool packed = cpu::register_weight(type, w.data(), rows, k);
@@ -162,11 +163,11 @@ TEST(Matmul, ActiveIsaIsTheBestUnlessForced) {
 }
 
 TEST(Matmul, UnsupportedTypeThrows) {
-    float x[32] = {}, y[1];
-    uint8_t w[64] = {};
+    float x[256] = {}, y[1];
+    uint8_t w[66] = {};
     for (Isa isa : available_isas()) {
         cpu::force_isa(isa);
-        EXPECT_THROW(cpu::matmul(GgmlType::kIQ4_NL, w, 1, 32, x, 1, y, 1, nullptr), Error);
+        EXPECT_THROW(cpu::matmul(GgmlType::kIQ2_XXS, w, 1, 256, x, 1, y, 1, nullptr), Error);
     }
     cpu::force_isa(available_isas().back());
 }

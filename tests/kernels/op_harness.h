@@ -51,9 +51,9 @@ inline constexpr int64_t kTokenCounts[] = {1, 3, 17, 64};
 
 // Every weight type the engine reads (core/quant's table less Q8_1 and Q8_K, activation formats).
 inline constexpr GgmlType kWeightTypes[] = {
-    GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ4_0, GgmlType::kQ4_1,
-    GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K,
-    GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
+    GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ4_0,   GgmlType::kQ4_1,
+    GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ2_K,   GgmlType::kQ3_K,
+    GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS,
 };
 
 // ----------------------------------------------------------------------------------------- targets
@@ -184,7 +184,7 @@ class OnBackend {
 // ------------------------------------------------------------------------ what the kernels compute
 // What a target's matmul does to its operands, for a weight type and batch size.
 //   CPU: the kernel table's entry for the type (kernel_table.h): activations in 32-blocks (Q4_0, Q4_1,
-//   Q5_0, Q5_1, Q8_0 on AVX2 and AVX-512), in Q8_K 256-blocks (Q4_K / Q5_K on AVX2, K-quants on
+//   Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS on AVX2 and AVX-512), in Q8_K 256-blocks (Q4_K / Q5_K on AVX2, K-quants on
 //   AVX-512), or f32 (float weights, the reference table, and the types a table dequantizes to f32
 //   first).
 //   CUDA (cuda_backend.cpp): up to kCudaGemvMaxTokens tokens (and every MoE product) a GEMV with

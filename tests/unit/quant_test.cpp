@@ -167,6 +167,38 @@ TEST(QuantHandBuilt, Q6_K) {
     for (int e = 0; e < 256; ++e) EXPECT_FLOAT_EQ(y[e], 0.5f * b.scales[e / 16] * (code[e] - 32)) << e;
 }
 
+TEST(QuantHandBuilt, IQ4_NLAndIQ4_XS) {
+    // The grid of 16 levels (ggml-common.h kvalues_iq4nl), written out here from the format.
+    const int grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    // IQ4_NL: fp16 d, then 16 bytes: low nibble of byte l = element l, high nibble = element l + 16.
+    BlockIQ4_NL nl{};
+    nl.d = fp32_to_fp16(0.25f);
+    int cn[32];
+    for (int e = 0; e < 32; ++e) {
+        cn[e] = (e * 7 + 5) % 16;
+        put_bits(nl.qs, 8 * (e % 16) + 4 * (e / 16), 4, cn[e]);
+    }
+    auto yn = dequantize(GgmlType::kIQ4_NL, &nl, 32);
+    for (int e = 0; e < 32; ++e) EXPECT_FLOAT_EQ(yn[e], 0.25f * grid[cn[e]]) << e;
+    // IQ4_XS: fp16 d, 16-bit scales_h (2 high bits of sub-block s's 6-bit scale at bit 2 s), 4 bytes
+    // scales_l (low 4 bits in nibble s % 2 of byte s / 2), then sub-block s's 16 bytes as IQ4_NL's;
+    // the value is d * (scale - 32) * grid[code].
+    BlockIQ4_XS xs{};
+    xs.d = fp32_to_fp16(0.5f);
+    int sc[8], cx[256];
+    for (int s = 0; s < 8; ++s) {
+        sc[s] = (s * 23 + 9) % 64;
+        put_bits(xs.scales_l, 4 * s, 4, sc[s] & 15);
+        put_bits(reinterpret_cast<uint8_t*>(&xs.scales_h), 2 * s, 2, sc[s] >> 4);
+    }
+    for (int e = 0; e < 256; ++e) {
+        cx[e] = (e * 11 + 3) % 16;
+        put_bits(xs.qs, 8 * (16 * (e / 32) + e % 16) + 4 * ((e % 32) / 16), 4, cx[e]);
+    }
+    auto yx = dequantize(GgmlType::kIQ4_XS, &xs, 256);
+    for (int e = 0; e < 256; ++e) EXPECT_FLOAT_EQ(yx[e], 0.5f * (sc[e / 32] - 32) * grid[cx[e]]) << e;
+}
+
 TEST(QuantHandBuilt, Q2_KAndQ3_K) {
     // Q2_K: 16 sub-blocks of 16; scales[s] low nibble = scale, high nibble = min.
     // Element e = 128 n + 32 j + 16 p + l: 2 bits at shift 2 j of qs[32 n + 16 p + l].
@@ -205,29 +237,30 @@ TEST(QuantHandBuilt, Q2_KAndQ3_K) {
 TEST(QuantTable, SupportAndErrors) {
     for (GgmlType t : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ4_0, GgmlType::kQ4_1,
                        GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K,
-                       GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
+                       GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS}) {
         EXPECT_TRUE(can_dequantize(t)) << type_name(t);
         const QuantTraits* qt = quant_traits(t);
         ASSERT_NE(qt, nullptr);
         EXPECT_EQ(qt->block_size, type_info(t).block_size);
         EXPECT_EQ(qt->type_size, type_info(t).type_size);
     }
-    for (GgmlType t : {GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
-                       GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K,
-                       GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_K, GgmlType::kQ8_1})
+    for (GgmlType t :
+         {GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
+          GgmlType::kQ5_1, GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
+          GgmlType::kQ8_K, GgmlType::kQ8_1, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS})
         EXPECT_TRUE(can_quantize(t)) << type_name(t);
     EXPECT_FALSE(can_dequantize(GgmlType::kIQ2_XXS));
-    EXPECT_FALSE(can_quantize(GgmlType::kIQ4_NL));
+    EXPECT_FALSE(can_quantize(GgmlType::kIQ3_S));
     float x[256] = {};
     uint8_t buf[1024] = {};
     try {
-        dequantize_row_ref(GgmlType::kIQ4_NL, buf, x, 32);
+        dequantize_row_ref(GgmlType::kIQ2_XXS, buf, x, 256);
         FAIL() << "no throw";
     } catch (const Error& e) {
         EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
-        EXPECT_NE(std::string(e.what()).find("IQ4_NL"), std::string::npos);
+        EXPECT_NE(std::string(e.what()).find("IQ2_XXS"), std::string::npos);
     }
-    EXPECT_THROW(quantize_row_ref(GgmlType::kIQ4_NL, x, buf, 256), Error);
+    EXPECT_THROW(quantize_row_ref(GgmlType::kIQ2_XXS, x, buf, 256), Error);
 }
 
 // ------------------------------------------------------------------ error bounds

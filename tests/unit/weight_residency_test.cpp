@@ -35,9 +35,9 @@
 namespace cera {
 namespace {
 
-constexpr GgmlType kPackedTypes[] = {GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ4_0, GgmlType::kQ4_1,
-                                     GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ4_K,
-                                     GgmlType::kQ5_K, GgmlType::kQ6_K};
+constexpr GgmlType kPackedTypes[] = {GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ4_0,   GgmlType::kQ4_1,
+                                     GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0,   GgmlType::kQ4_K,
+                                     GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS};
 
 std::vector<uint8_t> make_weights(GgmlType type, int64_t rows, int64_t k, std::mt19937& rng) {
     std::normal_distribution<float> g(0.0f, 1.0f);
@@ -72,7 +72,7 @@ int64_t mapped_pages(const void* p, size_t n) {
 TEST(WeightResidency, UnpackedRowsAreTheGgufBytes) {
     std::mt19937 rng(1);
     for (GgmlType type : kPackedTypes) {
-        const bool k_quant = type == GgmlType::kQ4_K || type == GgmlType::kQ5_K || type == GgmlType::kQ6_K;
+        const bool k_quant = type_info(type).block_size == kQK_K;
         for (int64_t k : k_quant ? std::vector<int64_t>{256, 768} : std::vector<int64_t>{32, 96, 320}) {
             for (int64_t rows : {1, 16, 17, 33}) {
                 const auto w = make_weights(type, rows, k, rng);

@@ -77,6 +77,7 @@ GgmlType mixture_type(FileType ft, GgmlType type, const TensorDesc& t, const Mod
     const bool falcon = m.arch == "falcon";
     const bool k_m = ft == FileType::kQ4_K_M || ft == FileType::kQ5_K_M;
     const bool q2 = ft == FileType::kQ2_K, q3m = ft == FileType::kQ3_K_M, q3l = ft == FileType::kQ3_K_L;
+    const bool iq4 = ft == FileType::kIQ4_NL || ft == FileType::kIQ4_XS;
     if (role == Role::kOutput || (c.tied && role == Role::kTokenEmbd)) {
         if (o.output_tensor_type) return *o.output_tensor_type;
         const int64_t ne0 = t.ne[0];
@@ -93,6 +94,8 @@ GgmlType mixture_type(FileType ft, GgmlType type, const TensorDesc& t, const Mod
             else if (q3m)
                 type = c.i_attn_v < 2 ? GgmlType::kQ5_K : GgmlType::kQ4_K;
             else if (q3l)
+                type = GgmlType::kQ5_K;
+            else if (iq4 && m.n_gqa >= 4)
                 type = GgmlType::kQ5_K;
             else if (k_m && use_more_bits(c.i_attn_v, c.n_attn_v))
                 type = GgmlType::kQ6_K;
@@ -122,6 +125,8 @@ GgmlType mixture_type(FileType ft, GgmlType type, const TensorDesc& t, const Mod
                     type = il < n / 16 ? GgmlType::kQ6_K : use_more_bits(il, n) ? GgmlType::kQ5_K : GgmlType::kQ4_K;
                 else if (use_more_bits(il, n))
                     type = GgmlType::kQ6_K;
+            } else if (iq4 && il < n / 8 && !o.has_imatrix) {
+                type = GgmlType::kQ5_K;
             } else if (ft == FileType::kQ5_K_M && use_more_bits(il, n)) {
                 type = GgmlType::kQ6_K;
             } else if (ft == FileType::kQ4_K_S && !falcon && il < n / 8) {
@@ -137,7 +142,7 @@ GgmlType mixture_type(FileType ft, GgmlType type, const TensorDesc& t, const Mod
             if (falcon) {
                 if (q3l) type = GgmlType::kQ4_K;
             } else if (m.n_expert == 8) {
-                if (q2 || ft == FileType::kQ3_K_S || q3m || ft == FileType::kQ4_K_S || ft == FileType::kQ4_K_M)
+                if (q2 || ft == FileType::kQ3_K_S || q3m || ft == FileType::kQ4_K_S || ft == FileType::kQ4_K_M || iq4)
                     type = GgmlType::kQ5_K;
             } else if (q2) {
                 type = GgmlType::kQ3_K;
@@ -166,7 +171,8 @@ const std::vector<FileTypeName> kNames = {
     {FileType::kQ5_0, "Q5_0"},     {FileType::kQ4_K_M, "Q4_K_M"}, {FileType::kQ4_K_S, "Q4_K_S"},
     {FileType::kQ4_K_M, "Q4_K"},   {FileType::kQ4_1, "Q4_1"},     {FileType::kQ4_0, "Q4_0"},
     {FileType::kQ3_K_L, "Q3_K_L"}, {FileType::kQ3_K_M, "Q3_K_M"}, {FileType::kQ3_K_M, "Q3_K"},
-    {FileType::kQ3_K_S, "Q3_K_S"}, {FileType::kQ2_K, "Q2_K"},
+    {FileType::kQ3_K_S, "Q3_K_S"}, {FileType::kQ2_K, "Q2_K"},     {FileType::kIQ4_NL, "IQ4_NL"},
+    {FileType::kIQ4_XS, "IQ4_XS"},
 };
 
 std::string upper(std::string_view s) {
@@ -195,6 +201,9 @@ std::optional<GgmlType> fallback_for(GgmlType type, int64_t ne0) {
             break;
         case GgmlType::kQ6_K:
             fallback = GgmlType::kQ8_0;
+            break;
+        case GgmlType::kIQ4_XS:
+            fallback = GgmlType::kIQ4_NL;
             break;
         default:
             return std::nullopt;
@@ -265,6 +274,10 @@ GgmlType default_type(FileType ft) {
             return GgmlType::kQ5_K;
         case FileType::kQ6_K:
             return GgmlType::kQ6_K;
+        case FileType::kIQ4_NL:
+            return GgmlType::kIQ4_NL;
+        case FileType::kIQ4_XS:
+            return GgmlType::kIQ4_XS;
     }
     CERA_CHECK(false, "file type %u", unsigned(ft));
     return GgmlType::kF32;

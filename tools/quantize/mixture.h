@@ -33,6 +33,8 @@ enum class FileType : uint32_t {
     kQ5_K_M = 17,
     kQ6_K = 18,
     kQ2_K_S = 21,
+    kIQ4_NL = 25,
+    kIQ4_XS = 30,
     kBF16 = 32,
 };
 

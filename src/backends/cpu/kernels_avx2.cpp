@@ -6,7 +6,8 @@
 // signed codes use the sign trick (|w| x sign(x, w)). The zero offset is removed with the
 // activation block sums, as in the AVX-512 kernels. Tiles of 4 rows x 4 tokens.
 // Q4_1 / Q5_1 as Q4_0 / Q5_0 plus the mins (times the activation block sums); Q4_K / Q5_K on Q8_K
-// activations. F32/F16/BF16 weights: 8-wide FMAs. Other types (Q2_K, Q3_K, Q6_K) take the
+// activations; IQ4_NL / IQ4_XS as Q8_0 with the codes looked up in the level table (vpshufb).
+// F32/F16/BF16 weights: 8-wide FMAs. Other types (Q2_K, Q3_K, Q6_K) take the
 // driver's dequantize-to-f32 path with the f32 kernel below.
 // Bottleneck: as AVX-512 for decode (weight bytes / bandwidth); prefill is ~2x slower per
 // instruction than VNNI (two instructions per 16 products).
@@ -155,6 +156,40 @@ struct WQ8_0 {
     static __m256i codes(const uint8_t* b) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)); }
 };
 
+// IQ4_NL / IQ4_XS: the nibbles through the level table to signed bytes (|level| <= 127, so the
+// sign trick's pair sums stay below 2 * 127 * 127).
+inline __m256i iq4_levels(__m128i q) {
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4NLValues)));
+    const __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
+    return _mm256_shuffle_epi8(lut, v);
+}
+struct WIQ4_NL {
+    static constexpr size_t kBytes = sizeof(BlockIQ4_NL);
+    static constexpr int kOffset = 0;
+    static constexpr bool kMin = false;
+    static constexpr bool kSigned = true;
+    static __m256i codes(const uint8_t* b) {
+        return iq4_levels(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)));
+    }
+};
+// IQ4_XS: 32-sub-blocks inside 256-blocks, each with its own scale d * (ls - 32).
+struct WIQ4_XS {
+    static constexpr int kOffset = 0;
+    static constexpr bool kMin = false;
+    static constexpr bool kSigned = true;
+    static constexpr bool kSuperBlocked = true;
+    static const BlockIQ4_XS& block(const uint8_t* row, int64_t b) {
+        return reinterpret_cast<const BlockIQ4_XS*>(row)[b / 8];
+    }
+    static __m256i codes_at(const uint8_t* row, int64_t b) {
+        return iq4_levels(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block(row, b).qs + 16 * (b % 8))));
+    }
+    static float scale_at(const uint8_t* row, int64_t b) {
+        const BlockIQ4_XS& x = block(row, b);
+        return _cvtsh_ss(x.d) * float(iq4_xs_scale(x, int(b % 8)) - 32);
+    }
+};
+
 template <class W, int MR, int NC>
 void tile_q32(const uint8_t* w, size_t ws, const uint8_t* act, size_t as, int64_t k, float* y, int64_t ldy) {
     const int64_t nb = k / 32;
@@ -174,10 +209,15 @@ void tile_q32(const uint8_t* w, size_t ws, const uint8_t* act, size_t as, int64_
         __m256i wq[MR];
         __m256 wd[MR], wm[MR];
         for (int r = 0; r < MR; ++r) {
-            const uint8_t* blk = w + r * ws + b * W::kBytes;
-            wq[r] = W::codes(blk);
-            wd[r] = _mm256_set1_ps(h2f(blk));
-            if constexpr (W::kMin) wm[r] = _mm256_set1_ps(h2f(blk + 2));
+            if constexpr (requires { W::kSuperBlocked; }) {
+                wq[r] = W::codes_at(w + r * ws, b);
+                wd[r] = _mm256_set1_ps(W::scale_at(w + r * ws, b));
+            } else {
+                const uint8_t* blk = w + r * ws + b * W::kBytes;
+                wq[r] = W::codes(blk);
+                wd[r] = _mm256_set1_ps(h2f(blk));
+                if constexpr (W::kMin) wm[r] = _mm256_set1_ps(h2f(blk + 2));
+            }
         }
         if constexpr (W::kSigned) {
             for (int r = 0; r < MR; ++r) {
@@ -381,6 +421,8 @@ KernelTable make_table() {
     set(GgmlType::kQ4_K, gemm<Q45KTile<false>::T>, ActFormat::kActQ8K);
     set(GgmlType::kQ5_K, gemm<Q45KTile<true>::T>, ActFormat::kActQ8K);
     set(GgmlType::kQ8_0, gemm<Q32Tile<WQ8_0>::T>, ActFormat::kAct32);
+    set(GgmlType::kIQ4_NL, gemm<Q32Tile<WIQ4_NL>::T>, ActFormat::kAct32);
+    set(GgmlType::kIQ4_XS, gemm<Q32Tile<WIQ4_XS>::T>, ActFormat::kAct32);
     t.rms_norm = rms_norm_avx2;
     t.silu_mul = silu_mul_ref;  // std::exp does not vectorize: the scalar loop is as fast
     t.add = add_avx2;

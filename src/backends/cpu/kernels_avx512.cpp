@@ -160,6 +160,38 @@ struct WQ8_0 {
     }
 };
 
+// IQ4_NL: the nibbles through the level table, plus 128 as unsigned (the offset).
+inline __m256i iq4_levels(__m128i q) {
+    const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4NLValues));
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_xor_si128(levels, _mm_set1_epi8(char(0x80))));
+    const __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
+    return _mm256_shuffle_epi8(lut, v);
+}
+struct WIQ4_NL {
+    static constexpr size_t kBytes = sizeof(BlockIQ4_NL);
+    static constexpr int kOffset = 128;
+    static constexpr bool kMin = false;
+    static __m256i codes(const uint8_t* b) {
+        return iq4_levels(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)));
+    }
+};
+// IQ4_XS: 32-sub-blocks inside 256-blocks, each with its own scale d * (ls - 32).
+struct WIQ4_XS {
+    static constexpr int kOffset = 128;
+    static constexpr bool kMin = false;
+    static constexpr bool kSuperBlocked = true;
+    static const BlockIQ4_XS& block(const uint8_t* row, int64_t b) {
+        return reinterpret_cast<const BlockIQ4_XS*>(row)[b / 8];
+    }
+    static __m256i codes_at(const uint8_t* row, int64_t b) {
+        return iq4_levels(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block(row, b).qs + 16 * (b % 8))));
+    }
+    static float scale_at(const uint8_t* row, int64_t b) {
+        const BlockIQ4_XS& x = block(row, b);
+        return _cvtsh_ss(x.d) * float(iq4_xs_scale(x, int(b % 8)) - 32);
+    }
+};
+
 template <class W, int MR, int NC>
 void tile_q32(const uint8_t* w, size_t ws, const uint8_t* act, size_t as, int64_t k, float* y, int64_t ldy) {
     const int64_t nb = k / 32;
@@ -178,10 +210,15 @@ void tile_q32(const uint8_t* w, size_t ws, const uint8_t* act, size_t as, int64_
         __m256i wq[MR];
         __m256 wd[MR], wm[MR];
         for (int r = 0; r < MR; ++r) {
-            const uint8_t* blk = w + r * ws + b * W::kBytes;
-            wq[r] = W::codes(blk);
-            wd[r] = _mm256_set1_ps(h2f(blk));
-            if constexpr (W::kMin) wm[r] = _mm256_set1_ps(h2f(blk + 2));
+            if constexpr (requires { W::kSuperBlocked; }) {
+                wq[r] = W::codes_at(w + r * ws, b);
+                wd[r] = _mm256_set1_ps(W::scale_at(w + r * ws, b));
+            } else {
+                const uint8_t* blk = w + r * ws + b * W::kBytes;
+                wq[r] = W::codes(blk);
+                wd[r] = _mm256_set1_ps(h2f(blk));
+                if constexpr (W::kMin) wm[r] = _mm256_set1_ps(h2f(blk + 2));
+            }
         }
         for (int c = 0; c < NC; ++c) {
             const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[c] + 32 * b));
@@ -585,6 +622,8 @@ KernelTable make_table() {
     set(GgmlType::kQ5_0, gemm<Q32Tile<WQ5_0>::T>, ActFormat::kAct32);
     set(GgmlType::kQ5_1, gemm<Q32Tile<WQ5_1>::T>, ActFormat::kAct32);
     set(GgmlType::kQ8_0, gemm<Q32Tile<WQ8_0>::T>, ActFormat::kAct32);
+    set(GgmlType::kIQ4_NL, gemm<Q32Tile<WIQ4_NL>::T>, ActFormat::kAct32);
+    set(GgmlType::kIQ4_XS, gemm<Q32Tile<WIQ4_XS>::T>, ActFormat::kAct32);
     set(GgmlType::kQ4_K, gemm<Q45KTile<false>::T>, ActFormat::kActQ8K);
     set(GgmlType::kQ5_K, gemm<Q45KTile<true>::T>, ActFormat::kActQ8K);
     set(GgmlType::kQ6_K, gemm<Q6KTile>, ActFormat::kActQ8K);

@@ -7,11 +7,11 @@
 // 16 rows instead of 3 per row. Weights are unpacked once per block and reused by up to 8 tokens
 // from registers (NT tokens per tile); zero offsets are the accumulators' start values
 // (-offset * the activation block's code sum); K-quant sub-block scales multiply the int32 sums.
-// Variants: F16 and BF16 on f32 activations; Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 on kAct32
-// activations; Q4_K, Q5_K and Q6_K on Q8_K activations. Bottleneck: decode (1 token) reads each weight byte once: ~24
-// vector ops per 288 bytes of Q4_0, well under what 16.5 GB/s per core (half of the ~33 GB/s two-core roofline) needs.
-// Prefill: per block and token 8 vpdpbusd (512 MACs) + 3 float ops, plus 12 unpack ops per block shared by the token
-// tile: ~40 MAC/cycle per core on Zen 4 (double-pumped 512-bit) vs ~16 for 4x4 row tiles.
+// Variants: F16 and BF16 on f32 activations; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and IQ4_XS on
+// kAct32 activations; Q4_K, Q5_K and Q6_K on Q8_K activations. Bottleneck: decode (1 token) reads each weight byte
+// once: ~24 vector ops per 288 bytes of Q4_0, well under what 16.5 GB/s per core (half of the ~33 GB/s two-core
+// roofline) needs. Prefill: per block and token 8 vpdpbusd (512 MACs) + 3 float ops, plus 12 unpack ops per block
+// shared by the token tile: ~40 MAC/cycle per core on Zen 4 (double-pumped 512-bit) vs ~16 for 4x4 row tiles.
 #include <immintrin.h>
 
 // GCC 12's AVX-512 headers trip -Wuninitialized in their own reduce/convert helpers.
@@ -33,14 +33,25 @@ inline __m512i bcast32(const void* p) {
     return _mm512_set1_epi32(v);
 }
 
-// ---------------------------------------------------------------- Q4_0 / Q8_0 (kAct32)
+// The 16 levels of IQ4_NL / IQ4_XS plus 128, in every 128-bit lane: vpshufb maps a nibble to its
+// level as an unsigned byte for vpdpbusd, and the accumulators start at -128 * the activation sum.
+inline __m512i iq4_lut() {
+    alignas(16) uint8_t v[16];
+    for (int i = 0; i < 16; ++i) v[i] = uint8_t(kIQ4NLValues[i] + 128);
+    return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(v)));
+}
 
-template <bool kQ8, int NT>
+// ---------------------------------------------------------------- Q4_0 / Q8_0 / IQ4_NL (kAct32)
+
+enum class Q32 { kQ4_0, kQ8_0, kIQ4_NL };
+
+template <Q32 kType, int NT>
 void tile_q32(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64_t k, float* y, int64_t ldy,
               __mmask16 rmask) {
+    constexpr bool kQ8 = kType == Q32::kQ8_0, kNL = kType == Q32::kIQ4_NL;
     constexpr int kLines = kQ8 ? 8 : 4;
     constexpr size_t kPair = 64 + 2 * kLines * 64;
-    constexpr int kOff = kQ8 ? 128 : 8;
+    constexpr int kOff = kType == Q32::kQ4_0 ? 8 : 128;
     const int8_t* xq[NT];
     const float* xd[NT];
     const int32_t* xs[NT];
@@ -53,6 +64,7 @@ void tile_q32(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
         acc[t] = _mm512_setzero_ps();
     }
     const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i lut = kNL ? iq4_lut() : _mm512_setzero_si512();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* p = g + size_t(b >> 1) * kPair;
         const int h = int(b & 1);
@@ -68,6 +80,10 @@ void tile_q32(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
                 const __m512i v = _mm512_load_si512(q + 64 * j);
                 w[j] = _mm512_and_si512(v, m4);
                 w[4 + j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                if constexpr (kNL) {
+                    w[j] = _mm512_shuffle_epi8(lut, w[j]);
+                    w[4 + j] = _mm512_shuffle_epi8(lut, w[4 + j]);
+                }
             }
         }
 #pragma GCC unroll 16
@@ -373,6 +389,61 @@ void tile_q6k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
     for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + t * ldy, rmask, facc[t]);
 }
 
+// ---------------------------------------------------------------- IQ4_XS (kAct32)
+
+// Per 32-sub-block as IQ4_NL: the 4 code lines through the level table, dots started at -128 * the
+// activation block's code sum; the sub-block's scale d * (ls - 32) is one multiply for the 16 rows,
+// shared by the tile's tokens.
+template <int NT>
+void tile_iq4xs(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64_t k, float* y, int64_t ldy,
+                __mmask16 rmask) {
+    const int8_t* xq[NT];
+    const float* xd[NT];
+    const int32_t* xs[NT];
+    __m512 acc[NT];
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t) {
+        xq[t] = reinterpret_cast<const int8_t*>(act + t * as);
+        xd[t] = reinterpret_cast<const float*>(xq[t] + k);
+        xs[t] = reinterpret_cast<const int32_t*>(xd[t] + nb);
+        acc[t] = _mm512_setzero_ps();
+    }
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i lut = iq4_lut();
+    for (int64_t sb = 0; sb < k / kQK_K; ++sb) {
+        const uint8_t* p = g + size_t(sb) * 2240;
+        const __m512 d = _mm512_load_ps(reinterpret_cast<const float*>(p));
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; ++s) {
+            const int64_t b = 8 * sb + s;
+            __m512i w[8];
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; ++j) {
+                const __m512i v = _mm512_load_si512(p + 192 + 64 * (4 * s + j));
+                w[j] = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m4));
+                w[4 + j] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+            }
+            const __m512 dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128(
+                                                    reinterpret_cast<const __m128i*>(p + 64 + 16 * s)))));
+#pragma GCC unroll 16
+            for (int t = 0; t < NT; ++t) {
+                const int8_t* x = xq[t] + 32 * b;
+                __m512i s0 = _mm512_set1_epi32(-128 * xs[t][b]);
+                __m512i s1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; ++j) {
+                    s0 = _mm512_dpbusd_epi32(s0, w[j], bcast32(x + 4 * j));
+                    s1 = _mm512_dpbusd_epi32(s1, w[4 + j], bcast32(x + 16 + 4 * j));
+                }
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)),
+                                         _mm512_mul_ps(dsc, _mm512_set1_ps(xd[t][b])), acc[t]);
+            }
+        }
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + t * ldy, rmask, acc[t]);
+}
+
 // ---------------------------------------------------------------- drivers
 
 using TileFn = void (*)(const uint8_t*, int64_t, const uint8_t*, size_t, int64_t, float*, int64_t, __mmask16);
@@ -398,10 +469,9 @@ void gemm_packed(const uint8_t* packed, size_t gs, int64_t g0, int64_t g1, int64
     }
 }
 
-using Q4_0Tiles = Tiles<tile_q32<false, 1>, tile_q32<false, 2>, tile_q32<false, 3>, tile_q32<false, 4>,
-                        tile_q32<false, 5>, tile_q32<false, 6>, tile_q32<false, 7>, tile_q32<false, 8>>;
-using Q8_0Tiles = Tiles<tile_q32<true, 1>, tile_q32<true, 2>, tile_q32<true, 3>, tile_q32<true, 4>, tile_q32<true, 5>,
-                        tile_q32<true, 6>, tile_q32<true, 7>, tile_q32<true, 8>>;
+template <Q32 kType>
+using Q32Tiles = Tiles<tile_q32<kType, 1>, tile_q32<kType, 2>, tile_q32<kType, 3>, tile_q32<kType, 4>,
+                       tile_q32<kType, 5>, tile_q32<kType, 6>, tile_q32<kType, 7>, tile_q32<kType, 8>>;
 template <int kOff, bool kMin, bool kHigh>
 using Small32Tiles =
     Tiles<tile_small32<kOff, kMin, kHigh, 1>, tile_small32<kOff, kMin, kHigh, 2>, tile_small32<kOff, kMin, kHigh, 3>,
@@ -413,12 +483,15 @@ using HalfTiles = Tiles<tile_half<kBf16, 1>, tile_half<kBf16, 2>, tile_half<kBf1
 using Q4KTiles = Tiles<tile_q45k<false, 1>, tile_q45k<false, 2>, tile_q45k<false, 3>, tile_q45k<false, 4>>;
 using Q5KTiles = Tiles<tile_q45k<true, 1>, tile_q45k<true, 2>, tile_q45k<true, 3>, tile_q45k<true, 4>>;
 using Q6KTiles = Tiles<tile_q6k<1>, tile_q6k<2>, tile_q6k<3>>;
+using IQ4XSTiles = Tiles<tile_iq4xs<1>, tile_iq4xs<2>, tile_iq4xs<3>, tile_iq4xs<4>, tile_iq4xs<5>, tile_iq4xs<6>,
+                         tile_iq4xs<7>, tile_iq4xs<8>>;
 
 }  // namespace
 
 void add_packed_kernels_avx512(KernelTable& t) {
-    t.packed[int(GgmlType::kQ4_0)] = PackedKernel{gemm_packed<Q4_0Tiles>, ActFormat::kAct32};
-    t.packed[int(GgmlType::kQ8_0)] = PackedKernel{gemm_packed<Q8_0Tiles>, ActFormat::kAct32};
+    t.packed[int(GgmlType::kQ4_0)] = PackedKernel{gemm_packed<Q32Tiles<Q32::kQ4_0>>, ActFormat::kAct32};
+    t.packed[int(GgmlType::kQ8_0)] = PackedKernel{gemm_packed<Q32Tiles<Q32::kQ8_0>>, ActFormat::kAct32};
+    t.packed[int(GgmlType::kIQ4_NL)] = PackedKernel{gemm_packed<Q32Tiles<Q32::kIQ4_NL>>, ActFormat::kAct32};
     t.packed[int(GgmlType::kQ4_1)] = PackedKernel{gemm_packed<Small32Tiles<0, true, false>>, ActFormat::kAct32};
     t.packed[int(GgmlType::kQ5_0)] = PackedKernel{gemm_packed<Small32Tiles<16, false, true>>, ActFormat::kAct32};
     t.packed[int(GgmlType::kQ5_1)] = PackedKernel{gemm_packed<Small32Tiles<0, true, true>>, ActFormat::kAct32};
@@ -427,6 +500,7 @@ void add_packed_kernels_avx512(KernelTable& t) {
     t.packed[int(GgmlType::kQ4_K)] = PackedKernel{gemm_packed<Q4KTiles>, ActFormat::kActQ8K};
     t.packed[int(GgmlType::kQ5_K)] = PackedKernel{gemm_packed<Q5KTiles>, ActFormat::kActQ8K};
     t.packed[int(GgmlType::kQ6_K)] = PackedKernel{gemm_packed<Q6KTiles>, ActFormat::kActQ8K};
+    t.packed[int(GgmlType::kIQ4_XS)] = PackedKernel{gemm_packed<IQ4XSTiles>, ActFormat::kAct32};
 }
 
 }  // namespace cera::cpu

@@ -53,6 +53,7 @@ void pack_group(GgmlType type, const uint8_t* w, size_t rs, int64_t r0, int64_t 
     const int64_t nb = k / 32, nsb = k / kQK_K;
     switch (type) {
         case GgmlType::kQ4_0:
+        case GgmlType::kIQ4_NL:
         case GgmlType::kQ8_0: {
             const bool q8 = type == GgmlType::kQ8_0;
             const size_t bbytes = q8 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0);
@@ -198,6 +199,22 @@ void pack_group(GgmlType type, const uint8_t* w, size_t rs, int64_t r0, int64_t 
             }
             return;
         }
+        case GgmlType::kIQ4_XS: {
+            for (int64_t sb = 0; sb < nsb; ++sb) {
+                uint8_t* o = out + size_t(sb) * 2240;
+                for (int r = 0; r < R; ++r) {
+                    const uint8_t* src = row(r);
+                    const auto* blk = src != nullptr ? reinterpret_cast<const BlockIQ4_XS*>(src) + sb : nullptr;
+                    put_f32(o + 4 * r, blk != nullptr ? fp16_to_fp32(blk->d) : 0.0f);
+                    for (int s = 0; s < 8; ++s)
+                        o[64 + 16 * s + r] = uint8_t(blk != nullptr ? iq4_xs_scale(*blk, s) - 32 : 0);
+                    for (int l = 0; l < 32; ++l)
+                        for (int i = 0; i < 4; ++i)
+                            o[192 + 64 * l + 4 * r + i] = blk != nullptr ? blk->qs[4 * l + i] : 0;
+                }
+            }
+            return;
+        }
         default:
             CERA_CHECK(false, "repack: no packed layout for %s", type_name(type));
     }
@@ -208,6 +225,7 @@ void unpack_lane(GgmlType type, const uint8_t* g, int r, int64_t k, uint8_t* out
     const int64_t nb = k / 32, nsb = k / kQK_K;
     switch (type) {
         case GgmlType::kQ4_0:
+        case GgmlType::kIQ4_NL:
         case GgmlType::kQ8_0: {
             const bool q8 = type == GgmlType::kQ8_0;
             const size_t bbytes = q8 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0);
@@ -312,6 +330,25 @@ void unpack_lane(GgmlType type, const uint8_t* g, int r, int64_t k, uint8_t* out
             }
             return;
         }
+        case GgmlType::kIQ4_XS: {
+            for (int64_t sb = 0; sb < nsb; ++sb) {
+                const uint8_t* o = g + size_t(sb) * 2240;
+                auto* blk = reinterpret_cast<BlockIQ4_XS*>(out) + sb;
+                float d;
+                std::memcpy(&d, o + 4 * r, 4);
+                blk->d = fp32_to_fp16(d);
+                blk->scales_h = 0;
+                std::memset(blk->scales_l, 0, sizeof blk->scales_l);
+                for (int s = 0; s < 8; ++s) {
+                    const int ls = int(int8_t(o[64 + 16 * s + r])) + 32;
+                    blk->scales_l[s / 2] |= uint8_t((ls & 0xF) << (4 * (s % 2)));
+                    blk->scales_h |= uint16_t((ls >> 4) << (2 * s));
+                }
+                for (int l = 0; l < 32; ++l)
+                    for (int i = 0; i < 4; ++i) blk->qs[4 * l + i] = o[192 + 64 * l + 4 * r + i];
+            }
+            return;
+        }
         default:
             CERA_CHECK(false, "unpack: no packed layout for %s", type_name(type));
     }
@@ -399,6 +436,7 @@ std::unordered_map<const void*, Entry>& registry() {
 size_t packed_group_bytes(GgmlType type, int64_t k) {
     switch (type) {
         case GgmlType::kQ4_0:
+        case GgmlType::kIQ4_NL:
             return size_t((k / 32 + 1) / 2) * 576;
         case GgmlType::kQ8_0:
             return size_t((k / 32 + 1) / 2) * 1088;
@@ -415,6 +453,8 @@ size_t packed_group_bytes(GgmlType type, int64_t k) {
             return size_t(k / kQK_K) * 2880;
         case GgmlType::kQ6_K:
             return size_t(k / kQK_K) * 3392;
+        case GgmlType::kIQ4_XS:
+            return size_t(k / kQK_K) * 2240;
         default:
             return 0;
     }

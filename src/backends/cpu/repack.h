@@ -17,6 +17,10 @@
 //         (64 B), then per block the 4 code lines of Q4_0 (low 4 bits of the codes) and for Q5_0 /
 //         Q5_1 a 5th line H: byte i of row r, bit j = 5th bit of element 4j+i, bit 4+j = of
 //         element 16+4j+i. Q4_1 640 B, Q5_0 704 B, Q5_1 768 B per pair.
+//   IQ4_NL: Q4_0's layout (the codes index kIQ4NLValues).
+//   IQ4_XS: per 256-super-block: d f32 [16], sub-block scales ls - 32 i8 [8][16] (sub-block-major), then
+//         32 lines: line 4s+j, row r = qs[16s + 4j .. 16s+4j+3] of that row's block (low nibble: element
+//         32s+4j+i, high: +16). 64+128+2048 = 2240 B.
 //   F16, BF16: 32 B per element: element i of row r at bytes 32 i + 2 r (any k). 32 k B.
 //   Q4_K: per 256-super-block: d fp16 [16], dmin fp16 [16], scales u8 [8][16], mins u8 [8][16],
 //         then 32 lines: line 8g+j, row r = qs[32g + 4j .. 32g+4j+3] (low nibble: element

@@ -7,6 +7,8 @@
 //   Q5_0/Q5_1:  as Q4, plus bit j of the little-endian uint32 qh = bit 4 of element j (j < 32).
 //   Q8_0/Q8_1:  qs[j] = element j.
 //   K-quants:   256-element super-blocks of 8 (or 16) sub-blocks with 6-bit (or 8-bit) sub-scales.
+//   IQ4_NL:     as Q4_0, the nibble an index into kIQ4NLValues.
+//   IQ4_XS:     8 sub-blocks of 32, each laid out as IQ4_NL's qs, with 6-bit sub-scales.
 #pragma once
 #include <stdint.h>
 
@@ -93,6 +95,34 @@ struct BlockQ6_K {
     int8_t scales[kQK_K / 16];
     uint16_t d;
 };
+// The 16 levels of IQ4_NL and IQ4_XS: a non-uniform grid, denser near zero where trained weights
+// crowd.
+constexpr int8_t kIQ4NLValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// x = d * kIQ4NLValues[q], q in [0, 15]
+struct BlockIQ4_NL {
+    uint16_t d;
+    uint8_t qs[16];
+};
+// 8 sub-blocks of 32: x = d * (ls - 32) * kIQ4NLValues[q], ls 6-bit: low 4 bits in nibble (j % 2) of
+// scales_l[j / 2], high 2 bits in bits 2j..2j+1 of scales_h; sub-block j's codes in qs[16j .. 16j+15]
+// (low nibble element l, high element l + 16)
+struct BlockIQ4_XS {
+    uint16_t d;
+    uint16_t scales_h;
+    uint8_t scales_l[kQK_K / 64];
+    uint8_t qs[kQK_K / 2];
+};
+
+// The 6-bit scale ls of sub-block j (0..7) of an IQ4_XS block: the sub-block's scale is d * (ls - 32).
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+    inline int
+    iq4_xs_scale(const BlockIQ4_XS& b, int j) {
+    return ((b.scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | (((b.scales_h >> (2 * j)) & 3) << 4);
+}
+
 // Activations for the K-quant dot products: x = d * q, with per-16 sums of q.
 struct BlockQ8_K {
     float d;
@@ -112,6 +142,8 @@ static_assert(sizeof(BlockQ4_K) == 144, "Q4_K block size");
 static_assert(sizeof(BlockQ5_K) == 176, "Q5_K block size");
 static_assert(sizeof(BlockQ6_K) == 210, "Q6_K block size");
 static_assert(sizeof(BlockQ8_K) == 292, "Q8_K block size");
+static_assert(sizeof(BlockIQ4_NL) == 18, "IQ4_NL block size");
+static_assert(sizeof(BlockIQ4_XS) == 136, "IQ4_XS block size");
 
 // The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K block.
 #if defined(__CUDACC__)

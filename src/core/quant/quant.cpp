@@ -367,6 +367,8 @@ constexpr QuantTraits kTraits[] = {
     {GgmlType::kQ5_K, kQK_K, sizeof(BlockQ5_K), dequant_q5_k, unweighted<quant_q5_k>, quant_q5_k},
     {GgmlType::kQ6_K, kQK_K, sizeof(BlockQ6_K), dequant_q6_k, unweighted<quant_q6_k>, quant_q6_k},
     {GgmlType::kQ8_K, kQK_K, sizeof(BlockQ8_K), dequant_q8_k, quant_q8_k, nullptr},
+    {GgmlType::kIQ4_NL, 32, sizeof(BlockIQ4_NL), dequant_iq4_nl, unweighted<quant_iq4_nl>, quant_iq4_nl},
+    {GgmlType::kIQ4_XS, kQK_K, sizeof(BlockIQ4_XS), dequant_iq4_xs, unweighted<quant_iq4_xs>, quant_iq4_xs},
 };
 
 void check_row(const QuantTraits& t, int64_t n) {

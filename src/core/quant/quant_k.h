@@ -1,5 +1,5 @@
-// Inside the quantizer table (quant.cpp): the K-quant quantizers of quant_k.cpp and the helpers both
-// files use. Not for use outside src/core/quant.
+// Inside the quantizer table (quant.cpp): the K-quant quantizers of quant_k.cpp, the IQ4 formats of
+// quant_iq4.cpp and the helpers they share. Not for use outside src/core/quant.
 #pragma once
 #include <cstdint>
 
@@ -53,5 +53,13 @@ void quant_q4_0_weighted(const float* x, void* dst, int64_t n, const float* qw);
 void quant_q4_1_weighted(const float* x, void* dst, int64_t n, const float* qw);
 void quant_q5_0_weighted(const float* x, void* dst, int64_t n, const float* qw);
 void quant_q5_1_weighted(const float* x, void* dst, int64_t n, const float* qw);
+
+// IQ4_NL (n a multiple of 32) and IQ4_XS (of 256), quant_iq4.cpp: llama.cpp's quantize_iq4_nl /
+// quantize_iq4_xs, with quant_weights = qw (nullptr: none, as llama-quantize without an importance
+// matrix calls them).
+void quant_iq4_nl(const float* x, void* dst, int64_t n, const float* qw = nullptr);
+void quant_iq4_xs(const float* x, void* dst, int64_t n, const float* qw = nullptr);
+void dequant_iq4_nl(const void* src, float* y, int64_t n);
+void dequant_iq4_xs(const void* src, float* y, int64_t n);
 
 }  // namespace cera::quant_detail
