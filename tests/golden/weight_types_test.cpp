@@ -2,7 +2,7 @@
 // reference table (which dequantizes each weight row to f32: the slow path the fast kernels
 // replace), on the tiny-lfm2 fixture quantized to that type by `cera quantize`. The fast kernels
 // quantize the activations to 8 bits where the scalar path keeps them in f32, so the tokens may
-// part only where the reference's top two logits are nearly tied, and then at its second choice.
+// part only where the reference's top logits are nearly tied, and then at one of those tied tokens.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -27,8 +27,8 @@ using nlohmann::json;
 
 struct Greedy {
     std::vector<int32_t> ids;
-    std::vector<int32_t> second;  // the runner-up at each step
     std::vector<float> margin;    // top1 - top2 logit at each step
+    std::vector<std::vector<float>> logits;
 };
 
 Greedy greedy(Model& model, const std::vector<int32_t>& prompt, int n) {
@@ -45,8 +45,8 @@ Greedy greedy(Model& model, const std::vector<int32_t>& prompt, int n) {
         });
         const int32_t id = order[0];
         g.ids.push_back(id);
-        g.second.push_back(order[1]);
         g.margin.push_back(logits[size_t(order[0])] - logits[size_t(order[1])]);
+        g.logits.push_back(logits);
         if (i + 1 < n) st->eval({.tokens = {&id, 1}, .logits = logits.data()});
     }
     return g;
@@ -100,10 +100,11 @@ TEST_P(WeightType, GreedyMatchesTheScalarPath) {
             std::printf("[ wtype  ] %-7s %-6s%s prompt %d: %zu/%d greedy tokens equal the scalar path\n", c.file_type,
                         cpu::isa_name(isa), fast ? "" : " (fallback)", p, match, kSteps);
             if (match < ref.ids.size()) {
-                std::printf("           diverges at step %zu: scalar margin top1-top2 %.4g\n", match,
-                            ref.margin[match]);
-                EXPECT_LT(ref.margin[match], 0.05) << c.file_type << " " << cpu::isa_name(isa) << " prompt " << p;
-                EXPECT_EQ(got.ids[match], ref.second[match]) << c.file_type << " " << cpu::isa_name(isa);
+                // the reference's own logit for the token taken: within the tie margin of its top
+                const float gap = ref.logits[match][size_t(ref.ids[match])] - ref.logits[match][size_t(got.ids[match])];
+                std::printf("           diverges at step %zu: scalar margin top1-top2 %.4g, to a token %.4g below\n",
+                            match, ref.margin[match], gap);
+                EXPECT_LT(gap, 0.05) << c.file_type << " " << cpu::isa_name(isa) << " prompt " << p;
             }
         }
     }
@@ -115,8 +116,8 @@ INSTANTIATE_TEST_SUITE_P(Types, WeightType,
                          ::testing::Values(TypeCase{"Q4_1", GgmlType::kQ4_1}, TypeCase{"Q5_0", GgmlType::kQ5_0},
                                            TypeCase{"Q5_1", GgmlType::kQ5_1}, TypeCase{"Q5_K_M", GgmlType::kQ5_K},
                                            TypeCase{"F16", GgmlType::kF16}, TypeCase{"BF16", GgmlType::kBF16},
-                                           TypeCase{"IQ4_NL", GgmlType::kIQ4_NL},
-                                           TypeCase{"IQ4_XS", GgmlType::kIQ4_XS}),
+                                           TypeCase{"IQ4_NL", GgmlType::kIQ4_NL}, TypeCase{"IQ4_XS", GgmlType::kIQ4_XS},
+                                           TypeCase{"Q2_K", GgmlType::kQ2_K}, TypeCase{"Q3_K_M", GgmlType::kQ3_K}),
                          [](const auto& info) { return std::string(info.param.file_type); });
 
 }  // namespace

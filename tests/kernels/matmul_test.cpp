@@ -126,9 +126,9 @@ TEST(Matmul, PackedCopyIsNotUsedForNewContentsAtTheSameAddress) {
     const int64_t rows = 40, k = 256, nt = 3;
     std::vector<float> x(size_t(nt * k));
     for (auto& v : x) v = g(rng);
-    for (GgmlType type :
-         {GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
-          GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS}) {
+    for (GgmlType type : {GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
+                          GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
+                          GgmlType::kIQ4_NL, GgmlType::kIQ4_XS, GgmlType::kQ2_K, GgmlType::kQ3_K}) {
         cpu::force_isa(available_isas().back());
         auto w = make_weights(type, rows, k, rng);
         const bool packed = cpu::register_weight(type, w.data(), rows, k);

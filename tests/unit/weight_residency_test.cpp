@@ -37,7 +37,8 @@ namespace {
 
 constexpr GgmlType kPackedTypes[] = {GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ4_0,   GgmlType::kQ4_1,
                                      GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0,   GgmlType::kQ4_K,
-                                     GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS};
+                                     GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_NL, GgmlType::kIQ4_XS,
+                                     GgmlType::kQ2_K, GgmlType::kQ3_K};
 
 std::vector<uint8_t> make_weights(GgmlType type, int64_t rows, int64_t k, std::mt19937& rng) {
     std::normal_distribution<float> g(0.0f, 1.0f);

@@ -8,10 +8,10 @@
 // from registers (NT tokens per tile); zero offsets are the accumulators' start values
 // (-offset * the activation block's code sum); K-quant sub-block scales multiply the int32 sums.
 // Variants: F16 and BF16 on f32 activations; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and IQ4_XS on
-// kAct32 activations; Q4_K, Q5_K and Q6_K on Q8_K activations. Bottleneck: decode (1 token) reads each weight byte
-// once: ~24 vector ops per 288 bytes of Q4_0, well under what 16.5 GB/s per core (half of the ~33 GB/s two-core
-// roofline) needs. Prefill: per block and token 8 vpdpbusd (512 MACs) + 3 float ops, plus 12 unpack ops per block
-// shared by the token tile: ~40 MAC/cycle per core on Zen 4 (double-pumped 512-bit) vs ~16 for 4x4 row tiles.
+// kAct32 activations; Q2_K, Q3_K, Q4_K, Q5_K and Q6_K on Q8_K activations. Bottleneck: decode (1 token) reads each
+// weight byte once: ~24 vector ops per 288 bytes of Q4_0, well under what 16.5 GB/s per core (half of the ~33 GB/s
+// two-core roofline) needs. Prefill: per block and token 8 vpdpbusd (512 MACs) + 3 float ops, plus 12 unpack ops per
+// block shared by the token tile: ~40 MAC/cycle per core on Zen 4 (double-pumped 512-bit) vs ~16 for 4x4 row tiles.
 #include <immintrin.h>
 
 // GCC 12's AVX-512 headers trip -Wuninitialized in their own reduce/convert helpers.
@@ -389,6 +389,100 @@ void tile_q6k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64
     for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + t * ldy, rmask, facc[t]);
 }
 
+// ---------------------------------------------------------------- Q2_K / Q3_K (Q8_K activations)
+
+// 16 sub-blocks of 16. A code line holds 4 bytes of 4 2-bit fields per row: field j of line 8n+m is
+// elements 128n + 32j + 4m + i, so the 4 lines m = 4q..4q+3 at one field are sub-block 8n + 2j + q,
+// one vpdpbusd chain each. Q3_K ors its 3rd bit in from the H line m at bit 4n+j and offsets the
+// codes by 4 (the chains start at -4 * the sub-block's activation sum); Q2_K's mins go through
+// Q8_K's per-16 sums as int16 pairs (vpmaddwd). The sub-block scales multiply the chains in int32.
+template <bool kQ3, int NT>
+void tile_q23k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64_t k, float* y, int64_t ldy,
+               __mmask16 rmask) {
+    (void)nb;
+    __m512 facc[NT];
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t) facc[t] = _mm512_setzero_ps();
+    const __m512i m3 = _mm512_set1_epi8(3), m4 = _mm512_set1_epi8(4), m15 = _mm512_set1_epi32(15);
+    for (int64_t sb = 0; sb < k / kQK_K; ++sb) {
+        const uint8_t* p = g + size_t(sb) * (kQ3 ? 1856 : 1344);
+        const BlockQ8_K* xb[NT];
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t) xb[t] = reinterpret_cast<const BlockQ8_K*>(act + t * as) + sb;
+        auto scale_bytes = [&](int s) {
+            const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i*>(p + 64 + 16 * s));
+            return kQ3 ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v);
+        };
+        if constexpr (!kQ3) {
+            // the mins: sum over sub-blocks of m_s * (the activations' sum over s), as int16 pairs
+            __m512i mpair[8];
+#pragma GCC unroll 8
+            for (int pp = 0; pp < 8; ++pp)
+                mpair[pp] = _mm512_or_si512(_mm512_srli_epi32(scale_bytes(2 * pp), 4),
+                                            _mm512_slli_epi32(_mm512_srli_epi32(scale_bytes(2 * pp + 1), 4), 16));
+            const __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p + 32)));
+#pragma GCC unroll 16
+            for (int t = 0; t < NT; ++t) {
+                __m512i ms = _mm512_madd_epi16(mpair[0], bcast32(xb[t]->bsums));
+#pragma GCC unroll 8
+                for (int pp = 1; pp < 8; ++pp)
+                    ms = _mm512_add_epi32(ms, _mm512_madd_epi16(mpair[pp], bcast32(xb[t]->bsums + 2 * pp)));
+                facc[t] =
+                    _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dmin, _mm512_set1_ps(xb[t]->d)), facc[t]);
+            }
+        }
+        __m512i isum[NT];
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+        for (int n = 0; n < 2; ++n) {
+            __m512i V[8];
+#pragma GCC unroll 8
+            for (int m = 0; m < 8; ++m) V[m] = _mm512_load_si512(p + 320 + 64 * (8 * n + m));
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; ++j) {
+                __m512i w[8];
+#pragma GCC unroll 8
+                for (int m = 0; m < 8; ++m) {
+                    const __m512i lo = _mm512_srli_epi16(V[m], unsigned(2 * j));
+                    if constexpr (kQ3) {
+                        const __m512i H = _mm512_load_si512(p + 1344 + 64 * m);
+                        const int bit = 4 * n + j;
+                        const __m512i hb = bit >= 2 ? _mm512_srli_epi16(H, unsigned(bit - 2))
+                                                    : _mm512_slli_epi16(H, unsigned(2 - bit));
+                        w[m] = _mm512_ternarylogic_epi32(lo, m3, _mm512_and_si512(hb, m4), 0xEA);
+                    } else {
+                        w[m] = _mm512_and_si512(lo, m3);
+                    }
+                }
+                const int s = 8 * n + 2 * j;
+                __m512i sc0 = scale_bytes(s), sc1 = scale_bytes(s + 1);
+                if constexpr (!kQ3) sc0 = _mm512_and_si512(sc0, m15), sc1 = _mm512_and_si512(sc1, m15);
+#pragma GCC unroll 16
+                for (int t = 0; t < NT; ++t) {
+                    const int8_t* x = xb[t]->qs + 128 * n + 32 * j;
+                    __m512i a0 = kQ3 ? _mm512_set1_epi32(-4 * xb[t]->bsums[s]) : _mm512_setzero_si512();
+                    __m512i a1 = kQ3 ? _mm512_set1_epi32(-4 * xb[t]->bsums[s + 1]) : _mm512_setzero_si512();
+#pragma GCC unroll 4
+                    for (int m = 0; m < 4; ++m) {
+                        a0 = _mm512_dpbusd_epi32(a0, w[m], bcast32(x + 4 * m));
+                        a1 = _mm512_dpbusd_epi32(a1, w[4 + m], bcast32(x + 16 + 4 * m));
+                    }
+                    isum[t] = _mm512_add_epi32(
+                        isum[t], _mm512_add_epi32(_mm512_mullo_epi32(a0, sc0), _mm512_mullo_epi32(a1, sc1)));
+                }
+            }
+        }
+        const __m512 d = kQ3 ? _mm512_load_ps(reinterpret_cast<const float*>(p))
+                             : _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p)));
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t)
+            facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, _mm512_set1_ps(xb[t]->d)), facc[t]);
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + t * ldy, rmask, facc[t]);
+}
+
 // ---------------------------------------------------------------- IQ4_XS (kAct32)
 
 // Per 32-sub-block as IQ4_NL: the 4 code lines through the level table, dots started at -128 * the
@@ -483,6 +577,8 @@ using HalfTiles = Tiles<tile_half<kBf16, 1>, tile_half<kBf16, 2>, tile_half<kBf1
 using Q4KTiles = Tiles<tile_q45k<false, 1>, tile_q45k<false, 2>, tile_q45k<false, 3>, tile_q45k<false, 4>>;
 using Q5KTiles = Tiles<tile_q45k<true, 1>, tile_q45k<true, 2>, tile_q45k<true, 3>, tile_q45k<true, 4>>;
 using Q6KTiles = Tiles<tile_q6k<1>, tile_q6k<2>, tile_q6k<3>>;
+template <bool kQ3>
+using Q23KTiles = Tiles<tile_q23k<kQ3, 1>, tile_q23k<kQ3, 2>, tile_q23k<kQ3, 3>, tile_q23k<kQ3, 4>>;
 using IQ4XSTiles = Tiles<tile_iq4xs<1>, tile_iq4xs<2>, tile_iq4xs<3>, tile_iq4xs<4>, tile_iq4xs<5>, tile_iq4xs<6>,
                          tile_iq4xs<7>, tile_iq4xs<8>>;
 
@@ -500,6 +596,8 @@ void add_packed_kernels_avx512(KernelTable& t) {
     t.packed[int(GgmlType::kQ4_K)] = PackedKernel{gemm_packed<Q4KTiles>, ActFormat::kActQ8K};
     t.packed[int(GgmlType::kQ5_K)] = PackedKernel{gemm_packed<Q5KTiles>, ActFormat::kActQ8K};
     t.packed[int(GgmlType::kQ6_K)] = PackedKernel{gemm_packed<Q6KTiles>, ActFormat::kActQ8K};
+    t.packed[int(GgmlType::kQ2_K)] = PackedKernel{gemm_packed<Q23KTiles<false>>, ActFormat::kActQ8K};
+    t.packed[int(GgmlType::kQ3_K)] = PackedKernel{gemm_packed<Q23KTiles<true>>, ActFormat::kActQ8K};
     t.packed[int(GgmlType::kIQ4_XS)] = PackedKernel{gemm_packed<IQ4XSTiles>, ActFormat::kAct32};
 }
 

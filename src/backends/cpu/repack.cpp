@@ -199,6 +199,40 @@ void pack_group(GgmlType type, const uint8_t* w, size_t rs, int64_t r0, int64_t 
             }
             return;
         }
+        case GgmlType::kQ2_K:
+        case GgmlType::kQ3_K: {
+            const bool q3 = type == GgmlType::kQ3_K;
+            const size_t sbytes = packed_group_bytes(type, kQK_K), lines = 320;
+            for (int64_t sb = 0; sb < nsb; ++sb) {
+                uint8_t* o = out + size_t(sb) * sbytes;
+                for (int r = 0; r < R; ++r) {
+                    const uint8_t* src = row(r);
+                    const uint8_t* qs = nullptr;
+                    if (q3) {
+                        const auto* blk = src != nullptr ? reinterpret_cast<const BlockQ3_K*>(src) + sb : nullptr;
+                        put_f32(o + 4 * r, blk != nullptr ? fp16_to_fp32(blk->d) : 0.0f);
+                        int8_t sc[16] = {};
+                        if (blk != nullptr) unpack_q3_k_scales(blk->scales, sc);
+                        for (int j = 0; j < 16; ++j) o[64 + 16 * j + r] = uint8_t(blk != nullptr ? sc[j] - 32 : 0);
+                        for (int m = 0; m < 8; ++m)
+                            for (int i = 0; i < 4; ++i)
+                                o[lines + 1024 + 64 * m + 4 * r + i] = blk != nullptr ? blk->hmask[4 * m + i] : 0;
+                        if (blk != nullptr) qs = blk->qs;
+                    } else {
+                        const auto* blk = src != nullptr ? reinterpret_cast<const BlockQ2_K*>(src) + sb : nullptr;
+                        uint16_t d = 0, dmin = 0;
+                        if (blk != nullptr) d = blk->d, dmin = blk->dmin;
+                        std::memcpy(o + 2 * r, &d, 2);
+                        std::memcpy(o + 32 + 2 * r, &dmin, 2);
+                        for (int j = 0; j < 16; ++j) o[64 + 16 * j + r] = blk != nullptr ? blk->scales[j] : 0;
+                        if (blk != nullptr) qs = blk->qs;
+                    }
+                    for (int l = 0; l < 16; ++l)
+                        for (int i = 0; i < 4; ++i) o[lines + 64 * l + 4 * r + i] = qs != nullptr ? qs[4 * l + i] : 0;
+                }
+            }
+            return;
+        }
         case GgmlType::kIQ4_XS: {
             for (int64_t sb = 0; sb < nsb; ++sb) {
                 uint8_t* o = out + size_t(sb) * 2240;
@@ -330,6 +364,38 @@ void unpack_lane(GgmlType type, const uint8_t* g, int r, int64_t k, uint8_t* out
             }
             return;
         }
+        case GgmlType::kQ2_K: {
+            for (int64_t sb = 0; sb < nsb; ++sb) {
+                const uint8_t* o = g + size_t(sb) * 1344;
+                auto* blk = reinterpret_cast<BlockQ2_K*>(out) + sb;
+                std::memcpy(&blk->d, o + 2 * r, 2);
+                std::memcpy(&blk->dmin, o + 32 + 2 * r, 2);
+                for (int j = 0; j < 16; ++j) blk->scales[j] = o[64 + 16 * j + r];
+                for (int l = 0; l < 16; ++l)
+                    for (int i = 0; i < 4; ++i) blk->qs[4 * l + i] = o[320 + 64 * l + 4 * r + i];
+            }
+            return;
+        }
+        case GgmlType::kQ3_K: {
+            for (int64_t sb = 0; sb < nsb; ++sb) {
+                const uint8_t* o = g + size_t(sb) * 1856;
+                auto* blk = reinterpret_cast<BlockQ3_K*>(out) + sb;
+                float d;
+                std::memcpy(&d, o + 4 * r, 4);
+                blk->d = fp32_to_fp16(d);
+                std::memset(blk->scales, 0, sizeof blk->scales);
+                for (int j = 0; j < 16; ++j) {  // unpack_q3_k_scales, backwards
+                    const int sc = int(int8_t(o[64 + 16 * j + r])) + 32;
+                    blk->scales[j % 8] |= uint8_t((sc & 0xF) << (4 * (j / 8)));
+                    blk->scales[8 + j % 4] |= uint8_t((sc >> 4) << (2 * (j / 4)));
+                }
+                for (int l = 0; l < 16; ++l)
+                    for (int i = 0; i < 4; ++i) blk->qs[4 * l + i] = o[320 + 64 * l + 4 * r + i];
+                for (int m = 0; m < 8; ++m)
+                    for (int i = 0; i < 4; ++i) blk->hmask[4 * m + i] = o[1344 + 64 * m + 4 * r + i];
+            }
+            return;
+        }
         case GgmlType::kIQ4_XS: {
             for (int64_t sb = 0; sb < nsb; ++sb) {
                 const uint8_t* o = g + size_t(sb) * 2240;
@@ -455,6 +521,10 @@ size_t packed_group_bytes(GgmlType type, int64_t k) {
             return size_t(k / kQK_K) * 3392;
         case GgmlType::kIQ4_XS:
             return size_t(k / kQK_K) * 2240;
+        case GgmlType::kQ2_K:
+            return size_t(k / kQK_K) * 1344;
+        case GgmlType::kQ3_K:
+            return size_t(k / kQK_K) * 1856;
         default:
             return 0;
     }

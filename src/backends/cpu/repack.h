@@ -21,6 +21,12 @@
 //   IQ4_XS: per 256-super-block: d f32 [16], sub-block scales ls - 32 i8 [8][16] (sub-block-major), then
 //         32 lines: line 4s+j, row r = qs[16s + 4j .. 16s+4j+3] of that row's block (low nibble: element
 //         32s+4j+i, high: +16). 64+128+2048 = 2240 B.
+//   Q2_K: per 256-super-block: d fp16 [16], dmin fp16 [16], the scale bytes u8 [16][16] (sub-block-major:
+//         low nibble scale, high nibble min), then 16 lines: line 8n+m, row r = qs[32n + 4m .. 32n+4m+3]
+//         (bits 2j..2j+1 of byte i: element 128n + 32j + 4m + i, sub-block 8n + 2j + m/4). 1344 B.
+//   Q3_K: per 256-super-block: d f32 [16], scales - 32 i8 [16][16] (sub-block-major), Q2_K's 16 code
+//         lines (the low 2 bits), then 8 lines H: line m, row r = hmask[4m .. 4m+3] (bit 4n+j of byte i:
+//         the 3rd bit of the code at field j of line 8n+m's byte i). 64+256+1024+512 = 1856 B.
 //   F16, BF16: 32 B per element: element i of row r at bytes 32 i + 2 r (any k). 32 k B.
 //   Q4_K: per 256-super-block: d fp16 [16], dmin fp16 [16], scales u8 [8][16], mins u8 [8][16],
 //         then 32 lines: line 8g+j, row r = qs[32g + 4j .. 32g+4j+3] (low nibble: element

@@ -114,6 +114,15 @@ struct BlockIQ4_XS {
     uint8_t qs[kQK_K / 2];
 };
 
+// The 16 6-bit scales of a Q3_K block, unpacked (still offset by 32).
+inline void unpack_q3_k_scales(const uint8_t* packed, int8_t* out) {
+    for (int j = 0; j < 16; ++j) {
+        const int low = j < 8 ? (packed[j] & 0xF) : (packed[j - 8] >> 4);
+        const int high = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
+        out[j] = int8_t(low | (high << 4));
+    }
+}
+
 // The 6-bit scale ls of sub-block j (0..7) of an IQ4_XS block: the sub-block's scale is d * (ls - 32).
 #if defined(__CUDACC__)
 __host__ __device__

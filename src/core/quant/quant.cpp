@@ -249,15 +249,6 @@ void dequant_q2_k(const void* src, float* y, int64_t n) {
     }
 }
 
-// The 16 6-bit scales of a Q3_K block, unpacked (still offset by 32).
-void unpack_q3_k_scales(const uint8_t* packed, int8_t* out) {
-    for (int j = 0; j < 16; ++j) {
-        const int low = j < 8 ? (packed[j] & 0xF) : (packed[j - 8] >> 4);
-        const int high = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
-        out[j] = int8_t(low | (high << 4));
-    }
-}
-
 void dequant_q3_k(const void* src, float* y, int64_t n) {
     const auto* x = static_cast<const BlockQ3_K*>(src);
     for (int64_t i = 0; i < n / kQK_K; ++i) {
