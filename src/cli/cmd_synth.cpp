@@ -40,7 +40,7 @@ GgmlType parse_type(const std::string& name, const char* flag) {
     if (!t)
         throw_error(ErrorCode::kInvalidArgument,
                     "%s: unknown tensor type '%s' (F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
-                    "Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)",
+                    "Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)",
                     flag, name.c_str());
     return *t;
 }
@@ -69,8 +69,8 @@ int run_synth(const std::vector<std::string>& args) {
                    "write a random LFM2-VL vision projector (mmproj) instead of a model, in a preset's shape: "
                    "tiny | lfm2-vl-450m | lfm2-vl-1.6b (--type F32 or F16)");
     app.add_option("--type", type_name_,
-                   "type of the 2-D and 3-D weights (default F32); Q4_K_M / Q5_K_M: llama-quantize's mixture "
-                   "(attn_v and ffn_down in Q6_K on an eighth at each end and every third layer between)");
+                   "type of the 2-D and 3-D weights (default F32), or a llama-quantize file type (Q4_K_M, Q3_K_L, "
+                   "...): its mixture of types");
     app.add_option("--embd-type", embd_type_name, "type of token_embd / output (default: --type)");
     app.add_option("-o,--output", out, "output GGUF path")->required();
     app.add_option("--seed", seed, "random seed (default 42)");
@@ -138,10 +138,12 @@ int run_synth(const std::vector<std::string>& args) {
         else if (c.n_layer != preset_layers)
             c.attn_layers.clear();  // the default pattern, for the new depth
         c.tied = !untied;
-        std::string base = type_name_;
-        for (const char* mix : {"Q4_K_M", "Q5_K_M"})
-            if (base == mix) base.resize(4), c.k_medium = true;
-        c.type = parse_type(base, "--type");
+        if (type_from_name(type_name_)) {
+            c.type = parse_type(type_name_, "--type");
+        } else {  // a llama-quantize file type: its mixture
+            c.mixture = quantize::parse_file_type(type_name_);
+            c.type = quantize::default_type(*c.mixture);
+        }
         if (!embd_type_name.empty()) c.embd_type = parse_type(embd_type_name, "--embd-type");
         c.seed = seed;
         c.name = name;

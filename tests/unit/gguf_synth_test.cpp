@@ -203,7 +203,7 @@ TEST(GgufSynth, MediumMixtureMatchesLlamaQuantize) {
         auto ref = File::open(cera::test::data_path(std::string("fixtures/") + model + "/model-Q4_K_M.gguf"));
         SynthConfig c = config_like(*ref);
         c.type = cera::GgmlType::kQ4_K;
-        c.k_medium = true;
+        c.mixture = cera::quantize::FileType::kQ4_K_M;
         const std::string out = tmp_path("km.gguf");
         synthesize(c, ref.get(), out, 2);
         auto f = File::open(out);
@@ -221,7 +221,7 @@ TEST(GgufSynth, MediumMixtureMatchesLlamaQuantize) {
     auto ref = File::open(cera::test::data_path("fixtures/tiny-lfm2/model-Q4_K_M.gguf"));
     SynthConfig c = config_like(*ref);
     c.type = cera::GgmlType::kQ4_K;
-    c.k_medium = true;
+    c.mixture = cera::quantize::FileType::kQ4_K_M;
 
     SynthConfig bad = c;
     bad.type = cera::GgmlType::kQ8_0;
@@ -247,8 +247,8 @@ TEST(GgufSynth, BadConfigurationsAreRejected) {
     bad.n_embd = 0;
     expect_error(bad, cera::ErrorCode::kInvalidArgument, "n_embd");
     bad = c;
-    bad.type = cera::GgmlType::kIQ4_NL;
-    expect_error(bad, cera::ErrorCode::kUnsupported, "IQ4_NL");
+    bad.type = cera::GgmlType::kIQ2_XXS;
+    expect_error(bad, cera::ErrorCode::kUnsupported, "IQ2_XXS");
     bad = c;
     bad.n_vocab = 0;
     expect_error(bad, cera::ErrorCode::kInvalidArgument, "n_vocab");

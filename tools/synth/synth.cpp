@@ -137,20 +137,24 @@ std::vector<TensorSpec> layout(const SynthConfig& c, int64_t n_vocab) {
     return t;
 }
 
-// Each tensor's type: the mixture's rules with k_medium, else `type` (the embeddings
+// Each tensor's type: the mixture's rules, else `type` (the embeddings
 // `embd_type`) for every tensor llama-quantize would quantize, rows fitted as it fits them.
 std::vector<GgmlType> tensor_types(const SynthConfig& c, const std::vector<TensorSpec>& specs) {
     std::vector<quantize::TensorDesc> descs;
     for (const TensorSpec& s : specs) descs.push_back({s.name, s.ne, GgmlType::kF32});
-    if (c.k_medium) {
+    if (c.mixture) {
         quantize::MixtureOptions o;
-        o.file_type = c.type == GgmlType::kQ5_K ? quantize::FileType::kQ5_K_M : quantize::FileType::kQ4_K_M;
+        o.file_type = *c.mixture;
         o.token_embedding_type = c.embd_type;
         o.output_tensor_type = c.embd_type;
         quantize::ModelFacts m;
         m.arch = c.arch;
         m.n_layer = c.n_layer;
         m.n_expert = c.arch == "lfm2moe" && c.n_expert > 1 ? c.n_expert : 0;
+        // query heads per KV head of layer 0, 0 where that layer has no attention (as llama-quantize reads it)
+        const bool attn0 = !is_lfm2(c.arch) ||
+                           std::find(c.attn_layers.begin(), c.attn_layers.end(), int64_t(0)) != c.attn_layers.end();
+        m.n_gqa = attn0 && c.n_head_kv > 0 ? c.n_head / c.n_head_kv : 0;
         return quantize::choose_types(o, m, descs);
     }
     std::vector<GgmlType> types;
@@ -207,7 +211,7 @@ void metadata(const SynthConfig& c, const File* vocab, int64_t n_vocab, Writer& 
         w.set_f32(k("logit_scale"), c.logit_scale);
     }
     w.set_u32(k("vocab_size"), uint32_t(n_vocab));
-    w.set_u32(keys::kFileType, keys::file_type_of(c.type, /*k_medium=*/true));
+    w.set_u32(keys::kFileType, c.mixture ? uint32_t(*c.mixture) : keys::file_type_of(c.type, /*k_medium=*/true));
     w.set_u32(keys::kQuantVersion, 2);
     if (vocab)
         for (const auto& [key, v] : vocab->metadata())
@@ -295,8 +299,10 @@ void synth_validate(const SynthConfig& c) {
         in_range(c.n_ff_exp, "n_ff_exp");
         in_range(c.n_dense_lead, "n_dense_lead", 0, c.n_layer);
     }
-    if (c.k_medium && c.type != GgmlType::kQ4_K && c.type != GgmlType::kQ5_K)
-        throw_error(ErrorCode::kInvalidArgument, "the medium mixture is for Q4_K and Q5_K, not %s", type_name(c.type));
+    if (c.mixture && c.type != quantize::default_type(*c.mixture))
+        throw_error(ErrorCode::kInvalidArgument, "the %s mixture is of %s, not %s",
+                    quantize::file_type_name(*c.mixture), type_name(quantize::default_type(*c.mixture)),
+                    type_name(c.type));
     for (GgmlType t : {c.type, c.embd_type.value_or(c.type)}) {
         if (!can_quantize(t))
             throw_error(ErrorCode::kUnsupported, "cannot write tensor type %s (no quantizer)", type_name(t));

@@ -11,6 +11,7 @@
 
 #include "core/dtype.h"
 #include "gguf/gguf.h"
+#include "quantize/mixture.h"
 
 namespace cera::gguf {
 
@@ -43,11 +44,11 @@ struct SynthConfig {
     float logit_scale = 8.0f;
     GgmlType type = GgmlType::kF32;     // 2-D and 3-D weights
     std::optional<GgmlType> embd_type;  // token_embd / output; unset -> `type`
-    // Q4_K / Q5_K only: llama-quantize's Q4_K_M / Q5_K_M mixture (quantize/mixture.h): attn_v and
-    // ffn_down in Q6_K on the first and last eighth of their layers and every third layer between (the
-    // rest in `type`), the LM head (output, or token_embd when tied) in Q6_K unless embd_type is set, and
-    // the 8-expert rules for lfm2moe.
-    bool k_medium = false;
+    // A llama-quantize mixture (quantize/mixture.h) instead of `type` everywhere: each tensor gets the
+    // type llama-quantize would give it for this file type (Q4_K_M: attn_v and ffn_down in Q6_K on the
+    // first and last eighth of their layers and every third layer between, the LM head in Q6_K unless
+    // embd_type is set, ...). `type` must be the file type's default type.
+    std::optional<quantize::FileType> mixture;
     uint64_t seed = 42;
 };
 
