@@ -1,8 +1,9 @@
-// Every weight type on every CPU kernel table gives the greedy continuation of the scalar
+// Every weight type on every CPU kernel table, on the tiny-lfm2 fixture quantized to that type by
+// `cera quantize`, gives the greedy continuation of llama.cpp on the same file and of the scalar
 // reference table (which dequantizes each weight row to f32: the slow path the fast kernels
-// replace), on the tiny-lfm2 fixture quantized to that type by `cera quantize`. The fast kernels
-// quantize the activations to 8 bits where the scalar path keeps them in f32, so the tokens may
-// part only where the reference's top logits are nearly tied, and then at one of those tied tokens.
+// replace). The fast kernels quantize the activations to 8 bits where the scalar path keeps them in
+// f32, so the tokens may part only where the reference's top logits are nearly tied, and then at one
+// of those tied tokens.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -67,17 +68,23 @@ struct TypeCase {
 
 class WeightType : public ::testing::TestWithParam<TypeCase> {};
 
+// tiny-lfm2 quantized to a file type by `cera quantize` (llama-quantize's bytes: golden/quantize_test).
+std::string quantized_fixture(const char* file_type) {
+    quantize::QuantizeOptions qo;
+    qo.input = test::data_path("fixtures/tiny-lfm2/model.gguf");
+    qo.output =
+        (fs::temp_directory_path() / ("cera_wtypes_" + std::to_string(::getpid()) + "_" + file_type + ".gguf"))
+            .string();
+    qo.file_type = quantize::parse_file_type(file_type);
+    qo.n_threads = 2;
+    quantize::quantize_model(qo);
+    return qo.output;
+}
+
 TEST_P(WeightType, GreedyMatchesTheScalarPath) {
     const TypeCase& c = GetParam();
     const std::string dir = test::data_path("fixtures/tiny-lfm2");
-    quantize::QuantizeOptions qo;
-    qo.input = dir + "/model.gguf";
-    qo.output =
-        (fs::temp_directory_path() / ("cera_wtypes_" + std::to_string(::getpid()) + "_" + c.file_type + ".gguf"))
-            .string();
-    qo.file_type = quantize::parse_file_type(c.file_type);
-    qo.n_threads = 2;
-    quantize::quantize_model(qo);
+    const std::string path = quantized_fixture(c.file_type);
 
     const cpu::Isa saved = cpu::active_isa();
     constexpr int kSteps = 32;
@@ -86,7 +93,7 @@ TEST_P(WeightType, GreedyMatchesTheScalarPath) {
             json::parse(test::read_text(dir + "/ref/prompt_" + std::to_string(p) + ".json"))["ids"]
                 .get<std::vector<int32_t>>();
         cpu::force_isa(cpu::Isa::kRef);
-        const Greedy ref = greedy(*load(qo.output), prompt, kSteps);
+        const Greedy ref = greedy(*load(path), prompt, kSteps);
         for (cpu::Isa isa : {cpu::Isa::kAvx2, cpu::Isa::kAvx512}) {
             if (!cpu::isa_supported(isa)) continue;
             const cpu::KernelTable& tab = cpu::kernel_table(isa);
@@ -94,7 +101,7 @@ TEST_P(WeightType, GreedyMatchesTheScalarPath) {
             const bool fast = tab.matmul[int(c.type)].fn != nullptr || tab.packed[int(c.type)].fn != nullptr;
             if (isa == cpu::Isa::kAvx512) EXPECT_TRUE(tab.packed[int(c.type)].fn != nullptr) << c.file_type;
             cpu::force_isa(isa);
-            const Greedy got = greedy(*load(qo.output), prompt, kSteps);
+            const Greedy got = greedy(*load(path), prompt, kSteps);
             size_t match = 0;
             while (match < ref.ids.size() && got.ids[match] == ref.ids[match]) ++match;
             std::printf("[ wtype  ] %-7s %-6s%s prompt %d: %zu/%d greedy tokens equal the scalar path\n", c.file_type,
@@ -109,7 +116,50 @@ TEST_P(WeightType, GreedyMatchesTheScalarPath) {
         }
     }
     cpu::force_isa(saved);
-    fs::remove(qo.output);
+    fs::remove(path);
+}
+
+// llama.cpp's greedy continuation of the same file (tests/data/llamacpp/make_greedy.py: llama-server
+// with an F32 KV cache, the top 5 log-probabilities of every step), on every kernel table: equal, or
+// parting where llama.cpp's top two are within 0.05 and then at a token of its top 5 within 0.05 of
+// its first.
+TEST_P(WeightType, GreedyMatchesLlamaCpp) {
+    const TypeCase& c = GetParam();
+    const json ref =
+        json::parse(test::read_text(test::source_path(std::string("tests/data/llamacpp/tiny-lfm2-") + c.file_type + ".json")));
+    ASSERT_EQ(ref["type"], c.file_type);
+    const std::string path = quantized_fixture(c.file_type);
+    const std::string dir = test::data_path("fixtures/tiny-lfm2");
+    const cpu::Isa saved = cpu::active_isa();
+    for (cpu::Isa isa : {cpu::Isa::kRef, cpu::Isa::kAvx2, cpu::Isa::kAvx512}) {
+        if (!cpu::isa_supported(isa)) continue;
+        cpu::force_isa(isa);
+        auto model = load(path);
+        for (const json& pr : ref["prompts"]) {
+            const int p = pr["prompt"].get<int>();
+            const std::vector<int32_t> prompt = pr["token_ids"].get<std::vector<int32_t>>();
+            ASSERT_EQ(prompt, json::parse(test::read_text(dir + "/ref/prompt_" + std::to_string(p) + ".json"))["ids"]
+                                  .get<std::vector<int32_t>>());
+            const std::vector<int32_t> want = pr["greedy_ids"].get<std::vector<int32_t>>();
+            const Greedy got = greedy(*model, prompt, int(want.size()));
+            size_t match = 0;
+            while (match < want.size() && got.ids[match] == want[match]) ++match;
+            std::printf("[ llama  ] %-7s %-6s prompt %d: %zu/%zu greedy tokens equal llama.cpp\n", c.file_type,
+                        cpu::isa_name(isa), p, match, want.size());
+            if (match == want.size()) continue;
+            const json& top = pr["top5_logprobs"][match];
+            const double margin = top[0][1].get<double>() - top[1][1].get<double>();
+            double gap = 1e9;  // llama.cpp's log-probability of our token below its first
+            for (const json& t : top)
+                if (t[0].get<int32_t>() == got.ids[match]) gap = top[0][1].get<double>() - t[1].get<double>();
+            std::printf("           diverges at step %zu: llama.cpp margin top1-top2 %.4g, ours %.4g below\n", match,
+                        margin, gap);
+            EXPECT_LT(margin, 0.05) << c.file_type << " " << cpu::isa_name(isa) << " prompt " << p;
+            EXPECT_LT(gap, 0.05) << c.file_type << " " << cpu::isa_name(isa) << " prompt " << p;
+        }
+    }
+    cpu::force_isa(saved);
+    fs::remove(path);
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, WeightType,
