@@ -101,9 +101,15 @@ TEST(Matmul, ActivationQuantizersMatchTheScalarBytes) {
                 for (int64_t i = 0; i < 256; ++i) x[size_t(i)] = 0.0f;  // a zero 256-block with
                 x[300] = 5.0f, x[301] = -5.0f, x[302] = 5.0f;           // repeated largest magnitudes
             }
-            if (variant == 3)
+            if (variant == 3) {
                 for (auto& v : x) v = float(int(v * 4.0f)) * 0.5f + 0.25f;  // many exact .5 ties
-            for (cpu::ActFormat f : {cpu::ActFormat::kAct32, cpu::ActFormat::kActQ8K}) {
+                x[5] = 1e-40f, x[6] = -3e-39f, x[7] = std::nanf(""),
+                x[8] = 1.00390625f;  // bf16: subnormals, NaN, a tie
+            }
+            for (cpu::ActFormat f : {cpu::ActFormat::kBF16, cpu::ActFormat::kAct32, cpu::ActFormat::kActQ8K}) {
+                if (f != cpu::ActFormat::kBF16 && variant == 3) {
+                    x[5] = x[6] = x[8] = 0.25f, x[7] = 0.75f;  // the 8-bit formats take finite rows
+                }
                 const size_t bytes = cpu::act_row_bytes(f, k);
                 std::vector<uint8_t> want(bytes, 0xAB), got(bytes, 0xAB);
                 cpu::quantize_act_row(f, x.data(), k, want.data());

@@ -39,6 +39,8 @@ namespace cera::harness {
 constexpr double kU = 0x1p-24;       // f32 unit roundoff
 constexpr double kU16 = 0x1p-11;     // f16 unit roundoff
 constexpr double kF16Sub = 0x1p-25;  // the largest f16 rounding error below its normal range
+constexpr double kUBf16 = 0x1p-8;    // bf16 unit roundoff
+constexpr double kF32Sub = 0x1p-126;  // the largest f32 subnormal flushed to zero
 inline double gamma(int64_t n) { return double(n) * kU / (1.0 - double(n) * kU); }
 
 // ------------------------------------------------------------------------------------------ shapes
@@ -194,6 +196,7 @@ struct MatmulArith {
     cpu::ActFormat act = cpu::ActFormat::kF32;  // activations rounded to 8 bits in this format
     bool w_f16 = false;                         // weights rounded to f16
     bool x_f16 = false;                         // activations rounded to f16
+    bool x_bf16 = false;                        // activations rounded to bf16 (cpu::bf16_act)
     int act_block() const { return act == cpu::ActFormat::kAct32 ? 32 : act == cpu::ActFormat::kActQ8K ? kQK_K : 0; }
 };
 constexpr int64_t kCudaGemvMaxTokens = 8;  // cuda_backend.cpp's kGemvMaxTokens
@@ -210,6 +213,7 @@ inline MatmulArith matmul_arith(const Target& t, GgmlType type, int64_t n_tokens
             a.act = tab.packed[id].act;
         else if (tab.matmul[id].fn)
             a.act = tab.matmul[id].act;
+        if (a.act == cpu::ActFormat::kBF16) a.act = cpu::ActFormat::kF32, a.x_bf16 = true;
         return a;
     }
 #if defined(CERA_TEST_HAVE_CUDA)
@@ -339,6 +343,8 @@ inline std::vector<double> model_activations(const MatmulArith& a, const float* 
             out[size_t(i)] = double(buf[size_t(i / kQK_K)].d) * buf[size_t(i / kQK_K)].qs[i % kQK_K];
     } else if (a.x_f16) {
         for (int64_t i = 0; i < k; ++i) out[size_t(i)] = fp16_to_fp32(fp32_to_fp16(x[i]));
+    } else if (a.x_bf16) {
+        for (int64_t i = 0; i < k; ++i) out[size_t(i)] = bf16_to_fp32(cpu::bf16_act(x[i]));
     } else {
         for (int64_t i = 0; i < k; ++i) out[size_t(i)] = x[i];
     }
@@ -373,6 +379,7 @@ inline DotTerms dot_terms(const float* w, const float* off, const X* x, int64_t 
 inline double float_bound(const MatmulArith& a, const DotTerms& d, int64_t k, double bias) {
     double b = gamma(k + 4) * (d.mag + std::fabs(bias));
     if (a.w_f16) b += kU16 * d.mag + kF16Sub * d.sum_x;
+    if (a.x_bf16) b += kF32Sub * (d.sum_w + d.sum_x);  // vdpbf16ps flushes subnormal operands
     return b;
 }
 
@@ -409,6 +416,9 @@ inline double product_bound(const MatmulArith& a, const float* w, const float* o
     double b = gamma(k + 4) * mag + q8;
     if (a.w_f16) b += kU16 * mag + kF16Sub * sum_x;
     if (a.x_f16) b += kU16 * mag + kF16Sub * sum_w;
+    // bf16: u = 2^-8 relative; subnormals of f32 flushed to zero (an absolute 2^-126 each), on the
+    // activations by their rounding and on the weights by vdpbf16ps
+    if (a.x_bf16) b += kUBf16 * mag + kF32Sub * (sum_w + sum_x);
     return b;
 }
 

@@ -515,10 +515,10 @@ TEST(OpHarness, MoeFfn) {
                 }
             }
             const MoeCase mc{n_embd, n_ff, n_expert, k, nt, &gate, &up, &down, &x, &ids, &wts};
-            std::map<std::tuple<int, bool, bool>, std::pair<std::vector<double>, std::vector<double>>> refs;
+            std::map<std::tuple<int, bool, bool, bool>, std::pair<std::vector<double>, std::vector<double>>> refs;
             for (const Target& t : targets()) {
                 const MatmulArith a = matmul_arith(t, type, nt, /*moe=*/true);
-                auto& [want, bound] = refs[{int(a.act), a.w_f16, t.cuda()}];
+                auto& [want, bound] = refs[{int(a.act), a.w_f16, a.x_bf16, t.cuda()}];
                 if (want.empty()) moe_reference(mc, t, a, want, bound);
                 OnBackend ob(t);
                 Tensor G = ob.weight(type, {n_embd, n_ff, n_expert}, gate.bytes.data());

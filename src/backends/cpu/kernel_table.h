@@ -6,7 +6,9 @@
 //           then int32 sum[k/32] (sum of the block's codes, for the weights' zero offsets).
 //           x ~ d[b] * qs[i], d = amax / 127 (float, not fp16), codes rounded to nearest.
 //   kActQ8K: for the K-quants: BlockQ8_K[k/256] (core/quant/blocks.h).
-//   kActF32: the f32 row itself (F32, F16, BF16 weights and the dequantizing fallbacks).
+//   kActF32: the f32 row itself (F32, F16 weights, BF16 on AVX2, and the dequantizing fallbacks).
+//   kBF16: for BF16 weights on AVX-512 (vdpbf16ps): the row in bfloat16 (bf16_act), k rounded up to
+//           even with a zero element.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -16,7 +18,18 @@
 
 namespace cera::cpu {
 
-enum class ActFormat { kF32, kAct32, kActQ8K };
+enum class ActFormat { kF32, kAct32, kActQ8K, kBF16 };
+
+// An activation in bfloat16 as vcvtneps2bf16 makes it: round to nearest even, f32 subnormals to
+// signed zero, NaN stays NaN (quieted).
+inline uint16_t bf16_act(float f) {
+    uint32_t x;
+    __builtin_memcpy(&x, &f, 4);
+    if ((x & 0x7f800000) == 0 && (x & 0x007fffff) != 0) return uint16_t((x >> 16) & 0x8000);
+    if ((x & 0x7fffffff) > 0x7f800000) return uint16_t((x >> 16) | 0x40);
+    x += 0x7fff + ((x >> 16) & 1);
+    return uint16_t(x >> 16);
+}
 
 size_t act_row_bytes(ActFormat f, int64_t k);
 void quantize_act_row(ActFormat f, const float* x, int64_t k, void* out);  // scalar, baseline

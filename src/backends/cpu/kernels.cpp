@@ -215,6 +215,8 @@ size_t act_row_bytes(ActFormat f, int64_t k) {
             return (size_t(k) + size_t(k / 32) * 8 + 63) / 64 * 64;
         case ActFormat::kActQ8K:
             return size_t(k / kQK_K) * sizeof(BlockQ8_K);
+        case ActFormat::kBF16:
+            return (size_t(k + 1) / 2 * 4 + 63) / 64 * 64;
     }
     return 0;
 }
@@ -227,6 +229,12 @@ void quantize_act_row(ActFormat f, const float* x, int64_t k, void* out) {
         case ActFormat::kActQ8K:
             quantize_row_ref(GgmlType::kQ8_K, x, out, k);
             return;
+        case ActFormat::kBF16: {
+            auto* h = static_cast<uint16_t*>(out);
+            for (int64_t i = 0; i < k; ++i) h[i] = bf16_act(x[i]);
+            if (k % 2 != 0) h[k] = 0;
+            return;
+        }
         case ActFormat::kAct32: {
             const int64_t nb = k / 32;
             auto* qs = static_cast<int8_t*>(out);

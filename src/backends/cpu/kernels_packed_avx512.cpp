@@ -7,7 +7,7 @@
 // 16 rows instead of 3 per row. Weights are unpacked once per block and reused by up to 8 tokens
 // from registers (NT tokens per tile); zero offsets are the accumulators' start values
 // (-offset * the activation block's code sum); K-quant sub-block scales multiply the int32 sums.
-// Variants: F16 and BF16 on f32 activations; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and IQ4_XS on
+// Variants: F16 on f32 activations, BF16 on bfloat16 activations; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and IQ4_XS on
 // kAct32 activations; Q2_K, Q3_K, Q4_K, Q5_K and Q6_K on Q8_K activations. Bottleneck: decode (1 token) reads each
 // weight byte once: ~24 vector ops per 288 bytes of Q4_0, well under what 16.5 GB/s per core (half of the ~33 GB/s
 // two-core roofline) needs. Prefill: per block and token 8 vpdpbusd (512 MACs) + 3 float ops, plus 12 unpack ops per
@@ -172,13 +172,13 @@ void tile_small32(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, i
     for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + t * ldy, rmask, acc[t]);
 }
 
-// ---------------------------------------------------------------- F16 / BF16 (f32 activations)
+// ---------------------------------------------------------------- F16 (f32 activations)
 
-// One 32-byte line is element i of the 16 rows: converted to 16 floats (vcvtph2ps, or BF16's
-// shift into the high half), then one FMA per token against the broadcast x[i]. The activations
-// stay f32, so the products are those of the unpacked kernel. Few tokens leave the FMA latency
-// exposed, so elements are spread over kC independent chains there.
-template <bool kBf16, int NT>
+// One 32-byte line is element i of the 16 rows: converted to 16 floats (vcvtph2ps), then one FMA
+// per token against the broadcast x[i]. The activations stay f32, so the products are those of the
+// unpacked kernel. Few tokens leave the FMA latency exposed, so elements are spread over kC
+// independent chains there.
+template <int NT>
 void tile_half(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64_t k, float* y, int64_t ldy,
                __mmask16 rmask) {
     (void)nb;
@@ -192,11 +192,7 @@ void tile_half(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int6
         for (int c = 0; c < kC; ++c) acc[c][t] = _mm512_setzero_ps();
     }
     auto wline = [&](int64_t i) {
-        const __m256i h = _mm256_load_si256(reinterpret_cast<const __m256i*>(g + 32 * size_t(i)));
-        if constexpr (kBf16)
-            return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-        else
-            return _mm512_cvtph_ps(h);
+        return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(g + 32 * size_t(i))));
     };
     int64_t i = 0;
     for (; i + kC <= k; i += kC) {
@@ -212,6 +208,44 @@ void tile_half(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int6
 #pragma GCC unroll 16
         for (int t = 0; t < NT; ++t) acc[0][t] = _mm512_fmadd_ps(w, _mm512_set1_ps(x[t][i]), acc[0][t]);
     }
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t) {
+        __m512 s = acc[0][t];
+#pragma GCC unroll 16
+        for (int c = 1; c < kC; ++c) s = _mm512_add_ps(s, acc[c][t]);
+        _mm512_mask_storeu_ps(y + t * ldy, rmask, s);
+    }
+}
+
+// ---------------------------------------------------------------- BF16 (bfloat16 activations)
+
+// One 64-byte line is a pair of elements of the 16 rows, one vdpbf16ps per token against the
+// broadcast activation pair (32 products per instruction: twice the f32 FMA's).
+template <int NT>
+void tile_bf16(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64_t k, float* y, int64_t ldy,
+               __mmask16 rmask) {
+    (void)nb;
+    constexpr int kC = NT == 1 ? 4 : NT <= 3 ? 2 : 1;
+    const uint8_t* x[NT];
+    __m512 acc[kC][NT];
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t) {
+        x[t] = act + t * as;
+#pragma GCC unroll 16
+        for (int c = 0; c < kC; ++c) acc[c][t] = _mm512_setzero_ps();
+    }
+    const int64_t np = (k + 1) / 2;
+    auto step = [&](int c, int64_t i) {
+        const __m512bh w = reinterpret_cast<__m512bh>(_mm512_load_si512(g + 64 * size_t(i)));
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t)
+            acc[c][t] = _mm512_dpbf16_ps(acc[c][t], w, reinterpret_cast<__m512bh>(bcast32(x[t] + 4 * i)));
+    };
+    int64_t i = 0;
+    for (; i + kC <= np; i += kC)
+#pragma GCC unroll 16
+        for (int c = 0; c < kC; ++c) step(c, i + c);
+    for (; i < np; ++i) step(0, i);
 #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) {
         __m512 s = acc[0][t];
@@ -571,9 +605,10 @@ using Small32Tiles =
     Tiles<tile_small32<kOff, kMin, kHigh, 1>, tile_small32<kOff, kMin, kHigh, 2>, tile_small32<kOff, kMin, kHigh, 3>,
           tile_small32<kOff, kMin, kHigh, 4>, tile_small32<kOff, kMin, kHigh, 5>, tile_small32<kOff, kMin, kHigh, 6>,
           tile_small32<kOff, kMin, kHigh, 7>, tile_small32<kOff, kMin, kHigh, 8>>;
-template <bool kBf16>
-using HalfTiles = Tiles<tile_half<kBf16, 1>, tile_half<kBf16, 2>, tile_half<kBf16, 3>, tile_half<kBf16, 4>,
-                        tile_half<kBf16, 5>, tile_half<kBf16, 6>, tile_half<kBf16, 7>, tile_half<kBf16, 8>>;
+using HalfTiles = Tiles<tile_half<1>, tile_half<2>, tile_half<3>, tile_half<4>, tile_half<5>, tile_half<6>,
+                        tile_half<7>, tile_half<8>>;
+using BF16Tiles = Tiles<tile_bf16<1>, tile_bf16<2>, tile_bf16<3>, tile_bf16<4>, tile_bf16<5>, tile_bf16<6>,
+                        tile_bf16<7>, tile_bf16<8>>;
 using Q4KTiles = Tiles<tile_q45k<false, 1>, tile_q45k<false, 2>, tile_q45k<false, 3>, tile_q45k<false, 4>>;
 using Q5KTiles = Tiles<tile_q45k<true, 1>, tile_q45k<true, 2>, tile_q45k<true, 3>, tile_q45k<true, 4>>;
 using Q6KTiles = Tiles<tile_q6k<1>, tile_q6k<2>, tile_q6k<3>>;
@@ -591,8 +626,8 @@ void add_packed_kernels_avx512(KernelTable& t) {
     t.packed[int(GgmlType::kQ4_1)] = PackedKernel{gemm_packed<Small32Tiles<0, true, false>>, ActFormat::kAct32};
     t.packed[int(GgmlType::kQ5_0)] = PackedKernel{gemm_packed<Small32Tiles<16, false, true>>, ActFormat::kAct32};
     t.packed[int(GgmlType::kQ5_1)] = PackedKernel{gemm_packed<Small32Tiles<0, true, true>>, ActFormat::kAct32};
-    t.packed[int(GgmlType::kF16)] = PackedKernel{gemm_packed<HalfTiles<false>>, ActFormat::kF32};
-    t.packed[int(GgmlType::kBF16)] = PackedKernel{gemm_packed<HalfTiles<true>>, ActFormat::kF32};
+    t.packed[int(GgmlType::kF16)] = PackedKernel{gemm_packed<HalfTiles>, ActFormat::kF32};
+    t.packed[int(GgmlType::kBF16)] = PackedKernel{gemm_packed<BF16Tiles>, ActFormat::kBF16};
     t.packed[int(GgmlType::kQ4_K)] = PackedKernel{gemm_packed<Q4KTiles>, ActFormat::kActQ8K};
     t.packed[int(GgmlType::kQ5_K)] = PackedKernel{gemm_packed<Q5KTiles>, ActFormat::kActQ8K};
     t.packed[int(GgmlType::kQ6_K)] = PackedKernel{gemm_packed<Q6KTiles>, ActFormat::kActQ8K};

@@ -80,13 +80,25 @@ void pack_group(GgmlType type, const uint8_t* w, size_t rs, int64_t r0, int64_t 
             }
             return;
         }
-        case GgmlType::kF16:
-        case GgmlType::kBF16: {
+        case GgmlType::kF16: {
             for (int r = 0; r < R; ++r) {
                 const uint8_t* src = row(r);
                 for (int64_t i = 0; i < k; ++i) {
                     uint8_t* o = out + 32 * size_t(i) + 2 * r;
                     if (src != nullptr)
+                        std::memcpy(o, src + 2 * i, 2);
+                    else
+                        o[0] = o[1] = 0;
+                }
+            }
+            return;
+        }
+        case GgmlType::kBF16: {
+            for (int r = 0; r < R; ++r) {
+                const uint8_t* src = row(r);
+                for (int64_t i = 0; i < (k + 1) / 2 * 2; ++i) {
+                    uint8_t* o = out + 64 * size_t(i / 2) + 4 * r + 2 * (i % 2);
+                    if (src != nullptr && i < k)
                         std::memcpy(o, src + 2 * i, 2);
                     else
                         o[0] = o[1] = 0;
@@ -276,9 +288,12 @@ void unpack_lane(GgmlType type, const uint8_t* g, int r, int64_t k, uint8_t* out
             }
             return;
         }
-        case GgmlType::kF16:
-        case GgmlType::kBF16: {
+        case GgmlType::kF16: {
             for (int64_t i = 0; i < k; ++i) std::memcpy(out + 2 * i, g + 32 * size_t(i) + 2 * r, 2);
+            return;
+        }
+        case GgmlType::kBF16: {
+            for (int64_t i = 0; i < k; ++i) std::memcpy(out + 2 * i, g + 64 * size_t(i / 2) + 4 * r + 2 * (i % 2), 2);
             return;
         }
         case GgmlType::kQ4_1:
@@ -507,8 +522,9 @@ size_t packed_group_bytes(GgmlType type, int64_t k) {
         case GgmlType::kQ8_0:
             return size_t((k / 32 + 1) / 2) * 1088;
         case GgmlType::kF16:
-        case GgmlType::kBF16:
             return size_t(k) * 32;
+        case GgmlType::kBF16:
+            return size_t(k + 1) / 2 * 64;
         case GgmlType::kQ4_1:
         case GgmlType::kQ5_0:
         case GgmlType::kQ5_1:

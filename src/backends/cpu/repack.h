@@ -27,7 +27,9 @@
 //   Q3_K: per 256-super-block: d f32 [16], scales - 32 i8 [16][16] (sub-block-major), Q2_K's 16 code
 //         lines (the low 2 bits), then 8 lines H: line m, row r = hmask[4m .. 4m+3] (bit 4n+j of byte i:
 //         the 3rd bit of the code at field j of line 8n+m's byte i). 64+256+1024+512 = 1856 B.
-//   F16, BF16: 32 B per element: element i of row r at bytes 32 i + 2 r (any k). 32 k B.
+//   F16: 32 B per element: element i of row r at bytes 32 i + 2 r (any k). 32 k B.
+//   BF16: 64 B per pair of elements (vdpbf16ps's operand): elements 2i, 2i+1 of row r at bytes
+//         64 i + 4 r, 64 i + 4 r + 2 (an odd k gets a zero element). 64 ceil(k / 2) B.
 //   Q4_K: per 256-super-block: d fp16 [16], dmin fp16 [16], scales u8 [8][16], mins u8 [8][16],
 //         then 32 lines: line 8g+j, row r = qs[32g + 4j .. 32g+4j+3] (low nibble: element
 //         64g+4j+i, sub-block 2g; high: +32, 2g+1). 32+32+128+128+2048 = 2368 B (Q4_K: 2304).
