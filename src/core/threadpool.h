@@ -55,7 +55,7 @@ class ThreadPool {
     std::condition_variable cv_;
     void (*fn_)(void*, int, int) = nullptr;
     void* ctx_ = nullptr;
-    uint64_t generation_ = 0;
+    std::atomic<uint64_t> generation_{0};
     bool stop_ = false;
     std::atomic<int> pending_{0};
 };
