@@ -15,6 +15,7 @@
 
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/kernels_attention.h"
+#include "core/fp16.h"
 
 namespace cera::cpu {
 
@@ -23,12 +24,9 @@ enum class ActFormat { kF32, kAct32, kActQ8K, kBF16 };
 // An activation in bfloat16 as vcvtneps2bf16 makes it: round to nearest even, f32 subnormals to
 // signed zero, NaN stays NaN (quieted).
 inline uint16_t bf16_act(float f) {
-    uint32_t x;
-    __builtin_memcpy(&x, &f, 4);
+    const uint32_t x = fp32_to_bits(f);
     if ((x & 0x7f800000) == 0 && (x & 0x007fffff) != 0) return uint16_t((x >> 16) & 0x8000);
-    if ((x & 0x7fffffff) > 0x7f800000) return uint16_t((x >> 16) | 0x40);
-    x += 0x7fff + ((x >> 16) & 1);
-    return uint16_t(x >> 16);
+    return fp32_to_bf16(f);
 }
 
 size_t act_row_bytes(ActFormat f, int64_t k);

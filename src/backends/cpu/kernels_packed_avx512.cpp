@@ -36,9 +36,8 @@ inline __m512i bcast32(const void* p) {
 // The 16 levels of IQ4_NL / IQ4_XS plus 128, in every 128-bit lane: vpshufb maps a nibble to its
 // level as an unsigned byte for vpdpbusd, and the accumulators start at -128 * the activation sum.
 inline __m512i iq4_lut() {
-    alignas(16) uint8_t v[16];
-    for (int i = 0; i < 16; ++i) v[i] = uint8_t(kIQ4NLValues[i] + 128);
-    return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(v)));
+    const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4NLValues));
+    return _mm512_broadcast_i32x4(_mm_xor_si128(levels, _mm_set1_epi8(char(0x80))));
 }
 
 // ---------------------------------------------------------------- Q4_0 / Q8_0 / IQ4_NL (kAct32)

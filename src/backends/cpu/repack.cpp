@@ -214,7 +214,7 @@ void pack_group(GgmlType type, const uint8_t* w, size_t rs, int64_t r0, int64_t 
         case GgmlType::kQ2_K:
         case GgmlType::kQ3_K: {
             const bool q3 = type == GgmlType::kQ3_K;
-            const size_t sbytes = packed_group_bytes(type, kQK_K), lines = 320;
+            const size_t sbytes = packed_group_bytes(type, kQK_K), codes_at = 320;  // after the header and the scales
             for (int64_t sb = 0; sb < nsb; ++sb) {
                 uint8_t* o = out + size_t(sb) * sbytes;
                 for (int r = 0; r < R; ++r) {
@@ -228,7 +228,7 @@ void pack_group(GgmlType type, const uint8_t* w, size_t rs, int64_t r0, int64_t 
                         for (int j = 0; j < 16; ++j) o[64 + 16 * j + r] = uint8_t(blk != nullptr ? sc[j] - 32 : 0);
                         for (int m = 0; m < 8; ++m)
                             for (int i = 0; i < 4; ++i)
-                                o[lines + 1024 + 64 * m + 4 * r + i] = blk != nullptr ? blk->hmask[4 * m + i] : 0;
+                                o[codes_at + 1024 + 64 * m + 4 * r + i] = blk != nullptr ? blk->hmask[4 * m + i] : 0;
                         if (blk != nullptr) qs = blk->qs;
                     } else {
                         const auto* blk = src != nullptr ? reinterpret_cast<const BlockQ2_K*>(src) + sb : nullptr;
@@ -240,7 +240,8 @@ void pack_group(GgmlType type, const uint8_t* w, size_t rs, int64_t r0, int64_t 
                         if (blk != nullptr) qs = blk->qs;
                     }
                     for (int l = 0; l < 16; ++l)
-                        for (int i = 0; i < 4; ++i) o[lines + 64 * l + 4 * r + i] = qs != nullptr ? qs[4 * l + i] : 0;
+                        for (int i = 0; i < 4; ++i)
+                            o[codes_at + 64 * l + 4 * r + i] = qs != nullptr ? qs[4 * l + i] : 0;
                 }
             }
             return;
