@@ -49,7 +49,16 @@ std::vector<uint8_t> random_weight(GgmlType type, int64_t rows, int64_t k, std::
         case GgmlType::kQ4_0:
         case GgmlType::kQ8_0:
         case GgmlType::kQ5_0:
+        case GgmlType::kIQ4_NL:
+        case GgmlType::kIQ4_XS:
             for (size_t b = 0; b < n_blocks; ++b) set16(b * ti.type_size, 0x2000);
+            break;
+        case GgmlType::kQ2_K:
+            for (size_t b = 0; b < n_blocks; ++b)
+                set16(b * ti.type_size + 80, 0x2000), set16(b * ti.type_size + 82, 0x1800);
+            break;
+        case GgmlType::kQ3_K:
+            for (size_t b = 0; b < n_blocks; ++b) set16(b * ti.type_size + 108, 0x2000);
             break;
         case GgmlType::kQ4_K:
         case GgmlType::kQ5_K:
@@ -125,7 +134,9 @@ int main(int argc, char** argv) {
                                        {"lm_head 50257x2048", 50257, 2048}};
     std::vector<GgmlType> types = {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K,
                                    GgmlType::kF16};
-    if (!quick) types.insert(types.end(), {GgmlType::kBF16, GgmlType::kQ5_K, GgmlType::kQ5_0, GgmlType::kF32});
+    if (!quick)
+        types.insert(types.end(), {GgmlType::kBF16, GgmlType::kQ5_K, GgmlType::kQ5_0, GgmlType::kF32, GgmlType::kIQ4_NL,
+                                   GgmlType::kIQ4_XS, GgmlType::kQ3_K, GgmlType::kQ2_K});
     std::printf("\n%-8s %-22s %10s %10s %9s\n", "type", "shape", "MB", "us", "GB/s");
     uint64_t key = 100;
     for (GgmlType t : types) {

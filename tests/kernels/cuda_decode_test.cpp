@@ -100,7 +100,7 @@ TEST_F(CudaBackendTest, SwiGluPairMatchesCpu) {
     constexpr int kBes = 5;
     Backend* bes[kBes] = {gpu_.get(), narrow.get(), regs.get(), cpu_.get(), xsmem.get()};
     const int64_t rows = 512;
-    for (G type : {G::kQ4_K, G::kQ5_K, G::kQ4_0}) {
+    for (G type : {G::kQ4_K, G::kQ5_K, G::kQ4_0, G::kQ2_K, G::kQ3_K, G::kIQ4_NL, G::kIQ4_XS}) {
         for (int64_t k : {512, 2304, 2048}) {
             const auto wg = make_weight(type, randn(size_t(rows * k), rng_, 0.1f), rows, k);
             const auto wu = make_weight(type, randn(size_t(rows * k), rng_, 0.1f), rows, k);
@@ -215,7 +215,8 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
     Backend* bes[kBes] = {gpu_.get(), plain.get(), cpu_.get(), all.get(), fold.get(), every.get(), regs.get()};
     const int64_t n_embd = 256, n_head = 4, n_head_kv = 2, n_ctx = 64, L = 3;
     for (int64_t hd : {64, 128})
-    for (G type : {G::kQ4_0, G::kQ8_0, G::kQ4_K, G::kF16, G::kQ5_1, G::kQ6_K, G::kQ5_K}) {
+    for (G type : {G::kQ4_0, G::kQ8_0, G::kQ4_K, G::kF16, G::kQ5_1, G::kQ6_K, G::kQ5_K, G::kQ2_K, G::kQ3_K, G::kIQ4_NL,
+                   G::kIQ4_XS}) {
         if (hd == 128 && type != G::kQ4_0 && type != G::kQ4_K) continue;
         const int64_t qw = n_head * hd, kvw = n_head_kv * hd;
         const bool bias = hd == 128;
@@ -375,7 +376,9 @@ TEST_F(CudaBackendTest, QkvRopeRowsMatchBlockAHead) {
     // v in another type than q and k: llama-quantize's mixtures (gemv_qkv_v_fits), one launch all the same.
     const std::pair<G, G> types[] = {{G::kQ4_0, G::kQ4_0}, {G::kQ8_0, G::kQ8_0}, {G::kQ4_K, G::kQ4_K},
                                      {G::kQ6_K, G::kQ6_K}, {G::kQ4_K, G::kQ6_K}, {G::kQ5_K, G::kQ6_K},
-                                     {G::kQ4_K, G::kQ5_K}};
+                                     {G::kQ4_K, G::kQ5_K}, {G::kQ2_K, G::kQ2_K}, {G::kQ3_K, G::kQ3_K},
+                                     {G::kIQ4_NL, G::kIQ4_NL}, {G::kIQ4_XS, G::kIQ4_XS}, {G::kQ2_K, G::kQ4_K},
+                                     {G::kQ3_K, G::kQ5_K}, {G::kIQ4_XS, G::kQ5_K}};
     int n_case = 0;
     for (const Case& cs : cases)
     for (auto [type, vtype] : types)

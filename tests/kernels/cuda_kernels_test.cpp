@@ -34,7 +34,7 @@ struct MatmulCase {
 TEST_F(CudaBackendTest, MatmulMatchesReference) {
     using G = GgmlType;
     std::vector<MatmulCase> cases;
-    for (G t : {G::kQ4_0, G::kQ4_1, G::kQ5_0, G::kQ5_1, G::kQ8_0}) {
+    for (G t : {G::kQ4_0, G::kQ4_1, G::kQ5_0, G::kQ5_1, G::kQ8_0, G::kIQ4_NL}) {
         cases.push_back({t, 1, 32, 1});
         cases.push_back({t, 37, 96, 1});
         cases.push_back({t, 130, 2048, 3});
@@ -54,7 +54,7 @@ TEST_F(CudaBackendTest, MatmulMatchesReference) {
     cases.push_back({G::kQ6_K, 2050, 8192, 1});
     cases.push_back({G::kQ4_0, 1500, 12288, 1});  // 2 rows a warp, split-K by 4: 3 items a lane
     cases.push_back({G::kQ8_0, 600, 16384, 1});   // 4 items a lane
-    for (G t : {G::kQ4_K, G::kQ5_K, G::kQ6_K, G::kQ2_K}) {
+    for (G t : {G::kQ4_K, G::kQ5_K, G::kQ6_K, G::kQ2_K, G::kQ3_K, G::kIQ4_XS}) {
         cases.push_back({t, 1, 256, 1});
         cases.push_back({t, 41, 768, 2});
         cases.push_back({t, 300, 2048, 1});
@@ -88,9 +88,7 @@ TEST_F(CudaBackendTest, MatmulMatchesReference) {
         const auto wd = c.type == G::kF32 ? wf : dequant(c.type, bytes, c.rows, c.k);
         const auto x = randn(size_t(c.n_tokens * c.k), rng_);
         const auto bias = randn(size_t(c.rows), rng_);
-        // Q2_K / Q3_K have no kernel: the backend expands them to F16 on upload.
-        const bool expanded = c.type == G::kQ2_K || c.type == G::kQ3_K;
-        const bool quant = type_info(c.type).quantized && !expanded && c.n_tokens <= 8;
+        const bool quant = type_info(c.type).quantized && c.n_tokens <= 8;
         const auto xr = quant ? q8_roundtrip(x) : x;
         const int64_t ne[2] = {c.k, c.rows};
         Tensor w = gpu_->upload_weight(c.type, ne, bytes.data());
@@ -104,7 +102,7 @@ TEST_F(CudaBackendTest, MatmulMatchesReference) {
         gpu_->read(y.data(), yg, y.size() * 4);
         // Half-precision GEMM operands (prefill of non-F32 weights) round x and W to f16.
         const bool f16_gemm = c.n_tokens > 8 && c.type != G::kF32;
-        const double rel = f16_gemm || expanded ? 2e-3 : quant ? 2e-5 : 1e-5;
+        const double rel = f16_gemm ? 2e-3 : quant ? 2e-5 : 1e-5;
         int bad = 0;
         for (int64_t t = 0; t < c.n_tokens; ++t)
             for (int64_t r = 0; r < c.rows; ++r) {

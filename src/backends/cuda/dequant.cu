@@ -130,8 +130,7 @@ void launch_dequant(const WeightRef& w, const int32_t* ids, int64_t n_rows, floa
     case GgmlType::T:                                                                                     \
         launch((dequant_q_kernel<GgmlType::T, O>), grid, block, 0, s, q, m, w.row0, nb, ids, n_rows, scale, out); \
         break;
-            CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K)
-            CERA_Q(kQ6_K)
+            CERA_QUANT_TYPES(CERA_Q)
 #undef CERA_Q
             default: break;
         }

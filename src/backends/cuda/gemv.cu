@@ -8,7 +8,7 @@
 // dp4a; float weights against the f32 activations with FMA. No shared memory, no block barriers.
 // With programmatic dependent launch the first weight loads are issued before waiting for the
 // kernel that produces x, so the weight stream overlaps the previous kernel's tail.
-// Variants: quantized (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K) x R; float (F32 F16 BF16) x R with
+// Variants: quantized (CERA_QUANT_TYPES) x R; float (F32 F16 BF16) x R with
 // k % 8 == 0; a scalar fallback for float rows of other lengths.
 // Roofline: bytes = weight image (+ x, L2-resident). H200 ~4.3 TB/s copy bandwidth: a 2048 x 8192
 // Q4_0 matrix (9.4 MB) takes >= 2.2 us; launch and tail effects dominate below ~4 MB.
@@ -483,10 +483,12 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t n_rows, 
 }
 
 // The L1 / shared-memory split the plain GEMV prefers (prefer_carveout), per weight type:
-//   Q4_0, Q4_1, Q5_0, Q5_1: the most shared memory (100), like the staged SwiGLU pair between the
-//     out-projection and the down product, so that their blocks share SMs (the pair's blocks are
-//     resident, their rows requested, before the out-projection ends; the down's before the pair ends);
-//   Q5_K and Q6_K (heavy_scales): the most L1 (0), which their scale loads go through;
+//   Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, IQ4_NL, IQ4_XS: the most shared memory (100), like the staged
+//     SwiGLU pair between the out-projection and the down product, so that their blocks share SMs (the
+//     pair's blocks are resident, their rows requested, before the out-projection ends; the down's
+//     before the pair ends);
+//   the heavy_scales types (Q2_K, Q3_K, Q5_K, Q6_K): the most L1 (0), which their scale loads go
+//     through;
 //   Q8_0: the driver's choice (both fixed splits are slower).
 // (-1: the driver's choice.)
 int gemv_carveout(GgmlType t) { return heavy_scales(t) ? 0 : t == GgmlType::kQ8_0 ? -1 : 100; }
@@ -500,7 +502,7 @@ void launch_r(GgmlType type, const GemvK& k, dim3 grid, cudaStream_t s, bool vec
         launch(gemv_q_kernel<GgmlType::T, R>, grid, 128, 0, s, k);                            \
         break;                                                                                \
     }
-        CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
+        CERA_QUANT_TYPES(CERA_Q)
 #undef CERA_Q
 #define CERA_F(T)                                                                    \
     case GgmlType::T:                                                                \
@@ -578,8 +580,8 @@ void launch_glu_stage_w(unsigned blocks, size_t smem, cudaStream_t s, const Gemv
     launch(gemv_glu_stage_kernel<T, PRO, kWide, W>, blocks, W * 32, smem, s, p, rb, n_y);
 }
 
-// Warps a staged block: 8 for Q4_0, Q4_1, Q5_0, Q5_1 and Q4_K, 16 for Q5_K / Q6_K, whose heavier
-// scale decoding wants more warps in flight, and Q8_0 (whose 8-warp kernel spills; its pairs are
+// Warps a staged block: 8 for the light types, 16 for the heavy_scales ones, whose heavier scale
+// decoding wants more warps in flight, and Q8_0 (whose 8-warp kernel spills; its pairs are
 // staged only for small rows).
 template <GgmlType T, int PRO>
 void launch_glu_stage(bool wide, unsigned blocks, size_t smem, cudaStream_t s, const GemvK& p, int rb, int n_y) {
@@ -680,8 +682,6 @@ bool gemv_norm_prologue_supported(GgmlType type, int64_t k, int n_y) {
     return quant_layout(type).block_elems > 0 && n_y == 1 && k % 32 == 0 && k > 0 && k <= kProMaxK;
 }
 
-bool heavy_scales(GgmlType t) { return t == GgmlType::kQ5_K || t == GgmlType::kQ6_K; }
-
 bool gemv_glu_staged(const GemvArgs& gate, const GemvArgs& up) { return glu_stage_plan(gate, up).rb > 0; }
 
 bool gemv_glu_supported(GgmlType type, int64_t rows) { return quant_layout(type).block_elems > 0 && rows % 32 == 0; }
@@ -715,7 +715,7 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
         else if (p.px) launch_glu_stage<GgmlType::T, 1>(wide, blocks, smem, s, p, sp.rb, int(gate.n_y)); \
         else launch_glu_stage<GgmlType::T, 0>(wide, blocks, smem, s, p, sp.rb, int(gate.n_y));          \
         break;
-            CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
+            CERA_QUANT_TYPES(CERA_Q)
 #undef CERA_Q
             default: CERA_CHECK(false, "gemv_glu: unsupported weight type %s", type_name(gate.w.type));
         }
@@ -767,7 +767,7 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
             launch(gemv_glu_kernel<GgmlType::T, false>, grid, 512, smem, s, p, prefetch);         \
         }                                                                                         \
         break;
-        CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
+        CERA_QUANT_TYPES(CERA_Q)
 #undef CERA_Q
         default: CERA_CHECK(false, "gemv_glu: unsupported weight type %s", type_name(gate.w.type));
     }

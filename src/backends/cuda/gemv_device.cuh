@@ -289,13 +289,8 @@ __device__ __forceinline__ void dot_rows(const GemvK& a, int yi, bool live, bool
         }
         typename Tr::X x[2];
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
-            int ea, eb;
-            const int j = int(it[u] % Tr::kItems);
-            Tr::runs(j, ea, eb);
-            const int base = int(it[u] / Tr::kItems) * L.block_elems;
-            x[u] = load_xq<Xs::value, Tr::kRun / 4>(xq, xd, base + ea, base + eb, Tr::flip(it[u] / Tr::kItems));
-        }
+        for (int u = 0; u < 2; ++u)
+            x[u] = load_item_x<Tr, Xs::value>(xq, xd, it[u] / Tr::kItems, int(it[u] % Tr::kItems), L.block_elems);
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
             acc[r] += Tr::dot(w[0][r], x[0], int(it[0] % Tr::kItems));
@@ -369,10 +364,7 @@ __device__ __forceinline__ void plain_dot_rows(const int8_t* xq, const float* xd
 #pragma unroll 2
     for (int i = lane; i < n_items; i += 32) {
         const int blk = i / Tr::kItems, j = i % Tr::kItems;
-        int ea, eb;
-        Tr::runs(j, ea, eb);
-        const int base = blk * quant_layout(T).block_elems;
-        const auto x = load_xq<XS, Tr::kRun / 4>(xq, xd, base + ea, base + eb, Tr::flip(blk));
+        const auto x = load_item_x<Tr, XS>(xq, xd, blk, j, quant_layout(T).block_elems);
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
             const uint8_t *q, *m;

@@ -31,10 +31,10 @@
 namespace cera::cuda {
 namespace {
 
-// Rows a warp in the q/k/v launch: 4, but 2 for Q5_K / Q6_K, whose 4-row kernels spill. Q4_K takes 4
-// rows (128 registers): its 512-thread blocks then no longer fit beside the down product's, so they
-// are not resident, waiting, while it runs.
-constexpr int rows_qkv(GgmlType t) { return t == GgmlType::kQ5_K || t == GgmlType::kQ6_K ? 2 : 4; }
+// Rows a warp in the q/k/v launch: 4, but 2 for the heavy_scales types, whose 4-row kernels spill.
+// Q4_K takes 4 rows (128 registers): its 512-thread blocks then no longer fit beside the down
+// product's, so they are not resident, waiting, while it runs.
+constexpr int rows_qkv(GgmlType t) { return heavy_scales(t) ? 2 : 4; }
 
 // Rows r0 .. r0 + n - 1 of segment sg (n a multiple of 16 R) with their biases into out[0 .. n): 16
 // warps of R rows a pass, the RMSNorm prologue (PRO) made after the PDL wait of the first pass.
@@ -347,9 +347,16 @@ void launch_qkv_types(const QkvRopeArgs& r, bool rows, dim3 grid, size_t smem, c
 
 }  // namespace
 
+// The (q/k, v) type pairs of llama-quantize's mixtures that one launch takes (v rows of a wider type,
+// the same block size: GemvK::nb is the launch's).
+#define CERA_QKV_PAIRS(X) \
+    X(kQ4_K, kQ5_K)       \
+    X(kQ4_K, kQ6_K) X(kQ5_K, kQ6_K) X(kQ2_K, kQ3_K) X(kQ2_K, kQ4_K) X(kQ3_K, kQ4_K) X(kQ3_K, kQ5_K) X(kIQ4_XS, kQ5_K)
+
 bool gemv_qkv_v_fits(GgmlType t, GgmlType tv) {
-    return tv == t || (t == GgmlType::kQ4_K && (tv == GgmlType::kQ5_K || tv == GgmlType::kQ6_K)) ||
-           (t == GgmlType::kQ5_K && tv == GgmlType::kQ6_K);
+#define CERA_PAIR(T, TV) || (t == GgmlType::T && tv == GgmlType::TV)
+    return tv == t CERA_QKV_PAIRS(CERA_PAIR);
+#undef CERA_PAIR
 }
 
 bool gemv_qkv_rope_supported(const GemvArgs (&qkv)[3], const QkvRopeArgs& r) {
@@ -383,17 +390,17 @@ void gemv_qkv_rope_store(const GemvArgs (&qkv)[3], const QkvRopeArgs& r, Stream 
     const bool rows = qkv_rows_fit(qkv[0].w.type, r);
     const GgmlType tv = qkv[2].w.type;
     if (tv != qkv[0].w.type) {
-        using G = GgmlType;
-        const bool q4k = qkv[0].w.type == G::kQ4_K;
-        if (q4k && tv == G::kQ6_K) launch_qkv_types<G::kQ4_K, G::kQ6_K>(r, rows, grid, smem, s, p);
-        else if (q4k) launch_qkv_types<G::kQ4_K, G::kQ5_K>(r, rows, grid, smem, s, p);
-        else launch_qkv_types<G::kQ5_K, G::kQ6_K>(r, rows, grid, smem, s, p);
-        return;
+        const GgmlType t = qkv[0].w.type;
+#define CERA_PAIR(T, TV)                        \
+    if (t == GgmlType::T && tv == GgmlType::TV) \
+        return launch_qkv_types<GgmlType::T, GgmlType::TV>(r, rows, grid, smem, s, p);
+        CERA_QKV_PAIRS(CERA_PAIR)
+#undef CERA_PAIR
     }
     switch (qkv[0].w.type) {
 #define CERA_Q(T)                                                            \
     case GgmlType::T: launch_qkv_types<GgmlType::T, GgmlType::T>(r, rows, grid, smem, s, p); break;
-        CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
+        CERA_QUANT_TYPES(CERA_Q)
 #undef CERA_Q
         default: CERA_CHECK(false, "gemv_qkv_rope_store: unsupported weight type %s", type_name(qkv[0].w.type));
     }
@@ -427,7 +434,7 @@ void gemv_conv(const GemvArgs& in_proj, const float* conv_w, int taps, float* st
             launch(gemv_conv_kernel<GgmlType::T, false>, grid, 512, 0, s, p, conv_w, taps, state, state_prev,  \
                    out, xq);                                                                                \
         break;
-        CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
+        CERA_QUANT_TYPES(CERA_Q)
 #undef CERA_Q
         default: CERA_CHECK(false, "gemv_conv: unsupported weight type %s", type_name(in_proj.w.type));
     }

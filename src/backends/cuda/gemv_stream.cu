@@ -146,7 +146,7 @@ void launch_stream(GgmlType type, const GemvK& p, const StreamPlan& sp, const St
         prefer_carveout<gemv_stream_kernel<GgmlType::T, R>>(100);                                            \
         launch(gemv_stream_kernel<GgmlType::T, R>, sp.blocks, 256, sp.smem, s, p, sp.stages, pk);        \
         break;
-        CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
+        CERA_QUANT_TYPES(CERA_Q)
 #undef CERA_Q
         default: CERA_CHECK(false, "gemv: unsupported weight type %s", type_name(type));
     }

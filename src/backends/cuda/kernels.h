@@ -9,8 +9,8 @@
 //   [rows * nb blocks of m_bytes]   the per-block scales (fp16 d, min, packed K scales, Q5 high bits)
 // with nb = k / block_elems blocks per row. K-quant blocks are rearranged (weight_image.cpp): Q4_K's
 // as eight 32-element items with a byte scale and min each, Q5_K's qs as two halves with the 6-bit
-// scales and mins regrouped per 64-element group. A row slice or an expert of a stacked MoE tensor is
-// addressed by its first row (WeightRef::row0).
+// scales and mins regrouped per 64-element group, Q3_K's 6-bit scales unpacked. A row slice or an
+// expert of a stacked MoE tensor is addressed by its first row (WeightRef::row0).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -44,14 +44,20 @@ CERA_HD constexpr QuantLayout quant_layout(GgmlType t) {
         case GgmlType::kQ4_K: return {256, 128, 20};  // m: d, dmin, 8 x (scale, min) (weight_image.cpp)
         case GgmlType::kQ5_K: return {256, 160, 16};  // q: qs[128], qh[32]
         case GgmlType::kQ6_K: return {256, 208, 2};   // q: ql[128], qh[64], scales[16]; m: d
+        case GgmlType::kQ2_K: return {256, 64, 20};   // q: qs; m: d, dmin, scales[16]
+        case GgmlType::kQ3_K: return {256, 96, 20};   // q: qs, hmask; m: d, pad, 16 signed scales
+        case GgmlType::kIQ4_NL: return {32, 16, 2};   // q: qs; m: d
+        case GgmlType::kIQ4_XS: return {256, 128, 8};  // q: qs; m: d, scales_h, scales_l
         default: return {};
     }
 }
 // Whether a quantized type's items decode their scales from a record shared by a 256-element block
-// (Q5_K's packed 6-bit scales, Q6_K's sub-scales), heavier per byte than Q4_0 / Q4_1 / Q5_0 / Q5_1 /
-// Q8_0 and Q4_K's 32-element items: the launch choices (rows a warp, the L1 / shared-memory split, the
-// staged SwiGLU blocks) follow this.
-bool heavy_scales(GgmlType t);
+// (Q5_K's packed 6-bit scales, Q6_K's sub-scales, Q2_K's and Q3_K's two scales an item), heavier per
+// byte than Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / IQ4_NL and the 32-element items of Q4_K and IQ4_XS: the
+// launch choices (rows a warp, the L1 / shared-memory split, the staged SwiGLU blocks) follow this.
+CERA_HD constexpr bool heavy_scales(GgmlType t) {
+    return t == GgmlType::kQ2_K || t == GgmlType::kQ3_K || t == GgmlType::kQ5_K || t == GgmlType::kQ6_K;
+}
 inline bool is_float_type(GgmlType t) { return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16; }
 inline bool weight_type_supported(GgmlType t) { return is_float_type(t) || quant_layout(t).block_elems > 0; }
 

@@ -9,7 +9,7 @@
 // per warp at a time: the lanes walk the items of the 8-bit activation row like the GEMV kernels
 // (gemv.cu) and dot them with the staged rows (QTraits<T>::load_w<PlainLd>). Blocks of experts
 // that got no slot exit after the PDL wait.
-// Variants: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K. Float weights keep the per-slot GEMV.
+// Variants: every quantized type (CERA_QUANT_TYPES). Float weights keep the per-slot GEMV.
 // Bottleneck: the weights are read once (n_expert x rows x k image bytes, e.g. 66 MB for 32 experts
 // of 1792 x 2048 Q4_0, >= 15 us at ~4.3 TB/s); from some tens of slots per expert the dp4a work
 // and the shared-memory reads of the staged rows dominate instead (each staged item is read once
@@ -142,10 +142,7 @@ __global__ void __launch_bounds__(kThreads) moe_gemv_grouped_kernel(const Groupe
         for (int64_t it = lane; it < n_items; it += 32) {
             const int64_t blk = it / Tr::kItems;
             const int j = int(it % Tr::kItems);
-            int ea, eb;
-            Tr::runs(j, ea, eb);
-            const int base = int(blk) * L.block_elems;
-            const auto x = load_xq<false, Tr::kRun / 4>(xq, xd, base + ea, base + eb, Tr::flip(blk));
+            const auto x = load_item_x<Tr>(xq, xd, blk, j, L.block_elems);
 #pragma unroll
             for (int r = 0; r < kNR; ++r)
                 acc[r] += Tr::dot(Tr::template load_w<PlainLd>(qrow[r], mrow[r], blk, j), x, j);
@@ -211,7 +208,7 @@ void moe_gemv_grouped(const MoeGemvArgs& a, Stream stream) {
         allow_dynamic_smem<moe_gemv_grouped_kernel<GgmlType::T>>(smem);                                   \
         launch(moe_gemv_grouped_kernel<GgmlType::T>, grid, kThreads, smem, s, p);                         \
         break;
-        CERA_Q(kQ4_0) CERA_Q(kQ4_1) CERA_Q(kQ5_0) CERA_Q(kQ5_1) CERA_Q(kQ8_0) CERA_Q(kQ4_K) CERA_Q(kQ5_K) CERA_Q(kQ6_K)
+        CERA_QUANT_TYPES(CERA_Q)
 #undef CERA_Q
         default: CERA_CHECK(false, "moe_gemv_grouped: unsupported weight type %s", type_name(type));
     }

@@ -10,6 +10,8 @@
 //   dequant(w, j, va, vb)         the item's 2 kRun values (for embeddings and the prefill GEMM).
 // Float weights use 8-element items dotted with f32 activations.
 #pragma once
+#include <type_traits>
+
 #include "backends/cuda/common.cuh"
 
 namespace cera::cuda {
@@ -101,6 +103,10 @@ struct PlainLd {
 
 template <GgmlType T>
 struct QTraits;
+
+// X(T) for every quantized type with traits (T a GgmlType enumerator): the launchers' type switches.
+#define CERA_QUANT_TYPES(X) \
+    X(kQ4_0) X(kQ4_1) X(kQ5_0) X(kQ5_1) X(kQ8_0) X(kQ2_K) X(kQ3_K) X(kQ4_K) X(kQ5_K) X(kQ6_K) X(kIQ4_NL) X(kIQ4_XS)
 
 // ---------------------------------------------------------------- 32-element blocks
 template <>
@@ -349,6 +355,187 @@ struct QTraits<GgmlType::kQ4_K> {
         }
     }
 };
+// Q2_K and Q3_K: half h (128 elements) of a block is 32 bytes of qs, byte 16 s + l (s = 0, 1; l < 16)
+// holding element 128h + 32i + 16s + l in bits 2i..2i+1 (i = 0..3); Q3_K adds the third bit, bit 4h + i
+// of hmask byte 16s + l. Item j (0..7) = (h, s, p) = (j >> 2, (j >> 1) & 1, j & 1): 16 bytes of qs
+// and its runs i = 2p, 2p + 1 (32 elements apart), so neighbouring lanes share a load. The image
+// (weight_image.cpp): q = qs (then Q3_K's hmask); m = a word with d (and Q2_K's dmin) as f16, then the
+// 16 sub-block scales as bytes (Q2_K's as in the GGUF block, Q3_K's unpacked, signed): run i of
+// (h, s) has scale byte 8h + 2i + s, so an item's two scales are bytes s and s + 2 of word 2h + p.
+template <bool kHigh>
+struct LowBitKTraits {
+    static constexpr int kItems = 8, kRun = 16;
+    using X = XQ;
+    __device__ static int flip(int64_t) { return 0; }
+    // The item's scales (and Q2_K's mins), made when it is loaded, as QTraits<kQ4_K>::W.
+    struct W {
+        uint4 q, hm;
+        float s0, s1, n0, n1;
+    };
+    __device__ static void runs(int j, int& ea, int& eb) {
+        ea = 128 * (j >> 2) + 64 * (j & 1) + 16 * ((j >> 1) & 1);
+        eb = ea + 32;
+    }
+    template <class Ld = GlobalLd>
+    __device__ static W load_w(const uint8_t* q, const uint8_t* m, int64_t blk, int j) {
+        const int h = j >> 2, s = (j >> 1) & 1;
+        const uint8_t* mb = m + blk * 20;
+        const uint32_t dm = *reinterpret_cast<const uint32_t*>(mb);
+        const uint32_t sw = reinterpret_cast<const uint32_t*>(mb + 4)[2 * h + (j & 1)];
+        const float d = half_bits_to_float(uint16_t(dm));
+        const int c0 = byte_of(sw, s), c1 = byte_of(sw, s + 2);
+        W w;
+        w.q = Ld::v16(q + blk * (kHigh ? 96 : 64) + 32 * h + 16 * s);
+        if constexpr (kHigh) {
+            w.hm = Ld::v16(q + blk * 96 + 64 + 16 * s);
+            w.s0 = d * float(int8_t(c0)), w.s1 = d * float(int8_t(c1)), w.n0 = w.n1 = 0.0f;
+        } else {
+            const float dmin = half_bits_to_float(uint16_t(dm >> 16));
+            w.hm = make_uint4(0, 0, 0, 0);
+            w.s0 = d * float(c0 & 15), w.s1 = d * float(c1 & 15);
+            w.n0 = dmin * float(c0 >> 4), w.n1 = dmin * float(c1 >> 4);
+        }
+        return w;
+    }
+    // Word i (0..3) of the item: the codes of its two runs, 4 bytes each (Q3_K: 0..7, 4 over the value).
+    __device__ static void item_q(const W& w, int j, int i, int& lo, int& hi) {
+        const int sh = 4 * (j & 1), v = word(w.q, i);
+        lo = (v >> sh) & 0x03030303, hi = (v >> (sh + 2)) & 0x03030303;
+        if constexpr (kHigh) {
+            const int hb = 4 * (j >> 2) + 2 * (j & 1), m = word(w.hm, i);
+            lo |= ((m >> hb) & 0x01010101) << 2;
+            hi |= ((m >> (hb + 1)) & 0x01010101) << 2;
+        }
+    }
+    __device__ static float dot(const W& w, const XQ& x, int j) {
+        int lo = 0, hi = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            int ql, qh;
+            item_q(w, j, i, ql, qh);
+            lo = __dp4a(ql, x.a[i], lo);
+            hi = __dp4a(qh, x.b[i], hi);
+        }
+        if constexpr (kHigh) return w.s0 * x.da * float(lo - 4 * x.sa) + w.s1 * x.db * float(hi - 4 * x.sb);
+        return x.da * (w.s0 * float(lo) - w.n0 * float(x.sa)) + x.db * (w.s1 * float(hi) - w.n1 * float(x.sb));
+    }
+    __device__ static void dequant(const W& w, int j, float* va, float* vb) {
+        constexpr int kOff = kHigh ? 4 : 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            int ql, qh;
+            item_q(w, j, i, ql, qh);
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+                va[4 * i + b] = w.s0 * float(byte_of(uint32_t(ql), b) - kOff) - w.n0;
+                vb[4 * i + b] = w.s1 * float(byte_of(uint32_t(qh), b) - kOff) - w.n1;
+            }
+        }
+    }
+};
+template <>
+struct QTraits<GgmlType::kQ2_K> : LowBitKTraits<false> {};
+template <>
+struct QTraits<GgmlType::kQ3_K> : LowBitKTraits<true> {};
+
+// ---------------------------------------------------------------- IQ4: 4-bit codes into a 16-level table
+// The levels (kIQ4NLValues, core/quant/blocks.h) as the bytes of four words.
+constexpr uint32_t kIq4Levels[4] = {0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u};
+
+// A byte permute (prmt.b32, the low 16 bits of s) with selector nibbles below 8: __byte_perm masks
+// every runtime selector with 0x7777 first, one more instruction per call.
+__device__ __forceinline__ uint32_t permute_bytes(uint32_t a, uint32_t b, uint32_t s) {
+    uint32_t r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
+    return r;
+}
+
+// The levels of the 8 codes of v (nibble k of v): a permute from each half of the table by the code's
+// low 3 bits, and one that takes, per byte, the half its bit 3 names. r0 = the levels of nibbles 0..3,
+// r1 of nibbles 4..7: for a word i of an item, whose byte b holds elements 4i + b (low nibble) and
+// 16 + 4i + b (high), r0 = elements 4i, 16 + 4i, 4i + 1, 16 + 4i + 1 and r1 the next two pairs
+// (pair_words puts the activations in this order).
+__device__ __forceinline__ void iq4_levels(uint32_t v, int& r0, int& r1) {
+    const uint32_t low3 = v & 0x77777777u;
+    const uint32_t half = ((v >> 1) & 0x44444444u) | 0x32103210u;
+    const uint32_t lo0 = permute_bytes(kIq4Levels[0], kIq4Levels[1], low3);
+    const uint32_t hi0 = permute_bytes(kIq4Levels[2], kIq4Levels[3], low3);
+    const uint32_t lo1 = permute_bytes(kIq4Levels[0], kIq4Levels[1], low3 >> 16);
+    const uint32_t hi1 = permute_bytes(kIq4Levels[2], kIq4Levels[3], low3 >> 16);
+    r0 = int(permute_bytes(lo0, hi0, half));
+    r1 = int(permute_bytes(lo1, hi1, half >> 16));
+}
+
+// An IQ4 item: 16 bytes of codes, element l in the low nibble of byte l and l + 16 in the high one
+// (IQ4_NL's block, or sub-block j of IQ4_XS), with one scale: x = s * level. The activations come
+// paired (kPairX).
+__device__ __forceinline__ float iq4_dot(const uint4& q, float s, const XQ& x) {
+    int acc = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        int r0, r1;
+        iq4_levels(uint32_t(word(q, i)), r0, r1);
+        acc = __dp4a(r1, x.b[i], __dp4a(r0, x.a[i], acc));
+    }
+    return s * x.da * float(acc);  // both runs lie in one 32-group
+}
+__device__ __forceinline__ void iq4_dequant(const uint4& q, float s, float* va, float* vb) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        int r0, r1;
+        iq4_levels(uint32_t(word(q, i)), r0, r1);
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+            va[4 * i + b] = s * float(int8_t(byte_of(uint32_t(r0), 2 * b)));
+            vb[4 * i + b] = s * float(int8_t(byte_of(uint32_t(r0), 2 * b + 1)));
+            va[4 * i + 2 + b] = s * float(int8_t(byte_of(uint32_t(r1), 2 * b)));
+            vb[4 * i + 2 + b] = s * float(int8_t(byte_of(uint32_t(r1), 2 * b + 1)));
+        }
+    }
+}
+
+// IQ4_NL: Q4_0's layout (q = qs, m = d).
+template <>
+struct QTraits<GgmlType::kIQ4_NL> {
+    static constexpr int kItems = 1, kRun = 16;
+    static constexpr bool kPairX = true;
+    using X = XQ;
+    __device__ static int flip(int64_t) { return 0; }
+    struct W {
+        uint4 q;
+        float d;
+    };
+    __device__ static void runs(int, int& ea, int& eb) { ea = 0, eb = 16; }
+    template <class Ld = GlobalLd>
+    __device__ static W load_w(const uint8_t* q, const uint8_t* m, int64_t blk, int) {
+        return {Ld::v16(q + blk * 16), half_bits_to_float(reinterpret_cast<const uint16_t*>(m)[blk])};
+    }
+    __device__ static float dot(const W& w, const XQ& x, int) { return iq4_dot(w.q, w.d, x); }
+    __device__ static void dequant(const W& w, int, float* va, float* vb) { iq4_dequant(w.q, w.d, va, vb); }
+};
+
+// IQ4_XS in 32-element items, item j = sub-block j: q = the GGUF qs; m = d, scales_h, scales_l (8 bytes).
+template <>
+struct QTraits<GgmlType::kIQ4_XS> {
+    static constexpr int kItems = 8, kRun = 16;
+    static constexpr bool kPairX = true;
+    using X = XQ;
+    __device__ static int flip(int64_t) { return 0; }
+    struct W {
+        uint4 q;
+        float s;
+    };  // s: the sub-block's scale d * (ls - 32), made at the load
+    __device__ static void runs(int j, int& ea, int& eb) { ea = 32 * j, eb = 32 * j + 16; }
+    template <class Ld = GlobalLd>
+    __device__ static W load_w(const uint8_t* q, const uint8_t* m, int64_t blk, int j) {
+        const uint2 meta = Ld::v8(m + 8 * blk);
+        const int ls = int((meta.y >> (4 * j)) & 15u) | int((meta.x >> (16 + 2 * j)) & 3u) << 4;
+        return {Ld::v16(q + blk * 128 + 16 * j), half_bits_to_float(uint16_t(meta.x)) * float(ls - 32)};
+    }
+    __device__ static float dot(const W& w, const XQ& x, int) { return iq4_dot(w.q, w.s, x); }
+    __device__ static void dequant(const W& w, int, float* va, float* vb) { iq4_dequant(w.q, w.s, va, vb); }
+};
+
 // settle_w(w): the item's values are made here, before a GEMV's PDL wait, not where the dot first
 // uses them after it (an empty volatile statement, kept in order with the wait), so that their
 // loads and arithmetic overlap the wait instead of following it.
@@ -357,11 +544,43 @@ __device__ __forceinline__ void settle_w(const W&) {}
 __device__ __forceinline__ void settle_w(const QTraits<GgmlType::kQ4_K>::W& w) {
     asm volatile("" ::"f"(w.s), "f"(w.n));
 }
+__device__ __forceinline__ void settle_w(const LowBitKTraits<false>::W& w) {
+    asm volatile("" ::"f"(w.s0), "f"(w.s1), "f"(w.n0), "f"(w.n1));
+}
+__device__ __forceinline__ void settle_w(const LowBitKTraits<true>::W& w) { asm volatile("" ::"f"(w.s0), "f"(w.s1)); }
+__device__ __forceinline__ void settle_w(const QTraits<GgmlType::kIQ4_XS>::W& w) { asm volatile("" ::"f"(w.s)); }
 // The traits a kernel takes with wide = true: 32-byte items for Q5_K, else QTraits<T>.
 template <GgmlType T, bool kWide>
 struct WideTraits : QTraits<T> {};
 template <>
 struct WideTraits<GgmlType::kQ5_K, true> : Q5kTraits<true> {};
+
+// Traits with kPairX = true dot their words against the activations of the two runs interleaved byte
+// by byte (pair_words): a[i] = bytes 0, 1 of the runs' words i, b[i] = bytes 2, 3.
+template <class Tr, class = void>
+struct PairX : std::false_type {};
+template <class Tr>
+struct PairX<Tr, std::void_t<decltype(Tr::kPairX)>> : std::bool_constant<Tr::kPairX> {};
+__device__ __forceinline__ void pair_words(XQ& x) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const uint32_t a = uint32_t(x.a[i]), b = uint32_t(x.b[i]);
+        x.a[i] = int(permute_bytes(a, b, 0x5140u)), x.b[i] = int(permute_bytes(a, b, 0x7362u));
+    }
+}
+
+// The activations of item j of block blk (Tr::runs, Tr::flip) from a row of block_elems-element
+// blocks, as Tr::dot takes them.
+template <class Tr, bool Shared = false>
+__device__ __forceinline__ typename Tr::X load_item_x(const int8_t* xq_row, const float* xd_row, int64_t blk, int j,
+                                                      int block_elems) {
+    int ea, eb;
+    Tr::runs(j, ea, eb);
+    const int base = int(blk) * block_elems;
+    auto x = load_xq<Shared, Tr::kRun / 4>(xq_row, xd_row, base + ea, base + eb, Tr::flip(blk));
+    if constexpr (PairX<Tr>::value) pair_words(x);
+    return x;
+}
 
 // Q6_K: block image = ql[128] qh[64] scales[16], then d in the scale stream. Item j (0..7): half
 // n = j/4 (128 elements), jj = j%4: 16 bytes ql[64n + 16jj], 16 bytes qh[32n + 16(jj%2)].

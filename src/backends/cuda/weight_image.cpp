@@ -131,6 +131,39 @@ void make_weight_image(GgmlType type, const void* gguf, int64_t rows, int64_t k,
                 std::memcpy(mo, &b.d, 2);
             });
             break;
+        case GgmlType::kQ2_K:
+            split_blocks<BlockQ2_K>(gguf, n, q, m, L, [](const BlockQ2_K& b, uint8_t* qo, uint8_t* mo) {
+                std::memcpy(qo, b.qs, 64);
+                std::memcpy(mo, &b.d, 2);
+                std::memcpy(mo + 2, &b.dmin, 2);
+                std::memcpy(mo + 4, b.scales, 16);
+            });
+            break;
+        case GgmlType::kQ3_K:
+            split_blocks<BlockQ3_K>(gguf, n, q, m, L, [](const BlockQ3_K& b, uint8_t* qo, uint8_t* mo) {
+                std::memcpy(qo, b.qs, 64);
+                std::memcpy(qo + 64, b.hmask, 32);
+                std::memset(mo, 0, 4);
+                std::memcpy(mo, &b.d, 2);
+                int8_t sc[16];
+                unpack_q3_k_scales(b.scales, sc);
+                for (int j = 0; j < 16; ++j) mo[4 + j] = uint8_t(int8_t(sc[j] - 32));
+            });
+            break;
+        case GgmlType::kIQ4_NL:
+            split_blocks<BlockIQ4_NL>(gguf, n, q, m, L, [](const BlockIQ4_NL& b, uint8_t* qo, uint8_t* mo) {
+                std::memcpy(qo, b.qs, 16);
+                std::memcpy(mo, &b.d, 2);
+            });
+            break;
+        case GgmlType::kIQ4_XS:
+            split_blocks<BlockIQ4_XS>(gguf, n, q, m, L, [](const BlockIQ4_XS& b, uint8_t* qo, uint8_t* mo) {
+                std::memcpy(qo, b.qs, 128);
+                std::memcpy(mo, &b.d, 2);
+                std::memcpy(mo + 2, &b.scales_h, 2);
+                std::memcpy(mo + 4, b.scales_l, 4);
+            });
+            break;
         default: CERA_CHECK(false, "no CUDA image layout for %s", type_name(type));
     }
 }
