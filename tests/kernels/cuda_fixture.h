@@ -21,19 +21,6 @@
 
 namespace cera {
 
-// Blocks of a type without a reference quantizer (Q2_K, Q3_K): random bytes, fp16 scales kept small.
-inline void random_blocks(GgmlType type, uint8_t* dst, size_t bytes, unsigned seed) {
-    std::mt19937 rng(seed);
-    for (size_t i = 0; i < bytes; ++i) dst[i] = uint8_t(rng());
-    const size_t bs = type_info(type).type_size;
-    for (size_t b = 0; b < bytes / bs; ++b) {
-        uint8_t* blk = dst + b * bs;
-        const uint16_t d = fp32_to_fp16(0.01f + 0.001f * float(rng() % 16));
-        if (type == GgmlType::kQ2_K) std::memcpy(blk + 80, &d, 2), std::memcpy(blk + 82, &d, 2);
-        if (type == GgmlType::kQ3_K) std::memcpy(blk + 108, &d, 2);
-    }
-}
-
 // GGUF bytes of a [rows, k] weight of `type` made from f32 values.
 inline std::vector<uint8_t> make_weight(GgmlType type, const std::vector<float>& w, int64_t rows, int64_t k) {
     const size_t rb = row_size(type, k);
@@ -42,8 +29,8 @@ inline std::vector<uint8_t> make_weight(GgmlType type, const std::vector<float>&
         const float* src = w.data() + r * k;
         uint8_t* dst = out.data() + size_t(r) * rb;
         if (type == GgmlType::kF32) std::memcpy(dst, src, size_t(k) * 4);
-        else if (can_quantize(type)) quantize_row_ref(type, src, dst, k);
-        else random_blocks(type, dst, rb, unsigned(r));
+        else
+            quantize_row_ref(type, src, dst, k);
     }
     return out;
 }

@@ -250,27 +250,11 @@ inline double norm_err(const Target& t, int64_t n) {
 
 // -------------------------------------------------------------------------------------------- data
 
-// GGUF bytes of a [rows, k] weight of `type` made from f32 values: the reference quantizer where
-// there is one; Q2_K / Q3_K (none) get random codes with small fp16 scales.
-inline std::vector<uint8_t> weight_bytes(GgmlType type, const std::vector<float>& w, int64_t rows, int64_t k,
-                                         std::mt19937& rng) {
+// GGUF bytes of a [rows, k] weight of `type` made from f32 values by the reference quantizer.
+inline std::vector<uint8_t> weight_bytes(GgmlType type, const std::vector<float>& w, int64_t rows, int64_t k) {
     const size_t rb = row_size(type, k);
     std::vector<uint8_t> out(rb * size_t(rows));
-    if (can_quantize(type)) {
-        for (int64_t r = 0; r < rows; ++r) quantize_row_ref(type, w.data() + r * k, out.data() + size_t(r) * rb, k);
-        return out;
-    }
-    for (auto& b : out) b = uint8_t(rng());
-    const size_t bs = type_info(type).type_size;
-    for (size_t off = 0; off < out.size(); off += bs) {
-        const uint16_t d = fp32_to_fp16(0.01f + 0.05f * float(rng() % 100) / 100.0f);
-        if (type == GgmlType::kQ2_K) {
-            std::memcpy(&out[off + offsetof(BlockQ2_K, d)], &d, 2);
-            std::memcpy(&out[off + offsetof(BlockQ2_K, dmin)], &d, 2);
-        } else {
-            std::memcpy(&out[off + offsetof(BlockQ3_K, d)], &d, 2);
-        }
-    }
+    for (int64_t r = 0; r < rows; ++r) quantize_row_ref(type, w.data() + r * k, out.data() + size_t(r) * rb, k);
     return out;
 }
 
@@ -487,7 +471,7 @@ inline Weight make_weight(GgmlType type, int64_t rows, int64_t k, std::mt19937& 
     std::vector<float> wf = randn(size_t(rows * k), rng, sd);
     for (int64_t r = 0; r < rows; r += 3)
         for (int64_t i = 0; i < k; ++i) wf[size_t(r * k + i)] *= 0.02f;
-    Weight m{type, rows, k, weight_bytes(type, wf, rows, k, rng), {}, {}};
+    Weight m{type, rows, k, weight_bytes(type, wf, rows, k), {}, {}};
     m.w = dequant(type, m.bytes, rows, k);
     m.off = zero_code_offsets(type, m.bytes, rows, k);
     return m;
