@@ -342,11 +342,8 @@ class Backend {
     virtual void scale(const Tensor& x, float s) = 0;
 
     // Each head of head_dim elements of x (f32 [rows, n_heads * head_dim]) through the rotated KV
-    // caches' rotation (core/rotation.h), or its inverse. Only the CPU backend holds such caches;
-    // the others refuse.
-    virtual void rotate_heads(const Tensor& /*x*/, int /*head_dim*/, bool /*inverse*/) {
-        throw_error(ErrorCode::kUnsupported, "rotated KV caches (tq4) run on the CPU backend only");
-    }
+    // caches' rotation (core/rotation.h), or its inverse.
+    virtual void rotate_heads(const Tensor& x, int head_dim, bool inverse) = 0;
 
     // MoE router: p = gating(logits); the k experts with the largest p + bias are chosen;
     // their weights are p (renormalised to sum 1 when p.normalize_weights) times p.weights_scale.

@@ -7,14 +7,6 @@
 
 namespace cera {
 
-float rotation_sign(int64_t i) {
-    uint64_t z = uint64_t(i) + 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (z >> 63) ? -1.0f : 1.0f;
-}
-
 bool rotation_fits(int64_t n) { return n >= 2 && n <= 1024 && (n & (n - 1)) == 0; }
 
 void rotate_head(float* x, int64_t n, bool inverse) {

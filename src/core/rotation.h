@@ -9,8 +9,15 @@
 
 namespace cera {
 
-// Sign i of D: +1 or -1, the top bit of splitmix64(i), the same for every head, layer and model.
-float rotation_sign(int64_t i);
+// Sign i of D: +1 or -1, the top bit of splitmix64(i), the same for every head, layer and model
+// (constexpr, so that device code computes the same signs).
+constexpr float rotation_sign(int64_t i) {
+    uint64_t z = uint64_t(i) + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (z >> 63) ? -1.0f : 1.0f;
+}
 
 // True when a head of n elements can be rotated: n a power of two, 2 to 1024.
 bool rotation_fits(int64_t n);

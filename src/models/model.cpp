@@ -84,13 +84,9 @@ std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& o
             t != GgmlType::kQ4_0)
             throw_error(ErrorCode::kInvalidArgument, "KV cache type %s: expected F32, F16, BF16, Q8_0 or Q4_0",
                         type_name(t));
-    if (opts.device != DeviceKind::kCpu && (opts.kv_rotate_k || opts.kv_rotate_v))
-        throw_error(ErrorCode::kUnsupported, "rotated KV caches (tq4) run on the cpu device only");
-    // The CUDA attention kernels read F32 or F16 caches, keys and values alike.
-    if (opts.device == DeviceKind::kCuda &&
-        (opts.kv_type_k != opts.kv_type_v || (opts.kv_type_k != GgmlType::kF32 && opts.kv_type_k != GgmlType::kF16)))
-        throw_error(ErrorCode::kUnsupported,
-                    "KV cache types %s/%s: CUDA takes f32 or f16, the same for keys and values",
+    // The CUDA attention kernels read one codec for keys and values.
+    if (opts.device == DeviceKind::kCuda && opts.kv_type_k != opts.kv_type_v)
+        throw_error(ErrorCode::kUnsupported, "KV cache types %s/%s: CUDA takes the same type for keys and values",
                     type_name(opts.kv_type_k), type_name(opts.kv_type_v));
     if (opts.n_batch < 1) throw_error(ErrorCode::kInvalidArgument, "n_batch = %d: must be at least 1", opts.n_batch);
     if (opts.n_ctx < 0) throw_error(ErrorCode::kInvalidArgument, "n_ctx = %d: must not be negative", opts.n_ctx);

@@ -179,16 +179,29 @@ TEST_F(CudaBackendTest, GraphReplayTracksInputs) {
 }
 
 // max |a - ref| over max(|ref|, 1e-3) of the first n halves of two f16 buffers (KV caches).
-double f16_rel_diff(Backend& be_a, const Tensor& a, Backend& be_ref, const Tensor& ref, int64_t n) {
-    std::vector<uint16_t> ha(static_cast<size_t>(a.n_elements())), hr(ha.size());
-    be_a.read(ha.data(), a, ha.size() * 2);
-    be_ref.read(hr.data(), ref, hr.size() * 2);
+// The first n values of two caches of one type (any KV cache type): max |a - ref| over max |ref|, and how
+// many values differ by more than tol times that (a value at a rounding boundary of a quantized type can
+// take either neighbouring code when its input differs in the last bits).
+struct CacheDiff {
+    double rel;
+    int64_t over;
+};
+CacheDiff cache_diff(Backend& be_a, const Tensor& a, Backend& be_ref, const Tensor& ref, int64_t n, double tol) {
+    std::vector<uint8_t> ba(a.n_bytes()), br(ba.size());
+    be_a.read(ba.data(), a, ba.size());
+    be_ref.read(br.data(), ref, br.size());
+    std::vector<float> fa(static_cast<size_t>(a.n_elements())), fr(fa.size());
+    dequantize_row_ref(a.type, ba.data(), fa.data(), int64_t(fa.size()));
+    dequantize_row_ref(ref.type, br.data(), fr.data(), int64_t(fr.size()));
     double err = 0, mag = 1e-3;
+    for (size_t e = 0; e < size_t(n); ++e) mag = std::max(mag, double(std::fabs(fr[e])));
+    int64_t over = 0;
     for (size_t e = 0; e < size_t(n); ++e) {
-        err = std::max(err, double(std::fabs(fp16_to_fp32(ha[e]) - fp16_to_fp32(hr[e]))));
-        mag = std::max(mag, double(std::fabs(fp16_to_fp32(hr[e]))));
+        const double d = std::fabs(fa[e] - fr[e]);
+        err = std::max(err, d);
+        over += d > tol * mag;
     }
-    return err / mag;
+    return {err / mag, over};
 }
 
 // A decode-shaped layer (attention, short conv and SwiGLU blocks, each with its norm and residual
@@ -218,12 +231,18 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
     for (G type : {G::kQ4_0, G::kQ8_0, G::kQ4_K, G::kF16, G::kQ5_1, G::kQ6_K, G::kQ5_K, G::kQ2_K, G::kQ3_K, G::kIQ4_NL,
                    G::kIQ4_XS}) {
         if (hd == 128 && type != G::kQ4_0 && type != G::kQ4_K) continue;
+        // The cache types ride along with the weight types: the fused q/k/v launch stores every one.
+        const G kv = type == G::kQ4_0 ? (hd == 64 ? G::kQ8_0 : G::kQ4_0)
+                     : type == G::kQ4_K ? G::kQ8_0
+                     : type == G::kQ5_1 ? G::kBF16
+                     : type == G::kQ3_K ? G::kQ4_0
+                                        : G::kF16;
         const int64_t qw = n_head * hd, kvw = n_head_kv * hd;
         const bool bias = hd == 128;
         const int64_t n_ff = hd == 128 ? 8192 : 512;
         for (int64_t nt : {1, 3}) {
             SCOPED_TRACE(std::string(type_name(type)) + " head_dim " + std::to_string(hd) + " n_tokens " +
-                         std::to_string(nt));
+                         std::to_string(nt) + " kv " + type_name(kv));
             struct Mat {
                 int64_t rows, k;
                 std::vector<uint8_t> bytes;
@@ -267,7 +286,7 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
                 t.k = f32({kvw, nt}, nullptr), t.v = f32({kvw, nt}, nullptr), t.attn = f32({qw, nt}, nullptr);
                 t.g = f32({n_ff, nt}, nullptr), t.u = f32({n_ff, nt}, nullptr), t.bcx = f32({3 * n_embd, nt}, nullptr);
                 t.gated = f32({n_embd, nt}, nullptr), t.state = f32({n_embd, L - 1}, nullptr);
-                t.kc = be.alloc(G::kF16, {kvw, n_ctx}), t.vc = be.alloc(G::kF16, {kvw, n_ctx});
+                t.kc = be.alloc(kv, {kvw, n_ctx}), t.vc = be.alloc(kv, {kvw, n_ctx});
                 t.pos = be.alloc(G::kI32, {nt});
                 if (bias) t.bq = f32({qw}, &bq), t.bk = f32({kvw}, &bk), t.bv = f32({kvw}, &bv);
             }
@@ -312,7 +331,10 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
                 auto diff = [&](Tensor Bufs::*f, int i, int j) {
                     return max_rel_diff(get(b[i].*f, *bes[i]), get(b[j].*f, *bes[j]));
                 };
-                const double tight = type == G::kF16 ? 1e-4 : 2e-2, loose = type == G::kF16 ? 1e-3 : 1e-1;
+                // Against the CPU, a Q4_0 cache code that rounds the other way (the backends' k differ in the
+                // last bits) moves its value by a step, an eighth of its block's largest magnitude.
+                const double tight = type == G::kF16 ? 1e-4 : 2e-2,
+                             loose = type == G::kF16 ? 1e-3 : kv == G::kQ4_0 ? 0.3 : 1e-1;
                 using Field = std::pair<Tensor Bufs::*, const char*>;
                 for (const auto& [f, name] : std::vector<Field>{
                          {&Bufs::x, "x"}, {&Bufs::q, "q"}, {&Bufs::k, "k"}, {&Bufs::v, "v"}, {&Bufs::attn, "attn"},
@@ -326,12 +348,16 @@ TEST_F(CudaBackendTest, DecodeFusionsMatchUnfused) {
                     EXPECT_LT(diff(f, 5, 1), tight) << name << " norms in every prologue vs unfused, step " << step;
                     EXPECT_LT(diff(f, 6, 1), tight) << name << " register SwiGLU kernel vs unfused, step " << step;
                 }
-                // The KV cache rows written so far (f16).
+                // The KV cache rows written so far: within tight of the unfused path's, but for the codes a
+                // quantized type rounds the other way (at most 2% of them).
+                const int64_t n_kv = kvw * (step + 1) * nt;
+                const bool blocks = kv == G::kQ8_0 || kv == G::kQ4_0;
                 for (auto [f, other] : {std::pair{&Bufs::kc, 0}, {&Bufs::vc, 0}, {&Bufs::kc, 3}, {&Bufs::vc, 3},
                                         {&Bufs::kc, 4}, {&Bufs::vc, 4}, {&Bufs::kc, 5}, {&Bufs::vc, 5},
                                         {&Bufs::kc, 6}, {&Bufs::vc, 6}}) {
-                    EXPECT_LT(f16_rel_diff(*bes[other], b[other].*f, *bes[1], b[1].*f, kvw * (step + 1) * nt), tight)
-                        << "kv cache, step " << step;
+                    const CacheDiff d = cache_diff(*bes[other], b[other].*f, *bes[1], b[1].*f, n_kv, tight);
+                    if (blocks) EXPECT_LE(d.over, n_kv / 50) << "kv cache, step " << step << " (max " << d.rel << ")";
+                    else EXPECT_LT(d.rel, tight) << "kv cache, step " << step;
                 }
             }
             for (int i = 0; i < kBes; ++i) {
@@ -465,7 +491,7 @@ TEST_F(CudaBackendTest, QkvRopeRowsMatchBlockAHead) {
                                                              << step;
             }
             for (auto f : {&Bufs::kc, &Bufs::vc})
-                EXPECT_LT(f16_rel_diff(*bes[0], b[0].*f, *bes[2], b[2].*f, kvw * (step + 1) * nt), tight)
+                EXPECT_LT(cache_diff(*bes[0], b[0].*f, *bes[2], b[2].*f, kvw * (step + 1) * nt, tight).rel, tight)
                     << "kv cache vs unfused, step " << step;
         }
         for (int i = 0; i < kBes; ++i) {

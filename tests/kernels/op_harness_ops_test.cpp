@@ -1,4 +1,4 @@
-// The op harness, second part (short_conv, swiglu, add, scale, argmax, top_logits, moe_route, moe_ffn;
+// The op harness, second part (short_conv, swiglu, add, scale, rotate_heads, argmax, top_logits, moe_route, moe_ffn;
 // op_harness_test.cpp has the first): every backend op on every target (op_harness.h: the CPU backend on each kernel
 // table this CPU runs; in CUDA builds with a GPU the CUDA backend and its kernel variants) over the
 // one list of shapes, against scalar references computed here in double. The bounds are derived
@@ -6,6 +6,7 @@
 // Sequences the CUDA backend fuses, recorded steps and whole models are checked elsewhere
 // (cuda_decode_test.cpp, cuda_model_test.cpp, golden/).
 #include "kernels/op_harness.h"
+#include "core/rotation.h"
 
 #include <gtest/gtest.h>
 
@@ -216,6 +217,45 @@ TEST(OpHarness, AddAndScale) {
                 const std::vector<float> z = ob.read(out);
                 for (size_t i = 0; i < z.size(); ++i)
                     c.eq(z[i], float(double(y[i]) * double(-s * 1.5f)), "scale at ", i);
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------ rotate_heads
+// Every head through the rotated caches' rotation and back: the scalar reference is core/rotation.h's
+// rotate_head (sign flips, the butterflies stage by stage, the scale), whose float operations every
+// target does in the same order, so the results are equal bit for bit. The round trip returns x to
+// within the two transforms' rounding: log2(n) + 2 roundings each way, of values below sum |x| / sqrt(n),
+// the first transform's errors summed again by the second (sqrt(n) of them, over sqrt(n)).
+TEST(OpHarness, RotateHeads) {
+    std::mt19937 rng(13);
+    for (int64_t hd : {int64_t(2), int64_t(32), int64_t(64), int64_t(128), int64_t(1024)}) {
+        for (int64_t rows : kRowCounts) {
+            const int64_t n_heads = rows % 3 + 1, width = n_heads * hd;
+            if (rows * width > kMaxElems) continue;
+            const std::vector<float> x = randn(size_t(rows * width), rng);
+            std::vector<float> want = x;
+            for (size_t h = 0; h < want.size() / size_t(hd); ++h) rotate_head(want.data() + h * size_t(hd), hd, false);
+            for (const Target& t : targets()) {
+                if (t.moe_only) continue;
+                OnBackend ob(t);
+                Tensor X = ob.f32({width, rows}, x);
+                ob.be().rotate_heads(X, int(hd), false);
+                const std::vector<float> y = ob.read(X);
+                Checker c(str(t.name, " rotate_heads head_dim ", hd, " heads ", n_heads, " rows ", rows));
+                for (size_t i = 0; i < y.size() && c.misses() < 8; ++i) c.eq(y[i], want[i], "at ", i);
+                ob.be().rotate_heads(X, int(hd), true);
+                const std::vector<float> back = ob.read(X);
+                const double steps = std::log2(double(hd)) + 2;
+                for (size_t h = 0; h < back.size() / size_t(hd) && c.misses() < 8; ++h) {
+                    double mag = 0;
+                    for (int64_t i = 0; i < hd; ++i) mag += std::fabs(x[h * size_t(hd) + size_t(i)]);
+                    for (int64_t i = 0; i < hd; ++i) {
+                        const size_t at = h * size_t(hd) + size_t(i);
+                        c.near(back[at], x[at], 2 * gamma(int64_t(steps)) * mag, "back at ", at);
+                    }
+                }
             }
         }
     }

@@ -279,36 +279,32 @@ TEST(OpHarness, NormRope) {
 }
 
 // ---------------------------------------------------------------------------------------- kv_store
-// Rows pos[t] of the caches take k[t] and v[t]: the same f32 bits, or f32 -> f16 rounded to nearest
-// even (the conversion of core/fp16.h; CUDA's __float2half_rn is the same rounding), bit for bit.
-// Rows no position names keep what they held.
+// Rows pos[t] of the caches take k[t] and v[t] in the cache's type, bit for bit as the reference
+// conversions write them (quantize_row_ref: f16 and bf16 rounded to nearest even, CUDA's __float2half_rn
+// and __float2bfloat16_rn being the same rounding; Q8_0 and Q4_0 blocks with the reference quantizers'
+// arithmetic). Rows no position names keep what they held.
 TEST(OpHarness, KvStore) {
     std::mt19937 rng(6);
     for (int64_t width : kLengths) {
         for (int64_t n_ctx : kRowCounts) {
             for (int64_t nt : kTokenCounts) {
                 if (nt > n_ctx || n_ctx * width > kMaxElems) continue;
-                for (GgmlType kv : {GgmlType::kF32, GgmlType::kF16}) {
+                for (GgmlType kv : kKvTypes) {
+                    if (width % type_info(kv).block_size != 0) continue;
                     const std::vector<float> k = randn(size_t(nt * width), rng), v = randn(size_t(nt * width), rng);
                     std::vector<int32_t> all(static_cast<size_t>(n_ctx));
                     std::iota(all.begin(), all.end(), 0);
                     std::shuffle(all.begin(), all.end(), rng);
                     const std::vector<int32_t> pos(all.begin(), all.begin() + nt);  // distinct, scattered
-                    const size_t es = kv == GgmlType::kF16 ? 2 : 4;
-                    const std::vector<uint8_t> before(size_t(n_ctx * width) * es, 0x5A);
+                    const size_t rb = row_size(kv, width);
+                    const std::vector<uint8_t> before(size_t(n_ctx) * rb, 0x5A);
                     std::vector<uint8_t> want_k(before), want_v(before);
                     for (int64_t t = 0; t < nt; ++t)
-                        for (int64_t i = 0; i < width; ++i) {
-                            const size_t at = (size_t(pos[size_t(t)]) * size_t(width) + size_t(i)) * es;
-                            for (auto [src, dst] : {std::pair{&k, &want_k}, std::pair{&v, &want_v}}) {
-                                const float f = (*src)[size_t(t * width + i)];
-                                if (es == 2) {
-                                    const uint16_t h = fp32_to_fp16(f);
-                                    std::memcpy(dst->data() + at, &h, 2);
-                                } else {
-                                    std::memcpy(dst->data() + at, &f, 4);
-                                }
-                            }
+                        for (auto [src, dst] : {std::pair{&k, &want_k}, std::pair{&v, &want_v}}) {
+                            const float* row = src->data() + t * width;
+                            uint8_t* at = dst->data() + size_t(pos[size_t(t)]) * rb;
+                            if (kv == GgmlType::kF32) std::memcpy(at, row, rb);
+                            else quantize_row_ref(kv, row, at, width);
                         }
                     for (const Target& t : targets()) {
                         if (t.moe_only) continue;
@@ -320,9 +316,9 @@ TEST(OpHarness, KvStore) {
                         Checker c(str(t.name, " kv_store ", type_name(kv), " width ", width, " n_ctx ", n_ctx,
                                       " n_tokens ", nt));
                         const auto got_k = ob.read<uint8_t>(KC), got_v = ob.read<uint8_t>(VC);
-                        for (size_t i = 0; i < got_k.size(); i += es) {
-                            c.eq(std::memcmp(&got_k[i], &want_k[i], es), 0, "k cache byte ", i);
-                            c.eq(std::memcmp(&got_v[i], &want_v[i], es), 0, "v cache byte ", i);
+                        for (size_t i = 0; i < got_k.size() && c.misses() < 8; ++i) {
+                            c.eq(int(got_k[i]), int(want_k[i]), "k cache byte ", i);
+                            c.eq(int(got_v[i]), int(want_v[i]), "v cache byte ", i);
                         }
                     }
                 }
@@ -344,8 +340,10 @@ TEST(OpHarness, KvStore) {
 //    (none); AVX-512 tiles 16 keys (ceil(n / 16)); CUDA kernels may rescale at any key (n, plus the
 //    merge of the splits);
 //  - CUDA's tensor-core kernel sends q and p as f16 hi + lo pairs (22-bit operands: 2^-21 relative per
-//    product; below f16's normal range 2^-25 absolute per operand).
-// The caches are written directly with values representable in their type, so no rounding of k or v.
+//    product; below f16's normal range 2^-25 absolute per operand), and decodes the caches of the other
+//    types into f16 tiles: each k and v element rounded to f16 (2^-11 relative, 2^-25 absolute); its
+//    decode kernel takes q over a Q8_0 cache in 8-bit blocks of 32 (integer dot products).
+// The caches are written directly in their type, and the reference reads the values they hold.
 TEST(OpHarness, Attention) {
     std::mt19937 rng(7);
     struct Heads {
@@ -356,7 +354,7 @@ TEST(OpHarness, Attention) {
     int n_case = 0;
     for (int64_t hd : kLengths) {
         if (hd % 32 || hd > 256) continue;
-        for (GgmlType kv : {GgmlType::kF32, GgmlType::kF16}) {
+        for (GgmlType kv : kKvTypes) {
             for (int64_t n_ctx : {kRowCounts[2], kRowCounts[3], kLengths[7]}) {
                 for (int64_t nt : kTokenCounts) {
                     const Heads hh = heads[size_t(n_case) % std::size(heads)];
@@ -375,15 +373,19 @@ TEST(OpHarness, Attention) {
                     else
                         for (int64_t i = 0; i < nt; ++i) pos.push_back(int32_t(i));
                     const int64_t kw = hh.n_head_kv * hd, qw = hh.n_head * hd;
-                    // Cache contents: f16-representable values when the cache is F16.
+                    // Cache contents: random rows in the cache's type (kb, vb), and the values they hold (kf, vf).
                     std::vector<float> kf = randn(size_t(n_ctx * kw), rng), vf = randn(size_t(n_ctx * kw), rng);
-                    std::vector<uint16_t> kh, vh;
-                    if (kv == GgmlType::kF16) {
-                        for (auto* f : {&kf, &vf})
-                            for (float& e : *f) e = fp16_to_fp32(fp32_to_fp16(e));
-                        for (float e : kf) kh.push_back(fp32_to_fp16(e));
-                        for (float e : vf) vh.push_back(fp32_to_fp16(e));
+                    std::vector<uint8_t> kb(size_t(n_ctx) * row_size(kv, kw)), vb(kb.size());
+                    for (auto [f, bytes] : {std::pair{&kf, &kb}, std::pair{&vf, &vb}}) {
+                        if (kv == GgmlType::kF32) {
+                            std::memcpy(bytes->data(), f->data(), bytes->size());
+                            continue;
+                        }
+                        quantize_row_ref(kv, f->data(), bytes->data(), n_ctx * kw);
+                        dequantize_row_ref(kv, bytes->data(), f->data(), n_ctx * kw);
                     }
+                    // CUDA's tensor-core kernel rounds the decoded values of these types to f16.
+                    const bool rounds16 = kv != GgmlType::kF32 && kv != GgmlType::kF16;
                     const std::vector<float> q = randn(size_t(nt * qw), rng);
                     const float scale = float(1.0 / std::sqrt(double(hd)));
                     // Reference: o, and per element M, sum_j p_j e_j-free parts (the score errors and the
@@ -392,9 +394,13 @@ TEST(OpHarness, Attention) {
                     std::vector<double> o(static_cast<size_t>(rows * hd)), M(o.size());
                     struct Key {
                         double p, qk, ksum, arg;  // weight, scale sum |q_i k_i|, sum |k_i|, s_j - m
+                        double q8;                // CUDA's 8-bit q over a Q8_0 cache: the score's bound
                     };
                     std::vector<std::vector<Key>> keys(static_cast<size_t>(rows));
                     std::vector<double> vmax(o.size(), 0.0);  // max_j |v_j| per element
+                    std::vector<double> qabs(static_cast<size_t>(rows), 0.0);  // scale sum_i |q_i| per row
+                    for (int64_t r = 0; r < rows; ++r)
+                        for (int64_t i = 0; i < hd; ++i) qabs[size_t(r)] += scale * std::fabs(q[size_t(r * hd + i)]);
                     for (int64_t r = 0; r < rows; ++r) {
                         const int64_t t = r / hh.n_head;
                         const int h = int(r % hh.n_head), hk = h / (hh.n_head / hh.n_head_kv);
@@ -402,13 +408,23 @@ TEST(OpHarness, Attention) {
                         std::vector<Key>& ks = keys[size_t(r)];
                         double m = -INFINITY;
                         for (int32_t j = begin; j < end; ++j) {
-                            double s = 0, sa = 0, ksum = 0;
+                            double s = 0, sa = 0, ksum = 0, q8 = 0;
                             for (int64_t i = 0; i < hd; ++i) {
                                 const double kk = kf[size_t(j * kw + hk * hd + i)],
                                              a = double(q[size_t(r * hd + i)]) * kk;
                                 s += a, sa += std::fabs(a), ksum += std::fabs(kk);
                             }
-                            ks.push_back({s * scale, sa * scale, ksum, 0});
+                            // q * scale rounded to 8 bits per block of 32: half a step of the block's
+                            // scale max |q scale| / 127 (and a little for the float x / d) per element.
+                            for (int64_t b0 = 0; b0 < hd; b0 += 32) {
+                                double qm = 0, kb = 0;
+                                for (int64_t i = b0; i < b0 + 32; ++i) {
+                                    qm = std::max(qm, std::fabs(double(q[size_t(r * hd + i)]) * scale));
+                                    kb += std::fabs(double(kf[size_t(j * kw + hk * hd + i)]));
+                                }
+                                q8 += 0.501 * qm / 127.0 * kb;
+                            }
+                            ks.push_back({s * scale, sa * scale, ksum, 0, q8});
                             m = std::max(m, s * scale);
                         }
                         double l = 0;
@@ -431,9 +447,7 @@ TEST(OpHarness, Attention) {
                         if (t.moe_only) continue;
                         OnBackend ob(t);
                         Tensor Q = ob.f32({qw, nt}, q), P = ob.i32({nt}, pos);
-                        const void* kb = kv == GgmlType::kF16 ? static_cast<const void*>(kh.data()) : kf.data();
-                        const void* vb = kv == GgmlType::kF16 ? static_cast<const void*>(vh.data()) : vf.data();
-                        Tensor KC = ob.alloc(kv, {kw, n_ctx}, kb), VC = ob.alloc(kv, {kw, n_ctx}, vb);
+                        Tensor KC = ob.alloc(kv, {kw, n_ctx}, kb.data()), VC = ob.alloc(kv, {kw, n_ctx}, vb.data());
                         Tensor out = ob.alloc(GgmlType::kF32, {qw, nt});
                         AttentionParams ap;
                         ap.n_head = hh.n_head, ap.n_head_kv = hh.n_head_kv, ap.head_dim = int(hd), ap.scale = scale;
@@ -451,6 +465,8 @@ TEST(OpHarness, Attention) {
                             for (size_t j = 0; j < ks.size(); ++j) {
                                 e[j] = gamma(hd + 2) * ks[j].qk + exp_err(t, ks[j].arg);
                                 if (mma) e[j] += 0x1p-21 * ks[j].qk + kF16Sub * ks[j].ksum;
+                                if (mma && rounds16) e[j] += kU16 * ks[j].qk + kF16Sub * qabs[size_t(r)];
+                                if (mma && kv == GgmlType::kQ8_0) e[j] += ks[j].q8 + 4 * kU * ks[j].qk;
                             }
                             const int32_t begin = pos[size_t(r / hh.n_head)] + 1 - int32_t(n);
                             const int hk = int(r % hh.n_head) / (hh.n_head / hh.n_head_kv);
@@ -464,6 +480,7 @@ TEST(OpHarness, Attention) {
                                 b += (gamma(n + 2) + double(rescales) * (exp_err(t, 0.0) + 2 * kU)) * (md + od) +
                                      2 * kU * od;
                                 if (mma) b += 0x1p-21 * md + double(n) * kF16Sub * vmax[at];
+                                if (mma && rounds16) b += kU16 * md + kF16Sub;
                                 c.near(y[at], o[at], b, "token ", r / hh.n_head, " head ", r % hh.n_head, " dim ", d);
                             }
                         }

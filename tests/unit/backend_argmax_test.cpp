@@ -165,6 +165,7 @@ class HostMemoryBackend final : public Backend {
     void swiglu(const Tensor&, const Tensor&, const Tensor&) override { unused(); }
     void add(const Tensor&, const Tensor&, float, const Tensor&) override { unused(); }
     void scale(const Tensor&, float) override { unused(); }
+    void rotate_heads(const Tensor&, int, bool) override { unused(); }
     void moe_route(const Tensor&, const Tensor&, const MoeParams&, const Tensor&, const Tensor&) override {
         unused();
     }

@@ -259,7 +259,7 @@ struct Builder {
         r.mode = 2, r.n_rot = int(kHead), r.freq_base = 10000.0f;
         s.nodes.push_back(RopeNode{m.at("q"), n, int(kHeads), int(kHead), m.make("qn", kHead, true), 1e-5f, pp, r});
         s.nodes.push_back(RopeNode{m.at("k"), n, int(kKvHeads), int(kHead), m.make("kn", kHead, true), 1e-5f, pp, r});
-        s.nodes.push_back(KvStoreNode{m.at("k"), m.at("v"), n, kKvHeads * kHead, pp, m.at("kc"), m.at("vc"), false, kCtx});
+        s.nodes.push_back(KvStoreNode{m.at("k"), m.at("v"), n, kKvHeads * kHead, pp, m.at("kc"), m.at("vc"), KvCodec::kF32, kCtx});
         AttentionNode at;
         at.a.q = m.at("q"), at.a.n_tokens = n, at.a.n_head = int(kHeads), at.a.head_dim = int(kHead), at.a.out = m.at("attn");
         s.nodes.push_back(at);

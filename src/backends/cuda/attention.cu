@@ -1,14 +1,15 @@
-// Causal GQA softmax attention of a batch of queries over the KV cache (F16 or F32).
+// Causal GQA softmax attention of a batch of queries over the KV cache, in any of its codecs (F32,
+// F16, BF16, Q8_0, Q4_0: kv_codec.cuh), read where the kernels load K and V: no dequantized copy.
 // Idea: one block per (query head, key split, token). The split's key range is walked in chunks of
-// 128 keys, one key per thread for q.k (16-byte loads of the key row), with an online softmax
+// 128 keys, one key per thread for q.k (8 values a load of the key row), with an online softmax
 // (running max and sum); the values are then accumulated by (key group, dimension) threads.
 // Decode splits the keys over up to 32 blocks per head (split-K) and a second kernel merges the
 // partial (max, sum, output) triples; with one split the block writes the output directly.
 // Positions come from device memory, so one recorded graph serves every decode step. The output's
 // 8-bit rows for the out-projection GEMV can be written too (whole warps write 32 consecutive dims).
-// Batches of >= 16 queries (prefill): on an F16 cache with head_dim 64 / 128, a flash-attention kernel
-// on tensor cores (mma.sync m16n8k16; K/V tiles shared by the heads of a GQA group; see
-// attention_mma.cu), else a tiled f32 kernel. Prefill is bound by the math (Q K^T and P V, plus exp),
+// Batches of >= 16 queries (prefill) with head_dim 64 / 128: a flash-attention kernel on tensor cores
+// (mma.sync m16n8k16; K/V tiles shared by the heads of a GQA group; see attention_mma.cu), or on an
+// F32 cache a tiled f32 kernel. Prefill is bound by the math (Q K^T and P V, plus exp),
 // not bytes: 4 * head_dim FLOPs per (query head, visible key); the H200's dense f16 is ~990 TFLOP/s.
 // Roofline: bytes = K + V rows read once per query head (GQA groups re-read through L2);
 // 2 KB per position per layer for lfm2-1.2b (8 kv heads x 64 x 2 x f16).
@@ -30,13 +31,10 @@ int attn_splits(int64_t n_tokens, int64_t n_ctx) {
     return int(std::max<int64_t>(1, std::min(by_len, by_batch)));
 }
 
-__device__ __forceinline__ void load8(const __half* p, float* v) { halves_to_float(ld_cached16(p), v); }
 __device__ __forceinline__ void load8(const float* p, float* v) {
     const float4 a = __ldg(reinterpret_cast<const float4*>(p)), b = __ldg(reinterpret_cast<const float4*>(p) + 1);
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(float v) { return v; }
 
 __device__ __forceinline__ float block_max(float v, float* red) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -52,7 +50,7 @@ using AttnK = DecodeAttnArgs;
 
 
 // Shared memory: q[head_dim], p[128], red[32], acc[128 * 2].
-template <class C>
+template <class K>
 __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK a) {
     pdl_trigger();
     pdl_wait();
@@ -87,18 +85,19 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK a) {
     const bool active = g < G && d0 < hd;
     float acc[2] = {0.0f, 0.0f};
     float m = -INFINITY, l = 0.0f;
-    const C* kc = static_cast<const C*>(a.k) + int64_t(hk) * hd;
-    const C* vc = static_cast<const C*>(a.v) + int64_t(hk) * hd;
+    const int64_t row_bytes = kv_row_bytes(K::kCodec, kv_width), head = kv_row_bytes(K::kCodec, int64_t(hk) * hd);
+    const unsigned char* kc = static_cast<const unsigned char*>(a.k) + head;
+    const unsigned char* vc = static_cast<const unsigned char*>(a.v) + head;
     __syncthreads();
     for (int64_t c = lo; c < hi; c += kThreads) {
         const int64_t j = c + tid;
         float score = -INFINITY;
         if (j < hi) {
-            const C* kr = kc + kv_row(a, t, j) * kv_width;
+            const unsigned char* kr = kc + kv_row(a, t, j) * row_bytes;
             float sacc = 0.0f;
             for (int d = 0; d < hd; d += 8) {
                 float kv[8];
-                load8(kr + d, kv);
+                kv_load8<K>(kr, d, kv);
 #pragma unroll
                 for (int e = 0; e < 8; ++e) sacc = fmaf(q_s[d + e], kv[e], sacc);
             }
@@ -115,10 +114,10 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK a) {
         const int n_keys = int(min(int64_t(kThreads), hi - c));
         if (active) {
             for (int jj = g; jj < n_keys; jj += G) {
-                const C* vr = vc + kv_row(a, t, c + jj) * kv_width;
+                const unsigned char* vr = vc + kv_row(a, t, c + jj) * row_bytes;
                 const float pv = p_s[jj];
-                acc[0] = fmaf(pv, to_float(vr[d0]), acc[0]);
-                if (d0 + kThreads < hd) acc[1] = fmaf(pv, to_float(vr[d0 + kThreads]), acc[1]);
+                acc[0] = fmaf(pv, kv_load1<K>(vr, d0), acc[0]);
+                if (d0 + kThreads < hd) acc[1] = fmaf(pv, kv_load1<K>(vr, d0 + kThreads), acc[1]);
             }
         }
         __syncthreads();  // p_s is rewritten by the next chunk
@@ -141,15 +140,16 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK a) {
     }
 }
 
-// Batches (prefill): a block owns QT consecutive queries of one head and walks the union of their key
-// ranges in tiles of KT keys staged (as f32) in shared memory, so each K/V row is read once per
+// Batches (prefill) on an F32 cache (the other codecs take the tensor cores, attention_mma.cu): a block
+// owns QT consecutive queries of one head and walks the union of their key ranges in tiles of KT keys
+// staged in shared memory, so each K/V row is read once per
 // query tile instead of once per query. Thread (query qi = tid / 8, lane kl = tid % 8) scores keys
 // kl, kl + 8, ... of a tile and accumulates the output's float4 chunks kl, kl + 8, ...; the 8 lanes
 // of a query sit in one warp (online softmax by shuffles). Shared rows are padded by 4 floats so the
 // 8 lanes' float4 reads of 8 different K rows hit 32 different banks. HD = head_dim (64 or 128).
 constexpr int kQT = 16, kKT = 32;
 
-template <class C, int HD>
+template <int HD>
 __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const AttnK a) {
     pdl_trigger();
     pdl_wait();
@@ -183,8 +183,8 @@ __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const AttnK a) {
 #pragma unroll
     for (int i = 0; i < NC; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float m = -INFINITY, l = 0.0f;
-    const C* kc = static_cast<const C*>(a.k) + int64_t(hk) * HD;
-    const C* vc = static_cast<const C*>(a.v) + int64_t(hk) * HD;
+    const float* kc = static_cast<const float*>(a.k) + int64_t(hk) * HD;
+    const float* vc = static_cast<const float*>(a.v) + int64_t(hk) * HD;
     for (int64_t c = lo_b; c < hi_b; c += kKT) {
         __syncthreads();  // q_s written / the previous tile consumed
         for (int i = tid; i < kKT * HD / 8; i += kThreads) {
@@ -297,23 +297,23 @@ struct DecPlan {
 
 // Shared memory: K rows (stride hd + 16 bytes: 16-byte reads of 8 different rows hit distinct banks),
 // V rows, q [G][hd] (pre-scaled), p [G][kc], m / l / corr [3][G].
-template <class C>
+template <class K>
 __global__ void __launch_bounds__(kThreads) attn_dec_kernel(const AttnK a) {
     pdl_trigger();
     extern __shared__ __align__(16) unsigned char dsm[];
-    constexpr int es = sizeof(C);
     const int hk = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t t = blockIdx.z;
     const int hd = a.head_dim, G = a.n_head / a.n_head_kv, kc = a.kc, S = a.n_splits;
-    const int krow = hd * es + 16, vrow = hd * es, pieces = hd * es / 16;
+    const KvRows<K> rows(hd);
+    const int krow = rows.krow, vrow = rows.vrow;
     unsigned char* k_s = dsm;
     unsigned char* v_s = k_s + size_t(kc) * krow;
     float* q_s = reinterpret_cast<float*>(v_s + size_t(kc) * vrow);
     float* p_s = q_s + G * hd;
     float* st_s = p_s + G * kc;  // m [G], l [G], corr [G]
-    const int64_t kv_width = int64_t(a.n_head_kv) * hd;
-    const unsigned char* kg = static_cast<const unsigned char*>(a.k) + int64_t(hk) * hd * es;
-    const unsigned char* vg = static_cast<const unsigned char*>(a.v) + int64_t(hk) * hd * es;
+    const int64_t row_bytes = kv_row_bytes(K::kCodec, int64_t(a.n_head_kv) * hd);
+    const unsigned char* kg = static_cast<const unsigned char*>(a.k) + kv_row_bytes(K::kCodec, int64_t(hk) * hd);
+    const unsigned char* vg = static_cast<const unsigned char*>(a.v) + kv_row_bytes(K::kCodec, int64_t(hk) * hd);
 
     // Positions are step inputs written by the host: everything up to the copies comes before the wait.
     int64_t begin, end;
@@ -324,13 +324,13 @@ __global__ void __launch_bounds__(kThreads) attn_dec_kernel(const AttnK a) {
     if (s > 0 && s >= n_act) return;  // block (hk, 0, t) always runs (and waits)
     const int64_t safe = rows_written_before(a, t);  // rows below it are not written by this step
     auto copy_rows = [&](int64_t lo, int n, int64_t from, int64_t to) {
-        for (int i = tid; i < n * pieces; i += kThreads) {
-            const int r = i / pieces, c16 = i - r * pieces;
+        for (int i = tid; i < n * rows.pieces; i += kThreads) {
+            const int r = i / rows.pieces, c = i - r * rows.pieces;
             const int64_t j = lo + r;
             if (j < from || j >= to) continue;
-            const int64_t off = kv_row(a, t, j) * kv_width * es + c16 * 16;
-            cp_async16v(k_s + r * krow + c16 * 16, kg + off);
-            cp_async16v(v_s + r * vrow + c16 * 16, vg + off);
+            const int64_t off = kv_row(a, t, j) * row_bytes;
+            rows.copy(k_s + r * krow, kg + off, c);
+            rows.copy(v_s + r * vrow, vg + off, c);
         }
         cp_async_commit();
     };
@@ -355,14 +355,14 @@ __global__ void __launch_bounds__(kThreads) attn_dec_kernel(const AttnK a) {
         __syncthreads();
         // Scores: key j of the chunk against the G queries, up to 8 heads per pass.
         for (int j = tid; j < n; j += kThreads) {
-            const C* kr = reinterpret_cast<const C*>(k_s + j * krow);
+            const unsigned char* kr = k_s + j * krow;
             for (int g0 = 0; g0 < G; g0 += 8) {
                 float acc[8];
 #pragma unroll
                 for (int gi = 0; gi < 8; ++gi) acc[gi] = 0.0f;
                 for (int d = 0; d < hd; d += 8) {
                     float kv[8];
-                    load8s(kr + d, kv);
+                    kv_load8<K>(kr, d, kv);
 #pragma unroll
                     for (int gi = 0; gi < 8; ++gi) {
                         if (g0 + gi >= G) break;
@@ -416,18 +416,17 @@ __global__ void __launch_bounds__(kThreads) attn_dec_kernel(const AttnK a) {
             const int g = i / half, dp = i - g * half;
             const float corr = st_s[2 * G + g];
             const float* pg = p_s + g * kc;
-            const unsigned char* vc = v_s + dp * 2 * es;
             float2 a0 = make_float2(o[r].x * corr, o[r].y * corr), a1 = make_float2(0.0f, 0.0f);
             int j = 0;
             for (; j + 1 < n; j += 2) {
-                const float2 v0 = load2s(reinterpret_cast<const C*>(vc + j * vrow));
-                const float2 v1 = load2s(reinterpret_cast<const C*>(vc + (j + 1) * vrow));
+                const float2 v0 = kv_load2<K>(v_s + j * vrow, 2 * dp);
+                const float2 v1 = kv_load2<K>(v_s + (j + 1) * vrow, 2 * dp);
                 const float p0 = pg[j], p1 = pg[j + 1];
                 a0.x = fmaf(p0, v0.x, a0.x), a0.y = fmaf(p0, v0.y, a0.y);
                 a1.x = fmaf(p1, v1.x, a1.x), a1.y = fmaf(p1, v1.y, a1.y);
             }
             if (j < n) {
-                const float2 v0 = load2s(reinterpret_cast<const C*>(vc + j * vrow));
+                const float2 v0 = kv_load2<K>(v_s + j * vrow, 2 * dp);
                 a0.x = fmaf(pg[j], v0.x, a0.x), a0.y = fmaf(pg[j], v0.y, a0.y);
             }
             o[r] = make_float2(a0.x + a1.x, a0.y + a1.y);
@@ -502,12 +501,13 @@ namespace {
 // The decode kernel's chunk and split count for these arguments, or !ok (another kernel serves them).
 DecPlan dec_plan(const AttentionArgs& a) {
     DecPlan p;
-    if ((a.n_tokens > kDecMaxTokens && !a.each_seq) || a.head_dim % 8 != 0 || a.head_dim > 256 ||
+    if ((a.n_tokens > kDecMaxTokens && !a.each_seq) || !kv_staged(a.codec, a.head_dim) || a.head_dim > 256 ||
         a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0)
         return p;
-    const int G = a.n_head / a.n_head_kv, hd = a.head_dim, es = a.f16 ? 2 : 4;
+    const int G = a.n_head / a.n_head_kv, hd = a.head_dim;
     if (int64_t(G) * hd > 2 * kThreads * kDecMaxItems) return p;
-    const int64_t per_key = int64_t(2 * hd * es + 16 + 4 * G), fixed = int64_t(4) * G * hd + 12 * G + 16;
+    const int64_t per_key = kv_staged_krow(a.codec, hd) + kv_staged_bytes(a.codec, hd) + 4 * G;
+    const int64_t fixed = int64_t(4) * G * hd + 12 * G + 16;
     const int64_t kc = std::min<int64_t>(256, (kDecSmem - fixed) / per_key / 32 * 32);
     if (kc < 32) return p;
     const int64_t max_len = a.sliding_window > 0 ? std::min<int64_t>(a.n_ctx, a.sliding_window) : a.n_ctx;
@@ -522,10 +522,10 @@ DecPlan dec_plan(const AttentionArgs& a) {
 }
 
 
-template <class C>
+template <class K>
 void launch_dec(const AttnK& k, const DecPlan& p, cudaStream_t s) {
-    allow_dynamic_smem<attn_dec_kernel<C>>(p.smem);
-    launch(attn_dec_kernel<C>, dim3(unsigned(k.n_head_kv), unsigned(p.splits), unsigned(k.n_tokens)), kThreads, p.smem,
+    allow_dynamic_smem<attn_dec_kernel<K>>(p.smem);
+    launch(attn_dec_kernel<K>, dim3(unsigned(k.n_head_kv), unsigned(p.splits), unsigned(k.n_tokens)), kThreads, p.smem,
            s, k);
 }
 
@@ -543,9 +543,10 @@ size_t attention_scratch_floats(const AttentionArgs& a) {
 
 void attention(const AttentionArgs& a, Stream stream) {
     if (a.n_tokens == 0) return;
-    CERA_CHECK(a.head_dim % 8 == 0 && a.head_dim <= 2 * kThreads && a.n_head % a.n_head_kv == 0,
-               "attention: head_dim %d (needs a multiple of 8, <= 256), n_head %d, n_head_kv %d", a.head_dim,
-               a.n_head, a.n_head_kv);
+    CERA_CHECK(a.head_dim % (kv_blocked(a.codec) ? 32 : 8) == 0 && a.head_dim <= 2 * kThreads &&
+                   a.n_head % a.n_head_kv == 0,
+               "attention: head_dim %d (needs a multiple of 8, 32 for a block codec, <= 256), n_head %d, n_head_kv %d",
+               a.head_dim, a.n_head, a.n_head_kv);
     AttnK k{};
     k.q = a.q, k.k = a.k_cache, k.v = a.v_cache, k.pos = a.pos, k.n_ctx = a.n_ctx, k.n_tokens = a.n_tokens;
     k.n_head = a.n_head, k.n_head_kv = a.n_head_kv, k.head_dim = a.head_dim;
@@ -560,36 +561,28 @@ void attention(const AttentionArgs& a, Stream stream) {
     if (const DecPlan p = dec_plan(a); p.ok) {
         CERA_CHECK(p.splits == 1 || a.partial != nullptr, "attention: the decode kernel needs its scratch");
         k.n_splits = p.splits, k.kc = p.kc;
-        if (attention_decode_warp(k, a.f16, s)) return;
-        if (a.f16) launch_dec<__half>(k, p, s);
-        else launch_dec<float>(k, p, s);
+        if (attention_decode_warp(k, a.codec, s)) return;
+        with_kv_codec(a.codec, [&](auto c) { launch_dec<decltype(c)>(k, p, s); });
         return;
     }
     CERA_CHECK(k.n_splits == 1 || a.partial != nullptr);
     if (a.partial) k.partial = a.partial + kCounterFloats;
     const dim3 grid(unsigned(a.n_head), unsigned(k.n_splits), unsigned(a.n_tokens));
     const size_t smem = sizeof(float) * (a.head_dim + kThreads + 32 + 2 * kThreads);
-    // F16 caches: tensor cores with Q and P split hi + lo (f32-grade sums); F32 caches: the f32 tiles.
-    if (a.f16 && k.n_splits == 1 && a.n_tokens >= kQT && (a.head_dim == 64 || a.head_dim == 128) &&
-        a.n_ctx < INT_MAX) {
-        const int G = a.n_head / a.n_head_kv;
-        const dim3 mg(unsigned(a.n_head_kv), unsigned(ceil_div(a.n_tokens * G, kFaRows)));
-        attention_prefill_mma(k, mg, s);
-        return;
-    }
-    if (k.n_splits == 1 && a.n_tokens >= kQT && (a.head_dim == 64 || a.head_dim == 128)) {
-        const dim3 tg(unsigned(a.n_head), unsigned(ceil_div(a.n_tokens, kQT)));
-        if (a.head_dim == 64) {
-            if (a.f16) launch((attn_tile_kernel<__half, 64>), tg, kThreads, 0, s, k);
-            else launch((attn_tile_kernel<float, 64>), tg, kThreads, 0, s, k);
-        } else {
-            if (a.f16) launch((attn_tile_kernel<__half, 128>), tg, kThreads, 0, s, k);
-            else launch((attn_tile_kernel<float, 128>), tg, kThreads, 0, s, k);
+    // F32 caches: the f32 tiles; the others: tensor cores with Q and P split hi + lo (f32-grade sums).
+    if (k.n_splits == 1 && a.n_tokens >= kQT && (a.head_dim == 64 || a.head_dim == 128) && a.n_ctx < INT_MAX) {
+        if (a.codec != KvCodec::kF32) {
+            const int G = a.n_head / a.n_head_kv;
+            const dim3 mg(unsigned(a.n_head_kv), unsigned(ceil_div(a.n_tokens * G, kFaRows)));
+            attention_prefill_mma(k, a.codec, mg, s);
+            return;
         }
+        const dim3 tg(unsigned(a.n_head), unsigned(ceil_div(a.n_tokens, kQT)));
+        if (a.head_dim == 64) launch((attn_tile_kernel<64>), tg, kThreads, 0, s, k);
+        else launch((attn_tile_kernel<128>), tg, kThreads, 0, s, k);
         return;
     }
-    if (a.f16) launch((attn_kernel<__half>), grid, kThreads, smem, s, k);
-    else launch((attn_kernel<float>), grid, kThreads, smem, s, k);
+    with_kv_codec(a.codec, [&](auto c) { launch((attn_kernel<decltype(c)>), grid, kThreads, smem, s, k); });
     if (k.n_splits > 1) {
         launch(attn_combine_kernel, dim3(unsigned(a.n_head), unsigned(a.n_tokens)), 64, 0, s, k);
     }

@@ -45,18 +45,55 @@ __device__ __forceinline__ void load_weights(const float* p, float (&w)[GP]) {
     }
 }
 
+// Q8_0 caches: the scores of a key row (staged, the head's first byte) against a head of q in 8-bit
+// blocks, as 4-byte integer dot products (the way llama.cpp's vector kernels take quantized keys): per
+// block of 32, 8 dp4a and one scale product d_k d_q instead of 32 decoded multiply-adds. The codes of
+// an even block start 2 bytes into a word (its 34-byte block starts on one, rows being 4-byte aligned):
+// each word of them is put together from two loads with a byte permute. q's rounding to 8 bits (half
+// a step of its block's scale) is the error this adds.
+template <int HD>
+constexpr int kQ8Stride = HD + 4;  // bytes: rows of distinct heads on distinct banks
+template <int HD>
+__device__ __forceinline__ float q8_score(const unsigned char* kr, const int8_t* qh, const float* dq) {
+    const int* qw = reinterpret_cast<const int*>(qh);
+    float s = 0.0f;
+#pragma unroll
+    for (int b = 0; b < HD / 32; ++b) {
+        const unsigned char* blk = kr + b * 34;
+        const float dk = __half2float(*reinterpret_cast<const __half*>(blk));
+        int acc = 0;
+        if (b & 1) {
+            const int* kw = reinterpret_cast<const int*>(blk + 2);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc = __dp4a(kw[i], qw[8 * b + i], acc);
+        } else {
+            const uint32_t* kw = reinterpret_cast<const uint32_t*>(blk);
+            uint32_t w0 = kw[0];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const uint32_t w1 = kw[i + 1];
+                acc = __dp4a(int(__byte_perm(w0, w1, 0x5432)), qw[8 * b + i], acc);
+                w0 = w1;
+            }
+        }
+        s = fmaf(float(acc), dk * dq[b], s);
+    }
+    return s;
+}
+
 // The dry pass's query rows (attn_decw_kernel): zeros, G * HD <= 1024 floats.
 __device__ float g_dry_q[1024];
 
 // Shared memory: K rows (stride HD * es + 16: 16-byte reads of different rows hit distinct banks),
 // V rows, q [G][HD + 4] (scaled), the warps' pass weights [W][32], then the warps' m [W][G], l [W][G],
 // o [W][G][HD] for the merge after the key loop.
-template <class C, int HD, int GP, int kWarps>
+template <class K, int HD, int GP, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeAttnArgs a) {
     constexpr int kWarpThreads = kWarps * 32;
     pdl_trigger();
     extern __shared__ __align__(16) unsigned char dsm[];
-    constexpr int es = sizeof(C), krow = HD * es + 16, vrow = HD * es, pieces = HD * es / 16;
+    constexpr int krow = kv_staged_krow(K::kCodec, HD), vrow = kv_staged_bytes(K::kCodec, HD);
+    const KvRows<K> rows(HD);
     constexpr int P = 32 / GP;   // keys per warp pass
     constexpr int NP = HD / 64;  // dim pairs per lane: lane owns pairs lane, lane + 32, ...
     const int hk = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -68,9 +105,9 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
     float* q_s = reinterpret_cast<float*>(v_s + size_t(kc) * vrow);
     float* p_s = q_s + G * kQStride<HD>;  // each warp's 32 (key, head) weights of its pass
     const int hc = hk / a.kv_div;  // the cache head
-    const int64_t kv_width = int64_t(a.n_head_kv / a.kv_div) * HD;
-    const unsigned char* kg = static_cast<const unsigned char*>(a.k) + int64_t(hc) * HD * es;
-    const unsigned char* vg = static_cast<const unsigned char*>(a.v) + int64_t(hc) * HD * es;
+    const int64_t row_bytes = kv_row_bytes(K::kCodec, int64_t(a.n_head_kv / a.kv_div) * HD);
+    const unsigned char* kg = static_cast<const unsigned char*>(a.k) + kv_row_bytes(K::kCodec, int64_t(hc) * HD);
+    const unsigned char* vg = static_cast<const unsigned char*>(a.v) + kv_row_bytes(K::kCodec, int64_t(hc) * HD);
 
     int64_t begin, end;
     attn_key_range(a.pos[t], a.n_ctx, a.sliding_window, begin, end);
@@ -81,11 +118,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
     const int64_t safe = rows_written_before(a, t);  // rows below it: written by earlier steps
     auto copy_rows = [&](int64_t lo, int n, int64_t from, int64_t to) {
         const int64_t r0 = max(from, lo) - lo, r1 = min(to, lo + n) - lo;
-        for (int64_t i = r0 * pieces + tid; i < r1 * pieces; i += kWarpThreads) {
-            const int r = int(i / pieces), c16 = int(i - int64_t(r) * pieces);
-            const int64_t off = kv_row(a, t, lo + r) * kv_width * es + c16 * 16;
-            cp_async16v(k_s + r * krow + c16 * 16, kg + off);
-            cp_async16v(v_s + r * vrow + c16 * 16, vg + off);
+        for (int64_t i = r0 * rows.pieces + tid; i < r1 * rows.pieces; i += kWarpThreads) {
+            const int r = int(i / rows.pieces), c = int(i - int64_t(r) * rows.pieces);
+            const int64_t off = kv_row(a, t, lo + r) * row_bytes;
+            rows.copy(k_s + r * krow, kg + off, c);
+            rows.copy(v_s + r * vrow, vg + off, c);
         }
         cp_async_commit();
     };
@@ -101,6 +138,9 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
     float* m_s = p_s + kWarps * 32;
     float* l_s = m_s + kWarps * G;
     float* o_s = l_s + kWarps * G;
+    // Q8_0 caches: q in 8-bit blocks of 32 too (rows kQ8Stride bytes apart), with their scales.
+    int8_t* q8_s = reinterpret_cast<int8_t*>(o_s + kWarps * G * HD);
+    float* dq_s = reinterpret_cast<float*>(q8_s + G * kQ8Stride<HD>);
     const bool single = n_act == 1;
     const int64_t per = int64_t(G) * (HD + 2);
     const int64_t group = t * a.n_head_kv + hk;
@@ -124,6 +164,13 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
         {
             const float* qsrc = pass == 0 ? g_dry_q : a.q + qrow0 * HD;
             for (int i = tid; i < G * HD; i += kWarpThreads) q_s[i / HD * kQStride<HD> + i % HD] = qsrc[i] * a.scale;
+            if constexpr (std::is_same_v<K, KvQ8>)
+                for (int b = warp; b < G * HD / 32; b += kWarps) {  // block b: head b / (HD / 32)
+                    const float x = qsrc[32 * b + lane] * a.scale;
+                    const float d = warp_max(fabsf(x)) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+                    q8_s[(b / (HD / 32)) * kQ8Stride<HD> + (b % (HD / 32)) * 32 + lane] = int8_t(__float2int_rn(x * id));
+                    if (lane == 0) dq_s[b] = d;
+                }
         }
 
         // This warp's flash state: m and l of head gl (the same in every lane of that head), o[g][pair].
@@ -140,14 +187,16 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
                 const int j = p0 + kl;
                 const bool live = head_ok && j < n;
                 float sc = -INFINITY;
-                if (live) {
-                    const C* kr = reinterpret_cast<const C*>(k_s + j * krow);
+                if (live && std::is_same_v<K, KvQ8>) {
+                    sc = q8_score<HD>(k_s + j * krow, q8_s + gl * kQ8Stride<HD>, dq_s + gl * (HD / 32));
+                } else if (live) {
+                    const unsigned char* kr = k_s + j * krow;
                     const float* qg = q_s + gl * kQStride<HD>;
                     float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
                     for (int d = 0; d < HD; d += 8) {
                         float kv[8];
-                        load8s(kr + d, kv);
+                        kv_load8<K>(kr, d, kv);
                         const float4 x0 = *reinterpret_cast<const float4*>(qg + d);
                         const float4 x1 = *reinterpret_cast<const float4*>(qg + d + 4);
                         s0 = fmaf(x0.x, kv[0], s0), s1 = fmaf(x0.y, kv[1], s1);
@@ -183,10 +232,10 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
 #pragma unroll
                 for (int kk = 0; kk < P; ++kk) {
                     if (kk >= nk) break;
-                    const C* vr = reinterpret_cast<const C*>(v_s + (p0 + kk) * vrow);
+                    const unsigned char* vr = v_s + (p0 + kk) * vrow;
                     float2 v[NP];
 #pragma unroll
-                    for (int i = 0; i < NP; ++i) v[i] = load2s(vr + 2 * (lane + 32 * i));
+                    for (int i = 0; i < NP; ++i) v[i] = kv_load2<K>(vr, 2 * (lane + 32 * i));
                     float pk[GP];
                     load_weights<GP>(pw + kk * GP, pk);
 #pragma unroll
@@ -246,27 +295,27 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeA
     merge_last_split(a, base, per, G, HD, n_act, group, qrow0);
 }
 
-template <class C, int HD, int W>
+template <class K, int HD, int W>
 bool launch_w(const DecodeAttnArgs& a, dim3 grid, size_t smem, int gp, cudaStream_t s) {
     switch (gp) {
 #define CERA_GP(N)                                                                         \
     case N:                                                                                \
-        allow_dynamic_smem<attn_decw_kernel<C, HD, N, W>>(smem);                           \
-        launch(attn_decw_kernel<C, HD, N, W>, grid, W * 32, smem, s, a);                   \
+        allow_dynamic_smem<attn_decw_kernel<K, HD, N, W>>(smem);                           \
+        launch(attn_decw_kernel<K, HD, N, W>, grid, W * 32, smem, s, a);                   \
         return true;
         CERA_GP(1) CERA_GP(2) CERA_GP(4) CERA_GP(8)
 #undef CERA_GP
         default: return false;
     }
 }
-template <class C, int HD>
+template <class K, int HD>
 bool launch_hd(const DecodeAttnArgs& a, dim3 grid, size_t smem, int gp, cudaStream_t s) {
-    return launch_w<C, HD, kDecodeWarps>(a, grid, smem, gp, s);
+    return launch_w<K, HD, kDecodeWarps>(a, grid, smem, gp, s);
 }
 
 }  // namespace
 
-bool attention_decode_warp(const DecodeAttnArgs& args, bool f16, cudaStream_t s) {
+bool attention_decode_warp(const DecodeAttnArgs& args, KvCodec codec, cudaStream_t s) {
     // A cache that one chunk holds: a GQA group's query heads over up to two blocks (each copies the
     // group's K/V rows, L2 hits), so the short key loop spreads over more SMs. Longer caches read their
     // rows once a group: there the reads and the splits dominate, not the loop's latency.
@@ -285,16 +334,19 @@ bool attention_decode_warp(const DecodeAttnArgs& args, bool f16, cudaStream_t s)
     while (gp < G) gp *= 2;
     if ((hd != 64 && hd != 128) || gp > 8 || gp * hd > 1024 || a.kc < 1) return false;
     constexpr int warps = kDecodeWarps;
-    const int es = f16 ? 2 : 4;
-    const size_t kv = size_t(a.kc) * size_t(2 * hd * es + 16);
+    const size_t kv = size_t(a.kc) * size_t(kv_staged_krow(codec, hd) + kv_staged_bytes(codec, hd));
     const size_t merge = sizeof(float) * size_t(warps) * size_t(G) * size_t(hd + 2);
     const size_t q_and_weights = sizeof(float) * (size_t(G) * size_t(hd + 4) + 32 * size_t(warps));
-    const size_t smem = kv + q_and_weights + merge + 16;
+    const size_t q8 = codec == KvCodec::kQ8_0 ? size_t(G) * size_t(hd + 4) + sizeof(float) * size_t(G) * (hd / 32) : 0;
+    const size_t smem = kv + q_and_weights + merge + q8 + 16;
     if (smem > size_t(device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>())) return false;
     const dim3 grid(unsigned(a.n_head_kv), unsigned(a.n_splits), unsigned(a.n_tokens));
-    if (f16)
-        return hd == 64 ? launch_hd<__half, 64>(a, grid, smem, gp, s) : launch_hd<__half, 128>(a, grid, smem, gp, s);
-    return hd == 64 ? launch_hd<float, 64>(a, grid, smem, gp, s) : launch_hd<float, 128>(a, grid, smem, gp, s);
+    bool ok = false;
+    with_kv_codec(codec, [&](auto c) {
+        using K = decltype(c);
+        ok = hd == 64 ? launch_hd<K, 64>(a, grid, smem, gp, s) : launch_hd<K, 128>(a, grid, smem, gp, s);
+    });
+    return ok;
 }
 
 }  // namespace cera::cuda

@@ -1,7 +1,11 @@
-// Prefill attention on tensor cores: flash attention over an F16 cache with head_dim 64 or 128
-// (attention.cu picks it for batches of at least 16 queries). Prefill is bound by the math (Q K^T
-// and P V, plus exp), not bytes: 4 * head_dim FLOPs per (query head, visible key), against the
-// H200's ~990 TFLOP/s of dense f16; the split f16 operands (below) double the MMAs for f32-grade sums.
+// Prefill attention on tensor cores: flash attention with head_dim 64 or 128 (attention.cu picks it
+// for batches of at least 16 queries) over a cache of any codec but F32. An F16 cache's tiles are
+// copied as they are; the other codecs' (BF16, Q8_0, Q4_0) are decoded into f16 tiles as they are
+// loaded, so the MMAs read the same f16 operands. That rounds a decoded Q8_0 / Q4_0 value (a scale
+// times a small integer) to f16, 2^-12 relative at most: a sixteenth of Q8_0's own step.
+// Prefill is bound by the math (Q K^T and P V, plus exp), not bytes: 4 * head_dim FLOPs per (query
+// head, visible key), against the H200's ~990 TFLOP/s of dense f16; the split f16 operands (below)
+// double the MMAs for f32-grade sums.
 #include <cstdint>
 
 #include "backends/cuda/attention_shared.cuh"
@@ -13,7 +17,7 @@ namespace {
 constexpr int kThreads = 128;
 using AttnK = DecodeAttnArgs;
 
-// Prefill on tensor cores (F16 cache, head_dim 64 or 128): flash attention with mma.sync m16n8k16
+// Prefill on tensor cores (head_dim 64 or 128): flash attention with mma.sync m16n8k16
 // (f16 inputs, f32 accumulate). A block owns 64 rows of (query, head of the GQA group) pairs: the
 // rows t * G + g of kv head hk are query t, head hk * G + g, so with G = 4 a block is 16 queries x
 // the group's 4 heads and each staged K/V tile serves all of them. 4 warps x 16 rows; K/V tiles of
@@ -34,12 +38,24 @@ __device__ __forceinline__ void cp_async16(__half* dst, const __half* src, bool 
                  : "memory");
 }
 
+// 8 floats as 8 halves (16 bytes).
+__device__ __forceinline__ uint4 halves8(const float* v) {
+    uint4 r;
+    uint32_t* w = reinterpret_cast<uint32_t*>(&r);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const __half2 h = __floats2half2_rn(v[2 * i], v[2 * i + 1]);
+        w[i] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+    return r;
+}
+
 template <int HD>
 constexpr size_t mma_smem_bytes() {
     return size_t(2) * 2 * kFaKeys * (HD + 8) * sizeof(__half);  // K and V, two buffers each
 }
 
-template <int HD>
+template <class K, int HD>
 __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnK a) {
     pdl_trigger();
     pdl_wait();
@@ -54,9 +70,9 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnK a) {
     const int hk = blockIdx.x, G = a.n_head / a.n_head_kv;
     const int64_t n_rows = a.n_tokens * G;
     const int64_t row0 = (int64_t(gridDim.y) - 1 - blockIdx.y) * kFaRows;  // the longest rows first
-    const int64_t kv_width = int64_t(a.n_head_kv) * HD;
-    const __half* kc = static_cast<const __half*>(a.k) + int64_t(hk) * HD;
-    const __half* vc = static_cast<const __half*>(a.v) + int64_t(hk) * HD;
+    const int64_t row_bytes = kv_row_bytes(K::kCodec, int64_t(a.n_head_kv) * HD);
+    const unsigned char* kc = static_cast<const unsigned char*>(a.k) + kv_row_bytes(K::kCodec, int64_t(hk) * HD);
+    const unsigned char* vc = static_cast<const unsigned char*>(a.v) + kv_row_bytes(K::kCodec, int64_t(hk) * HD);
 
     // This lane's rows (g and g + 8 of the warp's 16): key ranges [lo, hi) (empty: lo = INT_MAX, hi = 0)
     // and Q fragments (A operand: a0 = (g, 2t4..), a1 = (g + 8, 2t4..), a2/a3 the same at k + 8).
@@ -108,9 +124,18 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnK a) {
         for (int e = tid; e < kFaKeys * CH; e += kThreads) {
             const int kk = e / CH, d = (e % CH) * 8, key = c + kk;
             const bool ok = key < hi_b;
-            const int64_t off = ok ? kv_row(a, 0, key) * kv_width + d : 0;  // one sequence a launch
-            cp_async16(k_s + (buf * kFaKeys + kk) * SP + d, kc + off, ok);
-            cp_async16(v_s + (buf * kFaKeys + kk) * SP + d, vc + off, ok);
+            const int64_t off = ok ? kv_row(a, 0, key) * row_bytes : 0;  // one sequence a launch
+            __half* kd = k_s + (buf * kFaKeys + kk) * SP + d;
+            __half* vd = v_s + (buf * kFaKeys + kk) * SP + d;
+            if constexpr (std::is_same_v<K, KvF16>) {
+                cp_async16(kd, reinterpret_cast<const __half*>(kc + off) + d, ok);
+                cp_async16(vd, reinterpret_cast<const __half*>(vc + off) + d, ok);
+            } else {  // the previous reader of this buffer passed the loop's last barrier
+                float kv[8] = {}, vv[8] = {};
+                if (ok) kv_load8<K>(kc + off, d, kv), kv_load8<K>(vc + off, d, vv);
+                *reinterpret_cast<uint4*>(kd) = halves8(kv);
+                *reinterpret_cast<uint4*>(vd) = halves8(vv);
+            }
         }
         cp_async_commit();
     };
@@ -225,18 +250,24 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnK a) {
     }
 }
 
-template <int HD>
+template <class K, int HD>
 void launch_mma(dim3 grid, cudaStream_t s, const AttnK& k) {
     constexpr size_t smem = mma_smem_bytes<HD>();  // head_dim 128: above the default limit
-    allow_dynamic_smem<attn_mma_kernel<HD>>(smem);
-    launch(attn_mma_kernel<HD>, grid, kThreads, smem, s, k);
+    allow_dynamic_smem<attn_mma_kernel<K, HD>>(smem);
+    launch(attn_mma_kernel<K, HD>, grid, kThreads, smem, s, k);
 }
 
 }  // namespace
 
-void attention_prefill_mma(const DecodeAttnArgs& k, dim3 grid, cudaStream_t s) {
-    if (k.head_dim == 64) launch_mma<64>(grid, s, k);
-    else launch_mma<128>(grid, s, k);
+void attention_prefill_mma(const DecodeAttnArgs& k, KvCodec codec, dim3 grid, cudaStream_t s) {
+    CERA_CHECK(codec != KvCodec::kF32, "attention_prefill_mma: an F32 cache takes the f32 tiles");
+    with_kv_codec(codec, [&](auto c) {
+        using K = decltype(c);
+        if constexpr (!std::is_same_v<K, KvF32>) {
+            if (k.head_dim == 64) launch_mma<K, 64>(grid, s, k);
+            else launch_mma<K, 128>(grid, s, k);
+        }
+    });
 }
 
 }  // namespace cera::cuda

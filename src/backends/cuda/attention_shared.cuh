@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/kv_codec.cuh"
 
 namespace cera::cuda {
 
@@ -55,25 +56,32 @@ __device__ __forceinline__ int64_t rows_written_before(const DecodeAttnArgs& a, 
     return safe;
 }
 
-// 8 halves (16 bytes) as floats.
-__device__ __forceinline__ void halves_to_float(const uint4& a, float* v) {
-    const __half2* h = reinterpret_cast<const __half2*>(&a);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 f = __half22float2(h[i]);
-        v[2 * i] = f.x, v[2 * i + 1] = f.y;
+// How the decode kernels stage a head's K and V rows in shared memory: their cache bytes, copied with
+// cp.async in 16-byte pieces (element codecs) or 4-byte pieces (block codecs: a head of a multiple of
+// 64 elements keeps 4-byte alignment, kv_staged). K rows are padded so that lanes reading the same
+// element of different keys hit different banks: by 16 bytes for the 16-byte reads, to an odd number
+// of words for the block codecs' 2-byte reads.
+CERA_HD constexpr int kv_staged_bytes(KvCodec c, int hd) { return int(kv_row_bytes(c, hd)); }
+CERA_HD constexpr int kv_staged_krow(KvCodec c, int hd) {
+    return kv_blocked(c) ? kv_staged_bytes(c, hd) + (kv_staged_bytes(c, hd) / 4 % 2 == 0 ? 4 : 0)
+                         : kv_staged_bytes(c, hd) + 16;
+}
+// Whether heads of hd elements of codec c can be staged so.
+CERA_HD constexpr bool kv_staged(KvCodec c, int hd) { return kv_blocked(c) ? hd % 64 == 0 : hd % 8 == 0; }
+
+template <class K>
+struct KvRows {
+    int krow, vrow, pieces;
+    __device__ explicit KvRows(int hd)
+        : krow(kv_staged_krow(K::kCodec, hd)),
+          vrow(kv_staged_bytes(K::kCodec, hd)),
+          pieces(kv_staged_bytes(K::kCodec, hd) / (kv_blocked(K::kCodec) ? 4 : 16)) {}
+    // Piece c of the row at src into the row at dst.
+    __device__ __forceinline__ void copy(unsigned char* dst, const unsigned char* src, int c) const {
+        if constexpr (kv_blocked(K::kCodec)) cp_async4(dst + 4 * c, src + 4 * c);
+        else cp_async16v(dst + 16 * c, src + 16 * c);
     }
-}
-// 8 (load8s) or 2 (load2s) consecutive values of a row in shared memory, as floats.
-__device__ __forceinline__ void load8s(const __half* p, float* v) {
-    halves_to_float(*reinterpret_cast<const uint4*>(p), v);
-}
-__device__ __forceinline__ void load8s(const float* p, float* v) {
-    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
-__device__ __forceinline__ float2 load2s(const __half* p) { return __half22float2(*reinterpret_cast<const __half2*>(p)); }
-__device__ __forceinline__ float2 load2s(const float* p) { return *reinterpret_cast<const float2*>(p); }
+};
 
 // out[qrow][d] = v, and its 8-bit group when out_xq is set (whole warps cover 32 consecutive d).
 // store = false: the same instructions, nothing written (attn_decw_kernel's dry pass).
@@ -117,15 +125,15 @@ __device__ __forceinline__ void merge_last_split(const DecodeAttnArgs& a, const 
     if (tid == 0) *counter = 0;
 }
 
-// Prefill on tensor cores (attention_mma.cu): F16 cache, head_dim 64 or 128, one split. A block owns
+// Prefill on tensor cores (attention_mma.cu): any codec but F32, head_dim 64 or 128, one split. A block owns
 // kFaRows rows of (query, head of the GQA group) pairs of one kv head: grid (n_head_kv,
 // ceil(n_tokens * G / kFaRows)).
 constexpr int kFaRows = 64;
-void attention_prefill_mma(const DecodeAttnArgs& k, dim3 grid, cudaStream_t s);
+void attention_prefill_mma(const DecodeAttnArgs& k, KvCodec codec, dim3 grid, cudaStream_t s);
 
 // The warp-parallel decode kernel (attention_decode.cu) on a, whose kc and n_splits come from the
 // decode plan of attention.cu; false (nothing launched) when it does not serve these shapes
 // (head_dim other than 64 / 128, GQA groups above 8).
-bool attention_decode_warp(const DecodeAttnArgs& a, bool f16, cudaStream_t s);
+bool attention_decode_warp(const DecodeAttnArgs& a, KvCodec codec, cudaStream_t s);
 
 }  // namespace cera::cuda

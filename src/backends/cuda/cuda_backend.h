@@ -83,6 +83,7 @@ class CudaBackend final : public Backend {
     void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override;
     void add(const Tensor& a, const Tensor& b, float scale, const Tensor& out) override;
     void scale(const Tensor& x, float s) override;
+    void rotate_heads(const Tensor& x, int head_dim, bool inverse) override;
     void top_logits(const Tensor& x, int32_t m, const Tensor& gather, const Tensor& out) override;
     void argmax(const Tensor& x, const Tensor& out) override;
     void argmax_feed(const Tensor& x, const Tensor& out, const Tensor& ids, const Tensor& pos) override;

@@ -64,20 +64,21 @@ void CudaBackend::norm_rope(const Tensor& x, int n_head, int head_dim, const Ten
 
 void CudaBackend::kv_store(const Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& k_cache,
                            const Tensor& v_cache) {
-    CERA_CHECK(k_cache.type == v_cache.type && (k_cache.type == GgmlType::kF16 || k_cache.type == GgmlType::kF32) &&
-                   v.ne[0] == k.ne[0] && v.rows() == k.rows(),
-               "kv_store: k and v of one shape, F16 or F32 caches of one type");
+    cuda::KvCodec codec;
+    CERA_CHECK(k_cache.type == v_cache.type && cuda::kv_codec_of(k_cache.type, codec) && v.ne[0] == k.ne[0] &&
+                   v.rows() == k.rows(),
+               "kv_store: k and v of one shape, caches of one type (F32, F16, BF16, Q8_0 or Q4_0)");
     record(KvStoreNode{k.as<const float>(), v.as<const float>(), k.rows(), k.ne[0], pos.as<const int32_t>(),
-                       k_cache.data, v_cache.data, k_cache.type == GgmlType::kF16, k_cache.ne[1]});
+                       k_cache.data, v_cache.data, codec, k_cache.ne[1]});
 }
 
 void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& pos,
                             const AttentionParams& p, const Tensor& out) {
-    CERA_CHECK(k_cache.type == v_cache.type && (k_cache.type == GgmlType::kF16 || k_cache.type == GgmlType::kF32));
     AttentionNode n;
     cuda::AttentionArgs& a = n.a;
+    CERA_CHECK(k_cache.type == v_cache.type && cuda::kv_codec_of(k_cache.type, a.codec),
+               "attention: caches of one type (F32, F16, BF16, Q8_0 or Q4_0)");
     a.q = q.as<const float>(), a.k_cache = k_cache.data, a.v_cache = v_cache.data;
-    a.f16 = k_cache.type == GgmlType::kF16;
     a.pos = pos.as<const int32_t>();
     a.n_tokens = q.rows(), a.n_ctx = k_cache.ne[1];
     a.n_head = p.n_head, a.n_head_kv = p.n_head_kv, a.head_dim = p.head_dim;
@@ -221,6 +222,12 @@ void CudaBackend::scale(const Tensor& x, float s) {
     record(OtherNode{[=, this] { cuda::scale(x.as<float>(), s, x.n_elements(), stream_); }});
 }
 
+void CudaBackend::rotate_heads(const Tensor& x, int head_dim, bool inverse) {
+    CERA_CHECK(x.type == GgmlType::kF32 && head_dim > 0 && x.ne[0] % head_dim == 0);
+    const int64_t n_heads = x.n_elements() / head_dim;
+    record(OtherNode{[=, this] { cuda::rotate_heads(x.as<float>(), n_heads, head_dim, inverse, stream_); }});
+}
+
 void CudaBackend::top_logits(const Tensor& x, int32_t m, const Tensor& gather, const Tensor& out) {
     const int64_t n_g = top_logits_checked(x, m, gather, out);
     if (m > cuda::kTopLogitsMax || x.n_elements() >= INT32_MAX || n_g >= INT32_MAX) {  // beyond the kernel
@@ -357,7 +364,7 @@ void CudaBackend::launch(RopeNode& n, const GemvArgs*) {
 }
 
 void CudaBackend::launch(KvStoreNode& n, const GemvArgs*) {
-    cuda::kv_store(n.k, n.v, n.n_tokens, n.width, n.pos, n.k_cache, n.v_cache, n.f16, n.n_ctx, stream_);
+    cuda::kv_store(n.k, n.v, n.n_tokens, n.width, n.pos, n.k_cache, n.v_cache, n.codec, n.n_ctx, stream_);
 }
 
 void CudaBackend::launch(QkvRopeNode& n, const GemvArgs*) {

@@ -26,6 +26,7 @@
 #include <cooperative_groups.h>
 
 #include "backends/cuda/gemv_device.cuh"
+#include "backends/cuda/kv_codec.cuh"
 #include "backends/cuda/rope_device.cuh"
 
 namespace cera::cuda {
@@ -72,7 +73,7 @@ __device__ __forceinline__ void seg_rows(const GemvK& a, const Seg& sg, int yi, 
 // some layers' attn_v more bits): the v blocks of the launch take this path, decided per block. Rows
 // off .. off + n - 1 of v head `head` (no RoPE, no norm), 16 warps of rows_qkv(TV) rows a pass, then
 // the block stores them to y and the cache.
-template <GgmlType TV, class C, bool PRO>
+template <GgmlType TV, bool PRO>
 __device__ __forceinline__ void qkv_v_rows(const GemvK& a, const QkvRopeArgs& r, int yi, int head, int off, int n,
                                            uint8_t* xs) {
     __shared__ float vs[256];
@@ -82,20 +83,22 @@ __device__ __forceinline__ void qkv_v_rows(const GemvK& a, const QkvRopeArgs& r,
     if constexpr (PRO) norm_prologue_pre(a, xs);
     seg_rows<TV, PRO, rows_qkv(TV)>(a, sg, yi, int64_t(head) * hd + off, n, xs, vs);
     __syncthreads();
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const int64_t row = int64_t(head) * hd + off + i;
-        const float v = vs[i];
-        sg.y[int64_t(yi) * sg.ldy + row] = v;
-        if (p < 0 || p >= r.n_ctx) continue;
-        C* cache = static_cast<C*>(r.v_cache) + p * int64_t(r.n_head_kv) * hd + row;
-        if constexpr (sizeof(C) == 2) *cache = __float2half_rn(v);
-        else *cache = v;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) sg.y[int64_t(yi) * sg.ldy + int64_t(head) * hd + off + i] = vs[i];
+    if (p < 0 || p >= r.n_ctx) return;
+    unsigned char* cache = static_cast<unsigned char*>(r.v_cache) + p * kv_row_bytes(r.codec, int64_t(r.n_head_kv) * hd);
+    if (kv_blocked(r.codec)) {  // n is a multiple of 32 here: warp w quantizes the w-th block of 32
+        const int w = threadIdx.x >> 5;
+        if (32 * w < n)
+            kv_put_block(r.codec, cache + kv_row_bytes(r.codec, int64_t(head) * hd + off + 32 * w),
+                         vs[32 * w + (threadIdx.x & 31)]);
+        return;
     }
+    for (int i = threadIdx.x; i < n; i += blockDim.x) kv_put1(r.codec, cache, int64_t(head) * hd + off + i, vs[i]);
 }
 
 // grid (n_head + 2 n_head_kv, n_tokens): block hh is q head hh, then the k heads, then the v heads.
 // R rows a warp (rows_qkv); v weights of type TV (qkv_v_rows where it is not T).
-template <GgmlType T, GgmlType TV, class C, bool PRO, int R>
+template <GgmlType T, GgmlType TV, bool PRO, int R>
 __global__ void __launch_bounds__(512) gemv_qkv_rope_kernel(const GemvK a, const QkvRopeArgs r) {
     pdl_trigger();
     __shared__ float ys[256];
@@ -105,7 +108,7 @@ __global__ void __launch_bounds__(512) gemv_qkv_rope_kernel(const GemvK a, const
     const int head = s == 0 ? hh : s == 1 ? hh - r.n_head : hh - r.n_head - r.n_head_kv;
     extern __shared__ __align__(16) uint8_t qkv_xs[];
     if constexpr (TV != T) {
-        if (s == 2) return qkv_v_rows<TV, C, PRO>(a, r, yi, head, 0, hd, PRO ? qkv_xs : nullptr);
+        if (s == 2) return qkv_v_rows<TV, PRO>(a, r, yi, head, 0, hd, PRO ? qkv_xs : nullptr);
     }
     const Seg& sg = a.seg[s];
     // Positions are written by the host before the step: warp 0's rotation is looked up before the wait.
@@ -125,9 +128,9 @@ __global__ void __launch_bounds__(512) gemv_qkv_rope_kernel(const GemvK a, const
     float* y = sg.y + int64_t(yi) * sg.ldy + int64_t(head) * hd;
     for (int i = lane; i < hd; i += 32) y[i] = ys[i];
     if (s == 0 || p < 0 || p >= r.n_ctx) return;
-    const int64_t kv_width = int64_t(r.n_head_kv) * hd;
-    C* cache = static_cast<C*>(s == 1 ? r.k_cache : r.v_cache) + p * kv_width + int64_t(head) * hd;
-    store_head(ys, cache, hd);
+    unsigned char* cache = static_cast<unsigned char*>(s == 1 ? r.k_cache : r.v_cache) +
+                           p * kv_row_bytes(r.codec, int64_t(r.n_head_kv) * hd) + kv_row_bytes(r.codec, int64_t(head) * hd);
+    kv_put_head(r.codec, ys, cache, hd);
 }
 
 // The q/k/v launch with its epilogue in the warps: blocks of 16 warps x 4 rows (64 rows: a head of 64,
@@ -141,7 +144,7 @@ __global__ void __launch_bounds__(512) gemv_qkv_rope_kernel(const GemvK a, const
 // the dots. The row sums are the same (same dot order and lanes). Blocks stay at 16 warps: each block
 // makes the RMSNorm prologue, and fewer threads make it slower.
 constexpr int kRowsWarps = 16;
-template <GgmlType T, GgmlType TV, class C, bool PRO>
+template <GgmlType T, GgmlType TV, bool PRO>
 __global__ void __launch_bounds__(kRowsWarps * 32) gemv_qkv_rope_rows_kernel(const GemvK a, const QkvRopeArgs r) {
     constexpr QuantLayout L = quant_layout(T);
     constexpr int R = 4, W = kRowsWarps;
@@ -154,7 +157,7 @@ __global__ void __launch_bounds__(kRowsWarps * 32) gemv_qkv_rope_rows_kernel(con
     extern __shared__ __align__(16) uint8_t qkv_rows_xs[];
     if constexpr (TV != T) {
         if (s == 2)
-            return qkv_v_rows<TV, C, PRO>(a, r, yi, head, (blockIdx.x % per_head) * 4 * W, 4 * W,
+            return qkv_v_rows<TV, PRO>(a, r, yi, head, (blockIdx.x % per_head) * 4 * W, 4 * W,
                                           PRO ? qkv_rows_xs : nullptr);
     }
     const Seg& sg = a.seg[s];
@@ -212,12 +215,24 @@ __global__ void __launch_bounds__(kRowsWarps * 32) gemv_qkv_rope_rows_kernel(con
     }
     const float o = __shfl_xor_sync(0xffffffffu, v, neox ? 16 : 8);  // the pair's other element
     const float out = !rot ? v : first ? v * c - o * sn : o * sn + v * c;
-    if ((lane & 7) != 0) return;
-    sg.y[int64_t(yi) * sg.ldy + hr0 + row] = out;
-    if (s == 0 || p < 0 || p >= r.n_ctx) return;
-    C* cache = static_cast<C*>(s == 1 ? r.k_cache : r.v_cache) + p * int64_t(r.n_head_kv) * hd + hr0 + row;
-    if constexpr (sizeof(C) == 2) *cache = __float2half_rn(out);
-    else *cache = out;
+    if ((lane & 7) == 0) sg.y[int64_t(yi) * sg.ldy + hr0 + row] = out;
+    if (s == 0 || p < 0 || p >= r.n_ctx) return;  // the same in the whole block
+    unsigned char* cache = static_cast<unsigned char*>(s == 1 ? r.k_cache : r.v_cache) +
+                           p * kv_row_bytes(r.codec, int64_t(r.n_head_kv) * hd);
+    if (!kv_blocked(r.codec)) {
+        if ((lane & 7) == 0) kv_put1(r.codec, cache, hr0 + row, out);
+        return;
+    }
+    // A quantized cache: the block's 64 rows are two whole blocks of 32 (qkv_rows_fit), rows 64 bb ..
+    // 64 bb + 63, or for neox pairs rows 32 bb .. 32 bb + 31 and their partners n_rot / 2 further on.
+    // They meet in shared memory, and warps 0 and 1 quantize one block each.
+    __shared__ float hs[256];
+    if ((lane & 7) == 0) hs[row] = out;
+    __syncthreads();
+    if (warp >= 2) return;
+    const int bb = blockIdx.x % per_head;
+    const int qb = rope.mode == 2 && 64 * bb < n_rot ? bb + warp * (half / 32) : 2 * bb + warp;
+    kv_put_block(r.codec, cache + kv_row_bytes(r.codec, hr0 + 32 * qb), hs[32 * qb + lane]);
 }
 
 // One token; grid n / 16 in clusters of two blocks (a 32-channel group of the 8-bit output).
@@ -300,17 +315,19 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512) gemv_conv_kerne
 
 // One q/k/v launch. Q5_K / Q6_K (heavy_scales) prefer the most L1, which their scale loads go
 // through; the other types keep the driver's choice.
-template <GgmlType T, GgmlType TV, class C, bool PRO>
+template <GgmlType T, GgmlType TV, bool PRO>
 void launch_qkv(dim3 grid, size_t smem, cudaStream_t s, const GemvK& p, const QkvRopeArgs& r) {
     constexpr int R = rows_qkv(T);
-    if (heavy_scales(T)) prefer_carveout<gemv_qkv_rope_kernel<T, TV, C, PRO, R>>(0);
-    launch(gemv_qkv_rope_kernel<T, TV, C, PRO, R>, grid, 512, smem, s, p, r);
+    if (heavy_scales(T)) prefer_carveout<gemv_qkv_rope_kernel<T, TV, PRO, R>>(0);
+    launch(gemv_qkv_rope_kernel<T, TV, PRO, R>, grid, 512, smem, s, p, r);
 }
 
 // Whether the q/k/v launch can take gemv_qkv_rope_rows_kernel: 4 rows a warp (not Q5_K / Q6_K),
 // head_dim a multiple of 64 (64 with a per-head norm), adjacent pairs over an even n_rot or neox pairs
-// over a multiple of 4. QkvRopeArgs::rows_kernel = 0 keeps gemv_qkv_rope_kernel.
+// over a multiple of 4. A quantized cache's blocks of 32 must each lie in one block of the launch: neox
+// k pairs then over a multiple of 64. QkvRopeArgs::rows_kernel = 0 keeps gemv_qkv_rope_kernel.
 bool qkv_rows_fit(GgmlType t, const QkvRopeArgs& r) {
+    if (kv_blocked(r.codec) && r.k_rope.mode == 2 && r.k_rope.n_rot % 64 != 0) return false;
     if (r.rows_kernel == 0 || rows_qkv(t) != 4 || r.head_dim % (4 * kRowsWarps) != 0 ||
         ((r.q_norm || r.k_norm) && r.head_dim != 4 * kRowsWarps))
         return false;
@@ -319,30 +336,28 @@ bool qkv_rows_fit(GgmlType t, const QkvRopeArgs& r) {
     return true;
 }
 
-template <GgmlType T, GgmlType TV, class C, bool PRO>
+template <GgmlType T, GgmlType TV, bool PRO>
 void launch_qkv_rows(dim3 grid, size_t smem, cudaStream_t s, const GemvK& p, const QkvRopeArgs& r) {
     grid.x *= unsigned(r.head_dim / (4 * kRowsWarps));
-    launch(gemv_qkv_rope_rows_kernel<T, TV, C, PRO>, grid, kRowsWarps * 32, smem, s, p, r);
+    launch(gemv_qkv_rope_rows_kernel<T, TV, PRO>, grid, kRowsWarps * 32, smem, s, p, r);
 }
 
 // The q/k/v launch of q/k weights T and v weights TV: the warps' epilogue where it fits (rows:
 // qkv_rows_fit), else warp 0's (gemv_qkv_rope_kernel; the only one for Q5_K / Q6_K).
-template <GgmlType T, GgmlType TV, class C, bool PRO>
+template <GgmlType T, GgmlType TV, bool PRO>
 void launch_qkv_type(bool rows, dim3 grid, size_t smem, cudaStream_t s, const GemvK& p, const QkvRopeArgs& r) {
     if constexpr (rows_qkv(T) == 4) {
         if (rows) {
-            launch_qkv_rows<T, TV, C, PRO>(grid, smem, s, p, r);
+            launch_qkv_rows<T, TV, PRO>(grid, smem, s, p, r);
             return;
         }
     }
-    launch_qkv<T, TV, C, PRO>(grid, smem, s, p, r);
+    launch_qkv<T, TV, PRO>(grid, smem, s, p, r);
 }
 template <GgmlType T, GgmlType TV>
 void launch_qkv_types(const QkvRopeArgs& r, bool rows, dim3 grid, size_t smem, cudaStream_t s, const GemvK& p) {
-    if (r.f16 && smem) launch_qkv_type<T, TV, __half, true>(rows, grid, smem, s, p, r);
-    else if (r.f16) launch_qkv_type<T, TV, __half, false>(rows, grid, 0, s, p, r);
-    else if (smem) launch_qkv_type<T, TV, float, true>(rows, grid, smem, s, p, r);
-    else launch_qkv_type<T, TV, float, false>(rows, grid, 0, s, p, r);
+    if (smem) launch_qkv_type<T, TV, true>(rows, grid, smem, s, p, r);
+    else launch_qkv_type<T, TV, false>(rows, grid, 0, s, p, r);
 }
 
 }  // namespace

@@ -198,9 +198,38 @@ void rope_table(const RopeArgs& r, int64_t rows, float* table, Stream stream);
 void norm_rope(float* x, int64_t n_tokens, int n_head, int head_dim, const float* norm_w, float eps,
                const int32_t* pos, const RopeArgs& rope, Stream stream);
 
-// cache[pos[t]] = src[t] for k and v; caches F32 or F16 ([n_ctx, width]).
+// The KV cache's row formats: F32, F16 and BF16 elements, or GGUF's Q8_0 and Q4_0 blocks of 32
+// (kv_codec.cuh). A row holds the same bytes as the CPU backend's cache of that type.
+enum class KvCodec : uint8_t { kF32, kF16, kBF16, kQ8_0, kQ4_0 };
+// The codec of a cache type; false for a type the kernels do not read.
+inline bool kv_codec_of(GgmlType t, KvCodec& c) {
+    switch (t) {
+        case GgmlType::kF32: c = KvCodec::kF32; return true;
+        case GgmlType::kF16: c = KvCodec::kF16; return true;
+        case GgmlType::kBF16: c = KvCodec::kBF16; return true;
+        case GgmlType::kQ8_0: c = KvCodec::kQ8_0; return true;
+        case GgmlType::kQ4_0: c = KvCodec::kQ4_0; return true;
+        default: return false;
+    }
+}
+// Bytes of a row of n elements (n a multiple of 32 for the block codecs).
+CERA_HD constexpr int64_t kv_row_bytes(KvCodec c, int64_t n) {
+    switch (c) {
+        case KvCodec::kF32: return 4 * n;
+        case KvCodec::kF16:
+        case KvCodec::kBF16: return 2 * n;
+        case KvCodec::kQ8_0: return n / 32 * 34;
+        case KvCodec::kQ4_0: return n / 32 * 18;
+    }
+    return 0;
+}
+// Whether the codec stores blocks of 32 elements (quantized) rather than single elements.
+CERA_HD constexpr bool kv_blocked(KvCodec c) { return c == KvCodec::kQ8_0 || c == KvCodec::kQ4_0; }
+
+// cache[pos[t]] = src[t] for k and v ([n_ctx, width]), converted to the cache's codec (width a multiple
+// of 32 for the block codecs, which quantize as the CPU's reference quantizers do: the same bytes).
 void kv_store(const float* k, const float* v, int64_t n_tokens, int64_t width, const int32_t* pos, void* k_cache,
-              void* v_cache, bool f16, int64_t n_ctx, Stream stream);
+              void* v_cache, KvCodec codec, int64_t n_ctx, Stream stream);
 
 // norm_rope of q and of k, then kv_store of k and v, in one launch (one warp per head row).
 //   q: [n_tokens, n_head * head_dim]; k, v: [n_tokens, n_head_kv * head_dim]; q_norm, k_norm: [head_dim] or null
@@ -217,7 +246,7 @@ struct QkvRopeArgs {
     const int32_t* pos = nullptr;
     void* k_cache = nullptr;
     void* v_cache = nullptr;
-    bool f16 = true;
+    KvCodec codec = KvCodec::kF16;
     int64_t n_ctx = 0;
     // gemv_qkv_rope_store: the warps' epilogue where it fits (-1 or 1, gemv_fused.cu qkv_rows_fit), or
     // warp 0's of a block a head (0, CudaVariants::qkv_head_blocks), so that tests can compare them.
@@ -243,7 +272,7 @@ struct AttentionArgs {
     const float* q = nullptr;     // [n_tokens, n_head * head_dim]
     const void* k_cache = nullptr;  // [n_ctx, n_head_kv * head_dim]
     const void* v_cache = nullptr;
-    bool f16 = true;
+    KvCodec codec = KvCodec::kF16;
     const int32_t* pos = nullptr;  // [n_tokens]
     int64_t n_tokens = 0, n_ctx = 0;
     int n_head = 0, n_head_kv = 0, head_dim = 0;
@@ -282,6 +311,9 @@ void swiglu(const float* gate, const float* up, int64_t n, float* out, Stream st
 // out = a + scale * b
 void add(const float* a, const float* b, float scale, int64_t n, float* out, Stream stream);
 void scale(float* x, float s, int64_t n, Stream stream);
+// Each of the n_heads heads of head_dim elements of x through the rotated caches' rotation
+// (core/rotation.h) or its inverse, with the CPU's operations in the CPU's order: the same floats.
+void rotate_heads(float* x, int64_t n_heads, int head_dim, bool inverse, Stream stream);
 // y[t][r] += bias[r]; y: [n_rows, n]
 void add_bias(float* y, const float* bias, int64_t n_rows, int64_t n, Stream stream);
 

@@ -2,10 +2,12 @@
 // Idea: all three are bandwidth-trivial (a few KB per token) and latency-bound in decode, so each is
 // one launch over the whole batch: rms_norm one block per row; norm_rope one warp per (token, head),
 // RMSNorm of the head then rotation of its pairs (NORM: (2i, 2i+1); NEOX: (i, i + n_rot/2)), angles
-// in double as the CPU reference computes them; kv_store one thread per element; qkv_rope_store one
+// in double as the CPU reference computes them; kv_store one warp per 32 elements of a row (a block of
+// the quantized codecs); qkv_rope_store one
 // warp per q, k or v head row (q and k rotated in place, k and v appended to the cache): one launch
 // instead of three. rms_norm can also write the 8-bit rows of its output for the next GEMV.
 // Roofline: bytes = 2 x activations; microseconds are launch latency, not bandwidth.
+#include "backends/cuda/kv_codec.cuh"
 #include "backends/cuda/rope_device.cuh"
 
 namespace cera::cuda {
@@ -78,7 +80,6 @@ __global__ void norm_rope_kernel(float* x, int64_t n_rows, int n_head, int head_
 }
 
 // Rows per token: n_head q heads, n_head_kv k heads, n_head_kv v heads; one warp each.
-template <class C>
 __global__ void qkv_rope_store_kernel(const QkvRopeArgs a) {
     pdl_trigger();
     const int per_token = a.n_head + 2 * a.n_head_kv;
@@ -102,38 +103,45 @@ __global__ void qkv_rope_store_kernel(const QkvRopeArgs a) {
         return;
     }
     const bool in_ctx = p >= 0 && p < a.n_ctx;
+    const int64_t row_bytes = kv_row_bytes(a.codec, kv_width);
     if (h < a.n_head + a.n_head_kv) {
         const int hk = h - a.n_head;
         float* kv = a.k + t * kv_width + int64_t(hk) * hd;
         head_norm_rope(kv, hd, a.k_norm, a.k_eps, p, a.k_rope, pre ? &cs : nullptr);
         __syncwarp();  // the lanes read each other's rotated values
-        if (in_ctx) store_head(kv, static_cast<C*>(a.k_cache) + p * kv_width + int64_t(hk) * hd, hd);
+        if (in_ctx)
+            kv_put_head(a.codec, kv,
+                        static_cast<unsigned char*>(a.k_cache) + p * row_bytes + kv_row_bytes(a.codec, int64_t(hk) * hd),
+                        hd);
         return;
     }
     const int hv = h - a.n_head - a.n_head_kv;
     if (in_ctx)
-        store_head(a.v + t * kv_width + int64_t(hv) * hd, static_cast<C*>(a.v_cache) + p * kv_width + int64_t(hv) * hd,
-                   hd);
+        kv_put_head(a.codec, a.v + t * kv_width + int64_t(hv) * hd,
+                    static_cast<unsigned char*>(a.v_cache) + p * row_bytes + kv_row_bytes(a.codec, int64_t(hv) * hd), hd);
 }
 
-template <bool kF16>
+// One warp a 32-element group of a row (grid: groups a row, tokens): element codecs store element by
+// element, block codecs quantize the group as one block.
 __global__ void kv_store_kernel(const float* __restrict__ k, const float* __restrict__ v, int64_t n_tokens,
                                 int64_t width, const int32_t* __restrict__ pos, void* k_cache, void* v_cache,
-                                int64_t n_ctx) {
+                                KvCodec codec, int64_t n_ctx) {
     pdl_trigger();
     pdl_wait();
-    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= n_tokens * width) return;
-    const int64_t t = i / width, c = i % width;
-    const int64_t p = pos[t];
-    if (p < 0 || p >= n_ctx) return;
-    const int64_t dst = p * width + c;
-    if (kF16) {
-        static_cast<__half*>(k_cache)[dst] = __float2half_rn(k[i]);
-        static_cast<__half*>(v_cache)[dst] = __float2half_rn(v[i]);
-    } else {
-        static_cast<float*>(k_cache)[dst] = k[i];
-        static_cast<float*>(v_cache)[dst] = v[i];
+    const int64_t g = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5, t = blockIdx.y;
+    const int lane = threadIdx.x & 31;
+    const int64_t c = g * 32 + lane, p = pos[t];
+    if (g * 32 >= width || p < 0 || p >= n_ctx) return;  // the same for the whole warp
+    const int64_t row = p * kv_row_bytes(codec, width);
+    unsigned char* kr = static_cast<unsigned char*>(k_cache) + row;
+    unsigned char* vr = static_cast<unsigned char*>(v_cache) + row;
+    if (kv_blocked(codec)) {
+        const int64_t at = kv_row_bytes(codec, g * 32);
+        kv_put_block(codec, kr + at, k[t * width + c]);
+        kv_put_block(codec, vr + at, v[t * width + c]);
+    } else if (c < width) {
+        kv_put1(codec, kr, c, k[t * width + c]);
+        kv_put1(codec, vr, c, v[t * width + c]);
     }
 }
 
@@ -157,12 +165,11 @@ void norm_rope(float* x, int64_t n_tokens, int n_head, int head_dim, const float
 }
 
 void kv_store(const float* k, const float* v, int64_t n_tokens, int64_t width, const int32_t* pos, void* k_cache,
-              void* v_cache, bool f16, int64_t n_ctx, Stream stream) {
-    const int64_t n = n_tokens * width;
-    if (n == 0) return;
-    const unsigned grid = unsigned(ceil_div(n, 256));
-    if (f16) launch((kv_store_kernel<true>), grid, 256, 0, as_stream(stream), k, v, n_tokens, width, pos, k_cache, v_cache, n_ctx);
-    else launch((kv_store_kernel<false>), grid, 256, 0, as_stream(stream), k, v, n_tokens, width, pos, k_cache, v_cache, n_ctx);
+              void* v_cache, KvCodec codec, int64_t n_ctx, Stream stream) {
+    if (n_tokens == 0 || width == 0) return;
+    CERA_CHECK(!kv_blocked(codec) || width % 32 == 0, "kv_store: rows of %lld for a block codec", (long long)width);
+    const dim3 grid(unsigned(ceil_div(ceil_div(width, 32), 8)), unsigned(n_tokens));
+    launch(kv_store_kernel, grid, 256, 0, as_stream(stream), k, v, n_tokens, width, pos, k_cache, v_cache, codec, n_ctx);
 }
 
 __global__ void rope_table_kernel(RopeArgs r, int64_t rows, float2* table) {
@@ -190,8 +197,9 @@ void qkv_rope_store(const QkvRopeArgs& a, Stream stream) {
     for (const RopeArgs* r : {&a.q_rope, &a.k_rope})
         CERA_CHECK(r->mode == 0 || (r->n_rot % 2 == 0 && r->n_rot <= a.head_dim));
     const unsigned grid = unsigned(ceil_div(rows, 4));
-    if (a.f16) launch(qkv_rope_store_kernel<__half>, grid, 128, 0, as_stream(stream), a);
-    else launch(qkv_rope_store_kernel<float>, grid, 128, 0, as_stream(stream), a);
+    CERA_CHECK(!kv_blocked(a.codec) || a.head_dim % 32 == 0, "qkv_rope_store: heads of %d for a block codec",
+               a.head_dim);
+    launch(qkv_rope_store_kernel, grid, 128, 0, as_stream(stream), a);
 }
 
 }  // namespace cera::cuda

@@ -80,12 +80,4 @@ __device__ __forceinline__ void head_norm_rope(float* v, int head_dim, const flo
         for (int i = n_rot + lane; i < head_dim; i += 32) v[i] = v[i] * r * norm_w[i];
 }
 
-template <class C>
-__device__ __forceinline__ void store_head(const float* src, C* dst, int head_dim) {
-    for (int i = threadIdx.x & 31; i < head_dim; i += 32) {
-        if constexpr (sizeof(C) == 2) dst[i] = __float2half_rn(src[i]);
-        else dst[i] = src[i];
-    }
-}
-
 }  // namespace cera::cuda

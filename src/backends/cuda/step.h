@@ -72,7 +72,7 @@ struct KvStoreNode {
     const int32_t* pos = nullptr;
     void* k_cache = nullptr;
     void* v_cache = nullptr;
-    bool f16 = true;
+    KvCodec codec = KvCodec::kF16;
     int64_t n_ctx = 0;
 };
 // RoPE of q (optional) and k, then the KV store, in one launch; with the q/k/v products too (products).
