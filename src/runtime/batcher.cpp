@@ -8,6 +8,13 @@
 // the front of the queue, to evaluate its tokens (prompt and generated so far) again when it returns;
 // its sampler, stop matcher and detokenizer carry on, so its output does not change (and its full
 // blocks, still cached, usually come back with it).
+//
+// Speculative decoding: a decoding sequence whose request speculates drafts up to k tokens (within the
+// step's budget, its max_tokens and its context) and enters the step as a verify entry: its pending token
+// and the draft, with outputs at each. accept_draft() (shared with Session's Speculator) keeps a prefix of
+// the draft plus one token of the model's, BatchState::keep() takes the sequence back to the kept tokens,
+// and the tokens are then handed out one by one as plain decoding hands out its one (EOS, stop strings,
+// max_tokens and the context end it the same way; the rest are dropped).
 #include "cera/batcher.h"
 
 #include <algorithm>
@@ -26,6 +33,7 @@
 #include "models/batch_state.h"
 #include "runtime/engine_impl.h"
 #include "runtime/session_stop.h"
+#include "runtime/speculative.h"
 
 namespace cera {
 namespace {
@@ -111,6 +119,9 @@ class Req final : public Request {
     std::vector<EmbdRun> runs;
     std::vector<BatchState::ContentKey> content;
     std::vector<EmbdRun> step_runs;  // the runs of the tokens of its entry in the step being planned
+    SpeculativeOptions spec;         // its speculative decoding (enabled() false: none)
+    std::vector<int32_t> verify;     // its verify entry's tokens: the pending one, then the draft
+    std::vector<std::vector<TokenProb>> q;  // the proposal of each draft token
     // The batcher thread's.
     int seq = -1;           // BatchState slot while admitted
     size_t evaluated = 0;   // tokens of `tokens` in the sequence's cache
@@ -144,7 +155,16 @@ class BatcherImpl final : public Batcher {
         bo.block_size = o.block_size;
         bo.max_step_tokens = std::max(o.step_tokens, o.parallel);  // every running sequence's next token fits
         bo.max_seq_tokens = n_ctx_;
+        if (o.max_draft < 0 || o.max_draft >= ModelState::kKeptStates)
+            throw_error(ErrorCode::kInvalidArgument, "batcher: max draft %d must be in 0..%d", o.max_draft,
+                        ModelState::kKeptStates - 1);
+        if (o.speculative.enabled()) {
+            check_speculative_options(o.speculative);
+            if (o.speculative.draft) check_same_vocabulary(*engine_, *o.speculative.draft);
+        }
+        bo.max_draft = o.max_draft;
         state_ = std::make_unique<BatchState>(*im_.model, bo);
+        q_dense_.assign(size_t(n_vocab_), 0.0f);
         step_tokens_ = bo.max_step_tokens;
         thread_ = std::thread([this] { loop(); });
     }
@@ -167,11 +187,24 @@ class BatcherImpl final : public Batcher {
         if (int64_t(prompt.size()) >= n_ctx_)
             throw_error(ErrorCode::kOutOfRange, "submit: a %zu-token prompt leaves no room in a %d-token sequence",
                         prompt.size(), n_ctx_);
+        const SpeculativeOptions& spec = options.speculative.enabled() ? options.speculative : o_.speculative;
+        if (spec.enabled()) {
+            check_speculative_options(spec);
+            if (spec.draft && spec.draft != o_.speculative.draft)
+                throw_error(ErrorCode::kInvalidArgument,
+                            "draft model: a batcher drafts only with its own (BatcherOptions::speculative.draft)");
+        }
         LoraSet lora = im_.resolve_lora(options.adapter);  // held by the request while it runs
         auto m = options.grammar ? make_matcher(*options.grammar, im_.token_trie()) : nullptr;
         auto r = std::make_shared<Req>(prompt, options, std::move(sink), *im_.tokenizer, n_vocab_, next_arrival_++,
                                        std::move(m));
         r->lora = std::move(lora);
+        // As in Session: a grammar's mask and logprobs' rows are per token, so those requests decode plainly.
+        if (spec.enabled() && !r->matcher && options.logprobs < 0 && o_.max_draft > 0) {
+            r->spec = spec;
+            r->spec.draft_max = std::min(spec.draft_max, o_.max_draft);
+            r->spec.draft_min = std::min(spec.draft_min, r->spec.draft_max);
+        }
         size_t end = 0;
         for (const PromptImage& pi : images) {
             if (!pi.image) throw_error(ErrorCode::kInvalidArgument, "submit: an empty image");
@@ -228,9 +261,10 @@ class BatcherImpl final : public Batcher {
                 for (size_t i = 0; i < entries.size(); ++i) {
                     Req& r = *owners[i];
                     evaluated += int64_t(entries[i].tokens.size());
-                    r.evaluated += entries[i].tokens.size();
+                    if (!entries[i].verify) r.evaluated += entries[i].tokens.size();
                     try {  // a Sink that throws fails its own request only
-                        if (entries[i].pick != Pick::kNone) after_pick(r, entries[i], out, i);
+                        if (entries[i].verify) after_verify(r, entries[i], out, i);
+                        else if (entries[i].pick != Pick::kNone) after_pick(r, entries[i], out, i);
                         else if (r.evaluated == r.tokens.size() && r.opts.max_tokens == 0) leave(r, FinishReason::kLength);
                     } catch (...) {
                         leave(r, FinishReason::kNone, std::current_exception());
@@ -294,7 +328,11 @@ class BatcherImpl final : public Batcher {
             entries.clear(), owners.clear();
             int64_t budget = step_tokens_, blocks = 0;
             std::vector<Req*> order;
-            for (auto& r : running_) order.push_back(r.get());
+            int64_t decoding = 0;  // decoding sequences not planned yet: each needs a token of the budget
+            for (auto& r : running_) {
+                order.push_back(r.get());
+                decoding += r->tokens.size() - r->evaluated == 1 ? 1 : 0;
+            }
             // Decoding sequences (one token left) first, then the rest by admission.
             std::stable_sort(order.begin(), order.end(), [](const Req* a, const Req* b) {
                 const bool da = a->tokens.size() - a->evaluated == 1, db = b->tokens.size() - b->evaluated == 1;
@@ -302,6 +340,20 @@ class BatcherImpl final : public Batcher {
             });
             for (Req* r : order) {
                 const int64_t left = int64_t(r->tokens.size() - r->evaluated);
+                if (left == 1) --decoding;
+                if (left == 1 && r->started && r->spec.enabled() && r->opts.max_tokens != 0 &&
+                    plan_draft(*r, budget - 1 - decoding)) {
+                    BatchState::Entry e;
+                    e.seq = r->seq;
+                    e.tokens = r->verify;
+                    e.verify = true;
+                    e.pick = r->sampler.picks_argmax() ? Pick::kArgmax : Pick::kLogits;
+                    budget -= int64_t(r->verify.size());
+                    blocks += state_->blocks_needed(r->seq, int64_t(r->verify.size()));
+                    entries.push_back(e);
+                    owners.push_back(r);
+                    continue;
+                }
                 const int64_t n = std::min(left, budget);
                 if (n <= 0) continue;
                 budget -= n;
@@ -318,6 +370,51 @@ class BatcherImpl final : public Batcher {
             if (blocks <= state_->free_blocks() || running_.size() <= 1) return;
             preempt();
         }
+    }
+
+    // A draft for a decoding sequence of the request, of at most `room` tokens (the step's budget left)
+    // and what its max_tokens and context leave (the verification adds one token of the model's): into
+    // r.verify after its pending token, with its proposals in r.q. False when there is no draft of at
+    // least max(1, draft_min) tokens (the sequence decodes plainly).
+    bool plan_draft(Req& r, int64_t room) {
+        int64_t k = std::min<int64_t>(r.spec.draft_max, room);
+        if (r.opts.max_tokens >= 0) k = std::min<int64_t>(k, r.opts.max_tokens - r.result.generated_tokens - 1);
+        k = std::min<int64_t>(k, n_ctx_ - int64_t(r.tokens.size()));
+        const int64_t need = std::max(1, r.spec.draft_min);
+        if (k < need) return false;
+        std::vector<int32_t> draft;
+        if (r.spec.lookup_ngram > 0) draft = lookup_draft(r.tokens, r.spec.lookup_ngram, int32_t(k));
+        if (int64_t(draft.size()) < need) return false;
+        r.verify.assign(1, r.tokens.back());
+        r.verify.insert(r.verify.end(), draft.begin(), draft.end());
+        r.q.resize(draft.size());
+        for (size_t i = 0; i < draft.size(); ++i) r.q[i].assign(1, TokenProb{draft[i], 0.0f, 1.0f});  // a point mass
+        return true;
+    }
+
+    // A verify entry came back: keep what speculative sampling accepts, take the sequence back to it and
+    // hand the tokens out.
+    void after_verify(Req& r, const BatchState::Entry& e, const StepOutput& out, size_t i) {
+        const std::span<const int32_t> draft = e.tokens.subspan(1);
+        VerifyRows rows{.n_vocab = n_vocab_};
+        if (e.pick == Pick::kArgmax) rows.argmax = out.words.data() + out.at[i];
+        else rows.logits = out.logits.data() + out.row_at[i];
+        picks_.clear();
+        const int32_t kept = accept_draft(r.sampler, draft, r.q, rows, q_dense_, picks_);
+        state_->keep(r.seq, 1 + kept);
+        r.evaluated += size_t(1 + kept);
+        ++r.result.decode_steps;
+        r.result.decode_tokens += int32_t(picks_.size());
+        r.result.drafted_tokens += int32_t(draft.size());
+        r.result.accepted_tokens += kept;
+        {
+            std::lock_guard<std::mutex> lk(stats_mu_);
+            stats_.drafted_tokens += int64_t(draft.size());
+            stats_.accepted_tokens += kept;
+            ++stats_.verify_passes;
+        }
+        for (const int32_t t : picks_)  // each already in the sampler's window
+            if (!deliver(r, t, nullptr)) break;
     }
 
     // The request's embedding runs inside its tokens [begin, begin + n), relative to begin.
@@ -402,23 +499,34 @@ class BatcherImpl final : public Batcher {
                                                lp.top.data())};
         }
         r.sampler.accept(t);
+        deliver(r, t, r.opts.logprobs >= 0 ? &lp : nullptr);
+    }
+
+    // A sampled token (in the sampler's window already) reaches the request: streamed, then the request
+    // finishes or goes on. Returns whether it goes on.
+    bool deliver(Req& r, int32_t t, SampledLogprobs* lp) {
         ++r.result.generated_tokens;
         if (r.sink) r.sink->on_token(t);
-        if (r.opts.logprobs >= 0) {
-            if (r.sink) r.sink->on_logprobs(lp);
-            r.result.logprobs.push_back(std::move(lp));
+        if (lp) {
+            if (r.sink) r.sink->on_logprobs(*lp);
+            r.result.logprobs.push_back(std::move(*lp));
         }
-        if (!r.opts.ignore_eos && im_.tokenizer->is_eog(t)) return leave(r, FinishReason::kEos);
+        auto end = [&](FinishReason why) {
+            leave(r, why);
+            return false;
+        };
+        if (!r.opts.ignore_eos && im_.tokenizer->is_eog(t)) return end(FinishReason::kEos);
         r.tokens.push_back(t);
         if (r.stopper.feed(r.detok.push(t), r.out)) {
             r.emit();
             r.result.stop_string = r.stopper.matched();
-            return leave(r, FinishReason::kStop);
+            return end(FinishReason::kStop);
         }
         r.emit();
-        if (r.matcher && r.matcher->is_complete()) return leave(r, FinishReason::kStop);  // only an end could follow
-        if (r.opts.max_tokens >= 0 && r.result.generated_tokens >= r.opts.max_tokens) return leave(r, FinishReason::kLength);
-        if (int64_t(r.tokens.size()) >= n_ctx_) return leave(r, FinishReason::kContextFull);
+        if (r.matcher && r.matcher->is_complete()) return end(FinishReason::kStop);  // only an end could follow
+        if (r.opts.max_tokens >= 0 && r.result.generated_tokens >= r.opts.max_tokens) return end(FinishReason::kLength);
+        if (int64_t(r.tokens.size()) >= n_ctx_) return end(FinishReason::kContextFull);
+        return true;
     }
 
     // The request finishes (why, or the error e): its sequence leaves the batch.
@@ -445,6 +553,8 @@ class BatcherImpl final : public Batcher {
     int32_t n_ctx_ = 0;
     int64_t step_tokens_ = 0;
     std::unique_ptr<BatchState> state_;
+    std::vector<float> q_dense_;   // accept_draft()'s scratch: n_vocab zeros
+    std::vector<int32_t> picks_;   // a verification's tokens
     // Shared with submit().
     std::mutex mu_;
     std::condition_variable cv_;
