@@ -40,10 +40,10 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
         }
         // A sequence keeps states at every snapshot_blocks-th of its blocks: the sequences' blocks need
         // n_blocks / snapshot_blocks rows at most, cached blocks give theirs up when rows run out. After
-        // them, max_draft rows a slot hold the states inside a verify entry.
+        // them, 1 + max_draft rows a slot hold the states after each token of a run of verify entries.
         if (sp.conv_channels > 0)
             pool_[il].conv = be_.alloc(GgmlType::kF32, {sp.conv_channels * sp.conv_rows,
-                                                        verify_rows_ + int64_t(o.max_seqs) * max_draft_});
+                                                        verify_rows_ + int64_t(o.max_seqs) * (1 + max_draft_)});
     }
     seqs_.resize(size_t(o.max_seqs));
     conv_states_.resize(arch_.state.size());
@@ -76,7 +76,7 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
     if (recurrent_) {
         // A step's snapshots: one every snapshot_blocks blocks of its tokens, plus one a sequence.
         segs_t_ = be_.alloc(GgmlType::kI32, {5, ns});
-        snaps_t_ = be_.alloc(GgmlType::kI32, {2, nt / (int64_t(block_) * snapshot_blocks_) + ns * (1 + max_draft_)});
+        snaps_t_ = be_.alloc(GgmlType::kI32, {2, nt / (int64_t(block_) * snapshot_blocks_) + ns * (2 + max_draft_)});
     }
 }
 
@@ -278,11 +278,11 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
         if (e.pick == Pick::kTop && (e.top < 0 || e.top >= n_vocab))
             throw_error(ErrorCode::kInvalidArgument, "batch step: the best %d of %" PRId64 " logits", e.top, n_vocab);
         if (e.verify && ((e.pick != Pick::kArgmax && e.pick != Pick::kLogits) ||
-                         int64_t(e.tokens.size()) > 1 + int64_t(max_draft_)))
+                         int64_t(run_before(seqs_[size_t(e.seq)]) + e.tokens.size()) > 1 + int64_t(max_draft_)))
             throw_error(ErrorCode::kInvalidArgument,
-                        "batch step: sequence %d verifies %zu tokens (at most %d) with a pick other than the arg-max "
-                        "or the logits",
-                        e.seq, e.tokens.size(), 1 + max_draft_);
+                        "batch step: sequence %d verifies %zu tokens after %d (at most %d), or with a pick other than "
+                        "the arg-max or the logits",
+                        e.seq, e.tokens.size(), run_before(seqs_[size_t(e.seq)]), 1 + max_draft_);
         n_tokens += int64_t(e.tokens.size());
         n_out += e.verify ? int64_t(e.tokens.size()) : e.pick != Pick::kNone ? 1 : 0;
         blocks += blocks_needed(e.seq, int64_t(e.tokens.size()));
@@ -323,19 +323,19 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
             }
             snaps.push_back(int32_t(p - s.position)), snaps.push_back(snap_row_[size_t(b)]);
         }
+        const int32_t before = e.verify ? run_before(s) : 0;
         if (recurrent_ && e.verify) {
-            // The states after each token but the last (the slot keeps that one), merged by `end` with the
+            // The states after each token (the run may go on in a later step), merged by `end` with the
             // block ends'.
             std::vector<std::pair<int32_t, int32_t>> all;
             for (size_t j = snap_first * 2; j < snaps.size(); j += 2) all.push_back({snaps[j], snaps[j + 1]});
-            for (int32_t t = 1; t < int32_t(e.tokens.size()); ++t)
-                all.push_back({t, int32_t(verify_rows_ + int64_t(e.seq) * max_draft_ + t - 1)});
+            for (int32_t t = 1; t <= int32_t(e.tokens.size()); ++t) all.push_back({t, verify_row(e.seq, before + t)});
             std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
             snaps.resize(snap_first * 2);
             for (const auto& [end, row] : all) snaps.push_back(end), snaps.push_back(row);
         }
-        s.verify_n = e.verify ? int32_t(e.tokens.size()) : 0;
-        s.verify_from = s.position;
+        if (before == 0) s.verify_from = s.position;
+        s.verify_n = e.verify ? before + int32_t(e.tokens.size()) : 0;
         segs.insert(segs.end(), {int32_t(ids_host_.size()), int32_t(e.tokens.size()), int32_t(e.seq),
                                  int32_t(snap_first), int32_t(snaps.size() / 2 - snap_first)});
         for (size_t i = 0; i < e.tokens.size(); ++i) {
@@ -410,13 +410,13 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
 void BatchState::keep(int seq, int32_t n) {
     CERA_CHECK(seq >= 0 && size_t(seq) < seqs_.size() && seqs_[size_t(seq)].used, "batch: no sequence %d", seq);
     Seq& s = seqs_[size_t(seq)];
-    CERA_CHECK(s.verify_n > 0 && n >= 1 && n <= s.verify_n && s.position == s.verify_from + s.verify_n,
-               "batch: keep %d of sequence %d's %d verified tokens", n, seq, s.verify_n);
+    CERA_CHECK(run_before(s) > 0 && n >= 1 && n <= s.verify_n, "batch: keep %d of sequence %d's %d verified tokens",
+               n, seq, run_before(s));
     std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
-    if (recurrent_ && n < s.verify_n)  // the conv states after the n-th token, from the step's snapshots
+    if (recurrent_ && n < s.verify_n)  // the conv states after the n-th token, from the steps' snapshots
         for (size_t il = 0; il < conv_states_.size(); ++il)
             if (const Tensor& t = conv_states_[il])
-                be_.copy(t.row_slice(seq, 1), pool_[il].conv.row_slice(verify_rows_ + int64_t(seq) * max_draft_ + n - 1, 1));
+                be_.copy(t.row_slice(seq, 1), pool_[il].conv.row_slice(verify_row(seq, n), 1));
     s.position = s.verify_from + n;
     s.tokens.resize(size_t(s.position));
     // The blocks past the end go back. A block that ended inside the dropped tokens may keep a conv-state

@@ -31,6 +31,7 @@
 #include "chat/grammar/grammar_impl.h"
 #include "core/check.h"
 #include "models/batch_state.h"
+#include "runtime/batch_draft.h"
 #include "runtime/engine_impl.h"
 #include "runtime/session_stop.h"
 #include "runtime/speculative.h"
@@ -122,6 +123,9 @@ class Req final : public Request {
     SpeculativeOptions spec;         // its speculative decoding (enabled() false: none)
     std::vector<int32_t> verify;     // its verify entry's tokens: the pending one, then the draft
     std::vector<std::vector<TokenProb>> q;  // the proposal of each draft token
+    std::unique_ptr<Sampler> draft_sampler;  // the draft model's (when spec.draft)
+    int32_t model_k = 0;                     // the step being planned: tokens the draft model is to draft
+    std::vector<int32_t> drafted;            // the draft model's draft
     // The batcher thread's.
     int seq = -1;           // BatchState slot while admitted
     size_t evaluated = 0;   // tokens of `tokens` in the sequence's cache
@@ -164,6 +168,7 @@ class BatcherImpl final : public Batcher {
         }
         bo.max_draft = o.max_draft;
         state_ = std::make_unique<BatchState>(*im_.model, bo);
+        if (o.speculative.draft && o.max_draft > 0) drafter_ = std::make_unique<BatchDrafter>(*engine_, o.speculative.draft, bo);
         q_dense_.assign(size_t(n_vocab_), 0.0f);
         step_tokens_ = bo.max_step_tokens;
         thread_ = std::thread([this] { loop(); });
@@ -204,6 +209,8 @@ class BatcherImpl final : public Batcher {
             r->spec = spec;
             r->spec.draft_max = std::min(spec.draft_max, o_.max_draft);
             r->spec.draft_min = std::min(spec.draft_min, r->spec.draft_max);
+            if (r->spec.draft)
+                r->draft_sampler = std::make_unique<Sampler>(draft_sampler_params(options.sampling), n_vocab_);
         }
         size_t end = 0;
         for (const PromptImage& pi : images) {
@@ -257,6 +264,7 @@ class BatcherImpl final : public Batcher {
             if (entries.empty()) continue;
             int64_t evaluated = 0;
             try {
+                draft_with_model(entries, owners);
                 state_->step(entries, out);
                 for (size_t i = 0; i < entries.size(); ++i) {
                     Req& r = *owners[i];
@@ -307,6 +315,7 @@ class BatcherImpl final : public Batcher {
             std::shared_ptr<Req> r = std::move(waiting_.front());
             waiting_.pop_front();
             r->seq = seq;
+            if (r->draft_sampler) drafter_->add(seq, r->tokens);
             state_->set_lora(seq, r->lora);
             state_->set_content_keys(seq, r->content);
             // The longest cached prefix of its tokens (a shared prompt, or its own blocks after a preemption).
@@ -377,6 +386,7 @@ class BatcherImpl final : public Batcher {
     // r.verify after its pending token, with its proposals in r.q. False when there is no draft of at
     // least max(1, draft_min) tokens (the sequence decodes plainly).
     bool plan_draft(Req& r, int64_t room) {
+        r.model_k = 0;
         int64_t k = std::min<int64_t>(r.spec.draft_max, room);
         if (r.opts.max_tokens >= 0) k = std::min<int64_t>(k, r.opts.max_tokens - r.result.generated_tokens - 1);
         k = std::min<int64_t>(k, n_ctx_ - int64_t(r.tokens.size()));
@@ -384,12 +394,42 @@ class BatcherImpl final : public Batcher {
         if (k < need) return false;
         std::vector<int32_t> draft;
         if (r.spec.lookup_ngram > 0) draft = lookup_draft(r.tokens, r.spec.lookup_ngram, int32_t(k));
-        if (int64_t(draft.size()) < need) return false;
         r.verify.assign(1, r.tokens.back());
+        if (int64_t(draft.size()) < need && r.spec.draft) {  // the draft model drafts k tokens before the step
+            r.model_k = int32_t(k);
+            r.verify.resize(size_t(1 + k), r.tokens.back());  // stand-ins, for the step's plan
+            return true;
+        }
+        if (int64_t(draft.size()) < need) return false;
         r.verify.insert(r.verify.end(), draft.begin(), draft.end());
         r.q.resize(draft.size());
         for (size_t i = 0; i < draft.size(); ++i) r.q[i].assign(1, TokenProb{draft[i], 0.0f, 1.0f});  // a point mass
         return true;
+    }
+
+    // The draft model drafts for the planned verify entries that wait for it, all together, and their
+    // entries take the drafts (an entry whose draft did not fit the draft's pool decodes plainly).
+    void draft_with_model(std::vector<BatchState::Entry>& entries, const std::vector<Req*>& owners) {
+        std::vector<BatchDrafter::Job> jobs;
+        for (Req* r : owners)
+            if (r->model_k > 0)
+                jobs.push_back({.seq = r->seq, .tokens = r->tokens, .k = r->model_k, .sampler = r->draft_sampler.get(),
+                                .draft = &r->drafted, .q = &r->q});
+        if (jobs.empty()) return;
+        drafter_->draft(jobs);
+        for (size_t i = 0; i < entries.size(); ++i) {
+            Req& r = *owners[i];
+            if (r.model_k == 0) continue;
+            r.model_k = 0;
+            r.verify.assign(1, r.tokens.back());
+            r.verify.insert(r.verify.end(), r.drafted.begin(), r.drafted.end());
+            entries[i].tokens = r.verify;
+            if (r.drafted.size() < size_t(std::max(1, r.spec.draft_min))) {
+                entries[i].tokens = entries[i].tokens.first(1);
+                entries[i].verify = false;
+                choose_pick(r, entries[i]);
+            }
+        }
     }
 
     // A verify entry came back: keep what speculative sampling accepts, take the sequence back to it and
@@ -434,6 +474,7 @@ class BatcherImpl final : public Batcher {
         std::shared_ptr<Req> r = *newest;
         running_.erase(newest);
         state_->remove_sequence(r->seq);
+        if (drafter_) drafter_->remove(r->seq);
         r->seq = -1;
         r->evaluated = 0;
         waiting_.push_front(std::move(r));
@@ -532,6 +573,7 @@ class BatcherImpl final : public Batcher {
     // The request finishes (why, or the error e): its sequence leaves the batch.
     void leave(Req& r, FinishReason why, std::exception_ptr e = nullptr) {
         if (r.seq >= 0) state_->remove_sequence(r.seq);
+        if (r.seq >= 0 && drafter_) drafter_->remove(r.seq);
         r.seq = -1;
         r.finish(why, e);
     }
@@ -553,6 +595,7 @@ class BatcherImpl final : public Batcher {
     int32_t n_ctx_ = 0;
     int64_t step_tokens_ = 0;
     std::unique_ptr<BatchState> state_;
+    std::unique_ptr<BatchDrafter> drafter_;  // BatcherOptions::speculative.draft's batch
     std::vector<float> q_dense_;   // accept_draft()'s scratch: n_vocab zeros
     std::vector<int32_t> picks_;   // a verification's tokens
     // Shared with submit().

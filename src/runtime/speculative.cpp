@@ -39,6 +39,17 @@ std::vector<int32_t> lookup_draft(std::span<const int32_t> tokens, int32_t ngram
     return {};
 }
 
+int32_t draw_draft(Sampler& draft_sampler, const float* logits, std::vector<TokenProb>& q) {
+    const std::span<const TokenProb> d = draft_sampler.distribution(logits);
+    q.assign(d.begin(), d.end());
+    return draw(q, q.size() > 1 ? draft_sampler.uniform() : 0.0);
+}
+
+SamplerParams draft_sampler_params(SamplerParams params) {
+    params.seed = params.seed * 6364136223846793005ull + 1442695040888963407ull;  // a stream apart from the target's
+    return params;
+}
+
 void check_speculative_options(const SpeculativeOptions& options) {
     if (options.lookup_ngram < 0)
         throw_error(ErrorCode::kInvalidArgument, "speculative: lookup n-gram %d must be >= 0", options.lookup_ngram);
@@ -152,9 +163,7 @@ Speculator::Speculator(const SpeculativeOptions& options, const Engine& target, 
             slot.state = options.draft->impl().model->create_state(state.n_ctx());
             slot.engine = options.draft;
         }
-        SamplerParams p = sampler.params();
-        p.seed = p.seed * 6364136223846793005ull + 1442695040888963407ull;  // a stream apart from the target's
-        draft_sampler_ = std::make_unique<Sampler>(p, n_vocab);
+        draft_sampler_ = std::make_unique<Sampler>(draft_sampler_params(sampler.params()), n_vocab);
         draft_logits_.resize(size_t(n_vocab));
     }
 }
@@ -183,9 +192,7 @@ void Speculator::draft_with_model(std::span<const int32_t> tokens, int32_t k) {
     for (int32_t i = 0; i < k && s.state->position() < s.state->n_ctx(); ++i) {
         s.state->eval({.tokens = {&cur, 1}, .logits = draft_logits_.data(), .keep_states = true});
         s.tokens.push_back(cur);
-        const std::span<const TokenProb> q = draft_sampler_->distribution(draft_logits_.data());
-        q_[size_t(i)].assign(q.begin(), q.end());
-        cur = draw(q_[size_t(i)], q.size() > 1 ? draft_sampler_->uniform() : 0.0);
+        cur = draw_draft(*draft_sampler_, draft_logits_.data(), q_[size_t(i)]);
         draft_.push_back(cur);
     }
 }

@@ -44,6 +44,13 @@ struct VerifyRows {
     int32_t n_vocab = 0;
 };
 
+// A draft model's next token: the draft sampler's distribution of `logits` into q (the proposal), and a draw
+// from it (none when it has a single candidate).
+int32_t draw_draft(Sampler& draft_sampler, const float* logits, std::vector<TokenProb>& q);
+
+// The draft sampler of a request sampled with `params`: the same settings, a random stream apart.
+SamplerParams draft_sampler_params(SamplerParams params);
+
 // Speculative sampling of a draft: row i is the target's next-token choice after the sequence and
 // draft[0, i), for i in 0..draft.size(); q[i] is the proposal draft[i] was drawn from (a point mass for
 // prompt lookup). Keeps draft[i] with probability min(1, p(d) / q(d)) (p: the sampler's distribution of

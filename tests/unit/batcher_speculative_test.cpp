@@ -242,6 +242,33 @@ TEST(BatcherSpeculativePrefix, CachedBlocksHoldOnlyKeptTokens) {
     }
 }
 
+// A draft model (tiny-qwen3 for tiny-lfm2, and tiny-lfm2, with conv states to roll back, for tiny-qwen3)
+// drafting for several requests at once gives plain greedy output, with prompt lookup first or alone.
+TEST(BatcherSpeculativeDraft, DraftModelGreedyEqualsPlainGreedy) {
+    for (const auto& [target, drafter] : std::vector<std::pair<std::string, std::string>>{
+             {"tiny-lfm2", "tiny-qwen3"}, {"tiny-qwen3", "tiny-lfm2"}}) {
+        auto e = load(target), d = load(drafter);
+        const std::string story = prompt_text(target, 2);
+        std::vector<Job> js(4);
+        js[0] = {e->tokenize(story + "\n" + story.substr(0, story.size() / 2), true),
+                 greedy(40, {.lookup_ngram = 3, .draft = d, .draft_max = 6})};
+        js[1] = {e->tokenize(prompt_text(target, 0), true), greedy(30, {.draft = d, .draft_max = 5})};
+        js[2] = {e->tokenize(story.substr(0, story.size() / 3), true), greedy(25)};  // the batcher's settings
+        js[3] = {e->tokenize(prompt_text(target, 0) + " The", true), greedy(33, {.draft = d, .draft_max = 2})};
+        const Ran ran = run_batch(e, js, {.parallel = 3, .block_size = 4, .step_tokens = 64,
+                                          .speculative = {.draft = d, .draft_max = 4}});
+        int64_t drafted = 0, accepted = 0;
+        for (size_t i = 0; i < js.size(); ++i) {
+            EXPECT_EQ(ran.ids[i], alone(e, js[i])) << target << ": request " << i;
+            EXPECT_GT(ran.results[i].drafted_tokens, 0) << target << ": request " << i;
+            drafted += ran.results[i].drafted_tokens, accepted += ran.results[i].accepted_tokens;
+        }
+        EXPECT_GT(accepted, 0) << target;
+        EXPECT_GT(drafted, accepted) << target;
+        EXPECT_EQ(ran.stats.kv_blocks_free, ran.stats.kv_blocks_total);
+    }
+}
+
 // Softmax over the k best logits of a row, as an id -> p map.
 std::map<int32_t, double> top_k_softmax(std::span<const float> row, int k) {
     std::vector<int32_t> ids(row.size());
@@ -303,28 +330,36 @@ TEST(BatcherSpeculativeSampling, TheSecondTokenFollowsTheModelsMarginal) {
         for (const auto& [t2, pr2] : top_k_softmax(std::vector<float>(row.begin(), row.end()), kTop))
             p2[t2] += pr1 * pr2;
     }
-    constexpr int kRuns = 500;
-    std::vector<Job> js(kRuns);
-    const std::vector<int32_t> ids = e->tokenize(prompt, true);
-    for (int i = 0; i < kRuns; ++i) {
-        js[i].prompt = ids;
-        js[i].g.max_tokens = 3;
-        js[i].g.ignore_eos = true;
-        js[i].g.sampling = {.temperature = 1.0f, .top_k = kTop, .top_p = 1.0f, .min_p = 0.0f, .seed = uint64_t(i + 1)};
-        js[i].g.speculative = {.lookup_ngram = 3, .draft_max = 4};
+    auto draft = load("tiny-qwen3");
+    for (const bool with_draft : {false, true}) {
+        constexpr int kRuns = 500;
+        std::vector<Job> js(kRuns);
+        const std::vector<int32_t> ids = e->tokenize(prompt, true);
+        for (int i = 0; i < kRuns; ++i) {
+            js[i].prompt = ids;
+            js[i].g.max_tokens = 3;
+            js[i].g.ignore_eos = true;
+            js[i].g.sampling = {.temperature = 1.0f, .top_k = kTop, .top_p = 1.0f, .min_p = 0.0f, .seed = uint64_t(i + 1)};
+            // A prompt lookup draft is a point mass; the draft model's is a full distribution.
+            js[i].g.speculative = with_draft ? SpeculativeOptions{.draft = draft, .draft_max = 4}
+                                             : SpeculativeOptions{.lookup_ngram = 3, .draft_max = 4};
+        }
+        BatcherOptions bo{.parallel = 8, .block_size = 8, .step_tokens = 128};
+        if (with_draft) bo.speculative = {.draft = draft};
+        const Ran ran = run_batch(e, js, bo);
+        std::map<int32_t, int> counts;
+        for (const auto& t : ran.ids) {
+            ASSERT_EQ(t.size(), 3u);
+            ++counts[t[1]];
+        }
+        EXPECT_GT(ran.stats.drafted_tokens, kRuns / 10) << with_draft;
+        EXPECT_GT(ran.stats.accepted_tokens, 0) << with_draft;
+        EXPECT_LT(ran.stats.accepted_tokens, ran.stats.drafted_tokens) << with_draft;
+        const auto [stat, df] = chi_square(counts, p2, kRuns);
+        ASSERT_GE(df, 3);
+        EXPECT_LT(stat, chi_square_critical(df)) << (with_draft ? "draft model" : "prompt lookup") << ": chi2 " << stat
+                                                 << " with " << df << " degrees of freedom";
     }
-    const Ran ran = run_batch(e, js, {.parallel = 8, .block_size = 8, .step_tokens = 128});
-    std::map<int32_t, int> counts;
-    for (const auto& t : ran.ids) {
-        ASSERT_EQ(t.size(), 3u);
-        ++counts[t[1]];
-    }
-    EXPECT_GT(ran.stats.drafted_tokens, kRuns / 10);
-    EXPECT_GT(ran.stats.accepted_tokens, 0);
-    EXPECT_LT(ran.stats.accepted_tokens, ran.stats.drafted_tokens);
-    const auto [stat, df] = chi_square(counts, p2, kRuns);
-    ASSERT_GE(df, 3);
-    EXPECT_LT(stat, chi_square_critical(df)) << "chi2 " << stat << " with " << df << " degrees of freedom";
 }
 
 TEST(BatcherSpeculativeOptions, BadOptionsAreNamed) {
