@@ -42,8 +42,9 @@ struct BatcherOptions {
     // (if any) is the only one requests may name; it runs a batch of its own beside the model's.
     SpeculativeOptions speculative;
     // Drafted tokens a sequence verifies in a step at most (a request's draft_max is capped to it): sizes
-    // the step's output rows (n_vocab floats each) and, on LFM2, conv-state rows. 0: no speculation.
-    int32_t max_draft = 16;
+    // the step's output rows (n_vocab floats each) and, on LFM2, conv-state rows. 0: no speculation (requests
+    // asking for it decode plainly); -1: speculative.draft_max when speculative is enabled, else 0.
+    int32_t max_draft = -1;
 };
 
 struct BatcherStats {

@@ -159,16 +159,17 @@ class BatcherImpl final : public Batcher {
         bo.block_size = o.block_size;
         bo.max_step_tokens = std::max(o.step_tokens, o.parallel);  // every running sequence's next token fits
         bo.max_seq_tokens = n_ctx_;
-        if (o.max_draft < 0 || o.max_draft >= ModelState::kKeptStates)
-            throw_error(ErrorCode::kInvalidArgument, "batcher: max draft %d must be in 0..%d", o.max_draft,
+        if (o.max_draft < -1 || o.max_draft >= ModelState::kKeptStates)
+            throw_error(ErrorCode::kInvalidArgument, "batcher: max draft %d must be in -1..%d", o.max_draft,
                         ModelState::kKeptStates - 1);
+        max_draft_ = o.max_draft >= 0 ? o.max_draft : o.speculative.enabled() ? o.speculative.draft_max : 0;
         if (o.speculative.enabled()) {
             check_speculative_options(o.speculative);
             if (o.speculative.draft) check_same_vocabulary(*engine_, *o.speculative.draft);
         }
-        bo.max_draft = o.max_draft;
+        bo.max_draft = max_draft_;
         state_ = std::make_unique<BatchState>(*im_.model, bo);
-        if (o.speculative.draft && o.max_draft > 0) drafter_ = std::make_unique<BatchDrafter>(*engine_, o.speculative.draft, bo);
+        if (o.speculative.draft && max_draft_ > 0) drafter_ = std::make_unique<BatchDrafter>(*engine_, o.speculative.draft, bo);
         q_dense_.assign(size_t(n_vocab_), 0.0f);
         step_tokens_ = bo.max_step_tokens;
         thread_ = std::thread([this] { loop(); });
@@ -205,9 +206,9 @@ class BatcherImpl final : public Batcher {
                                        std::move(m));
         r->lora = std::move(lora);
         // As in Session: a grammar's mask and logprobs' rows are per token, so those requests decode plainly.
-        if (spec.enabled() && !r->matcher && options.logprobs < 0 && o_.max_draft > 0) {
+        if (spec.enabled() && !r->matcher && options.logprobs < 0 && max_draft_ > 0) {
             r->spec = spec;
-            r->spec.draft_max = std::min(spec.draft_max, o_.max_draft);
+            r->spec.draft_max = std::min(spec.draft_max, max_draft_);
             r->spec.draft_min = std::min(spec.draft_min, r->spec.draft_max);
             if (r->spec.draft)
                 r->draft_sampler = std::make_unique<Sampler>(draft_sampler_params(options.sampling), n_vocab_);
@@ -593,6 +594,7 @@ class BatcherImpl final : public Batcher {
     const BatcherOptions o_;
     const int32_t n_vocab_;
     int32_t n_ctx_ = 0;
+    int32_t max_draft_ = 0;  // BatcherOptions::max_draft, resolved
     int64_t step_tokens_ = 0;
     std::unique_ptr<BatchState> state_;
     std::unique_ptr<BatchDrafter> drafter_;  // BatcherOptions::speculative.draft's batch

@@ -119,7 +119,7 @@ TEST_P(BatcherSpeculativeGreedy, EqualsPlainGreedy) {
     for (int32_t i = 0; i < 30; ++i) noise.push_back(1000 + (i * 7919) % 3000);
     noise.insert(noise.end(), noise.begin(), noise.begin() + 3);
     js.push_back({noise, greedy(16, {.lookup_ngram = 3, .draft_max = 6})});
-    const BatcherOptions bo{.parallel = 4, .block_size = 4, .step_tokens = 64};
+    const BatcherOptions bo{.parallel = 4, .block_size = 4, .step_tokens = 64, .max_draft = 16};
     const Ran spec = run_batch(e, js, bo);
     std::vector<Job> plain_js = js;
     for (Job& j : plain_js) j.g.speculative = {};
@@ -222,7 +222,7 @@ TEST(BatcherSpeculativePrefix, CachedBlocksHoldOnlyKeptTokens) {
     for (const std::string model : {"tiny-lfm2", "tiny-qwen3"}) {
         auto e = load(model);
         const std::string story = prompt_text(model, 2);
-        auto batcher = Batcher::create(e, {.parallel = 2, .block_size = 4, .step_tokens = 64});
+        auto batcher = Batcher::create(e, {.parallel = 2, .block_size = 4, .step_tokens = 64, .max_draft = 8});
         Job first{e->tokenize(story + "\n" + story.substr(0, story.size() / 3), true),
                   greedy(40, {.lookup_ngram = 2, .draft_max = 7})};
         auto sink = std::make_shared<Collect>();
@@ -256,7 +256,7 @@ TEST(BatcherSpeculativeDraft, DraftModelGreedyEqualsPlainGreedy) {
         js[2] = {e->tokenize(story.substr(0, story.size() / 3), true), greedy(25)};  // the batcher's settings
         js[3] = {e->tokenize(prompt_text(target, 0) + " The", true), greedy(33, {.draft = d, .draft_max = 2})};
         const Ran ran = run_batch(e, js, {.parallel = 3, .block_size = 4, .step_tokens = 64,
-                                          .speculative = {.draft = d, .draft_max = 4}});
+                                          .speculative = {.draft = d, .draft_max = 4}, .max_draft = 8});
         int64_t drafted = 0, accepted = 0;
         for (size_t i = 0; i < js.size(); ++i) {
             EXPECT_EQ(ran.ids[i], alone(e, js[i])) << target << ": request " << i;
@@ -344,7 +344,7 @@ TEST(BatcherSpeculativeSampling, TheSecondTokenFollowsTheModelsMarginal) {
             js[i].g.speculative = with_draft ? SpeculativeOptions{.draft = draft, .draft_max = 4}
                                              : SpeculativeOptions{.lookup_ngram = 3, .draft_max = 4};
         }
-        BatcherOptions bo{.parallel = 8, .block_size = 8, .step_tokens = 128};
+        BatcherOptions bo{.parallel = 8, .block_size = 8, .step_tokens = 128, .max_draft = 4};
         if (with_draft) bo.speculative = {.draft = draft};
         const Ran ran = run_batch(e, js, bo);
         std::map<int32_t, int> counts;
