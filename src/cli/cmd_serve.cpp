@@ -5,9 +5,9 @@
 // stop it: running requests are cancelled, exit 0.
 #include <CLI/CLI.hpp>
 #include <csignal>
-#include <filesystem>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -15,9 +15,9 @@
 #include "cera/error.h"
 #include "cli/command.h"
 #include "cli/engine_flags.h"
-#include "cli/spec_flags.h"
 #include "cli/model_path.h"
 #include "cli/parse_args.h"
+#include "cli/spec_flags.h"
 #include "server/server.h"
 
 namespace cera::cli {

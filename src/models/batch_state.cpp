@@ -16,8 +16,8 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
     if (o.max_seqs < 1 || o.block_size < 1 || !std::has_single_bit(unsigned(o.block_size)) || o.max_step_tokens < 1 ||
         o.kv_tokens < 0 || o.max_step_tokens >= (int64_t(1) << kStepKeyBits) || o.max_draft < 0)
         throw_error(ErrorCode::kInvalidArgument,
-                    "batch: %d sequences, blocks of %d tokens (a power of two), %" PRId64 " tokens a step, pool %" PRId64
-                    ", drafts of %d",
+                    "batch: %d sequences, blocks of %d tokens (a power of two), %" PRId64
+                    " tokens a step, pool %" PRId64 ", drafts of %d",
                     o.max_seqs, o.block_size, o.max_step_tokens, o.kv_tokens, o.max_draft);
     std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
     block_ = o.block_size;
@@ -292,8 +292,9 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
     out.row_at.assign(entries.size(), StepOutput::kNoRow);
     if (n_tokens == 0) return;
     if (n_tokens > max_tokens_ || n_out > logits_.ne[1])
-        throw_error(ErrorCode::kOutOfRange, "batch step: %" PRId64 " tokens (%" PRId64 " outputs), at most %" PRId64
-                    " (%" PRId64 ")", n_tokens, n_out, max_tokens_, logits_.ne[1]);
+        throw_error(ErrorCode::kOutOfRange,
+                    "batch step: %" PRId64 " tokens (%" PRId64 " outputs), at most %" PRId64 " (%" PRId64 ")", n_tokens,
+                    n_out, max_tokens_, logits_.ne[1]);
     if (blocks > free_blocks())
         throw_error(ErrorCode::kOutOfRange, "batch step: needs %" PRId64 " KV blocks, %" PRId64 " free", blocks,
                     free_blocks());
@@ -410,8 +411,8 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
 void BatchState::keep(int seq, int32_t n) {
     CERA_CHECK(seq >= 0 && size_t(seq) < seqs_.size() && seqs_[size_t(seq)].used, "batch: no sequence %d", seq);
     Seq& s = seqs_[size_t(seq)];
-    CERA_CHECK(run_before(s) > 0 && n >= 1 && n <= s.verify_n, "batch: keep %d of sequence %d's %d verified tokens",
-               n, seq, run_before(s));
+    CERA_CHECK(run_before(s) > 0 && n >= 1 && n <= s.verify_n, "batch: keep %d of sequence %d's %d verified tokens", n,
+               seq, run_before(s));
     std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
     if (recurrent_ && n < s.verify_n)  // the conv states after the n-th token, from the steps' snapshots
         for (size_t il = 0; il < conv_states_.size(); ++il)
@@ -534,8 +535,10 @@ void BatchState::pick(std::span<const Entry> entries, const Tensor& lg, StepOutp
         if (e.pick == Pick::kNone) continue;
         if (e.verify) {
             const int64_t n = int64_t(e.tokens.size());
-            if (e.pick == Pick::kArgmax) std::copy_n(ids.begin() + row, n, out.words.begin() + int64_t(out.at[i]));
-            else be_.read(out.logits.data() + out.row_at[i], lg.row_slice(row, n), size_t(n * n_vocab) * sizeof(float));
+            if (e.pick == Pick::kArgmax)
+                std::copy_n(ids.begin() + row, n, out.words.begin() + int64_t(out.at[i]));
+            else
+                be_.read(out.logits.data() + out.row_at[i], lg.row_slice(row, n), size_t(n * n_vocab) * sizeof(float));
             row += n;
             continue;
         }

@@ -162,7 +162,7 @@ class BatchState {
     uint64_t serial_ = 0;                // recorded-step keys: (serial_ << kStepKeyBits) | n_tokens
     int snapshot_blocks_ = 4;
     int max_draft_ = 0;
-    int64_t verify_rows_ = 0;  // the first row of pool_[il].conv kept for verify runs: 1 + max_draft a slot
+    int64_t verify_rows_ = 0;       // the first row of pool_[il].conv kept for verify runs: 1 + max_draft a slot
     std::vector<int32_t> table_;    // [max_seqs, max_blocks] block tables (host copy)
     Tensor table_t_, seq_t_, ids_, pos_t_, rows_t_;
     StepBuffers act_;        // the activations of max_step_tokens tokens

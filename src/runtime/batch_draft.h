@@ -31,10 +31,10 @@ class BatchDrafter {
 
     struct Job {
         int seq = -1;
-        std::span<const int32_t> tokens;               // the sequence; its last token is the target's pending one
-        int32_t k = 0;                                 // tokens to draft
-        Sampler* sampler = nullptr;                    // the draft sampler (draft_sampler_params())
-        std::vector<int32_t>* draft = nullptr;         // receives the draft (empty: no room in the draft's pool)
+        std::span<const int32_t> tokens;                   // the sequence; its last token is the target's pending one
+        int32_t k = 0;                                     // tokens to draft
+        Sampler* sampler = nullptr;                        // the draft sampler (draft_sampler_params())
+        std::vector<int32_t>* draft = nullptr;             // receives the draft (empty: no room in the draft's pool)
         std::vector<std::vector<TokenProb>>* q = nullptr;  // and the proposal of each token
     };
     // Drafts k tokens for every job, in max k + 1 steps of the draft model over all of them.
@@ -42,9 +42,9 @@ class BatchDrafter {
 
  private:
     struct Slot {
-        int draft_seq = -1;            // its sequence in state_, or -1
-        std::vector<int32_t> tokens;   // the tokens that sequence holds
-        int32_t run_from = -1;         // where its open run of verify entries starts (-1: none)
+        int draft_seq = -1;           // its sequence in state_, or -1
+        std::vector<int32_t> tokens;  // the tokens that sequence holds
+        int32_t run_from = -1;        // where its open run of verify entries starts (-1: none)
     };
     // Brings slot s to tokens[0, n) where they agree with what it holds: drops the rest (ends the run).
     void sync(Slot& s, std::span<const int32_t> tokens, size_t n);

@@ -2,9 +2,9 @@
 // owns the state and the scheduling; submit() and cancel() only hand requests and flags to it.
 //
 // Each step: cancelled requests leave; waiting requests are admitted in arrival order while a
-// sequence slot is free, each taking the longest cached prefix of its tokens; the step takes the next token of every running sequence that is decoding,
-// then prompt chunks in admission order up to the token budget. When the pool lacks the blocks the
-// step needs, the most recently admitted sequence is preempted: it gives its blocks back and waits at
+// sequence slot is free, each taking the longest cached prefix of its tokens; the step takes the next token of every
+// running sequence that is decoding, then prompt chunks in admission order up to the token budget. When the pool lacks
+// the blocks the step needs, the most recently admitted sequence is preempted: it gives its blocks back and waits at
 // the front of the queue, to evaluate its tokens (prompt and generated so far) again when it returns;
 // its sampler, stop matcher and detokenizer carry on, so its output does not change (and its full
 // blocks, still cached, usually come back with it).
@@ -122,7 +122,7 @@ class Req final : public Request {
     std::vector<EmbdRun> step_runs;  // the runs of the tokens of its entry in the step being planned
     SpeculativeOptions spec;         // its speculative decoding (enabled() false: none)
     std::vector<int32_t> verify;     // its verify entry's tokens: the pending one, then the draft
-    std::vector<std::vector<TokenProb>> q;  // the proposal of each draft token
+    std::vector<std::vector<TokenProb>> q;   // the proposal of each draft token
     std::unique_ptr<Sampler> draft_sampler;  // the draft model's (when spec.draft)
     int32_t model_k = 0;                     // the step being planned: tokens the draft model is to draft
     std::vector<int32_t> drafted;            // the draft model's draft
@@ -169,7 +169,8 @@ class BatcherImpl final : public Batcher {
         }
         bo.max_draft = max_draft_;
         state_ = std::make_unique<BatchState>(*im_.model, bo);
-        if (o.speculative.draft && max_draft_ > 0) drafter_ = std::make_unique<BatchDrafter>(*engine_, o.speculative.draft, bo);
+        if (o.speculative.draft && max_draft_ > 0)
+            drafter_ = std::make_unique<BatchDrafter>(*engine_, o.speculative.draft, bo);
         q_dense_.assign(size_t(n_vocab_), 0.0f);
         step_tokens_ = bo.max_step_tokens;
         thread_ = std::thread([this] { loop(); });
@@ -272,8 +273,10 @@ class BatcherImpl final : public Batcher {
                     evaluated += int64_t(entries[i].tokens.size());
                     if (!entries[i].verify) r.evaluated += entries[i].tokens.size();
                     try {  // a Sink that throws fails its own request only
-                        if (entries[i].verify) after_verify(r, entries[i], out, i);
-                        else if (entries[i].pick != Pick::kNone) after_pick(r, entries[i], out, i);
+                        if (entries[i].verify)
+                            after_verify(r, entries[i], out, i);
+                        else if (entries[i].pick != Pick::kNone)
+                            after_pick(r, entries[i], out, i);
                         else if (r.evaluated == r.tokens.size() && r.opts.max_tokens == 0) leave(r, FinishReason::kLength);
                     } catch (...) {
                         leave(r, FinishReason::kNone, std::current_exception());
@@ -414,8 +417,12 @@ class BatcherImpl final : public Batcher {
         std::vector<BatchDrafter::Job> jobs;
         for (Req* r : owners)
             if (r->model_k > 0)
-                jobs.push_back({.seq = r->seq, .tokens = r->tokens, .k = r->model_k, .sampler = r->draft_sampler.get(),
-                                .draft = &r->drafted, .q = &r->q});
+                jobs.push_back({.seq = r->seq,
+                                .tokens = r->tokens,
+                                .k = r->model_k,
+                                .sampler = r->draft_sampler.get(),
+                                .draft = &r->drafted,
+                                .q = &r->q});
         if (jobs.empty()) return;
         drafter_->draft(jobs);
         for (size_t i = 0; i < entries.size(); ++i) {
@@ -438,8 +445,10 @@ class BatcherImpl final : public Batcher {
     void after_verify(Req& r, const BatchState::Entry& e, const StepOutput& out, size_t i) {
         const std::span<const int32_t> draft = e.tokens.subspan(1);
         VerifyRows rows{.n_vocab = n_vocab_};
-        if (e.pick == Pick::kArgmax) rows.argmax = out.words.data() + out.at[i];
-        else rows.logits = out.logits.data() + out.row_at[i];
+        if (e.pick == Pick::kArgmax)
+            rows.argmax = out.words.data() + out.at[i];
+        else
+            rows.logits = out.logits.data() + out.row_at[i];
         picks_.clear();
         const int32_t kept = accept_draft(r.sampler, draft, r.q, rows, q_dense_, picks_);
         state_->keep(r.seq, 1 + kept);
@@ -598,8 +607,8 @@ class BatcherImpl final : public Batcher {
     int64_t step_tokens_ = 0;
     std::unique_ptr<BatchState> state_;
     std::unique_ptr<BatchDrafter> drafter_;  // BatcherOptions::speculative.draft's batch
-    std::vector<float> q_dense_;   // accept_draft()'s scratch: n_vocab zeros
-    std::vector<int32_t> picks_;   // a verification's tokens
+    std::vector<float> q_dense_;             // accept_draft()'s scratch: n_vocab zeros
+    std::vector<int32_t> picks_;             // a verification's tokens
     // Shared with submit().
     std::mutex mu_;
     std::condition_variable cv_;

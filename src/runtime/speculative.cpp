@@ -218,7 +218,8 @@ bool Speculator::step(std::span<const int32_t> tokens, int32_t max_draft, std::v
     batch_.insert(batch_.end(), draft_.begin(), draft_.end());
     first_pos_ = state_.position();
     state_.eval({.tokens = batch_, .all_logits = true, .logits = logits_.data(), .keep_states = true});
-    const size_t i = size_t(accept_draft(sampler_, draft_, q_, {.logits = logits_.data(), .n_vocab = n_vocab_}, q_dense_, out));
+    const size_t i =
+        size_t(accept_draft(sampler_, draft_, q_, {.logits = logits_.data(), .n_vocab = n_vocab_}, q_dense_, out));
     drafted_ += int32_t(draft_.size());
     accepted_ += int32_t(i);
     state_.truncate(first_pos_ + 1 + int32_t(i));

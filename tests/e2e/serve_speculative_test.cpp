@@ -33,18 +33,19 @@ struct ServeProcess {
         err_path = (std::filesystem::temp_directory_path() /
                     ("cera_serve_spec_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + ".err"))
                        .string();
-        const auto r = cera::test::run_shell(shell_quote(cera::test::cera_bin()) +
-                                                 " serve --device cpu -t 2 --port 0 --max-seqs 2 -m " +
-                                                 shell_quote(kModel) + " " + flags + " </dev/null >/dev/null 2>" +
-                                                 shell_quote(err_path) + " & echo $!",
-                                             false);
+        const auto r = cera::test::run_shell(
+            shell_quote(cera::test::cera_bin()) + " serve --device cpu -t 2 --port 0 --max-seqs 2 -m " +
+                shell_quote(kModel) + " " + flags + " </dev/null >/dev/null 2>" + shell_quote(err_path) + " & echo $!",
+            false);
         pid = std::atoi(r.out.c_str());
         const std::regex listening("listening on http://127\\.0\\.0\\.1:([0-9]+)");
         for (int i = 0; i < 600 && port == 0; ++i) {
             std::smatch m;
             const std::string err = log();
-            if (std::regex_search(err, m, listening)) port = std::stoi(m[1]);
-            else std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            if (std::regex_search(err, m, listening))
+                port = std::stoi(m[1]);
+            else
+                std::this_thread::sleep_for(std::chrono::milliseconds(50));
         }
         EXPECT_GT(port, 0) << log();
     }
@@ -82,8 +83,8 @@ struct ServeProcess {
 };
 
 std::string story_prompt() {
-    const std::string s =
-        json::parse(cera::test::read_text(data_path("fixtures/tiny-lfm2/ref/prompt_2.json")))["text"].get<std::string>();
+    const std::string s = json::parse(cera::test::read_text(data_path("fixtures/tiny-lfm2/ref/prompt_2.json")))["text"]
+                              .get<std::string>();
     return s + "\n" + s.substr(0, s.size() / 2);
 }
 
@@ -119,9 +120,9 @@ TEST(ServeSpeculative, BadFlagsEndWithOneLine) {
     for (const std::string& extra :
          {std::string(" --draft-max 99 --lookup-ngram 3"), std::string(" --lookup-ngram -2"),
           " --draft-model " + shell_quote(data_path("fixtures/tiny-lfm2vl-random/model.gguf"))}) {
-        const auto r = cera::test::run_shell(shell_quote(cera::test::cera_bin()) +
-                                             " serve --device cpu -t 2 --port 0 -m " + shell_quote(kModel) + extra +
-                                             " </dev/null");
+        const auto r =
+            cera::test::run_shell(shell_quote(cera::test::cera_bin()) + " serve --device cpu -t 2 --port 0 -m " +
+                                  shell_quote(kModel) + extra + " </dev/null");
         EXPECT_NE(r.code, 0) << extra;
         EXPECT_NE(r.err.find("error"), std::string::npos) << extra << ": " << r.err;
         EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << extra << ": " << r.err;

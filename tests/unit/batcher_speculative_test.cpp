@@ -162,8 +162,13 @@ TEST(BatchStateKeep, RollbackMatchesAFreshEvaluation) {
         const std::vector<int32_t> verify(prompt.begin() + 27, prompt.begin() + 37);  // pending + 9 drafted
         const std::vector<int32_t> other = {11, 500, 77};
         const size_t n_vocab = size_t(e->info().n_vocab);
-        const BatchStateOptions o{.max_seqs = 2, .kv_tokens = 256, .block_size = 4, .max_step_tokens = 128,
-                                  .snapshot_blocks = 1, .max_seq_tokens = 128, .max_draft = 9};
+        const BatchStateOptions o{.max_seqs = 2,
+                                  .kv_tokens = 256,
+                                  .block_size = 4,
+                                  .max_step_tokens = 128,
+                                  .snapshot_blocks = 1,
+                                  .max_seq_tokens = 128,
+                                  .max_draft = 9};
         // The rows of a verify entry of seq, after an entry of one token of the neighbour nb (if any).
         auto rows_of = [&](BatchState& st, int seq, std::span<const int32_t> t, int nb) {
             StepOutput out;
@@ -201,8 +206,8 @@ TEST(BatchStateKeep, RollbackMatchesAFreshEvaluation) {
             const BatchState::Entry ge{.seq = g, .tokens = head, .pick = Pick::kNone};
             c.step(std::span(&ge, 1), out);
             for (int32_t t = 0; t < 10; t += 3) {
-                const BatchState::Entry step1{.seq = g, .tokens = std::span(verify).subspan(size_t(t), 1),
-                                              .pick = Pick::kLogits};
+                const BatchState::Entry step1{
+                    .seq = g, .tokens = std::span(verify).subspan(size_t(t), 1), .pick = Pick::kLogits};
                 c.step(std::span(&step1, 1), out);
                 const std::vector<float> row(got_verify.begin() + int64_t(t) * int64_t(n_vocab),
                                              got_verify.begin() + int64_t(t + 1) * int64_t(n_vocab));
@@ -245,8 +250,8 @@ TEST(BatcherSpeculativePrefix, CachedBlocksHoldOnlyKeptTokens) {
 // A draft model (tiny-qwen3 for tiny-lfm2, and tiny-lfm2, with conv states to roll back, for tiny-qwen3)
 // drafting for several requests at once gives plain greedy output, with prompt lookup first or alone.
 TEST(BatcherSpeculativeDraft, DraftModelGreedyEqualsPlainGreedy) {
-    for (const auto& [target, drafter] : std::vector<std::pair<std::string, std::string>>{
-             {"tiny-lfm2", "tiny-qwen3"}, {"tiny-qwen3", "tiny-lfm2"}}) {
+    for (const auto& [target, drafter] :
+         std::vector<std::pair<std::string, std::string>>{{"tiny-lfm2", "tiny-qwen3"}, {"tiny-qwen3", "tiny-lfm2"}}) {
         auto e = load(target), d = load(drafter);
         const std::string story = prompt_text(target, 2);
         std::vector<Job> js(4);
@@ -255,8 +260,12 @@ TEST(BatcherSpeculativeDraft, DraftModelGreedyEqualsPlainGreedy) {
         js[1] = {e->tokenize(prompt_text(target, 0), true), greedy(30, {.draft = d, .draft_max = 5})};
         js[2] = {e->tokenize(story.substr(0, story.size() / 3), true), greedy(25)};  // the batcher's settings
         js[3] = {e->tokenize(prompt_text(target, 0) + " The", true), greedy(33, {.draft = d, .draft_max = 2})};
-        const Ran ran = run_batch(e, js, {.parallel = 3, .block_size = 4, .step_tokens = 64,
-                                          .speculative = {.draft = d, .draft_max = 4}, .max_draft = 8});
+        const Ran ran = run_batch(e, js,
+                                  {.parallel = 3,
+                                   .block_size = 4,
+                                   .step_tokens = 64,
+                                   .speculative = {.draft = d, .draft_max = 4},
+                                   .max_draft = 8});
         int64_t drafted = 0, accepted = 0;
         for (size_t i = 0; i < js.size(); ++i) {
             EXPECT_EQ(ran.ids[i], alone(e, js[i])) << target << ": request " << i;
@@ -339,7 +348,8 @@ TEST(BatcherSpeculativeSampling, TheSecondTokenFollowsTheModelsMarginal) {
             js[i].prompt = ids;
             js[i].g.max_tokens = 3;
             js[i].g.ignore_eos = true;
-            js[i].g.sampling = {.temperature = 1.0f, .top_k = kTop, .top_p = 1.0f, .min_p = 0.0f, .seed = uint64_t(i + 1)};
+            js[i].g.sampling = {
+                .temperature = 1.0f, .top_k = kTop, .top_p = 1.0f, .min_p = 0.0f, .seed = uint64_t(i + 1)};
             // A prompt lookup draft is a point mass; the draft model's is a full distribution.
             js[i].g.speculative = with_draft ? SpeculativeOptions{.draft = draft, .draft_max = 4}
                                              : SpeculativeOptions{.lookup_ngram = 3, .draft_max = 4};
