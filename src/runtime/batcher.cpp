@@ -337,8 +337,10 @@ class BatcherImpl final : public Batcher {
     // The step's entries: decode tokens first, then prompt chunks within the budget; preempts while the
     // pool lacks the blocks.
     void plan(std::vector<BatchState::Entry>& entries, std::vector<Req*>& owners) {
+        bool speculate = true;  // drafts go before sequences: a step short of blocks drops them first
         for (;;) {
             entries.clear(), owners.clear();
+            bool drafted = false;
             int64_t budget = step_tokens_, blocks = 0;
             std::vector<Req*> order;
             int64_t decoding = 0;  // decoding sequences not planned yet: each needs a token of the budget
@@ -354,8 +356,10 @@ class BatcherImpl final : public Batcher {
             for (Req* r : order) {
                 const int64_t left = int64_t(r->tokens.size() - r->evaluated);
                 if (left == 1) --decoding;
-                if (left == 1 && r->started && r->spec.enabled() && r->opts.max_tokens != 0 &&
+                r->model_k = 0;
+                if (speculate && left == 1 && r->started && r->spec.enabled() && r->opts.max_tokens != 0 &&
                     plan_draft(*r, budget - 1 - decoding)) {
+                    drafted = true;
                     BatchState::Entry e;
                     e.seq = r->seq;
                     e.tokens = r->verify;
@@ -380,7 +384,12 @@ class BatcherImpl final : public Batcher {
                 entries.push_back(e);
                 owners.push_back(r);
             }
-            if (blocks <= state_->free_blocks() || running_.size() <= 1) return;
+            if (blocks <= state_->free_blocks()) return;
+            if (drafted) {
+                speculate = false;
+                continue;
+            }
+            if (running_.size() <= 1) return;
             preempt();
         }
     }

@@ -149,6 +149,28 @@ TEST_P(BatcherSpeculativeGreedy, EqualsPlainGreedy) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, BatcherSpeculativeGreedy, ::testing::ValuesIn(kModels));
 
+// A pool too small for every sequence and its draft: drafts are dropped before sequences are preempted,
+// and the output is still plain greedy output.
+TEST(BatcherSpeculativePool, TightPoolGivesThePlainTokens) {
+    for (const std::string model : {"tiny-lfm2", "tiny-qwen3"}) {
+        auto e = load(model);
+        const std::string story = prompt_text(model, 2);
+        std::vector<Job> js;
+        for (int i = 0; i < 4; ++i) {
+            const std::string part = story.substr(size_t(i) * 40, 160);
+            js.push_back(
+                {e->tokenize(part + "\n" + part.substr(0, 80), true), greedy(40, {.lookup_ngram = 2, .draft_max = 8})});
+            js.back().prompt.resize(std::min<size_t>(js.back().prompt.size(), 80));
+        }
+        const Ran ran = run_batch(
+            e, js, {.parallel = 4, .kv_tokens = 160, .n_ctx = 128, .block_size = 8, .step_tokens = 64, .max_draft = 8});
+        for (size_t i = 0; i < js.size(); ++i) EXPECT_EQ(ran.ids[i], alone(e, js[i])) << model << ": request " << i;
+        EXPECT_GT(ran.stats.preemptions, 0) << model;
+        EXPECT_GT(ran.stats.drafted_tokens, 0) << model;
+        EXPECT_EQ(ran.stats.kv_blocks_free, ran.stats.kv_blocks_total);
+    }
+}
+
 // A verification of 1 + 9 tokens kept at each length, across blocks of 4: the verification's rows and the
 // next step's rows equal those of a fresh state that evaluated only the kept tokens (one of the prompt's
 // continuation or another), on the conv models too.
