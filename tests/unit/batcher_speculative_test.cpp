@@ -17,6 +17,7 @@
 #include "cera/batcher.h"
 #include "cera/engine.h"
 #include "cera/error.h"
+#include "cera/grammar.h"
 #include "cera/session.h"
 #include "models/batch_state.h"
 #include "runtime/engine_impl.h"
@@ -148,6 +149,48 @@ TEST_P(BatcherSpeculativeGreedy, EqualsPlainGreedy) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, BatcherSpeculativeGreedy, ::testing::ValuesIn(kModels));
+
+// Requests that end inside a verification (a stop string, EOS, a small max_tokens), a greedy sampler with
+// penalties (its verification brings the logits back, not the arg-max) and requests that decode plainly
+// under speculative options (a grammar, logprobs) give what a Session gives without speculation.
+TEST(BatcherSpeculativeFinish, StopsEosMaxTokensPenaltiesGrammarAndLogprobsAsPlain) {
+    auto e = load("tiny-lfm2");
+    const std::string story = prompt_text("tiny-lfm2", 2);
+    const std::vector<int32_t> repeat = e->tokenize(story + "\n" + story.substr(0, story.size() / 2), true);
+    const SpeculativeOptions spec{.lookup_ngram = 3, .draft_max = 8};
+    std::vector<Job> js;
+    for (int n : {3, 5, 9}) js.push_back({repeat, greedy(n, spec)});  // max_tokens inside a draft
+    js.push_back({repeat, greedy(60, spec)});
+    js.back().g.stop = {" the"};  // a stop string in the middle of a verification's tokens
+    js.push_back({e->tokenize(prompt_text("tiny-lfm2", 0), true), greedy(200, spec)});
+    js.back().g.ignore_eos = false;  // ends at EOS (or the length)
+    js.push_back({repeat, greedy(40, spec)});
+    js.back().g.sampling.repeat_penalty = 1.3f;
+    js.push_back({repeat, greedy(12, spec)});
+    js.back().g.grammar = Grammar::parse(R"(root ::= [a-z ]+ ".")");
+    js.push_back({repeat, greedy(12, spec)});
+    js.back().g.logprobs = 2;
+    const Ran ran = run_batch(e, js, {.parallel = 4, .block_size = 4, .step_tokens = 64, .max_draft = 8});
+    for (size_t i = 0; i < js.size(); ++i) {
+        Session s(e);
+        s.append_tokens(js[i].prompt);
+        GenerateOptions g = js[i].g;
+        g.speculative = {};
+        Collect c;
+        const GenerationResult want = s.generate(g, c);
+        EXPECT_EQ(ran.ids[i], c.ids) << "request " << i;
+        EXPECT_EQ(ran.results[i].text, want.text) << "request " << i;
+        EXPECT_EQ(ran.results[i].finish, want.finish) << "request " << i;
+        EXPECT_EQ(ran.results[i].generated_tokens, want.generated_tokens) << "request " << i;
+        EXPECT_EQ(ran.results[i].stop_string, want.stop_string) << "request " << i;
+        EXPECT_EQ(ran.results[i].logprobs.size(), want.logprobs.size()) << "request " << i;
+    }
+    EXPECT_EQ(ran.results[3].finish, FinishReason::kStop);
+    EXPECT_GT(ran.results[1].drafted_tokens, 0);
+    EXPECT_GT(ran.results[5].drafted_tokens, 0);  // penalties: verified on the logits
+    EXPECT_EQ(ran.results[6].drafted_tokens, 0);  // grammar: plain
+    EXPECT_EQ(ran.results[7].drafted_tokens, 0);  // logprobs: plain
+}
 
 // A pool too small for every sequence and its draft: drafts are dropped before sequences are preempted,
 // and the output is still plain greedy output.
