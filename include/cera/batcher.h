@@ -12,6 +12,14 @@
 // (GenerationResult::cached_tokens). When the pool runs out, the newest running sequence is preempted
 // (its blocks freed) and later resumed by evaluating its tokens again, with the same output. The Sink
 // of a request is called from the batcher's thread.
+//
+// Speculative decoding (GenerateOptions::speculative, or BatcherOptions::speculative for requests that set
+// none): a decoding sequence drafts a continuation (prompt lookup in its own tokens, or the draft model)
+// and the step evaluates its pending token and the draft together, with outputs at every position;
+// speculative sampling keeps what the model agrees with, exactly as Session does (greedy output is plain
+// greedy output), and the sequence's KV blocks, conv states and prefix-cache entries go back to its last
+// kept token. Every sequence still advances in the same single forward pass a step. Off for requests
+// with a grammar or logprobs (they decode one token a step).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -30,12 +38,21 @@ struct BatcherOptions {
     int32_t block_size = 16;    // tokens a KV block (a power of two)
     int32_t step_tokens = 512;  // tokens a step evaluates, all sequences together (prefill chunks are cut to it)
     int32_t max_queue = 1024;   // requests waiting for a slot; submit() refuses more
+    // Speculative decoding for requests whose GenerateOptions::speculative is not enabled. Its draft model
+    // (if any) is the only one requests may name; it runs a batch of its own beside the model's.
+    SpeculativeOptions speculative;
+    // Drafted tokens a sequence verifies in a step at most (a request's draft_max is capped to it): sizes
+    // the step's output rows (n_vocab floats each) and, on LFM2, conv-state rows. 0: no speculation (requests
+    // asking for it decode plainly); -1: speculative.draft_max when speculative is enabled, else 0.
+    int32_t max_draft = -1;
 };
 
 struct BatcherStats {
     int64_t steps = 0;
     int64_t tokens_evaluated = 0;  // prompt and generated tokens through the model
     int64_t preemptions = 0;
+    int64_t drafted_tokens = 0, accepted_tokens = 0;  // speculative decoding: tokens drafted, and kept
+    int64_t verify_passes = 0;                        // sequences' verifications of a draft
     int64_t kv_blocks_total = 0, kv_blocks_free = 0;
     int32_t kv_block_tokens = 0;   // tokens a block
     uint64_t kv_bytes = 0;         // the pool: K/V of every block (and short-conv states at block ends)

@@ -200,7 +200,8 @@ int run_bench(const std::vector<std::string>& args) {
     std::string prompt_file;
     app.add_option("-f,--prompt-file", prompt_file,
                    "decode test: prompt with this text (then the -n tokens generated) instead of one random token; "
-                   "for speculative decoding on an input-grounded task");
+                   "with --parallel: every sequence's prompt instead of -p random tokens; for speculative decoding "
+                   "on an input-grounded task");
     app.add_option("--mmproj", ef.mmproj, "vision projector GGUF: measure an image's encode instead (--image-size)");
     std::string image_size = "1024x768";
     app.add_option("--image-size", image_size,
@@ -242,7 +243,6 @@ int run_bench(const std::vector<std::string>& args) {
         std::ifstream f(prompt_file, std::ios::binary);
         if (!f) throw Error(ErrorCode::kIo, "-f " + prompt_file + ": cannot open the file");
         prompt_ids = engine->tokenize(std::string(std::istreambuf_iterator<char>(f), {}), true);
-        if (!parallel.empty()) throw Error(ErrorCode::kInvalidArgument, "-f does not go with --parallel");
         if (ef.n_ctx == 0) eo.n_ctx += int32_t(prompt_ids.size());
         if (depth + int64_t(prompt_ids.size()) + n_gen + 1 > eo.n_ctx)
             throw Error(ErrorCode::kInvalidArgument, "--ctx " + std::to_string(eo.n_ctx) + " has no room for the " +
@@ -310,7 +310,10 @@ int run_bench(const std::vector<std::string>& args) {
         bo.parallel = n_seq;
         bo.n_ctx = eo.n_ctx;
         bo.step_tokens = eo.n_batch;
+        bo.speculative = spec;
         auto batcher = Batcher::create(engine, bo);
+        const int prompt_len = prompt_ids.empty() ? n_prompt : int(prompt_ids.size());
+        int64_t n_drafted = 0, n_accepted = 0, n_passes = 0, n_decoded = 0;  // this N's timed runs
         struct FirstToken : Sink {
             Clock::time_point first{};
             void on_text(std::string_view) override {}
@@ -318,10 +321,12 @@ int run_bench(const std::vector<std::string>& args) {
                 if (first == Clock::time_point{}) first = Clock::now();
             }
         };
-        auto once = [&](double& pp, double& tg) {
+        auto once = [&](double& pp, double& tg, bool timed) {
             std::vector<std::vector<int32_t>> prompts;
             for (int i = 0; i < n_seq; ++i)
-                prompts.push_back(shared_prompt && i > 0 ? prompts[0] : random_tokens(n_prompt));
+                prompts.push_back(!prompt_ids.empty()      ? prompt_ids
+                                  : shared_prompt && i > 0 ? prompts[0]
+                                                           : random_tokens(n_prompt));
             GenerateOptions g;
             g.max_tokens = n_gen + 1;
             g.sampling.temperature = temp;
@@ -335,21 +340,26 @@ int run_bench(const std::vector<std::string>& args) {
                 if (!per_seq.empty()) g.adapter = "a" + std::to_string(size_t(i) % per_seq.size());
                 reqs.push_back(batcher->submit(prompts[size_t(i)], g, sinks.back()));
             }
-            for (auto& r : reqs) r->wait();
+            for (auto& r : reqs) {
+                const GenerationResult res = r->wait();
+                if (!timed) continue;
+                n_drafted += res.drafted_tokens, n_accepted += res.accepted_tokens;
+                n_passes += res.decode_steps, n_decoded += res.decode_tokens;
+            }
             const auto t_end = Clock::now();
             Clock::time_point t_first = t0;
             for (auto& k : sinks) t_first = std::max(t_first, k->first);
-            pp = double(n_seq) * n_prompt / std::chrono::duration<double>(t_first - t0).count();
+            pp = double(n_seq) * prompt_len / std::chrono::duration<double>(t_first - t0).count();
             tg = double(n_seq) * n_gen / std::chrono::duration<double>(t_end - t_first).count();
         };
         const std::string x = " x" + std::to_string(n_seq);
-        TestResult pp{"pp" + std::to_string(n_prompt) + x, n_prompt, 0, 0, {}};
+        TestResult pp{"pp" + std::to_string(prompt_len) + x, prompt_len, 0, 0, {}};
         TestResult tg{"tg" + std::to_string(n_gen) + x, 0, n_gen, 0, {}};
         double a = 0, b = 0;
-        once(a, b);  // warm-up
+        once(a, b, false);  // warm-up
         ran();
         for (int r = 0; r < reps; ++r) {
-            once(a, b);
+            once(a, b, true);
             pp.samples.push_back(a), tg.samples.push_back(b);
             ran();
         }
@@ -361,6 +371,14 @@ int run_bench(const std::vector<std::string>& args) {
         std::fprintf(stderr, "cera bench: %d sequences: KV pool %.1f MiB, %lld blocks of %d tokens, %.1f KiB a token\n",
                      n_seq, double(st.kv_bytes) / (1 << 20), (long long)st.kv_blocks_total, st.kv_block_tokens,
                      per_token / 1024);
+        if (spec.enabled())
+            std::fprintf(stderr,
+                         "cera bench: %d sequences: speculative: %lld drafted, %lld accepted (%.1f%%), %.2f tokens a "
+                         "sequence's pass\n",
+                         n_seq, (long long)n_drafted, (long long)n_accepted,
+                         n_drafted > 0 ? 100.0 * double(n_accepted) / double(n_drafted) : 0.0,
+                         n_passes > 0 ? double(n_decoded) / double(n_passes) : 0.0);
+        drafted += n_drafted, accepted += n_accepted, passes += n_passes, decoded += n_decoded;
     }
     if (!parallel.empty()) n_prompt = n_gen = 0;  // the single-sequence tests are not run
     if (n_prompt > 0) {
@@ -384,7 +402,7 @@ int run_bench(const std::vector<std::string>& args) {
         }
         tests.push_back(std::move(t));
     }
-    const bool speculative = spec.enabled() && n_gen > 0 && parallel.empty();
+    const bool speculative = spec.enabled() && passes > 0;
     const double acceptance = drafted > 0 ? double(accepted) / double(drafted) : 0.0;
     const double per_pass = passes > 0 ? double(decoded) / double(passes) : 0.0;
     const double rss = peak_rss_bytes();

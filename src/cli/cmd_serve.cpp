@@ -5,9 +5,9 @@
 // stop it: running requests are cancelled, exit 0.
 #include <CLI/CLI.hpp>
 #include <csignal>
-#include <filesystem>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -17,6 +17,7 @@
 #include "cli/engine_flags.h"
 #include "cli/model_path.h"
 #include "cli/parse_args.h"
+#include "cli/spec_flags.h"
 #include "server/server.h"
 
 namespace cera::cli {
@@ -64,6 +65,8 @@ int run_serve(const std::vector<std::string>& args) {
     app.add_option("--lora-cache-mib", lora_cache_mib,
                    "device memory for adapters not in use, in MiB (least recently used go first; 0: no bound)")
         ->capture_default_str();
+    SpecFlags sf;
+    sf.add(app);
     if (int rc = parse_args(app, args, "serve"); rc >= 0) return rc;
     if (so.port < 0 || so.port > 65535) throw Error(ErrorCode::kInvalidArgument, "--port must be in 0..65535");
     if (so.http_threads < 0) throw Error(ErrorCode::kInvalidArgument, "--http-threads must be >= 0");
@@ -95,6 +98,7 @@ int run_serve(const std::vector<std::string>& args) {
     so.batch.kv_tokens = kv_size;
     so.batch.step_tokens = eo.n_batch;
     if (model.empty()) model = find_default_model();
+    so.batch.speculative = sf.build(eo);  // flags checked (and the draft model loaded) before the model
     auto engine = Engine::load(model, eo);
     for (const auto& [name, lo] : named) engine->load_adapter(name, lo.path, lo.scale);
     Server server(engine, so);

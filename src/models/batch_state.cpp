@@ -14,10 +14,11 @@ namespace cera {
 BatchState::BatchState(const Model& model, const BatchStateOptions& o)
     : model_(model), be_(model.backend()), arch_(model.arch()) {
     if (o.max_seqs < 1 || o.block_size < 1 || !std::has_single_bit(unsigned(o.block_size)) || o.max_step_tokens < 1 ||
-        o.kv_tokens < 0 || o.max_step_tokens >= (int64_t(1) << kStepKeyBits))
+        o.kv_tokens < 0 || o.max_step_tokens >= (int64_t(1) << kStepKeyBits) || o.max_draft < 0)
         throw_error(ErrorCode::kInvalidArgument,
-                    "batch: %d sequences, blocks of %d tokens (a power of two), %" PRId64 " tokens a step, pool %" PRId64,
-                    o.max_seqs, o.block_size, o.max_step_tokens, o.kv_tokens);
+                    "batch: %d sequences, blocks of %d tokens (a power of two), %" PRId64
+                    " tokens a step, pool %" PRId64 ", drafts of %d",
+                    o.max_seqs, o.block_size, o.max_step_tokens, o.kv_tokens, o.max_draft);
     std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
     block_ = o.block_size;
     const int64_t kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : int64_t(o.max_seqs) * model.default_n_ctx();
@@ -26,6 +27,8 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
     max_tokens_ = o.max_step_tokens;
     const ModelOptions& mo = model.options();
     snapshot_blocks_ = std::max(1, o.snapshot_blocks);
+    max_draft_ = o.max_draft;
+    verify_rows_ = n_blocks_ / snapshot_blocks_ + 1;
     pool_.resize(arch_.state.size());
     for (size_t il = 0; il < pool_.size(); ++il) {
         const LayerStateSpec& sp = arch_.state[il];
@@ -36,9 +39,11 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
             pool_[il].rotated_v = mo.kv_rotate_v;
         }
         // A sequence keeps states at every snapshot_blocks-th of its blocks: the sequences' blocks need
-        // n_blocks / snapshot_blocks rows at most, cached blocks give theirs up when rows run out.
+        // n_blocks / snapshot_blocks rows at most, cached blocks give theirs up when rows run out. After
+        // them, 1 + max_draft rows a slot hold the states after each token of a run of verify entries.
         if (sp.conv_channels > 0)
-            pool_[il].conv = be_.alloc(GgmlType::kF32, {sp.conv_channels * sp.conv_rows, n_blocks_ / snapshot_blocks_ + 1});
+            pool_[il].conv = be_.alloc(GgmlType::kF32, {sp.conv_channels * sp.conv_rows,
+                                                        verify_rows_ + int64_t(o.max_seqs) * (1 + max_draft_)});
     }
     seqs_.resize(size_t(o.max_seqs));
     conv_states_.resize(arch_.state.size());
@@ -62,14 +67,16 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
     pos_t_ = be_.alloc(GgmlType::kI32, {nt});
     rows_t_ = be_.alloc(GgmlType::kI32, {nt});
     act_.alloc(be_, arch_, nt);
-    hidden_ = be_.alloc(GgmlType::kF32, {info.n_embd, ns});
-    logits_ = be_.alloc(GgmlType::kF32, {info.n_vocab, ns});
-    picks_t_ = be_.alloc(GgmlType::kI32, {ns});
+    // Output rows: one a sequence, and a verify entry's drafted tokens besides.
+    const int64_t n_out = std::min(nt, ns * (1 + int64_t(max_draft_)));
+    hidden_ = be_.alloc(GgmlType::kF32, {info.n_embd, n_out});
+    logits_ = be_.alloc(GgmlType::kF32, {info.n_vocab, n_out});
+    picks_t_ = be_.alloc(GgmlType::kI32, {n_out});
     serial_ = new_step_serial();
     if (recurrent_) {
         // A step's snapshots: one every snapshot_blocks blocks of its tokens, plus one a sequence.
         segs_t_ = be_.alloc(GgmlType::kI32, {5, ns});
-        snaps_t_ = be_.alloc(GgmlType::kI32, {2, nt / (int64_t(block_) * snapshot_blocks_) + ns});
+        snaps_t_ = be_.alloc(GgmlType::kI32, {2, nt / (int64_t(block_) * snapshot_blocks_) + ns * (2 + max_draft_)});
     }
 }
 
@@ -114,6 +121,7 @@ void BatchState::remove_sequence(int seq) {
     Seq& s = seqs_[size_t(seq)];
     for (auto b = s.blocks.rbegin(); b != s.blocks.rend(); ++b) release_block(*b);
     s.blocks.clear(), s.tokens.clear(), s.hashes.clear();
+    s.verify_n = 0;
     s.lora.clear(), s.lora_key = 0;
     s.content.clear();
     s.used = false;
@@ -269,16 +277,24 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
         has_embd = has_embd || !e.embd.empty();
         if (e.pick == Pick::kTop && (e.top < 0 || e.top >= n_vocab))
             throw_error(ErrorCode::kInvalidArgument, "batch step: the best %d of %" PRId64 " logits", e.top, n_vocab);
+        if (e.verify && ((e.pick != Pick::kArgmax && e.pick != Pick::kLogits) ||
+                         int64_t(run_before(seqs_[size_t(e.seq)]) + e.tokens.size()) > 1 + int64_t(max_draft_)))
+            throw_error(ErrorCode::kInvalidArgument,
+                        "batch step: sequence %d verifies %zu tokens after %d (at most %d), or with a pick other than "
+                        "the arg-max or the logits",
+                        e.seq, e.tokens.size(), run_before(seqs_[size_t(e.seq)]), 1 + max_draft_);
         n_tokens += int64_t(e.tokens.size());
-        n_out += e.pick != Pick::kNone ? 1 : 0;
+        n_out += e.verify ? int64_t(e.tokens.size()) : e.pick != Pick::kNone ? 1 : 0;
         blocks += blocks_needed(e.seq, int64_t(e.tokens.size()));
     }
     out.logits.clear(), out.words.clear();
     out.at.assign(entries.size(), 0);
     out.row_at.assign(entries.size(), StepOutput::kNoRow);
     if (n_tokens == 0) return;
-    if (n_tokens > max_tokens_)
-        throw_error(ErrorCode::kOutOfRange, "batch step: %" PRId64 " tokens, at most %" PRId64, n_tokens, max_tokens_);
+    if (n_tokens > max_tokens_ || n_out > logits_.ne[1])
+        throw_error(ErrorCode::kOutOfRange,
+                    "batch step: %" PRId64 " tokens (%" PRId64 " outputs), at most %" PRId64 " (%" PRId64 ")", n_tokens,
+                    n_out, max_tokens_, logits_.ne[1]);
     if (blocks > free_blocks())
         throw_error(ErrorCode::kOutOfRange, "batch step: needs %" PRId64 " KV blocks, %" PRId64 " free", blocks,
                     free_blocks());
@@ -308,6 +324,19 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
             }
             snaps.push_back(int32_t(p - s.position)), snaps.push_back(snap_row_[size_t(b)]);
         }
+        const int32_t before = e.verify ? run_before(s) : 0;
+        if (recurrent_ && e.verify) {
+            // The states after each token (the run may go on in a later step), merged by `end` with the
+            // block ends'.
+            std::vector<std::pair<int32_t, int32_t>> all;
+            for (size_t j = snap_first * 2; j < snaps.size(); j += 2) all.push_back({snaps[j], snaps[j + 1]});
+            for (int32_t t = 1; t <= int32_t(e.tokens.size()); ++t) all.push_back({t, verify_row(e.seq, before + t)});
+            std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+            snaps.resize(snap_first * 2);
+            for (const auto& [end, row] : all) snaps.push_back(end), snaps.push_back(row);
+        }
+        if (before == 0) s.verify_from = s.position;
+        s.verify_n = e.verify ? before + int32_t(e.tokens.size()) : 0;
         segs.insert(segs.end(), {int32_t(ids_host_.size()), int32_t(e.tokens.size()), int32_t(e.seq),
                                  int32_t(snap_first), int32_t(snaps.size() / 2 - snap_first)});
         for (size_t i = 0; i < e.tokens.size(); ++i) {
@@ -317,7 +346,11 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
             rows_host_.push_back(s.blocks[size_t(p / block_)] * block_ + p % block_);
             seq_host_.push_back(e.seq);
         }
-        if (e.pick != Pick::kNone) out_rows.push_back(int64_t(ids_host_.size()) - 1);
+        if (e.verify)
+            for (int64_t r = int64_t(ids_host_.size()) - int64_t(e.tokens.size()); r < int64_t(ids_host_.size()); ++r)
+                out_rows.push_back(r);
+        else if (e.pick != Pick::kNone)
+            out_rows.push_back(int64_t(ids_host_.size()) - 1);
         s.position += int32_t(e.tokens.size());
     }
     const size_t nb = size_t(n_tokens) * sizeof(int32_t);
@@ -370,8 +403,32 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
         }
         if (decode) be_.step_end();
     }
-    for (const Entry& e : entries) share_full_blocks(seqs_[size_t(e.seq)]);
+    for (const Entry& e : entries)
+        if (!e.verify) share_full_blocks(seqs_[size_t(e.seq)]);
     if (n_out > 0) pick(entries, lg, out);
+}
+
+void BatchState::keep(int seq, int32_t n) {
+    CERA_CHECK(seq >= 0 && size_t(seq) < seqs_.size() && seqs_[size_t(seq)].used, "batch: no sequence %d", seq);
+    Seq& s = seqs_[size_t(seq)];
+    CERA_CHECK(run_before(s) > 0 && n >= 1 && n <= s.verify_n, "batch: keep %d of sequence %d's %d verified tokens", n,
+               seq, run_before(s));
+    std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+    if (recurrent_ && n < s.verify_n)  // the conv states after the n-th token, from the steps' snapshots
+        for (size_t il = 0; il < conv_states_.size(); ++il)
+            if (const Tensor& t = conv_states_[il])
+                be_.copy(t.row_slice(seq, 1), pool_[il].conv.row_slice(verify_row(seq, n), 1));
+    s.position = s.verify_from + n;
+    s.tokens.resize(size_t(s.position));
+    // The blocks past the end go back. A block that ended inside the dropped tokens may keep a conv-state
+    // row of theirs; it is not in the prefix cache, and the row is written again when the block fills.
+    const size_t n_blocks = size_t((int64_t(s.position) + block_ - 1) / block_);
+    while (s.blocks.size() > n_blocks) {
+        release_block(s.blocks.back());
+        s.blocks.pop_back();
+    }
+    s.verify_n = 0;
+    share_full_blocks(s);
 }
 
 void BatchState::write_embd(std::span<const Entry> entries, const Tensor& x) {
@@ -407,10 +464,10 @@ void BatchState::bind_lora(std::span<const Entry> entries, Step& s) {
         for (const LoraChoice& c : seqs_[size_t(e.seq)].lora) {
             const LoraResident* r = &cache.resident(*c.adapter);
             add(lora_rows_, r, c.scale, row, n);
-            if (e.pick != Pick::kNone) add(lora_out_, r, c.scale, out_row, 1);
+            if (e.pick != Pick::kNone) add(lora_out_, r, c.scale, out_row, e.verify ? n : 1);
         }
         row += n;
-        out_row += e.pick != Pick::kNone ? 1 : 0;
+        out_row += e.verify ? n : e.pick != Pick::kNone ? 1 : 0;
     }
     s.lora = lora_rows_;
     s.lora_out = lora_out_;
@@ -424,8 +481,9 @@ void BatchState::pick(std::span<const Entry> entries, const Tensor& lg, StepOutp
     bool argmax = false;
     for (size_t i = 0; i < entries.size(); ++i) {
         const Entry& e = entries[i];
-        if (e.pick == Pick::kLogits) out.row_at[i] = n_logits, n_logits += size_t(n_vocab);
-        if (e.pick == Pick::kArgmax) out.at[i] = n_words++, argmax = true;
+        const size_t rows = e.verify ? e.tokens.size() : 1;
+        if (e.pick == Pick::kLogits) out.row_at[i] = n_logits, n_logits += rows * size_t(n_vocab);
+        if (e.pick == Pick::kArgmax) out.at[i] = n_words, n_words += rows, argmax = true;
         if (e.pick == Pick::kTop) out.at[i] = n_words, n_words += 1 + 2 * size_t(e.top) + e.gather.size(), n_gather += e.gather.size();
     }
     auto fit = [&](Tensor& t, size_t n) {
@@ -450,6 +508,10 @@ void BatchState::pick(std::span<const Entry> entries, const Tensor& lg, StepOutp
     for (size_t i = 0; i < entries.size(); ++i) {
         const Entry& e = entries[i];
         if (e.pick == Pick::kNone) continue;
+        if (e.verify) {  // kArgmax or kLogits: nothing to queue a row
+            row += int64_t(e.tokens.size());
+            continue;
+        }
         const Tensor x = lg.row_slice(row++, 1);
         if (e.pick == Pick::kTop) {
             const int64_t n_g = int64_t(e.gather.size());
@@ -471,6 +533,15 @@ void BatchState::pick(std::span<const Entry> entries, const Tensor& lg, StepOutp
     for (size_t i = 0; i < entries.size(); ++i) {
         const Entry& e = entries[i];
         if (e.pick == Pick::kNone) continue;
+        if (e.verify) {
+            const int64_t n = int64_t(e.tokens.size());
+            if (e.pick == Pick::kArgmax)
+                std::copy_n(ids.begin() + row, n, out.words.begin() + int64_t(out.at[i]));
+            else
+                be_.read(out.logits.data() + out.row_at[i], lg.row_slice(row, n), size_t(n * n_vocab) * sizeof(float));
+            row += n;
+            continue;
+        }
         if (e.pick == Pick::kArgmax) out.words[out.at[i]] = ids[size_t(row)];
         if (e.pick == Pick::kTop && out.words[out.at[i]] == 0) {
             out.row_at[i] = out.logits.size();

@@ -31,6 +31,7 @@ struct BatchStateOptions {
     int64_t max_step_tokens = 512;  // tokens of one step, all sequences together
     int snapshot_blocks = 4;        // short-conv models: conv states kept at the end of every n-th block
     int64_t max_seq_tokens = 0;     // the longest sequence (0: the whole pool); sizes the block tables
+    int max_draft = 0;              // a run of verify entries carries 1 + max_draft tokens at most (Entry::verify)
 };
 
 // What a step gives back for the last token of an entry.
@@ -93,12 +94,24 @@ class BatchState {
         int32_t top = 0;                  // kTop: how many of the best logits
         std::span<const int32_t> gather;  // kTop: token ids whose logits come back too
         std::span<const EmbdRun> embd;    // runs of `tokens` (indices into it) whose input is given as embeddings
+        // Verification of a draft (speculative decoding): `pick` (kArgmax or kLogits) comes back for every
+        // token, the state after each token is kept until keep() says how many stay, and the blocks that
+        // fill up enter the prefix cache only then. Verify entries of a sequence in consecutive steps form
+        // one run (a draft model drafting a token a step); a run holds 1 + max_draft tokens at most.
+        bool verify = false;
     };
     // Evaluates every entry's tokens in one pass (a sequence at most once) and fills `out` as the entries'
     // picks ask; the selections (arg-max, best logits) run where the logits are, so a device backend
     // copies back only what is asked. Throws (changing nothing) on a bad entry, a step over
     // max_step_tokens or a pool without the blocks.
+    // For a verify entry j of n tokens, out.words[out.at[j] + t] (kArgmax) or the row at
+    // out.row_at[j] + t * n_vocab (kLogits) is the output after its token t.
     void step(std::span<const Entry> entries, StepOutput& out);
+    // After a run of verify entries (its latest in the sequence's latest step): the sequence keeps the
+    // run's first n tokens (1..its length) and drops the others, as if they had never been evaluated: its
+    // position, its K/V blocks past the end (back to the pool), its conv states (those after its n-th
+    // token) and its prefix-cache entries (only blocks full of kept tokens are shared). Ends the run.
+    void keep(int seq, int32_t n);
 
  private:
     struct Seq {
@@ -110,7 +123,12 @@ class BatchState {
         LoraSet lora;                   // its adapters
         uint64_t lora_key = 0;          // lora_set_key(lora): the seed of its blocks' hashes
         std::vector<ContentKey> content;  // set_content_keys(), by position
+        int32_t verify_from = 0, verify_n = 0;  // the open run of verify entries: its first position, tokens (0: none)
     };
+    // The tokens of s's open run of verify entries (0: none).
+    static int32_t run_before(const Seq& s) { return s.position == s.verify_from + s.verify_n ? s.verify_n : 0; }
+    // The row of pool_[il].conv holding the states after the t-th token (1..1 + max_draft) of seq's run.
+    int64_t verify_row(int seq, int32_t t) const { return verify_rows_ + int64_t(seq) * (1 + max_draft_) + t - 1; }
     // The prefix hash of block i of a sequence whose tokens are `tokens`, after the hash `prev` of those before.
     uint64_t seq_block_hash(const Seq& s, size_t i, uint64_t prev, const int32_t* tokens) const;
     int32_t take_block();
@@ -143,6 +161,8 @@ class BatchState {
     bool recurrent_ = false;             // the model has short-conv layers
     uint64_t serial_ = 0;                // recorded-step keys: (serial_ << kStepKeyBits) | n_tokens
     int snapshot_blocks_ = 4;
+    int max_draft_ = 0;
+    int64_t verify_rows_ = 0;       // the first row of pool_[il].conv kept for verify runs: 1 + max_draft a slot
     std::vector<int32_t> table_;    // [max_seqs, max_blocks] block tables (host copy)
     Tensor table_t_, seq_t_, ids_, pos_t_, rows_t_;
     StepBuffers act_;        // the activations of max_step_tokens tokens

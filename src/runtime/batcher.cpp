@@ -2,12 +2,19 @@
 // owns the state and the scheduling; submit() and cancel() only hand requests and flags to it.
 //
 // Each step: cancelled requests leave; waiting requests are admitted in arrival order while a
-// sequence slot is free, each taking the longest cached prefix of its tokens; the step takes the next token of every running sequence that is decoding,
-// then prompt chunks in admission order up to the token budget. When the pool lacks the blocks the
-// step needs, the most recently admitted sequence is preempted: it gives its blocks back and waits at
+// sequence slot is free, each taking the longest cached prefix of its tokens; the step takes the next token of every
+// running sequence that is decoding, then prompt chunks in admission order up to the token budget. When the pool lacks
+// the blocks the step needs, the most recently admitted sequence is preempted: it gives its blocks back and waits at
 // the front of the queue, to evaluate its tokens (prompt and generated so far) again when it returns;
 // its sampler, stop matcher and detokenizer carry on, so its output does not change (and its full
 // blocks, still cached, usually come back with it).
+//
+// Speculative decoding: a decoding sequence whose request speculates drafts up to k tokens (within the
+// step's budget, its max_tokens and its context) and enters the step as a verify entry: its pending token
+// and the draft, with outputs at each. accept_draft() (shared with Session's Speculator) keeps a prefix of
+// the draft plus one token of the model's, BatchState::keep() takes the sequence back to the kept tokens,
+// and the tokens are then handed out one by one as plain decoding hands out its one (EOS, stop strings,
+// max_tokens and the context end it the same way; the rest are dropped).
 #include "cera/batcher.h"
 
 #include <algorithm>
@@ -24,8 +31,10 @@
 #include "chat/grammar/grammar_impl.h"
 #include "core/check.h"
 #include "models/batch_state.h"
+#include "runtime/batch_draft.h"
 #include "runtime/engine_impl.h"
 #include "runtime/session_stop.h"
+#include "runtime/speculative.h"
 
 namespace cera {
 namespace {
@@ -111,6 +120,12 @@ class Req final : public Request {
     std::vector<EmbdRun> runs;
     std::vector<BatchState::ContentKey> content;
     std::vector<EmbdRun> step_runs;  // the runs of the tokens of its entry in the step being planned
+    SpeculativeOptions spec;         // its speculative decoding (enabled() false: none)
+    std::vector<int32_t> verify;     // its verify entry's tokens: the pending one, then the draft
+    std::vector<std::vector<TokenProb>> q;   // the proposal of each draft token
+    std::unique_ptr<Sampler> draft_sampler;  // the draft model's (when spec.draft)
+    int32_t model_k = 0;                     // the step being planned: tokens the draft model is to draft
+    std::vector<int32_t> drafted;            // the draft model's draft
     // The batcher thread's.
     int seq = -1;           // BatchState slot while admitted
     size_t evaluated = 0;   // tokens of `tokens` in the sequence's cache
@@ -144,7 +159,19 @@ class BatcherImpl final : public Batcher {
         bo.block_size = o.block_size;
         bo.max_step_tokens = std::max(o.step_tokens, o.parallel);  // every running sequence's next token fits
         bo.max_seq_tokens = n_ctx_;
+        if (o.max_draft < -1 || o.max_draft >= ModelState::kKeptStates)
+            throw_error(ErrorCode::kInvalidArgument, "batcher: max draft %d must be in -1..%d", o.max_draft,
+                        ModelState::kKeptStates - 1);
+        max_draft_ = o.max_draft >= 0 ? o.max_draft : o.speculative.enabled() ? o.speculative.draft_max : 0;
+        if (o.speculative.enabled()) {
+            check_speculative_options(o.speculative);
+            if (o.speculative.draft) check_same_vocabulary(*engine_, *o.speculative.draft);
+        }
+        bo.max_draft = max_draft_;
         state_ = std::make_unique<BatchState>(*im_.model, bo);
+        if (o.speculative.draft && max_draft_ > 0)
+            drafter_ = std::make_unique<BatchDrafter>(*engine_, o.speculative.draft, bo);
+        q_dense_.assign(size_t(n_vocab_), 0.0f);
         step_tokens_ = bo.max_step_tokens;
         thread_ = std::thread([this] { loop(); });
     }
@@ -167,11 +194,26 @@ class BatcherImpl final : public Batcher {
         if (int64_t(prompt.size()) >= n_ctx_)
             throw_error(ErrorCode::kOutOfRange, "submit: a %zu-token prompt leaves no room in a %d-token sequence",
                         prompt.size(), n_ctx_);
+        const SpeculativeOptions& spec = options.speculative.enabled() ? options.speculative : o_.speculative;
+        if (spec.enabled()) {
+            check_speculative_options(spec);
+            if (spec.draft && spec.draft != o_.speculative.draft)
+                throw_error(ErrorCode::kInvalidArgument,
+                            "draft model: a batcher drafts only with its own (BatcherOptions::speculative.draft)");
+        }
         LoraSet lora = im_.resolve_lora(options.adapter);  // held by the request while it runs
         auto m = options.grammar ? make_matcher(*options.grammar, im_.token_trie()) : nullptr;
         auto r = std::make_shared<Req>(prompt, options, std::move(sink), *im_.tokenizer, n_vocab_, next_arrival_++,
                                        std::move(m));
         r->lora = std::move(lora);
+        // As in Session: a grammar's mask and logprobs' rows are per token, so those requests decode plainly.
+        if (spec.enabled() && !r->matcher && options.logprobs < 0 && max_draft_ > 0) {
+            r->spec = spec;
+            r->spec.draft_max = std::min(spec.draft_max, max_draft_);
+            r->spec.draft_min = std::min(spec.draft_min, r->spec.draft_max);
+            if (r->spec.draft)
+                r->draft_sampler = std::make_unique<Sampler>(draft_sampler_params(options.sampling), n_vocab_);
+        }
         size_t end = 0;
         for (const PromptImage& pi : images) {
             if (!pi.image) throw_error(ErrorCode::kInvalidArgument, "submit: an empty image");
@@ -224,13 +266,17 @@ class BatcherImpl final : public Batcher {
             if (entries.empty()) continue;
             int64_t evaluated = 0;
             try {
+                draft_with_model(entries, owners);
                 state_->step(entries, out);
                 for (size_t i = 0; i < entries.size(); ++i) {
                     Req& r = *owners[i];
                     evaluated += int64_t(entries[i].tokens.size());
-                    r.evaluated += entries[i].tokens.size();
+                    if (!entries[i].verify) r.evaluated += entries[i].tokens.size();
                     try {  // a Sink that throws fails its own request only
-                        if (entries[i].pick != Pick::kNone) after_pick(r, entries[i], out, i);
+                        if (entries[i].verify)
+                            after_verify(r, entries[i], out, i);
+                        else if (entries[i].pick != Pick::kNone)
+                            after_pick(r, entries[i], out, i);
                         else if (r.evaluated == r.tokens.size() && r.opts.max_tokens == 0) leave(r, FinishReason::kLength);
                     } catch (...) {
                         leave(r, FinishReason::kNone, std::current_exception());
@@ -273,6 +319,7 @@ class BatcherImpl final : public Batcher {
             std::shared_ptr<Req> r = std::move(waiting_.front());
             waiting_.pop_front();
             r->seq = seq;
+            if (r->draft_sampler) drafter_->add(seq, r->tokens);
             state_->set_lora(seq, r->lora);
             state_->set_content_keys(seq, r->content);
             // The longest cached prefix of its tokens (a shared prompt, or its own blocks after a preemption).
@@ -290,11 +337,17 @@ class BatcherImpl final : public Batcher {
     // The step's entries: decode tokens first, then prompt chunks within the budget; preempts while the
     // pool lacks the blocks.
     void plan(std::vector<BatchState::Entry>& entries, std::vector<Req*>& owners) {
+        bool speculate = true;  // drafts go before sequences: a step short of blocks drops them first
         for (;;) {
             entries.clear(), owners.clear();
+            bool drafted = false;
             int64_t budget = step_tokens_, blocks = 0;
             std::vector<Req*> order;
-            for (auto& r : running_) order.push_back(r.get());
+            int64_t decoding = 0;  // decoding sequences not planned yet: each needs a token of the budget
+            for (auto& r : running_) {
+                order.push_back(r.get());
+                decoding += r->tokens.size() - r->evaluated == 1 ? 1 : 0;
+            }
             // Decoding sequences (one token left) first, then the rest by admission.
             std::stable_sort(order.begin(), order.end(), [](const Req* a, const Req* b) {
                 const bool da = a->tokens.size() - a->evaluated == 1, db = b->tokens.size() - b->evaluated == 1;
@@ -302,6 +355,22 @@ class BatcherImpl final : public Batcher {
             });
             for (Req* r : order) {
                 const int64_t left = int64_t(r->tokens.size() - r->evaluated);
+                if (left == 1) --decoding;
+                r->model_k = 0;
+                if (speculate && left == 1 && r->started && r->spec.enabled() && r->opts.max_tokens != 0 &&
+                    plan_draft(*r, budget - 1 - decoding)) {
+                    drafted = true;
+                    BatchState::Entry e;
+                    e.seq = r->seq;
+                    e.tokens = r->verify;
+                    e.verify = true;
+                    e.pick = r->sampler.picks_argmax() ? Pick::kArgmax : Pick::kLogits;
+                    budget -= int64_t(r->verify.size());
+                    blocks += state_->blocks_needed(r->seq, int64_t(r->verify.size()));
+                    entries.push_back(e);
+                    owners.push_back(r);
+                    continue;
+                }
                 const int64_t n = std::min(left, budget);
                 if (n <= 0) continue;
                 budget -= n;
@@ -315,9 +384,96 @@ class BatcherImpl final : public Batcher {
                 entries.push_back(e);
                 owners.push_back(r);
             }
-            if (blocks <= state_->free_blocks() || running_.size() <= 1) return;
+            if (blocks <= state_->free_blocks()) return;
+            if (drafted) {
+                speculate = false;
+                continue;
+            }
+            if (running_.size() <= 1) return;
             preempt();
         }
+    }
+
+    // A draft for a decoding sequence of the request, of at most `room` tokens (the step's budget left)
+    // and what its max_tokens and context leave (the verification adds one token of the model's): into
+    // r.verify after its pending token, with its proposals in r.q. False when there is no draft of at
+    // least max(1, draft_min) tokens (the sequence decodes plainly).
+    bool plan_draft(Req& r, int64_t room) {
+        r.model_k = 0;
+        int64_t k = std::min<int64_t>(r.spec.draft_max, room);
+        if (r.opts.max_tokens >= 0) k = std::min<int64_t>(k, r.opts.max_tokens - r.result.generated_tokens - 1);
+        k = std::min<int64_t>(k, n_ctx_ - int64_t(r.tokens.size()));
+        const int64_t need = std::max(1, r.spec.draft_min);
+        if (k < need) return false;
+        std::vector<int32_t> draft;
+        if (r.spec.lookup_ngram > 0) draft = lookup_draft(r.tokens, r.spec.lookup_ngram, int32_t(k));
+        r.verify.assign(1, r.tokens.back());
+        if (int64_t(draft.size()) < need && r.spec.draft) {  // the draft model drafts k tokens before the step
+            r.model_k = int32_t(k);
+            r.verify.resize(size_t(1 + k), r.tokens.back());  // stand-ins, for the step's plan
+            return true;
+        }
+        if (int64_t(draft.size()) < need) return false;
+        r.verify.insert(r.verify.end(), draft.begin(), draft.end());
+        r.q.resize(draft.size());
+        for (size_t i = 0; i < draft.size(); ++i) r.q[i].assign(1, TokenProb{draft[i], 0.0f, 1.0f});  // a point mass
+        return true;
+    }
+
+    // The draft model drafts for the planned verify entries that wait for it, all together, and their
+    // entries take the drafts (an entry whose draft did not fit the draft's pool decodes plainly).
+    void draft_with_model(std::vector<BatchState::Entry>& entries, const std::vector<Req*>& owners) {
+        std::vector<BatchDrafter::Job> jobs;
+        for (Req* r : owners)
+            if (r->model_k > 0)
+                jobs.push_back({.seq = r->seq,
+                                .tokens = r->tokens,
+                                .k = r->model_k,
+                                .sampler = r->draft_sampler.get(),
+                                .draft = &r->drafted,
+                                .q = &r->q});
+        if (jobs.empty()) return;
+        drafter_->draft(jobs);
+        for (size_t i = 0; i < entries.size(); ++i) {
+            Req& r = *owners[i];
+            if (r.model_k == 0) continue;
+            r.model_k = 0;
+            r.verify.assign(1, r.tokens.back());
+            r.verify.insert(r.verify.end(), r.drafted.begin(), r.drafted.end());
+            entries[i].tokens = r.verify;
+            if (r.drafted.size() < size_t(std::max(1, r.spec.draft_min))) {
+                entries[i].tokens = entries[i].tokens.first(1);
+                entries[i].verify = false;
+                choose_pick(r, entries[i]);
+            }
+        }
+    }
+
+    // A verify entry came back: keep what speculative sampling accepts, take the sequence back to it and
+    // hand the tokens out.
+    void after_verify(Req& r, const BatchState::Entry& e, const StepOutput& out, size_t i) {
+        const std::span<const int32_t> draft = e.tokens.subspan(1);
+        VerifyRows rows{.n_vocab = n_vocab_};
+        if (e.pick == Pick::kArgmax)
+            rows.argmax = out.words.data() + out.at[i];
+        else
+            rows.logits = out.logits.data() + out.row_at[i];
+        picks_.clear();
+        const int32_t kept = accept_draft(r.sampler, draft, r.q, rows, q_dense_, picks_);
+        state_->keep(r.seq, 1 + kept);
+        r.evaluated += size_t(1 + kept);
+        ++r.result.decode_steps;
+        r.result.decode_tokens += int32_t(picks_.size());
+        r.result.drafted_tokens += int32_t(draft.size());
+        r.result.accepted_tokens += kept;
+        {
+            std::lock_guard<std::mutex> lk(stats_mu_);
+            stats_.drafted_tokens += int64_t(draft.size());
+            stats_.accepted_tokens += kept;
+            ++stats_.verify_passes;
+        }
+        for (const int32_t t : picks_)  // each already in the sampler's window
+            if (!deliver(r, t, nullptr)) break;
     }
 
     // The request's embedding runs inside its tokens [begin, begin + n), relative to begin.
@@ -337,6 +493,7 @@ class BatcherImpl final : public Batcher {
         std::shared_ptr<Req> r = *newest;
         running_.erase(newest);
         state_->remove_sequence(r->seq);
+        if (drafter_) drafter_->remove(r->seq);
         r->seq = -1;
         r->evaluated = 0;
         waiting_.push_front(std::move(r));
@@ -402,28 +559,40 @@ class BatcherImpl final : public Batcher {
                                                lp.top.data())};
         }
         r.sampler.accept(t);
+        deliver(r, t, r.opts.logprobs >= 0 ? &lp : nullptr);
+    }
+
+    // A sampled token (in the sampler's window already) reaches the request: streamed, then the request
+    // finishes or goes on. Returns whether it goes on.
+    bool deliver(Req& r, int32_t t, SampledLogprobs* lp) {
         ++r.result.generated_tokens;
         if (r.sink) r.sink->on_token(t);
-        if (r.opts.logprobs >= 0) {
-            if (r.sink) r.sink->on_logprobs(lp);
-            r.result.logprobs.push_back(std::move(lp));
+        if (lp) {
+            if (r.sink) r.sink->on_logprobs(*lp);
+            r.result.logprobs.push_back(std::move(*lp));
         }
-        if (!r.opts.ignore_eos && im_.tokenizer->is_eog(t)) return leave(r, FinishReason::kEos);
+        auto end = [&](FinishReason why) {
+            leave(r, why);
+            return false;
+        };
+        if (!r.opts.ignore_eos && im_.tokenizer->is_eog(t)) return end(FinishReason::kEos);
         r.tokens.push_back(t);
         if (r.stopper.feed(r.detok.push(t), r.out)) {
             r.emit();
             r.result.stop_string = r.stopper.matched();
-            return leave(r, FinishReason::kStop);
+            return end(FinishReason::kStop);
         }
         r.emit();
-        if (r.matcher && r.matcher->is_complete()) return leave(r, FinishReason::kStop);  // only an end could follow
-        if (r.opts.max_tokens >= 0 && r.result.generated_tokens >= r.opts.max_tokens) return leave(r, FinishReason::kLength);
-        if (int64_t(r.tokens.size()) >= n_ctx_) return leave(r, FinishReason::kContextFull);
+        if (r.matcher && r.matcher->is_complete()) return end(FinishReason::kStop);  // only an end could follow
+        if (r.opts.max_tokens >= 0 && r.result.generated_tokens >= r.opts.max_tokens) return end(FinishReason::kLength);
+        if (int64_t(r.tokens.size()) >= n_ctx_) return end(FinishReason::kContextFull);
+        return true;
     }
 
     // The request finishes (why, or the error e): its sequence leaves the batch.
     void leave(Req& r, FinishReason why, std::exception_ptr e = nullptr) {
         if (r.seq >= 0) state_->remove_sequence(r.seq);
+        if (r.seq >= 0 && drafter_) drafter_->remove(r.seq);
         r.seq = -1;
         r.finish(why, e);
     }
@@ -443,8 +612,12 @@ class BatcherImpl final : public Batcher {
     const BatcherOptions o_;
     const int32_t n_vocab_;
     int32_t n_ctx_ = 0;
+    int32_t max_draft_ = 0;  // BatcherOptions::max_draft, resolved
     int64_t step_tokens_ = 0;
     std::unique_ptr<BatchState> state_;
+    std::unique_ptr<BatchDrafter> drafter_;  // BatcherOptions::speculative.draft's batch
+    std::vector<float> q_dense_;             // accept_draft()'s scratch: n_vocab zeros
+    std::vector<int32_t> picks_;             // a verification's tokens
     // Shared with submit().
     std::mutex mu_;
     std::condition_variable cv_;

@@ -39,6 +39,28 @@ std::vector<int32_t> lookup_draft(std::span<const int32_t> tokens, int32_t ngram
     return {};
 }
 
+int32_t draw_draft(Sampler& draft_sampler, const float* logits, std::vector<TokenProb>& q) {
+    const std::span<const TokenProb> d = draft_sampler.distribution(logits);
+    q.assign(d.begin(), d.end());
+    return draw(q, q.size() > 1 ? draft_sampler.uniform() : 0.0);
+}
+
+SamplerParams draft_sampler_params(SamplerParams params) {
+    params.seed = params.seed * 6364136223846793005ull + 1442695040888963407ull;  // a stream apart from the target's
+    return params;
+}
+
+void check_speculative_options(const SpeculativeOptions& options) {
+    if (options.lookup_ngram < 0)
+        throw_error(ErrorCode::kInvalidArgument, "speculative: lookup n-gram %d must be >= 0", options.lookup_ngram);
+    if (options.draft_max < 1 || options.draft_max >= ModelState::kKeptStates)
+        throw_error(ErrorCode::kInvalidArgument, "speculative: draft max %d must be in 1..%d", options.draft_max,
+                    ModelState::kKeptStates - 1);
+    if (options.draft_min < 0 || options.draft_min > options.draft_max)
+        throw_error(ErrorCode::kInvalidArgument, "speculative: draft min %d must be in 0..%d (draft max)",
+                    options.draft_min, options.draft_max);
+}
+
 void check_same_vocabulary(const Engine& target, const Engine& draft) {
     const int32_t n = target.info().n_vocab;
     if (draft.info().n_vocab != n)
@@ -50,18 +72,84 @@ void check_same_vocabulary(const Engine& target, const Engine& draft) {
                         draft.token_text(t).c_str(), target.token_text(t).c_str());
 }
 
+namespace {
+
+// Speculative sampling of row `row` against draft token d with proposal q; returns the kept token, and
+// whether it is d.
+int32_t verify_one(Sampler& sampler, const float* row, int32_t d, std::span<const TokenProb> q,
+                   std::vector<float>& q_dense, bool& kept) {
+    const std::span<const TokenProb> p = sampler.distribution(row);
+    double pd = 0;
+    for (const TokenProb& c : p)
+        if (c.id == d) {
+            pd = c.p;
+            break;
+        }
+    for (const TokenProb& c : q) q_dense[size_t(c.id)] = c.p;
+    const double qd = q_dense[size_t(d)];
+    // Keep d with probability min(1, p(d) / q(d)); the test draws only when that is strictly between 0 and 1.
+    kept = pd >= qd || (pd > 0 && sampler.uniform() * qd < pd);
+    int32_t t = d;
+    if (!kept) {
+        // The residual max(0, p - q), normalised: only p's candidates can have mass there.
+        double total = 0;
+        int32_t n_pos = 0, only = p[0].id;
+        for (const TokenProb& c : p) {
+            const double r = double(c.p) - q_dense[size_t(c.id)];
+            if (r > 0) total += r, ++n_pos, only = c.id;
+        }
+        if (n_pos <= 1) {
+            t = only;  // greedy, or a single candidate left: no draw
+        } else {
+            const double x = sampler.uniform() * total;
+            double acc = 0;
+            t = only;
+            for (const TokenProb& c : p) {
+                const double r = double(c.p) - q_dense[size_t(c.id)];
+                if (r <= 0) continue;
+                acc += r;
+                if (x < acc) {
+                    t = c.id;
+                    break;
+                }
+            }
+        }
+    }
+    for (const TokenProb& c : q) q_dense[size_t(c.id)] = 0.0f;
+    return t;
+}
+
+}  // namespace
+
+int32_t accept_draft(Sampler& sampler, std::span<const int32_t> draft, std::span<const std::vector<TokenProb>> q,
+                     const VerifyRows& rows, std::vector<float>& q_dense, std::vector<int32_t>& out) {
+    CERA_CHECK(rows.logits || rows.argmax, "accept_draft: no rows");
+    size_t i = 0;
+    for (; i < draft.size(); ++i) {
+        bool kept = false;
+        int32_t t;
+        if (rows.logits) {
+            t = verify_one(sampler, rows.logits + i * size_t(rows.n_vocab), draft[i], q[i], q_dense, kept);
+        } else {  // an arg-max sampler: its distribution is the arg-max alone, so the test is equality
+            t = rows.argmax[i];
+            kept = t == draft[i];
+        }
+        sampler.accept(t);
+        out.push_back(t);
+        if (!kept) return int32_t(i);
+    }
+    // Every draft token kept: the target's own next token comes free.
+    const int32_t t = rows.logits ? sampler.sample(rows.logits + i * size_t(rows.n_vocab)) : rows.argmax[i];
+    sampler.accept(t);
+    out.push_back(t);
+    return int32_t(i);
+}
+
 Speculator::Speculator(const SpeculativeOptions& options, const Engine& target, ModelState& state, Sampler& sampler,
                        DraftSlot& slot, int32_t max_tokens_pass)
     : opts_(options), state_(state), sampler_(sampler), n_vocab_(target.info().n_vocab), slot_(slot) {
     const int32_t n_vocab = n_vocab_;
-    if (options.lookup_ngram < 0)
-        throw_error(ErrorCode::kInvalidArgument, "speculative: lookup n-gram %d must be >= 0", options.lookup_ngram);
-    if (options.draft_max < 1 || options.draft_max >= ModelState::kKeptStates)
-        throw_error(ErrorCode::kInvalidArgument, "speculative: draft max %d must be in 1..%d", options.draft_max,
-                    ModelState::kKeptStates - 1);
-    if (options.draft_min < 0 || options.draft_min > options.draft_max)
-        throw_error(ErrorCode::kInvalidArgument, "speculative: draft min %d must be in 0..%d (draft max)",
-                    options.draft_min, options.draft_max);
+    check_speculative_options(options);
     max_pass_ = std::min({max_tokens_pass, options.draft_max + 1, ModelState::kKeptStates});
     logits_.resize(size_t(max_pass_) * size_t(n_vocab));
     q_.resize(size_t(max_pass_));
@@ -75,9 +163,7 @@ Speculator::Speculator(const SpeculativeOptions& options, const Engine& target, 
             slot.state = options.draft->impl().model->create_state(state.n_ctx());
             slot.engine = options.draft;
         }
-        SamplerParams p = sampler.params();
-        p.seed = p.seed * 6364136223846793005ull + 1442695040888963407ull;  // a stream apart from the target's
-        draft_sampler_ = std::make_unique<Sampler>(p, n_vocab);
+        draft_sampler_ = std::make_unique<Sampler>(draft_sampler_params(sampler.params()), n_vocab);
         draft_logits_.resize(size_t(n_vocab));
     }
 }
@@ -106,53 +192,9 @@ void Speculator::draft_with_model(std::span<const int32_t> tokens, int32_t k) {
     for (int32_t i = 0; i < k && s.state->position() < s.state->n_ctx(); ++i) {
         s.state->eval({.tokens = {&cur, 1}, .logits = draft_logits_.data(), .keep_states = true});
         s.tokens.push_back(cur);
-        const std::span<const TokenProb> q = draft_sampler_->distribution(draft_logits_.data());
-        q_[size_t(i)].assign(q.begin(), q.end());
-        cur = draw(q_[size_t(i)], q.size() > 1 ? draft_sampler_->uniform() : 0.0);
+        cur = draw_draft(*draft_sampler_, draft_logits_.data(), q_[size_t(i)]);
         draft_.push_back(cur);
     }
-}
-
-int32_t Speculator::verify_one(const float* row, int32_t d, std::span<const TokenProb> q, bool& kept) {
-    const std::span<const TokenProb> p = sampler_.distribution(row);
-    double pd = 0;
-    for (const TokenProb& c : p)
-        if (c.id == d) {
-            pd = c.p;
-            break;
-        }
-    for (const TokenProb& c : q) q_dense_[size_t(c.id)] = c.p;
-    const double qd = q_dense_[size_t(d)];
-    // Keep d with probability min(1, p(d) / q(d)); the test draws only when that is strictly between 0 and 1.
-    kept = pd >= qd || (pd > 0 && sampler_.uniform() * qd < pd);
-    int32_t t = d;
-    if (!kept) {
-        // The residual max(0, p - q), normalised: only p's candidates can have mass there.
-        double total = 0;
-        int32_t n_pos = 0, only = p[0].id;
-        for (const TokenProb& c : p) {
-            const double r = double(c.p) - q_dense_[size_t(c.id)];
-            if (r > 0) total += r, ++n_pos, only = c.id;
-        }
-        if (n_pos <= 1) {
-            t = only;  // greedy, or a single candidate left: no draw
-        } else {
-            const double x = sampler_.uniform() * total;
-            double acc = 0;
-            t = only;
-            for (const TokenProb& c : p) {
-                const double r = double(c.p) - q_dense_[size_t(c.id)];
-                if (r <= 0) continue;
-                acc += r;
-                if (x < acc) {
-                    t = c.id;
-                    break;
-                }
-            }
-        }
-    }
-    for (const TokenProb& c : q) q_dense_[size_t(c.id)] = 0.0f;
-    return t;
 }
 
 bool Speculator::step(std::span<const int32_t> tokens, int32_t max_draft, std::vector<int32_t>& out) {
@@ -176,19 +218,8 @@ bool Speculator::step(std::span<const int32_t> tokens, int32_t max_draft, std::v
     batch_.insert(batch_.end(), draft_.begin(), draft_.end());
     first_pos_ = state_.position();
     state_.eval({.tokens = batch_, .all_logits = true, .logits = logits_.data(), .keep_states = true});
-    size_t i = 0;
-    for (; i < draft_.size(); ++i) {
-        bool kept = false;
-        const int32_t t = verify_one(logits_.data() + i * size_t(n_vocab_), draft_[i], q_[i], kept);
-        sampler_.accept(t);
-        out.push_back(t);
-        if (!kept) break;
-    }
-    if (i == draft_.size()) {  // every draft token kept: the target's own next token comes free
-        const int32_t t = sampler_.sample(logits_.data() + i * size_t(n_vocab_));
-        sampler_.accept(t);
-        out.push_back(t);
-    }
+    const size_t i =
+        size_t(accept_draft(sampler_, draft_, q_, {.logits = logits_.data(), .n_vocab = n_vocab_}, q_dense_, out));
     drafted_ += int32_t(draft_.size());
     accepted_ += int32_t(i);
     state_.truncate(first_pos_ + 1 + int32_t(i));

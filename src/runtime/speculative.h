@@ -28,9 +28,37 @@ struct DraftSlot {
 // of `tokens`, n from ngram_max down to 1, at most k of them; empty when none occurs.
 std::vector<int32_t> lookup_draft(std::span<const int32_t> tokens, int32_t ngram_max, int32_t k);
 
+// Checks the options' ranges (the n-gram, draft max in 1..ModelState::kKeptStates - 1, draft min). Throws
+// kInvalidArgument naming the bad one.
+void check_speculative_options(const SpeculativeOptions& options);
+
 // Checks that the draft engine's vocabulary is the target's (same size, same text for every id). Throws
 // kInvalidArgument naming the first difference.
 void check_same_vocabulary(const Engine& target, const Engine& draft);
+
+// The target's choice after each position of a verification: rows of logits (f32 [n_vocab] each), or,
+// for a sampler that picks the arg-max (Sampler::picks_argmax()), only the arg-max ids.
+struct VerifyRows {
+    const float* logits = nullptr;    // f32 [n, n_vocab], or null
+    const int32_t* argmax = nullptr;  // i32 [n] when logits is null
+    int32_t n_vocab = 0;
+};
+
+// A draft model's next token: the draft sampler's distribution of `logits` into q (the proposal), and a draw
+// from it (none when it has a single candidate).
+int32_t draw_draft(Sampler& draft_sampler, const float* logits, std::vector<TokenProb>& q);
+
+// The draft sampler of a request sampled with `params`: the same settings, a random stream apart.
+SamplerParams draft_sampler_params(SamplerParams params);
+
+// Speculative sampling of a draft: row i is the target's next-token choice after the sequence and
+// draft[0, i), for i in 0..draft.size(); q[i] is the proposal draft[i] was drawn from (a point mass for
+// prompt lookup). Keeps draft[i] with probability min(1, p(d) / q(d)) (p: the sampler's distribution of
+// row i); at the first rejection appends a draw from the residual max(0, p - q), normalised, and stops;
+// after a fully kept draft appends the sampler's own draw from the last row. Every token appended goes
+// into the sampler's window. Returns the draft tokens kept. q_dense: scratch, n_vocab zeros (left so).
+int32_t accept_draft(Sampler& sampler, std::span<const int32_t> draft, std::span<const std::vector<TokenProb>> q,
+                     const VerifyRows& rows, std::vector<float>& q_dense, std::vector<int32_t>& out);
 
 class Speculator {
  public:
@@ -59,10 +87,6 @@ class Speculator {
  private:
     // Drafts with the draft model (its sequence brought to tokens[0, n - 1) first) into draft_, q_.
     void draft_with_model(std::span<const int32_t> tokens, int32_t k);
-    // Speculative sampling of row i against draft token d with proposal q; returns the kept token, and
-    // whether it is d.
-    int32_t verify_one(const float* row, int32_t d, std::span<const TokenProb> q, bool& kept);
-
     const SpeculativeOptions& opts_;
     ModelState& state_;
     Sampler& sampler_;

@@ -281,8 +281,10 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
             seen = ch->tokens_out;
         }
         metrics.tokens(n_prompt * int64_t(std::max<size_t>(results.size(), 1)), cached, std::max(out, seen));
+        int64_t drafted = 0, accepted = 0;
+        for (const GenerationResult& g : results) drafted += g.drafted_tokens, accepted += g.accepted_tokens;
         finish(x, {status, n_prompt, std::max(out, seen),
-                   first == Clock::time_point{} ? -1.0 : seconds_between(x.t0, first), outcome});
+                   first == Clock::time_point{} ? -1.0 : seconds_between(x.t0, first), outcome, drafted, accepted});
         return usage;
     };
     auto outcome = [](const std::vector<GenerationResult>& results) {

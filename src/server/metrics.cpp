@@ -98,6 +98,15 @@ std::string Metrics::render(const BatcherStats& s) const {
     sample(out, "cera_preemptions_total", double(s.preemptions));
     header(out, "cera_steps_total", "counter", "Batched forward passes.");
     sample(out, "cera_steps_total", double(s.steps));
+    header(out, "cera_speculative_drafted_tokens_total", "counter",
+           "Speculative decoding: tokens drafted (prompt lookup or the draft model) and verified.");
+    sample(out, "cera_speculative_drafted_tokens_total", double(s.drafted_tokens));
+    header(out, "cera_speculative_accepted_tokens_total", "counter",
+           "Speculative decoding: drafted tokens the model kept.");
+    sample(out, "cera_speculative_accepted_tokens_total", double(s.accepted_tokens));
+    header(out, "cera_speculative_verifications_total", "counter",
+           "Speculative decoding: drafts verified (a sequence's several tokens in one forward pass).");
+    sample(out, "cera_speculative_verifications_total", double(s.verify_passes));
     header(out, "cera_time_to_first_token_seconds", "histogram", "From a request's arrival to its first token.");
     out += time_to_first_token.render("cera_time_to_first_token_seconds");
     header(out, "cera_inter_token_seconds", "histogram", "Between consecutive tokens of a request.");

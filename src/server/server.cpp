@@ -81,11 +81,14 @@ void Server::Impl::finish(const Exchange& x, const RequestLog& log) {
     metrics.request(x.endpoint, log.status);
     char ttft[32] = "-";
     if (log.ttft >= 0) std::snprintf(ttft, sizeof ttft, "%.4f s", log.ttft);
+    char spec[64] = "";
+    if (log.drafted > 0)
+        std::snprintf(spec, sizeof spec, ", drafted %" PRId64 " accepted %" PRId64, log.drafted, log.accepted);
     std::fprintf(stderr,
                  "cera serve: request %" PRIu64 " %s %d: %" PRId64 " tokens in, %" PRId64
-                 " out, first token %s, total %.3f s, %s\n",
+                 " out, first token %s, total %.3f s, %s%s\n",
                  x.id, x.endpoint, log.status, log.tokens_in, log.tokens_out, ttft, seconds_between(x.t0, Clock::now()),
-                 log.outcome.c_str());
+                 log.outcome.c_str(), spec);
 }
 
 void Server::Impl::embeddings(const httplib::Request& req, httplib::Response& res, Exchange& x) {

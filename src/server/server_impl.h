@@ -35,6 +35,7 @@ struct RequestLog {
     int64_t tokens_in = 0, tokens_out = 0;
     double ttft = -1.0;   // seconds to the first token; < 0: none
     std::string outcome;  // a finish reason, or the error
+    int64_t drafted = 0, accepted = 0;  // speculative decoding: tokens drafted, and kept
 };
 
 struct Server::Impl {

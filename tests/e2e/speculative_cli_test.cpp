@@ -62,6 +62,26 @@ TEST(SpeculativeCli, BenchReportsAcceptance) {
     std::filesystem::remove(text);
 }
 
+// bench --parallel: every sequence prompted with the text, the batcher speculating for all of them.
+TEST(SpeculativeCli, BenchParallelReportsAcceptance) {
+    const std::string text =
+        (std::filesystem::temp_directory_path() / ("cera_spec_par_" + std::to_string(::getpid()) + ".txt")).string();
+    {
+        const std::string s = story();
+        std::ofstream(text) << s << "\n" << s.substr(0, s.size() / 2);
+    }
+    const auto r = cera("bench --device cpu -t 2 -m " + shell_quote(kModel) + " -f " + shell_quote(text) +
+                        " -p 1 -n 16 -r 1 --parallel 1,2 --lookup-ngram 3 --draft-max 6 --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    ASSERT_TRUE(j.contains("speculative")) << r.out;
+    EXPECT_GT(j["speculative"]["drafted"].get<int>(), 0);
+    EXPECT_GT(j["speculative"]["accepted"].get<int>(), 0);
+    EXPECT_GT(j["speculative"]["tokens_per_pass"].get<double>(), 1.0);
+    EXPECT_NE(r.err.find("2 sequences: speculative: "), std::string::npos) << r.err;
+    std::filesystem::remove(text);
+}
+
 TEST(SpeculativeCli, BadFlagsEndWithOneLine) {
     const std::string base = "run --device cpu -t 2 -n 4 -m " + shell_quote(kModel) + " -p 'Once upon a time'";
     for (const std::string& extra :
