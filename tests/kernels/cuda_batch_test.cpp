@@ -2,7 +2,8 @@
 // gives on the CPU (prompt chunks of several sequences beside decode tokens, sequences joining and
 // leaving, a shared prefix taken from the cache), and cera::Batcher on a CUDA engine gives each
 // greedy request the tokens it gets alone in a Session, except after a near-tie (the lone run's top
-// two logits within 0.05), the rule of the batched engine. Skips when no CUDA device is present.
+// two logits within 0.05), the rule of the batched engine, also with speculative requests (prompt
+// lookup) verified in its steps. Skips when no CUDA device is present.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -126,54 +127,82 @@ struct Ids : Sink {
     void on_token(int32_t id) override { ids.push_back(id); }
 };
 
+// Greedy requests through a Batcher on a CUDA engine against each request alone in a Session: the same
+// tokens, but for divergences at near-ties of the lone run (the batch's products differ in the last bits).
+// speculate: half of the requests draft by prompt lookup over prompts that repeat themselves, so their
+// drafts are verified in the batched steps and partly rejected (the sequences rolled back, conv states
+// included), while the other half decode plainly beside them.
+void batcher_matches_sessions(const char* name, bool speculate) {
+    const std::string path = test::data_path(std::string("fixtures/") + name + "/model.gguf");
+    auto engine = Engine::load(path, {.device = "cuda", .n_ctx = 128});
+    ModelOptions mo;
+    mo.device = DeviceKind::kCuda, mo.n_ctx = 128;
+    auto model = load_model(path, mo);  // the lone run's logits at a divergence
+    const int64_t n_vocab = engine->info().n_vocab;
+    std::mt19937 rng(3);
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < 12; ++i) {
+        prompts.push_back(tokens(rng, 1 + int(rng() % 60), n_vocab));
+        if (speculate) {  // the prompt three times over: lookup finds its n-grams
+            const std::vector<int32_t> once(prompts.back().begin(), prompts.back().begin() + std::min<size_t>(12, prompts.back().size()));
+            prompts.back() = once;
+            for (int r = 0; r < 2; ++r) prompts.back().insert(prompts.back().end(), once.begin(), once.end());
+        }
+    }
+    GenerateOptions g;
+    g.max_tokens = 24, g.ignore_eos = true, g.sampling.temperature = 0.0f;
+    auto batcher = Batcher::create(engine, {.parallel = 5, .kv_tokens = 5 * 128, .n_ctx = 128, .step_tokens = 64});
+    std::vector<std::shared_ptr<Ids>> sinks;
+    std::vector<std::shared_ptr<Request>> reqs;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        GenerateOptions gi = g;
+        if (speculate && i % 2 == 0) gi.speculative.lookup_ngram = 3, gi.speculative.draft_max = 6;
+        sinks.push_back(std::make_shared<Ids>());
+        reqs.push_back(batcher->submit(prompts[i], gi, sinks.back()));
+    }
+    int near_ties = 0, drafted = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        drafted += reqs[i]->wait().drafted_tokens;
+        Session s(engine, 128);
+        s.append_tokens(prompts[i]);
+        Ids lone;
+        s.generate(g, lone);
+        const auto& got = sinks[i]->ids;
+        ASSERT_EQ(got.size(), lone.ids.size());
+        const auto diff = std::mismatch(got.begin(), got.end(), lone.ids.begin());
+        if (diff.first == got.end()) continue;
+        // A divergence must follow a near-tie of the lone run.
+        const size_t at = size_t(diff.first - got.begin());
+        std::vector<int32_t> prefix = prompts[i];
+        prefix.insert(prefix.end(), lone.ids.begin(), lone.ids.begin() + int64_t(at));
+        auto model_state = model->create_state();
+        std::vector<float> logits(static_cast<size_t>(n_vocab));
+        model_state->eval({.tokens = prefix, .logits = logits.data()});
+        EXPECT_LT(top2_gap(logits), 0.05f) << "request " << i << " diverges at token " << at;
+        ++near_ties;
+    }
+    EXPECT_LE(near_ties, 3);
+    if (speculate) EXPECT_GT(drafted, 0) << "no request drafted";
+    for (int i = 0; i < 100 && batcher->stats().kv_blocks_free != batcher->stats().kv_blocks_total; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    EXPECT_EQ(batcher->stats().kv_blocks_free, batcher->stats().kv_blocks_total);
+}
+
 TEST(CudaBatch, BatcherGreedyMatchesSessions) {
     std::string why;
     if (cuda_devices(&why).empty()) GTEST_SKIP() << "no CUDA device (" << why << ")";
     for (const char* name : {"tiny-lfm2", "tiny-llama-random", "tiny-qwen3"}) {
         SCOPED_TRACE(name);
-        const std::string path = test::data_path(std::string("fixtures/") + name + "/model.gguf");
-        auto engine = Engine::load(path, {.device = "cuda", .n_ctx = 128});
-        ModelOptions mo;
-        mo.device = DeviceKind::kCuda, mo.n_ctx = 128;
-        auto model = load_model(path, mo);  // the lone run's logits at a divergence
-        const int64_t n_vocab = engine->info().n_vocab;
-        std::mt19937 rng(3);
-        std::vector<std::vector<int32_t>> prompts;
-        for (int i = 0; i < 12; ++i) prompts.push_back(tokens(rng, 1 + int(rng() % 60), n_vocab));
-        GenerateOptions g;
-        g.max_tokens = 24, g.ignore_eos = true, g.sampling.temperature = 0.0f;
-        auto batcher = Batcher::create(engine, {.parallel = 5, .kv_tokens = 5 * 128, .n_ctx = 128, .step_tokens = 64});
-        std::vector<std::shared_ptr<Ids>> sinks;
-        std::vector<std::shared_ptr<Request>> reqs;
-        for (auto& p : prompts) {
-            sinks.push_back(std::make_shared<Ids>());
-            reqs.push_back(batcher->submit(p, g, sinks.back()));
-        }
-        int near_ties = 0;
-        for (size_t i = 0; i < prompts.size(); ++i) {
-            reqs[i]->wait();
-            Session s(engine, 128);
-            s.append_tokens(prompts[i]);
-            Ids lone;
-            s.generate(g, lone);
-            const auto& got = sinks[i]->ids;
-            ASSERT_EQ(got.size(), lone.ids.size());
-            const auto diff = std::mismatch(got.begin(), got.end(), lone.ids.begin());
-            if (diff.first == got.end()) continue;
-            // A divergence must follow a near-tie of the lone run.
-            const size_t at = size_t(diff.first - got.begin());
-            std::vector<int32_t> prefix = prompts[i];
-            prefix.insert(prefix.end(), lone.ids.begin(), lone.ids.begin() + int64_t(at));
-            auto model_state = model->create_state();
-            std::vector<float> logits(static_cast<size_t>(n_vocab));
-            model_state->eval({.tokens = prefix, .logits = logits.data()});
-            EXPECT_LT(top2_gap(logits), 0.05f) << "request " << i << " diverges at token " << at;
-            ++near_ties;
-        }
-        EXPECT_LE(near_ties, 3);
-        for (int i = 0; i < 100 && batcher->stats().kv_blocks_free != batcher->stats().kv_blocks_total; ++i)
-            std::this_thread::sleep_for(std::chrono::milliseconds(2));
-        EXPECT_EQ(batcher->stats().kv_blocks_free, batcher->stats().kv_blocks_total);
+        batcher_matches_sessions(name, false);
+    }
+}
+
+TEST(CudaBatch, SpeculativeBatcherGreedyMatchesSessions) {
+    std::string why;
+    if (cuda_devices(&why).empty()) GTEST_SKIP() << "no CUDA device (" << why << ")";
+    for (const char* name : {"tiny-lfm2", "tiny-lfm2moe", "tiny-qwen3"}) {
+        SCOPED_TRACE(name);
+        batcher_matches_sessions(name, true);
     }
 }
 
