@@ -151,7 +151,8 @@ void batcher_matches_sessions(const char* name, bool speculate) {
     }
     GenerateOptions g;
     g.max_tokens = 24, g.ignore_eos = true, g.sampling.temperature = 0.0f;
-    auto batcher = Batcher::create(engine, {.parallel = 5, .kv_tokens = 5 * 128, .n_ctx = 128, .step_tokens = 64});
+    auto batcher = Batcher::create(
+        engine, {.parallel = 5, .kv_tokens = 5 * 128, .n_ctx = 128, .step_tokens = 64, .max_draft = speculate ? 6 : 0});
     std::vector<std::shared_ptr<Ids>> sinks;
     std::vector<std::shared_ptr<Request>> reqs;
     for (size_t i = 0; i < prompts.size(); ++i) {
@@ -182,7 +183,9 @@ void batcher_matches_sessions(const char* name, bool speculate) {
         ++near_ties;
     }
     EXPECT_LE(near_ties, 3);
-    if (speculate) EXPECT_GT(drafted, 0) << "no request drafted";
+    if (speculate) {
+        EXPECT_GT(drafted, 0) << "no request drafted";
+    }
     for (int i = 0; i < 100 && batcher->stats().kv_blocks_free != batcher->stats().kv_blocks_total; ++i)
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
     EXPECT_EQ(batcher->stats().kv_blocks_free, batcher->stats().kv_blocks_total);
