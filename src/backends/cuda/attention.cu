@@ -508,7 +508,9 @@ DecPlan dec_plan(const AttentionArgs& a) {
     if (int64_t(G) * hd > 2 * kThreads * kDecMaxItems) return p;
     const int64_t per_key = kv_staged_krow(a.codec, hd) + kv_staged_bytes(a.codec, hd) + 4 * G;
     const int64_t fixed = int64_t(4) * G * hd + 12 * G + 16;
-    const int64_t kc = std::min<int64_t>(256, (kDecSmem - fixed) / per_key / 32 * 32);
+    // Chunks of 256 keys, 512 for the block codecs: their rows are half of F16's bytes or less, so a
+    // chunk holds as many bytes, and fewer splits merge.
+    const int64_t kc = std::min<int64_t>(kv_blocked(a.codec) ? 512 : 256, (kDecSmem - fixed) / per_key / 32 * 32);
     if (kc < 32) return p;
     const int64_t max_len = a.sliding_window > 0 ? std::min<int64_t>(a.n_ctx, a.sliding_window) : a.n_ctx;
     const int64_t by_len = std::max<int64_t>(1, ceil_div(max_len, kc));
