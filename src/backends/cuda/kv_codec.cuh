@@ -199,7 +199,8 @@ __device__ __forceinline__ void kv_put_block(KvCodec c, unsigned char* block, fl
         const int io = __shfl_xor_sync(0xffffffffu, at, o);
         if (ao > a || (ao == a && io < at)) a = ao, at = io;
     }
-    const float max = __shfl_sync(0xffffffffu, x, at);
+    // A block of zeros keeps the reference's initial max, +0 (x[0] may be -0).
+    const float max = a > 0.0f ? __shfl_sync(0xffffffffu, x, at) : 0.0f;
     const float d = max / -8.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     const int q = min(15, int(int8_t(__fadd_rn(__fmul_rn(x, id), 8.5f))));
