@@ -22,6 +22,7 @@
 #include "models/batch_state.h"
 #include "runtime/engine_impl.h"
 #include "test_util.h"
+#include "unit/speculative_stats.h"
 
 namespace cera {
 namespace {
@@ -343,49 +344,9 @@ TEST(BatcherSpeculativeDraft, DraftModelGreedyEqualsPlainGreedy) {
     }
 }
 
-// Softmax over the k best logits of a row, as an id -> p map.
-std::map<int32_t, double> top_k_softmax(std::span<const float> row, int k) {
-    std::vector<int32_t> ids(row.size());
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
-    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
-                      [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
-    double sum = 0;
-    std::map<int32_t, double> p;
-    for (int i = 0; i < k; ++i) sum += std::exp(double(row[ids[i]]) - double(row[ids[0]]));
-    for (int i = 0; i < k; ++i) p[ids[i]] = std::exp(double(row[ids[i]]) - double(row[ids[0]])) / sum;
-    return p;
-}
-
-// Pearson's chi-square of counts against probabilities, categories with an expected count under 5 pooled.
-std::pair<double, int> chi_square(const std::map<int32_t, int>& counts, const std::map<int32_t, double>& p, int n) {
-    double stat = 0, pooled_e = 0, pooled_o = 0;
-    int cats = 0;
-    for (const auto& [id, pr] : p) {
-        const double ex = pr * n;
-        const double o = counts.count(id) ? counts.at(id) : 0;
-        if (ex < 5) {
-            pooled_e += ex, pooled_o += o;
-            continue;
-        }
-        stat += (o - ex) * (o - ex) / ex;
-        ++cats;
-    }
-    int outside = 0;
-    for (const auto& [id, c] : counts)
-        if (!p.count(id)) outside += c;
-    EXPECT_EQ(outside, 0);
-    if (pooled_e > 0) {
-        stat += (pooled_o - pooled_e) * (pooled_o - pooled_e) / pooled_e;
-        ++cats;
-    }
-    return {stat, cats - 1};
-}
-
-// The chi-square critical value at significance 0.001 (Wilson-Hilferty).
-double chi_square_critical(int df) {
-    const double z = 3.090, a = 2.0 / (9.0 * df);
-    return df * std::pow(1 - a + z * std::sqrt(a), 3);
-}
+using test::chi_square;
+using test::chi_square_critical;
+using test::top_k_softmax;
 
 TEST(BatcherSpeculativeSampling, TheSecondTokenFollowsTheModelsMarginal) {
     auto e = load("tiny-lfm2");
