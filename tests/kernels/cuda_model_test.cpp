@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -87,7 +88,8 @@ TEST(CudaModel, FixturesMatchCpu) {
 // into f16 tiles, that rounding; the Q4_0 file's logits differ as the backends' 8-bit activations do
 // (0.2 here with an F16 cache too); greedy tokens are the same. tiny-lfm2 (heads of 64) takes the staged decode kernels and the
 // tensor cores, its Q4_0 file the fused q/k/v + RoPE + KV-store launch; tiny-llama-random (heads of 32)
-// the per-query kernel. tq4 adds the head rotation on the device.
+// the per-query kernel. tq4 adds the head rotation on the device (in the q/k/v launch's epilogue for the
+// Q4_0 file and the fused RoPE + store launch for the F32 ones).
 TEST(CudaModel, KvCacheTypesMatchCpu) {
     std::string why;
     if (cuda_devices(&why).empty()) GTEST_SKIP() << "no CUDA device (" << why << ")";
@@ -103,6 +105,7 @@ TEST(CudaModel, KvCacheTypesMatchCpu) {
                        C{"tiny-lfm2", "model-Q4_0.gguf", GgmlType::kQ8_0, false},
                        C{"tiny-lfm2", "model-Q4_0.gguf", GgmlType::kQ4_0, false},
                        C{"tiny-lfm2", "model.gguf", GgmlType::kQ4_0, true},
+                       C{"tiny-lfm2", "model-Q4_0.gguf", GgmlType::kQ4_0, true},
                        C{"tiny-llama-random", "model.gguf", GgmlType::kQ8_0, false},
                        C{"tiny-llama-random", "model.gguf", GgmlType::kQ4_0, true}}) {
         SCOPED_TRACE(std::string(c.name) + "/" + c.file + " " + type_name(c.kv) + (c.rotate ? " rotated" : ""));
@@ -115,7 +118,6 @@ TEST(CudaModel, KvCacheTypesMatchCpu) {
         auto sg = gpu->create_state();
         const auto tc = greedy(*sc, prompt, 24, n_vocab, &lc);
         const auto tg = greedy(*sg, prompt, 24, n_vocab, &lg);
-        EXPECT_EQ(tc, tg);
         double err = 0, mag = 0;
         for (size_t i = 0; i < lc.size(); ++i)
             err = std::max(err, double(std::fabs(lc[i] - lg[i]))), mag = std::max(mag, double(std::fabs(lc[i])));
@@ -123,6 +125,21 @@ TEST(CudaModel, KvCacheTypesMatchCpu) {
                     type_name(c.kv), c.rotate ? " rotated" : "", err, mag);
         const bool f32_file = std::string(c.file) == "model.gguf";
         EXPECT_LT(err, !f32_file ? 0.5 : c.kv == GgmlType::kBF16 ? 2e-3 : 1e-2) << "prefill logits";
+        // The F32 files give the same tokens. The Q4_0 file's logits differ by err, so its tokens may part
+        // only where the CPU's best two logits are within 2 err of each other (a near-tie).
+        const auto at = std::mismatch(tc.begin(), tc.end(), tg.begin()).first - tc.begin();
+        if (f32_file || at == int64_t(tc.size())) {
+            EXPECT_EQ(tc, tg);
+            continue;
+        }
+        std::vector<int32_t> prefix = prompt;
+        prefix.insert(prefix.end(), tc.begin(), tc.begin() + at);
+        auto s2 = cpu->create_state();
+        std::vector<float> l2(static_cast<size_t>(n_vocab));
+        s2->eval({.tokens = prefix, .logits = l2.data()});
+        std::partial_sort(l2.begin(), l2.begin() + 2, l2.end(), std::greater<float>());
+        std::printf("  [kv] tokens part at %lld, the CPU's best two %.3f apart\n", (long long)at, l2[0] - l2[1]);
+        EXPECT_LT(l2[0] - l2[1], 2 * err) << "tokens part at " << at << " without a near-tie";
     }
 }
 

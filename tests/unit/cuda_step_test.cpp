@@ -11,6 +11,7 @@
 
 #include "backends/cuda/backend_switches.h"
 #include "backends/cuda/step.h"
+#include "core/rotation.h"
 
 namespace cera::cuda {
 namespace {
@@ -131,12 +132,19 @@ struct Interp {
     }
     void run(RopeNode& n) { rope(n.x, n.n_tokens, n.n_head, n.head_dim, n.norm_w, n.eps, n.pos, n.rope); }
     void run(KvStoreNode& n) { store(n.k, n.v, n.n_tokens, n.width, n.pos, n.k_cache, n.v_cache); }
+    static void rotate(float* x, int64_t n_heads, int head_dim, bool inverse) {
+        for (int64_t h = 0; h < n_heads; ++h) rotate_head(x + h * head_dim, head_dim, inverse);
+    }
+    void run(RotateNode& n) { rotate(n.x, n.n_heads, n.head_dim, n.inverse); }
     void run(QkvRopeNode& n) {
         if (n.products)
             for (GemvArgs& a : n.qkv) gemv(a);
         const QkvRopeArgs& r = n.r;
         if (r.q) rope(r.q, r.n_tokens, r.n_head, r.head_dim, r.q_norm, r.q_eps, r.pos, r.q_rope);
         rope(r.k, r.n_tokens, r.n_head_kv, r.head_dim, r.k_norm, r.k_eps, r.pos, r.k_rope);
+        if (r.rotate_q) rotate(r.q, r.n_tokens * r.n_head, r.head_dim, false);
+        if (r.rotate_k) rotate(r.k, r.n_tokens * r.n_head_kv, r.head_dim, false);
+        if (r.rotate_v) rotate(r.v, r.n_tokens * r.n_head_kv, r.head_dim, false);
         store(r.k, r.v, r.n_tokens, int64_t(r.n_head_kv) * r.head_dim, r.pos, r.k_cache, r.v_cache);
     }
     void run(ConvNode& n) {
@@ -191,6 +199,7 @@ struct Builder {
     Step s;
     int64_t n;
     GgmlType type;
+    bool rotated;  // the attention layer's cache is rotated (tq4): q, k, v rotated before the store
     WeightRef weight(const std::string& name, int64_t rows, int64_t k) {
         return {type, m.make(name, size_t(rows * k), true), rows, k, 0};
     }
@@ -220,7 +229,7 @@ struct Builder {
         mm(l + "down", kEmbd, kFf, "g", "y");
         add("x", "y");
     }
-    Builder(int64_t n_tokens, GgmlType t) : n(n_tokens), type(t) {
+    Builder(int64_t n_tokens, GgmlType t, bool rotate = false) : n(n_tokens), type(t), rotated(rotate) {
         for (const char* b : {"x", "h", "y", "attn"}) m.make(b, size_t(kCtx * kEmbd));
         m.make("bcx", size_t(kCtx * 3 * kEmbd));
         m.make("conv", size_t(kCtx * kEmbd));
@@ -259,10 +268,14 @@ struct Builder {
         r.mode = 2, r.n_rot = int(kHead), r.freq_base = 10000.0f;
         s.nodes.push_back(RopeNode{m.at("q"), n, int(kHeads), int(kHead), m.make("qn", kHead, true), 1e-5f, pp, r});
         s.nodes.push_back(RopeNode{m.at("k"), n, int(kKvHeads), int(kHead), m.make("kn", kHead, true), 1e-5f, pp, r});
+        if (rotated)
+            for (const char* x : {"q", "k", "v"})
+                s.nodes.push_back(RotateNode{m.at(x), n * (x[0] == 'q' ? kHeads : kKvHeads), int(kHead), false});
         s.nodes.push_back(KvStoreNode{m.at("k"), m.at("v"), n, kKvHeads * kHead, pp, m.at("kc"), m.at("vc"), KvCodec::kF32, kCtx});
         AttentionNode at;
         at.a.q = m.at("q"), at.a.n_tokens = n, at.a.n_head = int(kHeads), at.a.head_dim = int(kHead), at.a.out = m.at("attn");
         s.nodes.push_back(at);
+        if (rotated) s.nodes.push_back(RotateNode{m.at("attn"), n * kHeads, int(kHead), true});
         mm("l1o", kEmbd, kHeads * kHead, "attn", "y");
         add("x", "y");
         ffn("l1");
@@ -289,8 +302,8 @@ using Pass = void (*)(Step&, const FusionRules&);
 // Runs the step through `passes` (all of fuse_step's when empty) and quantize_inputs; returns every
 // buffer afterwards, and the fused node list's kinds.
 std::map<std::string, std::vector<float>> run(int64_t n, GgmlType t, bool fuse, std::vector<size_t>* kinds = nullptr,
-                                              std::vector<Pass> passes = {}) {
-    Builder b(n, t);
+                                              std::vector<Pass> passes = {}, bool rotated = false) {
+    Builder b(n, t, rotated);
     std::map<Slot, std::vector<uint8_t>> scratch;
     auto buffer = [&](Slot slot, size_t bytes) -> void* {
         auto& v = scratch[slot];
@@ -317,14 +330,16 @@ size_t kind_of(const Node& n) { return n.index(); }
 const size_t kGemv = kind_of(GemvNode{}), kQuant = kind_of(QuantizeNode{}),
              kGlu = kind_of(GluNode{}), kQkv = kind_of(QkvRopeNode{}), kConv = kind_of(ConvNode{}),
              kPick = kind_of(PickNode{}), kAdd = kind_of(AddNode{}), kOther = kind_of(OtherNode{}),
-             kAttn = kind_of(AttentionNode{}), kSwiglu = kind_of(SwigluNode{}), kGemm = kind_of(GemmNode{});
+             kAttn = kind_of(AttentionNode{}), kSwiglu = kind_of(SwigluNode{}), kGemm = kind_of(GemmNode{}),
+             kRotate = kind_of(RotateNode{});
 
 TEST(CudaStep, FusedStepsComputeWhatTheRecordedOpsDo) {
     for (int64_t n : {1, 3, 8, 9}) {
-        for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ6_K}) {
-            SCOPED_TRACE("tokens " + std::to_string(n) + " " + type_name(t));
-            const auto plain = run(n, t, false);
-            const auto fused = run(n, t, true);
+        for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ6_K})
+        for (bool rotated : {false, true}) {
+            SCOPED_TRACE("tokens " + std::to_string(n) + " " + type_name(t) + (rotated ? " rotated cache" : ""));
+            const auto plain = run(n, t, false, nullptr, {}, rotated);
+            const auto fused = run(n, t, true, nullptr, {}, rotated);
             for (const auto& [name, v] : plain) {
                 const auto& f = fused.at(name);
                 ASSERT_EQ(v.size(), f.size());
@@ -370,6 +385,13 @@ TEST(CudaStep, OneTokenDecodeIsTheFusedLaunches) {
     // quantize launch.
     const std::vector<size_t> want = {kOther, kConv, kGemv, kGlu, kGemv, kQkv, kAttn, kGemv, kGlu, kGemv, kPick};
     EXPECT_EQ(k, want);
+    // A rotated cache: the rotations of q, k and v go into the q/k/v launch; the output's stays a launch,
+    // and the out-projection's 8-bit rows then take one of their own.
+    std::vector<size_t> kr;
+    run(1, GgmlType::kQ6_K, true, &kr, {}, true);
+    std::vector<size_t> want_r = want;
+    want_r.insert(want_r.begin() + 7, {kRotate, kQuant});
+    EXPECT_EQ(kr, want_r);
 }
 
 TEST(CudaStep, UnfusedStepsQuantizeOncePerInput) {

@@ -68,7 +68,7 @@ void CudaBackend::kv_store(const Tensor& k, const Tensor& v, const Tensor& pos, 
     CERA_CHECK(k_cache.type == v_cache.type && cuda::kv_codec_of(k_cache.type, codec) && v.ne[0] == k.ne[0] &&
                    v.rows() == k.rows(),
                "kv_store: k and v of one shape, caches of one type (F32, F16, BF16, Q8_0 or Q4_0)");
-    record(KvStoreNode{k.as<const float>(), v.as<const float>(), k.rows(), k.ne[0], pos.as<const int32_t>(),
+    record(KvStoreNode{k.as<float>(), v.as<float>(), k.rows(), k.ne[0], pos.as<const int32_t>(),
                        k_cache.data, v_cache.data, codec, k_cache.ne[1]});
 }
 
@@ -225,7 +225,7 @@ void CudaBackend::scale(const Tensor& x, float s) {
 void CudaBackend::rotate_heads(const Tensor& x, int head_dim, bool inverse) {
     CERA_CHECK(x.type == GgmlType::kF32 && head_dim > 0 && x.ne[0] % head_dim == 0);
     const int64_t n_heads = x.n_elements() / head_dim;
-    record(OtherNode{[=, this] { cuda::rotate_heads(x.as<float>(), n_heads, head_dim, inverse, stream_); }});
+    record(RotateNode{x.as<float>(), n_heads, head_dim, inverse});
 }
 
 void CudaBackend::top_logits(const Tensor& x, int32_t m, const Tensor& gather, const Tensor& out) {
@@ -416,6 +416,9 @@ void CudaBackend::launch(PickNode& n, const GemvArgs*) {
 
 void CudaBackend::launch(QuantizeNode& n, const GemvArgs*) { cuda::quantize_q8(n.x, n.rows, n.k, n.k, n.xq, stream_); }
 
+void CudaBackend::launch(RotateNode& n, const GemvArgs*) {
+    cuda::rotate_heads(n.x, n.n_heads, n.head_dim, n.inverse, stream_);
+}
 void CudaBackend::launch(OtherNode& n, const GemvArgs*) { n.run(); }
 
 void CudaBackend::attach_rope_table(cuda::RopeArgs& r, int64_t rows) {

@@ -7,6 +7,7 @@
 // SwiGLU and the decode short conv can also write their output's 8-bit rows for the next GEMV.
 // Roofline: bytes = inputs + outputs; at batch 1 each launch is ~2-3 us of latency.
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/rope_device.cuh"
 #include "core/rotation.h"
 
 namespace cera::cuda {
@@ -273,10 +274,9 @@ void scale(float* x, float s, int64_t n, Stream stream) {
 
 namespace {
 
-// One warp a head, staged in shared memory: the sign flips, log2(n) butterfly stages (each pair's sum and
-// difference, a stage at a time as rotate_head goes), the scale.
+// One warp a head, staged in shared memory (rotate_head_warp).
 constexpr int kRotateWarps = 4;
-__global__ void rotate_heads_kernel(float* x, int64_t n_heads, int n, float s, bool inverse) {
+__global__ void rotate_heads_kernel(float* x, int64_t n_heads, int n, bool inverse) {
     pdl_trigger();
     extern __shared__ float rot_s[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -285,17 +285,9 @@ __global__ void rotate_heads_kernel(float* x, int64_t n_heads, int n, float s, b
     if (h >= n_heads) return;
     float* v = rot_s + warp * n;
     float* xh = x + h * n;
-    for (int i = lane; i < n; i += 32) v[i] = inverse ? xh[i] : xh[i] * rotation_sign(i);
-    for (int len = 1; len < n; len <<= 1) {
-        __syncwarp();
-        for (int p = lane; p < n / 2; p += 32) {
-            const int j = (p / len) * 2 * len + p % len;
-            const float a = v[j], b = v[j + len];
-            v[j] = a + b, v[j + len] = a - b;
-        }
-    }
-    __syncwarp();
-    for (int i = lane; i < n; i += 32) xh[i] = v[i] * (inverse ? s * rotation_sign(i) : s);
+    for (int i = lane; i < n; i += 32) v[i] = xh[i];
+    rotate_head_warp(v, n, inverse);
+    for (int i = lane; i < n; i += 32) xh[i] = v[i];
 }
 
 }  // namespace
@@ -303,9 +295,8 @@ __global__ void rotate_heads_kernel(float* x, int64_t n_heads, int n, float s, b
 void rotate_heads(float* x, int64_t n_heads, int head_dim, bool inverse, Stream stream) {
     CERA_CHECK(rotation_fits(head_dim), "rotate_heads: %d is not a power of two in 2..1024", head_dim);
     if (n_heads == 0) return;
-    const float s = 1.0f / std::sqrt(float(head_dim));
     launch(rotate_heads_kernel, unsigned(ceil_div(n_heads, int64_t(kRotateWarps))), 32 * kRotateWarps,
-           size_t(kRotateWarps) * head_dim * sizeof(float), as_stream(stream), x, n_heads, head_dim, s, inverse);
+           size_t(kRotateWarps) * head_dim * sizeof(float), as_stream(stream), x, n_heads, head_dim, inverse);
 }
 
 void add_bias(float* y, const float* bias, int64_t n_rows, int64_t n, Stream stream) {

@@ -83,6 +83,10 @@ __device__ __forceinline__ void qkv_v_rows(const GemvK& a, const QkvRopeArgs& r,
     if constexpr (PRO) norm_prologue_pre(a, xs);
     seg_rows<TV, PRO, rows_qkv(TV)>(a, sg, yi, int64_t(head) * hd + off, n, xs, vs);
     __syncthreads();
+    if (r.rotate_v) {  // a whole head here (the rows kernel takes no rotation)
+        if (threadIdx.x < 32) rotate_head_warp(vs, hd, false);
+        __syncthreads();
+    }
     for (int i = threadIdx.x; i < n; i += blockDim.x) sg.y[int64_t(yi) * sg.ldy + int64_t(head) * hd + off + i] = vs[i];
     if (p < 0 || p >= r.n_ctx) return;
     unsigned char* cache = static_cast<unsigned char*>(r.v_cache) + p * kv_row_bytes(r.codec, int64_t(r.n_head_kv) * hd);
@@ -124,6 +128,7 @@ __global__ void __launch_bounds__(512) gemv_qkv_rope_kernel(const GemvK a, const
     if (s < 2)
         head_norm_rope(ys, hd, s == 0 ? r.q_norm : r.k_norm, s == 0 ? r.q_eps : r.k_eps, p, rope,
                        rope_precomputable(rope) ? &cs[lane] : nullptr);
+    if (s == 0 ? r.rotate_q : s == 1 ? r.rotate_k : r.rotate_v) rotate_head_warp(ys, hd, false);
     __syncwarp();  // the lanes read each other's rotated values
     float* y = sg.y + int64_t(yi) * sg.ldy + int64_t(head) * hd;
     for (int i = lane; i < hd; i += 32) y[i] = ys[i];
@@ -327,6 +332,7 @@ void launch_qkv(dim3 grid, size_t smem, cudaStream_t s, const GemvK& p, const Qk
 // over a multiple of 4. A quantized cache's blocks of 32 must each lie in one block of the launch: neox
 // k pairs then over a multiple of 64. QkvRopeArgs::rows_kernel = 0 keeps gemv_qkv_rope_kernel.
 bool qkv_rows_fit(GgmlType t, const QkvRopeArgs& r) {
+    if (r.rotate_q || r.rotate_k || r.rotate_v) return false;  // a rotation mixes the whole head
     if (kv_blocked(r.codec) && r.k_rope.mode == 2 && r.k_rope.n_rot % 64 != 0) return false;
     if (r.rows_kernel == 0 || rows_qkv(t) != 4 || r.head_dim % (4 * kRowsWarps) != 0 ||
         ((r.q_norm || r.k_norm) && r.head_dim != 4 * kRowsWarps))

@@ -236,9 +236,11 @@ void kv_store(const float* k, const float* v, int64_t n_tokens, int64_t width, c
 struct QkvRopeArgs {
     float* q = nullptr;
     float* k = nullptr;
-    const float* v = nullptr;
+    float* v = nullptr;
     int64_t n_tokens = 0;
     int n_head = 0, n_head_kv = 0, head_dim = 0;
+    // Rotated caches (tq4): each head of q, k or v through rotate_head after its RoPE, before the store.
+    bool rotate_q = false, rotate_k = false, rotate_v = false;
     const float* q_norm = nullptr;
     const float* k_norm = nullptr;
     float q_eps = 0.0f, k_eps = 0.0f;

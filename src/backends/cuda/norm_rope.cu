@@ -99,7 +99,9 @@ __global__ void qkv_rope_store_kernel(const QkvRopeArgs a) {
     const int hd = a.head_dim;
     const int64_t kv_width = int64_t(a.n_head_kv) * hd;
     if (h < a.n_head) {
-        head_norm_rope(a.q + (t * a.n_head + h) * hd, hd, a.q_norm, a.q_eps, p, a.q_rope, pre ? &cs : nullptr);
+        float* qh = a.q + (t * a.n_head + h) * hd;
+        head_norm_rope(qh, hd, a.q_norm, a.q_eps, p, a.q_rope, pre ? &cs : nullptr);
+        if (a.rotate_q) rotate_head_warp(qh, hd, false);
         return;
     }
     const bool in_ctx = p >= 0 && p < a.n_ctx;
@@ -108,6 +110,7 @@ __global__ void qkv_rope_store_kernel(const QkvRopeArgs a) {
         const int hk = h - a.n_head;
         float* kv = a.k + t * kv_width + int64_t(hk) * hd;
         head_norm_rope(kv, hd, a.k_norm, a.k_eps, p, a.k_rope, pre ? &cs : nullptr);
+        if (a.rotate_k) rotate_head_warp(kv, hd, false);
         __syncwarp();  // the lanes read each other's rotated values
         if (in_ctx)
             kv_put_head(a.codec, kv,
@@ -116,8 +119,10 @@ __global__ void qkv_rope_store_kernel(const QkvRopeArgs a) {
         return;
     }
     const int hv = h - a.n_head - a.n_head_kv;
+    float* vh = a.v + t * kv_width + int64_t(hv) * hd;
+    if (a.rotate_v) rotate_head_warp(vh, hd, false);
     if (in_ctx)
-        kv_put_head(a.codec, a.v + t * kv_width + int64_t(hv) * hd,
+        kv_put_head(a.codec, vh,
                     static_cast<unsigned char*>(a.v_cache) + p * row_bytes + kv_row_bytes(a.codec, int64_t(hv) * hd), hd);
 }
 
@@ -199,6 +204,8 @@ void qkv_rope_store(const QkvRopeArgs& a, Stream stream) {
     const unsigned grid = unsigned(ceil_div(rows, 4));
     CERA_CHECK(!kv_blocked(a.codec) || a.head_dim % 32 == 0, "qkv_rope_store: heads of %d for a block codec",
                a.head_dim);
+    CERA_CHECK(!(a.rotate_q || a.rotate_k || a.rotate_v) || rotation_fits(a.head_dim),
+               "qkv_rope_store: heads of %d cannot be rotated", a.head_dim);
     launch(qkv_rope_store_kernel, grid, 128, 0, as_stream(stream), a);
 }
 

@@ -2,6 +2,7 @@
 // batched kernels (norm_rope.cu).
 #pragma once
 #include "backends/cuda/common.cuh"
+#include "core/rotation.h"
 
 namespace cera::cuda {
 
@@ -78,6 +79,29 @@ __device__ __forceinline__ void head_norm_rope(float* v, int head_dim, const flo
     }
     if (norm_w)
         for (int i = n_rot + lane; i < head_dim; i += 32) v[i] = v[i] * r * norm_w[i];
+}
+
+// A head of n = 2^k values at v (shared or global memory) through the rotated caches' rotation
+// (core/rotation.h) or its inverse, by the lanes of one warp: the sign flips, log2(n) butterfly stages
+// (each pair's sum and difference, a stage at a time as rotate_head goes), the scale: the CPU's float
+// operations in its order, so the same floats.
+__device__ __forceinline__ void rotate_head_warp(float* v, int n, bool inverse) {
+    const int lane = threadIdx.x & 31;
+    const float s = 1.0f / sqrtf(float(n));
+    __syncwarp();  // the lanes' writes of v before the call
+    if (!inverse)
+        for (int i = lane; i < n; i += 32) v[i] *= rotation_sign(i);
+    for (int len = 1; len < n; len <<= 1) {
+        __syncwarp();
+        for (int p = lane; p < n / 2; p += 32) {
+            const int j = (p / len) * 2 * len + p % len;
+            const float a = v[j], b = v[j + len];
+            v[j] = a + b, v[j + len] = a - b;
+        }
+    }
+    __syncwarp();
+    for (int i = lane; i < n; i += 32) v[i] *= inverse ? s * rotation_sign(i) : s;
+    __syncwarp();
 }
 
 }  // namespace cera::cuda

@@ -66,14 +66,21 @@ struct RopeNode {
     RopeArgs rope;
 };
 struct KvStoreNode {
-    const float* k = nullptr;
-    const float* v = nullptr;
+    float* k = nullptr;
+    float* v = nullptr;
     int64_t n_tokens = 0, width = 0;
     const int32_t* pos = nullptr;
     void* k_cache = nullptr;
     void* v_cache = nullptr;
     KvCodec codec = KvCodec::kF16;
     int64_t n_ctx = 0;
+};
+// Each head of x (n_heads of head_dim floats) through the rotated caches' rotation, or its inverse.
+struct RotateNode {
+    float* x = nullptr;
+    int64_t n_heads = 0;
+    int head_dim = 0;
+    bool inverse = false;
 };
 // RoPE of q (optional) and k, then the KV store, in one launch; with the q/k/v products too (products).
 struct QkvRopeNode {
@@ -139,7 +146,7 @@ struct OtherNode {
 };
 
 using Node = std::variant<std::monostate, GemvNode, GemmNode, NormNode, RopeNode, KvStoreNode, QkvRopeNode, ConvNode,
-                          SwigluNode, GluNode, AddNode, AttentionNode, PickNode, QuantizeNode, OtherNode>;
+                          SwigluNode, GluNode, AddNode, AttentionNode, PickNode, QuantizeNode, RotateNode, OtherNode>;
 
 struct Step {
     std::vector<Node> nodes;

@@ -102,6 +102,8 @@ void writes(const Node& node, F&& f) {
             } else if constexpr (std::is_same_v<T, PickNode>) {
                 f(n.out, 4), f(n.ids, 4), f(n.pos, size_t(n.pos_last + 1) * 4);
                 if (n.product) gemv(n.head);
+            } else if constexpr (std::is_same_v<T, RotateNode>) {
+                f(n.x, floats(n.n_heads * n.head_dim));
             } else if constexpr (std::is_same_v<T, OtherNode>) {
                 f(nullptr, 0);
             }
@@ -217,21 +219,39 @@ void fuse_qkv_rope(Step& s, const FusionRules& r) {
     if (!r.fuse) return;
     for (size_t i = 1; i < s.nodes.size(); ++i) {
         KvStoreNode* kv = at<KvStoreNode>(s, i);
-        RopeNode* kr = at<RopeNode>(s, i - 1);
-        if (!kv || !kr || kv->n_tokens > kGemvMaxTokens || kr->x != kv->k || kr->pos != kv->pos ||
+        if (!kv) continue;
+        // Rotated caches: up to three forward rotations (of q, k, v) between the RoPEs and the store.
+        size_t top = i;  // the first rotation (or the store)
+        RotateNode* rots[3] = {};
+        int n_rots = 0;
+        while (top >= 1 && n_rots < 3 && at<RotateNode>(s, top - 1)) rots[n_rots++] = at<RotateNode>(s, --top);
+        RopeNode* kr = top >= 1 ? at<RopeNode>(s, top - 1) : nullptr;
+        if (!kr || kv->n_tokens > kGemvMaxTokens || kr->x != kv->k || kr->pos != kv->pos ||
             kr->n_tokens != kv->n_tokens || int64_t(kr->n_head) * kr->head_dim != kv->width)
             continue;
-        RopeNode* qr = i >= 2 ? at<RopeNode>(s, i - 2) : nullptr;
+        RopeNode* qr = top >= 2 ? at<RopeNode>(s, top - 2) : nullptr;
         if (qr && (qr->pos != kr->pos || qr->head_dim != kr->head_dim || qr->n_tokens != kr->n_tokens)) qr = nullptr;
         QkvRopeNode f;
         QkvRopeArgs& a = f.r;
         a.k = kr->x, a.v = kv->v;
+        bool rotations_fit = true;
+        for (int ri = 0; ri < n_rots; ++ri) {
+            const RotateNode& rn = *rots[ri];
+            const bool q = qr && rn.x == qr->x, kv_head = rn.x == kv->k || rn.x == kv->v;
+            const int64_t heads = kv->n_tokens * (q ? qr->n_head : kr->n_head);
+            rotations_fit = rotations_fit && (q || kv_head) && !rn.inverse && rn.head_dim == kr->head_dim &&
+                            rn.n_heads == heads;
+            a.rotate_q = a.rotate_q || q;
+            a.rotate_k = a.rotate_k || rn.x == kv->k;
+            a.rotate_v = a.rotate_v || rn.x == kv->v;
+        }
+        if (!rotations_fit) continue;
         a.n_tokens = kv->n_tokens, a.n_head_kv = kr->n_head, a.head_dim = kr->head_dim;
         a.k_norm = kr->norm_w, a.k_eps = kr->eps, a.k_rope = kr->rope;
         if (qr) a.q = qr->x, a.n_head = qr->n_head, a.q_norm = qr->norm_w, a.q_eps = qr->eps, a.q_rope = qr->rope;
         a.pos = kv->pos, a.k_cache = kv->k_cache, a.v_cache = kv->v_cache, a.codec = kv->codec, a.n_ctx = kv->n_ctx;
         a.rows_kernel = r.qkv_rows;
-        const size_t first = qr ? i - 2 : i - 1;
+        const size_t first = qr ? top - 2 : top - 1;
         // The q/k/v products right before, when their launch can take the RoPEs and the store.
         GemvNode* p = first >= 1 ? at<GemvNode>(s, first - 1) : nullptr;
         if (qr && p && p->n == 3 && fuses_product(r, p->a[0].w.type, false)) {
