@@ -112,8 +112,8 @@ CERA_API void cera_free(void *ptr);
  */
 
 /* KV cache storage (keys and values alike): floats, or blocks of 32 with one scale (8-bit, 4-bit), or
- * 4-bit blocks of each head through a fixed random rotation (TQ4); the block types need attention heads
- * of a multiple of 32 (TQ4: a power of two) and run on the CPU. */
+ * 4-bit (TQ4) or 3.5-bit (TQ3) blocks of each head through a fixed random rotation; the block types need
+ * attention heads of a multiple of 32 (TQ4, TQ3: a power of two). */
 typedef enum cera_kv_type {
     CERA_KV_F32 = 0,
     CERA_KV_F16 = 1,
@@ -121,6 +121,7 @@ typedef enum cera_kv_type {
     CERA_KV_Q8_0 = 3,
     CERA_KV_Q4_0 = 4,
     CERA_KV_TQ4 = 5,
+    CERA_KV_TQ3 = 6,
 } cera_kv_type;
 
 /* A LoRA adapter: a llama.cpp GGUF LoRA file or a Hugging Face PEFT folder (adapter_config.json and

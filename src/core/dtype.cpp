@@ -26,6 +26,8 @@ constexpr std::array kTypes = {
     TypeInfo{GgmlType::kTQ2_0, "TQ2_0", 256, 66, true},   TypeInfo{GgmlType::kMXFP4, "MXFP4", 32, 17, true},
 };
 
+constexpr TypeInfo kCacheTypes[] = {TypeInfo{GgmlType::kQ3_KV, "Q3_KV", 32, 14, true}};
+
 }  // namespace
 
 const TypeInfo* type_info(uint32_t id) {
@@ -36,6 +38,8 @@ const TypeInfo* type_info(uint32_t id) {
 
 const TypeInfo& type_info(GgmlType type) {
     const TypeInfo* t = type_info(uint32_t(type));
+    for (const TypeInfo& c : kCacheTypes)
+        if (c.type == type) t = &c;
     CERA_CHECK(t != nullptr, "unknown GgmlType %u", unsigned(type));
     return *t;
 }

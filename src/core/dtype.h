@@ -41,6 +41,9 @@ enum class GgmlType : uint32_t {
     kTQ1_0 = 34,
     kTQ2_0 = 35,
     kMXFP4 = 39,
+    // Cache-only types (no GGUF file holds them; type_info(uint32_t) and type_from_name do not know them);
+    // ids below 256 (a saved state packs cache types in 8 bits).
+    kQ3_KV = 200,  // the 3-bit rows of the tq3 KV cache (core/quant/blocks.h BlockQ3_KV)
 };
 
 // Static facts about a type: its GGUF name, elements per block, bytes per block.
@@ -52,7 +55,7 @@ struct TypeInfo {
     bool quantized;
 };
 
-// nullptr when `id` is not a type this build knows (unknown or removed ids).
+// The GGUF type of id; nullptr when `id` is not a GGUF type this build knows (unknown or removed ids).
 const TypeInfo* type_info(uint32_t id);
 const TypeInfo& type_info(GgmlType type);
 inline const char* type_name(GgmlType type) { return type_info(type).name; }

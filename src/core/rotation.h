@@ -1,9 +1,9 @@
-// The fixed rotation of the rotated KV cache types (tq4): x -> H D x / sqrt(n) over one attention head
+// The fixed rotation of the rotated KV cache types (tq4, tq3): x -> H D x / sqrt(n) over one attention head
 // of n = 2^k elements, D a fixed diagonal of random signs and H the n x n Sylvester-Hadamard matrix
 // (a fast Walsh-Hadamard transform, n log2 n additions). The map is orthogonal, so scores q.k are
 // unchanged when both sides are rotated, and a sum of rotated values is rotated back by the inverse,
 // D H x / sqrt(n). It spreads a head's outlier channels over all of its elements, which is what lets
-// 4-bit blocks with one scale hold keys and values well (QuaRot, TurboQuant).
+// 4- and 3-bit blocks with one scale hold keys and values well (QuaRot, TurboQuant).
 #pragma once
 #include <cstdint>
 

@@ -36,7 +36,7 @@ struct ScratchSpec {
 // The caches of one layer of one sequence.
 struct LayerCache {
     Tensor k, v;  // [n_ctx, n_head_kv * head_dim] of the KV type; empty for layers without attention
-    // The rows of k / v are stored rotated (core/rotation.h, the tq4 cache types).
+    // The rows of k / v are stored rotated (core/rotation.h, the tq4 and tq3 cache types).
     bool rotated_k = false, rotated_v = false;
     Tensor conv;  // f32 [L - 1, n_embd]; empty for layers without a short conv
     Tensor conv_prev;  // like conv: its content before the latest step (that step's undo)

@@ -81,8 +81,8 @@ const std::string& Model::weight_name(const Tensor& w) const {
 std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& opts) {
     for (GgmlType t : {opts.kv_type_k, opts.kv_type_v})
         if (t != GgmlType::kF32 && t != GgmlType::kF16 && t != GgmlType::kBF16 && t != GgmlType::kQ8_0 &&
-            t != GgmlType::kQ4_0)
-            throw_error(ErrorCode::kInvalidArgument, "KV cache type %s: expected F32, F16, BF16, Q8_0 or Q4_0",
+            t != GgmlType::kQ4_0 && t != GgmlType::kQ3_KV)
+            throw_error(ErrorCode::kInvalidArgument, "KV cache type %s: expected F32, F16, BF16, Q8_0, Q4_0 or Q3_KV",
                         type_name(t));
     // The CUDA attention kernels read one codec for keys and values.
     if (opts.device == DeviceKind::kCuda && opts.kv_type_k != opts.kv_type_v)
@@ -126,7 +126,7 @@ std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& o
         for (const LayerStateSpec& sp : m->arch_->state)
             if (sp.kv_width > 0 && !rotation_fits(sp.head_dim))
                 throw_error(ErrorCode::kUnsupported,
-                            "rotated KV caches (tq4) need heads of a power of two up to 1024, this model's are %lld",
+                            "rotated KV caches (tq4, tq3) need heads of a power of two up to 1024, this model's are %lld",
                             (long long)sp.head_dim);
     // Block types hold 32 elements: every head must start a block.
     for (GgmlType t : {opts.kv_type_k, opts.kv_type_v}) {

@@ -100,8 +100,10 @@ static GgmlType kv_ggml_type(KvCacheType t) {
         case KvCacheType::kQ8_0: return GgmlType::kQ8_0;
         case KvCacheType::kQ4_0: return GgmlType::kQ4_0;
         case KvCacheType::kTq4: return GgmlType::kQ4_0;  // rows rotated first (ModelOptions::kv_rotate_*)
+        case KvCacheType::kTq3: return GgmlType::kQ3_KV;  // rows rotated first
     }
-    throw_error(ErrorCode::kInvalidArgument, "KV cache type %d is none of f32, f16, bf16, q8_0, q4_0, tq4", int(t));
+    throw_error(ErrorCode::kInvalidArgument, "KV cache type %d is none of f32, f16, bf16, q8_0, q4_0, tq4, tq3",
+                int(t));
 }
 
 std::unique_ptr<Model> load_engine_model(const std::string& path, const EngineOptions& options) {
@@ -118,8 +120,8 @@ std::unique_ptr<Model> load_engine_model(const std::string& path, const EngineOp
     mo.n_batch = options.n_batch;
     mo.kv_type_k = kv_ggml_type(options.kv_type_k);
     mo.kv_type_v = kv_ggml_type(options.kv_type_v);
-    mo.kv_rotate_k = options.kv_type_k == KvCacheType::kTq4;
-    mo.kv_rotate_v = options.kv_type_v == KvCacheType::kTq4;
+    mo.kv_rotate_k = options.kv_type_k == KvCacheType::kTq4 || options.kv_type_k == KvCacheType::kTq3;
+    mo.kv_rotate_v = options.kv_type_v == KvCacheType::kTq4 || options.kv_type_v == KvCacheType::kTq3;
     mo.device = dev.kind;
     mo.gpu_index = dev.gpu_index;
     mo.cuda.profile = options.gpu_profile;
@@ -298,7 +300,8 @@ constexpr std::pair<KvCacheType, const char*> kKvNames[] = {{KvCacheType::kF32, 
                                                             {KvCacheType::kBF16, "bf16"},
                                                             {KvCacheType::kQ8_0, "q8_0"},
                                                             {KvCacheType::kQ4_0, "q4_0"},
-                                                            {KvCacheType::kTq4, "tq4"}};
+                                                            {KvCacheType::kTq4, "tq4"},
+                                                            {KvCacheType::kTq3, "tq3"}};
 }  // namespace
 
 const char* kv_cache_type_name(KvCacheType t) {
@@ -310,7 +313,8 @@ const char* kv_cache_type_name(KvCacheType t) {
 KvCacheType parse_kv_cache_type(const std::string& name) {
     for (const auto& [k, n] : kKvNames)
         if (name == n) return k;
-    throw_error(ErrorCode::kInvalidArgument, "KV cache type '%s': expected f32, f16, bf16, q8_0, q4_0 or tq4", name.c_str());
+    throw_error(ErrorCode::kInvalidArgument, "KV cache type '%s': expected f32, f16, bf16, q8_0, q4_0, tq4 or tq3",
+                name.c_str());
 }
 
 }  // namespace cera

@@ -22,12 +22,13 @@ const std::vector<int32_t> kGather = {3, 0, 11};  // kTop entries' gathered ids
 const char* const kModels[] = {"tiny-lfm2",         "tiny-lfm2moe",      "tiny-qwen3",
                                "tiny-llama-random", "tiny-qwen2-random", "tiny-granite-random"};
 
-std::unique_ptr<Model> load(const std::string& name, bool tq4 = false) {
+// rotated: the rotated caches' rows of that type (EngineOptions' kTq4: Q4_0, kTq3: Q3_KV).
+std::unique_ptr<Model> load(const std::string& name, GgmlType rotated = GgmlType::kF32) {
     ModelOptions o;
     o.n_threads = 2;
     o.n_ctx = 128;
-    if (tq4) {  // the rotated 4-bit cache (EngineOptions' KvCacheType::kTq4)
-        o.kv_type_k = o.kv_type_v = GgmlType::kQ4_0;
+    if (rotated != GgmlType::kF32) {
+        o.kv_type_k = o.kv_type_v = rotated;
         o.kv_rotate_k = o.kv_rotate_v = true;
     }
     return load_model(test::data_path(std::string("fixtures/") + name) + "/model.gguf", o);
@@ -133,8 +134,12 @@ void sequences_in_one_pass_match_each_alone(std::unique_ptr<Model> model) {
 
 TEST_P(BatchFixture, SequencesInOnePassMatchEachAlone) { sequences_in_one_pass_match_each_alone(load(GetParam())); }
 
-// The paged pool holds rotated 4-bit rows (tq4) as the single-sequence cache does: the same logits.
-TEST(Batch, RotatedCacheSequencesMatchEachAlone) { sequences_in_one_pass_match_each_alone(load("tiny-lfm2", true)); }
+// The paged pool holds rotated 4-bit and 3-bit rows (tq4, tq3) as the single-sequence cache does: the
+// same logits.
+TEST(Batch, RotatedCacheSequencesMatchEachAlone) {
+    sequences_in_one_pass_match_each_alone(load("tiny-lfm2", GgmlType::kQ4_0));
+    sequences_in_one_pass_match_each_alone(load("tiny-lfm2", GgmlType::kQ3_KV));
+}
 
 // A prompt sharing a cached prefix with a sequence that has left takes its blocks (and, on models with
 // short-conv layers, the conv states kept at the block ends inside a step) and gives the logits of a

@@ -33,7 +33,9 @@ TEST_F(CudaBackendTest, KvStoreAndAttention) {
                        C{32, 4, 32, 1000, GgmlType::kF32, 0}, C{4, 2, 64, 300, GgmlType::kQ8_0, 0},
                        C{8, 2, 128, 2000, GgmlType::kQ4_0, 0}, C{4, 1, 64, 3000, GgmlType::kBF16, 100},
                        C{8, 8, 64, 9000, GgmlType::kQ8_0, 0}, C{6, 2, 256, 700, GgmlType::kQ4_0, 0},
-                       C{32, 4, 32, 1000, GgmlType::kQ8_0, 0}, C{16, 2, 96, 500, GgmlType::kQ4_0, 0}}) {
+                       C{32, 4, 32, 1000, GgmlType::kQ8_0, 0}, C{16, 2, 96, 500, GgmlType::kQ4_0, 0},
+                       C{8, 2, 128, 2000, GgmlType::kQ3_KV, 0}, C{16, 2, 96, 500, GgmlType::kQ3_KV, 0},
+                       C{4, 1, 64, 3000, GgmlType::kQ3_KV, 100}}) {
         SCOPED_TRACE("head_dim " + std::to_string(c.head_dim) + " n_ctx " + std::to_string(c.n_ctx) + " " +
                      type_name(c.kv));
         // The tensor-core prefill decodes BF16, Q8_0 and Q4_0 rows into f16 tiles (attention_mma.cu); the
@@ -97,7 +99,8 @@ TEST_F(CudaBackendTest, DecodeStepRopeStoreAttention) {
                        C{8, 2, 64, 300, GgmlType::kQ8_0, 0, true, RopeMode::kNeox},
                        C{32, 4, 64, 9000, GgmlType::kQ4_0, 0, false, RopeMode::kNeox},
                        C{16, 2, 128, 700, GgmlType::kBF16, 0, true, RopeMode::kNorm},
-                       C{8, 8, 128, 2000, GgmlType::kQ4_0, 0, false, RopeMode::kNorm}}) {
+                       C{8, 8, 128, 2000, GgmlType::kQ4_0, 0, false, RopeMode::kNorm},
+                       C{32, 4, 64, 9000, GgmlType::kQ3_KV, 0, true, RopeMode::kNeox}}) {
         SCOPED_TRACE("head_dim " + std::to_string(c.head_dim) + " n_ctx " + std::to_string(c.n_ctx) + " G " +
                      std::to_string(c.n_head / c.n_head_kv));
         const int64_t width = int64_t(c.n_head_kv) * c.head_dim, qw = int64_t(c.n_head) * c.head_dim;
@@ -153,7 +156,7 @@ TEST_F(CudaBackendTest, DecodeStepRopeStoreAttention) {
                 EXPECT_LT(err, c.kv == GgmlType::kF32 ? 1e-5 : c.kv == GgmlType::kF16 ? 8e-3 : 6e-2) << what;
             else
                 EXPECT_LE(off, 64) << what << ": elements whose stored value differs (max |diff| " << err << ")";
-            if (cache == &vc && (c.kv == GgmlType::kQ8_0 || c.kv == GgmlType::kQ4_0))
+            if (cache == &vc && (c.kv == GgmlType::kQ8_0 || c.kv == GgmlType::kQ4_0 || c.kv == GgmlType::kQ3_KV))
                 EXPECT_EQ(ba, bb) << "v cache bytes: v is the same input on both backends";
         }
     }
@@ -174,7 +177,7 @@ TEST_F(CudaBackendTest, FlashAttentionMatchesReference) {
         double tol;  // the other types' values are rounded to f16 in the tiles
     };
     for (const T& ty : {T{GgmlType::kF16, tol}, T{GgmlType::kBF16, 2e-3}, T{GgmlType::kQ8_0, 2e-3},
-                        T{GgmlType::kQ4_0, 2e-3}})
+                        T{GgmlType::kQ4_0, 2e-3}, T{GgmlType::kQ3_KV, 2e-3}})
     for (const C& c : {C{4, 4, 64}, C{8, 2, 64}, C{4, 4, 128}, C{8, 2, 128}}) {
         if (ty.kv != GgmlType::kF16 && c.n_head == 4) continue;
         SCOPED_TRACE("n_head " + std::to_string(c.n_head) + " n_head_kv " + std::to_string(c.n_head_kv) +

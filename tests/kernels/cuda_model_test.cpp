@@ -107,7 +107,10 @@ TEST(CudaModel, KvCacheTypesMatchCpu) {
                        C{"tiny-lfm2", "model.gguf", GgmlType::kQ4_0, true},
                        C{"tiny-lfm2", "model-Q4_0.gguf", GgmlType::kQ4_0, true},
                        C{"tiny-llama-random", "model.gguf", GgmlType::kQ8_0, false},
-                       C{"tiny-llama-random", "model.gguf", GgmlType::kQ4_0, true}}) {
+                       C{"tiny-llama-random", "model.gguf", GgmlType::kQ4_0, true},
+                       C{"tiny-lfm2", "model.gguf", GgmlType::kQ3_KV, true},
+                       C{"tiny-lfm2", "model-Q4_0.gguf", GgmlType::kQ3_KV, true},
+                       C{"tiny-llama-random", "model.gguf", GgmlType::kQ3_KV, true}}) {
         SCOPED_TRACE(std::string(c.name) + "/" + c.file + " " + type_name(c.kv) + (c.rotate ? " rotated" : ""));
         auto [cpu, gpu] = load_fixture_pair(c.name, c.file, c.kv, c.rotate);
         const int64_t n_vocab = cpu->info().n_vocab;
@@ -124,7 +127,13 @@ TEST(CudaModel, KvCacheTypesMatchCpu) {
         std::printf("  [kv] %s/%s %s%s: prefill logits max |diff| %.2e (max |logit| %.2f)\n", c.name, c.file,
                     type_name(c.kv), c.rotate ? " rotated" : "", err, mag);
         const bool f32_file = std::string(c.file) == "model.gguf";
-        EXPECT_LT(err, !f32_file ? 0.5 : c.kv == GgmlType::kBF16 ? 2e-3 : 1e-2) << "prefill logits";
+        // Q3_KV's steps are a quarter of the deviation: a key the backends round apart by a float's last bit
+        // may change code at a bound, and move the logits by more than the other types.
+        EXPECT_LT(err, !f32_file                     ? 0.5
+                       : c.kv == GgmlType::kBF16     ? 2e-3
+                       : c.kv == GgmlType::kQ3_KV    ? 5e-2
+                                                     : 1e-2)
+            << "prefill logits";
         // The F32 files give the same tokens. The Q4_0 file's logits differ by err, so its tokens may part
         // only where the CPU's best two logits are within 2 err of each other (a near-tie).
         const auto at = std::mismatch(tc.begin(), tc.end(), tg.begin()).first - tc.begin();

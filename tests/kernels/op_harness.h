@@ -51,9 +51,9 @@ inline constexpr int64_t kLengths[] = {1, 7, 32, 96, 256, 288, 768, 4096, 4097};
 inline constexpr int64_t kRowCounts[] = {1, 7, 33, 513};
 inline constexpr int64_t kTokenCounts[] = {1, 3, 17, 64};
 
-// Every KV cache type (the rotated ones are Q4_0 rows).
-inline constexpr GgmlType kKvTypes[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
-                                        GgmlType::kQ4_0};
+// Every KV cache type (the rotated ones are Q4_0 and Q3_KV rows).
+inline constexpr GgmlType kKvTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16,
+                                        GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ3_KV};
 
 // Every weight type the engine reads (core/quant's table less Q8_1 and Q8_K, activation formats).
 inline constexpr GgmlType kWeightTypes[] = {

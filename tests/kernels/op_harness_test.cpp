@@ -281,7 +281,7 @@ TEST(OpHarness, NormRope) {
 // ---------------------------------------------------------------------------------------- kv_store
 // Rows pos[t] of the caches take k[t] and v[t] in the cache's type, bit for bit as the reference
 // conversions write them (quantize_row_ref: f16 and bf16 rounded to nearest even, CUDA's __float2half_rn
-// and __float2bfloat16_rn being the same rounding; Q8_0 and Q4_0 blocks with the reference quantizers'
+// and __float2bfloat16_rn being the same rounding; Q8_0, Q4_0 and Q3_KV blocks with the reference quantizers'
 // arithmetic). Rows no position names keep what they held.
 TEST(OpHarness, KvStore) {
     std::mt19937 rng(6);

@@ -253,6 +253,10 @@ TEST(ContextShiftSession, Lfm2GeneratesPastTheContextTq4) {
     generates_past_the_context(cera::test::source_path("models/tiny-lfm2-Q8_0.gguf"), cera::KvCacheType::kTq4);
 }
 
+TEST(ContextShiftSession, Lfm2GeneratesPastTheContextTq3) {
+    generates_past_the_context(cera::test::source_path("models/tiny-lfm2-Q8_0.gguf"), cera::KvCacheType::kTq3);
+}
+
 TEST(ContextShiftSession, LlamaGeneratesPastTheContextF16) {
     generates_past_the_context(cera::test::source_path("models/stories260K.gguf"), cera::KvCacheType::kF16);
 }

@@ -34,7 +34,7 @@ void run_case(const Case& c, RowsFn rows, BlockFn block, const char* name) {
     for (float& x : k32) x = nd(rng);
     for (float& x : v32) x = nd(rng);
     // The caches in the case's type, row by row as the backend stores them.
-    const GgmlType gt[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0};
+    const GgmlType gt[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ3_KV};
     const GgmlType t = gt[int(c.type)];
     const size_t row = row_size(t, kv_width);
     std::vector<uint8_t> kc(row * size_t(n_ctx)), vc(kc.size());
@@ -78,7 +78,8 @@ void run_case(const Case& c, RowsFn rows, BlockFn block, const char* name) {
     }
 }
 
-constexpr Elem F32 = Elem::kF32, F16 = Elem::kF16, BF16 = Elem::kBF16, Q8 = Elem::kQ8_0, Q4 = Elem::kQ4_0;
+constexpr Elem F32 = Elem::kF32, F16 = Elem::kF16, BF16 = Elem::kBF16, Q8 = Elem::kQ8_0, Q4 = Elem::kQ4_0,
+                Q3 = Elem::kQ3_KV;
 const Case kCases[] = {
     {4, 2, 64, 7, 0, 0, F32},   {4, 2, 64, 1, 200, 0, F32},  {4, 4, 48, 5, 3, 0, F16},   {2, 1, 16, 33, 0, 0, F32},
     {8, 2, 80, 3, 17, 0, F16},  {4, 2, 32, 20, 5, 8, F32},   {1, 1, 8, 1, 0, 0, F32},    {6, 3, 128, 4, 60, 0, F16},
@@ -86,6 +87,7 @@ const Case kCases[] = {
     {8, 2, 32, 17, 0, 0, F32},  {4, 2, 64, 7, 0, 0, BF16},   {8, 2, 48, 3, 9, 0, BF16},  {4, 2, 64, 1, 200, 0, Q8},
     {16, 8, 64, 37, 100, 0, Q8}, {6, 3, 128, 4, 60, 0, Q8},  {4, 2, 32, 20, 5, 8, Q8},   {4, 2, 64, 1, 200, 0, Q4},
     {16, 8, 64, 37, 100, 0, Q4}, {6, 3, 128, 4, 60, 0, Q4},  {8, 2, 32, 17, 0, 0, Q4},
+    {4, 2, 64, 1, 200, 0, Q3},  {16, 8, 64, 37, 100, 0, Q3}, {6, 3, 128, 4, 60, 0, Q3},  {8, 2, 32, 17, 0, 0, Q3},
 };
 
 TEST(CpuAttention, Avx512MatchesReference) {

@@ -135,6 +135,33 @@ TEST(PerplexityKl, AgainstItselfIsZeroAndAgainstAQuantizedModelIsNot) {
     std::filesystem::remove(base);
 }
 
+// The compressed caches against an F16 cache, in perplexity and KL divergence over the same windows: Q8_0
+// within 0.5% of F16's perplexity, the rotated 4-bit tq4 within 2% and the 3.5-bit tq3 within 3%, and
+// each coarser type further from the base than the finer one.
+TEST(PerplexityKl, CompressedKvCachesStayCloseToF16) {
+    auto engine_with = [](cera::KvCacheType t) {
+        return cera::Engine::load(data_path("fixtures/tiny-lfm2/model.gguf"),
+                                  {.device = "cpu", .threads = 2, .kv_type_k = t, .kv_type_v = t});
+    };
+    auto f16 = engine_with(cera::KvCacheType::kF16);
+    const std::vector<int32_t> tokens = story_tokens(*f16);
+    const std::string base = temp_file("kv_base.kl");
+    const cera::PerplexityResult r0 = cera::perplexity(*f16, tokens, opts(48, -1, base, ""));
+    double last_kld = 0;
+    for (auto [t, bound] : {std::pair{cera::KvCacheType::kQ8_0, 0.005}, std::pair{cera::KvCacheType::kTq4, 0.02},
+                            std::pair{cera::KvCacheType::kTq3, 0.03}}) {
+        const cera::PerplexityResult r = cera::perplexity(*engine_with(t), tokens, opts(48, -1, "", base));
+        ASSERT_TRUE(r.has_kl);
+        std::printf("  %s: PPL %.4f against %.4f (F16), KLD %.6f, same top %.3f\n", cera::kv_cache_type_name(t),
+                    r.ppl, r0.ppl, r.kl.kld, r.kl.same_top);
+        EXPECT_NEAR(r.ppl / r0.ppl, 1.0, bound) << cera::kv_cache_type_name(t);
+        EXPECT_GT(r.kl.kld, last_kld) << cera::kv_cache_type_name(t);
+        EXPECT_LT(r.kl.kld, 0.02) << cera::kv_cache_type_name(t);
+        last_kld = r.kl.kld;
+    }
+    std::filesystem::remove(base);
+}
+
 cera::ErrorCode error_of(const std::function<void()>& f) {
     try {
         f();

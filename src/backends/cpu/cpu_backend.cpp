@@ -703,7 +703,7 @@ class CpuBackend final : public Backend {
         if (cache.type == GgmlType::kF32)
             std::memcpy(dst, src, size_t(width) * sizeof(float));
         else
-            quantize_row_ref(cache.type, src, dst, width);  // F16, BF16 round to nearest even; Q8_0, Q4_0 blocks
+            quantize_row_ref(cache.type, src, dst, width);  // F16, BF16 round to nearest even; blocks
     }
 
     static cpu_attention::Elem cache_elem(const Tensor& cache) {
@@ -713,6 +713,7 @@ class CpuBackend final : public Backend {
             case GgmlType::kBF16: return cpu_attention::Elem::kBF16;
             case GgmlType::kQ8_0: return cpu_attention::Elem::kQ8_0;
             case GgmlType::kQ4_0: return cpu_attention::Elem::kQ4_0;
+            case GgmlType::kQ3_KV: return cpu_attention::Elem::kQ3_KV;
             default: break;
         }
         throw_error(ErrorCode::kUnsupported, "attention: a KV cache of type %s", type_name(cache.type));

@@ -43,8 +43,11 @@ void rows_ref(const Args& a, int64_t r0, int64_t r1, float* scratch) {
                 return kv_buf;
             }
             case Elem::kQ8_0:
-            case Elem::kQ4_0: {
-                const GgmlType t = type == Elem::kQ8_0 ? GgmlType::kQ8_0 : GgmlType::kQ4_0;
+            case Elem::kQ4_0:
+            case Elem::kQ3_KV: {
+                const GgmlType t = type == Elem::kQ8_0   ? GgmlType::kQ8_0
+                                   : type == Elem::kQ4_0 ? GgmlType::kQ4_0
+                                                         : GgmlType::kQ3_KV;
                 dequantize_row_ref(t, static_cast<const uint8_t*>(base) + (off / 32) * row_size(t, 32), kv_buf, hd);
                 return kv_buf;
             }

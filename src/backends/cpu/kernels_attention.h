@@ -12,9 +12,9 @@
 
 namespace cera::cpu_attention {
 
-// The cache element types. The block types (Q8_0, Q4_0: 32 elements a block) need head_dim % 32 == 0, so
-// that every head starts a block; the kernels read element offsets as block and place in the block.
-enum class Elem : uint8_t { kF32, kF16, kBF16, kQ8_0, kQ4_0 };
+// The cache element types. The block types (Q8_0, Q4_0, Q3_KV: 32 elements a block) need head_dim % 32 == 0,
+// so that every head starts a block; the kernels read element offsets as block and place in the block.
+enum class Elem : uint8_t { kF32, kF16, kBF16, kQ8_0, kQ4_0, kQ3_KV };
 
 struct Args {
     const float* q = nullptr;      // f32 [n_tokens, n_head * head_dim]

@@ -6,6 +6,7 @@
 
 #include "backends/cpu/kernels_attention.h"
 #include "core/fp16.h"
+#include "core/quant/blocks.h"
 
 namespace cera::cpu_attention {
 namespace {
@@ -62,6 +63,17 @@ inline __m256 load8(const void* base, int64_t off, Elem type) {
             q = _mm_and_si128(q, _mm_set1_epi8(0x0f));
             const __m256i v = _mm256_sub_epi32(_mm256_cvtepu8_epi32(q), _mm256_set1_epi32(8));
             return _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(fp16_to_fp32(*reinterpret_cast<const uint16_t*>(b))));
+        }
+        case Elem::kQ3_KV: {  // blocks of 14 bytes (BlockQ3_KV): f16 scale, 2-bit magnitudes, sign bits
+            const auto* b = reinterpret_cast<const BlockQ3_KV*>(static_cast<const uint8_t*>(base) + (off >> 5) * 14);
+            const int g = int(off & 31) >> 3;  // elements 8g .. 8g + 7
+            const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            const __m256i m = _mm256_and_si256(
+                _mm256_srlv_epi32(_mm256_set1_epi32(b->qs[2 * g] | b->qs[2 * g + 1] << 8), _mm256_add_epi32(lane, lane)),
+                _mm256_set1_epi32(3));
+            const __m256i s = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b->qh[g]), lane), _mm256_set1_epi32(1));
+            const __m256 v = _mm256_permutevar8x32_ps(_mm256_loadu_ps(kQ3KVValues), _mm256_or_si256(m, _mm256_slli_epi32(s, 2)));
+            return _mm256_mul_ps(v, _mm256_set1_ps(fp16_to_fp32(b->d)));
         }
     }
     return _mm256_setzero_ps();

@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "backends/cpu/kernels_attention.h"
 #include "core/fp16.h"
+#include "core/quant/blocks.h"
 
 namespace cera::cpu_attention {
 namespace {
@@ -50,6 +52,21 @@ inline __m512 load(const void* base, int64_t off, Elem type, __mmask16 m) {
             q = _mm_and_si128(q, _mm_set1_epi8(0x0f));
             const __m512i v = _mm512_sub_epi32(_mm512_cvtepu8_epi32(q), _mm512_set1_epi32(8));
             return _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(fp16_to_fp32(*reinterpret_cast<const uint16_t*>(b))));
+        }
+        case Elem::kQ3_KV: {  // blocks of 14 bytes (BlockQ3_KV): f16 scale, 2-bit magnitudes, sign bits
+            const auto* b = reinterpret_cast<const BlockQ3_KV*>(static_cast<const uint8_t*>(base) + (off >> 5) * 14);
+            const int h = int(off & 16) >> 4;  // elements 16h .. 16h + 15
+            uint32_t qs;
+            uint16_t qh;
+            std::memcpy(&qs, b->qs + 4 * h, 4);
+            std::memcpy(&qh, b->qh + 2 * h, 2);
+            const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+            const __m512i mg = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(int(qs)), _mm512_add_epi32(lane, lane)),
+                                                _mm512_set1_epi32(3));
+            const __m512i sg = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(int(qh)), lane), _mm512_set1_epi32(1));
+            const __m512 v = _mm512_permutexvar_ps(_mm512_or_si512(mg, _mm512_slli_epi32(sg, 2)),
+                                                   _mm512_castps256_ps512(_mm256_loadu_ps(kQ3KVValues)));
+            return _mm512_mul_ps(v, _mm512_set1_ps(fp16_to_fp32(b->d)));
         }
     }
     return _mm512_setzero_ps();

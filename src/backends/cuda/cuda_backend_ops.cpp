@@ -67,7 +67,7 @@ void CudaBackend::kv_store(const Tensor& k, const Tensor& v, const Tensor& pos, 
     cuda::KvCodec codec;
     CERA_CHECK(k_cache.type == v_cache.type && cuda::kv_codec_of(k_cache.type, codec) && v.ne[0] == k.ne[0] &&
                    v.rows() == k.rows(),
-               "kv_store: k and v of one shape, caches of one type (F32, F16, BF16, Q8_0 or Q4_0)");
+               "kv_store: k and v of one shape, caches of one type (F32, F16, BF16, Q8_0, Q4_0 or Q3_KV)");
     record(KvStoreNode{k.as<float>(), v.as<float>(), k.rows(), k.ne[0], pos.as<const int32_t>(),
                        k_cache.data, v_cache.data, codec, k_cache.ne[1]});
 }
@@ -77,7 +77,7 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
     AttentionNode n;
     cuda::AttentionArgs& a = n.a;
     CERA_CHECK(k_cache.type == v_cache.type && cuda::kv_codec_of(k_cache.type, a.codec),
-               "attention: caches of one type (F32, F16, BF16, Q8_0 or Q4_0)");
+               "attention: caches of one type (F32, F16, BF16, Q8_0, Q4_0 or Q3_KV)");
     a.q = q.as<const float>(), a.k_cache = k_cache.data, a.v_cache = v_cache.data;
     a.pos = pos.as<const int32_t>();
     a.n_tokens = q.rows(), a.n_ctx = k_cache.ne[1];

@@ -198,9 +198,9 @@ void rope_table(const RopeArgs& r, int64_t rows, float* table, Stream stream);
 void norm_rope(float* x, int64_t n_tokens, int n_head, int head_dim, const float* norm_w, float eps,
                const int32_t* pos, const RopeArgs& rope, Stream stream);
 
-// The KV cache's row formats: F32, F16 and BF16 elements, or GGUF's Q8_0 and Q4_0 blocks of 32
-// (kv_codec.cuh). A row holds the same bytes as the CPU backend's cache of that type.
-enum class KvCodec : uint8_t { kF32, kF16, kBF16, kQ8_0, kQ4_0 };
+// The KV cache's row formats: F32, F16 and BF16 elements, or GGUF's Q8_0 and Q4_0 blocks of 32, or the
+// tq3 cache's Q3_KV blocks (kv_codec.cuh). A row holds the same bytes as the CPU backend's cache of that type.
+enum class KvCodec : uint8_t { kF32, kF16, kBF16, kQ8_0, kQ4_0, kQ3 };
 // The codec of a cache type; false for a type the kernels do not read.
 inline bool kv_codec_of(GgmlType t, KvCodec& c) {
     switch (t) {
@@ -209,6 +209,7 @@ inline bool kv_codec_of(GgmlType t, KvCodec& c) {
         case GgmlType::kBF16: c = KvCodec::kBF16; return true;
         case GgmlType::kQ8_0: c = KvCodec::kQ8_0; return true;
         case GgmlType::kQ4_0: c = KvCodec::kQ4_0; return true;
+        case GgmlType::kQ3_KV: c = KvCodec::kQ3; return true;
         default: return false;
     }
 }
@@ -220,11 +221,12 @@ CERA_HD constexpr int64_t kv_row_bytes(KvCodec c, int64_t n) {
         case KvCodec::kBF16: return 2 * n;
         case KvCodec::kQ8_0: return n / 32 * 34;
         case KvCodec::kQ4_0: return n / 32 * 18;
+        case KvCodec::kQ3: return n / 32 * 14;
     }
     return 0;
 }
 // Whether the codec stores blocks of 32 elements (quantized) rather than single elements.
-CERA_HD constexpr bool kv_blocked(KvCodec c) { return c == KvCodec::kQ8_0 || c == KvCodec::kQ4_0; }
+CERA_HD constexpr bool kv_blocked(KvCodec c) { return c == KvCodec::kQ8_0 || c == KvCodec::kQ4_0 || c == KvCodec::kQ3; }
 
 // cache[pos[t]] = src[t] for k and v ([n_ctx, width]), converted to the cache's codec (width a multiple
 // of 32 for the block codecs, which quantize as the CPU's reference quantizers do: the same bytes).
@@ -239,7 +241,7 @@ struct QkvRopeArgs {
     float* v = nullptr;
     int64_t n_tokens = 0;
     int n_head = 0, n_head_kv = 0, head_dim = 0;
-    // Rotated caches (tq4): each head of q, k or v through rotate_head after its RoPE, before the store.
+    // Rotated caches (tq4, tq3): each head of q, k or v through rotate_head after its RoPE, before the store.
     bool rotate_q = false, rotate_k = false, rotate_v = false;
     const float* q_norm = nullptr;
     const float* k_norm = nullptr;

@@ -1,12 +1,12 @@
 // The KV cache's row formats on the device (KvCodec, kernels.h): how the attention kernels read
 // values out of a cache row and how the stores write them. A row holds the CPU backend's bytes for
-// the same type (GGUF's F32, F16, BF16, Q8_0 and Q4_0), so saved states, prefix-cache rows and the
+// the same type (GGUF's F32, F16, BF16, Q8_0 and Q4_0, and Q3_KV of the tq3 cache), so saved states, prefix-cache rows and the
 // context shift move between the backends unchanged, and the block codecs quantize with the CPU's
 // reference arithmetic: the same bytes from the same values.
 //
 // Reads take generic addresses (shared or global memory) of a row's first byte (a head's first
 // element) and an element index. The element codecs read 16 bytes at once (8 values at d % 8 == 0);
-// the block codecs read 2-byte words, since their 34- and 18-byte blocks keep only 2-byte alignment.
+// the block codecs read 2-byte words, since their 34-, 18- and 14-byte blocks keep only 2-byte alignment.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -15,6 +15,7 @@
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kernels.h"
+#include "core/quant/blocks.h"
 
 namespace cera::cuda {
 
@@ -32,6 +33,9 @@ struct KvQ8 {
 };
 struct KvQ4 {
     static constexpr KvCodec kCodec = KvCodec::kQ4_0;
+};
+struct KvQ3 {
+    static constexpr KvCodec kCodec = KvCodec::kQ3;
 };
 
 // Calls f(K{}) with the codec type of c (host side: the launchers pick their kernel with it).
@@ -52,6 +56,9 @@ void with_kv_codec(KvCodec c, F&& f) {
             break;
         case KvCodec::kQ4_0:
             f(KvQ4{});
+            break;
+        case KvCodec::kQ3:
+            f(KvQ3{});
             break;
     }
 }
@@ -74,6 +81,16 @@ __device__ __forceinline__ const unsigned char* q4_byte(const unsigned char* row
     const int o = d & 31;
     shift = o & 16 ? 4 : 0;
     return row + (d >> 5) * 18 + 2 + (o & 15);
+}
+
+// Q3_KV (core/quant/blocks.h): the value of code m | s << 2 at scale d, d * kQ3KVValues[c] (the
+// levels are symmetric, so the sign flips after the product, exactly).
+// Device code reads the levels and bounds as scalar constants.
+constexpr float kQ3L0 = kQ3KVValues[0], kQ3L1 = kQ3KVValues[1], kQ3L2 = kQ3KVValues[2], kQ3L3 = kQ3KVValues[3];
+constexpr float kQ3B0 = kQ3KVBounds[0], kQ3B1 = kQ3KVBounds[1], kQ3B2 = kQ3KVBounds[2];
+__device__ __forceinline__ float q3_value(uint32_t m, uint32_t s, float d) {
+    const float mag = m & 2 ? (m & 1 ? kQ3L3 : kQ3L2) : (m & 1 ? kQ3L1 : kQ3L0);
+    return __uint_as_float(__float_as_uint(__fmul_rn(d, mag)) ^ (s << 31));
 }
 
 // Values d .. d + 7 (d % 8 == 0) as floats.
@@ -106,6 +123,13 @@ __device__ __forceinline__ void kv_load8(const unsigned char* row, int d, float*
             const uint32_t u = kv_u16(q + 2 * i);
             v[2 * i] = s8_at(u, 0) * s, v[2 * i + 1] = s8_at(u, 1) * s;
         }
+    } else if constexpr (std::is_same_v<K, KvQ3>) {
+        const unsigned char* b = row + (d >> 5) * 14;
+        const int g = (d & 31) >> 3;
+        const float s = kv_scale(b);
+        const uint32_t m = kv_u16(b + 2 + 2 * g), sg = b[10 + g];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = q3_value(m >> (2 * i) & 3, sg >> i & 1, s);
     } else {
         static_assert(std::is_same_v<K, KvQ4>);
         int sh;
@@ -134,6 +158,12 @@ __device__ __forceinline__ float2 kv_load2(const unsigned char* row, int d) {
         const float s = kv_scale(b);
         const uint32_t u = kv_u16(b + 2 + (d & 31));
         return make_float2(s8_at(u, 0) * s, s8_at(u, 1) * s);
+    } else if constexpr (std::is_same_v<K, KvQ3>) {
+        const unsigned char* b = row + (d >> 5) * 14;
+        const int o = d & 31;
+        const float s = kv_scale(b);
+        const uint32_t m = b[2 + o / 4] >> (2 * (o & 3)), sg = b[10 + o / 8] >> (o & 7);
+        return make_float2(q3_value(m & 3, sg & 1, s), q3_value(m >> 2 & 3, sg >> 1 & 1, s));
     } else {
         int sh;
         const uint32_t u = kv_u16(q4_byte(row, d, sh)) >> sh;
@@ -154,6 +184,10 @@ __device__ __forceinline__ float kv_load1(const unsigned char* row, int d) {
     } else if constexpr (std::is_same_v<K, KvQ8>) {
         const unsigned char* b = row + (d >> 5) * 34;
         return float(int8_t(b[2 + (d & 31)])) * kv_scale(b);
+    } else if constexpr (std::is_same_v<K, KvQ3>) {
+        const unsigned char* b = row + (d >> 5) * 14;
+        const int o = d & 31;
+        return q3_value(b[2 + o / 4] >> (2 * (o & 3)) & 3, b[10 + o / 8] >> (o & 7) & 1, kv_scale(b));
     } else {
         int sh;
         const uint32_t u = *q4_byte(row, d, sh) >> sh;
@@ -178,12 +212,43 @@ __device__ __forceinline__ void kv_put1(KvCodec c, unsigned char* row, int64_t e
     }
 }
 
-// The 32-element block at `block` (Q8_0 or Q4_0) from the warp's values, lane i holding element i:
+// The sum over the warp as the butterfly of the Q3_KV reference (quant.cpp q3_kv_tree_sum): every lane
+// ends with the same float.
+__device__ __forceinline__ float q3_tree_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// The 32-element block at `block` (Q8_0, Q4_0 or Q3_KV) from the warp's values, lane i holding element i:
 // every lane calls it. The arithmetic is the reference quantizers' (core/quant): Q8_0 d = amax / 127,
 // q = round(x / d); Q4_0 d = -max / 8 with max the signed value of largest magnitude (the first one
-// on a tie), q = min(15, trunc(x / d + 8.5)). Products and sums round as the host's (no contraction).
+// on a tie), q = min(15, trunc(x / d + 8.5)); Q3_KV the codes of x * (1 / rms), then the least-squares
+// d. Products and sums round as the host's (no contraction).
 __device__ __forceinline__ void kv_put_block(KvCodec c, unsigned char* block, float x) {
     const int lane = threadIdx.x & 31;
+    if (c == KvCodec::kQ3) {
+        const float ss = q3_tree_sum(__fmul_rn(x, x));
+        uint32_t m = 0, sg = 0;
+        float d = 0.0f;
+        if (ss != 0.0f) {
+            const float is = __fdiv_rn(1.0f, __fsqrt_rn(__fdiv_rn(ss, 32.0f)));
+            const float t = fabsf(__fmul_rn(x, is));
+            m = uint32_t(t > kQ3B0) + uint32_t(t > kQ3B1) + uint32_t(t > kQ3B2);
+            sg = x < 0.0f;
+            const float v = q3_value(m, sg, 1.0f);
+            const float sxv = q3_tree_sum(__fmul_rn(x, v));
+            d = __fdiv_rn(sxv, q3_tree_sum(__fmul_rn(v, v)));
+        }
+        uint32_t byte = m << (2 * (lane & 3));
+        byte |= __shfl_xor_sync(0xffffffffu, byte, 1);
+        byte |= __shfl_xor_sync(0xffffffffu, byte, 2);
+        const uint32_t signs = __ballot_sync(0xffffffffu, sg);
+        if ((lane & 3) == 0) block[2 + lane / 4] = uint8_t(byte);
+        if (lane < 4) block[10 + lane] = uint8_t(signs >> (8 * lane));
+        if (lane == 0) *reinterpret_cast<__half*>(block) = __float2half_rn(d);
+        return;
+    }
     if (c == KvCodec::kQ8_0) {
         const float d = warp_max(fabsf(x)) / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;

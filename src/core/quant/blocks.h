@@ -95,6 +95,20 @@ struct BlockQ6_K {
     int8_t scales[kQK_K / 16];
     uint16_t d;
 };
+// Q3_KV, the rows of the tq3 KV cache (not a GGUF type): blocks of 32 elements of a rotated head, whose
+// values are close to Gaussian, each coded as a sign and one of the four magnitudes of the 8-level
+// Lloyd-Max quantizer of the unit Gaussian. x = d * kQ3KVValues[c], c = m | s << 2: the magnitude index
+// m of element j in bits 2 (j % 4) of qs[j / 4], its sign s in bit j % 8 of qh[j / 8]. 3.5 bits an element.
+struct BlockQ3_KV {
+    uint16_t d;     // fp16 scale
+    uint8_t qs[8];  // 2-bit magnitude indices
+    uint8_t qh[4];  // signs
+};
+constexpr float kQ3KVValues[8] = {0.2450942f,  0.7560053f,  1.3439093f,  2.1519457f,
+                                  -0.2450942f, -0.7560053f, -1.3439093f, -2.1519457f};
+// The decision bounds of the magnitudes: the midpoints of neighbouring levels.
+constexpr float kQ3KVBounds[3] = {0.5005497f, 1.0499573f, 1.7479275f};
+
 // The 16 levels of IQ4_NL and IQ4_XS: a non-uniform grid, denser near zero where trained weights
 // crowd.
 constexpr int8_t kIQ4NLValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -152,6 +166,7 @@ static_assert(sizeof(BlockQ5_K) == 176, "Q5_K block size");
 static_assert(sizeof(BlockQ6_K) == 210, "Q6_K block size");
 static_assert(sizeof(BlockQ8_K) == 292, "Q8_K block size");
 static_assert(sizeof(BlockIQ4_NL) == 18, "IQ4_NL block size");
+static_assert(sizeof(BlockQ3_KV) == 14, "Q3_KV block size");
 static_assert(sizeof(BlockIQ4_XS) == 136, "IQ4_XS block size");
 
 // The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K block.

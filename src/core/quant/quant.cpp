@@ -330,6 +330,52 @@ void dequant_q6_k(const void* src, float* y, int64_t n) {
     }
 }
 
+// Q3_KV (blocks.h). The block's scale: its root mean square picks the codes (the quantizer is the
+// Lloyd-Max one of a Gaussian of that deviation), then d = sum(x v) / sum(v v) over the chosen levels v,
+// the least-squares scale of those codes. Sums run as the butterfly of a 32-lane warp (pairs 16 apart,
+// then 8, 4, 2, 1), so that the CUDA stores compute the same floats.
+float q3_kv_tree_sum(float* s) {
+    for (int off = 16; off > 0; off >>= 1)
+        for (int j = 0; j < off; ++j) s[j] = s[j] + s[j + off];
+    return s[0];
+}
+
+void dequant_q3_kv(const void* src, float* y, int64_t n) {
+    const auto* x = static_cast<const BlockQ3_KV*>(src);
+    for (int64_t i = 0; i < n / 32; ++i, y += 32) {
+        const float d = h2f(x[i].d);
+        for (int j = 0; j < 32; ++j) {
+            const int c = (x[i].qs[j / 4] >> (2 * (j % 4)) & 3) | (x[i].qh[j / 8] >> (j % 8) & 1) << 2;
+            y[j] = d * kQ3KVValues[c];
+        }
+    }
+}
+
+void quant_q3_kv(const float* x, void* dst, int64_t n) {
+    auto* y = static_cast<BlockQ3_KV*>(dst);
+    for (int64_t i = 0; i < n / 32; ++i, x += 32) {
+        float s[32];
+        for (int j = 0; j < 32; ++j) s[j] = x[j] * x[j];
+        const float ss = q3_kv_tree_sum(s);
+        std::memset(&y[i], 0, sizeof(BlockQ3_KV));
+        if (ss == 0.0f) continue;  // d = 0: every element decodes to 0
+        const float is = 1.0f / std::sqrt(ss / 32.0f);
+        float xv[32], vv[32];
+        for (int j = 0; j < 32; ++j) {
+            const float t = std::fabs(x[j] * is);
+            const int m = (t > kQ3KVBounds[0]) + (t > kQ3KVBounds[1]) + (t > kQ3KVBounds[2]);
+            const int sg = x[j] < 0.0f;
+            const float v = kQ3KVValues[m | sg << 2];
+            xv[j] = x[j] * v;
+            vv[j] = v * v;
+            y[i].qs[j / 4] |= uint8_t(m << (2 * (j % 4)));
+            y[i].qh[j / 8] |= uint8_t(sg << (j % 8));
+        }
+        const float sxv = q3_kv_tree_sum(xv);
+        y[i].d = f2h(sxv / q3_kv_tree_sum(vv));
+    }
+}
+
 void dequant_q8_k(const void* src, float* y, int64_t n) {
     const auto* x = static_cast<const BlockQ8_K*>(src);
     for (int64_t i = 0; i < n / kQK_K; ++i)
@@ -360,6 +406,7 @@ constexpr QuantTraits kTraits[] = {
     {GgmlType::kQ8_K, kQK_K, sizeof(BlockQ8_K), dequant_q8_k, quant_q8_k, nullptr},
     {GgmlType::kIQ4_NL, 32, sizeof(BlockIQ4_NL), dequant_iq4_nl, unweighted<quant_iq4_nl>, quant_iq4_nl},
     {GgmlType::kIQ4_XS, kQK_K, sizeof(BlockIQ4_XS), dequant_iq4_xs, unweighted<quant_iq4_xs>, quant_iq4_xs},
+    {GgmlType::kQ3_KV, 32, sizeof(BlockQ3_KV), dequant_q3_kv, quant_q3_kv, nullptr},
 };
 
 void check_row(const QuantTraits& t, int64_t n) {
