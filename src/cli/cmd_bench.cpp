@@ -431,6 +431,7 @@ int run_bench(const std::vector<std::string>& args) {
         j["device"] = info.device;
         j["threads"] = n_threads;
         j["repetitions"] = reps;
+        if (!prompt_ids.empty()) j["prompt_tokens"] = prompt_ids.size();  // -f's prompt
         for (const LoraOptions& lo : eo.lora) j["lora"].push_back({{"path", lo.path}, {"scale", lo.scale}});
         for (const auto& t : tests) {
             const Stats st = stats(t.samples);

@@ -132,6 +132,9 @@ struct EvalRequest {
     bool all_logits = false;  // output rows for every token, else for the last
     float* logits = nullptr;  // f32 [n_out, n_vocab], or null
     float* hidden = nullptr;  // f32 [n_out, n_embd], the hidden state after the final norm, or null
+    // i32 [n_out]: each output row's arg-max (Backend::argmax, the pick of a greedy Sampler), taken where
+    // the logits are; only these ids come back when logits is null. Or null.
+    int32_t* argmax = nullptr;
     // Keep the recurrent state (LFM2 conv states) after each token, so that truncate() can go back to any
     // position this evaluation passed (speculative decoding's verification). Consecutive evaluations that
     // keep their states add to the kept ones while ModelState::kKeptStates rows last. At most

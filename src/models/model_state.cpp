@@ -30,11 +30,17 @@ constexpr uint64_t kKeyLmHead = 2;  // the LM head runs inside the step
 constexpr uint64_t kKeyOutput = 4;  // the final norm of the output row runs inside the step
 constexpr uint64_t kKeyArgmax = 8;  // the greedy arg-max of the logits runs inside the step
 constexpr uint64_t kKeyRow1 = 16;   // the step's logits go to row 1 of logits_ (greedy_ahead())
+constexpr uint64_t kKeyKeep = 32;   // the step keeps every token's conv states (run_keeping())
+// Steps of up to kGraphTokens tokens are recorded too (speculative verifications, short prompt chunks):
+// their token count and output rows go into the key, 5 bits each from bit 6.
+constexpr int64_t kGraphTokens = 16;
+constexpr int kKeyTokensShift = 6;
+static_assert(kKeyTokensShift + 15 <= kKeyBits && kGraphTokens <= 16, "step keys: tokens, first and count of rows");
 
 Tensor first_rows(const Tensor& t, int64_t n) { return t ? t.row_slice(0, n) : t; }
 
 // The cache types in the header: the GgmlType when keys and values share it (F32 0, F16 1), else both.
-// Rotated caches (tq4) add bits 28 (keys) and 29 (values): their rows differ from plain ones.
+// Rotated caches (tq4, tq3) add bits 28 (keys) and 29 (values): their rows differ from plain ones.
 uint32_t kv_code(const ModelOptions& o) {
     const uint32_t types = o.kv_type_k == o.kv_type_v ? uint32_t(o.kv_type_k)
                                                        : 0x80000000u | uint32_t(o.kv_type_k) << 8 | uint32_t(o.kv_type_v);
@@ -94,6 +100,7 @@ class SequenceState final : public ModelState {
         hidden_ = be_.alloc(GgmlType::kF32, {n_embd, nb});
         logits_ = be_.alloc(GgmlType::kF32, {info.n_vocab, std::max<int64_t>(2, std::min<int64_t>(kLogitRows, nb))});
         next_id_ = be_.alloc(GgmlType::kI32, {1});
+        picks_t_ = be_.alloc(GgmlType::kI32, {logits_.rows()});
         pos_host_.resize(size_t(nb));
     }
 
@@ -110,7 +117,8 @@ class SequenceState final : public ModelState {
         be_.free(segs_t_);
         be_.free(snaps_t_);
         act_.free(be_);
-        for (Tensor* t : {&ids_, &pos_t_, &hidden_, &logits_, &next_id_, &top_out_, &top_gather_}) be_.free(*t);
+        for (Tensor* t : {&ids_, &pos_t_, &hidden_, &logits_, &next_id_, &picks_t_, &top_out_, &top_gather_})
+            be_.free(*t);
     }
 
     EvalResult eval(const EvalRequest& rq) override {
@@ -118,13 +126,16 @@ class SequenceState final : public ModelState {
         CERA_CHECK(rq.head == HeadOutput::kLogits || (!rq.logits && !rq.hidden && !rq.all_logits),
                    "eval: logits and hidden rows come back with HeadOutput::kLogits only");
         CERA_CHECK(!rq.ahead || rq.head == HeadOutput::kGreedy, "eval: ahead needs HeadOutput::kGreedy");
+        CERA_CHECK(!rq.argmax || rq.head == HeadOutput::kLogits, "eval: arg-max rows come with HeadOutput::kLogits only");
         EvalResult res;
         check_embd(rq);
         embd_ = rq.embd;
+        argmax_out_ = rq.argmax;
         struct Clear {
             std::span<const EmbdRun>& e;
-            ~Clear() { e = {}; }
-        } clear{embd_};
+            int32_t*& a;
+            ~Clear() { e = {}, a = nullptr; }
+        } clear{embd_, argmax_out_};
         switch (rq.head) {
             case HeadOutput::kLogits:
                 settle();
@@ -432,7 +443,8 @@ class SequenceState final : public ModelState {
         logits_held_ = false;  // logits_ is about to be overwritten (or the position moves past its row)
         held_row_ = row;
         fed_ = false;
-        const bool want_out = logits_out || hidden_out || greedy;
+        int32_t* const argmax_out = argmax_out_;
+        const bool want_out = logits_out || hidden_out || greedy || argmax_out;
         int64_t out_row = 0;  // next row of logits_out / hidden_out
         for (int64_t off = 0; off < n; off += n_batch_) {
             const int64_t nt = std::min<int64_t>(n_batch_, n - off);
@@ -448,7 +460,7 @@ class SequenceState final : public ModelState {
                 be_.write(ids_, tokens.data() + off, size_t(nt) * sizeof(int32_t));
                 be_.write(pos_t_, pos_host_.data(), size_t(nt) * sizeof(int32_t));
             }
-            const bool lm_in_step = (logits_out || greedy) && nr > 0 && nr <= kLogitRows;
+            const bool lm_in_step = (logits_out || greedy || argmax_out) && nr > 0 && nr <= kLogitRows;
             Step s = make_step(nt);
             s.out_begin = r0;
             s.out_count = nr;
@@ -459,13 +471,16 @@ class SequenceState final : public ModelState {
                 s.conv_states = conv_rows_;
                 s.cache = std::span<LayerCache>(kept_);
             }
-            // Single-token steps are the same op sequence every time: a backend may record and replay them.
-            // With adapters, the recording also holds their segments, so the key names them.
+            // A step of a given size and output rows is the same op sequence every time (positions and ids
+            // are read on the device): a backend may record and replay it. With adapters, the recording also
+            // holds their segments, so the key names them.
             const bool has_embd = !fed && chunk_has_embd(off, nt);
-            const bool graphable = nt == 1 && keeping == 0 && !has_embd;
+            const bool graphable = nt <= kGraphTokens && !has_embd;
             const bool argmax_in_step = greedy && nr > 0;  // greedy: nr == 1 on the last chunk only
+            const uint64_t shape = uint64_t(nt - 1) | uint64_t(r0) << 5 | uint64_t(nr) << 10;
             const uint64_t key = ((serial_ << kKeyBits) | kKeyStep | (lm_in_step ? kKeyLmHead : 0) |
-                                  (nr > 0 ? kKeyOutput : 0) | (argmax_in_step ? kKeyArgmax : 0) | (row ? kKeyRow1 : 0)) ^
+                                  (nr > 0 ? kKeyOutput : 0) | (argmax_in_step ? kKeyArgmax : 0) | (row ? kKeyRow1 : 0) |
+                                  (keeping > 0 ? kKeyKeep : 0) | shape << kKeyTokensShift) ^
                                  lora_rows_key(lora_rows_, lora_out_);
             if (!graphable || !be_.step_begin(key)) {
                 be_.embed(arch_.head.token_embd, s.ids, arch_.head.embedding_scale, s.x);
@@ -483,11 +498,15 @@ class SequenceState final : public ModelState {
             if (nr > 0) {
                 if (hidden_out)
                     be_.read(hidden_out + out_row * arch_.info.n_embd, hidden_, size_t(nr * arch_.info.n_embd) * 4);
-                if (logits_out) {
+                if (logits_out || argmax_out) {
                     for (int64_t j = 0; j < nr; j += kLogitRows) {
                         const int64_t m = std::min(kLogitRows, nr - j);
                         if (!lm_in_step) lm_head(j, m);
-                        be_.read(logits_out + (out_row + j) * n_vocab, logits_, size_t(m * n_vocab) * 4);
+                        if (argmax_out) {
+                            be_.argmax(logits_.row_slice(0, m), picks_t_.reshaped(m));
+                            be_.read(argmax_out + out_row + j, picks_t_, size_t(m) * sizeof(int32_t));
+                        }
+                        if (logits_out) be_.read(logits_out + (out_row + j) * n_vocab, logits_, size_t(m * n_vocab) * 4);
                     }
                 }
                 out_row += nr;
@@ -574,6 +593,8 @@ class SequenceState final : public ModelState {
     Tensor hidden_;             // f32 [n_batch, n_embd] after the final norm
     Tensor logits_;             // f32 [kLogitRows, n_vocab]
     Tensor next_id_;            // i32 [1]: the greedy head's arg-max
+    Tensor picks_t_;            // i32 [kLogitRows]: EvalRequest::argmax of logits_' rows
+    int32_t* argmax_out_ = nullptr;  // the current eval()'s EvalRequest::argmax
     bool logits_held_ = false;  // logits_ row held_row_ holds the last token's logits of a greedy or top-k head
     int held_row_ = 0;          // 0, or 1 after steps of greedy_ahead()
     mutable bool fed_ = false;  // ids_[0] / pos_t_[0] hold the last greedy step's pick and the next position

@@ -445,9 +445,16 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
         // A finish before the speculative step's last token: the state goes back to the sequence, and the
         // logits after its last token come from that step's verification.
         if (size_t(im.n_evaluated()) > im.tokens.size()) im.state->truncate(int32_t(im.tokens.size()));
-        if (size_t(im.n_evaluated()) == im.tokens.size() && !im.has_logits && !im.logits_on_device &&
-            spec->logits_after(im.n_evaluated(), im.logits.data()))
-            im.logits_on_host();
+        if (size_t(im.n_evaluated()) == im.tokens.size() && !im.has_logits && !im.logits_on_device) {
+            if (spec->logits_after(im.n_evaluated(), im.logits.data()))
+                im.logits_on_host();
+            else if (im.state->rewind_floor() < im.n_evaluated()) {
+                // A greedy step brought back ids only: the last token again, for its logits (one step a call).
+                im.state->truncate(im.n_evaluated() - 1);
+                im.state->eval({.tokens = {&im.tokens.back(), 1}, .logits = im.logits.data()});
+                im.logits_on_host();
+            }
+        }
         r.drafted_tokens = spec->drafted();
         r.accepted_tokens = spec->accepted();
     }

@@ -189,10 +189,20 @@ void Speculator::draft_with_model(std::span<const int32_t> tokens, int32_t k) {
         s.tokens.insert(s.tokens.end(), tokens.begin() + std::ptrdiff_t(common), tokens.end() - 1);
     }
     int32_t cur = tokens[T - 1];
+    // A greedy draft sampler proposes each row's arg-max: only that id comes back from the draft model.
+    const bool ids_only = draft_sampler_->picks_argmax();
     for (int32_t i = 0; i < k && s.state->position() < s.state->n_ctx(); ++i) {
-        s.state->eval({.tokens = {&cur, 1}, .logits = draft_logits_.data(), .keep_states = true});
-        s.tokens.push_back(cur);
-        cur = draw_draft(*draft_sampler_, draft_logits_.data(), q_[size_t(i)]);
+        if (ids_only) {
+            int32_t id = 0;
+            s.state->eval({.tokens = {&cur, 1}, .argmax = &id, .keep_states = true});
+            q_[size_t(i)].assign(1, TokenProb{id, 0.0f, 1.0f});
+            s.tokens.push_back(cur);
+            cur = id;
+        } else {
+            s.state->eval({.tokens = {&cur, 1}, .logits = draft_logits_.data(), .keep_states = true});
+            s.tokens.push_back(cur);
+            cur = draw_draft(*draft_sampler_, draft_logits_.data(), q_[size_t(i)]);
+        }
         draft_.push_back(cur);
     }
 }
@@ -217,9 +227,16 @@ bool Speculator::step(std::span<const int32_t> tokens, int32_t max_draft, std::v
     batch_.assign(1, tokens.back());
     batch_.insert(batch_.end(), draft_.begin(), draft_.end());
     first_pos_ = state_.position();
-    state_.eval({.tokens = batch_, .all_logits = true, .logits = logits_.data(), .keep_states = true});
-    const size_t i =
-        size_t(accept_draft(sampler_, draft_, q_, {.logits = logits_.data(), .n_vocab = n_vocab_}, q_dense_, out));
+    // A greedy sampler needs only each row's arg-max: the ids come back, not the rows of logits.
+    ids_only_ = sampler_.picks_argmax();
+    picks_.resize(batch_.size());
+    if (ids_only_)
+        state_.eval({.tokens = batch_, .all_logits = true, .argmax = picks_.data(), .keep_states = true});
+    else
+        state_.eval({.tokens = batch_, .all_logits = true, .logits = logits_.data(), .keep_states = true});
+    const VerifyRows rows = ids_only_ ? VerifyRows{.argmax = picks_.data(), .n_vocab = n_vocab_}
+                                      : VerifyRows{.logits = logits_.data(), .n_vocab = n_vocab_};
+    const size_t i = size_t(accept_draft(sampler_, draft_, q_, rows, q_dense_, out));
     drafted_ += int32_t(draft_.size());
     accepted_ += int32_t(i);
     state_.truncate(first_pos_ + 1 + int32_t(i));
@@ -229,7 +246,7 @@ bool Speculator::step(std::span<const int32_t> tokens, int32_t max_draft, std::v
 
 bool Speculator::logits_after(int32_t n, float* logits) const {
     const int32_t row = n - 1 - first_pos_;
-    if (row < 0 || row >= verified_) return false;
+    if (ids_only_ || row < 0 || row >= verified_) return false;
     std::copy_n(logits_.data() + size_t(row) * size_t(n_vocab_), size_t(n_vocab_), logits);
     return true;
 }

@@ -76,7 +76,8 @@ class Speculator {
     bool step(std::span<const int32_t> tokens, int32_t max_draft, std::vector<int32_t>& out);
 
     // The target's logits after the first n tokens of the sequence, when the latest step evaluated that
-    // position: copies them to logits (f32 [n_vocab]) and returns true.
+    // position and brought its logits back (not for a greedy sampler, whose steps take the arg-max ids
+    // only): copies them to logits (f32 [n_vocab]) and returns true.
     bool logits_after(int32_t n, float* logits) const;
     // The latest step's logits no longer describe the state (a plain decode step ran since).
     void forget() { verified_ = 0; }
@@ -100,6 +101,8 @@ class Speculator {
     std::vector<float> draft_logits_;        // f32 [n_vocab]
     std::vector<float> q_dense_;             // f32 [n_vocab]: the proposal being tested, zero elsewhere
     std::vector<int32_t> batch_;             // the verification's tokens
+    std::vector<int32_t> picks_;             // the verification's arg-max ids (a greedy sampler)
+    bool ids_only_ = false;                  // the latest step brought back picks_, not logits_
     int32_t verified_ = 0, first_pos_ = 0;   // rows of logits_ valid, and the position of row 0's token
     int32_t drafted_ = 0, accepted_ = 0;
 };

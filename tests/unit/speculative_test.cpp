@@ -144,6 +144,40 @@ TEST(SpeculativeRollback, TruncateAfterKeptStatesMatchesAFreshEvaluation) {
     }
 }
 
+// A greedy verification brings back each row's arg-max (EvalRequest::argmax), alone or with the rows:
+// the same ids as the arg-max of the logits (the lowest id among the largest, as a greedy Sampler picks),
+// and the same state after it, kept conv states included.
+TEST(SpeculativeVerify, ArgmaxRowsAreTheLogitsArgmax) {
+    for (const char* name : {"tiny-lfm2", "tiny-qwen3"}) {
+        auto engine = load(name);
+        const cera::Model& model = *engine->impl().model;
+        const std::vector<int32_t> prompt = engine->tokenize(prompt_text(name, 2), true);
+        const std::vector<int32_t> head(prompt.begin(), prompt.begin() + 30);
+        const std::vector<int32_t> rest(prompt.begin() + 30, prompt.begin() + 39);  // 9 tokens
+        const size_t n_vocab = size_t(engine->info().n_vocab);
+        auto a = model.create_state(256), b = model.create_state(256);
+        a->eval({.tokens = head});
+        b->eval({.tokens = head});
+        std::vector<float> rows(n_vocab * rest.size());
+        std::vector<int32_t> with_rows(rest.size(), -1), alone(rest.size(), -1);
+        a->eval({.tokens = rest, .all_logits = true, .logits = rows.data(), .argmax = with_rows.data(),
+                 .keep_states = true});
+        b->eval({.tokens = rest, .all_logits = true, .argmax = alone.data(), .keep_states = true});
+        for (size_t r = 0; r < rest.size(); ++r) {
+            const float* row = rows.data() + r * n_vocab;
+            const int32_t want = int32_t(std::max_element(row, row + n_vocab) - row);
+            EXPECT_EQ(with_rows[r], want) << name << " row " << r;
+            EXPECT_EQ(alone[r], want) << name << " row " << r;
+        }
+        a->truncate(34);
+        b->truncate(34);
+        std::vector<float> la(n_vocab), lb(n_vocab);
+        a->eval({.tokens = {&rest[4], 1}, .logits = la.data()});
+        b->eval({.tokens = {&rest[4], 1}, .logits = lb.data()});
+        EXPECT_EQ(la, lb) << name;
+    }
+}
+
 // A generation that ends inside a speculative step (max_tokens) leaves the session as a plain one: the
 // same logits, and a second generate() continuing identically.
 TEST(SpeculativeRollback, StoppingInsideAStepLeavesThePlainState) {
