@@ -39,7 +39,7 @@ const TypeInfo* type_info(uint32_t id) {
 const TypeInfo& type_info(GgmlType type) {
     const TypeInfo* t = type_info(uint32_t(type));
     for (const TypeInfo& c : kCacheTypes)
-        if (c.type == type) t = &c;
+        if (!t && c.type == type) t = &c;
     CERA_CHECK(t != nullptr, "unknown GgmlType %u", unsigned(type));
     return *t;
 }

@@ -212,23 +212,16 @@ __device__ __forceinline__ void kv_put1(KvCodec c, unsigned char* row, int64_t e
     }
 }
 
-// The sum over the warp as the butterfly of the Q3_KV reference (quant.cpp q3_kv_tree_sum): every lane
-// ends with the same float.
-__device__ __forceinline__ float q3_tree_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
 // The 32-element block at `block` (Q8_0, Q4_0 or Q3_KV) from the warp's values, lane i holding element i:
 // every lane calls it. The arithmetic is the reference quantizers' (core/quant): Q8_0 d = amax / 127,
 // q = round(x / d); Q4_0 d = -max / 8 with max the signed value of largest magnitude (the first one
 // on a tie), q = min(15, trunc(x / d + 8.5)); Q3_KV the codes of x * (1 / rms), then the least-squares
-// d. Products and sums round as the host's (no contraction).
+// d, its sums warp_sum's butterfly, which is the reference's order (quant.cpp q3_kv_tree_sum), so every
+// lane holds the same float. Products and sums round as the host's (no contraction).
 __device__ __forceinline__ void kv_put_block(KvCodec c, unsigned char* block, float x) {
     const int lane = threadIdx.x & 31;
     if (c == KvCodec::kQ3) {
-        const float ss = q3_tree_sum(__fmul_rn(x, x));
+        const float ss = warp_sum(__fmul_rn(x, x));
         uint32_t m = 0, sg = 0;
         float d = 0.0f;
         if (ss != 0.0f) {
@@ -237,8 +230,8 @@ __device__ __forceinline__ void kv_put_block(KvCodec c, unsigned char* block, fl
             m = uint32_t(t > kQ3B0) + uint32_t(t > kQ3B1) + uint32_t(t > kQ3B2);
             sg = x < 0.0f;
             const float v = q3_value(m, sg, 1.0f);
-            const float sxv = q3_tree_sum(__fmul_rn(x, v));
-            d = __fdiv_rn(sxv, q3_tree_sum(__fmul_rn(v, v)));
+            const float sxv = warp_sum(__fmul_rn(x, v));
+            d = __fdiv_rn(sxv, warp_sum(__fmul_rn(v, v)));
         }
         uint32_t byte = m << (2 * (lane & 3));
         byte |= __shfl_xor_sync(0xffffffffu, byte, 1);
