@@ -45,9 +45,10 @@ Matcher::Matcher(std::shared_ptr<PositionCache> cache, const MatcherOptions& opt
     max_slots_ = std::max<size_t>(1, options_.mask_cache_bytes / (words_ * 8));
     levels_.resize(257);
     level_utf8_.resize(257);
-    level_pop_.resize(257);
-    level_cut_.resize(257);
     level_runs_.resize(257);
+    level_pop_.resize(257);
+    path_.resize(257);
+    level_cut_.resize(257);
     if (!options_.trigger.empty()) {
         free_mask_.assign(words_, ~uint64_t(0));
         if (trie_->n_vocab() % 64) free_mask_.back() = (uint64_t(1) << (trie_->n_vocab() % 64)) - 1;
@@ -311,12 +312,12 @@ void Matcher::level_runs(uint32_t d) {
 // Whether a stack of walk level d (at a code point boundary) takes every token under trie_node whole.
 bool Matcher::takes_subtree(uint32_t d, uint32_t trie_node) {
     const TokenTrie::Node& t = trie_->nodes()[trie_node];
-    if (!t.utf8_ok) return false;
+    if (!t.utf8_ok()) return false;
     if (!level_runs_[d].ready) level_runs(d);
     const LevelRuns& lr = level_runs_[d];
     for (uint32_t k = 0; k < lr.n; ++k) {
         const auto& r = lr.run[k];
-        if (!(t.ascii[0] & ~r.ascii[0]) && !(t.ascii[1] & ~r.ascii[1]) && (r.high || !t.non_ascii) &&
+        if (!(t.ascii[0] & ~r.ascii[0]) && !(t.ascii[1] & ~r.ascii[1]) && (r.high || !t.non_ascii()) &&
             r.length >= t.max_cp)
             return true;
     }
@@ -324,15 +325,20 @@ bool Matcher::takes_subtree(uint32_t d, uint32_t trie_node) {
 }
 
 // Walks the trie from `start` (stack tops over the cut-off bottom, or over the real one) and sorts
-// the tokens: accepted ones into `accepted` (a bitset over the vocabulary, which the caller zeroed;
-// returns how many), uncertain ones into left_.
-size_t Matcher::walk(const std::vector<uint32_t>& start, Utf8 u, uint64_t* accepted) {
+// the tokens: accepted ones into accepted_runs_ (runs of the trie order, in increasing order; returns
+// how many tokens), uncertain ones into left_.
+size_t Matcher::walk(const std::vector<uint32_t>& start, Utf8 u) {
     const auto& nodes = trie_->nodes();
     const auto& order = trie_->order();
     size_t n_accepted = 0;
+    accepted_runs_.clear();
     auto accept = [&](uint32_t b, uint32_t e) {
-        for (uint32_t k = b; k < e; ++k) accepted[uint32_t(order[k]) >> 6] |= 1ull << (order[k] & 63);
+        if (b == e) return;
         n_accepted += e - b;
+        if (!accepted_runs_.empty() && accepted_runs_.back().second == b)
+            accepted_runs_.back().second = e;
+        else
+            accepted_runs_.push_back({b, e});
     };
     auto uncertain = [&](uint32_t b, uint32_t e, uint32_t depth) {  // tokens that left at a level <= depth
         exits_.clear();
@@ -344,36 +350,41 @@ size_t Matcher::walk(const std::vector<uint32_t>& start, Utf8 u, uint64_t* accep
     left_.clear();
     levels_[0] = start;
     level_utf8_[0] = u;
-    level_pop_[0] = 0;
     level_runs_[0].ready = false;
-    const uint32_t n = trie_->n_nodes();
-    uint32_t i = 1;
-    while (i < n) {
+    level_pop_[0] = 0;
+    // Depth-first over the trie: i is a node at depth d, path_[k] the node at depth k above it.
+    uint32_t d = 1, i = nodes[0].first_child;
+    while (i != 0) {
         const TokenTrie::Node& nd = nodes[i];
-        const uint32_t d = nd.depth;
+        bool descend = false;
         if (level_utf8_[d - 1].rem == 0 && takes_subtree(d - 1, i)) {
-            accept(nd.tok_begin, trie_->tok_end(nd));
-            i = nd.end;
+            accept(nd.tok_begin, nd.tok_end);
+        } else {
+            if (nd.first_child) __builtin_prefetch(&nodes[nd.first_child]);
+            std::vector<uint32_t>& out = levels_[d];
+            const bool alive = step(levels_[d - 1], level_utf8_[d - 1], nd.byte, out, level_utf8_[d]);
+            level_runs_[d].ready = false;
+            const bool cut = alive && (out[0] == kCut || (out.size() > 1 && out[1] == kCut));
+            level_cut_[d] = cut;
+            level_pop_[d] = level_pop_[d - 1] || cut;
+            if (!alive) {
+                if (level_pop_[d - 1]) uncertain(nd.tok_begin, nd.tok_end, d - 1);
+            } else {
+                const uint32_t own_end = trie_->own_end(nd);
+                accept(nd.tok_begin, own_end);
+                if (has_real(out))
+                    descend = nd.first_child != 0;
+                else if (level_pop_[d])  // only bottoms: nothing more can be consumed
+                    uncertain(own_end, nd.tok_end, d);
+            }
+        }
+        if (descend) {
+            path_[d++] = i;
+            i = nd.first_child;
             continue;
         }
-        std::vector<uint32_t>& out = levels_[d];
-        const bool alive = step(levels_[d - 1], level_utf8_[d - 1], nd.byte, out, level_utf8_[d]);
-        level_runs_[d].ready = false;
-        const bool cut = alive && (out[0] == kCut || (out.size() > 1 && out[1] == kCut));
-        level_cut_[d] = cut;
-        level_pop_[d] = level_pop_[d - 1] || cut;
-        if (!alive) {
-            if (level_pop_[d - 1]) uncertain(nd.tok_begin, trie_->tok_end(nd), d - 1);
-            i = nd.end;
-            continue;
-        }
-        accept(nd.tok_begin, nd.tok_begin + nd.n_own);
-        if (!has_real(out)) {  // only bottoms: nothing more can be consumed
-            if (level_pop_[d]) uncertain(nd.tok_begin + nd.n_own, trie_->tok_end(nd), d);
-            i = nd.end;
-            continue;
-        }
-        ++i;
+        while (i != 0 && nodes[i].last()) i = --d == 0 ? 0 : path_[d];
+        if (i != 0) ++i;
     }
     return n_accepted;
 }
@@ -399,16 +410,27 @@ std::shared_ptr<const PositionCache::Entry> Matcher::classify(uint32_t stack, Ut
     uint32_t chain = whole ? kAccept : kCut;
     for (size_t i = n_frames; i-- > 0;) chain = intern(key_[i], chain);
     auto e = std::make_shared<PositionCache::Entry>();
-    std::vector<uint32_t> start = {chain};
-    e->accepted_bits.assign(words_, 0);
-    const size_t n_accepted = walk(start, u, e->accepted_bits.data());
+    const size_t n_accepted = walk({chain}, u);
     if (!left_.empty()) group_left(*e);
+    const auto& order = trie_->order();
     if (n_accepted * 16 <= size_t(trie_->n_vocab())) {  // few: keep them as a list
         e->accepted.reserve(n_accepted);
-        for (size_t w = 0; w < words_; ++w)
-            for (uint64_t b = e->accepted_bits[w]; b; b &= b - 1)
-                e->accepted.push_back(int32_t(w * 64 + size_t(__builtin_ctzll(b))));
-        e->accepted_bits = {};
+        for (const auto& [b, end] : accepted_runs_) e->accepted.insert(e->accepted.end(), &order[b], &order[end]);
+    } else if (2 * n_accepted > order.size()) {  // most of the trie: its bitset less the gaps between the runs
+        e->accepted_bits = trie_->in_trie();
+        uint32_t at = 0;
+        auto clear = [&](uint32_t b, uint32_t end) {
+            for (uint32_t k = b; k < end; ++k) e->accepted_bits[uint32_t(order[k]) >> 6] &= ~(1ull << (order[k] & 63));
+        };
+        for (const auto& [b, end] : accepted_runs_) {
+            clear(at, b);
+            at = end;
+        }
+        clear(at, uint32_t(order.size()));
+    } else {
+        e->accepted_bits.assign(words_, 0);
+        for (const auto& [b, end] : accepted_runs_)
+            for (uint32_t k = b; k < end; ++k) e->accepted_bits[uint32_t(order[k]) >> 6] |= 1ull << (order[k] & 63);
     }
     return cache_->put(key_, std::move(e));
 }
@@ -512,7 +534,7 @@ const uint64_t* Matcher::waiting_mask() {
         uint32_t node = 0;  // follow the trigger's rest down the trie
         for (size_t b = k; b < trig.size() && node != UINT32_MAX; ++b) {
             uint32_t found = UINT32_MAX;
-            for (uint32_t c = node + 1; c < nodes[node].end; c = nodes[c].end)
+            for (uint32_t c = nodes[node].first_child; c != 0; c = nodes[c].last() ? 0 : c + 1)
                 if (nodes[c].byte == uint8_t(trig[b])) {
                     found = c;
                     break;
@@ -525,7 +547,7 @@ const uint64_t* Matcher::waiting_mask() {
             for (int32_t t : *trigger_tokens_) clear_if_bad(lazy_mask_, seen_, t);
             partial = true;
         }
-        for (uint32_t i = nodes[node].tok_begin; i < trie_->tok_end(nodes[node]); ++i)
+        for (uint32_t i = nodes[node].tok_begin; i < nodes[node].tok_end; ++i)
             clear_if_bad(lazy_mask_, seen_, order[i]);
     }
     return partial ? lazy_mask_.data() : base_mask_.data();

@@ -154,7 +154,7 @@ class Matcher {
     void closure(uint32_t node, std::vector<uint32_t>& out);
     void successors(uint32_t node, uint32_t& begin, uint32_t& end);
     bool step(const std::vector<uint32_t>& in, Utf8 u, uint8_t byte, std::vector<uint32_t>& out, Utf8& nu);
-    size_t walk(const std::vector<uint32_t>& start, Utf8 u, uint64_t* accepted);
+    size_t walk(const std::vector<uint32_t>& start, Utf8 u);
     std::shared_ptr<const PositionCache::Entry> classify(uint32_t stack, Utf8 u);
     bool takes(const std::vector<uint32_t>& from, std::string_view bytes);
     void group_left(PositionCache::Entry& e);
@@ -191,7 +191,9 @@ class Matcher {
     std::vector<Utf8> level_utf8_;
     std::vector<char> level_pop_;  // walk(): some level down to this one left the frames
     std::vector<char> level_cut_;  // walk(): this level left the frames
+    std::vector<uint32_t> path_;   // walk(): the trie node of each depth on the current path
     std::vector<uint32_t> exits_;  // walk(): the depths at which the current path left the frames
+    std::vector<std::pair<uint32_t, uint32_t>> accepted_runs_;  // walk(): accepted runs of the trie order
     std::vector<std::pair<int32_t, uint32_t>> left_;  // walk(): tokens that left the frames, and where
     std::vector<uint32_t> group_slots_, group_of_, group_first_;  // classify(): grouping left_ by rest
     std::vector<uint32_t> below_;                     // compute_mask(): the stacks below a stack's top frames

@@ -1,5 +1,5 @@
-// TokenTrie construction: sort the pieces, then lay out the preorder with one pass over the sorted
-// list (each piece shares its longest common prefix with the one before it).
+// TokenTrie construction: sort the pieces, build the preorder with one pass over the sorted list, then
+// lay the children of each node out together.
 #include "chat/grammar/token_trie.h"
 
 #include <algorithm>
@@ -67,21 +67,18 @@ TokenTrie::TokenTrie(std::vector<std::string> pieces, std::vector<bool> eog, std
     std::stable_sort(ids.begin(), ids.end(),
                      [&](int32_t a, int32_t b) { return pieces_[size_t(a)] < pieces_[size_t(b)]; });
 
-    auto node = [](uint32_t tok_begin, uint8_t byte, uint8_t depth) {
-        Node nd{};
-        nd.tok_begin = tok_begin;
-        nd.byte = byte;
-        nd.depth = depth;
-        nd.utf8_ok = true;
-        return nd;
+    // The trie in preorder first (each piece shares its longest common prefix with the one before it),
+    // with the first node past each subtree and a sentinel at the end.
+    struct Pre {
+        uint32_t end = 0, tok_begin = 0;
+        uint8_t byte = 0;
     };
-    nodes_.push_back(node(0, 0, 0));
+    std::vector<Pre> pre = {{0, 0, 0}};
     std::vector<uint32_t> path = {0};  // node of each depth on the current path
     std::string prev;
     auto close_to = [&](size_t depth) {  // pops nodes deeper than `depth`
         while (path.size() > depth + 1) {
-            Node& nd = nodes_[path.back()];
-            nd.end = uint32_t(nodes_.size());
+            pre[path.back()].end = uint32_t(pre.size());
             path.pop_back();
         }
     };
@@ -91,43 +88,64 @@ TokenTrie::TokenTrie(std::vector<std::string> pieces, std::vector<bool> eog, std
         while (lcp < prev.size() && lcp < p.size() && prev[lcp] == p[lcp]) ++lcp;
         close_to(lcp);
         for (size_t d = lcp; d < p.size(); ++d) {
-            path.push_back(uint32_t(nodes_.size()));
-            nodes_.push_back(node(uint32_t(order_.size()), uint8_t(p[d]), uint8_t(d + 1)));
+            path.push_back(uint32_t(pre.size()));
+            pre.push_back({0, uint32_t(order_.size()), uint8_t(p[d])});
         }
-        ++nodes_[path.back()].n_own;
         order_.push_back(id);
         prev = p;
     }
     close_to(0);
-    nodes_[0].end = uint32_t(nodes_.size());
-    nodes_.push_back(node(uint32_t(order_.size()), 0, 0));  // the sentinel
-    nodes_.back().end = uint32_t(nodes_.size() - 1);
+    const uint32_t n_pre = uint32_t(pre.size());
+    pre[0].end = n_pre;
+    pre.push_back({n_pre, uint32_t(order_.size()), 0});  // the sentinel
+    in_trie_.assign((n + 63) / 64, 0);
+    for (int32_t id : ids) in_trie_[size_t(id) >> 6] |= 1ull << (id & 63);
 
-    // Subtree summaries, children before parents (a child's index is above its parent's). ok[n] has
+    // Lay the children of each node out together, the groups in the preorder of their parents (a node
+    // gets its place with its siblings, before its own children are placed).
+    nodes_.assign(n_pre, Node{});
+    std::vector<uint32_t> at(n_pre, 0);  // preorder index -> place
+    uint32_t next = 1;
+    for (uint32_t p = 0; p < n_pre; ++p) {
+        Node& nd = nodes_[at[p]];
+        nd.byte = pre[p].byte;
+        nd.tok_begin = pre[p].tok_begin;
+        nd.tok_end = pre[pre[p].end].tok_begin;
+        uint32_t last = 0;
+        for (uint32_t c = p + 1; c < pre[p].end; c = pre[c].end) {
+            if (last == 0) nd.first_child = next;
+            at[c] = last = next++;
+        }
+        if (last) nodes_[last].flags |= Node::kLast;
+    }
+
+    // Subtree summaries, children before parents (a child's place is after its parent's). ok[n] has
     // bit st when every path through n's byte and on down is valid UTF-8 from state st.
-    std::vector<uint8_t> ok(nodes_.size(), 0);
-    for (size_t n = nodes_.size() - 1; n-- > 1;) {
+    std::vector<uint8_t> ok(n_pre, 0);
+    for (uint32_t n = n_pre; n-- > 1;) {
         Node& t = nodes_[n];
-        const uint8_t b = nodes_[n].byte;
+        const uint8_t b = t.byte;
         uint8_t below_ok = 0xFF;
         uint32_t below_cp = 0;
-        for (uint32_t c = uint32_t(n) + 1; c < nodes_[n].end; c = nodes_[c].end) {
+        bool non_ascii = false;
+        for (uint32_t c = t.first_child; c; c = nodes_[c].last() ? 0 : c + 1) {
             const Node& ct = nodes_[c];
             t.ascii[0] |= ct.ascii[0];
             t.ascii[1] |= ct.ascii[1];
-            t.non_ascii |= ct.non_ascii;
+            non_ascii |= ct.non_ascii();
             below_ok &= ok[c];
             below_cp = std::max<uint32_t>(below_cp, ct.max_cp);
         }
         if (b < 0x80)
             t.ascii[b >> 6] |= 1ull << (b & 63);
         else
-            t.non_ascii = true;
+            non_ascii = true;
         for (int st = 0; st < 8; ++st) {
-            const int next = utf8_next(st, b);
-            if (next >= 0 && ((below_ok >> next) & 1)) ok[n] |= uint8_t(1u << st);
+            const int nx = utf8_next(st, b);
+            if (nx >= 0 && ((below_ok >> nx) & 1)) ok[n] |= uint8_t(1u << st);
         }
-        t.utf8_ok = ok[n] & 1;
+        if (non_ascii) t.flags |= Node::kNonAscii;
+        if (ok[n] & 1) t.flags |= Node::kUtf8Ok;
         const bool starts_cp = b < 0x80 || b >= 0xC0;
         t.max_cp = uint8_t(std::min<uint32_t>(255, below_cp + (starts_cp ? 1 : 0)));
     }
