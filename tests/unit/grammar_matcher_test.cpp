@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,10 +21,18 @@ namespace {
 using grammar::Matcher;
 using grammar::TokenTrie;
 
-// The reference: a fresh text matcher over text + piece.
+// The reference: a text matcher (no vocabulary, no trie) over text + piece from the grammar's start.
+// One matcher per grammar is reset for each text: building one for each of a vocabulary's tokens
+// would cost more than the matching.
 bool viable(const Grammar& g, const std::string& text) {
-    Matcher m(g.impl().def);
-    return m.accept_bytes(text) == text.size();
+    thread_local const grammar::GrammarDef* def = nullptr;
+    thread_local std::unique_ptr<Matcher> m;
+    if (def != g.impl().def.get()) {
+        m = std::make_unique<Matcher>(g.impl().def);
+        def = g.impl().def.get();
+    }
+    m->reset();
+    return m->accept_bytes(text) == text.size();
 }
 
 bool bit(const uint64_t* mask, int32_t id) { return (mask[id >> 6] >> (id & 63)) & 1; }
@@ -272,7 +281,7 @@ TEST(GrammarMatcher, QwenVocabularyMasksEqualTheReference) {
         "tags": {"type": "array", "items": {"enum": ["a", "b c", "é"]}, "maxItems": 3},
         "n": {"type": "integer", "minimum": -5, "maximum": 300}},
         "required": ["name", "n"]})");
-    const auto texts = check_walks(*g, trie, 2, 14, 3, 4);
+    const auto texts = check_walks(*g, trie, 2, 14, 3);
     for (const auto& t : texts) EXPECT_NE(g->match(t), 0) << t;
 }
 }  // namespace
