@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <vector>
 
 #include "core/check.h"
 
@@ -16,6 +17,65 @@
 #include <webp/decode.h>
 
 namespace cera::vision {
+
+namespace {
+
+uint32_t be32(const uint8_t* p) { return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | p[3]; }
+
+// The bytes of a PNG's decompressed image data: a filter byte and the packed samples of each row, of
+// each Adam7 pass when interlaced. 0 for a header stb_image refuses anyway.
+uint64_t png_raw_size(const uint8_t* ihdr) {
+    const uint64_t w = be32(ihdr), h = be32(ihdr + 4);
+    const int depth = ihdr[8], color = ihdr[9], interlace = ihdr[12];
+    const int channels = color == 0 || color == 3 ? 1 : color == 2 ? 3 : color == 4 ? 2 : color == 6 ? 4 : 0;
+    if (w == 0 || h == 0 || channels == 0 || (depth & (depth - 1)) != 0 || depth > 16 || interlace > 1) return 0;
+    auto rows = [&](uint64_t pw, uint64_t ph) { return pw && ph ? ph * (1 + (pw * channels * depth + 7) / 8) : 0; };
+    if (interlace == 0) return rows(w, h);
+    static constexpr int kAdam7[7][4] = {{0, 0, 8, 8}, {4, 0, 8, 8}, {0, 4, 4, 8}, {2, 0, 4, 4},
+                                         {0, 2, 2, 4}, {1, 0, 2, 2}, {0, 1, 1, 2}};
+    uint64_t n = 0;
+    for (const auto& [x0, y0, dx, dy] : kAdam7) n += rows((w + dx - 1 - x0) / dx, (h + dy - 1 - y0) / dy);
+    return n;
+}
+
+// stb_image trusts a PNG's structure further than a server can: it sizes its buffer for the compressed
+// data from the lengths the chunks claim, and grows the decompressed data for as long as the stream
+// goes on. A file of a few hundred bytes could make it allocate gigabytes, and a decompression bomb
+// within the size limit up to 4 GiB. So every chunk up to IEND must lie inside the file, and the image
+// data must decompress (with stb_image's own inflate) into the bytes the header's pixels need.
+void check_png(std::span<const uint8_t> b) {
+    static constexpr uint8_t kSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+    if (b.size() < 8 || std::memcmp(b.data(), kSignature, 8) != 0) return;
+    const uint8_t* ihdr = nullptr;
+    bool apple = false;  // Apple's CgBI variant stores the image data as raw deflate, without zlib's header
+    std::vector<char> idat;
+    for (size_t at = 8; at + 12 <= b.size();) {
+        const uint32_t len = be32(b.data() + at);
+        if (len > b.size() - at - 12)
+            throw_error(ErrorCode::kInvalidArgument,
+                        "image: a PNG chunk at byte %zu claims %u bytes, past the end of the file (truncated or "
+                        "corrupt)",
+                        at, len);
+        const uint8_t* type = b.data() + at + 4;
+        const uint8_t* data = type + 4;
+        if (std::memcmp(type, "IEND", 4) == 0) break;
+        if (std::memcmp(type, "CgBI", 4) == 0) apple = true;
+        if (std::memcmp(type, "IHDR", 4) == 0 && len == 13 && !ihdr) ihdr = data;
+        if (std::memcmp(type, "IDAT", 4) == 0) idat.insert(idat.end(), data, data + len);
+        at += 12 + size_t(len);
+    }
+    const uint64_t raw = ihdr ? png_raw_size(ihdr) : 0;
+    if (raw == 0 || idat.empty() || raw > uint64_t(INT_MAX)) return;  // stb_image refuses these itself
+    std::vector<char> out(raw);
+    const int n = apple ? stbi_zlib_decode_noheader_buffer(out.data(), int(raw), idat.data(), int(idat.size()))
+                        : stbi_zlib_decode_buffer(out.data(), int(raw), idat.data(), int(idat.size()));
+    if (n < 0)
+        throw_error(ErrorCode::kInvalidArgument,
+                    "image: the PNG's image data is corrupt or decompresses to more than its %u x %u pixels hold",
+                    be32(ihdr), be32(ihdr + 4));
+}
+
+}  // namespace
 
 RgbImage decode_image(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
     if (bytes.empty()) throw_error(ErrorCode::kInvalidArgument, "image: the file is empty");
@@ -48,6 +108,7 @@ RgbImage decode_image(std::span<const uint8_t> bytes, const DecodeLimits& limits
             throw_error(ErrorCode::kInvalidArgument,
                         "image: not a supported image (PNG, JPEG, WebP, BMP, GIF, ...): %s", stbi_failure_reason());
         check_size();
+        check_png(bytes);
         px = std::unique_ptr<uint8_t, void (*)(void*)>(stbi_load_from_memory(data, len, &w, &h, &comp, 4),
                                                        stbi_image_free);
         if (!px) throw_error(ErrorCode::kInvalidArgument, "image: cannot decode: %s", stbi_failure_reason());

@@ -300,21 +300,62 @@ TEST(VisionImage, AlphaAndGrayscaleBecomeRgb) {
     EXPECT_EQ(clear.rgb, (std::vector<uint8_t>{255, 255, 255}));
 }
 
-TEST(VisionImage, PngWithAnEmptyFirstIdatChunkDecodes) {
-    // A 3 x 2 RGB PNG whose image data starts with a zero-length IDAT chunk (valid PNG); pixel
-    // (x, y) channel c holds 10 * (3x + c) + y.
-    const std::vector<uint8_t> png = {
+// A 3 x 2 RGB PNG whose image data starts with a zero-length IDAT chunk (valid PNG); pixel (x, y)
+// channel c holds 10 * (3x + c) + y. The second IDAT chunk's length field is at byte 45.
+std::vector<uint8_t> png_3x2() {
+    return {
         0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44, 0x52, 0x00, 0x00,
         0x00, 0x03, 0x00, 0x00, 0x00, 0x02, 0x08, 0x02, 0x00, 0x00, 0x00, 0x12, 0x16, 0xf1, 0x4d, 0x00, 0x00, 0x00,
         0x00, 0x49, 0x44, 0x41, 0x54, 0x35, 0xaf, 0x06, 0x1e, 0x00, 0x00, 0x00, 0x1c, 0x49, 0x44, 0x41, 0x54, 0x78,
         0x9c, 0x63, 0x60, 0xe0, 0x12, 0x91, 0xd3, 0x30, 0xb2, 0x71, 0x0b, 0x60, 0x60, 0xe4, 0x16, 0x95, 0xd7, 0x34,
         0xb6, 0x75, 0x0f, 0x04, 0x00, 0x17, 0xb1, 0x02, 0xda, 0xbc, 0xb4, 0xe3, 0xf4, 0x00, 0x00, 0x00, 0x00, 0x49,
         0x45, 0x4e, 0x44, 0xae, 0x42, 0x60, 0x82};
-    const vision::RgbImage img = vision::decode_image(png);
+}
+
+TEST(VisionImage, PngWithAnEmptyFirstIdatChunkDecodes) {
+    const vision::RgbImage img = vision::decode_image(png_3x2());
     ASSERT_EQ(img.width, 3);
     ASSERT_EQ(img.height, 2);
     for (int y = 0; y < 2; ++y)
         for (int i = 0; i < 9; ++i) EXPECT_EQ(int(img.rgb[size_t(y * 9 + i)]), 10 * i + y) << y << "," << i;
+}
+
+// A chunk length past the end of the file (found by the fuzzer: 900 MB claimed in a 190-byte file made
+// the decoder allocate 2 GiB) is refused before decoding, as is one a single byte too long.
+TEST(VisionImage, PngChunkPastTheEndIsRefused) {
+    for (uint32_t len : {0x35af061eu, 0x1du, 0xffffffffu}) {
+        std::vector<uint8_t> png = png_3x2();
+        for (int i = 0; i < 4; ++i) png[size_t(45 + i)] = uint8_t(len >> (24 - 8 * i));
+        try {
+            vision::decode_image(png);
+            ADD_FAILURE() << len << ": no error";
+        } catch (const Error& e) {
+            EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+            EXPECT_NE(std::string(e.what()).find("PNG chunk"), std::string::npos) << e.what();
+        }
+    }
+}
+
+// Interlaced PNGs (whose image data the size check counts per Adam7 pass) decode to the pixels of their
+// non-interlaced siblings; a 1 x 1 PNG whose data inflates to 16 MiB is refused (tests/data/images/png/
+// make.py writes both).
+TEST(VisionImage, PngImageDataMustFitItsPixels) {
+    const std::string dir = test::source_path("tests/data/images/png/");
+    for (const char* name : {"rgba16-13x7", "gray1-5x3", "pal4-9x9", "graya8-1x10", "rgb8-17x2"}) {
+        const vision::RgbImage plain = vision::load_image_file(dir + name + "-plain.png");
+        const vision::RgbImage adam7 = vision::load_image_file(dir + name + "-adam7.png");
+        EXPECT_GT(plain.width, 0) << name;
+        EXPECT_EQ(adam7.width, plain.width) << name;
+        EXPECT_EQ(adam7.height, plain.height) << name;
+        EXPECT_EQ(adam7.rgb, plain.rgb) << name;
+    }
+    try {
+        vision::load_image_file(dir + "bomb-1x1.png");
+        ADD_FAILURE() << "bomb: no error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+        EXPECT_NE(std::string(e.what()).find("1 x 1 pixels"), std::string::npos) << e.what();
+    }
 }
 
 TEST(VisionPreprocess, SmartResizeKeepsTokenBounds) {
