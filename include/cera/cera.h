@@ -267,7 +267,7 @@ typedef struct cera_image cera_image; /* an image decoded and encoded by an engi
 
 /* Whether the engine has a vision projector. */
 CERA_API bool cera_engine_has_vision(const cera_engine *engine);
-/* Decodes an image file's bytes (PNG, JPEG, BMP, GIF's first frame, ...) and encodes it with the vision
+/* Decodes an image file's bytes (PNG, JPEG, WebP, GIF's first frame or BMP) and encodes it with the vision
  * projector. The latest few images are kept by content, so a repeated one is not encoded again. On
  * success *out is a new image to free with cera_image_free(); it keeps its engine alive. Errors:
  * CERA_ERR_INVALID_ARGUMENT (not an image, truncated, too large; an engine without a projector). */
@@ -483,7 +483,7 @@ CERA_API cera_status cera_session_append_tokens(cera_session *session, const cer
 CERA_API cera_status cera_session_append_chat(cera_session *session, const cera_chat_message *messages,
                                               size_t n_messages);
 
-/* Queues an image given as the bytes of its file (PNG, JPEG, BMP, GIF's first frame, ...): the vision
+/* Queues an image given as the bytes of its file (PNG, JPEG, WebP, GIF's first frame or BMP): the vision
  * projector encodes it and its tokens (as cera_image_tokens) join the sequence, its embeddings standing in
  * for its image tokens. BOS is prepended as for text. Errors (the session is then unchanged):
  * CERA_ERR_INVALID_ARGUMENT (not an image, truncated, too large; an engine without a projector),

@@ -166,7 +166,7 @@ class Engine {
     uint64_t fingerprint() const;
     // Whether a vision projector is loaded (EngineOptions::mmproj): sessions take images.
     bool has_vision() const;
-    // Decodes an image file's bytes (PNG, JPEG, BMP, GIF's first frame, ...) and encodes it with the vision
+    // Decodes an image file's bytes (PNG, JPEG, WebP, GIF's first frame or BMP) and encodes it with the vision
     // projector, for a batcher prompt (Batcher::submit). The latest few images are kept by content hash,
     // so a repeated one is not encoded again. Thread-safe. Throws kInvalidArgument for a bad image (not an
     // image, truncated, too large) or an engine without a projector.

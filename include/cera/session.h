@@ -176,7 +176,7 @@ class Session {
     void append_text(std::string_view text, bool add_bos, bool parse_special);
     // Queues token ids. Throws kOutOfRange for an id outside the vocabulary or when they do not fit.
     void append_tokens(std::span<const int32_t> tokens);
-    // Queues an image, given as the bytes of its file (PNG, JPEG, BMP, GIF's first frame, ...): the
+    // Queues an image, given as the bytes of its file (PNG, JPEG, WebP, GIF's first frame or BMP): the
     // engine's vision projector (EngineOptions::mmproj) encodes it, and the tokens the chat template
     // expects for it (<|image_start|>, tile markers, one image token per embedding row, <|image_end|>)
     // join the sequence, the image's embeddings standing in for its image tokens. A repeated image (same

@@ -1,5 +1,5 @@
-// stb_image decodes PNG, JPEG, BMP, GIF and the rest, libwebp WebP; this file adds the checks before them
-// and the RGB conversion after them.
+// libjpeg-turbo decodes JPEG (as Pillow does, so the pixels are Pillow's), libwebp WebP, stb_image PNG,
+// GIF and BMP; this file adds the checks before them and the RGB conversion after them.
 #include "vision/image.h"
 
 #include <climits>
@@ -7,13 +7,16 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
+#include <new>
 #include <vector>
 
 #include "core/check.h"
 
 #define STBI_NO_STDIO
 #include <stb/stb_image.h>
+#include <turbojpeg.h>
 #include <webp/decode.h>
 
 namespace cera::vision {
@@ -75,6 +78,32 @@ void check_png(std::span<const uint8_t> b) {
                     be32(ihdr), be32(ihdr + 4));
 }
 
+// A JPEG through TurboJPEG with libjpeg's defaults (accurate integer IDCT, smooth chroma upsampling),
+// as RGBA. A progressive file of more than 500 scans is refused (a few kilobytes could otherwise take
+// minutes); libjpeg's warnings pass (extraneous bytes and the like), except a premature end of data.
+std::unique_ptr<uint8_t, void (*)(void*)> decode_jpeg(std::span<const uint8_t> b, int& w, int& h,
+                                                       const std::function<void()>& check_size) {
+    std::unique_ptr<void, int (*)(tjhandle)> tj(tjInitDecompress(), tjDestroy);
+    if (!tj) throw std::bad_alloc();  // its only failure
+    int subsampling = 0, colorspace = 0;
+    if (tjDecompressHeader3(tj.get(), b.data(), (unsigned long)b.size(), &w, &h, &subsampling, &colorspace) != 0)
+        throw_error(ErrorCode::kInvalidArgument, "image: a JPEG file that cannot be read: %s",
+                    tjGetErrorStr2(tj.get()));
+    if (w <= 0 || h <= 0)  // the data ended before the frame header
+        throw_error(ErrorCode::kInvalidArgument, "image: a JPEG file that cannot be read (truncated before its size)");
+    check_size();
+    std::unique_ptr<uint8_t, void (*)(void*)> px(static_cast<uint8_t*>(std::malloc(size_t(w) * size_t(h) * 4)),
+                                                 std::free);
+    if (!px) throw std::bad_alloc();
+    if (tjDecompress2(tj.get(), b.data(), (unsigned long)b.size(), px.get(), w, w * 4, h, TJPF_RGBA,
+                      TJFLAG_LIMITSCANS) != 0) {
+        const char* why = tjGetErrorStr2(tj.get());
+        if (tjGetErrorCode(tj.get()) != TJERR_WARNING || std::strstr(why, "Premature end"))
+            throw_error(ErrorCode::kInvalidArgument, "image: cannot decode the JPEG data: %s", why);
+    }
+    return px;
+}
+
 }  // namespace
 
 RgbImage decode_image(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
@@ -93,8 +122,11 @@ RgbImage decode_image(std::span<const uint8_t> bytes, const DecodeLimits& limits
     };
     // A RIFF container of type WEBP: libwebp (the first frame of an animation is not decoded: refused).
     const bool webp = bytes.size() >= 12 && std::memcmp(data, "RIFF", 4) == 0 && std::memcmp(data + 8, "WEBP", 4) == 0;
+    const bool jpeg = bytes.size() >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF;
     std::unique_ptr<uint8_t, void (*)(void*)> px(nullptr, std::free);
-    if (webp) {
+    if (jpeg) {
+        px = decode_jpeg(bytes, w, h, check_size);
+    } else if (webp) {
         WebPBitstreamFeatures f;
         if (WebPGetFeatures(data, bytes.size(), &f) != VP8_STATUS_OK)
             throw_error(ErrorCode::kInvalidArgument, "image: a WebP file that cannot be read (truncated or corrupt)");
@@ -106,7 +138,7 @@ RgbImage decode_image(std::span<const uint8_t> bytes, const DecodeLimits& limits
     } else {
         if (!stbi_info_from_memory(data, len, &w, &h, &comp))
             throw_error(ErrorCode::kInvalidArgument,
-                        "image: not a supported image (PNG, JPEG, WebP, BMP, GIF, ...): %s", stbi_failure_reason());
+                        "image: not a supported image (PNG, JPEG, WebP, GIF or BMP): %s", stbi_failure_reason());
         check_size();
         check_png(bytes);
         px = std::unique_ptr<uint8_t, void (*)(void*)>(stbi_load_from_memory(data, len, &w, &h, &comp, 4),

@@ -1,6 +1,7 @@
-// Image decoding for the vision encoder: PNG, JPEG, BMP, GIF (first frame), PSD, TGA, HDR and PNM
-// through stb_image (Debian's libstb-dev), converted to 8-bit RGB the way the Hugging Face processors
-// convert images: grayscale replicated, palettes expanded, alpha composited over white.
+// Image decoding for the vision encoder: JPEG through libjpeg-turbo, WebP through libwebp, PNG, GIF
+// (first frame) and BMP through stb_image (Debian's packages), converted to 8-bit RGB the way the
+// Hugging Face processors convert images: grayscale replicated, palettes expanded, alpha composited
+// over white.
 #pragma once
 #include <cstdint>
 #include <span>

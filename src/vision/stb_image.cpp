@@ -13,6 +13,11 @@ inline void* copy_bytes(void* dst, const void* src, size_t n) { return n == 0 ? 
 #define STB_IMAGE_IMPLEMENTATION
 #define STBI_NO_STDIO
 #define STBI_FAILURE_USERMSG
+// Only the formats image.cpp hands to stb_image: JPEG goes to libjpeg-turbo (stb_image's JPEG decoder
+// reads past its Huffman tables on malformed files), WebP to libwebp, the rest is refused.
+#define STBI_ONLY_PNG
+#define STBI_ONLY_GIF
+#define STBI_ONLY_BMP
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 #pragma GCC diagnostic ignored "-Wsign-compare"

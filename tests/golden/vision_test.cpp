@@ -4,10 +4,13 @@
 // a device is present), and clean errors for bad images.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <stdexcept>
 
 #include "backends/backend.h"
 #include "backends/device.h"
@@ -356,6 +359,59 @@ TEST(VisionImage, PngImageDataMustFitItsPixels) {
         EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
         EXPECT_NE(std::string(e.what()).find("1 x 1 pixels"), std::string::npos) << e.what();
     }
+}
+
+// A binary PPM (P6) or PGM (P5) of 8-bit samples, as RGB.
+vision::RgbImage read_pnm(const std::string& path) {
+    const std::string b = test::read_text(path);
+    char magic[3] = {};
+    int w = 0, h = 0, maxval = 0, header = 0;
+    if (std::sscanf(b.c_str(), "%2s %d %d %d%n", magic, &w, &h, &maxval, &header) != 4 || maxval != 255)
+        throw std::runtime_error(path + ": not an 8-bit PNM");
+    const int channels = std::string(magic) == "P6" ? 3 : 1;
+    vision::RgbImage img{w, h, {}};
+    for (size_t i = 0; i < size_t(w) * size_t(h); ++i)
+        for (int c = 0; c < 3; ++c)
+            img.rgb.push_back(uint8_t(b[size_t(header) + 1 + i * size_t(channels) + size_t(channels == 3 ? c : 0)]));
+    return img;
+}
+
+// JPEG (libjpeg-turbo): baseline 4:4:4, progressive 4:2:0 and grayscale files decode to the pixels
+// libjpeg-turbo's djpeg gives (gray replicated), near the PNG they were made from; broken ones are
+// refused.
+TEST(VisionImage, JpegDecodes) {
+    const std::string dir = test::source_path("tests/data/images/jpeg/");
+    const vision::RgbImage png = vision::load_image_file(test::source_path("tests/fuzz/images/test_image.png"));
+    for (const char* name : {"test_image", "test_image_progressive", "test_image_gray"}) {
+        const vision::RgbImage jpg = vision::load_image_file(dir + name + ".jpg");
+        const vision::RgbImage ref = read_pnm(dir + name + (std::string(name) == "test_image_gray" ? ".pgm" : ".ppm"));
+        ASSERT_EQ(jpg.width, png.width) << name;
+        ASSERT_EQ(jpg.height, png.height) << name;
+        EXPECT_EQ(jpg.rgb, ref.rgb) << name;
+        if (std::string(name) == "test_image_gray") continue;
+        double mean = 0.0;
+        for (size_t i = 0; i < png.rgb.size(); ++i) mean += std::abs(int(jpg.rgb[i]) - int(png.rgb[i]));
+        EXPECT_LT(mean / double(png.rgb.size()), 6.0) << name;
+    }
+    const std::vector<uint8_t> jpg = bytes_of(dir + "test_image.jpg");
+    auto expect_error = [](std::span<const uint8_t> b, const char* what, const char* says) {
+        try {
+            vision::decode_image(b);
+            ADD_FAILURE() << what << ": no error";
+        } catch (const Error& e) {
+            EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << what;
+            EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << what << ": " << e.what();
+        }
+    };
+    for (size_t cut : {size_t(3), size_t(20), jpg.size() / 2, jpg.size() - 2})
+        expect_error({jpg.data(), cut}, "truncated jpeg", "JPEG");
+    // The frame header (SOF0: FF C0, length, precision, then height and width) claiming 16385 x 16385.
+    std::vector<uint8_t> huge = jpg;
+    size_t sof = 2;
+    while (sof + 9 < huge.size() && !(huge[sof] == 0xFF && huge[sof + 1] == 0xC0)) ++sof;
+    ASSERT_LT(sof + 9, huge.size());
+    for (size_t i : {size_t(5), size_t(7)}) huge[sof + i] = 0x40, huge[sof + i + 1] = 0x01;
+    expect_error(huge, "huge jpeg", "limit");
 }
 
 TEST(VisionPreprocess, SmartResizeKeepsTokenBounds) {
