@@ -69,8 +69,9 @@ struct GenerateOptions {
     bool device_greedy = true;
     // Greedy decoding on the device queues each step before the host has seen the previous pick
     // (EvalRequest::ahead in the model layer), so that the device does not wait for the host between
-    // steps; the tokens and the final state are the same. -1: when the device runs behind the host
-    // (CUDA); 0: never; 1: always.
+    // steps; the tokens and the final state are the same. A greedy draft model without recurrent state
+    // (SpeculativeOptions::draft) drafts the same way. -1: when the device runs behind the host (CUDA);
+    // 0: never; 1: always.
     int decode_ahead = -1;
     // When the sampler's chain starts with a top-k that leaves only the best k + window logits in the
     // running (Sampler::top_needed() > 0), decode steps select those on the device and copy back only

@@ -172,9 +172,9 @@ class ModelState {
     //   token is one recorded step (the arg-max inside it), keyed apart from kLogits'.
     //   With `ahead`, the step that evaluates the pick p is queued (when the context has room) before the
     //   host waits for p, so that the device runs it while the host looks at p. That step stays pending:
-    //   a following ahead request for exactly {p} takes it as its own (and only waits for its pick); any
-    //   other call, or other tokens, first undoes it, so the state is always exactly what plain kGreedy
-    //   requests would have made. position() counts no pending step.
+    //   a following kGreedy request (ahead or not) for exactly {p} takes it as its own (and only waits for
+    //   its pick); any other call, or other tokens, first undoes it, so the state is always exactly what
+    //   plain kGreedy requests would have made. position() counts no pending step.
     // kTopK: runs as kGreedy does (the logits stay in device memory), then selects the top_k best of the
     //   last token's logits and the logits at the `gather` ids (Backend::top_logits); only those are
     //   copied to the host: top_ids[0, c), top_logits[0, c) (best first: value descending, id ascending,

@@ -328,23 +328,29 @@ class SequenceState final : public ModelState {
 
     // HeadOutput::kGreedy, with the exec mutex held.
     int32_t greedy(std::span<const int32_t> tokens) {
-        settle();
-        run(tokens, nullptr, false, nullptr, /*greedy=*/true);
+        if (!take_pending(tokens)) {
+            settle();
+            run(tokens, nullptr, false, nullptr, /*greedy=*/true);
+        }
         int32_t id = 0;
         be_.read(&id, next_id_, sizeof id);
         logits_held_ = true;
         return id;
     }
 
+    // When the step greedy_ahead() queued evaluates exactly `tokens`, it stands: true.
+    bool take_pending(std::span<const int32_t> tokens) {
+        if (!pending_ || !embd_.empty() || tokens.size() != 1 || tokens[0] != pending_token_) return false;
+        pending_ = false;
+        position_ += 1;
+        held_row_ = pending_row_;
+        logits_held_ = true;
+        return true;
+    }
+
     // HeadOutput::kGreedy with `ahead`, with the exec mutex held.
     int32_t greedy_ahead(std::span<const int32_t> tokens) {
-        if (pending_ && embd_.empty() && tokens.size() == 1 && tokens[0] == pending_token_) {
-            // The queued step evaluates exactly this token: it stands.
-            pending_ = false;
-            position_ += 1;
-            held_row_ = pending_row_;
-            logits_held_ = true;
-        } else {
+        if (!take_pending(tokens)) {
             settle();
             run(tokens, nullptr, false, nullptr, /*greedy=*/true);
             logits_held_ = true;

@@ -343,7 +343,7 @@ GenerationResult Session::generate(const GenerateOptions& options, Sink& sink) {
     std::unique_ptr<Speculator> spec;
     if (options.speculative.enabled() && !matcher && options.logprobs < 0)
         spec = std::make_unique<Speculator>(options.speculative, *im.engine, *im.state, sampler, im.draft,
-                                            std::max<int32_t>(1, im.eng->options.n_batch));
+                                            std::max<int32_t>(1, im.eng->options.n_batch), options.decode_ahead);
     std::vector<int32_t> queued_picks;
     size_t next_pick = 0;
     // A speculative step, drafting at most what max_tokens and the context leave room for (the step adds

@@ -146,8 +146,13 @@ int32_t accept_draft(Sampler& sampler, std::span<const int32_t> draft, std::span
 }
 
 Speculator::Speculator(const SpeculativeOptions& options, const Engine& target, ModelState& state, Sampler& sampler,
-                       DraftSlot& slot, int32_t max_tokens_pass)
-    : opts_(options), state_(state), sampler_(sampler), n_vocab_(target.info().n_vocab), slot_(slot) {
+                       DraftSlot& slot, int32_t max_tokens_pass, int decode_ahead)
+    : opts_(options),
+      state_(state),
+      sampler_(sampler),
+      n_vocab_(target.info().n_vocab),
+      slot_(slot),
+      decode_ahead_(decode_ahead) {
     const int32_t n_vocab = n_vocab_;
     check_speculative_options(options);
     max_pass_ = std::min({max_tokens_pass, options.draft_max + 1, ModelState::kKeptStates});
@@ -191,8 +196,22 @@ void Speculator::draft_with_model(std::span<const int32_t> tokens, int32_t k) {
     int32_t cur = tokens[T - 1];
     // A greedy draft sampler proposes each row's arg-max: only that id comes back from the draft model.
     const bool ids_only = draft_sampler_->picks_argmax();
+    // As greedy decoding does (GenerateOptions::decode_ahead; by default on a device that runs behind the
+    // host), a draft without recurrent state to keep chains its steps: each queues the step that evaluates
+    // its pick before the host reads the pick (EvalRequest::ahead), so the device drafts on while the host
+    // waits; the last queues nothing. A recurrent draft (LFM2) keeps the conv states of every step for the
+    // rollback instead, one step at a time.
+    const bool chain =
+        ids_only && !s.state->has_recurrent_state() &&
+        (decode_ahead_ > 0 || (decode_ahead_ < 0 && s.engine->impl().model->backend().asynchronous()));
     for (int32_t i = 0; i < k && s.state->position() < s.state->n_ctx(); ++i) {
-        if (ids_only) {
+        if (chain) {
+            const int32_t id =
+                s.state->eval({.tokens = {&cur, 1}, .head = HeadOutput::kGreedy, .ahead = i + 1 < k}).token;
+            q_[size_t(i)].assign(1, TokenProb{id, 0.0f, 1.0f});
+            s.tokens.push_back(cur);
+            cur = id;
+        } else if (ids_only) {
             int32_t id = 0;
             s.state->eval({.tokens = {&cur, 1}, .argmax = &id, .keep_states = true});
             q_[size_t(i)].assign(1, TokenProb{id, 0.0f, 1.0f});

@@ -64,9 +64,10 @@ class Speculator {
  public:
     // target, state and sampler: the target model and sequence; slot: the session's draft slot (used when
     // options.draft; its vocabulary is checked against the target's when it changes); max_tokens_pass: the
-    // most tokens one verification may carry. Throws kInvalidArgument for bad options.
+    // most tokens one verification may carry; decode_ahead: GenerateOptions::decode_ahead, which a greedy
+    // draft without recurrent state follows too. Throws kInvalidArgument for bad options.
     Speculator(const SpeculativeOptions& options, const Engine& target, ModelState& state, Sampler& sampler,
-               DraftSlot& slot, int32_t max_tokens_pass);
+               DraftSlot& slot, int32_t max_tokens_pass, int decode_ahead = -1);
 
     // One step. `tokens` is the whole sequence; its last token is not evaluated yet (state.position() ==
     // tokens.size() - 1). Drafts up to max_draft tokens; when the draft has at least max(1, draft_min), verifies
@@ -94,6 +95,7 @@ class Speculator {
     int32_t n_vocab_;
     DraftSlot& slot_;
     int32_t max_pass_;
+    int decode_ahead_;
     std::unique_ptr<Sampler> draft_sampler_;
     std::vector<int32_t> draft_;             // the current draft
     std::vector<std::vector<TokenProb>> q_;  // the proposal of each draft token (a point for lookup)

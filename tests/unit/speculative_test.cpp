@@ -50,7 +50,8 @@ class Collect : public cera::Sink {
 };
 
 Generated generate(const std::shared_ptr<cera::Engine>& engine, const std::string& prompt, int n,
-                   const cera::SpeculativeOptions& spec, float temperature = 0.0f, uint64_t seed = 0) {
+                   const cera::SpeculativeOptions& spec, float temperature = 0.0f, uint64_t seed = 0,
+                   int decode_ahead = -1) {
     cera::Session s(engine);
     s.append_text(prompt);
     cera::GenerateOptions g;
@@ -59,6 +60,7 @@ Generated generate(const std::shared_ptr<cera::Engine>& engine, const std::strin
     g.sampling.temperature = temperature;
     g.sampling.seed = seed;
     g.speculative = spec;
+    g.decode_ahead = decode_ahead;
     Collect sink;
     Generated r;
     r.result = s.generate(g, sink);
@@ -93,6 +95,11 @@ TEST_P(SpeculativeGreedy, EqualsPlainGreedyByLookupAndWithADraftModel) {
     EXPECT_EQ(drafted.tokens, plain.tokens) << model << ": draft model";
     EXPECT_GT(drafted.result.drafted_tokens, drafted.result.accepted_tokens);  // some rejected: rollbacks ran
     EXPECT_EQ(drafted.result.decode_tokens, 63);
+    // Steps queued ahead (as on a device that runs behind the host): tiny-qwen3's drafts chain their steps.
+    const Generated ahead = generate(engine, prompt, 64, {.draft = draft, .draft_max = 6}, 0.0f, 0, 1);
+    EXPECT_EQ(ahead.tokens, plain.tokens) << model << ": draft model, steps queued ahead";
+    EXPECT_EQ(ahead.result.drafted_tokens, drafted.result.drafted_tokens);
+    EXPECT_EQ(ahead.result.accepted_tokens, drafted.result.accepted_tokens);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, SpeculativeGreedy, ::testing::ValuesIn(kModels));
