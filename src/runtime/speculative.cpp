@@ -205,15 +205,12 @@ void Speculator::draft_with_model(std::span<const int32_t> tokens, int32_t k) {
         ids_only && !s.state->has_recurrent_state() &&
         (decode_ahead_ > 0 || (decode_ahead_ < 0 && s.engine->impl().model->backend().asynchronous()));
     for (int32_t i = 0; i < k && s.state->position() < s.state->n_ctx(); ++i) {
-        if (chain) {
-            const int32_t id =
-                s.state->eval({.tokens = {&cur, 1}, .head = HeadOutput::kGreedy, .ahead = i + 1 < k}).token;
-            q_[size_t(i)].assign(1, TokenProb{id, 0.0f, 1.0f});
-            s.tokens.push_back(cur);
-            cur = id;
-        } else if (ids_only) {
+        if (ids_only) {
             int32_t id = 0;
-            s.state->eval({.tokens = {&cur, 1}, .argmax = &id, .keep_states = true});
+            if (chain)
+                id = s.state->eval({.tokens = {&cur, 1}, .head = HeadOutput::kGreedy, .ahead = i + 1 < k}).token;
+            else
+                s.state->eval({.tokens = {&cur, 1}, .argmax = &id, .keep_states = true});
             q_[size_t(i)].assign(1, TokenProb{id, 0.0f, 1.0f});
             s.tokens.push_back(cur);
             cur = id;

@@ -67,7 +67,7 @@ class Speculator {
     // most tokens one verification may carry; decode_ahead: GenerateOptions::decode_ahead, which a greedy
     // draft without recurrent state follows too. Throws kInvalidArgument for bad options.
     Speculator(const SpeculativeOptions& options, const Engine& target, ModelState& state, Sampler& sampler,
-               DraftSlot& slot, int32_t max_tokens_pass, int decode_ahead = -1);
+               DraftSlot& slot, int32_t max_tokens_pass, int decode_ahead);
 
     // One step. `tokens` is the whole sequence; its last token is not evaluated yet (state.position() ==
     // tokens.size() - 1). Drafts up to max_draft tokens; when the draft has at least max(1, draft_min), verifies

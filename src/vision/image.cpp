@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <memory>
 #include <new>
 #include <vector>
@@ -78,32 +77,6 @@ void check_png(std::span<const uint8_t> b) {
                     be32(ihdr), be32(ihdr + 4));
 }
 
-// A JPEG through TurboJPEG with libjpeg's defaults (accurate integer IDCT, smooth chroma upsampling),
-// as RGBA. A progressive file of more than 500 scans is refused (a few kilobytes could otherwise take
-// minutes); libjpeg's warnings pass (extraneous bytes and the like), except a premature end of data.
-std::unique_ptr<uint8_t, void (*)(void*)> decode_jpeg(std::span<const uint8_t> b, int& w, int& h,
-                                                       const std::function<void()>& check_size) {
-    std::unique_ptr<void, int (*)(tjhandle)> tj(tjInitDecompress(), tjDestroy);
-    if (!tj) throw std::bad_alloc();  // its only failure
-    int subsampling = 0, colorspace = 0;
-    if (tjDecompressHeader3(tj.get(), b.data(), (unsigned long)b.size(), &w, &h, &subsampling, &colorspace) != 0)
-        throw_error(ErrorCode::kInvalidArgument, "image: a JPEG file that cannot be read: %s",
-                    tjGetErrorStr2(tj.get()));
-    if (w <= 0 || h <= 0)  // the data ended before the frame header
-        throw_error(ErrorCode::kInvalidArgument, "image: a JPEG file that cannot be read (truncated before its size)");
-    check_size();
-    std::unique_ptr<uint8_t, void (*)(void*)> px(static_cast<uint8_t*>(std::malloc(size_t(w) * size_t(h) * 4)),
-                                                 std::free);
-    if (!px) throw std::bad_alloc();
-    if (tjDecompress2(tj.get(), b.data(), (unsigned long)b.size(), px.get(), w, w * 4, h, TJPF_RGBA,
-                      TJFLAG_LIMITSCANS) != 0) {
-        const char* why = tjGetErrorStr2(tj.get());
-        if (tjGetErrorCode(tj.get()) != TJERR_WARNING || std::strstr(why, "Premature end"))
-            throw_error(ErrorCode::kInvalidArgument, "image: cannot decode the JPEG data: %s", why);
-    }
-    return px;
-}
-
 }  // namespace
 
 RgbImage decode_image(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
@@ -125,7 +98,26 @@ RgbImage decode_image(std::span<const uint8_t> bytes, const DecodeLimits& limits
     const bool jpeg = bytes.size() >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF;
     std::unique_ptr<uint8_t, void (*)(void*)> px(nullptr, std::free);
     if (jpeg) {
-        px = decode_jpeg(bytes, w, h, check_size);
+        // TurboJPEG with libjpeg's defaults (accurate integer IDCT, smooth chroma upsampling). A progressive
+        // file of more than 500 scans is refused (a few kilobytes could otherwise take minutes); libjpeg's
+        // warnings pass (extraneous bytes and the like), except a premature end of data.
+        std::unique_ptr<void, int (*)(tjhandle)> tj(tjInitDecompress(), tjDestroy);
+        if (!tj) throw std::bad_alloc();  // its only failure
+        int subsampling = 0, colorspace = 0;
+        if (tjDecompressHeader3(tj.get(), data, bytes.size(), &w, &h, &subsampling, &colorspace) != 0)
+            throw_error(ErrorCode::kInvalidArgument, "image: a JPEG file that cannot be read: %s",
+                        tjGetErrorStr2(tj.get()));
+        if (w <= 0 || h <= 0)  // the data ended before the frame header
+            throw_error(ErrorCode::kInvalidArgument,
+                        "image: a JPEG file that cannot be read (truncated before its size)");
+        check_size();
+        px.reset(static_cast<uint8_t*>(std::malloc(size_t(w) * size_t(h) * 4)));
+        if (!px) throw std::bad_alloc();
+        if (tjDecompress2(tj.get(), data, bytes.size(), px.get(), w, w * 4, h, TJPF_RGBA, TJFLAG_LIMITSCANS) != 0) {
+            const char* why = tjGetErrorStr2(tj.get());
+            if (tjGetErrorCode(tj.get()) != TJERR_WARNING || std::strstr(why, "Premature end"))
+                throw_error(ErrorCode::kInvalidArgument, "image: cannot decode the JPEG data: %s", why);
+        }
     } else if (webp) {
         WebPBitstreamFeatures f;
         if (WebPGetFeatures(data, bytes.size(), &f) != VP8_STATUS_OK)
