@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cera/grammar.h"
+#include "chat/grammar/gbnf.h"
 #include "chat/grammar/grammar_impl.h"
 #include "chat/grammar/matcher.h"
 #include "test_util.h"
@@ -213,6 +214,81 @@ u ::= [ab]{1,3})",
         auto g = Grammar::parse(gbnf);
         check_walks(*g, trie, 12, 8, 31);
     }
+}
+
+// Bounded repetitions share one classification for their rungs (the tokens shorter than the rung's
+// room are sorted as for the unbounded loop) and positions with the same future share theirs: runs of
+// one and two-byte letters around each rung's room, with and without a closing quote or a dot inside,
+// under ladders of single classes, of alternatives of several code points, nested ladders, nullable
+// items (no loop), escapes, and the same bounded string in several rules.
+TEST(GrammarMatcher, LadderRungsMatchTheReference) {
+    std::vector<std::string> pieces = {"<eos>", "\"", "!", ">", "<", "@", ".", "|", "\\", "\\n", "\\\"", "'", "b", "ab"};
+    for (int len = 1; len <= 10; ++len) {
+        const std::string a(size_t(len), 'a');
+        std::string e;
+        for (int i = 0; i < len; ++i) e += "\xc3\xa9";
+        for (const std::string& run : {a, e, a.substr(1) + "\xc3\xa9"}) {
+            pieces.push_back(run);
+            pieces.push_back(run + "\"");
+            pieces.push_back(run + "\"!");
+            pieces.push_back(run + ".");
+            pieces.push_back(run + ">");
+            pieces.push_back("\"" + run);
+        }
+        pieces.push_back(a + "\xc3");  // ends inside a code point
+        pieces.push_back(a.substr(0, size_t(len) / 2) + "\\n" + a.substr(size_t(len) / 2));
+    }
+    std::vector<bool> eog(pieces.size(), false), control(pieces.size(), false);
+    eog[0] = true;
+    const auto trie = std::make_shared<const TokenTrie>(pieces, eog, control);
+    for (const char* gbnf : {
+             R"(root ::= "\"" [aé]{0,7} "\"" "!")",
+             R"(root ::= "<" ( "a" "a" | "é" ){0,5} ">" [a]{0,3})",
+             R"(root ::= ( [aé]{1,4} "." ){0,3} "@" [a]{2,5})",
+             R"(root ::= x "|" y "|" z
+x ::= "\"" [aé]{0,6} "\""
+y ::= "'" [aé]{0,6} "\""
+z ::= "\"" [aé]* "\"")",
+             R"(root ::= ( "a"? "é"? ){0,4} "!")",
+             R"(root ::= "\"" ( [^"\\] | "\\" ["n] ){0,6} "\"" "!"?)",
+             R"(root ::= "\"" ( [a]{0,3} "." ){2,4} "\"")",
+             R"(root ::= "<" p "|" q
+p ::= "a" p | "!"
+q ::= "a" q | ">")",
+         }) {
+        SCOPED_TRACE(gbnf);
+        auto g = Grammar::parse(gbnf);
+        check_walks(*g, trie, 24, 10, 37);
+    }
+}
+
+// What makes the sharing above happen: the rungs of a bounded repetition name a loop of the same
+// item, and the places after two bounded strings of different rules have one future.
+TEST(GrammarMatcher, BoundedRepetitionsNameTheirLoop) {
+    const grammar::GrammarDef d = grammar::parse_gbnf(R"G(root ::= x "|" y
+x ::= "\"" [a-z]{0,6} "\""
+y ::= "'" ( [a-z] ){0,6} "\""
+z ::= "(" ( "a"? ){0,3} ")")G");
+    std::vector<uint32_t> rungs;
+    for (const auto& r : d.rules)
+        if (r.loop != UINT32_MAX) {
+            rungs.push_back(r.rung);
+            EXPECT_EQ(d.elems[d.rules[r.loop].alts[0] + 1].op, grammar::Op::kRef);  // item, loop, end
+            EXPECT_EQ(d.elems[d.rules[r.loop].alts[0] + 1].arg, r.loop);
+        }
+    std::sort(rungs.begin(), rungs.end());
+    EXPECT_EQ(rungs, (std::vector<uint32_t>{2, 2, 3, 3, 4, 4, 5, 5, 6, 6}));  // none for z's nullable item
+    auto closing_quote = [&](const std::string& rule) {  // the last element of the rule's only alternative
+        for (const auto& r : d.rules)
+            if (r.name == rule) {
+                uint32_t p = r.alts[0];
+                while (d.elems[p + 1].op != grammar::Op::kEnd) ++p;
+                return p;
+            }
+        return UINT32_MAX;
+    };
+    EXPECT_EQ(d.same_as[closing_quote("x")], d.same_as[closing_quote("y")]);
+    EXPECT_NE(d.same_as[closing_quote("x")], d.same_as[closing_quote("z")]);
 }
 
 // A grammar the fuzzer found: stacks grow without end through classes that hold each other, in many

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <span>
 #include <unordered_map>
 
 #include "core/check.h"
@@ -42,6 +43,13 @@ namespace {
 constexpr int kMaxNesting = 200;
 constexpr size_t kMaxElems = size_t(1) << 22;
 constexpr uint32_t kMaxRepeat = 10000;
+
+struct Ladder {  // a bounded repetition's rungs (R_1, R_2, ...) and its item
+    std::vector<uint32_t> rungs;
+    std::vector<Elem> item;
+    std::string rule;  // the rule it appears in
+    int line;
+};
 
 struct ProtoRule {
     std::string name;
@@ -277,15 +285,18 @@ class Parser {
             rules_[r].alts = {std::move(a), {}};
             seq.push_back({Op::kRef, r});
         } else if (hi > int64_t(lo)) {  // R_1 ::= item | "";  R_k ::= item R_{k-1} | ""
+            Ladder ladder{{}, item, rule, line};
             uint32_t prev = 0;
             for (int64_t k = 1; k <= hi - int64_t(lo); ++k) {
                 const uint32_t r = generated(rule, line);
                 std::vector<Elem> a = item;
                 if (k > 1) a.push_back({Op::kRef, prev});
                 rules_[r].alts = {std::move(a), {}};
+                ladder.rungs.push_back(r);
                 prev = r;
             }
             seq.push_back({Op::kRef, prev});
+            if (ladder.rungs.size() >= 2) ladders_.push_back(std::move(ladder));
         }
     }
 
@@ -339,14 +350,18 @@ class Parser {
                 if (depth >= kMaxNesting) fail("parentheses nested deeper than %s", std::to_string(kMaxNesting));
                 ++pos_;
                 space(true);
-                const uint32_t g = generated(rule, line);
                 auto alts = alternates(rule, true, depth + 1);
                 if (peek() != ')') fail("expecting ')'");
                 ++pos_;
-                rules_[g].alts = std::move(alts);
                 last = seq.size();
-                seq.push_back({Op::kRef, g});
-                grow(1);
+                if (alts.size() == 1) {  // a plain sequence: its elements stand in place of the group
+                    seq.insert(seq.end(), alts[0].begin(), alts[0].end());
+                } else {
+                    const uint32_t g = generated(rule, line);
+                    rules_[g].alts = std::move(alts);
+                    seq.push_back({Op::kRef, g});
+                    grow(1);
+                }
             } else if (c == '*' || c == '+' || c == '?' || c == '{') {
                 if (last == std::string::npos) fail("'%s' follows nothing to repeat", std::string(1, c));
                 ++pos_;
@@ -399,13 +414,129 @@ class Parser {
             }
             g.rules.push_back(std::move(r));
         }
-        check_left_recursion(g);
+        const std::vector<char> nullable = nullable_rules(g);
+        check_left_recursion(g, nullable);
+        add_loops(g, nullable);
+        find_same_futures(g);
         return g;
     }
 
-    // Rejects a rule that can reach itself before consuming a character: the matcher would expand it
-    // forever.
-    void check_left_recursion(const GrammarDef& g) const {
+    // GrammarDef::same_as. Rules are put in classes of rules that match alike, starting from one class
+    // per rule and merging those whose alternatives are the same sequences of character classes and
+    // references to classes (a reference to the rule itself counting as "itself", so that
+    // L1 ::= x L1 | "" and L2 ::= x L2 | "" merge). Every merge is sound; a pass merges the rules
+    // whose references were merged by the pass before, and the passes stop when one merges nothing
+    // or after kPasses (what is left unmerged is only not shared).
+    static void find_same_futures(GrammarDef& g) {
+        constexpr int kPasses = 8;
+        constexpr uint64_t kSelf = (1u << 30) - 1;
+        const uint32_t n = uint32_t(g.rules.size());
+        std::vector<uint32_t> cls(n);
+        for (uint32_t r = 0; r < n; ++r) cls[r] = r;
+        // The future of each position: an id of (element, future after it), the rule's end being 0. The
+        // ids are kept in an open-addressing table of (element, next) keys.
+        size_t size = 64;
+        while (size < 2 * g.elems.size()) size *= 2;
+        std::vector<uint64_t> keys(size);
+        std::vector<uint32_t> vals(size);
+        uint32_t n_ids = 0;
+        auto id_of = [&](uint64_t key) {
+            uint64_t m = (key ^ (key >> 29)) * 0xbf58476d1ce4e5b9ull;
+            size_t h = size_t(m ^ (m >> 32)) & (size - 1);
+            while (vals[h] != 0 && keys[h] != key) h = (h + 1) & (size - 1);
+            if (vals[h] == 0) keys[h] = key, vals[h] = ++n_ids;
+            return vals[h];
+        };
+        std::vector<uint32_t> future(g.elems.size(), 0);
+        auto futures = [&](bool self) {
+            std::fill(vals.begin(), vals.end(), 0u);
+            n_ids = 0;
+            for (uint32_t r = 0; r < n; ++r)
+                for (uint32_t a : g.rules[r].alts) {
+                    uint32_t end = a;
+                    while (g.elems[end].op != Op::kEnd) ++end;
+                    uint32_t next = 0;
+                    for (uint32_t p = end; p-- > a;) {
+                        const Elem e = g.elems[p];
+                        const uint64_t arg = e.op == Op::kChar ? e.arg : self && e.arg == r ? kSelf : cls[e.arg];
+                        next = id_of(uint64_t(e.op) << 62 | arg << 32 | next);
+                        future[p] = next;
+                    }
+                }
+        };
+        // A rule's alternatives as a sorted set of futures, in one pool.
+        std::vector<uint32_t> pool, at(n + 1), next_cls(n);
+        std::vector<std::pair<uint64_t, uint32_t>> order(n);  // (hash of the alternatives, rule)
+        size_t classes = n;
+        for (int pass = 0; pass < kPasses; ++pass) {
+            futures(true);
+            pool.clear();
+            for (uint32_t r = 0; r < n; ++r) {
+                at[r] = uint32_t(pool.size());
+                for (uint32_t a : g.rules[r].alts) pool.push_back(g.elems[a].op == Op::kEnd ? 0 : future[a]);
+                std::sort(pool.begin() + at[r], pool.end());
+                pool.erase(std::unique(pool.begin() + at[r], pool.end()), pool.end());
+            }
+            at[n] = uint32_t(pool.size());
+            auto alts = [&](uint32_t r) { return std::span<const uint32_t>(pool.data() + at[r], at[r + 1] - at[r]); };
+            for (uint32_t r = 0; r < n; ++r) {
+                uint64_t h = 0x9e3779b97f4a7c15ull;
+                for (uint32_t f : alts(r)) h = (h ^ f) * 0x100000001b3ull + (h >> 31);
+                order[r] = {h, r};
+            }
+            std::sort(order.begin(), order.end());
+            // Within a run of one hash, each rule joins the first one with the same alternatives.
+            size_t count = 0;
+            std::vector<uint32_t> firsts;  // of the current run
+            for (uint32_t i = 0; i < n; ++i) {
+                const uint32_t r = order[i].second;
+                if (i == 0 || order[i].first != order[i - 1].first) firsts.clear();
+                next_cls[r] = r;
+                for (uint32_t f : firsts)
+                    if (std::ranges::equal(alts(r), alts(f))) {
+                        next_cls[r] = f;
+                        break;
+                    }
+                if (next_cls[r] == r) firsts.push_back(r), ++count;
+            }
+            cls.swap(next_cls);
+            if (count == classes) break;
+            classes = count;
+        }
+        futures(false);
+        std::unordered_map<uint32_t, uint32_t> first;
+        g.same_as.resize(g.elems.size());
+        for (uint32_t p = 0; p < g.elems.size(); ++p)
+            g.same_as[p] = g.elems[p].op == Op::kEnd ? p : first.try_emplace(future[p], p).first->second;
+    }
+
+    // The loop rule of each ladder whose item cannot match the empty text (see Rule::loop). Its first
+    // alternative is laid out like every rung's (item, one reference, end).
+    void add_loops(GrammarDef& g, const std::vector<char>& nullable) const {
+        for (const Ladder& l : ladders_) {
+            bool empty = true;
+            for (const Elem& e : l.item) empty = empty && e.op == Op::kRef && nullable[e.arg];
+            if (empty) continue;
+            const uint32_t id = uint32_t(g.rules.size());
+            Rule r;
+            r.name = l.rule + "-loop";
+            r.line = l.line;
+            r.alts.push_back(uint32_t(g.elems.size()));
+            g.elems.insert(g.elems.end(), l.item.begin(), l.item.end());
+            g.elems.push_back({Op::kRef, id});
+            g.elems.push_back({Op::kEnd, id});
+            r.alts.push_back(uint32_t(g.elems.size()));
+            g.elems.push_back({Op::kEnd, id});
+            g.rules.push_back(std::move(r));
+            for (size_t k = 2; k <= l.rungs.size(); ++k) {
+                g.rules[l.rungs[k - 1]].loop = id;
+                g.rules[l.rungs[k - 1]].rung = uint32_t(k);
+            }
+        }
+    }
+
+    // Which rules can match the empty text.
+    static std::vector<char> nullable_rules(const GrammarDef& g) {
         const size_t n = g.rules.size();
         std::vector<char> nullable(n, 0);
         for (bool changed = true; changed;) {
@@ -422,6 +553,13 @@ class Parser {
                 }
             }
         }
+        return nullable;
+    }
+
+    // Rejects a rule that can reach itself before consuming a character: the matcher would expand it
+    // forever.
+    void check_left_recursion(const GrammarDef& g, const std::vector<char>& nullable) const {
+        const size_t n = g.rules.size();
         std::vector<std::vector<uint32_t>> left(n);  // rules each rule can start with
         for (size_t r = 0; r < n; ++r)
             for (uint32_t a : g.rules[r].alts)
@@ -472,6 +610,7 @@ class Parser {
     size_t total_ = 0;
     int gen_counter_ = 0;
     std::vector<ProtoRule> rules_;
+    std::vector<Ladder> ladders_;
     std::unordered_map<std::string, uint32_t> ids_;
     std::vector<CharClass> classes_;
     std::map<std::vector<std::pair<uint32_t, uint32_t>>, uint32_t> class_ids_;

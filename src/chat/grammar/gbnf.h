@@ -56,6 +56,13 @@ struct Rule {
     std::string name;
     int line = 0;                // line of the definition (generated rules: of their parent)
     std::vector<uint32_t> alts;  // start position of each alternative in `elems`
+    // A bounded repetition item{0,n} is a ladder of rules R_k ::= item R_(k-1) | "" (R_1 ::= item | "").
+    // A rung k >= 2 whose item cannot match the empty text names `loop`, the rule  L ::= item L | ""
+    // (added for it, referenced by nothing), whose first alternative has the same layout as the rung's:
+    // a token of fewer than k code points cannot tell the rung from the loop, so the matcher classifies
+    // tokens once for the loop and shares that across the rungs.
+    uint32_t loop = UINT32_MAX;
+    uint32_t rung = 0;
 };
 
 struct GrammarDef {
@@ -63,6 +70,10 @@ struct GrammarDef {
     std::vector<Elem> elems;
     std::vector<CharClass> classes;
     uint32_t root = 0;
+    // Per element: the first element with the same future (what the rest of its rule matches, up to the
+    // rule's end, rules compared by what they match). Such positions behave alike wherever they are,
+    // so the matcher shares their token classification: every JSON string's closing quote is one.
+    std::vector<uint32_t> same_as;
 };
 
 // Parses GBNF text. Throws cera::Error (kParse) with "line L, column C: ..." for bad syntax, and names

@@ -49,6 +49,7 @@ Matcher::Matcher(std::shared_ptr<PositionCache> cache, const MatcherOptions& opt
     level_pop_.resize(257);
     path_.resize(257);
     level_cut_.resize(257);
+    level_cp_.resize(257);
     if (!options_.trigger.empty()) {
         free_mask_.assign(words_, ~uint64_t(0));
         if (trie_->n_vocab() % 64) free_mask_.back() = (uint64_t(1) << (trie_->n_vocab() % 64)) - 1;
@@ -71,6 +72,18 @@ void Matcher::init_nodes() {
             return false;
         };
         class_high_.push_back(covers(0x80, 0xD7FF) && covers(0xE000, 0x10FFFF));
+    }
+    loop_pos_.assign(def_->elems.size(), kUnset);
+    rung_of_.assign(def_->elems.size(), kUnset);
+    for (const Rule& r : def_->rules) {  // on the positions classify() keys by (GrammarDef::same_as)
+        if (r.loop == UINT32_MAX) continue;
+        const uint32_t from = r.alts[0], to = def_->rules[r.loop].alts[0];
+        for (uint32_t p = 0; def_->elems[from + p].op != Op::kEnd; ++p) {
+            const uint32_t at = def_->same_as[from + p];
+            if (loop_pos_[at] != kUnset) continue;  // the same future as a rung position already set
+            loop_pos_[at] = def_->same_as[to + p];
+            rung_of_[at] = r.rung;
+        }
     }
     initial_.clear();
     for (uint32_t a : def_->rules[def_->root].alts) closure(intern(a, kAccept), initial_);
@@ -326,8 +339,9 @@ bool Matcher::takes_subtree(uint32_t d, uint32_t trie_node) {
 
 // Walks the trie from `start` (stack tops over the cut-off bottom, or over the real one) and sorts
 // the tokens: accepted ones into accepted_runs_ (runs of the trie order, in increasing order; returns
-// how many tokens), uncertain ones into left_.
-size_t Matcher::walk(const std::vector<uint32_t>& start, Utf8 u) {
+// how many tokens), uncertain ones into left_. With above_cp > 0 only the tokens that start more code
+// points than that need sorting: subtrees without one are skipped (others may be sorted too).
+size_t Matcher::walk(const std::vector<uint32_t>& start, Utf8 u, uint32_t above_cp) {
     const auto& nodes = trie_->nodes();
     const auto& order = trie_->order();
     size_t n_accepted = 0;
@@ -352,18 +366,22 @@ size_t Matcher::walk(const std::vector<uint32_t>& start, Utf8 u) {
     level_utf8_[0] = u;
     level_runs_[0].ready = false;
     level_pop_[0] = 0;
+    level_cp_[0] = 0;
     // Depth-first over the trie: i is a node at depth d, path_[k] the node at depth k above it.
     uint32_t d = 1, i = nodes[0].first_child;
     while (i != 0) {
         const TokenTrie::Node& nd = nodes[i];
         bool descend = false;
-        if (level_utf8_[d - 1].rem == 0 && takes_subtree(d - 1, i)) {
+        if (above_cp != 0 && level_cp_[d - 1] + nd.max_cp <= above_cp) {
+            // skipped: every token below is short
+        } else if (level_utf8_[d - 1].rem == 0 && takes_subtree(d - 1, i)) {
             accept(nd.tok_begin, nd.tok_end);
         } else {
             if (nd.first_child) __builtin_prefetch(&nodes[nd.first_child]);
             std::vector<uint32_t>& out = levels_[d];
             const bool alive = step(levels_[d - 1], level_utf8_[d - 1], nd.byte, out, level_utf8_[d]);
             level_runs_[d].ready = false;
+            level_cp_[d] = level_cp_[d - 1] + ((nd.byte & 0xC0) != 0x80);
             const bool cut = alive && (out[0] == kCut || (out.size() > 1 && out[1] == kCut));
             level_cut_[d] = cut;
             level_pop_[d] = level_pop_[d - 1] || cut;
@@ -390,11 +408,12 @@ size_t Matcher::walk(const std::vector<uint32_t>& start, Utf8 u) {
 }
 
 std::shared_ptr<const PositionCache::Entry> Matcher::classify(uint32_t stack, Utf8 u) {
-    // The key: the positions of the top frames, and kUnset when the stack ends within them.
+    // The key: the positions of the top frames (the first of the same future: they walk alike), and
+    // kUnset when the stack ends within them.
     key_.clear();
     uint32_t n = stack;
     while (n >= 2 && key_.size() < PositionCache::kTopFrames) {
-        key_.push_back(nodes_[n].pos);
+        key_.push_back(def_->same_as[nodes_[n].pos]);
         n = nodes_[n].parent;
     }
     const bool whole = n < 2;
@@ -406,13 +425,61 @@ std::shared_ptr<const PositionCache::Entry> Matcher::classify(uint32_t stack, Ut
         key_.push_back(u.rem << 16 | uint32_t(u.next_lo) << 8 | u.next_hi);
     }
     if (auto e = cache_->get(key_)) return e;
+    return entry(key_, n_frames, whole, u);
+}
+
+// The classification of a key (classify()) that is not cached yet. When a frame is in rung k of a
+// ladder, the tokens of fewer than k code points are sorted as for the ladder's loop in that frame's
+// place (an entry shared by every rung), and the walk sorts only the longer ones.
+std::shared_ptr<const PositionCache::Entry> Matcher::entry(std::vector<uint32_t> key, size_t n_frames, bool whole,
+                                                           Utf8 u) {
+    if (auto e = cache_->get(key)) return e;
+    std::shared_ptr<const PositionCache::Entry> loop;
+    uint32_t above_cp = 0;
+    for (size_t j = 0; j < n_frames && u.rem == 0; ++j) {
+        if (loop_pos_[key[j]] == kUnset) continue;
+        // Rung k has room for k - 1 items past the current one, and a token of at most k - 1 code
+        // points starts at most k - 2 of them.
+        above_cp = rung_of_[key[j]] - 1;
+        std::vector<uint32_t> loop_key = key;
+        loop_key[j] = loop_pos_[key[j]];
+        loop = entry(std::move(loop_key), n_frames, whole, u);
+        break;
+    }
     // The same frames over the cut-off bottom (or the real one, when they are the whole stack).
     uint32_t chain = whole ? kAccept : kCut;
-    for (size_t i = n_frames; i-- > 0;) chain = intern(key_[i], chain);
+    for (size_t i = n_frames; i-- > 0;) chain = intern(key[i], chain);
     auto e = std::make_shared<PositionCache::Entry>();
-    const size_t n_accepted = walk({chain}, u);
-    if (!left_.empty()) group_left(*e);
+    const size_t n_accepted = walk({chain}, u, above_cp);
     const auto& order = trie_->order();
+    if (loop) {
+        if (loop->groups() != 0) {  // the loop's uncertain tokens that are short
+            e->rests = loop->rests;
+            e->rest_at = loop->rest_at;
+            e->left_at = {0};
+            for (size_t g = 0; g < loop->groups(); ++g) {
+                for (uint32_t k = loop->left_at[g]; k < loop->left_at[g + 1]; ++k)
+                    if (trie_->n_cp(loop->left[k]) <= above_cp) e->left.push_back(loop->left[k]);
+                e->left_at.push_back(uint32_t(e->left.size()));
+            }
+        }
+        if (!left_.empty()) group_left(*e);
+        if (!loop->accepted_bits.empty()) {  // the loop's accepted tokens less the long ones, and the walk's
+            e->accepted_bits = loop->accepted_bits;
+            const auto& by_cp = trie_->by_cp();
+            for (size_t k = 0, end = trie_->longer_than(above_cp); k < end; ++k)
+                e->accepted_bits[uint32_t(by_cp[k]) >> 6] &= ~(1ull << (by_cp[k] & 63));
+            for (const auto& [b, end] : accepted_runs_)
+                for (uint32_t k = b; k < end; ++k) e->accepted_bits[uint32_t(order[k]) >> 6] |= 1ull << (order[k] & 63);
+        } else {
+            for (int32_t t : loop->accepted)
+                if (trie_->n_cp(t) <= above_cp) e->accepted.push_back(t);
+            for (const auto& [b, end] : accepted_runs_)
+                e->accepted.insert(e->accepted.end(), &order[b], &order[end]);
+        }
+        return cache_->put(key, std::move(e));
+    }
+    if (!left_.empty()) group_left(*e);
     if (n_accepted * 16 <= size_t(trie_->n_vocab())) {  // few: keep them as a list
         e->accepted.reserve(n_accepted);
         for (const auto& [b, end] : accepted_runs_) e->accepted.insert(e->accepted.end(), &order[b], &order[end]);
@@ -432,11 +499,11 @@ std::shared_ptr<const PositionCache::Entry> Matcher::classify(uint32_t stack, Ut
         for (const auto& [b, end] : accepted_runs_)
             for (uint32_t k = b; k < end; ++k) e->accepted_bits[uint32_t(order[k]) >> 6] |= 1ull << (order[k] & 63);
     }
-    return cache_->put(key_, std::move(e));
+    return cache_->put(key, std::move(e));
 }
 
 // Groups the tokens of left_ by their rest (an open-addressing table of views into the pieces), then
-// lays the groups out in the entry.
+// lays the groups out in the entry, after those it has.
 void Matcher::group_left(PositionCache::Entry& e) {
     const size_t n = left_.size();
     size_t size = 16;
@@ -459,17 +526,18 @@ void Matcher::group_left(PositionCache::Entry& e) {
         group_of_[i] = group_slots_[slot];
     }
     const size_t groups = group_first_.size();
-    e.rest_at.assign(groups + 1, 0);
-    e.left_at.assign(groups + 1, 0);
+    if (e.rest_at.empty()) e.rest_at = e.left_at = {0};
+    const size_t g0 = e.groups();
     for (size_t g = 0; g < groups; ++g) {
         e.rests += rest_of(group_first_[g]);
-        e.rest_at[g + 1] = uint32_t(e.rests.size());
+        e.rest_at.push_back(uint32_t(e.rests.size()));
     }
-    for (size_t i = 0; i < n; ++i) ++e.left_at[group_of_[i] + 1];
-    for (size_t g = 0; g < groups; ++g) e.left_at[g + 1] += e.left_at[g];
-    e.left.resize(n);
+    e.left_at.resize(g0 + groups + 1, 0);
+    for (size_t i = 0; i < n; ++i) ++e.left_at[g0 + group_of_[i] + 1];
+    for (size_t g = g0; g < g0 + groups; ++g) e.left_at[g + 1] += e.left_at[g];
+    e.left.resize(e.left_at.back());
     std::vector<uint32_t>& fill = group_first_;  // reused: the next free place of each group
-    for (size_t g = 0; g < groups; ++g) fill[g] = e.left_at[g];
+    for (size_t g = 0; g < groups; ++g) fill[g] = e.left_at[g0 + g];
     for (size_t i = 0; i < n; ++i) e.left[fill[group_of_[i]]++] = left_[i].first;
 }
 

@@ -154,8 +154,9 @@ class Matcher {
     void closure(uint32_t node, std::vector<uint32_t>& out);
     void successors(uint32_t node, uint32_t& begin, uint32_t& end);
     bool step(const std::vector<uint32_t>& in, Utf8 u, uint8_t byte, std::vector<uint32_t>& out, Utf8& nu);
-    size_t walk(const std::vector<uint32_t>& start, Utf8 u);
+    size_t walk(const std::vector<uint32_t>& start, Utf8 u, uint32_t above_cp);
     std::shared_ptr<const PositionCache::Entry> classify(uint32_t stack, Utf8 u);
+    std::shared_ptr<const PositionCache::Entry> entry(std::vector<uint32_t> key, size_t n_frames, bool whole, Utf8 u);
     bool takes(const std::vector<uint32_t>& from, std::string_view bytes);
     void group_left(PositionCache::Entry& e);
     uint32_t run(uint32_t stack, int depth);
@@ -180,6 +181,9 @@ class Matcher {
     std::vector<uint16_t> run_;                                // memoised run() per node (0: not yet)
     uint32_t run_budget_ = 0;                                  // run(): nodes this call may still evaluate
     std::vector<char> class_high_;  // per class: holds every code point past ASCII (surrogates aside)
+    // Per position in the first alternative of a ladder's rung (Rule::loop): the same place in the loop
+    // rule, and the rung; kUnset elsewhere.
+    std::vector<uint32_t> loop_pos_, rung_of_;
     uint32_t epoch_ = 0;
     std::vector<uint32_t> work_;
     std::vector<uint32_t> key_;  // classify()'s cache key
@@ -192,6 +196,7 @@ class Matcher {
     std::vector<char> level_pop_;  // walk(): some level down to this one left the frames
     std::vector<char> level_cut_;  // walk(): this level left the frames
     std::vector<uint32_t> path_;   // walk(): the trie node of each depth on the current path
+    std::vector<uint32_t> level_cp_;  // walk(): the code points the current path has started by each depth
     std::vector<uint32_t> exits_;  // walk(): the depths at which the current path left the frames
     std::vector<std::pair<uint32_t, uint32_t>> accepted_runs_;  // walk(): accepted runs of the trie order
     std::vector<std::pair<int32_t, uint32_t>> left_;  // walk(): tokens that left the frames, and where

@@ -64,6 +64,15 @@ TokenTrie::TokenTrie(std::vector<std::string> pieces, std::vector<bool> eog, std
         }
         ids.push_back(int32_t(i));
     }
+    n_cp_.assign(n, 0);
+    for (int32_t id : ids)
+        for (char c : pieces_[size_t(id)]) n_cp_[size_t(id)] += (uint8_t(c) & 0xC0) != 0x80;
+    by_cp_ = ids;
+    std::stable_sort(by_cp_.begin(), by_cp_.end(),
+                     [&](int32_t a, int32_t b) { return n_cp_[size_t(a)] > n_cp_[size_t(b)]; });
+    cp_count_.assign(256, 0);
+    for (int32_t id : ids)
+        for (uint32_t c = 0; c < n_cp_[size_t(id)]; ++c) ++cp_count_[c];
     std::stable_sort(ids.begin(), ids.end(),
                      [&](int32_t a, int32_t b) { return pieces_[size_t(a)] < pieces_[size_t(b)]; });
 

@@ -58,6 +58,11 @@ class TokenTrie {
     const std::vector<uint64_t>& in_trie() const { return in_trie_; }
     const std::string& piece(int32_t id) const { return pieces_[size_t(id)]; }
     const std::vector<int32_t>& eog_tokens() const { return eog_; }
+    // The code points a token's bytes start (its bytes that are not UTF-8 continuation bytes).
+    uint32_t n_cp(int32_t id) const { return n_cp_[size_t(id)]; }
+    // The tokens of the trie, most code points first; the first longer_than(c) of them have more than c.
+    const std::vector<int32_t>& by_cp() const { return by_cp_; }
+    size_t longer_than(uint32_t c) const { return c < cp_count_.size() ? cp_count_[c] : 0; }
     bool is_eog(int32_t id) const { return is_eog_[size_t(id)]; }
     // A token outside the trie that is not an end of generation (control, empty or too long).
     bool is_excluded(int32_t id) const { return excluded_[size_t(id)]; }
@@ -69,6 +74,9 @@ class TokenTrie {
     std::vector<uint64_t> in_trie_;
     std::vector<int32_t> eog_;
     std::vector<bool> is_eog_, excluded_;
+    std::vector<uint8_t> n_cp_;
+    std::vector<int32_t> by_cp_;
+    std::vector<uint32_t> cp_count_;  // [c]: how many tokens of the trie start more than c code points
 };
 
 }  // namespace grammar
