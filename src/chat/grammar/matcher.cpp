@@ -437,9 +437,11 @@ std::shared_ptr<const PositionCache::Entry> Matcher::entry(std::vector<uint32_t>
     std::shared_ptr<const PositionCache::Entry> loop;
     uint32_t above_cp = 0;
     for (size_t j = 0; j < n_frames && u.rem == 0; ++j) {
-        if (loop_pos_[key[j]] == kUnset) continue;
         // Rung k has room for k - 1 items past the current one, and a token of at most k - 1 code
-        // points starts at most k - 2 of them.
+        // points starts at most k - 2 of them. Worth it when the longer tokens are few (the walk
+        // then skips most of the trie).
+        if (loop_pos_[key[j]] == kUnset || trie_->longer_than(rung_of_[key[j]] - 1) * 8 > trie_->order().size())
+            continue;
         above_cp = rung_of_[key[j]] - 1;
         std::vector<uint32_t> loop_key = key;
         loop_key[j] = loop_pos_[key[j]];
