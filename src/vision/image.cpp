@@ -1,7 +1,9 @@
 // libjpeg-turbo decodes JPEG (as Pillow does, so the pixels are Pillow's), libwebp WebP, stb_image PNG,
-// GIF and BMP; this file adds the checks before them and the RGB conversion after them.
+// GIF and BMP; this file adds the checks before them, and after them the RGB conversion and the EXIF
+// orientation (as the Hugging Face processors load images: Pillow, then ImageOps.exif_transpose).
 #include "vision/image.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -77,6 +79,107 @@ void check_png(std::span<const uint8_t> b) {
                     be32(ihdr), be32(ihdr + 4));
 }
 
+uint16_t le16(const uint8_t* p) { return uint16_t(p[0] | p[1] << 8); }
+uint32_t le32(const uint8_t* p) { return uint32_t(le16(p)) | uint32_t(le16(p + 2)) << 16; }
+
+// The Orientation tag (0x0112) of an EXIF TIFF structure's first directory, 0 when absent or unreadable.
+int tiff_orientation(std::span<const uint8_t> t) {
+    if (t.size() < 8) return 0;
+    const bool big = t[0] == 'M' && t[1] == 'M';
+    if (!big && !(t[0] == 'I' && t[1] == 'I')) return 0;
+    auto u16 = [&](size_t at) { return big ? uint32_t(t[at]) << 8 | t[at + 1] : uint32_t(le16(&t[at])); };
+    auto u32 = [&](size_t at) { return big ? be32(&t[at]) : le32(&t[at]); };
+    if (u16(2) != 42) return 0;
+    const size_t ifd = u32(4);
+    if (ifd > t.size() - 2) return 0;
+    const size_t n = u16(ifd);
+    for (size_t i = 0; i < n && ifd + 2 + 12 * (i + 1) <= t.size(); ++i) {
+        const size_t e = ifd + 2 + 12 * i;
+        if (u16(e) != 0x0112 || u32(e + 4) < 1) continue;
+        const uint32_t type = u16(e + 2);  // SHORT or LONG: the value sits in the entry
+        return type == 3 ? int(u16(e + 8)) : type == 4 ? int(std::min<uint32_t>(u32(e + 8), 1000)) : 0;
+    }
+    return 0;
+}
+
+// Where a file keeps its EXIF TIFF structure, as Pillow finds it: a JPEG's first APP1 segment that
+// starts "Exif\0\0" (before the scan), a PNG's eXIf chunk, a WebP's EXIF chunk. Empty when none.
+std::span<const uint8_t> exif_of(std::span<const uint8_t> b, bool jpeg, bool webp) {
+    static constexpr uint8_t kExif[6] = {'E', 'x', 'i', 'f', 0, 0};
+    auto strip = [&](std::span<const uint8_t> d) {
+        return d.size() >= 6 && std::memcmp(d.data(), kExif, 6) == 0 ? d.subspan(6) : d;
+    };
+    if (jpeg) {
+        for (size_t at = 2; at + 4 <= b.size();) {
+            if (b[at] != 0xFF) return {};
+            const uint8_t m = b[at + 1];
+            if (m == 0xFF) {  // fill byte
+                ++at;
+                continue;
+            }
+            if (m == 0xD9 || m == 0xDA) return {};  // end of image, start of scan
+            if (m == 0x01 || (m >= 0xD0 && m <= 0xD7)) {  // markers without a length
+                at += 2;
+                continue;
+            }
+            const size_t len = size_t(b[at + 2]) << 8 | b[at + 3];
+            if (len < 2 || len > b.size() - at - 2) return {};
+            const auto seg = b.subspan(at + 4, len - 2);
+            if (m == 0xE1 && seg.size() >= 6 && std::memcmp(seg.data(), kExif, 5) == 0)
+                return seg[5] == 0 ? seg.subspan(6) : std::span<const uint8_t>();
+            at += 2 + len;
+        }
+        return {};
+    }
+    if (webp) {
+        for (size_t at = 12; at + 8 <= b.size();) {
+            const size_t len = le32(&b[at + 4]);
+            if (len > b.size() - at - 8) return {};
+            if (std::memcmp(&b[at], "EXIF", 4) == 0) return strip(b.subspan(at + 8, len));
+            at += 8 + len + (len & 1);
+        }
+        return {};
+    }
+    static constexpr uint8_t kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+    if (b.size() < 8 || std::memcmp(b.data(), kPng, 8) != 0) return {};
+    for (size_t at = 8; at + 12 <= b.size();) {
+        const uint32_t len = be32(&b[at]);
+        if (len > b.size() - at - 12 || std::memcmp(&b[at + 4], "IEND", 4) == 0) return {};
+        if (std::memcmp(&b[at + 4], "eXIf", 4) == 0) return b.subspan(at + 8, len);
+        at += 12 + size_t(len);
+    }
+    return {};
+}
+
+// The image turned upright by its EXIF orientation (1-8), as Pillow's ImageOps.exif_transpose does:
+// 2 mirrors, 3 turns half round, 4 flips, 5 transposes, 6 turns a quarter clockwise, 7 transposes
+// across the other diagonal, 8 turns a quarter counterclockwise. Other values leave it as it is.
+RgbImage orient(RgbImage in, int orientation) {
+    if (orientation < 2 || orientation > 8) return in;
+    const int w = in.width, h = in.height;
+    const bool swap = orientation >= 5;
+    RgbImage out;
+    out.width = swap ? h : w;
+    out.height = swap ? w : h;
+    out.rgb.resize(in.rgb.size());
+    for (int y = 0; y < out.height; ++y)
+        for (int x = 0; x < out.width; ++x) {
+            int sx = x, sy = y;  // the source pixel of output pixel (x, y)
+            switch (orientation) {
+                case 2: sx = w - 1 - x; break;
+                case 3: sx = w - 1 - x, sy = h - 1 - y; break;
+                case 4: sy = h - 1 - y; break;
+                case 5: sx = y, sy = x; break;
+                case 6: sx = y, sy = h - 1 - x; break;
+                case 7: sx = w - 1 - y, sy = h - 1 - x; break;
+                case 8: sx = w - 1 - y, sy = x; break;
+            }
+            std::memcpy(&out.rgb[(size_t(y) * size_t(out.width) + size_t(x)) * 3],
+                        &in.rgb[(size_t(sy) * size_t(w) + size_t(sx)) * 3], 3);
+        }
+    return out;
+}
+
 }  // namespace
 
 RgbImage decode_image(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
@@ -113,10 +216,26 @@ RgbImage decode_image(std::span<const uint8_t> bytes, const DecodeLimits& limits
         check_size();
         px.reset(static_cast<uint8_t*>(std::malloc(size_t(w) * size_t(h) * 4)));
         if (!px) throw std::bad_alloc();
-        if (tjDecompress2(tj.get(), data, bytes.size(), px.get(), w, w * 4, h, TJPF_RGBA, TJFLAG_LIMITSCANS) != 0) {
+        const bool cmyk = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK;
+        if (tjDecompress2(tj.get(), data, bytes.size(), px.get(), w, w * 4, h, cmyk ? TJPF_CMYK : TJPF_RGBA,
+                          TJFLAG_LIMITSCANS) != 0) {
             const char* why = tjGetErrorStr2(tj.get());
             if (tjGetErrorCode(tj.get()) != TJERR_WARNING || std::strstr(why, "Premature end"))
                 throw_error(ErrorCode::kInvalidArgument, "image: cannot decode the JPEG data: %s", why);
+        }
+        if (cmyk) {
+            // Pillow reads CMYK JPEG samples as Adobe's inverted form (s = 255 - C) and makes RGB as
+            // R = (255 - K) - C (255 - K) / 255, rounded its way; with s the stored samples that is
+            // R = sK - (255 - sC) sK / 255.
+            uint8_t* p = px.get();
+            for (size_t i = 0, n = size_t(w) * size_t(h); i < n; ++i, p += 4) {
+                const int nk = p[3];
+                for (int c = 0; c < 3; ++c) {
+                    const int t = (255 - p[c]) * nk + 128;
+                    p[c] = uint8_t(std::clamp(nk - (((t >> 8) + t) >> 8), 0, 255));
+                }
+                p[3] = 255;
+            }
         }
     } else if (webp) {
         WebPBitstreamFeatures f;
@@ -150,7 +269,7 @@ RgbImage decode_image(std::span<const uint8_t> bytes, const DecodeLimits& limits
             img.rgb[3 * i + size_t(c)] = uint8_t((v * a + 255 * (255 - a) + 127) / 255);
         }
     }
-    return img;
+    return orient(std::move(img), tiff_orientation(exif_of(bytes, jpeg, webp)));
 }
 
 RgbImage load_image_file(const std::string& path, const DecodeLimits& limits) {

@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
@@ -412,6 +414,44 @@ TEST(VisionImage, JpegDecodes) {
     ASSERT_LT(sof + 9, huge.size());
     for (size_t i : {size_t(5), size_t(7)}) huge[sof + i] = 0x40, huge[sof + i + 1] = 0x01;
     expect_error(huge, "huge jpeg", "limit");
+}
+
+// Orientation and CMYK, against Pillow (tests/data/images/pillow/make.py): EXIF orientations 1-9 in
+// JPEG (little- and big-endian TIFF, after an XMP segment), PNG (eXIf before and after the image data)
+// and WebP turn the image as ImageOps.exif_transpose does; CMYK JPEGs become Pillow's RGB.
+TEST(VisionImage, OrientationAndCmykMatchPillow) {
+    const std::string dir = test::source_path("tests/data/images/pillow/");
+    std::vector<std::string> names;
+    for (int o = 1; o <= 9; ++o) names.push_back("jpeg-o" + std::to_string(o) + ".jpg");
+    for (const char* n : {"jpeg-o6-mm.jpg", "png-o3.png", "png-o7.png", "webp-o5.webp", "webp-o8.webp", "cmyk.jpg",
+                          "cmyk-o6.jpg"})
+        names.push_back(n);
+    for (const std::string& name : names) {
+        const vision::RgbImage img = vision::load_image_file(dir + name);
+        const vision::RgbImage ref = read_pnm(dir + name + ".ppm");
+        ASSERT_EQ(img.width, ref.width) << name;
+        ASSERT_EQ(img.height, ref.height) << name;
+        EXPECT_EQ(img.rgb, ref.rgb) << name;
+    }
+    // The turns themselves, by EXIF's definitions, on exact pixels: stored rows "ABC" / "DEF" (a 3 x 2
+    // PNG of six colours), shown as each orientation says.
+    const std::map<char, std::array<uint8_t, 3>> colour = {{'A', {255, 0, 0}},   {'B', {0, 255, 0}},
+                                                         {'C', {0, 0, 255}},   {'D', {255, 255, 0}},
+                                                         {'E', {0, 255, 255}}, {'F', {255, 0, 255}}};
+    const std::vector<std::pair<int, std::vector<std::string>>> shown = {
+        {1, {"ABC", "DEF"}}, {2, {"CBA", "FED"}},       {3, {"FED", "CBA"}},       {4, {"DEF", "ABC"}},
+        {5, {"AD", "BE", "CF"}}, {6, {"DA", "EB", "FC"}}, {7, {"FC", "EB", "DA"}}, {8, {"CF", "BE", "AD"}}};
+    for (const auto& [o, rows] : shown) {
+        const vision::RgbImage img = vision::load_image_file(dir + "tiny-o" + std::to_string(o) + ".png");
+        ASSERT_EQ(img.height, int(rows.size())) << "orientation " << o;
+        ASSERT_EQ(img.width, int(rows[0].size())) << "orientation " << o;
+        for (int y = 0; y < img.height; ++y)
+            for (int x = 0; x < img.width; ++x)
+                for (int c = 0; c < 3; ++c)
+                    EXPECT_EQ(img.rgb[(size_t(y) * size_t(img.width) + size_t(x)) * 3 + size_t(c)],
+                              colour.at(rows[size_t(y)][size_t(x)])[size_t(c)])
+                        << "orientation " << o << ", pixel " << x << "," << y;
+    }
 }
 
 TEST(VisionPreprocess, SmartResizeKeepsTokenBounds) {
