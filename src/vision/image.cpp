@@ -1,5 +1,5 @@
-// libjpeg-turbo decodes JPEG (as Pillow does, so the pixels are Pillow's), libwebp WebP, stb_image PNG,
-// GIF and BMP; this file adds the checks before them, and after them the RGB conversion and the EXIF
+// libjpeg-turbo decodes JPEG (as Pillow does, so the pixels are Pillow's), libwebp WebP, stb_image PNG
+// (zlib inflating its image data first), GIF and BMP; this file adds the checks before them, and after them the RGB conversion and the EXIF
 // orientation (as the Hugging Face processors load images: Pillow, then ImageOps.exif_transpose).
 #include "vision/image.h"
 
@@ -19,6 +19,7 @@
 #include <stb/stb_image.h>
 #include <turbojpeg.h>
 #include <webp/decode.h>
+#include <zlib.h>
 
 namespace cera::vision {
 
@@ -46,13 +47,17 @@ uint64_t png_raw_size(const uint8_t* ihdr) {
 // data from the lengths the chunks claim, and grows the decompressed data for as long as the stream
 // goes on. A file of a few hundred bytes could make it allocate gigabytes, and a decompression bomb
 // within the size limit up to 4 GiB. So every chunk up to IEND must lie inside the file, and the image
-// data must decompress (with stb_image's own inflate) into the bytes the header's pixels need.
-void check_png(std::span<const uint8_t> b) {
+// data is inflated (zlib) into the bytes the header's pixels need and no more. A stream that holds
+// more than that is read as libpng and Pillow read it, up to the pixels, and stb_image (which refuses
+// it) gets a copy of the file whose image data is exactly those bytes. Returns that copy, or nothing
+// when stb_image can read the file as it is (or refuses it anyway).
+std::vector<uint8_t> check_png(std::span<const uint8_t> b) {
     static constexpr uint8_t kSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
-    if (b.size() < 8 || std::memcmp(b.data(), kSignature, 8) != 0) return;
+    if (b.size() < 8 || std::memcmp(b.data(), kSignature, 8) != 0) return {};
     const uint8_t* ihdr = nullptr;
     bool apple = false;  // Apple's CgBI variant stores the image data as raw deflate, without zlib's header
-    std::vector<char> idat;
+    size_t first_idat = 0;
+    std::vector<uint8_t> idat;
     for (size_t at = 8; at + 12 <= b.size();) {
         const uint32_t len = be32(b.data() + at);
         if (len > b.size() - at - 12)
@@ -65,18 +70,54 @@ void check_png(std::span<const uint8_t> b) {
         if (std::memcmp(type, "IEND", 4) == 0) break;
         if (std::memcmp(type, "CgBI", 4) == 0) apple = true;
         if (std::memcmp(type, "IHDR", 4) == 0 && len == 13 && !ihdr) ihdr = data;
-        if (std::memcmp(type, "IDAT", 4) == 0) idat.insert(idat.end(), data, data + len);
+        if (std::memcmp(type, "IDAT", 4) == 0) {
+            if (first_idat == 0) first_idat = at;
+            idat.insert(idat.end(), data, data + len);
+        }
         at += 12 + size_t(len);
     }
     const uint64_t raw = ihdr ? png_raw_size(ihdr) : 0;
-    if (raw == 0 || idat.empty() || raw > uint64_t(INT_MAX)) return;  // stb_image refuses these itself
-    std::vector<char> out(raw);
-    const int n = apple ? stbi_zlib_decode_noheader_buffer(out.data(), int(raw), idat.data(), int(idat.size()))
-                        : stbi_zlib_decode_buffer(out.data(), int(raw), idat.data(), int(idat.size()));
-    if (n < 0)
-        throw_error(ErrorCode::kInvalidArgument,
-                    "image: the PNG's image data is corrupt or decompresses to more than its %u x %u pixels hold",
-                    be32(ihdr), be32(ihdr + 4));
+    if (raw == 0 || idat.empty() || raw > uint64_t(INT_MAX)) return {};  // stb_image refuses these itself
+    std::vector<uint8_t> out(raw);
+    z_stream z{};
+    if (inflateInit2(&z, apple ? -MAX_WBITS : MAX_WBITS) != Z_OK) throw std::bad_alloc();
+    z.next_in = idat.data();
+    z.avail_in = uInt(idat.size());
+    z.next_out = out.data();
+    z.avail_out = uInt(raw);
+    int rc = Z_OK;
+    while (rc == Z_OK && z.avail_out > 0) rc = inflate(&z, Z_NO_FLUSH);
+    inflateEnd(&z);
+    if (rc != Z_OK && rc != Z_STREAM_END && !(rc == Z_BUF_ERROR && z.avail_out == 0))
+        throw_error(ErrorCode::kInvalidArgument, "image: the PNG's image data is corrupt (%s)",
+                    z.msg ? z.msg : "inflate failed");
+    if (rc == Z_STREAM_END || z.avail_out > 0) return {};  // all of it fits: stb_image reads the file itself
+    // More data than pixels: the chunks before the image data, one IDAT of stored deflate blocks
+    // holding the pixels' bytes, and IEND.
+    std::vector<uint8_t> copy(b.begin(), b.begin() + std::ptrdiff_t(first_idat));
+    std::vector<uint8_t> stream;
+    if (!apple) stream = {0x78, 0x01};
+    for (uint64_t at = 0; at < raw; at += 65535) {
+        const uint32_t n = uint32_t(std::min<uint64_t>(65535, raw - at));
+        stream.push_back(at + n == raw ? 1 : 0);
+        for (uint32_t v : {n, ~n & 0xFFFFu}) stream.push_back(uint8_t(v)), stream.push_back(uint8_t(v >> 8));
+        stream.insert(stream.end(), out.begin() + std::ptrdiff_t(at), out.begin() + std::ptrdiff_t(at + n));
+    }
+    if (!apple) {
+        const uint32_t a = uint32_t(adler32(1, out.data(), uInt(raw)));
+        for (int k = 3; k >= 0; --k) stream.push_back(uint8_t(a >> (8 * k)));
+    }
+    auto put_chunk = [&](const char* type, const std::vector<uint8_t>& data) {
+        for (int k = 3; k >= 0; --k) copy.push_back(uint8_t(data.size() >> (8 * k)));
+        const size_t from = copy.size();
+        copy.insert(copy.end(), type, type + 4);
+        copy.insert(copy.end(), data.begin(), data.end());
+        const uint32_t crc = uint32_t(crc32(0, copy.data() + from, uInt(copy.size() - from)));
+        for (int k = 3; k >= 0; --k) copy.push_back(uint8_t(crc >> (8 * k)));
+    };
+    put_chunk("IDAT", stream);
+    put_chunk("IEND", {});
+    return copy;
 }
 
 uint16_t le16(const uint8_t* p) { return uint16_t(p[0] | p[1] << 8); }
@@ -251,9 +292,11 @@ RgbImage decode_image(std::span<const uint8_t> bytes, const DecodeLimits& limits
             throw_error(ErrorCode::kInvalidArgument,
                         "image: not a supported image (PNG, JPEG, WebP, GIF or BMP): %s", stbi_failure_reason());
         check_size();
-        check_png(bytes);
-        px = std::unique_ptr<uint8_t, void (*)(void*)>(stbi_load_from_memory(data, len, &w, &h, &comp, 4),
-                                                       stbi_image_free);
+        const std::vector<uint8_t> png = check_png(bytes);
+        px = std::unique_ptr<uint8_t, void (*)(void*)>(
+            png.empty() ? stbi_load_from_memory(data, len, &w, &h, &comp, 4)
+                        : stbi_load_from_memory(png.data(), int(png.size()), &w, &h, &comp, 4),
+            stbi_image_free);
         if (!px) throw_error(ErrorCode::kInvalidArgument, "image: cannot decode: %s", stbi_failure_reason());
     }
     RgbImage img;

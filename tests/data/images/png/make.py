@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Writes the PNG cases of tests/golden/vision_test.cpp (python3 make.py, in this folder).
 
-Each interlaced image (Adam7) has a non-interlaced sibling of the same pixels; bomb-1x1.png is a
-1 x 1 grayscale image whose image data decompresses to 16 MiB instead of its 2 bytes.
+Each interlaced image (Adam7) has a non-interlaced sibling of the same pixels, and each a sibling
+NAME-extra.png whose image data decompresses to more bytes than the pixels need (libpng and Pillow
+read up to the pixels); rgb8-17x2-adam7-extra.png is the interlaced one, rgb8-17x2-trailing.png has
+bytes after the end of its zlib stream. bomb-1x1.png is a 1 x 1 grayscale image whose image data
+decompresses to 16 MiB instead of its 2 bytes (one black pixel).
 """
 import random
 import struct
@@ -13,7 +16,7 @@ def chunk(kind, data):
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
 
-def png(w, h, depth, color, rows_of, interlace, palette=None, idat=None):
+def png(w, h, depth, color, rows_of, interlace, palette=None, idat=None, extra=b"", trailing=b""):
     ihdr = struct.pack(">IIBBBBB", w, h, depth, color, 0, 0, interlace)
     if idat is None:
         raw = b""
@@ -25,7 +28,7 @@ def png(w, h, depth, color, rows_of, interlace, palette=None, idat=None):
                 continue
             for y in ys:
                 raw += b"\0" + rows_of(xs, y)
-        idat = zlib.compress(raw, 9)
+        idat = zlib.compress(raw + extra, 9) + trailing
     out = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr)
     if palette:
         out += chunk(b"PLTE", palette)
@@ -60,6 +63,13 @@ for name, (w, h, depth, color, ch) in cases.items():
     for interlace in (0, 1):
         with open("%s-%s.png" % (name, "adam7" if interlace else "plain"), "wb") as f:
             f.write(png(w, h, depth, color, rows_of, interlace, palette))
+    with open("%s-extra.png" % name, "wb") as f:
+        f.write(png(w, h, depth, color, rows_of, 0, palette, extra=bytes(range(256)) * 300))
+    if name == "rgb8-17x2":
+        with open("%s-adam7-extra.png" % name, "wb") as f:
+            f.write(png(w, h, depth, color, rows_of, 1, palette, extra=b"\x07" * 1000))
+        with open("%s-trailing.png" % name, "wb") as f:
+            f.write(png(w, h, depth, color, rows_of, 0, palette, trailing=b"junk after the stream"))
 
 with open("bomb-1x1.png", "wb") as f:
     f.write(png(1, 1, 8, 0, None, 0, idat=zlib.compress(b"\0" * (16 << 20), 9)))
