@@ -179,6 +179,15 @@ uint64_t block_hash(uint64_t prev, const int32_t* tokens, int n) {
     return h ? h : 1;
 }
 
+// step()'s `meanwhile`: what it throws is dropped, as the caller does that work again.
+void run_meanwhile(const std::function<void()>& f) {
+    if (!f) return;
+    try {
+        f();
+    } catch (...) {
+    }
+}
+
 }  // namespace
 
 uint64_t BatchState::seq_block_hash(const Seq& s, size_t i, uint64_t prev, const int32_t* tokens) const {
@@ -250,7 +259,7 @@ int64_t BatchState::blocks_needed(int seq, int64_t n) const {
     return std::max<int64_t>(0, need - have);
 }
 
-void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
+void BatchState::step(std::span<const Entry> entries, StepOutput& out, const std::function<void()>& meanwhile) {
     const int64_t n_vocab = arch_.info.n_vocab;
     // Checks first: a step that throws changes nothing.
     int64_t n_tokens = 0, n_out = 0, blocks = 0;
@@ -405,7 +414,10 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out) {
     }
     for (const Entry& e : entries)
         if (!e.verify) share_full_blocks(seqs_[size_t(e.seq)]);
-    if (n_out > 0) pick(entries, lg, out);
+    if (n_out > 0)
+        pick(entries, lg, out, meanwhile);
+    else
+        run_meanwhile(meanwhile);
 }
 
 void BatchState::keep(int seq, int32_t n) {
@@ -474,7 +486,8 @@ void BatchState::bind_lora(std::span<const Entry> entries, Step& s) {
     s.lora_segs = &lora_segs_;
 }
 
-void BatchState::pick(std::span<const Entry> entries, const Tensor& lg, StepOutput& out) {
+void BatchState::pick(std::span<const Entry> entries, const Tensor& lg, StepOutput& out,
+                      const std::function<void()>& meanwhile) {
     const int64_t n_vocab = arch_.info.n_vocab;
     // The words each entry takes; the kTop entries' gather ids, one after another.
     size_t n_words = 0, n_gather = 0, n_logits = 0;
@@ -523,6 +536,7 @@ void BatchState::pick(std::span<const Entry> entries, const Tensor& lg, StepOutp
             gather_at += size_t(n_g);
         }
     }
+    run_meanwhile(meanwhile);  // everything queued, nothing read yet
     if (argmax) {
         ids.resize(size_t(lg.ne[1]));
         be_.read(ids.data(), picks_t_, ids.size() * sizeof(int32_t));

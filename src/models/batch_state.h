@@ -13,6 +13,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <set>
 #include <span>
@@ -106,7 +107,9 @@ class BatchState {
     // max_step_tokens or a pool without the blocks.
     // For a verify entry j of n tokens, out.words[out.at[j] + t] (kArgmax) or the row at
     // out.row_at[j] + t * n_vocab (kLogits) is the output after its token t.
-    void step(std::span<const Entry> entries, StepOutput& out);
+    // `meanwhile` (if any) runs once, after the step is queued and before its outputs are waited for, as
+    // EvalRequest::meanwhile does (what it throws is dropped).
+    void step(std::span<const Entry> entries, StepOutput& out, const std::function<void()>& meanwhile = {});
     // After a run of verify entries (its latest in the sequence's latest step): the sequence keeps the
     // run's first n tokens (1..its length) and drops the others, as if they had never been evaluated: its
     // position, its K/V blocks past the end (back to the pool), its conv states (those after its n-th
@@ -135,7 +138,7 @@ class BatchState {
     void release_block(int32_t b);
     void share_full_blocks(Seq& s);  // after a step: the new full blocks' hashes and cache entries
     // The outputs the entries ask for, from the step's logits lg (a row an entry with a pick).
-    void pick(std::span<const Entry> entries, const Tensor& lg, StepOutput& out);
+    void pick(std::span<const Entry> entries, const Tensor& lg, StepOutput& out, const std::function<void()>& meanwhile);
     // Overwrites the rows of x (the step's tokens, entry after entry) that the entries give as embeddings.
     void write_embd(std::span<const Entry> entries, const Tensor& x);
     // Step::lora and lora_out for the entries' sequences' adapters (nothing when none has any).

@@ -142,6 +142,11 @@ struct EvalRequest {
     bool keep_states = false;
     // kGreedy only: queue the step that evaluates the pick before the host reads the pick (see eval()).
     bool ahead = false;
+    // kLogits only: host work to do while the device computes, run once after the step is queued and
+    // before its outputs are waited for (a backend that computes on the host has done the step by then).
+    // It runs with the state busy and must not use it. What it throws is dropped: it is work its caller
+    // can do again (a grammar's mask for the next token, computed into the matcher's cache).
+    std::function<void()> meanwhile;
     // kTopK only:
     int32_t top_k = 0;                  // candidates wanted, >= 1
     std::span<const int32_t> gather{};  // ids whose logits come back too

@@ -4,6 +4,7 @@
 // n_batch tokens. Every buffer is allocated when the state is created; eval()
 // allocates nothing.
 #include <algorithm>
+#include <utility>
 #include <atomic>
 #include <cinttypes>
 #include <cstring>
@@ -129,13 +130,16 @@ class SequenceState final : public ModelState {
         CERA_CHECK(!rq.argmax || rq.head == HeadOutput::kLogits, "eval: arg-max rows come with HeadOutput::kLogits only");
         EvalResult res;
         check_embd(rq);
+        CERA_CHECK(!rq.meanwhile || rq.head == HeadOutput::kLogits, "eval: meanwhile needs HeadOutput::kLogits");
         embd_ = rq.embd;
         argmax_out_ = rq.argmax;
+        meanwhile_ = rq.meanwhile ? &rq.meanwhile : nullptr;
         struct Clear {
             std::span<const EmbdRun>& e;
             int32_t*& a;
-            ~Clear() { e = {}, a = nullptr; }
-        } clear{embd_, argmax_out_};
+            const std::function<void()>*& m;
+            ~Clear() { e = {}, a = nullptr, m = nullptr; }
+        } clear{embd_, argmax_out_, meanwhile_};
         switch (rq.head) {
             case HeadOutput::kLogits:
                 settle();
@@ -143,6 +147,7 @@ class SequenceState final : public ModelState {
                     run_keeping(rq);
                 else
                     run(rq.tokens, rq.logits, rq.all_logits, rq.hidden, /*greedy=*/false);
+                do_meanwhile();  // when no chunk had outputs to wait for
                 break;
             case HeadOutput::kGreedy:
                 if (rq.tokens.empty()) throw_error(ErrorCode::kInvalidArgument, "eval: a greedy head needs tokens");
@@ -502,6 +507,7 @@ class SequenceState final : public ModelState {
                 if (graphable) be_.step_end();
             }
             if (nr > 0) {
+                if (last && lm_in_step) do_meanwhile();  // everything queued, nothing read yet
                 if (hidden_out)
                     be_.read(hidden_out + out_row * arch_.info.n_embd, hidden_, size_t(nr * arch_.info.n_embd) * 4);
                 if (logits_out || argmax_out) {
@@ -520,6 +526,16 @@ class SequenceState final : public ModelState {
         }
         position_ += int32_t(n);
         fed_ = greedy;  // argmax_feed() wrote the next step's id and position
+    }
+
+    // EvalRequest::meanwhile, once.
+    void do_meanwhile() {
+        if (!meanwhile_) return;
+        const std::function<void()>* f = std::exchange(meanwhile_, nullptr);
+        try {
+            (*f)();
+        } catch (...) {  // the caller does the work again
+        }
     }
 
     // The request's embedding runs must lie inside its tokens, in order, without overlaps.
@@ -601,6 +617,7 @@ class SequenceState final : public ModelState {
     Tensor next_id_;            // i32 [1]: the greedy head's arg-max
     Tensor picks_t_;            // i32 [kLogitRows]: EvalRequest::argmax of logits_' rows
     int32_t* argmax_out_ = nullptr;  // the current eval()'s EvalRequest::argmax
+    const std::function<void()>* meanwhile_ = nullptr;  // the current eval()'s EvalRequest::meanwhile, until run
     bool logits_held_ = false;  // logits_ row held_row_ holds the last token's logits of a greedy or top-k head
     int held_row_ = 0;          // 0, or 1 after steps of greedy_ahead()
     mutable bool fed_ = false;  // ids_[0] / pos_t_[0] hold the last greedy step's pick and the next position

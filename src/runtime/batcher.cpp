@@ -267,7 +267,13 @@ class BatcherImpl final : public Batcher {
             int64_t evaluated = 0;
             try {
                 draft_with_model(entries, owners);
-                state_->step(entries, out);
+                // The grammars' masks for the sequences' next tokens are computed while the device computes
+                // the logits (into each matcher's cache, where sample() finds them again).
+                state_->step(entries, out, [&] {
+                    for (size_t i = 0; i < entries.size(); ++i)
+                        if (owners[i]->matcher && entries[i].pick != Pick::kNone && !entries[i].verify)
+                            owners[i]->matcher->mask();
+                });
                 for (size_t i = 0; i < entries.size(); ++i) {
                     Req& r = *owners[i];
                     evaluated += int64_t(entries[i].tokens.size());

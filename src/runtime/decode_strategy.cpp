@@ -14,7 +14,11 @@ class HostSampling final : public DecodeStrategy {
         : state_(state), sampler_(sampler), logits_(logits), matcher_(matcher) {}
 
     DecodePick step(int32_t token, bool /*final_pick*/) override {
-        state_.eval({.tokens = {&token, 1}, .logits = logits_.data()});
+        // A grammar's mask for the next token is computed while the device computes its logits (into the
+        // matcher's cache, where mask() finds it again).
+        EvalRequest rq{.tokens = {&token, 1}, .logits = logits_.data()};
+        if (matcher_) rq.meanwhile = [m = matcher_] { m->mask(); };
+        state_.eval(rq);
         return {sampler_.sample(logits_.data(), matcher_ ? matcher_->mask() : nullptr), LogitsAt::kHost};
     }
 

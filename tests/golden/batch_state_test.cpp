@@ -222,5 +222,57 @@ TEST(Batch, BadStepsChangeNothing) {
     EXPECT_EQ(batch.free_blocks(), 1);
 }
 
+// The host work that overlaps a step (EvalRequest::meanwhile, BatchState::step's meanwhile) runs once
+// a step, whether or not the step has outputs to wait for, and what it throws is dropped: the outputs
+// are those of a step without it.
+TEST(Batch, MeanwhileRunsOnceAndItsErrorsAreDropped) {
+    auto model = load("tiny-lfm2");
+    const int64_t n_vocab = model->info().n_vocab;
+    const std::vector<int32_t> prompt = {1, 5, 9, 2, 7};
+    auto plain = model->create_state(64);
+    std::vector<float> want(static_cast<size_t>(n_vocab)), got(static_cast<size_t>(n_vocab));
+    plain->eval({.tokens = prompt, .logits = want.data()});
+    for (const bool throws : {false, true}) {
+        auto st = model->create_state(64);
+        int calls = 0;
+        EvalRequest rq{.tokens = prompt, .logits = got.data()};
+        rq.meanwhile = [&] {
+            ++calls;
+            if (throws) throw std::runtime_error("meanwhile");
+        };
+        st->eval(rq);
+        EXPECT_EQ(calls, 1);
+        EXPECT_EQ(got, want) << "throws " << throws;
+        EXPECT_EQ(st->position(), int32_t(prompt.size()));
+        st->eval({.tokens = {}, .meanwhile = [&] { ++calls; }});  // no tokens: it still runs, once
+        EXPECT_EQ(calls, 2);
+    }
+
+    BatchStateOptions bo;
+    bo.max_seqs = 2;
+    bo.block_size = 8;
+    bo.kv_tokens = 32;
+    bo.max_step_tokens = 32;
+    StepOutput ref, out;
+    {
+        BatchState batch(*model, bo);
+        const int a = batch.add_sequence();
+        batch.step(std::vector<BatchState::Entry>{{a, prompt, Pick::kLogits}}, ref);
+    }
+    BatchState batch(*model, bo);
+    const int a = batch.add_sequence(), b = batch.add_sequence();
+    int calls = 0;
+    batch.step(std::vector<BatchState::Entry>{{a, prompt, Pick::kLogits}}, out, [&] {
+        ++calls;
+        throw std::runtime_error("meanwhile");
+    });
+    EXPECT_EQ(calls, 1);
+    EXPECT_EQ(std::vector<float>(out.logits.begin(), out.logits.begin() + n_vocab),
+              std::vector<float>(ref.logits.begin(), ref.logits.begin() + n_vocab));
+    batch.step(std::vector<BatchState::Entry>{{b, prompt}}, out, [&] { ++calls; });  // no outputs
+    EXPECT_EQ(calls, 2);
+    EXPECT_EQ(batch.position(b), int32_t(prompt.size()));
+}
+
 }  // namespace
 }  // namespace cera
