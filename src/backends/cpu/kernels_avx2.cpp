@@ -396,6 +396,80 @@ struct Q45KTile {
     };
 };
 
+// The int8 codes of 32 int32 in order (packs work within 128-bit lanes; the permute puts them back).
+inline __m256i pack32_i8(__m256i q0, __m256i q1, __m256i q2, __m256i q3) {
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
+    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+inline int32_t hsum_i32(__m256i v) {
+    const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    const __m128i t = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
+}
+
+inline float hmax_ps(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+// Activation quantization, byte for byte as quantize_act_row: kAct32 (d = amax / 127, codes rounded to
+// nearest even, per-32 code sums) and Q8_K (scale from the first largest magnitude, -127 at it, per-16
+// code sums); BF16 through the scalar row.
+void quantize_act_avx2(ActFormat f, const float* x, int64_t k, void* out) {
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    if (f == ActFormat::kAct32) {
+        const int64_t nb = k / 32;
+        auto* qs = static_cast<int8_t*>(out);
+        auto* d = reinterpret_cast<float*>(qs + k);
+        auto* sum = reinterpret_cast<int32_t*>(d + nb);
+        for (int64_t b = 0; b < nb; ++b) {
+            const float* xb = x + 32 * b;
+            __m256 v[4], m = _mm256_setzero_ps();
+            // max(|x|, m): a NaN |x| leaves m, as std::fmax does.
+            for (int j = 0; j < 4; ++j)
+                v[j] = _mm256_loadu_ps(xb + 8 * j), m = _mm256_max_ps(_mm256_and_ps(v[j], abs_mask), m);
+            const float db = hmax_ps(m) / 127.0f;
+            const __m256 id = _mm256_set1_ps(db != 0.0f ? 1.0f / db : 0.0f);
+            __m256i q[4];
+            for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], id));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + 32 * b), pack32_i8(q[0], q[1], q[2], q[3]));
+            d[b] = db;
+            sum[b] = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+        }
+        return;
+    }
+    if (f == ActFormat::kActQ8K) {
+        auto* y = static_cast<BlockQ8_K*>(out);
+        for (int64_t i = 0; i < k / kQK_K; ++i, x += kQK_K) {
+            __m256 m = _mm256_setzero_ps();
+            for (int j = 0; j < kQK_K; j += 8) m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + j), abs_mask), m);
+            const float amax = hmax_ps(m);
+            if (amax == 0.0f) {
+                std::memset(&y[i], 0, sizeof(BlockQ8_K));
+                continue;
+            }
+            int first = 0;
+            while (std::fabs(x[first]) != amax) ++first;
+            const float iscale = -127.f / x[first];
+            const __m256 iv = _mm256_set1_ps(iscale);
+            const __m256i top = _mm256_set1_epi32(127);
+            for (int j = 0; j < kQK_K; j += 32) {
+                __m256i q[4];
+                for (int u = 0; u < 4; ++u)
+                    q[u] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(iv, _mm256_loadu_ps(x + j + 8 * u))), top);
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[i].qs + j), pack32_i8(q[0], q[1], q[2], q[3]));
+                y[i].bsums[j / 16] = int16_t(hsum_i32(_mm256_add_epi32(q[0], q[1])));
+                y[i].bsums[j / 16 + 1] = int16_t(hsum_i32(_mm256_add_epi32(q[2], q[3])));
+            }
+            y[i].d = 1 / iscale;
+        }
+        return;
+    }
+    quantize_act_row(f, x, k, out);
+}
+
 void rms_norm_avx2(const float* x, const float* w, float* y, int64_t n, float eps) {
     float ss = 0.0f;
     for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
@@ -454,7 +528,7 @@ KernelTable make_table() {
     t.add = add_avx2;
     t.dot_f32 = dot_f32_avx2;
     t.softmax = softmax_avx2;
-    t.quantize_act = quantize_act_row;
+    t.quantize_act = quantize_act_avx2;
     t.attention = cpu_attention::block_avx2;
     return t;
 }
