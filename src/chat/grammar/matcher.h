@@ -11,7 +11,10 @@
 //  - per stack top (shared by every matcher of one grammar and vocabulary, PositionCache): a walk of
 //    the token trie from the stack's top few frames alone, with the frames below cut off, sorts each
 //    token into accepted (it matches within those frames, whatever lies below), rejected, or
-//    uncertain (it runs past them, so the answer depends on the rest of the stack);
+//    uncertain (it runs past them, so the answer depends on the rest of the stack); frames are keyed
+//    by the first position of the same future (GrammarDef::same_as), and a frame in rung k of a
+//    bounded repetition takes the tokens of fewer than k code points from its loop's entry (Rule::loop),
+//    walking only the longer ones;
 //  - per state: the union over its stacks of the accepted tokens, plus the uncertain ones whose rest,
 //    past the place where they leave the top frames, matches from the stack below (the entry groups
 //    them by rest, so each distinct rest is checked once); the result is cached per state;
