@@ -1,6 +1,7 @@
 // libjpeg-turbo decodes JPEG (as Pillow does, so the pixels are Pillow's), libwebp WebP, stb_image PNG
-// (zlib inflating its image data first), GIF and BMP; this file adds the checks before them, and after them the RGB conversion and the EXIF
-// orientation (as the Hugging Face processors load images: Pillow, then ImageOps.exif_transpose).
+// (zlib inflating its image data first), GIF and BMP; this file adds the checks before them, and after
+// them the RGB conversion and the EXIF orientation (as the Hugging Face processors load images: Pillow,
+// then ImageOps.exif_transpose).
 #include "vision/image.h"
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <memory>
 #include <new>
+#include <string>
 #include <vector>
 
 #include "core/check.h"
@@ -87,11 +89,21 @@ std::vector<uint8_t> check_png(std::span<const uint8_t> b) {
     z.avail_out = uInt(raw);
     int rc = Z_OK;
     while (rc == Z_OK && z.avail_out > 0) rc = inflate(&z, Z_NO_FLUSH);
+    bool more = false;  // the stream goes on past the pixels
+    if (z.avail_out == 0 && rc == Z_OK) {  // the pixels are full: does the stream end right there?
+        uint8_t next = 0;
+        z.next_out = &next;
+        z.avail_out = 1;
+        more = inflate(&z, Z_NO_FLUSH) != Z_STREAM_END || z.avail_out == 0;
+    }
+    const std::string why = z.msg ? z.msg : "";
     inflateEnd(&z);
-    if (rc != Z_OK && rc != Z_STREAM_END && !(rc == Z_BUF_ERROR && z.avail_out == 0))
+    if (z.avail_out > 0 && rc == Z_BUF_ERROR)
+        throw_error(ErrorCode::kInvalidArgument, "image: the PNG's image data ends before its pixels (truncated)");
+    if (rc != Z_OK && rc != Z_STREAM_END)
         throw_error(ErrorCode::kInvalidArgument, "image: the PNG's image data is corrupt (%s)",
-                    z.msg ? z.msg : "inflate failed");
-    if (rc == Z_STREAM_END || z.avail_out > 0) return {};  // all of it fits: stb_image reads the file itself
+                    why.empty() ? "inflate failed" : why.c_str());
+    if (!more) return {};  // stb_image reads the file as it is (or refuses too few pixels itself)
     // More data than pixels: the chunks before the image data, one IDAT of stored deflate blocks
     // holding the pixels' bytes, and IEND.
     std::vector<uint8_t> copy(b.begin(), b.begin() + std::ptrdiff_t(first_idat));
@@ -117,6 +129,8 @@ std::vector<uint8_t> check_png(std::span<const uint8_t> b) {
     };
     put_chunk("IDAT", stream);
     put_chunk("IEND", {});
+    if (copy.size() > size_t(INT_MAX))
+        throw_error(ErrorCode::kInvalidArgument, "image: a PNG of %zu bytes of image data is too large", size_t(raw));
     return copy;
 }
 

@@ -363,7 +363,25 @@ TEST(VisionImage, PngImageDataIsReadUpToItsPixels) {
     const vision::RgbImage bomb = vision::load_image_file(dir + "bomb-1x1.png");
     EXPECT_EQ(bomb.width, 1);
     EXPECT_EQ(bomb.rgb, (std::vector<uint8_t>{0, 0, 0}));
-    // Corrupt image data (a deflate block of a reserved type) is refused by name.
+    // Image data that ends before the pixels, and corrupt image data (a deflate block of a reserved
+    // type), are refused by name.
+    {
+        std::vector<uint8_t> cut = bytes_of(dir + "rgb8-17x2-plain.png");
+        size_t at = 8;
+        while (at + 8 < cut.size() && std::memcmp(&cut[at + 4], "IDAT", 4) != 0)
+            at += 12 + (size_t(cut[at]) << 24 | size_t(cut[at + 1]) << 16 | size_t(cut[at + 2]) << 8 | cut[at + 3]);
+        ASSERT_LT(at + 8, cut.size());
+        const size_t len = size_t(cut[at + 2]) << 8 | cut[at + 3], keep = len / 2;
+        cut.erase(cut.begin() + std::ptrdiff_t(at + 8 + keep), cut.begin() + std::ptrdiff_t(at + 8 + len));
+        cut[at + 2] = uint8_t(keep >> 8), cut[at + 3] = uint8_t(keep);
+        try {
+            vision::decode_image(cut);
+            ADD_FAILURE() << "truncated image data: no error";
+        } catch (const Error& e) {
+            EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+            EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+        }
+    }
     std::vector<uint8_t> bad = bytes_of(dir + "rgb8-17x2-plain.png");
     size_t idat = 8;
     auto be32_at = [&](size_t at) {
