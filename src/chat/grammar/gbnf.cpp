@@ -274,8 +274,13 @@ class Parser {
 
     // Replaces the last item of `seq` (elements from `start`) by its repetition {lo, hi} (hi < 0: no bound).
     void repeat(std::vector<Elem>& seq, size_t start, uint32_t lo, int64_t hi, const std::string& rule, int line) {
-        const std::vector<Elem> item(seq.begin() + std::ptrdiff_t(start), seq.end());
+        std::vector<Elem> item(seq.begin() + std::ptrdiff_t(start), seq.end());
         seq.resize(start);
+        if (item.size() > 1) {  // a sequence (an inlined group): one rule, so that each copy is one reference
+            const uint32_t g = generated(rule, line);
+            rules_[g].alts = {std::move(item)};
+            item = {{Op::kRef, g}};
+        }
         grow(item.size() * (size_t(lo) + size_t(std::max<int64_t>(hi - lo, 1)) + 1));
         for (uint32_t i = 0; i < lo; ++i) seq.insert(seq.end(), item.begin(), item.end());
         if (hi < 0) {  // R ::= item R | ""
