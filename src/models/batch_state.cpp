@@ -179,15 +179,6 @@ uint64_t block_hash(uint64_t prev, const int32_t* tokens, int n) {
     return h ? h : 1;
 }
 
-// step()'s `meanwhile`: what it throws is dropped, as the caller does that work again.
-void run_meanwhile(const std::function<void()>& f) {
-    if (!f) return;
-    try {
-        f();
-    } catch (...) {
-    }
-}
-
 }  // namespace
 
 uint64_t BatchState::seq_block_hash(const Seq& s, size_t i, uint64_t prev, const int32_t* tokens) const {

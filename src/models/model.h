@@ -115,6 +115,16 @@ enum class HeadOutput {
     kTopK,    // only the top_k best of the last token's logits and the logits at the `gather` ids
 };
 
+// Runs EvalRequest::meanwhile (or BatchState::step's), if any, dropping what it throws: the caller does
+// that work again.
+inline void run_meanwhile(const std::function<void()>& f) noexcept {
+    if (!f) return;
+    try {
+        f();
+    } catch (...) {
+    }
+}
+
 // Input rows that replace the token embeddings of a run of a request's tokens (an image's embeddings
 // in place of its image tokens): tokens [begin, begin + n) of the request take rows [0, n) of `rows`.
 struct EmbdRun {

@@ -4,11 +4,11 @@
 // n_batch tokens. Every buffer is allocated when the state is created; eval()
 // allocates nothing.
 #include <algorithm>
-#include <utility>
 #include <atomic>
 #include <cinttypes>
 #include <cstring>
 #include <mutex>
+#include <utility>
 
 #include "core/check.h"
 #include "models/arch.h"
@@ -530,12 +530,7 @@ class SequenceState final : public ModelState {
 
     // EvalRequest::meanwhile, once.
     void do_meanwhile() {
-        if (!meanwhile_) return;
-        const std::function<void()>* f = std::exchange(meanwhile_, nullptr);
-        try {
-            (*f)();
-        } catch (...) {  // the caller does the work again
-        }
+        if (const std::function<void()>* f = std::exchange(meanwhile_, nullptr)) run_meanwhile(*f);
     }
 
     // The request's embedding runs must lie inside its tokens, in order, without overlaps.

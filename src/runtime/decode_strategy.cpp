@@ -103,7 +103,7 @@ std::unique_ptr<DecodeStrategy> choose_decode_strategy(const GenerateOptions& op
     if (matcher || options.logprobs >= 0) return std::make_unique<HostSampling>(state, sampler, logits, matcher);
     // Greedy on the device is exactly the host sampler's pick whenever that is a plain arg-max.
     if (options.device_greedy && sampler.picks_argmax()) {
-        if (options.decode_ahead > 0 || (options.decode_ahead < 0 && device_async))
+        if (decodes_ahead(options.decode_ahead, device_async))
             return std::make_unique<DeviceGreedyAhead>(state);
         return std::make_unique<DeviceGreedy>(state);
     }

@@ -37,6 +37,12 @@ class DecodeStrategy {
     virtual DecodePick step(int32_t token, bool final_pick) = 0;
 };
 
+// Whether greedy steps queue the next step before the host reads the pick (GenerateOptions::decode_ahead:
+// -1 when the device runs behind the host, device_async; 0 never; 1 always).
+inline bool decodes_ahead(int decode_ahead, bool device_async) {
+    return decode_ahead > 0 || (decode_ahead < 0 && device_async);
+}
+
 // The strategy for one generate() call. logits: the session's host logits, f32 [n_vocab], written when a
 // step brings the logits to the host. device_async: the backend runs behind the host (Backend::asynchronous),
 // which is when GenerateOptions::decode_ahead < 0 queues greedy steps ahead. The strategy holds references

@@ -5,6 +5,7 @@
 
 #include "cera/error.h"
 #include "core/check.h"
+#include "runtime/decode_strategy.h"
 #include "runtime/engine_impl.h"
 
 namespace cera {
@@ -201,9 +202,8 @@ void Speculator::draft_with_model(std::span<const int32_t> tokens, int32_t k) {
     // its pick before the host reads the pick (EvalRequest::ahead), so the device drafts on while the host
     // waits; the last queues nothing. A recurrent draft (LFM2) keeps the conv states of every step for the
     // rollback instead, one step at a time.
-    const bool chain =
-        ids_only && !s.state->has_recurrent_state() &&
-        (decode_ahead_ > 0 || (decode_ahead_ < 0 && s.engine->impl().model->backend().asynchronous()));
+    const bool chain = ids_only && !s.state->has_recurrent_state() &&
+                       decodes_ahead(decode_ahead_, s.engine->impl().model->backend().asynchronous());
     for (int32_t i = 0; i < k && s.state->position() < s.state->n_ctx(); ++i) {
         if (ids_only) {
             int32_t id = 0;

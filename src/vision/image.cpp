@@ -45,6 +45,26 @@ uint64_t png_raw_size(const uint8_t* ihdr) {
     return n;
 }
 
+// Calls f(offset, type, data) for each chunk of a PNG before IEND, until f returns true; a chunk past the
+// end of the file is refused. False when b is not a PNG.
+template <class F>
+bool walk_png(std::span<const uint8_t> b, F&& f) {
+    static constexpr uint8_t kSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+    if (b.size() < 8 || std::memcmp(b.data(), kSignature, 8) != 0) return false;
+    for (size_t at = 8; at + 12 <= b.size();) {
+        const uint32_t len = be32(b.data() + at);
+        if (len > b.size() - at - 12)
+            throw_error(ErrorCode::kInvalidArgument,
+                        "image: a PNG chunk at byte %zu claims %u bytes, past the end of the file (truncated or "
+                        "corrupt)",
+                        at, len);
+        const uint8_t* type = b.data() + at + 4;
+        if (std::memcmp(type, "IEND", 4) == 0 || f(at, type, b.subspan(at + 8, len))) break;
+        at += 12 + size_t(len);
+    }
+    return true;
+}
+
 // stb_image trusts a PNG's structure further than a server can: it sizes its buffer for the compressed
 // data from the lengths the chunks claim, and grows the decompressed data for as long as the stream
 // goes on. A file of a few hundred bytes could make it allocate gigabytes, and a decompression bomb
@@ -54,30 +74,20 @@ uint64_t png_raw_size(const uint8_t* ihdr) {
 // it) gets a copy of the file whose image data is exactly those bytes. Returns that copy, or nothing
 // when stb_image can read the file as it is (or refuses it anyway).
 std::vector<uint8_t> check_png(std::span<const uint8_t> b) {
-    static constexpr uint8_t kSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
-    if (b.size() < 8 || std::memcmp(b.data(), kSignature, 8) != 0) return {};
     const uint8_t* ihdr = nullptr;
     bool apple = false;  // Apple's CgBI variant stores the image data as raw deflate, without zlib's header
     size_t first_idat = 0;
     std::vector<uint8_t> idat;
-    for (size_t at = 8; at + 12 <= b.size();) {
-        const uint32_t len = be32(b.data() + at);
-        if (len > b.size() - at - 12)
-            throw_error(ErrorCode::kInvalidArgument,
-                        "image: a PNG chunk at byte %zu claims %u bytes, past the end of the file (truncated or "
-                        "corrupt)",
-                        at, len);
-        const uint8_t* type = b.data() + at + 4;
-        const uint8_t* data = type + 4;
-        if (std::memcmp(type, "IEND", 4) == 0) break;
+    const bool png = walk_png(b, [&](size_t at, const uint8_t* type, std::span<const uint8_t> data) {
         if (std::memcmp(type, "CgBI", 4) == 0) apple = true;
-        if (std::memcmp(type, "IHDR", 4) == 0 && len == 13 && !ihdr) ihdr = data;
+        if (std::memcmp(type, "IHDR", 4) == 0 && data.size() == 13 && !ihdr) ihdr = data.data();
         if (std::memcmp(type, "IDAT", 4) == 0) {
             if (first_idat == 0) first_idat = at;
-            idat.insert(idat.end(), data, data + len);
+            idat.insert(idat.end(), data.begin(), data.end());
         }
-        at += 12 + size_t(len);
-    }
+        return false;
+    });
+    if (!png) return {};
     const uint64_t raw = ihdr ? png_raw_size(ihdr) : 0;
     if (raw == 0 || idat.empty() || raw > uint64_t(INT_MAX)) return {};  // stb_image refuses these itself
     std::vector<uint8_t> out(raw);
@@ -195,15 +205,12 @@ std::span<const uint8_t> exif_of(std::span<const uint8_t> b, bool jpeg, bool web
         }
         return {};
     }
-    static constexpr uint8_t kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
-    if (b.size() < 8 || std::memcmp(b.data(), kPng, 8) != 0) return {};
-    for (size_t at = 8; at + 12 <= b.size();) {
-        const uint32_t len = be32(&b[at]);
-        if (len > b.size() - at - 12 || std::memcmp(&b[at + 4], "IEND", 4) == 0) return {};
-        if (std::memcmp(&b[at + 4], "eXIf", 4) == 0) return b.subspan(at + 8, len);
-        at += 12 + size_t(len);
-    }
-    return {};
+    std::span<const uint8_t> exif;  // (a PNG here has passed check_png: its chunks lie inside it)
+    walk_png(b, [&](size_t, const uint8_t* type, std::span<const uint8_t> data) {
+        if (std::memcmp(type, "eXIf", 4) == 0) exif = data;
+        return !exif.empty();
+    });
+    return exif;
 }
 
 // The image turned upright by its EXIF orientation (1-8), as Pillow's ImageOps.exif_transpose does:

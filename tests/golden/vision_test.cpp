@@ -43,6 +43,25 @@ std::vector<uint8_t> bytes_of(const std::string& path) {
     return std::vector<uint8_t>(s.begin(), s.end());
 }
 
+// decode_image refuses b with kInvalidArgument, saying `says`.
+void expect_refused(std::span<const uint8_t> b, const char* what, const char* says) {
+    try {
+        vision::decode_image(b);
+        ADD_FAILURE() << what << ": no error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << what;
+        EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << what << ": " << e.what();
+    }
+}
+
+// The offset of a PNG's first chunk of the given type (its length field), or the file's size.
+size_t png_chunk_at(const std::vector<uint8_t>& b, const char* type) {
+    size_t at = 8;
+    while (at + 8 < b.size() && std::memcmp(&b[at + 4], type, 4) != 0)
+        at += 12 + (size_t(b[at]) << 24 | size_t(b[at + 1]) << 16 | size_t(b[at + 2]) << 8 | b[at + 3]);
+    return std::min(at, b.size());
+}
+
 struct Case {
     const char* image;       // under fixtures/tiny-lfm2vl/
     const char* embeddings;  // projector output reference
@@ -365,38 +384,17 @@ TEST(VisionImage, PngImageDataIsReadUpToItsPixels) {
     EXPECT_EQ(bomb.rgb, (std::vector<uint8_t>{0, 0, 0}));
     // Image data that ends before the pixels, and corrupt image data (a deflate block of a reserved
     // type), are refused by name.
-    {
-        std::vector<uint8_t> cut = bytes_of(dir + "rgb8-17x2-plain.png");
-        size_t at = 8;
-        while (at + 8 < cut.size() && std::memcmp(&cut[at + 4], "IDAT", 4) != 0)
-            at += 12 + (size_t(cut[at]) << 24 | size_t(cut[at + 1]) << 16 | size_t(cut[at + 2]) << 8 | cut[at + 3]);
-        ASSERT_LT(at + 8, cut.size());
-        const size_t len = size_t(cut[at + 2]) << 8 | cut[at + 3], keep = len / 2;
-        cut.erase(cut.begin() + std::ptrdiff_t(at + 8 + keep), cut.begin() + std::ptrdiff_t(at + 8 + len));
-        cut[at + 2] = uint8_t(keep >> 8), cut[at + 3] = uint8_t(keep);
-        try {
-            vision::decode_image(cut);
-            ADD_FAILURE() << "truncated image data: no error";
-        } catch (const Error& e) {
-            EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-            EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
-        }
-    }
-    std::vector<uint8_t> bad = bytes_of(dir + "rgb8-17x2-plain.png");
-    size_t idat = 8;
-    auto be32_at = [&](size_t at) {
-        return size_t(bad[at]) << 24 | size_t(bad[at + 1]) << 16 | size_t(bad[at + 2]) << 8 | bad[at + 3];
-    };
-    while (idat + 8 < bad.size() && std::memcmp(&bad[idat + 4], "IDAT", 4) != 0) idat += 12 + be32_at(idat);
-    ASSERT_LT(idat + 10, bad.size());
+    const std::vector<uint8_t> plain = bytes_of(dir + "rgb8-17x2-plain.png");
+    const size_t idat = png_chunk_at(plain, "IDAT");
+    ASSERT_LT(idat + 10, plain.size());
+    std::vector<uint8_t> cut = plain;
+    const size_t len = size_t(cut[idat + 2]) << 8 | cut[idat + 3], keep = len / 2;
+    cut.erase(cut.begin() + std::ptrdiff_t(idat + 8 + keep), cut.begin() + std::ptrdiff_t(idat + 8 + len));
+    cut[idat + 2] = uint8_t(keep >> 8), cut[idat + 3] = uint8_t(keep);
+    expect_refused(cut, "truncated image data", "truncated");
+    std::vector<uint8_t> bad = plain;
     bad[idat + 10] = 0x07;  // after the zlib header: final block, type 3
-    try {
-        vision::decode_image(bad);
-        ADD_FAILURE() << "corrupt image data: no error";
-    } catch (const Error& e) {
-        EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-        EXPECT_NE(std::string(e.what()).find("corrupt"), std::string::npos) << e.what();
-    }
+    expect_refused(bad, "corrupt image data", "corrupt");
 }
 
 // A binary PPM (P6) or PGM (P5) of 8-bit samples, as RGB.
@@ -432,24 +430,15 @@ TEST(VisionImage, JpegDecodes) {
         EXPECT_LT(mean / double(png.rgb.size()), 6.0) << name;
     }
     const std::vector<uint8_t> jpg = bytes_of(dir + "test_image.jpg");
-    auto expect_error = [](std::span<const uint8_t> b, const char* what, const char* says) {
-        try {
-            vision::decode_image(b);
-            ADD_FAILURE() << what << ": no error";
-        } catch (const Error& e) {
-            EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << what;
-            EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << what << ": " << e.what();
-        }
-    };
     for (size_t cut : {size_t(3), size_t(20), jpg.size() / 2, jpg.size() - 2})
-        expect_error({jpg.data(), cut}, "truncated jpeg", "JPEG");
+        expect_refused({jpg.data(), cut}, "truncated jpeg", "JPEG");
     // The frame header (SOF0: FF C0, length, precision, then height and width) claiming 16385 x 16385.
     std::vector<uint8_t> huge = jpg;
     size_t sof = 2;
     while (sof + 9 < huge.size() && !(huge[sof] == 0xFF && huge[sof + 1] == 0xC0)) ++sof;
     ASSERT_LT(sof + 9, huge.size());
     for (size_t i : {size_t(5), size_t(7)}) huge[sof + i] = 0x40, huge[sof + i + 1] = 0x01;
-    expect_error(huge, "huge jpeg", "limit");
+    expect_refused(huge, "huge jpeg", "limit");
 }
 
 // Orientation and CMYK, against Pillow (tests/data/images/pillow/make.py): EXIF orientations 1-9 in
