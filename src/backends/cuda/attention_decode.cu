@@ -9,7 +9,8 @@
 // shuffles among the lanes of one head; the warp's output rows (G x head_dim, in registers) are
 // rescaled and accumulated from the V rows of the pass. The warps' (m, l, o) merge once in shared
 // memory at the end. 8 warps a block, which leaves room on the SM for the blocks of the products
-// around it. Same grid, chunks, splits, prologue (K/V rows below the step's positions copied with
+// around it, and at most 128 registers a thread, so that two blocks share an SM: the plan's splits
+// count on two blocks an SM, and at one a long cache's blocks run in two waves. Same grid, chunks, splits, prologue (K/V rows below the step's positions copied with
 // cp.async before the PDL wait) and partial layout as attn_dec_kernel, whose plan it takes.
 // With one chunk a kv head's warps share one SM, and its shared-memory pipe bounds the key loop:
 // q rows are padded so a pass's lanes read G heads from distinct banks, and a key's weights reach
@@ -88,7 +89,7 @@ __device__ float g_dry_q[1024];
 // V rows, q [G][HD + 4] (scaled), the warps' pass weights [W][32], then the warps' m [W][G], l [W][G],
 // o [W][G][HD] for the merge after the key loop.
 template <class K, int HD, int GP, int kWarps>
-__global__ void __launch_bounds__(kWarps * 32, 1) attn_decw_kernel(const DecodeAttnArgs a) {
+__global__ void __launch_bounds__(kWarps * 32, 2) attn_decw_kernel(const DecodeAttnArgs a) {
     constexpr int kWarpThreads = kWarps * 32;
     pdl_trigger();
     extern __shared__ __align__(16) unsigned char dsm[];
