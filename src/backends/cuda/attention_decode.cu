@@ -17,6 +17,7 @@
 // the lanes by one broadcast load instead of G shuffles.
 // Roofline: the K/V bytes (2 KB per position per layer for lfm2-1.2b) are L2/HBM-trivial in decode;
 // the goal is the shortest chain from the wait's release to the output's 8-bit rows.
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 
@@ -334,6 +335,11 @@ bool attention_decode_warp(const DecodeAttnArgs& args, KvCodec codec, cudaStream
     int gp = 1;
     while (gp < G) gp *= 2;
     if ((hd != 64 && hd != 128) || gp > 8 || gp * hd > 1024 || a.kc < 1) return false;
+    // Where a split walks several chunks (a long cache), it takes chunks of half the plan's size: the
+    // block's shared memory halves, so the blocks of the products before and after the attention
+    // still find room on its SM, and each chunk's copy-then-compute round is shorter.
+    const int64_t max_len = a.sliding_window > 0 ? std::min<int64_t>(a.n_ctx, a.sliding_window) : a.n_ctx;
+    if (a.n_splits > 1 && a.kc >= 64 && ceil_div(max_len, int64_t(a.kc)) > a.n_splits) a.kc /= 2;
     constexpr int warps = kDecodeWarps;
     const size_t kv = size_t(a.kc) * size_t(kv_staged_krow(codec, hd) + kv_staged_bytes(codec, hd));
     const size_t merge = sizeof(float) * size_t(warps) * size_t(G) * size_t(hd + 2);
