@@ -10,8 +10,10 @@
 // rescaled and accumulated from the V rows of the pass. The warps' (m, l, o) merge once in shared
 // memory at the end. 8 warps a block, which leaves room on the SM for the blocks of the products
 // around it, and at most 128 registers a thread, so that two blocks share an SM: the plan's splits
-// count on two blocks an SM, and at one a long cache's blocks run in two waves. Same grid, chunks, splits, prologue (K/V rows below the step's positions copied with
-// cp.async before the PDL wait) and partial layout as attn_dec_kernel, whose plan it takes.
+// count on two blocks an SM, and at one a long cache's blocks run in two waves. Same grid, splits,
+// prologue (K/V rows below the step's positions copied with cp.async before the PDL wait) and
+// partial layout as attn_dec_kernel, whose plan it takes; its chunks too, but halved where a split
+// walks several of them (attention_decode_warp).
 // With one chunk a kv head's warps share one SM, and its shared-memory pipe bounds the key loop:
 // q rows are padded so a pass's lanes read G heads from distinct banks, and a key's weights reach
 // the lanes by one broadcast load instead of G shuffles.
@@ -335,9 +337,9 @@ bool attention_decode_warp(const DecodeAttnArgs& args, KvCodec codec, cudaStream
     int gp = 1;
     while (gp < G) gp *= 2;
     if ((hd != 64 && hd != 128) || gp > 8 || gp * hd > 1024 || a.kc < 1) return false;
-    // Where a split walks several chunks (a long cache), it takes chunks of half the plan's size: the
-    // block's shared memory halves, so the blocks of the products before and after the attention
-    // still find room on its SM, and each chunk's copy-then-compute round is shorter.
+    // Where a split walks several chunks (a long cache), it takes chunks of half the plan's size: half
+    // the shared memory a block, which leaves more of the SM to the products' blocks that overlap the
+    // attention, and shorter copy-then-compute rounds (bench/NOTES.md, decode at depth).
     const int64_t max_len = a.sliding_window > 0 ? std::min<int64_t>(a.n_ctx, a.sliding_window) : a.n_ctx;
     if (a.n_splits > 1 && a.kc >= 64 && ceil_div(max_len, int64_t(a.kc)) > a.n_splits) a.kc /= 2;
     constexpr int warps = kDecodeWarps;
