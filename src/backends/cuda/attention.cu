@@ -512,8 +512,7 @@ DecPlan dec_plan(const AttentionArgs& a) {
     // chunk holds as many bytes, and fewer splits merge.
     const int64_t kc = std::min<int64_t>(kv_blocked(a.codec) ? 512 : 256, (kDecSmem - fixed) / per_key / 32 * 32);
     if (kc < 32) return p;
-    const int64_t max_len = a.sliding_window > 0 ? std::min<int64_t>(a.n_ctx, a.sliding_window) : a.n_ctx;
-    const int64_t by_len = std::max<int64_t>(1, ceil_div(max_len, kc));
+    const int64_t by_len = std::max<int64_t>(1, ceil_div(attn_max_keys(a.n_ctx, a.sliding_window), kc));
     const int64_t by_sms = std::max<int64_t>(1, ceil_div(2 * sm_count(), int64_t(a.n_head_kv) * a.n_tokens));
     p.ok = true;
     p.kc = int(kc);

@@ -19,7 +19,6 @@
 // the lanes by one broadcast load instead of G shuffles.
 // Roofline: the K/V bytes (2 KB per position per layer for lfm2-1.2b) are L2/HBM-trivial in decode;
 // the goal is the shortest chain from the wait's release to the output's 8-bit rows.
-#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 
@@ -340,8 +339,7 @@ bool attention_decode_warp(const DecodeAttnArgs& args, KvCodec codec, cudaStream
     // Where a split walks several chunks (a long cache), it takes chunks of half the plan's size: half
     // the shared memory a block, which leaves more of the SM to the products' blocks that overlap the
     // attention, and shorter copy-then-compute rounds (bench/NOTES.md, decode at depth).
-    const int64_t max_len = a.sliding_window > 0 ? std::min<int64_t>(a.n_ctx, a.sliding_window) : a.n_ctx;
-    if (a.n_splits > 1 && a.kc >= 64 && ceil_div(max_len, int64_t(a.kc)) > a.n_splits) a.kc /= 2;
+    if (a.n_splits > 1 && a.kc >= 64 && ceil_div(attn_max_keys(a.n_ctx, a.sliding_window), a.kc) > a.n_splits) a.kc /= 2;
     constexpr int warps = kDecodeWarps;
     const size_t kv = size_t(a.kc) * size_t(kv_staged_krow(codec, hd) + kv_staged_bytes(codec, hd));
     const size_t merge = sizeof(float) * size_t(warps) * size_t(G) * size_t(hd + 2);

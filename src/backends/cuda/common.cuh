@@ -207,6 +207,8 @@ __device__ __forceinline__ void attn_key_range(int64_t p, int64_t n_ctx, int win
     end = min(p + 1, n_ctx);
     begin = window > 0 ? max(int64_t(0), p + 1 - window) : 0;
 }
+// The most keys attn_key_range gives any query: what a decode plan sizes its chunks and splits for.
+inline int64_t attn_max_keys(int64_t n_ctx, int window) { return window > 0 && window < n_ctx ? window : n_ctx; }
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
