@@ -156,7 +156,7 @@ struct EvalRequest {
     // before its outputs are waited for (a backend that computes on the host has done the step by then).
     // It runs with the state busy and must not use it. What it throws is dropped: it is work its caller
     // can do again (a grammar's mask for the next token, computed into the matcher's cache).
-    std::function<void()> meanwhile;
+    std::function<void()> meanwhile{};
     // kTopK only:
     int32_t top_k = 0;                  // candidates wanted, >= 1
     std::span<const int32_t> gather{};  // ids whose logits come back too
