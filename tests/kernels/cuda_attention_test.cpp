@@ -35,7 +35,8 @@ TEST_F(CudaBackendTest, KvStoreAndAttention) {
                        C{8, 8, 64, 9000, GgmlType::kQ8_0, 0}, C{6, 2, 256, 700, GgmlType::kQ4_0, 0},
                        C{32, 4, 32, 1000, GgmlType::kQ8_0, 0}, C{16, 2, 96, 500, GgmlType::kQ4_0, 0},
                        C{8, 2, 128, 2000, GgmlType::kQ3_KV, 0}, C{16, 2, 96, 500, GgmlType::kQ3_KV, 0},
-                       C{4, 1, 64, 3000, GgmlType::kQ3_KV, 100}}) {
+                       C{4, 1, 64, 3000, GgmlType::kQ3_KV, 100}, C{32, 8, 64, 20000, GgmlType::kF16, 0},
+                       C{16, 2, 128, 40000, GgmlType::kF16, 0}}) {
         SCOPED_TRACE("head_dim " + std::to_string(c.head_dim) + " n_ctx " + std::to_string(c.n_ctx) + " " +
                      type_name(c.kv));
         // The tensor-core prefill decodes BF16, Q8_0 and Q4_0 rows into f16 tiles (attention_mma.cu); the
@@ -100,7 +101,9 @@ TEST_F(CudaBackendTest, DecodeStepRopeStoreAttention) {
                        C{32, 4, 64, 9000, GgmlType::kQ4_0, 0, false, RopeMode::kNeox},
                        C{16, 2, 128, 700, GgmlType::kBF16, 0, true, RopeMode::kNorm},
                        C{8, 8, 128, 2000, GgmlType::kQ4_0, 0, false, RopeMode::kNorm},
-                       C{32, 4, 64, 9000, GgmlType::kQ3_KV, 0, true, RopeMode::kNeox}}) {
+                       C{32, 4, 64, 9000, GgmlType::kQ3_KV, 0, true, RopeMode::kNeox},
+                       C{32, 8, 64, 20000, GgmlType::kF16, 0, false, RopeMode::kNeox},
+                       C{16, 2, 128, 40000, GgmlType::kF16, 0, true, RopeMode::kNorm}}) {
         SCOPED_TRACE("head_dim " + std::to_string(c.head_dim) + " n_ctx " + std::to_string(c.n_ctx) + " G " +
                      std::to_string(c.n_head / c.n_head_kv));
         const int64_t width = int64_t(c.n_head_kv) * c.head_dim, qw = int64_t(c.n_head) * c.head_dim;

@@ -465,7 +465,7 @@ __global__ void __launch_bounds__(kThreads) attn_dec_kernel(const AttnK a) {
         part[g * hd + 2 * dp] = o[r].x, part[g * hd + 2 * dp + 1] = o[r].y;
     }
     for (int g = tid; g < G; g += kThreads) part[G * hd + g] = st_s[g], part[G * hd + G + g] = st_s[G + g];
-    merge_last_split(a, base, per, G, hd, n_act, group, qrow0);
+    merge_last_split(a, base, per, G, hd, n_act, group, qrow0, dsm);
 }
 
 // Merges the splits of one (token, head): out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M).
@@ -518,7 +518,8 @@ DecPlan dec_plan(const AttentionArgs& a) {
     p.kc = int(kc);
     // Split counters (one per (token, kv head)) fit the scratch's head, else one split.
     p.splits = a.n_tokens * a.n_head_kv > kCounterFloats ? 1 : int(std::min(by_len, by_sms));
-    p.smem = size_t(kc * per_key + fixed);
+    // The K/V rows' room holds the merge's weights once the key loop is done.
+    p.smem = std::max(size_t(kc * per_key), merge_smem_bytes(p.splits, G)) + size_t(fixed);
     return p;
 }
 

@@ -12,8 +12,8 @@
 // around it, and at most 128 registers a thread, so that two blocks share an SM: the plan's splits
 // count on two blocks an SM, and at one a long cache's blocks run in two waves. Same grid, splits,
 // prologue (K/V rows below the step's positions copied with cp.async before the PDL wait) and
-// partial layout as attn_dec_kernel, whose plan it takes; its chunks too, but halved where a split
-// walks several of them (attention_decode_warp).
+// partial layout as attn_dec_kernel, whose plan it takes; its chunks too, except where a split walks
+// several of them: there a quarter of the size, in two shared-memory stages (attention_decode_warp).
 // With one chunk a kv head's warps share one SM, and its shared-memory pipe bounds the key loop:
 // q rows are padded so a pass's lanes read G heads from distinct banks, and a key's weights reach
 // the lanes by one broadcast load instead of G shuffles.
@@ -101,11 +101,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decw_kernel(const DecodeA
     constexpr int NP = HD / 64;  // dim pairs per lane: lane owns pairs lane, lane + 32, ...
     const int hk = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t t = blockIdx.z;
-    const int G = a.n_head / a.n_head_kv, kc = a.kc, S = a.n_splits;
+    const int G = a.n_head / a.n_head_kv, kc = a.kc, S = a.n_splits, NS = a.stages;
     const int gl = lane % GP, kl = lane / GP;  // this lane's head and key within a pass
-    unsigned char* k_s = dsm;
-    unsigned char* v_s = k_s + size_t(kc) * krow;
-    float* q_s = reinterpret_cast<float*>(v_s + size_t(kc) * vrow);
+    const size_t stage_bytes = size_t(kc) * (krow + vrow);
+    float* q_s = reinterpret_cast<float*>(dsm + NS * stage_bytes);
     float* p_s = q_s + G * kQStride<HD>;  // each warp's 32 (key, head) weights of its pass
     const int hc = hk / a.kv_div;  // the cache head
     const int64_t row_bytes = kv_row_bytes(K::kCodec, int64_t(a.n_head_kv / a.kv_div) * HD);
@@ -119,7 +118,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decw_kernel(const DecodeA
     const int n_act = int(min(int64_t(S), n_chunks));
     if (s > 0 && s >= n_act) return;
     const int64_t safe = rows_written_before(a, t);  // rows below it: written by earlier steps
-    auto copy_rows = [&](int64_t lo, int n, int64_t from, int64_t to) {
+    auto copy_rows = [&](int st, int64_t lo, int n, int64_t from, int64_t to) {
+        unsigned char* k_s = dsm + st * stage_bytes;
+        unsigned char* v_s = k_s + size_t(kc) * krow;
         const int64_t r0 = max(from, lo) - lo, r1 = min(to, lo + n) - lo;
         for (int64_t i = r0 * rows.pieces + tid; i < r1 * rows.pieces; i += kWarpThreads) {
             const int r = int(i / rows.pieces), c = int(i - int64_t(r) * rows.pieces);
@@ -131,7 +132,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decw_kernel(const DecodeA
     };
     int64_t c = s, lo = begin + c * kc;
     int n = int(min(int64_t(kc), end - lo));
-    if (len > 0) copy_rows(lo, n, lo, safe);
+    if (len > 0) copy_rows(0, lo, n, lo, safe);
     // The key loop and the merge run once before the wait, on the older rows and a zero q (g_dry_q),
     // nothing stored, so that the release finds their code in this SM's instruction cache: the 16-odd
     // blocks of a layer's attention land on SMs that ran other kernels since, and are resident
@@ -162,7 +163,13 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decw_kernel(const DecodeA
             }
             c = s, lo = begin + c * kc;
             n = int(min(int64_t(kc), end - lo));
-            copy_rows(lo, n, safe, lo + n);
+            copy_rows(0, lo, n, safe, lo + n);
+            // The pipeline's other stages: chunks s + i S (a group each, empty past the last chunk).
+            for (int i = 1; i < NS; ++i) {
+                const int64_t li = begin + (s + int64_t(i) * S) * kc;
+                const int ni = int(max(int64_t(0), min(int64_t(kc), end - li)));
+                copy_rows(i, li, ni, li, li + ni);
+            }
         }
         {
             const float* qsrc = pass == 0 ? g_dry_q : a.q + qrow0 * HD;
@@ -182,10 +189,14 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decw_kernel(const DecodeA
         for (int g = 0; g < GP; ++g)
 #pragma unroll
             for (int i = 0; i < NP; ++i) o[g][i] = make_float2(0.0f, 0.0f);
-        for (;;) {
-            cp_async_wait<0>();
+        for (int it = 0;; ++it) {
+            // The chunk of this round landed; the NS - 1 later rounds' copies may still be in flight.
+            if (pass == 0) cp_async_wait<0>();
+            else cp_async_wait_n(NS - 1);
             __syncthreads();
             trace_mark(0);
+            const unsigned char* k_s = dsm + (it % NS) * stage_bytes;
+            const unsigned char* v_s = k_s + size_t(kc) * krow;
             for (int p0 = warp * P; p0 < n; p0 += kWarps * P) {
                 const int j = p0 + kl;
                 const bool live = head_ok && j < n;
@@ -253,10 +264,14 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decw_kernel(const DecodeA
             }
             c += S;
             if (pass == 0 || c >= n_chunks) break;
-            __syncthreads();  // every warp is done with this chunk's rows
+            __syncthreads();  // every warp is done with this chunk's rows: the stage takes chunk c + (NS - 1) S
+            {
+                const int64_t li = begin + (c + int64_t(NS - 1) * S) * kc;
+                const int ni = int(max(int64_t(0), min(int64_t(kc), end - li)));
+                copy_rows(it % NS, li, ni, li, li + ni);
+            }
             lo = begin + c * kc;
             n = int(min(int64_t(kc), end - lo));
-            copy_rows(lo, n, lo, lo + n);
         }
         // Merge the warps: m [W][G], l [W][G], o [W][G][HD] (in their own shared memory: the dry pass
         // runs the merge too, and the older K/V rows must outlive it). The dry pass stores nothing.
@@ -295,7 +310,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decw_kernel(const DecodeA
         if (pass == 0) __syncthreads();  // the dry merge's reads of m_s, l_s, o_s are done
     }
     if (single) return;
-    merge_last_split(a, base, per, G, HD, n_act, group, qrow0);
+    merge_last_split(a, base, per, G, HD, n_act, group, qrow0, dsm);
 }
 
 template <class K, int HD, int W>
@@ -336,12 +351,17 @@ bool attention_decode_warp(const DecodeAttnArgs& args, KvCodec codec, cudaStream
     int gp = 1;
     while (gp < G) gp *= 2;
     if ((hd != 64 && hd != 128) || gp > 8 || gp * hd > 1024 || a.kc < 1) return false;
-    // Where a split walks several chunks (a long cache), it takes chunks of half the plan's size: half
-    // the shared memory a block, which leaves more of the SM to the products' blocks that overlap the
-    // attention, and shorter copy-then-compute rounds (bench/NOTES.md, decode at depth).
-    if (a.n_splits > 1 && a.kc >= 64 && ceil_div(attn_max_keys(a.n_ctx, a.sliding_window), a.kc) > a.n_splits) a.kc /= 2;
+    // Where a split walks several chunks (a long cache), it takes chunks of a quarter of the plan's
+    // size through two shared-memory stages: the next chunk's rows are in flight while the warps work
+    // on this one's, and a block's shared memory is half of one plan-sized chunk, which leaves more of
+    // the SM to the products' blocks that overlap the attention (bench/NOTES.md, decode at depth).
+    a.stages = 1;
+    if (a.n_splits > 1 && a.kc >= 128 && ceil_div(attn_max_keys(a.n_ctx, a.sliding_window), a.kc) > a.n_splits)
+        a.kc /= 4, a.stages = 2;
     constexpr int warps = kDecodeWarps;
-    const size_t kv = size_t(a.kc) * size_t(kv_staged_krow(codec, hd) + kv_staged_bytes(codec, hd));
+    // The K/V rows' room holds the merge's weights once the key loop is done.
+    const size_t kv_row_pair = size_t(kv_staged_krow(codec, hd) + kv_staged_bytes(codec, hd));
+    const size_t kv = std::max(size_t(a.stages) * size_t(a.kc) * kv_row_pair, merge_smem_bytes(a.n_splits, G));
     const size_t merge = sizeof(float) * size_t(warps) * size_t(G) * size_t(hd + 2);
     const size_t q_and_weights = sizeof(float) * (size_t(G) * size_t(hd + 4) + 32 * size_t(warps));
     const size_t q8 = codec == KvCodec::kQ8_0 ? size_t(G) * size_t(hd + 4) + sizeof(float) * size_t(G) * (hd / 32) : 0;

@@ -31,6 +31,8 @@ struct DecodeAttnArgs {
     // attn_decw_kernel: n_head_kv counts blocks of query heads, kv_div of them to a cache head (a
     // GQA group split over kv_div blocks); every other kernel: 1.
     int kv_div = 1;
+    // attn_decw_kernel: chunks in flight at once (a pipeline of shared-memory stages); others: 1.
+    int stages = 1;
     // Paged caches (AttentionArgs): the cache row of position p of query t's sequence is
     // table[seq[t]][p >> block_shift] << block_shift | p % block size; table null: row p.
     const int32_t* seq;
@@ -98,29 +100,43 @@ __device__ __forceinline__ void write_out(const DecodeAttnArgs& a, int64_t qrow,
 // A decode kernel's split s of n_act has written its (o [G][hd], m [G], l [G]) at `base` + s * per
 // (per = G * (hd + 2)); the last split of (token, kv head) `group` to finish (an atomic counter at the
 // start of the scratch, reset by that block) merges all of them into the output rows qrow0 .. + G.
-// Every thread of the block calls it.
+// Every thread of the block calls it; sm is the kernel's shared memory, at least merge_smem_bytes
+// (free once every thread has taken the ticket). The splits' m and l are loaded all at once and turned
+// into each split's weight first, so the loads of o that follow are independent of one another (a
+// running rescale would chain them: a long context has tens of splits, and one L2 round trip a split
+// costs more than the split's own key loop).
+CERA_HD constexpr size_t merge_smem_bytes(int n_splits, int G) { return sizeof(float) * 3 * size_t(n_splits) * G; }
 __device__ __forceinline__ void merge_last_split(const DecodeAttnArgs& a, const float* base, int64_t per, int G,
-                                                 int hd, int n_act, int64_t group, int64_t qrow0) {
+                                                 int hd, int n_act, int64_t group, int64_t qrow0, void* sm) {
     const int tid = threadIdx.x;
     unsigned* counter = reinterpret_cast<unsigned*>(a.partial) + group;
     if (block_ticket(counter) != unsigned(n_act - 1)) return;
+    const int nw = n_act * G;  // [split][head]
+    float* ms = static_cast<float*>(sm);
+    float* ls = ms + nw;
+    float* ws = ls + nw;
+    for (int i = tid; i < nw; i += blockDim.x) {
+        const float* pj = base + (i / G) * per;
+        ms[i] = __ldcg(pj + G * hd + i % G), ls[i] = __ldcg(pj + G * hd + G + i % G);
+    }
+    __syncthreads();
+    for (int i = tid; i < nw; i += blockDim.x) {
+        const int g = i % G;
+        float M = -INFINITY;
+        for (int j = 0; j < n_act; ++j)
+            if (ls[j * G + g] > 0.0f) M = fmaxf(M, ms[j * G + g]);
+        ws[i] = ls[i] > 0.0f ? __expf(ms[i] - M) : 0.0f;  // a split without keys weighs nothing
+    }
+    __syncthreads();
     for (int e = tid; e < G * hd; e += blockDim.x) {
-        const int g = e / hd, d = e - g * hd;
-        // One pass with a running maximum, unrolled so that the loads of several splits are in flight
-        // together: a long context has tens of splits, and a chain of one L2 round trip a split would
-        // cost more than the split's own key loop.
-        float M = -INFINITY, L = 0.0f, O = 0.0f;
-#pragma unroll 8
+        const int g = e / hd;
+        float L = 0.0f, O = 0.0f;
+#pragma unroll 16
         for (int j = 0; j < n_act; ++j) {
-            const float* pj = base + j * per;
-            const float mj = __ldcg(pj + G * hd + g), lj = __ldcg(pj + G * hd + G + g), oj = __ldcg(pj + e);
-            if (lj > 0.0f) {
-                const float mn = fmaxf(M, mj);
-                const float c = __expf(M - mn), w = __expf(mj - mn);  // c = 0 while M is -inf
-                L = fmaf(L, c, lj * w), O = fmaf(O, c, oj * w), M = mn;
-            }
+            const float w = ws[j * G + g], o = __ldcg(base + j * per + e);
+            if (w > 0.0f) O = fmaf(o, w, O), L = fmaf(ls[j * G + g], w, L);  // a weightless split's o does not count
         }
-        write_out(a, qrow0 + g, d, L > 0.0f ? O / L : 0.0f);
+        write_out(a, qrow0 + g, e - g * hd, L > 0.0f ? O / L : 0.0f);
     }
     if (tid == 0) *counter = 0;
 }

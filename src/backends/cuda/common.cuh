@@ -291,6 +291,15 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
+// cp_async_wait for a count known at run time (0 to 3; more waits as 3).
+__device__ __forceinline__ void cp_async_wait_n(int n) {
+    switch (n) {
+        case 0: cp_async_wait<0>(); break;
+        case 1: cp_async_wait<1>(); break;
+        case 2: cp_async_wait<2>(); break;
+        default: cp_async_wait<3>(); break;
+    }
+}
 
 // Bulk asynchronous copies into shared memory (sm_90): an mbarrier completes when the bytes it was
 // told to expect have landed.
