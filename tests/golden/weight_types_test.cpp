@@ -2,8 +2,10 @@
 // `cera quantize`, gives the greedy continuation of llama.cpp on the same file and of the scalar
 // reference table (which dequantizes each weight row to f32: the slow path the fast kernels
 // replace). The fast kernels quantize the activations to 8 bits where the scalar path keeps them in
-// f32, so the tokens may part only where the reference's top logits are nearly tied, and then at one
-// of those tied tokens.
+// f32: on the common prefix the two paths' logits differ by 0.12-0.19 at the median step and by 0.42
+// at most (every quantized type, AVX2, 2026-12-05), so the fast path's logits must stay within 0.6 of
+// the scalar path's, and the tokens may part only where the reference's top logits are within 0.3 (a
+// near-tie for 8-bit activations), and then at one of those tied tokens.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -104,14 +106,19 @@ TEST_P(WeightType, GreedyMatchesTheScalarPath) {
             const Greedy got = greedy(*load(path), prompt, kSteps);
             size_t match = 0;
             while (match < ref.ids.size() && got.ids[match] == ref.ids[match]) ++match;
-            std::printf("[ wtype  ] %-7s %-6s%s prompt %d: %zu/%d greedy tokens equal the scalar path\n", c.file_type,
-                        cpu::isa_name(isa), fast ? "" : " (fallback)", p, match, kSteps);
+            float noise = 0.0f;  // the largest logit difference over the steps both paths saw the same tokens
+            for (size_t st = 0; st <= std::min(match, ref.ids.size() - 1); ++st)
+                for (size_t v = 0; v < ref.logits[st].size(); ++v)
+                    noise = std::max(noise, std::fabs(ref.logits[st][v] - got.logits[st][v]));
+            std::printf("[ wtype  ] %-7s %-6s%s prompt %d: %zu/%d greedy tokens equal the scalar path, logits within %.3g\n",
+                        c.file_type, cpu::isa_name(isa), fast ? "" : " (fallback)", p, match, kSteps, noise);
+            EXPECT_LT(noise, 0.6) << c.file_type << " " << cpu::isa_name(isa) << " prompt " << p;
             if (match < ref.ids.size()) {
                 // the reference's own logit for the token taken: within the tie margin of its top
                 const float gap = ref.logits[match][size_t(ref.ids[match])] - ref.logits[match][size_t(got.ids[match])];
                 std::printf("           diverges at step %zu: scalar margin top1-top2 %.4g, to a token %.4g below\n",
                             match, ref.margin[match], gap);
-                EXPECT_LT(gap, 0.05) << c.file_type << " " << cpu::isa_name(isa) << " prompt " << p;
+                EXPECT_LT(gap, 0.3) << c.file_type << " " << cpu::isa_name(isa) << " prompt " << p;
             }
         }
     }

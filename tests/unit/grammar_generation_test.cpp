@@ -210,8 +210,8 @@ TEST(GrammarGeneration, LazyGrammarConstrainsFromTheTrigger) {
     int triggered = 0;
     for (const Out& o : generate(e, g, 16, 200, 300)) {
         const size_t at = o.text.find(" the");
-        if (at == std::string::npos) {
-            EXPECT_EQ(o.finish, FinishReason::kLength) << o.text;
+        if (at == std::string::npos) {  // free text throughout: it ends as the model ends it, or at the limit
+            EXPECT_TRUE(o.finish == FinishReason::kEos || o.finish == FinishReason::kLength) << o.text;
             continue;
         }
         ++triggered;

@@ -52,13 +52,13 @@ inline int64_t scratch_floats(int64_t n_kv, int head_dim, int group) {
 
 // Rows r in [r0, r1) with r = t * n_head + h.
 void rows_ref(const Args& a, int64_t r0, int64_t r1, float* scratch);
-void rows_avx2(const Args& a, int64_t r0, int64_t r1, float* scratch);
 void rows_avx512(const Args& a, int64_t r0, int64_t r1, float* scratch);
 
 // Query tokens [t0, t1) (at most kBlockTokens) of the `group` query heads that read KV head hk.
 using BlockFn = void (*)(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch);
-// The AVX-512 kernel is flash-style: key tiles of 16 are transposed once per block and shared by
-// all of its rows, with an online softmax; the others run their row kernel over the block's rows.
+// The AVX-512 and AVX2 kernels are flash-style: each key tile (16 keys, 8 for AVX2) is decoded once per
+// block and shared by all of its rows, with an online softmax (AVX-512 leaves one-token blocks to its row
+// kernel); the reference runs its row kernel over the block's rows.
 void block_ref(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch);
 void block_avx2(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch);
 void block_avx512(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch);

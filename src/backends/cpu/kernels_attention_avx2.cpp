@@ -1,4 +1,4 @@
-// AVX2 attention rows (see kernels_attention.h).
+// AVX2 attention blocks (see kernels_attention.h).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -79,65 +79,147 @@ inline __m256 load8(const void* base, int64_t off, Elem type) {
     return _mm256_setzero_ps();
 }
 
-}  // namespace
+// The nv vectors of a cache row from element offset off into dst (the type's switch taken once a row).
+template <Elem T>
+inline void decode_row_as(const void* base, int64_t off, int nv, float* dst) {
+    for (int v = 0; v < nv; ++v) _mm256_storeu_ps(dst + 8 * v, load8(base, off + 8 * v, T));
+}
+inline const float* decode_row(const void* base, int64_t off, Elem type, int nv, float* dst) {
+    switch (type) {
+        case Elem::kF32: decode_row_as<Elem::kF32>(base, off, nv, dst); break;
+        case Elem::kF16: decode_row_as<Elem::kF16>(base, off, nv, dst); break;
+        case Elem::kBF16: decode_row_as<Elem::kBF16>(base, off, nv, dst); break;
+        case Elem::kQ8_0: decode_row_as<Elem::kQ8_0>(base, off, nv, dst); break;
+        case Elem::kQ4_0: decode_row_as<Elem::kQ4_0>(base, off, nv, dst); break;
+        case Elem::kQ3_KV: decode_row_as<Elem::kQ3_KV>(base, off, nv, dst); break;
+    }
+    return dst;
+}
 
-void rows_avx2(const Args& a, int64_t r0, int64_t r1, float* scratch) {
-    const int hd = a.head_dim;
-    constexpr int kMaxVec = 16;
-    if (hd % 8 != 0 || hd / 8 > kMaxVec) return rows_ref(a, r0, r1, scratch);
-    const int nv = hd / 8;
-    float* scores = scratch;
-    for (int64_t r = r0; r < r1; ++r) {
-        const int64_t t = r / a.n_head;
-        const int h = int(r % a.n_head), hk = h / a.group;
-        const float* qv = a.q + r * hd;
-        const int32_t end = a.pos[t] + 1;
-        const int32_t begin = a.window > 0 ? std::max(0, end - a.window) : 0;
-        const int64_t head_off = int64_t(hk) * hd;
-        __m256 q[kMaxVec];
-        for (int i = 0; i < nv; ++i) q[i] = _mm256_mul_ps(_mm256_loadu_ps(qv + 8 * i), _mm256_set1_ps(a.scale));
-        float mx = -INFINITY;
-        for (int32_t j = begin; j < end; ++j) {
-            __m256 s0 = _mm256_setzero_ps(), s1 = s0;
-            const int64_t o = kv_row(a, j) * a.kv_width + head_off;
-            int i = 0;
-            for (; i + 2 <= nv; i += 2) {
-                s0 = _mm256_fmadd_ps(q[i], load8(a.k, o + 8 * i, a.k_type), s0);
-                s1 = _mm256_fmadd_ps(q[i + 1], load8(a.k, o + 8 * i + 8, a.k_type), s1);
+
+// The block's rows (its tokens x the group's heads) walk the keys together, flash-style, in tiles of 8:
+// a tile's K and V rows are read in place (F32) or decoded to f32 once, for every row of the block, from
+// L1. A row's 8 scores come from 8 accumulators and one reduction tree, its softmax is online, and its
+// unnormalised output stays in the scratch, up to 8 vectors of it in registers while a tile is added.
+// NV: head_dim / 8 when known at compile time (the loops over a row's vectors unroll, so the
+// accumulators stay in registers: with a loop bound known only at run time they live on the stack, and
+// every multiply-add waits on a store), else 0.
+template <int NV>
+void block_tiles(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch) {
+    const int hd = a.head_dim, G = a.group;
+    constexpr int kTile = 8;
+    const int nv = NV > 0 ? NV : hd / 8;
+    const int64_t R = (t1 - t0) * G;  // rows: r -> token t0 + r / G, head hk * G + r % G
+    float* qs = scratch;              // [R, head_dim] scaled queries
+    float* acc = qs + R * hd;         // [R, head_dim] unnormalised outputs
+    float* m = acc + R * hd;          // [R] running max
+    float* l = m + R;                 // [R] running sum
+    float* kt = l + R;                // [kTile, head_dim] keys of the tile
+    float* vt = kt + kTile * hd;      // [kTile, head_dim] values of the tile
+    const int64_t head_off = int64_t(hk) * hd;
+    int32_t kb = INT32_MAX, ke = 0;
+    for (int64_t r = 0; r < R; ++r) {
+        const int64_t t = t0 + r / G;
+        const float* qv = a.q + (t * a.n_head + int64_t(hk) * G + r % G) * hd;
+        for (int v = 0; v < nv; ++v)
+            _mm256_storeu_ps(qs + r * hd + 8 * v, _mm256_mul_ps(_mm256_loadu_ps(qv + 8 * v), _mm256_set1_ps(a.scale)));
+        std::fill(acc + r * hd, acc + (r + 1) * hd, 0.0f);
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+        const int32_t e = a.pos[t] + 1;
+        kb = std::min(kb, a.window > 0 ? std::max(0, e - a.window) : 0);
+        ke = std::max(ke, e);
+    }
+    // Tiles on a grid of absolute positions: a row meets the same tiles whatever else is in its block (a
+    // decode step and a speculative verification give it the same sums, bit for bit).
+    kb -= kb % kTile;
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
+    for (int32_t j0 = kb; j0 < ke; j0 += kTile) {
+        const int nk = std::min(kTile, ke - j0);
+        // The tile's rows: an F32 cache's in place, the others decoded once into kt / vt; past the last
+        // key, zeros.
+        const float* kr[kTile];
+        const float* vr[kTile];
+        for (int i = 0; i < kTile; ++i) {
+            if (i >= nk) {
+                std::fill(kt + i * hd, kt + (i + 1) * hd, 0.0f);
+                kr[i] = vr[i] = kt + i * hd;
+                continue;
             }
-            if (i < nv) s0 = _mm256_fmadd_ps(q[i], load8(a.k, o + 8 * i, a.k_type), s0);
-            const float s = hsum(_mm256_add_ps(s0, s1));
-            scores[j - begin] = s;
-            mx = std::max(mx, s);
+            const int64_t o = kv_row(a, j0 + i) * a.kv_width + head_off;
+            kr[i] = a.k_type == Elem::kF32 ? static_cast<const float*>(a.k) + o : decode_row(a.k, o, a.k_type, nv, kt + i * hd);
+            vr[i] = a.v_type == Elem::kF32 ? static_cast<const float*>(a.v) + o : decode_row(a.v, o, a.v_type, nv, vt + i * hd);
         }
-        const int32_t n = end - begin;
-        const __m256 vmx = _mm256_set1_ps(mx);
-        __m256 vsum = _mm256_setzero_ps();
-        int32_t i = 0;
-        for (; i + 8 <= n; i += 8) {
-            const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(scores + i), vmx));
-            _mm256_storeu_ps(scores + i, e);
-            vsum = _mm256_add_ps(vsum, e);
+        const __m256i keys = _mm256_add_epi32(_mm256_set1_epi32(j0), lane);
+        for (int64_t r = 0; r < R; ++r) {
+            const int32_t e = a.pos[t0 + r / G] + 1;
+            const int32_t b = a.window > 0 ? std::max(0, e - a.window) : 0;
+            if (j0 >= e || j0 + nk <= b) continue;
+            // Scores: accumulator i holds key i's products, summed across lanes by one hadd tree.
+            const float* qr = qs + r * hd;
+            __m256 s[kTile];
+            for (int i = 0; i < kTile; ++i) s[i] = _mm256_setzero_ps();
+            for (int v = 0; v < nv; ++v) {
+                const __m256 qv = _mm256_loadu_ps(qr + 8 * v);
+                for (int i = 0; i < kTile; ++i) s[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[i] + 8 * v), s[i]);
+            }
+            const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(s[0], s[1]), _mm256_hadd_ps(s[2], s[3]));
+            const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(s[4], s[5]), _mm256_hadd_ps(s[6], s[7]));
+            __m256 sc = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+            const __m256 valid = _mm256_castsi256_ps(
+                _mm256_and_si256(_mm256_cmpgt_epi32(keys, _mm256_set1_epi32(b - 1)),
+                                 _mm256_cmpgt_epi32(_mm256_set1_epi32(e), keys)));
+            sc = _mm256_blendv_ps(neg_inf, sc, valid);
+            __m128 mx = _mm_max_ps(_mm256_castps256_ps128(sc), _mm256_extractf128_ps(sc, 1));
+            mx = _mm_max_ps(mx, _mm_movehl_ps(mx, mx));
+            mx = _mm_max_ss(mx, _mm_movehdup_ps(mx));
+            const float tile_max = _mm_cvtss_f32(mx);
+            float* ar = acc + r * hd;
+            float c = 1.0f;  // the rescale of the row's sums
+            if (tile_max > m[r]) {
+                c = std::exp(m[r] - tile_max);  // 0 on the row's first tile (m = -inf)
+                l[r] *= c;
+                m[r] = tile_max;
+            }
+            const __m256 p = _mm256_and_ps(valid, exp256(_mm256_sub_ps(sc, _mm256_set1_ps(m[r]))));
+            l[r] += hsum(p);
+            // Outputs, up to 8 vectors of dims at a time: rescaled, plus the tile's weighted values.
+            const __m256 vc = _mm256_set1_ps(c);
+            for (int v0 = 0; v0 < nv; v0 += 8) {
+                const int nc = std::min(8, nv - v0);
+                __m256 av[8];
+                for (int v = 0; v < nc; ++v) av[v] = _mm256_mul_ps(_mm256_loadu_ps(ar + 8 * (v0 + v)), vc);
+                for (int i = 0; i < nk; ++i) {
+                    const __m256 pi = _mm256_permutevar8x32_ps(p, _mm256_set1_epi32(i));
+                    const float* vi = vr[i] + 8 * v0;
+                    for (int v = 0; v < nc; ++v) av[v] = _mm256_fmadd_ps(pi, _mm256_loadu_ps(vi + 8 * v), av[v]);
+                }
+                for (int v = 0; v < nc; ++v) _mm256_storeu_ps(ar + 8 * (v0 + v), av[v]);
+            }
         }
-        float sum = hsum(vsum);
-        for (; i < n; ++i) sum += scores[i] = std::exp(scores[i] - mx);
-        const float inv = 1.0f / sum;
-        __m256 acc[kMaxVec];
-        for (int v = 0; v < nv; ++v) acc[v] = _mm256_setzero_ps();
-        for (int32_t j = begin; j < end; ++j) {
-            const __m256 p = _mm256_set1_ps(scores[j - begin]);
-            const int64_t o = kv_row(a, j) * a.kv_width + head_off;
-            for (int v = 0; v < nv; ++v) acc[v] = _mm256_fmadd_ps(p, load8(a.v, o + 8 * v, a.v_type), acc[v]);
-        }
-        float* out = a.out + r * hd;
-        for (int v = 0; v < nv; ++v) _mm256_storeu_ps(out + 8 * v, _mm256_mul_ps(acc[v], _mm256_set1_ps(inv)));
+    }
+    for (int64_t r = 0; r < R; ++r) {
+        const int64_t t = t0 + r / G;
+        float* o = a.out + (t * a.n_head + int64_t(hk) * G + r % G) * hd;
+        const __m256 inv = _mm256_set1_ps(1.0f / l[r]);
+        for (int v = 0; v < nv; ++v) _mm256_storeu_ps(o + 8 * v, _mm256_mul_ps(_mm256_loadu_ps(acc + r * hd + 8 * v), inv));
     }
 }
 
+}  // namespace
+
 void block_avx2(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch) {
+    switch (a.head_dim) {
+        case 32: return block_tiles<4>(a, t0, t1, hk, scratch);
+        case 64: return block_tiles<8>(a, t0, t1, hk, scratch);
+        case 128: return block_tiles<16>(a, t0, t1, hk, scratch);
+        default: break;
+    }
+    if (a.head_dim % 8 == 0) return block_tiles<0>(a, t0, t1, hk, scratch);
     for (int64_t t = t0; t < t1; ++t) {
         const int64_t r = t * a.n_head + int64_t(hk) * a.group;
-        rows_avx2(a, r, r + a.group, scratch);
+        rows_ref(a, r, r + a.group, scratch);
     }
 }
 
