@@ -106,12 +106,6 @@ TEST(CpuAttention, Avx2MatchesReference) {
     for (const Case& c : kCases) run_case(c, nullptr, block_avx2, "avx2");  // AVX2 has no row kernel of its own
 }
 
-}  // namespace
-}  // namespace cera::cpu_attention
-
-namespace cera::cpu_attention {
-namespace {
-
 // A row's output does not depend on the other rows of its block: a decode step (one token) and a
 // speculative verification (several) give the same bits, windowed or not.
 TEST(CpuAttention, Avx2RowsDoNotDependOnTheirBlock) {

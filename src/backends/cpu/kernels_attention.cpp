@@ -59,7 +59,7 @@ void rows_ref(const Args& a, int64_t r0, int64_t r1, float* scratch) {
         const int h = int(r % a.n_head), hk = h / a.group;
         const float* qv = a.q + r * hd;
         const int32_t end = a.pos[t] + 1;
-        const int32_t begin = a.window > 0 ? std::max(0, end - a.window) : 0;
+        const int32_t begin = key_begin(a, end);
         float mx = -INFINITY;
         for (int32_t j = begin; j < end; ++j) {
             const float s = dot_f32(qv, row(a.k, a.k_type, kv_row(a, j) * a.kv_width + int64_t(hk) * hd), hd) * a.scale;

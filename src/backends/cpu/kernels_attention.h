@@ -8,6 +8,8 @@
 // elem per head); for prefill, FLOPs (4 * n_tokens * n_kv/2 * head_dim per
 // head), vectorized here with FMAs; exp is a vectorized polynomial.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 namespace cera::cpu_attention {
@@ -39,6 +41,9 @@ inline int64_t kv_row(const Args& a, int64_t j) {
     return (int64_t(a.table[j >> a.block_shift]) << a.block_shift) | (j & ((int64_t(1) << a.block_shift) - 1));
 }
 
+// The first key a query at key range end (its position + 1) sees: 0, or the window's start.
+inline int32_t key_begin(const Args& a, int32_t end) { return a.window > 0 ? std::max(0, end - a.window) : 0; }
+
 // Query tokens per block (the unit of work with the block_* kernels).
 constexpr int kBlockTokens = 64;
 
@@ -48,6 +53,27 @@ inline int64_t scratch_floats(int64_t n_kv, int head_dim, int group) {
     const int64_t block_rows = int64_t(kBlockTokens) * group;
     const int64_t block_kernel = block_rows * (2 * int64_t(head_dim) + 2) + 48 * int64_t(head_dim) + 64;
     return rows_kernel > block_kernel ? rows_kernel : block_kernel;
+}
+
+// The start of a flash-style block kernel over query tokens [t0, t1) of KV head hk: its R = (t1 - t0) *
+// group rows (row r: token t0 + r / group, head hk * group + r % group) get their scaled queries in qs
+// [R, head_dim], zero sums in acc [R, head_dim] and l [R], m [R] = -inf; [kb, ke) is the union of the
+// rows' key ranges.
+inline void start_block(const Args& a, int64_t t0, int64_t t1, int hk, float* qs, float* acc, float* m, float* l,
+                        int32_t& kb, int32_t& ke) {
+    const int hd = a.head_dim, G = a.group;
+    kb = INT32_MAX, ke = 0;
+    for (int64_t r = 0; r < (t1 - t0) * G; ++r) {
+        const int64_t t = t0 + r / G;
+        const float* qv = a.q + (t * a.n_head + int64_t(hk) * G + r % G) * hd;
+        for (int d = 0; d < hd; ++d) qs[r * hd + d] = qv[d] * a.scale;
+        std::fill(acc + r * hd, acc + (r + 1) * hd, 0.0f);
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+        const int32_t e = a.pos[t] + 1;
+        kb = std::min(kb, key_begin(a, e));
+        ke = std::max(ke, e);
+    }
 }
 
 // Rows r in [r0, r1) with r = t * n_head + h.

@@ -117,19 +117,8 @@ void block_tiles(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch) 
     float* kt = l + R;                // [kTile, head_dim] keys of the tile
     float* vt = kt + kTile * hd;      // [kTile, head_dim] values of the tile
     const int64_t head_off = int64_t(hk) * hd;
-    int32_t kb = INT32_MAX, ke = 0;
-    for (int64_t r = 0; r < R; ++r) {
-        const int64_t t = t0 + r / G;
-        const float* qv = a.q + (t * a.n_head + int64_t(hk) * G + r % G) * hd;
-        for (int v = 0; v < nv; ++v)
-            _mm256_storeu_ps(qs + r * hd + 8 * v, _mm256_mul_ps(_mm256_loadu_ps(qv + 8 * v), _mm256_set1_ps(a.scale)));
-        std::fill(acc + r * hd, acc + (r + 1) * hd, 0.0f);
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
-        const int32_t e = a.pos[t] + 1;
-        kb = std::min(kb, a.window > 0 ? std::max(0, e - a.window) : 0);
-        ke = std::max(ke, e);
-    }
+    int32_t kb, ke;
+    start_block(a, t0, t1, hk, qs, acc, m, l, kb, ke);
     // Tiles on a grid of absolute positions: a row meets the same tiles whatever else is in its block (a
     // decode step and a speculative verification give it the same sums, bit for bit).
     kb -= kb % kTile;
@@ -154,7 +143,7 @@ void block_tiles(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch) 
         const __m256i keys = _mm256_add_epi32(_mm256_set1_epi32(j0), lane);
         for (int64_t r = 0; r < R; ++r) {
             const int32_t e = a.pos[t0 + r / G] + 1;
-            const int32_t b = a.window > 0 ? std::max(0, e - a.window) : 0;
+            const int32_t b = key_begin(a, e);
             if (j0 >= e || j0 + nk <= b) continue;
             // Scores: accumulator i holds key i's products, summed across lanes by one hadd tree.
             const float* qr = qs + r * hd;

@@ -87,7 +87,7 @@ void rows_avx512(const Args& a, int64_t r0, int64_t r1, float* scratch) {
         const int h = int(r % a.n_head), hk = h / a.group;
         const float* qv = a.q + r * hd;
         const int32_t end = a.pos[t] + 1;
-        const int32_t begin = a.window > 0 ? std::max(0, end - a.window) : 0;
+        const int32_t begin = key_begin(a, end);
         const int64_t head_off = int64_t(hk) * hd;
         __m512 q[kMaxVec];
         for (int i = 0; i < nv; ++i)
@@ -169,18 +169,8 @@ void block_avx512(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch)
     float* vt = tile + 16 * hd;       // [16, head_dim] values of the tile
     float* pbuf = vt + 16 * hd;       // [16] probabilities of one row
     const int64_t head_off = int64_t(hk) * hd;
-    int32_t kb = INT32_MAX, ke = 0;
-    for (int64_t r = 0; r < R; ++r) {
-        const int64_t t = t0 + r / G;
-        const float* qv = a.q + (t * a.n_head + int64_t(hk) * G + r % G) * hd;
-        for (int d = 0; d < hd; ++d) qs[r * hd + d] = qv[d] * a.scale;
-        std::fill(acc + r * hd, acc + (r + 1) * hd, 0.0f);
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
-        const int32_t e = a.pos[t] + 1;
-        kb = std::min(kb, a.window > 0 ? std::max(0, e - a.window) : 0);
-        ke = std::max(ke, e);
-    }
+    int32_t kb, ke;
+    start_block(a, t0, t1, hk, qs, acc, m, l, kb, ke);
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int32_t j0 = kb; j0 < ke; j0 += 16) {
         const int nk = std::min(16, ke - j0);
@@ -197,7 +187,7 @@ void block_avx512(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch)
         const __m512i keys = _mm512_add_epi32(_mm512_set1_epi32(j0), lane);
         for (int64_t r = 0; r < R; ++r) {
             const int32_t e = a.pos[t0 + r / G] + 1;
-            const int32_t b = a.window > 0 ? std::max(0, e - a.window) : 0;
+            const int32_t b = key_begin(a, e);
             if (j0 >= e || j0 + nk <= b) continue;
             const float* qr = qs + r * hd;
             __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
