@@ -44,7 +44,7 @@ struct MatmulKernel {
 };
 
 // Kernels on repacked weights (repack.h): rows in groups of kPackRows, interleaved so that one
-// 512-bit register holds 4 consecutive codes of each of the group's rows. Computes y[t][r] for the
+// 512-bit register (two 256-bit ones) holds 4 consecutive codes of each of the group's rows. Computes y[t][r] for the
 // row groups [g0, g1) (rows beyond `rows` are padding and are not stored) and tokens [t0, t1).
 using PackedFn = void (*)(const uint8_t* packed, size_t group_stride, int64_t g0, int64_t g1, int64_t rows,
                           const uint8_t* act, size_t a_stride, int64_t t0, int64_t t1, int64_t k, float* y,
@@ -75,8 +75,9 @@ struct KernelTable {
     cpu_attention::BlockFn attention;
 };
 
-// Fills t.packed with the AVX-512 VNNI kernels on packed weights (kernels_packed_avx512.cpp).
+// Fill t.packed with the kernels on packed weights (kernels_packed_avx512.cpp, kernels_packed_avx2.cpp).
 void add_packed_kernels_avx512(KernelTable& t);
+void add_packed_kernels_avx2(KernelTable& t);
 
 const KernelTable& kernel_table_ref();
 const KernelTable& kernel_table_avx2();

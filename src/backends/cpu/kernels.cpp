@@ -4,11 +4,11 @@
 // product needs (kernel_table.h), then rows are split across the pool's threads; each thread walks
 // its rows once per block of tokens whose activations fit in L2, so every weight row is read from
 // memory once per token block (once per call for decode). Types without a kernel for the active ISA
-// (Q2_K, Q3_K; Q6_K on AVX2) are dequantized 16 rows at a time into a per-thread f32 scratch and go
-// through the ISA's f32 kernel. Weights registered with register_weight (the CPU backend does it at
-// upload) whose type has a packed kernel in the active table (repack.h: F16, BF16, Q4_0,
-// Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K on AVX-512) use the packed copy instead, split over threads by 16-row
-// groups.
+// are dequantized 16 rows at a time into a per-thread f32 scratch and go through the ISA's f32
+// kernel. Weights registered with register_weight (the CPU backend does it at upload) whose type has
+// a packed kernel in the active table (repack.h: every type but F32, on AVX-512 and AVX2) use the
+// packed copy instead, split over threads by 16-row groups.
+
 #include "backends/cpu/kernels.h"
 
 #include <atomic>

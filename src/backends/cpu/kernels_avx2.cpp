@@ -530,6 +530,7 @@ KernelTable make_table() {
     t.softmax = softmax_avx2;
     t.quantize_act = quantize_act_avx2;
     t.attention = cpu_attention::block_avx2;
+    add_packed_kernels_avx2(t);
     return t;
 }
 

@@ -575,7 +575,7 @@ bool register_weight(GgmlType type, const void* w, int64_t rows, int64_t k, bool
 }
 
 bool register_weight(const KernelTable& tab, GgmlType type, const void* w, int64_t rows, int64_t k, bool immutable) {
-    // Packed copies only serve a kernel table that has a packed kernel for the type (AVX-512 today).
+    // Packed copies only serve a kernel table that has a packed kernel for the type.
     if (uint32_t(type) >= uint32_t(kMaxTypeId) || tab.packed[int(type)].fn == nullptr) return false;
     const size_t gs = packed_group_bytes(type, k);
     if (gs == 0 || rows < 1 || k % type_info(type).block_size != 0) return false;
