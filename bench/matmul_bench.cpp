@@ -4,6 +4,7 @@
 // GEMV cycles through enough copies of the weights (>= 128 MiB) that they come from DRAM, not L3.
 // --packed registers the weights (cpu::register_weight), so types with a packed layout use it.
 // Usage: matmul_bench [--quick] [--hot] [--packed] [--isa ref|avx2|avx512] [--type NAME]
+// (--type: any weight type with a quantizer; without it Q4_0, Q8_0, Q4_K, Q6_K and F16)
 #include <time.h>
 
 #include <algorithm>
@@ -54,7 +55,14 @@ int main(int argc, char** argv) {
     }
     const Shape shapes[] = {{"ffn_up 350m", 4608, 1024}, {"ffn_down 350m", 1024, 4608}, {"ffn_down 1.2b", 2048, 8192},
                             {"output 350m", 50257, 1024}};
-    const GgmlType types[] = {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kF16};
+    // The default set; --type picks any type with a quantizer.
+    const std::vector<GgmlType> types =
+        only_type.empty()
+            ? std::vector<GgmlType>{GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kF16}
+            : std::vector<GgmlType>{GgmlType::kQ4_0,  GgmlType::kQ4_1,   GgmlType::kQ5_0,   GgmlType::kQ5_1,
+                                    GgmlType::kQ8_0,  GgmlType::kQ2_K,   GgmlType::kQ3_K,   GgmlType::kQ4_K,
+                                    GgmlType::kQ5_K,  GgmlType::kQ6_K,   GgmlType::kIQ4_NL, GgmlType::kIQ4_XS,
+                                    GgmlType::kF16,   GgmlType::kBF16};
     std::printf("# isa %s; GB/s = weight bytes / time; roofline ~33 GB/s (2 threads)\n",
                 cpu::isa_name(cpu::active_isa()));
     std::printf("%-14s %-6s %3s %7s %10s %8s %9s %12s\n", "shape", "type", "thr", "tokens", "us/call", "GB/s", "GFLOP/s",
