@@ -536,11 +536,12 @@ struct Tiles {
     static constexpr TileFn fns[kMax] = {Fs...};
 };
 
-// One token (decode) takes both halves of a group in one pass: each activation broadcast serves
-// 16 rows and the loads of a line go together. Several tokens take each half in a separate pass:
-// with both, the compiler hoists the tokens' broadcasts out of the halves' loop and spills them
-// (the K-quant tiles ran at half speed).
-template <class T, bool kWholeAlways>
+// Tiles of up to kWholeUpTo tokens take both halves of a group in one pass (the integer tiles for
+// one token, decode: each activation broadcast serves 16 rows and the loads of a line go together;
+// the float tiles always). Larger integer tiles take each half in a separate pass: with both, the
+// compiler hoists the tokens' broadcasts out of the halves' loop and spills them (the K-quant
+// tiles ran at half speed).
+template <class T, int kWholeUpTo>
 void gemm_packed(const uint8_t* packed, size_t gs, int64_t g0, int64_t g1, int64_t rows, const uint8_t* act, size_t as,
                  int64_t t0, int64_t t1, int64_t k, float* y, int64_t ldy) {
     for (int64_t g = g0; g < g1; ++g) {
@@ -550,7 +551,7 @@ void gemm_packed(const uint8_t* packed, size_t gs, int64_t g0, int64_t g1, int64
             const int nt = int(t1 - t < T::kMax ? t1 - t : T::kMax);
             const uint8_t* a = act + size_t(t) * as;
             float* yt = y + t * ldy + r0;
-            if (kWholeAlways || nt == 1) {
+            if (nt <= kWholeUpTo) {
                 T::fns[nt - 1](packed + size_t(g) * gs, 0, a, as, k, yt, ldy, nr);
                 continue;
             }
@@ -608,20 +609,20 @@ using FloatTiles = Tiles<tile_float16<kBF, 1>, tile_float16<kBF, 2>, tile_float1
 
 void add_packed_kernels_avx2(KernelTable& t) {
     auto set = [&](GgmlType type, PackedFn fn, ActFormat act) { t.packed[int(type)] = PackedKernel{fn, act}; };
-    set(GgmlType::kQ4_0, gemm_packed<IntTiles<Small32<8, false, false>::F>, false>, ActFormat::kAct32);
-    set(GgmlType::kQ4_1, gemm_packed<IntTiles<Small32<0, true, false>::F>, false>, ActFormat::kAct32);
-    set(GgmlType::kQ5_0, gemm_packed<IntTiles<Small32<16, false, true>::F>, false>, ActFormat::kAct32);
-    set(GgmlType::kQ5_1, gemm_packed<IntTiles<Small32<0, true, true>::F>, false>, ActFormat::kAct32);
-    set(GgmlType::kQ8_0, gemm_packed<IntTiles<Signed32<false>::F>, false>, ActFormat::kAct32);
-    set(GgmlType::kIQ4_NL, gemm_packed<IntTiles<Signed32<true>::F>, false>, ActFormat::kAct32);
-    set(GgmlType::kIQ4_XS, gemm_packed<IntTiles<IQ4XS>, false>, ActFormat::kAct32);
-    set(GgmlType::kQ4_K, gemm_packed<IntTiles<Q45K<false>::F>, false>, ActFormat::kActQ8K);
-    set(GgmlType::kQ5_K, gemm_packed<IntTiles<Q45K<true>::F>, false>, ActFormat::kActQ8K);
-    set(GgmlType::kQ6_K, gemm_packed<IntTiles<Q6K>, false>, ActFormat::kActQ8K);
-    set(GgmlType::kQ2_K, gemm_packed<IntTiles<Q23K<false>::F>, false>, ActFormat::kActQ8K);
-    set(GgmlType::kQ3_K, gemm_packed<IntTiles<Q23K<true>::F>, false>, ActFormat::kActQ8K);
-    set(GgmlType::kF16, gemm_packed<FloatTiles<false>, true>, ActFormat::kF32);
-    set(GgmlType::kBF16, gemm_packed<FloatTiles<true>, true>, ActFormat::kF32);
+    set(GgmlType::kQ4_0, gemm_packed<IntTiles<Small32<8, false, false>::F>, 1>, ActFormat::kAct32);
+    set(GgmlType::kQ4_1, gemm_packed<IntTiles<Small32<0, true, false>::F>, 1>, ActFormat::kAct32);
+    set(GgmlType::kQ5_0, gemm_packed<IntTiles<Small32<16, false, true>::F>, 1>, ActFormat::kAct32);
+    set(GgmlType::kQ5_1, gemm_packed<IntTiles<Small32<0, true, true>::F>, 1>, ActFormat::kAct32);
+    set(GgmlType::kQ8_0, gemm_packed<IntTiles<Signed32<false>::F>, 1>, ActFormat::kAct32);
+    set(GgmlType::kIQ4_NL, gemm_packed<IntTiles<Signed32<true>::F>, 1>, ActFormat::kAct32);
+    set(GgmlType::kIQ4_XS, gemm_packed<IntTiles<IQ4XS>, 1>, ActFormat::kAct32);
+    set(GgmlType::kQ4_K, gemm_packed<IntTiles<Q45K<false>::F>, 1>, ActFormat::kActQ8K);
+    set(GgmlType::kQ5_K, gemm_packed<IntTiles<Q45K<true>::F>, 1>, ActFormat::kActQ8K);
+    set(GgmlType::kQ6_K, gemm_packed<IntTiles<Q6K>, 1>, ActFormat::kActQ8K);
+    set(GgmlType::kQ2_K, gemm_packed<IntTiles<Q23K<false>::F>, 1>, ActFormat::kActQ8K);
+    set(GgmlType::kQ3_K, gemm_packed<IntTiles<Q23K<true>::F>, 1>, ActFormat::kActQ8K);
+    set(GgmlType::kF16, gemm_packed<FloatTiles<false>, 4>, ActFormat::kF32);
+    set(GgmlType::kBF16, gemm_packed<FloatTiles<true>, 4>, ActFormat::kF32);
 }
 
 }  // namespace cera::cpu
