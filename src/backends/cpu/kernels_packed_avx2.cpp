@@ -43,6 +43,14 @@ inline __m256i i8x8(const uint8_t* p) {
 // int32 lanes a, b (values within int16) -> the int16 pair (a, b) per lane, for vpmaddwd.
 inline __m256i pair16(__m256i a, __m256i b) { return _mm256_blend_epi16(a, _mm256_slli_epi32(b, 16), 0xAA); }
 inline __m256i mad(__m256i w, __m256i x) { return _mm256_maddubs_epi16(w, x); }
+// p, hidden from the optimizer: loads through it stay in the loop that makes them. A tile that reads
+// the same lines in several iterations (one bit field each) would otherwise have them hoisted out
+// of the loop and, with too few registers, copied to the stack and back.
+template <class T>
+inline const T* opaque(const T* p) {
+    asm("" : "+r"(p));
+    return p;
+}
 
 // Stores the 8 row values of a half group for one token; nr < 8 in the last group (padding rows).
 inline void store8(float* y, __m256 v, int nr) {
@@ -453,70 +461,89 @@ void tile_q23k(const uint8_t* g, int hf0, const uint8_t* act, size_t as, int64_t
         for (int u = 0; u < NH; ++u) facc[t][u] = _mm256_setzero_ps();
     const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4), m15 = _mm256_set1_epi32(15);
     for (int64_t sb = 0; sb < k / kQK_K; ++sb) {
+        const uint8_t* p = g + size_t(sb) * (kQ3 ? 1856 : 1344);
+        const ActQ8K<NT> xb(act, as, sb);
+        auto scale = [&](int s, int u) {
+            const uint8_t* q = p + 64 + 16 * s + 8 * (hf0 + u);
+            return kQ3 ? i8x8(q) : u8x8(q);
+        };
+        __m256i isum[NT][NH];
 #pragma GCC unroll 2
         for (int u = 0; u < NH; ++u) {
-            const int hf = hf0 + u;
-            const uint8_t* p = g + size_t(sb) * (kQ3 ? 1856 : 1344);
-            const ActQ8K<NT> xb(act, as, sb);
-            auto scale = [&](int s) { return kQ3 ? i8x8(p + 64 + 16 * s + 8 * hf) : u8x8(p + 64 + 16 * s + 8 * hf); };
-            __m256i isum[NT], ms[NT];  // ms: Q3_K's offset or Q2_K's mins, by sub-block pairs
-            for (int t = 0; t < NT; ++t) isum[t] = ms[t] = _mm256_setzero_si256();
+            // Q3_K's offset (-4 sum_s sc_s * the activations' sum over s) starts the integer sums;
+            // Q2_K's mins (the high nibbles) go into the float sums at once.
+            __m256i ms[NT];
+            for (int t = 0; t < NT; ++t) ms[t] = _mm256_setzero_si256();
             for (int s = 0; s < 16; s += 2) {
-                __m256i a = scale(s), b = scale(s + 1);
+                __m256i a = scale(s, u), b = scale(s + 1, u);
                 if constexpr (!kQ3) a = _mm256_srli_epi32(a, 4), b = _mm256_srli_epi32(b, 4);
                 const __m256i ab = pair16(a, b);
                 for (int t = 0; t < NT; ++t)
                     ms[t] = _mm256_add_epi32(ms[t], _mm256_madd_epi16(ab, bcast32(xb.b[t]->bsums + s)));
             }
+            const int hf = hf0 + u;
+            for (int t = 0; t < NT; ++t) {
+                if constexpr (kQ3) {
+                    isum[t][u] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(ms[t], 2));
+                } else {
+                    isum[t][u] = _mm256_setzero_si256();
+                    const __m256 dmin = h8(p + 32 + 16 * hf);
+                    facc[t][u] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms[t]),
+                                                  _mm256_mul_ps(dmin, _mm256_set1_ps(xb.b[t]->d)), facc[t][u]);
+                }
+            }
+        }
 #pragma GCC unroll 1
-            for (int n = 0; n < 2; ++n) {
+        for (int n = 0; n < 2; ++n) {
 #pragma GCC unroll 1
-                for (int j = 0; j < 4; ++j) {
-                    __m256i s16[NT][2];
-                    for (int t = 0; t < NT; ++t) s16[t][0] = s16[t][1] = _mm256_setzero_si256();
-                    const __m128i lshift = _mm_cvtsi32_si128(2 * j), hshift = _mm_cvtsi32_si128(4 * n + j);
+            for (int j = 0; j < 4; ++j) {
+                __m256i s16[NT][NH][2];
+                for (int t = 0; t < NT; ++t)
+                    for (int u = 0; u < NH; ++u) s16[t][u][0] = s16[t][u][1] = _mm256_setzero_si256();
+                const __m128i lshift = _mm_cvtsi32_si128(2 * j), hshift = _mm_cvtsi32_si128(4 * n + j);
+                const uint8_t* pl = opaque(p);
 #pragma GCC unroll 8
-                    for (int m = 0; m < 8; ++m) {
-                        const __m256i lo = _mm256_srl_epi16(ld(p + 320 + 64 * (8 * n + m) + 32 * hf), lshift);
+                for (int m = 0; m < 8; ++m) {
+                    __m256i xv[NT];
+                    for (int t = 0; t < NT; ++t)
+                        xv[t] = bcast32(xb.b[t]->qs + 128 * n + 32 * j + 16 * (m / 4) + 4 * (m % 4));
+#pragma GCC unroll 2
+                    for (int u = 0; u < NH; ++u) {
+                        const int hf = hf0 + u;
+                        const __m256i lo = _mm256_srl_epi16(ld(pl + 320 + 64 * (8 * n + m) + 32 * hf), lshift);
                         __m256i w;
                         if constexpr (kQ3) {
                             // bit 4n+j of H to bit 0, then to bit 2 of the code
-                            const __m256i hb = _mm256_srl_epi16(ld(p + 1344 + 64 * m + 32 * hf), hshift);
+                            const __m256i hb = _mm256_srl_epi16(ld(pl + 1344 + 64 * m + 32 * hf), hshift);
                             w = _mm256_or_si256(_mm256_and_si256(lo, m3),
                                                 _mm256_and_si256(_mm256_slli_epi16(hb, 2), m4));
                         } else {
                             w = _mm256_and_si256(lo, m3);
                         }
-#pragma GCC unroll 8
-                        for (int t = 0; t < NT; ++t) {
-                            const int8_t* xq = xb.b[t]->qs + 128 * n + 32 * j + 16 * (m / 4) + 4 * (m % 4);
-                            s16[t][m / 4] = _mm256_add_epi16(s16[t][m / 4], mad(w, bcast32(xq)));
-                        }
+                        for (int t = 0; t < NT; ++t)
+                            s16[t][u][m / 4] = _mm256_add_epi16(s16[t][u][m / 4], mad(w, xv[t]));
                     }
-                    const int s = 8 * n + 2 * j;
-                    __m256i a = scale(s), b = scale(s + 1);
+                }
+                const int s = 8 * n + 2 * j;
+#pragma GCC unroll 2
+                for (int u = 0; u < NH; ++u) {
+                    __m256i a = scale(s, u), b = scale(s + 1, u);
                     if constexpr (!kQ3) a = _mm256_and_si256(a, m15), b = _mm256_and_si256(b, m15);
                     const __m256i sa = pair16(a, a), sbp = pair16(b, b);
                     for (int t = 0; t < NT; ++t)
-                        isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(_mm256_madd_epi16(s16[t][0], sa),
-                                                                             _mm256_madd_epi16(s16[t][1], sbp)));
+                        isum[t][u] =
+                            _mm256_add_epi32(isum[t][u], _mm256_add_epi32(_mm256_madd_epi16(s16[t][u][0], sa),
+                                                                          _mm256_madd_epi16(s16[t][u][1], sbp)));
                 }
             }
-            if constexpr (kQ3) {
-                const __m256 d = _mm256_load_ps(reinterpret_cast<const float*>(p) + 8 * hf);
-                for (int t = 0; t < NT; ++t) {
-                    const __m256i v = _mm256_sub_epi32(isum[t], _mm256_slli_epi32(ms[t], 2));
-                    facc[t][u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(d, _mm256_set1_ps(xb.b[t]->d)),
-                                                 facc[t][u]);
-                }
-            } else {
-                const __m256 d = h8(p + 16 * hf), dmin = h8(p + 32 + 16 * hf);
-                for (int t = 0; t < NT; ++t) {
-                    const __m256 xd = _mm256_set1_ps(xb.b[t]->d);
-                    facc[t][u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, xd), facc[t][u]);
-                    facc[t][u] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms[t]), _mm256_mul_ps(dmin, xd), facc[t][u]);
-                }
-            }
+        }
+#pragma GCC unroll 2
+        for (int u = 0; u < NH; ++u) {
+            const int hf = hf0 + u;
+            const __m256 d = kQ3 ? _mm256_load_ps(reinterpret_cast<const float*>(p) + 8 * hf) : h8(p + 16 * hf);
+            for (int t = 0; t < NT; ++t)
+                facc[t][u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t][u]),
+                                             _mm256_mul_ps(d, _mm256_set1_ps(xb.b[t]->d)), facc[t][u]);
         }
     }
     for (int t = 0; t < NT; ++t) store_rows<NH>(y + t * ldy, facc[t], nr);
