@@ -158,6 +158,39 @@ TEST(Matmul, PackedCopyIsNotUsedForNewContentsAtTheSameAddress) {
     }
 }
 
+// The packed drivers split a group into halves of 8 rows for several tokens and take it whole for
+// one (AVX2), in tiles of up to 4 or 8 tokens: every count of real rows in the last group (below 8,
+// 8, above 8) and every token count up to two tiles gives the unpacked kernel's values on the same
+// activations.
+TEST(Matmul, PackedTilesCoverPartialGroupsAndTokenTiles) {
+    std::mt19937 rng(5);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    const int64_t k = 512;
+    for (Isa isa : available_isas()) {
+        const cpu::KernelTable& tab = cpu::kernel_table(isa);
+        for (int id = 0; id < cpu::kMaxTypeId; ++id) {
+            if (tab.packed[id].fn == nullptr) continue;
+            const auto type = GgmlType(id);
+            for (int64_t rows : {5, 8, 13, 29}) {
+                auto w = make_weights(type, rows, k, rng);
+                const std::vector<uint8_t> copy(w);
+                ASSERT_TRUE(cpu::register_weight(tab, type, w.data(), rows, k, false)) << type_name(type);
+                for (int64_t nt : {1, 2, 3, 4, 5, 9}) {
+                    std::vector<float> x(size_t(nt * k)), y(size_t(nt * rows)), want(size_t(nt * rows));
+                    for (auto& v : x) v = g(rng);
+                    cpu::matmul(tab, type, w.data(), rows, k, x.data(), nt, y.data(), rows, nullptr);
+                    cpu::matmul(tab, type, copy.data(), rows, k, x.data(), nt, want.data(), rows, nullptr);
+                    for (size_t i = 0; i < y.size(); ++i)
+                        ASSERT_NEAR(y[i], want[i], 1e-3 * (1.0 + std::fabs(want[i])))
+                            << cpu::isa_name(isa) << " " << type_name(type) << " rows " << rows << " tokens " << nt
+                            << " at " << i;
+                }
+                cpu::unregister_weight(w.data());
+            }
+        }
+    }
+}
+
 TEST(Matmul, ActiveIsaIsTheBestUnlessForced) {
     // CERA_CPU_ISA is not set by ctest: the first choice is the best the CPU has.
     const auto isas = available_isas();

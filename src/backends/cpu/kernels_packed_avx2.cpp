@@ -11,7 +11,8 @@
 // for the K-quants vpmaddwd multiplies by the sub-block's scale as an int16 pair per lane, so the
 // scale costs no vpmulld. Signed codes (Q8_0, the IQ4 levels) take the sign trick, |w| x sign(x, w),
 // one vpmaddwd per line (|w| x 127 x 2 fills an int16).
-// A tile reads a group's rows 0-7, then rows 8-15 of the same lines, from L1 the second time.
+// One token (decode) takes a group's two halves in one pass; several tokens (prefill) take each
+// half in its own pass (gemm_packed says why).
 // Bottleneck: decode reads every weight byte once (~20 vector ops per 288 bytes of Q4_0 for 8 rows
 // at one token); prefill shares the unpacked codes among the tile's tokens.
 #include <immintrin.h>
