@@ -44,8 +44,9 @@ struct MatmulKernel {
 };
 
 // Kernels on repacked weights (repack.h): rows in groups of kPackRows, interleaved so that one
-// 512-bit register (two 256-bit ones) holds 4 consecutive codes of each of the group's rows. Computes y[t][r] for the
-// row groups [g0, g1) (rows beyond `rows` are padding and are not stored) and tokens [t0, t1).
+// 512-bit register (two 256-bit ones) holds 4 consecutive codes of each of the group's rows.
+// Computes y[t][r] for the row groups [g0, g1) (rows beyond `rows` are padding and are not stored)
+// and tokens [t0, t1).
 using PackedFn = void (*)(const uint8_t* packed, size_t group_stride, int64_t g0, int64_t g1, int64_t rows,
                           const uint8_t* act, size_t a_stride, int64_t t0, int64_t t1, int64_t k, float* y,
                           int64_t ldy);

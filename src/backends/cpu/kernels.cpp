@@ -6,9 +6,8 @@
 // memory once per token block (once per call for decode). Types without a kernel for the active ISA
 // are dequantized 16 rows at a time into a per-thread f32 scratch and go through the ISA's f32
 // kernel. Weights registered with register_weight (the CPU backend does it at upload) whose type has
-// a packed kernel in the active table (repack.h: every type but F32, on AVX-512 and AVX2) use the
-// packed copy instead, split over threads by 16-row groups.
-
+// a packed kernel in the active table (every type with a layout in repack.h, on AVX-512 and AVX2)
+// use the packed copy instead, split over threads by 16-row groups.
 #include "backends/cpu/kernels.h"
 
 #include <atomic>
