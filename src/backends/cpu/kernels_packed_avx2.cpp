@@ -292,8 +292,7 @@ void tile_float16(const uint8_t* g, int hf, const uint8_t* act, size_t as, int64
     for (int t = 0; t < NT; ++t) {
         for (int c = 1; c < kC; ++c)
             for (int h = 0; h < 2; ++h) acc[0][t][h] = _mm256_add_ps(acc[0][t][h], acc[c][t][h]);
-        store8(y + t * ldy, acc[0][t][0], nr < 8 ? nr : 8);
-        if (nr > 8) store8(y + t * ldy + 8, acc[0][t][1], nr - 8);
+        store_rows<2>(y + t * ldy, acc[0][t], nr);
     }
 }
 
@@ -590,45 +589,38 @@ void gemm_packed(const uint8_t* packed, size_t gs, int64_t g0, int64_t g1, int64
     }
 }
 
-// The integer tiles: both halves for one token, one half for more.
-template <template <int, int> class F>
-using IntTiles = Tiles<F<1, 2>::fn, F<2, 1>::fn, F<3, 1>::fn, F<4, 1>::fn>;
+// The integer tiles: both halves for one token, one half for more. A family F names its tile of
+// NT tokens and NH halves as F::fn<NT, NH>.
+template <class F>
+using IntTiles = Tiles<F::template fn<1, 2>, F::template fn<2, 1>, F::template fn<3, 1>, F::template fn<4, 1>>;
 
 template <int kOff, bool kMin, bool kHigh>
 struct Small32 {
     template <int NT, int NH>
-    struct F {
-        static constexpr TileFn fn = tile_small32<kOff, kMin, kHigh, NT, NH>;
-    };
+    static constexpr TileFn fn = tile_small32<kOff, kMin, kHigh, NT, NH>;
 };
 template <bool kNL>
 struct Signed32 {
     template <int NT, int NH>
-    struct F {
-        static constexpr TileFn fn = tile_signed32<kNL, NT, NH>;
-    };
+    static constexpr TileFn fn = tile_signed32<kNL, NT, NH>;
 };
-template <int NT, int NH>
 struct IQ4XS {
+    template <int NT, int NH>
     static constexpr TileFn fn = tile_iq4xs<NT, NH>;
 };
 template <bool kQ5>
 struct Q45K {
     template <int NT, int NH>
-    struct F {
-        static constexpr TileFn fn = tile_q45k<kQ5, NT, NH>;
-    };
+    static constexpr TileFn fn = tile_q45k<kQ5, NT, NH>;
 };
-template <int NT, int NH>
 struct Q6K {
+    template <int NT, int NH>
     static constexpr TileFn fn = tile_q6k<NT, NH>;
 };
 template <bool kQ3>
 struct Q23K {
     template <int NT, int NH>
-    struct F {
-        static constexpr TileFn fn = tile_q23k<kQ3, NT, NH>;
-    };
+    static constexpr TileFn fn = tile_q23k<kQ3, NT, NH>;
 };
 template <bool kBF>
 using FloatTiles = Tiles<tile_float16<kBF, 1>, tile_float16<kBF, 2>, tile_float16<kBF, 3>, tile_float16<kBF, 4>>;
@@ -637,18 +629,18 @@ using FloatTiles = Tiles<tile_float16<kBF, 1>, tile_float16<kBF, 2>, tile_float1
 
 void add_packed_kernels_avx2(KernelTable& t) {
     auto set = [&](GgmlType type, PackedFn fn, ActFormat act) { t.packed[int(type)] = PackedKernel{fn, act}; };
-    set(GgmlType::kQ4_0, gemm_packed<IntTiles<Small32<8, false, false>::F>, 1>, ActFormat::kAct32);
-    set(GgmlType::kQ4_1, gemm_packed<IntTiles<Small32<0, true, false>::F>, 1>, ActFormat::kAct32);
-    set(GgmlType::kQ5_0, gemm_packed<IntTiles<Small32<16, false, true>::F>, 1>, ActFormat::kAct32);
-    set(GgmlType::kQ5_1, gemm_packed<IntTiles<Small32<0, true, true>::F>, 1>, ActFormat::kAct32);
-    set(GgmlType::kQ8_0, gemm_packed<IntTiles<Signed32<false>::F>, 1>, ActFormat::kAct32);
-    set(GgmlType::kIQ4_NL, gemm_packed<IntTiles<Signed32<true>::F>, 1>, ActFormat::kAct32);
+    set(GgmlType::kQ4_0, gemm_packed<IntTiles<Small32<8, false, false>>, 1>, ActFormat::kAct32);
+    set(GgmlType::kQ4_1, gemm_packed<IntTiles<Small32<0, true, false>>, 1>, ActFormat::kAct32);
+    set(GgmlType::kQ5_0, gemm_packed<IntTiles<Small32<16, false, true>>, 1>, ActFormat::kAct32);
+    set(GgmlType::kQ5_1, gemm_packed<IntTiles<Small32<0, true, true>>, 1>, ActFormat::kAct32);
+    set(GgmlType::kQ8_0, gemm_packed<IntTiles<Signed32<false>>, 1>, ActFormat::kAct32);
+    set(GgmlType::kIQ4_NL, gemm_packed<IntTiles<Signed32<true>>, 1>, ActFormat::kAct32);
     set(GgmlType::kIQ4_XS, gemm_packed<IntTiles<IQ4XS>, 1>, ActFormat::kAct32);
-    set(GgmlType::kQ4_K, gemm_packed<IntTiles<Q45K<false>::F>, 1>, ActFormat::kActQ8K);
-    set(GgmlType::kQ5_K, gemm_packed<IntTiles<Q45K<true>::F>, 1>, ActFormat::kActQ8K);
+    set(GgmlType::kQ4_K, gemm_packed<IntTiles<Q45K<false>>, 1>, ActFormat::kActQ8K);
+    set(GgmlType::kQ5_K, gemm_packed<IntTiles<Q45K<true>>, 1>, ActFormat::kActQ8K);
     set(GgmlType::kQ6_K, gemm_packed<IntTiles<Q6K>, 1>, ActFormat::kActQ8K);
-    set(GgmlType::kQ2_K, gemm_packed<IntTiles<Q23K<false>::F>, 1>, ActFormat::kActQ8K);
-    set(GgmlType::kQ3_K, gemm_packed<IntTiles<Q23K<true>::F>, 1>, ActFormat::kActQ8K);
+    set(GgmlType::kQ2_K, gemm_packed<IntTiles<Q23K<false>>, 1>, ActFormat::kActQ8K);
+    set(GgmlType::kQ3_K, gemm_packed<IntTiles<Q23K<true>>, 1>, ActFormat::kActQ8K);
     set(GgmlType::kF16, gemm_packed<FloatTiles<false>, 4>, ActFormat::kF32);
     set(GgmlType::kBF16, gemm_packed<FloatTiles<true>, 4>, ActFormat::kF32);
 }
