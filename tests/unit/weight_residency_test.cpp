@@ -6,8 +6,10 @@
 // results as one uploaded from the heap, with none of its file pages mapped before or after the ops;
 // after a model is loaded and run, no page inside a repacked tensor of its GGUF is mapped, nor any
 // other page of its data section than those two tensors share; and an engine that loaded and ran it
-// maps no more of the file than its header. Where the CPU has no packed kernels (no AVX-512), nothing
-// is repacked: a large matrix's pages are then mapped by the ops that read it.
+// maps no more of the file than its header. Where the CPU has no packed kernels, nothing is repacked: a
+// large matrix's pages are then mapped by the ops that read it. A process that runs a model on the CPU
+// has not loaded cuBLAS (a CUDA build opens it with its first CUDA backend: its start-up alone makes
+// ~150 MB resident).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -269,6 +271,23 @@ TEST(WeightResidency, EngineMapsOnlyTheHeaderOfAFileItHoldsInCopies) {
     const int64_t page = sysconf(_SC_PAGESIZE);
     const int64_t fault_around = 64 * 1024;  // what one fault may map beyond the header
     EXPECT_LE(bytes, int64_t(header) + page + fault_around + 2 * page * int64_t(n_tensors));
+}
+
+TEST(WeightResidency, CpuEngineLeavesCublasUnloaded) {
+    EngineOptions o;
+    o.device = "cpu", o.threads = 1, o.n_ctx = 64;
+    auto engine = Engine::load(test::source_path("models/tiny-lfm2-Q8_0.gguf"), o);
+    Session s(engine, 64);
+    s.append_tokens(std::vector<int32_t>{1, 2, 3});
+    GenerateOptions g;
+    g.sampling.temperature = 0.0f;
+    g.max_tokens = 2;
+    NullSink sink;
+    s.generate(g, sink);
+    std::ifstream maps("/proc/self/maps");
+    if (!maps) GTEST_SKIP() << "no /proc/self/maps";
+    std::string line;
+    while (std::getline(maps, line)) EXPECT_EQ(line.find("libcublas"), std::string::npos) << line;
 }
 
 }  // namespace

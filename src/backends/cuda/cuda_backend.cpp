@@ -45,8 +45,8 @@ CudaBackend::CudaBackend(int device, const CudaOptions& options) : sw_(cuda::bac
         CUDA_CHECK(cudaEventCreateWithFlags(&expand_done_[i], cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&expand_free_[i], cudaEventDisableTiming));
     }
-    CUBLAS_CHECK(cublasCreate(&cublas_));
-    CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    CUBLAS_CHECK(cuda::cublas().create(&cublas_));
+    CUBLAS_CHECK(cuda::cublas().set_stream(cublas_, stream_));
     CUDA_CHECK(cudaMalloc(&cublas_ws_, kCublasWorkspace));
     CUDA_CHECK(cudaMalloc(&norm_ctr_, 64 * sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(norm_ctr_, 0, 64 * sizeof(unsigned)));
@@ -57,7 +57,7 @@ CudaBackend::CudaBackend(int device, const CudaOptions& options) : sw_(cuda::bac
                    cuda::gemv_glu_staged, cuda::gemv_qkv_rope_supported, cuda::gemv_qkv_v_fits,
                    cuda::gemv_conv_supported, cuda::heavy_scales};
     pin_ = std::make_unique<cuda::PinnedStaging>();  // on this device (its events)
-    CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, kCublasWorkspace));
+    CUBLAS_CHECK(cuda::cublas().set_workspace(cublas_, cublas_ws_, kCublasWorkspace));
     if (sw_.profile) replay_prof_ = std::make_unique<cuda::ReplayProfile>();
     mail_ok_ = mail_.init();
     cuda::trace_start();
@@ -72,7 +72,7 @@ CudaBackend::~CudaBackend() {
     drop_graphs();
     for (auto& [p, bytes] : buffers_) cudaFree(p);
     for (auto& s : scratch_) cudaFree(s.ptr);
-    cublasDestroy(cublas_);
+    if (cublas_) cuda::cublas().destroy(cublas_);
     cudaFree(cublas_ws_);
     cudaFree(norm_ctr_);
     pin_.reset();

@@ -2,7 +2,7 @@
 // and graphs are defined in cuda_backend.cpp, its ops (recorded into a step, fused and launched) in
 // cuda_backend_ops.cpp.
 #pragma once
-#include <cublas_v2.h>
+#include "backends/cuda/cublas_api.h"
 #include <cuda_runtime.h>
 
 #include <cstdio>
