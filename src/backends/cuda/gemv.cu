@@ -13,7 +13,6 @@
 // Roofline: bytes = weight image (+ x, L2-resident). H200 ~4.3 TB/s copy bandwidth: a 2048 x 8192
 // Q4_0 matrix (9.4 MB) takes >= 2.2 us; launch and tail effects dominate below ~4 MB.
 #include <algorithm>
-#include <cstdlib>
 
 #include "backends/cuda/gemv_device.cuh"
 
@@ -377,6 +376,9 @@ __global__ void __launch_bounds__(W * 32, W == 16 ? 2 : 3) gemv_glu_stage_kernel
     }
 }
 
+// F16 / BF16 / F32 rows against f32 activations: lane l takes 8-element items l and l + 32 of a
+// 64-item strip, R rows a warp, the first items' loads before the PDL wait; split-K as gemv_q_kernel
+// (a 2048-row product of a 1-2B model is otherwise 512 warps, too few loads in flight for the HBM).
 template <GgmlType T, int R>
 __global__ void __launch_bounds__(128) gemv_f_kernel(const GemvK a) {
     constexpr int es = float_type_bytes(T);
@@ -384,15 +386,19 @@ __global__ void __launch_bounds__(128) gemv_f_kernel(const GemvK a) {
     const int lane = threadIdx.x & 31;
     int64_t bx;
     const Seg sg = pick_seg(a, bx);
-    const int64_t r0 = (bx * 4 + (threadIdx.x >> 5)) * R;
-    if (r0 >= sg.rows) {
+    const int warp = threadIdx.x >> 5, ks = a.ksplit;
+    const int group = warp / ks, part = warp % ks;
+    const int64_t r0 = (bx * (4 / ks) + group) * R;
+    if (ks == 1 && r0 >= sg.rows) {
         pdl_wait();
         return;
     }
+    const bool live = r0 < sg.rows;
     const int yi = blockIdx.y;
     const uint8_t* row[R];
     float w[2][R][8];
-    int64_t it[2] = {lane, lane + 32 < a.nb ? lane + 32 : lane};
+    const int64_t first = lane + 64 * part;
+    int64_t it[2] = {first, first + 32 < a.nb ? first + 32 : first};
     auto set_rows = [&](int64_t mat) {
 #pragma unroll
         for (int r = 0; r < R; ++r) row[r] = sg.q + (sg.row0 + mat * sg.rows + min(r0 + r, sg.rows - 1)) * a.k * es;
@@ -405,20 +411,20 @@ __global__ void __launch_bounds__(128) gemv_f_kernel(const GemvK a) {
     };
     if (!a.ids) {
         set_rows(0);
-        if (lane < a.nb) load_w();
+        if (live && first < a.nb) load_w();
     }
     pdl_wait();
     if (a.ids) {
         set_rows(a.ids[yi]);
-        if (lane < a.nb) load_w();
+        if (live && first < a.nb) load_w();
     }
     const float* x = a.x + int64_t(yi / a.x_div) * a.ldx;
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-    for (int64_t i0 = lane; i0 < a.nb; i0 += 64) {
+    for (int64_t i0 = first; live && i0 < a.nb; i0 += 64 * ks) {
         const bool ok1 = i0 + 32 < a.nb;
-        if (i0 != lane) {
+        if (i0 != first) {
             it[0] = i0, it[1] = ok1 ? i0 + 32 : i0;
             load_w();
         }
@@ -444,6 +450,19 @@ __global__ void __launch_bounds__(128) gemv_f_kernel(const GemvK a) {
                 s = fmaf(v[7], xv[u][1].w, s);
                 acc[r] += s;
             }
+        }
+    }
+    if (ks > 1) {
+        __shared__ float part_s[4][R];
+        const float s = warp_sum_rows<R>(acc);
+        if (lane % (32 / R) == 0) part_s[warp][lane / (32 / R)] = s;
+        __syncthreads();
+        if (!live || part != 0) return;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            float t = 0.0f;
+            for (int j = 0; j < ks; ++j) t += part_s[warp + j][r];
+            acc[r] = lane == 0 ? t : 0.0f;  // finish() sums the warp again
         }
     }
     finish<R>(a, sg, acc, r0, yi);
@@ -648,6 +667,8 @@ void gemv_multi(const GemvArgs* a, int n, Stream stream) {
     if (L.block_elems > 0) {
         const int items = L.block_elems == 256 ? 8 : 1;  // QTraits<T>::kItems
         p.ksplit = pick_ksplit(p.nb * items, ceil_div(total_rows, R) * a[0].n_y);
+    } else if (vec) {
+        p.ksplit = pick_ksplit(p.nb, ceil_div(total_rows, R) * a[0].n_y);  // 8-element items
     }
     const int rows_per_block = 4 / p.ksplit * R;
     unsigned blocks = 0;

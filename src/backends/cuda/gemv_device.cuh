@@ -26,7 +26,7 @@ struct GemvK {
     unsigned seg_start[kMaxSegs];  // first blockIdx.x of each segment
     int n_seg;
     int64_t nb;  // blocks (quantized) or 8-element items (float) per row
-    int ksplit;  // quantized: warps of a block sharing one row group, each a 1/ksplit share of k (1, 2, 4)
+    int ksplit;  // warps of a block sharing one row group, each a 1/ksplit share of k (1, 2, 4)
     int64_t k;
     const int32_t* ids;
     int x_div;
