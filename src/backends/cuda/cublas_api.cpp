@@ -17,7 +17,9 @@ const CublasApi& cublas() {
     static const CublasApi api = [] {
         const std::string lib = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
         void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
-        if (!h) throw_error(ErrorCode::kDevice, "cannot load %s (cuBLAS, needed by the CUDA backend): %s", lib.c_str(), dlerror());
+        if (!h)
+            throw_error(ErrorCode::kDevice, "cannot load %s (cuBLAS, needed by the CUDA backend): %s", lib.c_str(),
+                        dlerror());
         auto bind = [&](auto& fn, const char* symbol) {
             fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, symbol));
             if (!fn) throw_error(ErrorCode::kDevice, "%s has no %s", lib.c_str(), symbol);

@@ -2,7 +2,6 @@
 // and graphs are defined in cuda_backend.cpp, its ops (recorded into a step, fused and launched) in
 // cuda_backend_ops.cpp.
 #pragma once
-#include "backends/cuda/cublas_api.h"
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -12,6 +11,7 @@
 
 #include "backends/backend.h"
 #include "backends/cuda/backend_switches.h"
+#include "backends/cuda/cublas_api.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/pick_mail.h"

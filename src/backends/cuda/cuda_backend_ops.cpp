@@ -334,8 +334,8 @@ void CudaBackend::launch(GemmNode& n, const GemvArgs*) {
     const float one = 1.0f, zero = 0.0f;
     if (n.w.type == GgmlType::kF32) {
         const float* wp = static_cast<const float*>(n.w.image) + n.w.row0 * k;
-        CUBLAS_CHECK(cuda::cublas().sgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(n_tokens), int(k), &one, wp,
-                                 int(k), n.x, int(k), &zero, n.y, int(rows)));
+        CUBLAS_CHECK(cuda::cublas().sgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(n_tokens), int(k), &one,
+                                          wp, int(k), n.x, int(k), &zero, n.y, int(rows)));
     } else {
         const void* w16 = static_cast<const uint16_t*>(n.w.image) + n.w.row0 * k;
         if (n.expansion >= 0) {
@@ -347,9 +347,9 @@ void CudaBackend::launch(GemmNode& n, const GemvArgs*) {
         }
         void* x16 = scratch(kX16, size_t(n_tokens * k) * 2);
         cuda::convert_f32_to_f16(n.x, n_tokens * k, x16, stream_);
-        CUBLAS_CHECK(cuda::cublas().gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(n_tokens), int(k), &one, w16,
-                                  CUDA_R_16F, int(k), x16, CUDA_R_16F, int(k), &zero, n.y, CUDA_R_32F, int(rows),
-                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        CUBLAS_CHECK(cuda::cublas().gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(n_tokens), int(k), &one,
+                                            w16, CUDA_R_16F, int(k), x16, CUDA_R_16F, int(k), &zero, n.y, CUDA_R_32F,
+                                            int(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         if (n.expansion >= 0 && !capturing_) CUDA_CHECK(cudaEventRecord(expand_free_[n.expansion % 2], stream_));
     }
     if (n.bias) cuda::add_bias(n.y, n.bias, n.n_tokens, n.rows, stream_);
