@@ -72,6 +72,24 @@ __device__ __forceinline__ void norm_row_128(const float* x, const float* w, flo
     if ((t * E) % 32 == 0) reinterpret_cast<float*>(xq + n)[t * E / 32] = d;
 }
 
+// Split-K: the ks warps of each row group add their partial row sums through shared memory; after it
+// lane 0 of every warp holds its group's totals in acc and the other lanes 0 (finish() sums the warp
+// again). Every thread of the block calls it.
+template <int R>
+__device__ __forceinline__ void ksplit_sum(float (&acc)[R], int ks) {
+    __shared__ float part_s[4][R];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float s = warp_sum_rows<R>(acc);
+    if (lane % (32 / R) == 0) part_s[warp][lane / (32 / R)] = s;
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        float t = 0.0f;
+        for (int j = 0; j < ks; ++j) t += part_s[(warp & ~(ks - 1)) + j][r];
+        acc[r] = lane == 0 ? t : 0.0f;
+    }
+}
+
 // The residual product's RMSNorm (GemvK::nctr): every block takes a ticket after writing its rows; the
 // last block of row yi to finish normalizes the whole row and puts the counter back to zero.
 __device__ __forceinline__ void last_block_norm(const GemvK& a, const Seg& sg, int yi) {
@@ -127,22 +145,9 @@ __global__ void __launch_bounds__(128) gemv_q_kernel(const GemvK a) {
     };
     dot_rows<T, R>(a, yi, live, a.ids != nullptr, set_rows, acc, part, ks, hook);
     trace_mark(0);
-    bool fin = live;
-    if (ks > 1) {
-        __shared__ float part_s[4][R];
-        const int lane = threadIdx.x & 31;
-        const float s = warp_sum_rows<R>(acc);
-        if (lane % (32 / R) == 0) part_s[warp][lane / (32 / R)] = s;
-        __syncthreads();
-        fin = fin && part == 0;
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            float s = 0.0f;
-            for (int j = 0; j < ks; ++j) s += part_s[(warp & ~(ks - 1)) + j][r];
-            acc[r] = lane == 0 ? s : 0.0f;  // finish() sums the warp again
-        }
-    }
+    if (ks > 1) ksplit_sum<R>(acc, ks);
     trace_mark(1);
+    const bool fin = live && part == 0;
     if (fin) finish<R>(a, sg, acc, r0, yi, &res);
     if (a.nctr) last_block_norm(a, sg, yi);
 }
@@ -453,17 +458,8 @@ __global__ void __launch_bounds__(128) gemv_f_kernel(const GemvK a) {
         }
     }
     if (ks > 1) {
-        __shared__ float part_s[4][R];
-        const float s = warp_sum_rows<R>(acc);
-        if (lane % (32 / R) == 0) part_s[warp][lane / (32 / R)] = s;
-        __syncthreads();
+        ksplit_sum<R>(acc, ks);
         if (!live || part != 0) return;
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            float t = 0.0f;
-            for (int j = 0; j < ks; ++j) t += part_s[warp + j][r];
-            acc[r] = lane == 0 ? t : 0.0f;  // finish() sums the warp again
-        }
     }
     finish<R>(a, sg, acc, r0, yi);
 }
