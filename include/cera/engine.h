@@ -50,6 +50,10 @@ struct EngineOptions {
     std::string prefix_cache_dir;         // on-disk (cold) tier directory; "" = none
     uint64_t prefix_cache_dir_bytes = 0;  // on-disk tier bound in bytes; 0 = 4 GiB
     bool gpu_profile = false;             // CUDA: print GPU and host time per decode step when the engine goes
+    // CUDA: load() runs a short prefill and a decode step on a scratch sequence, so that the device's
+    // one-time set-up (loading kernels on first launch, cuBLAS) is paid there and not by the first
+    // prompt. No effect on the CPU.
+    bool warmup = true;
     // LoRA adapters applied together to every session and to every batcher request that names no adapter
     // (GenerateOptions::adapter), each with its scale. Loaded with the model; a bad one fails load().
     std::vector<LoraOptions> lora;

@@ -12,6 +12,7 @@ namespace cera::cli {
 void EngineFlags::add(CLI::App& app, unsigned parts) {
     app.add_option("-t,--threads", threads, "CPU threads (0: the physical cores)")->capture_default_str();
     app.add_option("--device", device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+    app.add_flag("--no-warmup", no_warmup, "CUDA: skip the warm-up run at load (the first prompt then pays the device's set-up)");
     if (parts & kCtx)
         app.add_option("-c,--ctx", n_ctx, "context length (0: the model's, at most 4096)")->capture_default_str();
     if (parts & kKvType) {
@@ -72,6 +73,7 @@ EngineOptions EngineFlags::options() const {
     EngineOptions eo;
     eo.device = device;
     eo.threads = threads;
+    eo.warmup = !no_warmup;
     eo.n_ctx = n_ctx;
     eo.kv_type_k = parse_kv_cache_type(kv_type_k.empty() ? kv_type : kv_type_k);
     eo.kv_type_v = parse_kv_cache_type(kv_type_v.empty() ? kv_type : kv_type_v);

@@ -190,6 +190,7 @@ std::shared_ptr<Engine> Engine::load(const std::string& path, const EngineOption
     }
     if (!options.mmproj.empty())
         im.vision = vision::VisionEncoder::load(options.mmproj, im.model->backend(), mi.n_embd);
+    if (info.on_gpu && options.warmup) im.warm_up();
     if (options.prefix_cache_bytes > 0 || !options.prefix_cache_dir.empty()) {
         PrefixCacheConfig pc;
         pc.max_bytes = options.prefix_cache_bytes;
@@ -199,6 +200,15 @@ std::shared_ptr<Engine> Engine::load(const std::string& path, const EngineOption
         im.prefix_cache = std::make_unique<PrefixCache>(pc, im.state_identity());
     }
     return e;
+}
+
+void Engine::Impl::warm_up() {
+    // 32 tokens take the prefill path of a chunk (GEMMs, tensor-core attention), the next one a decode step.
+    auto st = model->create_state(64);
+    const int32_t tok = tokenizer->bos() >= 0 ? tokenizer->bos() : 0;
+    const std::vector<int32_t> prompt(32, tok);
+    st->eval({.tokens = prompt, .head = HeadOutput::kGreedy});
+    st->eval({.tokens = {&tok, 1}, .head = HeadOutput::kGreedy});
 }
 
 const EngineInfo& Engine::info() const { return impl_->info; }

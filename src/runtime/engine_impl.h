@@ -69,6 +69,7 @@ struct Engine::Impl {
     // The adapters GenerateOptions::adapter names: "" the defaults, "base" none, else a named one
     // (kMissing when absent). The set holds the adapters alive while it is used.
     LoraSet resolve_lora(const std::string& name) const;
+    void warm_up();  // EngineOptions::warmup
 };
 
 // Parses "auto", "cpu", "cuda", "cuda:N". Throws kInvalidArgument on anything else.
