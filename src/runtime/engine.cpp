@@ -2,6 +2,7 @@
 // (sizes, decode bytes per token) the CLI and benchmarks report.
 #include "cera/engine.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cmath>
 #include <cstdlib>
@@ -204,9 +205,10 @@ std::shared_ptr<Engine> Engine::load(const std::string& path, const EngineOption
 
 void Engine::Impl::warm_up() {
     // 32 tokens take the prefill path of a chunk (GEMMs, tensor-core attention), the next one a decode step.
-    auto st = model->create_state(64);
+    const int n_ctx = int(std::min<int64_t>(64, model->default_n_ctx()));
+    auto st = model->create_state(n_ctx);
     const int32_t tok = tokenizer->bos() >= 0 ? tokenizer->bos() : 0;
-    const std::vector<int32_t> prompt(32, tok);
+    const std::vector<int32_t> prompt(size_t(std::min(32, n_ctx / 2)), tok);
     st->eval({.tokens = prompt, .head = HeadOutput::kGreedy});
     st->eval({.tokens = {&tok, 1}, .head = HeadOutput::kGreedy});
 }
