@@ -63,6 +63,10 @@ struct EngineOptions {
     // A vision projector GGUF (llama.cpp's mmproj of an LFM2-VL model), loaded onto the model's device:
     // sessions then take images (Session::append_image). "" = none.
     std::string mmproj;
+    // An image larger than one 512-pixel tile is cut into tiles plus a thumbnail (the LFM2-VL processor's
+    // default, do_image_splitting). false: one smart-resized piece of at most 256 image tokens instead,
+    // fewer prompt tokens and a faster encode, with less detail.
+    bool image_splitting = true;
     // Called as the weights go onto the device, with the tensor bytes loaded so far and in all (the last
     // call has them equal); unset = quiet.
     std::function<void(uint64_t done, uint64_t total)> on_load_progress;

@@ -208,6 +208,7 @@ int run_bench(const std::vector<std::string>& args) {
                    "with --mmproj: the size WxH of the random image whose encode time and time to first token are "
                    "measured (instead of the pp / tg tests)")
         ->capture_default_str();
+    ef.add_image_split(app);
     if (int rc = parse_args(app, args, "bench"); rc >= 0) return rc;
     if (n_prompt < 0 || n_gen < 0 || depth < 0 || reps < 1 || bandwidth_gbps < 0 || bw_gib <= 0)
         throw Error(ErrorCode::kInvalidArgument, "-p, -n, -d and --bandwidth must be >= 0, -r >= 1");

@@ -56,6 +56,7 @@ int run_serve(const std::vector<std::string>& args) {
     app.add_option("--allow-local-images", so.allow_local_images,
                    "with --mmproj: image_url parts may also name files inside this folder (file:// URLs or absolute "
                    "paths)");
+    ef.add_image_split(app);
     std::vector<std::string> loras;
     double lora_cache_mib = 0;
     app.add_option("--lora", loras,

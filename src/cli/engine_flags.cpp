@@ -34,6 +34,7 @@ void EngineFlags::add(CLI::App& app, unsigned parts) {
         app.add_option("--image", images,
                        "image file (repeatable; needs --mmproj): <image> in the prompt marks where each goes, "
                        "else they come before the text");
+        add_image_split(app);
     }
     if (parts & kLora) {
         app.add_option("--lora", lora,
@@ -43,6 +44,12 @@ void EngineFlags::add(CLI::App& app, unsigned parts) {
                        "device memory for adapters not in use, in MiB (least recently used go first; 0: no bound)")
             ->capture_default_str();
     }
+}
+
+void EngineFlags::add_image_split(CLI::App& app) {
+    app.add_flag("--no-image-split", no_image_split,
+                 "an image larger than one 512-pixel tile becomes one smart-resized piece instead of tiles and a "
+                 "thumbnail: fewer image tokens and a faster encode, less detail");
 }
 
 LoraOptions parse_lora_flag(const std::string& text) {
@@ -83,7 +90,9 @@ EngineOptions EngineFlags::options() const {
     for (const std::string& l : lora) eo.lora.push_back(parse_lora_flag(l));
     eo.lora_cache_bytes = size_t(lora_cache_mib * 1024 * 1024);
     if (!images.empty() && mmproj.empty()) throw Error(ErrorCode::kInvalidArgument, "--image needs --mmproj");
+    if (no_image_split && mmproj.empty()) throw Error(ErrorCode::kInvalidArgument, "--no-image-split needs --mmproj");
     eo.mmproj = mmproj;
+    eo.image_splitting = !no_image_split;
     // A load that takes over a second shows its progress.
     auto bar = std::make_shared<Progress>("load", 1.0);
     eo.on_load_progress = [bar](uint64_t done, uint64_t total) { bar->update(done, total); };

@@ -25,10 +25,13 @@ struct EngineFlags {
     double lora_cache_mib = 0;        // --lora-cache-mib
     std::string mmproj;               // --mmproj
     std::vector<std::string> images;  // --image, repeatable
+    bool no_image_split = false;      // --no-image-split
 
     // Which flags a command takes besides -t/--threads and --device.
     enum Parts : unsigned { kCtx = 1, kKvType = 2, kPrefixCache = 4, kBatch = 8, kLora = 16, kVision = 32 };
     void add(CLI::App& app, unsigned parts);
+    // --no-image-split alone (a command that takes --mmproj without the kVision part).
+    void add_image_split(CLI::App& app);
     // The engine options, after checking the values: a bad one throws Error(kInvalidArgument) with a
     // one-line message naming the flag. A bad --device is reported the same way when the model loads.
     EngineOptions options() const;

@@ -189,8 +189,10 @@ std::shared_ptr<Engine> Engine::load(const std::string& path, const EngineOption
         for (char c : lo.path + ":" + std::to_string(bits))
             im.fingerprint = (im.fingerprint ^ uint8_t(c)) * 0x100000001b3ull;
     }
-    if (!options.mmproj.empty())
+    if (!options.mmproj.empty()) {
         im.vision = vision::VisionEncoder::load(options.mmproj, im.model->backend(), mi.n_embd);
+        im.vision->set_image_splitting(options.image_splitting);
+    }
     if (info.on_gpu && options.warmup) im.warm_up();
     if (options.prefix_cache_bytes > 0 || !options.prefix_cache_dir.empty()) {
         PrefixCacheConfig pc;

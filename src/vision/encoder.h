@@ -52,6 +52,8 @@ class VisionEncoder {
     ~VisionEncoder();
 
     const VisionConfig& config() const { return cfg_; }
+    // ProcessorConfig::do_image_splitting (EngineOptions::image_splitting); the file does not say.
+    void set_image_splitting(bool on) { cfg_.proc.do_image_splitting = on; }
 
     // The embeddings of an image's pieces, in order: f32 [image_tokens, n_embd_text].
     std::vector<float> encode(const ProcessedImage& img) const;

@@ -3,6 +3,7 @@
 // a tall one and a large one that tiles.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -109,6 +110,36 @@ TEST(VisionSession, PrefixCacheNeverReusesAnotherImage) {
     queue_prompt(b, prompt, fx("ref/test_image.png"));
     const std::span<const float> ref = b.logits();
     for (size_t i = 0; i < ref.size(); ++i) ASSERT_EQ(with_image[i], ref[i]) << i;
+}
+
+// EngineOptions::image_splitting = false (--no-image-split): an image past one tile becomes one
+// smart-resized piece (at most 256 image tokens, no tile markers) where the processor's default cuts
+// it into tiles and a thumbnail; an image of one tile is the same either way.
+TEST(VisionSession, ImageSplittingOffGivesOnePiece) {
+    EngineOptions o;
+    o.device = "cpu";
+    o.n_ctx = 2048;
+    o.mmproj = fx("mmproj.gguf");
+    auto split = Engine::load(fx("model.gguf"), o);
+    o.image_splitting = false;
+    auto whole = Engine::load(fx("model.gguf"), o);
+    auto tokens_of = [](Engine& e, const std::string& file) {
+        const std::string bytes = test::read_text(file);
+        const auto img = e.encode_image({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
+        const std::span<const int32_t> t = e.image_tokens(*img);
+        return std::vector<int32_t>(t.begin(), t.end());
+    };
+    const std::vector<int32_t> tiled = tokens_of(*split, fx("images/large-1000x700/image.png"));
+    const std::vector<int32_t> one = tokens_of(*whole, fx("images/large-1000x700/image.png"));
+    const int32_t marker = split->image_marker();
+    const auto n_tiled = std::count(tiled.begin(), tiled.end(), marker);
+    const auto n_one = std::count(one.begin(), one.end(), marker);
+    EXPECT_GT(n_tiled, 256);
+    EXPECT_GT(n_one, 0);
+    EXPECT_LE(n_one, 256);
+    EXPECT_EQ(one.size(), size_t(n_one) + 2);  // <|image_start|>, the image tokens, <|image_end|>
+    EXPECT_GT(tiled.size(), size_t(n_tiled) + 2);  // and the tile and thumbnail markers
+    EXPECT_EQ(tokens_of(*split, fx("ref/test_image.png")), tokens_of(*whole, fx("ref/test_image.png")));
 }
 
 TEST(VisionSession, ErrorsAreClean) {
