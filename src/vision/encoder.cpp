@@ -1,9 +1,11 @@
-// See encoder.h. Activations are allocated per piece: an encode is not a decode step, and pieces
-// differ in size (tiles, thumbnails, single images).
+// See encoder.h. Activations are allocated per batch of pieces: an encode is not a decode step, and
+// batches differ in size (tiles, thumbnails, single images).
 #include "vision/encoder.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 
 #include "core/check.h"
 #include "core/fp16.h"
@@ -186,35 +188,72 @@ std::unique_ptr<VisionEncoder> VisionEncoder::load(const std::string& path, Back
     return e;
 }
 
-Tensor VisionEncoder::run_tower(const PatchGrid& g) const {
+// The patch order inside the tower: the pixel unshuffle's. Patch (i f + di, j f + dj) of a grid goes to
+// row (i ow + j) f² + di f + dj, so that the f² patches of one projector token are consecutive rows and
+// the tower's output, seen as [n_tokens, f² n_embd], is the unshuffled input of the projector with no
+// copy. The tower is the same function of its rows in any order: every op but attention works a row at
+// a time, and attention is bidirectional over all of a piece's patches with no mask; the position
+// embedding is added per patch before it.
+std::vector<int64_t> VisionEncoder::unshuffle_order(const PatchGrid& g) const {
+    const int f = cfg_.proc.downsample;
+    if (g.grid_h % f != 0 || g.grid_w % f != 0)
+        throw_error(ErrorCode::kInvalidArgument, "encoder: a %d x %d patch grid does not divide by the factor %d",
+                    g.grid_h, g.grid_w, f);
+    const int64_t oh = g.grid_h / f, ow = g.grid_w / f;
+    std::vector<int64_t> src(size_t(g.grid_h) * size_t(g.grid_w));  // src[row] = the natural index
+    for (int64_t i = 0; i < oh; ++i)
+        for (int64_t j = 0; j < ow; ++j)
+            for (int di = 0; di < f; ++di)
+                for (int dj = 0; dj < f; ++dj)
+                    src[size_t(((i * ow + j) * f + di) * f + dj)] = (i * f + di) * g.grid_w + j * f + dj;
+    return src;
+}
+
+Tensor VisionEncoder::run_tower(std::span<const PatchGrid> pieces) const {
     Backend& be = *be_;
     const VisionConfig& c = cfg_;
-    const int64_t np = int64_t(g.grid_h) * g.grid_w, n = c.n_embd;
+    const PatchGrid& g = pieces.front();
+    const int64_t np = int64_t(g.grid_h) * g.grid_w, n = c.n_embd, n_pieces = int64_t(pieces.size());
+    const int64_t rows = np * n_pieces;
     const int64_t pdim = int64_t(c.proc.patch_size) * c.proc.patch_size * 3;
-    CERA_CHECK(np > 0 && int64_t(g.patches.size()) == np * pdim, "encoder: a piece of %lld patches", (long long)np);
-    Tensor x = be.alloc(GgmlType::kF32, {n, np});
+    for (const PatchGrid& p : pieces)
+        CERA_CHECK(p.grid_h == g.grid_h && p.grid_w == g.grid_w && int64_t(p.patches.size()) == np * pdim,
+                   "encoder: a batch of %lld-patch pieces", (long long)np);
+    const std::vector<int64_t> order = unshuffle_order(g);
+    Tensor x = be.alloc(GgmlType::kF32, {n, rows});
     Scratch s(be);
     {
-        Tensor in = s.get(pdim, np);
-        be.write(in, g.patches.data(), g.patches.size() * sizeof(float));
+        // Patches and position rows in the tower's order, the pieces one after another.
+        std::vector<float> host(size_t(rows * std::max(pdim, n)));
+        for (int64_t b = 0; b < n_pieces; ++b)
+            for (int64_t r = 0; r < np; ++r)
+                std::memcpy(host.data() + (b * np + r) * pdim, pieces[size_t(b)].patches.data() + order[size_t(r)] * pdim,
+                            size_t(pdim) * sizeof(float));
+        Tensor in = s.get(pdim, rows);
+        be.write(in, host.data(), size_t(rows * pdim) * sizeof(float));
         be.matmul(patch_w_, in, patch_b_, x);
-        // NaFlex: the square position table resized to this piece's grid.
+        // NaFlex: the square position table resized to this grid, once for all the pieces.
         std::vector<float> pos(static_cast<size_t>(np * n));
         resize_bilinear_aa_f32(pos_host_.data(), int(c.n_pos_side), int(c.n_pos_side), int(n), pos.data(), g.grid_h,
                                g.grid_w);
-        Tensor pt = s.get(n, np);
-        be.write(pt, pos.data(), pos.size() * sizeof(float));
+        for (int64_t b = 0; b < n_pieces; ++b)
+            for (int64_t r = 0; r < np; ++r)
+                std::memcpy(host.data() + (b * np + r) * n, pos.data() + order[size_t(r)] * n, size_t(n) * sizeof(float));
+        Tensor pt = s.get(n, rows);
+        be.write(pt, host.data(), size_t(rows * n) * sizeof(float));
         be.add(x, pt, 1.0f, x);
     }
-    Tensor h = s.get(n, np), q = s.get(n, np), k = s.get(n, np), v = s.get(n, np), a = s.get(n, np);
-    Tensor ff = s.get(c.n_ff, np);
+    Tensor h = s.get(n, rows), q = s.get(n, rows), k = s.get(n, rows), v = s.get(n, rows), a = s.get(n, rows);
+    Tensor ff = s.get(c.n_ff, rows);
     const float scale = 1.0f / std::sqrt(float(c.head_dim));
     for (const VisionLayer& l : layers_) {
         be.layer_norm(x, l.ln1_w, l.ln1_b, c.eps, h);
         be.matmul(l.q_w, h, l.q_b, q);
         be.matmul(l.k_w, h, l.k_b, k);
         be.matmul(l.v_w, h, l.v_b, v);
-        be.attention_full(q, k, v, int(c.n_head), int(c.head_dim), scale, a);
+        for (int64_t b = 0; b < n_pieces; ++b)  // each piece's patches see only each other
+            be.attention_full(q.row_slice(b * np, np), k.row_slice(b * np, np), v.row_slice(b * np, np),
+                              int(c.n_head), int(c.head_dim), scale, a.row_slice(b * np, np));
         be.matmul(l.o_w, a, l.o_b, h);
         be.add(x, h, 1.0f, x);
         be.layer_norm(x, l.ln2_w, l.ln2_b, c.eps, h);
@@ -228,36 +267,28 @@ Tensor VisionEncoder::run_tower(const PatchGrid& g) const {
 }
 
 std::vector<float> VisionEncoder::tower(const PatchGrid& g) const {
-    Tensor x = run_tower(g);
-    std::vector<float> out(static_cast<size_t>(x.n_elements()));
-    be_->read(out.data(), x, out.size() * sizeof(float));
+    std::lock_guard<std::mutex> lock(be_->exec_mutex());
+    Tensor x = run_tower({&g, 1});
+    std::vector<float> rows(static_cast<size_t>(x.n_elements()));
+    be_->read(rows.data(), x, rows.size() * sizeof(float));
     be_->free(x);
+    // Back to the patches' row-major order.
+    const std::vector<int64_t> order = unshuffle_order(g);
+    const size_t n = size_t(cfg_.n_embd);
+    std::vector<float> out(rows.size());
+    for (size_t r = 0; r < order.size(); ++r)
+        std::memcpy(out.data() + size_t(order[r]) * n, rows.data() + r * n, n * sizeof(float));
     return out;
 }
 
-std::vector<float> VisionEncoder::project(const Tensor& x, const PatchGrid& g) const {
+// x: the tower's rows of a batch, in the unshuffle's order (see unshuffle_order); its values are used up.
+std::vector<float> VisionEncoder::project(const Tensor& x) const {
     Backend& be = *be_;
     const VisionConfig& c = cfg_;
-    const int f = c.proc.downsample;
-    const int64_t n = c.n_embd;
-    if (g.grid_h % f != 0 || g.grid_w % f != 0)
-        throw_error(ErrorCode::kInvalidArgument, "encoder: a %d x %d patch grid does not divide by the factor %d",
-                    g.grid_h, g.grid_w, f);
-    const int64_t oh = g.grid_h / f, ow = g.grid_w / f, nt = oh * ow, in = n * f * f;
+    const int64_t ff = int64_t(c.proc.downsample) * c.proc.downsample, in = c.n_embd * ff;
+    const int64_t nt = x.rows() / ff;
     Scratch s(be);
-    // Pixel unshuffle: output row (i, j) is the f x f block of patches at (i f + di, j f + dj), di outer.
-    Tensor y = s.get(in, nt);
-    for (int64_t i = 0; i < oh; ++i)
-        for (int64_t j = 0; j < ow; ++j)
-            for (int di = 0; di < f; ++di)
-                for (int dj = 0; dj < f; ++dj) {
-                    const int64_t src = (i * f + di) * g.grid_w + j * f + dj;
-                    const int64_t part = di * f + dj;
-                    Tensor dst = y.row_slice(i * ow + j, 1).reshaped(in);
-                    dst.data = static_cast<float*>(dst.data) + part * n;
-                    dst.ne[0] = n;
-                    be.copy(dst, x.row_slice(src, 1).reshaped(n));
-                }
+    const Tensor y = x.reshaped(in, nt);
     if (proj_norm_w_) be.layer_norm(y, proj_norm_w_, proj_norm_b_, c.proj_eps, y);
     Tensor hid = s.get(c.proj_hidden, nt), out = s.get(c.n_embd_text, nt);
     be.matmul(proj1_w_, y, proj1_b_, hid);
@@ -271,11 +302,17 @@ std::vector<float> VisionEncoder::project(const Tensor& x, const PatchGrid& g) c
 std::vector<float> VisionEncoder::encode(const ProcessedImage& img) const {
     std::lock_guard<std::mutex> lock(be_->exec_mutex());
     std::vector<float> all;
-    for (const PatchGrid& g : img.pieces) {
-        Tensor x = run_tower(g);
+    const std::vector<PatchGrid>& pieces = img.pieces;
+    for (size_t first = 0, last; first < pieces.size(); first = last) {
+        // A batch: consecutive pieces of one grid (a tiled image's tiles), up to kBatchPatches patches.
+        const int64_t np = int64_t(pieces[first].grid_h) * pieces[first].grid_w;
+        for (last = first + 1; last < pieces.size() && pieces[last].grid_h == pieces[first].grid_h &&
+                               pieces[last].grid_w == pieces[first].grid_w && int64_t(last - first + 1) * np <= kBatchPatches;)
+            ++last;
+        Tensor x = run_tower({pieces.data() + first, last - first});
         std::vector<float> e;
         try {
-            e = project(x, g);
+            e = project(x);
         } catch (...) {
             be_->free(x);
             throw;
