@@ -52,6 +52,11 @@ CpuFeatures detect() {
     unsigned a = 0, b = 0, c = 0, d = 0;
     const bool avx_ok = os_saves_avx();
     const bool avx512_ok = os_saves_avx512();
+    if (__get_cpuid(0, &a, &b, &c, &d)) {
+        char vendor[13] = {};
+        std::memcpy(vendor, &b, 4), std::memcpy(vendor + 4, &d, 4), std::memcpy(vendor + 8, &c, 4);
+        f.amd = std::strcmp(vendor, "AuthenticAMD") == 0;
+    }
     if (__get_cpuid(1, &a, &b, &c, &d)) {
         f.fma = avx_ok && (c & (1u << 12));
         f.f16c = avx_ok && (c & (1u << 29));

@@ -8,6 +8,7 @@ struct CpuFeatures {
     bool avx2 = false, fma = false, f16c = false;
     bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
     bool avx512vnni = false, avx512bf16 = false, avx_vnni = false;
+    bool amd = false;  // vendor AuthenticAMD
     int logical_cores = 1;
     int physical_cores = 1;
     std::string brand;

@@ -191,6 +191,51 @@ TEST(Matmul, PackedTilesCoverPartialGroupsAndTokenTiles) {
     }
 }
 
+// The AVX-512 table's two BF16 paths (kernel_table_avx512(bf16_dot)): f32 FMAs on the f32 activations,
+// or vdpbf16ps on them rounded to bfloat16 (where the CPU has AVX512_BF16); whichever the CPU's own
+// table does not take is checked only here. Packed and plain kernels, odd and even k, one token and
+// tiles of several, against a double-precision sum over the same operands.
+TEST(Matmul, Avx512Bf16PathsMatchADoubleReference) {
+    if (!cera::cpu::isa_supported(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512";
+    std::mt19937 rng(11);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    std::vector<bool> paths{false};
+    if (cpu_features().avx512bf16) paths.push_back(true);
+    for (bool dot : paths) {
+        const cpu::KernelTable& tab = cpu::kernel_table_avx512(dot);
+        EXPECT_EQ(tab.matmul[int(GgmlType::kBF16)].act, dot ? cpu::ActFormat::kBF16 : cpu::ActFormat::kF32);
+        for (int64_t k : {255, 512}) {
+            const int64_t rows = 29;
+            auto w = make_weights(GgmlType::kBF16, rows, k, rng);
+            const std::vector<uint8_t> plain(w);
+            ASSERT_TRUE(cpu::register_weight(tab, GgmlType::kBF16, w.data(), rows, k, false));
+            for (int64_t nt : {1, 3, 8, 9}) {
+                std::vector<float> x(size_t(nt * k)), y(size_t(nt * rows)), y_plain(size_t(nt * rows));
+                for (auto& v : x) v = g(rng);
+                cpu::matmul(tab, GgmlType::kBF16, w.data(), rows, k, x.data(), nt, y.data(), rows, nullptr);
+                cpu::matmul(tab, GgmlType::kBF16, plain.data(), rows, k, x.data(), nt, y_plain.data(), rows, nullptr);
+                for (int64_t t = 0; t < nt; ++t)
+                    for (int64_t r = 0; r < rows; ++r) {
+                        double want = 0.0, mag = 0.0;
+                        for (int64_t i = 0; i < k; ++i) {
+                            uint16_t h;
+                            std::memcpy(&h, plain.data() + size_t(r * k + i) * 2, 2);
+                            const float xi = x[size_t(t * k + i)];
+                            const double p = double(bf16_to_fp32(h)) * double(dot ? bf16_to_fp32(fp32_to_bf16(xi)) : xi);
+                            want += p, mag += std::fabs(p);
+                        }
+                        const size_t at = size_t(t * rows + r);
+                        // f32 sums of k products: a few units of 2^-24 of the magnitude each
+                        const double tol = 1e-5 * mag + 1e-30;
+                        ASSERT_NEAR(y[at], want, tol) << "dot " << dot << " k " << k << " tokens " << nt << " row " << r;
+                        ASSERT_NEAR(y_plain[at], want, tol) << "plain, dot " << dot << " k " << k << " tokens " << nt;
+                    }
+            }
+            cpu::unregister_weight(w.data());
+        }
+    }
+}
+
 TEST(Matmul, ActiveIsaIsTheBestUnlessForced) {
     // CERA_CPU_ISA is not set by ctest: the first choice is the best the CPU has.
     const auto isas = available_isas();

@@ -77,11 +77,18 @@ struct KernelTable {
 };
 
 // Fill t.packed with the kernels on packed weights (kernels_packed_avx512.cpp, kernels_packed_avx2.cpp).
-void add_packed_kernels_avx512(KernelTable& t);
+void add_packed_kernels_avx512(KernelTable& t, bool bf16_dot);
 void add_packed_kernels_avx2(KernelTable& t);
 
 const KernelTable& kernel_table_ref();
 const KernelTable& kernel_table_avx2();
+// The AVX-512 table. Its BF16 products run either on vdpbf16ps against bfloat16 activations
+// (bf16_dot, which needs AVX512_BF16) or on f32 FMAs against f32 activations, a shift making each
+// bfloat16 weight an f32. kernel_table_avx512() takes vdpbf16ps on AMD cores with AVX512_BF16, which
+// run a 512-bit FMA as two halves, so that an instruction of 32 products doubles their rate; Intel
+// cores with two 512-bit FMA units run the FMAs faster (bench/NOTES.md), and cores without
+// AVX512_BF16 have only them.
+const KernelTable& kernel_table_avx512(bool bf16_dot);
 const KernelTable& kernel_table_avx512();
 const KernelTable& active_table();  // the table of active_isa()
 // The table of `isa`, which this CPU must support (isa_supported): a CPU backend computes with the

@@ -25,6 +25,8 @@
 #include <cstring>
 
 #include "backends/cpu/kernel_table.h"
+#include "core/check.h"
+#include "core/cpu_features.h"
 #include "core/quant/blocks.h"
 
 namespace cera::cpu {
@@ -62,6 +64,17 @@ struct WF16 {
     }
     static __m512 load_tail(const uint8_t* row, int64_t i, __mmask16 m) {
         return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row + 2 * i));
+    }
+};
+// A bfloat16 is the top half of its f32.
+struct WBF16 {
+    static __m512 load(const uint8_t* row, int64_t i) {
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * i));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    static __m512 load_tail(const uint8_t* row, int64_t i, __mmask16 m) {
+        const __m256i h = _mm256_maskz_loadu_epi16(m, row + 2 * i);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     }
 };
 template <class W, int MR, int NC>
@@ -326,7 +339,7 @@ void gemm(const uint8_t* w, size_t ws, int64_t r0, int64_t r1, const uint8_t* ac
     }
 }
 
-// BF16 weights on bfloat16 activations: vdpbf16ps takes 16 pairs of weights and activations per
+// BF16 weights on bfloat16 activations (kernel_table_avx512(true)): vdpbf16ps takes 16 pairs of weights and activations per
 // instruction (the products are exact in f32; the sums round as the FMAs of tile_float do).
 template <int MR, int NC>
 void tile_bf16(const uint8_t* w, size_t ws, const uint8_t* act, size_t as, int64_t k, float* y, int64_t ldy) {
@@ -588,13 +601,14 @@ void quantize_act_avx512(ActFormat f, const float* x, int64_t k, void* out) {
     quantize_act_row(f, x, k, out);
 }
 
-KernelTable make_table() {
+KernelTable make_table(bool bf16_dot) {
     KernelTable t{};
     t.isa = Isa::kAvx512;
     auto set = [&](GgmlType type, GemmFn fn, ActFormat act) { t.matmul[int(type)] = MatmulKernel{fn, act}; };
     set(GgmlType::kF32, gemm<FloatTile<WF32>::T>, ActFormat::kF32);
     set(GgmlType::kF16, gemm<FloatTile<WF16>::T>, ActFormat::kF32);
-    set(GgmlType::kBF16, gemm<BF16Tile>, ActFormat::kBF16);
+    if (bf16_dot) set(GgmlType::kBF16, gemm<BF16Tile>, ActFormat::kBF16);
+    else set(GgmlType::kBF16, gemm<FloatTile<WBF16>::T>, ActFormat::kF32);
     set(GgmlType::kQ4_0, gemm<Q32Tile<WQ4_0>::T>, ActFormat::kAct32);
     set(GgmlType::kQ4_1, gemm<Q32Tile<WQ4_1>::T>, ActFormat::kAct32);
     set(GgmlType::kQ5_0, gemm<Q32Tile<WQ5_0>::T>, ActFormat::kAct32);
@@ -607,7 +621,7 @@ KernelTable make_table() {
     set(GgmlType::kQ6_K, gemm<Q6KTile>, ActFormat::kActQ8K);
     set(GgmlType::kQ2_K, gemm<Q23KTile<false>::T>, ActFormat::kActQ8K);
     set(GgmlType::kQ3_K, gemm<Q23KTile<true>::T>, ActFormat::kActQ8K);
-    add_packed_kernels_avx512(t);
+    add_packed_kernels_avx512(t, bf16_dot);
     t.rms_norm = rms_norm_avx512;
     t.silu_mul = silu_mul_avx512;
     t.add = add_avx512;
@@ -621,8 +635,15 @@ KernelTable make_table() {
 
 }  // namespace
 
+const KernelTable& kernel_table_avx512(bool bf16_dot) {
+    CERA_CHECK(!bf16_dot || cpu_features().avx512bf16, "kernel_table_avx512: this CPU has no AVX512_BF16");
+    static const KernelTable dot = make_table(true), fma = make_table(false);
+    return bf16_dot ? dot : fma;
+}
+
 const KernelTable& kernel_table_avx512() {
-    static const KernelTable t = make_table();
+    const CpuFeatures& f = cpu_features();
+    static const KernelTable& t = kernel_table_avx512(f.avx512bf16 && f.amd);
     return t;
 }
 

@@ -7,7 +7,7 @@
 // 16 rows instead of 3 per row. Weights are unpacked once per block and reused by up to 8 tokens
 // from registers (NT tokens per tile); zero offsets are the accumulators' start values
 // (-offset * the activation block's code sum); K-quant sub-block scales multiply the int32 sums.
-// Variants: F16 on f32 activations, BF16 on bfloat16 activations; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and IQ4_XS on
+// Variants: F16 on f32 activations, BF16 on f32 or bfloat16 activations (kernel_table_avx512); Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and IQ4_XS on
 // kAct32 activations; Q2_K, Q3_K, Q4_K, Q5_K and Q6_K on Q8_K activations. Bottleneck: decode (1 token) reads each
 // weight byte once: ~24 vector ops per 288 bytes of Q4_0, well under what 16.5 GB/s per core (half of the ~33 GB/s
 // two-core roofline) needs. Prefill: per block and token 8 vpdpbusd (512 MACs) + 3 float ops, plus 12 unpack ops per
@@ -216,12 +216,57 @@ void tile_half(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int6
     }
 }
 
-// ---------------------------------------------------------------- BF16 (bfloat16 activations)
+// ---------------------------------------------------------------- BF16
 
-// One 64-byte line is a pair of elements of the 16 rows, one vdpbf16ps per token against the
-// broadcast activation pair (32 products per instruction: twice the f32 FMA's).
+// One 64-byte line is elements 2s, 2s+1 of the 16 rows. A bfloat16 is the top half of its f32, so the
+// even element is the lane shifted up and the odd one the lane masked: two f32 FMAs per token, as
+// F16's two lines take, on the exact f32 activations. Each element of the pair has its own
+// accumulators, so that the two FMAs of a step do not wait on each other.
 template <int NT>
 void tile_bf16(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64_t k, float* y, int64_t ldy,
+               __mmask16 rmask) {
+    (void)nb;
+    constexpr int kC = NT == 1 ? 2 : 1;
+    const float* x[NT];
+    __m512 acc[kC][NT][2];
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t) {
+        x[t] = reinterpret_cast<const float*>(act + t * as);
+#pragma GCC unroll 16
+        for (int c = 0; c < kC; ++c) acc[c][t][0] = acc[c][t][1] = _mm512_setzero_ps();
+    }
+    const __m512i hi16 = _mm512_set1_epi32(int(0xFFFF0000u));
+    // pair false: element 2s alone, the last of an odd k
+    auto step = [&](int c, int64_t s, bool pair) {
+        const __m512i v = _mm512_load_si512(g + 64 * size_t(s));
+        const __m512 w0 = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+        const __m512 w1 = _mm512_castsi512_ps(_mm512_and_si512(v, hi16));
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t) {
+            acc[c][t][0] = _mm512_fmadd_ps(w0, _mm512_set1_ps(x[t][2 * s]), acc[c][t][0]);
+            if (pair) acc[c][t][1] = _mm512_fmadd_ps(w1, _mm512_set1_ps(x[t][2 * s + 1]), acc[c][t][1]);
+        }
+    };
+    const int64_t n = k / 2;
+    int64_t s = 0;
+    for (; s + kC <= n; s += kC)
+#pragma GCC unroll 16
+        for (int c = 0; c < kC; ++c) step(c, s + c, true);
+    for (; s < n; ++s) step(0, s, true);
+    if (k % 2 == 1) step(0, n, false);
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t) {
+        __m512 sum = _mm512_add_ps(acc[0][t][0], acc[0][t][1]);
+#pragma GCC unroll 16
+        for (int c = 1; c < kC; ++c) sum = _mm512_add_ps(sum, _mm512_add_ps(acc[c][t][0], acc[c][t][1]));
+        _mm512_mask_storeu_ps(y + t * ldy, rmask, sum);
+    }
+}
+
+// On bfloat16 activations (the AVX512_BF16 path, kernel_table.h): one vdpbf16ps per line and token
+// against the broadcast activation pair, 32 products an instruction.
+template <int NT>
+void tile_bf16_dot(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64_t k, float* y, int64_t ldy,
                __mmask16 rmask) {
     (void)nb;
     constexpr int kC = NT == 1 ? 4 : NT <= 3 ? 2 : 1;
@@ -608,6 +653,8 @@ using HalfTiles = Tiles<tile_half<1>, tile_half<2>, tile_half<3>, tile_half<4>, 
                         tile_half<7>, tile_half<8>>;
 using BF16Tiles = Tiles<tile_bf16<1>, tile_bf16<2>, tile_bf16<3>, tile_bf16<4>, tile_bf16<5>, tile_bf16<6>,
                         tile_bf16<7>, tile_bf16<8>>;
+using BF16DotTiles = Tiles<tile_bf16_dot<1>, tile_bf16_dot<2>, tile_bf16_dot<3>, tile_bf16_dot<4>, tile_bf16_dot<5>,
+                           tile_bf16_dot<6>, tile_bf16_dot<7>, tile_bf16_dot<8>>;
 using Q4KTiles = Tiles<tile_q45k<false, 1>, tile_q45k<false, 2>, tile_q45k<false, 3>, tile_q45k<false, 4>>;
 using Q5KTiles = Tiles<tile_q45k<true, 1>, tile_q45k<true, 2>, tile_q45k<true, 3>, tile_q45k<true, 4>>;
 using Q6KTiles = Tiles<tile_q6k<1>, tile_q6k<2>, tile_q6k<3>>;
@@ -618,7 +665,7 @@ using IQ4XSTiles = Tiles<tile_iq4xs<1>, tile_iq4xs<2>, tile_iq4xs<3>, tile_iq4xs
 
 }  // namespace
 
-void add_packed_kernels_avx512(KernelTable& t) {
+void add_packed_kernels_avx512(KernelTable& t, bool bf16_dot) {
     t.packed[int(GgmlType::kQ4_0)] = PackedKernel{gemm_packed<Q32Tiles<Q32::kQ4_0>>, ActFormat::kAct32};
     t.packed[int(GgmlType::kQ8_0)] = PackedKernel{gemm_packed<Q32Tiles<Q32::kQ8_0>>, ActFormat::kAct32};
     t.packed[int(GgmlType::kIQ4_NL)] = PackedKernel{gemm_packed<Q32Tiles<Q32::kIQ4_NL>>, ActFormat::kAct32};
@@ -626,7 +673,8 @@ void add_packed_kernels_avx512(KernelTable& t) {
     t.packed[int(GgmlType::kQ5_0)] = PackedKernel{gemm_packed<Small32Tiles<16, false, true>>, ActFormat::kAct32};
     t.packed[int(GgmlType::kQ5_1)] = PackedKernel{gemm_packed<Small32Tiles<0, true, true>>, ActFormat::kAct32};
     t.packed[int(GgmlType::kF16)] = PackedKernel{gemm_packed<HalfTiles>, ActFormat::kF32};
-    t.packed[int(GgmlType::kBF16)] = PackedKernel{gemm_packed<BF16Tiles>, ActFormat::kBF16};
+    t.packed[int(GgmlType::kBF16)] = bf16_dot ? PackedKernel{gemm_packed<BF16DotTiles>, ActFormat::kBF16}
+                                              : PackedKernel{gemm_packed<BF16Tiles>, ActFormat::kF32};
     t.packed[int(GgmlType::kQ4_K)] = PackedKernel{gemm_packed<Q4KTiles>, ActFormat::kActQ8K};
     t.packed[int(GgmlType::kQ5_K)] = PackedKernel{gemm_packed<Q5KTiles>, ActFormat::kActQ8K};
     t.packed[int(GgmlType::kQ6_K)] = PackedKernel{gemm_packed<Q6KTiles>, ActFormat::kActQ8K};
