@@ -75,7 +75,8 @@ CpuFeatures detect() {
     }
     unsigned brand[12] = {};
     if (__get_cpuid_max(0x80000000, nullptr) >= 0x80000004) {
-        for (unsigned i = 0; i < 3; ++i) __get_cpuid(0x80000002 + i, &brand[4 * i], &brand[4 * i + 1], &brand[4 * i + 2], &brand[4 * i + 3]);
+        for (unsigned i = 0; i < 3; ++i)
+            __get_cpuid(0x80000002 + i, &brand[4 * i], &brand[4 * i + 1], &brand[4 * i + 2], &brand[4 * i + 3]);
         f.brand = std::string(reinterpret_cast<const char*>(brand), strnlen(reinterpret_cast<const char*>(brand), 48));
         while (!f.brand.empty() && f.brand.back() == ' ') f.brand.pop_back();
         while (!f.brand.empty() && f.brand.front() == ' ') f.brand.erase(0, 1);
@@ -97,7 +98,10 @@ std::string cpu_features_string() {
     const CpuFeatures& f = cpu_features();
     std::string s;
     auto add = [&](bool on, const char* name) {
-        if (on) { if (!s.empty()) s += ' '; s += name; }
+        if (on) {
+            if (!s.empty()) s += ' ';
+            s += name;
+        }
     };
     add(f.avx2, "AVX2");
     add(f.fma, "FMA");

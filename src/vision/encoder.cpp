@@ -227,8 +227,8 @@ Tensor VisionEncoder::run_tower(std::span<const PatchGrid> pieces) const {
         std::vector<float> host(size_t(rows * std::max(pdim, n)));
         for (int64_t b = 0; b < n_pieces; ++b)
             for (int64_t r = 0; r < np; ++r)
-                std::memcpy(host.data() + (b * np + r) * pdim, pieces[size_t(b)].patches.data() + order[size_t(r)] * pdim,
-                            size_t(pdim) * sizeof(float));
+                std::memcpy(host.data() + (b * np + r) * pdim,
+                            pieces[size_t(b)].patches.data() + order[size_t(r)] * pdim, size_t(pdim) * sizeof(float));
         Tensor in = s.get(pdim, rows);
         be.write(in, host.data(), size_t(rows * pdim) * sizeof(float));
         be.matmul(patch_w_, in, patch_b_, x);
@@ -238,7 +238,8 @@ Tensor VisionEncoder::run_tower(std::span<const PatchGrid> pieces) const {
                                g.grid_w);
         for (int64_t b = 0; b < n_pieces; ++b)
             for (int64_t r = 0; r < np; ++r)
-                std::memcpy(host.data() + (b * np + r) * n, pos.data() + order[size_t(r)] * n, size_t(n) * sizeof(float));
+                std::memcpy(host.data() + (b * np + r) * n, pos.data() + order[size_t(r)] * n,
+                            size_t(n) * sizeof(float));
         Tensor pt = s.get(n, rows);
         be.write(pt, host.data(), size_t(rows * n) * sizeof(float));
         be.add(x, pt, 1.0f, x);
@@ -252,8 +253,8 @@ Tensor VisionEncoder::run_tower(std::span<const PatchGrid> pieces) const {
         be.matmul(l.k_w, h, l.k_b, k);
         be.matmul(l.v_w, h, l.v_b, v);
         for (int64_t b = 0; b < n_pieces; ++b)  // each piece's patches see only each other
-            be.attention_full(q.row_slice(b * np, np), k.row_slice(b * np, np), v.row_slice(b * np, np),
-                              int(c.n_head), int(c.head_dim), scale, a.row_slice(b * np, np));
+            be.attention_full(q.row_slice(b * np, np), k.row_slice(b * np, np), v.row_slice(b * np, np), int(c.n_head),
+                              int(c.head_dim), scale, a.row_slice(b * np, np));
         be.matmul(l.o_w, a, l.o_b, h);
         be.add(x, h, 1.0f, x);
         be.layer_norm(x, l.ln2_w, l.ln2_b, c.eps, h);
@@ -307,7 +308,8 @@ std::vector<float> VisionEncoder::encode(const ProcessedImage& img) const {
         // A batch: consecutive pieces of one grid (a tiled image's tiles), up to kBatchPatches patches.
         const int64_t np = int64_t(pieces[first].grid_h) * pieces[first].grid_w;
         for (last = first + 1; last < pieces.size() && pieces[last].grid_h == pieces[first].grid_h &&
-                               pieces[last].grid_w == pieces[first].grid_w && int64_t(last - first + 1) * np <= kBatchPatches;)
+                               pieces[last].grid_w == pieces[first].grid_w &&
+                               int64_t(last - first + 1) * np <= kBatchPatches;)
             ++last;
         Tensor x = run_tower({pieces.data() + first, last - first});
         std::vector<float> e;

@@ -221,13 +221,15 @@ TEST(Matmul, Avx512Bf16PathsMatchADoubleReference) {
                             uint16_t h;
                             std::memcpy(&h, plain.data() + size_t(r * k + i) * 2, 2);
                             const float xi = x[size_t(t * k + i)];
-                            const double p = double(bf16_to_fp32(h)) * double(dot ? bf16_to_fp32(fp32_to_bf16(xi)) : xi);
+                            const double p =
+                                double(bf16_to_fp32(h)) * double(dot ? bf16_to_fp32(fp32_to_bf16(xi)) : xi);
                             want += p, mag += std::fabs(p);
                         }
                         const size_t at = size_t(t * rows + r);
                         // f32 sums of k products: a few units of 2^-24 of the magnitude each
                         const double tol = 1e-5 * mag + 1e-30;
-                        ASSERT_NEAR(y[at], want, tol) << "dot " << dot << " k " << k << " tokens " << nt << " row " << r;
+                        ASSERT_NEAR(y[at], want, tol)
+                            << "dot " << dot << " k " << k << " tokens " << nt << " row " << r;
                         ASSERT_NEAR(y_plain[at], want, tol) << "plain, dot " << dot << " k " << k << " tokens " << nt;
                     }
             }

@@ -339,8 +339,8 @@ void gemm(const uint8_t* w, size_t ws, int64_t r0, int64_t r1, const uint8_t* ac
     }
 }
 
-// BF16 weights on bfloat16 activations (kernel_table_avx512(true)): vdpbf16ps takes 16 pairs of weights and activations per
-// instruction (the products are exact in f32; the sums round as the FMAs of tile_float do).
+// BF16 weights on bfloat16 activations (kernel_table_avx512(true)): vdpbf16ps takes 16 pairs of weights and activations
+// per instruction (the products are exact in f32; the sums round as the FMAs of tile_float do).
 template <int MR, int NC>
 void tile_bf16(const uint8_t* w, size_t ws, const uint8_t* act, size_t as, int64_t k, float* y, int64_t ldy) {
     __m512 acc[MR][NC];
@@ -607,8 +607,10 @@ KernelTable make_table(bool bf16_dot) {
     auto set = [&](GgmlType type, GemmFn fn, ActFormat act) { t.matmul[int(type)] = MatmulKernel{fn, act}; };
     set(GgmlType::kF32, gemm<FloatTile<WF32>::T>, ActFormat::kF32);
     set(GgmlType::kF16, gemm<FloatTile<WF16>::T>, ActFormat::kF32);
-    if (bf16_dot) set(GgmlType::kBF16, gemm<BF16Tile>, ActFormat::kBF16);
-    else set(GgmlType::kBF16, gemm<FloatTile<WBF16>::T>, ActFormat::kF32);
+    if (bf16_dot)
+        set(GgmlType::kBF16, gemm<BF16Tile>, ActFormat::kBF16);
+    else
+        set(GgmlType::kBF16, gemm<FloatTile<WBF16>::T>, ActFormat::kF32);
     set(GgmlType::kQ4_0, gemm<Q32Tile<WQ4_0>::T>, ActFormat::kAct32);
     set(GgmlType::kQ4_1, gemm<Q32Tile<WQ4_1>::T>, ActFormat::kAct32);
     set(GgmlType::kQ5_0, gemm<Q32Tile<WQ5_0>::T>, ActFormat::kAct32);

@@ -7,11 +7,12 @@
 // 16 rows instead of 3 per row. Weights are unpacked once per block and reused by up to 8 tokens
 // from registers (NT tokens per tile); zero offsets are the accumulators' start values
 // (-offset * the activation block's code sum); K-quant sub-block scales multiply the int32 sums.
-// Variants: F16 on f32 activations, BF16 on f32 or bfloat16 activations (kernel_table_avx512); Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and IQ4_XS on
-// kAct32 activations; Q2_K, Q3_K, Q4_K, Q5_K and Q6_K on Q8_K activations. Bottleneck: decode (1 token) reads each
-// weight byte once: ~24 vector ops per 288 bytes of Q4_0, well under what 16.5 GB/s per core (half of the ~33 GB/s
-// two-core roofline) needs. Prefill: per block and token 8 vpdpbusd (512 MACs) + 3 float ops, plus 12 unpack ops per
-// block shared by the token tile: ~40 MAC/cycle per core on Zen 4 (double-pumped 512-bit) vs ~16 for 4x4 row tiles.
+// Variants: F16 on f32 activations, BF16 on f32 or bfloat16 activations (kernel_table_avx512); Q4_0, Q4_1, Q5_0, Q5_1,
+// Q8_0, IQ4_NL and IQ4_XS on kAct32 activations; Q2_K, Q3_K, Q4_K, Q5_K and Q6_K on Q8_K activations. Bottleneck:
+// decode (1 token) reads each weight byte once: ~24 vector ops per 288 bytes of Q4_0, well under what 16.5 GB/s per
+// core (half of the ~33 GB/s two-core roofline) needs. Prefill: per block and token 8 vpdpbusd (512 MACs) + 3 float
+// ops, plus 12 unpack ops per block shared by the token tile: ~40 MAC/cycle per core on Zen 4 (double-pumped 512-bit)
+// vs ~16 for 4x4 row tiles.
 #include <immintrin.h>
 
 // GCC 12's AVX-512 headers trip -Wuninitialized in their own reduce/convert helpers.
@@ -267,7 +268,7 @@ void tile_bf16(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int6
 // against the broadcast activation pair, 32 products an instruction.
 template <int NT>
 void tile_bf16_dot(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int64_t k, float* y, int64_t ldy,
-               __mmask16 rmask) {
+                   __mmask16 rmask) {
     (void)nb;
     constexpr int kC = NT == 1 ? 4 : NT <= 3 ? 2 : 1;
     const uint8_t* x[NT];
