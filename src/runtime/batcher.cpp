@@ -113,7 +113,8 @@ class Req final : public Request {
     StreamingDetokenizer detok;
     const std::unique_ptr<grammar::Matcher> matcher;  // this sequence's grammar state, or null
     const uint64_t arrival;
-    LoraSet lora;  // the adapters its steps apply (set at submit)
+    LoraSet lora;           // the adapters its steps apply (set at submit)
+    uint64_t lora_key = 0;  // lora_set_key(lora)
     // Its images (set at submit): held while it runs; their embedding runs over `tokens`, and the content
     // keys of those runs for the prefix blocks.
     std::vector<PromptImage> images;
@@ -206,6 +207,7 @@ class BatcherImpl final : public Batcher {
         auto r = std::make_shared<Req>(prompt, options, std::move(sink), *im_.tokenizer, n_vocab_, next_arrival_++,
                                        std::move(m));
         r->lora = std::move(lora);
+        r->lora_key = lora_set_key(r->lora);
         // As in Session: a grammar's mask and logprobs' rows are per token, so those requests decode plainly.
         if (spec.enabled() && !r->matcher && options.logprobs < 0 && max_draft_ > 0) {
             r->spec = spec;
@@ -354,10 +356,13 @@ class BatcherImpl final : public Batcher {
                 order.push_back(r.get());
                 decoding += r->tokens.size() - r->evaluated == 1 ? 1 : 0;
             }
-            // Decoding sequences (one token left) first, then the rest by admission.
+            // Decoding sequences (one token left) first, those of one adapter set side by side (their rows
+            // make one segment of each adapter product), then the rest by admission.
             std::stable_sort(order.begin(), order.end(), [](const Req* a, const Req* b) {
                 const bool da = a->tokens.size() - a->evaluated == 1, db = b->tokens.size() - b->evaluated == 1;
-                return da != db ? da : a->admitted < b->admitted;
+                if (da != db) return da;
+                if (da && a->lora_key != b->lora_key) return a->lora_key < b->lora_key;
+                return a->admitted < b->admitted;
             });
             for (Req* r : order) {
                 const int64_t left = int64_t(r->tokens.size() - r->evaluated);
