@@ -304,12 +304,12 @@ std::vector<float> VisionEncoder::encode(const ProcessedImage& img) const {
     std::lock_guard<std::mutex> lock(be_->exec_mutex());
     std::vector<float> all;
     const std::vector<PatchGrid>& pieces = img.pieces;
+    const int64_t cap = be_->kind() == DeviceKind::kCpu ? kBatchPatchesCpu : kBatchPatchesDevice;
     for (size_t first = 0, last; first < pieces.size(); first = last) {
-        // A batch: consecutive pieces of one grid (a tiled image's tiles), up to kBatchPatches patches.
+        // A batch: consecutive pieces of one grid (a tiled image's tiles), up to `cap` patches.
         const int64_t np = int64_t(pieces[first].grid_h) * pieces[first].grid_w;
         for (last = first + 1; last < pieces.size() && pieces[last].grid_h == pieces[first].grid_h &&
-                               pieces[last].grid_w == pieces[first].grid_w &&
-                               int64_t(last - first + 1) * np <= kBatchPatches;)
+                               pieces[last].grid_w == pieces[first].grid_w && int64_t(last - first + 1) * np <= cap;)
             ++last;
         Tensor x = run_tower({pieces.data() + first, last - first});
         std::vector<float> e;
