@@ -26,10 +26,15 @@ struct Seg {
 };
 
 // Segments out of row order, one covering rows another covers (two adapters on one sequence),
-// rows in no segment, length-1 segments.
+// rows in no segment, length-1 segments; for 40 rows, more segments than a launch takes (kLoraSegsPerLaunch).
 std::vector<Seg> segments_for(int64_t n_tokens) {
     if (n_tokens == 1) return {{0, 1, 0, 0.5f}, {0, 1, 1, -2.0f}};
     if (n_tokens == 3) return {{2, 1, 1, 1.0f}, {0, 2, 0, 0.25f}, {1, 2, 2, 3.0f}};
+    if (n_tokens == 40) {
+        std::vector<Seg> segs{{0, n_tokens, 2, 0.75f}};
+        for (int64_t i = n_tokens - 1; i >= 0; --i) segs.push_back({i, 1, int(i % 3), 1.0f - 0.05f * float(i)});
+        return segs;
+    }
     const int64_t h = n_tokens / 2;
     return {{h, n_tokens - h, 2, 1.0f}, {0, h - 1, 0, 2.0f}, {1, 1, 1, -1.0f}, {0, n_tokens, 1, 0.125f}};
 }
@@ -37,10 +42,10 @@ std::vector<Seg> segments_for(int64_t n_tokens) {
 void check(bool via_host, GgmlType type) {
     std::mt19937 rng(35);
     const int64_t shapes[][3] = {{1, 1, 1}, {7, 96, 4}, {96, 7, 1}, {256, 768, 16}, {288, 96, 8}, {4097, 32, 16},
-                                 {768, 4097, 16}};  // k, n_out, max rank
+                                 {768, 4097, 16}, {512, 300, 64}};  // k, n_out, max rank
     for (const auto& sh : shapes) {
         const int64_t k = sh[0], n_out = sh[1];
-        for (int64_t n_tokens : {int64_t(1), int64_t(3), int64_t(17), int64_t(64)}) {
+        for (int64_t n_tokens : {int64_t(1), int64_t(3), int64_t(17), int64_t(40), int64_t(64)}) {
             if (n_tokens * (k + n_out) > kMaxElems) continue;
             // Three adapters of ranks max, max/2 (at least 1) and 1.
             const int64_t ranks[3] = {sh[2], std::max<int64_t>(1, sh[2] / 2), 1};
@@ -58,11 +63,13 @@ void check(bool via_host, GgmlType type) {
             const std::vector<Seg> segs = segments_for(n_tokens);
             // The reference, with each value's bound.
             std::vector<double> want(y0.begin(), y0.end()), bound(y0.size(), 0.0);
+            std::vector<int64_t> adds(size_t(n_tokens), 0);  // additions into each row of y: its segments' ranks
             for (const Seg& g : segs) {
                 const int64_t r = ranks[g.adapter];
                 const float* A = a[size_t(g.adapter)].data();
                 const float* B = b[size_t(g.adapter)].data();
                 for (int64_t t = g.start; t < g.start + g.n; ++t) {
+                    adds[size_t(t)] += r;
                     std::vector<double> tv(static_cast<size_t>(r)), tm(static_cast<size_t>(r));
                     for (int64_t j = 0; j < r; ++j)
                         for (int64_t i = 0; i < k; ++i) {
@@ -81,8 +88,9 @@ void check(bool via_host, GgmlType type) {
                 }
             }
             // y's own roundings: one per addition into it, at most the ranks of every segment on a row (the CPU
-            // adds Bᵀ's rows one by one), 16 + 8 + 1 in two segments at most.
-            for (size_t i = 0; i < want.size(); ++i) bound[i] += gamma(2 * 25 + 2) * (std::fabs(want[i]) + std::fabs(y0[i])) + 1e-37;
+            // adds Bᵀ's rows one by one).
+            for (size_t i = 0; i < want.size(); ++i)
+                bound[i] += gamma(2 * adds[i / size_t(n_out)] + 2) * (std::fabs(want[i]) + std::fabs(y0[i])) + 1e-37;
             for (const Target& t : targets()) {
                 if (t.moe_only) continue;
                 OnBackend ob(t);
