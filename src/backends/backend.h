@@ -30,6 +30,7 @@
 #include "backends/top_logits_host.h"
 #include "core/check.h"
 #include "core/dtype.h"
+#include "core/fifo_mutex.h"
 
 namespace cera {
 
@@ -186,8 +187,9 @@ class Backend {
     virtual std::string description() const = 0;  // e.g. "cpu avx512, 2 threads"
 
     // Held by a sequence while it runs ops: the backends keep per-device scratch (rope
-    // tables, attention tiles, graph recordings) shared by every sequence on them.
-    std::mutex& exec_mutex() { return exec_mu_; }
+    // tables, attention tiles, graph recordings) shared by every sequence on them. Taken in turn:
+    // a long holder gives it to a waiter between its parts (FifoMutex::contended).
+    FifoMutex& exec_mutex() { return exec_mu_; }
 
     // ---------------------------------------------------------------- memory
     // Makes a weight resident on the device in its own type. `host` must stay valid for the
@@ -389,8 +391,8 @@ class Backend {
         top_logits_via_host(*this, x, m, gather, out);
     }
 
-   private:
-    std::mutex exec_mu_;
+ private:
+    FifoMutex exec_mu_;
     // read_async()'s default: the bytes of each ticket.
     uint8_t async_bytes_[kAsyncReads][kAsyncReadMax] = {};
     size_t async_n_[kAsyncReads] = {};

@@ -19,7 +19,7 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
                     "batch: %d sequences, blocks of %d tokens (a power of two), %" PRId64
                     " tokens a step, pool %" PRId64 ", drafts of %d",
                     o.max_seqs, o.block_size, o.max_step_tokens, o.kv_tokens, o.max_draft);
-    std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+    std::lock_guard<FifoMutex> exec_lock(be_.exec_mutex());
     block_ = o.block_size;
     const int64_t kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : int64_t(o.max_seqs) * model.default_n_ctx();
     n_blocks_ = (kv_tokens + block_ - 1) / block_;
@@ -81,7 +81,7 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
 }
 
 BatchState::~BatchState() {
-    std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+    std::lock_guard<FifoMutex> exec_lock(be_.exec_mutex());
     for (LayerCache& c : pool_) be_.free(c.k), be_.free(c.v), be_.free(c.conv);
     for (Tensor& t : conv_states_)
         if (t) be_.free(t);
@@ -103,7 +103,7 @@ int BatchState::add_sequence() {
     for (size_t i = 0; i < seqs_.size(); ++i) {
         Seq& s = seqs_[i];
         if (s.used) continue;
-        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+        std::lock_guard<FifoMutex> exec_lock(be_.exec_mutex());
         s.used = true;
         s.position = 0;
         s.blocks.clear();
@@ -222,7 +222,7 @@ int64_t BatchState::attach_prefix(int seq, std::span<const int32_t> prompt) {
         if (!recurrent_ || snap_row_[size_t(it->second)] >= 0) usable = found.size();
     }
     if (usable == 0) return 0;
-    std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+    std::lock_guard<FifoMutex> exec_lock(be_.exec_mutex());
     for (size_t i = 0; i < usable; ++i) {
         const int32_t b = found[i];
         if (ref_[size_t(b)]++ == 0) evictable_.erase({stamp_[size_t(b)], b});
@@ -299,7 +299,7 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out, const std
         throw_error(ErrorCode::kOutOfRange, "batch step: needs %" PRId64 " KV blocks, %" PRId64 " free", blocks,
                     free_blocks());
 
-    std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+    std::lock_guard<FifoMutex> exec_lock(be_.exec_mutex());
     ids_host_.clear(), pos_host_.clear(), rows_host_.clear(), seq_host_.clear();
     std::vector<int64_t> out_rows;
     std::vector<int32_t> segs, snaps;  // Backend::short_conv_segments's descriptors
@@ -416,7 +416,7 @@ void BatchState::keep(int seq, int32_t n) {
     Seq& s = seqs_[size_t(seq)];
     CERA_CHECK(run_before(s) > 0 && n >= 1 && n <= s.verify_n, "batch: keep %d of sequence %d's %d verified tokens", n,
                seq, run_before(s));
-    std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+    std::lock_guard<FifoMutex> exec_lock(be_.exec_mutex());
     if (recurrent_ && n < s.verify_n)  // the conv states after the n-th token, from the steps' snapshots
         for (size_t il = 0; il < conv_states_.size(); ++il)
             if (const Tensor& t = conv_states_[il])

@@ -58,7 +58,7 @@ struct SavedHeader {
 class SequenceState final : public ModelState {
  public:
     SequenceState(const Model& model, int n_ctx) : model_(model), be_(model.backend()), arch_(model.arch()) {
-        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+        std::lock_guard<FifoMutex> exec_lock(be_.exec_mutex());
         const ModelInfo& info = arch_.info;
         n_ctx_ = n_ctx > 0 ? n_ctx : model.default_n_ctx();
         n_batch_ = std::min(model.options().n_batch, n_ctx_);
@@ -106,7 +106,7 @@ class SequenceState final : public ModelState {
     }
 
     ~SequenceState() override {
-        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+        std::lock_guard<FifoMutex> exec_lock(be_.exec_mutex());
         for (LayerCache& c : cache_) {
             be_.free(c.k);
             be_.free(c.v);
@@ -123,7 +123,7 @@ class SequenceState final : public ModelState {
     }
 
     EvalResult eval(const EvalRequest& rq) override {
-        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+        std::lock_guard<FifoMutex> exec_lock(be_.exec_mutex());
         CERA_CHECK(rq.head == HeadOutput::kLogits || (!rq.logits && !rq.hidden && !rq.all_logits),
                    "eval: logits and hidden rows come back with HeadOutput::kLogits only");
         CERA_CHECK(!rq.ahead || rq.head == HeadOutput::kGreedy, "eval: ahead needs HeadOutput::kGreedy");
@@ -161,7 +161,7 @@ class SequenceState final : public ModelState {
     }
 
     bool read_last_logits(float* logits_out) override {
-        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+        std::lock_guard<FifoMutex> exec_lock(be_.exec_mutex());
         settle();
         if (!logits_held_) return false;
         be_.read(logits_out, logits_, size_t(arch_.info.n_vocab) * sizeof(float),
@@ -173,7 +173,7 @@ class SequenceState final : public ModelState {
     int32_t n_ctx() const override { return n_ctx_; }
 
     void reset() override {
-        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+        std::lock_guard<FifoMutex> exec_lock(be_.exec_mutex());
         settle();
         position_ = 0;
         logits_held_ = false;
@@ -192,7 +192,7 @@ class SequenceState final : public ModelState {
     }
 
     void save_state(std::vector<uint8_t>& out) const override {
-        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+        std::lock_guard<FifoMutex> exec_lock(be_.exec_mutex());
         settle();
         out.resize(state_size());
         SavedHeader hd{
@@ -215,7 +215,7 @@ class SequenceState final : public ModelState {
     }
 
     void restore_state(std::span<const uint8_t> bytes) override {
-        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+        std::lock_guard<FifoMutex> exec_lock(be_.exec_mutex());
         settle();
         SavedHeader hd{};
         if (bytes.size() < sizeof hd)
@@ -253,7 +253,7 @@ class SequenceState final : public ModelState {
     }
 
     void shift(int32_t n_keep, int32_t n_discard) override {
-        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+        std::lock_guard<FifoMutex> exec_lock(be_.exec_mutex());
         settle();
         shift_kv_cache(be_, arch_.state, cache_, position_, n_keep, n_discard);
         position_ -= n_discard;
@@ -267,7 +267,7 @@ class SequenceState final : public ModelState {
     }
 
     void truncate(int32_t n) override {
-        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+        std::lock_guard<FifoMutex> exec_lock(be_.exec_mutex());
         settle();
         if (n < 0 || n > position_)
             throw_error(ErrorCode::kOutOfRange, "truncate to %d tokens: the state holds %d", n, position_);
@@ -296,7 +296,7 @@ class SequenceState final : public ModelState {
     }
 
     void set_lora(const LoraSet& set) override {
-        std::lock_guard<std::mutex> exec_lock(be_.exec_mutex());
+        std::lock_guard<FifoMutex> exec_lock(be_.exec_mutex());
         settle();
         for (const LoraChoice& c : set) CERA_CHECK(c.adapter, "set_lora: an empty adapter");
         lora_ = set;

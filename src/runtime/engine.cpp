@@ -262,7 +262,7 @@ std::vector<AdapterInfo> Engine::adapters() const {
 }
 
 DeviceMemory Engine::device_memory() const {
-    std::lock_guard<std::mutex> lock(impl_->model->backend().exec_mutex());
+    std::lock_guard<FifoMutex> lock(impl_->model->backend().exec_mutex());
     const MemoryUse m = impl_->model->backend().memory_use();
     return {m.weights, m.buffers, m.scratch};
 }

@@ -209,7 +209,14 @@ std::vector<int64_t> VisionEncoder::unshuffle_order(const PatchGrid& g) const {
     return src;
 }
 
-Tensor VisionEncoder::run_tower(std::span<const PatchGrid> pieces) const {
+void VisionEncoder::give_way(std::unique_lock<FifoMutex>& lock) const {
+    if (!be_->exec_mutex().contended()) return;
+    be_->synchronize();  // what this encode queued runs before the other holder queues its own
+    lock.unlock();
+    lock.lock();  // after the waiter's turn (the lock goes in order)
+}
+
+Tensor VisionEncoder::run_tower(std::span<const PatchGrid> pieces, std::unique_lock<FifoMutex>& lock) const {
     Backend& be = *be_;
     const VisionConfig& c = cfg_;
     const PatchGrid& g = pieces.front();
@@ -262,14 +269,15 @@ Tensor VisionEncoder::run_tower(std::span<const PatchGrid> pieces) const {
         be.gelu(ff, GeluKind::kTanh, ff);
         be.matmul(l.down_w, ff, l.down_b, h);
         be.add(x, h, 1.0f, x);
+        give_way(lock);
     }
     if (post_w_) be.layer_norm(x, post_w_, post_b_, c.eps, x);
     return x;
 }
 
 std::vector<float> VisionEncoder::tower(const PatchGrid& g) const {
-    std::lock_guard<std::mutex> lock(be_->exec_mutex());
-    Tensor x = run_tower({&g, 1});
+    std::unique_lock<FifoMutex> lock(be_->exec_mutex());
+    Tensor x = run_tower({&g, 1}, lock);
     std::vector<float> rows(static_cast<size_t>(x.n_elements()));
     be_->read(rows.data(), x, rows.size() * sizeof(float));
     be_->free(x);
@@ -301,7 +309,7 @@ std::vector<float> VisionEncoder::project(const Tensor& x) const {
 }
 
 std::vector<float> VisionEncoder::encode(const ProcessedImage& img) const {
-    std::lock_guard<std::mutex> lock(be_->exec_mutex());
+    std::unique_lock<FifoMutex> lock(be_->exec_mutex());
     std::vector<float> all;
     const std::vector<PatchGrid>& pieces = img.pieces;
     const int64_t cap = be_->kind() == DeviceKind::kCpu ? kBatchPatchesCpu : kBatchPatchesDevice;
@@ -311,7 +319,8 @@ std::vector<float> VisionEncoder::encode(const ProcessedImage& img) const {
         for (last = first + 1; last < pieces.size() && pieces[last].grid_h == pieces[first].grid_h &&
                                pieces[last].grid_w == pieces[first].grid_w && int64_t(last - first + 1) * np <= cap;)
             ++last;
-        Tensor x = run_tower({pieces.data() + first, last - first});
+        if (first > 0) give_way(lock);
+        Tensor x = run_tower({pieces.data() + first, last - first}, lock);
         std::vector<float> e;
         try {
             e = project(x);

@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -72,8 +73,12 @@ class VisionEncoder {
     // The tower's row order of a piece's patches (see encoder.cpp): order[row] = the patch's index.
     std::vector<int64_t> unshuffle_order(const PatchGrid& g) const;
     // Runs the tower on pieces of one grid, leaving x [n_pieces * n_patches, n_embd] on the device, rows
-    // in unshuffle_order a piece (caller frees).
-    Tensor run_tower(std::span<const PatchGrid> pieces) const;
+    // in unshuffle_order a piece (caller frees). `lock` holds the backend; see give_way.
+    Tensor run_tower(std::span<const PatchGrid> pieces, std::unique_lock<FifoMutex>& lock) const;
+    // Between the tower's layers and between batches: a thread waiting for the backend (a batch step
+    // of the server's other sequences) takes it here for its turn, so that it does not wait out a whole
+    // image (tens of seconds of a tiled image on a CPU).
+    void give_way(std::unique_lock<FifoMutex>& lock) const;
     std::vector<float> project(const Tensor& x) const;
 
     Backend* be_ = nullptr;

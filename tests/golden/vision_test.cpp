@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
+#include <thread>
 
 #include "backends/backend.h"
 #include "backends/device.h"
@@ -174,6 +176,52 @@ TEST_P(VisionDevice, LayoutAndEmbeddingsMatchEveryImage) {
     }
 }
 
+// An encode gives the backend to a thread waiting for it between its layers and batches (a server's
+// batch steps do not wait out a whole image), takes it back after that thread's turn, and gives the
+// same embeddings. Here the waiter is this thread, which holds the backend first, waits until the
+// encode is queued behind it, then queues behind the encode again and again, running a few ops of its
+// own each turn. Without the turns it would get the backend once, after the whole image.
+TEST_P(VisionDevice, EncodeTakesTurnsWithAWaiter) {
+    OnDevice d(GetParam());
+    const vision::ProcessedImage p =
+        vision::preprocess(vision::load_image_file(fx("images/large-1000x700/image.png")), d.enc->config().proc);
+    ASSERT_GT(p.pieces.size(), 2u);
+    const std::vector<float> alone = d.enc->encode(p);
+    FifoMutex& mu = d.be->exec_mutex();
+    std::atomic<bool> done{false};
+    std::vector<float> taking_turns;
+    int turns = 0;  // turns this thread had while the encode went on
+    {
+        std::unique_lock<FifoMutex> held(mu);
+        std::thread encoder([&] {
+            taking_turns = d.enc->encode(p);
+            done = true;
+        });
+        while (!mu.contended()) std::this_thread::yield();  // the encode waits for the backend
+        Tensor t = d.be->alloc(GgmlType::kF32, {4});
+        const std::vector<float> one = {1.0f, 2.0f, 3.0f, 4.0f};
+        for (;;) {
+            held.unlock();
+            held.lock();  // after the encode's next part, or its end
+            // Inside the encode, it queues again at once; at its end, it is done.
+            while (!mu.contended() && !done) std::this_thread::yield();
+            if (!mu.contended()) break;
+            ++turns;
+            // A step of another sequence: ops of its own on the backend in the middle of the encode.
+            d.be->write(t, one.data(), one.size() * sizeof(float));
+            d.be->add(t, t, 1.0f, t);
+            std::vector<float> back(4);
+            d.be->read(back.data(), t, back.size() * sizeof(float));
+            EXPECT_EQ(back, (std::vector<float>{2.0f, 4.0f, 6.0f, 8.0f}));
+        }
+        d.be->free(t);
+        held.unlock();
+        encoder.join();
+    }
+    EXPECT_GE(turns, 2);
+    EXPECT_LE(max_abs_diff(taking_turns, alone), 1e-6f);
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, VisionDevice, ::testing::ValuesIn(devices()),
                          [](const ::testing::TestParamInfo<DeviceKind>& i) {
                              return std::string(device_kind_name(i.param));
@@ -258,11 +306,13 @@ TEST(VisionImage, BadImagesFailCleanly) {
 // same size and nearly the same pixels; broken WebP files are refused like broken PNGs.
 TEST(VisionImage, WebpDecodes) {
     const vision::RgbImage png = vision::load_image_file(fx("ref/test_image.png"));
-    const vision::RgbImage lossless = vision::load_image_file(test::source_path("tests/data/images/test_image_lossless.webp"));
+    const vision::RgbImage lossless =
+        vision::load_image_file(test::source_path("tests/data/images/test_image_lossless.webp"));
     EXPECT_EQ(lossless.width, png.width);
     EXPECT_EQ(lossless.height, png.height);
     EXPECT_EQ(lossless.rgb, png.rgb);
-    const vision::RgbImage lossy = vision::load_image_file(test::source_path("tests/data/images/test_image_lossy.webp"));
+    const vision::RgbImage lossy =
+        vision::load_image_file(test::source_path("tests/data/images/test_image_lossy.webp"));
     ASSERT_EQ(lossy.rgb.size(), png.rgb.size());
     double mean = 0.0;
     for (size_t i = 0; i < png.rgb.size(); ++i) mean += std::abs(int(lossy.rgb[i]) - int(png.rgb[i]));
@@ -328,13 +378,12 @@ TEST(VisionImage, AlphaAndGrayscaleBecomeRgb) {
 // A 3 x 2 RGB PNG whose image data starts with a zero-length IDAT chunk (valid PNG); pixel (x, y)
 // channel c holds 10 * (3x + c) + y. The second IDAT chunk's length field is at byte 45.
 std::vector<uint8_t> png_3x2() {
-    return {
-        0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44, 0x52, 0x00, 0x00,
-        0x00, 0x03, 0x00, 0x00, 0x00, 0x02, 0x08, 0x02, 0x00, 0x00, 0x00, 0x12, 0x16, 0xf1, 0x4d, 0x00, 0x00, 0x00,
-        0x00, 0x49, 0x44, 0x41, 0x54, 0x35, 0xaf, 0x06, 0x1e, 0x00, 0x00, 0x00, 0x1c, 0x49, 0x44, 0x41, 0x54, 0x78,
-        0x9c, 0x63, 0x60, 0xe0, 0x12, 0x91, 0xd3, 0x30, 0xb2, 0x71, 0x0b, 0x60, 0x60, 0xe4, 0x16, 0x95, 0xd7, 0x34,
-        0xb6, 0x75, 0x0f, 0x04, 0x00, 0x17, 0xb1, 0x02, 0xda, 0xbc, 0xb4, 0xe3, 0xf4, 0x00, 0x00, 0x00, 0x00, 0x49,
-        0x45, 0x4e, 0x44, 0xae, 0x42, 0x60, 0x82};
+    return {0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44, 0x52, 0x00,
+            0x00, 0x00, 0x03, 0x00, 0x00, 0x00, 0x02, 0x08, 0x02, 0x00, 0x00, 0x00, 0x12, 0x16, 0xf1, 0x4d, 0x00,
+            0x00, 0x00, 0x00, 0x49, 0x44, 0x41, 0x54, 0x35, 0xaf, 0x06, 0x1e, 0x00, 0x00, 0x00, 0x1c, 0x49, 0x44,
+            0x41, 0x54, 0x78, 0x9c, 0x63, 0x60, 0xe0, 0x12, 0x91, 0xd3, 0x30, 0xb2, 0x71, 0x0b, 0x60, 0x60, 0xe4,
+            0x16, 0x95, 0xd7, 0x34, 0xb6, 0x75, 0x0f, 0x04, 0x00, 0x17, 0xb1, 0x02, 0xda, 0xbc, 0xb4, 0xe3, 0xf4,
+            0x00, 0x00, 0x00, 0x00, 0x49, 0x45, 0x4e, 0x44, 0xae, 0x42, 0x60, 0x82};
 }
 
 TEST(VisionImage, PngWithAnEmptyFirstIdatChunkDecodes) {
@@ -448,8 +497,8 @@ TEST(VisionImage, OrientationAndCmykMatchPillow) {
     const std::string dir = test::source_path("tests/data/images/pillow/");
     std::vector<std::string> names;
     for (int o = 1; o <= 9; ++o) names.push_back("jpeg-o" + std::to_string(o) + ".jpg");
-    for (const char* n : {"jpeg-o6-mm.jpg", "png-o3.png", "png-o7.png", "webp-o5.webp", "webp-o8.webp", "cmyk.jpg",
-                          "cmyk-o6.jpg"})
+    for (const char* n :
+         {"jpeg-o6-mm.jpg", "png-o3.png", "png-o7.png", "webp-o5.webp", "webp-o8.webp", "cmyk.jpg", "cmyk-o6.jpg"})
         names.push_back(n);
     for (const std::string& name : names) {
         const vision::RgbImage img = vision::load_image_file(dir + name);
@@ -461,10 +510,10 @@ TEST(VisionImage, OrientationAndCmykMatchPillow) {
     // The turns themselves, by EXIF's definitions, on exact pixels: stored rows "ABC" / "DEF" (a 3 x 2
     // PNG of six colours), shown as each orientation says.
     const std::map<char, std::array<uint8_t, 3>> colour = {{'A', {255, 0, 0}},   {'B', {0, 255, 0}},
-                                                         {'C', {0, 0, 255}},   {'D', {255, 255, 0}},
-                                                         {'E', {0, 255, 255}}, {'F', {255, 0, 255}}};
+                                                           {'C', {0, 0, 255}},   {'D', {255, 255, 0}},
+                                                           {'E', {0, 255, 255}}, {'F', {255, 0, 255}}};
     const std::vector<std::pair<int, std::vector<std::string>>> shown = {
-        {1, {"ABC", "DEF"}}, {2, {"CBA", "FED"}},       {3, {"FED", "CBA"}},       {4, {"DEF", "ABC"}},
+        {1, {"ABC", "DEF"}},     {2, {"CBA", "FED"}},     {3, {"FED", "CBA"}},     {4, {"DEF", "ABC"}},
         {5, {"AD", "BE", "CF"}}, {6, {"DA", "EB", "FC"}}, {7, {"FC", "EB", "DA"}}, {8, {"CF", "BE", "AD"}}};
     for (const auto& [o, rows] : shown) {
         const vision::RgbImage img = vision::load_image_file(dir + "tiny-o" + std::to_string(o) + ".png");
