@@ -455,7 +455,8 @@ class CpuBackend final : public Backend {
         table_.add(x, y, scale, o, n);
     }
 
-    // The encoder ops run their references (backend.h), split over the pool by rows.
+    // The encoder ops, split over the pool by rows: the tanh GELU on the kernel table, layer norm and the
+    // erf GELU as their references (backend.h).
     void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& out) override {
         const int64_t n = x.ne[0];
         for_rows(x.rows(), 4 * n, [&](int64_t r0, int64_t r1) {
@@ -467,7 +468,10 @@ class CpuBackend final : public Backend {
     void gelu(const Tensor& x, GeluKind kind, const Tensor& out) override {
         const int64_t n = x.ne[0];
         for_rows(x.rows(), 16 * n, [&](int64_t r0, int64_t r1) {
-            gelu_host(x.as<const float>() + r0 * n, out.as<float>() + r0 * n, (r1 - r0) * n, kind);
+            if (kind == GeluKind::kTanh)
+                table_.gelu_tanh(x.as<const float>() + r0 * n, out.as<float>() + r0 * n, (r1 - r0) * n);
+            else
+                gelu_host(x.as<const float>() + r0 * n, out.as<float>() + r0 * n, (r1 - r0) * n, kind);
         });
     }
 
@@ -509,15 +513,7 @@ class CpuBackend final : public Backend {
                 cpu::matmul(table_, GgmlType::kF32, enc_k_.data(), n, hd, enc_q_.data() + b * hd, m, enc_s_.data(), n,
                             &pool_);
                 for_rows(m, 8 * n, [&](int64_t r0, int64_t r1) {
-                    for (int64_t r = r0; r < r1; ++r) {
-                        float* row = enc_s_.data() + r * n;
-                        float mx = row[0];
-                        for (int64_t j = 1; j < n; ++j) mx = std::max(mx, row[j]);
-                        double sum = 0.0;
-                        for (int64_t j = 0; j < n; ++j) sum += (row[j] = std::exp(row[j] - mx));
-                        const float inv = float(1.0 / sum);
-                        for (int64_t j = 0; j < n; ++j) row[j] *= inv;
-                    }
+                    for (int64_t r = r0; r < r1; ++r) table_.softmax(enc_s_.data() + r * n, n);
                 });
                 cpu::matmul(table_, GgmlType::kF32, enc_vt_.data(), hd, n, enc_s_.data(), m,
                             out.as<float>() + b * width + h * hd, width, &pool_);

@@ -70,6 +70,8 @@ struct KernelTable {
     // (Backend::lora_segments) with Bᵀ's rows, y kept in registers across the r rows.
     void (*axpy_rows_f16)(const uint16_t* b, int64_t ld, const float* t, int64_t r, float* y, int64_t n);
     void (*softmax)(float* x, int64_t n);
+    // y = GELU of x, the tanh form (GeluKind::kTanh), as gelu_host computes it; y may alias x.
+    void (*gelu_tanh)(const float* x, float* y, int64_t n);
     // One activation row in format f: the same bytes as quantize_act_row.
     void (*quantize_act)(ActFormat f, const float* x, int64_t k, void* out);
     // Causal GQA attention of a block of query tokens over one KV head (kernels_attention.h).

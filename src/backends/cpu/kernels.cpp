@@ -108,6 +108,7 @@ KernelTable make_ref_table() {
     t.axpy_rows_f16 = axpy_rows_f16_ref;
     t.dot_f32 = dot_f32_ref;
     t.softmax = softmax_ref;
+    t.gelu_tanh = gelu_tanh_ref;
     t.quantize_act = quantize_act_row;
     t.attention = cpu_attention::block_ref;
     return t;
@@ -403,6 +404,14 @@ void softmax_ref(float* x, int64_t n) {
     }
     const float inv = float(1.0 / sum);
     for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void gelu_tanh_ref(const float* x, float* y, int64_t n) {
+    const double k = 0.79788456080286535588;  // sqrt(2 / pi)
+    for (int64_t i = 0; i < n; ++i) {
+        const double v = x[i];
+        y[i] = float(0.5 * v * (1.0 + std::tanh(k * (v + 0.044715 * v * v * v))));
+    }
 }
 
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) { table().rms_norm(x, w, y, n, eps); }

@@ -554,6 +554,7 @@ KernelTable make_table() {
     t.add = add_avx2;
     t.dot_f32 = dot_f32_avx2;
     t.softmax = softmax_avx2;
+    t.gelu_tanh = gelu_tanh_ref;
     t.quantize_act = quantize_act_avx2;
     t.attention = cpu_attention::block_avx2;
     add_packed_kernels_avx2(t);

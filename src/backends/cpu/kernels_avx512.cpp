@@ -434,6 +434,36 @@ inline __m512 exp512(__m512 x) {
     return _mm512_mask_blend_ps(over, _mm512_mask_blend_ps(under, res, _mm512_setzero_ps()), _mm512_set1_ps(INFINITY));
 }
 
+// GELU, tanh form, as x / (1 + exp(-2 y)) with y = sqrt(2/pi) (x + 0.044715 x^3), eight lanes in double:
+// for negative x a float y's rounding would be multiplied by |2 y| in the result (tens of ulps at
+// x = -4), so y, the exponential's range reduction and the division stay in double, and the
+// polynomial (degree 7 on |r| <= ln2 / 2, 6e-9 relative) is far inside a float's rounding. -2 y is
+// clamped to [-708, 708], where exp is a normal double and the result is x, or 0 with x's sign.
+void gelu_tanh_avx512(const float* x, float* y, int64_t n) {
+    const __m512d k = _mm512_set1_pd(0.79788456080286535588), c = _mm512_set1_pd(0.044715);
+    const __m512d lo = _mm512_set1_pd(-708.0), hi = _mm512_set1_pd(708.0), one = _mm512_set1_pd(1.0);
+    const __m512d log2e = _mm512_set1_pd(1.4426950408889634074), ln2 = _mm512_set1_pd(0.69314718055994530942);
+    for (int64_t i = 0; i < n; i += 8) {
+        const __mmask8 m = n - i >= 8 ? __mmask8(0xFF) : __mmask8((1u << (n - i)) - 1);
+        const __m512d v = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, x + i));
+        const __m512d v3 = _mm512_mul_pd(_mm512_mul_pd(v, v), v);
+        __m512d w = _mm512_mul_pd(_mm512_set1_pd(-2.0), _mm512_mul_pd(k, _mm512_fmadd_pd(c, v3, v)));
+        w = _mm512_min_pd(_mm512_max_pd(w, lo), hi);
+        const __m512d e2 = _mm512_roundscale_pd(_mm512_mul_pd(w, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512d r = _mm512_fnmadd_pd(e2, ln2, w);
+        __m512d p = _mm512_set1_pd(1.0 / 5040);
+        p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0 / 720));
+        p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0 / 120));
+        p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0 / 24));
+        p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0 / 6));
+        p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(0.5));
+        p = _mm512_fmadd_pd(p, r, one);
+        p = _mm512_fmadd_pd(p, r, one);
+        const __m512d e = _mm512_scalef_pd(p, e2);
+        _mm256_mask_storeu_ps(y + i, m, _mm512_cvtpd_ps(_mm512_div_pd(v, _mm512_add_pd(one, e))));
+    }
+}
+
 void rms_norm_avx512(const float* x, const float* w, float* y, int64_t n, float eps) {
     __m512 ss = _mm512_setzero_ps();
     int64_t i = 0;
@@ -630,6 +660,7 @@ KernelTable make_table(bool bf16_dot) {
     t.axpy_rows_f16 = axpy_rows_f16_avx512;
     t.dot_f32 = dot_f32_avx512;
     t.softmax = softmax_avx512;
+    t.gelu_tanh = gelu_tanh_avx512;
     t.quantize_act = quantize_act_avx512;
     t.attention = cpu_attention::block_avx512;
     return t;
