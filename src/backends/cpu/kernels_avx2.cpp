@@ -516,6 +516,37 @@ float dot_f32_avx2(const float* a, const float* b, int64_t n) {
     for (; i < n; ++i) r += a[i] * b[i];
     return r;
 }
+// GELU, tanh form, as x / (1 + exp(-2 y)) in double lanes, as gelu_tanh_avx512 (kernels_avx512.cpp) does and
+// for the same reason; AVX2 has no scalef, so 2^n is built in the exponent field: n + 1023 lands in the
+// low bits of a double with 2^52 + 2^51 added, and a shift by 52 keeps them.
+void gelu_tanh_avx2(const float* x, float* y, int64_t n) {
+    const __m256d k = _mm256_set1_pd(0.79788456080286535588), c = _mm256_set1_pd(0.044715);
+    const __m256d lo = _mm256_set1_pd(-708.0), hi = _mm256_set1_pd(708.0), one = _mm256_set1_pd(1.0);
+    const __m256d log2e = _mm256_set1_pd(1.4426950408889634074), ln2 = _mm256_set1_pd(0.69314718055994530942);
+    const __m256d bias = _mm256_set1_pd(6755399441055744.0 + 1023.0);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(x + i));
+        const __m256d v3 = _mm256_mul_pd(_mm256_mul_pd(v, v), v);
+        __m256d w = _mm256_mul_pd(_mm256_set1_pd(-2.0), _mm256_mul_pd(k, _mm256_fmadd_pd(c, v3, v)));
+        w = _mm256_min_pd(_mm256_max_pd(w, lo), hi);
+        const __m256d e2 = _mm256_round_pd(_mm256_mul_pd(w, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256d r = _mm256_fnmadd_pd(e2, ln2, w);
+        __m256d p = _mm256_set1_pd(1.0 / 5040);
+        p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(1.0 / 720));
+        p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(1.0 / 120));
+        p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(1.0 / 24));
+        p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(1.0 / 6));
+        p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(0.5));
+        p = _mm256_fmadd_pd(p, r, one);
+        p = _mm256_fmadd_pd(p, r, one);
+        const __m256i bits = _mm256_slli_epi64(_mm256_castpd_si256(_mm256_add_pd(e2, bias)), 52);
+        const __m256d e = _mm256_mul_pd(p, _mm256_castsi256_pd(bits));
+        _mm_storeu_ps(y + i, _mm256_cvtpd_ps(_mm256_div_pd(v, _mm256_add_pd(one, e))));
+    }
+    if (i < n) gelu_tanh_ref(x + i, y + i, n - i);
+}
+
 void softmax_avx2(float* x, int64_t n) {
     if (n <= 0) return;
     float mx = x[0];
@@ -554,7 +585,7 @@ KernelTable make_table() {
     t.add = add_avx2;
     t.dot_f32 = dot_f32_avx2;
     t.softmax = softmax_avx2;
-    t.gelu_tanh = gelu_tanh_ref;
+    t.gelu_tanh = gelu_tanh_avx2;
     t.quantize_act = quantize_act_avx2;
     t.attention = cpu_attention::block_avx2;
     add_packed_kernels_avx2(t);
