@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backends/backend.h"
 #include "backends/cpu/kernel_table.h"
 #include "backends/cpu/repack.h"
 #include "core/check.h"
@@ -406,13 +407,7 @@ void softmax_ref(float* x, int64_t n) {
     for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
-void gelu_tanh_ref(const float* x, float* y, int64_t n) {
-    const double k = 0.79788456080286535588;  // sqrt(2 / pi)
-    for (int64_t i = 0; i < n; ++i) {
-        const double v = x[i];
-        y[i] = float(0.5 * v * (1.0 + std::tanh(k * (v + 0.044715 * v * v * v))));
-    }
-}
+void gelu_tanh_ref(const float* x, float* y, int64_t n) { gelu_host(x, y, n, GeluKind::kTanh); }
 
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) { table().rms_norm(x, w, y, n, eps); }
 void silu_mul(const float* g, const float* u, float* y, int64_t n) { table().silu_mul(g, u, y, n); }

@@ -59,7 +59,7 @@ float dot_f32_ref(const float* a, const float* b, int64_t n);
 // In place: x = exp(x - max) / sum(exp(x - max)) over one row of n.
 void softmax(float* x, int64_t n);
 void softmax_ref(float* x, int64_t n);
-// y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), evaluated in double; y may alias x.
+// y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): gelu_host's tanh form (backend.h); y may alias x.
 void gelu_tanh_ref(const float* x, float* y, int64_t n);
 
 }  // namespace cera::cpu
