@@ -3,7 +3,7 @@
 //   weight GB/s (weight bytes / time: compare with ~33 GB/s DRAM read on 2 threads) and GFLOP/s.
 // GEMV cycles through enough copies of the weights (>= 128 MiB) that they come from DRAM, not L3.
 // --packed registers the weights (cpu::register_weight), so types with a packed layout use it.
-// Usage: matmul_bench [--quick] [--hot] [--packed] [--isa ref|avx2|avx512] [--type NAME]
+// Usage: matmul_bench [--quick] [--hot] [--packed] [--isa ref|avx2|avx512|amx] [--type NAME]
 // (--type: any weight type with a quantizer; without it Q4_0, Q8_0, Q4_K, Q6_K and F16)
 #include <time.h>
 
@@ -50,7 +50,10 @@ int main(int argc, char** argv) {
         if (std::strcmp(argv[i], "--type") == 0 && i + 1 < argc) only_type = argv[++i];
         if (std::strcmp(argv[i], "--isa") == 0 && i + 1 < argc) {
             const std::string v = argv[++i];
-            cpu::force_isa(v == "ref" ? cpu::Isa::kRef : v == "avx2" ? cpu::Isa::kAvx2 : cpu::Isa::kAvx512);
+            cpu::force_isa(v == "ref"    ? cpu::Isa::kRef
+                           : v == "avx2" ? cpu::Isa::kAvx2
+                           : v == "amx"  ? cpu::Isa::kAmx
+                                         : cpu::Isa::kAvx512);
         }
     }
     const Shape shapes[] = {{"ffn_up 350m", 4608, 1024}, {"ffn_down 350m", 1024, 4608}, {"ffn_down 1.2b", 2048, 8192},

@@ -1,6 +1,6 @@
 # cera_add_library(NAME DIR DEPS...): one static library per layer, built from
 # every .cpp under DIR (a layer's files are picked up without editing CMake).
-# Files named *_avx2.cpp / *_avx512.cpp get the ISA flags for run-time dispatch.
+# Files named *_avx2.cpp / *_avx512.cpp / *_amx.cpp get the ISA flags for run-time dispatch.
 function(cera_add_library name dir)
   file(GLOB_RECURSE srcs CONFIGURE_DEPENDS ${dir}/*.cpp)
   list(FILTER srcs EXCLUDE REGEX ".*/cuda/.*")
@@ -12,7 +12,9 @@ function(cera_add_library name dir)
   endif()
   add_library(${name} STATIC ${srcs})
   foreach(src IN LISTS srcs)
-    if(src MATCHES "_avx512\\.cpp$")
+    if(src MATCHES "_amx\\.cpp$")
+      set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "${CERA_AMX_FLAGS}")
+    elseif(src MATCHES "_avx512\\.cpp$")
       set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "${CERA_AVX512_FLAGS}")
     elseif(src MATCHES "_avx2\\.cpp$")
       set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "${CERA_AVX2_FLAGS}")

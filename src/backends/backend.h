@@ -425,7 +425,7 @@ struct CudaOptions {
 // The kernel table a CPU backend computes with (backends/cpu/kernels.h). kAuto: the process's choice,
 // the best this CPU has (or CERA_CPU_ISA's); the others must be supported by this CPU, else
 // create_backend throws. Tests build a backend of each table side by side.
-enum class CpuIsa { kAuto, kRef, kAvx2, kAvx512 };
+enum class CpuIsa { kAuto, kRef, kAvx2, kAvx512, kAmx };
 
 // Sees the input rows of every product with a weight matrix: the statistics of `cera imatrix`. Called on
 // the thread that issues the op, before the product.

@@ -1,6 +1,7 @@
 #include "core/cpu_features.h"
 
 #include <cpuid.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -26,6 +27,26 @@ bool os_saves_avx() {
     unsigned lo, hi;
     __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     return (lo & 0x6) == 0x6;
+}
+
+// XTILECFG and XTILEDATA in XCR0: the OS saves the AMX tile state.
+bool os_saves_amx() {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;
+    unsigned lo, hi;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 0x60000) == 0x60000;
+}
+
+// Linux hands out the tile data state on request, per process; without the permission the first tile
+// instruction faults.
+bool request_amx_permission() {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+    return false;
+#endif
 }
 
 int count_physical_cores() {
@@ -68,6 +89,8 @@ CpuFeatures detect() {
         f.avx512bw = avx512_ok && (b & (1u << 30));
         f.avx512vl = avx512_ok && (b & (1u << 31));
         f.avx512vnni = avx512_ok && (c & (1u << 11));
+        const bool amx_tile = d & (1u << 24), amx_bf16 = d & (1u << 22);
+        f.amx_bf16 = avx512_ok && amx_tile && amx_bf16 && os_saves_amx() && request_amx_permission();
     }
     if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) {
         f.avx_vnni = avx_ok && (a & (1u << 4));
@@ -113,6 +136,7 @@ std::string cpu_features_string() {
     add(f.avx512dq, "AVX512DQ");
     add(f.avx512vnni, "AVX512_VNNI");
     add(f.avx512bf16, "AVX512_BF16");
+    add(f.amx_bf16, "AMX_BF16");
     return s;
 }
 

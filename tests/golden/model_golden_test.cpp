@@ -156,7 +156,7 @@ TEST_P(QuantFixture, GreedyMatchesLlamaCpp) {
     auto model = load(gguf_path);
     const int64_t n_vocab = model->info().n_vocab;
     const cpu::Isa saved = cpu::active_isa();
-    for (cpu::Isa isa : {cpu::Isa::kRef, cpu::Isa::kAvx2, cpu::Isa::kAvx512}) {
+    for (cpu::Isa isa : {cpu::Isa::kRef, cpu::Isa::kAvx2, cpu::Isa::kAvx512, cpu::Isa::kAmx}) {
         if (!cpu::isa_supported(isa)) continue;
         cpu::force_isa(isa);
         for (const json& pr : lj["prompts"]) {
@@ -222,7 +222,7 @@ TEST(Stories260K, GreedyFromBos) {
 TEST(AllIsas, SameGreedyTokens) {
     const cpu::Isa saved = cpu::active_isa();
     std::vector<cpu::Isa> isas;
-    for (cpu::Isa isa : {cpu::Isa::kRef, cpu::Isa::kAvx2, cpu::Isa::kAvx512})
+    for (cpu::Isa isa : {cpu::Isa::kRef, cpu::Isa::kAvx2, cpu::Isa::kAvx512, cpu::Isa::kAmx})
         if (cpu::isa_supported(isa)) isas.push_back(isa);
     for (const char* m : kF32Models) {
         const std::string dir = test::data_path(std::string("fixtures/") + m);

@@ -96,7 +96,7 @@ TEST_P(WeightType, GreedyMatchesTheScalarPath) {
                 .get<std::vector<int32_t>>();
         cpu::force_isa(cpu::Isa::kRef);
         const Greedy ref = greedy(*load(path), prompt, kSteps);
-        for (cpu::Isa isa : {cpu::Isa::kAvx2, cpu::Isa::kAvx512}) {
+        for (cpu::Isa isa : {cpu::Isa::kAvx2, cpu::Isa::kAvx512, cpu::Isa::kAmx}) {
             if (!cpu::isa_supported(isa)) continue;
             const cpu::KernelTable& tab = cpu::kernel_table(isa);
             // the case exercises a kernel of the type, not the dequantizing fallback
@@ -138,7 +138,7 @@ TEST_P(WeightType, GreedyMatchesLlamaCpp) {
     const std::string path = quantized_fixture(c.file_type);
     const std::string dir = test::data_path("fixtures/tiny-lfm2");
     const cpu::Isa saved = cpu::active_isa();
-    for (cpu::Isa isa : {cpu::Isa::kRef, cpu::Isa::kAvx2, cpu::Isa::kAvx512}) {
+    for (cpu::Isa isa : {cpu::Isa::kRef, cpu::Isa::kAvx2, cpu::Isa::kAvx512, cpu::Isa::kAmx}) {
         if (!cpu::isa_supported(isa)) continue;
         cpu::force_isa(isa);
         auto model = load(path);

@@ -82,7 +82,10 @@ inline const std::vector<Target>& targets() {
     static const std::vector<Target> all = [] {
         std::vector<Target> t;
         const std::pair<cpu::Isa, CpuIsa> isas[] = {
-            {cpu::Isa::kRef, CpuIsa::kRef}, {cpu::Isa::kAvx2, CpuIsa::kAvx2}, {cpu::Isa::kAvx512, CpuIsa::kAvx512}};
+            {cpu::Isa::kRef, CpuIsa::kRef},
+            {cpu::Isa::kAvx2, CpuIsa::kAvx2},
+            {cpu::Isa::kAvx512, CpuIsa::kAvx512},
+            {cpu::Isa::kAmx, CpuIsa::kAmx}};
         for (const auto& [isa, opt] : isas) {
             if (!cpu::isa_supported(isa)) continue;
             Target c;
@@ -201,6 +204,8 @@ struct MatmulArith {
     bool w_f16 = false;                         // weights rounded to f16
     bool x_f16 = false;                         // activations rounded to f16
     bool x_bf16 = false;                        // activations rounded to bf16 (cpu::bf16_act)
+    // AMX tiles (kernels_amx.cpp): each product as xh wh + xl wh + xh wl of bf16 halves, 3k terms a sum
+    bool split_bf16 = false;
     int act_block() const { return act == cpu::ActFormat::kAct32 ? 32 : act == cpu::ActFormat::kActQ8K ? kQK_K : 0; }
 };
 constexpr int64_t kCudaGemvMaxTokens = 8;  // cuda_backend.cpp's kGemvMaxTokens
@@ -218,6 +223,8 @@ inline MatmulArith matmul_arith(const Target& t, GgmlType type, int64_t n_tokens
         else if (tab.matmul[id].fn)
             a.act = tab.matmul[id].act;
         if (a.act == cpu::ActFormat::kBF16) a.act = cpu::ActFormat::kF32, a.x_bf16 = true;
+        a.split_bf16 = tab.isa == cpu::Isa::kAmx && (type == GgmlType::kF16 || type == GgmlType::kBF16) &&
+                       n_tokens >= cpu::kAmxMinTokens;
         return a;
     }
 #if defined(CERA_TEST_HAVE_CUDA)
@@ -360,12 +367,21 @@ inline DotTerms dot_terms(const float* w, const float* off, const X* x, int64_t 
     return d;
 }
 
+// The error of a product on AMX tiles (MatmulArith::split_bf16) whose terms have magnitudes summing to
+// mag: x = xh + xl leaves 2^-16 |x| (xl rounded to bf16), w = wh + wl is exact for an F16 or BF16
+// weight, and the missing xl wl is at most 2^-16 |x w|; the 3k bf16 products are exact in f32 and
+// their sum rounds as f32 sums do (terms up to (1 + 2^-7) |x w|); subnormal operands are flushed.
+inline double split_bf16_bound(double mag, double sum_w, double sum_x, int64_t k) {
+    return (0x1p-15 + gamma(3 * k + 4)) * (1.0 + 0x1p-7) * mag + kF32Sub * (sum_w + sum_x);
+}
+
 // The float error of one output of a product as the target computes it from its (rounded) operands:
 // the k products and their sum, a bias and the block scales (gamma(k + 4) of the terms' magnitudes,
 // offsets included), plus f16 rounding of the weights where the target does it (u16 relative, and
 // 2^-25 absolute below f16's normal range, times the other operand).
 inline double float_bound(const MatmulArith& a, const DotTerms& d, int64_t k, double bias) {
     double b = gamma(k + 4) * (d.mag + std::fabs(bias));
+    if (a.split_bf16) b = split_bf16_bound(d.mag, d.sum_w, d.sum_x, k) + gamma(k + 4) * std::fabs(bias);
     if (a.w_f16) b += kU16 * d.mag + kF16Sub * d.sum_x;
     if (a.x_bf16) b += kF32Sub * (d.sum_w + d.sum_x);  // vdpbf16ps flushes subnormal operands
     return b;
@@ -401,7 +417,7 @@ inline double product_bound(const MatmulArith& a, const float* w, const float* o
         }
         q8 *= 1.0 + 1e-4;
     }
-    double b = gamma(k + 4) * mag + q8;
+    double b = a.split_bf16 ? split_bf16_bound(mag, sum_w, sum_x, k) : gamma(k + 4) * mag + q8;
     if (a.w_f16) b += kU16 * mag + kF16Sub * sum_x;
     if (a.x_f16) b += kU16 * mag + kF16Sub * sum_w;
     // bf16: u = 2^-8 relative; subnormals of f32 flushed to zero (an absolute 2^-126 each), on the

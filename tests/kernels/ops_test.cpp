@@ -20,7 +20,7 @@ namespace {
 
 std::vector<Isa> available_isas() {
     std::vector<Isa> out;
-    for (Isa isa : {Isa::kRef, Isa::kAvx2, Isa::kAvx512})
+    for (Isa isa : {Isa::kRef, Isa::kAvx2, Isa::kAvx512, Isa::kAmx})
         if (cera::cpu::isa_supported(isa)) out.push_back(isa);
     return out;
 }

@@ -765,6 +765,9 @@ std::unique_ptr<Backend> make_cpu_backend(int n_threads, CpuIsa isa, MatmulObser
         case CpuIsa::kAvx512:
             want = cpu::Isa::kAvx512;
             break;
+        case CpuIsa::kAmx:
+            want = cpu::Isa::kAmx;
+            break;
     }
     if (!cpu::isa_supported(want))
         throw_error(ErrorCode::kDevice, "cpu kernels %s: not supported by this CPU", cpu::isa_name(want));

@@ -54,6 +54,9 @@ using PackedFn = void (*)(const uint8_t* packed, size_t group_stride, int64_t g0
 struct PackedKernel {
     PackedFn fn = nullptr;  // nullptr: this ISA has no kernel on the packed layout of the type
     ActFormat act = ActFormat::kF32;
+    // Tokens a call, for a kernel that blocks its activations itself (the AMX kernels); 0: as many as
+    // fit the matmul driver's L2 budget.
+    int64_t token_block = 0;
 };
 
 constexpr int kMaxTypeId = 40;
@@ -81,6 +84,11 @@ struct KernelTable {
 // Fill t.packed with the kernels on packed weights (kernels_packed_avx512.cpp, kernels_packed_avx2.cpp).
 void add_packed_kernels_avx512(KernelTable& t, bool bf16_dot);
 void add_packed_kernels_avx2(KernelTable& t);
+// Put the AMX kernels (kernels_amx.cpp) in t.packed: F16 and BF16 on f32 activations, which t's own
+// kernels for them (the FMA ones) still compute for calls of few tokens.
+void add_amx_kernels(KernelTable& t);
+// A call of fewer tokens than this takes the FMA kernels on the AMX table: 32 tokens are a tile block.
+constexpr int64_t kAmxMinTokens = 16;
 
 const KernelTable& kernel_table_ref();
 const KernelTable& kernel_table_avx2();
@@ -92,6 +100,9 @@ const KernelTable& kernel_table_avx2();
 // AVX512_BF16 have only them.
 const KernelTable& kernel_table_avx512(bool bf16_dot);
 const KernelTable& kernel_table_avx512();
+// The AVX-512 table (FMA BF16 path) whose F16 and BF16 products of many tokens run on AMX tiles
+// (Isa::kAmx; the CPU must have AMX-BF16 and the OS must grant it).
+const KernelTable& kernel_table_amx();
 const KernelTable& active_table();  // the table of active_isa()
 // The table of `isa`, which this CPU must support (isa_supported): a CPU backend computes with the
 // table its options name, whatever the active one is.

@@ -37,12 +37,14 @@ bool isa_supported(Isa isa) {
             return f.has_avx2_set();
         case Isa::kAvx512:
             return f.has_avx512_set() && f.avx512vnni;
+        case Isa::kAmx:
+            return f.has_avx512_set() && f.avx512vnni && f.avx512bf16 && f.amx_bf16;
     }
     return false;
 }
 
 Isa best_isa() {
-    for (Isa isa : {Isa::kAvx512, Isa::kAvx2})
+    for (Isa isa : {Isa::kAmx, Isa::kAvx512, Isa::kAvx2})
         if (isa_supported(isa)) return isa;
     return Isa::kRef;
 }
@@ -61,8 +63,10 @@ Isa isa_from_env() {
         want = Isa::kAvx2;
     else if (v == "avx512")
         want = Isa::kAvx512;
+    else if (v == "amx")
+        want = Isa::kAmx;
     else {
-        std::fprintf(stderr, "cera: warning: CERA_CPU_ISA=%s is not one of ref, avx2, avx512; using %s\n", env,
+        std::fprintf(stderr, "cera: warning: CERA_CPU_ISA=%s is not one of ref, avx2, avx512, amx; using %s\n", env,
                      isa_name(best));
         return best;
     }
@@ -76,6 +80,8 @@ Isa isa_from_env() {
 
 const KernelTable& table_for(Isa isa) {
     switch (isa) {
+        case Isa::kAmx:
+            return kernel_table_amx();
         case Isa::kAvx512:
             return kernel_table_avx512();
         case Isa::kAvx2:
@@ -187,6 +193,8 @@ const char* isa_name(Isa isa) {
             return "avx2";
         case Isa::kAvx512:
             return "avx512";
+        case Isa::kAmx:
+            return "amx";
     }
     return "?";
 }
@@ -337,6 +345,7 @@ void matmul(const KernelTable& tab, GgmlType type, const void* w, int64_t rows, 
     }
     int64_t tb = int64_t(kActL2Budget / a.a_stride);
     a.token_block = tb < 4 ? 4 : tb;
+    if (a.packed_fn != nullptr && tab.packed[int(type)].token_block > 0) a.token_block = tab.packed[int(type)].token_block;
 
     if (a.packed_fn != nullptr) {
         const int64_t groups = (rows + kPackRows - 1) / kPackRows;

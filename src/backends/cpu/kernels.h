@@ -9,7 +9,8 @@
 
 namespace cera::cpu {
 
-enum class Isa { kRef, kAvx2, kAvx512 };
+// kAmx: the AVX-512 table with products of many tokens on AMX tiles (kernel_table.h).
+enum class Isa { kRef, kAvx2, kAvx512, kAmx };
 const char* isa_name(Isa isa);
 bool isa_supported(Isa isa);  // this CPU can run isa's kernel table (AVX-512 needs VNNI too)
 Isa best_isa();               // the best supported

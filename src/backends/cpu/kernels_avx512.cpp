@@ -680,4 +680,15 @@ const KernelTable& kernel_table_avx512() {
     return t;
 }
 
+const KernelTable& kernel_table_amx() {
+    CERA_CHECK(cpu_features().amx_bf16, "kernel_table_amx: this CPU or OS gives no AMX-BF16");
+    static const KernelTable t = [] {
+        KernelTable a = make_table(false);
+        a.isa = Isa::kAmx;
+        add_amx_kernels(a);
+        return a;
+    }();
+    return t;
+}
+
 }  // namespace cera::cpu
