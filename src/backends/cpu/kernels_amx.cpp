@@ -11,12 +11,14 @@
 // is wh alone, so its products take two passes instead of three.
 //
 // Blocking: a call gets one thread's row groups and up to kTokens tokens. The activations are split
-// into hi and lo planes once per call ([tokens padded to 32][k padded to 32] bfloat16 each). For each
-// pair of row groups (32 output rows) the weights are split into hi and lo panels in the tiles' pair
-// layout ([k / 2][16 rows][2]; a BF16 packed group already is that layout), then every block of 32
-// tokens runs the whole k with its 2 x 2 output tiles held in tile registers (tiles 0-3), two
-// activation tiles (4, 5) and two weight tiles (6, 7) loaded per 32 elements of k.
-// Bottleneck: the tile products (16 cycles each); a tile load per product feeds them from L1 / L2.
+// into hi and lo planes once per call, laid out tile after tile. For each pair of row groups (32
+// output rows) and chunk of kChunk elements of k, the weights are split into hi and lo panels in the
+// tiles' pair layout ([k / 2][16 rows][2]; a BF16 packed group already is that layout), then every
+// block of 32 tokens runs the chunk with its 2 x 2 output tiles in tile registers 0-3 (from and to
+// the call's sums between chunks), two activation tiles (4, 5) and two weight tiles (6, 7).
+// Bottleneck: the tile loads. A product takes 16 cycles when its tiles come from L1, ~2.5 times that
+// when one of them streams from L2, and the 2 x 2 blocking loads about a tile per product; a block's
+// activations and a pair's panels outgrow L1, so the products run at ~30% of their peak (bench/NOTES.md).
 #include <immintrin.h>
 
 // GCC 12's AVX-512 headers trip -Wuninitialized in their own convert helpers.
@@ -32,8 +34,12 @@
 namespace cera::cpu {
 namespace {
 
-// Tokens a call: the activation planes of a call stay in L2 for k up to ~2,000.
-constexpr int64_t kTokens = 128;
+// Tokens a call (activation planes of 4 k bytes a token): the weights' split is shared by more tokens
+// the larger it is (256 tokens ran ~15% slower than 512).
+constexpr int64_t kTokens = 512;
+// Elements of k a weight panel holds. Smaller chunks that keep the panels in L1 ran slower (128: ~20%),
+// each adding a round trip of the output tiles and a split of the panels a chunk.
+constexpr int64_t kChunk = 1024;
 
 PackedFn g_f16_fma = nullptr, g_bf16_fma = nullptr;  // the table's own kernels, for few tokens
 
@@ -63,35 +69,38 @@ inline void split16(__m512 v, __m256i& hi, __m256i& lo) {
 }
 
 struct Scratch {
-    std::vector<uint16_t> a;  // activation planes: hi [mp][kp], lo [mp][kp]
-    std::vector<uint16_t> b;  // weight panels: hi [2][kp * 16], lo [2][kp * 16]
+    std::vector<uint16_t> a;  // activation planes: hi, lo [mp * kp] (split_activations)
+    std::vector<uint16_t> b;  // weight panels of a chunk: hi [2][kChunk * 16], lo [2][kChunk * 16]
+    std::vector<float> c;  // the sums of the blocks of 32 tokens: [mp][32]
 };
 thread_local Scratch t_amx;
 
-// Tokens [0, n) of act (f32 rows, stride as bytes) into hi and lo planes of mp rows of kp elements,
-// zero past n tokens and k elements.
+// Tokens [0, n) of act (f32 rows, stride as bytes) into hi and lo planes of mp rows of kp elements, zero
+// past n tokens and k elements, laid out tile by tile: the 16 x 32 tile of rows 16 b.. and elements
+// 32 j.. at element (b * kp / 32 + j) * 512, row-major (so that a pass reads its tiles in sequence).
 void split_activations(const uint8_t* act, size_t as, int64_t n, int64_t k, int64_t kp, int64_t mp, uint16_t* hi,
                        uint16_t* lo) {
+    const int64_t tiles = kp / 32;
     for (int64_t t = 0; t < mp; ++t) {
-        uint16_t* h = hi + t * kp;
-        uint16_t* l = lo + t * kp;
-        if (t >= n) {
-            std::memset(h, 0, size_t(kp) * 2), std::memset(l, 0, size_t(kp) * 2);
-            continue;
-        }
         const float* x = reinterpret_cast<const float*>(act + size_t(t) * as);
-        for (int64_t i = 0; i < kp; i += 16) {
-            const __mmask16 m = i + 16 <= k ? __mmask16(0xffff) : i < k ? __mmask16((1u << (k - i)) - 1) : 0;
-            __m256i vh, vl;
-            split16(_mm512_maskz_loadu_ps(m, x + i), vh, vl);
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(h + i), vh);
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(l + i), vl);
+        for (int64_t j = 0; j < tiles; ++j) {
+            const int64_t off = ((t / 16) * tiles + j) * 512 + (t % 16) * 32;
+            for (int h = 0; h < 2; ++h) {
+                const int64_t i = 32 * j + 16 * h;
+                const __mmask16 m =
+                    t >= n ? 0 : i + 16 <= k ? __mmask16(0xffff) : i < k ? __mmask16((1u << (k - i)) - 1) : 0;
+                __m256i vh, vl;
+                split16(_mm512_maskz_loadu_ps(m, x + i), vh, vl);
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + off + 16 * h), vh);
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + off + 16 * h), vl);
+            }
         }
     }
 }
 
-// One packed F16 group (element i of the 16 rows at 32 i) into hi and lo panels [kp / 2][16][2].
-void split_f16_group(const uint8_t* g, int64_t k, int64_t kp, uint16_t* hi, uint16_t* lo) {
+// Elements [k0, k0 + kc) of one packed F16 group (element i of the 16 rows at 32 i) into hi and lo
+// panels [kc / 2][16][2], zero past k.
+void split_f16_group(const uint8_t* g, int64_t k, int64_t k0, int64_t kc, uint16_t* hi, uint16_t* lo) {
     // Pairs of lines interleaved: lane 2r = row r of element 2p, lane 2r + 1 = row r of element 2p + 1.
     alignas(64) static const uint16_t kIdx[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
                                                   8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
@@ -100,10 +109,10 @@ void split_f16_group(const uint8_t* g, int64_t k, int64_t kp, uint16_t* hi, uint
         return i < k ? _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(g + 32 * size_t(i))))
                      : _mm512_setzero_ps();
     };
-    for (int64_t p = 0; p < kp / 2; ++p) {
+    for (int64_t p = 0; p < kc / 2; ++p) {
         __m256i h0, l0, h1, l1;
-        split16(line(2 * p), h0, l0);
-        split16(line(2 * p + 1), h1, l1);
+        split16(line(k0 + 2 * p), h0, l0);
+        split16(line(k0 + 2 * p + 1), h1, l1);
         const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1);
         const __m512i l = _mm512_inserti64x4(_mm512_castsi256_si512(l0), l1, 1);
         _mm512_store_si512(hi + 32 * p, _mm512_permutexvar_epi16(idx, h));
@@ -111,44 +120,68 @@ void split_f16_group(const uint8_t* g, int64_t k, int64_t kp, uint16_t* hi, uint
     }
 }
 
-// One packed BF16 group (64-byte lines of k-pairs: the tiles' layout) into a panel [kp / 2][16][2],
-// zero past the group's ceil(k / 2) lines.
-void copy_bf16_group(const uint8_t* g, int64_t k, int64_t kp, uint16_t* hi) {
-    const int64_t lines = (k + 1) / 2;
-    std::memcpy(hi, g, size_t(lines) * 64);
-    std::memset(hi + 32 * lines, 0, size_t(kp / 2 - lines) * 64);
+// Elements [k0, k0 + kc) of one packed BF16 group (64-byte lines of k-pairs: the tiles' layout) into a
+// panel [kc / 2][16][2], zero past the group's ceil(k / 2) lines.
+void copy_bf16_group(const uint8_t* g, int64_t k, int64_t k0, int64_t kc, uint16_t* hi) {
+    const int64_t p0 = k0 / 2, lines = (k + 1) / 2;
+    const int64_t n = lines - p0 < kc / 2 ? lines - p0 : kc / 2;
+    std::memcpy(hi, g + 64 * p0, size_t(n) * 64);
+    std::memset(hi + 32 * n, 0, size_t(kc / 2 - n) * 64);
 }
 
-// The 32 tokens x (16 NG) rows of one block over the whole k: the passes (activation plane, weight
-// panel of each group) summed into tiles 0-3, stored to c [32][32] (row stride 128 bytes).
-template <int NG, int NP>
-void block(const uint16_t* const (&a)[NP], const uint16_t* const (&b)[NP][2], int64_t kp, float* c, size_t ldc) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    const size_t as = size_t(kp) * 2;
-    for (int p = 0; p < NP; ++p) {
-        const uint16_t* a0 = a[p];
-        const uint16_t* a1 = a[p] + 16 * kp;
-        for (int64_t kk = 0; kk < kp; kk += 32) {
-            _tile_loadd(4, a0 + kk, as);
-            _tile_loadd(5, a1 + kk, as);
-            _tile_loadd(6, b[p][0] + 16 * kk, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(2, 5, 6);
-            if constexpr (NG == 2) {
-                _tile_loadd(7, b[p][1] + 16 * kk, 64);
-                _tile_dpbf16ps(1, 4, 7);
-                _tile_dpbf16ps(3, 5, 7);
-            }
+// One block of 32 tokens x (16 NG) rows over kc elements of k, added to the block's sums c [32][32]
+// (row stride 128 bytes; zero at first): a (hi) and al (lo) at the block's first activation tile,
+// bh / bl the groups' weight panels. Per 32 elements, the products in an order that reuses the tiles
+// loaded: xh wh, then xh wl (the lo weights only for F16), then xl wh.
+template <int NG, bool kF16>
+void block(const uint16_t* a, const uint16_t* al, const uint16_t* const (&bh)[2], const uint16_t* const (&bl)[2],
+           int64_t kc, int64_t kp, float* c, bool first) {
+    constexpr size_t ldc = 128;
+    if (first) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    } else {
+        _tile_loadd(0, c, ldc);
+        _tile_loadd(2, c + 16 * 32, ldc);
+        if constexpr (NG == 2) {
+            _tile_loadd(1, c + 16, ldc);
+            _tile_loadd(3, c + 16 * 32 + 16, ldc);
         }
     }
+    auto products = [] {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(2, 5, 6);
+        if constexpr (NG == 2) {
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    };
+    const int64_t a1 = 16 * kp;  // the next 16 tokens' tiles
+    for (int64_t kk = 0; kk < kc; kk += 32) {
+        const int64_t at = 16 * kk, bt = 16 * kk;
+        _tile_loadd(4, a + at, 64);
+        _tile_loadd(5, a + a1 + at, 64);
+        _tile_loadd(6, bh[0] + bt, 64);
+        if constexpr (NG == 2) _tile_loadd(7, bh[1] + bt, 64);
+        products();
+        if constexpr (kF16) {
+            _tile_loadd(6, bl[0] + bt, 64);
+            if constexpr (NG == 2) _tile_loadd(7, bl[1] + bt, 64);
+            products();
+            _tile_loadd(6, bh[0] + bt, 64);
+            if constexpr (NG == 2) _tile_loadd(7, bh[1] + bt, 64);
+        }
+        _tile_loadd(4, al + at, 64);
+        _tile_loadd(5, al + a1 + at, 64);
+        products();
+    }
     _tile_stored(0, c, ldc);
-    _tile_stored(2, c + ldc / 4 * 16, ldc);
+    _tile_stored(2, c + 16 * 32, ldc);
     if constexpr (NG == 2) {
         _tile_stored(1, c + 16, ldc);
-        _tile_stored(3, c + ldc / 4 * 16 + 16, ldc);
+        _tile_stored(3, c + 16 * 32 + 16, ldc);
     }
 }
 
@@ -160,53 +193,45 @@ void gemm_amx(const uint8_t* packed, size_t gs, int64_t g0, int64_t g1, int64_t 
     const int64_t kp = (k + 31) / 32 * 32, mp = (n + 31) / 32 * 32;
     Scratch& s = t_amx;
     if (s.a.size() < size_t(2 * mp * kp)) s.a.resize(size_t(2 * mp * kp));
-    if (s.b.size() < size_t(4 * 16 * kp) + 32) s.b.resize(size_t(4 * 16 * kp) + 32);
+    if (s.c.size() < size_t(mp * 32)) s.c.resize(size_t(mp * 32));
     uint16_t* ah = s.a.data();
     uint16_t* al = ah + mp * kp;
-    // 64-byte aligned panels (the packed groups are, and the stores above want it)
+    float* cb = s.c.data();
+    if (s.b.size() < size_t(4 * kChunk * 16 + 32)) s.b.resize(size_t(4 * kChunk * 16 + 32));
+    // 64-byte aligned panels (split_f16_group's stores)
     uint16_t* b0 = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(s.b.data()) + 63) & ~uintptr_t(63));
-    uint16_t* bh[2] = {b0, b0 + 16 * kp};
-    uint16_t* bl[2] = {b0 + 32 * kp, b0 + 48 * kp};
+    uint16_t* const bh[2] = {b0, b0 + kChunk * 16};
+    uint16_t* const bl[2] = {b0 + 2 * kChunk * 16, b0 + 3 * kChunk * 16};
     split_activations(act + size_t(t0) * as, as, n, k, kp, mp, ah, al);
     configure_tiles();
-    alignas(64) float c[32 * 32];
     for (int64_t g = g0; g < g1; g += 2) {
         const int ng = g + 1 < g1 ? 2 : 1;
-        for (int j = 0; j < ng; ++j) {
-            const uint8_t* grp = packed + size_t(g + j) * gs;
-            if constexpr (kF16)
-                split_f16_group(grp, k, kp, bh[j], bl[j]);
-            else
-                copy_bf16_group(grp, k, kp, bh[j]);
+        for (int64_t k0 = 0; k0 < kp; k0 += kChunk) {
+            const int64_t kc = kp - k0 < kChunk ? kp - k0 : kChunk;
+            for (int j = 0; j < ng; ++j) {
+                const uint8_t* grp = packed + size_t(g + j) * gs;
+                if constexpr (kF16)
+                    split_f16_group(grp, k, k0, kc, bh[j], bl[j]);
+                else
+                    copy_bf16_group(grp, k, k0, kc, bh[j]);
+            }
+            for (int64_t m = 0; m < n; m += 32) {
+                const uint16_t* am = ah + m * kp + 16 * k0;  // tile (m / 16, k0 / 32)
+                const uint16_t* lm = al + m * kp + 16 * k0;
+                float* c = cb + m * 32;
+                const uint16_t* const pbh[2] = {bh[0], bh[1]}, *const pbl[2] = {bl[0], bl[1]};
+                ng == 2 ? block<2, kF16>(am, lm, pbh, pbl, kc, kp, c, k0 == 0)
+                        : block<1, kF16>(am, lm, pbh, pbl, kc, kp, c, k0 == 0);
+            }
         }
         const int64_t r0 = g * kPackRows;
         const int64_t nr = rows - r0 < 16 * ng ? rows - r0 : 16 * ng;  // output rows of the pair
-        for (int64_t m = 0; m < n; m += 32) {
-            const int64_t nt = n - m < 32 ? n - m : 32;
-            float* out = y + (t0 + m) * ldy + r0;
-            // Whole blocks go straight to y; partial ones through c.
-            const bool direct = nt == 32 && nr == 16 * ng;
-            float* dst = direct ? out : c;
-            const size_t ldc = direct ? size_t(ldy) * 4 : 128;
-            const uint16_t* am = ah + m * kp;
-            const uint16_t* lm = al + m * kp;
-            if constexpr (kF16) {
-                const uint16_t* const pa[3] = {am, lm, am};
-                const uint16_t* const pb[3][2] = {{bh[0], bh[1]}, {bh[0], bh[1]}, {bl[0], bl[1]}};
-                ng == 2 ? block<2, 3>(pa, pb, kp, dst, ldc) : block<1, 3>(pa, pb, kp, dst, ldc);
-            } else {
-                const uint16_t* const pa[2] = {am, lm};
-                const uint16_t* const pb[2][2] = {{bh[0], bh[1]}, {bh[0], bh[1]}};
-                ng == 2 ? block<2, 2>(pa, pb, kp, dst, ldc) : block<1, 2>(pa, pb, kp, dst, ldc);
-            }
-            if (!direct) {
-                const __mmask16 m0 = __mmask16(nr >= 16 ? 0xffff : (1u << nr) - 1);
-                const __mmask16 m1 = __mmask16(nr <= 16 ? 0 : nr >= 32 ? 0xffff : (1u << (nr - 16)) - 1);
-                for (int64_t t = 0; t < nt; ++t) {
-                    _mm512_mask_storeu_ps(out + t * ldy, m0, _mm512_load_ps(c + 32 * t));
-                    if (m1) _mm512_mask_storeu_ps(out + t * ldy + 16, m1, _mm512_load_ps(c + 32 * t + 16));
-                }
-            }
+        const __mmask16 m0 = __mmask16(nr >= 16 ? 0xffff : (1u << nr) - 1);
+        const __mmask16 m1 = __mmask16(nr <= 16 ? 0 : nr >= 32 ? 0xffff : (1u << (nr - 16)) - 1);
+        for (int64_t t = 0; t < n; ++t) {
+            float* out = y + (t0 + t) * ldy + r0;
+            _mm512_mask_storeu_ps(out, m0, _mm512_loadu_ps(cb + 32 * t));
+            if (m1) _mm512_mask_storeu_ps(out + 16, m1, _mm512_loadu_ps(cb + 32 * t + 16));
         }
     }
     _tile_release();
