@@ -201,6 +201,11 @@ class Backend {
     virtual Tensor upload_mapped_weight(GgmlType type, std::span<const int64_t> ne, const void* host) {
         return upload_weight(type, ne, host);
     }
+    // Lets products with weight w trade batch invariance for speed: a row's result may then depend on how
+    // many rows a product has (the CPU's AMX tiles take products of many). The text models, whose batched
+    // and lone outputs agree bit for bit on the CPU (docs/batching.md), leave their weights alone; the
+    // vision encoder marks its own. No effect on a backend without such kernels.
+    virtual void allow_batch_variance(const Tensor& w) { (void)w; }
     // A zero-filled device buffer; released by free() or when the backend is destroyed.
     virtual Tensor alloc(GgmlType type, std::initializer_list<int64_t> ne) = 0;
     virtual void free(Tensor& t) = 0;  // t becomes empty

@@ -184,6 +184,11 @@ std::unique_ptr<VisionEncoder> VisionEncoder::load(const std::string& path, Back
     e->proj1_b_ = wl.f32("mm.1.bias", {c.proj_hidden});
     e->proj2_w_ = wl.matrix("mm.2.weight", {c.proj_hidden, c.n_embd_text});
     e->proj2_b_ = wl.f32("mm.2.bias", {c.n_embd_text});
+    // An image is encoded alone, so its products may take the backend's fastest kernels whatever they do to
+    // batch invariance.
+    for (const VisionLayer& l : e->layers_)
+        for (const Tensor* w : {&l.q_w, &l.k_w, &l.v_w, &l.o_w, &l.up_w, &l.down_w}) be.allow_batch_variance(*w);
+    for (const Tensor* w : {&e->patch_w_, &e->proj1_w_, &e->proj2_w_}) be.allow_batch_variance(*w);
     e->be_ = &be;
     return e;
 }

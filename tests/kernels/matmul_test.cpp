@@ -238,33 +238,40 @@ TEST(Matmul, Avx512Bf16PathsMatchADoubleReference) {
     }
 }
 
-// The AMX table's F16 and BF16 products (kernels_amx.cpp) over what the op harness's small shapes do
-// not reach: several token blocks a call, blocks of 32 tokens and 32 rows stored straight into y
-// with a stride, partial blocks, k not a multiple of 32, two threads splitting the row groups; against
-// a double-precision sum of the same operands, within the split-operand bound (op_harness.h).
+// The AMX table's tile kernels (kernels_amx.cpp: packed F16 and BF16, plain F32) over what the op
+// harness's small shapes do not reach: several token blocks and k chunks a call, partial blocks, k not
+// a multiple of 32, strided output, two threads splitting the rows; against a double-precision sum of
+// the same operands, within the split-operand bound (op_harness.h).
 TEST(Matmul, AmxProductsMatchADoubleReference) {
     if (!cera::cpu::isa_supported(Isa::kAmx)) GTEST_SKIP() << "no AMX-BF16";
     std::mt19937 rng(5);
     std::normal_distribution<float> g(0.0f, 1.0f);
     ThreadPool pool(2);
     const cpu::KernelTable& tab = cpu::kernel_table(Isa::kAmx);
-    for (GgmlType type : {GgmlType::kF16, GgmlType::kBF16}) {
+    for (GgmlType type : {GgmlType::kF16, GgmlType::kBF16, GgmlType::kF32}) {
         for (int64_t k : {1152, 1001}) {
             const int64_t rows = 100, ldy = rows + 5;
             auto w = make_weights(type, rows, k, rng);
             const std::vector<uint8_t> plain(w);
-            ASSERT_TRUE(cpu::register_weight(tab, type, w.data(), rows, k, false));
+            if (type != GgmlType::kF32) ASSERT_TRUE(cpu::register_weight(tab, type, w.data(), rows, k, false));
             for (int64_t nt : {16, 45, 300}) {
                 std::vector<float> x(size_t(nt * k)), y(size_t(nt * ldy), -7.0f);
                 for (auto& v : x) v = g(rng);
-                cpu::matmul(tab, type, w.data(), rows, k, x.data(), nt, y.data(), ldy, &pool);
+                cpu::matmul(tab, type, w.data(), rows, k, x.data(), nt, y.data(), ldy, &pool, true);
                 for (int64_t t = 0; t < nt; ++t) {
                     for (int64_t r = 0; r < rows; ++r) {
                         double want = 0.0, mag = 0.0;
                         for (int64_t i = 0; i < k; ++i) {
-                            uint16_t h;
-                            std::memcpy(&h, plain.data() + size_t(r * k + i) * 2, 2);
-                            const double wi = type == GgmlType::kF16 ? fp16_to_fp32(h) : bf16_to_fp32(h);
+                            double wi;
+                            if (type == GgmlType::kF32) {
+                                float f;
+                                std::memcpy(&f, plain.data() + size_t(r * k + i) * 4, 4);
+                                wi = f;
+                            } else {
+                                uint16_t h;
+                                std::memcpy(&h, plain.data() + size_t(r * k + i) * 2, 2);
+                                wi = type == GgmlType::kF16 ? fp16_to_fp32(h) : bf16_to_fp32(h);
+                            }
                             const double p = wi * double(x[size_t(t * k + i)]);
                             want += p, mag += std::fabs(p);
                         }
@@ -275,7 +282,7 @@ TEST(Matmul, AmxProductsMatchADoubleReference) {
                     for (int64_t r = rows; r < ldy; ++r) ASSERT_EQ(y[size_t(t * ldy + r)], -7.0f);
                 }
             }
-            cpu::unregister_weight(w.data());
+            if (type != GgmlType::kF32) cpu::unregister_weight(w.data());
         }
     }
 }

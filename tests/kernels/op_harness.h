@@ -69,6 +69,7 @@ struct Target {
     BackendOptions opts;
     const cpu::KernelTable* table = nullptr;  // CPU: the kernel table it computes with
     bool moe_only = false;                    // a CUDA variant that changes moe_ffn's kernels only
+    bool batch_variant = false;               // its weights allow_batch_variance (the CPU's tile kernels)
     bool cuda() const { return opts.device == DeviceKind::kCuda; }
 };
 
@@ -101,6 +102,12 @@ inline const std::vector<Target>& targets() {
             one.name += "-1thread";
             one.opts.n_threads = 1;
             t.push_back(one);
+        }
+        if (cpu::isa_supported(cpu::Isa::kAmx)) {  // the AMX table's tile kernels
+            Target tiles = t[t.size() - 2];
+            tiles.name += "-tiles";
+            tiles.batch_variant = true;
+            t.push_back(tiles);
         }
 #if defined(CERA_TEST_HAVE_CUDA)
         if (!cuda_devices().empty()) {
@@ -140,7 +147,7 @@ class ReleaseBackends : public ::testing::Environment {
 // a CUDA backend is made once per target and the case's tensors are freed when it ends.
 class OnBackend {
  public:
-    explicit OnBackend(const Target& t) {
+    explicit OnBackend(const Target& t) : batch_variant_(t.batch_variant) {
         if (!t.cuda()) {
             own_ = create_backend(t.opts);
             be_ = own_.get();
@@ -174,6 +181,7 @@ class OnBackend {
     Tensor weight(GgmlType type, std::initializer_list<int64_t> ne, const void* host) {
         const std::vector<int64_t> dims(ne);
         Tensor t = be_->upload_weight(type, dims, host);
+        if (batch_variant_) be_->allow_batch_variance(t);
         made_.push_back(t);
         return t;
     }
@@ -188,6 +196,7 @@ class OnBackend {
     std::unique_ptr<Backend> own_;
     Backend* be_ = nullptr;
     std::vector<Tensor> made_;
+    bool batch_variant_ = false;
 };
 
 // ------------------------------------------------------------------------ what the kernels compute
@@ -223,7 +232,8 @@ inline MatmulArith matmul_arith(const Target& t, GgmlType type, int64_t n_tokens
         else if (tab.matmul[id].fn)
             a.act = tab.matmul[id].act;
         if (a.act == cpu::ActFormat::kBF16) a.act = cpu::ActFormat::kF32, a.x_bf16 = true;
-        a.split_bf16 = tab.isa == cpu::Isa::kAmx && (type == GgmlType::kF16 || type == GgmlType::kBF16) &&
+        a.split_bf16 = t.batch_variant && tab.isa == cpu::Isa::kAmx &&
+                       (type == GgmlType::kF16 || type == GgmlType::kBF16 || type == GgmlType::kF32) &&
                        n_tokens >= cpu::kAmxMinTokens;
         return a;
     }

@@ -16,6 +16,7 @@
 #include <map>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "backends/cpu/kernel_table.h"
@@ -196,7 +197,8 @@ class CpuBackend final : public Backend {
         CERA_CHECK(x.ne[0] == k && out.ne[0] == rows, "matmul shapes: w {%lld, %lld}, x ne0 %lld, out ne0 %lld",
                    (long long)k, (long long)rows, (long long)x.ne[0], (long long)out.ne[0]);
         if (observer_) observer_->observe(w, -1, x.as<const float>(), n_tokens);
-        cpu::matmul(table_, w.type, w.data, rows, k, x.as<const float>(), n_tokens, out.as<float>(), rows, &pool_);
+        cpu::matmul(table_, w.type, w.data, rows, k, x.as<const float>(), n_tokens, out.as<float>(), rows, &pool_,
+                    batch_variant_.count(w.data) != 0);
         if (bias) {
             const float* b = bias.as<const float>();
             for (int64_t t = 0; t < n_tokens; ++t) {
@@ -511,12 +513,12 @@ class CpuBackend final : public Backend {
             for (int64_t b = 0; b < n; b += qb) {
                 const int64_t m = std::min(qb, n - b);
                 cpu::matmul(table_, GgmlType::kF32, enc_k_.data(), n, hd, enc_q_.data() + b * hd, m, enc_s_.data(), n,
-                            &pool_);
+                            &pool_, true);
                 for_rows(m, 8 * n, [&](int64_t r0, int64_t r1) {
                     for (int64_t r = r0; r < r1; ++r) table_.softmax(enc_s_.data() + r * n, n);
                 });
                 cpu::matmul(table_, GgmlType::kF32, enc_vt_.data(), hd, n, enc_s_.data(), m,
-                            out.as<float>() + b * width + h * hd, width, &pool_);
+                            out.as<float>() + b * width + h * hd, width, &pool_, true);
             }
         }
     }
@@ -660,6 +662,8 @@ class CpuBackend final : public Backend {
         return t;
     }
 
+    void allow_batch_variance(const Tensor& w) override { batch_variant_.insert(w.data); }
+
     // A matrix (dims == 2) of a type the kernels keep in a repacked layout gets its packed copy now;
     // returns whether.
     bool pack(const Tensor& w, size_t dims, bool immutable) {
@@ -736,6 +740,7 @@ class CpuBackend final : public Backend {
     ThreadPool pool_;
     std::unordered_map<void*, size_t> buffers_;  // alloc()'s buffers: bytes mapped, or 0 for the heap
     std::vector<const void*> packed_;            // weights registered with cpu::register_weight
+    std::unordered_set<const void*> batch_variant_;  // weights whose products may take tile kernels
     std::vector<void*> copied_;                  // heap copies of small mapped weights
     std::map<uintptr_t, uintptr_t> held_;        // [begin, end) of mapped weights held in a packed or heap copy
     // Scratch, grown to the largest batch seen and then reused (no allocation in steady state).

@@ -41,6 +41,7 @@ using GemmFn = void (*)(const uint8_t* w, size_t w_stride, int64_t r0, int64_t r
 struct MatmulKernel {
     GemmFn fn = nullptr;  // nullptr: this ISA has no kernel for the type
     ActFormat act = ActFormat::kF32;
+    int64_t token_block = 0;  // as PackedKernel::token_block
 };
 
 // Kernels on repacked weights (repack.h): rows in groups of kPackRows, interleaved so that one
@@ -79,13 +80,20 @@ struct KernelTable {
     void (*quantize_act)(ActFormat f, const float* x, int64_t k, void* out);
     // Causal GQA attention of a block of query tokens over one KV head (kernels_attention.h).
     cpu_attention::BlockFn attention;
+    // Products that may trade batch invariance for speed (matmul's `tiles`): on the AMX table, packed F16
+    // and BF16 and plain F32 weights on AMX tiles; null elsewhere. A row's result then depends on how many
+    // rows the call has (kAmxMinTokens), so the text models' products, whose batched and lone outputs
+    // agree bit for bit (docs/batching.md), do not take them.
+    PackedKernel tiles_packed[kMaxTypeId];
+    MatmulKernel tiles_plain[kMaxTypeId];
 };
 
 // Fill t.packed with the kernels on packed weights (kernels_packed_avx512.cpp, kernels_packed_avx2.cpp).
 void add_packed_kernels_avx512(KernelTable& t, bool bf16_dot);
 void add_packed_kernels_avx2(KernelTable& t);
-// Put the AMX kernels (kernels_amx.cpp) in t.packed: F16 and BF16 on f32 activations, which t's own
-// kernels for them (the FMA ones) still compute for calls of few tokens.
+// Put the AMX kernels (kernels_amx.cpp) in t's tiles_packed and tiles_plain: packed F16 and BF16 and
+// plain F32 on f32 activations, which t's own kernels for them (the FMA ones) still compute for calls of
+// few tokens.
 void add_amx_kernels(KernelTable& t);
 // A call of fewer tokens than this takes the FMA kernels on the AMX table: 32 tokens are a tile block.
 constexpr int64_t kAmxMinTokens = 16;
@@ -100,17 +108,18 @@ const KernelTable& kernel_table_avx2();
 // AVX512_BF16 have only them.
 const KernelTable& kernel_table_avx512(bool bf16_dot);
 const KernelTable& kernel_table_avx512();
-// The AVX-512 table (FMA BF16 path) whose F16 and BF16 products of many tokens run on AMX tiles
-// (Isa::kAmx; the CPU must have AMX-BF16 and the OS must grant it).
+// The AVX-512 table (FMA BF16 path) with tile kernels for F16, BF16 and F32 products of many tokens on
+// AMX (Isa::kAmx; the CPU must have AMX-BF16 and the OS must grant it).
 const KernelTable& kernel_table_amx();
 const KernelTable& active_table();  // the table of active_isa()
 // The table of `isa`, which this CPU must support (isa_supported): a CPU backend computes with the
 // table its options name, whatever the active one is.
 const KernelTable& kernel_table(Isa isa);
 
-// matmul and register_weight (kernels.h) for the kernels of `tab` instead of the active table's.
+// matmul and register_weight (kernels.h) for the kernels of `tab` instead of the active table's. tiles:
+// the product may take tab's tile kernels (KernelTable::tiles_packed, tiles_plain).
 void matmul(const KernelTable& tab, GgmlType type, const void* w, int64_t rows, int64_t k, const float* x,
-            int64_t n_tokens, float* y, int64_t ldy, ThreadPool* pool);
+            int64_t n_tokens, float* y, int64_t ldy, ThreadPool* pool, bool tiles = false);
 bool register_weight(const KernelTable& tab, GgmlType type, const void* w, int64_t rows, int64_t k, bool immutable);
 
 }  // namespace cera::cpu

@@ -291,7 +291,7 @@ void matmul(GgmlType type, const void* w, int64_t rows, int64_t k, const float* 
 }
 
 void matmul(const KernelTable& tab, GgmlType type, const void* w, int64_t rows, int64_t k, const float* x,
-            int64_t n_tokens, float* y, int64_t ldy, ThreadPool* pool) {
+            int64_t n_tokens, float* y, int64_t ldy, ThreadPool* pool, bool tiles) {
     if (tab.isa == Isa::kRef) {
         matmul_ref(type, w, rows, k, x, n_tokens, y, ldy);
         return;
@@ -315,6 +315,16 @@ void matmul(const KernelTable& tab, GgmlType type, const void* w, int64_t rows, 
         if (a.packed.data != nullptr) {
             a.packed_fn = tab.packed[int(type)].fn;
             a.kernel.act = tab.packed[int(type)].act;
+            a.kernel.token_block = tab.packed[int(type)].token_block;
+        }
+    }
+    if (tiles && n_tokens >= kAmxMinTokens && uint32_t(type) < uint32_t(kMaxTypeId)) {
+        if (a.packed_fn != nullptr && tab.tiles_packed[int(type)].fn != nullptr) {
+            a.packed_fn = tab.tiles_packed[int(type)].fn;
+            a.kernel.act = tab.tiles_packed[int(type)].act;
+            a.kernel.token_block = tab.tiles_packed[int(type)].token_block;
+        } else if (a.packed_fn == nullptr && tab.tiles_plain[int(type)].fn != nullptr) {
+            a.kernel = tab.tiles_plain[int(type)];
         }
     }
     a.w = static_cast<const uint8_t*>(w);
@@ -345,7 +355,7 @@ void matmul(const KernelTable& tab, GgmlType type, const void* w, int64_t rows, 
     }
     int64_t tb = int64_t(kActL2Budget / a.a_stride);
     a.token_block = tb < 4 ? 4 : tb;
-    if (a.packed_fn != nullptr && tab.packed[int(type)].token_block > 0) a.token_block = tab.packed[int(type)].token_block;
+    if (a.kernel.token_block > 0) a.token_block = a.kernel.token_block;
 
     if (a.packed_fn != nullptr) {
         const int64_t groups = (rows + kPackRows - 1) / kPackRows;

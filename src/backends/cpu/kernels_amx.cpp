@@ -1,5 +1,5 @@
-// AMX products for F16 and BF16 weights on f32 activations (kernel_table.h: kernel_table_amx), on the
-// packed layouts of repack.h.
+// AMX products for F16 and BF16 weights (on the packed layouts of repack.h) and plain F32 weights, on f32
+// activations (kernel_table.h: kernel_table_amx, KernelTable::tiles_packed and tiles_plain).
 //
 // Idea: a tile product (tdpbf16ps) multiplies a 16 x 32 bfloat16 block of activations (tokens x k) by
 // a 32 x 16 block of weights (k x output rows, stored as 16 rows of k-pairs) into 16 x 16 f32 sums:
@@ -41,7 +41,9 @@ constexpr int64_t kTokens = 512;
 // each adding a round trip of the output tiles and a split of the panels a chunk.
 constexpr int64_t kChunk = 1024;
 
-PackedFn g_f16_fma = nullptr, g_bf16_fma = nullptr;  // the table's own kernels, for few tokens
+// The table's own kernels, for few tokens.
+PackedFn g_f16_fma = nullptr, g_bf16_fma = nullptr;
+GemmFn g_f32_fma = nullptr;
 
 struct alignas(64) TileConfig {
     uint8_t palette = 1;
@@ -129,6 +131,64 @@ void copy_bf16_group(const uint8_t* g, int64_t k, int64_t k0, int64_t kc, uint16
     std::memset(hi + 32 * n, 0, size_t(kc / 2 - n) * 64);
 }
 
+// Elements [k0, k0 + kc) of nr <= 16 rows of a row-major f32 matrix (row stride `stride` floats) into
+// hi and lo panels [kc / 2][16][2], zero past k and past nr rows: each row's 16 pairs of 32 elements
+// are scattered to their places in the panel, a row apart.
+void split_f32_rows(const float* w, size_t stride, int nr, int64_t k, int64_t k0, int64_t kc, uint16_t* hi,
+                    uint16_t* lo) {
+    const __m512i lane16 = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                              _mm512_set1_epi32(16));
+    auto* h32 = reinterpret_cast<int*>(hi);
+    auto* l32 = reinterpret_cast<int*>(lo);
+    for (int64_t q = 0; q < kc / 32; ++q) {
+        const int64_t i0 = k0 + 32 * q;
+        const __mmask16 m0 = i0 + 16 <= k ? __mmask16(0xffff) : i0 < k ? __mmask16((1u << (k - i0)) - 1) : 0;
+        const __mmask16 m1 = i0 + 32 <= k ? __mmask16(0xffff) : i0 + 16 < k ? __mmask16((1u << (k - i0 - 16)) - 1) : 0;
+        for (int r = 0; r < 16; ++r) {
+            const float* row = w + size_t(r) * stride + i0;
+            __m256i h0, l0, h1, l1;
+            split16(_mm512_maskz_loadu_ps(r < nr ? m0 : 0, row), h0, l0);
+            split16(_mm512_maskz_loadu_ps(r < nr ? m1 : 0, row + 16), h1, l1);
+            _mm512_i32scatter_epi32(h32 + q * 256 + r, lane16, _mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1), 4);
+            _mm512_i32scatter_epi32(l32 + q * 256 + r, lane16, _mm512_inserti64x4(_mm512_castsi256_si512(l0), l1, 1), 4);
+        }
+    }
+}
+
+// The weights of a product, as 16-row groups whose panels the tile kernel asks for (kLo: weights with
+// a lo half, three products a pair of halves; else two).
+struct F16Groups {  // packed F16
+    static constexpr bool kLo = true;
+    const uint8_t* packed;
+    size_t gs;
+    int64_t rows, k;
+    int64_t row(int64_t g) const { return g * kPackRows; }
+    void panel(int64_t g, int64_t k0, int64_t kc, uint16_t* hi, uint16_t* lo) const {
+        split_f16_group(packed + size_t(g) * gs, k, k0, kc, hi, lo);
+    }
+};
+struct BF16Groups {  // packed BF16
+    static constexpr bool kLo = false;
+    const uint8_t* packed;
+    size_t gs;
+    int64_t rows, k;
+    int64_t row(int64_t g) const { return g * kPackRows; }
+    void panel(int64_t g, int64_t k0, int64_t kc, uint16_t* hi, uint16_t*) const {
+        copy_bf16_group(packed + size_t(g) * gs, k, k0, kc, hi);
+    }
+};
+struct F32Rows {  // rows [r0, rows) of a row-major f32 matrix, group g from row r0 + 16 g
+    static constexpr bool kLo = true;
+    const float* w;
+    size_t stride;
+    int64_t r0, rows, k;
+    int64_t row(int64_t g) const { return r0 + g * kPackRows; }
+    void panel(int64_t g, int64_t k0, int64_t kc, uint16_t* hi, uint16_t* lo) const {
+        const int64_t r = row(g);
+        split_f32_rows(w + size_t(r) * stride, stride, int(rows - r < 16 ? rows - r : 16), k, k0, kc, hi, lo);
+    }
+};
+
 // One block of 32 tokens x (16 NG) rows over kc elements of k, added to the block's sums c [32][32]
 // (row stride 128 bytes; zero at first): a (hi) and al (lo) at the block's first activation tile,
 // bh / bl the groups' weight panels. Per 32 elements, the products in an order that reuses the tiles
@@ -185,11 +245,11 @@ void block(const uint16_t* a, const uint16_t* al, const uint16_t* const (&bh)[2]
     }
 }
 
-template <bool kF16>
-void gemm_amx(const uint8_t* packed, size_t gs, int64_t g0, int64_t g1, int64_t rows, const uint8_t* act, size_t as,
-              int64_t t0, int64_t t1, int64_t k, float* y, int64_t ldy) {
-    const int64_t n = t1 - t0;
-    if (n < kAmxMinTokens) return (kF16 ? g_f16_fma : g_bf16_fma)(packed, gs, g0, g1, rows, act, as, t0, t1, k, y, ldy);
+// y[t][r] for groups [g0, g1) of w's rows and tokens [t0, t1) of the f32 activations.
+template <class W>
+void gemm_tiles(const W& w, int64_t g0, int64_t g1, const uint8_t* act, size_t as, int64_t t0, int64_t t1, float* y,
+                int64_t ldy) {
+    const int64_t n = t1 - t0, k = w.k;
     const int64_t kp = (k + 31) / 32 * 32, mp = (n + 31) / 32 * 32;
     Scratch& s = t_amx;
     if (s.a.size() < size_t(2 * mp * kp)) s.a.resize(size_t(2 * mp * kp));
@@ -208,24 +268,18 @@ void gemm_amx(const uint8_t* packed, size_t gs, int64_t g0, int64_t g1, int64_t 
         const int ng = g + 1 < g1 ? 2 : 1;
         for (int64_t k0 = 0; k0 < kp; k0 += kChunk) {
             const int64_t kc = kp - k0 < kChunk ? kp - k0 : kChunk;
-            for (int j = 0; j < ng; ++j) {
-                const uint8_t* grp = packed + size_t(g + j) * gs;
-                if constexpr (kF16)
-                    split_f16_group(grp, k, k0, kc, bh[j], bl[j]);
-                else
-                    copy_bf16_group(grp, k, k0, kc, bh[j]);
-            }
+            for (int j = 0; j < ng; ++j) w.panel(g + j, k0, kc, bh[j], bl[j]);
             for (int64_t m = 0; m < n; m += 32) {
                 const uint16_t* am = ah + m * kp + 16 * k0;  // tile (m / 16, k0 / 32)
                 const uint16_t* lm = al + m * kp + 16 * k0;
                 float* c = cb + m * 32;
                 const uint16_t* const pbh[2] = {bh[0], bh[1]}, *const pbl[2] = {bl[0], bl[1]};
-                ng == 2 ? block<2, kF16>(am, lm, pbh, pbl, kc, kp, c, k0 == 0)
-                        : block<1, kF16>(am, lm, pbh, pbl, kc, kp, c, k0 == 0);
+                ng == 2 ? block<2, W::kLo>(am, lm, pbh, pbl, kc, kp, c, k0 == 0)
+                        : block<1, W::kLo>(am, lm, pbh, pbl, kc, kp, c, k0 == 0);
             }
         }
-        const int64_t r0 = g * kPackRows;
-        const int64_t nr = rows - r0 < 16 * ng ? rows - r0 : 16 * ng;  // output rows of the pair
+        const int64_t r0 = w.row(g);
+        const int64_t nr = w.rows - r0 < 16 * ng ? w.rows - r0 : 16 * ng;  // output rows of the pair
         const __mmask16 m0 = __mmask16(nr >= 16 ? 0xffff : (1u << nr) - 1);
         const __mmask16 m1 = __mmask16(nr <= 16 ? 0 : nr >= 32 ? 0xffff : (1u << (nr - 16)) - 1);
         for (int64_t t = 0; t < n; ++t) {
@@ -237,13 +291,35 @@ void gemm_amx(const uint8_t* packed, size_t gs, int64_t g0, int64_t g1, int64_t 
     _tile_release();
 }
 
+void gemm_f16(const uint8_t* packed, size_t gs, int64_t g0, int64_t g1, int64_t rows, const uint8_t* act, size_t as,
+              int64_t t0, int64_t t1, int64_t k, float* y, int64_t ldy) {
+    if (t1 - t0 < kAmxMinTokens) return g_f16_fma(packed, gs, g0, g1, rows, act, as, t0, t1, k, y, ldy);
+    gemm_tiles(F16Groups{packed, gs, rows, k}, g0, g1, act, as, t0, t1, y, ldy);
+}
+
+void gemm_bf16(const uint8_t* packed, size_t gs, int64_t g0, int64_t g1, int64_t rows, const uint8_t* act, size_t as,
+               int64_t t0, int64_t t1, int64_t k, float* y, int64_t ldy) {
+    if (t1 - t0 < kAmxMinTokens) return g_bf16_fma(packed, gs, g0, g1, rows, act, as, t0, t1, k, y, ldy);
+    gemm_tiles(BF16Groups{packed, gs, rows, k}, g0, g1, act, as, t0, t1, y, ldy);
+}
+
+// Unpacked f32 weights, rows [r0, r1).
+void gemm_f32(const uint8_t* w, size_t w_stride, int64_t r0, int64_t r1, const uint8_t* act, size_t as, int64_t t0,
+              int64_t t1, int64_t k, float* y, int64_t ldy) {
+    if (t1 - t0 < kAmxMinTokens) return g_f32_fma(w, w_stride, r0, r1, act, as, t0, t1, k, y, ldy);
+    const F32Rows rows{reinterpret_cast<const float*>(w), w_stride / 4, r0, r1, k};
+    gemm_tiles(rows, 0, (r1 - r0 + kPackRows - 1) / kPackRows, act, as, t0, t1, y, ldy);
+}
+
 }  // namespace
 
 void add_amx_kernels(KernelTable& t) {
     g_f16_fma = t.packed[int(GgmlType::kF16)].fn;
     g_bf16_fma = t.packed[int(GgmlType::kBF16)].fn;
-    t.packed[int(GgmlType::kF16)] = PackedKernel{gemm_amx<true>, ActFormat::kF32, kTokens};
-    t.packed[int(GgmlType::kBF16)] = PackedKernel{gemm_amx<false>, ActFormat::kF32, kTokens};
+    g_f32_fma = t.matmul[int(GgmlType::kF32)].fn;
+    t.tiles_packed[int(GgmlType::kF16)] = PackedKernel{gemm_f16, ActFormat::kF32, kTokens};
+    t.tiles_packed[int(GgmlType::kBF16)] = PackedKernel{gemm_bf16, ActFormat::kF32, kTokens};
+    t.tiles_plain[int(GgmlType::kF32)] = MatmulKernel{gemm_f32, ActFormat::kF32, kTokens};
 }
 
 }  // namespace cera::cpu
