@@ -3,7 +3,8 @@
 //   weight GB/s (weight bytes / time: compare with ~33 GB/s DRAM read on 2 threads) and GFLOP/s.
 // GEMV cycles through enough copies of the weights (>= 128 MiB) that they come from DRAM, not L3.
 // --packed registers the weights (cpu::register_weight), so types with a packed layout use it.
-// Usage: matmul_bench [--quick] [--hot] [--packed] [--isa ref|avx2|avx512|amx] [--type NAME]
+// --tiles lets the products take the table's tile kernels (the image encoder's products; AMX table).
+// Usage: matmul_bench [--quick] [--hot] [--packed] [--tiles] [--isa ref|avx2|avx512|amx] [--type NAME]
 // (--type: any weight type with a quantizer; without it Q4_0, Q8_0, Q4_K, Q6_K and F16)
 #include <time.h>
 
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/kernel_table.h"
 #include "backends/cpu/kernels.h"
 #include "core/quant/quant.h"
 
@@ -41,12 +43,13 @@ struct Shape {
 }  // namespace
 
 int main(int argc, char** argv) {
-    bool quick = false, hot = false, packed = false;
+    bool quick = false, hot = false, packed = false, tiles = false;
     std::string only_type;  // --hot: one copy of the weights (L3-resident for the small shapes)
     for (int i = 1; i < argc; ++i) {
         if (std::strcmp(argv[i], "--quick") == 0) quick = true;
         if (std::strcmp(argv[i], "--hot") == 0) hot = true;
         if (std::strcmp(argv[i], "--packed") == 0) packed = true;
+        if (std::strcmp(argv[i], "--tiles") == 0) tiles = true;
         if (std::strcmp(argv[i], "--type") == 0 && i + 1 < argc) only_type = argv[++i];
         if (std::strcmp(argv[i], "--isa") == 0 && i + 1 < argc) {
             const std::string v = argv[++i];
@@ -98,12 +101,13 @@ int main(int argc, char** argv) {
                     const int reps = nt == 1 ? (quick ? 50 : 200) : (quick ? 1 : 3);
                     std::vector<double> times, ctimes;
                     int c = 0;
-                    cpu::matmul(t, wall.data(), s.rows, s.k, x.data(), nt, y.data(), s.rows, &pool);  // warm-up
+                    const cpu::KernelTable& tab = cpu::active_table();
+                    cpu::matmul(tab, t, wall.data(), s.rows, s.k, x.data(), nt, y.data(), s.rows, &pool, tiles);  // warm-up
                     for (int rep = 0; rep < reps; ++rep) {
                         const uint8_t* w = wall.data() + size_t(c) * bytes;
                         c = (c + 1) % copies;
                         const double t0 = now_s(), c0 = cpu_s();
-                        cpu::matmul(t, w, s.rows, s.k, x.data(), nt, y.data(), s.rows, &pool);
+                        cpu::matmul(tab, t, w, s.rows, s.k, x.data(), nt, y.data(), s.rows, &pool, tiles);
                         times.push_back(now_s() - t0);
                         ctimes.push_back(cpu_s() - c0);
                     }
