@@ -53,12 +53,19 @@ struct alignas(64) TileConfig {
     uint8_t rows[16] = {};
 };
 
+// GCC 12 does not see ldtilecfg read its operand and may drop the stores that fill it: the empty asm
+// with a memory clobber keeps them.
+inline void load_config(const TileConfig& c) {
+    __asm__ volatile("" : : "r"(&c) : "memory");
+    _tile_loadconfig(&c);
+}
+
 // Every tile used is 16 rows of 64 bytes: C 16 x 16 f32, A 16 tokens x 32 bfloat16, B 16 k-pairs x
 // 16 rows x 2 bfloat16.
 void configure_tiles() {
     TileConfig c;
     for (int i = 0; i < 8; ++i) c.colsb[i] = 64, c.rows[i] = 16;
-    _tile_loadconfig(&c);
+    load_config(c);
 }
 
 inline __m512 bf16_to_f32(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
