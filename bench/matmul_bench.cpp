@@ -102,7 +102,8 @@ int main(int argc, char** argv) {
                     std::vector<double> times, ctimes;
                     int c = 0;
                     const cpu::KernelTable& tab = cpu::active_table();
-                    cpu::matmul(tab, t, wall.data(), s.rows, s.k, x.data(), nt, y.data(), s.rows, &pool, tiles);  // warm-up
+                    cpu::matmul(tab, t, wall.data(), s.rows, s.k, x.data(), nt, y.data(), s.rows, &pool,
+                                tiles);  // warm-up
                     for (int rep = 0; rep < reps; ++rep) {
                         const uint8_t* w = wall.data() + size_t(c) * bytes;
                         c = (c + 1) % copies;

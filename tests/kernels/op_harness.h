@@ -82,11 +82,10 @@ struct Target {
 inline const std::vector<Target>& targets() {
     static const std::vector<Target> all = [] {
         std::vector<Target> t;
-        const std::pair<cpu::Isa, CpuIsa> isas[] = {
-            {cpu::Isa::kRef, CpuIsa::kRef},
-            {cpu::Isa::kAvx2, CpuIsa::kAvx2},
-            {cpu::Isa::kAvx512, CpuIsa::kAvx512},
-            {cpu::Isa::kAmx, CpuIsa::kAmx}};
+        const std::pair<cpu::Isa, CpuIsa> isas[] = {{cpu::Isa::kRef, CpuIsa::kRef},
+                                                    {cpu::Isa::kAvx2, CpuIsa::kAvx2},
+                                                    {cpu::Isa::kAvx512, CpuIsa::kAvx512},
+                                                    {cpu::Isa::kAmx, CpuIsa::kAmx}};
         for (const auto& [isa, opt] : isas) {
             if (!cpu::isa_supported(isa)) continue;
             Target c;

@@ -462,7 +462,10 @@ TEST(OpHarness, Attention) {
                             const std::vector<Key>& ks = keys[size_t(r)];
                             const int64_t n = int64_t(ks.size());
                             const int64_t rescales =
-                                !t.cuda() ? (t.table->isa == cpu::Isa::kAvx512 || t.table->isa == cpu::Isa::kAmx ? (n + 15) / 16 : 0) : n + 32;
+                                !t.cuda() ? (t.table->isa == cpu::Isa::kAvx512 || t.table->isa == cpu::Isa::kAmx
+                                                 ? (n + 15) / 16
+                                                 : 0)
+                                          : n + 32;
                             std::vector<double> e(ks.size());
                             for (size_t j = 0; j < ks.size(); ++j) {
                                 e[j] = gamma(hd + 2) * ks[j].qk + exp_err(t, ks[j].arg);

@@ -80,7 +80,7 @@ inline void split16(__m512 v, __m256i& hi, __m256i& lo) {
 struct Scratch {
     std::vector<uint16_t> a;  // activation planes: hi, lo [mp * kp] (split_activations)
     std::vector<uint16_t> b;  // weight panels of a chunk: hi [2][kChunk * 16], lo [2][kChunk * 16]
-    std::vector<float> c;  // the sums of the blocks of 32 tokens: [mp][32]
+    std::vector<float> c;     // the sums of the blocks of 32 tokens: [mp][32]
 };
 thread_local Scratch t_amx;
 
@@ -96,8 +96,10 @@ void split_activations(const uint8_t* act, size_t as, int64_t n, int64_t k, int6
             const int64_t off = ((t / 16) * tiles + j) * 512 + (t % 16) * 32;
             for (int h = 0; h < 2; ++h) {
                 const int64_t i = 32 * j + 16 * h;
-                const __mmask16 m =
-                    t >= n ? 0 : i + 16 <= k ? __mmask16(0xffff) : i < k ? __mmask16((1u << (k - i)) - 1) : 0;
+                const __mmask16 m = t >= n        ? 0
+                                    : i + 16 <= k ? __mmask16(0xffff)
+                                    : i < k       ? __mmask16((1u << (k - i)) - 1)
+                                                  : 0;
                 __m256i vh, vl;
                 split16(_mm512_maskz_loadu_ps(m, x + i), vh, vl);
                 _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + off + 16 * h), vh);
@@ -156,8 +158,10 @@ void split_f32_rows(const float* w, size_t stride, int nr, int64_t k, int64_t k0
             __m256i h0, l0, h1, l1;
             split16(_mm512_maskz_loadu_ps(r < nr ? m0 : 0, row), h0, l0);
             split16(_mm512_maskz_loadu_ps(r < nr ? m1 : 0, row + 16), h1, l1);
-            _mm512_i32scatter_epi32(h32 + q * 256 + r, lane16, _mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1), 4);
-            _mm512_i32scatter_epi32(l32 + q * 256 + r, lane16, _mm512_inserti64x4(_mm512_castsi256_si512(l0), l1, 1), 4);
+            _mm512_i32scatter_epi32(h32 + q * 256 + r, lane16, _mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1),
+                                    4);
+            _mm512_i32scatter_epi32(l32 + q * 256 + r, lane16, _mm512_inserti64x4(_mm512_castsi256_si512(l0), l1, 1),
+                                    4);
         }
     }
 }
@@ -280,7 +284,7 @@ void gemm_tiles(const W& w, int64_t g0, int64_t g1, const uint8_t* act, size_t a
                 const uint16_t* am = ah + m * kp + 16 * k0;  // tile (m / 16, k0 / 32)
                 const uint16_t* lm = al + m * kp + 16 * k0;
                 float* c = cb + m * 32;
-                const uint16_t* const pbh[2] = {bh[0], bh[1]}, *const pbl[2] = {bl[0], bl[1]};
+                const uint16_t *const pbh[2] = {bh[0], bh[1]}, *const pbl[2] = {bl[0], bl[1]};
                 ng == 2 ? block<2, W::kLo>(am, lm, pbh, pbl, kc, kp, c, k0 == 0)
                         : block<1, W::kLo>(am, lm, pbh, pbl, kc, kp, c, k0 == 0);
             }
