@@ -129,7 +129,8 @@ thread_local Scratch t_scratch;
 thread_local std::vector<float> t_dequant;
 
 constexpr int64_t kFallbackRows = 16;
-constexpr size_t kActL2Budget = 256 * 1024;  // bytes of activations kept hot while the weights stream
+constexpr size_t kActL2Budget = 256 * 1024;
+constexpr int64_t kParallelQuantElems = 16 * 1024;  // activations worth quantizing on several threads  // bytes of activations kept hot while the weights stream
 
 struct MatmulArgs {
     const KernelTable* table;
@@ -347,7 +348,9 @@ void matmul(const KernelTable& tab, GgmlType type, const void* w, int64_t rows, 
         auto quant = [&](int64_t t0, int64_t t1, int) {
             for (int64_t t = t0; t < t1; ++t) tab.quantize_act(fmt, x + t * k, k, act + size_t(t) * a.a_stride);
         };
-        if (pool != nullptr && n_threads > 1 && n_tokens > 1)
+        // A hand-off to the pool costs microseconds: a few short rows (a speculative verification's) are
+        // quantized here.
+        if (pool != nullptr && n_threads > 1 && n_tokens > 1 && n_tokens * k >= kParallelQuantElems)
             pool->parallel_for(n_tokens, [&](int64_t t0, int64_t t1, int t) { quant(t0, t1, t); });
         else
             quant(0, n_tokens, 0);
