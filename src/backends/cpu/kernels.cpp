@@ -129,8 +129,8 @@ thread_local Scratch t_scratch;
 thread_local std::vector<float> t_dequant;
 
 constexpr int64_t kFallbackRows = 16;
-constexpr size_t kActL2Budget = 256 * 1024;
-constexpr int64_t kParallelQuantElems = 16 * 1024;  // activations worth quantizing on several threads  // bytes of activations kept hot while the weights stream
+constexpr size_t kActL2Budget = 256 * 1024;         // bytes of activations kept hot while the weights stream
+constexpr int64_t kParallelQuantElems = 16 * 1024;  // activations worth quantizing on several threads
 
 struct MatmulArgs {
     const KernelTable* table;
