@@ -76,7 +76,9 @@ FixedTaps to_fixed(const AaTaps& t) {
 
 uint8_t clamp_u8(int32_t v) { return uint8_t(std::clamp(v, 0, 255)); }
 
-// One pass along x (horizontal) or y: src [h, w, 3] -> dst.
+// One pass along x (horizontal) or y: src [h, w, 3] -> dst. Integer sums, so the order of the terms is
+// free: a horizontal pass walks each row's taps in place, a vertical one adds whole source rows into a
+// row of sums (contiguous, vectorised).
 RgbImage pass(const RgbImage& src, int out, bool horizontal) {
     const int in = horizontal ? src.width : src.height;
     const AaTaps taps = aa_taps(in, out);
@@ -86,21 +88,40 @@ RgbImage pass(const RgbImage& src, int out, bool horizontal) {
     dst.height = horizontal ? src.height : out;
     dst.rgb.resize(size_t(dst.width) * size_t(dst.height) * 3);
     const int32_t half = fx.precision > 0 ? 1 << (fx.precision - 1) : 0;
-    for (int y = 0; y < dst.height; ++y)
-        for (int x = 0; x < dst.width; ++x) {
-            const int i = horizontal ? x : y;
-            const int16_t* w = &fx.w[size_t(i) * size_t(taps.max_size)];
-            for (int c = 0; c < 3; ++c) {
-                int32_t acc = half;
-                for (int j = 0; j < taps.size[size_t(i)]; ++j) {
-                    const int s = taps.start[size_t(i)] + j;
-                    const size_t idx = horizontal ? (size_t(y) * size_t(src.width) + size_t(s)) * 3 + size_t(c)
-                                                  : (size_t(s) * size_t(src.width) + size_t(x)) * 3 + size_t(c);
-                    acc += int32_t(w[j]) * src.rgb[idx];
+    const size_t ms = size_t(taps.max_size);
+    if (horizontal) {
+        for (int y = 0; y < dst.height; ++y) {
+            const uint8_t* row = &src.rgb[size_t(y) * size_t(src.width) * 3];
+            uint8_t* o = &dst.rgb[size_t(y) * size_t(dst.width) * 3];
+            for (int x = 0; x < dst.width; ++x) {
+                const int16_t* w = &fx.w[size_t(x) * ms];
+                const uint8_t* p = row + size_t(taps.start[size_t(x)]) * 3;
+                int32_t a0 = half, a1 = half, a2 = half;
+                for (int j = 0; j < taps.size[size_t(x)]; ++j, p += 3) {
+                    a0 += int32_t(w[j]) * p[0];
+                    a1 += int32_t(w[j]) * p[1];
+                    a2 += int32_t(w[j]) * p[2];
                 }
-                dst.rgb[(size_t(y) * size_t(dst.width) + size_t(x)) * 3 + size_t(c)] = clamp_u8(acc >> fx.precision);
+                o[3 * x] = clamp_u8(a0 >> fx.precision);
+                o[3 * x + 1] = clamp_u8(a1 >> fx.precision);
+                o[3 * x + 2] = clamp_u8(a2 >> fx.precision);
             }
         }
+        return dst;
+    }
+    const size_t n = size_t(src.width) * 3;
+    std::vector<int32_t> acc(n);
+    for (int y = 0; y < dst.height; ++y) {
+        std::fill(acc.begin(), acc.end(), half);
+        const int16_t* w = &fx.w[size_t(y) * ms];
+        for (int j = 0; j < taps.size[size_t(y)]; ++j) {
+            const uint8_t* r = &src.rgb[size_t(taps.start[size_t(y)] + j) * n];
+            const int32_t wj = w[j];
+            for (size_t i = 0; i < n; ++i) acc[i] += wj * r[i];
+        }
+        uint8_t* o = &dst.rgb[size_t(y) * n];
+        for (size_t i = 0; i < n; ++i) o[i] = clamp_u8(acc[i] >> fx.precision);
+    }
     return dst;
 }
 
