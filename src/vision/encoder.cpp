@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <mutex>
 
 #include "core/check.h"
@@ -235,26 +236,20 @@ Tensor VisionEncoder::run_tower(std::span<const PatchGrid> pieces, std::unique_l
     Tensor x = be.alloc(GgmlType::kF32, {n, rows});
     Scratch s(be);
     {
-        // Patches and position rows in the tower's order, the pieces one after another.
-        std::vector<float> host(size_t(rows * std::max(pdim, n)));
+        // Patches in the tower's order, the pieces one after another (every float written).
+        const auto host = std::make_unique_for_overwrite<float[]>(size_t(rows * pdim));
         for (int64_t b = 0; b < n_pieces; ++b)
             for (int64_t r = 0; r < np; ++r)
-                std::memcpy(host.data() + (b * np + r) * pdim,
+                std::memcpy(host.get() + (b * np + r) * pdim,
                             pieces[size_t(b)].patches.data() + order[size_t(r)] * pdim, size_t(pdim) * sizeof(float));
         Tensor in = s.get(pdim, rows);
-        be.write(in, host.data(), size_t(rows * pdim) * sizeof(float));
+        be.write(in, host.get(), size_t(rows * pdim) * sizeof(float));
         be.matmul(patch_w_, in, patch_b_, x);
-        // NaFlex: the square position table resized to this grid, once for all the pieces.
-        std::vector<float> pos(static_cast<size_t>(np * n));
-        resize_bilinear_aa_f32(pos_host_.data(), int(c.n_pos_side), int(c.n_pos_side), int(n), pos.data(), g.grid_h,
-                               g.grid_w);
-        for (int64_t b = 0; b < n_pieces; ++b)
-            for (int64_t r = 0; r < np; ++r)
-                std::memcpy(host.data() + (b * np + r) * n, pos.data() + order[size_t(r)] * n,
-                            size_t(n) * sizeof(float));
-        Tensor pt = s.get(n, rows);
-        be.write(pt, host.data(), size_t(rows * n) * sizeof(float));
-        be.add(x, pt, 1.0f, x);
+        // NaFlex: the square position table resized to this grid, sent once and added to every piece.
+        const std::shared_ptr<const std::vector<float>> pos = positions(g);
+        Tensor pt = s.get(n, np);
+        be.write(pt, pos->data(), size_t(np * n) * sizeof(float));
+        for (int64_t b = 0; b < n_pieces; ++b) be.add(x.row_slice(b * np, np), pt, 1.0f, x.row_slice(b * np, np));
     }
     Tensor h = s.get(n, rows), q = s.get(n, rows), k = s.get(n, rows), v = s.get(n, rows), a = s.get(n, rows);
     Tensor ff = s.get(c.n_ff, rows);
@@ -278,6 +273,26 @@ Tensor VisionEncoder::run_tower(std::span<const PatchGrid> pieces, std::unique_l
     }
     if (post_w_) be.layer_norm(x, post_w_, post_b_, c.eps, x);
     return x;
+}
+
+std::shared_ptr<const std::vector<float>> VisionEncoder::positions(const PatchGrid& g) const {
+    std::lock_guard<std::mutex> lock(pos_mu_);
+    const std::pair<int, int> key{g.grid_h, g.grid_w};
+    if (pos_grids_.size() >= kPositionGrids && !pos_grids_.count(key)) pos_grids_.clear();
+    auto& slot = pos_grids_[key];
+    if (!slot) {
+        const VisionConfig& c = cfg_;
+        const int64_t np = int64_t(g.grid_h) * g.grid_w, n = c.n_embd;
+        std::vector<float> pos(static_cast<size_t>(np * n));
+        resize_bilinear_aa_f32(pos_host_.data(), int(c.n_pos_side), int(c.n_pos_side), int(n), pos.data(), g.grid_h,
+                               g.grid_w);
+        const std::vector<int64_t> order = unshuffle_order(g);
+        auto rows = std::make_shared<std::vector<float>>(pos.size());
+        for (int64_t r = 0; r < np; ++r)
+            std::memcpy(rows->data() + r * n, pos.data() + order[size_t(r)] * n, size_t(n) * sizeof(float));
+        slot = std::move(rows);
+    }
+    return slot;
 }
 
 std::vector<float> VisionEncoder::tower(const PatchGrid& g) const {

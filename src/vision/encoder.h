@@ -8,6 +8,7 @@
 //   embeddings = mm.2 · gelu(mm.1 · LayerNorm(y) * input_norm)   [n_tokens, n_embd_text] (norm when present)
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -70,6 +71,7 @@ class VisionEncoder {
     // at the kernels' rate, so a larger batch would only hold more memory (a 1024x768 image's six
     // tiles at once: +250 MB of peak RSS, for 3% of its encode time).
     static constexpr int64_t kBatchPatchesDevice = 8192, kBatchPatchesCpu = 2048;
+    static constexpr size_t kPositionGrids = 8;
     // The tower's row order of a piece's patches (see encoder.cpp): order[row] = the patch's index.
     std::vector<int64_t> unshuffle_order(const PatchGrid& g) const;
     // Runs the tower on pieces of one grid, leaving x [n_pieces * n_patches, n_embd] on the device, rows
@@ -80,12 +82,18 @@ class VisionEncoder {
     // image (tens of seconds of a tiled image on a CPU).
     void give_way(std::unique_lock<FifoMutex>& lock) const;
     std::vector<float> project(const Tensor& x) const;
+    // The position table resized to a grid (NaFlex), rows in the tower's order: made once a grid size (a
+    // few milliseconds of double arithmetic, beside an encode of tens on a GPU) and kept, for the last
+    // kPositionGrids grid sizes (a tile's, and the thumbnails' that vary with the aspect ratio).
+    std::shared_ptr<const std::vector<float>> positions(const PatchGrid& g) const;
 
     Backend* be_ = nullptr;
     std::unique_ptr<gguf::File> file_;
     VisionConfig cfg_;
     std::vector<float> patch_w_host_;  // [n_embd, p * p * 3] in the patches' (y, x, c) order
     std::vector<float> pos_host_;      // [n_pos_side, n_pos_side, n_embd]
+    mutable std::mutex pos_mu_;
+    mutable std::map<std::pair<int, int>, std::shared_ptr<const std::vector<float>>> pos_grids_;  // positions()
     Tensor patch_w_, patch_b_;
     Tensor post_w_, post_b_;
     std::vector<VisionLayer> layers_;
