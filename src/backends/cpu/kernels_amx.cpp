@@ -6,7 +6,7 @@
 // 8,192 multiply-adds an instruction, 16 times the f32 FMA rate of a core. bfloat16 keeps 8
 // significant bits, so each operand goes in as a sum of two bfloat16 values, x = xh + xl (xl the
 // rounded rest, 16 bits together) and w = wh + wl, and a product as xh wh + xl wh + xh wl: the
-// missing xl wl term and xl's rounding are ~2^-17 of |x w|, near f32 arithmetic, where a single
+// missing xl wl term and xl's rounding are ~2^-16 of |x w| each, near f32 arithmetic, where a single
 // bfloat16 product would be off by ~2^-8. An F16 weight (11 bits) is exactly wh + wl; a BF16 weight
 // is wh alone, so its products take two passes instead of three.
 //
@@ -18,7 +18,7 @@
 // the call's sums between chunks), two activation tiles (4, 5) and two weight tiles (6, 7).
 // Bottleneck: the tile loads. A product takes 16 cycles when its tiles come from L1, ~2.5 times that
 // when one of them streams from L2, and the 2 x 2 blocking loads about a tile per product; a block's
-// activations and a pair's panels outgrow L1, so the products run at ~30% of their peak (bench/NOTES.md).
+// activations and a pair's panels outgrow L1, so the products run well below their peak (bench/NOTES.md).
 #include <immintrin.h>
 
 // GCC 12's AVX-512 headers trip -Wuninitialized in their own convert helpers.
@@ -34,11 +34,11 @@
 namespace cera::cpu {
 namespace {
 
-// Tokens a call (activation planes of 4 k bytes a token): the weights' split is shared by more tokens
-// the larger it is (256 tokens ran ~15% slower than 512).
+// Tokens a call (activation planes of 4 k bytes a token): the more tokens, the more of them share each
+// split of the weights.
 constexpr int64_t kTokens = 512;
-// Elements of k a weight panel holds. Smaller chunks that keep the panels in L1 ran slower (128: ~20%),
-// each adding a round trip of the output tiles and a split of the panels a chunk.
+// Elements of k a weight panel holds. Chunks small enough to keep the panels in L1 cost more than the L2
+// reads they save: each adds a round trip of the output tiles and a split of the panels.
 constexpr int64_t kChunk = 1024;
 
 // The table's own kernels, for few tokens.
