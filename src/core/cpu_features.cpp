@@ -13,30 +13,18 @@
 namespace cera {
 namespace {
 
-bool os_saves_avx512() {
+// The low half of XCR0 (the state components the OS saves), or 0 without OSXSAVE.
+unsigned xcr0() {
     unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;  // OSXSAVE
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return 0;
     unsigned lo, hi;
     __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    return (lo & 0xe6) == 0xe6;  // XMM, YMM, opmask, ZMM_Hi256, Hi16_ZMM
+    return lo;
 }
 
-bool os_saves_avx() {
-    unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;
-    unsigned lo, hi;
-    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    return (lo & 0x6) == 0x6;
-}
-
-// XTILECFG and XTILEDATA in XCR0: the OS saves the AMX tile state.
-bool os_saves_amx() {
-    unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;
-    unsigned lo, hi;
-    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    return (lo & 0x60000) == 0x60000;
-}
+bool os_saves_avx512() { return (xcr0() & 0xe6) == 0xe6; }  // XMM, YMM, opmask, ZMM_Hi256, Hi16_ZMM
+bool os_saves_avx() { return (xcr0() & 0x6) == 0x6; }
+bool os_saves_amx() { return (xcr0() & 0x60000) == 0x60000; }  // XTILECFG, XTILEDATA
 
 // Linux hands out the tile data state on request, per process; without the permission the first tile
 // instruction faults.

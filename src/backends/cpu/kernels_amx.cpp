@@ -168,24 +168,18 @@ void split_f32_rows(const float* w, size_t stride, int nr, int64_t k, int64_t k0
 
 // The weights of a product, as 16-row groups whose panels the tile kernel asks for (kLo: weights with
 // a lo half, three products a pair of halves; else two).
-struct F16Groups {  // packed F16
-    static constexpr bool kLo = true;
+template <bool kF16>
+struct PackedGroups {  // packed F16 (its lo halves split off) or BF16 (the tiles' layout already)
+    static constexpr bool kLo = kF16;
     const uint8_t* packed;
     size_t gs;
     int64_t rows, k;
     int64_t row(int64_t g) const { return g * kPackRows; }
     void panel(int64_t g, int64_t k0, int64_t kc, uint16_t* hi, uint16_t* lo) const {
-        split_f16_group(packed + size_t(g) * gs, k, k0, kc, hi, lo);
-    }
-};
-struct BF16Groups {  // packed BF16
-    static constexpr bool kLo = false;
-    const uint8_t* packed;
-    size_t gs;
-    int64_t rows, k;
-    int64_t row(int64_t g) const { return g * kPackRows; }
-    void panel(int64_t g, int64_t k0, int64_t kc, uint16_t* hi, uint16_t*) const {
-        copy_bf16_group(packed + size_t(g) * gs, k, k0, kc, hi);
+        if constexpr (kF16)
+            split_f16_group(packed + size_t(g) * gs, k, k0, kc, hi, lo);
+        else
+            copy_bf16_group(packed + size_t(g) * gs, k, k0, kc, hi);
     }
 };
 struct F32Rows {  // rows [r0, rows) of a row-major f32 matrix, group g from row r0 + 16 g
@@ -305,13 +299,13 @@ void gemm_tiles(const W& w, int64_t g0, int64_t g1, const uint8_t* act, size_t a
 void gemm_f16(const uint8_t* packed, size_t gs, int64_t g0, int64_t g1, int64_t rows, const uint8_t* act, size_t as,
               int64_t t0, int64_t t1, int64_t k, float* y, int64_t ldy) {
     if (t1 - t0 < kAmxMinTokens) return g_f16_fma(packed, gs, g0, g1, rows, act, as, t0, t1, k, y, ldy);
-    gemm_tiles(F16Groups{packed, gs, rows, k}, g0, g1, act, as, t0, t1, y, ldy);
+    gemm_tiles(PackedGroups<true>{packed, gs, rows, k}, g0, g1, act, as, t0, t1, y, ldy);
 }
 
 void gemm_bf16(const uint8_t* packed, size_t gs, int64_t g0, int64_t g1, int64_t rows, const uint8_t* act, size_t as,
                int64_t t0, int64_t t1, int64_t k, float* y, int64_t ldy) {
     if (t1 - t0 < kAmxMinTokens) return g_bf16_fma(packed, gs, g0, g1, rows, act, as, t0, t1, k, y, ldy);
-    gemm_tiles(BF16Groups{packed, gs, rows, k}, g0, g1, act, as, t0, t1, y, ldy);
+    gemm_tiles(PackedGroups<false>{packed, gs, rows, k}, g0, g1, act, as, t0, t1, y, ldy);
 }
 
 // Unpacked f32 weights, rows [r0, r1).
