@@ -141,6 +141,8 @@ void attention_full_via_host(Backend& be, const Tensor& q, const Tensor& k, cons
 void argmax_via_host(Backend& be, const Tensor& x, const Tensor& out);
 // Backend::argmax_feed's default: argmax(), then the pick and the next position through the host.
 void argmax_feed_via_host(Backend& be, const Tensor& x, const Tensor& out, const Tensor& ids, const Tensor& pos);
+// The ints of one Backend::short_conv_segments descriptor.
+constexpr int kConvSegInts = 6;
 // Backend::short_conv_segments's default.
 void short_conv_segments_via_host(Backend& be, const Tensor& bcx, const Tensor& w, const Tensor& states,
                                   const Tensor& out, const Tensor& segs, const Tensor& snaps, const Tensor& snapshots);
@@ -301,7 +303,10 @@ class Backend {
     // copied to row `row` of `snapshots`.
     //   bcx: f32 [n_tokens, 3 * n_embd]; w: f32 [n_embd, L]; states: f32 [n_slots, (L - 1) * n_embd]
     //   (each row laid out as short_conv's state); out: f32 [n_tokens, n_embd];
-    //   segs: i32 [n_seg, 5]: start, n, slot, first snapshot, snapshot count (segments in row order);
+    //   segs: i32 [n_seg, kConvSegInts]: start, n, slot, first snapshot, snapshot count, source
+    //   (segments in row order); source -1: the state before the segment is row `slot` of states, else
+    //   it is row `source` of snapshots (a rewind to a kept state without a copy; no segment of the call
+    //   may write that row as a snapshot);
     //   snaps: i32 [n_snaps, 2]: end (1..n), row (a segment's in increasing `end`), empty when none;
     //   snapshots: f32 [n_rows, (L - 1) * n_embd], empty when there are no snapshots
     // The default reads segs and snaps to the host and runs short_conv and copy per piece.

@@ -60,7 +60,7 @@ struct Step {
     // Several sequences (the batched engine): the short-conv layers run every sequence's rows in one
     // Backend::short_conv_segments call with these descriptors, layer il's sequence states being
     // conv_states[il] and its kept snapshots cache[il].conv. Empty: one sequence, its state cache[il].conv.
-    Tensor conv_segs, conv_snaps;         // i32 [n_seg, 5], [n_snaps, 2]
+    Tensor conv_segs, conv_snaps;         // i32 [n_seg, kConvSegInts], [n_snaps, 2]
     std::span<const Tensor> conv_states;  // [n_layer]: f32 [n_slots, (L - 1) * n_embd] (short-conv layers)
     Tensor kv_rows;    // i32 [n_tokens]: the cache row that receives each token's K and V
     KvPaging paging;   // how attention finds a sequence's rows (backend.h); empty: one sequence, row = position

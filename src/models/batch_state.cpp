@@ -75,7 +75,7 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
     serial_ = new_step_serial();
     if (recurrent_) {
         // A step's snapshots: one every snapshot_blocks blocks of its tokens, plus one a sequence.
-        segs_t_ = be_.alloc(GgmlType::kI32, {5, ns});
+        segs_t_ = be_.alloc(GgmlType::kI32, {kConvSegInts, ns});
         snaps_t_ = be_.alloc(GgmlType::kI32, {2, nt / (int64_t(block_) * snapshot_blocks_) + ns * (2 + max_draft_)});
     }
 }
@@ -338,7 +338,7 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out, const std
         if (before == 0) s.verify_from = s.position;
         s.verify_n = e.verify ? before + int32_t(e.tokens.size()) : 0;
         segs.insert(segs.end(), {int32_t(ids_host_.size()), int32_t(e.tokens.size()), int32_t(e.seq),
-                                 int32_t(snap_first), int32_t(snaps.size() / 2 - snap_first)});
+                                 int32_t(snap_first), int32_t(snaps.size() / 2 - snap_first), -1});
         for (size_t i = 0; i < e.tokens.size(); ++i) {
             const int32_t p = s.position + int32_t(i);
             ids_host_.push_back(e.tokens[i]);

@@ -172,7 +172,7 @@ class BatchState {
     Tensor hidden_, logits_;  // [max_seqs, n_embd], [max_seqs, n_vocab]
     Tensor picks_t_;          // i32 [max_seqs]: arg-max ids
     std::vector<Tensor> conv_states_;  // [n_layer]: short-conv layers: f32 [max_seqs, (L - 1) * n_embd], a row a slot
-    Tensor segs_t_, snaps_t_;          // i32 [max_seqs, 5], [.., 2]: Backend::short_conv_segments's descriptors
+    Tensor segs_t_, snaps_t_;  // i32 [max_seqs, kConvSegInts], [.., 2]: Backend::short_conv_segments's descriptors
     Tensor top_t_, gather_t_;  // i32: the kTop entries' top_logits words and gather ids, one after another
     std::vector<int32_t> ids_host_, pos_host_, rows_host_, seq_host_;
     std::vector<LoraRows> lora_rows_, lora_out_;

@@ -32,10 +32,11 @@ constexpr uint64_t kKeyOutput = 4;  // the final norm of the output row runs ins
 constexpr uint64_t kKeyArgmax = 8;  // the greedy arg-max of the logits runs inside the step
 constexpr uint64_t kKeyRow1 = 16;   // the step's logits go to row 1 of logits_ (greedy_ahead())
 constexpr uint64_t kKeyKeep = 32;   // the step keeps every token's conv states (run_keeping())
+constexpr uint64_t kKeyPicks = 64;  // the arg-max of every output row runs inside the step (EvalRequest::argmax)
 // Steps of up to kGraphTokens tokens are recorded too (speculative verifications, short prompt chunks):
-// their token count and output rows go into the key, 5 bits each from bit 6.
+// their token count and output rows go into the key, 5 bits each from bit 7.
 constexpr int64_t kGraphTokens = 16;
-constexpr int kKeyTokensShift = 6;
+constexpr int kKeyTokensShift = 7;
 static_assert(kKeyTokensShift + 15 <= kKeyBits && kGraphTokens <= 16, "step keys: tokens, first and count of rows");
 
 Tensor first_rows(const Tensor& t, int64_t n) { return t ? t.row_slice(0, n) : t; }
@@ -91,18 +92,22 @@ class SequenceState final : public ModelState {
                 kept_[il].conv = be_.alloc(GgmlType::kF32, {w, kept_rows_});
                 conv_rows_[il] = cache_[il].conv.reshaped(w, 1);
             }
-            segs_t_ = be_.alloc(GgmlType::kI32, {5, 1});
-            snaps_t_ = be_.alloc(GgmlType::kI32, {2, kept_rows_});
         }
         const int64_t nb = n_batch_, n_embd = info.n_embd;
-        ids_ = be_.alloc(GgmlType::kI32, {nb});
-        pos_t_ = be_.alloc(GgmlType::kI32, {nb});
+        // A step's inputs in one buffer, written with one copy: a kept run's conv descriptors, then the
+        // ids and the positions, each from a fixed place (a greedy step feeds the next one's first).
+        ids_off_ = kept_rows_ > 0 ? kConvSegInts + 2 * int64_t(kept_rows_) : 0;
+        inputs_ = be_.alloc(GgmlType::kI32, {ids_off_ + 2 * nb});
+        inputs_host_.resize(size_t(inputs_.n_elements()));
+        if (kept_rows_ > 0) {
+            segs_t_ = input_ints(0, kConvSegInts).reshaped(kConvSegInts, 1);
+            snaps_t_ = input_ints(kConvSegInts, 2 * int64_t(kept_rows_)).reshaped(2, kept_rows_);
+        }
         act_.alloc(be_, arch_, nb);
         hidden_ = be_.alloc(GgmlType::kF32, {n_embd, nb});
         logits_ = be_.alloc(GgmlType::kF32, {info.n_vocab, std::max<int64_t>(2, std::min<int64_t>(kLogitRows, nb))});
         next_id_ = be_.alloc(GgmlType::kI32, {1});
         picks_t_ = be_.alloc(GgmlType::kI32, {logits_.rows()});
-        pos_host_.resize(size_t(nb));
     }
 
     ~SequenceState() override {
@@ -115,11 +120,8 @@ class SequenceState final : public ModelState {
         }
         for (LayerCache& c : kept_)
             if (c.conv) be_.free(c.conv);
-        be_.free(segs_t_);
-        be_.free(snaps_t_);
         act_.free(be_);
-        for (Tensor* t : {&ids_, &pos_t_, &hidden_, &logits_, &next_id_, &picks_t_, &top_out_, &top_gather_})
-            be_.free(*t);
+        for (Tensor* t : {&inputs_, &hidden_, &logits_, &next_id_, &picks_t_, &top_out_, &top_gather_}) be_.free(*t);
     }
 
     EvalResult eval(const EvalRequest& rq) override {
@@ -178,6 +180,7 @@ class SequenceState final : public ModelState {
         position_ = 0;
         logits_held_ = false;
         kept_base_ = -1;
+        rewind_row_ = -1;  // the conv states are written anew
         for (LayerCache& c : cache_)
             if (c.conv) be_.zero(c.conv);
     }
@@ -194,6 +197,7 @@ class SequenceState final : public ModelState {
     void save_state(std::vector<uint8_t>& out) const override {
         std::lock_guard<FifoMutex> exec_lock(be_.exec_mutex());
         settle();
+        rewind();
         out.resize(state_size());
         SavedHeader hd{
             kStateMagic, kStateVersion,      uint32_t(cache_.size()), kv_code(model_.options()), position_,
@@ -237,6 +241,7 @@ class SequenceState final : public ModelState {
         }
         logits_held_ = false;
         kept_base_ = -1;
+        rewind_row_ = -1;  // the conv states are written anew
         size_t off = sizeof hd;
         for (const LayerCache& c : cache_) {
             if (c.k) {
@@ -276,13 +281,15 @@ class SequenceState final : public ModelState {
                         "truncate to %d of %d tokens: the conv state cannot be rewound past %d", n, position_,
                         rewind_floor());
         if (n < position_ && has_recurrent_state()) {
-            // The state after token n: the one before the kept run, or the snapshot after its token n.
-            for (size_t il = 0; il < cache_.size(); ++il) {
-                if (!cache_[il].conv) continue;
-                if (n == kept_base_)
-                    be_.copy(cache_[il].conv, cache_[il].conv_prev);
-                else
-                    be_.copy(conv_rows_[il], kept_[il].conv.row_slice(n - kept_base_ - 1, 1));
+            // The state after token n: the one before the kept run, or the snapshot after its token n. The
+            // snapshot is not copied yet: the next step of the run starts from it (run_keeping()), any
+            // other use of the conv states copies it first (rewind()).
+            rewind_row_ = -1;
+            if (n == kept_base_) {
+                for (const LayerCache& c : cache_)
+                    if (c.conv) be_.copy(c.conv, c.conv_prev);
+            } else {
+                rewind_row_ = n - kept_base_ - 1;
             }
             kept_count_ = n - kept_base_;
         }
@@ -314,17 +321,20 @@ class SequenceState final : public ModelState {
                         kept_rows_);
         if (kept_base_ < 0 || kept_base_ + kept_count_ != position_ || kept_count_ + n > kept_rows_) {
             // A new run of kept states starts here; conv_prev holds the state before it.
+            rewind();
             for (const LayerCache& c : cache_)
                 if (c.conv) be_.copy(c.conv_prev, c.conv);
             kept_base_ = position_;
             kept_count_ = 0;
         }
-        std::vector<int32_t>& host = kept_host_;
-        host.assign({0, int32_t(n), 0, 0, int32_t(n)});
-        be_.write(segs_t_, host.data(), 5 * sizeof(int32_t));
-        host.clear();
-        for (int32_t i = 0; i < int32_t(n); ++i) host.insert(host.end(), {i + 1, kept_count_ + i});
-        be_.write(snaps_t_, host.data(), host.size() * sizeof(int32_t));
+        // The descriptors go to the device with the step's ids (run()): one segment that starts from the
+        // rewound-to kept state if a truncate() left one, snapshots after each token in the rows after it.
+        int32_t* host = inputs_host_.data();
+        const int32_t seg[kConvSegInts] = {0, int32_t(n), 0, 0, int32_t(n), rewind_row_};
+        std::copy_n(seg, kConvSegInts, host);
+        for (int32_t i = 0; i < int32_t(n); ++i)
+            host[kConvSegInts + 2 * i] = i + 1, host[kConvSegInts + 2 * i + 1] = kept_count_ + i;
+        rewind_row_ = -1;  // the step writes the state it ends with into cache_'s conv rows
         const int32_t base = kept_base_, count = kept_count_;
         run(rq.tokens, rq.logits, rq.all_logits, rq.hidden, /*greedy=*/false, 0, false, /*keeping=*/n);
         kept_base_ = base;
@@ -360,7 +370,7 @@ class SequenceState final : public ModelState {
             run(tokens, nullptr, false, nullptr, /*greedy=*/true);
             logits_held_ = true;
         }
-        // The pick is in next_id_ (and fed into ids_ / pos_t_ for the next step). Its read (a copy, or the
+        // The pick is in next_id_ (and fed into the next step's id and position). Its read (a copy, or the
         // backend's mailbox) is queued before the step that evaluates it, which runs while the host waits.
         const int ticket = be_.read_fed_async(next_id_);
         if (position_ < n_ctx_) {
@@ -411,15 +421,23 @@ class SequenceState final : public ModelState {
 
     // Undoes the step greedy_ahead() queued last and nobody took: its position, conv states and logits
     // row go back to what they were before it (its KV rows lie past the position, unread).
+    // A rewind that truncate() left pending: the kept snapshot into cache_'s conv states.
+    void rewind() const {
+        if (rewind_row_ < 0) return;
+        for (size_t il = 0; il < cache_.size(); ++il)
+            if (cache_[il].conv) be_.copy(conv_rows_[il], kept_[il].conv.row_slice(rewind_row_, 1));
+        rewind_row_ = -1;
+    }
+
     void settle() const {
         if (!pending_) return;
         pending_ = false;
-        fed_ = false;  // ids_ / pos_t_ hold what the undone step fed back
+        fed_ = false;  // the inputs hold what the undone step fed back
         for (const LayerCache& c : cache_)
             if (c.conv) be_.copy(c.conv, c.conv_prev);
     }
 
-    // One greedy single-token step on what the last greedy step fed back (ids_ and pos_t_ on the device):
+    // One greedy single-token step on what the last greedy step fed back (its id and position on the device):
     // its logits go to logits_ row `row`, its pick to next_id_ (and fed back again). The position does
     // not move: the caller owns the step until it stands or is undone.
     void run_fed(int row) {
@@ -435,7 +453,7 @@ class SequenceState final : public ModelState {
 
     // Every head of eval() and the steps of greedy_ahead(), with the exec mutex held. greedy: the last
     // token's logits stay in logits_ row `row` (0 or 1, single-token steps only) and their arg-max goes to
-    // next_id_ and is fed back into ids_ / pos_t_ (Backend::argmax_feed), all inside the step. fed: one
+    // next_id_ and is fed back as the next step's input (Backend::argmax_feed), all inside the step. fed: one
     // token that is already on the device (run_fed()).
     void run(std::span<const int32_t> tokens, float* logits_out, bool all_logits, float* hidden_out, bool greedy,
              int row = 0, bool fed = false, int64_t keeping = 0) {
@@ -457,6 +475,7 @@ class SequenceState final : public ModelState {
         int32_t* const argmax_out = argmax_out_;
         const bool want_out = logits_out || hidden_out || greedy || argmax_out;
         int64_t out_row = 0;  // next row of logits_out / hidden_out
+        if (keeping == 0) rewind();
         for (int64_t off = 0; off < n; off += n_batch_) {
             const int64_t nt = std::min<int64_t>(n_batch_, n - off);
             const bool last = off + nt == n;
@@ -466,10 +485,13 @@ class SequenceState final : public ModelState {
                 r0 = 0, nr = nt;
             else if (want_out && last)
                 r0 = nt - 1, nr = 1;
-            if (!fed) {
-                for (int64_t i = 0; i < nt; ++i) pos_host_[size_t(i)] = int32_t(position_ + off + i);
-                be_.write(ids_, tokens.data() + off, size_t(nt) * sizeof(int32_t));
-                be_.write(pos_t_, pos_host_.data(), size_t(nt) * sizeof(int32_t));
+            if (!fed) {  // the ids, the positions and (run_keeping()) the conv descriptors before them
+                int32_t* host = inputs_host_.data();
+                std::copy_n(tokens.data() + off, nt, host + ids_off_);
+                for (int64_t i = 0; i < nt; ++i) host[ids_off_ + n_batch_ + i] = int32_t(position_ + off + i);
+                const int64_t from = keeping > 0 ? 0 : ids_off_;
+                be_.write(inputs_, host + from, size_t(ids_off_ + n_batch_ + nt - from) * sizeof(int32_t),
+                          size_t(from) * sizeof(int32_t));
             }
             const bool lm_in_step = (logits_out || greedy || argmax_out) && nr > 0 && nr <= kLogitRows;
             Step s = make_step(nt);
@@ -488,11 +510,13 @@ class SequenceState final : public ModelState {
             const bool has_embd = !fed && chunk_has_embd(off, nt);
             const bool graphable = nt <= kGraphTokens && !has_embd;
             const bool argmax_in_step = greedy && nr > 0;  // greedy: nr == 1 on the last chunk only
+            const bool picks_in_step = argmax_out && lm_in_step;
             const uint64_t shape = uint64_t(nt - 1) | uint64_t(r0) << 5 | uint64_t(nr) << 10;
-            const uint64_t key = ((serial_ << kKeyBits) | kKeyStep | (lm_in_step ? kKeyLmHead : 0) |
-                                  (nr > 0 ? kKeyOutput : 0) | (argmax_in_step ? kKeyArgmax : 0) | (row ? kKeyRow1 : 0) |
-                                  (keeping > 0 ? kKeyKeep : 0) | shape << kKeyTokensShift) ^
-                                 lora_rows_key(lora_rows_, lora_out_);
+            const uint64_t key =
+                ((serial_ << kKeyBits) | kKeyStep | (lm_in_step ? kKeyLmHead : 0) | (nr > 0 ? kKeyOutput : 0) |
+                 (argmax_in_step ? kKeyArgmax : 0) | (row ? kKeyRow1 : 0) | (keeping > 0 ? kKeyKeep : 0) |
+                 (picks_in_step ? kKeyPicks : 0) | shape << kKeyTokensShift) ^
+                lora_rows_key(lora_rows_, lora_out_);
             if (!graphable || !be_.step_begin(key)) {
                 be_.embed(arch_.head.token_embd, s.ids, arch_.head.embedding_scale, s.x);
                 if (has_embd) write_embd(s.x, off, nt);
@@ -503,7 +527,8 @@ class SequenceState final : public ModelState {
                                  hidden_.row_slice(0, nr));
                 if (lm_in_step) lm_head(0, nr, row);
                 if (argmax_in_step)
-                    be_.argmax_feed(logits_.row_slice(row, 1), next_id_, ids_.row_slice(0, 1).reshaped(1), s.pos);
+                    be_.argmax_feed(logits_.row_slice(row, 1), next_id_, s.ids.row_slice(0, 1).reshaped(1), s.pos);
+                if (picks_in_step) be_.argmax(logits_.row_slice(0, nr), picks_t_.reshaped(nr));
                 if (graphable) be_.step_end();
             }
             if (nr > 0) {
@@ -515,7 +540,7 @@ class SequenceState final : public ModelState {
                         const int64_t m = std::min(kLogitRows, nr - j);
                         if (!lm_in_step) lm_head(j, m);
                         if (argmax_out) {
-                            be_.argmax(logits_.row_slice(0, m), picks_t_.reshaped(m));
+                            if (!picks_in_step) be_.argmax(logits_.row_slice(0, m), picks_t_.reshaped(m));
                             be_.read(argmax_out + out_row + j, picks_t_, size_t(m) * sizeof(int32_t));
                         }
                         if (logits_out) be_.read(logits_out + (out_row + j) * n_vocab, logits_, size_t(m * n_vocab) * 4);
@@ -582,8 +607,8 @@ class SequenceState final : public ModelState {
         Step s;
         s.be = &be_;
         s.n_tokens = nt;
-        s.ids = ids_.row_slice(0, 1).reshaped(nt);
-        s.pos = pos_t_.row_slice(0, 1).reshaped(nt);
+        s.ids = input_ints(ids_off_, nt).reshaped(nt);
+        s.pos = input_ints(ids_off_ + n_batch_, nt).reshaped(nt);
         act_.view(s, nt);
         s.cache = std::span<LayerCache>(cache_);
         s.kv_rows = s.pos;
@@ -603,7 +628,12 @@ class SequenceState final : public ModelState {
     int32_t position_ = 0;
     uint64_t serial_ = 0;
     std::vector<LayerCache> cache_;  // [n_layer]
-    Tensor ids_, pos_t_;             // i32 [n_batch]
+    // i32: [segs_t_ (kConvSegInts), snaps_t_ (2 kept_rows_)] when conv states are kept, then from
+    // ids_off_ n_batch ids and n_batch positions (make_step()). inputs_host_: its host copy.
+    Tensor inputs_;
+    int64_t ids_off_ = 0;
+    std::vector<int32_t> inputs_host_;
+    Tensor input_ints(int64_t from, int64_t n) const { return inputs_.reshaped(1, inputs_.ne[0]).row_slice(from, n); }
     Tensor top_out_, top_gather_;    // top(): i32 [1 + 2 m + n_gather], i32 [n_gather]
     std::vector<int32_t> top_host_;
     StepBuffers act_;           // the activations of n_batch tokens
@@ -615,21 +645,22 @@ class SequenceState final : public ModelState {
     const std::function<void()>* meanwhile_ = nullptr;  // the current eval()'s EvalRequest::meanwhile, until run
     bool logits_held_ = false;  // logits_ row held_row_ holds the last token's logits of a greedy or top-k head
     int held_row_ = 0;          // 0, or 1 after steps of greedy_ahead()
-    mutable bool fed_ = false;  // ids_[0] / pos_t_[0] hold the last greedy step's pick and the next position
+    mutable bool fed_ = false;  // the first id and position hold the last greedy step's pick and the next position
     // greedy_ahead(): a step queued on the device that evaluates pending_token_, logits in pending_row_;
     // it stands when the next call evaluates that token; any other call first undoes it (settle()).
     mutable bool pending_ = false;
     int32_t pending_token_ = -1;
     int pending_row_ = 0;
-    std::vector<int32_t> pos_host_;  // [n_batch]
     // Kept states (EvalRequest::keep_states), on states with conv layers: kept_ is cache_ with each conv
     // layer's `conv` replaced by f32 [kept_rows_, (L - 1) * n_embd] snapshots; row i holds the state after
     // position kept_base_ + i + 1, for i < kept_count_; conv_prev holds the one at kept_base_ (-1: none).
     int32_t kept_rows_ = 0, kept_base_ = -1, kept_count_ = 0;
     std::vector<LayerCache> kept_;
     std::vector<Tensor> conv_rows_;  // [n_layer]: cache_[il].conv seen as f32 [1, (L - 1) * n_embd]
-    Tensor segs_t_, snaps_t_;        // i32 [1, 5], [kept_rows_, 2]: Backend::short_conv_segments's descriptors
-    std::vector<int32_t> kept_host_;
+    Tensor segs_t_, snaps_t_;        // views of inputs_: Backend::short_conv_segments's descriptors
+    // After a truncate() inside a kept run: the conv states are kept_ row rewind_row_, not yet copied
+    // into cache_ (rewind()); -1: cache_ holds them.
+    mutable int32_t rewind_row_ = -1;
     LoraSet lora_;                   // the adapters applied (set_lora)
     std::span<const EmbdRun> embd_;  // during eval(): the request's embedding runs
     std::vector<LoraRows> lora_rows_, lora_out_;

@@ -87,30 +87,36 @@ TEST(OpHarness, ShortConv) {
 }
 
 // short_conv_segments: the chunks of several sequences in one call, each on its own state row, in
-// scrambled slots; snapshots inside chunks (at a chunk's first token, mid-chunk, at its end) and none.
+// scrambled slots; snapshots inside chunks (at a chunk's first token, mid-chunk, at its end) and none;
+// two segments start from a snapshot row (a rewind) instead of their slot's state.
 // Outputs within short_conv's bound, states and snapshots bit for bit.
 TEST(OpHarness, ShortConvSegments) {
     std::mt19937 rng(18);
     struct Seg {
         int64_t n, slot;
         std::vector<int64_t> ends;  // snapshot ends
+        int32_t source = -1;        // the snapshot row it starts from, -1: its slot
     };
-    const std::vector<Seg> segs = {{40, 3, {16, 32}}, {1, 0, {}}, {1, 5, {1}}, {7, 1, {2, 7}}, {2, 4, {}}, {20, 2, {20}}};
-    const int64_t n_slots = 6, n_rows = 8;
+    const std::vector<Seg> segs = {{40, 3, {16, 32}}, {1, 0, {}},    {1, 5, {1}},
+                                   {7, 1, {2, 7}, 6}, {2, 4, {}, 7}, {20, 2, {20}}};
+    const int64_t n_slots = 6, n_rows = 8;  // rows 6 and 7: no segment writes them
     for (int64_t n_embd : {int64_t(64), int64_t(37)}) {
         for (int64_t L : {int64_t(3), int64_t(4)}) {
             const int64_t ns = L - 1, sw = ns * n_embd;
             const std::vector<float> w = randn(size_t(n_embd * L), rng), st0 = randn(size_t(n_slots * sw), rng);
+            const std::vector<float> rows0 = randn(size_t(n_rows * sw), rng);
             int64_t n_tokens = 0;
             for (const Seg& g : segs) n_tokens += g.n;
             const std::vector<float> bcx = randn(size_t(n_tokens * 3 * n_embd), rng);
             // The reference: outputs with bounds, states and snapshot rows.
             std::vector<double> out(size_t(n_tokens * n_embd)), bound(out.size());
-            std::vector<float> states = st0, snaps_want(size_t(n_rows * sw), 0.0f);
+            std::vector<float> states = st0, snaps_want = rows0;
             std::vector<int32_t> desc, snaps;
             int64_t row0 = 0, snap_row = 0;
             for (const Seg& g : segs) {
-                std::vector<float> pad(st0.begin() + g.slot * sw, st0.begin() + (g.slot + 1) * sw);
+                const std::vector<float>& from = g.source >= 0 ? rows0 : st0;
+                const int64_t at = g.source >= 0 ? g.source : g.slot;
+                std::vector<float> pad(from.begin() + at * sw, from.begin() + (at + 1) * sw);
                 for (int64_t t = 0; t < g.n; ++t)
                     for (int64_t c = 0; c < n_embd; ++c) {
                         const float* r = bcx.data() + (row0 + t) * 3 * n_embd;
@@ -128,7 +134,7 @@ TEST(OpHarness, ShortConvSegments) {
                         bound[size_t((row0 + t) * n_embd + c)] = gamma(L + 2) * std::fabs(cg) * mag + 1e-37;
                     }
                 desc.insert(desc.end(), {int32_t(row0), int32_t(g.n), int32_t(g.slot), int32_t(snaps.size() / 2),
-                                         int32_t(g.ends.size())});
+                                         int32_t(g.ends.size()), g.source});
                 for (int64_t e : g.ends) {
                     snaps.push_back(int32_t(e)), snaps.push_back(int32_t(snap_row));
                     std::copy(pad.begin() + e * n_embd, pad.begin() + (e + ns) * n_embd, snaps_want.begin() + snap_row * sw);
@@ -142,9 +148,9 @@ TEST(OpHarness, ShortConvSegments) {
                 OnBackend ob(t);
                 const Tensor W = ob.f32({L, n_embd}, w), S = ob.f32({sw, n_slots}, st0);
                 const Tensor BCX = ob.f32({3 * n_embd, n_tokens}, bcx), OUT = ob.alloc(GgmlType::kF32, {n_embd, n_tokens});
-                const Tensor D = ob.alloc(GgmlType::kI32, {5, int64_t(segs.size())}, desc.data());
+                const Tensor D = ob.alloc(GgmlType::kI32, {kConvSegInts, int64_t(segs.size())}, desc.data());
                 const Tensor P = ob.alloc(GgmlType::kI32, {2, int64_t(snaps.size() / 2)}, snaps.data());
-                const Tensor R = ob.f32({sw, n_rows}, std::vector<float>(size_t(n_rows * sw), 0.0f));
+                const Tensor R = ob.f32({sw, n_rows}, rows0);
                 ob.be().short_conv_segments(BCX, W, S, OUT, D, P, R);
                 Checker c(str(t.name, " short_conv_segments L ", L, " n_embd ", n_embd));
                 const std::vector<float> y = ob.read(OUT), st = ob.read(S), sn = ob.read(R);

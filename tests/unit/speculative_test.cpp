@@ -105,7 +105,8 @@ TEST_P(SpeculativeGreedy, EqualsPlainGreedyByLookupAndWithADraftModel) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, SpeculativeGreedy, ::testing::ValuesIn(kModels));
 
 // Keeping the conv states through a verification-sized evaluation, truncating back to each position, and
-// evaluating on from there gives the logits a state that never went past that position gives.
+// evaluating on from there gives the logits a state that never went past that position gives: evaluating
+// plainly, keeping states again (the run goes on from the kept state), or after a save and restore.
 TEST(SpeculativeRollback, TruncateAfterKeptStatesMatchesAFreshEvaluation) {
     auto engine = load("tiny-lfm2");
     const cera::Model& model = *engine->impl().model;
@@ -115,24 +116,33 @@ TEST(SpeculativeRollback, TruncateAfterKeptStatesMatchesAFreshEvaluation) {
     const std::vector<int32_t> other = {11, 500, 77, 1200};                     // a different continuation
     const size_t n_vocab = size_t(engine->info().n_vocab);
     for (int32_t keep = 0; keep <= int32_t(rest.size()); keep += 3) {
-        auto st = model.create_state(256);
-        ASSERT_TRUE(st->has_recurrent_state());
-        st->eval({.tokens = head});
-        EXPECT_EQ(st->rewind_floor(), 40);
-        st->eval({.tokens = rest, .keep_states = true});
-        EXPECT_EQ(st->rewind_floor(), 40);
-        st->truncate(40 + keep);
-        std::vector<float> got(n_vocab * other.size()), want(n_vocab * other.size());
-        st->eval({.tokens = other, .all_logits = true, .logits = got.data()});
-
         std::vector<int32_t> seq = head;
         seq.insert(seq.end(), rest.begin(), rest.begin() + keep);
+        std::vector<float> want(n_vocab * other.size());
         auto fresh = model.create_state(256);
         fresh->eval({.tokens = seq});
         fresh->eval({.tokens = other, .all_logits = true, .logits = want.data()});
-        float worst = 0;
-        for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
-        EXPECT_LT(worst, 1e-4f) << "kept " << keep;
+        for (const char* then : {"plain", "kept", "saved"}) {
+            auto st = model.create_state(256);
+            ASSERT_TRUE(st->has_recurrent_state());
+            st->eval({.tokens = head});
+            EXPECT_EQ(st->rewind_floor(), 40);
+            st->eval({.tokens = rest, .keep_states = true});
+            EXPECT_EQ(st->rewind_floor(), 40);
+            st->truncate(40 + keep);
+            std::vector<float> got(n_vocab * other.size());
+            const std::string how = then;
+            if (how == "saved") {
+                std::vector<uint8_t> bytes;
+                st->save_state(bytes);
+                st = model.create_state(256);
+                st->restore_state(bytes);
+            }
+            st->eval({.tokens = other, .all_logits = true, .logits = got.data(), .keep_states = how == "kept"});
+            float worst = 0;
+            for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
+            EXPECT_LT(worst, 1e-4f) << "kept " << keep << ", then " << how;
+        }
     }
     // Runs of kept states add up across evaluations, and anything else ends them.
     auto st = model.create_state(256);

@@ -125,12 +125,15 @@ void CudaBackend::short_conv(const Tensor& bcx, const Tensor& w, const Tensor& s
     record(c);
 }
 
+static_assert(cuda::kConvSegInts == kConvSegInts, "kernels.h and backend.h: one descriptor size");
+
 void CudaBackend::short_conv_segments(const Tensor& bcx, const Tensor& w, const Tensor& states, const Tensor& out,
                                       const Tensor& segs, const Tensor& snaps, const Tensor& snapshots) {
     const int64_t n_embd = out.ne[0], L = w.ne[0];
     CERA_CHECK(w.type == GgmlType::kF32 && bcx.ne[0] == 3 * n_embd && states.ne[0] == (L - 1) * n_embd &&
-                   segs.type == GgmlType::kI32 && segs.ne[0] == 5 && (!snapshots || snapshots.ne[0] == states.ne[0]),
-               "short_conv_segments: f32 weights, segs i32 [n_seg, 5], states and snapshots rows of (L - 1) * n_embd");
+                   segs.type == GgmlType::kI32 && segs.ne[0] == kConvSegInts &&
+                   (!snapshots || snapshots.ne[0] == states.ne[0]),
+               "short_conv_segments: f32 weights, segs i32 [n_seg, 6], states and snapshots rows of (L - 1) * n_embd");
     const cuda::WeightRef ref = weights_.ref_or_buffer(w);
     const float* wp = static_cast<const float*>(ref.image) + ref.row0 * ref.k;
     record(OtherNode{[=, this] {

@@ -130,11 +130,17 @@ __global__ void short_conv_state_kernel(const float* __restrict__ bcx, int L, fl
         if (j < L - 1) state[j * n + c] = nw[j];
 }
 
+// A segment's state before it: row `src` of the snapshots when given, else its own row of states.
+__device__ __forceinline__ const float* segment_state_in(const int32_t* d, const float* states, const float* snapshots,
+                                                         int L, int64_t n) {
+    return d[5] >= 0 ? snapshots + int64_t(d[5]) * (L - 1) * n : states + int64_t(d[2]) * (L - 1) * n;
+}
+
 // short_conv_segments, the outputs: a thread per (row, channel); the row's segment by a binary search
 // over the segments' starts, its pad rows before the segment's first from the segment's state.
 __global__ void conv_segments_out_kernel(const float* __restrict__ bcx, const float* __restrict__ w, int L,
                                          const float* __restrict__ states, const int32_t* __restrict__ segs,
-                                         int n_seg, int64_t n_tokens, int64_t n, float* out) {
+                                         int n_seg, const float* snapshots, int64_t n_tokens, int64_t n, float* out) {
     pdl_trigger();
     pdl_wait();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -143,12 +149,13 @@ __global__ void conv_segments_out_kernel(const float* __restrict__ bcx, const fl
     int lo = 0, hi = n_seg - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) / 2;
-        if (segs[5 * mid] <= t) lo = mid;
+        if (segs[kConvSegInts * mid] <= t) lo = mid;
         else hi = mid - 1;
     }
-    const int64_t start = segs[5 * lo], slot = segs[5 * lo + 2];
+    const int32_t* d = segs + kConvSegInts * lo;
+    const int64_t start = d[0];
     const float* seg = bcx + start * 3 * n;
-    const float* state = states + slot * (L - 1) * n;
+    const float* state = segment_state_in(d, states, snapshots, L, n);
     float s = 0.0f;
     for (int j = 0; j < L; ++j) s = fmaf(w[c * L + j], conv_pad(seg, state, L, n, t - start + j, c), s);
     out[i] = bcx[t * 3 * n + n + c] * s;
@@ -163,13 +170,14 @@ __global__ void conv_segments_state_kernel(const float* __restrict__ bcx, int L,
     pdl_wait();
     const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (c >= n) return;
-    const int32_t* d = segs + 5 * blockIdx.y;
+    const int32_t* d = segs + kConvSegInts * blockIdx.y;
     const int64_t start = d[0], len = d[1], slot = d[2];
     const float* seg = bcx + start * 3 * n;
+    const float* in = segment_state_in(d, states, snapshots, L, n);
     float* state = states + slot * (L - 1) * n;
     float old[kMaxConv];
 #pragma unroll
-    for (int j = 0; j < kMaxConv; ++j) old[j] = j < L - 1 ? state[j * n + c] : 0.0f;
+    for (int j = 0; j < kMaxConv; ++j) old[j] = j < L - 1 ? in[j * n + c] : 0.0f;
     auto pad = [&](int64_t r) {
         if (r >= L - 1) return conv_pad(seg, nullptr, L, n, r, c);
         float v = 0.0f;
@@ -328,7 +336,7 @@ void short_conv_segments(const float* bcx, const float* w, int L, float* states,
     if (n_tokens == 0 || n_seg == 0) return;
     cudaStream_t s = as_stream(stream);
     launch(conv_segments_out_kernel, blocks(n_tokens * n_embd, 256), 256, 0, s, bcx, w, L, states, segs, n_seg,
-           n_tokens, n_embd, out);
+           snapshots, n_tokens, n_embd, out);
     launch(conv_segments_state_kernel, dim3{unsigned(blocks(n_embd, 128)), unsigned(n_seg)}, 128, 0, s, bcx, L,
            states, segs, snaps, snapshots, n_embd);
 }

@@ -302,9 +302,11 @@ void attention(const AttentionArgs& a, Stream stream);
 // LFM2 short conv (see backend.h): bcx [n_tokens, 3 n_embd], w [n_embd, L], state [L-1, n_embd];
 // state_prev (or null) receives the state from before the update. L <= kMaxConv.
 constexpr int kMaxConv = 8;
+constexpr int kConvSegInts = 6;  // backend.h: a short_conv_segments descriptor
 void short_conv(const float* bcx, const float* w, int L, float* state, int64_t n_tokens, int64_t n_embd, float* out,
                 Stream stream, void* xq = nullptr, float* state_prev = nullptr);
-// Backend::short_conv_segments: n_seg segments (segs i32 [n_seg, 5]) over states f32 [slots, (L-1) n_embd].
+// Backend::short_conv_segments: n_seg segments (segs i32 [n_seg, kConvSegInts]) over states f32
+// [slots, (L-1) n_embd].
 void short_conv_segments(const float* bcx, const float* w, int L, float* states, const int32_t* segs, int n_seg,
                          const int32_t* snaps, float* snapshots, int64_t n_tokens, int64_t n_embd, float* out,
                          Stream stream);

@@ -57,22 +57,24 @@ void argmax_via_host(Backend& be, const Tensor& x, const Tensor& out) {
 void short_conv_segments_via_host(Backend& be, const Tensor& bcx, const Tensor& w, const Tensor& states,
                                   const Tensor& out, const Tensor& segs, const Tensor& snaps, const Tensor& snapshots) {
     const int64_t n_embd = out.ne[0], L = w.ne[0], n_seg = segs.ne[1];
-    CERA_CHECK(segs.type == GgmlType::kI32 && segs.ne[0] == 5 && states.ne[0] == (L - 1) * n_embd &&
+    CERA_CHECK(segs.type == GgmlType::kI32 && segs.ne[0] == kConvSegInts && states.ne[0] == (L - 1) * n_embd &&
                    bcx.ne[0] == 3 * n_embd && (!snapshots || snapshots.ne[0] == states.ne[0]),
-               "short_conv_segments: segs i32 [n_seg, 5], states and snapshots rows of (L - 1) * n_embd");
-    std::vector<int32_t> sg(static_cast<size_t>(5 * n_seg)), sn;
+               "short_conv_segments: segs i32 [n_seg, 6], states and snapshots rows of (L - 1) * n_embd");
+    std::vector<int32_t> sg(static_cast<size_t>(kConvSegInts * n_seg)), sn;
     be.read(sg.data(), segs, sg.size() * sizeof(int32_t));
     if (snaps) {
         sn.resize(static_cast<size_t>(snaps.n_elements()));
         be.read(sn.data(), snaps, sn.size() * sizeof(int32_t));
     }
     for (int64_t i = 0; i < n_seg; ++i) {
-        const int32_t* d = sg.data() + 5 * i;
+        const int32_t* d = sg.data() + kConvSegInts * i;
         const int64_t start = d[0], n = d[1];
-        CERA_CHECK(start >= 0 && n >= 1 && start + n <= bcx.rows() && d[2] >= 0 && d[2] < states.rows() &&
-                       d[3] >= 0 && (d[4] == 0 || size_t(2 * (d[3] + d[4])) <= sn.size()),
-                   "short_conv_segments: segment %lld (start %d, n %d, slot %d, snapshots %d at %d)", (long long)i,
-                   d[0], d[1], d[2], d[4], d[3]);
+        CERA_CHECK(start >= 0 && n >= 1 && start + n <= bcx.rows() && d[2] >= 0 && d[2] < states.rows() && d[3] >= 0 &&
+                       (d[4] == 0 || size_t(2 * (d[3] + d[4])) <= sn.size()) && d[5] >= -1 &&
+                       (d[5] < 0 || (snapshots && d[5] < snapshots.rows())),
+                   "short_conv_segments: segment %lld (start %d, n %d, slot %d, snapshots %d at %d, source %d)",
+                   (long long)i, d[0], d[1], d[2], d[4], d[3], d[5]);
+        if (d[5] >= 0) be.copy(states.row_slice(d[2], 1), snapshots.row_slice(d[5], 1));
         const Tensor state = states.row_slice(d[2], 1).reshaped(n_embd, L - 1);
         int64_t r0 = 0;  // the rows up to each snapshot, then the rest
         auto run = [&](int64_t r1) {
