@@ -1,5 +1,5 @@
-// See encoder.h. Activations are allocated per batch of pieces: an encode is not a decode step, and
-// batches differ in size (tiles, thumbnails, single images).
+// See encoder.h. Activations live in buffers the encoder keeps (activation()), sized by the largest
+// batch of pieces seen: batches differ in size (tiles, thumbnails, single images).
 #include "vision/encoder.h"
 
 #include <algorithm>
@@ -45,24 +45,27 @@ int64_t positive(const gguf::File& f, const char* key) {
     return v;
 }
 
-// Activation buffers of one call, freed when it ends.
-struct Scratch {
-    explicit Scratch(Backend& b) : be(b) {}
-    Backend& be;
-    std::vector<Tensor> held;
-    ~Scratch() {
-        for (Tensor& t : held) be.free(t);
-    }
-    Tensor get(int64_t ne0, int64_t ne1) {
-        held.push_back(be.alloc(GgmlType::kF32, {ne0, ne1}));
-        return held.back();
-    }
-};
+// The buffers of activation(), by slot.
+enum Slot : size_t { kX, kIn, kPos, kH, kQ, kK, kV, kA, kFf, kHid, kOut, kSlots };
 
 }  // namespace
 
-// The weights stay with the backend, which releases them when it goes.
-VisionEncoder::~VisionEncoder() = default;
+// The weights stay with the backend, which releases them when it goes; the activations go now.
+VisionEncoder::~VisionEncoder() {
+    if (!be_) return;
+    std::lock_guard<FifoMutex> lock(be_->exec_mutex());
+    for (Tensor& t : act_) be_->free(t);
+}
+
+Tensor VisionEncoder::activation(size_t slot, int64_t ne0, int64_t ne1) const {
+    if (act_.size() < kSlots) act_.resize(kSlots);
+    Tensor& t = act_[slot];
+    if (t.n_elements() < ne0 * ne1) {
+        be_->free(t);
+        t = be_->alloc(GgmlType::kF32, {ne0 * ne1});
+    }
+    return t.reshaped(ne0, ne1);
+}
 
 std::unique_ptr<VisionEncoder> VisionEncoder::load(const std::string& path, Backend& be, int64_t n_embd_text) {
     std::unique_ptr<VisionEncoder> e(new VisionEncoder());
@@ -233,8 +236,7 @@ Tensor VisionEncoder::run_tower(std::span<const PatchGrid> pieces, std::unique_l
         CERA_CHECK(p.grid_h == g.grid_h && p.grid_w == g.grid_w && int64_t(p.patches.size()) == np * pdim,
                    "encoder: a batch of %lld-patch pieces", (long long)np);
     const std::vector<int64_t> order = unshuffle_order(g);
-    Tensor x = be.alloc(GgmlType::kF32, {n, rows});
-    Scratch s(be);
+    const Tensor x = activation(kX, n, rows);
     {
         // Patches in the tower's order, the pieces one after another (every float written).
         const auto host = std::make_unique_for_overwrite<float[]>(size_t(rows * pdim));
@@ -242,17 +244,17 @@ Tensor VisionEncoder::run_tower(std::span<const PatchGrid> pieces, std::unique_l
             for (int64_t r = 0; r < np; ++r)
                 std::memcpy(host.get() + (b * np + r) * pdim,
                             pieces[size_t(b)].patches.data() + order[size_t(r)] * pdim, size_t(pdim) * sizeof(float));
-        Tensor in = s.get(pdim, rows);
+        const Tensor in = activation(kIn, pdim, rows);
         be.write(in, host.get(), size_t(rows * pdim) * sizeof(float));
         be.matmul(patch_w_, in, patch_b_, x);
         // NaFlex: the square position table resized to this grid, sent once and added to every piece.
         const std::shared_ptr<const std::vector<float>> pos = positions(g);
-        Tensor pt = s.get(n, np);
+        const Tensor pt = activation(kPos, n, np);
         be.write(pt, pos->data(), size_t(np * n) * sizeof(float));
         for (int64_t b = 0; b < n_pieces; ++b) be.add(x.row_slice(b * np, np), pt, 1.0f, x.row_slice(b * np, np));
     }
-    Tensor h = s.get(n, rows), q = s.get(n, rows), k = s.get(n, rows), v = s.get(n, rows), a = s.get(n, rows);
-    Tensor ff = s.get(c.n_ff, rows);
+    const Tensor h = activation(kH, n, rows), q = activation(kQ, n, rows), k = activation(kK, n, rows),
+                 v = activation(kV, n, rows), a = activation(kA, n, rows), ff = activation(kFf, c.n_ff, rows);
     const float scale = 1.0f / std::sqrt(float(c.head_dim));
     for (const VisionLayer& l : layers_) {
         be.layer_norm(x, l.ln1_w, l.ln1_b, c.eps, h);
@@ -296,11 +298,11 @@ std::shared_ptr<const std::vector<float>> VisionEncoder::positions(const PatchGr
 }
 
 std::vector<float> VisionEncoder::tower(const PatchGrid& g) const {
+    std::lock_guard<std::mutex> encoding(encode_mu_);
     std::unique_lock<FifoMutex> lock(be_->exec_mutex());
-    Tensor x = run_tower({&g, 1}, lock);
+    const Tensor x = run_tower({&g, 1}, lock);
     std::vector<float> rows(static_cast<size_t>(x.n_elements()));
     be_->read(rows.data(), x, rows.size() * sizeof(float));
-    be_->free(x);
     // Back to the patches' row-major order.
     const std::vector<int64_t> order = unshuffle_order(g);
     const size_t n = size_t(cfg_.n_embd);
@@ -316,10 +318,9 @@ std::vector<float> VisionEncoder::project(const Tensor& x) const {
     const VisionConfig& c = cfg_;
     const int64_t ff = int64_t(c.proc.downsample) * c.proc.downsample, in = c.n_embd * ff;
     const int64_t nt = x.rows() / ff;
-    Scratch s(be);
     const Tensor y = x.reshaped(in, nt);
     if (proj_norm_w_) be.layer_norm(y, proj_norm_w_, proj_norm_b_, c.proj_eps, y);
-    Tensor hid = s.get(c.proj_hidden, nt), out = s.get(c.n_embd_text, nt);
+    const Tensor hid = activation(kHid, c.proj_hidden, nt), out = activation(kOut, c.n_embd_text, nt);
     be.matmul(proj1_w_, y, proj1_b_, hid);
     be.gelu(hid, GeluKind::kErf, hid);
     be.matmul(proj2_w_, hid, proj2_b_, out);
@@ -329,6 +330,7 @@ std::vector<float> VisionEncoder::project(const Tensor& x) const {
 }
 
 std::vector<float> VisionEncoder::encode(const ProcessedImage& img) const {
+    std::lock_guard<std::mutex> encoding(encode_mu_);
     std::unique_lock<FifoMutex> lock(be_->exec_mutex());
     std::vector<float> all;
     const std::vector<PatchGrid>& pieces = img.pieces;
@@ -340,15 +342,8 @@ std::vector<float> VisionEncoder::encode(const ProcessedImage& img) const {
                                pieces[last].grid_w == pieces[first].grid_w && int64_t(last - first + 1) * np <= cap;)
             ++last;
         if (first > 0) give_way(lock);
-        Tensor x = run_tower({pieces.data() + first, last - first}, lock);
-        std::vector<float> e;
-        try {
-            e = project(x);
-        } catch (...) {
-            be_->free(x);
-            throw;
-        }
-        be_->free(x);
+        const Tensor x = run_tower({pieces.data() + first, last - first}, lock);
+        const std::vector<float> e = project(x);
         all.insert(all.end(), e.begin(), e.end());
     }
     return all;

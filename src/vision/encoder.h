@@ -75,13 +75,17 @@ class VisionEncoder {
     // The tower's row order of a piece's patches (see encoder.cpp): order[row] = the patch's index.
     std::vector<int64_t> unshuffle_order(const PatchGrid& g) const;
     // Runs the tower on pieces of one grid, leaving x [n_pieces * n_patches, n_embd] on the device, rows
-    // in unshuffle_order a piece (caller frees). `lock` holds the backend; see give_way.
+    // in unshuffle_order a piece (activation buffer kX). `lock` holds the backend; see give_way.
     Tensor run_tower(std::span<const PatchGrid> pieces, std::unique_lock<FifoMutex>& lock) const;
     // Between the tower's layers and between batches: a thread waiting for the backend (a batch step
     // of the server's other sequences) takes it here for its turn, so that it does not wait out a whole
     // image (tens of seconds of a tiled image on a CPU).
     void give_way(std::unique_lock<FifoMutex>& lock) const;
     std::vector<float> project(const Tensor& x) const;
+    // Activation buffer `slot` viewed as f32 [ne1, ne0]: kept from one encode to the next and grown when
+    // a batch needs more, since freeing device memory waits for the device and drops the recorded steps
+    // of the text model's decoding. Held by one encode at a time (encode_mu_).
+    Tensor activation(size_t slot, int64_t ne0, int64_t ne1) const;
     // The position table resized to a grid (NaFlex), rows in the tower's order: made once a grid size (a
     // few milliseconds of double arithmetic, beside an encode of tens on a GPU) and kept, for the last
     // kPositionGrids grid sizes (a tile's, and the thumbnails' that vary with the aspect ratio).
@@ -94,6 +98,8 @@ class VisionEncoder {
     std::vector<float> pos_host_;      // [n_pos_side, n_pos_side, n_embd]
     mutable std::mutex pos_mu_;
     mutable std::map<std::pair<int, int>, std::shared_ptr<const std::vector<float>>> pos_grids_;  // positions()
+    mutable std::mutex encode_mu_;  // taken before the backend's exec mutex
+    mutable std::vector<Tensor> act_;
     Tensor patch_w_, patch_b_;
     Tensor post_w_, post_b_;
     std::vector<VisionLayer> layers_;
