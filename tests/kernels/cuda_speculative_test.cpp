@@ -1,9 +1,9 @@
 // Speculative decoding of one sequence on the CUDA backend: a verification pass keeps the conv states
 // of its tokens, and a truncate() back into it leaves the state a fresh evaluation of the kept tokens
 // gives, whether the next evaluation is plain, keeps states again (it starts from the kept snapshot
-// without a copy) or follows a save and restore; a Session with prompt lookup generates the greedy
-// tokens of plain decoding, except after a near-tie (top two logits within 0.05). Skips when no CUDA
-// device is present.
+// without a copy) or follows a save and restore (those two give the plain one's logits); a Session
+// with prompt lookup generates the greedy tokens of plain decoding, except after a near-tie (top two
+// logits within 0.05). Skips when no CUDA device is present.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -61,6 +61,7 @@ TEST(CudaSpeculative, TruncateAfterKeptStatesMatchesAFreshEvaluation) {
         auto fresh = model.create_state(256);
         fresh->eval({.tokens = seq});
         fresh->eval({.tokens = other, .all_logits = true, .logits = want.data()});
+        std::vector<float> plain;
         for (const std::string how : {"plain", "kept", "saved"}) {
             auto st = model.create_state(256);
             st->eval({.tokens = head});
@@ -74,11 +75,15 @@ TEST(CudaSpeculative, TruncateAfterKeptStatesMatchesAFreshEvaluation) {
             }
             std::vector<float> got(want.size());
             st->eval({.tokens = other, .all_logits = true, .logits = got.data(), .keep_states = how == "kept"});
-            // The two evaluations batch their tokens differently (other kernels), so the logits agree to
-            // rounding; a state from the wrong position is off by whole units.
-            float worst = 0;
+            // The fresh state batched its tokens otherwise (other kernels: products of more than 8 tokens
+            // go through F16 tensor-core products), so the logits agree to that rounding, ~0.1 here; a
+            // state from the wrong position is off by whole units.
+            float worst = 0, from_plain = 0;
             for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
-            EXPECT_LT(worst, 2e-2f) << "kept " << keep << ", then " << how;
+            EXPECT_LT(worst, 0.5f) << "kept " << keep << ", then " << how;
+            if (how == "plain") plain = got;
+            for (size_t i = 0; i < got.size(); ++i) from_plain = std::max(from_plain, std::abs(got[i] - plain[i]));
+            EXPECT_LT(from_plain, 1e-3f) << "kept " << keep << ", then " << how << ", against plain";
         }
     }
 }
