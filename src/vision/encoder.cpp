@@ -11,6 +11,7 @@
 #include "core/check.h"
 #include "core/fp16.h"
 #include "gguf/gguf.h"
+#include "models/arch.h"
 #include "models/loader.h"
 
 namespace cera::vision {
@@ -63,8 +64,16 @@ Tensor VisionEncoder::activation(size_t slot, int64_t ne0, int64_t ne1) const {
     if (t.n_elements() < ne0 * ne1) {
         be_->free(t);
         t = be_->alloc(GgmlType::kF32, {ne0 * ne1});
+        ++act_generation_;
     }
     return t.reshaped(ne0, ne1);
+}
+
+uint64_t VisionEncoder::layer_key(int layer, const PatchGrid& g, int64_t n_pieces) const {
+    const std::array<int64_t, 5> what{int64_t(act_generation_), g.grid_h, g.grid_w, n_pieces, layer};
+    auto [it, added] = layer_keys_.emplace(what, layer_keys_.size() + 1);
+    CERA_CHECK(it->second < (uint64_t(1) << kStepKeyBits), "encoder: recorded-step keys run out");
+    return serial_ << kStepKeyBits | it->second;
 }
 
 std::unique_ptr<VisionEncoder> VisionEncoder::load(const std::string& path, Backend& be, int64_t n_embd_text) {
@@ -194,6 +203,7 @@ std::unique_ptr<VisionEncoder> VisionEncoder::load(const std::string& path, Back
         for (const Tensor* w : {&l.q_w, &l.k_w, &l.v_w, &l.o_w, &l.up_w, &l.down_w}) be.allow_batch_variance(*w);
     for (const Tensor* w : {&e->patch_w_, &e->proj1_w_, &e->proj2_w_}) be.allow_batch_variance(*w);
     e->be_ = &be;
+    e->serial_ = new_step_serial();
     return e;
 }
 
@@ -256,7 +266,15 @@ Tensor VisionEncoder::run_tower(std::span<const PatchGrid> pieces, std::unique_l
     const Tensor h = activation(kH, n, rows), q = activation(kQ, n, rows), k = activation(kK, n, rows),
                  v = activation(kV, n, rows), a = activation(kA, n, rows), ff = activation(kFf, c.n_ff, rows);
     const float scale = 1.0f / std::sqrt(float(c.head_dim));
-    for (const VisionLayer& l : layers_) {
+    // A layer is a recorded step: the same ops on the same buffers for every batch of this shape, which a
+    // device backend replays as one launch instead of ~15 + n_pieces (a tiled image's host side
+    // otherwise outlasts its kernels). Between layers an encode gives way.
+    for (size_t il = 0; il < layers_.size(); ++il) {
+        const VisionLayer& l = layers_[il];
+        if (be.step_begin(layer_key(int(il), g, n_pieces))) {
+            give_way(lock);
+            continue;
+        }
         be.layer_norm(x, l.ln1_w, l.ln1_b, c.eps, h);
         be.matmul(l.q_w, h, l.q_b, q);
         be.matmul(l.k_w, h, l.k_b, k);
@@ -271,6 +289,7 @@ Tensor VisionEncoder::run_tower(std::span<const PatchGrid> pieces, std::unique_l
         be.gelu(ff, GeluKind::kTanh, ff);
         be.matmul(l.down_w, ff, l.down_b, h);
         be.add(x, h, 1.0f, x);
+        be.step_end();
         give_way(lock);
     }
     if (post_w_) be.layer_norm(x, post_w_, post_b_, c.eps, x);

@@ -7,6 +7,7 @@
 //   y = pixel_unshuffle(x, f): each f x f block of patches becomes one row of f² n_embd
 //   embeddings = mm.2 · gelu(mm.1 · LayerNorm(y) * input_norm)   [n_tokens, n_embd_text] (norm when present)
 #pragma once
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -86,6 +87,9 @@ class VisionEncoder {
     // a batch needs more, since freeing device memory waits for the device and drops the recorded steps
     // of the text model's decoding. Held by one encode at a time (encode_mu_).
     Tensor activation(size_t slot, int64_t ne0, int64_t ne1) const;
+    // The recorded-step key of a tower layer over a batch of n_pieces pieces of a grid: the same ops on
+    // the same buffers whenever the key is the same (a buffer that grows starts new keys).
+    uint64_t layer_key(int layer, const PatchGrid& g, int64_t n_pieces) const;
     // The position table resized to a grid (NaFlex), rows in the tower's order: made once a grid size (a
     // few milliseconds of double arithmetic, beside an encode of tens on a GPU) and kept, for the last
     // kPositionGrids grid sizes (a tile's, and the thumbnails' that vary with the aspect ratio).
@@ -100,6 +104,9 @@ class VisionEncoder {
     mutable std::map<std::pair<int, int>, std::shared_ptr<const std::vector<float>>> pos_grids_;  // positions()
     mutable std::mutex encode_mu_;  // taken before the backend's exec mutex
     mutable std::vector<Tensor> act_;
+    mutable uint64_t act_generation_ = 0;  // counts the buffers' reallocations
+    uint64_t serial_ = 0;                  // new_step_serial(): this encoder's recorded steps
+    mutable std::map<std::array<int64_t, 5>, uint64_t> layer_keys_;
     Tensor patch_w_, patch_b_;
     Tensor post_w_, post_b_;
     std::vector<VisionLayer> layers_;

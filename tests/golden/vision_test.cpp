@@ -176,6 +176,23 @@ TEST_P(VisionDevice, LayoutAndEmbeddingsMatchEveryImage) {
     }
 }
 
+// The tower's layers are recorded steps, which a device replays from the third batch of a shape on:
+// encodes of a tiled image (a batch of tiles, then the thumbnail) give the same embeddings every time.
+TEST_P(VisionDevice, RepeatedEncodesGiveTheSameEmbeddings) {
+    OnDevice d(GetParam());
+    const vision::ProcessedImage p =
+        vision::preprocess(vision::load_image_file(fx("images/large-1000x700/image.png")), d.enc->config().proc);
+    ASSERT_GT(p.pieces.size(), 2u);
+    const std::vector<float> first = d.enc->encode(p);
+    for (int i = 0; i < 3; ++i) EXPECT_LE(max_abs_diff(d.enc->encode(p), first), 1e-6f) << "encode " << i + 2;
+    // A smaller image between them: its own batch shape, the buffers as they are.
+    const vision::ProcessedImage small =
+        vision::preprocess(vision::load_image_file(fx("ref/test_image.png")), d.enc->config().proc);
+    const std::vector<float> one = d.enc->encode(small);
+    EXPECT_LE(max_abs_diff(d.enc->encode(p), first), 1e-6f) << "after another shape";
+    EXPECT_LE(max_abs_diff(d.enc->encode(small), one), 1e-6f);
+}
+
 // An encode gives the backend to a thread waiting for it between its layers and batches (a server's
 // batch steps do not wait out a whole image), takes it back after that thread's turn, and gives the
 // same embeddings. Here the waiter is this thread, which holds the backend first, waits until the
