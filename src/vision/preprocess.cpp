@@ -4,12 +4,27 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "core/check.h"
 
 namespace cera::vision {
 namespace {
+
+// fn(begin, end) over [0, n) in contiguous parts on up to 8 threads (the caller's among them), one
+// part at least `grain` items; each part's results depend on its items alone.
+template <typename Fn>
+void parallel_parts(int n, int grain, Fn fn) {
+    const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
+    const int parts = std::clamp(n / std::max(grain, 1), 1, std::min(hw, 8));
+    if (parts == 1) return fn(0, n);
+    std::vector<std::thread> helpers;
+    for (int i = 1; i < parts; ++i)
+        helpers.emplace_back(fn, int(int64_t(n) * i / parts), int(int64_t(n) * (i + 1) / parts));
+    fn(0, n / parts);
+    for (std::thread& t : helpers) t.join();
+}
 
 int round_by_factor(double v, int f) { return int(std::nearbyint(v / f)) * f; }
 
@@ -89,39 +104,45 @@ RgbImage pass(const RgbImage& src, int out, bool horizontal) {
     dst.rgb.resize(size_t(dst.width) * size_t(dst.height) * 3);
     const int32_t half = fx.precision > 0 ? 1 << (fx.precision - 1) : 0;
     const size_t ms = size_t(taps.max_size);
+    // Rows in parts on several threads: a tile-sized image's pass is milliseconds of single-core work.
+    const int grain = std::max(1, (1 << 18) / std::max(1, dst.width * int(ms)));
     if (horizontal) {
-        for (int y = 0; y < dst.height; ++y) {
-            const uint8_t* row = &src.rgb[size_t(y) * size_t(src.width) * 3];
-            uint8_t* o = &dst.rgb[size_t(y) * size_t(dst.width) * 3];
-            for (int x = 0; x < dst.width; ++x) {
-                const int16_t* w = &fx.w[size_t(x) * ms];
-                const uint8_t* p = row + size_t(taps.start[size_t(x)]) * 3;
-                int32_t a0 = half, a1 = half, a2 = half;
-                for (int j = 0; j < taps.size[size_t(x)]; ++j, p += 3) {
-                    a0 += int32_t(w[j]) * p[0];
-                    a1 += int32_t(w[j]) * p[1];
-                    a2 += int32_t(w[j]) * p[2];
+        parallel_parts(dst.height, grain, [&](int y0, int y1) {
+            for (int y = y0; y < y1; ++y) {
+                const uint8_t* row = &src.rgb[size_t(y) * size_t(src.width) * 3];
+                uint8_t* o = &dst.rgb[size_t(y) * size_t(dst.width) * 3];
+                for (int x = 0; x < dst.width; ++x) {
+                    const int16_t* w = &fx.w[size_t(x) * ms];
+                    const uint8_t* p = row + size_t(taps.start[size_t(x)]) * 3;
+                    int32_t a0 = half, a1 = half, a2 = half;
+                    for (int j = 0; j < taps.size[size_t(x)]; ++j, p += 3) {
+                        a0 += int32_t(w[j]) * p[0];
+                        a1 += int32_t(w[j]) * p[1];
+                        a2 += int32_t(w[j]) * p[2];
+                    }
+                    o[3 * x] = clamp_u8(a0 >> fx.precision);
+                    o[3 * x + 1] = clamp_u8(a1 >> fx.precision);
+                    o[3 * x + 2] = clamp_u8(a2 >> fx.precision);
                 }
-                o[3 * x] = clamp_u8(a0 >> fx.precision);
-                o[3 * x + 1] = clamp_u8(a1 >> fx.precision);
-                o[3 * x + 2] = clamp_u8(a2 >> fx.precision);
             }
-        }
+        });
         return dst;
     }
     const size_t n = size_t(src.width) * 3;
-    std::vector<int32_t> acc(n);
-    for (int y = 0; y < dst.height; ++y) {
-        std::fill(acc.begin(), acc.end(), half);
-        const int16_t* w = &fx.w[size_t(y) * ms];
-        for (int j = 0; j < taps.size[size_t(y)]; ++j) {
-            const uint8_t* r = &src.rgb[size_t(taps.start[size_t(y)] + j) * n];
-            const int32_t wj = w[j];
-            for (size_t i = 0; i < n; ++i) acc[i] += wj * r[i];
+    parallel_parts(dst.height, grain, [&](int y0, int y1) {
+        std::vector<int32_t> acc(n);
+        for (int y = y0; y < y1; ++y) {
+            std::fill(acc.begin(), acc.end(), half);
+            const int16_t* w = &fx.w[size_t(y) * ms];
+            for (int j = 0; j < taps.size[size_t(y)]; ++j) {
+                const uint8_t* r = &src.rgb[size_t(taps.start[size_t(y)] + j) * n];
+                const int32_t wj = w[j];
+                for (size_t i = 0; i < n; ++i) acc[i] += wj * r[i];
+            }
+            uint8_t* o = &dst.rgb[size_t(y) * n];
+            for (size_t i = 0; i < n; ++i) o[i] = clamp_u8(acc[i] >> fx.precision);
         }
-        uint8_t* o = &dst.rgb[size_t(y) * n];
-        for (size_t i = 0; i < n; ++i) o[i] = clamp_u8(acc[i] >> fx.precision);
-    }
+    });
     return dst;
 }
 
@@ -281,10 +302,12 @@ ProcessedImage preprocess(const RgbImage& img, const ProcessorConfig& cfg) {
         const RgbImage big = resize_bilinear_aa(img, cfg.tile_size * gc, cfg.tile_size * gr);
         out.rows = gr;
         out.cols = gc;
-        for (int r = 0; r < gr; ++r)
-            for (int c = 0; c < gc; ++c)
-                out.pieces.push_back(
-                    patchify(crop(big, c * cfg.tile_size, r * cfg.tile_size, cfg.tile_size, cfg.tile_size), cfg));
+        out.pieces.resize(size_t(gr * gc));
+        parallel_parts(gr * gc, 1, [&](int i0, int i1) {
+            for (int i = i0; i < i1; ++i)
+                out.pieces[size_t(i)] = patchify(
+                    crop(big, (i % gc) * cfg.tile_size, (i / gc) * cfg.tile_size, cfg.tile_size, cfg.tile_size), cfg);
+        });
         if (cfg.use_thumbnail && gr * gc != 1) {
             out.thumbnail = true;
             out.pieces.push_back(patchify(resize_bilinear_aa(img, new_w, new_h), cfg));
