@@ -105,7 +105,7 @@ RgbImage pass(const RgbImage& src, int out, bool horizontal) {
     const int32_t half = fx.precision > 0 ? 1 << (fx.precision - 1) : 0;
     const size_t ms = size_t(taps.max_size);
     // Rows in parts on several threads: a tile-sized image's pass is milliseconds of single-core work.
-    const int grain = std::max(1, (1 << 18) / std::max(1, dst.width * int(ms)));
+    const int grain = std::max(1, (1 << 20) / std::max(1, dst.width * int(ms)));
     if (horizontal) {
         parallel_parts(dst.height, grain, [&](int y0, int y1) {
             for (int y = y0; y < y1; ++y) {
