@@ -419,8 +419,6 @@ class SequenceState final : public ModelState {
         return c;
     }
 
-    // Undoes the step greedy_ahead() queued last and nobody took: its position, conv states and logits
-    // row go back to what they were before it (its KV rows lie past the position, unread).
     // A rewind that truncate() left pending: the kept snapshot into cache_'s conv states.
     void rewind() const {
         if (rewind_row_ < 0) return;
@@ -429,6 +427,8 @@ class SequenceState final : public ModelState {
         rewind_row_ = -1;
     }
 
+    // Undoes the step greedy_ahead() queued last and nobody took: its position, conv states and logits
+    // row go back to what they were before it (its KV rows lie past the position, unread).
     void settle() const {
         if (!pending_) return;
         pending_ = false;

@@ -266,12 +266,15 @@ Tensor VisionEncoder::run_tower(std::span<const PatchGrid> pieces, std::unique_l
     const Tensor h = activation(kH, n, rows), q = activation(kQ, n, rows), k = activation(kK, n, rows),
                  v = activation(kV, n, rows), a = activation(kA, n, rows), ff = activation(kFf, c.n_ff, rows);
     const float scale = 1.0f / std::sqrt(float(c.head_dim));
-    // A layer is a recorded step: the same ops on the same buffers for every batch of this shape, which a
-    // device backend replays as one launch instead of ~15 + n_pieces (a tiled image's host side
-    // otherwise outlasts its kernels). Between layers an encode gives way.
+    // A batch of tiles runs each layer as a recorded step: the same ops on the same buffers for every
+    // batch of this shape, which a device backend replays as one launch instead of ~15 + n_pieces (a
+    // tiled image's host side otherwise outlasts its kernels). Tiles have one grid, so their batches have
+    // a handful of shapes; a single piece (a thumbnail, an image that is not split) has as many as
+    // aspect ratios, gains little, and runs its ops as they come. Between layers an encode gives way.
+    const bool record = n_pieces > 1;
     for (size_t il = 0; il < layers_.size(); ++il) {
         const VisionLayer& l = layers_[il];
-        if (be.step_begin(layer_key(int(il), g, n_pieces))) {
+        if (record && be.step_begin(layer_key(int(il), g, n_pieces))) {
             give_way(lock);
             continue;
         }
@@ -289,7 +292,7 @@ Tensor VisionEncoder::run_tower(std::span<const PatchGrid> pieces, std::unique_l
         be.gelu(ff, GeluKind::kTanh, ff);
         be.matmul(l.down_w, ff, l.down_b, h);
         be.add(x, h, 1.0f, x);
-        be.step_end();
+        if (record) be.step_end();
         give_way(lock);
     }
     if (post_w_) be.layer_norm(x, post_w_, post_b_, c.eps, x);

@@ -176,8 +176,9 @@ TEST_P(VisionDevice, LayoutAndEmbeddingsMatchEveryImage) {
     }
 }
 
-// The tower's layers are recorded steps, which a device replays from the third batch of a shape on:
-// encodes of a tiled image (a batch of tiles, then the thumbnail) give the same embeddings every time.
+// A batch of tiles runs its layers as recorded steps, which a device replays from the third batch of a
+// shape on: encodes of a tiled image (a batch of tiles, then the thumbnail) give the same embeddings
+// every time.
 TEST_P(VisionDevice, RepeatedEncodesGiveTheSameEmbeddings) {
     OnDevice d(GetParam());
     const vision::ProcessedImage p =
