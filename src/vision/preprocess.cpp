@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -13,17 +15,33 @@ namespace cera::vision {
 namespace {
 
 // fn(begin, end) over [0, n) in contiguous parts on up to 8 threads (the caller's among them), one
-// part at least `grain` items; each part's results depend on its items alone.
+// part at least `grain` items; each part's results depend on its items alone. A part's exception
+// reaches the caller after every part has ended; a thread that cannot be started leaves its parts to
+// the caller.
 template <typename Fn>
 void parallel_parts(int n, int grain, Fn fn) {
     const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
     const int parts = std::clamp(n / std::max(grain, 1), 1, std::min(hw, 8));
     if (parts == 1) return fn(0, n);
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(parts));
+    auto part = [&](int i) {
+        try {
+            fn(int(int64_t(n) * i / parts), int(int64_t(n) * (i + 1) / parts));
+        } catch (...) {
+            errors[size_t(i)] = std::current_exception();
+        }
+    };
     std::vector<std::thread> helpers;
-    for (int i = 1; i < parts; ++i)
-        helpers.emplace_back(fn, int(int64_t(n) * i / parts), int(int64_t(n) * (i + 1) / parts));
-    fn(0, n / parts);
+    int started = 1;
+    try {
+        for (; started < parts; ++started) helpers.emplace_back(part, started);
+    } catch (const std::system_error&) {
+    }
+    for (int i = started; i < parts; ++i) part(i);
+    part(0);
     for (std::thread& t : helpers) t.join();
+    for (const std::exception_ptr& e : errors)
+        if (e) std::rethrow_exception(e);
 }
 
 int round_by_factor(double v, int f) { return int(std::nearbyint(v / f)) * f; }
