@@ -321,10 +321,10 @@ ProcessedImage preprocess(const RgbImage& img, const ProcessorConfig& cfg) {
         out.rows = gr;
         out.cols = gc;
         out.pieces.resize(size_t(gr * gc));
+        const int cols = gc, t = cfg.tile_size;  // clang before 16 captures no structured binding
         parallel_parts(gr * gc, 1, [&](int i0, int i1) {
             for (int i = i0; i < i1; ++i)
-                out.pieces[size_t(i)] = patchify(
-                    crop(big, (i % gc) * cfg.tile_size, (i / gc) * cfg.tile_size, cfg.tile_size, cfg.tile_size), cfg);
+                out.pieces[size_t(i)] = patchify(crop(big, (i % cols) * t, (i / cols) * t, t, t), cfg);
         });
         if (cfg.use_thumbnail && gr * gc != 1) {
             out.thumbnail = true;
