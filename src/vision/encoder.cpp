@@ -59,7 +59,6 @@ VisionEncoder::~VisionEncoder() {
 }
 
 Tensor VisionEncoder::activation(size_t slot, int64_t ne0, int64_t ne1) const {
-    if (act_.size() < kSlots) act_.resize(kSlots);
     Tensor& t = act_[slot];
     if (t.n_elements() < ne0 * ne1) {
         be_->free(t);
@@ -204,6 +203,7 @@ std::unique_ptr<VisionEncoder> VisionEncoder::load(const std::string& path, Back
     for (const Tensor* w : {&e->patch_w_, &e->proj1_w_, &e->proj2_w_}) be.allow_batch_variance(*w);
     e->be_ = &be;
     e->serial_ = new_step_serial();
+    e->act_.resize(kSlots);
     return e;
 }
 

@@ -4,42 +4,45 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <mutex>
 #include <set>
-#include <system_error>
 #include <thread>
 #include <utility>
 
 #include "core/check.h"
+#include "core/threadpool.h"
 
 namespace cera::vision {
 namespace {
 
-// fn(begin, end) over [0, n) in contiguous parts on up to 8 threads (the caller's among them), one
-// part at least `grain` items; each part's results depend on its items alone. A part's exception
-// reaches the caller after every part has ended; a thread that cannot be started leaves its parts to
-// the caller.
+// The preprocessing pool: up to 8 threads, made at the first image that needs them, one pass at a time
+// (its mutex).
+ThreadPool& preprocess_pool() {
+    static ThreadPool pool(std::clamp(int(std::thread::hardware_concurrency()), 1, 8));
+    return pool;
+}
+std::mutex g_pool_mu;
+
+// fn(begin, end) over [0, n) in contiguous parts of at least `grain` items on the preprocessing pool,
+// the caller among its threads; fn does not call it again. Each part's results depend on its items
+// alone; a part's exception reaches the caller after every part has ended.
 template <typename Fn>
 void parallel_parts(int n, int grain, Fn fn) {
-    const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
-    const int parts = std::clamp(n / std::max(grain, 1), 1, std::min(hw, 8));
-    if (parts == 1) return fn(0, n);
-    std::vector<std::exception_ptr> errors(static_cast<size_t>(parts));
-    auto part = [&](int i) {
-        try {
-            fn(int(int64_t(n) * i / parts), int(int64_t(n) * (i + 1) / parts));
-        } catch (...) {
-            errors[size_t(i)] = std::current_exception();
-        }
-    };
-    std::vector<std::thread> helpers;
-    int started = 1;
-    try {
-        for (; started < parts; ++started) helpers.emplace_back(part, started);
-    } catch (const std::system_error&) {
-    }
-    for (int i = started; i < parts; ++i) part(i);
-    part(0);
-    for (std::thread& t : helpers) t.join();
+    grain = std::max(grain, 1);
+    if (n < 2 * grain) return fn(0, n);
+    std::lock_guard<std::mutex> lock(g_pool_mu);
+    ThreadPool& pool = preprocess_pool();
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(pool.size()));
+    pool.parallel_for(
+        n,
+        [&](int64_t b, int64_t e, int t) {
+            try {
+                fn(int(b), int(e));
+            } catch (...) {
+                errors[size_t(t)] = std::current_exception();
+            }
+        },
+        grain);
     for (const std::exception_ptr& e : errors)
         if (e) std::rethrow_exception(e);
 }
