@@ -76,11 +76,12 @@ struct Interp {
                 std::copy_n(a.x + j * a.ldx, k, &in[size_t(j * k)]);
             }
         }
+        // The bias after the products, as a LoRA delta node adds its deltas after them.
         for (int j = 0; j < a.n_y; ++j)
             for (int64_t r = 0; r < a.rows; ++r) {
-                float s = a.bias ? a.bias[r] : 0.0f;
+                float s = 0.0f;
                 for (int64_t i = 0; i < k; ++i) s += w[r * k + i] * in[size_t(j * k + i)];
-                a.y[j * a.ldy + r] = s;
+                a.y[j * a.ldy + r] = a.bias ? s + a.bias[r] : s;
             }
         if (!a.res_out) return;
         for (int j = 0; j < a.n_y; ++j)
@@ -189,6 +190,37 @@ struct Interp {
         n.pos[0] = n.pos[n.pos_last] + 1;
     }
     void run(QuantizeNode& n) { side(n.xq, n.x, n.rows * n.k); }
+    void run(LoraNode& n) {
+        const int64_t k = n.k;
+        std::vector<float> in(size_t(n.n_rows * k));
+        for (int64_t j = 0; j < n.n_rows; ++j)
+            if (n.pro_x)
+                norm(n.pro_x, n.pro_w, n.pro_eps, k, &in[size_t(j * k)]);
+            else
+                std::copy_n(n.x + j * k, k, &in[size_t(j * k)]);
+        for (int q = 0; q < n.n; ++q) {
+            const LoraProductNode& p = n.p[q];
+            for (int64_t j = 0; j < n.n_rows; ++j) {
+                std::vector<float> acc(size_t(p.n_out), 0.0f);
+                for (const LoraSegDev& sg : p.segs) {
+                    if (j < sg.start || j >= sg.start + sg.n) continue;
+                    const auto* A = static_cast<const float*>(sg.a);
+                    const auto* Bt = static_cast<const float*>(sg.bt);
+                    for (int i = 0; i < sg.r; ++i) {
+                        float t = 0.0f;
+                        for (int64_t c = 0; c < k; ++c) t += A[i * k + c] * in[size_t(j * k + c)];
+                        t *= sg.scale;
+                        for (int64_t o = 0; o < p.n_out; ++o) acc[size_t(o)] += Bt[i * p.n_out + o] * t;
+                    }
+                }
+                for (int64_t o = 0; o < p.n_out; ++o)
+                    if (p.delta)
+                        p.delta[o] = p.bias ? p.bias[o] + acc[size_t(o)] : acc[size_t(o)];
+                    else
+                        p.y[j * p.n_out + o] += acc[size_t(o)];
+            }
+        }
+    }
     void run(OtherNode& n) { n.run(); }
 };
 
@@ -200,6 +232,7 @@ struct Builder {
     int64_t n;
     GgmlType type;
     bool rotated;  // the attention layer's cache is rotated (tq4): q, k, v rotated before the store
+    bool lora;     // every product but the LM head has a LoRA node after it (two adapters on row 0)
     WeightRef weight(const std::string& name, int64_t rows, int64_t k) {
         return {type, m.make(name, size_t(rows * k), true), rows, k, 0};
     }
@@ -208,12 +241,29 @@ struct Builder {
         if (!m.buf.count(y)) m.make(y, size_t(kCtx * rows));
         if (n > kGemvMaxTokens) {
             s.nodes.push_back(GemmNode{wr, rows, n, m.at(x), nullptr, m.at(y)});
+            if (lora) adapt(w, rows, k, x, y);
             return;
         }
         GemvNode g;
         GemvArgs& a = g.a[0];
         a.w = wr, a.rows = rows, a.n_y = int(n), a.x = m.at(x), a.ldx = k, a.xq = kXqPending, a.y = m.at(y), a.ldy = rows;
         s.nodes.push_back(g);
+        if (lora) adapt(w, rows, k, x, y);
+    }
+    void adapt(const std::string& w, int64_t rows, int64_t k, const std::string& x, const std::string& y) {
+        LoraNode l;
+        l.x = m.at(x), l.k = k, l.n_rows = n;
+        l.p[0].y = m.at(y), l.p[0].n_out = rows;
+        const int ranks[2] = {4, 2};
+        for (int i = 0; i < 2; ++i) {
+            LoraSegDev d;
+            d.start = 0, d.n = i == 0 ? n : 1, d.r = ranks[i], d.scale = i == 0 ? 0.5f : -1.5f;
+            d.a_f16 = d.bt_f16 = true;  // as the adapter cache keeps them; the interpreter reads f32
+            d.a = m.make(w + "lora_a" + std::to_string(i), size_t(d.r * k), true);
+            d.bt = m.make(w + "lora_bt" + std::to_string(i), size_t(d.r * rows), true);
+            l.p[0].segs.push_back(d);
+        }
+        s.nodes.push_back(l);
     }
     void norm(const std::string& x, const std::string& w, const std::string& out) {
         s.nodes.push_back(NormNode{m.at(x), m.make(w, kEmbd, true), 1e-5f, n, kEmbd, m.at(out), true});
@@ -229,7 +279,8 @@ struct Builder {
         mm(l + "down", kEmbd, kFf, "g", "y");
         add("x", "y");
     }
-    Builder(int64_t n_tokens, GgmlType t, bool rotate = false) : n(n_tokens), type(t), rotated(rotate) {
+    Builder(int64_t n_tokens, GgmlType t, bool rotate = false, bool adapters = false)
+        : n(n_tokens), type(t), rotated(rotate), lora(adapters) {
         for (const char* b : {"x", "h", "y", "attn"}) m.make(b, size_t(kCtx * kEmbd));
         m.make("bcx", size_t(kCtx * 3 * kEmbd));
         m.make("conv", size_t(kCtx * kEmbd));
@@ -302,8 +353,8 @@ using Pass = void (*)(Step&, const FusionRules&);
 // Runs the step through `passes` (all of fuse_step's when empty) and quantize_inputs; returns every
 // buffer afterwards, and the fused node list's kinds.
 std::map<std::string, std::vector<float>> run(int64_t n, GgmlType t, bool fuse, std::vector<size_t>* kinds = nullptr,
-                                              std::vector<Pass> passes = {}, bool rotated = false) {
-    Builder b(n, t, rotated);
+                                              std::vector<Pass> passes = {}, bool rotated = false, bool lora = false) {
+    Builder b(n, t, rotated, lora);
     std::map<Slot, std::vector<uint8_t>> scratch;
     auto buffer = [&](Slot slot, size_t bytes) -> void* {
         auto& v = scratch[slot];
@@ -313,6 +364,7 @@ std::map<std::string, std::vector<float>> run(int64_t n, GgmlType t, bool fuse, 
     if (passes.empty()) {
         fuse_step(b.s, rules(fuse), buffer);
     } else {
+        hoist_lora(b.s, rules(fuse), buffer);
         for (Pass p : passes) p(b.s, rules(fuse));
         quantize_inputs(b.s, rules(fuse), buffer);
     }
@@ -327,26 +379,27 @@ std::map<std::string, std::vector<float>> run(int64_t n, GgmlType t, bool fuse, 
 }
 
 size_t kind_of(const Node& n) { return n.index(); }
-const size_t kGemv = kind_of(GemvNode{}), kQuant = kind_of(QuantizeNode{}),
-             kGlu = kind_of(GluNode{}), kQkv = kind_of(QkvRopeNode{}), kConv = kind_of(ConvNode{}),
-             kPick = kind_of(PickNode{}), kAdd = kind_of(AddNode{}), kOther = kind_of(OtherNode{}),
-             kAttn = kind_of(AttentionNode{}), kSwiglu = kind_of(SwigluNode{}), kGemm = kind_of(GemmNode{}),
-             kRotate = kind_of(RotateNode{});
+const size_t kGemv = kind_of(GemvNode{}), kQuant = kind_of(QuantizeNode{}), kGlu = kind_of(GluNode{}),
+             kQkv = kind_of(QkvRopeNode{}), kConv = kind_of(ConvNode{}), kPick = kind_of(PickNode{}),
+             kAdd = kind_of(AddNode{}), kOther = kind_of(OtherNode{}), kAttn = kind_of(AttentionNode{}),
+             kSwiglu = kind_of(SwigluNode{}), kGemm = kind_of(GemmNode{}), kRotate = kind_of(RotateNode{}),
+             kLora = kind_of(LoraNode{});
 
 TEST(CudaStep, FusedStepsComputeWhatTheRecordedOpsDo) {
     for (int64_t n : {1, 3, 8, 9}) {
         for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ6_K})
-        for (bool rotated : {false, true}) {
-            SCOPED_TRACE("tokens " + std::to_string(n) + " " + type_name(t) + (rotated ? " rotated cache" : ""));
-            const auto plain = run(n, t, false, nullptr, {}, rotated);
-            const auto fused = run(n, t, true, nullptr, {}, rotated);
-            for (const auto& [name, v] : plain) {
-                const auto& f = fused.at(name);
-                ASSERT_EQ(v.size(), f.size());
-                for (size_t i = 0; i < v.size(); ++i)
-                    ASSERT_EQ(v[i], f[i]) << name << "[" << i << "]";
-            }
-        }
+            for (bool rotated : {false, true})
+                for (bool lora : {false, true}) {
+                    SCOPED_TRACE("tokens " + std::to_string(n) + " " + type_name(t) +
+                                 (rotated ? " rotated cache" : "") + (lora ? " adapters" : ""));
+                    const auto plain = run(n, t, false, nullptr, {}, rotated, lora);
+                    const auto fused = run(n, t, true, nullptr, {}, rotated, lora);
+                    for (const auto& [name, v] : plain) {
+                        const auto& f = fused.at(name);
+                        ASSERT_EQ(v.size(), f.size());
+                        for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], f[i]) << name << "[" << i << "]";
+                    }
+                }
     }
 }
 
@@ -392,6 +445,22 @@ TEST(CudaStep, OneTokenDecodeIsTheFusedLaunches) {
     std::vector<size_t> want_r = want;
     want_r.insert(want_r.begin() + 7, {kRotate, kQuant});
     EXPECT_EQ(kr, want_r);
+}
+
+// With adapters, each launch of products is the same launch, after one launch of its products' deltas
+// (which makes the norm too where the products do), and nothing else is added.
+TEST(CudaStep, OneTokenDecodeWithAdaptersKeepsTheFusedLaunches) {
+    std::vector<size_t> k;
+    run(1, GgmlType::kQ6_K, true, &k, {}, false, true);
+    const std::vector<size_t> want = {kOther, kLora, kConv, kLora, kGemv, kLora, kGlu,  kLora, kGemv, kLora,
+                                      kQkv,   kAttn, kLora, kGemv, kLora, kGlu,  kLora, kGemv, kPick};
+    EXPECT_EQ(k, want);
+    // More rows: the deltas add into the outputs after the products, and no 8-bit rows are made twice.
+    std::vector<size_t> k3, plain3;
+    run(3, GgmlType::kQ6_K, true, &k3, {}, false, true);
+    run(3, GgmlType::kQ6_K, true, &plain3);
+    EXPECT_EQ(std::count(k3.begin(), k3.end(), kLora), 12);
+    EXPECT_EQ(std::count(k3.begin(), k3.end(), kQuant), std::count(plain3.begin(), plain3.end(), kQuant));
 }
 
 TEST(CudaStep, UnfusedStepsQuantizeOncePerInput) {

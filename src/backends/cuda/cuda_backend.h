@@ -126,6 +126,7 @@ class CudaBackend final : public Backend {
     void launch(PickNode& n, const GemvArgs*);
     void launch(QuantizeNode& n, const GemvArgs*);
     void launch(RotateNode& n, const GemvArgs*);
+    void launch(LoraNode& n, const GemvArgs*);
     void launch(OtherNode& n, const GemvArgs*);
     void launch_moe_ffn(const Tensor& x, const cuda::WeightRef& gate, const cuda::WeightRef& up,
                         const cuda::WeightRef& down, int64_t n_ff, int n_expert, const Tensor& ids,

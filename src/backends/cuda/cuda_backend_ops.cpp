@@ -146,7 +146,10 @@ void CudaBackend::short_conv_segments(const Tensor& bcx, const Tensor& w, const 
 
 void CudaBackend::lora_segments(const Tensor& x, std::span<const LoraSegment> segs, const Tensor& y) {
     const int64_t k = x.ne[0], n_out = y.ne[0], n_rows = x.rows();
-    std::vector<LoraSegDev> dev;
+    LoraNode node;
+    node.x = x.as<const float>(), node.k = k, node.n_rows = n_rows;
+    LoraProductNode& p = node.p[0];
+    p.y = y.as<float>(), p.n_out = n_out;
     int64_t t_floats = 0;
     for (const LoraSegment& sg : segs) {
         const int64_t r = sg.a.ne[1];
@@ -161,16 +164,10 @@ void CudaBackend::lora_segments(const Tensor& x, std::span<const LoraSegment> se
         LoraSegDev d;
         d.start = sg.start, d.n = sg.n, d.t_off = t_floats, d.a = sg.a.data, d.bt = sg.bt.data;
         d.scale = sg.scale, d.r = int(r), d.a_f16 = sg.a.type == GgmlType::kF16, d.bt_f16 = sg.bt.type == GgmlType::kF16;
-        dev.push_back(d);
+        p.segs.push_back(d);
         t_floats += sg.n * r;
     }
-    if (dev.empty()) return;
-    // The scratch is taken when the node runs: every LoRA node of a step uses the one buffer in turn.
-    record(OtherNode{[=, this, dev = std::move(dev)] {
-        float* t = static_cast<float*>(scratch(kLora, size_t(t_floats) * sizeof(float)));
-        cuda::lora_segments(x.as<const float>(), y.as<float>(), t, k, n_out, n_rows, dev.data(), int(dev.size()),
-                            stream_);
-    }});
+    if (!p.segs.empty()) record(std::move(node));
 }
 
 void CudaBackend::layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& out) {
@@ -422,6 +419,28 @@ void CudaBackend::launch(QuantizeNode& n, const GemvArgs*) { cuda::quantize_q8(n
 void CudaBackend::launch(RotateNode& n, const GemvArgs*) {
     cuda::rotate_heads(n.x, n.n_heads, n.head_dim, n.inverse, stream_);
 }
+void CudaBackend::launch(LoraNode& n, const GemvArgs*) {
+    if (n.delta()) {
+        cuda::LoraDeltaArgs a;
+        a.x = n.x, a.k = n.k, a.pro_x = n.pro_x, a.pro_w = n.pro_w, a.pro_eps = n.pro_eps, a.n = n.n;
+        for (int i = 0; i < n.n; ++i) {
+            const LoraProductNode& p = n.p[i];
+            cuda::LoraDeltaProduct& d = a.p[i];
+            std::copy(p.segs.begin(), p.segs.end(), d.segs);
+            d.n_segs = int(p.segs.size()), d.n_out = p.n_out, d.bias = p.bias, d.delta = p.delta;
+        }
+        cuda::lora_delta(a, stream_);
+        return;
+    }
+    // The scratch is taken when the node runs: every LoRA node of a step uses the one buffer in turn.
+    for (int i = 0; i < n.n; ++i) {
+        const LoraProductNode& p = n.p[i];
+        const LoraSegDev& last = p.segs.back();
+        float* t = static_cast<float*>(scratch(kLora, size_t(last.t_off + last.n * last.r) * sizeof(float)));
+        cuda::lora_segments(n.x, p.y, t, n.k, p.n_out, n.n_rows, p.segs.data(), int(p.segs.size()), stream_);
+    }
+}
+
 void CudaBackend::launch(OtherNode& n, const GemvArgs*) { n.run(); }
 
 void CudaBackend::attach_rope_table(cuda::RopeArgs& r, int64_t rows) {

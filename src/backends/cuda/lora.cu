@@ -113,6 +113,139 @@ __global__ void __launch_bounds__(kUpThreads) lora_up_kernel(const float* __rest
         if (hit[i]) y[(r0 + i) * n_out + c] += acc[i];
 }
 
+constexpr int kDeltaThreads = 256;  // and output rows a block, one a thread
+constexpr int kDeltaRanks = 16;     // ranks a pass over x
+
+__device__ __forceinline__ uint4 ld16(const __half* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+
+// Eight halves of A against eight values of x.
+__device__ __forceinline__ float dot8(const uint4& a, const float4& x0, const float4& x1, float acc) {
+    const float2 f0 = __half22float2(*reinterpret_cast<const __half2*>(&a.x));
+    const float2 f1 = __half22float2(*reinterpret_cast<const __half2*>(&a.y));
+    const float2 f2 = __half22float2(*reinterpret_cast<const __half2*>(&a.z));
+    const float2 f3 = __half22float2(*reinterpret_cast<const __half2*>(&a.w));
+    acc = fmaf(f0.x, x0.x, fmaf(f0.y, x0.y, fmaf(f1.x, x0.z, fmaf(f1.y, x0.w, acc))));
+    return fmaf(f2.x, x1.x, fmaf(f2.y, x1.y, fmaf(f3.x, x1.z, fmaf(f3.y, x1.w, acc))));
+}
+
+// This thread's chunks of 8 columns of x (c, c + kDeltaThreads, ...) against A's rows j0 .. j0 + 15.
+// (acc may hold more than 16 sums; the first 16 are these.)
+template <int N>
+__device__ __forceinline__ void lora_pass(const __half* A, int r, int j0, int64_t k, int64_t c, const float4* xs,
+                                          float (&acc)[N]) {
+    for (; c < k / 8; c += kDeltaThreads) {
+        const float4 x0 = xs[2 * c], x1 = xs[2 * c + 1];
+        uint4 w[kDeltaRanks];
+#pragma unroll
+        for (int j = 0; j < kDeltaRanks; ++j) w[j] = j0 + j < r ? ld16(A + (j0 + j) * k + c * 8) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int j = 0; j < kDeltaRanks; ++j) acc[j] = dot8(w[j], x0, x1, acc[j]);
+    }
+}
+
+// The block's sums of acc[0 .. N): sums[j] (every thread reads them after the call).
+template <int N>
+__device__ __forceinline__ void lora_sum(float (&acc)[N], float (*part)[kDeltaRanks + 1], float* sums) {
+    const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
+#pragma unroll
+    for (int j = 0; j < N; ++j) acc[j] = warp_sum(acc[j]);
+    if (lane == 0)
+#pragma unroll
+        for (int j = 0; j < N; ++j) part[warp][j] = acc[j];
+    __syncthreads();
+    if (tid < N) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kDeltaThreads / 32; ++w) sum += part[w][tid];
+        sums[tid] = sum;
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ float4 mul4(float4 a, float4 b) { return make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w); }
+__device__ __forceinline__ float sq4(float4 a, float s) { return fmaf(a.x, a.x, fmaf(a.y, a.y, fmaf(a.z, a.z, fmaf(a.w, a.w, s)))); }
+
+// grid: product 0's row blocks, then product 1's from block b1, product 2's from b2; a row a thread.
+// Each block makes its product's t = scale A x itself (no block waits for another), in passes of 16
+// ranks: a thread takes its chunks of 8 columns of x against 16 rows of A, then the block sums the
+// partials. A thread reads only its own chunks of x, so staging them (x * pro_w, in shared memory for
+// the later passes) needs no barrier, and the norm's sum of squares travels with the first pass's
+// sums: the RMSNorm is a scale on t. The first pass's first chunk of A, pro_w's and the row's Bᵀ are
+// loaded before the PDL wait (weights), the rest of that pass's A prefetched into L2, so that for a
+// rank-16 adapter what follows the wait is x, one block sum and the stores. Dynamic shared memory:
+// x * pro_w (k floats).
+__global__ void __launch_bounds__(kDeltaThreads, 2) lora_delta_kernel(const __grid_constant__ LoraDeltaArgs a, int b1,
+                                                                       int b2) {
+    extern __shared__ float4 xs[];
+    __shared__ float part[kDeltaThreads / 32][kDeltaRanks + 1];
+    __shared__ float sums[kDeltaRanks + 1];
+    pdl_trigger();
+    const int blk = int(blockIdx.x);
+    const int p = blk < b1 ? 0 : blk < b2 ? 1 : 2;
+    const LoraDeltaProduct& P = a.p[p];
+    const int tid = int(threadIdx.x);
+    const int64_t row = int64_t(blk - (p == 0 ? 0 : p == 1 ? b1 : b2)) * kDeltaThreads + tid;
+    const int64_t k = a.k, n_chunks = k / 8, n_out = P.n_out;
+    const bool live = row < n_out, chunk = tid < n_chunks;
+    const float4* w4 = reinterpret_cast<const float4*>(a.pro_w);
+
+    const LoraSegDev& s0 = P.segs[0];
+    const __half* A0 = static_cast<const __half*>(s0.a);
+    uint4 wa[kDeltaRanks];
+    float wb[kDeltaRanks];
+#pragma unroll
+    for (int j = 0; j < kDeltaRanks; ++j) {
+        wa[j] = j < s0.r && chunk ? ld16(A0 + j * k + tid * 8) : make_uint4(0, 0, 0, 0);
+        wb[j] = j < s0.r && live ? __half2float(static_cast<const __half*>(s0.bt)[j * n_out + row]) : 0.0f;
+    }
+    const float4 one = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+    const float4 n0 = w4 && chunk ? w4[2 * tid] : one, n1 = w4 && chunk ? w4[2 * tid + 1] : one;
+    for (int64_t c = tid + kDeltaThreads; c < n_chunks; c += kDeltaThreads)
+        for (int j = 0; j < s0.r && j < kDeltaRanks; ++j)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(A0 + j * k + c * 8));
+    pdl_wait();
+
+    const float4* src = reinterpret_cast<const float4*>(a.pro_x ? a.pro_x : a.x);
+    float acc[kDeltaRanks + 1];
+#pragma unroll
+    for (int j = 0; j <= kDeltaRanks; ++j) acc[j] = 0.0f;
+    if (chunk) {
+        const float4 x0 = src[2 * tid], x1 = src[2 * tid + 1];
+        acc[kDeltaRanks] = sq4(x1, sq4(x0, 0.0f));
+        const float4 y0 = mul4(x0, n0), y1 = mul4(x1, n1);
+        xs[2 * tid] = y0, xs[2 * tid + 1] = y1;
+#pragma unroll
+        for (int j = 0; j < kDeltaRanks; ++j) acc[j] = dot8(wa[j], y0, y1, acc[j]);
+    }
+    for (int64_t c = tid + kDeltaThreads; c < n_chunks; c += kDeltaThreads) {
+        const float4 x0 = src[2 * c], x1 = src[2 * c + 1];
+        acc[kDeltaRanks] = sq4(x1, sq4(x0, acc[kDeltaRanks]));
+        xs[2 * c] = w4 ? mul4(x0, w4[2 * c]) : x0, xs[2 * c + 1] = w4 ? mul4(x1, w4[2 * c + 1]) : x1;
+    }
+    lora_pass(A0, s0.r, 0, k, tid + kDeltaThreads, xs, acc);
+    lora_sum(acc, part, sums);
+    const float norm = a.pro_x ? rsqrtf(sums[kDeltaRanks] / float(k) + a.pro_eps) : 1.0f;
+
+    float out = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kDeltaRanks; ++j) out = fmaf(s0.scale * norm * sums[j], wb[j], out);
+    for (int q = 0; q < P.n_segs; ++q) {
+        const LoraSegDev& sg = P.segs[q];
+        const __half* Bt = static_cast<const __half*>(sg.bt);
+        for (int j0 = q == 0 ? kDeltaRanks : 0; j0 < sg.r; j0 += kDeltaRanks) {
+            float pacc[kDeltaRanks];
+#pragma unroll
+            for (int j = 0; j < kDeltaRanks; ++j) pacc[j] = 0.0f;
+            lora_pass(static_cast<const __half*>(sg.a), sg.r, j0, k, tid, xs, pacc);
+            lora_sum(pacc, part, sums);
+#pragma unroll
+            for (int j = 0; j < kDeltaRanks; ++j)
+                if (j0 + j < sg.r && live) out = fmaf(sg.scale * norm * sums[j], __half2float(Bt[(j0 + j) * n_out + row]), out);
+        }
+    }
+    if (live) P.delta[row] = (P.bias ? P.bias[row] : 0.0f) + out;
+}
+
 }  // namespace
 
 void lora_segments(const float* x, float* y, float* t, int64_t k, int64_t n_out, int64_t n_rows,
@@ -136,6 +269,29 @@ void lora_segments(const float* x, float* y, float* t, int64_t k, int64_t n_out,
         launch(lora_up_kernel, dim3(unsigned((n_out + kUpThreads - 1) / kUpThreads), unsigned((n_rows + kUpRows - 1) / kUpRows)),
                kUpThreads, 0, s, static_cast<const float*>(t), y, n_out, n_rows, b);
     }
+}
+
+void lora_delta(const LoraDeltaArgs& a, Stream stream) {
+    CERA_CHECK(a.n >= 1 && a.n <= kMaxSegs && a.k > 0 && a.k % 8 == 0 && a.k <= kLoraDeltaMaxK && (a.x || a.pro_x),
+               "lora_delta: %d products of k %lld", a.n, (long long)a.k);
+    int blocks[kMaxSegs + 1] = {};
+    for (int p = 0; p < a.n; ++p) {
+        const LoraDeltaProduct& P = a.p[p];
+        CERA_CHECK(P.n_segs >= 1 && P.n_segs <= kLoraDeltaSegs, "lora_delta: %d segments", P.n_segs);
+        for (int q = 0; q < P.n_segs; ++q) {
+            const LoraSegDev& sg = P.segs[q];
+            CERA_CHECK(sg.a_f16 && sg.bt_f16 && sg.r > 0 && reinterpret_cast<uintptr_t>(sg.a) % 16 == 0,
+                       "lora_delta: A and Bᵀ as F16, A 16-byte aligned");
+        }
+        blocks[p + 1] = blocks[p] + int(ceil_div(P.n_out, kDeltaThreads));
+    }
+    for (int p = a.n; p < kMaxSegs; ++p) blocks[p + 1] = blocks[p];
+    const auto aligned = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    CERA_CHECK(aligned(a.pro_x ? a.pro_x : a.x) && aligned(a.pro_w), "lora_delta: x and pro_w 16-byte aligned");
+    const size_t smem = size_t(a.k) * sizeof(float);
+    allow_dynamic_smem<lora_delta_kernel>(smem);
+    launch(lora_delta_kernel, dim3(unsigned(blocks[a.n])), kDeltaThreads, smem, as_stream(stream), a, blocks[1],
+           blocks[2]);
 }
 
 }  // namespace cera::cuda

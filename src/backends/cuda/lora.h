@@ -25,4 +25,29 @@ constexpr int kLoraSegsPerLaunch = 32;
 void lora_segments(const float* x, float* y, float* t, int64_t k, int64_t n_out, int64_t n_rows,
                    const LoraSegDev* segs, int n_segs, Stream stream);
 
+// The one-row form that runs before the base products instead of after them (step_fusion.cpp's
+// hoist_lora): for up to kMaxSegs products sharing x (one row of k), delta_p = bias_p + the sum over the
+// product's segments of scale B (A x), which the base product then adds as its bias, so that the base
+// launches keep their fusions. x is rms_norm(pro_x, pro_w, pro_eps) when pro_x is set (the norm the base
+// launch makes in its prologue), else read as it is.
+constexpr int kLoraDeltaSegs = 8;          // adapters of one product
+constexpr int64_t kLoraDeltaMaxK = 32768;  // x is staged in shared memory
+struct LoraDeltaProduct {
+    LoraSegDev segs[kLoraDeltaSegs];
+    int n_segs = 0;
+    int64_t n_out = 0;
+    const float* bias = nullptr;  // [n_out] or null
+    float* delta = nullptr;       // [n_out]
+};
+struct LoraDeltaArgs {
+    const float* x = nullptr;
+    int64_t k = 0;
+    const float* pro_x = nullptr;
+    const float* pro_w = nullptr;
+    float pro_eps = 0.0f;
+    LoraDeltaProduct p[kMaxSegs];
+    int n = 0;
+};
+void lora_delta(const LoraDeltaArgs& a, Stream stream);
+
 }  // namespace cera::cuda

@@ -16,6 +16,7 @@
 
 #include "backends/backend.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/lora.h"
 
 namespace cera::cuda {
 
@@ -26,7 +27,7 @@ constexpr int64_t kGemvMaxTokens = 8;
 // rows it reads); the others are taken by the launches themselves (kAttnFull: attention_full's
 // operands in the form its kernel reads, encoder_ops.h).
 enum Slot { kXq, kXqA, kXqB, kMoeXa, kMoeXb, kW16a, kW16b, kX16, kAttn, kMoeG, kMoeU, kMoeY, kMoeR, kArgmax, kLora,
-            kAttnFull, kSlots };
+            kLoraDelta, kAttnFull, kSlots };
 
 // GemvArgs::xq of a block-type product until quantize_inputs gives it its rows (the kernels' support
 // checks only ask whether a product reads 8-bit rows).
@@ -140,13 +141,36 @@ struct QuantizeNode {
     int64_t rows = 0, k = 0;
     void* xq = nullptr;
 };
+// The LoRA deltas of up to kMaxSegs products sharing the input x (f32 [n_rows, k]; lora.h). As recorded
+// (one product, delta null) its segments' deltas add into y ([n_rows, n_out]) after the base product.
+// hoist_lora turns a one-row node into the delta form: it runs before the base products and writes
+// delta = bias + the deltas ([n_out]), which they take as their bias, so they keep their fusions; its
+// x may then be made from pro_x (the RMSNorm prologue, as GemvArgs::pro_x).
+struct LoraProductNode {
+    std::vector<LoraSegDev> segs;
+    float* y = nullptr;
+    int64_t n_out = 0;
+    const float* bias = nullptr;
+    float* delta = nullptr;
+};
+struct LoraNode {
+    const float* x = nullptr;
+    int64_t k = 0, n_rows = 0;
+    LoraProductNode p[kMaxSegs];
+    int n = 1;
+    const float* pro_x = nullptr;
+    const float* pro_w = nullptr;
+    float pro_eps = 0.0f;
+    bool delta() const { return p[0].delta != nullptr; }
+};
 // Any other op, launched by `run`: the passes take it to write anything.
 struct OtherNode {
     std::function<void()> run;
 };
 
-using Node = std::variant<std::monostate, GemvNode, GemmNode, NormNode, RopeNode, KvStoreNode, QkvRopeNode, ConvNode,
-                          SwigluNode, GluNode, AddNode, AttentionNode, PickNode, QuantizeNode, RotateNode, OtherNode>;
+using Node =
+    std::variant<std::monostate, GemvNode, GemmNode, NormNode, RopeNode, KvStoreNode, QkvRopeNode, ConvNode, SwigluNode,
+                 GluNode, AddNode, AttentionNode, PickNode, QuantizeNode, RotateNode, LoraNode, OtherNode>;
 
 struct Step {
     std::vector<Node> nodes;
@@ -175,6 +199,9 @@ struct FusionRules {
 };
 
 // The passes, in the order fuse_step applies them; each is one rule over the node list.
+// One-row LoRA nodes in front of their products, in delta form (deltas in buffer(kLoraDelta, ..)), and
+// those of products sharing an input (q/k/v, gate/up) as one launch.
+void hoist_lora(Step& s, const FusionRules& r, const std::function<void*(Slot, size_t)>& buffer);
 void group_products(Step& s, const FusionRules& r);   // products sharing an input: one launch
 void fuse_glu(Step& s, const FusionRules& r);         // gate/up pair + swiglu
 void fuse_residual(Step& s, const FusionRules& r);    // product + add of its output: epilogue

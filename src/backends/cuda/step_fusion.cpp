@@ -104,6 +104,12 @@ void writes(const Node& node, F&& f) {
                 if (n.product) gemv(n.head);
             } else if constexpr (std::is_same_v<T, RotateNode>) {
                 f(n.x, floats(n.n_heads * n.head_dim));
+            } else if constexpr (std::is_same_v<T, LoraNode>) {
+                for (int i = 0; i < n.n; ++i)
+                    if (n.p[i].delta)
+                        f(n.p[i].delta, floats(n.p[i].n_out));
+                    else
+                        f(n.p[i].y, floats(n.n_rows * n.p[i].n_out));
             } else if constexpr (std::is_same_v<T, OtherNode>) {
                 f(nullptr, 0);
             }
@@ -145,7 +151,78 @@ Sidecar sidecar(Node& node) {
     return {};
 }
 
+// A one-row LoRA node right after its product, which can take the deltas as its bias instead.
+// (lora_delta's kernel reads F16 weights, A and x 16-byte aligned, k a multiple of 8).
+bool hoistable(const GemvNode& g, const LoraNode& l) {
+    const GemvArgs& a = g.a[0];
+    bool ok = g.n == 1 && l.n == 1 && !l.delta() && l.n_rows == 1 && a.n_y == 1 && !a.ids && !a.accumulate &&
+              !a.pro_x && a.x == l.x && reinterpret_cast<uintptr_t>(l.x) % 16 == 0 && a.w.k == l.k && a.y == l.p[0].y &&
+              a.rows == l.p[0].n_out && l.k % 8 == 0 && l.k <= kLoraDeltaMaxK &&
+              l.p[0].segs.size() <= size_t(kLoraDeltaSegs);
+    for (const LoraSegDev& sg : l.p[0].segs)
+        ok = ok && sg.a_f16 && sg.bt_f16 && reinterpret_cast<uintptr_t>(sg.a) % 16 == 0;
+    return ok;
+}
+
 }  // namespace
+
+void hoist_lora(Step& s, const FusionRules& r, const std::function<void*(Slot, size_t)>& buffer) {
+    if (!r.fuse) return;
+    int64_t most = 0;
+    for (size_t i = 0; i + 1 < s.nodes.size(); ++i) {
+        const GemvNode* g = at<GemvNode>(s, i);
+        const LoraNode* l = at<LoraNode>(s, i + 1);
+        if (g && l && hoistable(*g, *l)) most = std::max(most, l->p[0].n_out);
+    }
+    if (!most) return;
+    // Deltas go to kRegions regions in turn, so a launch of up to kMaxSegs products never writes the
+    // delta that a product between it and its own products still has to read.
+    constexpr int kRegions = kMaxSegs + 1;
+    const int64_t region = (most + 63) / 64 * 64;
+    float* base = static_cast<float*>(buffer(kLoraDelta, floats(kRegions * region)));
+    int next = 0;
+    for (size_t i = 0; i + 1 < s.nodes.size(); ++i) {
+        GemvNode* g = at<GemvNode>(s, i);
+        LoraNode* l = at<LoraNode>(s, i + 1);
+        if (!g || !l || !hoistable(*g, *l)) continue;
+        LoraProductNode& p = l->p[0];
+        p.bias = g->a[0].bias, p.delta = base + (next++ % kRegions) * region;
+        g->a[0].bias = p.delta;
+        std::swap(s.nodes[i], s.nodes[i + 1]);
+        ++i;
+    }
+    // Each one moves in front of the products before it that read the same row (q/k/v, gate/up)...
+    for (size_t i = 1; i < s.nodes.size(); ++i) {
+        for (size_t j = i; j >= 1; --j) {
+            const LoraNode* l = at<LoraNode>(s, j);
+            const GemvNode* g = at<GemvNode>(s, j - 1);
+            if (!l || !l->delta() || !g || g->n != 1 || g->a[0].x != l->x || g->a[0].n_y != 1) break;
+            bool clash = false;
+            writes(s.nodes[j - 1],
+                   [&](const void* p, size_t bytes) { clash |= !p || overlaps(p, bytes, l->x, floats(l->k)); });
+            for (int q = 0; q < l->n; ++q)
+                clash |= overlaps(g->a[0].bias, floats(g->a[0].rows), l->p[q].delta, floats(l->p[q].n_out));
+            if (clash) break;
+            std::swap(s.nodes[j - 1], s.nodes[j]);
+        }
+    }
+    // ...where neighbours of one input become one launch.
+    LoraNode* open = nullptr;
+    for (Node& node : s.nodes) {
+        LoraNode* l = as<LoraNode>(node);
+        if (!l || !l->delta()) {
+            open = nullptr;
+            continue;
+        }
+        if (open && open->n < kMaxSegs && open->x == l->x && open->k == l->k) {
+            open->p[open->n++] = std::move(l->p[0]);
+            node = std::monostate{};
+            continue;
+        }
+        open = l;
+    }
+    compact(s);
+}
 
 void group_products(Step& s, const FusionRules& r) {
     if (!r.fuse) return;
@@ -309,10 +386,16 @@ void norm_prologues(Step& s, const FusionRules& r) {
         } else {
             continue;
         }
-        // The launch reading it, and which kind of prologue that is (ProKind).
+        // The launch reading it (after the one-row LoRA deltas of its products, which then make the norm
+        // too), and which kind of prologue that is (ProKind).
+        LoraNode* lora = at<LoraNode>(s, i + 1);
+        const auto aligned = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+        if (lora && (!lora->delta() || lora->x != out || lora->k != k || lora->pro_x || !aligned(src) || !aligned(w) ||
+                     i + 2 >= s.nodes.size()))
+            continue;
         GemvArgs* readers[3] = {};
         int n = 0, use = 0;
-        Node& next = s.nodes[i + 1];
+        Node& next = s.nodes[i + (lora ? 2 : 1)];
         if (auto* g = as<GluNode>(next)) readers[0] = &g->g, readers[1] = &g->u, n = 2;
         if (auto* q = as<QkvRopeNode>(next); q && q->products) {
             for (int j = 0; j < 3; ++j) readers[j] = &q->qkv[j];
@@ -336,6 +419,7 @@ void norm_prologues(Step& s, const FusionRules& r) {
             for (int j = 0; j < n; ++j) *readers[j] = saved[j];
             continue;
         }
+        if (lora) lora->pro_x = src, lora->pro_w = w, lora->pro_eps = eps;
         if (nm) s.nodes[i] = std::monostate{};
         else res->a[0].norm_out = nullptr, res->a[0].norm_w = nullptr, res->a[0].norm_xq = nullptr;
     }
@@ -421,6 +505,7 @@ void quantize_inputs(Step& s, const FusionRules& r, const std::function<void*(Sl
 }
 
 void fuse_step(Step& s, const FusionRules& r, const std::function<void*(Slot, size_t)>& buffer) {
+    hoist_lora(s, r, buffer);
     group_products(s, r);
     fuse_glu(s, r);
     fuse_residual(s, r);
