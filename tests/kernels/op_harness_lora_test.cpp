@@ -136,57 +136,64 @@ void check(bool via_host, GgmlType type) {
 // With the product's own bias, and two adapters on the row.
 TEST(OpHarness, LoraAfterItsProduct) {
     std::mt19937 rng(36);
-    for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ6_K, GgmlType::kF16})
-        for (int64_t n_tokens : {int64_t(1), int64_t(3)})
-            for (bool bias : {false, true}) {
-                const int64_t k = 512, rows = 320, r = 16;
-                const Weight w = make_weight(type, rows, k, rng);
-                const std::vector<float> x = activations(size_t(n_tokens * k), rng), b = randn(size_t(rows), rng);
-                std::vector<std::vector<uint16_t>> a(2), bt(2);
-                for (int i = 0; i < 2; ++i) {
-                    for (float v : randn(size_t(r * k), rng, 0.05f)) a[size_t(i)].push_back(fp32_to_fp16(v));
-                    for (float v : randn(size_t(r * rows), rng, 0.05f)) bt[size_t(i)].push_back(fp32_to_fp16(v));
-                }
-                // sum_i |s_i| sum_j |b_oj| sum_c |a_jc x_c| for each output.
-                std::vector<double> lora_mag(size_t(rows * n_tokens), 0.0);
-                for (int64_t tk = 0; tk < n_tokens; ++tk)
-                    for (int i = 0; i < 2; ++i)
-                        for (int64_t j = 0; j < r; ++j) {
-                            double tm = 0;
-                            for (int64_t c = 0; c < k; ++c)
-                                tm += std::fabs(double(fp16_to_fp32(a[size_t(i)][size_t(j * k + c)])) *
-                                                x[size_t(tk * k + c)]);
-                            for (int64_t o = 0; o < rows; ++o)
-                                lora_mag[size_t(tk * rows + o)] +=
-                                    (i ? 0.75 : 1.5) *
-                                    std::fabs(double(fp16_to_fp32(bt[size_t(i)][size_t(j * rows + o)]))) * tm;
+    // k, adapters, rank: on CUDA a thread of the one-row form takes one chunk of 8 columns of k up to
+    // k = 2,048 and several beyond (the first before the PDL wait, the others after it).
+    const int64_t shapes[][3] = {{512, 2, 16}, {8192, 1, 16}, {6144 + 512, 1, 8}, {4096, 2, 16}};
+    for (const auto& sh : shapes)
+        for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ6_K, GgmlType::kF16})
+            for (int64_t n_tokens : {int64_t(1), int64_t(3)})
+                for (bool bias : {false, true}) {
+                    const int64_t k = sh[0], rows = 320, r = sh[2];
+                    const int n_ad = int(sh[1]);
+                    const Weight w = make_weight(type, rows, k, rng);
+                    const std::vector<float> x = activations(size_t(n_tokens * k), rng), b = randn(size_t(rows), rng);
+                    std::vector<std::vector<uint16_t>> a(static_cast<size_t>(n_ad)), bt(static_cast<size_t>(n_ad));
+                    for (int i = 0; i < n_ad; ++i) {
+                        for (float v : randn(size_t(r * k), rng, 0.05f)) a[size_t(i)].push_back(fp32_to_fp16(v));
+                        for (float v : randn(size_t(r * rows), rng, 0.05f)) bt[size_t(i)].push_back(fp32_to_fp16(v));
+                    }
+                    // sum_i |s_i| sum_j |b_oj| sum_c |a_jc x_c| for each output.
+                    std::vector<double> lora_mag(size_t(rows * n_tokens), 0.0);
+                    for (int64_t tk = 0; tk < n_tokens; ++tk)
+                        for (int i = 0; i < n_ad; ++i)
+                            for (int64_t j = 0; j < r; ++j) {
+                                double tm = 0;
+                                for (int64_t c = 0; c < k; ++c)
+                                    tm += std::fabs(double(fp16_to_fp32(a[size_t(i)][size_t(j * k + c)])) *
+                                                    x[size_t(tk * k + c)]);
+                                for (int64_t o = 0; o < rows; ++o)
+                                    lora_mag[size_t(tk * rows + o)] +=
+                                        (i ? 0.75 : 1.5) *
+                                        std::fabs(double(fp16_to_fp32(bt[size_t(i)][size_t(j * rows + o)]))) * tm;
+                            }
+                    for (const Target& t : targets()) {
+                        if (t.moe_only) continue;
+                        OnBackend ob(t);
+                        const Tensor W = ob.weight(type, {k, rows}, w.bytes.data()), X = ob.f32({k, n_tokens}, x);
+                        const Tensor Bias = bias ? ob.f32({rows}, b) : Tensor{};
+                        std::vector<LoraSegment> ls;
+                        for (int i = 0; i < n_ad; ++i)
+                            ls.push_back({0, n_tokens, ob.alloc(GgmlType::kF16, {k, r}, a[size_t(i)].data()),
+                                          ob.alloc(GgmlType::kF16, {rows, r}, bt[size_t(i)].data()),
+                                          i ? -0.75f : 1.5f});
+                        const Tensor Y1 = ob.f32({rows, n_tokens}, std::vector<float>(size_t(rows * n_tokens)));
+                        const Tensor Y2 = ob.f32({rows, n_tokens}, std::vector<float>(size_t(rows * n_tokens)));
+                        ob.be().matmul(W, X, Bias, Y1);
+                        const std::vector<float> base = ob.read(Y1);  // the step ends here
+                        ob.be().lora_segments(X, ls, Y1);
+                        ob.be().matmul(W, X, Bias, Y2);
+                        ob.be().lora_segments(X, ls, Y2);
+                        const std::vector<float> apart = ob.read(Y1), together = ob.read(Y2);
+                        Checker c(str(t.name, " ", type_name(type), " k ", k, " adapters ", n_ad, " n_tokens ",
+                                      n_tokens, bias ? " with bias" : ""));
+                        for (size_t i = 0; i < apart.size(); ++i) {
+                            const double bd = lora_mag[i];
+                            const double ends = std::fabs(double(base[i])) + std::fabs(double(apart[i])) +
+                                                std::fabs(double(together[i]));
+                            c.near(together[i], apart[i], 2 * gamma(k + r + 2) * bd + gamma(4) * ends + 1e-37, "y ", i);
                         }
-                for (const Target& t : targets()) {
-                    if (t.moe_only) continue;
-                    OnBackend ob(t);
-                    const Tensor W = ob.weight(type, {k, rows}, w.bytes.data()), X = ob.f32({k, n_tokens}, x);
-                    const Tensor Bias = bias ? ob.f32({rows}, b) : Tensor{};
-                    std::vector<LoraSegment> ls;
-                    for (int i = 0; i < 2; ++i)
-                        ls.push_back({0, n_tokens, ob.alloc(GgmlType::kF16, {k, r}, a[size_t(i)].data()),
-                                      ob.alloc(GgmlType::kF16, {rows, r}, bt[size_t(i)].data()), i ? -0.75f : 1.5f});
-                    const Tensor Y1 = ob.f32({rows, n_tokens}, std::vector<float>(size_t(rows * n_tokens)));
-                    const Tensor Y2 = ob.f32({rows, n_tokens}, std::vector<float>(size_t(rows * n_tokens)));
-                    ob.be().matmul(W, X, Bias, Y1);
-                    const std::vector<float> base = ob.read(Y1);  // the step ends here
-                    ob.be().lora_segments(X, ls, Y1);
-                    ob.be().matmul(W, X, Bias, Y2);
-                    ob.be().lora_segments(X, ls, Y2);
-                    const std::vector<float> apart = ob.read(Y1), together = ob.read(Y2);
-                    Checker c(str(t.name, " ", type_name(type), " n_tokens ", n_tokens, bias ? " with bias" : ""));
-                    for (size_t i = 0; i < apart.size(); ++i) {
-                        const double bd = lora_mag[i];
-                        const double ends =
-                            std::fabs(double(base[i])) + std::fabs(double(apart[i])) + std::fabs(double(together[i]));
-                        c.near(together[i], apart[i], 2 * gamma(k + r + 2) * bd + gamma(4) * ends + 1e-37, "y ", i);
                     }
                 }
-            }
 }
 
 TEST(OpHarness, LoraSegments) {
