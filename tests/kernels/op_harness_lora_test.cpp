@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/lora.h"
 #include "kernels/op_harness.h"
 
 namespace cera::harness {
@@ -26,7 +27,8 @@ struct Seg {
 };
 
 // Segments out of row order, one covering rows another covers (two adapters on one sequence),
-// rows in no segment, length-1 segments; for 40 rows, more segments than a launch takes (kLoraSegsPerLaunch).
+// rows in no segment, length-1 segments; for 40 rows, more segments than a launch takes (kLoraSegsPerLaunch);
+// for 300, one of cuda::kLoraGemmRows rows and more (CUDA's cuBLAS form) over the others.
 std::vector<Seg> segments_for(int64_t n_tokens) {
     if (n_tokens == 1) return {{0, 1, 0, 0.5f}, {0, 1, 1, -2.0f}};
     if (n_tokens == 3) return {{2, 1, 1, 1.0f}, {0, 2, 0, 0.25f}, {1, 2, 2, 3.0f}};
@@ -45,7 +47,7 @@ void check(bool via_host, GgmlType type) {
                                  {768, 4097, 16}, {512, 300, 64}};  // k, n_out, max rank
     for (const auto& sh : shapes) {
         const int64_t k = sh[0], n_out = sh[1];
-        for (int64_t n_tokens : {int64_t(1), int64_t(3), int64_t(17), int64_t(40), int64_t(64)}) {
+        for (int64_t n_tokens : {int64_t(1), int64_t(3), int64_t(17), int64_t(40), int64_t(64), int64_t(300)}) {
             if (n_tokens * (k + n_out) > kMaxElems) continue;
             // Three adapters of ranks max, max/2 (at least 1) and 1.
             const int64_t ranks[3] = {sh[2], std::max<int64_t>(1, sh[2] / 2), 1};
@@ -63,6 +65,9 @@ void check(bool via_host, GgmlType type) {
             const std::vector<Seg> segs = segments_for(n_tokens);
             // The reference, with each value's bound.
             std::vector<double> want(y0.begin(), y0.end()), bound(y0.size(), 0.0);
+            // CUDA's segments of many rows run through cuBLAS on x and t rounded to F16: 2^-11 of the
+            // magnitudes each, on top.
+            std::vector<double> bound_f16(y0.size(), 0.0);
             std::vector<int64_t> adds(size_t(n_tokens), 0);  // additions into each row of y: its segments' ranks
             for (const Seg& g : segs) {
                 const int64_t r = ranks[g.adapter];
@@ -84,6 +89,8 @@ void check(bool via_host, GgmlType type) {
                         }
                         want[size_t(t * n_out + o)] += double(g.scale) * acc;
                         bound[size_t(t * n_out + o)] += std::fabs(double(g.scale)) * gamma(k + r + 2) * mag;
+                        if (type == GgmlType::kF16 && g.n >= cuda::kLoraGemmRows)
+                            bound_f16[size_t(t * n_out + o)] += std::fabs(double(g.scale)) * 2.1 * 0x1p-11 * mag;
                     }
                 }
             }
@@ -121,7 +128,8 @@ void check(bool via_host, GgmlType type) {
                 Checker c(str(t.name, via_host ? " lora_segments_via_host " : " lora_segments ", type_name(type), " k ", k, " n_out ",
                               n_out, " n_tokens ", n_tokens));
                 const std::vector<float> y = ob.read(Y);
-                for (size_t i = 0; i < y.size(); ++i) c.near(y[i], want[i], bound[i], "y ", i);
+                for (size_t i = 0; i < y.size(); ++i)
+                    c.near(y[i], want[i], bound[i] + (t.cuda() && !via_host ? bound_f16[i] : 0.0), "y ", i);
                 if (via_host) break;  // one target is enough for the default
             }
         }

@@ -433,11 +433,45 @@ void CudaBackend::launch(LoraNode& n, const GemvArgs*) {
         return;
     }
     // The scratch is taken when the node runs: every LoRA node of a step uses the one buffer in turn.
+    // The segments of many rows (cuda::kLoraGemmRows) go through cuBLAS, on x in F16 (made once here).
+    auto gemm = [](const LoraSegDev& sg) { return sg.n >= cuda::kLoraGemmRows && sg.a_f16 && sg.bt_f16; };
+    size_t t16_bytes = 0;
+    for (int i = 0; i < n.n; ++i)
+        for (const LoraSegDev& sg : n.p[i].segs)
+            if (gemm(sg)) t16_bytes = std::max(t16_bytes, size_t(sg.n * sg.r) * 2);
+    const void* x16 = nullptr;
+    void* t16 = nullptr;
+    if (t16_bytes) {
+        void* buf = scratch(kLoraX16, size_t(n.n_rows * n.k) * 2);
+        t16 = scratch(kLoraT16, t16_bytes);
+        cuda::convert_f32_to_f16(n.x, n.n_rows * n.k, buf, stream_);
+        x16 = buf;
+    }
     for (int i = 0; i < n.n; ++i) {
         const LoraProductNode& p = n.p[i];
-        const LoraSegDev& last = p.segs.back();
-        float* t = static_cast<float*>(scratch(kLora, size_t(last.t_off + last.n * last.r) * sizeof(float)));
-        cuda::lora_segments(n.x, p.y, t, n.k, p.n_out, n.n_rows, p.segs.data(), int(p.segs.size()), stream_);
+        std::vector<LoraSegDev> rest;
+        int64_t t_floats = 0;
+        for (const LoraSegDev& sg : p.segs) {
+            if (!gemm(sg)) {
+                rest.push_back(sg);
+                t_floats = std::max(t_floats, sg.t_off + sg.n * sg.r);
+                continue;
+            }
+            const float zero = 0.0f, one = 1.0f;
+            // t [n, r] = s X Aᵀ: column-major, Aᵀ's k x r is A as stored, X's k x n likewise.
+            CUBLAS_CHECK(cuda::cublas().gemm_ex(
+                cublas_, CUBLAS_OP_T, CUBLAS_OP_N, sg.r, int(sg.n), int(n.k), &sg.scale, sg.a, CUDA_R_16F, int(n.k),
+                static_cast<const uint16_t*>(x16) + sg.start * n.k, CUDA_R_16F, int(n.k), &zero, t16, CUDA_R_16F, sg.r,
+                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+            // Y [n, n_out] += T Bᵀ: column-major, Bᵀ as stored is B's n_out x r.
+            CUBLAS_CHECK(cuda::cublas().gemm_ex(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, int(p.n_out), int(sg.n), sg.r, &one,
+                                                sg.bt, CUDA_R_16F, int(p.n_out), t16, CUDA_R_16F, sg.r, &one,
+                                                p.y + sg.start * p.n_out, CUDA_R_32F, int(p.n_out), CUBLAS_COMPUTE_32F,
+                                                CUBLAS_GEMM_DEFAULT));
+        }
+        if (rest.empty()) continue;
+        float* t = static_cast<float*>(scratch(kLora, size_t(t_floats) * sizeof(float)));
+        cuda::lora_segments(n.x, p.y, t, n.k, p.n_out, n.n_rows, rest.data(), int(rest.size()), stream_);
     }
 }
 

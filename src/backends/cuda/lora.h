@@ -19,6 +19,11 @@ struct LoraSegDev {
 
 // Segments a launch pair takes (they travel as kernel parameters); more are taken in turns.
 constexpr int kLoraSegsPerLaunch = 32;
+// Segments of at least this many rows (a long prompt's) with F16 A and Bᵀ run as two cuBLAS products
+// instead (CudaBackend::launch(LoraNode&)): t = s X Aᵀ in F16, then Y += T Bᵀ, both on F16 operands (x
+// rounded to F16 as the base product's cuBLAS path does) with f32 accumulation. Two launches a segment:
+// shorter segments (a batch's prompt chunks under several adapters) stay with the segment kernels.
+constexpr int64_t kLoraGemmRows = 256;
 
 // y[row] += scale_i Bᵢ (Aᵢ x[row]) for every row of each segment; segments may overlap (their deltas add
 // up). t: scratch of sum(n_i r_i) floats. x: f32 [n_rows, k]; y: f32 [n_rows, n_out].
