@@ -26,28 +26,10 @@ constexpr int64_t kGemvMaxTokens = 8;
 // rows written by the op that produces a product's input, alternating so that an op never writes the
 // rows it reads); the others are taken by the launches themselves (kAttnFull: attention_full's
 // operands in the form its kernel reads, encoder_ops.h).
-enum Slot {
-    kXq,
-    kXqA,
-    kXqB,
-    kMoeXa,
-    kMoeXb,
-    kW16a,
-    kW16b,
-    kX16,
-    kAttn,
-    kMoeG,
-    kMoeU,
-    kMoeY,
-    kMoeR,
-    kArgmax,
-    kLora,
-    kLoraDelta,
-    kLoraX16,
-    kLoraT16,
-    kAttnFull,
-    kSlots
-};
+// clang-format off
+enum Slot { kXq, kXqA, kXqB, kMoeXa, kMoeXb, kW16a, kW16b, kX16, kAttn, kMoeG, kMoeU, kMoeY, kMoeR, kArgmax, kLora,
+            kLoraDelta, kLoraX16, kLoraT16, kAttnFull, kSlots };
+// clang-format on
 
 // GemvArgs::xq of a block-type product until quantize_inputs gives it its rows (the kernels' support
 // checks only ask whether a product reads 8-bit rows).
