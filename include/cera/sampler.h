@@ -9,10 +9,15 @@
 // arg-max of the penalised logits (ties -> the lowest id), no random draw.
 //
 // One Sampler per sequence. It allocates its buffers once (at construction, for
-// n_vocab candidates); sample() and accept() never allocate and never throw.
+// n_vocab candidates); sample() and accept() never allocate and never throw. The
+// buffers are fresh anonymous pages, which the kernel zero-fills as they are first
+// touched: constructing a sampler (every request a server takes) costs no pass over
+// the vocabulary, and a greedy or top-k request never touches most of them.
 // Not thread-safe: use one Sampler from one thread at a time.
 #pragma once
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <utility>
 #include <vector>
@@ -129,17 +134,26 @@ class Sampler {
     uint64_t next_u64();
     double next_uniform();  // [0, 1)
 
+    struct Unmap {
+        size_t bytes;
+        void operator()(void* p) const noexcept;
+    };
+    template <class T>
+    using Buffer = std::unique_ptr<T[], Unmap>;
+    template <class T>
+    static Buffer<T> zeroed(size_t n);
+
     SamplerParams params_;
     int32_t n_vocab_;
     bool greedy_;
     bool penalties_on_;
-    std::vector<TokenProb> cand_;  // [n_vocab] working set; the first n_cand_ are live
+    Buffer<TokenProb> cand_;  // [n_vocab] working set; the first n_cand_ are live
     int32_t n_cand_ = 0;
     bool sorted_ = false;        // cand_[0, n_cand_) sorted by logit, descending
     std::vector<int32_t> ring_;  // [penalty_last_n] recent tokens
     int32_t ring_head_ = 0, ring_size_ = 0;
-    std::vector<int32_t> count_;   // [n_vocab] occurrences of each id in the window
-    std::vector<uint32_t> stamp_;  // [n_vocab] last penalty pass that touched an id
+    Buffer<int32_t> count_;        // [n_vocab] occurrences of each id in the window
+    Buffer<uint32_t> stamp_;       // [n_vocab] last penalty pass that touched an id
     std::vector<int32_t> window_;  // [penalty_last_n] window() output
     uint32_t epoch_ = 0;
     uint64_t rng_[4];                    // xoshiro256** state

@@ -85,6 +85,9 @@ std::unique_ptr<httplib::Client> connect(const Target& t, const BenchServeOption
     auto c = std::make_unique<httplib::Client>(t.origin);
     if (!c->is_valid()) throw Error(ErrorCode::kInvalidArgument, "--url: cannot use '" + t.origin + "'");
     c->set_connection_timeout(10, 0);
+    // As API clients do: one connection a client for all its requests, small writes sent at once.
+    c->set_keep_alive(true);
+    c->set_tcp_nodelay(true);
     c->set_read_timeout(o.timeout_s, 0);
     c->set_write_timeout(60, 0);
     if (!o.api_key.empty()) c->set_bearer_token_auth(o.api_key);

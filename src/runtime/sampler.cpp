@@ -6,9 +6,12 @@
 // so a 150k vocabulary never pays for a full sort in the common settings.
 #include "cera/sampler.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <new>
 
 #include "backends/backend.h"
 #include "core/check.h"
@@ -31,6 +34,16 @@ uint64_t splitmix64(uint64_t& x) {
 inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
 }  // namespace
+
+template <class T>
+Sampler::Buffer<T> Sampler::zeroed(size_t n) {
+    const size_t bytes = std::max<size_t>(n * sizeof(T), 1);
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    return Buffer<T>(static_cast<T*>(p), Unmap{bytes});
+}
+
+void Sampler::Unmap::operator()(void* p) const noexcept { munmap(p, bytes); }
 
 Sampler::Sampler(const SamplerParams& params, int32_t n_vocab) : params_(params), n_vocab_(n_vocab) {
     if (n_vocab <= 0) throw_error(ErrorCode::kInvalidArgument, "sampler: n_vocab must be positive, got %d", n_vocab);
@@ -57,12 +70,12 @@ Sampler::Sampler(const SamplerParams& params, int32_t n_vocab) : params_(params)
     greedy_ = params.temperature <= 0.0f;
     penalties_on_ = params.penalty_last_n > 0 && (params.repeat_penalty != 1.0f || params.frequency_penalty != 0.0f ||
                                                   params.presence_penalty != 0.0f);
-    cand_.resize(size_t(n_vocab));
+    cand_ = zeroed<TokenProb>(size_t(n_vocab));
     if (penalties_on_) {
         ring_.assign(size_t(params.penalty_last_n), 0);
         window_.assign(size_t(params.penalty_last_n), 0);
-        count_.assign(size_t(n_vocab), 0);
-        stamp_.assign(size_t(n_vocab), 0);
+        count_ = zeroed<int32_t>(size_t(n_vocab));
+        stamp_ = zeroed<uint32_t>(size_t(n_vocab));
     }
     reset();
 }
@@ -125,7 +138,7 @@ void Sampler::load(const float* logits, int32_t k) {
     const int64_t m = int64_t(k) + (penalties_on_ ? ring_size_ : 0);
     // A bias can lift any id into the best k, so a biased row is always loaded whole.
     if (k > 0 && m * 8 < n_vocab_ && params_.logit_bias.empty()) {
-        TokenProb* c = cand_.data();
+        TokenProb* c = cand_.get();
         int32_t cnt = 0;
         float thr = -std::numeric_limits<float>::infinity();
         for (int32_t i = 0; i < n_vocab_; ++i) {
@@ -152,7 +165,7 @@ void Sampler::load(const float* logits, int32_t k) {
 }
 
 void Sampler::load_all(const float* logits) {
-    TokenProb* c = cand_.data();
+    TokenProb* c = cand_.get();
     if (allowed_) {  // the allowed tokens only; the penalties then go through the window path
         int32_t cnt = 0;
         for (int32_t i = 0; i < n_vocab_; ++i) {
@@ -181,7 +194,7 @@ void Sampler::load_all(const float* logits) {
 
 float Sampler::log_probs(const float* logits, int32_t token, int32_t n_top, TokenLogprob* top) {
     load_all(logits);
-    TokenProb* c = cand_.data();
+    TokenProb* c = cand_.get();
     float max_l = -std::numeric_limits<float>::infinity();
     for (int32_t i = 0; i < n_vocab_; ++i) max_l = std::max(max_l, c[i].logit);
     double z = 0.0;
@@ -205,7 +218,7 @@ float Sampler::log_probs(const float* logits, int32_t token, int32_t n_top, Toke
 
 void Sampler::add_window(const float* logits, const float* window_logits) {
     if (!penalties_on_) return;
-    TokenProb* c = cand_.data();
+    TokenProb* c = cand_.get();
     next_epoch();
     for (int32_t i = 0; i < n_cand_; ++i) stamp_[size_t(c[i].id)] = epoch_;
     const int32_t cap = int32_t(ring_.size());
@@ -252,7 +265,7 @@ int32_t Sampler::sample_top(const int32_t* ids, const float* logits, int32_t n, 
 
 void Sampler::next_epoch() {
     if (++epoch_ == 0) {  // wrapped: clear the stamps once every 2^32 passes
-        std::fill(stamp_.begin(), stamp_.end(), 0u);
+        std::fill(stamp_.get(), stamp_.get() + n_vocab_, 0u);
         epoch_ = 1;
     }
 }
@@ -305,7 +318,7 @@ int32_t take_mass(TokenProb* c, int32_t n, double target) {
 }  // namespace
 
 void Sampler::filter(bool sort_kept) {
-    TokenProb* c = cand_.data();
+    TokenProb* c = cand_.get();
     int32_t n = n_cand_;
 
     // top-k: the k best, sorted.
@@ -472,11 +485,11 @@ std::span<const TokenProb> Sampler::distribution(const float* logits) {
         std::swap(cand_[0], cand_[size_t(greedy_pick())]);
         cand_[0].p = 1.0f;
         n_cand_ = 1;
-        return {cand_.data(), 1};
+        return {cand_.get(), 1};
     }
     load(logits, params_.top_k > 0 ? params_.top_k : 0);
     filter(true);
-    return {cand_.data(), size_t(n_cand_)};
+    return {cand_.get(), size_t(n_cand_)};
 }
 
 }  // namespace cera

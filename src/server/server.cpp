@@ -137,6 +137,8 @@ void Server::Impl::routes() {
     http.set_payload_max_length(o.max_body_bytes);
     const size_t threads = size_t(o.http_threads > 0 ? o.http_threads : std::max(32, 4 * o.batch.parallel));
     http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    // A stream is many small writes: each goes out at once, not held for the previous one's ACK.
+    http.set_tcp_nodelay(true);
     http.set_socket_options([this](socket_t sock) {
         httplib::default_socket_options(sock);
         listen_fd = int(sock);
