@@ -51,7 +51,11 @@ bool is_c_space(char c) { return std::isspace(static_cast<unsigned char>(c)) != 
 
 }  // namespace
 
-Tokenizer::Tokenizer(Vocab vocab) : vocab_(std::move(vocab)) {}
+Tokenizer::Tokenizer(Vocab vocab) : vocab_(std::move(vocab)) {
+    // The codepoint category table (a pass over all of Unicode, milliseconds) is built here, with the
+    // vocabulary, rather than inside the first encode: a server's first request does not wait for it.
+    (void)unicode::cp_flags(0);
+}
 
 std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const gguf::File& f) {
     return std::make_unique<Tokenizer>(Vocab(vocab_data_from_gguf(f)));
