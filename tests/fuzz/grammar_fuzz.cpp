@@ -1,8 +1,8 @@
 // libFuzzer target for the grammar engine. The input's first byte picks GBNF (even) or JSON Schema
 // (odd); the rest is the grammar or schema, then optionally a NUL and a text. Any input must either
 // throw cera::Error or give a grammar; a schema that converts must give GBNF that parses; the text
-// is matched byte by byte, and a few token masks over a small vocabulary (bytes, pairs, UTF-8
-// pieces) are computed and followed. No crash, hang or leak.
+// is matched byte by byte (matching may throw cera::Error for a grammar too ambiguous), and a few token masks over a
+// small vocabulary (bytes, pairs, UTF-8 pieces) are computed and followed. No crash, hang or leak.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -52,20 +52,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (schema && std::string(e.what()).find("too large") == std::string::npos) __builtin_trap();
         return 0;
     }
-    cera::grammar::Matcher m(def);
-    m.accept_bytes(text);
-    (void)m.can_end();
+    // Matching may throw cera::Error too: a grammar ambiguous past the matcher's bounds.
+    try {
+        cera::grammar::Matcher m(def);
+        m.accept_bytes(text);
+        (void)m.can_end();
+    } catch (const cera::Error&) {
+    }
 
     auto cache = std::make_shared<cera::grammar::PositionCache>(def, trie);
     cera::grammar::Matcher tm(cache, {.mask_cache_bytes = 1 << 16});
-    for (int step = 0; step < 8 && !tm.is_dead(); ++step) {
-        const uint64_t* mask = tm.mask();
-        int32_t pick = -1;
-        for (int32_t id = 0; id < trie->n_vocab() && pick < 0; ++id)
-            if ((mask[id >> 6] >> (id & 63)) & 1) pick = id;
-        if (pick < 0) break;
-        if (!tm.accept_token(pick)) __builtin_trap();  // a token of the mask is always accepted
-        if (pick == 0) break;
+    try {
+        for (int step = 0; step < 8 && !tm.is_dead(); ++step) {
+            const uint64_t* mask = tm.mask();
+            int32_t pick = -1;
+            for (int32_t id = 0; id < trie->n_vocab() && pick < 0; ++id)
+                if ((mask[id >> 6] >> (id & 63)) & 1) pick = id;
+            if (pick < 0) break;
+            if (!tm.accept_token(pick)) __builtin_trap();  // a token of the mask is always accepted
+            if (pick == 0) break;
+        }
+    } catch (const cera::Error&) {
     }
     return 0;
 }

@@ -1,8 +1,8 @@
 // cera::Batcher on the fixture models, CPU: requests generated together give the tokens and text
 // that each gives alone in a Session (greedy and seeded sampling), also when the KV pool is so small
 // that sequences are preempted and resumed; a cancelled request leaves the others untouched; a full
-// queue refuses with "over capacity"; requests come from several threads; every KV block returns to
-// the pool.
+// queue refuses with "over capacity"; requests come from several threads; a request whose grammar is
+// too ambiguous fails alone; every KV block returns to the pool.
 #include <gtest/gtest.h>
 
 #include <mutex>
@@ -12,6 +12,7 @@
 #include "cera/batcher.h"
 #include "cera/engine.h"
 #include "cera/error.h"
+#include "cera/grammar.h"
 #include "cera/session.h"
 #include "test_util.h"
 
@@ -178,6 +179,34 @@ TEST(Batcher, CancelLeavesTheOthersUntouched) {
             EXPECT_EQ(sinks[i]->ids, want[i]) << "request " << i;
         }
     }
+}
+
+// A grammar so ambiguous that the matcher's bound stops it (every letter opens a frame that any of
+// eight digits may close: 8^n stacks after n letters, so the first mask already meets the bound on the
+// vocabulary's words) fails its own request with that error; the request beside it in the same steps
+// gives what it gives alone.
+TEST(Batcher, AnAmbiguousGrammarFailsItsOwnRequestOnly) {
+    auto e = load("tiny-lfm2");
+    std::vector<Job> js = jobs(*e, 2);
+    for (Job& j : js) j.g.max_tokens = 16, j.g.ignore_eos = true, j.g.stop.clear();
+    std::vector<int32_t> want;
+    alone(e, js[0], want);
+    std::string alts;
+    for (char d = '1'; d <= '8'; ++d) alts += std::string(" | [a-z] x \"") + d + "\"";
+    js[1].g.grammar = Grammar::parse("root ::= x\nx ::= \"\"" + alts);
+    auto batcher = Batcher::create(e, {.parallel = 2, .block_size = 8});
+    auto plain = std::make_shared<Collect>(), ambiguous = std::make_shared<Collect>();
+    auto r0 = batcher->submit(js[0].prompt, js[0].g, plain);
+    auto r1 = batcher->submit(js[1].prompt, js[1].g, ambiguous);
+    try {
+        r1->wait();
+        ADD_FAILURE() << "the ambiguous grammar's request finished";
+    } catch (const Error& err) {
+        EXPECT_NE(std::string(err.what()).find("ambiguous grammar"), std::string::npos) << err.what();
+    }
+    const GenerationResult r = r0->wait();
+    EXPECT_EQ(r.finish, FinishReason::kLength);
+    EXPECT_EQ(plain->ids, want);
 }
 
 TEST(Batcher, RefusesOverCapacityAndBadRequests) {

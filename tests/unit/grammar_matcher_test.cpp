@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cera/error.h"
 #include "cera/grammar.h"
 #include "chat/grammar/gbnf.h"
 #include "chat/grammar/grammar_impl.h"
@@ -320,6 +321,32 @@ ws     ::= [ \t\n]{0,8})");
         ASSERT_TRUE(m->accept_token(pick));
         text += trie->piece(pick);
     }
+}
+
+// Every "a" opens a frame that closes with "b" or with "c": after n of them, 2^n stacks. Past the
+// matcher's bound a byte throws a clear error instead of taking ever longer, and the state stays
+// where it was.
+TEST(GrammarMatcher, AmbiguityPastTheBoundIsAnError) {
+    const auto def = std::make_shared<const grammar::GrammarDef>(grammar::parse_gbnf(R"(root ::= x
+x ::= "a" x "b" | "a" x "c" | "")"));
+    Matcher m(def);
+    size_t taken = 0;
+    std::string error;
+    for (; taken < 40; ++taken) {
+        try {
+            ASSERT_EQ(m.accept_bytes("a"), 1u);
+        } catch (const Error& e) {
+            EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+            error = e.what();
+            break;
+        }
+    }
+    EXPECT_NE(error.find("ambiguous grammar"), std::string::npos) << error;
+    ASSERT_GE(taken, 8u);
+    ASSERT_LT(taken, 40u);
+    EXPECT_FALSE(m.is_dead());
+    EXPECT_EQ(m.accept_bytes(std::string(taken, 'b')), taken);
+    EXPECT_TRUE(m.can_end());
 }
 
 TEST(GrammarMatcher, CompleteGrammarAllowsOnlyEnd) {

@@ -100,6 +100,11 @@ void Matcher::reset() {
 
 uint32_t Matcher::intern(uint32_t pos, uint32_t parent) {
     const uint64_t key = uint64_t(pos) << 32 | parent;
+    if (nodes_.size() >= kMaxNodes && !intern_.count(key))
+        throw_error(ErrorCode::kInvalidArgument,
+                    "grammar: over %zu parse stack nodes (an ambiguous grammar: a rule that can match the same "
+                    "text in ever more ways)",
+                    kMaxNodes);
     auto [it, fresh] = intern_.try_emplace(key, uint32_t(nodes_.size()));
     if (fresh) {
         nodes_.push_back({pos, parent});
@@ -208,6 +213,13 @@ bool Matcher::step(const std::vector<uint32_t>& in, Utf8 u, uint8_t b, std::vect
             ++from;
         }
         if (from > 1) sort_unique(out);  // one stack's successors are sorted and distinct already
+        if (out.size() > kMaxStacks) {
+            out.clear();
+            throw_error(ErrorCode::kInvalidArgument,
+                        "grammar: over %zu parse stacks at once (an ambiguous grammar: a rule that can match "
+                        "the same text in ever more ways)",
+                        kMaxStacks);
+        }
     } else {
         // The completions of the partial code point are exactly [lo, hi].
         const uint32_t shift = 6 * (nu.rem - 1);

@@ -115,6 +115,13 @@ struct MatcherOptions {
 
 class Matcher {
  public:
+    // An ambiguous grammar (a rule that calls itself around any-character runs, say) can hold more
+    // stacks at once with every byte: past these bounds a step throws cera::Error (kInvalidArgument)
+    // naming the grammar's ambiguity, and the state stays where it was. Grammars from JSON Schemas
+    // and ordinary GBNF stay far below (tens of stacks).
+    static constexpr size_t kMaxStacks = size_t(1) << 12;  // in one state
+    static constexpr size_t kMaxNodes = size_t(1) << 21;   // interned stack nodes over the matcher's life
+
     // Text matching only (no masks).
     explicit Matcher(std::shared_ptr<const GrammarDef> def);
     // Text matching and token masks over the cache's vocabulary.
@@ -124,7 +131,8 @@ class Matcher {
     // next call on this matcher. No allocation when the state's mask is cached.
     const uint64_t* mask();
     // Advances by a token's bytes. False (state unchanged) when the token is not allowed; an
-    // end-of-generation token is allowed when can_end().
+    // end-of-generation token is allowed when can_end(). mask(), accept_token() and accept_bytes()
+    // throw past kMaxStacks or kMaxNodes.
     bool accept_token(int32_t id);
     // Advances by bytes; returns how many were matched (all of them, or the offset of the first byte
     // that no stack accepts; the state then stays after the matched part).
