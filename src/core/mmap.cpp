@@ -5,8 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <new>
 
 #include "core/check.h"
 
@@ -41,6 +43,14 @@ void release_mapped_pages(const void* p, size_t bytes) {
     const uintptr_t end = (uintptr_t(p) + bytes) & ~(page - 1);
     if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);  // failure keeps them
 }
+
+void* map_zero_pages(size_t bytes) {
+    void* p = ::mmap(nullptr, std::max<size_t>(bytes, 1), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    return p;
+}
+
+void unmap_pages(void* p, size_t bytes) { ::munmap(p, std::max<size_t>(bytes, 1)); }
 
 void MappedFile::reset() {
     if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);

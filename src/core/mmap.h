@@ -34,4 +34,10 @@ class MappedFile {
 // back as zeros. The partial pages at either end stay (they belong to the neighbours too).
 void release_mapped_pages(const void* p, size_t bytes);
 
+// Fresh anonymous pages for `bytes` (at least one byte): the kernel zero-fills a page when it is first
+// touched, so a large buffer costs memory and time only where it is written. Throws std::bad_alloc.
+// unmap_pages(p, bytes) gives them back.
+void* map_zero_pages(size_t bytes);
+void unmap_pages(void* p, size_t bytes);
+
 }  // namespace cera

@@ -6,15 +6,13 @@
 // so a 150k vocabulary never pays for a full sort in the common settings.
 #include "cera/sampler.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <new>
 
 #include "backends/backend.h"
 #include "core/check.h"
+#include "core/mmap.h"
 
 namespace cera {
 namespace {
@@ -37,13 +35,10 @@ inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
 template <class T>
 Sampler::Buffer<T> Sampler::zeroed(size_t n) {
-    const size_t bytes = std::max<size_t>(n * sizeof(T), 1);
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    return Buffer<T>(static_cast<T*>(p), Unmap{bytes});
+    return Buffer<T>(static_cast<T*>(map_zero_pages(n * sizeof(T))), Unmap{n * sizeof(T)});
 }
 
-void Sampler::Unmap::operator()(void* p) const noexcept { munmap(p, bytes); }
+void Sampler::Unmap::operator()(void* p) const noexcept { unmap_pages(p, bytes); }
 
 Sampler::Sampler(const SamplerParams& params, int32_t n_vocab) : params_(params), n_vocab_(n_vocab) {
     if (n_vocab <= 0) throw_error(ErrorCode::kInvalidArgument, "sampler: n_vocab must be positive, got %d", n_vocab);

@@ -6,8 +6,6 @@
 // the hand-off (a decode step of a small model runs mostly on one thread).
 #include "backends/cpu/cpu_backend.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -128,8 +126,7 @@ class CpuBackend final : public Backend {
         void* p = nullptr;
         size_t mapped_bytes = 0;
         if (bytes >= kLazyBufferBytes) {
-            p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-            if (p == MAP_FAILED) throw std::bad_alloc();
+            p = map_zero_pages(bytes);
             mapped_bytes = bytes;
         } else {
             p = std::aligned_alloc(64, bytes);
@@ -693,7 +690,7 @@ class CpuBackend final : public Backend {
 
     static void release_buffer(void* p, size_t mapped_bytes) {
         if (mapped_bytes > 0)
-            munmap(p, mapped_bytes);
+            unmap_pages(p, mapped_bytes);
         else
             std::free(p);
     }
