@@ -155,6 +155,15 @@ struct LoraSegment {
                                // that B·t is r scaled row additions (no per-output reductions)
     float scale = 0.0f;        // the adapter's scale times alpha / r
 };
+// One group of rows of the MoE experts' products with LoRA deltas (Backend::moe_ffn_lora): rows
+// [start, start + n) of the step add, to each adapted product P (0 gate, 1 up, 2 down) of a routed expert
+// e, scale[P] · B_e (A_e in), where in is that product's input (x, or the SwiGLU of gate and up).
+struct MoeLoraSegment {
+    int64_t start = 0, n = 0;
+    Tensor a[3];   // f32 or f16 [n_expert, r, k] (GGUF ne {k, r, n_expert}); empty: P is not adapted
+    Tensor bt[3];  // like a[P], [n_expert, r, n_out] (GGUF ne {n_out, r, n_expert}): each expert's B transposed
+    float scale[3] = {0.0f, 0.0f, 0.0f};
+};
 // The reference of Backend::lora_segments on host memory: y[t] += scale_i * B_i (A_i x[t]) for every
 // row t of each segment i, in segment order. x: f32 [n_tokens, k]; y: f32 [n_tokens, n_out]; the a and b
 // of each segment point at host memory.
@@ -370,6 +379,15 @@ class Backend {
     //   out: f32 [n_tokens, n_embd] (overwritten; must not alias x)
     virtual void moe_ffn(const Tensor& x, const Tensor& gate_exps, const Tensor& up_exps, const Tensor& down_exps,
                          const Tensor& ids, const Tensor& weights, const Tensor& out) = 0;
+
+    // moe_ffn with LoRA deltas on the experts' products (MoeLoraSegment). A backend without it throws
+    // kUnsupported (the adapter loader refuses such adapters for a model on it first).
+    virtual void moe_ffn_lora(const Tensor& x, const Tensor& gate_exps, const Tensor& up_exps, const Tensor& down_exps,
+                              const Tensor& ids, const Tensor& weights, std::span<const MoeLoraSegment> segs,
+                              const Tensor& out) {
+        (void)x, (void)gate_exps, (void)up_exps, (void)down_exps, (void)ids, (void)weights, (void)segs, (void)out;
+        throw_error(ErrorCode::kUnsupported, "LoRA on MoE experts is not supported on this device");
+    }
 
     // out[r] = the lowest i with x[r][i] equal to the largest non-NaN value of row r (0 when every value
     // is NaN): exactly the token a greedy Sampler picks from that row, so a decode step can end in the

@@ -77,6 +77,10 @@ struct Step {
     // projection an adapter may target goes through here.
     //   w: [rows, k]; x: f32 [n_tokens, k]; bias: f32 [rows] or empty; out: f32 [n_tokens, rows]
     void linear(const Tensor& w, const Tensor& x, const Tensor& bias, const Tensor& out) const;
+    // The MoE experts' mixture (Backend::moe_ffn) of x routed by ids and weights, plus the LoRA deltas of
+    // the experts' products for the rows whose adapters adapt them (Backend::moe_ffn_lora).
+    void experts(const Tensor& gate_exps, const Tensor& up_exps, const Tensor& down_exps, const Tensor& x,
+                 const Tensor& ids, const Tensor& weights, const Tensor& out) const;
 
     // A wide buffer seen as [n_tokens, width].
     static Tensor cols(const Tensor& wide, int64_t width) { return wide.reshaped(width, wide.ne[1]); }

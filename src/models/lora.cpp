@@ -25,8 +25,10 @@ namespace {
 
 std::atomic<uint64_t> g_lora_id{1};
 
-std::string ne_str(int64_t a, int64_t b) {
-    return "{" + std::to_string(a) + ", " + std::to_string(b) + "}";
+std::string ne_list(const std::vector<int64_t>& ne) {
+    std::string s = "{";
+    for (size_t i = 0; i < ne.size(); ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
+    return s + "}";
 }
 
 bool is_directory(const std::string& path) {
@@ -47,7 +49,8 @@ std::vector<float> tensor_f32(const gguf::TensorInfo& ti, const std::string& pat
 }
 
 // llama.cpp's GGUF LoRA: general.type = adapter, adapter.type = lora, adapter.lora.alpha, and for each
-// adapted weight W the pair W.lora_a (ne {k, r}) and W.lora_b (ne {r, n_out}).
+// adapted weight W the pair W.lora_a (ne {k, r}) and W.lora_b (ne {r, n_out}); for stacked MoE experts
+// ne {k, r, n_expert} and {r, n_out, n_expert}.
 LoraRead read_gguf_lora(const std::string& path) {
     auto f = gguf::File::open(path);
     const std::string type = f->get_string("general.type", "");
@@ -72,15 +75,17 @@ LoraRead read_gguf_lora(const std::string& path) {
         const std::string target = n.substr(0, n.size() - 7);
         const gguf::TensorInfo* tb = f->find_tensor(target + ".lora_b");
         if (!tb) throw_error(ErrorCode::kMissing, "%s: %s has no %s.lora_b", path.c_str(), n.c_str(), target.c_str());
-        if (ti.ne.size() != 2 || tb->ne.size() != 2 || ti.ne[1] != tb->ne[0])
+        const size_t dims = ti.ne.size();
+        if ((dims != 2 && dims != 3) || tb->ne.size() != dims || ti.ne[1] != tb->ne[0] ||
+            (dims == 3 && ti.ne[2] != tb->ne[2]))
             throw_error(ErrorCode::kInvalidFile, "%s: %s.lora_a has ne %s and .lora_b ne %s: not a rank-r pair",
-                        path.c_str(), target.c_str(), ne_str(ti.ne[0], ti.ne.size() > 1 ? ti.ne[1] : 1).c_str(),
-                        ne_str(tb->ne[0], tb->ne.size() > 1 ? tb->ne[1] : 1).c_str());
+                        path.c_str(), target.c_str(), ne_list(ti.ne).c_str(), ne_list(tb->ne).c_str());
         LoraTensor t;
         t.target = target;
         t.k = ti.ne[0];
         t.r = ti.ne[1];
         t.n_out = tb->ne[1];
+        t.n_expert = dims == 3 ? ti.ne[2] : 1;
         // llama.cpp scales by alpha / r, or by 1 when the file gives no alpha.
         t.factor = alpha != 0.0f ? alpha / float(t.r) : 1.0f;
         t.a = tensor_f32(ti, path);
@@ -109,6 +114,17 @@ size_t LoraAdapter::bytes() const {
     return n;
 }
 
+LoraHeads lora_heads(const gguf::File& f, const std::string& arch) {
+    LoraHeads heads;
+    heads.n_head = f.get_i64(arch + ".attention.head_count", 0);
+    if (const gguf::Value* v = f.find(arch + ".attention.head_count_kv"); v && v->is_integer())
+        heads.n_head_kv = v->as_int();
+    else
+        heads.n_head_kv = heads.n_head;
+    heads.n_expert = f.get_i64(arch + ".expert_count", 0);
+    return heads;
+}
+
 namespace {
 
 // Reads the adapter at `path` for a model of architecture `arch` whose file is `f`, and checks every pair
@@ -116,12 +132,7 @@ namespace {
 // sorted by target.
 std::vector<LoraTensor> read_checked(const std::string& path, const gguf::File& f, const std::string& arch,
                                      const std::function<const int64_t*(const std::string&)>& shape_of) {
-    LoraHeads heads;
-    heads.n_head = f.get_i64(arch + ".attention.head_count", 0);
-    if (const gguf::Value* v = f.find(arch + ".attention.head_count_kv"); v && v->is_integer())
-        heads.n_head_kv = v->as_int();
-    else
-        heads.n_head_kv = heads.n_head;
+    const LoraHeads heads = lora_heads(f, arch);
     LoraRead rd = is_directory(path) ? read_peft_lora(path, arch, heads) : read_gguf_lora(path);
     if (!rd.arch.empty() && rd.arch != arch)
         throw_error(ErrorCode::kInvalidFile, "%s: an adapter for architecture '%s', the model is '%s'", path.c_str(),
@@ -133,25 +144,30 @@ std::vector<LoraTensor> read_checked(const std::string& path, const gguf::File& 
         if (!std::regex_match(t.target, kTargets))
             throw_error(ErrorCode::kUnsupported, "%s: LoRA on %s is not supported (only the layers' projections)",
                         path.c_str(), t.target.c_str());
-        if (t.target.find("_exps.") != std::string::npos)
-            throw_error(ErrorCode::kUnsupported, "%s: LoRA on MoE experts (%s) is not supported", path.c_str(),
-                        t.target.c_str());
         const int64_t* ne = shape_of(t.target);
         if (!ne)
             throw_error(ErrorCode::kInvalidFile, "%s: LoRA tensor %s adapts %s, which the model does not have",
                         path.c_str(), (t.target + ".lora_a").c_str(), t.target.c_str());
-        const int64_t k = ne[0], n_out = ne[1];
-        if (ne[2] != 1 || ne[3] != 1)
-            throw_error(ErrorCode::kUnsupported, "%s: LoRA on %s (a stacked weight) is not supported", path.c_str(),
+        const int64_t k = ne[0], n_out = ne[1], n_expert = ne[2];
+        if (ne[3] != 1)
+            throw_error(ErrorCode::kUnsupported, "%s: LoRA on %s (a 4-d weight) is not supported", path.c_str(),
                         t.target.c_str());
-        if (t.k != k)
-            throw_error(ErrorCode::kInvalidFile, "%s: LoRA tensor %s.lora_a has ne %s, the base %s has ne %s (needs {%" PRId64
-                        ", r})", path.c_str(), t.target.c_str(), ne_str(t.k, t.r).c_str(), t.target.c_str(),
-                        ne_str(k, n_out).c_str(), k);
+        // A pair's shapes as a file holds them: {k, r}, or {k, r, n_expert} for stacked experts.
+        auto dims = [](const std::string& a, const std::string& b, int64_t e) {
+            return "{" + a + ", " + b + (e == 1 ? "" : ", " + std::to_string(e)) + "}";
+        };
+        auto num = [](int64_t v) { return std::to_string(v); };
+        const std::string base = dims(num(k), num(n_out), n_expert);
+        if (t.k != k || t.n_expert != n_expert)
+            throw_error(ErrorCode::kInvalidFile,
+                        "%s: LoRA tensor %s.lora_a has ne %s, the base %s has ne %s (needs %s)", path.c_str(),
+                        t.target.c_str(), dims(num(t.k), num(t.r), t.n_expert).c_str(), t.target.c_str(), base.c_str(),
+                        dims(num(k), "r", n_expert).c_str());
         if (t.n_out != n_out)
-            throw_error(ErrorCode::kInvalidFile, "%s: LoRA tensor %s.lora_b has ne %s, the base %s has ne %s (needs {r, %" PRId64
-                        "})", path.c_str(), t.target.c_str(), ne_str(t.r, t.n_out).c_str(), t.target.c_str(),
-                        ne_str(k, n_out).c_str(), n_out);
+            throw_error(ErrorCode::kInvalidFile,
+                        "%s: LoRA tensor %s.lora_b has ne %s, the base %s has ne %s (needs %s)", path.c_str(),
+                        t.target.c_str(), dims(num(t.r), num(t.n_out), t.n_expert).c_str(), t.target.c_str(),
+                        base.c_str(), dims("r", num(n_out), n_expert).c_str());
         if (t.r < 1 || !std::isfinite(t.factor))
             throw_error(ErrorCode::kInvalidFile, "%s: LoRA tensor %s has rank %" PRId64 " and scale %g", path.c_str(),
                         t.target.c_str(), t.r, double(t.factor));
@@ -173,6 +189,12 @@ std::shared_ptr<LoraAdapter> load_lora(const std::string& path, const Model& mod
         const Tensor* w = cache.weight(name);
         return w ? w->ne : nullptr;
     });
+    if (model.backend().kind() != DeviceKind::kCpu)
+        for (const LoraTensor& t : a->tensors_)
+            if (t.n_expert > 1)
+                throw_error(ErrorCode::kUnsupported,
+                            "%s: LoRA on MoE experts (%s) runs on the CPU only, the model is on %s", path.c_str(),
+                            t.target.c_str(), device_kind_name(model.backend().kind()));
     a->path_ = path;
     a->id_ = g_lora_id.fetch_add(1);
     a->cache_ = model.lora_cache_ptr();
@@ -295,7 +317,7 @@ const LoraResident& LoraCache::resident(const LoraAdapter& a) {
         const Tensor* w = weight(t.target);
         CERA_CHECK(w, "LoRA target %s vanished", t.target.c_str());
         LoraPair p;
-        p.a = be_.alloc(type_, {t.k, t.r});
+        p.a = be_.alloc(type_, {t.k, t.r, t.n_expert});
         if (type_ == GgmlType::kF32) {
             be_.write(p.a, t.a.data(), t.a.size() * sizeof(float));
         } else {
@@ -303,10 +325,13 @@ const LoraResident& LoraCache::resident(const LoraAdapter& a) {
             for (size_t i = 0; i < h.size(); ++i) h[i] = fp32_to_fp16(t.a[i]);
             be_.write(p.a, h.data(), h.size() * sizeof(uint16_t));
         }
-        std::vector<float> bt(t.b.size());  // B [n_out, r] -> Bᵀ [r, n_out]
-        for (int64_t o = 0; o < t.n_out; ++o)
-            for (int64_t j = 0; j < t.r; ++j) bt[size_t(j * t.n_out + o)] = t.b[size_t(o * t.r + j)];
-        p.bt = be_.alloc(type_, {t.n_out, t.r});
+        std::vector<float> bt(t.b.size());  // B [n_out, r] -> Bᵀ [r, n_out], expert by expert
+        const size_t per_expert = size_t(t.n_out * t.r);
+        for (int64_t e = 0; e < t.n_expert; ++e)
+            for (int64_t o = 0; o < t.n_out; ++o)
+                for (int64_t j = 0; j < t.r; ++j)
+                    bt[e * per_expert + size_t(j * t.n_out + o)] = t.b[e * per_expert + size_t(o * t.r + j)];
+        p.bt = be_.alloc(type_, {t.n_out, t.r, t.n_expert});
         if (type_ == GgmlType::kF32) {
             be_.write(p.bt, bt.data(), bt.size() * sizeof(float));
         } else {
@@ -341,6 +366,34 @@ void Step::linear(const Tensor& w, const Tensor& x, const Tensor& bias, const Te
         lora_segs->push_back(sg);
     }
     if (!lora_segs->empty()) be->lora_segments(x, *lora_segs, out);
+}
+
+void Step::experts(const Tensor& gate_exps, const Tensor& up_exps, const Tensor& down_exps, const Tensor& x,
+                   const Tensor& ids, const Tensor& weights, const Tensor& out) const {
+    std::vector<MoeLoraSegment> segs;
+    for (const LoraRows& g : lora) {
+        if (g.n == 0) continue;
+        MoeLoraSegment sg;
+        bool adapted = false;
+        int p = 0;
+        for (const Tensor* w : {&gate_exps, &up_exps, &down_exps}) {
+            if (auto it = g.adapter->by_weight.find(w->data); it != g.adapter->by_weight.end()) {
+                sg.a[p] = it->second.a;
+                sg.bt[p] = it->second.bt;
+                sg.scale[p] = g.scale * it->second.factor;
+                adapted = true;
+            }
+            ++p;
+        }
+        if (!adapted) continue;
+        sg.start = g.start;
+        sg.n = g.n;
+        segs.push_back(sg);
+    }
+    if (segs.empty())
+        be->moe_ffn(x, gate_exps, up_exps, down_exps, ids, weights, out);
+    else
+        be->moe_ffn_lora(x, gate_exps, up_exps, down_exps, ids, weights, segs, out);
 }
 
 }  // namespace cera

@@ -25,15 +25,17 @@ namespace gguf {
 class File;
 }
 
-// One adapted projection, on the host.
+// One adapted projection, on the host: a layer's matrix, or the stacked experts of an MoE layer (one
+// pair per expert, all of one rank).
 struct LoraTensor {
-    std::string target;    // the base weight, e.g. "blk.3.attn_q.weight"
+    std::string target;    // the base weight, e.g. "blk.3.attn_q.weight", "blk.1.ffn_up_exps.weight"
     int64_t r = 0;         // rank
     int64_t k = 0;         // input width (the base weight's ne[0])
     int64_t n_out = 0;     // output width (the base weight's ne[1])
+    int64_t n_expert = 1;  // experts stacked (the base weight's ne[2]); 1 for a plain matrix
     float factor = 1.0f;   // alpha / r, or alpha / sqrt(r) with rsLoRA
-    std::vector<float> a;  // [r, k]
-    std::vector<float> b;  // [n_out, r]
+    std::vector<float> a;  // [n_expert, r, k]
+    std::vector<float> b;  // [n_expert, n_out, r]
 };
 
 // A loaded adapter: immutable, shared by whoever uses it (a sequence in flight keeps it alive).
@@ -56,7 +58,8 @@ class LoraAdapter {
 
 // Reads a GGUF LoRA file (general.type = adapter, adapter.type = lora) or a PEFT folder
 // (adapter_config.json + adapter_model.safetensors) and checks it against `model`. Throws cera::Error:
-// kIo, kInvalidFile, kUnsupported (a target this build cannot adapt, e.g. MoE experts), and kInvalidFile
+// kIo, kInvalidFile, kUnsupported (a target this build cannot adapt; MoE experts on a device other than the
+// CPU), and kInvalidFile
 // naming the tensor and both shapes when the adapter was made for another model.
 std::shared_ptr<LoraAdapter> load_lora(const std::string& path, const Model& model);
 
@@ -76,8 +79,8 @@ uint64_t lora_set_key(const LoraSet& set);
 
 // An adapter's device copy: for each adapted base weight (by its device data pointer), A and B.
 struct LoraPair {
-    Tensor a;   // [r, k] in the cache's type
-    Tensor bt;  // [r, n_out] in the cache's type: B transposed (Backend::lora_segments)
+    Tensor a;   // [n_expert, r, k] in the cache's type
+    Tensor bt;  // [n_expert, r, n_out] in the cache's type: B transposed (Backend::lora_segments, moe_ffn_lora)
     float factor = 1.0f;
 };
 struct LoraResident {

@@ -2,16 +2,18 @@
 // use_rslora) and adapter_model.safetensors, whose tensors are named
 //   base_model.model.model.layers.<i>.<module>.lora_A.weight   [r, k]
 //   base_model.model.model.layers.<i>.<module>.lora_B.weight   [n_out, r]
+// (<module> of an MoE layer's experts: feed_forward.experts.<e>.w1, w3, w2, one pair per expert).
 // The module names map to the GGUF weights as the converter maps the base model's (tools/convert).
 #include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 
-#include "gguf/safetensors.h"
 #include "core/check.h"
+#include "gguf/safetensors.h"
 #include "models/lora_read.h"
 
 namespace cera {
@@ -143,6 +145,9 @@ LoraRead read_peft_lora(const std::string& dir, const std::string& arch, const L
     LoraRead out;
     out.arch = arch;  // PEFT names no GGUF architecture; the module names are checked instead
     const std::regex layer_re("(?:model\\.)?layers\\.([0-9]+)\\.(.+)");
+    const std::regex expert_re("feed_forward\\.experts\\.([0-9]+)\\.(w1|w2|w3)");
+    // target -> (expert, its pair): stacked after every module is read
+    std::map<std::string, std::vector<std::pair<int64_t, LoraTensor>>> experts;
     for (const auto& [module, ab] : pairs) {
         if (!ab.first || !ab.second)
             throw_error(ErrorCode::kMissing, "%s: %s has no lora_%s", st.path().c_str(), module.c_str(),
@@ -153,14 +158,21 @@ LoraRead read_peft_lora(const std::string& dir, const std::string& arch, const L
                         st.path().c_str(), module.c_str());
         const std::string layer = m[1].str(), sub = m[2].str();
         const ModuleName* mn = nullptr;
-        for (const ModuleName& e : kModules)
-            if (sub == e.hf) mn = &e;
-        if (!mn) {
-            if (sub.find("experts") != std::string::npos)
-                throw_error(ErrorCode::kUnsupported, "%s: LoRA on MoE experts (%s) is not supported",
-                            st.path().c_str(), module.c_str());
-            throw_error(ErrorCode::kUnsupported, "%s: LoRA on %s: no %s projection '%s' is known", st.path().c_str(),
-                        module.c_str(), arch.c_str(), sub.c_str());
+        const char* gguf_name = nullptr;
+        int64_t expert = -1;
+        std::smatch em;
+        if (std::regex_match(sub, em, expert_re)) {
+            expert = em[1].length() > 9 ? INT64_MAX : std::stoll(em[1].str());  // past any expert count
+            gguf_name = em[2] == "w1"   ? "ffn_gate_exps.weight"
+                        : em[2] == "w3" ? "ffn_up_exps.weight"
+                                        : "ffn_down_exps.weight";
+        } else {
+            for (const ModuleName& e : kModules)
+                if (sub == e.hf) mn = &e;
+            if (!mn)
+                throw_error(ErrorCode::kUnsupported, "%s: LoRA on %s: no %s projection '%s' is known",
+                            st.path().c_str(), module.c_str(), arch.c_str(), sub.c_str());
+            gguf_name = mn->gguf;
         }
         const StTensor& a = *ab.first;
         const StTensor& b = *ab.second;
@@ -169,7 +181,7 @@ LoraRead read_peft_lora(const std::string& dir, const std::string& arch, const L
                         st.path().c_str(), module.c_str(), shape_str(a.shape).c_str(),
                         shape_str(b.shape).c_str());
         LoraTensor t;
-        t.target = "blk." + layer + "." + mn->gguf;
+        t.target = "blk." + layer + "." + gguf_name;
         t.r = a.shape[0];
         t.k = a.shape[1];
         t.n_out = b.shape[0];
@@ -185,14 +197,49 @@ LoraRead read_peft_lora(const std::string& dir, const std::string& arch, const L
         t.b.resize(size_t(b.n_elements()));
         a.to_f32(t.a.data());
         b.to_f32(t.b.data());
-        if (rope_norm_arch(arch) && (mn->rope_q || mn->rope_k)) {
+        if (mn && rope_norm_arch(arch) && (mn->rope_q || mn->rope_k)) {
             const int64_t n_heads = mn->rope_q ? heads.n_head : heads.n_head_kv;
             if (n_heads <= 0 || t.n_out % n_heads != 0 || (t.n_out / n_heads) % 2 != 0)
                 throw_error(ErrorCode::kInvalidFile, "%s: %s has %lld rows for %lld heads", st.path().c_str(),
                             module.c_str(), (long long)t.n_out, (long long)n_heads);
             permute_rows(t.b, n_heads, t.n_out / n_heads, t.r);
         }
-        out.tensors.push_back(std::move(t));
+        if (expert < 0)
+            out.tensors.push_back(std::move(t));
+        else
+            experts[t.target].emplace_back(expert, std::move(t));
+    }
+    for (auto& [target, parts] : experts) {
+        const LoraTensor& first = parts.front().second;
+        if (heads.n_expert < 1)
+            throw_error(ErrorCode::kInvalidFile,
+                        "%s: the adapter has MoE expert modules for %s, the model has no experts", st.path().c_str(),
+                        target.c_str());
+        LoraTensor s;
+        s.target = target;
+        s.r = first.r, s.k = first.k, s.n_out = first.n_out, s.factor = first.factor;
+        s.n_expert = heads.n_expert;
+        const size_t na = size_t(s.r * s.k), nb = size_t(s.n_out * s.r);
+        s.a.assign(na * size_t(s.n_expert), 0.0f);
+        s.b.assign(nb * size_t(s.n_expert), 0.0f);
+        for (const auto& [e, t] : parts) {
+            if (e >= s.n_expert)
+                throw_error(ErrorCode::kInvalidFile,
+                            "%s: the adapter has expert %lld of %s, the model has %lld experts", st.path().c_str(),
+                            (long long)e, target.c_str(), (long long)s.n_expert);
+            if (t.r != s.r || t.k != s.k || t.n_out != s.n_out)
+                throw_error(
+                    ErrorCode::kInvalidFile,
+                    "%s: the experts of %s differ: lora_A [%lld, %lld] and [%lld, %lld], lora_B rows %lld and %lld",
+                    st.path().c_str(), target.c_str(), (long long)s.r, (long long)s.k, (long long)t.r, (long long)t.k,
+                    (long long)s.n_out, (long long)t.n_out);
+            if (t.factor != s.factor)
+                throw_error(ErrorCode::kUnsupported, "%s: the experts of %s have different alpha / r (%g and %g)",
+                            st.path().c_str(), target.c_str(), double(s.factor), double(t.factor));
+            std::copy(t.a.begin(), t.a.end(), s.a.begin() + int64_t(na) * e);
+            std::copy(t.b.begin(), t.b.end(), s.b.begin() + int64_t(nb) * e);
+        }
+        out.tensors.push_back(std::move(s));
     }
     if (out.tensors.empty()) throw_error(ErrorCode::kInvalidFile, "%s: no LoRA tensors", st.path().c_str());
     return out;

@@ -21,13 +21,7 @@ size_t convert_peft_lora(const PeftConvertOptions& o) {
     // The checks against the base (every target a weight of it, of matching shapes) ...
     read_lora(o.peft_dir, *base);
     // ... and the pairs in the adapter's module order, as llama.cpp's converter writes them.
-    LoraHeads heads;
-    heads.n_head = base->get_i64(arch + ".attention.head_count", 0);
-    if (const gguf::Value* v = base->find(arch + ".attention.head_count_kv"); v && v->is_integer())
-        heads.n_head_kv = v->as_int();
-    else
-        heads.n_head_kv = heads.n_head;
-    const LoraRead rd = read_peft_lora(o.peft_dir, arch, heads);
+    const LoraRead rd = read_peft_lora(o.peft_dir, arch, lora_heads(*base, arch));
 
     // One alpha for the file: alpha / r must give every module's factor back.
     const float alpha = rd.tensors.front().factor * float(rd.tensors.front().r);
@@ -51,8 +45,13 @@ size_t convert_peft_lora(const PeftConvertOptions& o) {
     for (const LoraTensor& t : rd.tensors) {
         const auto* a = reinterpret_cast<const uint8_t*>(t.a.data());
         const auto* b = reinterpret_cast<const uint8_t*>(t.b.data());
-        w.add_tensor(t.target + ".lora_a", GgmlType::kF32, {t.k, t.r}, {a, t.a.size() * sizeof(float)});
-        w.add_tensor(t.target + ".lora_b", GgmlType::kF32, {t.r, t.n_out}, {b, t.b.size() * sizeof(float)});
+        // Stacked experts as llama.cpp's converter stacks them: a third dimension, the expert.
+        const std::vector<int64_t> ne_a =
+            t.n_expert > 1 ? std::vector<int64_t>{t.k, t.r, t.n_expert} : std::vector<int64_t>{t.k, t.r};
+        const std::vector<int64_t> ne_b =
+            t.n_expert > 1 ? std::vector<int64_t>{t.r, t.n_out, t.n_expert} : std::vector<int64_t>{t.r, t.n_out};
+        w.add_tensor(t.target + ".lora_a", GgmlType::kF32, ne_a, {a, t.a.size() * sizeof(float)});
+        w.add_tensor(t.target + ".lora_b", GgmlType::kF32, ne_b, {b, t.b.size() * sizeof(float)});
     }
     w.write(o.output);
     return rd.tensors.size();

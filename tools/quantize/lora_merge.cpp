@@ -32,11 +32,14 @@ void merge_rows(const gguf::TensorInfo& w, const std::vector<Delta>& deltas, uin
     for (int64_t o = begin; o < end; ++o) {
         dequantize_row_ref(w.type, w.data + size_t(o) * rb, row.data(), k);
         for (const Delta& d : deltas) {
+            // Row o of stacked experts is row o % n_out of expert o / n_out; b holds the experts' rows in
+            // the same order.
             const int64_t r = d.t->r;
             const float* b = d.t->b.data() + o * r;
+            const float* a_e = d.t->a.data() + (o / d.t->n_out) * r * k;
             for (int64_t j = 0; j < r; ++j) {
                 const float c = d.s * b[j];
-                const float* a = d.t->a.data() + j * k;
+                const float* a = a_e + j * k;
                 for (int64_t i = 0; i < k; ++i) row[size_t(i)] += c * a[i];
             }
         }

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <random>
 #include <regex>
+#include <tuple>
+#include <vector>
 
 #include "core/check.h"
 #include "gguf/writer.h"
@@ -14,7 +16,7 @@ void synthesize_lora(const File& base, int64_t rank, uint64_t seed, const std::s
     if (rank < 1) throw_error(ErrorCode::kInvalidArgument, "--lora-rank %lld: must be at least 1", (long long)rank);
     static const std::regex kTargets(
         "blk\\.[0-9]+\\.(attn_q|attn_k|attn_v|attn_output|shortconv\\.in_proj|shortconv\\.out_proj|ffn_gate|ffn_up|"
-        "ffn_down)\\.weight");
+        "ffn_down|ffn_gate_exps|ffn_up_exps|ffn_down_exps)\\.weight");
     Writer w;
     w.set_string("general.architecture", base.architecture());
     w.set_string("general.type", "adapter");
@@ -23,14 +25,17 @@ void synthesize_lora(const File& base, int64_t rank, uint64_t seed, const std::s
     std::mt19937_64 rng(seed);
     int n = 0;
     for (const TensorInfo& t : base.tensors()) {
-        if (t.ne.size() != 2 || !std::regex_match(t.name, kTargets)) continue;
+        if (t.ne.size() < 2 || t.ne.size() > 3 || !std::regex_match(t.name, kTargets)) continue;
         const int64_t k = t.ne[0], n_out = t.ne[1];
+        // An MoE layer's stacked experts get a pair per expert, stacked the same way.
+        const std::vector<int64_t> experts = t.ne.size() == 3 ? std::vector<int64_t>{t.ne[2]} : std::vector<int64_t>{};
         // A spreads the input over the rank like a trained down projection (unit gain); B keeps the delta
         // small next to the base product, as a fine-tune's is.
-        for (const auto& [suffix, ne, sd] :
+        for (auto [suffix, ne, sd] :
              {std::tuple{".lora_a", std::vector<int64_t>{k, rank}, 1.0 / std::sqrt(double(k))},
               std::tuple{".lora_b", std::vector<int64_t>{rank, n_out}, 0.02 / std::sqrt(double(rank))}}) {
-            std::vector<float> v(size_t(ne[0] * ne[1]));
+            ne.insert(ne.end(), experts.begin(), experts.end());
+            std::vector<float> v(size_t(ne[0] * ne[1] * (experts.empty() ? 1 : experts[0])));
             std::normal_distribution<double> d(0.0, sd);
             for (float& x : v) x = float(d(rng));
             std::vector<uint8_t> bytes(v.size() * sizeof(float));

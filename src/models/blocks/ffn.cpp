@@ -36,7 +36,7 @@ void moe_block(const Step& s, const MoeWeights& w, const MoeParams& p, const Ten
     const Tensor wts = s.moe_w.reshaped(p.n_expert_used, s.n_tokens);
     s.be->matmul(w.router, h, Tensor{}, router);
     s.be->moe_route(router, w.probs_bias, p, ids, wts);
-    s.be->moe_ffn(h, w.gate_exps, w.up_exps, w.down_exps, ids, wts, y);
+    s.experts(w.gate_exps, w.up_exps, w.down_exps, h, ids, wts, y);
 }
 
 }  // namespace cera
