@@ -111,6 +111,32 @@ TEST(JsonSchema, IntegerRangesAreExact) {
     }
 }
 
+// Bounds of many digits, one-sided or wide (up to the 16 digits integers reach): the grammar stays small
+// (each digit level recurses on one side) and the edges are exact.
+TEST(JsonSchema, WideIntegerRangesStaySmall) {
+    struct Case {
+        const char* bounds;
+        std::vector<std::string> accept, reject;
+    };
+    const std::vector<Case> cases = {
+        {R"("minimum": 149)", {"149", "150", "999", "1000", "9999999999999999"}, {"148", "0", "-149", "14"}},
+        {R"("minimum": 1000000007, "maximum": 8999999993)",
+         {"1000000007", "1000000010", "5555555555", "8999999993", "8999999989"},
+         {"1000000006", "8999999994", "999999999", "9000000000"}},
+        {R"("maximum": -1000)", {"-1000", "-1001", "-123456789012"}, {"-999", "0", "1000"}},
+        {R"("minimum": 0, "maximum": 999999999999999)", {"0", "7", "999999999999999", "100000000000000"},
+         {"1000000000000000", "-1", "01"}},
+    };
+    for (const Case& c : cases) {
+        const std::string schema = std::string(R"({"type": "integer", )") + c.bounds + "}";
+        const std::string gbnf = Grammar::json_schema_to_gbnf(schema);
+        EXPECT_LT(gbnf.size(), 20000u) << schema;
+        auto g = Grammar::from_json_schema(schema);
+        for (const auto& v : c.accept) EXPECT_EQ(g->match(v), -1) << schema << " should accept " << v;
+        for (const auto& v : c.reject) EXPECT_NE(g->match(v), -1) << schema << " should reject " << v;
+    }
+}
+
 TEST(JsonSchema, JsonModeAndBoundedWhitespace) {
     auto obj = Grammar::json();
     EXPECT_EQ(obj->match(R"({"a": [1, "b", null, {"c": false}]})"), -1);

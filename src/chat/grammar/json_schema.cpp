@@ -88,20 +88,25 @@ std::string sanitize(const std::string& s) {
     return out.empty() ? "x" : out;
 }
 
-// Decimal strings of equal length lo <= hi as a GBNF expression.
+// Decimal strings of equal length lo <= hi as a GBNF expression. A side whose remaining digits span all
+// of their strings (lo's all 0, hi's all 9) joins the middle range of first digits, so each level recurses
+// on one side only and the expression grows with the square of the length, not exponentially.
 std::string digits_range(const std::string& lo, const std::string& hi) {
     if (lo.empty()) return "";
     if (lo == hi) return literal(lo);
     if (lo.size() == 1) return "[" + lo + "-" + hi + "]";
     const std::string rest_lo = lo.substr(1), rest_hi = hi.substr(1);
     if (lo[0] == hi[0]) return literal(lo.substr(0, 1)) + " (" + digits_range(rest_lo, rest_hi) + ")";
-    std::vector<std::string> alts;
     const size_t n = lo.size() - 1;
-    alts.push_back(literal(lo.substr(0, 1)) + " (" + digits_range(rest_lo, std::string(n, '9')) + ")");
-    if (lo[0] + 1 <= hi[0] - 1)
-        alts.push_back("[" + std::string(1, char(lo[0] + 1)) + "-" + std::string(1, char(hi[0] - 1)) + "] [0-9]{" +
-                       std::to_string(n) + "}");
-    alts.push_back(literal(hi.substr(0, 1)) + " (" + digits_range(std::string(n, '0'), rest_hi) + ")");
+    const bool lo_all = rest_lo == std::string(n, '0'), hi_all = rest_hi == std::string(n, '9');
+    const char first = lo_all ? lo[0] : char(lo[0] + 1), last = hi_all ? hi[0] : char(hi[0] - 1);
+    std::vector<std::string> alts;
+    if (!lo_all) alts.push_back(literal(lo.substr(0, 1)) + " (" + digits_range(rest_lo, std::string(n, '9')) + ")");
+    if (first <= last)
+        alts.push_back((first == last ? literal(std::string(1, first))
+                                      : "[" + std::string(1, first) + "-" + std::string(1, last) + "]") +
+                       " [0-9]{" + std::to_string(n) + "}");
+    if (!hi_all) alts.push_back(literal(hi.substr(0, 1)) + " (" + digits_range(std::string(n, '0'), rest_hi) + ")");
     std::string out;
     for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + alts[i];
     return out;
