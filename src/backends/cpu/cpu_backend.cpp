@@ -19,13 +19,14 @@
 
 #include "backends/cpu/kernel_table.h"
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/moe.h"
 #include "backends/cpu/repack.h"
 #include "core/check.h"
-#include "core/rotation.h"
 #include "core/cpu_features.h"
 #include "core/fp16.h"
 #include "core/mmap.h"
 #include "core/quant/quant.h"
+#include "core/rotation.h"
 #include "core/threadpool.h"
 
 namespace cera {
@@ -595,119 +596,16 @@ class CpuBackend final : public Backend {
 
     void moe_ffn(const Tensor& x, const Tensor& gate_exps, const Tensor& up_exps, const Tensor& down_exps,
                  const Tensor& ids, const Tensor& weights, const Tensor& out) override {
-        moe_experts(x, gate_exps, up_exps, down_exps, ids, weights, {}, out);
+        cpu::moe_experts(table_, &pool_, observer_, moe_, x, gate_exps, up_exps, down_exps, ids, weights, {}, out);
     }
 
     void moe_ffn_lora(const Tensor& x, const Tensor& gate_exps, const Tensor& up_exps, const Tensor& down_exps,
                       const Tensor& ids, const Tensor& weights, std::span<const MoeLoraSegment> segs,
                       const Tensor& out) override {
-        for (const MoeLoraSegment& sg : segs)
-            for (int p = 0; p < 3; ++p) {
-                const Tensor& w = p == 0 ? gate_exps : p == 1 ? up_exps : down_exps;
-                if (!sg.a[p]) continue;
-                CERA_CHECK(
-                    sg.a[p].ne[0] == w.ne[0] && sg.a[p].ne[2] == w.ne[2] && sg.bt[p].ne[0] == w.ne[1] &&
-                        sg.bt[p].ne[1] == sg.a[p].ne[1] && sg.bt[p].ne[2] == w.ne[2] &&
-                        (sg.bt[p].type == GgmlType::kF32 || sg.bt[p].type == GgmlType::kF16) && sg.start >= 0 &&
-                        sg.start + sg.n <= x.rows(),
-                    "moe_ffn_lora: product %d, a {%lld, %lld, %lld}, bt {%lld, %lld, %lld}, experts {%lld, %lld, "
-                    "%lld}, rows %lld+%lld of %lld",
-                    p, (long long)sg.a[p].ne[0], (long long)sg.a[p].ne[1], (long long)sg.a[p].ne[2],
-                    (long long)sg.bt[p].ne[0], (long long)sg.bt[p].ne[1], (long long)sg.bt[p].ne[2], (long long)w.ne[0],
-                    (long long)w.ne[1], (long long)w.ne[2], (long long)sg.start, (long long)sg.n, (long long)x.rows());
-            }
-        moe_experts(x, gate_exps, up_exps, down_exps, ids, weights, segs, out);
+        cpu::moe_experts(table_, &pool_, observer_, moe_, x, gate_exps, up_exps, down_exps, ids, weights, segs, out);
     }
 
  private:
-    // Adds product p's LoRA deltas for expert e to out: rows [0, cnt) of `in` (k wide) and `out` (n_out wide)
-    // are the expert's routed slots, moe_order_[b + i], in token order, so a segment's rows are one run.
-    void add_expert_lora(std::span<const MoeLoraSegment> segs, int p, int64_t e, int64_t b, int64_t cnt, int slots,
-                         const float* in, int64_t k, float* out, int64_t n_out) {
-        for (const MoeLoraSegment& sg : segs) {
-            if (!sg.a[p] || sg.n == 0) continue;
-            int64_t i0 = 0;
-            while (i0 < cnt && moe_order_[size_t(b + i0)] / slots < sg.start) ++i0;
-            int64_t i1 = i0;
-            while (i1 < cnt && moe_order_[size_t(b + i1)] / slots < sg.start + sg.n) ++i1;
-            if (i1 == i0) continue;
-            const int64_t r = sg.a[p].ne[1], n = i1 - i0;
-            if (lora_tmp_.size() < size_t(n * r)) lora_tmp_.resize(size_t(n * r));
-            float* t = lora_tmp_.data();
-            const uint8_t* a = sg.a[p].as<const uint8_t>() + size_t(e) * size_t(r) * row_size(sg.a[p].type, k);
-            cpu::matmul(table_, sg.a[p].type, a, r, k, in + i0 * k, n, t, r, &pool_);
-            for (int64_t i = 0; i < n * r; ++i) t[i] *= sg.scale[p];
-            const size_t bt_off = size_t(e) * size_t(r) * size_t(n_out);
-            for (int64_t row = 0; row < n; ++row) {
-                float* y = out + (i0 + row) * n_out;
-                if (sg.bt[p].type == GgmlType::kF16) {
-                    table_.axpy_rows_f16(sg.bt[p].as<const uint16_t>() + bt_off, n_out, t + row * r, r, y, n_out);
-                    continue;
-                }
-                for (int64_t j = 0; j < r; ++j)
-                    table_.add(y, sg.bt[p].as<const float>() + bt_off + size_t(j * n_out), t[row * r + j], y, n_out);
-            }
-        }
-    }
-
-    void moe_experts(const Tensor& x, const Tensor& gate_exps, const Tensor& up_exps, const Tensor& down_exps,
-                     const Tensor& ids, const Tensor& weights, std::span<const MoeLoraSegment> segs,
-                     const Tensor& out) {
-        const int64_t n_tokens = x.rows(), n_embd = x.ne[0], n_ff = gate_exps.ne[1], n_expert = gate_exps.ne[2];
-        const int k = int(ids.ne[0]);
-        const int32_t* id = ids.as<const int32_t>();
-        const float* wt = weights.as<const float>();
-        // Group the (token, slot) pairs by expert so each expert's weights are read once per batch.
-        grow_i(moe_count_, size_t(n_expert + 1));
-        grow_i(moe_order_, size_t(n_tokens * k));
-        std::fill(moe_count_.begin(), moe_count_.begin() + n_expert + 1, 0);
-        for (int64_t i = 0; i < n_tokens * k; ++i) ++moe_count_[id[i] + 1];
-        for (int64_t e = 0; e < n_expert; ++e) moe_count_[e + 1] += moe_count_[e];
-        grow_i(moe_fill_, size_t(n_expert));
-        std::copy(moe_count_.begin(), moe_count_.begin() + n_expert, moe_fill_.begin());
-        for (int64_t i = 0; i < n_tokens * k; ++i) moe_order_[moe_fill_[id[i]]++] = int32_t(i);
-
-        grow(moe_x_, size_t(n_tokens * k) * n_embd);
-        grow(moe_g_, size_t(n_tokens * k) * n_ff);
-        grow(moe_u_, size_t(n_tokens * k) * n_ff);
-        grow(moe_y_, size_t(n_tokens * k) * n_embd);
-        std::memset(out.data, 0, out.n_bytes());
-        const size_t gate_stride = row_size(gate_exps.type, n_embd) * n_ff;
-        const size_t up_stride = row_size(up_exps.type, n_embd) * n_ff;
-        const size_t down_stride = row_size(down_exps.type, n_ff) * n_embd;
-        for (int64_t e = 0; e < n_expert; ++e) {
-            const int64_t b = moe_count_[e], cnt = moe_count_[e + 1] - b;
-            if (cnt == 0) continue;
-            for (int64_t i = 0; i < cnt; ++i)
-                std::memcpy(moe_x_.data() + i * n_embd, x.as<const float>() + (moe_order_[b + i] / k) * n_embd,
-                            size_t(n_embd) * sizeof(float));
-            if (observer_) {
-                observer_->observe(gate_exps, e, moe_x_.data(), cnt);
-                observer_->observe(up_exps, e, moe_x_.data(), cnt);
-            }
-            cpu::matmul(table_, gate_exps.type, gate_exps.as<const uint8_t>() + e * gate_stride, n_ff, n_embd,
-                        moe_x_.data(), cnt, moe_g_.data(), n_ff, &pool_);
-            cpu::matmul(table_, up_exps.type, up_exps.as<const uint8_t>() + e * up_stride, n_ff, n_embd, moe_x_.data(),
-                        cnt, moe_u_.data(), n_ff, &pool_);
-            if (!segs.empty()) {
-                add_expert_lora(segs, 0, e, b, cnt, k, moe_x_.data(), n_embd, moe_g_.data(), n_ff);
-                add_expert_lora(segs, 1, e, b, cnt, k, moe_x_.data(), n_embd, moe_u_.data(), n_ff);
-            }
-            table_.silu_mul(moe_g_.data(), moe_u_.data(), moe_g_.data(), cnt * n_ff);
-            if (observer_) observer_->observe(down_exps, e, moe_g_.data(), cnt);
-            cpu::matmul(table_, down_exps.type, down_exps.as<const uint8_t>() + e * down_stride, n_embd, n_ff,
-                        moe_g_.data(), cnt, moe_y_.data(), n_embd, &pool_);
-            if (!segs.empty()) add_expert_lora(segs, 2, e, b, cnt, k, moe_g_.data(), n_ff, moe_y_.data(), n_embd);
-            for (int64_t i = 0; i < cnt; ++i) {
-                const int32_t slot = moe_order_[b + i];
-                const float w = wt[slot];
-                float* o = out.as<float>() + (slot / k) * n_embd;
-                const float* y = moe_y_.data() + i * n_embd;
-                for (int64_t c = 0; c < n_embd; ++c) o[c] += w * y[c];
-            }
-        }
-    }
-
     static constexpr size_t kLazyBufferBytes = size_t(1) << 20;
     static constexpr size_t kCopiedWeightBytes = size_t(1) << 20;
     static constexpr uintptr_t kFolioBytes = uintptr_t(2) << 20;
@@ -791,9 +689,6 @@ class CpuBackend final : public Backend {
     static void grow(std::vector<float>& v, size_t n) {
         if (v.size() < n) v.resize(n);
     }
-    static void grow_i(std::vector<int32_t>& v, size_t n) {
-        if (v.size() < n) v.resize(n);
-    }
 
     const cpu::KernelTable& table_;  // the kernels of BackendOptions::cpu_isa
     ThreadPool pool_;
@@ -806,10 +701,9 @@ class CpuBackend final : public Backend {
     std::vector<float> rope_cs_, attn_scratch_, conv_pad_, route_scratch_, lora_tmp_;
     std::vector<cpu_attention::Args> attn_seqs_;  // attention(): one a sequence
     std::vector<int64_t> attn_first_, attn_units_;
-    std::vector<float> moe_x_, moe_g_, moe_u_, moe_y_;
     std::vector<float> enc_k_, enc_vt_, enc_q_, enc_s_;  // attention_full: one head's K, Vᵀ, Q, a block of S
     std::vector<uint8_t> embed_row_;                     // one table row unpacked from its packed copy
-    std::vector<int32_t> moe_count_, moe_order_, moe_fill_;
+    cpu::MoeScratch moe_;
     MatmulObserver* observer_ = nullptr;
 };
 
