@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -137,6 +138,59 @@ TEST(JsonSchema, WideIntegerRangesStaySmall) {
     }
 }
 
+// Numbers with bounds, against exact arithmetic: every value of a grid of hundredths from -3 to 3, written
+// shortest, with a trailing zero and (when whole) without a fraction, is accepted exactly when it lies in
+// range; bounds whole and fractional, inclusive and exclusive, one-sided, negative, in exponent notation.
+TEST(JsonSchema, NumberRangesAreExact) {
+    struct Case {
+        const char* bounds;
+        std::optional<int64_t> lo, hi;  // in hundredths
+        bool lo_incl, hi_incl;
+    };
+    const std::vector<Case> cases = {
+        {R"("minimum": 0, "maximum": 1)", 0, 100, true, true},
+        {R"("minimum": 0.1, "maximum": 0.9)", 10, 90, true, true},
+        {R"("exclusiveMinimum": 0, "exclusiveMaximum": 1)", 0, 100, false, false},
+        {R"("minimum": -1.5, "exclusiveMaximum": 2.25)", -150, 225, true, false},
+        {R"("exclusiveMinimum": -2.05, "maximum": -0.5)", -205, -50, false, true},
+        {R"("minimum": 0.25)", 25, std::nullopt, true, false},
+        {R"("exclusiveMaximum": -1)", std::nullopt, -100, false, false},
+        {R"("minimum": 1.5e-1, "maximum": 2.5E0)", 15, 250, true, true},
+        {R"("minimum": -0.99, "maximum": 0.99)", -99, 99, true, true},
+        {R"("minimum": 1, "maximum": 1)", 100, 100, true, true},
+        {R"("minimum": 0, "exclusiveMinimum": 0.5, "maximum": 3, "exclusiveMaximum": 2.5)", 50, 250, false, false},
+        {R"("minimum": 0.5, "exclusiveMinimum": true, "maximum": 2)", 50, 200, false, true},
+    };
+    auto text = [](int64_t v, int form) {  // form 0: shortest, 1: a trailing zero, 2: no fraction (whole v)
+        const int64_t a = v < 0 ? -v : v;
+        std::string out = (v < 0 ? "-" : "") + std::to_string(a / 100);
+        std::string frac = std::to_string(100 + a % 100).substr(1);
+        while (form != 1 && !frac.empty() && frac.back() == '0') frac.pop_back();
+        if (form == 1) frac += "0";
+        if (!frac.empty() && form != 2) out += "." + frac;
+        return out;
+    };
+    for (const Case& c : cases) {
+        const std::string schema = std::string(R"({"type": "number", )") + c.bounds + "}";
+        auto g = Grammar::from_json_schema(schema);
+        EXPECT_LT(g->gbnf().size(), 20000u) << schema;
+        for (int64_t v = -300; v <= 300; ++v) {
+            const bool in =
+                (!c.lo || (c.lo_incl ? v >= *c.lo : v > *c.lo)) && (!c.hi || (c.hi_incl ? v <= *c.hi : v < *c.hi));
+            for (int form = 0; form < 3; ++form) {
+                if (form == 2 && v % 100 != 0) continue;
+                if (v == 0 && form == 1) continue;
+                const std::string t = text(v, form);
+                EXPECT_EQ(g->match(t) == -1, in) << schema << " " << t << "\n" << g->gbnf();
+            }
+        }
+        for (const char* bad : {"01", "1.", ".5", "--1", "-0", "0.12345678901234567"})
+            EXPECT_NE(g->match(bad), -1) << schema << " " << bad;
+    }
+    // A bound past the digits written: every number written lies below it.
+    EXPECT_EQ(Grammar::from_json_schema(R"({"type": "number", "maximum": 1e300})")->match("12345.5"), -1);
+}
+
 TEST(JsonSchema, JsonModeAndBoundedWhitespace) {
     auto obj = Grammar::json();
     EXPECT_EQ(obj->match(R"({"a": [1, "b", null, {"c": false}]})"), -1);
@@ -162,7 +216,9 @@ TEST(JsonSchema, ClearErrors) {
     auto [c2, m2] = error_of(R"({"properties": {"a": {"type": "array", "uniqueItems": true}}})");
     EXPECT_EQ(m2, "JSON Schema at '/properties/a': the keyword 'uniqueItems'");
     EXPECT_EQ(error_of(R"({"type": "string", "format": "ipv6"})").first, ErrorCode::kUnsupported);
-    EXPECT_EQ(error_of(R"({"type": "number", "minimum": 0})").first, ErrorCode::kUnsupported);
+    EXPECT_EQ(error_of(R"({"type": "number", "multipleOf": 0.5})").first, ErrorCode::kUnsupported);
+    EXPECT_EQ(error_of(R"({"type": "number", "minimum": 2, "exclusiveMaximum": 2})").first,
+              ErrorCode::kInvalidArgument);
     EXPECT_EQ(error_of(R"J({"type": "string", "pattern": "(a)\\1"})J").first, ErrorCode::kUnsupported);
     EXPECT_EQ(error_of(R"J({"type": "string", "pattern": "(?=a)"})J").first, ErrorCode::kUnsupported);
     EXPECT_EQ(error_of(R"({"$ref": "#/$defs/missing"})").first, ErrorCode::kInvalidArgument);

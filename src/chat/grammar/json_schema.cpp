@@ -10,9 +10,11 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <vector>
 
+#include "chat/grammar/number_range.h"
 #include "core/check.h"
 
 namespace cera::grammar {
@@ -86,48 +88,6 @@ std::string sanitize(const std::string& s) {
     }
     if (out.size() > 40) out.resize(40);
     return out.empty() ? "x" : out;
-}
-
-// Decimal strings of equal length lo <= hi as a GBNF expression. A side whose remaining digits span all
-// of their strings (lo's all 0, hi's all 9) joins the middle range of first digits, so each level recurses
-// on one side only and the expression grows with the square of the length, not exponentially.
-std::string digits_range(const std::string& lo, const std::string& hi) {
-    if (lo.empty()) return "";
-    if (lo == hi) return literal(lo);
-    if (lo.size() == 1) return "[" + lo + "-" + hi + "]";
-    const std::string rest_lo = lo.substr(1), rest_hi = hi.substr(1);
-    if (lo[0] == hi[0]) return literal(lo.substr(0, 1)) + " (" + digits_range(rest_lo, rest_hi) + ")";
-    const size_t n = lo.size() - 1;
-    const bool lo_all = rest_lo == std::string(n, '0'), hi_all = rest_hi == std::string(n, '9');
-    const char first = lo_all ? lo[0] : char(lo[0] + 1), last = hi_all ? hi[0] : char(hi[0] - 1);
-    std::vector<std::string> alts;
-    if (!lo_all) alts.push_back(literal(lo.substr(0, 1)) + " (" + digits_range(rest_lo, std::string(n, '9')) + ")");
-    if (first <= last)
-        alts.push_back((first == last ? literal(std::string(1, first))
-                                      : "[" + std::string(1, first) + "-" + std::string(1, last) + "]") +
-                       " [0-9]{" + std::to_string(n) + "}");
-    if (!hi_all) alts.push_back(literal(hi.substr(0, 1)) + " (" + digits_range(std::string(n, '0'), rest_hi) + ")");
-    std::string out;
-    for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + alts[i];
-    return out;
-}
-
-// Non-negative integers in [lo, hi], without leading zeros.
-std::string uint_range(uint64_t lo, uint64_t hi) {
-    std::vector<std::string> alts;
-    uint64_t start = lo;
-    while (start <= hi) {
-        const std::string s = std::to_string(start);
-        uint64_t top = 9;
-        for (size_t i = 1; i < s.size(); ++i) top = top * 10 + 9;  // the largest number of s's length
-        const uint64_t end = std::min(top, hi);
-        alts.push_back("(" + digits_range(s, std::to_string(end)) + ")");
-        if (end == hi) break;
-        start = end + 1;
-    }
-    std::string out;
-    for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + alts[i];
-    return out;
 }
 
 class Converter {
@@ -304,12 +264,7 @@ class Converter {
         if (type == "array") return array(s, hint, path);
         if (type == "string") return string(s, hint, path);
         if (type == "integer") return integer(s, hint, path);
-        if (type == "number") {
-            for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
-                if (s.contains(k))
-                    unsupported(path, std::string("'") + k + "' on a number (only integers take bounds)");
-            return prim("number");
-        }
+        if (type == "number") return number(s, hint, path);
         if (type == "boolean") return prim("boolean");
         if (type == "null") return prim("null");
         invalid(path, "unknown type " + s["type"].dump());
@@ -387,6 +342,36 @@ class Converter {
         if (hi >= 0 && hi < lo) invalid(path, "maxLength < minLength");
         if (lo == 0 && hi < 0) return prim("string");
         return rule(hint, "\"\\\"\" " + repeat(prim("char"), lo, hi) + " \"\\\"\"");
+    }
+
+    // Bounds make a number decimal (no exponent) within them (number_range.h); the tighter of
+    // minimum / exclusiveMinimum (maximum / exclusiveMaximum) applies, as does a draft-4 boolean
+    // exclusiveMinimum / exclusiveMaximum beside minimum / maximum.
+    std::string number(const Json& s, const std::string& hint, const std::string& path) {
+        std::optional<NumberBound> lo, hi;
+        auto bound = [&](const char* key, bool is_max, bool exclusive) {
+            if (!s.contains(key)) return;
+            const Json& j = s[key];
+            if (j.is_boolean()) return;  // draft 4's modifier, read below
+            if (!j.is_number()) invalid(path, std::string(key) + " must be a number");
+            const std::optional<Decimal> d = Decimal::parse(j.dump());
+            if (!d) invalid(path, std::string(key) + " must be a finite number");
+            const bool draft4 = !exclusive && s.contains(is_max ? "exclusiveMaximum" : "exclusiveMinimum") &&
+                                s[is_max ? "exclusiveMaximum" : "exclusiveMinimum"].is_boolean() &&
+                                s[is_max ? "exclusiveMaximum" : "exclusiveMinimum"].get<bool>();
+            const NumberBound b{*d, !(exclusive || draft4)};
+            std::optional<NumberBound>& cur = is_max ? hi : lo;
+            const int c = cur ? compare(b.value, cur->value) : 0;
+            if (!cur || (is_max ? c < 0 : c > 0) || (c == 0 && !b.inclusive)) cur = b;
+        };
+        bound("minimum", false, false);
+        bound("maximum", true, false);
+        bound("exclusiveMinimum", false, true);
+        bound("exclusiveMaximum", true, true);
+        if (!lo && !hi) return prim("number");
+        const std::optional<std::string> body = number_range(lo, hi);
+        if (!body) invalid(path, "no number lies between minimum and maximum");
+        return rule(hint, *body);
     }
 
     std::string integer(const Json& s, const std::string& hint, const std::string& path) {
