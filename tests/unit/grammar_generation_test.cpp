@@ -42,6 +42,11 @@ const char* kFormats = R"({"type": "object", "properties": {
     "dt": {"type": "string", "format": "date-time"}, "u": {"type": "string", "format": "uuid"},
     "any": {"anyOf": [{"type": "string", "maxLength": 5}, {"type": "null"}, {"type": "boolean"}]}},
   "required": ["d", "u", "any"]})";
+const char* kWeb = R"({"type": "object", "properties": {
+    "ip": {"type": "string", "format": "ipv4"}, "p": {"type": "number", "minimum": 0, "maximum": 1},
+    "lat": {"type": "number", "exclusiveMinimum": -90.5, "maximum": 90}, "host": {"type": "string", "format": "hostname"},
+    "web": {"type": "string", "format": "uri", "minLength": 1, "maxLength": 2083}},
+  "required": ["ip", "p"], "additionalProperties": false})";
 const char* kTuple =
     R"({"type": "array", "prefixItems": [{"enum": ["x", "y"]}, {"type": "integer"}, {"const": [1, "z"]}],
   "items": false})";
@@ -139,9 +144,9 @@ bool finished(const Out& o) { return o.finish == FinishReason::kEos || o.finish 
 void run_suite(int json_seeds, int gbnf_seeds, uint64_t seed_base) {
     const std::vector<std::string> models = {test::source_path("models/tiny-lfm2-Q8_0.gguf"),
                                              test::data_path("fixtures/tiny-qwen3/model.gguf")};
-    const std::vector<std::pair<std::string, const char*>> schemas = {{"json-mode", nullptr}, {"person", kPerson},
-                                                                      {"tree", kTree},        {"formats", kFormats},
-                                                                      {"tuple", kTuple},      {"extra", kExtra}};
+    const std::vector<std::pair<std::string, const char*>> schemas = {
+        {"json-mode", nullptr}, {"person", kPerson}, {"tree", kTree}, {"formats", kFormats},
+        {"tuple", kTuple},      {"extra", kExtra},   {"web", kWeb}};
     nlohmann::json cases = nlohmann::json::array();
     int total = 0, complete = 0;
     for (const auto& path : models) {

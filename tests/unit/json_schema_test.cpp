@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cera/error.h"
@@ -189,6 +190,76 @@ TEST(JsonSchema, NumberRangesAreExact) {
     }
     // A bound past the digits written: every number written lies below it.
     EXPECT_EQ(Grammar::from_json_schema(R"({"type": "number", "maximum": 1e300})")->match("12345.5"), -1);
+}
+
+std::pair<ErrorCode, std::string> error_of(const std::string& schema);
+
+// The formats added to date/time/uuid/email: values accepted and refused, and the longest value of each
+// rule has the length the converter assumes when it weighs minLength / maxLength beside a format.
+TEST(JsonSchema, UriIpv4HostnameFormats) {
+    auto str = [](const char* format, const std::string& extra = "") {
+        return Grammar::from_json_schema(std::string(R"({"type": "string", "format": ")") + format + "\"" + extra +
+                                         "}");
+    };
+    auto q = [](const std::string& v) { return "\"" + v + "\""; };
+    auto uri = str("uri"), ip = str("ipv4"), host = str("hostname");
+    for (const char* v :
+         {"https://example.com", "http://a.b.c:8080/x/y%20z?q=1&r=%2F#frag", "mailto:someone@example.org",
+          "urn:isbn:0451450523", "file://localhost/etc/fstab", "s3://bucket/key/"})
+        EXPECT_EQ(uri->match(q(v)), -1) << v;
+    for (const char* v : {"example.com", "http://", "1http://a", "http://a b", "http://a/%zz", "a:", "http://a#b#c"})
+        EXPECT_NE(uri->match(q(v)), -1) << v;
+    for (const char* v : {"0.0.0.0", "192.168.1.255", "255.255.255.255", "10.0.0.1"})
+        EXPECT_EQ(ip->match(q(v)), -1) << v;
+    for (const char* v : {"256.1.1.1", "01.2.3.4", "1.2.3", "1.2.3.4.5", "1.2.3.-1"})
+        EXPECT_NE(ip->match(q(v)), -1) << v;
+    for (const char* v : {"localhost", "api.eu.example.com", "a-b.c0", "x"}) EXPECT_EQ(host->match(q(v)), -1) << v;
+    for (const char* v : {"-a.com", "a-.com", "a..b", "a_b.com", ".a"}) EXPECT_NE(host->match(q(v)), -1) << v;
+
+    const std::string label(40, 'a'), pct32 = [] {
+        std::string p;
+        for (int i = 0; i < 32; ++i) p += "%2F";
+        return p;
+    }();
+    std::string longest_host = label;
+    for (int i = 0; i < 4; ++i) longest_host += "." + label;
+    std::string longest_uri = "a" + std::string(15, 'b') + "://" + longest_host + ":65535";
+    for (int i = 0; i < 6; ++i) longest_uri += "/" + pct32;
+    longest_uri += "?" + pct32 + pct32 + pct32 + pct32 + "#" + pct32 + pct32;
+    const std::string longest_email = std::string(32, 'e') + "." + std::string(32, 'e') + "." + std::string(32, 'e') +
+                                      "." + std::string(32, 'e') + "@" + std::string(22, 'd') + "." +
+                                      std::string(22, 'd') + "." + std::string(22, 'd') + "." + std::string(22, 'd');
+    const std::vector<std::tuple<const char*, std::string, std::string>> extremes = {
+        {"uri", "a:b", longest_uri},
+        {"hostname", "x", longest_host},
+        {"ipv4", "0.0.0.0", "255.255.255.255"},
+        {"email", "a@b.c", longest_email},
+        {"time", "00:00:00Z", "23:59:59.999999+23:59"},
+        {"date-time", "2024-01-01T00:00:00Z", "2024-12-31T23:59:59.999999-23:59"},
+        {"date", "2024-02-28", "2024-02-28"},
+        {"uuid", std::string(8, 'a') + "-0000-0000-0000-" + std::string(12, 'b'),
+         std::string(8, 'a') + "-0000-0000-0000-" + std::string(12, 'b')},
+    };
+    for (const auto& [format, shortest, longest] : extremes) {
+        SCOPED_TRACE(format);
+        EXPECT_EQ(str(format)->match(q(shortest)), -1) << shortest;
+        EXPECT_EQ(str(format)->match(q(longest)), -1) << longest;
+        EXPECT_NE(str(format)->match(q(longest + "0")), -1);
+        // Lengths that admit the whole range are accepted; one character less at either end is not.
+        const std::string ok = R"(, "minLength": )" + std::to_string(shortest.size()) + R"(, "maxLength": )" +
+                               std::to_string(longest.size());
+        EXPECT_NO_THROW(str(format, ok));
+        EXPECT_EQ(error_of(std::string(R"({"type": "string", "format": ")") + format + R"(", "maxLength": )" +
+                           std::to_string(longest.size() - 1) + "}")
+                      .first,
+                  ErrorCode::kUnsupported);
+        EXPECT_EQ(error_of(std::string(R"({"type": "string", "format": ")") + format + R"(", "minLength": )" +
+                           std::to_string(shortest.size() + 1) + "}")
+                      .first,
+                  ErrorCode::kUnsupported);
+    }
+    // pydantic's HttpUrl.
+    EXPECT_EQ(str("uri", R"(, "minLength": 1, "maxLength": 2083)")->match(q("https://x.org/a")), -1);
 }
 
 TEST(JsonSchema, JsonModeAndBoundedWhitespace) {

@@ -43,6 +43,14 @@ const std::map<std::string, std::string> kPrimitives = {
     {"email-atom", R"([a-zA-Z0-9_+-]{1,32})"},
     {"email-label", R"([a-zA-Z0-9] ( [a-zA-Z0-9-]{0,20} [a-zA-Z0-9] )?)"},
     {"email", R"(email-atom ( "." email-atom ){0,3} "@" email-label ( "." email-label ){1,3})"},
+    {"ipv4-octet", R"("25" [0-5] | "2" [0-4] [0-9] | "1" [0-9] [0-9] | [1-9] [0-9] | [0-9])"},
+    {"ipv4", R"(ipv4-octet "." ipv4-octet "." ipv4-octet "." ipv4-octet)"},
+    {"hostname-label", R"([a-zA-Z0-9] ( [a-zA-Z0-9-]{0,38} [a-zA-Z0-9] )?)"},
+    {"hostname", R"(hostname-label ( "." hostname-label ){0,4})"},
+    {"uri-pchar", R"([a-zA-Z0-9._~!$&'()*+,;=:@-] | "%" hex hex)"},
+    {"uri-qchar", R"(uri-pchar | [/?])"},
+    {"uri",
+     R"([a-zA-Z] [a-zA-Z0-9+.-]{0,15} ":" ( "//" hostname ( ":" [0-9]{1,5} )? ( "/" uri-pchar{0,32} ){0,6} | uri-pchar{1,32} ( "/" uri-pchar{0,32} ){0,5} ) ( "?" uri-qchar{0,128} )? ( "#" uri-qchar{0,64} )?)"},
 };
 // What each primitive refers to.
 const std::map<std::string, std::vector<std::string>> kPrimitiveDeps = {
@@ -52,6 +60,22 @@ const std::map<std::string, std::vector<std::string>> kPrimitiveDeps = {
     {"array", {"ws", "value"}},
     {"uuid", {"hex"}},
     {"email", {"email-atom", "email-label"}},
+    {"ipv4", {"ipv4-octet"}},
+    {"hostname", {"hostname-label"}},
+    {"uri-pchar", {"hex"}},
+    {"uri-qchar", {"uri-pchar"}},
+    {"uri", {"hostname", "uri-pchar", "uri-qchar"}},
+};
+
+// The string formats, with the shortest and longest value their rules write (in characters, all ASCII):
+// minLength / maxLength beside a format hold when they admit all of that range.
+struct StringFormat {
+    const char* name;
+    int64_t min_len, max_len;
+};
+constexpr StringFormat kFormats[] = {
+    {"date", 10, 10},  {"time", 9, 21},  {"date-time", 20, 32}, {"uuid", 36, 36},
+    {"email", 5, 223}, {"uri", 3, 1389}, {"ipv4", 7, 15},       {"hostname", 1, 204},
 };
 
 const std::set<std::string> kAnnotations = {"title",   "description", "$schema",    "$id",      "$comment",
@@ -322,15 +346,20 @@ class Converter {
     std::string string(const Json& s, const std::string& hint, const std::string& path) {
         if (s.contains("format")) {
             const std::string f = s["format"].is_string() ? s["format"].get<std::string>() : "";
-            if (s.contains("pattern") || s.contains("minLength") || s.contains("maxLength"))
-                unsupported(path, "format together with pattern or a length");
-            std::string body;
-            if (f == "date" || f == "time" || f == "uuid" || f == "email")
-                body = prim(f);
-            else if (f == "date-time")
-                body = prim("date") + " \"T\" " + prim("time");
-            else
-                unsupported(path, "format '" + f + "' (supported: date, time, date-time, uuid, email)");
+            const StringFormat* fmt = nullptr;
+            for (const StringFormat& k : kFormats)
+                if (f == k.name) fmt = &k;
+            if (!fmt)
+                unsupported(path,
+                            "format '" + f + "' (supported: date, time, date-time, uuid, email, uri, ipv4, hostname)");
+            if (s.contains("pattern")) unsupported(path, "format together with pattern");
+            const int64_t lo = count(s, "minLength", 0, path), hi = count(s, "maxLength", -1, path);
+            if (lo > fmt->min_len || (hi >= 0 && hi < fmt->max_len))
+                unsupported(path, "format '" + f + "' with minLength " + std::to_string(lo) + " / maxLength " +
+                                      (hi < 0 ? std::string("none") : std::to_string(hi)) + " (its values are " +
+                                      std::to_string(fmt->min_len) + " to " + std::to_string(fmt->max_len) +
+                                      " characters long)");
+            const std::string body = f == "date-time" ? prim("date") + " \"T\" " + prim("time") : prim(f);
             return rule(hint, "\"\\\"\" " + body + " \"\\\"\"");
         }
         if (s.contains("pattern")) {
