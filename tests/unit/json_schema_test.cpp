@@ -91,6 +91,12 @@ const std::vector<Case> kCases = {
      R"({"type": "array", "items": {"type": "integer", "minimum": -15, "exclusiveMaximum": 1000}})",
      {"[-15, -9, -1, 0, 5, 10, 99, 100, 999]"},
      {"[-16]", "[1000]", "[-0]", "[007]", "[1.0]"}},
+    {"nullable and annotation formats",
+     R"({"type": "object", "properties": {"n": {"type": "integer", "nullable": true, "maximum": 5},
+                   "s": {"type": "string", "nullable": false}, "pw": {"type": "string", "format": "password",
+                   "maxLength": 4}, "b": {"type": "string", "format": "binary"}}})",
+     {R"({"n": null})", R"({"n": 5})", R"({"s": "x"})", R"({"pw": "abcd"})", R"({"b": "any text"})"},
+     {R"({"n": 6})", R"({"s": null})", R"({"pw": "abcde"})", R"({"b": 1})"}},
 };
 
 TEST(JsonSchema, AcceptsWhatTheSchemaAccepts) {

@@ -73,9 +73,10 @@ struct StringFormat {
     const char* name;
     int64_t min_len, max_len;
 };
+// password and binary are annotations that validators accept any string for: plain strings.
 constexpr StringFormat kFormats[] = {
-    {"date", 10, 10},  {"time", 9, 21},  {"date-time", 20, 32}, {"uuid", 36, 36},
-    {"email", 5, 223}, {"uri", 3, 1389}, {"ipv4", 7, 15},       {"hostname", 1, 204},
+    {"password", 0, -1}, {"binary", 0, -1}, {"date", 10, 10}, {"time", 9, 21}, {"date-time", 20, 32},
+    {"uuid", 36, 36},    {"email", 5, 223}, {"uri", 3, 1389}, {"ipv4", 7, 15}, {"hostname", 1, 204},
 };
 
 const std::set<std::string> kAnnotations = {"title",   "description", "$schema",    "$id",      "$comment",
@@ -214,8 +215,16 @@ class Converter {
                                                         "minimum",
                                                         "maximum",
                                                         "exclusiveMinimum",
-                                                        "exclusiveMaximum"};
+                                                        "exclusiveMaximum",
+                                                        "nullable"};
             if (!known.count(k) && !kAnnotations.count(k)) unsupported(path, "the keyword '" + k + "'");
+        }
+        if (s.contains("nullable")) {  // OpenAPI's (ajv's too): true adds null to the schema's values
+            if (!s["nullable"].is_boolean()) invalid(path, "nullable must be a boolean");
+            Json rest = s;
+            rest.erase("nullable");
+            if (!s["nullable"].get<bool>()) return visit(rest, hint, path);
+            return rule(hint, visit(rest, hint + "-v", path) + " | " + prim("null"));
         }
         if (s.contains("$ref")) {
             if (!s["$ref"].is_string()) invalid(path, "$ref must be a string");
@@ -350,8 +359,14 @@ class Converter {
             for (const StringFormat& k : kFormats)
                 if (f == k.name) fmt = &k;
             if (!fmt)
-                unsupported(path,
-                            "format '" + f + "' (supported: date, time, date-time, uuid, email, uri, ipv4, hostname)");
+                unsupported(path, "format '" + f +
+                                      "' (supported: date, time, date-time, uuid, email, uri, ipv4, hostname, "
+                                      "password, binary)");
+            if (fmt->max_len < 0) {  // an annotation: the string as it would be without it
+                Json rest = s;
+                rest.erase("format");
+                return string(rest, hint, path);
+            }
             if (s.contains("pattern")) unsupported(path, "format together with pattern");
             const int64_t lo = count(s, "minLength", 0, path), hi = count(s, "maxLength", -1, path);
             if (lo > fmt->min_len || (hi >= 0 && hi < fmt->max_len))
