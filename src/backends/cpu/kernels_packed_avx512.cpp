@@ -373,8 +373,9 @@ void tile_q45k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int6
                     wh = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4), m4,
                                                    _mm512_and_si512(to_bit4(H, 2 * gg + 1), b16), 0xEA);
                 } else {
+                    // High nibbles stay in place (16x their value): their sums shift down once a sub-block.
                     wl = _mm512_and_si512(v, m4);
-                    wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                    wh = _mm512_andnot_si512(m4, v);
                 }
                 const int c = j % kC;
 #pragma GCC unroll 16
@@ -390,6 +391,11 @@ void tile_q45k(const uint8_t* g, int64_t nb, const uint8_t* act, size_t as, int6
                     lo[0][t] = _mm512_add_epi32(lo[0][t], lo[1][t]);
                     hi[0][t] = _mm512_add_epi32(hi[0][t], hi[1][t]);
                 }
+            }
+            if constexpr (!kQ5) {
+                // Exact: every product is a multiple of 16, and |sum| <= 32 * 240 * 128 fits.
+#pragma GCC unroll 16
+                for (int t = 0; t < NT; ++t) hi[0][t] = _mm512_srai_epi32(hi[0][t], 4);
             }
             const __m512i sl = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(sc_raw[gg / 2], 2 * (gg % 2)));
             const __m512i sh = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(sc_raw[gg / 2], 2 * (gg % 2) + 1));
