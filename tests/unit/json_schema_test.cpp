@@ -168,6 +168,10 @@ TEST(JsonSchema, NumberRangesAreExact) {
         {R"("minimum": 0, "exclusiveMinimum": 0.5, "maximum": 3, "exclusiveMaximum": 2.5)", 50, 250, false, false},
         {R"("minimum": 0.5, "exclusiveMinimum": true, "maximum": 2)", 50, 200, false, true},
     };
+    // Draft 4's modifiers on integers too.
+    auto g4 = Grammar::from_json_schema(
+        R"({"type": "integer", "minimum": 3, "exclusiveMinimum": true, "maximum": 7, "exclusiveMaximum": true})");
+    for (int v = 0; v <= 10; ++v) EXPECT_EQ(g4->match(std::to_string(v)) == -1, v > 3 && v < 7) << v;
     auto text = [](int64_t v, int form) {  // form 0: shortest, 1: a trailing zero, 2: no fraction (whole v)
         const int64_t a = v < 0 ? -v : v;
         std::string out = (v < 0 ? "-" : "") + std::to_string(a / 100);

@@ -425,7 +425,11 @@ class Converter {
         auto bound = [&](const char* key, int64_t& v, bool is_max, bool exclusive) {
             if (!s.contains(key)) return;
             const Json& j = s[key];
+            if (j.is_boolean()) return;  // draft 4's modifier, read below
             if (!j.is_number()) invalid(path, std::string(key) + " must be a number");
+            const char* modifier = is_max ? "exclusiveMaximum" : "exclusiveMinimum";
+            if (!exclusive && s.contains(modifier) && s[modifier].is_boolean() && s[modifier].get<bool>())
+                exclusive = true;
             const double d = j.get<double>();
             const double r = is_max ? std::floor(d) : std::ceil(d);
             int64_t x = r >= double(kBig) ? kBig : r <= -double(kBig) ? -kBig : int64_t(r);
