@@ -45,7 +45,8 @@ const char* kFormats = R"({"type": "object", "properties": {
 const char* kWeb = R"({"type": "object", "properties": {
     "ip": {"type": "string", "format": "ipv4"}, "p": {"type": "number", "minimum": 0, "maximum": 1},
     "lat": {"type": "number", "exclusiveMinimum": -90.5, "maximum": 90}, "host": {"type": "string", "format": "hostname"},
-    "web": {"type": "string", "format": "uri", "minLength": 1, "maxLength": 2083}},
+    "web": {"type": "string", "format": "uri", "minLength": 1, "maxLength": 2083},
+    "ip6": {"type": "string", "format": "ipv6"}, "wait": {"type": "string", "format": "duration"}},
   "required": ["ip", "p"], "additionalProperties": false})";
 const char* kTuple =
     R"({"type": "array", "prefixItems": [{"enum": ["x", "y"]}, {"type": "integer"}, {"const": [1, "z"]}],

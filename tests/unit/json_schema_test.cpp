@@ -204,9 +204,9 @@ TEST(JsonSchema, NumberRangesAreExact) {
 
 std::pair<ErrorCode, std::string> error_of(const std::string& schema);
 
-// The formats added to date/time/uuid/email: values accepted and refused, and the longest value of each
+// The formats beyond date/time/uuid/email: values accepted and refused, and the longest value of each
 // rule has the length the converter assumes when it weighs minLength / maxLength beside a format.
-TEST(JsonSchema, UriIpv4HostnameFormats) {
+TEST(JsonSchema, UriIpHostnameDurationFormats) {
     auto str = [](const char* format, const std::string& extra = "") {
         return Grammar::from_json_schema(std::string(R"({"type": "string", "format": ")") + format + "\"" + extra +
                                          "}");
@@ -225,6 +225,14 @@ TEST(JsonSchema, UriIpv4HostnameFormats) {
         EXPECT_NE(ip->match(q(v)), -1) << v;
     for (const char* v : {"localhost", "api.eu.example.com", "a-b.c0", "x"}) EXPECT_EQ(host->match(q(v)), -1) << v;
     for (const char* v : {"-a.com", "a-.com", "a..b", "a_b.com", ".a"}) EXPECT_NE(host->match(q(v)), -1) << v;
+    auto ip6 = str("ipv6"), dur = str("duration");
+    for (const char* v : {"2001:db8:0:0:0:ff00:42:8329", "0:0:0:0:0:0:0:1", "FFFF:a:b:c:d:e:f:0"})
+        EXPECT_EQ(ip6->match(q(v)), -1) << v;
+    for (const char* v : {"1:2:3:4:5:6:7", "1:2:3:4:5:6:7:8:9", "g:0:0:0:0:0:0:0", "12345:0:0:0:0:0:0:0"})
+        EXPECT_NE(ip6->match(q(v)), -1) << v;
+    for (const char* v : {"P1W", "PT36H", "P1Y2M3DT4H5M6S", "P3D", "PT0S", "P1M", "PT1M"})
+        EXPECT_EQ(dur->match(q(v)), -1) << v;
+    for (const char* v : {"P", "PT", "P1DT", "P1.5D", "1D", "P1D2Y", "P1W2D"}) EXPECT_NE(dur->match(q(v)), -1) << v;
 
     const std::string label(40, 'a'), pct32 = [] {
         std::string p;
@@ -243,6 +251,8 @@ TEST(JsonSchema, UriIpv4HostnameFormats) {
         {"uri", "a:b", longest_uri},
         {"hostname", "x", longest_host},
         {"ipv4", "0.0.0.0", "255.255.255.255"},
+        {"ipv6", "0:0:0:0:0:0:0:0", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"},
+        {"duration", "P0D", "P999999999Y999999999M999999999DT999999999H999999999M999999999S"},
         {"email", "a@b.c", longest_email},
         {"time", "00:00:00Z", "23:59:59.999999+23:59"},
         {"date-time", "2024-01-01T00:00:00Z", "2024-12-31T23:59:59.999999-23:59"},
@@ -296,7 +306,7 @@ TEST(JsonSchema, ClearErrors) {
     EXPECT_EQ(m1, "JSON Schema at '/': the keyword 'minProperties'");
     auto [c2, m2] = error_of(R"({"properties": {"a": {"type": "array", "uniqueItems": true}}})");
     EXPECT_EQ(m2, "JSON Schema at '/properties/a': the keyword 'uniqueItems'");
-    EXPECT_EQ(error_of(R"({"type": "string", "format": "ipv6"})").first, ErrorCode::kUnsupported);
+    EXPECT_EQ(error_of(R"({"type": "string", "format": "uri-template"})").first, ErrorCode::kUnsupported);
     EXPECT_EQ(error_of(R"({"type": "number", "multipleOf": 0.5})").first, ErrorCode::kUnsupported);
     EXPECT_EQ(error_of(R"({"type": "number", "minimum": 2, "exclusiveMaximum": 2})").first,
               ErrorCode::kInvalidArgument);

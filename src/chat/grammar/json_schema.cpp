@@ -47,6 +47,12 @@ const std::map<std::string, std::string> kPrimitives = {
     {"ipv4", R"(ipv4-octet "." ipv4-octet "." ipv4-octet "." ipv4-octet)"},
     {"hostname-label", R"([a-zA-Z0-9] ( [a-zA-Z0-9-]{0,38} [a-zA-Z0-9] )?)"},
     {"hostname", R"(hostname-label ( "." hostname-label ){0,4})"},
+    {"ipv6", R"(hex{1,4} ( ":" hex{1,4} ){7})"},
+    {"duration-num", R"([0-9]{1,9})"},
+    {"duration-time",
+     R"("T" ( duration-num "H" ( duration-num "M" )? ( duration-num "S" )? | duration-num "M" ( duration-num "S" )? | duration-num "S" ))"},
+    {"duration",
+     R"("P" ( duration-num "Y" ( duration-num "M" )? ( duration-num "D" )? duration-time? | duration-num "M" ( duration-num "D" )? duration-time? | duration-num "D" duration-time? | duration-time | duration-num "W" ))"},
     {"uri-pchar", R"([a-zA-Z0-9._~!$&'()*+,;=:@-] | "%" hex hex)"},
     {"uri-qchar", R"(uri-pchar | [/?])"},
     {"uri",
@@ -65,6 +71,9 @@ const std::map<std::string, std::vector<std::string>> kPrimitiveDeps = {
     {"uri-pchar", {"hex"}},
     {"uri-qchar", {"uri-pchar"}},
     {"uri", {"hostname", "uri-pchar", "uri-qchar"}},
+    {"ipv6", {"hex"}},
+    {"duration-time", {"duration-num"}},
+    {"duration", {"duration-num", "duration-time"}},
 };
 
 // The string formats, with the shortest and longest value their rules write (in characters, all ASCII):
@@ -75,8 +84,9 @@ struct StringFormat {
 };
 // password and binary are annotations that validators accept any string for: plain strings.
 constexpr StringFormat kFormats[] = {
-    {"password", 0, -1}, {"binary", 0, -1}, {"date", 10, 10}, {"time", 9, 21}, {"date-time", 20, 32},
-    {"uuid", 36, 36},    {"email", 5, 223}, {"uri", 3, 1389}, {"ipv4", 7, 15}, {"hostname", 1, 204},
+    {"password", 0, -1},   {"binary", 0, -1},    {"date", 10, 10},  {"time", 9, 21},
+    {"date-time", 20, 32}, {"uuid", 36, 36},     {"email", 5, 223}, {"uri", 3, 1389},
+    {"ipv4", 7, 15},       {"hostname", 1, 204}, {"ipv6", 15, 39},  {"duration", 3, 62},
 };
 
 const std::set<std::string> kAnnotations = {"title",   "description", "$schema",    "$id",      "$comment",
@@ -360,8 +370,8 @@ class Converter {
                 if (f == k.name) fmt = &k;
             if (!fmt)
                 unsupported(path, "format '" + f +
-                                      "' (supported: date, time, date-time, uuid, email, uri, ipv4, hostname, "
-                                      "password, binary)");
+                                      "' (supported: date, time, date-time, duration, uuid, email, uri, ipv4, ipv6, "
+                                      "hostname, password, binary)");
             if (fmt->max_len < 0) {  // an annotation: the string as it would be without it
                 Json rest = s;
                 rest.erase("format");
