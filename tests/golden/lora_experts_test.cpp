@@ -19,7 +19,7 @@
 #include "cera/error.h"
 #include "gguf/gguf.h"
 #include "gguf/writer.h"
-#include "models/batch_state.h"
+#include "lora_batch.h"
 #include "models/lora.h"
 #include "models/model.h"
 #include "quantize/lora_gguf.h"
@@ -227,52 +227,14 @@ TEST_F(LoraExperts, PeftFolderEqualsGguf) {
 // Base and adapter sequences in one batch give what each gives alone, bit for bit on the CPU.
 TEST_F(LoraExperts, MixedBatchMatchesEachAlone) {
     auto model = load(kBase);
-    const int64_t n_vocab = model->info().n_vocab;
     const auto a = load_lora(kAdapter, *model);
     const std::vector<LoraSet> sets = {{}, {{a, kScale}}, {{a, 1.0f}}, {}, {{a, kScale}}};
-    const std::vector<int32_t> p = prompt();
     const std::vector<int32_t> decode = {5, 77, 300, 12};
-    std::vector<std::vector<std::vector<float>>> want(sets.size());
-    for (size_t i = 0; i < sets.size(); ++i) {
-        auto st = model->create_state();
-        st->set_lora(sets[i]);
-        const std::vector<int32_t> pi(p.begin(), p.end() - int64_t(i));
-        want[i].emplace_back(size_t(n_vocab));
-        st->eval({.tokens = pi, .logits = want[i].back().data()});
-        for (int32_t id : decode) {
-            want[i].emplace_back(size_t(n_vocab));
-            st->eval({.tokens = {&id, 1}, .logits = want[i].back().data()});
-        }
-    }
-    BatchStateOptions bo;
-    bo.max_seqs = 8;
-    bo.kv_tokens = 1024;
-    BatchState bs(*model, bo);
-    std::vector<int> seq;
-    std::vector<std::vector<int32_t>> prompts;
-    for (size_t i = 0; i < sets.size(); ++i) {
-        seq.push_back(bs.add_sequence());
-        bs.set_lora(seq.back(), sets[i]);
-        prompts.emplace_back(p.begin(), p.end() - int64_t(i));
-    }
-    for (size_t step = 0; step <= decode.size(); ++step) {
-        std::vector<BatchState::Entry> entries;
-        for (size_t i = 0; i < sets.size(); ++i) {
-            BatchState::Entry e;
-            e.seq = seq[i];
-            e.tokens =
-                step == 0 ? std::span<const int32_t>(prompts[i]) : std::span<const int32_t>(&decode[step - 1], 1);
-            e.pick = Pick::kLogits;
-            entries.push_back(e);
-        }
-        StepOutput out;
-        bs.step(entries, out);
-        for (size_t i = 0; i < sets.size(); ++i) {
-            const float* row = out.logits.data() + out.row_at[i];
-            EXPECT_EQ(test::max_abs_diff(std::vector<float>(row, row + n_vocab), want[i][step]), 0.0)
+    const test::MixedBatchLogits r = test::mixed_batch_logits(*model, sets, prompt(), decode);
+    for (size_t i = 0; i < sets.size(); ++i)
+        for (size_t step = 0; step <= decode.size(); ++step)
+            EXPECT_EQ(test::max_abs_diff(r.batched[i][step], r.alone[i][step]), 0.0)
                 << "sequence " << i << " step " << step;
-        }
-    }
 }
 
 // An adapter whose experts do not match the model's: one line naming the tensor and both shapes.

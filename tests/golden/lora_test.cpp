@@ -15,7 +15,7 @@
 
 #include "backends/device.h"
 #include "cera/error.h"
-#include "models/batch_state.h"
+#include "lora_batch.h"
 #include "models/model.h"
 #include "test_util.h"
 
@@ -160,56 +160,16 @@ TEST_P(LoraModel, MixedBatchMatchesEachAlone) {
     SKIP_WITHOUT(device);
     const std::string m = name;
     auto model = load(m, device);
-    const int64_t n_vocab = model->info().n_vocab;
     const auto a1 = load_lora(fixture(m) + "/lora/lora.gguf", *model);
     const auto a2 = load_lora(fixture(m) + "/lora/peft", *model);
     const std::vector<LoraSet> sets = {{}, {{a1, 1.0f}}, {{a2, 0.5f}}, {{a1, 0.5f}, {a2, 0.25f}}, {{a1, 1.0f}}};
-    const std::vector<int32_t> p = prompt0(m);
     const std::vector<int32_t> decode = {5, 77, 300, 12};
-    // Alone.
-    std::vector<std::vector<std::vector<float>>> want(sets.size());
-    for (size_t i = 0; i < sets.size(); ++i) {
-        auto st = model->create_state();
-        st->set_lora(sets[i]);
-        // Prompts of different lengths, so that segments start at different rows.
-        const std::vector<int32_t> pi(p.begin(), p.end() - int64_t(i));
-        want[i].emplace_back(size_t(n_vocab));
-        st->eval({.tokens = pi, .logits = want[i].back().data()});
-        for (int32_t id : decode) {
-            want[i].emplace_back(size_t(n_vocab));
-            st->eval({.tokens = {&id, 1}, .logits = want[i].back().data()});
-        }
-    }
-    BatchStateOptions bo;
-    bo.max_seqs = 8;
-    bo.kv_tokens = 1024;
-    BatchState bs(*model, bo);
-    std::vector<int> seq;
-    for (size_t i = 0; i < sets.size(); ++i) {
-        seq.push_back(bs.add_sequence());
-        bs.set_lora(seq.back(), sets[i]);
-    }
-    std::vector<std::vector<int32_t>> prompts;
-    for (size_t i = 0; i < sets.size(); ++i) prompts.emplace_back(p.begin(), p.end() - int64_t(i));
-    for (size_t step = 0; step <= decode.size(); ++step) {
-        std::vector<BatchState::Entry> entries;
-        for (size_t i = 0; i < sets.size(); ++i) {
-            BatchState::Entry e;
-            e.seq = seq[i];
-            e.tokens =
-                step == 0 ? std::span<const int32_t>(prompts[i]) : std::span<const int32_t>(&decode[step - 1], 1);
-            e.pick = Pick::kLogits;
-            entries.push_back(e);
-        }
-        StepOutput out;
-        bs.step(entries, out);
-        for (size_t i = 0; i < sets.size(); ++i) {
-            const float* row = out.logits.data() + out.row_at[i];
-            const std::vector<float> got(row, row + n_vocab);
-            EXPECT_LE(test::max_abs_diff(got, want[i][step]), device == DeviceKind::kCuda ? 1e-4 : 0.0)
+    const test::MixedBatchLogits r = test::mixed_batch_logits(*model, sets, prompt0(m), decode);
+    for (size_t i = 0; i < sets.size(); ++i)
+        for (size_t step = 0; step <= decode.size(); ++step)
+            EXPECT_LE(test::max_abs_diff(r.batched[i][step], r.alone[i][step]),
+                      device == DeviceKind::kCuda ? 1e-4 : 0.0)
                 << m << " sequence " << i << " step " << step;
-        }
-    }
 }
 
 // Decode steps are recorded and replayed per adapter grouping (CUDA graphs): a session that switches its

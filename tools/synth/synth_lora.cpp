@@ -4,7 +4,6 @@
 #include <random>
 #include <regex>
 #include <tuple>
-#include <vector>
 
 #include "core/check.h"
 #include "gguf/writer.h"
@@ -27,15 +26,15 @@ void synthesize_lora(const File& base, int64_t rank, uint64_t seed, const std::s
     for (const TensorInfo& t : base.tensors()) {
         if (t.ne.size() < 2 || t.ne.size() > 3 || !std::regex_match(t.name, kTargets)) continue;
         const int64_t k = t.ne[0], n_out = t.ne[1];
-        // An MoE layer's stacked experts get a pair per expert, stacked the same way.
-        const std::vector<int64_t> experts = t.ne.size() == 3 ? std::vector<int64_t>{t.ne[2]} : std::vector<int64_t>{};
+        // An MoE layer's stacked experts (ne[2]) get a pair per expert, stacked the same way.
+        const int64_t n_expert = t.ne.size() == 3 ? t.ne[2] : 1;
         // A spreads the input over the rank like a trained down projection (unit gain); B keeps the delta
         // small next to the base product, as a fine-tune's is.
         for (auto [suffix, ne, sd] :
              {std::tuple{".lora_a", std::vector<int64_t>{k, rank}, 1.0 / std::sqrt(double(k))},
               std::tuple{".lora_b", std::vector<int64_t>{rank, n_out}, 0.02 / std::sqrt(double(rank))}}) {
-            ne.insert(ne.end(), experts.begin(), experts.end());
-            std::vector<float> v(size_t(ne[0] * ne[1] * (experts.empty() ? 1 : experts[0])));
+            if (n_expert > 1) ne.push_back(n_expert);
+            std::vector<float> v(size_t(ne[0] * ne[1] * n_expert));
             std::normal_distribution<double> d(0.0, sd);
             for (float& x : v) x = float(d(rng));
             std::vector<uint8_t> bytes(v.size() * sizeof(float));
