@@ -47,7 +47,12 @@ const std::map<std::string, std::string> kPrimitives = {
     {"ipv4", R"(ipv4-octet "." ipv4-octet "." ipv4-octet "." ipv4-octet)"},
     {"hostname-label", R"([a-zA-Z0-9] ( [a-zA-Z0-9-]{0,38} [a-zA-Z0-9] )?)"},
     {"hostname", R"(hostname-label ( "." hostname-label ){0,4})"},
-    {"ipv6", R"(hex{1,4} ( ":" hex{1,4} ){7})"},
+    // RFC 4291's text forms as RFC 3986 writes them: eight groups, "::" for a run of zero groups, the last
+    // two groups as an IPv4 address.
+    {"ipv6-h16", R"(hex{1,4})"},
+    {"ipv6-ls32", R"(ipv6-h16 ":" ipv6-h16 | ipv4)"},
+    {"ipv6",
+     R"(( ipv6-h16 ":" ){6} ipv6-ls32 | "::" ( ipv6-h16 ":" ){5} ipv6-ls32 | ipv6-h16? "::" ( ipv6-h16 ":" ){4} ipv6-ls32 | ( ( ipv6-h16 ":" ){0,1} ipv6-h16 )? "::" ( ipv6-h16 ":" ){3} ipv6-ls32 | ( ( ipv6-h16 ":" ){0,2} ipv6-h16 )? "::" ( ipv6-h16 ":" ){2} ipv6-ls32 | ( ( ipv6-h16 ":" ){0,3} ipv6-h16 )? "::" ipv6-h16 ":" ipv6-ls32 | ( ( ipv6-h16 ":" ){0,4} ipv6-h16 )? "::" ipv6-ls32 | ( ( ipv6-h16 ":" ){0,5} ipv6-h16 )? "::" ipv6-h16 | ( ( ipv6-h16 ":" ){0,6} ipv6-h16 )? "::")"},
     {"duration-num", R"([0-9]{1,9})"},
     {"duration-time",
      R"("T" ( duration-num "H" ( duration-num "M" )? ( duration-num "S" )? | duration-num "M" ( duration-num "S" )? | duration-num "S" ))"},
@@ -71,7 +76,9 @@ const std::map<std::string, std::vector<std::string>> kPrimitiveDeps = {
     {"uri-pchar", {"hex"}},
     {"uri-qchar", {"uri-pchar"}},
     {"uri", {"hostname", "uri-pchar", "uri-qchar"}},
-    {"ipv6", {"hex"}},
+    {"ipv6-h16", {"hex"}},
+    {"ipv6-ls32", {"ipv6-h16", "ipv4"}},
+    {"ipv6", {"ipv6-h16", "ipv6-ls32"}},
     {"duration-time", {"duration-num"}},
     {"duration", {"duration-num", "duration-time"}},
 };
@@ -86,7 +93,7 @@ struct StringFormat {
 constexpr StringFormat kFormats[] = {
     {"password", 0, -1},   {"binary", 0, -1},    {"date", 10, 10},  {"time", 9, 21},
     {"date-time", 20, 32}, {"uuid", 36, 36},     {"email", 5, 223}, {"uri", 3, 1389},
-    {"ipv4", 7, 15},       {"hostname", 1, 204}, {"ipv6", 15, 39},  {"duration", 3, 62},
+    {"ipv4", 7, 15},       {"hostname", 1, 204}, {"ipv6", 2, 45},  {"duration", 3, 62},
 };
 
 const std::set<std::string> kAnnotations = {"title",   "description", "$schema",    "$id",      "$comment",
