@@ -46,7 +46,9 @@ const char* kWeb = R"({"type": "object", "properties": {
     "ip": {"type": "string", "format": "ipv4"}, "p": {"type": "number", "minimum": 0, "maximum": 1},
     "lat": {"type": "number", "exclusiveMinimum": -90.5, "maximum": 90}, "host": {"type": "string", "format": "hostname"},
     "web": {"type": "string", "format": "uri", "minLength": 1, "maxLength": 2083},
-    "ip6": {"type": "string", "format": "ipv6"}, "wait": {"type": "string", "format": "duration"}},
+    "ip6": {"type": "string", "format": "ipv6"}, "wait": {"type": "string", "format": "duration"},
+    "price": {"type": "number", "multipleOf": 0.05, "minimum": 0, "maximum": 1000},
+    "n": {"type": "integer", "multipleOf": 7, "minimum": -1000000, "exclusiveMaximum": 1000000}},
   "required": ["ip", "p"], "additionalProperties": false})";
 const char* kTuple =
     R"({"type": "array", "prefixItems": [{"enum": ["x", "y"]}, {"type": "integer"}, {"const": [1, "z"]}],

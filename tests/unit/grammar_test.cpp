@@ -182,6 +182,11 @@ TEST(Grammar, CommentsNewlinesAndAlternativesAcrossLines) {
     auto h = Grammar::parse("root ::= opt-1 \"x\"\nopt-1 ::= \"y\" | ");
     EXPECT_EQ(h->match("x"), -1);
     EXPECT_EQ(h->match("yx"), -1);
+    // Named like the rules the parser makes for groups, defined after the groups.
+    auto k = Grammar::parse("root ::= ( \"a\" root-1 ) ( \"b\" )* root-2\nroot-1 ::= \"c\"\nroot-2 ::= ( \"d\" )?");
+    EXPECT_EQ(k->match("acbbd"), -1);
+    EXPECT_EQ(k->match("ac"), -1);
+    EXPECT_NE(k->match("a"), -1);
 }
 
 }  // namespace

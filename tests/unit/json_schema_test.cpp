@@ -202,6 +202,76 @@ TEST(JsonSchema, NumberRangesAreExact) {
     EXPECT_EQ(Grammar::from_json_schema(R"({"type": "number", "maximum": 1e300})")->match("12345.5"), -1);
 }
 
+// multipleOf against exact arithmetic. Integers: every integer from -300 to 300 is accepted exactly when it
+// is a multiple within the bounds, and so are the multiples around 10^15. Numbers: every hundredth from -3
+// to 3, written with the step's fraction digits, is accepted exactly when it is a multiple within the
+// bounds; written with other fraction digits, it is refused (a number is written with exactly that many).
+TEST(JsonSchema, MultipleOfIsExact) {
+    struct Case {
+        const char* schema;
+        int64_t step;  // integers: the modulus; numbers: in hundredths
+        std::optional<int64_t> lo, hi;
+        bool lo_incl = true, hi_incl = true;
+    };
+    const std::vector<Case> ints = {
+        {R"("multipleOf": 5)", 5, {}, {}},
+        {R"("multipleOf": 7, "minimum": -100, "maximum": 250)", 7, -100, 250},
+        {R"("multipleOf": 3, "exclusiveMinimum": 3, "exclusiveMaximum": 99)", 3, 3, 99, false, false},
+        {R"("multipleOf": 12, "minimum": -300)", 12, -300, {}},
+        {R"("multipleOf": 2.5, "maximum": -10)", 5, {}, -10},  // integers that are multiples of 2.5: of 5
+        {R"("multipleOf": 0.5)", 1, {}, {}},
+        {R"("multipleOf": 100, "minimum": 1)", 100, 1, {}},
+        {R"("multipleOf": 64)", 64, {}, {}},
+    };
+    for (const Case& c : ints) {
+        const std::string schema = std::string(R"({"type": "integer", )") + c.schema + "}";
+        auto g = Grammar::from_json_schema(schema);
+        EXPECT_LT(g->gbnf().size(), 60000u) << schema;
+        for (int64_t v = -300; v <= 300; ++v) {
+            const bool in = v % c.step == 0 && (!c.lo || (c.lo_incl ? v >= *c.lo : v > *c.lo)) &&
+                            (!c.hi || (c.hi_incl ? v <= *c.hi : v < *c.hi));
+            EXPECT_EQ(g->match(std::to_string(v)) == -1, in) << schema << " " << v;
+        }
+        if (c.hi) continue;
+        const int64_t big = 1000000000000000 / c.step * c.step;  // a multiple of 16 digits
+        for (int64_t v = big - 2; v <= big + 2; ++v)
+            EXPECT_EQ(g->match(std::to_string(v)) == -1, v % c.step == 0) << schema << " " << v;
+        EXPECT_NE(g->match("1" + std::string(17, '0')), -1) << schema;  // past the 16 digits written
+    }
+    const std::vector<Case> nums = {
+        {R"("multipleOf": 0.01)", 1, {}, {}},
+        {R"("multipleOf": 0.25, "minimum": -1, "maximum": 1.5)", 25, -100, 150},
+        {R"("multipleOf": 0.05, "exclusiveMinimum": 0, "exclusiveMaximum": 2)", 5, 0, 200, false, false},
+        {R"("multipleOf": 0.3, "minimum": -2.95, "maximum": 2.99)", 30, -295, 299},
+        {R"("multipleOf": 0.5, "exclusiveMinimum": -1.25)", 50, -125, {}, false},
+        {R"("multipleOf": 1.5, "maximum": 2.9)", 150, {}, 290},
+        {R"("multipleOf": 2)", 200, {}, {}},
+        {R"("multipleOf": 0.07, "minimum": 0)", 7, 0, {}},
+    };
+    for (const Case& c : nums) {
+        const std::string schema = std::string(R"({"type": "number", )") + c.schema + "}";
+        auto g = Grammar::from_json_schema(schema);
+        EXPECT_LT(g->gbnf().size(), 60000u) << schema;
+        const int frac = c.step % 100 == 0 ? 0 : c.step % 10 == 0 ? 1 : 2;
+        auto text = [](int64_t v, int digits) {  // v in hundredths, written with `digits` fraction digits
+            const int64_t a = v < 0 ? -v : v;
+            std::string out = (v < 0 ? "-" : "") + std::to_string(a / 100);
+            if (digits > 0) out += "." + std::to_string(100 + a % 100).substr(1, size_t(digits));
+            return out;
+        };
+        for (int64_t v = -300; v <= 300; ++v) {
+            const bool in = v % c.step == 0 && (!c.lo || (c.lo_incl ? v >= *c.lo : v > *c.lo)) &&
+                            (!c.hi || (c.hi_incl ? v <= *c.hi : v < *c.hi));
+            if (v % (frac == 0 ? 100 : frac == 1 ? 10 : 1) == 0)
+                EXPECT_EQ(g->match(text(v, frac)) == -1, in) << schema << " " << text(v, frac);
+            for (int other = 0; other <= 2; ++other)
+                if (other != frac && v % (other == 0 ? 100 : other == 1 ? 10 : 1) == 0)
+                    EXPECT_NE(g->match(text(v, other)), -1) << schema << " " << text(v, other);
+        }
+        EXPECT_NE(g->match(frac ? "-0." + std::string(size_t(frac), '0') : "-0"), -1) << schema;  // never -0
+    }
+}
+
 std::pair<ErrorCode, std::string> error_of(const std::string& schema);
 
 // The formats beyond date/time/uuid/email: values accepted and refused, and the longest value of each
@@ -311,7 +381,14 @@ TEST(JsonSchema, ClearErrors) {
     auto [c2, m2] = error_of(R"({"properties": {"a": {"type": "array", "uniqueItems": true}}})");
     EXPECT_EQ(m2, "JSON Schema at '/properties/a': the keyword 'uniqueItems'");
     EXPECT_EQ(error_of(R"({"type": "string", "format": "uri-template"})").first, ErrorCode::kUnsupported);
-    EXPECT_EQ(error_of(R"({"type": "number", "multipleOf": 0.5})").first, ErrorCode::kUnsupported);
+    EXPECT_EQ(error_of(R"({"type": "number", "multipleOf": 0})").first, ErrorCode::kInvalidArgument);
+    EXPECT_EQ(error_of(R"({"type": "integer", "multipleOf": -2})").first, ErrorCode::kInvalidArgument);
+    EXPECT_EQ(error_of(R"({"type": "integer", "multipleOf": "2"})").first, ErrorCode::kInvalidArgument);
+    EXPECT_EQ(error_of(R"({"type": "number", "multipleOf": 1e-20})").first, ErrorCode::kUnsupported);
+    EXPECT_EQ(error_of(R"({"type": "integer", "multipleOf": 12345678})").first, ErrorCode::kUnsupported);
+    EXPECT_EQ(error_of(R"({"type": "integer", "multipleOf": 999983})").first, ErrorCode::kUnsupported);  // prime
+    EXPECT_EQ(error_of(R"({"type": "integer", "multipleOf": 7, "minimum": 1, "maximum": 6})").first,
+              ErrorCode::kInvalidArgument);
     EXPECT_EQ(error_of(R"({"type": "number", "minimum": 2, "exclusiveMaximum": 2})").first,
               ErrorCode::kInvalidArgument);
     EXPECT_EQ(error_of(R"J({"type": "string", "pattern": "(a)\\1"})J").first, ErrorCode::kUnsupported);

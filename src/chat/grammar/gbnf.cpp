@@ -130,10 +130,10 @@ class Parser {
         return it->second;
     }
 
+    // A group's rule: its name has a '#', which no rule name in the text can, so that a rule defined
+    // further on never meets it.
     uint32_t generated(const std::string& parent, int line) {
-        std::string n;
-        do n = parent + "-" + std::to_string(++gen_counter_);
-        while (ids_.count(n));
+        const std::string n = parent + "#" + std::to_string(++gen_counter_);
         const uint32_t id = symbol(n, line);
         rules_[id].generated = true;
         rules_[id].line = line;

@@ -14,6 +14,7 @@
 #include <set>
 #include <vector>
 
+#include "chat/grammar/multiple_of.h"
 #include "chat/grammar/number_range.h"
 #include "core/check.h"
 
@@ -233,6 +234,7 @@ class Converter {
                                                         "maximum",
                                                         "exclusiveMinimum",
                                                         "exclusiveMaximum",
+                                                        "multipleOf",
                                                         "nullable"};
             if (!known.count(k) && !kAnnotations.count(k)) unsupported(path, "the keyword '" + k + "'");
         }
@@ -305,7 +307,8 @@ class Converter {
             else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern") ||
                      s.contains("format"))
                 type = "string";
-            else if (s.contains("minimum") || s.contains("maximum"))
+            else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
+                     s.contains("exclusiveMaximum") || s.contains("multipleOf"))
                 type = "number";
             else
                 return prim("value");
@@ -429,6 +432,7 @@ class Converter {
         bound("maximum", true, false);
         bound("exclusiveMinimum", false, true);
         bound("exclusiveMaximum", true, true);
+        if (s.contains("multipleOf")) return multiple(s, false, lo, hi, hint, path);
         if (!lo && !hi) return prim("number");
         const std::optional<std::string> body = number_range(lo, hi);
         if (!body) invalid(path, "no number lies between minimum and maximum");
@@ -459,6 +463,12 @@ class Converter {
         bound("maximum", hi, true, false);
         bound("exclusiveMinimum", lo, false, true);
         bound("exclusiveMaximum", hi, true, true);
+        if (s.contains("multipleOf")) {
+            auto as_bound = [](int64_t v) {
+                return NumberBound{Decimal{v < 0, std::to_string(v < 0 ? -uint64_t(v) : uint64_t(v)), ""}, true};
+            };
+            return multiple(s, true, as_bound(lo), as_bound(hi), hint, path);
+        }
         if (!bounded) return prim("integer");
         if (lo > hi) invalid(path, "no integer lies between minimum and maximum");
         std::vector<std::string> alts;
@@ -467,6 +477,22 @@ class Converter {
         std::string out;
         for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + alts[i];
         return rule(hint, out);
+    }
+
+    // multipleOf on an integer or a number, within its bounds (multiple_of.h): a number's step with k
+    // fraction digits makes numbers written with exactly k of them.
+    std::string multiple(const Json& s, bool integer_only, const std::optional<NumberBound>& lo,
+                         const std::optional<NumberBound>& hi, const std::string& hint, const std::string& path) {
+        const Json& j = s["multipleOf"];
+        const std::optional<Decimal> m = j.is_number() ? Decimal::parse(j.dump()) : std::nullopt;
+        if (!m || m->negative || m->is_zero()) invalid(path, "multipleOf must be a number above 0");
+        const std::optional<MultipleStep> step = multiple_step(*m, integer_only);
+        if (!step) unsupported(path, "multipleOf " + j.dump() + " (at most 7 significant digits and 16 decimals)");
+        const MultipleRange r =
+            multiple_range(*step, lo, hi, [&](const std::string& body) { return rule(hint + "-m", body); });
+        if (r.too_large) unsupported(path, "multipleOf " + j.dump() + ": its grammar would be too large");
+        if (!r.expr) invalid(path, "no multiple of " + j.dump() + " lies between minimum and maximum");
+        return rule(hint, *r.expr);
     }
 
     std::string array(const Json& s, const std::string& hint, const std::string& path) {
