@@ -54,7 +54,8 @@ const char* kTuple =
     R"({"type": "array", "prefixItems": [{"enum": ["x", "y"]}, {"type": "integer"}, {"const": [1, "z"]}],
   "items": false})";
 const char* kExtra = R"({"type": "object", "properties": {"id": {"type": "string", "maxLength": 4}},
-  "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 9}, "required": ["id"]})";
+  "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 9}, "required": ["id"],
+  "minProperties": 2, "maxProperties": 4})";
 
 // Arithmetic with + - * / and parentheses: a recursive-descent recogniser.
 struct Arith {

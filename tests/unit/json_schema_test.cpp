@@ -274,6 +274,53 @@ TEST(JsonSchema, MultipleOfIsExact) {
 
 std::pair<ErrorCode, std::string> error_of(const std::string& schema);
 
+// minProperties / maxProperties against counting: every object of the listed properties a, b, c (a subset,
+// in order) followed by 0-3 additional ones is accepted exactly when it has the required ones and a count
+// within the bounds.
+TEST(JsonSchema, PropertyCountsAreExact) {
+    struct Case {
+        const char* schema;
+        int lo, hi;  // hi -1: none
+        bool a_required, extra;
+    };
+    const std::vector<Case> cases = {
+        {R"("minProperties": 1)", 1, -1, false, false},
+        {R"("maxProperties": 1)", 0, 1, false, false},
+        {R"("minProperties": 2, "maxProperties": 2)", 2, 2, false, false},
+        {R"("minProperties": 2, "required": ["a"])", 2, -1, true, false},
+        {R"("minProperties": 4, "additionalProperties": {"type": "integer"})", 4, -1, false, true},
+        {R"("minProperties": 1, "maxProperties": 3, "additionalProperties": true)", 1, 3, false, true},
+        {R"("maxProperties": 2, "required": ["a"], "additionalProperties": {"type": "integer"})", 0, 2, true, true},
+        {R"("minProperties": 0)", 0, -1, false, false},
+    };
+    for (const Case& c : cases) {
+        const std::string schema = std::string(R"({"type": "object", "properties": {"a": {"type": "integer"},
+            "b": {"type": "integer"}, "c": {"type": "integer"}}, )") +
+                                   c.schema + "}";
+        auto g = Grammar::from_json_schema(schema);
+        for (int mask = 0; mask < 8; ++mask)
+            for (int extra = 0; extra <= 3; ++extra) {
+                std::string text = "{";
+                int n = 0;
+                for (int p = 0; p < 3; ++p)
+                    if (mask >> p & 1) text += std::string(n++ ? ", " : "") + "\"" + char('a' + p) + "\": 1";
+                for (int e = 0; e < extra; ++e) text += std::string(n++ ? ", " : "") + "\"" + char('x' + e) + "\": 2";
+                text += "}";
+                const bool in =
+                    (!c.a_required || (mask & 1)) && (extra == 0 || c.extra) && n >= c.lo && (c.hi < 0 || n <= c.hi);
+                EXPECT_EQ(g->match(text) == -1, in) << schema << " " << text;
+            }
+    }
+    EXPECT_EQ(error_of(R"({"type": "object", "minProperties": 3, "maxProperties": 2})").first,
+              ErrorCode::kInvalidArgument);
+    EXPECT_EQ(error_of(R"({"properties": {"a": {}}, "required": ["a"], "maxProperties": 0})").first,
+              ErrorCode::kInvalidArgument);
+    EXPECT_EQ(error_of(R"({"properties": {"a": {}}, "minProperties": 2})").first, ErrorCode::kInvalidArgument);
+    EXPECT_NE(Grammar::from_json_schema(R"({"minProperties": 1, "additionalProperties": true})")->match("{}"), -1);
+    EXPECT_EQ(Grammar::from_json_schema(R"({"minProperties": 1, "additionalProperties": true})")->match(R"({"k": []})"),
+              -1);
+}
+
 // The formats beyond date/time/uuid/email: values accepted and refused, and the longest value of each
 // rule has the length the converter assumes when it weighs minLength / maxLength beside a format.
 TEST(JsonSchema, UriIpHostnameDurationFormats) {
@@ -375,9 +422,9 @@ std::pair<ErrorCode, std::string> error_of(const std::string& schema) {
 }
 
 TEST(JsonSchema, ClearErrors) {
-    auto [c1, m1] = error_of(R"({"type": "object", "minProperties": 1})");
+    auto [c1, m1] = error_of(R"({"type": "object", "patternProperties": {"^a": {}}})");
     EXPECT_EQ(c1, ErrorCode::kUnsupported);
-    EXPECT_EQ(m1, "JSON Schema at '/': the keyword 'minProperties'");
+    EXPECT_EQ(m1, "JSON Schema at '/': the keyword 'patternProperties'");
     auto [c2, m2] = error_of(R"({"properties": {"a": {"type": "array", "uniqueItems": true}}})");
     EXPECT_EQ(m2, "JSON Schema at '/properties/a': the keyword 'uniqueItems'");
     EXPECT_EQ(error_of(R"({"type": "string", "format": "uri-template"})").first, ErrorCode::kUnsupported);

@@ -235,6 +235,8 @@ class Converter {
                                                         "exclusiveMinimum",
                                                         "exclusiveMaximum",
                                                         "multipleOf",
+                                                        "minProperties",
+                                                        "maxProperties",
                                                         "nullable"};
             if (!known.count(k) && !kAnnotations.count(k)) unsupported(path, "the keyword '" + k + "'");
         }
@@ -299,7 +301,8 @@ class Converter {
         }
         std::string type = s.contains("type") ? (s["type"].is_string() ? s["type"].get<std::string>() : "?") : "";
         if (type.empty()) {  // inferred from the keywords present
-            if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required"))
+            if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required") ||
+                s.contains("minProperties") || s.contains("maxProperties"))
                 type = "object";
             else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") ||
                      s.contains("maxItems"))
@@ -578,11 +581,69 @@ class Converter {
         return out;
     }
 
-    std::string object(const Json& s, const std::string& hint, const std::string& path) {
-        struct Item {
-            std::string kv;
-            bool required;
+    struct Item {
+        std::string kv;
+        bool required;
+    };
+
+    // An object with minProperties / maxProperties: a rule per (next listed property, properties written
+    // so far), each listed property written or (optional ones) left out, then additional properties (when
+    // allowed) up to the counts left. Counts at or above minProperties are one state when there is no
+    // maxProperties.
+    std::string counted_object(const Json& s, const std::vector<Item>& items, const std::string& extra,
+                               const std::string& sep, const std::string& hint, const std::string& path) {
+        const int64_t lo = count(s, "minProperties", 0, path), hi = count(s, "maxProperties", -1, path);
+        if (hi >= 0 && hi < lo) invalid(path, "maxProperties < minProperties");
+        const int64_t n_required = std::count_if(items.begin(), items.end(), [](const Item& i) { return i.required; });
+        if (hi >= 0 && n_required > hi) invalid(path, "more required properties than maxProperties");
+        if (extra.empty() && lo > int64_t(items.size()))
+            invalid(path, "minProperties above the number of properties the schema allows");
+        if ((int64_t(items.size()) + 1) * ((hi >= 0 ? hi : lo) + 2) > 4096)
+            unsupported(path, "minProperties / maxProperties with this many properties");
+        std::map<std::pair<size_t, int64_t>, std::optional<std::string>> memo;
+        // state(i, c): listed properties i.. and the additional ones, after c properties; c = 0: none yet,
+        // so at least one more (the empty object is the caller's).
+        std::function<std::optional<std::string>(size_t, int64_t)> state =
+            [&](size_t i, int64_t c) -> std::optional<std::string> {
+            if (hi >= 0 && c > hi) return std::nullopt;
+            const auto key = std::make_pair(i, hi >= 0 ? c : std::min(c, std::max<int64_t>(lo, 1)));
+            if (auto it = memo.find(key); it != memo.end()) return it->second;
+            const std::string lead = c > 0 ? sep : "";
+            std::vector<std::string> alts;
+            if (i == items.size()) {
+                const int64_t need = std::max<int64_t>(c == 0 ? 1 : 0, lo - c), room = hi >= 0 ? hi - c : -1;
+                if (need == 0) alts.push_back("\"\"");
+                if (!extra.empty() && room != 0 && (room < 0 || need <= room)) {
+                    const int64_t more_lo = std::max<int64_t>(need, 1), more_hi = room;
+                    if (c > 0)
+                        alts.push_back(repeat(sep + extra, more_lo, more_hi));
+                    else
+                        alts.push_back(extra + " " + repeat(sep + extra, more_lo - 1, more_hi < 0 ? -1 : more_hi - 1));
+                }
+            } else {
+                if (auto with = state(i + 1, c + 1)) alts.push_back(lead + items[i].kv + " " + *with);
+                if (!items[i].required)
+                    if (auto without = state(i + 1, c)) alts.push_back(*without);
+            }
+            std::optional<std::string> out;
+            if (!alts.empty()) {
+                std::string body;
+                for (size_t a = 0; a < alts.size(); ++a) body += (a ? " | " : "") + alts[a];
+                out = rule(hint + "-p" + std::to_string(i) + "-" + std::to_string(key.second), body);
+            }
+            memo[key] = out;
+            return out;
         };
+        const std::string ws = prim("ws");
+        const std::optional<std::string> some = state(0, 0);
+        const bool empty_ok = lo == 0 && n_required == 0;
+        if (!some && !empty_ok) invalid(path, "no object meets minProperties / maxProperties");
+        if (!some) return "\"{\" " + ws + " \"}\"";
+        if (empty_ok) return "\"{\" " + ws + " ( " + *some + " " + ws + " )? \"}\"";
+        return "\"{\" " + ws + " " + *some + " " + ws + " \"}\"";
+    }
+
+    std::string object(const Json& s, const std::string& hint, const std::string& path) {
         std::vector<Item> items;
         std::vector<std::string> names;
         std::set<std::string> required;
@@ -613,6 +674,8 @@ class Converter {
             extra = rule(hint + "-kv", other_key(names, hint) + " " + ws + " \":\" " + ws + " " + value);
         }
         const std::string sep = ws + " \",\" " + ws + " ";
+        if (s.contains("minProperties") || s.contains("maxProperties"))
+            return rule(hint, counted_object(s, items, extra, sep, hint, path));
         // rest(i): items i.. after something was written (each present one after a comma).
         auto rest = [&](size_t i) {
             std::string out;
