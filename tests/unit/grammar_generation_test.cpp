@@ -47,6 +47,8 @@ const char* kWeb = R"({"type": "object", "properties": {
     "lat": {"type": "number", "exclusiveMinimum": -90.5, "maximum": 90}, "host": {"type": "string", "format": "hostname"},
     "web": {"type": "string", "format": "uri", "minLength": 1, "maxLength": 2083},
     "ip6": {"type": "string", "format": "ipv6"}, "wait": {"type": "string", "format": "duration"},
+    "ref": {"type": "string", "format": "uri-reference"}, "ptr": {"type": "string", "format": "json-pointer"},
+    "rel": {"type": "string", "format": "relative-json-pointer"},
     "price": {"type": "number", "multipleOf": 0.05, "minimum": 0, "maximum": 1000},
     "n": {"type": "integer", "multipleOf": 7, "minimum": -1000000, "exclusiveMaximum": 1000000}},
   "required": ["ip", "p"], "additionalProperties": false})";

@@ -354,6 +354,15 @@ TEST(JsonSchema, UriIpHostnameDurationFormats) {
     for (const char* v : {"P1W", "PT36H", "P1Y2M3DT4H5M6S", "P3D", "PT0S", "P1M", "PT1M"})
         EXPECT_EQ(dur->match(q(v)), -1) << v;
     for (const char* v : {"P", "PT", "P1DT", "P1.5D", "1D", "P1D2Y", "P1W2D"}) EXPECT_NE(dur->match(q(v)), -1) << v;
+    auto ref = str("uri-reference"), ptr = str("json-pointer"), rel = str("relative-json-pointer");
+    for (const char* v : {"", "https://example.com/a?b#c", "//cdn.example.org/x.js", "/abs/path", "rel/path?q=1",
+                          "../up", "?only", "#frag", "a%20b/c:d", "mailto:x@y.z"})
+        EXPECT_EQ(ref->match(q(v)), -1) << v;
+    for (const char* v : {"a b", "/x/%zz", "#a#b", ":nope", "http://a b"}) EXPECT_NE(ref->match(q(v)), -1) << v;
+    for (const char* v : {"", "/", "/a/b", "/a~0b/c~1d", "/0/items/", "//"}) EXPECT_EQ(ptr->match(q(v)), -1) << v;
+    for (const char* v : {"a", "/a~", "/a~2", "/a~b", "x/y"}) EXPECT_NE(ptr->match(q(v)), -1) << v;
+    for (const char* v : {"0", "1#", "0/a", "12/a/b", "3#"}) EXPECT_EQ(rel->match(q(v)), -1) << v;
+    for (const char* v : {"", "01", "-1", "#", "1a", "1##"}) EXPECT_NE(rel->match(q(v)), -1) << v;
 
     const std::string label(40, 'a'), pct32 = [] {
         std::string p;
@@ -368,8 +377,16 @@ TEST(JsonSchema, UriIpHostnameDurationFormats) {
     const std::string longest_email = std::string(32, 'e') + "." + std::string(32, 'e') + "." + std::string(32, 'e') +
                                       "." + std::string(32, 'e') + "@" + std::string(22, 'd') + "." +
                                       std::string(22, 'd') + "." + std::string(22, 'd') + "." + std::string(22, 'd');
+    std::string longest_pointer;
+    for (int i = 0; i < 8; ++i) {
+        longest_pointer += "/";
+        for (int j = 0; j < 32; ++j) longest_pointer += "~0";
+    }
     const std::vector<std::tuple<const char*, std::string, std::string>> extremes = {
         {"uri", "a:b", longest_uri},
+        {"uri-reference", "", longest_uri},
+        {"json-pointer", "", longest_pointer},
+        {"relative-json-pointer", "0", "9999" + longest_pointer},
         {"hostname", "x", longest_host},
         {"ipv4", "0.0.0.0", "255.255.255.255"},
         {"ipv6", "::", "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255"},

@@ -63,6 +63,16 @@ const std::map<std::string, std::string> kPrimitives = {
     {"uri-qchar", R"(uri-pchar | [/?])"},
     {"uri",
      R"([a-zA-Z] [a-zA-Z0-9+.-]{0,15} ":" ( "//" hostname ( ":" [0-9]{1,5} )? ( "/" uri-pchar{0,32} ){0,6} | uri-pchar{1,32} ( "/" uri-pchar{0,32} ){0,5} ) ( "?" uri-qchar{0,128} )? ( "#" uri-qchar{0,64} )?)"},
+    // A relative reference (RFC 3986): a network path, an absolute path, a path whose first segment has no
+    // colon (else it would read as a scheme), or none, then the query and fragment.
+    {"uri-ncchar", R"([a-zA-Z0-9._~!$&'()*+,;=@-] | "%" hex hex)"},
+    {"uri-relative",
+     R"(( "//" hostname ( ":" [0-9]{1,5} )? ( "/" uri-pchar{0,32} ){0,6} | "/" ( uri-pchar{1,32} ( "/" uri-pchar{0,32} ){0,5} )? | uri-ncchar{1,32} ( "/" uri-pchar{0,32} ){0,5} )? ( "?" uri-qchar{0,128} )? ( "#" uri-qchar{0,64} )?)"},
+    {"uri-reference", R"(uri | uri-relative)"},
+    // RFC 6901, segments of printable ASCII ("~0" for "~", "~1" for "/"; no quote, backslash or brackets).
+    {"json-pointer-segment", R"(( [ !#-.0-Z^-}] | "~" [01] ){0,32})"},
+    {"json-pointer", R"(( "/" json-pointer-segment ){0,8})"},
+    {"relative-json-pointer", R"(( "0" | [1-9] [0-9]{0,3} ) ( "#" | json-pointer ))"},
 };
 // What each primitive refers to.
 const std::map<std::string, std::vector<std::string>> kPrimitiveDeps = {
@@ -77,6 +87,11 @@ const std::map<std::string, std::vector<std::string>> kPrimitiveDeps = {
     {"uri-pchar", {"hex"}},
     {"uri-qchar", {"uri-pchar"}},
     {"uri", {"hostname", "uri-pchar", "uri-qchar"}},
+    {"uri-ncchar", {"hex"}},
+    {"uri-relative", {"hostname", "uri-pchar", "uri-qchar", "uri-ncchar"}},
+    {"uri-reference", {"uri", "uri-relative"}},
+    {"json-pointer", {"json-pointer-segment"}},
+    {"relative-json-pointer", {"json-pointer"}},
     {"ipv6-h16", {"hex"}},
     {"ipv6-ls32", {"ipv6-h16", "ipv4"}},
     {"ipv6", {"ipv6-h16", "ipv6-ls32"}},
@@ -92,9 +107,21 @@ struct StringFormat {
 };
 // password and binary are annotations that validators accept any string for: plain strings.
 constexpr StringFormat kFormats[] = {
-    {"password", 0, -1},   {"binary", 0, -1},    {"date", 10, 10},  {"time", 9, 21},
-    {"date-time", 20, 32}, {"uuid", 36, 36},     {"email", 5, 223}, {"uri", 3, 1389},
-    {"ipv4", 7, 15},       {"hostname", 1, 204}, {"ipv6", 2, 45},  {"duration", 3, 62},
+    {"password", 0, -1},
+    {"binary", 0, -1},
+    {"date", 10, 10},
+    {"time", 9, 21},
+    {"date-time", 20, 32},
+    {"uuid", 36, 36},
+    {"email", 5, 223},
+    {"uri", 3, 1389},
+    {"ipv4", 7, 15},
+    {"hostname", 1, 204},
+    {"ipv6", 2, 45},
+    {"duration", 3, 62},
+    {"uri-reference", 0, 1389},
+    {"json-pointer", 0, 520},
+    {"relative-json-pointer", 1, 524},
 };
 
 const std::set<std::string> kAnnotations = {"title",   "description", "$schema",    "$id",      "$comment",
@@ -383,8 +410,8 @@ class Converter {
                 if (f == k.name) fmt = &k;
             if (!fmt)
                 unsupported(path, "format '" + f +
-                                      "' (supported: date, time, date-time, duration, uuid, email, uri, ipv4, ipv6, "
-                                      "hostname, password, binary)");
+                                      "' (supported: date, time, date-time, duration, uuid, email, uri, uri-reference, "
+                                      "ipv4, ipv6, hostname, json-pointer, relative-json-pointer, password, binary)");
             if (fmt->max_len < 0) {  // an annotation: the string as it would be without it
                 Json rest = s;
                 rest.erase("format");
