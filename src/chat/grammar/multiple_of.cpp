@@ -133,12 +133,13 @@ class Writer {
     // Alternatives (digit, what follows): digits with the same continuation share a class.
     static std::string join(const std::vector<std::pair<int, std::string>>& alts) {
         std::vector<std::pair<std::string, std::string>> groups;  // (digits, continuation)
-        for (const auto& [d, rest] : alts) {
-            auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.second == rest; });
+        for (const auto& alt : alts) {
+            const char d = char('0' + alt.first);
+            auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.second == alt.second; });
             if (it == groups.end())
-                groups.push_back({std::string(1, char('0' + d)), rest});
+                groups.push_back({std::string(1, d), alt.second});
             else
-                it->first += char('0' + d);
+                it->first += d;
         }
         std::string out;
         for (const auto& [ds, rest] : groups) {
