@@ -49,6 +49,7 @@ const char* kWeb = R"({"type": "object", "properties": {
     "ip6": {"type": "string", "format": "ipv6"}, "wait": {"type": "string", "format": "duration"},
     "ref": {"type": "string", "format": "uri-reference"}, "ptr": {"type": "string", "format": "json-pointer"},
     "rel": {"type": "string", "format": "relative-json-pointer"},
+    "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "uniqueItems": true},
     "price": {"type": "number", "multipleOf": 0.05, "minimum": 0, "maximum": 1000},
     "n": {"type": "integer", "multipleOf": 7, "minimum": -1000000, "exclusiveMaximum": 1000000}},
   "required": ["ip", "p"], "additionalProperties": false})";

@@ -5,6 +5,7 @@
 #include "chat/grammar/json_schema.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -264,6 +265,7 @@ class Converter {
                                                         "multipleOf",
                                                         "minProperties",
                                                         "maxProperties",
+                                                        "uniqueItems",
                                                         "nullable"};
             if (!known.count(k) && !kAnnotations.count(k)) unsupported(path, "the keyword '" + k + "'");
         }
@@ -332,7 +334,7 @@ class Converter {
                 s.contains("minProperties") || s.contains("maxProperties"))
                 type = "object";
             else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") ||
-                     s.contains("maxItems"))
+                     s.contains("maxItems") || s.contains("uniqueItems"))
                 type = "array";
             else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern") ||
                      s.contains("format"))
@@ -525,9 +527,61 @@ class Converter {
         return rule(hint, *r.expr);
     }
 
+    // An array with uniqueItems whose items are one of a few values (an enum, a const, booleans, null):
+    // a rule per set of values written so far, each next value one not in it.
+    std::string unique_array(const Json& s, int64_t lo, int64_t hi, const std::string& hint, const std::string& path) {
+        if (s.contains("prefixItems")) unsupported(path, "uniqueItems with prefixItems");
+        const Json items = s.contains("items") ? s["items"] : Json::object();
+        std::vector<std::string> values;  // the values' texts, each once
+        auto add = [&](const Json& v) {
+            const std::string t = literal(v.dump());
+            if (std::find(values.begin(), values.end(), t) == values.end()) values.push_back(t);
+        };
+        const std::string type = items.is_object() && items.contains("type") && items["type"].is_string()
+                                     ? items["type"].get<std::string>()
+                                     : "";
+        if (items.is_object() && items.contains("enum") && items["enum"].is_array())
+            for (const auto& v : items["enum"]) add(v);
+        else if (items.is_object() && items.contains("const"))
+            add(items["const"]);
+        else if (type == "boolean")
+            add(true), add(false);
+        else if (type == "null")
+            add(nullptr);
+        else
+            unsupported(path, "uniqueItems on items other than an enum, a const, booleans or null");
+        if (values.size() > 12) unsupported(path, "uniqueItems over more than 12 values");
+        const int64_t n = int64_t(values.size());
+        if (lo > n) invalid(path, "minItems exceeds the distinct values the items may take");
+        const std::string ws = prim("ws"), sep = ws + " \",\" " + ws + " ";
+        std::map<uint32_t, std::string> memo;
+        // after(used): the values after those in `used` (a bit a value), each after a comma.
+        std::function<std::string(uint32_t)> after = [&](uint32_t used) -> std::string {
+            if (auto it = memo.find(used); it != memo.end()) return it->second;
+            const int64_t k = std::popcount(used);
+            std::string body = k >= lo ? "\"\"" : "";
+            if (hi < 0 || k < hi)
+                for (int64_t v = 0; v < n; ++v)
+                    if (!(used >> v & 1))
+                        body += (body.empty() ? "" : " | ") + sep + values[size_t(v)] + " " + after(used | 1u << v);
+            return memo[used] = rule(hint + "-u" + std::to_string(used), body);
+        };
+        std::string first;
+        if (hi != 0)
+            for (int64_t v = 0; v < n; ++v)
+                first += (first.empty() ? "" : " | ") + values[size_t(v)] + " " + after(1u << v);
+        if (first.empty()) return rule(hint, "\"[\" " + ws + " \"]\"");
+        const std::string some = "( " + first + " ) " + ws;
+        return rule(hint, "\"[\" " + ws + " " + (lo == 0 ? "( " + some + " )?" : some) + " \"]\"");
+    }
+
     std::string array(const Json& s, const std::string& hint, const std::string& path) {
         const int64_t lo = count(s, "minItems", 0, path), hi = count(s, "maxItems", -1, path);
         if (hi >= 0 && hi < lo) invalid(path, "maxItems < minItems");
+        if (s.contains("uniqueItems")) {
+            if (!s["uniqueItems"].is_boolean()) invalid(path, "uniqueItems must be a boolean");
+            if (s["uniqueItems"].get<bool>()) return unique_array(s, lo, hi, hint, path);
+        }
         std::vector<std::string> elems;  // the prefix items, each required
         if (s.contains("prefixItems")) {
             if (!s["prefixItems"].is_array()) invalid(path, "prefixItems must be an array");
