@@ -201,10 +201,10 @@ class Converter {
     std::string new_rule(const std::string& hint) {
         std::string name = sanitize(hint);
         if (kPrimitives.count(name) || rules_.count(name) || name == "root") {
-            int k = 2;
+            int& k = next_suffix_.try_emplace(name, 2).first->second;  // numbered from where the last one ended
             while (kPrimitives.count(name + "-" + std::to_string(k)) || rules_.count(name + "-" + std::to_string(k)))
                 ++k;
-            name += "-" + std::to_string(k);
+            name += "-" + std::to_string(k++);
         }
         rules_[name] = "";
         return name;
@@ -790,6 +790,7 @@ class Converter {
     const Json& root_;
     std::map<std::string, std::string> rules_;
     std::map<std::string, std::string> refs_;
+    std::map<std::string, int> next_suffix_;  // new_rule: the next number to try after a name
     std::set<std::string> used_;
     int depth_ = 0;
 };
