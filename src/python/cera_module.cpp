@@ -22,6 +22,7 @@
 #include "capi/chat.h"
 #include "cera/engine.h"
 #include "cera/error.h"
+#include "cera/grammar.h"
 #include "cera/session.h"
 
 namespace py = pybind11;
@@ -48,6 +49,8 @@ struct GenArgs {
     float repeat_penalty = 1.0f;
     bool ignore_eos = false;
     std::string adapter;  // "": the engine's default adapters
+    std::shared_ptr<const cera::Grammar> grammar;  // structured output; null: none
+    int32_t lookup_ngram = 0;                      // prompt lookup (speculative decoding); 0: off
 
     cera::GenerateOptions options() const {
         cera::GenerateOptions g;
@@ -61,6 +64,8 @@ struct GenArgs {
         g.stop = stop;
         g.ignore_eos = ignore_eos;
         g.adapter = adapter;
+        g.grammar = grammar;
+        g.speculative.lookup_ngram = lookup_ngram;
         return g;
     }
 };
@@ -460,7 +465,8 @@ class Engine {
 // The keyword arguments generate(), stream() and chat() share, after their first argument.
 GenArgs gen_args(int32_t max_tokens, float temperature, float top_p, int32_t top_k, float min_p,
                  std::optional<uint64_t> seed, const py::object& stop, float repeat_penalty, bool ignore_eos,
-                 const std::optional<std::string>& adapter) {
+                 const std::optional<std::string>& adapter, const py::object& grammar, const py::object& json_schema,
+                 int32_t lookup_ngram) {
     GenArgs a;
     a.max_tokens = max_tokens;
     a.temperature = temperature;
@@ -472,6 +478,17 @@ GenArgs gen_args(int32_t max_tokens, float temperature, float top_p, int32_t top
     a.repeat_penalty = repeat_penalty;
     a.ignore_eos = ignore_eos;
     a.adapter = adapter.value_or("");
+    if (!grammar.is_none() && !json_schema.is_none())
+        throw cera::Error(cera::ErrorCode::kInvalidArgument, "grammar and json_schema: give one of them");
+    if (!grammar.is_none()) {
+        a.grammar = cera::Grammar::parse(grammar.cast<std::string>());
+    } else if (!json_schema.is_none()) {  // a schema's text, or the schema as Python objects
+        const std::string text = py::isinstance<py::str>(json_schema)
+                                     ? json_schema.cast<std::string>()
+                                     : py::module_::import("json").attr("dumps")(json_schema).cast<std::string>();
+        a.grammar = cera::Grammar::from_json_schema(text);
+    }
+    a.lookup_ngram = lookup_ngram;
     return a;
 }
 
@@ -531,7 +548,8 @@ class PySession {
 #define CERA_GEN_ARGS                                                                                                  \
     py::kw_only(), "max_tokens"_a = 256, "temperature"_a = 0.8f, "top_p"_a = 0.95f, "top_k"_a = 40, "min_p"_a = 0.05f, \
                    "seed"_a = py::none(), "stop"_a = py::none(), "repeat_penalty"_a = 1.0f, "ignore_eos"_a = false,    \
-                   "adapter"_a = py::none()
+                   "adapter"_a = py::none(), "grammar"_a = py::none(), "json_schema"_a = py::none(),                   \
+                   "lookup_ngram"_a = 0
 
 }  // namespace
 
@@ -567,9 +585,10 @@ PYBIND11_MODULE(cera, m) {
             "generate",
             [](PySession& s, int32_t max_tokens, float temperature, float top_p, int32_t top_k, float min_p,
                std::optional<uint64_t> seed, const py::object& stop, float repeat_penalty, bool ignore_eos,
-               const std::optional<std::string>& adapter) {
+               const std::optional<std::string>& adapter, const py::object& grammar, const py::object& json_schema,
+               int32_t lookup_ngram) {
                 return s.generate(gen_args(max_tokens, temperature, top_p, top_k, min_p, seed, stop, repeat_penalty,
-                                           ignore_eos, adapter));
+                                           ignore_eos, adapter, grammar, json_schema, lookup_ngram));
             },
             CERA_GEN_ARGS, "Evaluates what is queued and continues the sequence; the generated text")
         .def("logits", &PySession::logits, "The next-token logits after the last token (queued ones evaluated)")
@@ -595,9 +614,11 @@ PYBIND11_MODULE(cera, m) {
             "generate",
             [](const Engine& e, const std::string& prompt, int32_t max_tokens, float temperature, float top_p,
                int32_t top_k, float min_p, std::optional<uint64_t> seed, const py::object& stop, float repeat_penalty,
-               bool ignore_eos, const std::optional<std::string>& adapter) {
-                return e.generate(prompt, gen_args(max_tokens, temperature, top_p, top_k, min_p, seed, stop,
-                                                   repeat_penalty, ignore_eos, adapter));
+               bool ignore_eos, const std::optional<std::string>& adapter, const py::object& grammar,
+               const py::object& json_schema, int32_t lookup_ngram) {
+                return e.generate(prompt,
+                                  gen_args(max_tokens, temperature, top_p, top_k, min_p, seed, stop, repeat_penalty,
+                                           ignore_eos, adapter, grammar, json_schema, lookup_ngram));
             },
             "prompt"_a, CERA_GEN_ARGS,
             "The continuation of a prompt (greedy at temperature 0: the text `cera run` prints)")
@@ -605,18 +626,21 @@ PYBIND11_MODULE(cera, m) {
             "stream",
             [](const Engine& e, const std::string& prompt, int32_t max_tokens, float temperature, float top_p,
                int32_t top_k, float min_p, std::optional<uint64_t> seed, const py::object& stop, float repeat_penalty,
-               bool ignore_eos, const std::optional<std::string>& adapter) {
-                return e.stream(prompt, gen_args(max_tokens, temperature, top_p, top_k, min_p, seed, stop,
-                                                 repeat_penalty, ignore_eos, adapter));
+               bool ignore_eos, const std::optional<std::string>& adapter, const py::object& grammar,
+               const py::object& json_schema, int32_t lookup_ngram) {
+                return e.stream(prompt,
+                                gen_args(max_tokens, temperature, top_p, top_k, min_p, seed, stop, repeat_penalty,
+                                         ignore_eos, adapter, grammar, json_schema, lookup_ngram));
             },
             "prompt"_a, CERA_GEN_ARGS, "As generate(), yielding the text in pieces as it decodes")
         .def(
             "chat",
             [](const Engine& e, const py::iterable& messages, int32_t max_tokens, float temperature, float top_p,
                int32_t top_k, float min_p, std::optional<uint64_t> seed, const py::object& stop, float repeat_penalty,
-               bool ignore_eos, const std::optional<std::string>& adapter, bool stream) -> py::object {
+               bool ignore_eos, const std::optional<std::string>& adapter, const py::object& grammar,
+               const py::object& json_schema, int32_t lookup_ngram, bool stream) -> py::object {
                 const GenArgs a = gen_args(max_tokens, temperature, top_p, top_k, min_p, seed, stop, repeat_penalty,
-                                           ignore_eos, adapter);
+                                           ignore_eos, adapter, grammar, json_schema, lookup_ngram);
                 const Prompt prompt = e.chat_prompt(messages);
                 if (stream) return py::cast(e.stream_tokens(prompt, a));
                 return e.generate_tokens(prompt, a);

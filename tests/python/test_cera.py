@@ -9,6 +9,7 @@ import os
 import pathlib
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import unittest
@@ -67,6 +68,39 @@ class EngineTest(unittest.TestCase):
         with self.assertRaises(cera.Error) as ctx:
             self.engine.generate("x", temperature=1.0, top_p=-1.0)
         self.assertEqual(ctx.exception.code, "invalid argument")
+
+    def test_structured_output_equals_cera_run(self):
+        schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                                   "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+                  "required": ["name", "age"], "additionalProperties": False}
+        got = self.engine.generate("Once upon a time", max_tokens=60, temperature=0, json_schema=schema)
+        value = json.loads(got)
+        self.assertEqual(set(value), {"name", "age"})
+        self.assertTrue(0 <= value["age"] <= 120)
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+            json.dump(schema, f)
+            f.flush()
+            self.assertEqual(got, cera_run(MODEL, "Once upon a time", 60, "--json-schema", f.name))
+        self.assertEqual(self.engine.generate("Once upon a time", max_tokens=60, temperature=0,
+                                              json_schema=json.dumps(schema)), got)
+        gbnf = 'root ::= ("yes" | "no") " " [a-z]{1,8}'
+        answer = self.engine.generate("Is it?", max_tokens=12, temperature=0, grammar=gbnf)
+        self.assertRegex(answer, r"^(yes|no) [a-z]{1,8}$")
+        self.assertEqual(answer, cera_run(MODEL, "Is it?", 12, "--grammar", gbnf))
+        self.assertEqual("".join(self.engine.stream("Is it?", max_tokens=12, temperature=0, grammar=gbnf)), answer)
+        for kwargs, code in [({"grammar": gbnf, "json_schema": schema}, "invalid argument"),
+                             ({"json_schema": {"type": "object", "patternProperties": {"^a": {}}}}, "unsupported"),
+                             ({"json_schema": "{nope"}, "parse error"),
+                             ({"grammar": "root ::= missing"}, "parse error")]:
+            with self.assertRaises(cera.Error) as ctx:
+                self.engine.generate("x", max_tokens=4, **kwargs)
+            self.assertEqual(ctx.exception.code, code, kwargs)
+
+    def test_prompt_lookup_keeps_greedy_output(self):
+        prompt = "The cat sat on the mat. The dog sat on the log. The cat sat on the mat. The dog"
+        plain = self.engine.generate(prompt, max_tokens=40, temperature=0)
+        self.assertEqual(self.engine.generate(prompt, max_tokens=40, temperature=0, lookup_ngram=3), plain)
+        self.assertEqual(cera_run(MODEL, prompt, 40, "--lookup-ngram", "3"), plain)
 
     def test_chat(self):
         messages = [{"role": "system", "content": "You are terse."},
