@@ -381,7 +381,7 @@ class Backend {
                          const Tensor& ids, const Tensor& weights, const Tensor& out) = 0;
 
     // moe_ffn with LoRA deltas on the experts' products (MoeLoraSegment). A backend without it throws
-    // kUnsupported (the adapter loader refuses such adapters for a model on it first).
+    // kUnsupported.
     virtual void moe_ffn_lora(const Tensor& x, const Tensor& gate_exps, const Tensor& up_exps, const Tensor& down_exps,
                               const Tensor& ids, const Tensor& weights, std::span<const MoeLoraSegment> segs,
                               const Tensor& out) {

@@ -189,12 +189,6 @@ std::shared_ptr<LoraAdapter> load_lora(const std::string& path, const Model& mod
         const Tensor* w = cache.weight(name);
         return w ? w->ne : nullptr;
     });
-    if (model.backend().kind() != DeviceKind::kCpu)
-        for (const LoraTensor& t : a->tensors_)
-            if (t.n_expert > 1)
-                throw_error(ErrorCode::kUnsupported,
-                            "%s: LoRA on MoE experts (%s) runs on the CPU only, the model is on %s", path.c_str(),
-                            t.target.c_str(), device_kind_name(model.backend().kind()));
     a->path_ = path;
     a->id_ = g_lora_id.fetch_add(1);
     a->cache_ = model.lora_cache_ptr();

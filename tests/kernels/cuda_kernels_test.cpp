@@ -1,8 +1,8 @@
 // The CUDA backend's kernel paths that the op harness (op_harness_test.cpp: every op on the shared
 // shapes against the scalar references) does not reach: the GEMV's split-K and multi-row launches at
 // decode sizes and row slices of weights, the streamed LM-head product, argmax on long rows and its
-// pick mailbox, top_logits on vocabulary-sized rows and beyond its kernel, transfers, and grouped MoE
-// batches on uneven routings (attention: cuda_attention_test.cpp; decode steps with their fused
+// pick mailbox, top_logits on vocabulary-sized rows and beyond its kernel, transfers, grouped MoE
+// batches on uneven routings and LoRA on MoE experts (attention: cuda_attention_test.cpp; decode steps with their fused
 // launches and graphs: cuda_decode_test.cpp; whole fixture models: cuda_model_test.cpp). Skips when
 // no CUDA device is present.
 #include <gtest/gtest.h>
@@ -461,6 +461,90 @@ TEST_F(CudaBackendTest, MoeGroupedMatchesPerSlot) {
             }
         }
     }
+}
+
+// LoRA deltas on the experts' products (moe_ffn_lora: lora.cu's segment kernels in slot rows, each row
+// reading its expert's A and Bᵀ) against the CPU backend's. F32 experts run per-slot f32 products on both
+// sides, so the deltas are compared in f32 arithmetic; Q8_0 experts take the grouped kernels in batches
+// (8-bit activations on both sides, the down product's input carrying the deltas). Two adapters of ranks 4
+// and 3 as F32 or F16, in overlapping segments, the second leaving the up product alone; with more than
+// one token the last row is in the second segment only.
+TEST_F(CudaBackendTest, MoeLoraMatchesCpu) {
+    using G = GgmlType;
+    const int64_t n_embd = 256, n_ff = 320, n_expert = 8, ranks[2] = {4, 3};
+    const int k = 2;
+    for (G t : {G::kF32, G::kQ8_0})
+        for (G lt : {G::kF32, G::kF16})
+            for (int64_t n_tokens : {1, 5, 40}) {
+                SCOPED_TRACE(std::string(type_name(t)) + " adapters " + type_name(lt) + " n_tokens " +
+                             std::to_string(n_tokens));
+                const auto gb = make_weight(t, randn(size_t(n_expert * n_ff * n_embd), rng_, 0.1f), n_expert * n_ff, n_embd);
+                const auto ub = make_weight(t, randn(size_t(n_expert * n_ff * n_embd), rng_, 0.1f), n_expert * n_ff, n_embd);
+                const auto db = make_weight(t, randn(size_t(n_expert * n_embd * n_ff), rng_, 0.1f), n_expert * n_embd, n_ff);
+                const int64_t ne_gu[3] = {n_embd, n_ff, n_expert}, ne_d[3] = {n_ff, n_embd, n_expert};
+                std::vector<int32_t> idv;
+                std::vector<float> wv;
+                std::vector<int32_t> cand(static_cast<size_t>(n_expert));
+                for (int64_t tok = 0; tok < n_tokens; ++tok) {
+                    for (int e = 0; e < n_expert; ++e) cand[size_t(e)] = e;
+                    std::shuffle(cand.begin(), cand.end(), rng_);
+                    for (int j = 0; j < k; ++j) idv.push_back(cand[size_t(j)]), wv.push_back(0.3f + 0.2f * float(j));
+                }
+                const auto xv = randn(size_t(n_embd * n_tokens), rng_);
+                // Adapter i's pairs for gate, up and down: A [n_expert, r, k_p], Bᵀ [n_expert, r, n_out_p].
+                std::vector<float> av[2][3], bv[2][3];
+                for (int i = 0; i < 2; ++i)
+                    for (int p = 0; p < 3; ++p) {
+                        const int64_t kp = p == 2 ? n_ff : n_embd, np = p == 2 ? n_embd : n_ff;
+                        av[i][p] = randn(size_t(n_expert * ranks[i] * kp), rng_, 0.1f);
+                        bv[i][p] = randn(size_t(n_expert * ranks[i] * np), rng_, 0.1f);
+                    }
+                const float scales[2][3] = {{1.5f, -0.5f, 2.0f}, {0.7f, 0.0f, -1.2f}};
+                const int64_t starts[2] = {0, n_tokens / 2}, counts[2] = {std::max<int64_t>(1, n_tokens - 1),
+                                                                          n_tokens - n_tokens / 2};
+                auto run = [&](Backend& be, bool with_lora) {
+                    Tensor gw = be.upload_weight(t, ne_gu, gb.data()), uw = be.upload_weight(t, ne_gu, ub.data());
+                    Tensor dw = be.upload_weight(t, ne_d, db.data());
+                    Tensor id = be.alloc(G::kI32, {k, n_tokens});
+                    be.write(id, idv.data(), idv.size() * sizeof(int32_t));
+                    Tensor wt = f32_on(be, {k, n_tokens}, &wv), xt = f32_on(be, {n_embd, n_tokens}, &xv);
+                    Tensor o = f32_on(be, {n_embd, n_tokens});
+                    std::vector<Tensor> owned = {gw, uw, dw, id, wt, xt, o};
+                    auto put = [&](const std::vector<float>& v, std::initializer_list<int64_t> ne) {
+                        Tensor tt = be.alloc(lt, ne);
+                        if (lt == G::kF32) {
+                            be.write(tt, v.data(), v.size() * 4);
+                        } else {
+                            std::vector<uint16_t> h(v.size());
+                            for (size_t e = 0; e < v.size(); ++e) h[e] = fp32_to_fp16(v[e]);
+                            be.write(tt, h.data(), h.size() * 2);
+                        }
+                        owned.push_back(tt);
+                        return tt;
+                    };
+                    std::vector<MoeLoraSegment> segs(2);
+                    for (int i = 0; i < 2; ++i) {
+                        segs[size_t(i)].start = starts[i], segs[size_t(i)].n = counts[i];
+                        for (int p = 0; p < 3; ++p) {
+                            if (scales[i][p] == 0.0f) continue;
+                            const int64_t kp = p == 2 ? n_ff : n_embd, np = p == 2 ? n_embd : n_ff;
+                            segs[size_t(i)].a[p] = put(av[i][p], {kp, ranks[i], n_expert});
+                            segs[size_t(i)].bt[p] = put(bv[i][p], {np, ranks[i], n_expert});
+                            segs[size_t(i)].scale[p] = scales[i][p];
+                        }
+                    }
+                    if (with_lora)
+                        be.moe_ffn_lora(xt, gw, uw, dw, id, wt, segs, o);
+                    else
+                        be.moe_ffn(xt, gw, uw, dw, id, wt, o);
+                    std::vector<float> res = get(o, be);
+                    for (Tensor& tt : owned) be.free(tt);
+                    return res;
+                };
+                const auto got = run(*gpu_, true), want = run(*cpu_, true), plain = run(*cpu_, false);
+                EXPECT_LT(max_rel_diff(got, want), t == G::kF32 ? 1e-4 : 5e-2);
+                EXPECT_GT(max_rel_diff(plain, want), 0.2);  // the deltas are large enough to be seen
+            }
 }
 
 }  // namespace

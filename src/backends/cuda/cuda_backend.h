@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_map>
 
@@ -91,6 +92,9 @@ class CudaBackend final : public Backend {
                    const Tensor& weights) override;
     void moe_ffn(const Tensor& x, const Tensor& gate_exps, const Tensor& up_exps, const Tensor& down_exps,
                  const Tensor& ids, const Tensor& weights, const Tensor& out) override;
+    void moe_ffn_lora(const Tensor& x, const Tensor& gate_exps, const Tensor& up_exps, const Tensor& down_exps,
+                      const Tensor& ids, const Tensor& weights, std::span<const MoeLoraSegment> segs,
+                      const Tensor& out) override;
 
    private:
     // A step key: how often it was seen, and once recorded its graph.
@@ -128,9 +132,16 @@ class CudaBackend final : public Backend {
     void launch(RotateNode& n, const GemvArgs*);
     void launch(LoraNode& n, const GemvArgs*);
     void launch(OtherNode& n, const GemvArgs*);
+    // The LoRA segments of an MoE call's gate, up and down products, in (token, expert) slot rows.
+    struct MoeLora {
+        std::vector<LoraSegDev> segs[3];
+        int64_t t_floats[3] = {0, 0, 0};
+    };
+    void record_moe_ffn(const Tensor& x, const Tensor& gate_exps, const Tensor& up_exps, const Tensor& down_exps,
+                        const Tensor& ids, const Tensor& weights, const Tensor& out, MoeLora lora);
     void launch_moe_ffn(const Tensor& x, const cuda::WeightRef& gate, const cuda::WeightRef& up,
                         const cuda::WeightRef& down, int64_t n_ff, int n_expert, const Tensor& ids,
-                        const Tensor& weights, const Tensor& out);
+                        const Tensor& weights, const Tensor& out, const MoeLora& lora);
     void attach_rope_table(cuda::RopeArgs& r, int64_t rows);
 
     // Ends the step's capture: its graph, instantiated (not launched yet).

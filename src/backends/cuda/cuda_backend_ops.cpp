@@ -271,11 +271,50 @@ void CudaBackend::moe_route(const Tensor& logits, const Tensor& bias, const MoeP
 
 void CudaBackend::moe_ffn(const Tensor& x, const Tensor& gate_exps, const Tensor& up_exps, const Tensor& down_exps,
                           const Tensor& ids, const Tensor& weights, const Tensor& out) {
+    record_moe_ffn(x, gate_exps, up_exps, down_exps, ids, weights, out, {});
+}
+
+void CudaBackend::moe_ffn_lora(const Tensor& x, const Tensor& gate_exps, const Tensor& up_exps,
+                               const Tensor& down_exps, const Tensor& ids, const Tensor& weights,
+                               std::span<const MoeLoraSegment> segs, const Tensor& out) {
+    // A segment's token rows [start, start + n) are the slot rows [start k, (start + n) k) of the products.
+    const int64_t k = ids.ne[0];
+    MoeLora lora;
+    for (const MoeLoraSegment& sg : segs)
+        for (int p = 0; p < 3; ++p) {
+            const Tensor& w = p == 0 ? gate_exps : p == 1 ? up_exps : down_exps;
+            if (!sg.a[p] || sg.n == 0) continue;
+            const auto half_or_f32 = [](const Tensor& t) { return t.type == GgmlType::kF32 || t.type == GgmlType::kF16; };
+            CERA_CHECK(half_or_f32(sg.a[p]) && half_or_f32(sg.bt[p]) && sg.a[p].ne[0] == w.ne[0] &&
+                           sg.a[p].ne[2] == w.ne[2] && sg.bt[p].ne[0] == w.ne[1] && sg.bt[p].ne[1] == sg.a[p].ne[1] &&
+                           sg.bt[p].ne[2] == w.ne[2] && sg.a[p].ne[1] <= INT32_MAX && sg.start >= 0 &&
+                           sg.start + sg.n <= x.rows(),
+                       "moe_ffn_lora: product %d, a {%lld, %lld, %lld}, bt {%lld, %lld, %lld}, experts {%lld, %lld, "
+                       "%lld}, rows %lld+%lld of %lld",
+                       p, (long long)sg.a[p].ne[0], (long long)sg.a[p].ne[1], (long long)sg.a[p].ne[2],
+                       (long long)sg.bt[p].ne[0], (long long)sg.bt[p].ne[1], (long long)sg.bt[p].ne[2],
+                       (long long)w.ne[0], (long long)w.ne[1], (long long)w.ne[2], (long long)sg.start, (long long)sg.n,
+                       (long long)x.rows());
+            LoraSegDev d;
+            d.start = sg.start * k, d.n = sg.n * k, d.t_off = lora.t_floats[p], d.a = sg.a[p].data, d.bt = sg.bt[p].data;
+            d.scale = sg.scale[p], d.r = int(sg.a[p].ne[1]);
+            d.a_f16 = sg.a[p].type == GgmlType::kF16, d.bt_f16 = sg.bt[p].type == GgmlType::kF16;
+            lora.segs[p].push_back(d);
+            lora.t_floats[p] += d.n * d.r;
+        }
+    record_moe_ffn(x, gate_exps, up_exps, down_exps, ids, weights, out, std::move(lora));
+}
+
+void CudaBackend::record_moe_ffn(const Tensor& x, const Tensor& gate_exps, const Tensor& up_exps,
+                                 const Tensor& down_exps, const Tensor& ids, const Tensor& weights, const Tensor& out,
+                                 MoeLora lora) {
     const int64_t n_slots = x.rows() * ids.ne[0];
     CERA_CHECK(n_slots <= 65535, "moe_ffn: %lld (token, expert) slots in one call", (long long)n_slots);
     CERA_CHECK(up_exps.ne[2] == gate_exps.ne[2] && down_exps.ne[2] == gate_exps.ne[2], "moe_ffn: expert counts differ");
     const cuda::WeightRef g = weights_.ref(gate_exps), u = weights_.ref(up_exps), d = weights_.ref(down_exps);
-    record(OtherNode{[=, this] { launch_moe_ffn(x, g, u, d, gate_exps.ne[1], int(gate_exps.ne[2]), ids, weights, out); }});
+    record(OtherNode{[=, this, lora = std::move(lora)] {
+        launch_moe_ffn(x, g, u, d, gate_exps.ne[1], int(gate_exps.ne[2]), ids, weights, out, lora);
+    }});
 }
 
 // ------------------------------------------------------------------------------------------ execution
@@ -486,7 +525,7 @@ void CudaBackend::attach_rope_table(cuda::RopeArgs& r, int64_t rows) {
 
 void CudaBackend::launch_moe_ffn(const Tensor& x, const cuda::WeightRef& gw, const cuda::WeightRef& uw,
                                  const cuda::WeightRef& dw, int64_t n_ff, int n_expert, const Tensor& ids,
-                                 const Tensor& weights, const Tensor& out) {
+                                 const Tensor& weights, const Tensor& out, const MoeLora& lora) {
     const int64_t n_tokens = x.rows(), n_embd = x.ne[0];
     const int k = int(ids.ne[0]);
     const int64_t n_slots = n_tokens * k;
@@ -526,10 +565,21 @@ void CudaBackend::launch_moe_ffn(const Tensor& x, const cuda::WeightRef& gw, con
         }
         cuda::gemv(a, stream_);
     };
+    // Product p's LoRA deltas on its slot rows o, from in (n_slots / x_div rows of k_in).
+    auto deltas = [&](int p, const float* in, int64_t k_in, int x_div, float* o, int64_t n_out) {
+        if (lora.segs[p].empty()) return;
+        float* t = static_cast<float*>(scratch(kLora, size_t(lora.t_floats[p]) * sizeof(float)));
+        const cuda::LoraExperts ex{ids.as<const int32_t>(), n_expert, x_div};
+        cuda::lora_segments(in, o, t, k_in, n_out, n_slots, lora.segs[p].data(), int(lora.segs[p].size()), stream_,
+                            &ex);
+    };
     run(gw, n_ff, x.as<const float>(), n_tokens, k, kMoeXa, g);
+    deltas(0, x.as<const float>(), n_embd, k, g, n_ff);
     run(uw, n_ff, x.as<const float>(), n_tokens, k, kMoeXa, u);
+    deltas(1, x.as<const float>(), n_embd, k, u, n_ff);
     cuda::swiglu(g, u, n_slots * n_ff, g, stream_);
     run(dw, n_embd, g, n_slots, 1, kMoeXb, y);
+    deltas(2, g, n_ff, 1, y, n_embd);
     cuda::moe_combine(y, weights.as<const float>(), n_tokens, k, n_embd, out.as<float>(), stream_);
 }
 

@@ -39,18 +39,26 @@ __device__ __forceinline__ float4 at4(const void* p, bool f16, int64_t i) {
     return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
 
+// The expert of row `row` of a MoE launch (clamped like the expert products' ids).
+__device__ __forceinline__ int64_t expert_of(const LoraExperts& ex, int64_t row) {
+    return min(max(int64_t(ex.ids[row]), int64_t(0)), int64_t(ex.n_expert - 1));
+}
+
 // grid (segments, largest rank, row groups). vec: k is a multiple of 4 (rows and A's rows 16-byte aligned).
+// kExperts: row i is a (token, expert) slot, reading x row i / x_div and its expert's A.
+template <bool kExperts>
 __global__ void __launch_bounds__(kDownThreads) lora_down_kernel(const float* __restrict__ x, float* t, int64_t k,
-                                                                   bool vec, const LoraBatch b) {
+                                                                   bool vec, const LoraBatch b, const LoraExperts ex) {
     __shared__ float red[32];
     pdl_trigger();
     pdl_wait();
     const LoraSegDev& sg = b.s[blockIdx.x];
     const int j = blockIdx.y;
     if (j >= sg.r) return;
-    const int64_t a0 = int64_t(j) * k;
     for (int64_t i = blockIdx.z; i < sg.n; i += gridDim.z) {
-        const float* xr = x + (sg.start + i) * k;
+        const int64_t row = sg.start + i;
+        const float* xr = x + (kExperts ? row / ex.x_div : row) * k;
+        const int64_t a0 = (kExperts ? expert_of(ex, row) * sg.r + j : j) * k;
         float acc = 0.0f;
         if (vec) {
 #pragma unroll 4
@@ -68,9 +76,10 @@ __global__ void __launch_bounds__(kDownThreads) lora_down_kernel(const float* __
     }
 }
 
-// grid (column blocks, row groups of kUpRows).
+// grid (column blocks, row groups of kUpRows). kExperts: each row reads its expert's Bᵀ.
+template <bool kExperts>
 __global__ void __launch_bounds__(kUpThreads) lora_up_kernel(const float* __restrict__ t, float* y, int64_t n_out,
-                                                              int64_t n_rows, const LoraBatch b) {
+                                                              int64_t n_rows, const LoraBatch b, const LoraExperts ex) {
     // The block's rows of t, kUpRanks ranks at a time (zero outside the segment), so that the loop over the
     // ranks has no branch and its loads of Bᵀ are all in flight together.
     __shared__ float st[kUpRows][kUpRanks];
@@ -97,11 +106,23 @@ __global__ void __launch_bounds__(kUpThreads) lora_up_kernel(const float* __rest
             }
             __syncthreads();
             if (!col) continue;
-#pragma unroll 8
-            for (int j = 0; j < nj; ++j) {
-                const float w = at(sg.bt, sg.bt_f16, int64_t(j0 + j) * n_out + c);
+if constexpr (kExperts) {
+                int64_t off[kUpRows];  // each row's Bᵀ (rows outside the segment have t = 0)
 #pragma unroll
-                for (int i = 0; i < kUpRows; ++i) acc[i] = fmaf(st[i][j], w, acc[i]);
+                for (int i = 0; i < kUpRows; ++i)
+                    off[i] = (r0 + i < hi ? expert_of(ex, r0 + i) * sg.r + j0 : j0) * n_out + c;
+#pragma unroll 4
+                for (int j = 0; j < nj; ++j)
+#pragma unroll
+                    for (int i = 0; i < kUpRows; ++i)
+                        acc[i] = fmaf(st[i][j], at(sg.bt, sg.bt_f16, off[i] + int64_t(j) * n_out), acc[i]);
+            } else {
+#pragma unroll 8
+                for (int j = 0; j < nj; ++j) {
+                    const float w = at(sg.bt, sg.bt_f16, int64_t(j0 + j) * n_out + c);
+#pragma unroll
+                    for (int i = 0; i < kUpRows; ++i) acc[i] = fmaf(st[i][j], w, acc[i]);
+                }
             }
         }
 #pragma unroll
@@ -249,7 +270,9 @@ __global__ void __launch_bounds__(kDeltaThreads, 2) lora_delta_kernel(const __gr
 }  // namespace
 
 void lora_segments(const float* x, float* y, float* t, int64_t k, int64_t n_out, int64_t n_rows,
-                   const LoraSegDev* segs, int n_segs, Stream stream) {
+                   const LoraSegDev* segs, int n_segs, Stream stream, const LoraExperts* experts) {
+    const LoraExperts ex = experts ? *experts : LoraExperts{};
+    CERA_CHECK(!experts || (ex.ids && ex.n_expert >= 1 && ex.x_div >= 1), "lora_segments: experts without ids");
     cudaStream_t s = as_stream(stream);
     for (int first = 0; first < n_segs; first += kLoraSegsPerLaunch) {
         LoraBatch b;
@@ -265,9 +288,15 @@ void lora_segments(const float* x, float* y, float* t, int64_t k, int64_t n_out,
         const unsigned row_groups = unsigned(std::min<int64_t>(most, kDownRowGroups));
         bool vec = k % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
         for (int i = 0; i < b.n; ++i) vec = vec && reinterpret_cast<uintptr_t>(b.s[i].a) % 16 == 0;
-        launch(lora_down_kernel, dim3(unsigned(b.n), unsigned(r_max), row_groups), kDownThreads, 0, s, x, t, k, vec, b);
-        launch(lora_up_kernel, dim3(unsigned((n_out + kUpThreads - 1) / kUpThreads), unsigned((n_rows + kUpRows - 1) / kUpRows)),
-               kUpThreads, 0, s, static_cast<const float*>(t), y, n_out, n_rows, b);
+        const dim3 down(unsigned(b.n), unsigned(r_max), row_groups);
+        const dim3 up(unsigned((n_out + kUpThreads - 1) / kUpThreads), unsigned((n_rows + kUpRows - 1) / kUpRows));
+        if (experts) {
+            launch(lora_down_kernel<true>, down, kDownThreads, 0, s, x, t, k, vec, b, ex);
+            launch(lora_up_kernel<true>, up, kUpThreads, 0, s, static_cast<const float*>(t), y, n_out, n_rows, b, ex);
+        } else {
+            launch(lora_down_kernel<false>, down, kDownThreads, 0, s, x, t, k, vec, b, ex);
+            launch(lora_up_kernel<false>, up, kUpThreads, 0, s, static_cast<const float*>(t), y, n_out, n_rows, b, ex);
+        }
     }
 }
 

@@ -25,10 +25,20 @@ constexpr int kLoraSegsPerLaunch = 32;
 // shorter segments (a batch's prompt chunks under several adapters) stay with the segment kernels.
 constexpr int64_t kLoraGemmRows = 256;
 
+// The rows of a MoE expert product (CudaBackend::moe_ffn_lora): row i is a (token, expert) slot whose
+// expert is ids[i] (clamped to [0, n_expert)), reading x row i / x_div; a segment's a and bt hold every
+// expert's A [r, k] and Bᵀ [r, n_out] one after another.
+struct LoraExperts {
+    const int32_t* ids = nullptr;
+    int n_expert = 0;
+    int x_div = 1;
+};
+
 // y[row] += scale_i Bᵢ (Aᵢ x[row]) for every row of each segment; segments may overlap (their deltas add
-// up). t: scratch of sum(n_i r_i) floats. x: f32 [n_rows, k]; y: f32 [n_rows, n_out].
+// up). t: scratch of sum(n_i r_i) floats. x: f32 [n_rows, k] (n_rows / x_div rows with experts); y: f32
+// [n_rows, n_out].
 void lora_segments(const float* x, float* y, float* t, int64_t k, int64_t n_out, int64_t n_rows,
-                   const LoraSegDev* segs, int n_segs, Stream stream);
+                   const LoraSegDev* segs, int n_segs, Stream stream, const LoraExperts* experts = nullptr);
 
 // The one-row form that runs before the base products instead of after them (step_fusion.cpp's
 // hoist_lora): for up to kMaxSegs products sharing x (one row of k), delta_p = bias_p + the sum over the
