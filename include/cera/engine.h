@@ -50,10 +50,13 @@ struct EngineOptions {
     std::string prefix_cache_dir;         // on-disk (cold) tier directory; "" = none
     uint64_t prefix_cache_dir_bytes = 0;  // on-disk tier bound in bytes; 0 = 4 GiB
     bool gpu_profile = false;             // CUDA: print GPU and host time per decode step when the engine goes
-    // CUDA: load() runs a short prefill and a decode step on a scratch sequence, so that the device's
-    // one-time set-up (loading kernels on first launch, cuBLAS) is paid there and not by the first
-    // prompt. No effect on the CPU.
-    bool warmup = true;
+    // CUDA: how much of the device's one-time set-up load() pays, so that prompts do not (no effect on the
+    // CPU). kFirstUse: a short prefill and a decode step on a scratch sequence (kernels load at their first
+    // launch, cuBLAS starts). kEverySize: also every batched product shape met, at every prompt-chunk size
+    // up to n_batch (cuBLAS loads the kernel it picks for a size when that size first runs, 2-15 ms for a
+    // prompt of a new length); about 0.6 s more at load, for servers, whose prompts come in every length.
+    enum class Warmup { kNone, kFirstUse, kEverySize };
+    Warmup warmup = Warmup::kFirstUse;
     // LoRA adapters applied together to every session and to every batcher request that names no adapter
     // (GenerateOptions::adapter), each with its scale. Loaded with the model; a bad one fails load().
     std::vector<LoraOptions> lora;

@@ -407,6 +407,11 @@ class Backend {
         argmax_feed_via_host(*this, x, out, ids, pos);
     }
 
+    // Readies the batched products of every shape run so far for each token count up to max_tokens, so
+    // that a later step of a new size does not pay a library's first use of it (CUDA: cuBLAS loads the
+    // kernel it picks for a size when that size first runs). Called once at load, after a warm-up.
+    virtual void warm_up_products(int64_t max_tokens) { (void)max_tokens; }
+
     // The m best entries of one row of logits, for a sampler whose chain starts with a top-k: the
     // candidates are the entries above -inf (NaN never), ordered by value, descending, then by index,
     // ascending (the order Sampler ranks by), and the first m of them are kept. Also the values at

@@ -86,6 +86,8 @@ int run_serve(const std::vector<std::string>& args) {
         so.chat_template = ss.str();
     }
     EngineOptions eo = ef.options();
+    // A server's prompts come in every length: the first of each length pays no library set-up.
+    if (eo.warmup != EngineOptions::Warmup::kNone) eo.warmup = EngineOptions::Warmup::kEverySize;
     if (!(lora_cache_mib >= 0)) throw Error(ErrorCode::kInvalidArgument, "--lora-cache-mib must be >= 0");
     eo.lora_cache_bytes = size_t(lora_cache_mib * 1024 * 1024);
     std::vector<std::pair<std::string, LoraOptions>> named;

@@ -80,7 +80,7 @@ EngineOptions EngineFlags::options() const {
     EngineOptions eo;
     eo.device = device;
     eo.threads = threads;
-    eo.warmup = !no_warmup;
+    eo.warmup = no_warmup ? EngineOptions::Warmup::kNone : EngineOptions::Warmup::kFirstUse;
     eo.n_ctx = n_ctx;
     eo.kv_type_k = parse_kv_cache_type(kv_type_k.empty() ? kv_type : kv_type_k);
     eo.kv_type_v = parse_kv_cache_type(kv_type_v.empty() ? kv_type : kv_type_v);

@@ -191,29 +191,36 @@ void batcher_matches_sessions(const char* name, bool speculate) {
     EXPECT_EQ(batcher->stats().kv_blocks_free, batcher->stats().kv_blocks_total);
 }
 
-// EngineOptions::warmup runs steps on a scratch sequence at load: a session of the warmed engine
-// generates, and samples, the tokens a session of an engine loaded without it does.
+// EngineOptions::warmup runs steps on a scratch sequence at load (kEverySize: and cuBLAS products on
+// scratch operands at every chunk size): a session of a warmed engine generates, and samples, the tokens
+// a session of an engine loaded without it does, prompts of several lengths through prefill chunks.
 TEST(CudaBatch, WarmupLeavesGenerationUnchanged) {
     std::string why;
     if (cuda_devices(&why).empty()) GTEST_SKIP() << "no CUDA device (" << why << ")";
+    using W = EngineOptions::Warmup;
     for (const char* name : {"tiny-lfm2", "tiny-qwen3"}) {
         SCOPED_TRACE(name);
         const std::string path = test::data_path(std::string("fixtures/") + name + "/model.gguf");
-        auto warm = Engine::load(path, {.device = "cuda", .n_ctx = 128, .warmup = true});
-        auto cold = Engine::load(path, {.device = "cuda", .n_ctx = 128, .warmup = false});
-        std::mt19937 rng(11);
-        const std::vector<int32_t> prompt = tokens(rng, 20, warm->info().n_vocab);
-        for (float temperature : {0.0f, 0.9f}) {
-            GenerateOptions g;
-            g.max_tokens = 16, g.ignore_eos = true, g.sampling.temperature = temperature, g.sampling.seed = 5;
-            Ids a, b;
-            Session sw(warm, 128), sc(cold, 128);
-            sw.append_tokens(prompt);
-            sc.append_tokens(prompt);
-            sw.generate(g, a);
-            sc.generate(g, b);
-            ASSERT_EQ(a.ids.size(), 16u);
-            EXPECT_EQ(a.ids, b.ids) << "temperature " << temperature;
+        auto cold = Engine::load(path, {.device = "cuda", .n_ctx = 128, .n_batch = 64, .warmup = W::kNone});
+        for (W level : {W::kFirstUse, W::kEverySize}) {
+            auto warm = Engine::load(path, {.device = "cuda", .n_ctx = 128, .n_batch = 64, .warmup = level});
+            std::mt19937 rng(11);
+            for (int n_prompt : {20, 77}) {
+                const std::vector<int32_t> prompt = tokens(rng, n_prompt, warm->info().n_vocab);
+                for (float temperature : {0.0f, 0.9f}) {
+                    GenerateOptions g;
+                    g.max_tokens = 16, g.ignore_eos = true, g.sampling.temperature = temperature, g.sampling.seed = 5;
+                    Ids a, b;
+                    Session sw(warm, 128), sc(cold, 128);
+                    sw.append_tokens(prompt);
+                    sc.append_tokens(prompt);
+                    sw.generate(g, a);
+                    sc.generate(g, b);
+                    ASSERT_EQ(a.ids.size(), 16u);
+                    EXPECT_EQ(a.ids, b.ids)
+                        << "level " << int(level) << ", prompt " << n_prompt << ", temperature " << temperature;
+                }
+            }
         }
     }
 }

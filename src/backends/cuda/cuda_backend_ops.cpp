@@ -1,5 +1,6 @@
 // The CUDA backend's ops: each records a node of the step (step.h) and returns; run_step() passes the
 // recorded nodes through the fusion rules (step_fusion.cpp) and launches them in order.
+#include <algorithm>
 #include <cstring>
 
 #include "backends/cuda/cuda_backend.h"
@@ -384,6 +385,8 @@ void CudaBackend::launch(GemmNode& n, const GemvArgs*) {
             if (!capturing_) CUDA_CHECK(cudaStreamWaitEvent(stream_, expand_done_[buf]));
             w16 = scratch_[buf ? kW16b : kW16a].ptr;
         }
+        if (std::find(gemm_shapes_.begin(), gemm_shapes_.end(), std::pair{rows, k}) == gemm_shapes_.end())
+            gemm_shapes_.push_back({rows, k});
         void* x16 = scratch(kX16, size_t(n_tokens * k) * 2);
         cuda::convert_f32_to_f16(n.x, n_tokens * k, x16, stream_);
         CUBLAS_CHECK(cuda::cublas().gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(n_tokens), int(k), &one,
@@ -392,6 +395,38 @@ void CudaBackend::launch(GemmNode& n, const GemvArgs*) {
         if (n.expansion >= 0 && !capturing_) CUDA_CHECK(cudaEventRecord(expand_free_[n.expansion % 2], stream_));
     }
     if (n.bias) cuda::add_bias(n.y, n.bias, n.n_tokens, n.rows, stream_);
+}
+
+void CudaBackend::warm_up_products(int64_t max_tokens) {
+    run_step();
+    CERA_CHECK(!capturing_, "warm_up_products inside a step");
+    size_t w_elems = 0, x_elems = 0, y_elems = 0;
+    for (const auto& [rows, k] : gemm_shapes_) {
+        w_elems = std::max(w_elems, size_t(rows * k));
+        x_elems = std::max(x_elems, size_t(max_tokens * k));
+        y_elems = std::max(y_elems, size_t(rows * max_tokens));
+    }
+    if (w_elems == 0 || max_tokens <= kGemvMaxTokens) return;
+    // Operands of their own, freed after: the largest shape can be the LM head, whose F16 image a
+    // one-sequence run never needs. Without the memory for them the products stay cold (no error).
+    void *w = nullptr, *x = nullptr, *y = nullptr;
+    const bool have = cudaMalloc(&w, w_elems * 2) == cudaSuccess && cudaMalloc(&x, x_elems * 2) == cudaSuccess &&
+                      cudaMalloc(&y, y_elems * 4) == cudaSuccess;
+    if (have) {
+        CUDA_CHECK(cudaMemsetAsync(w, 0, w_elems * 2, stream_));
+        CUDA_CHECK(cudaMemsetAsync(x, 0, x_elems * 2, stream_));
+        const float one = 1.0f, zero = 0.0f;
+        for (const auto& [rows, k] : gemm_shapes_)
+            for (int64_t n = kGemvMaxTokens + 1; n <= max_tokens; ++n)
+                CUBLAS_CHECK(cuda::cublas().gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(n), int(k), &one,
+                                                    w, CUDA_R_16F, int(k), x, CUDA_R_16F, int(k), &zero, y, CUDA_R_32F,
+                                                    int(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+    } else {
+        (void)cudaGetLastError();  // the failed allocation's error, not a sticky one
+    }
+    for (void* p : {w, x, y})
+        if (p) CUDA_CHECK(cudaFree(p));
 }
 
 void CudaBackend::launch(NormNode& n, const GemvArgs*) {
