@@ -1,5 +1,5 @@
-// `cera grammar check GRAMMAR_FILE [--text T | --text-file F]`, `cera grammar check --schema SCHEMA_FILE ...`
-// and `cera grammar from-schema SCHEMA_FILE`: validate grammars and schemas, match texts, print the
+// `cera grammar check GRAMMAR_FILE [--text T | --text-file F]`, `cera grammar check --schema SCHEMA ...`
+// and `cera grammar from-schema SCHEMA`: validate grammars and schemas, match texts, print the
 // grammar of a schema.
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -44,25 +44,26 @@ int run_grammar(const std::vector<std::string>& args) {
                            "validate a GBNF grammar (exit 0, or 2 with the error); with --text or --text-file, "
                            "say whether the whole text is in its language (exit 0 if it is, 1 if not)");
     check->add_option("GRAMMAR_FILE", file, "GBNF grammar file");
-    check->add_option("--schema", schema, "a JSON Schema file in place of the grammar file");
+    check->add_option("--schema", schema, "a JSON Schema (its text or a file) in place of the grammar file");
     auto* t = check->add_option("--text", text, "the text to match");
     auto* tf = check->add_option("--text-file", text_file, "a file whose bytes are the text to match");
     t->excludes(tf);
     auto* from = app.add_subcommand("from-schema", "print the GBNF grammar of a JSON Schema");
-    from->add_option("SCHEMA_FILE", schema_out, "JSON Schema file")->required();
+    from->add_option("SCHEMA", schema_out, "a JSON Schema: its text (starting with '{') or a file holding it")
+        ->required();
     auto validate = [&] {
         if (check->parsed() && file.empty() == schema.empty())
-            throw CLI::ValidationError("give a GRAMMAR_FILE or --schema SCHEMA_FILE (one of them)");
+            throw CLI::ValidationError("give a GRAMMAR_FILE or --schema SCHEMA (one of them)");
     };
     if (int rc = parse_args(app, args, "grammar", validate); rc >= 0) return rc;
 
     if (from->parsed()) {
-        std::fputs(Grammar::json_schema_to_gbnf(read_file_text(schema_out)).c_str(), stdout);
+        std::fputs(Grammar::json_schema_to_gbnf(schema_text(schema_out)).c_str(), stdout);
         return 0;
     }
     std::shared_ptr<const Grammar> g;
     try {
-        g = schema.empty() ? Grammar::parse(read_file_text(file)) : Grammar::from_json_schema(read_file_text(schema));
+        g = schema.empty() ? Grammar::parse(read_file_text(file)) : Grammar::from_json_schema(schema_text(schema));
     } catch (const Error& e) {
         std::fprintf(stderr, "cera grammar: error: %s\n", e.what());
         return 2;

@@ -10,7 +10,7 @@
 namespace cera::cli {
 
 struct GrammarFlags {
-    std::string grammar, grammar_file, json_schema_file;
+    std::string grammar, grammar_file, json_schema;  // json_schema: its text or a file's path (schema_text)
     bool json = false;
 
     void add(CLI::App& app);
@@ -21,5 +21,9 @@ struct GrammarFlags {
 
 // A whole file as bytes. Throws cera::Error (kIo).
 std::string read_file_text(const std::string& path);
+
+// A JSON Schema given on the command line: the argument itself when it starts with '{' (after
+// whitespace), as llama.cpp's --json-schema takes it, else the text of the file it names.
+std::string schema_text(const std::string& arg);
 
 }  // namespace cera::cli

@@ -70,6 +70,16 @@ TEST(GrammarCli, RunFollowsTheGrammar) {
         const auto j = nlohmann::json::parse(r.out);
         EXPECT_TRUE(j.contains("name") && j.contains("age")) << r.out;
     }
+    // A schema inline gives what the same schema in a file gives.
+    const std::string inline_schema = test::read_text(grammars("person.schema.json"));
+    const auto from_file = cera("run -p 'Data:' -n 60 --temp 0 --json-schema " + grammars("person.schema.json"));
+    const auto inline_run = cera("run -p 'Data:' -n 60 --temp 0 --json-schema '" + inline_schema + "'");
+    ASSERT_EQ(inline_run.code, 0) << inline_run.err;
+    EXPECT_EQ(inline_run.out, from_file.out);
+    EXPECT_EQ(cera("grammar from-schema '{\"type\": \"integer\", \"multipleOf\": 5}'").code, 0);
+    r = cera("run -p x --json-schema '{\"type\": '");
+    EXPECT_EQ(r.code, 1);  // inline text that does not parse: the parser's error, not a missing file
+    EXPECT_EQ(r.err.find("cannot read"), std::string::npos) << r.err;
     r = cera("run -p 'Move:' -n 40 --seed 5 --grammar-file " + grammars("chess.gbnf"));
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_NE(r.out, "");
