@@ -199,23 +199,35 @@ void Server::Impl::routes() {
     http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
         send_json(res, 200, {{"status", "ok"}});
     });
-    http.Get(
-        "/v1/models", guarded("models", [this](const httplib::Request&, httplib::Response& res, Exchange&) {
-            // "vision": chat messages may hold image_url parts (a projector is loaded).
-            json data = json::array({{{"id", o.alias},
-                                      {"object", "model"},
-                                      {"created", 0},
-                                      {"owned_by", "cera"},
-                                      {"vision", engine->has_vision()}}});
-            for (const AdapterInfo& a : engine->adapters())
-                data.push_back({{"id", a.name},
-                                {"object", "model"},
-                                {"created", 0},
-                                {"owned_by", "cera"},
-                                {"parent", o.alias},
-                                {"lora", {{"path", a.path}, {"scale", a.scale}, {"rank", a.rank}}}});
-            send_json(res, 200, {{"object", "list"}, {"data", std::move(data)}});
-        }));
+    // The served models: the base ("vision": chat messages may hold image_url parts, a projector is
+    // loaded), then the named LoRA adapters.
+    auto model_objects = [this] {
+        json data = json::array({{{"id", o.alias},
+                                  {"object", "model"},
+                                  {"created", 0},
+                                  {"owned_by", "cera"},
+                                  {"vision", engine->has_vision()}}});
+        for (const AdapterInfo& a : engine->adapters())
+            data.push_back({{"id", a.name},
+                            {"object", "model"},
+                            {"created", 0},
+                            {"owned_by", "cera"},
+                            {"parent", o.alias},
+                            {"lora", {{"path", a.path}, {"scale", a.scale}, {"rank", a.rank}}}});
+        return data;
+    };
+    http.Get("/v1/models",
+             guarded("models", [model_objects](const httplib::Request&, httplib::Response& res, Exchange&) {
+                 send_json(res, 200, {{"object", "list"}, {"data", model_objects()}});
+             }));
+    http.Get(R"(/v1/models/([^/]+))",
+             guarded("models", [model_objects](const httplib::Request& req, httplib::Response& res, Exchange&) {
+                 const std::string id = req.matches[1];
+                 for (const json& m : model_objects())
+                     if (m["id"] == id) return send_json(res, 200, m);
+                 refuse("The model '" + id + "' does not exist", "model", 404, "invalid_request_error",
+                        "model_not_found");
+             }));
     // LoRA adapters while serving: POST /lora {"name", "path", "scale"?} loads one, DELETE /lora/NAME
     // unloads it (requests already running with it finish with it). Behind the API key like every route.
     http.Post("/lora", guarded("lora", [this](const httplib::Request& req, httplib::Response& res, Exchange&) {

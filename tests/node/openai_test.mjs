@@ -28,6 +28,10 @@ test("models lists the served model", async () => {
   const ids = [];
   for await (const m of client.models.list()) ids.push(m.id);
   assert.deepEqual(ids, ["tiny"]);
+  const m = await client.models.retrieve("tiny");
+  assert.equal(m.id, "tiny");
+  assert.equal(m.object, "model");
+  await assert.rejects(client.models.retrieve("nope"), (e) => e instanceof OpenAI.NotFoundError && e.status === 404);
 });
 
 test("chat completion", async () => {
