@@ -262,6 +262,32 @@ void Server::Impl::routes() {
                 refuse("no LoRA adapter named '" + name + "'", "name", 404, "invalid_request_error", "model_not_found");
             send_json(res, 200, {{"id", name}, {"object", "model"}, {"deleted", true}});
         }));
+    // llama.cpp's server properties, which tools written for it read (the context, the chat template).
+    // The sampling defaults are those of a completion request that sets none.
+    http.Get("/props", guarded("props", [this](const httplib::Request&, httplib::Response& res, Exchange&) {
+                 const SamplerParams s = parse_completion(R"({"prompt": "-"})", false, limits).options.sampling;
+                 auto text = [this](int32_t id) {
+                     return id < 0 ? std::string() : engine->detokenize(std::vector<int32_t>{id}, true);
+                 };
+                 json params = {{"n_predict", -1},
+                                {"temperature", s.temperature},
+                                {"top_k", s.top_k},
+                                {"top_p", s.top_p},
+                                {"min_p", s.min_p},
+                                {"repeat_penalty", s.repeat_penalty},
+                                {"presence_penalty", s.presence_penalty},
+                                {"frequency_penalty", s.frequency_penalty}};
+                 send_json(res, 200,
+                           {{"default_generation_settings", {{"n_ctx", batcher->n_ctx()}, {"params", params}}},
+                            {"total_slots", o.batch.parallel},
+                            {"model_alias", o.alias},
+                            {"model_path", engine->info().path},
+                            {"modalities", {{"vision", engine->has_vision()}, {"video", false}, {"audio", false}}},
+                            {"chat_template", tmpl.source()},
+                            {"bos_token", text(engine->bos_token())},
+                            {"eos_token", text(engine->eos_token())},
+                            {"build_info", "cera"}});
+             }));
     http.Get("/metrics", guarded("metrics", [this](const httplib::Request&, httplib::Response& res, Exchange&) {
                  res.status = 200;
                  res.set_content(metrics.render(batcher->stats()), "text/plain; version=0.0.4");

@@ -144,6 +144,24 @@ TEST(Serve, CompletionsAndConcurrentRequests) {
     auto models = r.client->Get("/v1/models");
     ASSERT_TRUE(models && models->status == 200);
     EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "tiny");
+    auto one = r.client->Get("/v1/models/tiny");
+    ASSERT_TRUE(one && one->status == 200);
+    EXPECT_EQ(json::parse(one->body)["id"], "tiny");
+    auto none = r.client->Get("/v1/models/nope");
+    ASSERT_TRUE(none && none->status == 404);
+    EXPECT_EQ(json::parse(none->body)["error"]["code"], "model_not_found");
+    // llama.cpp's /props: the context, the slots, the template, what a request that sets nothing samples with.
+    auto props = r.client->Get("/props");
+    ASSERT_TRUE(props && props->status == 200);
+    const json p = json::parse(props->body);
+    EXPECT_EQ(p["default_generation_settings"]["n_ctx"], engine()->info().n_ctx);
+    EXPECT_EQ(p["default_generation_settings"]["params"]["temperature"], 1.0);
+    EXPECT_EQ(p["total_slots"], 4);
+    EXPECT_EQ(p["model_alias"], "tiny");
+    EXPECT_EQ(p["model_path"], engine()->info().path);
+    EXPECT_EQ(p["modalities"]["vision"], false);
+    EXPECT_EQ(p["chat_template"], engine()->chat_template());
+    EXPECT_EQ(p["eos_token"], engine()->detokenize(std::vector<int32_t>{engine()->eos_token()}, true));
 }
 
 TEST(Serve, RefusedRequestsGetTheirStatusAndAnErrorBody) {
