@@ -213,8 +213,24 @@ std::vector<int32_t> with_images(const Engine& engine, const std::vector<int32_t
 
 }  // namespace
 
-void Server::Impl::complete(const httplib::Request& req, httplib::Response& res, bool chat, Exchange& x) {
-    const CompletionRequest cr = parse_completion(req.body, chat, limits);
+// llama.cpp's stop_type of a finished generation.
+const char* native_stop_type(FinishReason f) {
+    switch (f) {
+        case FinishReason::kEos:
+            return "eos";
+        case FinishReason::kStop:
+            return "word";
+        case FinishReason::kLength:
+        case FinishReason::kContextFull:
+            return "limit";
+        default:
+            return "none";
+    }
+}
+
+void Server::Impl::complete(const httplib::Request& req, httplib::Response& res, bool chat, Exchange& x, bool native) {
+    const CompletionRequest cr =
+        native ? parse_native_completion(req.body, limits) : parse_completion(req.body, chat, limits);
     std::vector<int32_t> prompt;
     std::vector<PromptImage> placed;
     if (chat) {
@@ -295,6 +311,19 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
         }
         return s;
     };
+    // llama.cpp's /completion: the last object of a stream, or the whole answer.
+    auto native_final = [this, n_prompt](const GenerationResult& g, const std::string& content) {
+        return json{{"index", 0},
+                    {"content", content},
+                    {"stop", true},
+                    {"model", o.alias},
+                    {"tokens_predicted", g.generated_tokens},
+                    {"tokens_evaluated", n_prompt},
+                    {"tokens_cached", g.cached_tokens},
+                    {"truncated", false},
+                    {"stop_type", native_stop_type(g.finish)},
+                    {"stopping_word", g.finish == FinishReason::kStop ? g.stop_string : ""}};
+    };
     x.deferred = true;
 
     if (!cr.stream) {
@@ -332,6 +361,10 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
             choices.push_back(std::move(c));
         }
         const json usage = account(results, x, 200, outcome(results));
+        if (native) {
+            send_json(res, 200, native_final(results[0], results[0].text));
+            return;
+        }
         send_json(res, 200,
                   {{"id", id},
                    {"object", chat ? "chat.completion" : "text_completion"},
@@ -346,6 +379,8 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
     // [DONE]. A client that goes away cancels every choice at once.
     const std::string object = chat ? "chat.completion.chunk" : "text_completion";
     auto chunk = [=, this](int index, const json& delta_or_text, const json& finish, const json& lp) {
+        if (native)  // llama.cpp's: the piece, and stop false until the last object
+            return "data: " + json{{"index", index}, {"content", delta_or_text}, {"stop", false}}.dump() + "\n\n";
         json c = {{"index", index}, {"finish_reason", finish}, {"logprobs", lp}};
         if (chat)
             c["delta"] = delta_or_text;
@@ -422,7 +457,9 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
                     const json reason = with_tools && !p->tools[size_t(e.index)]->result().calls.empty()
                                             ? json("tool_calls")
                                             : json(finish_name(e.result.finish));
-                    if (!write(chunk(e.index, chat ? json::object() : json(""), reason, nullptr))) return false;
+                    if (native ? !write("data: " + native_final(e.result, "").dump() + "\n\n")
+                               : !write(chunk(e.index, chat ? json::object() : json(""), reason, nullptr)))
+                        return false;
                 }
                 lk.lock();
             }
@@ -448,6 +485,10 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
                 return out.is_writable();
             }
             const json usage = account(p->results, xs, 200, outcome(p->results));
+            if (native) {  // llama.cpp's stream ends with its last object, no [DONE]
+                out.done();
+                return true;
+            }
             bool ok = !usage_chunk || write("data: " +
                                             json{{"id", id},
                                                  {"object", object},

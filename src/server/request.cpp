@@ -431,6 +431,26 @@ std::string adapter_of(const json& j, const RequestLimits& limits) {
 }
 }  // namespace
 
+CompletionRequest parse_native_completion(std::string_view body, const RequestLimits& limits) {
+    json j = parse_body(body, limits);
+    if (const json* p = field(j, "n_probs"); p && !(p->is_number_integer() && p->get<int64_t>() == 0))
+        refuse("'n_probs' is not supported", "n_probs");
+    for (const char* k : {"n", "logprobs", "top_logprobs", "echo", "suffix", "best_of", "stream_options"}) j.erase(k);
+    if (const json* n = field(j, "n_predict")) {
+        if (!n->is_number_integer()) refuse("'n_predict' must be an integer", "n_predict");
+        if (n->get<int64_t>() >= 0 && !field(j, "max_tokens")) j["max_tokens"] = *n;
+        j.erase("n_predict");
+    }
+    for (const auto& [key, value] :
+         {std::pair<const char*, json>{"temperature", 0.8}, {"top_k", 40}, {"top_p", 0.95}, {"min_p", 0.05}})
+        if (!field(j, key)) j[key] = value;
+    CompletionRequest r;
+    r.prompt = completion_prompt(j, limits);
+    generation(j, limits, r);
+    r.options.adapter = adapter_of(j, limits);
+    return r;
+}
+
 CompletionRequest parse_completion(std::string_view body, bool chat, const RequestLimits& limits) {
     const json j = parse_body(body, limits);
     CompletionRequest r;

@@ -91,6 +91,10 @@ struct EmbeddingRequest {
 // The body as a JSON object naming no other model; Refusal otherwise.
 nlohmann::json parse_body(std::string_view body, const RequestLimits& limits);
 CompletionRequest parse_completion(std::string_view body, bool chat, const RequestLimits& limits);
+// llama.cpp's /completion: n_predict for max_tokens (negative: none), llama.cpp's sampling defaults
+// (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05) where the body sets none, one choice; the other
+// fields as /v1/completions reads them. n_probs is refused.
+CompletionRequest parse_native_completion(std::string_view body, const RequestLimits& limits);
 EmbeddingRequest parse_embedding(std::string_view body, const RequestLimits& limits);
 // /tokenize: {"content": string, "add_special": bool}.
 struct TokenizeRequest {

@@ -296,6 +296,8 @@ void Server::Impl::routes() {
                                                              Exchange& x) { complete(q, s, true, x); }));
     http.Post("/v1/completions", guarded("completion", [this](const httplib::Request& q, httplib::Response& s,
                                                               Exchange& x) { complete(q, s, false, x); }));
+    http.Post("/completion", guarded("completion", [this](const httplib::Request& q, httplib::Response& s,
+                                                          Exchange& x) { complete(q, s, false, x, true); }));
     http.Post("/v1/embeddings", guarded("embedding", [this](const httplib::Request& q, httplib::Response& s,
                                                             Exchange& x) { embeddings(q, s, x); }));
     http.Post("/tokenize", guarded("tokenize", [this](const httplib::Request& req, httplib::Response& res, Exchange&) {

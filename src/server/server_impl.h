@@ -55,7 +55,9 @@ struct Server::Impl {
     std::unique_ptr<Session> embed_session;
 
     void routes();
-    void complete(const httplib::Request& req, httplib::Response& res, bool chat, Exchange& x);
+    // /v1/chat/completions (chat), /v1/completions, or llama.cpp's /completion (native: its request
+    // fields and its response shapes).
+    void complete(const httplib::Request& req, httplib::Response& res, bool chat, Exchange& x, bool native = false);
     void embeddings(const httplib::Request& req, httplib::Response& res, Exchange& x);
     // Submits one choice; a refusal for what the batcher refuses (429 when over capacity).
     std::shared_ptr<Request> submit(const std::vector<int32_t>& prompt, const GenerateOptions& g,

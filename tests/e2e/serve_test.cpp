@@ -10,6 +10,7 @@
 
 #include "cera/engine.h"
 #include "cera/session.h"
+#include "serve_util.h"
 #include "server/server.h"
 #include "test_util.h"
 
@@ -162,6 +163,53 @@ TEST(Serve, CompletionsAndConcurrentRequests) {
     EXPECT_EQ(p["modalities"]["vision"], false);
     EXPECT_EQ(p["chat_template"], engine()->chat_template());
     EXPECT_EQ(p["eos_token"], engine()->detokenize(std::vector<int32_t>{engine()->eos_token()}, true));
+}
+
+// llama.cpp's /completion: its request fields and response shapes, the text a Session gives.
+TEST(Serve, LlamaCppCompletionEndpoint) {
+    Running r;
+    const std::vector<int32_t> prompt = engine()->tokenize("Once upon a time", engine()->add_bos());
+    const std::string want = session_text(prompt, 12);
+    auto res = r.client->Post("/completion", R"({"prompt": "Once upon a time", "n_predict": 12, "temperature": 0})",
+                              "application/json");
+    ASSERT_TRUE(res && res->status == 200) << (res ? res->body : "no answer");
+    const json j = json::parse(res->body);
+    EXPECT_EQ(j["content"], want);
+    EXPECT_EQ(j["stop"], true);
+    EXPECT_EQ(j["model"], "tiny");
+    EXPECT_EQ(j["tokens_predicted"], 12);
+    EXPECT_EQ(j["tokens_evaluated"], prompt.size());
+    EXPECT_EQ(j["stop_type"], "limit");
+    // Streamed: the pieces, then one last object with stop true; no [DONE].
+    res = r.client->Post("/completion",
+                         R"({"prompt": "Once upon a time", "n_predict": 12, "temperature": 0, "stream": true})",
+                         "application/json");
+    ASSERT_TRUE(res && res->status == 200);
+    bool done = false;
+    const std::vector<json> events = test::sse_events(res->body, &done);
+    EXPECT_FALSE(done);
+    ASSERT_GE(events.size(), 2u);
+    std::string text;
+    for (size_t i = 0; i + 1 < events.size(); ++i) {
+        EXPECT_EQ(events[i]["stop"], false);
+        text += events[i]["content"].get<std::string>();
+    }
+    EXPECT_EQ(text, want);
+    EXPECT_EQ(events.back()["stop"], true);
+    EXPECT_EQ(events.back()["tokens_predicted"], 12);
+    // A stop word ends it, named; token ids as the prompt.
+    const std::string word = want.substr(want.size() / 2, 3);
+    res = r.client->Post("/completion",
+                         json{{"prompt", prompt}, {"n_predict", 12}, {"temperature", 0}, {"stop", {word}}}.dump(),
+                         "application/json");
+    ASSERT_TRUE(res && res->status == 200);
+    EXPECT_EQ(json::parse(res->body)["stop_type"], "word");
+    EXPECT_EQ(json::parse(res->body)["stopping_word"], word);
+    EXPECT_EQ(json::parse(res->body)["content"], want.substr(0, want.find(word)));
+    res = r.client->Post("/completion", R"({"prompt": "x", "n_probs": 3})", "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 400);
+    EXPECT_EQ(json::parse(res->body)["error"]["param"], "n_probs");
 }
 
 TEST(Serve, RefusedRequestsGetTheirStatusAndAnErrorBody) {
