@@ -1,5 +1,6 @@
 // libFuzzer target for the server's request parser (src/server/request.cpp). The input's first byte
-// picks the endpoint (chat, completions, embeddings, tokenize, detokenize); the rest is the body. Any
+// picks the endpoint (chat, completions, embeddings, tokenize, detokenize, llama.cpp's completion); the
+// rest is the body. Any
 // body must either parse into options within their documented bounds or be refused with a 4xx status
 // and an error body that serializes; nothing else may escape, crash or hang.
 #include <cstdint>
@@ -60,7 +61,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (stream.result().calls.size() != whole.calls.size()) fail("streamed and whole parses differ");
     }
     try {
-        switch (data[0] % 5) {
+        switch (data[0] % 6) {
             case 0:
                 check(cera::parse_completion(body, true, limits), limits);
                 break;
@@ -76,6 +77,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             }
             case 3:
                 (void)cera::parse_tokenize(body, limits);
+                break;
+            case 5:
+                check(cera::parse_native_completion(body, limits), limits);
                 break;
             default:
                 for (int32_t id : cera::parse_detokenize(body, limits))
