@@ -164,6 +164,28 @@ struct MoeLoraSegment {
     Tensor bt[3];  // like a[P], [n_expert, r, n_out] (GGUF ne {n_out, r, n_expert}): each expert's B transposed
     float scale[3] = {0.0f, 0.0f, 0.0f};
 };
+// Backend::moe_ffn_lora's argument checks (throws kInvalidArgument): each adapted product's A and Bᵀ F32
+// or F16 in the shapes of its expert weight, each segment's rows within the n_rows of the call.
+inline void moe_lora_checked(std::span<const MoeLoraSegment> segs, const Tensor& gate_exps, const Tensor& up_exps,
+                             const Tensor& down_exps, int64_t n_rows) {
+    for (const MoeLoraSegment& sg : segs)
+        for (int p = 0; p < 3; ++p) {
+            const Tensor& w = p == 0 ? gate_exps : p == 1 ? up_exps : down_exps;
+            if (!sg.a[p]) continue;
+            const auto f32_or_f16 = [](const Tensor& t) {
+                return t.type == GgmlType::kF32 || t.type == GgmlType::kF16;
+            };
+            CERA_CHECK(
+                f32_or_f16(sg.a[p]) && f32_or_f16(sg.bt[p]) && sg.a[p].ne[0] == w.ne[0] && sg.a[p].ne[2] == w.ne[2] &&
+                    sg.bt[p].ne[0] == w.ne[1] && sg.bt[p].ne[1] == sg.a[p].ne[1] && sg.bt[p].ne[2] == w.ne[2] &&
+                    sg.a[p].ne[1] <= INT32_MAX && sg.start >= 0 && sg.n >= 0 && sg.start + sg.n <= n_rows,
+                "moe_ffn_lora: product %d, a {%lld, %lld, %lld}, bt {%lld, %lld, %lld}, experts {%lld, %lld, "
+                "%lld}, rows %lld+%lld of %lld",
+                p, (long long)sg.a[p].ne[0], (long long)sg.a[p].ne[1], (long long)sg.a[p].ne[2],
+                (long long)sg.bt[p].ne[0], (long long)sg.bt[p].ne[1], (long long)sg.bt[p].ne[2], (long long)w.ne[0],
+                (long long)w.ne[1], (long long)w.ne[2], (long long)sg.start, (long long)sg.n, (long long)n_rows);
+        }
+}
 // The reference of Backend::lora_segments on host memory: y[t] += scale_i * B_i (A_i x[t]) for every
 // row t of each segment i, in segment order. x: f32 [n_tokens, k]; y: f32 [n_tokens, n_out]; the a and b
 // of each segment point at host memory.

@@ -207,21 +207,15 @@ std::shared_ptr<Engine> Engine::load(const std::string& path, const EngineOption
 
 void Engine::Impl::warm_up() {
     // 32 tokens take the prefill path of a chunk (GEMMs, tensor-core attention), the next one a decode
-    // step. For kEverySize, 16 more with every row's pick make the LM head a batched product (a batch of
-    // sequences decoding runs it so), then every product shape met is readied for all prompt chunk sizes.
+    // step. For kEverySize, every product shape the chunk met is then readied for all prompt chunk sizes
+    // (not the LM head's: a chunk computes the logits of its last token only).
     const int n_ctx = int(std::min<int64_t>(64, model->default_n_ctx()));
     auto st = model->create_state(n_ctx);
     const int32_t tok = tokenizer->bos() >= 0 ? tokenizer->bos() : 0;
     const std::vector<int32_t> prompt(size_t(std::min(32, n_ctx / 2)), tok);
     st->eval({.tokens = prompt, .head = HeadOutput::kGreedy});
     st->eval({.tokens = {&tok, 1}, .head = HeadOutput::kGreedy});
-    if (options.warmup != EngineOptions::Warmup::kEverySize) return;
-    const size_t rows = std::min<size_t>(16, size_t(n_ctx) - prompt.size() - 1);
-    if (rows > 1) {
-        std::vector<int32_t> picks(rows);
-        st->eval({.tokens = {prompt.data(), rows}, .all_logits = true, .argmax = picks.data()});
-    }
-    model->backend().warm_up_products(options.n_batch);
+    if (options.warmup == EngineOptions::Warmup::kEverySize) model->backend().warm_up_products(options.n_batch);
 }
 
 const EngineInfo& Engine::info() const { return impl_->info; }

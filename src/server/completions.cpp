@@ -211,8 +211,6 @@ std::vector<int32_t> with_images(const Engine& engine, const std::vector<int32_t
     return {};
 }
 
-}  // namespace
-
 // llama.cpp's stop_type of a finished generation.
 const char* native_stop_type(FinishReason f) {
     switch (f) {
@@ -227,6 +225,8 @@ const char* native_stop_type(FinishReason f) {
             return "none";
     }
 }
+
+}  // namespace
 
 void Server::Impl::complete(const httplib::Request& req, httplib::Response& res, bool chat, Exchange& x, bool native) {
     const CompletionRequest cr =

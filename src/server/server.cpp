@@ -220,7 +220,7 @@ void Server::Impl::routes() {
              guarded("models", [model_objects](const httplib::Request&, httplib::Response& res, Exchange&) {
                  send_json(res, 200, {{"object", "list"}, {"data", model_objects()}});
              }));
-    http.Get(R"(/v1/models/([^/]+))",
+    http.Get(R"(/v1/models/(.+))",
              guarded("models", [model_objects](const httplib::Request& req, httplib::Response& res, Exchange&) {
                  const std::string id = req.matches[1];
                  for (const json& m : model_objects())
@@ -263,9 +263,9 @@ void Server::Impl::routes() {
             send_json(res, 200, {{"id", name}, {"object", "model"}, {"deleted", true}});
         }));
     // llama.cpp's server properties, which tools written for it read (the context, the chat template).
-    // The sampling defaults are those of a completion request that sets none.
+    // The sampling defaults are those of a /completion request that sets none.
     http.Get("/props", guarded("props", [this](const httplib::Request&, httplib::Response& res, Exchange&) {
-                 const SamplerParams s = parse_completion(R"({"prompt": "-"})", false, limits).options.sampling;
+                 const SamplerParams s = parse_native_completion(R"({"prompt": "-"})", limits).options.sampling;
                  auto text = [this](int32_t id) {
                      return id < 0 ? std::string() : engine->detokenize(std::vector<int32_t>{id}, true);
                  };

@@ -156,7 +156,8 @@ TEST(Serve, CompletionsAndConcurrentRequests) {
     ASSERT_TRUE(props && props->status == 200);
     const json p = json::parse(props->body);
     EXPECT_EQ(p["default_generation_settings"]["n_ctx"], engine()->info().n_ctx);
-    EXPECT_EQ(p["default_generation_settings"]["params"]["temperature"], 1.0);
+    EXPECT_FLOAT_EQ(p["default_generation_settings"]["params"]["temperature"].get<float>(), 0.8f);
+    EXPECT_EQ(p["default_generation_settings"]["params"]["top_k"], 40);
     EXPECT_EQ(p["total_slots"], 4);
     EXPECT_EQ(p["model_alias"], "tiny");
     EXPECT_EQ(p["model_path"], engine()->info().path);

@@ -51,21 +51,7 @@ void add_expert_lora(const KernelTable& table, ThreadPool* pool, MoeScratch& s, 
 void moe_experts(const KernelTable& table, ThreadPool* pool, MatmulObserver* observer, MoeScratch& s, const Tensor& x,
                  const Tensor& gate_exps, const Tensor& up_exps, const Tensor& down_exps, const Tensor& ids,
                  const Tensor& weights, std::span<const MoeLoraSegment> segs, const Tensor& out) {
-    for (const MoeLoraSegment& sg : segs)
-        for (int p = 0; p < 3; ++p) {
-            const Tensor& w = p == 0 ? gate_exps : p == 1 ? up_exps : down_exps;
-            if (!sg.a[p]) continue;
-            CERA_CHECK(sg.a[p].ne[0] == w.ne[0] && sg.a[p].ne[2] == w.ne[2] && sg.bt[p].ne[0] == w.ne[1] &&
-                           sg.bt[p].ne[1] == sg.a[p].ne[1] && sg.bt[p].ne[2] == w.ne[2] &&
-                           (sg.bt[p].type == GgmlType::kF32 || sg.bt[p].type == GgmlType::kF16) && sg.start >= 0 &&
-                           sg.start + sg.n <= x.rows(),
-                       "moe_ffn_lora: product %d, a {%lld, %lld, %lld}, bt {%lld, %lld, %lld}, experts {%lld, %lld, "
-                       "%lld}, rows %lld+%lld of %lld",
-                       p, (long long)sg.a[p].ne[0], (long long)sg.a[p].ne[1], (long long)sg.a[p].ne[2],
-                       (long long)sg.bt[p].ne[0], (long long)sg.bt[p].ne[1], (long long)sg.bt[p].ne[2],
-                       (long long)w.ne[0], (long long)w.ne[1], (long long)w.ne[2], (long long)sg.start, (long long)sg.n,
-                       (long long)x.rows());
-        }
+    moe_lora_checked(segs, gate_exps, up_exps, down_exps, x.rows());
     const int64_t n_tokens = x.rows(), n_embd = x.ne[0], n_ff = gate_exps.ne[1], n_expert = gate_exps.ne[2];
     const int k = int(ids.ne[0]);
     const int32_t* id = ids.as<const int32_t>();

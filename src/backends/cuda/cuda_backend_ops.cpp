@@ -279,23 +279,12 @@ void CudaBackend::moe_ffn_lora(const Tensor& x, const Tensor& gate_exps, const T
                                const Tensor& down_exps, const Tensor& ids, const Tensor& weights,
                                std::span<const MoeLoraSegment> segs, const Tensor& out) {
     // A segment's token rows [start, start + n) are the slot rows [start k, (start + n) k) of the products.
+    moe_lora_checked(segs, gate_exps, up_exps, down_exps, x.rows());
     const int64_t k = ids.ne[0];
     MoeLora lora;
     for (const MoeLoraSegment& sg : segs)
         for (int p = 0; p < 3; ++p) {
-            const Tensor& w = p == 0 ? gate_exps : p == 1 ? up_exps : down_exps;
             if (!sg.a[p] || sg.n == 0) continue;
-            const auto half_or_f32 = [](const Tensor& t) { return t.type == GgmlType::kF32 || t.type == GgmlType::kF16; };
-            CERA_CHECK(half_or_f32(sg.a[p]) && half_or_f32(sg.bt[p]) && sg.a[p].ne[0] == w.ne[0] &&
-                           sg.a[p].ne[2] == w.ne[2] && sg.bt[p].ne[0] == w.ne[1] && sg.bt[p].ne[1] == sg.a[p].ne[1] &&
-                           sg.bt[p].ne[2] == w.ne[2] && sg.a[p].ne[1] <= INT32_MAX && sg.start >= 0 &&
-                           sg.start + sg.n <= x.rows(),
-                       "moe_ffn_lora: product %d, a {%lld, %lld, %lld}, bt {%lld, %lld, %lld}, experts {%lld, %lld, "
-                       "%lld}, rows %lld+%lld of %lld",
-                       p, (long long)sg.a[p].ne[0], (long long)sg.a[p].ne[1], (long long)sg.a[p].ne[2],
-                       (long long)sg.bt[p].ne[0], (long long)sg.bt[p].ne[1], (long long)sg.bt[p].ne[2],
-                       (long long)w.ne[0], (long long)w.ne[1], (long long)w.ne[2], (long long)sg.start, (long long)sg.n,
-                       (long long)x.rows());
             LoraSegDev d;
             d.start = sg.start * k, d.n = sg.n * k, d.t_off = lora.t_floats[p], d.a = sg.a[p].data, d.bt = sg.bt[p].data;
             d.scale = sg.scale[p], d.r = int(sg.a[p].ne[1]);
@@ -407,8 +396,8 @@ void CudaBackend::warm_up_products(int64_t max_tokens) {
         y_elems = std::max(y_elems, size_t(rows * max_tokens));
     }
     if (w_elems == 0 || max_tokens <= kGemvMaxTokens) return;
-    // Operands of their own, freed after: the largest shape can be the LM head, whose F16 image a
-    // one-sequence run never needs. Without the memory for them the products stay cold (no error).
+    // Operands of their own, zeroed and freed after, so that no buffer of a step changes size or content.
+    // Without the memory for them the products stay cold (no error).
     void *w = nullptr, *x = nullptr, *y = nullptr;
     const bool have = cudaMalloc(&w, w_elems * 2) == cudaSuccess && cudaMalloc(&x, x_elems * 2) == cudaSuccess &&
                       cudaMalloc(&y, y_elems * 4) == cudaSuccess;

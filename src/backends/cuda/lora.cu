@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kUpThreads) lora_up_kernel(const float* __rest
             }
             __syncthreads();
             if (!col) continue;
-if constexpr (kExperts) {
+            if constexpr (kExperts) {
                 int64_t off[kUpRows];  // each row's Bᵀ (rows outside the segment have t = 0)
 #pragma unroll
                 for (int i = 0; i < kUpRows; ++i)

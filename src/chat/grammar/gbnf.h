@@ -6,9 +6,9 @@
 //
 // A rule is a list of alternatives; an alternative is a run of elements in `elems` that ends with
 // kEnd. An element matches one code point of a class (kChar) or a whole rule (kRef). Repetitions and
-// groups become generated rules, named after the rule they appear in ("object-2"). Parsing rejects
-// undefined rules, a missing root and left recursion (a rule that reaches itself without consuming
-// input), naming the rule and its line.
+// groups become generated rules, named after the rule they appear in ("object#2", a name no rule in the
+// text can have). Parsing rejects undefined rules, a missing root and left recursion (a rule that
+// reaches itself without consuming input), naming the rule and its line.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -15,6 +15,7 @@
 #include <set>
 #include <vector>
 
+#include "chat/grammar/json_schema_rules.h"
 #include "chat/grammar/multiple_of.h"
 #include "chat/grammar/number_range.h"
 #include "core/check.h"
@@ -23,107 +24,6 @@ namespace cera::grammar {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-// Shared primitives: their GBNF bodies, emitted when used.
-const std::map<std::string, std::string> kPrimitives = {
-    {"ws", R"(( " " | "\n" [ \t]{0,16} )?)"},
-    {"char", R"([^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} ))"},
-    {"string", R"("\"" char* "\"")"},
-    {"integer", R"("-"? ( "0" | [1-9] [0-9]{0,15} ))"},
-    {"number", R"("-"? ( "0" | [1-9] [0-9]{0,15} ) ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?)"},
-    {"boolean", R"("true" | "false")"},
-    {"null", R"("null")"},
-    {"value", R"(object | array | string | number | boolean | null)"},
-    {"object", R"("{" ws ( string ws ":" ws value ( ws "," ws string ws ":" ws value )* ws )? "}")"},
-    {"array", R"("[" ws ( value ( ws "," ws value )* ws )? "]")"},
-    {"hex", R"([0-9a-fA-F])"},
-    {"date",
-     R"([0-9]{4} "-" ( ( "0" [13578] | "1" [02] ) "-" ( "0" [1-9] | [12] [0-9] | "3" [01] ) | ( "0" [469] | "11" ) "-" ( "0" [1-9] | [12] [0-9] | "30" ) | "02-" ( "0" [1-9] | "1" [0-9] | "2" [0-8] ) ))"},
-    {"time",
-     R"(( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{1,6} )? ( "Z" | [+-] ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ))"},
-    {"uuid", R"(hex{8} "-" hex{4} "-" hex{4} "-" hex{4} "-" hex{12})"},
-    {"email-atom", R"([a-zA-Z0-9_+-]{1,32})"},
-    {"email-label", R"([a-zA-Z0-9] ( [a-zA-Z0-9-]{0,20} [a-zA-Z0-9] )?)"},
-    {"email", R"(email-atom ( "." email-atom ){0,3} "@" email-label ( "." email-label ){1,3})"},
-    {"ipv4-octet", R"("25" [0-5] | "2" [0-4] [0-9] | "1" [0-9] [0-9] | [1-9] [0-9] | [0-9])"},
-    {"ipv4", R"(ipv4-octet "." ipv4-octet "." ipv4-octet "." ipv4-octet)"},
-    {"hostname-label", R"([a-zA-Z0-9] ( [a-zA-Z0-9-]{0,38} [a-zA-Z0-9] )?)"},
-    {"hostname", R"(hostname-label ( "." hostname-label ){0,4})"},
-    // RFC 4291's text forms as RFC 3986 writes them: eight groups, "::" for a run of zero groups, the last
-    // two groups as an IPv4 address.
-    {"ipv6-h16", R"(hex{1,4})"},
-    {"ipv6-ls32", R"(ipv6-h16 ":" ipv6-h16 | ipv4)"},
-    {"ipv6",
-     R"(( ipv6-h16 ":" ){6} ipv6-ls32 | "::" ( ipv6-h16 ":" ){5} ipv6-ls32 | ipv6-h16? "::" ( ipv6-h16 ":" ){4} ipv6-ls32 | ( ( ipv6-h16 ":" ){0,1} ipv6-h16 )? "::" ( ipv6-h16 ":" ){3} ipv6-ls32 | ( ( ipv6-h16 ":" ){0,2} ipv6-h16 )? "::" ( ipv6-h16 ":" ){2} ipv6-ls32 | ( ( ipv6-h16 ":" ){0,3} ipv6-h16 )? "::" ipv6-h16 ":" ipv6-ls32 | ( ( ipv6-h16 ":" ){0,4} ipv6-h16 )? "::" ipv6-ls32 | ( ( ipv6-h16 ":" ){0,5} ipv6-h16 )? "::" ipv6-h16 | ( ( ipv6-h16 ":" ){0,6} ipv6-h16 )? "::")"},
-    {"duration-num", R"([0-9]{1,9})"},
-    {"duration-time",
-     R"("T" ( duration-num "H" ( duration-num "M" )? ( duration-num "S" )? | duration-num "M" ( duration-num "S" )? | duration-num "S" ))"},
-    {"duration",
-     R"("P" ( duration-num "Y" ( duration-num "M" )? ( duration-num "D" )? duration-time? | duration-num "M" ( duration-num "D" )? duration-time? | duration-num "D" duration-time? | duration-time | duration-num "W" ))"},
-    {"uri-pchar", R"([a-zA-Z0-9._~!$&'()*+,;=:@-] | "%" hex hex)"},
-    {"uri-qchar", R"(uri-pchar | [/?])"},
-    {"uri",
-     R"([a-zA-Z] [a-zA-Z0-9+.-]{0,15} ":" ( "//" hostname ( ":" [0-9]{1,5} )? ( "/" uri-pchar{0,32} ){0,6} | uri-pchar{1,32} ( "/" uri-pchar{0,32} ){0,5} ) ( "?" uri-qchar{0,128} )? ( "#" uri-qchar{0,64} )?)"},
-    // A relative reference (RFC 3986): a network path, an absolute path, a path whose first segment has no
-    // colon (else it would read as a scheme), or none, then the query and fragment.
-    {"uri-ncchar", R"([a-zA-Z0-9._~!$&'()*+,;=@-] | "%" hex hex)"},
-    {"uri-relative",
-     R"(( "//" hostname ( ":" [0-9]{1,5} )? ( "/" uri-pchar{0,32} ){0,6} | "/" ( uri-pchar{1,32} ( "/" uri-pchar{0,32} ){0,5} )? | uri-ncchar{1,32} ( "/" uri-pchar{0,32} ){0,5} )? ( "?" uri-qchar{0,128} )? ( "#" uri-qchar{0,64} )?)"},
-    {"uri-reference", R"(uri | uri-relative)"},
-    // RFC 6901, segments of printable ASCII ("~0" for "~", "~1" for "/"; no quote, backslash or brackets).
-    {"json-pointer-segment", R"(( [ !#-.0-Z^-}] | "~" [01] ){0,32})"},
-    {"json-pointer", R"(( "/" json-pointer-segment ){0,8})"},
-    {"relative-json-pointer", R"(( "0" | [1-9] [0-9]{0,3} ) ( "#" | json-pointer ))"},
-};
-// What each primitive refers to.
-const std::map<std::string, std::vector<std::string>> kPrimitiveDeps = {
-    {"string", {"char"}},
-    {"value", {"object", "array", "string", "number", "boolean", "null"}},
-    {"object", {"ws", "string", "value"}},
-    {"array", {"ws", "value"}},
-    {"uuid", {"hex"}},
-    {"email", {"email-atom", "email-label"}},
-    {"ipv4", {"ipv4-octet"}},
-    {"hostname", {"hostname-label"}},
-    {"uri-pchar", {"hex"}},
-    {"uri-qchar", {"uri-pchar"}},
-    {"uri", {"hostname", "uri-pchar", "uri-qchar"}},
-    {"uri-ncchar", {"hex"}},
-    {"uri-relative", {"hostname", "uri-pchar", "uri-qchar", "uri-ncchar"}},
-    {"uri-reference", {"uri", "uri-relative"}},
-    {"json-pointer", {"json-pointer-segment"}},
-    {"relative-json-pointer", {"json-pointer"}},
-    {"ipv6-h16", {"hex"}},
-    {"ipv6-ls32", {"ipv6-h16", "ipv4"}},
-    {"ipv6", {"ipv6-h16", "ipv6-ls32"}},
-    {"duration-time", {"duration-num"}},
-    {"duration", {"duration-num", "duration-time"}},
-};
-
-// The string formats, with the shortest and longest value their rules write (in characters, all ASCII):
-// minLength / maxLength beside a format hold when they admit all of that range.
-struct StringFormat {
-    const char* name;
-    int64_t min_len, max_len;
-};
-// password and binary are annotations that validators accept any string for: plain strings.
-constexpr StringFormat kFormats[] = {
-    {"password", 0, -1},
-    {"binary", 0, -1},
-    {"date", 10, 10},
-    {"time", 9, 21},
-    {"date-time", 20, 32},
-    {"uuid", 36, 36},
-    {"email", 5, 223},
-    {"uri", 3, 1389},
-    {"ipv4", 7, 15},
-    {"hostname", 1, 204},
-    {"ipv6", 2, 45},
-    {"duration", 3, 62},
-    {"uri-reference", 0, 1389},
-    {"json-pointer", 0, 520},
-    {"relative-json-pointer", 1, 524},
-};
 
 const std::set<std::string> kAnnotations = {"title",   "description", "$schema",    "$id",      "$comment",
                                             "default", "examples",    "deprecated", "readOnly", "writeOnly",
@@ -421,12 +321,18 @@ class Converter {
             }
             if (s.contains("pattern")) unsupported(path, "format together with pattern");
             const int64_t lo = count(s, "minLength", 0, path), hi = count(s, "maxLength", -1, path);
-            if (lo > fmt->min_len || (hi >= 0 && hi < fmt->max_len))
-                unsupported(path, "format '" + f + "' with minLength " + std::to_string(lo) + " / maxLength " +
-                                      (hi < 0 ? std::string("none") : std::to_string(hi)) + " (its values are " +
-                                      std::to_string(fmt->min_len) + " to " + std::to_string(fmt->max_len) +
-                                      " characters long)");
-            const std::string body = f == "date-time" ? prim("date") + " \"T\" " + prim("time") : prim(f);
+            std::string name = f;
+            if (lo > fmt->min_len || (hi >= 0 && hi < fmt->max_len)) {
+                // The eight-group form of ipv6 alone is 15 to 39 characters long.
+                if (f == "ipv6" && lo <= 15 && (hi < 0 || hi >= 39))
+                    name = "ipv6-full";
+                else
+                    unsupported(path, "format '" + f + "' with minLength " + std::to_string(lo) + " / maxLength " +
+                                          (hi < 0 ? std::string("none") : std::to_string(hi)) + " (its values are " +
+                                          std::to_string(fmt->min_len) + " to " + std::to_string(fmt->max_len) +
+                                          " characters long)");
+            }
+            const std::string body = f == "date-time" ? prim("date") + " \"T\" " + prim("time") : prim(name);
             return rule(hint, "\"\\\"\" " + body + " \"\\\"\"");
         }
         if (s.contains("pattern")) {
@@ -519,7 +425,10 @@ class Converter {
         const std::optional<Decimal> m = j.is_number() ? Decimal::parse(j.dump()) : std::nullopt;
         if (!m || m->negative || m->is_zero()) invalid(path, "multipleOf must be a number above 0");
         const std::optional<MultipleStep> step = multiple_step(*m, integer_only);
-        if (!step) unsupported(path, "multipleOf " + j.dump() + " (at most 7 significant digits and 16 decimals)");
+        if (!step)
+            unsupported(path, "multipleOf " + j.dump() +
+                                  " (at most 16 decimals, its digits without the point at most "
+                                  "1000000)");
         const MultipleRange r =
             multiple_range(*step, lo, hi, [&](const std::string& body) { return rule(hint + "-m", body); });
         if (r.too_large) unsupported(path, "multipleOf " + j.dump() + ": its grammar would be too large");
@@ -532,17 +441,32 @@ class Converter {
     std::string unique_array(const Json& s, int64_t lo, int64_t hi, const std::string& hint, const std::string& path) {
         if (s.contains("prefixItems")) unsupported(path, "uniqueItems with prefixItems");
         const Json items = s.contains("items") ? s["items"] : Json::object();
-        std::vector<std::string> values;  // the values' texts, each once
-        auto add = [&](const Json& v) {
-            const std::string t = literal(v.dump());
-            if (std::find(values.begin(), values.end(), t) == values.end()) values.push_back(t);
+        if (!items.is_object()) unsupported(path, "uniqueItems on items other than an enum, a const, booleans or null");
+        for (const auto& [k, v] : items.items())
+            if (k != "enum" && k != "const" && k != "type" && !kAnnotations.count(k))
+                unsupported(path + "/items", "the keyword '" + k + "' beside uniqueItems");
+        if (items.contains("enum") && items.contains("const")) unsupported(path + "/items", "enum and const together");
+        const std::string type =
+            items.contains("type") ? (items["type"].is_string() ? items["type"].get<std::string>() : "?") : "";
+        auto of_type = [&](const Json& v) {
+            if (type.empty()) return true;
+            if (type == "integer") return v.is_number_integer() || (v.is_number_float() && v == std::floor(double(v)));
+            return (type == "string" && v.is_string()) || (type == "number" && v.is_number()) ||
+                   (type == "boolean" && v.is_boolean()) || (type == "null" && v.is_null()) ||
+                   (type == "object" && v.is_object()) || (type == "array" && v.is_array());
         };
-        const std::string type = items.is_object() && items.contains("type") && items["type"].is_string()
-                                     ? items["type"].get<std::string>()
-                                     : "";
-        if (items.is_object() && items.contains("enum") && items["enum"].is_array())
+        // Values of the type, each once: equal as JSON (1 and 1.0, objects whatever their keys' order).
+        std::vector<std::string> values;
+        std::vector<nlohmann::json> seen;
+        auto add = [&](const Json& v) {
+            const nlohmann::json plain = nlohmann::json::parse(v.dump());
+            if (!of_type(v) || std::find(seen.begin(), seen.end(), plain) != seen.end()) return;
+            seen.push_back(plain);
+            values.push_back(literal(v.dump()));
+        };
+        if (items.contains("enum") && items["enum"].is_array())
             for (const auto& v : items["enum"]) add(v);
-        else if (items.is_object() && items.contains("const"))
+        else if (items.contains("const"))
             add(items["const"]);
         else if (type == "boolean")
             add(true), add(false);
@@ -679,6 +603,10 @@ class Converter {
         if (hi >= 0 && n_required > hi) invalid(path, "more required properties than maxProperties");
         if (extra.empty() && lo > int64_t(items.size()))
             invalid(path, "minProperties above the number of properties the schema allows");
+        // Additional properties may repeat a key (their keys are only kept apart from the listed ones), so a
+        // count is sure only when the required properties leave at most one of them to reach minProperties.
+        if (!extra.empty() && n_required < lo - 1)
+            unsupported(path, "minProperties that takes more than one additional property to reach");
         if ((int64_t(items.size()) + 1) * ((hi >= 0 ? hi : lo) + 2) > 4096)
             unsupported(path, "minProperties / maxProperties with this many properties");
         std::map<std::pair<size_t, int64_t>, std::optional<std::string>> memo;

@@ -8,7 +8,10 @@
 namespace cera::grammar {
 namespace {
 
-constexpr size_t kMaxIntDigits = 16;  // integer digits of the numbers written
+// Integer digits of the numbers written: 15, so that an integer multiple is below 2^53 and a validator
+// that reads numbers as doubles divides it exactly.
+constexpr size_t kMaxIntDigits = 15;
+constexpr size_t kMaxFracDigits = 16;
 constexpr uint64_t kMaxModulus = 1000000;
 
 // Magnitudes as decimal digit strings without leading zeros ("0" for zero).
@@ -232,7 +235,7 @@ std::optional<std::string> magnitudes(Writer& w, const std::string& a, const std
 
 std::optional<MultipleStep> multiple_step(const Decimal& m, bool integer_only) {
     const std::string digits = strip(m.int_digits + m.frac_digits);
-    if (m.negative || digits == "0" || digits.size() > 7 || m.frac_digits.size() > kMaxIntDigits) return std::nullopt;
+    if (m.negative || digits == "0" || digits.size() > 7 || m.frac_digits.size() > kMaxFracDigits) return std::nullopt;
     MultipleStep s{std::stoull(digits), int(m.frac_digits.size())};
     if (s.modulus > kMaxModulus) return std::nullopt;
     if (integer_only) {  // the least integer multiple of modulus / 10^frac: modulus / gcd(modulus, 10^frac)

@@ -17,11 +17,12 @@ struct MultipleStep {
     int frac = 0;
 };
 // The step of a multipleOf for an integer (integer_only: frac 0, the modulus the smallest integer multiple
-// of m) or for a number. nullopt when m is not positive or its modulus is above 10^6.
+// of m) or for a number. nullopt when m is not positive, has more than 16 decimals, or its modulus is
+// above 10^6.
 std::optional<MultipleStep> multiple_step(const Decimal& m, bool integer_only);
 
 // The multiples x of the step with lo <= x <= hi (< and > for bounds that are not inclusive; a missing
-// bound: no limit), written in decimal with an integer part of at most 16 digits without leading zeros
+// bound: no limit), written in decimal with an integer part of at most 15 digits without leading zeros
 // and, for frac > 0, a point and exactly frac digits. Rules that the expression refers to are made with
 // add_rule(body), which returns the rule's name.
 struct MultipleRange {
