@@ -26,6 +26,7 @@
 #include "models/model.h"
 #include "quantize/lora_gguf.h"
 #include "quantize/lora_merge.h"
+#include "test_devices.h"
 #include "test_util.h"
 
 namespace cera {
@@ -68,19 +69,6 @@ class LoraExperts : public ::testing::Test {
     void TearDown() override { fs::remove_all(dir_); }
     fs::path dir_;
 };
-
-// The devices to run on: the CPU, and CUDA in CUDA builds (skipped there without a GPU).
-std::vector<DeviceKind> devices() {
-#ifdef CERA_TEST_HAVE_CUDA
-    return {DeviceKind::kCpu, DeviceKind::kCuda};
-#else
-    return {DeviceKind::kCpu};
-#endif
-}
-
-std::string device_name(const ::testing::TestParamInfo<DeviceKind>& d) {
-    return d.param == DeviceKind::kCuda ? "cuda" : "cpu";
-}
 
 class LoraExpertsOn : public ::testing::TestWithParam<DeviceKind> {
  protected:
@@ -306,7 +294,8 @@ TEST_P(LoraExpertsOn, MixedBatchMatchesEachAlone) {
     std::printf("[ lora ] MoE experts, mixed batch against each alone: max |dlogit| = %.3g\n", worst);
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, LoraExpertsOn, ::testing::ValuesIn(devices()), device_name);
+INSTANTIATE_TEST_SUITE_P(Devices, LoraExpertsOn, ::testing::ValuesIn(test::devices()),
+                         [](const auto& d) { return std::string(device_kind_name(d.param)); });
 
 // An adapter whose experts do not match the model's: one line naming the tensor and both shapes.
 TEST_F(LoraExperts, AnotherExpertCountIsRefused) {

@@ -17,6 +17,7 @@
 #include "cera/error.h"
 #include "lora_batch.h"
 #include "models/model.h"
+#include "test_devices.h"
 #include "test_util.h"
 
 namespace cera {
@@ -25,17 +26,6 @@ namespace {
 using nlohmann::json;
 
 std::string fixture(const std::string& model) { return test::data_path("fixtures/" + model); }
-
-// The devices the model-level tests run on: the CPU, and CUDA in CUDA builds (skipped without a GPU).
-std::vector<DeviceKind> devices() {
-#ifdef CERA_TEST_HAVE_CUDA
-    return {DeviceKind::kCpu, DeviceKind::kCuda};
-#else
-    return {DeviceKind::kCpu};
-#endif
-}
-
-const char* device_name(DeviceKind d) { return d == DeviceKind::kCuda ? "cuda" : "cpu"; }
 
 // Skips the calling test when it asks for CUDA and no device is there.
 #define SKIP_WITHOUT(device)                                             \
@@ -83,8 +73,8 @@ TEST_P(LoraLogits, MatchFloat64Reference) {
     const std::vector<float> got = all_logits(*st, prompt0(c.model), n_vocab);
     const std::vector<float> ref = test::read_f32(fixture(c.model) + "/lora/" + c.ref);
     const double d = test::max_abs_diff(got, ref);
-    std::printf("[ lora ] %-4s %-10s %-9s scale %.1f: max |dlogit| = %.3g\n", device_name(device), c.model, c.adapter,
-                c.scale, d);
+    std::printf("[ lora ] %-4s %-10s %-9s scale %.1f: max |dlogit| = %.3g\n", device_kind_name(device), c.model,
+                c.adapter, c.scale, d);
     EXPECT_LT(d, 1e-2);
     // And the adapter makes a difference the test can see.
     st->set_lora({});
@@ -101,7 +91,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, LoraLogits,
                                                               Case{"tiny-qwen3", "lora.gguf", 0.5f, "logits_0_s05.f32"},
                                                               Case{"tiny-qwen3", "peft", 1.0f, "logits_0.f32"},
                                                               Case{"tiny-qwen3", "peft", 0.5f, "logits_0_s05.f32"}),
-                                            ::testing::ValuesIn(devices())));
+                                            ::testing::ValuesIn(test::devices())));
 
 class LoraModel : public ::testing::TestWithParam<std::tuple<const char*, DeviceKind>> {};
 
@@ -205,12 +195,12 @@ TEST_P(LoraModel, SwitchingAdaptersBetweenDecodeSteps) {
         }
     }
     std::printf("[ lora ] %-4s %-10s adapters switched between decode steps: max |dlogit| = %.3g\n",
-                device_name(device), m.c_str(), worst);
+                device_kind_name(device), m.c_str(), worst);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LoraModel,
                          ::testing::Combine(::testing::Values("tiny-lfm2", "tiny-qwen3"),
-                                            ::testing::ValuesIn(devices())));
+                                            ::testing::ValuesIn(test::devices())));
 
 // An adapter made for another model: a one-line error naming the tensor and both shapes.
 TEST(LoraLoad, AnotherModelIsRefusedWithTensorAndShapes) {

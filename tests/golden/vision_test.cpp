@@ -23,6 +23,7 @@
 #include "cera/error.h"
 #include "gguf/gguf.h"
 #include "gguf/writer.h"
+#include "test_devices.h"
 #include "test_util.h"
 #include "vision/encoder.h"
 #include "vision/image.h"
@@ -115,15 +116,6 @@ TEST_F(VisionGolden, PixelValuesMatchTheProcessor) {
     EXPECT_EQ(p.pieces[0].grid_w, 20);
     const std::vector<float> ref = test::read_f32(fx("ref/pixel_values_valid.f32"));
     EXPECT_LE(max_abs_diff(p.pieces[0].patches, ref), 1e-5f);
-}
-
-// The devices the encoder runs on: the CPU, and CUDA in CUDA builds (skipped without a GPU).
-std::vector<DeviceKind> devices() {
-#ifdef CERA_TEST_HAVE_CUDA
-    return {DeviceKind::kCpu, DeviceKind::kCuda};
-#else
-    return {DeviceKind::kCpu};
-#endif
 }
 
 // A backend on the device and the fixture's encoder on it (the encoder goes first).
@@ -240,7 +232,7 @@ TEST_P(VisionDevice, EncodeTakesTurnsWithAWaiter) {
     EXPECT_LE(max_abs_diff(taking_turns, alone), 1e-6f);
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, VisionDevice, ::testing::ValuesIn(devices()),
+INSTANTIATE_TEST_SUITE_P(Devices, VisionDevice, ::testing::ValuesIn(test::devices()),
                          [](const ::testing::TestParamInfo<DeviceKind>& i) {
                              return std::string(device_kind_name(i.param));
                          });

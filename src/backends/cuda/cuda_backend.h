@@ -168,7 +168,9 @@ class CudaBackend final : public Backend {
     // read that buffer is done, so the next product's expansion runs beside the current product.
     void expand(GemmNode& n);
     std::vector<GemmNode*> expansions_;  // the step's products that need one, in order
-    std::vector<std::pair<int64_t, int64_t>> gemm_shapes_;  // {rows, k} of every F16 cuBLAS product run
+    // {rows, k} of every F16 cuBLAS product run until warm_up_products, which ends the recording.
+    std::vector<std::pair<int64_t, int64_t>> gemm_shapes_;
+    bool record_shapes_ = true;
     size_t expanded_ = 0;               // how many of them are queued
     cudaStream_t side_ = nullptr;
     cudaEvent_t expand_done_[2] = {}, expand_free_[2] = {}, step_start_ = nullptr;

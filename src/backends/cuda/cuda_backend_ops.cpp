@@ -374,7 +374,8 @@ void CudaBackend::launch(GemmNode& n, const GemvArgs*) {
             if (!capturing_) CUDA_CHECK(cudaStreamWaitEvent(stream_, expand_done_[buf]));
             w16 = scratch_[buf ? kW16b : kW16a].ptr;
         }
-        if (std::find(gemm_shapes_.begin(), gemm_shapes_.end(), std::pair{rows, k}) == gemm_shapes_.end())
+        if (record_shapes_ &&
+            std::find(gemm_shapes_.begin(), gemm_shapes_.end(), std::pair{rows, k}) == gemm_shapes_.end())
             gemm_shapes_.push_back({rows, k});
         void* x16 = scratch(kX16, size_t(n_tokens * k) * 2);
         cuda::convert_f32_to_f16(n.x, n_tokens * k, x16, stream_);
@@ -389,8 +390,10 @@ void CudaBackend::launch(GemmNode& n, const GemvArgs*) {
 void CudaBackend::warm_up_products(int64_t max_tokens) {
     run_step();
     CERA_CHECK(!capturing_, "warm_up_products inside a step");
+    record_shapes_ = false;
+    const std::vector<std::pair<int64_t, int64_t>> shapes = std::move(gemm_shapes_);
     size_t w_elems = 0, x_elems = 0, y_elems = 0;
-    for (const auto& [rows, k] : gemm_shapes_) {
+    for (const auto& [rows, k] : shapes) {
         w_elems = std::max(w_elems, size_t(rows * k));
         x_elems = std::max(x_elems, size_t(max_tokens * k));
         y_elems = std::max(y_elems, size_t(rows * max_tokens));
@@ -405,7 +408,7 @@ void CudaBackend::warm_up_products(int64_t max_tokens) {
         CUDA_CHECK(cudaMemsetAsync(w, 0, w_elems * 2, stream_));
         CUDA_CHECK(cudaMemsetAsync(x, 0, x_elems * 2, stream_));
         const float one = 1.0f, zero = 0.0f;
-        for (const auto& [rows, k] : gemm_shapes_)
+        for (const auto& [rows, k] : shapes)
             for (int64_t n = kGemvMaxTokens + 1; n <= max_tokens; ++n)
                 CUBLAS_CHECK(cuda::cublas().gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(n), int(k), &one,
                                                     w, CUDA_R_16F, int(k), x, CUDA_R_16F, int(k), &zero, y, CUDA_R_32F,
