@@ -8,6 +8,11 @@ a request with an error ("does not match the expected Content-only format"), so 
 sends both servers the prompts that llama-server completes.
 
     bench/serve_prompts.py --url http://127.0.0.1:8080 --count 32 --tokens 128 --max-tokens 64 -o prompts.txt
+
+--ascii-bias FILE also writes {"logit_bias": {...}} banning every token whose text is not printable ASCII
+(each token id through /detokenize), for `cera bench-serve --extra-body FILE`: batched, llama-server still
+fails some requests of a random-weight model (its sums differ from one at a time), and with the bias every
+output is ASCII. The prompts are then kept with the bias on.
 """
 import argparse
 import json
@@ -33,6 +38,14 @@ def post(url, body, timeout=600):
         return e.code, None
 
 
+def post_get(url, timeout=600):
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--url", required=True)
@@ -42,7 +55,30 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--parallel", type=int, default=8)
     ap.add_argument("-o", "--out", required=True)
+    ap.add_argument("--ascii-bias", metavar="FILE")
+    ap.add_argument("--vocab", type=int, help="token count (default: the server's /v1/models meta.n_vocab)")
     a = ap.parse_args()
+
+    extra = {}
+    if a.ascii_bias:
+        n_vocab = a.vocab
+        if not n_vocab:
+            _, models = post_get(a.url + "/v1/models")
+            n_vocab = ((models or {}).get("data") or [{}])[0].get("meta", {}).get("n_vocab")
+            if not n_vocab:
+                sys.exit("serve_prompts: the server does not give its vocabulary size: pass --vocab")
+
+        def banned(i):
+            _, d = post(a.url + "/detokenize", {"tokens": [i]})
+            text = (d or {}).get("content", "")
+            return not text or any(not (c == "\n" or " " <= c <= "~") for c in text)
+
+        with ThreadPoolExecutor(a.parallel) as pool:
+            ban = [i for i, b in zip(range(n_vocab), pool.map(banned, range(n_vocab))) if b]
+        extra = {"logit_bias": {str(i): -100 for i in ban}}
+        with open(a.ascii_bias, "w") as f:
+            json.dump(extra, f)
+        print(f"serve_prompts: {len(ban)} of {n_vocab} tokens banned -> {a.ascii_bias}")
 
     def candidate(i):
         rng = random.Random(a.seed * 1000003 + i)  # the same candidates, in the same order, every run
@@ -51,7 +87,7 @@ def main():
         _, detok = post(a.url + "/detokenize", {"tokens": tok["tokens"][: a.tokens]})
         prompt = detok["content"].lstrip(" ")
         status, _ = post(a.url + "/v1/completions", {"prompt": prompt, "max_tokens": a.max_tokens,
-                                                      "temperature": 0, "ignore_eos": True})
+                                                      "temperature": 0, "ignore_eos": True, **extra})
         return prompt if status == 200 else None
 
     kept, tried = [], 0

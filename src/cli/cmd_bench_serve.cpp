@@ -1,5 +1,6 @@
 // `cera bench-serve --url URL [-c 8] [--requests 64] [--endpoint chat|completions] [--prompt-tokens 128 |
-// --prompts FILE] [--max-tokens 64] [--cancel-rate P] [--model NAME] [--api-key KEY] [--json]`: a load
+// --prompts FILE] [--max-tokens 64] [--cancel-rate P] [--model NAME] [--api-key KEY] [--extra-body JSON]
+// [--json]`: a load
 // generator for any OpenAI-compatible server (cera serve, llama.cpp's llama-server, vLLM). N clients
 // each send one request at a time until the total is reached; every request streams (server-sent
 // events), so that each one gives its time to first token and the gaps between its text chunks. It
@@ -10,7 +11,8 @@
 // server's /tokenize and /detokenize (llama.cpp's extras, which cera serve has too); without them the
 // word count stands in for the token count. Every request's prompt differs, so that no prefix cache
 // turns the prefill into a lookup. Requests ask for exactly --max-tokens tokens: "ignore_eos": true,
-// which cera serve and llama-server honour.
+// which cera serve and llama-server honour. --extra-body adds fields to every request (sampling settings,
+// a logit_bias that keeps a random-weight model's text valid UTF-8 for servers that refuse it otherwise).
 #include <httplib.h>
 
 #include <CLI/CLI.hpp>
@@ -29,8 +31,9 @@
 
 #include "cera/error.h"
 #include "cli/command.h"
-#include "cli/percentile.h"
+#include "cli/grammar_flags.h"
 #include "cli/parse_args.h"
+#include "cli/percentile.h"
 
 namespace cera::cli {
 namespace {
@@ -51,6 +54,7 @@ struct BenchServeOptions {
     double cancel_rate = 0.0;  // the share of requests the client abandons part-way through
     std::string model;         // empty: the first of /v1/models
     std::string api_key;
+    nlohmann::json extra_body = nlohmann::json::object();  // members added to every request body
     uint64_t seed = 1;
     int timeout_s = 600;  // per request, waiting for the next bytes
     bool json = false;
@@ -290,6 +294,7 @@ Sample run_request(httplib::Client& c, const Target& t, const BenchServeOptions&
                  {"stream_options", {{"include_usage", true}}},
                  {"ignore_eos", o.ignore_eos}};
     if (!model.empty()) body["model"] = model;
+    for (const auto& [key, value] : o.extra_body.items()) body[key] = value;
     if (chat)
         body["messages"] = json::array({{{"role", "user"}, {"content", prompt}}});
     else
@@ -468,9 +473,21 @@ int run_bench_serve(const std::vector<std::string>& args) {
     app.add_option("--timeout", o.timeout_s, "seconds to wait for a server's next bytes")
         ->capture_default_str()
         ->check(CLI::Range(1, 86400));
+    std::string extra_body;
+    app.add_option("--extra-body", extra_body,
+                   "a JSON object (its text, or a file holding it) whose members every request body gets");
     app.add_flag("--json", o.json, "print the results as one JSON object");
     if (int rc = parse_args(app, args, "bench-serve"); rc >= 0) return rc;
     o.ignore_eos = !keep_eos;
+    if (!extra_body.empty()) {
+        o.extra_body = json::parse(schema_text(extra_body), nullptr, false);  // the text, or a file's
+        if (!o.extra_body.is_object())
+            throw Error(ErrorCode::kInvalidArgument, "--extra-body: not a JSON object: " + extra_body.substr(0, 80));
+        for (const char* own : {"stream", "prompt", "messages"})
+            if (o.extra_body.contains(own))
+                throw Error(ErrorCode::kInvalidArgument,
+                            std::string("--extra-body: '") + own + "' is the tool's own field and cannot be set");
+    }
     const Target target = parse_url(o.url);
 
     auto control = connect(target, o);

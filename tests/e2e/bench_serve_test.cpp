@@ -125,6 +125,21 @@ TEST(BenchServe, PromptsFromAFileAndTheTextReport) {
     EXPECT_NE(r.out.find("ITL:"), std::string::npos) << r.out;
 }
 
+TEST(BenchServe, ExtraBodyMembersReachEveryRequest) {
+    Running s;
+    // The extra max_tokens overrides -n; the server stops every request there.
+    const auto inline_text =
+        bench("--url " + s.url + " -c 2 --requests 4 -n 9 --extra-body '{\"max_tokens\": 3}' --json");
+    ASSERT_EQ(inline_text.code, 0) << inline_text.err;
+    EXPECT_EQ(parse(inline_text)["output_tokens"], 4 * 3);
+    const std::string path = (std::filesystem::temp_directory_path() / "cera_bench_serve_extra.json").string();
+    std::ofstream(path) << R"({"max_tokens": 2, "top_k": 1})";
+    const auto from_file = bench("--url " + s.url + " --requests 3 -n 9 --extra-body " + shell_quote(path) + " --json");
+    std::filesystem::remove(path);
+    ASSERT_EQ(from_file.code, 0) << from_file.err;
+    EXPECT_EQ(parse(from_file)["output_tokens"], 3 * 2);
+}
+
 TEST(BenchServe, BadInputIsOneLine) {
     Running s("k2");
     auto one_line = [](const test::ShellResult& r) {
@@ -139,6 +154,9 @@ TEST(BenchServe, BadInputIsOneLine) {
     one_line(bench("--url " + s.url + " --api-key k2 --endpoint embeddings"));
     one_line(bench("--url " + s.url + " --api-key k2 --cancel-rate 2"));
     one_line(bench("--url " + s.url + " --api-key k2 --prompts /nonexistent/prompts.txt"));
+    one_line(bench("--url " + s.url + " --api-key k2 --extra-body '[1]'"));
+    one_line(bench("--url " + s.url + " --api-key k2 --extra-body '{\"stream\": false}'"));
+    one_line(bench("--url " + s.url + " --api-key k2 --extra-body /nonexistent/extra.json"));
 }
 
 }  // namespace
