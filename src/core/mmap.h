@@ -35,7 +35,8 @@ class MappedFile {
 void release_mapped_pages(const void* p, size_t bytes);
 
 // Fresh anonymous pages for `bytes` (at least one byte): the kernel zero-fills a page when it is first
-// touched, so a large buffer costs memory and time only where it is written. Throws std::bad_alloc.
+// touched, so a large buffer costs memory and time only where it is written (in 2 MiB huge pages from
+// 4 MiB up, where the kernel has them). Throws std::bad_alloc.
 // unmap_pages(p, bytes) gives them back.
 void* map_zero_pages(size_t bytes);
 void unmap_pages(void* p, size_t bytes);
