@@ -213,6 +213,7 @@ struct Sample {
     std::vector<double> gaps;   // seconds between consecutive text chunks
     int64_t prompt_tokens = -1;
     int64_t output_tokens = 0;  // the usage figure when the server sends one, else the text chunks
+    bool unanswered = false;    // the connection failed before any response came (see run_request's callers)
 };
 
 // Parses the server-sent events of one streamed completion as they arrive.
@@ -340,6 +341,7 @@ Sample run_request(httplib::Client& c, const Target& t, const BenchServeOptions&
         s.output_tokens = ev.chunks;
     } else if (!sent && status != 200) {
         s.error = std::string("HTTP request failed: ") + httplib::to_string(err);
+        s.unanswered = status < 0;
     } else if (status != 200) {
         const json j = json::parse(error_body, nullptr, false);
         std::string msg = j.is_object() && j.contains("error") && j["error"].is_object() &&
@@ -516,8 +518,22 @@ int run_bench_serve(const std::vector<std::string>& args) {
     for (int k = 0; k < std::min(o.clients, o.requests); ++k)
         clients.emplace_back([&] {
             auto c = connect(target, o);
-            for (int i; (i = next++) < o.requests;)
-                samples[size_t(i)] = run_request(*c, target, o, model, prompts[size_t(i)], cancel_after[size_t(i)], t0);
+            bool reused = false;
+            for (int i; (i = next++) < o.requests;) {
+                Sample& s = samples[size_t(i)];
+                s = run_request(*c, target, o, model, prompts[size_t(i)], cancel_after[size_t(i)], t0);
+                // A kept-alive connection that the server closed after its last answer fails the next
+                // request before any byte of a response, as HTTP clients know: once on a new connection,
+                // timed from the first attempt.
+                if (s.unanswered && reused) {
+                    const double first_start = s.start;
+                    c = connect(target, o);
+                    s = run_request(*c, target, o, model, prompts[size_t(i)], cancel_after[size_t(i)], t0);
+                    if (s.ttft >= 0) s.ttft += s.start - first_start;
+                    s.start = first_start;
+                }
+                reused = !s.unanswered;
+            }
         });
     for (auto& t : clients) t.join();
 

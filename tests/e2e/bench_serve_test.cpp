@@ -2,10 +2,15 @@
 // bundled tiny LFM2 model: the JSON output counts every request, every output token (ignore_eos
 // makes each request generate exactly --max-tokens) and the prompts' exact token lengths; random
 // cancels are counted as cancels and leave the server serving; bad input ends with one stderr line.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -138,6 +143,95 @@ TEST(BenchServe, ExtraBodyMembersReachEveryRequest) {
     std::filesystem::remove(path);
     ASSERT_EQ(from_file.code, 0) << from_file.err;
     EXPECT_EQ(parse(from_file)["output_tokens"], 3 * 2);
+}
+
+// A server that answers the first request of each connection and then, keeping the connection open
+// without saying so, reads the next request and closes it unanswered: what a server that ends kept-alive
+// connections at its own limit looks like to a client that sends on one just as it goes.
+class OneAnswerServer {
+ public:
+    OneAnswerServer() {
+        fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t len = sizeof(a);
+        EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&a), len), 0);
+        EXPECT_EQ(::listen(fd_, 16), 0);
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+        port_ = ntohs(a.sin_port);
+        thread_ = std::thread([this] {
+            for (int c; (c = ::accept(fd_, nullptr, nullptr)) >= 0;) std::thread([this, c] { serve(c); }).detach();
+        });
+    }
+    ~OneAnswerServer() {
+        ::shutdown(fd_, SHUT_RDWR);
+        ::close(fd_);
+        thread_.join();
+        while (open_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+    int unanswered() const { return unanswered_; }
+
+ private:
+    // The request's head and body; false when the peer closed first.
+    static bool read_request(int c, std::string& head) {
+        std::string buf;
+        char b[4096];
+        size_t end = std::string::npos;
+        while ((end = buf.find("\r\n\r\n")) == std::string::npos) {
+            const ssize_t n = ::recv(c, b, sizeof b, 0);
+            if (n <= 0) return false;
+            buf.append(b, size_t(n));
+        }
+        head = buf.substr(0, end);
+        size_t body = 0;
+        if (const size_t p = head.find("Content-Length: "); p != std::string::npos)
+            body = std::stoul(head.substr(p + 16));
+        while (buf.size() < end + 4 + body) {
+            const ssize_t n = ::recv(c, b, sizeof b, 0);
+            if (n <= 0) return false;
+            buf.append(b, size_t(n));
+        }
+        return true;
+    }
+    void serve(int c) {
+        ++open_;
+        std::string head;
+        if (read_request(c, head)) {
+            const bool models = head.rfind("GET /v1/models", 0) == 0;
+            const std::string body =
+                models ? R"({"object":"list","data":[{"id":"one"}]})"
+                       : "data: {\"choices\":[{\"text\":\"a\",\"finish_reason\":null}]}\n\n"
+                         "data: {\"choices\":[{\"text\":\"b\",\"finish_reason\":\"length\"}],"
+                         "\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n";
+            const std::string res = std::string("HTTP/1.1 200 OK\r\nContent-Type: ") +
+                                    (models ? "application/json" : "text/event-stream") +
+                                    "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+            ::send(c, res.data(), res.size(), MSG_NOSIGNAL);
+            if (read_request(c, head)) ++unanswered_;
+        }
+        ::close(c);
+        --open_;
+    }
+    int fd_ = -1, port_ = 0;
+    std::atomic<int> open_{0}, unanswered_{0};
+    std::thread thread_;
+};
+
+TEST(BenchServe, ARequestOnAConnectionTheServerClosedGoesAgain) {
+    OneAnswerServer s;
+    const std::string path = (std::filesystem::temp_directory_path() / "cera_bench_serve_one.txt").string();
+    std::ofstream(path) << "one\ntwo\n";
+    const auto r = bench("--url " + s.url() + " --endpoint completions -c 2 --requests 6 -n 2 --prompts " +
+                         shell_quote(path) + " --json");
+    std::filesystem::remove(path);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const json j = parse(r);
+    EXPECT_EQ(j["requests"]["ok"], 6);
+    EXPECT_EQ(j["requests"]["errors"], 0);
+    EXPECT_EQ(j["output_tokens"], 12);
+    EXPECT_GE(s.unanswered(), 1);  // the client did send on connections that the server then closed
 }
 
 TEST(BenchServe, BadInputIsOneLine) {
