@@ -144,6 +144,44 @@ TEST_F(CudaBackendTest, SwiGluPairMatchesCpu) {
     }
 }
 
+// The SwiGLU pair of a step of several tokens (a speculative verification, a few sequences' decode): the
+// staged kernel, whose blocks take the tokens side by side where that grid fits one wave (or one after
+// another), against the register kernel (a block a token) and the CPU backend.
+TEST_F(CudaBackendTest, SwiGluPairOfSeveralTokensMatches) {
+    using G = GgmlType;
+    auto regs = cuda_backend_with([](CudaOptions& o) { o.variants.glu_registers = true; });
+    Backend* bes[3] = {gpu_.get(), regs.get(), cpu_.get()};
+    for (G type : {G::kQ8_0, G::kQ4_0, G::kQ4_K, G::kQ6_K}) {
+        for (int64_t rows : {256, 2048}) {
+            const int64_t k = 512;
+            const auto wg = make_weight(type, randn(size_t(rows * k), rng_, 0.1f), rows, k);
+            const auto wu = make_weight(type, randn(size_t(rows * k), rng_, 0.1f), rows, k);
+            for (int64_t n : {2, 3, 8}) {
+                SCOPED_TRACE(std::string(type_name(type)) + " rows " + std::to_string(rows) + " tokens " +
+                             std::to_string(n));
+                const auto x0 = randn(size_t(n * k), rng_);
+                std::vector<float> out[3];
+                for (int i = 0; i < 3; ++i) {
+                    Backend& be = *bes[i];
+                    const int64_t ne[2] = {k, rows};
+                    Tensor tg = be.upload_weight(type, ne, wg.data()), tu = be.upload_weight(type, ne, wu.data());
+                    Tensor x = f32_on(be, {k, n}, &x0), g = f32_on(be, {rows, n}), u = f32_on(be, {rows, n});
+                    if (!be.step_begin(uint64_t(9100 + 16 * rows + n + 64 * int(type)))) {
+                        be.matmul(tg, x, Tensor{}, g);
+                        be.matmul(tu, x, Tensor{}, u);
+                        be.swiglu(g, u, g);
+                        be.step_end();
+                    }
+                    out[i] = get(g, be);
+                    for (Tensor* t : {&tg, &tu, &x, &g, &u}) be.free(*t);
+                }
+                EXPECT_LT(max_rel_diff(out[0], out[1]), 1e-5) << "staged vs register kernel";
+                EXPECT_LT(max_rel_diff(out[0], out[2]), 5e-2) << "against the CPU";
+            }
+        }
+    }
+}
+
 // A step recorded as a graph (or decode program) replays with new inputs.
 TEST_F(CudaBackendTest, GraphReplayTracksInputs) {
     const int64_t n = 4096, rows = 1024;

@@ -309,7 +309,8 @@ __device__ __forceinline__ void stage_rows(uint64_t* bar, uint8_t* const (&dst)[
 // whole SM's registers; at 8 (at most 80 registers) two blocks leave room for a block of the plain
 // GEMV beside them (the out-projection before, the down product after), and each x item read from
 // shared memory serves 4 rows instead of 2 (8 warps pair with the GEMV's carveout, gemv_carveout).
-// PRO: 0 no prologue, 1 the prologue, 2 the prologue with x in registers (k <= 2048).
+// PRO: 0 no prologue, 1 the prologue, 2 the prologue with x in registers (k <= 2048). gridDim.y blocks
+// share a row group, each taking every gridDim.y-th token of the batch.
 template <GgmlType T, int PRO, bool kWide, int W>
 __global__ void __launch_bounds__(W * 32, W == 16 ? 2 : 3) gemv_glu_stage_kernel(const GemvK a, int rb, int n_y) {
     constexpr int KR = PRO == 2 ? 512 / (W * 32) : 0;
@@ -346,7 +347,7 @@ __global__ void __launch_bounds__(W * 32, W == 16 ? 2 : 3) gemv_glu_stage_kernel
     mbar_wait(&bar, 0);
     trace_mark(1);
     const int n_items = int(a.nb) * Tr::kItems;
-    for (int t = 0; t < n_y; ++t) {
+    for (int t = int(blockIdx.y); t < n_y; t += int(gridDim.y)) {
         const uint8_t* xrow = PRO ? xs : a.xq + int64_t(t / a.x_div) * a.ldxq;
         const int8_t* xq = reinterpret_cast<const int8_t*>(xrow);
         const float* xd = reinterpret_cast<const float*>(xrow + a.k);
@@ -587,10 +588,11 @@ bool glu_pro_xreg(const GemvArgs& g) { return g.pro_xreg != 0 && g.pro_x && g.w.
 struct StagePlan {
     int rb = 0;
     size_t smem = 0;
+    int split = 1;  // blocks a row group: each takes every split-th token of the batch
 };
 
 template <GgmlType T, int PRO, bool kWide, int W>
-void launch_glu_stage_w(unsigned blocks, size_t smem, cudaStream_t s, const GemvK& p, int rb, int n_y) {
+void launch_glu_stage_w(dim3 blocks, size_t smem, cudaStream_t s, const GemvK& p, int rb, int n_y) {
     allow_dynamic_smem<gemv_glu_stage_kernel<T, PRO, kWide, W>>(smem);
     launch(gemv_glu_stage_kernel<T, PRO, kWide, W>, blocks, W * 32, smem, s, p, rb, n_y);
 }
@@ -599,7 +601,7 @@ void launch_glu_stage_w(unsigned blocks, size_t smem, cudaStream_t s, const Gemv
 // decoding wants more warps in flight, and Q8_0 (whose 8-warp kernel spills; its pairs are
 // staged only for small rows).
 template <GgmlType T, int PRO>
-void launch_glu_stage(bool wide, unsigned blocks, size_t smem, cudaStream_t s, const GemvK& p, int rb, int n_y) {
+void launch_glu_stage(bool wide, dim3 blocks, size_t smem, cudaStream_t s, const GemvK& p, int rb, int n_y) {
     const bool eight = !heavy_scales(T) && T != GgmlType::kQ8_0;
     if constexpr (T == GgmlType::kQ5_K) {
         if (wide) {
@@ -628,13 +630,19 @@ StagePlan glu_stage_plan(const GemvArgs& g, const GemvArgs& u) {
     if (!stage_aligned(g, qrow, mrow) || !stage_aligned(u, qrow, mrow)) return {};
     const int64_t per_row = 2 * (qrow + mrow), per_sm = device_attr<cudaDevAttrMaxSharedMemoryPerMultiprocessor>();
     const int64_t pro = g.pro_x ? int64_t(prologue_bytes(g.w.k, glu_pro_xreg(g))) : 0;
-    auto waves_ok = [&](int64_t rb) {
+    auto waves_ok = [&](int64_t rb, int64_t split) {
         const int64_t bytes = rb * per_row, fit = per_sm / (bytes + pro + 2048);  // + static and reserved memory
-        return g.rows % rb == 0 && bytes <= kGluStageMax && fit >= 1 && g.rows / rb <= fit * sm_count();
+        return g.rows % rb == 0 && bytes <= kGluStageMax && fit >= 1 && g.rows / rb * split <= fit * sm_count();
     };
     const bool heavy = heavy_scales(g.w.type);
     for (int64_t rb : {int64_t(heavy ? 64 : 32), int64_t(heavy ? 32 : 64)})
-        if (waves_ok(rb)) return {int(rb), size_t(rb * per_row)};
+        if (waves_ok(rb, 1)) {
+            // A block walks its tokens one after another (a chain of dot products, sums and barriers a
+            // token); where the grid still fits one wave with a block for each token, the tokens run side
+            // by side, each block staging the same rows (L2 hits after the first).
+            const int split = waves_ok(rb, g.n_y) ? int(g.n_y) : 1;
+            return {int(rb), size_t(rb * per_row), split};
+        }
     return {};
 }
 
@@ -719,7 +727,7 @@ void gemv_glu(const GemvArgs& gate, const GemvArgs& up, float* act, void* act_xq
     p.act_xq = static_cast<uint8_t*>(act_xq);
     cudaStream_t s = as_stream(stream);
     if (const StagePlan sp = glu_stage_plan(gate, up); sp.rb > 0) {
-        const unsigned blocks = unsigned(gate.rows / sp.rb);
+        const dim3 blocks(unsigned(gate.rows / sp.rb), unsigned(sp.split));
         // Q5_K in 32-byte items (one scale decode per 32 bytes). The register kernels keep 16-byte
         // items: wide ones take 126 registers at R = 2.
         const bool wide = gate.glu_wide != 0;
