@@ -161,7 +161,10 @@ class OneAnswerServer {
         ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
         port_ = ntohs(a.sin_port);
         thread_ = std::thread([this] {
-            for (int c; (c = ::accept(fd_, nullptr, nullptr)) >= 0;) std::thread([this, c] { serve(c); }).detach();
+            for (int c; (c = ::accept(fd_, nullptr, nullptr)) >= 0;) {
+                ++open_;  // before the thread starts, so that the destructor waits for it
+                std::thread([this, c] { serve(c); }).detach();
+            }
         });
     }
     ~OneAnswerServer() {
@@ -196,7 +199,6 @@ class OneAnswerServer {
         return true;
     }
     void serve(int c) {
-        ++open_;
         std::string head;
         if (read_request(c, head)) {
             const bool models = head.rfind("GET /v1/models", 0) == 0;
