@@ -1,4 +1,4 @@
-// The pieces the decode GEMV kernels share (gemv.cu, gemv_fused.cu, gemv_stream.cu): the launch
+// The pieces the decode GEMV kernels share (gemv.cu, gemv_glu.cu, gemv_fused.cu, gemv_stream.cu): the launch
 // parameters, the warp sums of several rows, the row dot products (weight loads issued before the PDL
 // wait, or rows in shared memory), and the host side's launch parameters from GemvArgs.
 #pragma once
