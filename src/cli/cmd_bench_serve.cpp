@@ -482,7 +482,7 @@ int run_bench_serve(const std::vector<std::string>& args) {
     if (int rc = parse_args(app, args, "bench-serve"); rc >= 0) return rc;
     o.ignore_eos = !keep_eos;
     if (!extra_body.empty()) {
-        o.extra_body = json::parse(schema_text(extra_body), nullptr, false);  // the text, or a file's
+        o.extra_body = json::parse(json_object_arg(extra_body), nullptr, false);
         if (!o.extra_body.is_object())
             throw Error(ErrorCode::kInvalidArgument, "--extra-body: not a JSON object: " + extra_body.substr(0, 80));
         for (const char* own : {"stream", "prompt", "messages"})

@@ -58,12 +58,12 @@ int run_grammar(const std::vector<std::string>& args) {
     if (int rc = parse_args(app, args, "grammar", validate); rc >= 0) return rc;
 
     if (from->parsed()) {
-        std::fputs(Grammar::json_schema_to_gbnf(schema_text(schema_out)).c_str(), stdout);
+        std::fputs(Grammar::json_schema_to_gbnf(json_object_arg(schema_out)).c_str(), stdout);
         return 0;
     }
     std::shared_ptr<const Grammar> g;
     try {
-        g = schema.empty() ? Grammar::parse(read_file_text(file)) : Grammar::from_json_schema(schema_text(schema));
+        g = schema.empty() ? Grammar::parse(read_file_text(file)) : Grammar::from_json_schema(json_object_arg(schema));
     } catch (const Error& e) {
         std::fprintf(stderr, "cera grammar: error: %s\n", e.what());
         return 2;

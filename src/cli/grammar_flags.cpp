@@ -15,7 +15,7 @@ std::string read_file_text(const std::string& path) {
     return ss.str();
 }
 
-std::string schema_text(const std::string& arg) {
+std::string json_object_arg(const std::string& arg) {
     const size_t first = arg.find_first_not_of(" \t\r\n");
     if (first != std::string::npos && arg[first] == '{') return arg;
     return read_file_text(arg);
@@ -37,7 +37,7 @@ std::shared_ptr<const Grammar> GrammarFlags::build() const {
     if (!grammar.empty()) return Grammar::parse(grammar);
     if (!grammar_file.empty()) return Grammar::parse(read_file_text(grammar_file));
     if (json) return Grammar::json();
-    if (!json_schema.empty()) return Grammar::from_json_schema(schema_text(json_schema));
+    if (!json_schema.empty()) return Grammar::from_json_schema(json_object_arg(json_schema));
     return nullptr;
 }
 

@@ -10,7 +10,7 @@
 namespace cera::cli {
 
 struct GrammarFlags {
-    std::string grammar, grammar_file, json_schema;  // json_schema: its text or a file's path (schema_text)
+    std::string grammar, grammar_file, json_schema;  // json_schema: its text or a file's path (json_object_arg)
     bool json = false;
 
     void add(CLI::App& app);
@@ -22,8 +22,9 @@ struct GrammarFlags {
 // A whole file as bytes. Throws cera::Error (kIo).
 std::string read_file_text(const std::string& path);
 
-// A JSON Schema given on the command line: the argument itself when it starts with '{' (after
-// whitespace), as llama.cpp's --json-schema takes it, else the text of the file it names.
-std::string schema_text(const std::string& arg);
+// A JSON object given on the command line (a JSON Schema, bench-serve's --extra-body): the argument
+// itself when it starts with '{' (after whitespace), as llama.cpp's --json-schema takes it, else the
+// text of the file it names.
+std::string json_object_arg(const std::string& arg);
 
 }  // namespace cera::cli
