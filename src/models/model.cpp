@@ -128,15 +128,21 @@ std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& o
                 throw_error(ErrorCode::kUnsupported,
                             "rotated KV caches (tq4, tq3) need heads of a power of two up to 1024, this model's are %lld",
                             (long long)sp.head_dim);
-    // Block types hold 32 elements: every head must start a block.
+    // Block types hold 32 elements of a token's row; on CUDA every head starts a block.
     for (GgmlType t : {opts.kv_type_k, opts.kv_type_v}) {
         const int64_t block = type_info(t).block_size;
         if (block <= 1) continue;
-        for (const LayerStateSpec& sp : m->arch_->state)
-            if (sp.kv_width > 0 && sp.head_dim % block != 0)
+        for (const LayerStateSpec& sp : m->arch_->state) {
+            if (sp.kv_width == 0) continue;
+            if (opts.device == DeviceKind::kCuda && sp.head_dim % block != 0)
                 throw_error(ErrorCode::kUnsupported,
-                            "KV cache type %s needs heads of a multiple of %lld, this model's are %lld", type_name(t),
-                            (long long)block, (long long)sp.head_dim);
+                            "KV cache type %s on CUDA needs heads of a multiple of %lld, this model's are %lld",
+                            type_name(t), (long long)block, (long long)sp.head_dim);
+            if (sp.kv_width % block != 0)
+                throw_error(ErrorCode::kUnsupported,
+                            "KV cache type %s needs rows of K and V of a multiple of %lld, this model's are %lld",
+                            type_name(t), (long long)block, (long long)sp.kv_width);
+        }
     }
     return m;
 }

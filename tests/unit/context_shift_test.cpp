@@ -261,6 +261,11 @@ TEST(ContextShiftSession, LlamaGeneratesPastTheContextF16) {
     generates_past_the_context(cera::test::source_path("models/stories260K.gguf"), cera::KvCacheType::kF16);
 }
 
+// Heads of 8: rotated and shifted keys in blocks that four heads share.
+TEST(ContextShiftSession, LlamaGeneratesPastTheContextTq4) {
+    generates_past_the_context(cera::test::source_path("models/stories260K.gguf"), cera::KvCacheType::kTq4);
+}
+
 TEST(ContextShiftSession, ShiftDropsHalfOfTheRestAndKeepsGoing) {
     auto e = cera::Engine::load(cera::test::source_path("models/tiny-lfm2-Q8_0.gguf"), {.device = "cpu", .threads = 1});
     cera::Session s(e, 64);

@@ -29,9 +29,10 @@ inline float dot_f32(const float* a, const float* b, int64_t n) {
 void rows_ref(const Args& a, int64_t r0, int64_t r1, float* scratch) {
     const int hd = a.head_dim;
     float* acc = scratch;
-    float* kv_buf = acc + hd;
-    float* scores = kv_buf + hd;
-    // head_dim elements from element offset off (a block boundary for the block types).
+    float* kv_buf = acc + hd;  // a head's blocks: up to head_dim + 62 elements
+    float* scores = kv_buf + hd + 64;
+    // head_dim elements from element offset off. A head of a block type may start inside a block and
+    // end inside another (heads narrower than a block share it): its blocks are decoded whole.
     auto row = [&](const void* base, Elem type, int64_t off) -> const float* {
         switch (type) {
             case Elem::kF32:
@@ -48,8 +49,10 @@ void rows_ref(const Args& a, int64_t r0, int64_t r1, float* scratch) {
                 const GgmlType t = type == Elem::kQ8_0   ? GgmlType::kQ8_0
                                    : type == Elem::kQ4_0 ? GgmlType::kQ4_0
                                                          : GgmlType::kQ3_KV;
-                dequantize_row_ref(t, static_cast<const uint8_t*>(base) + (off / 32) * row_size(t, 32), kv_buf, hd);
-                return kv_buf;
+                const int64_t skip = off % 32;
+                dequantize_row_ref(t, static_cast<const uint8_t*>(base) + (off / 32) * row_size(t, 32), kv_buf,
+                                   (skip + hd + 31) / 32 * 32);
+                return kv_buf + skip;
             }
         }
         return nullptr;

@@ -14,9 +14,12 @@
 
 namespace cera::cpu_attention {
 
-// The cache element types. The block types (Q8_0, Q4_0, Q3_KV: 32 elements a block) need head_dim % 32 == 0,
-// so that every head starts a block; the kernels read element offsets as block and place in the block.
+// The cache element types. The block types (Q8_0, Q4_0, Q3_KV: 32 elements a block) cover a token's row
+// of n_head_kv * head_dim elements, which must be a multiple of 32; heads narrower than a block share
+// one. The kernels read element offsets as block and place in the block.
 enum class Elem : uint8_t { kF32, kF16, kBF16, kQ8_0, kQ4_0, kQ3_KV };
+
+inline bool is_block(Elem e) { return e == Elem::kQ8_0 || e == Elem::kQ4_0 || e == Elem::kQ3_KV; }
 
 struct Args {
     const float* q = nullptr;      // f32 [n_tokens, n_head * head_dim]

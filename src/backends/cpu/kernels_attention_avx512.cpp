@@ -78,7 +78,9 @@ void rows_avx512(const Args& a, int64_t r0, int64_t r1, float* scratch) {
     const int hd = a.head_dim;
     const int nv = (hd + 15) / 16;  // vectors per head
     constexpr int kMaxVec = 16;     // head_dim <= 256 kept in registers; larger heads use the ref path
-    if (nv > kMaxVec) return rows_ref(a, r0, r1, scratch);
+    // The block types' loads take 16 elements from a multiple of 16.
+    if (nv > kMaxVec || (hd % 16 != 0 && (is_block(a.k_type) || is_block(a.v_type))))
+        return rows_ref(a, r0, r1, scratch);
     __mmask16 mask[kMaxVec];
     for (int i = 0; i < nv; ++i) mask[i] = __mmask16(hd - 16 * i >= 16 ? 0xffff : (1u << (hd - 16 * i)) - 1);
     float* scores = scratch;
