@@ -116,6 +116,8 @@ TEST(VisionCli, SynthMmprojLoadsAndBenchReportsEncodeTime) {
     EXPECT_GT(j["prompt_tokens"].get<int>(), 146);
     EXPECT_GT(j["encode_ms"].get<double>(), 0.0);
     EXPECT_GE(j["ttft_ms"].get<double>(), j["encode_ms"].get<double>());
+    EXPECT_GT(j["first_encode_ms"].get<double>(), 0.0);
+    EXPECT_GE(j["first_ttft_ms"].get<double>(), j["first_encode_ms"].get<double>());
 }
 
 TEST(VisionCli, BadInputIsOneLineError) {
