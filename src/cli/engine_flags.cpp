@@ -12,6 +12,9 @@ namespace cera::cli {
 void EngineFlags::add(CLI::App& app, unsigned parts) {
     app.add_option("-t,--threads", threads, "CPU threads (0: the physical cores)")->capture_default_str();
     app.add_option("--device", device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+    app.add_option("--tensor-parallel", tensor_parallel,
+                   "split the model over N ranks (CPU: the threads shared among them; sessions only, no LoRA)")
+        ->capture_default_str();
     app.add_flag("--no-warmup", no_warmup, "CUDA: skip the warm-up run at load (the first prompt then pays the device's set-up)");
     if (parts & kCtx)
         app.add_option("-c,--ctx", n_ctx, "context length (0: the model's, at most 4096)")->capture_default_str();
@@ -77,9 +80,11 @@ EngineOptions EngineFlags::options() const {
     if (n_batch < 1) throw Error(ErrorCode::kInvalidArgument, "--batch must be >= 1");
     if (!(cache_mib >= 0)) throw Error(ErrorCode::kInvalidArgument, "--cache-mib must be >= 0");
     if (!(lora_cache_mib >= 0)) throw Error(ErrorCode::kInvalidArgument, "--lora-cache-mib must be >= 0");
+    if (tensor_parallel < 1) throw Error(ErrorCode::kInvalidArgument, "--tensor-parallel must be >= 1");
     EngineOptions eo;
     eo.device = device;
     eo.threads = threads;
+    eo.tensor_parallel = tensor_parallel;
     eo.warmup = no_warmup ? EngineOptions::Warmup::kNone : EngineOptions::Warmup::kFirstUse;
     eo.n_ctx = n_ctx;
     eo.kv_type_k = parse_kv_cache_type(kv_type_k.empty() ? kv_type : kv_type_k);

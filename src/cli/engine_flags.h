@@ -14,6 +14,7 @@ namespace cera::cli {
 struct EngineFlags {
     std::string device = "auto";  // a command may set another default before add()
     int threads = 0;
+    int tensor_parallel = 1;  // --tensor-parallel
     bool no_warmup = false;
     int32_t n_ctx = 0;
     std::string kv_type = "f32";      // --kv-type: keys and values

@@ -72,6 +72,15 @@ struct Step {
     // keep_output_rows() keeps (their groups after the move). lora_segs: the step's scratch list.
     std::span<const LoraRows> lora, lora_out;
     std::vector<LoraSegment>* lora_segs = nullptr;
+    // Tensor parallelism (models/shard.h): the group this rank's pass belongs to, or null.
+    Communicator* comm = nullptr;
+    int rank = 0;
+
+    // x becomes the sum of every rank's x (the partial outputs of a block whose products' inputs are
+    // split); nothing without a group.
+    void all_reduce(const Tensor& x) const {
+        if (comm) comm->all_reduce(rank, *be, x);
+    }
 
     // out = w · x (+ bias), plus the LoRA deltas of w for the rows whose adapters adapt it. Every
     // projection an adapter may target goes through here.

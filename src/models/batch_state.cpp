@@ -13,6 +13,9 @@ namespace cera {
 
 BatchState::BatchState(const Model& model, const BatchStateOptions& o)
     : model_(model), be_(model.backend()), arch_(model.arch()) {
+    if (model.world() > 1)
+        throw_error(ErrorCode::kUnsupported, "the batched engine runs a model on one rank yet (tensor parallel %d)",
+                    model.world());
     if (o.max_seqs < 1 || o.block_size < 1 || !std::has_single_bit(unsigned(o.block_size)) || o.max_step_tokens < 1 ||
         o.kv_tokens < 0 || o.max_step_tokens >= (int64_t(1) << kStepKeyBits) || o.max_draft < 0)
         throw_error(ErrorCode::kInvalidArgument,

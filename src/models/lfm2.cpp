@@ -88,8 +88,9 @@ class Lfm2 final : public Architecture {
             moe_params_.normalize_weights = moe->normalize;
             moe_params_.weights_scale = moe->weights_scale;
         }
-        scratch.q_width = c.n_embd;
-        scratch.wide = std::max(c.n_ff, 3 * c.n_embd);
+        const Shard& sh = ctx.wl.shard();
+        scratch.q_width = c.n_embd / sh.world;  // a rank's query heads, or its conv channels
+        scratch.wide = std::max(c.n_ff, 3 * c.n_embd) / sh.world;
         layers_.resize(size_t(c.n_layer));
         state.resize(size_t(c.n_layer));
         for (int64_t il = 0; il < c.n_layer; ++il) {
@@ -100,7 +101,7 @@ class Lfm2 final : public Architecture {
             if (n_kv == 0) {
                 l.mixer = MixerKind::kShortConv;
                 l.conv = load_short_conv(ctx.wl, il, c.n_embd, c.l_cache);
-                state[size_t(il)] = {0, c.n_embd, c.l_cache - 1};
+                state[size_t(il)] = {0, l.conv.conv.ne[1], c.l_cache - 1};
                 ++info.n_conv_layers;
             } else {
                 l.mixer = MixerKind::kAttention;
@@ -113,6 +114,7 @@ class Lfm2 final : public Architecture {
                 a.norm_eps = c.eps;
                 a.sliding_window = c.sliding_window;
                 l.attn = load_attention(ctx.wl, il, a.shape);
+                a.shape = shard_shape(a.shape, sh);
                 state[size_t(il)] = {a.shape.kv_width(), 0, 0, c.head_dim, a.rope};
                 scratch.kv_width = std::max(scratch.kv_width, a.shape.kv_width());
                 ++info.n_attn_layers;
@@ -120,7 +122,7 @@ class Lfm2 final : public Architecture {
             if (moe && il >= moe->n_dense_lead) {
                 l.ffn_kind = FfnKind::kMoe;
                 l.moe = load_moe(ctx.wl, il, c.n_embd, moe->n_ff_exp, moe->n_expert);
-                scratch.wide = std::max(scratch.wide, moe->n_ff_exp);
+                scratch.wide = std::max(scratch.wide, moe->n_ff_exp / sh.world);
                 scratch.n_expert = moe->n_expert;
                 scratch.n_expert_used = moe->n_expert_used;
             } else {

@@ -12,6 +12,7 @@
 
 #include "backends/backend.h"
 #include "gguf/gguf.h"
+#include "models/shard.h"
 
 namespace cera {
 
@@ -46,13 +47,18 @@ class HParams {
 class WeightLoader {
  public:
     using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
-    WeightLoader(const gguf::File& f, Backend& be, ProgressFn progress = {});
+    WeightLoader(const gguf::File& f, Backend& be, ProgressFn progress = {}, Shard shard = {});
+    const Shard& shard() const { return shard_; }
 
-    // Any weight type the backend's matmul accepts (F32, F16, BF16, quantized).
-    Tensor matrix(const std::string& name, std::initializer_list<int64_t> ne);
+    // Any weight type the backend's matmul accepts (F32, F16, BF16, quantized). ne is the whole tensor's
+    // shape; with a split, this rank's share of it is loaded (parts: the split dimension is `parts`
+    // equal runs, each divided alike, as in_proj's B, C and X rows are). A split that does not divide
+    // evenly (in whole blocks for ne[0]) throws kUnsupported naming the tensor.
+    Tensor matrix(const std::string& name, std::initializer_list<int64_t> ne, Split split = Split::kNone,
+                  int parts = 1);
     Tensor matrix_optional(const std::string& name, std::initializer_list<int64_t> ne);
-    // F32 vectors and small tensors (norms, biases, conv kernels, rope factors).
-    Tensor f32(const std::string& name, std::initializer_list<int64_t> ne);
+    // F32 vectors and small tensors (norms, biases, conv kernels, rope factors); a bias splits as kCols.
+    Tensor f32(const std::string& name, std::initializer_list<int64_t> ne, Split split = Split::kNone);
     Tensor f32_optional(const std::string& name, std::initializer_list<int64_t> ne);
 
     bool has(const std::string& name) const { return f_.find_tensor(name) != nullptr; }
@@ -62,11 +68,19 @@ class WeightLoader {
     const std::unordered_map<std::string, Tensor>& matrices() const { return matrices_; }
     // Every weight matrix fetched so far (optional ones too), by device pointer.
     const std::unordered_map<const void*, std::string>& weight_names() const { return weight_names_; }
+    // The host copies of split weights that are not one range of the file's bytes; the backend may
+    // keep views into them, so they must outlive it.
+    std::vector<std::vector<uint8_t>> take_owned() { return std::move(owned_); }
 
  private:
-    Tensor load(const std::string& name, std::initializer_list<int64_t> ne, bool f32_only, bool optional);
+    Tensor load(const std::string& name, std::initializer_list<int64_t> ne, bool f32_only, bool optional,
+                Split split = Split::kNone, int parts = 1);
+    Tensor load_share(const std::string& name, const gguf::TensorInfo& ti, std::vector<int64_t> ne, Split split,
+                      int parts);
     const gguf::File& f_;
     Backend& be_;
+    Shard shard_;
+    std::vector<std::vector<uint8_t>> owned_;
     size_t n_loaded_ = 0;
     ProgressFn progress_;
     uint64_t bytes_done_ = 0, bytes_total_ = 0;

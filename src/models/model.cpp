@@ -4,6 +4,7 @@
 #include <cinttypes>
 
 #include "core/check.h"
+#include "core/cpu_features.h"
 #include "core/rotation.h"
 #include "gguf/gguf.h"
 #include "models/arch.h"
@@ -78,6 +79,9 @@ const std::string& Model::weight_name(const Tensor& w) const {
     return it == weight_names_.end() ? kNone : it->second;
 }
 
+// One rank's model: the backend, the architecture over its share of the weights.
+std::unique_ptr<Model> load_rank(const std::string& path, const ModelOptions& opts, Shard shard);
+
 std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& opts) {
     for (GgmlType t : {opts.kv_type_k, opts.kv_type_v})
         if (t != GgmlType::kF32 && t != GgmlType::kF16 && t != GgmlType::kBF16 && t != GgmlType::kQ8_0 &&
@@ -90,7 +94,30 @@ std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& o
                     type_name(opts.kv_type_k), type_name(opts.kv_type_v));
     if (opts.n_batch < 1) throw_error(ErrorCode::kInvalidArgument, "n_batch = %d: must be at least 1", opts.n_batch);
     if (opts.n_ctx < 0) throw_error(ErrorCode::kInvalidArgument, "n_ctx = %d: must not be negative", opts.n_ctx);
+    const int world = opts.tensor_parallel;
+    if (world < 1 || world > 64)
+        throw_error(ErrorCode::kInvalidArgument, "tensor_parallel = %d: expected 1 to 64 ranks", world);
+    if (world == 1) return load_rank(path, opts, Shard{});
+    // One CPU backend a rank, the threads shared out; CUDA ranks need a collective of device memory.
+    if (opts.device != DeviceKind::kCpu)
+        throw_error(ErrorCode::kUnsupported, "tensor parallel on %s: only CPU ranks are built yet",
+                    device_kind_name(opts.device));
+    if (opts.observer) throw_error(ErrorCode::kUnsupported, "tensor parallel: a matmul observer sees one rank only");
+    ModelOptions ro = opts;
+    ro.n_threads = std::max(1, (opts.n_threads > 0 ? opts.n_threads : cpu_features().physical_cores) / world);
+    std::unique_ptr<Model> m = load_rank(path, ro, Shard{0, world});
+    m->opts_ = opts;
+    ro.on_load_progress = nullptr;
+    for (int r = 1; r < world; ++r) m->ranks_.push_back(load_rank(path, ro, Shard{r, world}));
+    m->comm_ = make_host_communicator(world);
+    for (int r = 1; r < world; ++r) {
+        Model& rm = *m->ranks_[size_t(r - 1)];
+        rm.rank_ = r, rm.comm_ = m->comm_;
+    }
+    return m;
+}
 
+std::unique_ptr<Model> load_rank(const std::string& path, const ModelOptions& opts, Shard shard) {
     std::unique_ptr<Model> m(new Model());
     m->opts_ = opts;
     m->file_ = gguf::File::open(path);
@@ -111,8 +138,9 @@ std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& o
     bo.observer = opts.observer;
     m->backend_ = create_backend(bo);
     LoadContext ctx{*m->file_, *m->backend_, HParams(*m->file_, arch),
-                    WeightLoader(*m->file_, *m->backend_, opts.on_load_progress)};
+                    WeightLoader(*m->file_, *m->backend_, opts.on_load_progress, shard)};
     m->arch_ = make(ctx);
+    m->owned_ = ctx.wl.take_owned();
     if (opts.on_load_progress) {  // tensors the model does not use count as done
         uint64_t total = 0;
         for (const auto& t : m->file_->tensors()) total += t.n_bytes;

@@ -21,6 +21,7 @@
 
 #include "backends/backend.h"
 #include "core/dtype.h"
+#include "models/shard.h"
 
 namespace cera {
 
@@ -48,6 +49,9 @@ struct ModelOptions {
     std::function<void(uint64_t done, uint64_t total)> on_load_progress;
     // Sees the input of every product with a weight (CPU only; Model::weight_name() names the weight).
     MatmulObserver* observer = nullptr;
+    // Ranks the model is split over (models/shard.h, docs/tensor-parallel.md): each a backend of its own
+    // with a share of every layer; 1 = no split. CPU ranks share n_threads among them.
+    int tensor_parallel = 1;
     static constexpr int kDefaultMaxCtx = 4096;
 };
 
@@ -83,6 +87,13 @@ class Model {
     // The GGUF name of a weight matrix as the model passes it to the backend ("" for no weight).
     const std::string& weight_name(const Tensor& w) const;
 
+    // Tensor parallelism: the ranks (rank 0 is this model, the others hold the other shares of the
+    // weights on backends of their own) and the group they run their passes in (null for one rank).
+    int world() const { return 1 + int(ranks_.size()); }
+    const Model& rank_model(int r) const { return r == 0 ? *this : *ranks_[size_t(r - 1)]; }
+    int rank() const { return rank_; }
+    Communicator* comm() const { return comm_.get(); }
+
     // A new sequence with an empty cache. n_ctx = 0 takes default_n_ctx().
     std::unique_ptr<ModelState> create_state(int n_ctx = 0) const;
     // The context a sequence gets by default: the options' n_ctx, else the trained context (2048 when
@@ -91,6 +102,7 @@ class Model {
 
  private:
     friend std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& opts);
+    friend std::unique_ptr<Model> load_rank(const std::string& path, const ModelOptions& opts, Shard shard);
     Model() = default;
     ModelOptions opts_;
     ModelInfo info_;
@@ -99,6 +111,10 @@ class Model {
     std::unique_ptr<Architecture> arch_;
     std::shared_ptr<LoraCache> lora_;
     std::unordered_map<const void*, std::string> weight_names_;  // by device pointer
+    std::vector<std::vector<uint8_t>> owned_;                    // split weights' host bytes (WeightLoader::take_owned)
+    std::vector<std::unique_ptr<Model>> ranks_;                  // ranks 1 .. world - 1
+    std::shared_ptr<Communicator> comm_;                         // shared by the ranks
+    int rank_ = 0;
 };
 
 // Opens `path`, reads and validates the hyperparameters and tensors of its architecture

@@ -13,6 +13,7 @@
 #include "core/check.h"
 #include "models/arch.h"
 #include "models/context_shift.h"
+#include "models/sharded_state.h"
 
 namespace cera {
 namespace {
@@ -606,6 +607,7 @@ class SequenceState final : public ModelState {
     Step make_step(int64_t nt) {
         Step s;
         s.be = &be_;
+        s.comm = model_.comm(), s.rank = model_.rank();
         s.n_tokens = nt;
         s.ids = input_ints(ids_off_, nt).reshaped(nt);
         s.pos = input_ints(ids_off_ + n_batch_, nt).reshaped(nt);
@@ -744,8 +746,12 @@ int Model::default_n_ctx() const {
     return int(std::min<int64_t>(train > 0 ? train : 2048, ModelOptions::kDefaultMaxCtx));
 }
 
+std::unique_ptr<ModelState> make_sequence_state(const Model& model, int n_ctx) {
+    return std::make_unique<SequenceState>(model, n_ctx);
+}
+
 std::unique_ptr<ModelState> Model::create_state(int n_ctx) const {
-    return std::make_unique<SequenceState>(*this, n_ctx);
+    return world() > 1 ? make_sharded_state(*this, n_ctx) : make_sequence_state(*this, n_ctx);
 }
 
 }  // namespace cera

@@ -117,6 +117,7 @@ std::unique_ptr<Model> load_engine_model(const std::string& path, const EngineOp
 
     ModelOptions mo;
     mo.n_threads = options.threads;
+    mo.tensor_parallel = options.tensor_parallel;
     mo.n_ctx = options.n_ctx;
     mo.n_batch = options.n_batch;
     mo.kv_type_k = kv_ggml_type(options.kv_type_k);

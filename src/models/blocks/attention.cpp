@@ -1,23 +1,36 @@
 #include "models/blocks/attention.h"
 
+#include "core/check.h"
+
 namespace cera {
 
 AttentionWeights load_attention(WeightLoader& wl, int64_t il, const AttentionShape& s) {
+    shard_shape(s, wl.shard());  // the heads divide
     AttentionWeights w;
-    w.wq = wl.matrix(blk(il, "attn_q.weight"), {s.n_embd, s.q_width()});
-    w.wk = wl.matrix(blk(il, "attn_k.weight"), {s.n_embd, s.kv_width()});
-    w.wv = wl.matrix(blk(il, "attn_v.weight"), {s.n_embd, s.kv_width()});
-    w.wo = wl.matrix(blk(il, "attn_output.weight"), {s.q_width(), s.n_embd});
+    w.wq = wl.matrix(blk(il, "attn_q.weight"), {s.n_embd, s.q_width()}, Split::kRows);
+    w.wk = wl.matrix(blk(il, "attn_k.weight"), {s.n_embd, s.kv_width()}, Split::kRows);
+    w.wv = wl.matrix(blk(il, "attn_v.weight"), {s.n_embd, s.kv_width()}, Split::kRows);
+    w.wo = wl.matrix(blk(il, "attn_output.weight"), {s.q_width(), s.n_embd}, Split::kCols);
     if (s.bias == QkvBias::kPresent) {
-        w.bq = wl.f32(blk(il, "attn_q.bias"), {s.q_width()});
-        w.bk = wl.f32(blk(il, "attn_k.bias"), {s.kv_width()});
-        w.bv = wl.f32(blk(il, "attn_v.bias"), {s.kv_width()});
+        w.bq = wl.f32(blk(il, "attn_q.bias"), {s.q_width()}, Split::kCols);
+        w.bk = wl.f32(blk(il, "attn_k.bias"), {s.kv_width()}, Split::kCols);
+        w.bv = wl.f32(blk(il, "attn_v.bias"), {s.kv_width()}, Split::kCols);
     }
     if (s.qk_norm == QkNorm::kPerHead) {
         w.q_norm = wl.f32(blk(il, "attn_q_norm.weight"), {s.head_dim});
         w.k_norm = wl.f32(blk(il, "attn_k_norm.weight"), {s.head_dim});
     }
     return w;
+}
+
+AttentionShape shard_shape(const AttentionShape& s, const Shard& shard) {
+    if (s.n_head % shard.world != 0 || s.n_head_kv % shard.world != 0)
+        throw_error(ErrorCode::kUnsupported,
+                    "tensor parallel: %lld query heads and %lld KV heads do not divide among %d ranks",
+                    (long long)s.n_head, (long long)s.n_head_kv, shard.world);
+    AttentionShape l = s;
+    l.n_head /= shard.world, l.n_head_kv /= shard.world;
+    return l;
 }
 
 void attention_block(const Step& s, const AttentionWeights& w, const AttentionConfig& c, const LayerCache& cache,
@@ -51,6 +64,7 @@ void attention_block(const Step& s, const AttentionWeights& w, const AttentionCo
     be.attention(q, cache.k, cache.v, s.pos, p, attn);
     if (cache.rotated_v) be.rotate_heads(attn, int(sh.head_dim), true);
     s.linear(w.wo, attn, Tensor{}, y);
+    s.all_reduce(y);
 }
 
 }  // namespace cera

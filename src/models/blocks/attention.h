@@ -38,10 +38,15 @@ struct AttentionConfig {
     int sliding_window = 0;
 };
 
-// Reads blk.<il>.attn_{q,k,v,output}.weight (+ biases, + q/k norms) with their shapes checked.
+// Reads blk.<il>.attn_{q,k,v,output}.weight (+ biases, + q/k norms) with their shapes checked (s: the
+// whole layer's); a split loader takes its rank's heads of q, k and v and the matching columns of the
+// output projection.
 AttentionWeights load_attention(WeightLoader& wl, int64_t il, const AttentionShape& s);
+// A rank's heads of s: kUnsupported unless the query and KV heads both divide among the ranks.
+AttentionShape shard_shape(const AttentionShape& s, const Shard& shard);
 
 // y = Wo · Attention(RoPE(norm(Wq h)), RoPE(norm(Wk h)), Wv h); stores this batch's k and v in the cache.
+// c.shape is this rank's (shard_shape); y is summed over the ranks.
 //   h, y: f32 [n_tokens, n_embd]
 void attention_block(const Step& s, const AttentionWeights& w, const AttentionConfig& c, const LayerCache& cache,
                      const Tensor& h, const Tensor& y);

@@ -13,10 +13,11 @@ struct SwigluWeights {
     Tensor down;  // [n_embd, n_ff]  (W2)
 };
 
-// Reads blk.<il>.ffn_{gate,up,down}.weight.
+// Reads blk.<il>.ffn_{gate,up,down}.weight; a split loader takes its rank's rows of gate and up and the
+// matching columns of down (so for each expert of load_moe).
 SwigluWeights load_swiglu(WeightLoader& wl, int64_t il, int64_t n_embd, int64_t n_ff);
 
-// y = W2 (silu(W1 h) ⊙ W3 h);  h, y: f32 [n_tokens, n_embd]
+// y = W2 (silu(W1 h) ⊙ W3 h), summed over the ranks;  h, y: f32 [n_tokens, n_embd]
 void swiglu_block(const Step& s, const SwigluWeights& w, const Tensor& h, const Tensor& y);
 
 struct MoeWeights {

@@ -98,11 +98,12 @@ class DenseTransformer final : public Architecture {
             l.attn = load_attention(ctx.wl, il, attn_.shape);
             l.ffn = load_swiglu(ctx.wl, il, c.n_embd, c.n_ff);
         }
+        attn_.shape = shard_shape(attn_.shape, ctx.wl.shard());  // what this rank computes
         state.assign(size_t(c.n_layer), LayerStateSpec{attn_.shape.kv_width(), 0, 0, c.head_dim, attn_.rope});
         info.n_attn_layers = c.n_layer;
         scratch.q_width = attn_.shape.q_width();
         scratch.kv_width = attn_.shape.kv_width();
-        scratch.wide = c.n_ff;
+        scratch.wide = c.n_ff / ctx.wl.shard().world;
     }
 
     // (c) the layer loop

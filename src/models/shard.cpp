@@ -1,0 +1,53 @@
+#include "models/shard.h"
+
+#include <barrier>
+#include <vector>
+
+#include "core/check.h"
+
+namespace cera {
+namespace {
+
+// all_reduce over host buffers: each rank publishes its x; rank r adds up the r-th piece of every rank's
+// x (ranks in order, so every element is the same sum on every rank) and writes it into all of them.
+class HostCommunicator final : public Communicator {
+ public:
+    explicit HostCommunicator(int world) : world_(world), sync_(world), slots_(size_t(world)) {}
+    int world() const override { return world_; }
+
+    void all_reduce(int rank, Backend& be, const Tensor& x) override {
+        (void)be;
+        CERA_CHECK(x.type == GgmlType::kF32 && rank >= 0 && rank < world_, "all_reduce: rank %d of %d", rank, world_);
+        const int64_t n = x.n_elements();
+        slots_[size_t(rank)] = {x.as<float>(), n};
+        sync_.arrive_and_wait();
+        for (int r = 0; r < world_; ++r)
+            CERA_CHECK(slots_[size_t(r)].n == n, "all_reduce: rank %d has %lld elements, rank %d %lld", r,
+                       (long long)slots_[size_t(r)].n, rank, (long long)n);
+        const int64_t b = n * rank / world_, e = n * (rank + 1) / world_;
+        for (int64_t i = b; i < e; ++i) {
+            float s = slots_[0].p[i];
+            for (int r = 1; r < world_; ++r) s += slots_[size_t(r)].p[i];
+            for (int r = 0; r < world_; ++r) slots_[size_t(r)].p[i] = s;
+        }
+        sync_.arrive_and_wait();
+    }
+
+ private:
+    struct Slot {
+        float* p = nullptr;
+        int64_t n = 0;
+    };
+    int world_;
+    std::barrier<> sync_;
+    std::vector<Slot> slots_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_host_communicator(int world) {
+    CERA_CHECK(world >= 1, "make_host_communicator: world %d", world);
+    return std::make_unique<HostCommunicator>(world);
+}
+
+}  // namespace cera

@@ -1,0 +1,44 @@
+// Tensor parallelism (docs/tensor-parallel.md): a model split over `world` backends, each rank holding
+// a share of every layer's heads, channels and FFN columns and the whole residual stream. Products
+// whose outputs are split (q/k/v, gate/up, in_proj) take a range of the weight's rows; products whose
+// inputs are split (attention output, down, out_proj) take a range of its columns and leave partial
+// sums that one all-reduce a block adds up, as Megatron-LM splits a transformer.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "backends/backend.h"
+
+namespace cera {
+
+// Which share of a model a rank holds.
+struct Shard {
+    int rank = 0, world = 1;
+    // Rank's part [begin, end) of n items split as evenly as whole groups of `unit` items allow.
+    int64_t begin(int64_t n, int64_t unit = 1) const { return (n / unit) * rank / world * unit; }
+    int64_t end(int64_t n, int64_t unit = 1) const { return (n / unit) * (rank + 1) / world * unit; }
+    int64_t size(int64_t n, int64_t unit = 1) const { return end(n, unit) - begin(n, unit); }
+};
+
+// How a weight is divided among the ranks. GGUF order: ne[0] is a row's length (a product's input),
+// ne[1] the rows (its output); a stacked MoE weight has its experts in ne[2].
+enum class Split {
+    kNone,  // every rank holds all of it
+    kRows,  // ne[1] divided: each rank computes a range of the outputs (of every expert)
+    kCols,  // ne[0] divided: each rank multiplies a range of the inputs and holds a partial sum
+};
+
+// The ranks of one tensor-parallel model. Each rank calls the collectives from its own thread, in the
+// same order as every other rank, with its own backend's tensors.
+class Communicator {
+ public:
+    virtual ~Communicator() = default;
+    virtual int world() const = 0;
+    // x (f32) becomes the sum of every rank's x, in rank order, on every rank.
+    virtual void all_reduce(int rank, Backend& be, const Tensor& x) = 0;
+};
+
+// The collectives of ranks whose tensors are host memory (CPU backends), one thread a rank.
+std::unique_ptr<Communicator> make_host_communicator(int world);
+
+}  // namespace cera
