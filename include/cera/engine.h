@@ -40,8 +40,8 @@ struct LoraOptions {
 struct EngineOptions {
     std::string device = "auto";              // "auto" (a CUDA GPU when usable, else the CPU), "cpu", "cuda", "cuda:N"
     int threads = 0;                          // CPU worker threads; 0 = the physical cores
-    // Ranks the model is split over (tensor parallelism, docs/tensor-parallel.md): 1 = none. Sessions
-    // only; CPU ranks for now, sharing `threads`.
+    // Ranks the model is split over (tensor parallelism, docs/tensor-parallel.md): 1 = none. CPU ranks
+    // for now, sharing `threads`; no LoRA adapters with a split.
     int tensor_parallel = 1;
     int32_t n_ctx = 0;                        // context length of each session; 0 = the model's, at most 4096
     KvCacheType kv_type_k = KvCacheType::kF32;  // KV cache storage of the keys

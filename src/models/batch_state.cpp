@@ -8,14 +8,18 @@
 
 #include "core/check.h"
 #include "models/arch.h"
+#include "models/rank_thread.h"
 
 namespace cera {
 
 BatchState::BatchState(const Model& model, const BatchStateOptions& o)
     : model_(model), be_(model.backend()), arch_(model.arch()) {
-    if (model.world() > 1)
-        throw_error(ErrorCode::kUnsupported, "the batched engine runs a model on one rank yet (tensor parallel %d)",
-                    model.world());
+    // A split model: the other ranks' states take every call this one takes, so that their blocks, slots
+    // and steps are this one's; their steps run beside it, meeting in the collectives.
+    for (int r = 1; r < model.world(); ++r) {
+        ranks_.push_back(std::make_unique<BatchState>(model.rank_model(r), o));
+        threads_.push_back(std::make_unique<RankThread>());
+    }
     if (o.max_seqs < 1 || o.block_size < 1 || !std::has_single_bit(unsigned(o.block_size)) || o.max_step_tokens < 1 ||
         o.kv_tokens < 0 || o.max_step_tokens >= (int64_t(1) << kStepKeyBits) || o.max_draft < 0)
         throw_error(ErrorCode::kInvalidArgument,
@@ -96,6 +100,7 @@ BatchState::~BatchState() {
 
 uint64_t BatchState::pool_bytes() const {
     uint64_t n = 0;
+    for (const auto& r : ranks_) n += r->pool_bytes();
     for (const LayerCache& c : pool_)
         for (const Tensor* t : {&c.k, &c.v, &c.conv})
             if (*t) n += t->n_bytes();
@@ -103,6 +108,7 @@ uint64_t BatchState::pool_bytes() const {
 }
 
 int BatchState::add_sequence() {
+    for (const auto& r : ranks_) r->add_sequence();
     for (size_t i = 0; i < seqs_.size(); ++i) {
         Seq& s = seqs_[i];
         if (s.used) continue;
@@ -121,6 +127,7 @@ int BatchState::add_sequence() {
 
 void BatchState::remove_sequence(int seq) {
     CERA_CHECK(seq >= 0 && size_t(seq) < seqs_.size() && seqs_[size_t(seq)].used, "batch: no sequence %d", seq);
+    for (const auto& r : ranks_) r->remove_sequence(seq);
     Seq& s = seqs_[size_t(seq)];
     for (auto b = s.blocks.rbegin(); b != s.blocks.rend(); ++b) release_block(*b);
     s.blocks.clear(), s.tokens.clear(), s.hashes.clear();
@@ -134,6 +141,9 @@ void BatchState::set_lora(int seq, const LoraSet& set) {
     CERA_CHECK(seq >= 0 && size_t(seq) < seqs_.size() && seqs_[size_t(seq)].used && seqs_[size_t(seq)].position == 0,
                "batch: set_lora needs a new sequence");
     for (const LoraChoice& c : set) CERA_CHECK(c.adapter, "batch: set_lora with an empty adapter");
+    if (!set.empty() && model_.world() > 1)
+        throw_error(ErrorCode::kUnsupported, "LoRA adapters on a model split over %d ranks are not supported yet",
+                    model_.world());
     Seq& s = seqs_[size_t(seq)];
     s.lora = set;
     s.lora_key = lora_set_key(set);
@@ -142,6 +152,7 @@ void BatchState::set_lora(int seq, const LoraSet& set) {
 void BatchState::set_content_keys(int seq, std::span<const ContentKey> keys) {
     CERA_CHECK(seq >= 0 && size_t(seq) < seqs_.size() && seqs_[size_t(seq)].used && seqs_[size_t(seq)].position == 0,
                "batch: set_content_keys needs a new sequence");
+    for (const auto& r : ranks_) r->set_content_keys(seq, keys);
     seqs_[size_t(seq)].content.assign(keys.begin(), keys.end());
 }
 
@@ -208,6 +219,7 @@ void BatchState::share_full_blocks(Seq& s) {
 int64_t BatchState::attach_prefix(int seq, std::span<const int32_t> prompt) {
     CERA_CHECK(seq >= 0 && size_t(seq) < seqs_.size() && seqs_[size_t(seq)].used && seqs_[size_t(seq)].position == 0,
                "batch: attach_prefix needs a new sequence");
+    for (const auto& r : ranks_) r->attach_prefix(seq, prompt);
     Seq& s = seqs_[size_t(seq)];
     const int64_t max_blocks = (int64_t(prompt.size()) - 1) / block_;
     std::vector<int32_t> found;
@@ -254,6 +266,20 @@ int64_t BatchState::blocks_needed(int seq, int64_t n) const {
 }
 
 void BatchState::step(std::span<const Entry> entries, StepOutput& out, const std::function<void()>& meanwhile) {
+    if (!ranks_.empty()) {  // every rank's step at once; rank r's outputs go to scratch
+        rank_out_.resize(ranks_.size());
+        run_on_ranks(threads_, [&](int r) {
+            if (r == 0)
+                rank_step(entries, out, meanwhile);
+            else
+                ranks_[size_t(r - 1)]->step(entries, rank_out_[size_t(r - 1)]);
+        });
+        return;
+    }
+    rank_step(entries, out, meanwhile);
+}
+
+void BatchState::rank_step(std::span<const Entry> entries, StepOutput& out, const std::function<void()>& meanwhile) {
     const int64_t n_vocab = arch_.info.n_vocab;
     // Checks first: a step that throws changes nothing.
     int64_t n_tokens = 0, n_out = 0, blocks = 0;
@@ -371,6 +397,7 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out, const std
 
     Step s;
     s.be = &be_;
+    s.comm = model_.comm(), s.rank = model_.rank();
     s.n_tokens = n_tokens;
     s.ids = ids_.row_slice(0, 1).reshaped(n_tokens);
     s.pos = pos_t_.row_slice(0, 1).reshaped(n_tokens);
@@ -416,6 +443,7 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out, const std
 
 void BatchState::keep(int seq, int32_t n) {
     CERA_CHECK(seq >= 0 && size_t(seq) < seqs_.size() && seqs_[size_t(seq)].used, "batch: no sequence %d", seq);
+    for (const auto& r : ranks_) r->keep(seq, n);
     Seq& s = seqs_[size_t(seq)];
     CERA_CHECK(run_before(s) > 0 && n >= 1 && n <= s.verify_n, "batch: keep %d of sequence %d's %d verified tokens", n,
                seq, run_before(s));

@@ -24,6 +24,10 @@
 #include "models/model.h"
 
 namespace cera {
+class RankThread;
+}
+
+namespace cera {
 
 struct BatchStateOptions {
     int max_seqs = 8;               // sequence slots
@@ -143,10 +147,17 @@ class BatchState {
     void write_embd(std::span<const Entry> entries, const Tensor& x);
     // Step::lora and lora_out for the entries' sequences' adapters (nothing when none has any).
     void bind_lora(std::span<const Entry> entries, Step& s);
+    // step() on this rank alone.
+    void rank_step(std::span<const Entry> entries, StepOutput& out, const std::function<void()>& meanwhile);
 
     const Model& model_;
     Backend& be_;
     const Architecture& arch_;
+    // A model split over ranks (models/shard.h): the other ranks' states, fed every call this one takes,
+    // a thread each for their steps, and their steps' outputs (unread).
+    std::vector<std::unique_ptr<BatchState>> ranks_;
+    std::vector<std::unique_ptr<RankThread>> threads_;
+    std::vector<StepOutput> rank_out_;
     int block_ = 16;
     int64_t n_blocks_ = 0, max_blocks_ = 0, max_tokens_ = 0;
     std::vector<LayerCache> pool_;  // [n_layer]: K/V pools; short-conv layers: their states at block ends

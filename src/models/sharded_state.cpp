@@ -1,72 +1,15 @@
 #include "models/sharded_state.h"
 
-#include <condition_variable>
 #include <cstring>
-#include <exception>
 #include <functional>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include "core/check.h"
 #include "models/lora.h"
+#include "models/rank_thread.h"
 
 namespace cera {
 namespace {
-
-// A thread that runs one job at a time for a rank.
-class RankThread {
- public:
-    RankThread() : thread_([this] { loop(); }) {}
-    ~RankThread() {
-        {
-            std::lock_guard<std::mutex> lk(mu_);
-            stop_ = true;
-        }
-        cv_.notify_all();
-        thread_.join();
-    }
-    void post(std::function<void()> job) {
-        {
-            std::lock_guard<std::mutex> lk(mu_);
-            job_ = std::move(job), done_ = false, error_ = nullptr;
-        }
-        cv_.notify_all();
-    }
-    // Waits for the posted job; what it threw.
-    std::exception_ptr wait() {
-        std::unique_lock<std::mutex> lk(mu_);
-        cv_.wait(lk, [this] { return done_; });
-        return error_;
-    }
-
- private:
-    void loop() {
-        std::unique_lock<std::mutex> lk(mu_);
-        for (;;) {
-            cv_.wait(lk, [this] { return stop_ || (!done_ && job_); });
-            if (stop_) return;
-            std::function<void()> job = std::move(job_);
-            job_ = nullptr;
-            lk.unlock();
-            std::exception_ptr e;
-            try {
-                job();
-            } catch (...) {
-                e = std::current_exception();
-            }
-            lk.lock();
-            error_ = e, done_ = true;
-            cv_.notify_all();
-        }
-    }
-    std::mutex mu_;
-    std::condition_variable cv_;
-    std::function<void()> job_;
-    bool done_ = true, stop_ = false;
-    std::exception_ptr error_;
-    std::thread thread_;
-};
 
 class ShardedState final : public ModelState {
  public:
@@ -175,19 +118,10 @@ class ShardedState final : public ModelState {
     }
 
  private:
-    // f(r, state r) on every rank at once (rank 0 on the caller's thread); rethrows the first rank's
-    // error. The ranks check their inputs alike before any collective, so they throw alike.
+    // f(r, state r) on every rank at once. The ranks check their inputs alike before any collective, so
+    // they throw alike.
     void on_every_rank(const std::function<void(int, ModelState&)>& f) {
-        for (size_t r = 1; r < states_.size(); ++r) threads_[r - 1]->post([&f, this, r] { f(int(r), *states_[r]); });
-        std::exception_ptr first;
-        try {
-            f(0, *states_[0]);
-        } catch (...) {
-            first = std::current_exception();
-        }
-        for (auto& t : threads_)
-            if (std::exception_ptr e = t->wait(); e && !first) first = e;
-        if (first) std::rethrow_exception(first);
+        run_on_ranks(threads_, [&](int r) { f(r, *states_[size_t(r)]); });
     }
 
     std::vector<std::unique_ptr<ModelState>> states_;

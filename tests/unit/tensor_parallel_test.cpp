@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cera/error.h"
+#include "models/batch_state.h"
 #include "models/model.h"
 #include "test_util.h"
 
@@ -109,6 +110,60 @@ TEST(TensorParallel, WhatDoesNotSplitIsRefusedByName) {
         std::printf("  %s\n", e.what());
     }
     for (int bad : {0, -1, 65}) EXPECT_THROW(load(test::source_path("models/tiny-lfm2-Q8_0.gguf"), bad), Error);
+}
+
+// The batched engine's steps on a split model: three sequences, prompt chunks beside decoding, against
+// the same steps on the whole model (F32 weights: to rounding), and a cached prefix taken on every rank.
+TEST(TensorParallel, BatchedStepsMatchTheWholeModel) {
+    for (const char* m : {"tiny-lfm2", "tiny-qwen3"}) {
+        const std::string path = test::data_path(std::string("fixtures/") + m + "/model.gguf");
+        const std::vector<int32_t> ids = prompt(m);
+        auto whole = load(path, 1), split = load(path, 2);
+        BatchStateOptions bo;
+        bo.max_seqs = 4, bo.kv_tokens = 1024, bo.max_step_tokens = 96;
+        BatchState a(*whole, bo), b(*split, bo);
+        EXPECT_EQ(b.pool_bytes(), a.pool_bytes());  // the ranks' halves of every layer's heads and channels
+        const int64_t n_vocab = whole->info().n_vocab;
+        std::vector<int> sa, sb;
+        for (int i = 0; i < 3; ++i) sa.push_back(a.add_sequence()), sb.push_back(b.add_sequence());
+        ASSERT_EQ(sa, sb);
+        // Sequence i's prompt: ids from 7 i on, 40 + 20 i tokens, fed 24 a step; then decoding.
+        std::vector<std::vector<int32_t>> toks(3);
+        for (int i = 0; i < 3; ++i) toks[size_t(i)].assign(ids.begin() + 7 * i, ids.begin() + 7 * i + 40 + 20 * i);
+        std::vector<size_t> fed(3, 0);
+        double max_d = 0;
+        for (int step = 0; step < 10; ++step) {
+            std::vector<BatchState::Entry> es;
+            for (int i = 0; i < 3; ++i) {
+                const std::vector<int32_t>& t = toks[size_t(i)];
+                const size_t n = std::min<size_t>(24, t.size() - fed[size_t(i)]);
+                if (n == 0) continue;
+                es.push_back({sa[size_t(i)], std::span(t).subspan(fed[size_t(i)], n),
+                              fed[size_t(i)] + n == t.size() ? Pick::kLogits : Pick::kNone});
+                fed[size_t(i)] += n;
+            }
+            StepOutput oa, ob;
+            a.step(es, oa), b.step(es, ob);
+            ASSERT_EQ(oa.row_at, ob.row_at);
+            for (size_t e = 0; e < es.size(); ++e) {
+                if (es[e].pick != Pick::kLogits) continue;
+                const float* la = oa.logits.data() + oa.row_at[e];
+                const float* lb = ob.logits.data() + ob.row_at[e];
+                for (int64_t j = 0; j < n_vocab; ++j) max_d = std::max(max_d, double(std::fabs(la[j] - lb[j])));
+                // The whole model's pick is the next token of both.
+                const int i = int(std::find(sa.begin(), sa.end(), es[e].seq) - sa.begin());
+                toks[size_t(i)].push_back(int32_t(std::max_element(la, la + n_vocab) - la));
+            }
+        }
+        std::printf("  %s: batched steps, max |dlogit| %.3g\n", m, max_d);
+        EXPECT_LT(max_d, 1e-4 * 25);
+        for (int i = 0; i < 3; ++i) EXPECT_EQ(a.position(sa[size_t(i)]), b.position(sb[size_t(i)]));
+        // A fourth sequence repeating sequence 0's prompt takes its cached blocks on every rank.
+        const int na = a.add_sequence(), nb = b.add_sequence();
+        ASSERT_EQ(na, nb);
+        EXPECT_EQ(a.attach_prefix(na, toks[0]), b.attach_prefix(nb, toks[0]));
+        EXPECT_EQ(a.free_blocks(), b.free_blocks());
+    }
 }
 
 // A saved state restores on a split model; one saved by the whole model does not.
