@@ -76,10 +76,21 @@ struct Step {
     Communicator* comm = nullptr;
     int rank = 0;
 
+    bool pipeline = false;  // the group's ranks are pipeline stages (Shard::pipeline)
+    int world = 1;
+
     // x becomes the sum of every rank's x (the partial outputs of a block whose products' inputs are
-    // split); nothing without a group.
+    // split); nothing without a group, or between pipeline stages.
     void all_reduce(const Tensor& x) const {
-        if (comm) comm->all_reduce(rank, *be, x);
+        if (comm && !pipeline) comm->all_reduce(rank, *be, x);
+    }
+    // A pipeline stage's residual stream: from the stage before (all but the first), to the stage after
+    // (all but the last). Nothing otherwise.
+    void stage_in() const {
+        if (comm && pipeline && rank > 0) comm->recv(rank, *be, x);
+    }
+    void stage_out() const {
+        if (comm && pipeline && rank + 1 < world) comm->send(rank, *be, x);
     }
 
     // out = w · x (+ bias), plus the LoRA deltas of w for the rows whose adapters adapt it. Every
@@ -119,8 +130,10 @@ class Architecture {
 
     ModelInfo info;
     HeadWeights head;
-    std::vector<LayerStateSpec> state;  // [n_layer]
+    std::vector<LayerStateSpec> state;  // [n_layer] (empty specs for a pipeline stage's other layers)
     ScratchSpec scratch;
+    // The layers this rank runs (a pipeline stage's range; all of them otherwise).
+    int64_t layer_begin = 0, layer_end = 0;
 };
 
 // Everything an architecture factory reads from.

@@ -14,6 +14,11 @@ namespace cera {
 
 BatchState::BatchState(const Model& model, const BatchStateOptions& o)
     : model_(model), be_(model.backend()), arch_(model.arch()) {
+    // Pipeline stages hold different layers, so their block bookkeeping (conv snapshots) would part.
+    if (model.pipeline())
+        throw_error(ErrorCode::kUnsupported,
+                    "the batched engine cannot run pipeline stages yet (a shape that does not divide among %d ranks)",
+                    model.world());
     // A split model: the other ranks' states take every call this one takes, so that their blocks, slots
     // and steps are this one's; their steps run beside it, meeting in the collectives.
     for (int r = 1; r < model.world(); ++r) {
@@ -398,6 +403,7 @@ void BatchState::rank_step(std::span<const Entry> entries, StepOutput& out, cons
     Step s;
     s.be = &be_;
     s.comm = model_.comm(), s.rank = model_.rank();
+    s.pipeline = model_.pipeline(), s.world = s.comm ? s.comm->world() : 1;
     s.n_tokens = n_tokens;
     s.ids = ids_.row_slice(0, 1).reshaped(n_tokens);
     s.pos = pos_t_.row_slice(0, 1).reshaped(n_tokens);

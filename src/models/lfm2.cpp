@@ -89,12 +89,19 @@ class Lfm2 final : public Architecture {
             moe_params_.weights_scale = moe->weights_scale;
         }
         const Shard& sh = ctx.wl.shard();
-        scratch.q_width = c.n_embd / sh.world;  // a rank's query heads, or its conv channels
-        scratch.wide = std::max(c.n_ff, 3 * c.n_embd) / sh.world;
+        scratch.q_width = c.n_embd / sh.split();  // a rank's query heads, or its conv channels
+        scratch.wide = std::max(c.n_ff, 3 * c.n_embd) / sh.split();
         layers_.resize(size_t(c.n_layer));
         state.resize(size_t(c.n_layer));
+        layer_begin = sh.layer_begin(c.n_layer), layer_end = sh.layer_end(c.n_layer);
         for (int64_t il = 0; il < c.n_layer; ++il) {
             Lfm2Layer& l = layers_[size_t(il)];
+            const bool mine = il >= layer_begin && il < layer_end;  // a pipeline stage loads its own layers
+            if (c.n_head_kv[size_t(il)] == 0)
+                ++info.n_conv_layers;
+            else
+                ++info.n_attn_layers;
+            if (!mine) continue;
             l.attn_norm = ctx.wl.f32(blk(il, "attn_norm.weight"), {c.n_embd});
             l.ffn_norm = ctx.wl.f32(blk(il, "ffn_norm.weight"), {c.n_embd});
             const int64_t n_kv = c.n_head_kv[size_t(il)];
@@ -102,7 +109,6 @@ class Lfm2 final : public Architecture {
                 l.mixer = MixerKind::kShortConv;
                 l.conv = load_short_conv(ctx.wl, il, c.n_embd, c.l_cache);
                 state[size_t(il)] = {0, l.conv.conv.ne[1], c.l_cache - 1};
-                ++info.n_conv_layers;
             } else {
                 l.mixer = MixerKind::kAttention;
                 AttentionConfig& a = l.attn_cfg;
@@ -117,12 +123,11 @@ class Lfm2 final : public Architecture {
                 a.shape = shard_shape(a.shape, sh);
                 state[size_t(il)] = {a.shape.kv_width(), 0, 0, c.head_dim, a.rope};
                 scratch.kv_width = std::max(scratch.kv_width, a.shape.kv_width());
-                ++info.n_attn_layers;
             }
             if (moe && il >= moe->n_dense_lead) {
                 l.ffn_kind = FfnKind::kMoe;
                 l.moe = load_moe(ctx.wl, il, c.n_embd, moe->n_ff_exp, moe->n_expert);
-                scratch.wide = std::max(scratch.wide, moe->n_ff_exp / sh.world);
+                scratch.wide = std::max(scratch.wide, moe->n_ff_exp / sh.split());
                 scratch.n_expert = moe->n_expert;
                 scratch.n_expert_used = moe->n_expert_used;
             } else {
@@ -135,7 +140,8 @@ class Lfm2 final : public Architecture {
     // (c) the layer loop
     void forward(Step& s) const override {
         Backend& be = *s.be;
-        for (size_t il = 0; il < layers_.size(); ++il) {
+        s.stage_in();
+        for (size_t il = size_t(layer_begin); il < size_t(layer_end); ++il) {
             const Lfm2Layer& l = layers_[il];
             be.rms_norm(s.x, l.attn_norm, cfg_.eps, s.h);
             if (l.mixer == MixerKind::kShortConv)
@@ -151,6 +157,7 @@ class Lfm2 final : public Architecture {
                 moe_block(s, l.moe, moe_params_, s.h, s.y);
             be.add(s.x, s.y, 1.0f, s.x);
         }
+        s.stage_out();
     }
 
  private:

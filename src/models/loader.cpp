@@ -75,7 +75,7 @@ Tensor WeightLoader::load(const std::string& name, std::initializer_list<int64_t
     if (got.size() > 4) throw_error(ErrorCode::kInvalidFile, "tensor %s has %zu dimensions", name.c_str(), got.size());
     ++n_loaded_;
     Tensor t;
-    if (split == Split::kNone || shard_.world == 1) {
+    if (split == Split::kNone || shard_.world == 1 || shard_.pipeline) {
         const std::span<const int64_t> shape(got.data(), got.size());
         t = f_.mapped() ? be_.upload_mapped_weight(ti->type, shape, ti->data)
                         : be_.upload_weight(ti->type, shape, ti->data);

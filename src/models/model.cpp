@@ -105,16 +105,31 @@ std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& o
     if (opts.observer) throw_error(ErrorCode::kUnsupported, "tensor parallel: a matmul observer sees one rank only");
     ModelOptions ro = opts;
     ro.n_threads = std::max(1, (opts.n_threads > 0 ? opts.n_threads : cpu_features().physical_cores) / world);
-    std::unique_ptr<Model> m = load_rank(path, ro, Shard{0, world});
-    m->opts_ = opts;
-    ro.on_load_progress = nullptr;
-    for (int r = 1; r < world; ++r) m->ranks_.push_back(load_rank(path, ro, Shard{r, world}));
-    m->comm_ = make_host_communicator(world);
-    for (int r = 1; r < world; ++r) {
-        Model& rm = *m->ranks_[size_t(r - 1)];
-        rm.rank_ = r, rm.comm_ = m->comm_;
+    auto load_ranks = [&](bool pipeline) {
+        std::unique_ptr<Model> m = load_rank(path, ro, Shard{0, world, pipeline});
+        m->opts_ = opts;
+        if (pipeline && m->info_.n_layer < world)
+            throw_error(ErrorCode::kUnsupported, "pipeline parallel: %d ranks for %lld layers", world,
+                        (long long)m->info_.n_layer);
+        ModelOptions rest = ro;
+        rest.on_load_progress = nullptr;
+        for (int r = 1; r < world; ++r) m->ranks_.push_back(load_rank(path, rest, Shard{r, world, pipeline}));
+        m->comm_ = make_host_communicator(world);
+        m->pipeline_ = pipeline;
+        for (int r = 1; r < world; ++r) {
+            Model& rm = *m->ranks_[size_t(r - 1)];
+            rm.rank_ = r, rm.comm_ = m->comm_, rm.pipeline_ = pipeline;
+        }
+        return m;
+    };
+    // A shape whose heads, channels or columns do not divide among the ranks runs as pipeline stages of
+    // whole layers instead (the split loader names what did not divide: "tensor parallel: ...").
+    try {
+        return load_ranks(false);
+    } catch (const Error& e) {
+        if (e.code() != ErrorCode::kUnsupported || std::string_view(e.what()).rfind("tensor parallel:", 0) != 0) throw;
     }
-    return m;
+    return load_ranks(true);
 }
 
 std::unique_ptr<Model> load_rank(const std::string& path, const ModelOptions& opts, Shard shard) {

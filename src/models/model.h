@@ -93,6 +93,9 @@ class Model {
     const Model& rank_model(int r) const { return r == 0 ? *this : *ranks_[size_t(r - 1)]; }
     int rank() const { return rank_; }
     Communicator* comm() const { return comm_.get(); }
+    // The ranks are pipeline stages of whole layers (shapes that do not divide among them), the last
+    // stage's outputs the model's; else they split every layer.
+    bool pipeline() const { return pipeline_; }
 
     // A new sequence with an empty cache. n_ctx = 0 takes default_n_ctx().
     std::unique_ptr<ModelState> create_state(int n_ctx = 0) const;
@@ -115,6 +118,7 @@ class Model {
     std::vector<std::unique_ptr<Model>> ranks_;                  // ranks 1 .. world - 1
     std::shared_ptr<Communicator> comm_;                         // shared by the ranks
     int rank_ = 0;
+    bool pipeline_ = false;
 };
 
 // Opens `path`, reads and validates the hyperparameters and tensors of its architecture

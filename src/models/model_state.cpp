@@ -608,6 +608,7 @@ class SequenceState final : public ModelState {
         Step s;
         s.be = &be_;
         s.comm = model_.comm(), s.rank = model_.rank();
+        s.pipeline = model_.pipeline(), s.world = s.comm ? s.comm->world() : 1;
         s.n_tokens = nt;
         s.ids = input_ints(ids_off_, nt).reshaped(nt);
         s.pos = input_ints(ids_off_ + n_batch_, nt).reshaped(nt);

@@ -1,6 +1,9 @@
 #include "models/shard.h"
 
+#include <algorithm>
 #include <barrier>
+#include <condition_variable>
+#include <mutex>
 #include <vector>
 
 #include "core/check.h"
@@ -12,7 +15,8 @@ namespace {
 // x (ranks in order, so every element is the same sum on every rank) and writes it into all of them.
 class HostCommunicator final : public Communicator {
  public:
-    explicit HostCommunicator(int world) : world_(world), sync_(world), slots_(size_t(world)) {}
+    explicit HostCommunicator(int world)
+        : world_(world), sync_(world), slots_(size_t(world)), boxes_(size_t(std::max(world - 1, 1))) {}
     int world() const override { return world_; }
 
     void all_reduce(int rank, Backend& be, const Tensor& x) override {
@@ -33,7 +37,38 @@ class HostCommunicator final : public Communicator {
         sync_.arrive_and_wait();
     }
 
+    // One mailbox a stage boundary: rank's send() waits until the box is empty, fills it, recv() of rank
+    // + 1 waits until it is full and empties it.
+    void send(int rank, Backend& be, const Tensor& x) override {
+        (void)be;
+        CERA_CHECK(x.type == GgmlType::kF32 && rank >= 0 && rank + 1 < world_, "send: rank %d of %d", rank, world_);
+        Box& b = boxes_[size_t(rank)];
+        std::unique_lock<std::mutex> lk(b.mu);
+        b.cv.wait(lk, [&] { return !b.full; });
+        b.data.assign(x.as<const float>(), x.as<const float>() + x.n_elements());
+        b.full = true;
+        b.cv.notify_all();
+    }
+    void recv(int rank, Backend& be, const Tensor& x) override {
+        (void)be;
+        CERA_CHECK(x.type == GgmlType::kF32 && rank >= 1 && rank < world_, "recv: rank %d of %d", rank, world_);
+        Box& b = boxes_[size_t(rank - 1)];
+        std::unique_lock<std::mutex> lk(b.mu);
+        b.cv.wait(lk, [&] { return b.full; });
+        CERA_CHECK(int64_t(b.data.size()) == x.n_elements(), "recv: %zu elements sent, %lld expected", b.data.size(),
+                   (long long)x.n_elements());
+        std::copy(b.data.begin(), b.data.end(), x.as<float>());
+        b.full = false;
+        b.cv.notify_all();
+    }
+
  private:
+    struct Box {
+        std::mutex mu;
+        std::condition_variable cv;
+        std::vector<float> data;
+        bool full = false;
+    };
     struct Slot {
         float* p = nullptr;
         int64_t n = 0;
@@ -41,6 +76,7 @@ class HostCommunicator final : public Communicator {
     int world_;
     std::barrier<> sync_;
     std::vector<Slot> slots_;
+    std::vector<Box> boxes_;  // [world - 1]: box r carries rank r's output to rank r + 1
 };
 
 }  // namespace

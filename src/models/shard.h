@@ -11,9 +11,16 @@
 
 namespace cera {
 
-// Which share of a model a rank holds.
+// Which share of a model a rank holds: a share of every layer (tensor parallel), or with `pipeline`
+// whole layers, a range of them a rank (the fallback for shapes that do not divide).
 struct Shard {
     int rank = 0, world = 1;
+    bool pipeline = false;
+    // The ranks each layer's heads, channels and columns are divided among: world, or 1 for pipeline stages.
+    int split() const { return pipeline ? 1 : world; }
+    // The layers [layer_begin, layer_end) of n_layer that this rank runs.
+    int64_t layer_begin(int64_t n_layer) const { return pipeline ? begin(n_layer) : 0; }
+    int64_t layer_end(int64_t n_layer) const { return pipeline ? end(n_layer) : n_layer; }
     // Rank's part [begin, end) of n items split as evenly as whole groups of `unit` items allow.
     int64_t begin(int64_t n, int64_t unit = 1) const { return (n / unit) * rank / world * unit; }
     int64_t end(int64_t n, int64_t unit = 1) const { return (n / unit) * (rank + 1) / world * unit; }
@@ -36,6 +43,9 @@ class Communicator {
     virtual int world() const = 0;
     // x (f32) becomes the sum of every rank's x, in rank order, on every rank.
     virtual void all_reduce(int rank, Backend& be, const Tensor& x) = 0;
+    // Pipeline stages: rank + 1's recv() of x (f32, the same shape) gets what rank's send() of x holds.
+    virtual void send(int rank, Backend& be, const Tensor& x) = 0;
+    virtual void recv(int rank, Backend& be, const Tensor& x) = 0;
 };
 
 // The collectives of ranks whose tensors are host memory (CPU backends), one thread a rank.

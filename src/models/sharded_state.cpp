@@ -1,5 +1,6 @@
 #include "models/sharded_state.h"
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <vector>
@@ -13,41 +14,44 @@ namespace {
 
 class ShardedState final : public ModelState {
  public:
-    ShardedState(const Model& model, int n_ctx) : n_vocab_(model.info().n_vocab), n_embd_(model.info().n_embd) {
+    ShardedState(const Model& model, int n_ctx)
+        : n_vocab_(model.info().n_vocab), n_embd_(model.info().n_embd), out_(model.pipeline() ? model.world() - 1 : 0) {
         for (int r = 0; r < model.world(); ++r) states_.push_back(make_sequence_state(model.rank_model(r), n_ctx));
+        scratch_.resize(states_.size());
         threads_.resize(states_.size() - 1);
         for (auto& t : threads_) t = std::make_unique<RankThread>();
     }
 
     EvalResult eval(const EvalRequest& rq) override {
-        // The other ranks run the same step into scratch outputs: the same rows, so that their passes
-        // make the same collectives as rank 0's.
-        EvalRequest other = rq;
-        other.meanwhile = nullptr;
+        // The other ranks run the same step into scratch outputs of their own: the same rows, so that
+        // their passes make the same collectives as the output rank's.
         const size_t n_out = rq.all_logits ? rq.tokens.size() : 1;
-        auto scratch = [n_out](auto* p, auto& buf, int64_t width) {
-            buf.resize(p ? n_out * size_t(width) : 0);
-            return p ? buf.data() : nullptr;
-        };
-        other.logits = scratch(rq.logits, logits_, n_vocab_);
-        other.hidden = scratch(rq.hidden, hidden_, n_embd_);
-        other.argmax = scratch(rq.argmax, argmax_, 1);
-        top_ids_.resize(size_t(std::max(rq.top_k, 0)));
-        top_logits_.resize(top_ids_.size());
-        gathered_.resize(rq.gather.size());
-        other.top_ids = rq.top_ids ? top_ids_.data() : nullptr;
-        other.top_logits = rq.top_logits ? top_logits_.data() : nullptr;
-        other.gathered = rq.gathered ? gathered_.data() : nullptr;
         EvalResult result;
         on_every_rank([&](int r, ModelState& s) {
-            if (r == 0)
+            if (r == out_) {
                 result = s.eval(rq);
-            else
-                s.eval(other);
+                return;
+            }
+            Scratch& b = scratch_[size_t(r)];
+            auto buf = [n_out](auto* p, auto& v, size_t width) {
+                v.resize(p ? n_out * width : 0);
+                return p ? v.data() : nullptr;
+            };
+            EvalRequest other = rq;
+            other.meanwhile = nullptr;
+            other.logits = buf(rq.logits, b.logits, size_t(n_vocab_));
+            other.hidden = buf(rq.hidden, b.hidden, size_t(n_embd_));
+            other.argmax = buf(rq.argmax, b.argmax, 1);
+            b.top_ids.resize(size_t(std::max(rq.top_k, 0))), b.top_logits.resize(b.top_ids.size());
+            b.gathered.resize(rq.gather.size());
+            other.top_ids = rq.top_ids ? b.top_ids.data() : nullptr;
+            other.top_logits = rq.top_logits ? b.top_logits.data() : nullptr;
+            other.gathered = rq.gathered ? b.gathered.data() : nullptr;
+            s.eval(other);
         });
         return result;
     }
-    bool read_last_logits(float* logits_out) override { return states_[0]->read_last_logits(logits_out); }
+    bool read_last_logits(float* logits_out) override { return states_[size_t(out_)]->read_last_logits(logits_out); }
     int32_t position() const override { return states_[0]->position(); }
     int32_t n_ctx() const override { return states_[0]->n_ctx(); }
     void reset() override {
@@ -105,9 +109,21 @@ class ShardedState final : public ModelState {
     void shift(int32_t n_keep, int32_t n_discard) override {
         on_every_rank([&](int, ModelState& s) { s.shift(n_keep, n_discard); });
     }
-    bool has_recurrent_state() const override { return states_[0]->has_recurrent_state(); }
-    int32_t rewind_floor() const override { return states_[0]->rewind_floor(); }
+    // Pipeline stages hold different layers: the sequence is recurrent if any stage is.
+    bool has_recurrent_state() const override {
+        for (const auto& s : states_)
+            if (s->has_recurrent_state()) return true;
+        return false;
+    }
+    int32_t rewind_floor() const override {
+        int32_t f = 0;
+        for (const auto& s : states_) f = std::max(f, s->rewind_floor());
+        return f;
+    }
     void truncate(int32_t n) override {
+        if (n >= 0 && n <= position() && n < rewind_floor())  // refused before any stage moves
+            throw_error(ErrorCode::kInvalidArgument,
+                        "truncate to %d tokens: the recurrent state goes back to %d at most", n, rewind_floor());
         on_every_rank([&](int, ModelState& s) { s.truncate(n); });
     }
     void set_lora(const LoraSet& set) override {
@@ -127,8 +143,12 @@ class ShardedState final : public ModelState {
     std::vector<std::unique_ptr<ModelState>> states_;
     std::vector<std::unique_ptr<RankThread>> threads_;
     int64_t n_vocab_, n_embd_;
-    std::vector<int32_t> top_ids_, argmax_;
-    std::vector<float> top_logits_, gathered_, logits_, hidden_;
+    int out_;         // the rank whose outputs are the caller's: 0, or the last pipeline stage
+    struct Scratch {  // a rank's outputs that nobody reads
+        std::vector<float> logits, hidden, top_logits, gathered;
+        std::vector<int32_t> argmax, top_ids;
+    };
+    std::vector<Scratch> scratch_;  // [world]
 };
 
 }  // namespace

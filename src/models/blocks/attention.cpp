@@ -24,6 +24,7 @@ AttentionWeights load_attention(WeightLoader& wl, int64_t il, const AttentionSha
 }
 
 AttentionShape shard_shape(const AttentionShape& s, const Shard& shard) {
+    if (shard.pipeline) return s;
     if (s.n_head % shard.world != 0 || s.n_head_kv % shard.world != 0)
         throw_error(ErrorCode::kUnsupported,
                     "tensor parallel: %lld query heads and %lld KV heads do not divide among %d ranks",

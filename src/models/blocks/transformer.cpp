@@ -91,7 +91,8 @@ class DenseTransformer final : public Architecture {
         attn_.norm_eps = c.eps;
 
         layers_.resize(size_t(c.n_layer));
-        for (int64_t il = 0; il < c.n_layer; ++il) {
+        layer_begin = ctx.wl.shard().layer_begin(c.n_layer), layer_end = ctx.wl.shard().layer_end(c.n_layer);
+        for (int64_t il = layer_begin; il < layer_end; ++il) {
             DenseLayer& l = layers_[size_t(il)];
             l.attn_norm = ctx.wl.f32(blk(il, "attn_norm.weight"), {c.n_embd});
             l.ffn_norm = ctx.wl.f32(blk(il, "ffn_norm.weight"), {c.n_embd});
@@ -99,17 +100,20 @@ class DenseTransformer final : public Architecture {
             l.ffn = load_swiglu(ctx.wl, il, c.n_embd, c.n_ff);
         }
         attn_.shape = shard_shape(attn_.shape, ctx.wl.shard());  // what this rank computes
-        state.assign(size_t(c.n_layer), LayerStateSpec{attn_.shape.kv_width(), 0, 0, c.head_dim, attn_.rope});
+        state.assign(size_t(c.n_layer), LayerStateSpec{});
+        for (int64_t il = layer_begin; il < layer_end; ++il)
+            state[size_t(il)] = LayerStateSpec{attn_.shape.kv_width(), 0, 0, c.head_dim, attn_.rope};
         info.n_attn_layers = c.n_layer;
         scratch.q_width = attn_.shape.q_width();
         scratch.kv_width = attn_.shape.kv_width();
-        scratch.wide = c.n_ff / ctx.wl.shard().world;
+        scratch.wide = c.n_ff / ctx.wl.shard().split();
     }
 
     // (c) the layer loop
     void forward(Step& s) const override {
         Backend& be = *s.be;
-        for (size_t il = 0; il < layers_.size(); ++il) {
+        s.stage_in();
+        for (size_t il = size_t(layer_begin); il < size_t(layer_end); ++il) {
             const DenseLayer& l = layers_[il];
             be.rms_norm(s.x, l.attn_norm, cfg_.eps, s.h);
             attention_block(s, l.attn, attn_, s.cache[il], s.h, s.y);
@@ -119,6 +123,7 @@ class DenseTransformer final : public Architecture {
             swiglu_block(s, l.ffn, s.h, s.y);
             be.add(s.x, s.y, scales_.residual, s.x);
         }
+        s.stage_out();
     }
 
  private:
