@@ -116,7 +116,8 @@ struct Step {
 struct HeadWeights {
     Tensor token_embd;   // [n_vocab, n_embd]
     Tensor output_norm;  // f32 [n_embd]
-    Tensor output;       // [n_vocab, n_embd]; token_embd when tied
+    Tensor output;       // [n_vocab, n_embd]; token_embd when tied; a tensor-parallel rank's rows of it
+    int64_t vocab_begin = 0;  // the vocabulary row that output's first row is
     float norm_eps = 1e-5f;
     float embedding_scale = 1.0f;
     float logit_scale = 1.0f;
@@ -168,7 +169,12 @@ struct StepBuffers {
 constexpr int kStepKeyBits = 24;
 uint64_t new_step_serial();
 
-// logits = output · hidden / logit_scale:  hidden f32 [m, n_embd], logits f32 [m, n_vocab].
-void lm_head(Backend& be, const HeadWeights& head, const Tensor& hidden, const Tensor& logits);
+// logits = output · hidden / logit_scale:  hidden f32 [m, n_embd], logits f32 [m, n_vocab]. A rank of a
+// tensor-parallel model (comm) computes its rows of the vocabulary into `local` (f32 [m, rows], at least)
+// and gathers every rank's into logits.
+void lm_head(Backend& be, const HeadWeights& head, const Tensor& hidden, const Tensor& logits,
+             Communicator* comm = nullptr, int rank = 0, const Tensor& local = {});
+// Whether a rank computes only its rows of the LM head (and needs lm_head's `local`).
+inline bool head_split(const HeadWeights& head, int64_t n_vocab) { return head.output.ne[1] != n_vocab; }
 
 }  // namespace cera

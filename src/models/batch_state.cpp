@@ -83,6 +83,8 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
     const int64_t n_out = std::min(nt, ns * (1 + int64_t(max_draft_)));
     hidden_ = be_.alloc(GgmlType::kF32, {info.n_embd, n_out});
     logits_ = be_.alloc(GgmlType::kF32, {info.n_vocab, n_out});
+    if (head_split(arch_.head, info.n_vocab))  // a tensor-parallel rank's rows of the vocabulary
+        logits_local_ = be_.alloc(GgmlType::kF32, {arch_.head.output.ne[1], n_out});
     picks_t_ = be_.alloc(GgmlType::kI32, {n_out});
     serial_ = new_step_serial();
     if (recurrent_) {
@@ -98,8 +100,8 @@ BatchState::~BatchState() {
     for (Tensor& t : conv_states_)
         if (t) be_.free(t);
     act_.free(be_);
-    for (Tensor* t : {&table_t_, &seq_t_, &ids_, &pos_t_, &rows_t_, &hidden_, &logits_, &picks_t_, &top_t_, &gather_t_,
-                      &segs_t_, &snaps_t_})
+    for (Tensor* t : {&table_t_, &seq_t_, &ids_, &pos_t_, &rows_t_, &hidden_, &logits_, &logits_local_, &picks_t_,
+                      &top_t_, &gather_t_, &segs_t_, &snaps_t_})
         if (*t) be_.free(*t);
 }
 
@@ -435,7 +437,7 @@ void BatchState::rank_step(std::span<const Entry> entries, StepOutput& out, cons
         arch_.forward(s);
         if (n_out > 0) {  // keep_output_rows() moved the output rows to the front of s.x
             be_.rms_norm(s.x.row_slice(0, n_out), arch_.head.output_norm, arch_.head.norm_eps, hid);
-            lm_head(be_, arch_.head, hid, lg);
+            lm_head(be_, arch_.head, hid, lg, model_.comm(), model_.rank(), logits_local_);
         }
         if (decode) be_.step_end();
     }

@@ -181,6 +181,7 @@ class BatchState {
     Tensor table_t_, seq_t_, ids_, pos_t_, rows_t_;
     StepBuffers act_;        // the activations of max_step_tokens tokens
     Tensor hidden_, logits_;  // [max_seqs, n_embd], [max_seqs, n_vocab]
+    Tensor logits_local_;     // a tensor-parallel rank's rows of the vocabulary (lm_head's scratch), or empty
     Tensor picks_t_;          // i32 [max_seqs]: arg-max ids
     std::vector<Tensor> conv_states_;  // [n_layer]: short-conv layers: f32 [max_seqs, (L - 1) * n_embd], a row a slot
     Tensor segs_t_, snaps_t_;  // i32 [max_seqs, kConvSegInts], [.., 2]: Backend::short_conv_segments's descriptors

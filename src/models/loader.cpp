@@ -97,6 +97,14 @@ Tensor WeightLoader::load_share(const std::string& name, const gguf::TensorInfo&
     const int dim = split == Split::kCols ? 0 : 1;
     const int64_t unit = dim == 0 ? tt.block_size : 1;
     const int64_t n = ne[size_t(dim)];
+    if (split == Split::kVocab) {  // one range of whole rows: a view of the file's bytes where it is mapped
+        CERA_CHECK(parts == 1 && ne[2] * ne[3] == 1, "load %s: a vocabulary split of a stack", name.c_str());
+        const size_t row_bytes = row_size(ti.type, ne[0]);
+        const int64_t b = shard_.begin(n), e = shard_.end(n);
+        const int64_t shape[2] = {ne[0], e - b};
+        const uint8_t* at = static_cast<const uint8_t*>(ti.data) + row_bytes * size_t(b);
+        return f_.mapped() ? be_.upload_mapped_weight(ti.type, shape, at) : be_.upload_weight(ti.type, shape, at);
+    }
     if (parts < 1 || n % (int64_t(parts) * shard_.world * unit) != 0)
         throw_error(ErrorCode::kUnsupported,
                     "tensor parallel: tensor %s's ne[%d] = %lld%s does not divide among %d ranks%s", name.c_str(), dim,

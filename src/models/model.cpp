@@ -59,8 +59,15 @@ void load_common(LoadContext& ctx, Architecture& a, int64_t n_embd, int64_t n_la
                         ctx.hp.key("vocab_size").c_str(), v, n_vocab);
     }
     a.head.token_embd = ctx.wl.matrix("token_embd.weight", {n_embd, n_vocab});
-    a.head.output = ctx.wl.matrix_optional("output.weight", {n_embd, n_vocab});
-    if (!a.head.output) a.head.output = a.head.token_embd;
+    const Shard& sh = ctx.wl.shard();
+    if (sh.split() > 1) {  // a tensor-parallel rank computes its rows of the vocabulary
+        const bool tied = !ctx.file.find_tensor("output.weight");
+        a.head.output = ctx.wl.matrix(tied ? "token_embd.weight" : "output.weight", {n_embd, n_vocab}, Split::kVocab);
+        a.head.vocab_begin = sh.begin(n_vocab);
+    } else {
+        a.head.output = ctx.wl.matrix_optional("output.weight", {n_embd, n_vocab});
+        if (!a.head.output) a.head.output = a.head.token_embd;
+    }
     a.head.output_norm = ctx.wl.f32(norm_name, {n_embd});
     a.head.norm_eps = norm_eps;
     a.info.arch = ctx.hp.arch();

@@ -107,6 +107,8 @@ class SequenceState final : public ModelState {
         act_.alloc(be_, arch_, nb);
         hidden_ = be_.alloc(GgmlType::kF32, {n_embd, nb});
         logits_ = be_.alloc(GgmlType::kF32, {info.n_vocab, std::max<int64_t>(2, std::min<int64_t>(kLogitRows, nb))});
+        if (head_split(arch_.head, info.n_vocab))  // a tensor-parallel rank's rows of the vocabulary
+            logits_local_ = be_.alloc(GgmlType::kF32, {arch_.head.output.ne[1], logits_.rows()});
         next_id_ = be_.alloc(GgmlType::kI32, {1});
         picks_t_ = be_.alloc(GgmlType::kI32, {logits_.rows()});
     }
@@ -122,7 +124,8 @@ class SequenceState final : public ModelState {
         for (LayerCache& c : kept_)
             if (c.conv) be_.free(c.conv);
         act_.free(be_);
-        for (Tensor* t : {&inputs_, &hidden_, &logits_, &next_id_, &picks_t_, &top_out_, &top_gather_}) be_.free(*t);
+        for (Tensor* t : {&inputs_, &hidden_, &logits_, &next_id_, &picks_t_, &top_out_, &top_gather_, &logits_local_})
+            if (*t) be_.free(*t);
     }
 
     EvalResult eval(const EvalRequest& rq) override {
@@ -620,7 +623,8 @@ class SequenceState final : public ModelState {
 
     // logits_[row..row+m) = output · hidden_[j..j+m) / logit_scale
     void lm_head(int64_t j, int64_t m, int64_t row = 0) {
-        cera::lm_head(be_, arch_.head, hidden_.row_slice(j, m), logits_.row_slice(row, m));
+        cera::lm_head(be_, arch_.head, hidden_.row_slice(j, m), logits_.row_slice(row, m), model_.comm(), model_.rank(),
+                      logits_local_);
     }
 
     const Model& model_;
@@ -642,6 +646,7 @@ class SequenceState final : public ModelState {
     StepBuffers act_;           // the activations of n_batch tokens
     Tensor hidden_;             // f32 [n_batch, n_embd] after the final norm
     Tensor logits_;             // f32 [kLogitRows, n_vocab]
+    Tensor logits_local_;       // a tensor-parallel rank's rows of the vocabulary (lm_head's scratch), or empty
     Tensor next_id_;            // i32 [1]: the greedy head's arg-max
     Tensor picks_t_;            // i32 [kLogitRows]: EvalRequest::argmax of logits_' rows
     int32_t* argmax_out_ = nullptr;  // the current eval()'s EvalRequest::argmax
@@ -713,9 +718,20 @@ void StepBuffers::view(Step& s, int64_t n) const {
         *to = first_rows(*from, n);
 }
 
-void lm_head(Backend& be, const HeadWeights& head, const Tensor& hidden, const Tensor& logits) {
-    be.matmul(head.output, hidden, Tensor{}, logits);
-    if (head.logit_scale != 1.0f) be.scale(logits, 1.0f / head.logit_scale);
+void lm_head(Backend& be, const HeadWeights& head, const Tensor& hidden, const Tensor& logits, Communicator* comm,
+             int rank, const Tensor& local) {
+    const int64_t rows = head.output.ne[1];
+    if (rows == logits.ne[0]) {
+        be.matmul(head.output, hidden, Tensor{}, logits);
+        if (head.logit_scale != 1.0f) be.scale(logits, 1.0f / head.logit_scale);
+        return;
+    }
+    CERA_CHECK(comm && local && local.ne[0] >= rows && local.rows() >= hidden.rows(),
+               "lm_head: a rank's %lld rows of the vocabulary need the group and a scratch", (long long)rows);
+    const Tensor part = local.reshaped(rows, local.rows()).row_slice(0, hidden.rows());
+    be.matmul(head.output, hidden, Tensor{}, part);
+    if (head.logit_scale != 1.0f) be.scale(part, 1.0f / head.logit_scale);
+    comm->all_gather_cols(rank, be, part, logits, head.vocab_begin);
 }
 
 bool Step::keep_output_rows() {

@@ -37,6 +37,21 @@ class HostCommunicator final : public Communicator {
         sync_.arrive_and_wait();
     }
 
+    void all_gather_cols(int rank, Backend& be, const Tensor& local, const Tensor& full, int64_t col0) override {
+        (void)be;
+        CERA_CHECK(local.type == GgmlType::kF32 && full.type == GgmlType::kF32 && local.rows() == full.rows() &&
+                       col0 >= 0 && col0 + local.ne[0] <= full.ne[0],
+                   "all_gather_cols: rank %d's columns %lld + %lld of %lld", rank, (long long)col0,
+                   (long long)local.ne[0], (long long)full.ne[0]);
+        pieces_[size_t(rank)] = {local.as<const float>(), local.ne[0], col0};
+        sync_.arrive_and_wait();
+        const int64_t rows = full.rows(), width = full.ne[0];
+        for (const Piece& p : pieces_)
+            for (int64_t r = 0; r < rows; ++r)
+                std::copy(p.data + r * p.width, p.data + (r + 1) * p.width, full.as<float>() + r * width + p.col0);
+        sync_.arrive_and_wait();  // every rank has read every piece
+    }
+
     // One mailbox a stage boundary: rank's send() waits until the box is empty, fills it, recv() of rank
     // + 1 waits until it is full and empties it.
     void send(int rank, Backend& be, const Tensor& x) override {
@@ -73,10 +88,15 @@ class HostCommunicator final : public Communicator {
         float* p = nullptr;
         int64_t n = 0;
     };
+    struct Piece {
+        const float* data = nullptr;
+        int64_t width = 0, col0 = 0;
+    };
     int world_;
     std::barrier<> sync_;
     std::vector<Slot> slots_;
     std::vector<Box> boxes_;  // [world - 1]: box r carries rank r's output to rank r + 1
+    std::vector<Piece> pieces_ = std::vector<Piece>(size_t(world_));
 };
 
 }  // namespace

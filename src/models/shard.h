@@ -30,9 +30,10 @@ struct Shard {
 // How a weight is divided among the ranks. GGUF order: ne[0] is a row's length (a product's input),
 // ne[1] the rows (its output); a stacked MoE weight has its experts in ne[2].
 enum class Split {
-    kNone,  // every rank holds all of it
-    kRows,  // ne[1] divided: each rank computes a range of the outputs (of every expert)
-    kCols,  // ne[0] divided: each rank multiplies a range of the inputs and holds a partial sum
+    kNone,   // every rank holds all of it
+    kRows,   // ne[1] divided: each rank computes a range of the outputs (of every expert)
+    kCols,   // ne[0] divided: each rank multiplies a range of the inputs and holds a partial sum
+    kVocab,  // ne[1] divided as evenly as it goes (Shard::begin, end): an LM head's rows of the vocabulary
 };
 
 // The ranks of one tensor-parallel model. Each rank calls the collectives from its own thread, in the
@@ -43,6 +44,9 @@ class Communicator {
     virtual int world() const = 0;
     // x (f32) becomes the sum of every rank's x, in rank order, on every rank.
     virtual void all_reduce(int rank, Backend& be, const Tensor& x) = 0;
+    // full [rows, W] (f32) on every rank gets each rank's local [rows, w_r] at its columns [col0_r, col0_r +
+    // w_r) (the ranks' ranges tile [0, W)).
+    virtual void all_gather_cols(int rank, Backend& be, const Tensor& local, const Tensor& full, int64_t col0) = 0;
     // Pipeline stages: rank + 1's recv() of x (f32, the same shape) gets what rank's send() of x holds.
     virtual void send(int rank, Backend& be, const Tensor& x) = 0;
     virtual void recv(int rank, Backend& be, const Tensor& x) = 0;

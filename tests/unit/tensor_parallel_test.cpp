@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cera/error.h"
+#include "models/arch.h"
 #include "models/batch_state.h"
 #include "models/model.h"
 #include "test_util.h"
@@ -44,6 +45,9 @@ void split_matches_whole(const std::string& path, const std::vector<int32_t>& id
     auto whole = load(path, 1), split = load(path, world);
     ASSERT_EQ(split->world(), world);
     const int64_t n_vocab = whole->info().n_vocab;
+    // Tensor-parallel ranks compute their rows of the vocabulary; pipeline stages the whole head.
+    for (int r = 0; r < world; ++r)
+        EXPECT_EQ(split->rank_model(r).arch().head.output.ne[1], split->pipeline() ? n_vocab : n_vocab / world);
     auto a = whole->create_state(256), b = split->create_state(256);
     std::vector<float> la(ids.size() * size_t(n_vocab)), lb(la.size());
     a->eval({.tokens = ids, .all_logits = true, .logits = la.data()});
