@@ -151,6 +151,7 @@ void BatchState::set_lora(int seq, const LoraSet& set) {
     if (!set.empty() && model_.world() > 1)
         throw_error(ErrorCode::kUnsupported, "LoRA adapters on a model split over %d ranks are not supported yet",
                     model_.world());
+    for (const auto& r : ranks_) r->set_lora(seq, set);  // the same hash seeds: the same cached prefixes
     Seq& s = seqs_[size_t(seq)];
     s.lora = set;
     s.lora_key = lora_set_key(set);
