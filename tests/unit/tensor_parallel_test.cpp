@@ -1,6 +1,7 @@
 // Tensor parallelism on CPU ranks (models/shard.h): a model split over two backends gives the logits of
 // the whole model on one, for every fixture architecture (attention heads, FFN columns, LFM2's conv
-// channels and MoE experts' columns split), in prefill and in greedy decoding; what does not split is
+// channels, MoE experts' columns and the LM head's vocabulary split), in prefill, greedy decoding and
+// the batched engine's steps; shapes that do not divide run as pipeline stages; what cannot run is
 // refused by name; saved states round-trip.
 #include <gtest/gtest.h>
 
