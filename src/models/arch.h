@@ -72,12 +72,14 @@ struct Step {
     // keep_output_rows() keeps (their groups after the move). lora_segs: the step's scratch list.
     std::span<const LoraRows> lora, lora_out;
     std::vector<LoraSegment>* lora_segs = nullptr;
-    // Tensor parallelism (models/shard.h): the group this rank's pass belongs to, or null.
+    // Tensor parallelism (models/shard.h): the group this rank's pass belongs to, or null; its ranks are
+    // pipeline stages (Shard::pipeline) or split every layer.
     Communicator* comm = nullptr;
     int rank = 0;
+    bool pipeline = false;
 
-    bool pipeline = false;  // the group's ranks are pipeline stages (Shard::pipeline)
-    int world = 1;
+    // Takes the group of `model`'s rank (none for a model on one backend).
+    void join(const Model& model) { comm = model.comm(), rank = model.rank(), pipeline = model.pipeline(); }
 
     // x becomes the sum of every rank's x (the partial outputs of a block whose products' inputs are
     // split); nothing without a group, or between pipeline stages.
@@ -90,7 +92,7 @@ struct Step {
         if (comm && pipeline && rank > 0) comm->recv(rank, *be, x);
     }
     void stage_out() const {
-        if (comm && pipeline && rank + 1 < world) comm->send(rank, *be, x);
+        if (comm && pipeline && rank + 1 < comm->world()) comm->send(rank, *be, x);
     }
 
     // out = w · x (+ bias), plus the LoRA deltas of w for the rows whose adapters adapt it. Every

@@ -405,8 +405,7 @@ void BatchState::rank_step(std::span<const Entry> entries, StepOutput& out, cons
 
     Step s;
     s.be = &be_;
-    s.comm = model_.comm(), s.rank = model_.rank();
-    s.pipeline = model_.pipeline(), s.world = s.comm ? s.comm->world() : 1;
+    s.join(model_);
     s.n_tokens = n_tokens;
     s.ids = ids_.row_slice(0, 1).reshaped(n_tokens);
     s.pos = pos_t_.row_slice(0, 1).reshaped(n_tokens);

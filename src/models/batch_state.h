@@ -24,10 +24,8 @@
 #include "models/model.h"
 
 namespace cera {
-class RankThread;
-}
 
-namespace cera {
+class RankThread;
 
 struct BatchStateOptions {
     int max_seqs = 8;               // sequence slots

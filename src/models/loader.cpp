@@ -106,10 +106,9 @@ Tensor WeightLoader::load_share(const std::string& name, const gguf::TensorInfo&
         return f_.mapped() ? be_.upload_mapped_weight(ti.type, shape, at) : be_.upload_weight(ti.type, shape, at);
     }
     if (parts < 1 || n % (int64_t(parts) * shard_.world * unit) != 0)
-        throw_error(ErrorCode::kUnsupported,
-                    "tensor parallel: tensor %s's ne[%d] = %lld%s does not divide among %d ranks%s", name.c_str(), dim,
-                    (long long)n, parts > 1 ? (" (" + std::to_string(parts) + " runs)").c_str() : "", shard_.world,
-                    unit > 1 ? " in whole blocks" : "");
+        throw SplitError("tensor " + name + "'s ne[" + std::to_string(dim) + "] = " + std::to_string(n) +
+                         (parts > 1 ? " (" + std::to_string(parts) + " runs)" : "") + " does not divide among " +
+                         std::to_string(shard_.world) + " ranks" + (unit > 1 ? " in whole blocks" : ""));
     const int64_t run = n / parts, share = run / shard_.world, at = share * shard_.rank;
     const size_t row_bytes = row_size(ti.type, ne[0]);
     const int64_t n_mats = ne[2] * ne[3];

@@ -130,11 +130,10 @@ std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& o
         return m;
     };
     // A shape whose heads, channels or columns do not divide among the ranks runs as pipeline stages of
-    // whole layers instead (the split loader names what did not divide: "tensor parallel: ...").
+    // whole layers instead.
     try {
         return load_ranks(false);
-    } catch (const Error& e) {
-        if (e.code() != ErrorCode::kUnsupported || std::string_view(e.what()).rfind("tensor parallel:", 0) != 0) throw;
+    } catch (const SplitError&) {
     }
     return load_ranks(true);
 }

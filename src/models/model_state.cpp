@@ -610,8 +610,7 @@ class SequenceState final : public ModelState {
     Step make_step(int64_t nt) {
         Step s;
         s.be = &be_;
-        s.comm = model_.comm(), s.rank = model_.rank();
-        s.pipeline = model_.pipeline(), s.world = s.comm ? s.comm->world() : 1;
+        s.join(model_);
         s.n_tokens = nt;
         s.ids = input_ints(ids_off_, nt).reshaped(nt);
         s.pos = input_ints(ids_off_ + n_batch_, nt).reshaped(nt);
@@ -720,15 +719,15 @@ void StepBuffers::view(Step& s, int64_t n) const {
 
 void lm_head(Backend& be, const HeadWeights& head, const Tensor& hidden, const Tensor& logits, Communicator* comm,
              int rank, const Tensor& local) {
-    const int64_t rows = head.output.ne[1];
-    if (rows == logits.ne[0]) {
+    if (!head_split(head, logits.ne[0])) {
         be.matmul(head.output, hidden, Tensor{}, logits);
         if (head.logit_scale != 1.0f) be.scale(logits, 1.0f / head.logit_scale);
         return;
     }
-    CERA_CHECK(comm && local && local.ne[0] >= rows && local.rows() >= hidden.rows(),
-               "lm_head: a rank's %lld rows of the vocabulary need the group and a scratch", (long long)rows);
-    const Tensor part = local.reshaped(rows, local.rows()).row_slice(0, hidden.rows());
+    CERA_CHECK(comm && local && local.ne[0] == head.output.ne[1] && local.rows() >= hidden.rows(),
+               "lm_head: a rank's %lld rows of the vocabulary need the group and a scratch",
+               (long long)head.output.ne[1]);
+    const Tensor part = local.row_slice(0, hidden.rows());
     be.matmul(head.output, hidden, Tensor{}, part);
     if (head.logit_scale != 1.0f) be.scale(part, 1.0f / head.logit_scale);
     comm->all_gather_cols(rank, be, part, logits, head.vocab_begin);

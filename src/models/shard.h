@@ -6,8 +6,10 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "backends/backend.h"
+#include "cera/error.h"
 
 namespace cera {
 
@@ -25,6 +27,12 @@ struct Shard {
     int64_t begin(int64_t n, int64_t unit = 1) const { return (n / unit) * rank / world * unit; }
     int64_t end(int64_t n, int64_t unit = 1) const { return (n / unit) * (rank + 1) / world * unit; }
     int64_t size(int64_t n, int64_t unit = 1) const { return end(n, unit) - begin(n, unit); }
+};
+
+// A split that does not divide among the ranks (heads, channels, whole blocks): load_model then makes
+// the ranks pipeline stages instead. kUnsupported, its message naming what did not divide.
+struct SplitError : Error {
+    explicit SplitError(const std::string& what) : Error(ErrorCode::kUnsupported, "tensor parallel: " + what) {}
 };
 
 // How a weight is divided among the ranks. GGUF order: ne[0] is a row's length (a product's input),

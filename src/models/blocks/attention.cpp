@@ -1,6 +1,6 @@
 #include "models/blocks/attention.h"
 
-#include "core/check.h"
+#include <string>
 
 namespace cera {
 
@@ -26,9 +26,8 @@ AttentionWeights load_attention(WeightLoader& wl, int64_t il, const AttentionSha
 AttentionShape shard_shape(const AttentionShape& s, const Shard& shard) {
     if (shard.pipeline) return s;
     if (s.n_head % shard.world != 0 || s.n_head_kv % shard.world != 0)
-        throw_error(ErrorCode::kUnsupported,
-                    "tensor parallel: %lld query heads and %lld KV heads do not divide among %d ranks",
-                    (long long)s.n_head, (long long)s.n_head_kv, shard.world);
+        throw SplitError(std::to_string(s.n_head) + " query heads and " + std::to_string(s.n_head_kv) +
+                         " KV heads do not divide among " + std::to_string(shard.world) + " ranks");
     AttentionShape l = s;
     l.n_head /= shard.world, l.n_head_kv /= shard.world;
     return l;
