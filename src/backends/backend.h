@@ -104,6 +104,10 @@ struct AttentionParams {
     float scale = 0.0f;      // softmax scale, usually 1/sqrt(head_dim)
     int sliding_window = 0;  // > 0: query at position p sees keys at positions (p - window, p]
     KvPaging paging;
+    // Q4_CH keys (kivi4, core/quant/kv_groups.h): a query reads the keys of its own group of 64 positions
+    // as f16, from the step's keys (k_new: f32 [n_tokens, n_head_kv * head_dim], as given to kv_store)
+    // and the cache's open groups (LayerCache::k_open). Empty for the other types.
+    Tensor k_new, k_open;
 };
 
 enum class MoeGating { kSoftmax, kSigmoid };
@@ -306,10 +310,11 @@ class Backend {
     virtual void norm_rope(const Tensor& x, int n_head, int head_dim, const Tensor& norm_w, float eps,
                            const Tensor& pos, const RopeParams& rope) = 0;
 
-    // k_cache[pos[t]] = k[t], v_cache[pos[t]] = v[t], converting to the cache type (F32 or F16).
+    // k_cache[pos[t]] = k[t], v_cache[pos[t]] = v[t], converting to the cache type.
     //   k, v: f32 [n_tokens, n_head_kv * head_dim]; k_cache, v_cache: [n_ctx, n_head_kv * head_dim]
+    //   k_open: Q4_CH keys' open groups (LayerCache::k_open, kv_groups::store), else empty
     virtual void kv_store(const Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& k_cache,
-                          const Tensor& v_cache) = 0;
+                          const Tensor& v_cache, const Tensor& k_open = {}) = 0;
 
     // Causal GQA softmax attention of a batch of queries of one sequence over its cache:
     // query t sees cache rows 0..pos[t] (window-limited when p.sliding_window > 0).

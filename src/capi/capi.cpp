@@ -231,7 +231,8 @@ const char* cera_finish_reason_name(cera_finish_reason reason) {
 
 static_assert(int(KvCacheType::kQ4_0) == CERA_KV_Q4_0 && int(KvCacheType::kQ8_0) == CERA_KV_Q8_0 &&
               int(KvCacheType::kBF16) == CERA_KV_BF16 && int(KvCacheType::kF16) == CERA_KV_F16 &&
-              int(KvCacheType::kTq4) == CERA_KV_TQ4 && int(KvCacheType::kTq3) == CERA_KV_TQ3);
+              int(KvCacheType::kTq4) == CERA_KV_TQ4 && int(KvCacheType::kTq3) == CERA_KV_TQ3 &&
+              int(KvCacheType::kKivi4) == CERA_KV_KIVI4);
 
 cera_engine_options cera_engine_default_options(void) {
     const EngineOptions d;
@@ -262,9 +263,9 @@ cera_status cera_engine_load(const char* path, const cera_engine_options* option
         if (o.n_lora > 0 && !o.lora)
             return cera::capi::fail(CERA_ERR_INVALID_ARGUMENT, "cera_engine_load: n_lora > 0 but lora is NULL");
         const int kv_type = cera::capi::raw_enum(o.kv_type);
-        if (kv_type < CERA_KV_F32 || kv_type > CERA_KV_TQ3)
+        if (kv_type < CERA_KV_F32 || kv_type > CERA_KV_KIVI4)
             return cera::capi::fail(CERA_ERR_INVALID_ARGUMENT, "cera_engine_load: kv_type " + std::to_string(kv_type) +
-                                                                   " is none of CERA_KV_F32 ... CERA_KV_TQ3");
+                                                                   " is none of CERA_KV_F32 ... CERA_KV_KIVI4");
         EngineOptions eo;
         eo.device = o.device ? o.device : "auto";
         eo.threads = o.threads;

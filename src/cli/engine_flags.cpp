@@ -19,7 +19,8 @@ void EngineFlags::add(CLI::App& app, unsigned parts) {
     if (parts & kCtx)
         app.add_option("-c,--ctx", n_ctx, "context length (0: the model's, at most 4096)")->capture_default_str();
     if (parts & kKvType) {
-        app.add_option("--kv-type", kv_type, "KV cache type of keys and values: f32, f16, bf16, q8_0, q4_0, tq4 or tq3")
+        app.add_option("--kv-type", kv_type,
+                       "KV cache type of keys and values: f32, f16, bf16, q8_0, q4_0, tq4, tq3 or kivi4")
             ->capture_default_str();
         app.add_option("--cache-type-k", kv_type_k, "KV cache type of the keys (default: --kv-type)");
         app.add_option("--cache-type-v", kv_type_v, "KV cache type of the values (default: --kv-type)");

@@ -7,7 +7,9 @@
 #include <set>
 
 #include "core/check.h"
+#include "core/quant/kv_groups.h"
 #include "models/arch.h"
+#include "models/grouped_keys.h"
 #include "models/rank_thread.h"
 
 namespace cera {
@@ -32,12 +34,14 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
                     " tokens a step, pool %" PRId64 ", drafts of %d",
                     o.max_seqs, o.block_size, o.max_step_tokens, o.kv_tokens, o.max_draft);
     std::lock_guard<FifoMutex> exec_lock(be_.exec_mutex());
-    block_ = o.block_size;
+    const ModelOptions& mo = model.options();
+    // Q4_CH keys code groups of 64 rows: a block holds whole groups, so a shared (full) block is never
+    // coded again.
+    block_ = mo.kv_type_k == GgmlType::kQ4_CH ? std::max(o.block_size, kv_groups::kRows) : o.block_size;
     const int64_t kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : int64_t(o.max_seqs) * model.default_n_ctx();
     n_blocks_ = (kv_tokens + block_ - 1) / block_;
     max_blocks_ = o.max_seq_tokens > 0 ? std::min(n_blocks_, (o.max_seq_tokens + block_ - 1) / block_) : n_blocks_;
     max_tokens_ = o.max_step_tokens;
-    const ModelOptions& mo = model.options();
     snapshot_blocks_ = std::max(1, o.snapshot_blocks);
     max_draft_ = o.max_draft;
     verify_rows_ = n_blocks_ / snapshot_blocks_ + 1;
@@ -49,6 +53,9 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
             pool_[il].v = be_.alloc(mo.kv_type_v, {sp.kv_width, n_blocks_ * block_});
             pool_[il].rotated_k = mo.kv_rotate_k;
             pool_[il].rotated_v = mo.kv_rotate_v;
+            // Two open groups a sequence slot: the groups its steps fill, and one to spare.
+            if (mo.kv_type_k == GgmlType::kQ4_CH)
+                pool_[il].k_open = alloc_open_groups(be_, sp.kv_width, 2 * o.max_seqs);
         }
         // A sequence keeps states at every snapshot_blocks-th of its blocks: the sequences' blocks need
         // n_blocks / snapshot_blocks rows at most, cached blocks give theirs up when rows run out. After
@@ -96,7 +103,7 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
 
 BatchState::~BatchState() {
     std::lock_guard<FifoMutex> exec_lock(be_.exec_mutex());
-    for (LayerCache& c : pool_) be_.free(c.k), be_.free(c.v), be_.free(c.conv);
+    for (LayerCache& c : pool_) be_.free(c.k), be_.free(c.v), be_.free(c.conv), be_.free(c.k_open);
     for (Tensor& t : conv_states_)
         if (t) be_.free(t);
     act_.free(be_);
@@ -109,7 +116,7 @@ uint64_t BatchState::pool_bytes() const {
     uint64_t n = 0;
     for (const auto& r : ranks_) n += r->pool_bytes();
     for (const LayerCache& c : pool_)
-        for (const Tensor* t : {&c.k, &c.v, &c.conv})
+        for (const Tensor* t : {&c.k, &c.v, &c.conv, &c.k_open})
             if (*t) n += t->n_bytes();
     return n;
 }

@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/quant/kv_groups.h"
 #include "core/quant/quant.h"
+#include "models/grouped_keys.h"
 
 namespace cera {
 namespace {
@@ -23,6 +25,27 @@ void f32_to_rows(const std::vector<float>& in, GgmlType type, int64_t width, std
     const size_t row = row_size(type, width), n = in.size() / size_t(width);
     raw.resize(n * row);
     for (size_t r = 0; r < n; ++r) quantize_row_ref(type, in.data() + r * size_t(width), raw.data() + r * row, width);
+}
+
+// Q4_CH keys (grouped_keys.h): the groups from the one holding n_keep on are read as f32, the moved
+// rows roped by -n_discard, and those groups coded again.
+void shift_grouped_keys(Backend& be, const LayerStateSpec& sp, const LayerCache& c, const Tensor& pos, int32_t position,
+                        int32_t n_keep, int32_t n_discard) {
+    const int64_t width = sp.kv_width, begin = n_keep / kv_groups::kRows * kv_groups::kRows;
+    const int64_t n_move = int64_t(position) - n_keep - n_discard;
+    std::vector<float> rows;
+    read_key_rows(be, c, begin, position, rows);
+    std::vector<float> moved(rows.begin() + (n_keep + n_discard - begin) * width, rows.end());
+    if (sp.rope.mode != RopeMode::kNone) {
+        Tensor tmp = be.alloc(GgmlType::kF32, {width, n_move});
+        be.write(tmp, moved.data(), moved.size() * 4);
+        be.norm_rope(tmp, int(width / sp.head_dim), int(sp.head_dim), Tensor{}, 0.0f, pos, sp.rope);
+        be.read(moved.data(), tmp, moved.size() * 4);
+        be.free(tmp);
+    }
+    rows.resize(size_t(n_keep - begin) * size_t(width));
+    rows.insert(rows.end(), moved.begin(), moved.end());
+    write_key_rows(be, c, begin, rows);
 }
 
 }  // namespace
@@ -50,6 +73,10 @@ void shift_kv_cache(Backend& be, std::span<const LayerStateSpec> specs, std::spa
         raw.resize(vrow * size_t(n_move));
         be.read(raw.data(), c.v, raw.size(), vrow * size_t(n_keep + n_discard));
         be.write(c.v, raw.data(), raw.size(), vrow * size_t(n_keep));
+        if (c.k.type == GgmlType::kQ4_CH) {
+            shift_grouped_keys(be, sp, c, pos, position, n_keep, n_discard);
+            continue;
+        }
         // Keys: move and rotate by -n_discard.
         const size_t row = c.k.row_bytes();
         const size_t src = row * size_t(n_keep + n_discard), dst = row * size_t(n_keep), n = row * size_t(n_move);

@@ -92,9 +92,14 @@ std::unique_ptr<Model> load_rank(const std::string& path, const ModelOptions& op
 std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& opts) {
     for (GgmlType t : {opts.kv_type_k, opts.kv_type_v})
         if (t != GgmlType::kF32 && t != GgmlType::kF16 && t != GgmlType::kBF16 && t != GgmlType::kQ8_0 &&
-            t != GgmlType::kQ4_0 && t != GgmlType::kQ3_KV)
-            throw_error(ErrorCode::kInvalidArgument, "KV cache type %s: expected F32, F16, BF16, Q8_0, Q4_0 or Q3_KV",
-                        type_name(t));
+            t != GgmlType::kQ4_0 && t != GgmlType::kQ3_KV && t != GgmlType::kQ4_CH)
+            throw_error(ErrorCode::kInvalidArgument,
+                        "KV cache type %s: expected F32, F16, BF16, Q8_0, Q4_0, Q3_KV or (keys) Q4_CH", type_name(t));
+    if (opts.kv_type_v == GgmlType::kQ4_CH)
+        throw_error(ErrorCode::kInvalidArgument, "KV cache type Q4_CH holds keys only (kivi4 keeps values in Q4_0)");
+    if (opts.kv_type_k == GgmlType::kQ4_CH && opts.device != DeviceKind::kCpu)
+        throw_error(ErrorCode::kUnsupported, "KV cache type kivi4 (keys per channel, Q4_CH): the CPU runs it, not %s",
+                    device_kind_name(opts.device));
     // The CUDA attention kernels read one codec for keys and values.
     if (opts.device == DeviceKind::kCuda && opts.kv_type_k != opts.kv_type_v)
         throw_error(ErrorCode::kUnsupported, "KV cache types %s/%s: CUDA takes the same type for keys and values",

@@ -13,6 +13,7 @@
 #include "core/check.h"
 #include "models/arch.h"
 #include "models/context_shift.h"
+#include "models/grouped_keys.h"
 #include "models/sharded_state.h"
 
 namespace cera {
@@ -70,7 +71,9 @@ class SequenceState final : public ModelState {
         for (size_t il = 0; il < cache_.size(); ++il) {
             const LayerStateSpec& sp = arch_.state[il];
             if (sp.kv_width > 0) {
-                cache_[il].k = be_.alloc(mo.kv_type_k, {sp.kv_width, n_ctx_});
+                cache_[il].k = be_.alloc(mo.kv_type_k, {sp.kv_width, key_cache_rows(mo.kv_type_k, n_ctx_)});
+                // Two open groups: a rollback into the group before the one being filled stays exact.
+                if (mo.kv_type_k == GgmlType::kQ4_CH) cache_[il].k_open = alloc_open_groups(be_, sp.kv_width, 2);
                 cache_[il].v = be_.alloc(mo.kv_type_v, {sp.kv_width, n_ctx_});
                 cache_[il].rotated_k = mo.kv_rotate_k;
                 cache_[il].rotated_v = mo.kv_rotate_v;
@@ -118,6 +121,7 @@ class SequenceState final : public ModelState {
         for (LayerCache& c : cache_) {
             be_.free(c.k);
             be_.free(c.v);
+            if (c.k_open) be_.free(c.k_open);
             be_.free(c.conv);
             be_.free(c.conv_prev);
         }
@@ -192,7 +196,7 @@ class SequenceState final : public ModelState {
     size_t state_size() const override {
         size_t n = sizeof(SavedHeader);
         for (const LayerCache& c : cache_) {
-            if (c.k) n += (c.k.row_bytes() + c.v.row_bytes()) * size_t(position_);
+            if (c.k) n += saved_key_bytes(c, position_) + c.v.row_bytes() * size_t(position_);
             if (c.conv) n += c.conv.n_bytes();
         }
         return n;
@@ -210,8 +214,8 @@ class SequenceState final : public ModelState {
         size_t off = sizeof hd;
         for (const LayerCache& c : cache_) {
             if (c.k) {
-                const size_t kb = c.k.row_bytes() * size_t(position_), vb = c.v.row_bytes() * size_t(position_);
-                be_.read(out.data() + off, c.k, kb);
+                const size_t kb = saved_key_bytes(c, position_), vb = c.v.row_bytes() * size_t(position_);
+                save_keys(be_, c, position_, out.data() + off);
                 be_.read(out.data() + off + kb, c.v, vb);
                 off += kb + vb;
             }
@@ -249,8 +253,8 @@ class SequenceState final : public ModelState {
         size_t off = sizeof hd;
         for (const LayerCache& c : cache_) {
             if (c.k) {
-                const size_t kb = c.k.row_bytes() * size_t(position_), vb = c.v.row_bytes() * size_t(position_);
-                be_.write(c.k, bytes.data() + off, kb);
+                const size_t kb = saved_key_bytes(c, position_), vb = c.v.row_bytes() * size_t(position_);
+                restore_keys(be_, c, position_, bytes.data() + off);
                 be_.write(c.v, bytes.data() + off + kb, vb);
                 off += kb + vb;
             }

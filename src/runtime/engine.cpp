@@ -93,7 +93,7 @@ void measure_weights(const gguf::File& f, const std::string& arch, EngineInfo& i
 
 }  // namespace
 
-static GgmlType kv_ggml_type(KvCacheType t) {
+static GgmlType kv_ggml_type(KvCacheType t, bool key) {
     switch (t) {
         case KvCacheType::kF32: return GgmlType::kF32;
         case KvCacheType::kF16: return GgmlType::kF16;
@@ -102,8 +102,10 @@ static GgmlType kv_ggml_type(KvCacheType t) {
         case KvCacheType::kQ4_0: return GgmlType::kQ4_0;
         case KvCacheType::kTq4: return GgmlType::kQ4_0;  // rows rotated first (ModelOptions::kv_rotate_*)
         case KvCacheType::kTq3: return GgmlType::kQ3_KV;  // rows rotated first
+        case KvCacheType::kKivi4:
+            return key ? GgmlType::kQ4_CH : GgmlType::kQ4_0;  // KIVI: values per token
     }
-    throw_error(ErrorCode::kInvalidArgument, "KV cache type %d is none of f32, f16, bf16, q8_0, q4_0, tq4, tq3",
+    throw_error(ErrorCode::kInvalidArgument, "KV cache type %d is none of f32, f16, bf16, q8_0, q4_0, tq4, tq3, kivi4",
                 int(t));
 }
 
@@ -120,8 +122,8 @@ std::unique_ptr<Model> load_engine_model(const std::string& path, const EngineOp
     mo.tensor_parallel = options.tensor_parallel;
     mo.n_ctx = options.n_ctx;
     mo.n_batch = options.n_batch;
-    mo.kv_type_k = kv_ggml_type(options.kv_type_k);
-    mo.kv_type_v = kv_ggml_type(options.kv_type_v);
+    mo.kv_type_k = kv_ggml_type(options.kv_type_k, true);
+    mo.kv_type_v = kv_ggml_type(options.kv_type_v, false);
     mo.kv_rotate_k = options.kv_type_k == KvCacheType::kTq4 || options.kv_type_k == KvCacheType::kTq3;
     mo.kv_rotate_v = options.kv_type_v == KvCacheType::kTq4 || options.kv_type_v == KvCacheType::kTq3;
     mo.device = dev.kind;
@@ -313,13 +315,10 @@ PrefixCacheStats Engine::prefix_cache_stats() const {
 }
 
 namespace {
-constexpr std::pair<KvCacheType, const char*> kKvNames[] = {{KvCacheType::kF32, "f32"},
-                                                            {KvCacheType::kF16, "f16"},
-                                                            {KvCacheType::kBF16, "bf16"},
-                                                            {KvCacheType::kQ8_0, "q8_0"},
-                                                            {KvCacheType::kQ4_0, "q4_0"},
-                                                            {KvCacheType::kTq4, "tq4"},
-                                                            {KvCacheType::kTq3, "tq3"}};
+constexpr std::pair<KvCacheType, const char*> kKvNames[] = {
+    {KvCacheType::kF32, "f32"},   {KvCacheType::kF16, "f16"},    {KvCacheType::kBF16, "bf16"},
+    {KvCacheType::kQ8_0, "q8_0"}, {KvCacheType::kQ4_0, "q4_0"},  {KvCacheType::kTq4, "tq4"},
+    {KvCacheType::kTq3, "tq3"},   {KvCacheType::kKivi4, "kivi4"}};
 }  // namespace
 
 const char* kv_cache_type_name(KvCacheType t) {
@@ -331,8 +330,8 @@ const char* kv_cache_type_name(KvCacheType t) {
 KvCacheType parse_kv_cache_type(const std::string& name) {
     for (const auto& [k, n] : kKvNames)
         if (name == n) return k;
-    throw_error(ErrorCode::kInvalidArgument, "KV cache type '%s': expected f32, f16, bf16, q8_0, q4_0, tq4 or tq3",
-                name.c_str());
+    throw_error(ErrorCode::kInvalidArgument,
+                "KV cache type '%s': expected f32, f16, bf16, q8_0, q4_0, tq4, tq3 or kivi4", name.c_str());
 }
 
 }  // namespace cera

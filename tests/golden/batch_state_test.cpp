@@ -56,7 +56,8 @@ std::vector<std::vector<float>> alone(const Model& m, const Plan& p) {
 
 class BatchFixture : public ::testing::TestWithParam<const char*> {};
 
-void sequences_in_one_pass_match_each_alone(std::unique_ptr<Model> model) {
+// scale: prompts `scale` times as long (and the pool and the step to match).
+void sequences_in_one_pass_match_each_alone(std::unique_ptr<Model> model, int scale = 1) {
     const int64_t n_vocab = model->info().n_vocab;
     std::mt19937 rng(3);
     auto ids = [&](int n) {
@@ -66,16 +67,19 @@ void sequences_in_one_pass_match_each_alone(std::unique_ptr<Model> model) {
     };
     // Prompts of 1 to 40 tokens (blocks of 8: some end mid-block, one fills several), joining at steps
     // 0, 0, 2, 3 and 5; decodes of 1 to 9 steps, so sequences leave while others run.
-    const std::vector<Plan> plans = {{0, ids(13), ids(9)}, {0, ids(1), ids(3)}, {2, ids(40), ids(6)},
-                                     {3, ids(8), ids(1)},  {5, ids(5), ids(4)}};
+    const std::vector<Plan> plans = {{0, ids(13 * scale), ids(9)},
+                                     {0, ids(1 * scale), ids(3)},
+                                     {2, ids(40 * scale), ids(6)},
+                                     {3, ids(8 * scale), ids(1)},
+                                     {5, ids(5 * scale), ids(4)}};
     std::vector<std::vector<std::vector<float>>> want;
     for (const Plan& p : plans) want.push_back(alone(*model, p));
 
     BatchStateOptions bo;
     bo.max_seqs = 4;  // the fifth sequence waits for a free slot
     bo.block_size = 8;
-    bo.kv_tokens = 256;
-    bo.max_step_tokens = 64;
+    bo.kv_tokens = 256 * scale;
+    bo.max_step_tokens = 64 * scale;
     BatchState batch(*model, bo);
     const int64_t all_blocks = batch.free_blocks();
     std::map<int, int> slot_of;  // plan -> slot
@@ -139,6 +143,20 @@ TEST_P(BatchFixture, SequencesInOnePassMatchEachAlone) { sequences_in_one_pass_m
 TEST(Batch, RotatedCacheSequencesMatchEachAlone) {
     sequences_in_one_pass_match_each_alone(load("tiny-lfm2", GgmlType::kQ4_0));
     sequences_in_one_pass_match_each_alone(load("tiny-lfm2", GgmlType::kQ3_KV));
+}
+
+// kivi4: keys coded per channel over groups of 64 (blocks of 64 rows in the pool), each sequence's open
+// group in a slot of the pool's: the same logits as alone, with prompts that fill groups (5, 25, 40, 65
+// and 200 tokens).
+TEST(Batch, GroupedKeySequencesMatchEachAlone) {
+    for (const char* name : {"tiny-lfm2", "tiny-qwen3"}) {
+        ModelOptions o;
+        o.n_threads = 2;
+        o.n_ctx = 512;
+        o.kv_type_k = GgmlType::kQ4_CH, o.kv_type_v = GgmlType::kQ4_0;
+        sequences_in_one_pass_match_each_alone(
+            load_model(test::data_path(std::string("fixtures/") + name) + "/model.gguf", o), 5);
+    }
 }
 
 // A prompt sharing a cached prefix with a sequence that has left takes its blocks (and, on models with

@@ -156,7 +156,9 @@ class HostMemoryBackend final : public Backend {
     void norm_rope(const Tensor&, int, int, const Tensor&, float, const Tensor&, const RopeParams&) override {
         unused();
     }
-    void kv_store(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) override { unused(); }
+    void kv_store(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {
+        unused();
+    }
     void attention(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AttentionParams&,
                    const Tensor&) override {
         unused();

@@ -266,6 +266,11 @@ TEST(ContextShiftSession, LlamaGeneratesPastTheContextTq4) {
     generates_past_the_context(cera::test::source_path("models/stories260K.gguf"), cera::KvCacheType::kTq4);
 }
 
+// Keys coded per channel over groups of 64 tokens (kivi4): a shift codes the groups from n_keep's on again.
+TEST(ContextShiftSession, LlamaGeneratesPastTheContextKivi4) {
+    generates_past_the_context(cera::test::source_path("models/stories260K.gguf"), cera::KvCacheType::kKivi4);
+}
+
 TEST(ContextShiftSession, ShiftDropsHalfOfTheRestAndKeepsGoing) {
     auto e = cera::Engine::load(cera::test::source_path("models/tiny-lfm2-Q8_0.gguf"), {.device = "cpu", .threads = 1});
     cera::Session s(e, 64);

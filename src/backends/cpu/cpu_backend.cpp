@@ -25,6 +25,7 @@
 #include "core/cpu_features.h"
 #include "core/fp16.h"
 #include "core/mmap.h"
+#include "core/quant/kv_groups.h"
 #include "core/quant/quant.h"
 #include "core/rotation.h"
 #include "core/threadpool.h"
@@ -312,16 +313,22 @@ class CpuBackend final : public Backend {
         });
     }
 
-    void kv_store(const Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& k_cache,
-                  const Tensor& v_cache) override {
+    void kv_store(const Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& k_cache, const Tensor& v_cache,
+                  const Tensor& k_open) override {
         const int64_t n_tokens = k.rows(), width = k.ne[0];
         const int32_t* p = pos.as<const int32_t>();
+        const bool grouped = k_cache.type == GgmlType::kQ4_CH;
+        CERA_CHECK(grouped == bool(k_open) && (!grouped || k_cache.ne[1] % kv_groups::kRows == 0),
+                   "kv_store: Q4_CH keys take their open groups, in a cache of whole groups");
         for (int64_t t = 0; t < n_tokens; ++t) {
             CERA_CHECK(p[t] >= 0 && p[t] < k_cache.ne[1], "position %d outside the cache of %lld", p[t],
                        (long long)k_cache.ne[1]);
-            store_row(k.as<const float>() + t * width, k_cache, p[t], width);
+            if (!grouped) store_row(k.as<const float>() + t * width, k_cache, p[t], width);
             store_row(v.as<const float>() + t * width, v_cache, p[t], width);
         }
+        if (grouped)
+            kv_groups::store(k.as<const float>(), p, n_tokens, width, static_cast<uint8_t*>(k_cache.data),
+                             k_open.as<uint16_t>(), int(k_open.ne[1] / (kv_groups::kRows + 1)));
     }
 
     void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& pos,
@@ -362,6 +369,21 @@ class CpuBackend final : public Backend {
                 s.table = pg.block_table.as<const int32_t>() + int64_t(sq[t]) * pg.block_table.ne[0];
                 s.block_shift = std::countr_zero(unsigned(pg.block_size));
                 seqs.push_back(s), first.push_back(t);
+            }
+        }
+        if (a.k_type == cpu_attention::Elem::kQ4_CH) {  // each sequence's own keys and open group
+            CERA_CHECK(ap.k_new && ap.k_open && ap.k_new.rows() == n_tokens,
+                       "attention: Q4_CH keys need k_new, k_open");
+            const int slots = int(ap.k_open.ne[1] / (kv_groups::kRows + 1));
+            for (size_t i = 0; i < seqs.size(); ++i) {
+                cpu_attention::Args& s = seqs[i];
+                s.k_new = ap.k_new.as<const float>() + first[i] * a.kv_width;
+                s.new_first = s.pos[0];
+                const int32_t in_group = s.new_first % kv_groups::kRows;
+                s.k_slot = in_group == 0 ? nullptr
+                                         : kv_groups::find_open(
+                                               ap.k_open.as<const uint16_t>(), a.kv_width, slots,
+                                               cpu_attention::kv_row(s, s.new_first) / kv_groups::kRows, in_group);
             }
         }
         first.push_back(n_tokens);
@@ -671,6 +693,8 @@ class CpuBackend final : public Backend {
             case GgmlType::kQ8_0: return cpu_attention::Elem::kQ8_0;
             case GgmlType::kQ4_0: return cpu_attention::Elem::kQ4_0;
             case GgmlType::kQ3_KV: return cpu_attention::Elem::kQ3_KV;
+            case GgmlType::kQ4_CH:
+                return cpu_attention::Elem::kQ4_CH;
             default: break;
         }
         throw_error(ErrorCode::kUnsupported, "attention: a KV cache of type %s", type_name(cache.type));

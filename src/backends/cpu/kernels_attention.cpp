@@ -1,12 +1,14 @@
 // The scalar specification of the attention kernels (kernels_attention.h): each row's scores in
 // one pass over its keys, the maximum found first, then the softmax and the weighted sum of the
 // values in a second pass. Plain loops; the AVX2 and AVX-512 kernels are checked against it.
+#include "backends/cpu/kernels_attention.h"
+
 #include <algorithm>
 #include <cmath>
 
-#include "backends/cpu/kernels_attention.h"
 #include "core/dtype.h"
 #include "core/fp16.h"
+#include "core/quant/kv_groups.h"
 #include "core/quant/quant.h"
 
 namespace cera::cpu_attention {
@@ -54,6 +56,12 @@ void rows_ref(const Args& a, int64_t r0, int64_t r1, float* scratch) {
                                    (skip + hd + 31) / 32 * 32);
                 return kv_buf + skip;
             }
+            case Elem::kQ4_CH: {
+                const auto* cache = static_cast<const uint8_t*>(base);
+                const int64_t r = off / a.kv_width, c0 = off % a.kv_width;
+                for (int d = 0; d < hd; ++d) kv_buf[d] = kv_groups::value(cache, r, c0 + d, a.kv_width);
+                return kv_buf;
+            }
         }
         return nullptr;
     };
@@ -62,10 +70,15 @@ void rows_ref(const Args& a, int64_t r0, int64_t r1, float* scratch) {
         const int h = int(r % a.n_head), hk = h / a.group;
         const float* qv = a.q + r * hd;
         const int32_t end = a.pos[t] + 1;
-        const int32_t begin = key_begin(a, end);
+        const int32_t begin = key_begin(a, end), open = open_begin(a, end);
         float mx = -INFINITY;
         for (int32_t j = begin; j < end; ++j) {
-            const float s = dot_f32(qv, row(a.k, a.k_type, kv_row(a, j) * a.kv_width + int64_t(hk) * hd), hd) * a.scale;
+            const float* kr = nullptr;
+            if (j >= open)
+                open_key(a, j, int64_t(hk) * hd, hd, kv_buf), kr = kv_buf;
+            else
+                kr = row(a.k, a.k_type, kv_row(a, j) * a.kv_width + int64_t(hk) * hd);
+            const float s = dot_f32(qv, kr, hd) * a.scale;
             scores[j - begin] = s;
             mx = std::max(mx, s);
         }

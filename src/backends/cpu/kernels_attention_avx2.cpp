@@ -75,6 +75,8 @@ inline __m256 load8(const void* base, int64_t off, Elem type) {
             const __m256 v = _mm256_permutevar8x32_ps(_mm256_loadu_ps(kQ3KVValues), _mm256_or_si256(m, _mm256_slli_epi32(s, 2)));
             return _mm256_mul_ps(v, _mm256_set1_ps(fp16_to_fp32(b->d)));
         }
+        case Elem::kQ4_CH:  // block_avx2 leaves Q4_CH keys to the reference
+            break;
     }
     return _mm256_setzero_ps();
 }
@@ -92,6 +94,8 @@ inline const float* decode_row(const void* base, int64_t off, Elem type, int nv,
         case Elem::kQ8_0: decode_row_as<Elem::kQ8_0>(base, off, nv, dst); break;
         case Elem::kQ4_0: decode_row_as<Elem::kQ4_0>(base, off, nv, dst); break;
         case Elem::kQ3_KV: decode_row_as<Elem::kQ3_KV>(base, off, nv, dst); break;
+        case Elem::kQ4_CH:
+            break;
     }
     return dst;
 }
@@ -199,6 +203,7 @@ void block_tiles(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch) 
 }  // namespace
 
 void block_avx2(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch) {
+    if (a.k_type == Elem::kQ4_CH) return block_ref(a, t0, t1, hk, scratch);
     switch (a.head_dim) {
         case 32: return block_tiles<4>(a, t0, t1, hk, scratch);
         case 64: return block_tiles<8>(a, t0, t1, hk, scratch);

@@ -68,8 +68,27 @@ inline __m512 load(const void* base, int64_t off, Elem type, __mmask16 m) {
                                                    _mm512_castps256_ps512(_mm256_loadu_ps(kQ3KVValues)));
             return _mm512_mul_ps(v, _mm512_set1_ps(fp16_to_fp32(b->d)));
         }
+        case Elem::kQ4_CH:  // keys only, read by load_key
+            break;
     }
     return _mm512_setzero_ps();
+}
+
+// 16 elements (those of mask m) of key row `row` from channel c: load(), or for Q4_CH (kv_groups.h) two
+// gathers over the channels' 36-byte records, one of their f16 step and minimum, one of the byte that
+// holds the row's code (read as the top byte of the 4 bytes ending there, which stay inside the record).
+inline __m512 load_key(const Args& a, int64_t row, int64_t c, __mmask16 m) {
+    if (a.k_type != Elem::kQ4_CH) return load(a.k, row * a.kv_width + c, a.k_type, m);
+    const uint8_t* rec = static_cast<const uint8_t*>(a.k) + (row >> 6) * a.kv_width * 36 + c * 36;
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(36));
+    const int i = int(row & 63);
+    const __m512i dm = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, rec, 1);
+    __m512i q = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, rec + 1 + i / 2, 1);
+    q = _mm512_and_si512(_mm512_srli_epi32(q, 24 + 4 * (i & 1)), _mm512_set1_epi32(15));
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+    const __m512 mn = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
+    return _mm512_add_ps(mn, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q)));
 }
 
 }  // namespace
@@ -94,18 +113,19 @@ void rows_avx512(const Args& a, int64_t r0, int64_t r1, float* scratch) {
         __m512 q[kMaxVec];
         for (int i = 0; i < nv; ++i)
             q[i] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask[i], qv + 16 * i), _mm512_set1_ps(a.scale));
-        // Scores, four keys at a time to overlap the reductions.
+        // Scores, four keys at a time to overlap the reductions; Q4_CH keys of the query's own group
+        // (from `open` on) as f16 values.
         __m512 vmax = _mm512_set1_ps(-INFINITY);
+        const int32_t open = std::max(begin, open_begin(a, end));
         int32_t j = begin;
-        for (; j + 4 <= end; j += 4) {
+        for (; j + 4 <= open; j += 4) {
             __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-            const int64_t o0 = kv_row(a, j) * a.kv_width + head_off, o1 = kv_row(a, j + 1) * a.kv_width + head_off,
-                          o2 = kv_row(a, j + 2) * a.kv_width + head_off, o3 = kv_row(a, j + 3) * a.kv_width + head_off;
+            const int64_t k0 = kv_row(a, j), k1 = kv_row(a, j + 1), k2 = kv_row(a, j + 2), k3 = kv_row(a, j + 3);
             for (int i = 0; i < nv; ++i) {
-                s0 = _mm512_fmadd_ps(q[i], load(a.k, o0 + 16 * i, a.k_type, mask[i]), s0);
-                s1 = _mm512_fmadd_ps(q[i], load(a.k, o1 + 16 * i, a.k_type, mask[i]), s1);
-                s2 = _mm512_fmadd_ps(q[i], load(a.k, o2 + 16 * i, a.k_type, mask[i]), s2);
-                s3 = _mm512_fmadd_ps(q[i], load(a.k, o3 + 16 * i, a.k_type, mask[i]), s3);
+                s0 = _mm512_fmadd_ps(q[i], load_key(a, k0, head_off + 16 * i, mask[i]), s0);
+                s1 = _mm512_fmadd_ps(q[i], load_key(a, k1, head_off + 16 * i, mask[i]), s1);
+                s2 = _mm512_fmadd_ps(q[i], load_key(a, k2, head_off + 16 * i, mask[i]), s2);
+                s3 = _mm512_fmadd_ps(q[i], load_key(a, k3, head_off + 16 * i, mask[i]), s3);
             }
             float* sc = scores + (j - begin);
             sc[0] = _mm512_reduce_add_ps(s0);
@@ -113,10 +133,17 @@ void rows_avx512(const Args& a, int64_t r0, int64_t r1, float* scratch) {
             sc[2] = _mm512_reduce_add_ps(s2);
             sc[3] = _mm512_reduce_add_ps(s3);
         }
-        for (; j < end; ++j) {
+        for (; j < open; ++j) {
             __m512 s0 = _mm512_setzero_ps();
-            const int64_t o = kv_row(a, j) * a.kv_width + head_off;
-            for (int i = 0; i < nv; ++i) s0 = _mm512_fmadd_ps(q[i], load(a.k, o + 16 * i, a.k_type, mask[i]), s0);
+            const int64_t kr = kv_row(a, j);
+            for (int i = 0; i < nv; ++i) s0 = _mm512_fmadd_ps(q[i], load_key(a, kr, head_off + 16 * i, mask[i]), s0);
+            scores[j - begin] = _mm512_reduce_add_ps(s0);
+        }
+        for (; j < end; ++j) {
+            alignas(64) float kb[16 * kMaxVec];
+            open_key(a, j, head_off, hd, kb);
+            __m512 s0 = _mm512_setzero_ps();
+            for (int i = 0; i < nv; ++i) s0 = _mm512_fmadd_ps(q[i], _mm512_maskz_loadu_ps(mask[i], kb + 16 * i), s0);
             scores[j - begin] = _mm512_reduce_add_ps(s0);
         }
         const int32_t n = end - begin;
@@ -153,7 +180,8 @@ void rows_avx512(const Args& a, int64_t r0, int64_t r1, float* scratch) {
 
 void block_avx512(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch) {
     const int hd = a.head_dim, G = a.group;
-    if (hd % 16 != 0 || hd > 256 || t1 - t0 == 1) {  // decode rows and odd head sizes: the row kernel
+    // Decode rows, odd head sizes and Q4_CH keys (read two ways, by the query's group): the row kernel.
+    if (hd % 16 != 0 || hd > 256 || t1 - t0 == 1 || a.k_type == Elem::kQ4_CH) {
         for (int64_t t = t0; t < t1; ++t) {
             const int64_t r = t * a.n_head + int64_t(hk) * G;
             rows_avx512(a, r, r + G, scratch);
@@ -179,8 +207,9 @@ void block_avx512(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch)
         for (int i = 0; i < 16; ++i) {
             for (int v = 0; v < nv; ++v) {
                 const bool in = i < nk;
-                const int64_t o = (in ? kv_row(a, j0 + i) : 0) * a.kv_width + head_off + 16 * v;
-                _mm512_storeu_ps(tile + i * hd + 16 * v, in ? load(a.k, o, a.k_type, 0xffff) : _mm512_setzero_ps());
+                const int64_t kr = in ? kv_row(a, j0 + i) : 0, o = kr * a.kv_width + head_off + 16 * v;
+                _mm512_storeu_ps(tile + i * hd + 16 * v,
+                                 in ? load_key(a, kr, head_off + 16 * v, 0xffff) : _mm512_setzero_ps());
                 _mm512_storeu_ps(vt + i * hd + 16 * v, in ? load(a.v, o, a.v_type, 0xffff) : _mm512_setzero_ps());
             }
         }

@@ -70,8 +70,8 @@ class CudaBackend final : public Backend {
     void matmul(const Tensor& w, const Tensor& x, const Tensor& bias, const Tensor& out) override;
     void norm_rope(const Tensor& x, int n_head, int head_dim, const Tensor& norm_w, float eps, const Tensor& pos,
                    const RopeParams& rope) override;
-    void kv_store(const Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& k_cache,
-                  const Tensor& v_cache) override;
+    void kv_store(const Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& k_cache, const Tensor& v_cache,
+                  const Tensor& k_open = {}) override;
     void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& pos,
                    const AttentionParams& p, const Tensor& out) override;
     void short_conv(const Tensor& bcx, const Tensor& w, const Tensor& state, const Tensor& out,

@@ -64,10 +64,10 @@ void CudaBackend::norm_rope(const Tensor& x, int n_head, int head_dim, const Ten
 }
 
 void CudaBackend::kv_store(const Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& k_cache,
-                           const Tensor& v_cache) {
+                           const Tensor& v_cache, const Tensor& k_open) {
     cuda::KvCodec codec;
-    CERA_CHECK(k_cache.type == v_cache.type && cuda::kv_codec_of(k_cache.type, codec) && v.ne[0] == k.ne[0] &&
-                   v.rows() == k.rows(),
+    CERA_CHECK(!k_open && k_cache.type == v_cache.type && cuda::kv_codec_of(k_cache.type, codec) &&
+                   v.ne[0] == k.ne[0] && v.rows() == k.rows(),
                "kv_store: k and v of one shape, caches of one type (F32, F16, BF16, Q8_0, Q4_0 or Q3_KV)");
     record(KvStoreNode{k.as<float>(), v.as<float>(), k.rows(), k.ne[0], pos.as<const int32_t>(),
                        k_cache.data, v_cache.data, codec, k_cache.ne[1]});

@@ -53,7 +53,7 @@ void attention_block(const Step& s, const AttentionWeights& w, const AttentionCo
         be.rotate_heads(k, int(sh.head_dim), false);
     }
     if (cache.rotated_v) be.rotate_heads(v, int(sh.head_dim), false);
-    be.kv_store(k, v, s.kv_rows, cache.k, cache.v);
+    be.kv_store(k, v, s.kv_rows, cache.k, cache.v, cache.k_open);
     AttentionParams p;
     p.n_head = int(sh.n_head);
     p.n_head_kv = int(sh.n_head_kv);
@@ -61,6 +61,7 @@ void attention_block(const Step& s, const AttentionWeights& w, const AttentionCo
     p.scale = c.attn_scale;
     p.sliding_window = c.sliding_window;
     p.paging = s.paging;
+    if (cache.k_open) p.k_new = k, p.k_open = cache.k_open;
     be.attention(q, cache.k, cache.v, s.pos, p, attn);
     if (cache.rotated_v) be.rotate_heads(attn, int(sh.head_dim), true);
     s.linear(w.wo, attn, Tensor{}, y);
