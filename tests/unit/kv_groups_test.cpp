@@ -221,14 +221,17 @@ TEST(KvGroups, AttentionReadsTheQuerysGroupAsF16) {
         attention_by_definition(q, k, v, cs.n_head, cs.n_kv, cs.hd, cs.pos0, cs.n_tokens, cs.window, want);
         std::vector<float> scratch(size_t(scratch_floats(n_ctx, cs.hd, a.group))), got(want.size());
         const int64_t n_rows = int64_t(cs.n_tokens) * cs.n_head;
+        double scale = 1;  // the outputs' largest magnitude (the values' outlier channels reach ~12)
+        for (float x : want) scale = std::max(scale, double(std::fabs(x)));
         auto check = [&](const char* name, double tol) {
             double max_d = 0;
             for (size_t i = 0; i < want.size(); ++i) max_d = std::max(max_d, double(std::fabs(want[i] - got[i])));
-            EXPECT_LT(max_d, tol) << name << " hd " << cs.hd << " tokens " << cs.n_tokens << " pos0 " << cs.pos0;
+            EXPECT_LT(max_d, tol * scale)
+                << name << " hd " << cs.hd << " tokens " << cs.n_tokens << " pos0 " << cs.pos0;
         };
         a.out = got.data();
         rows_ref(a, 0, n_rows, scratch.data());
-        check("ref", 2e-5);
+        check("ref", 1e-5);
         std::vector<float> ref = got;
         using Block = void (*)(const Args&, int64_t, int64_t, int, float*);
         auto blocks = [&](Block fn) {
@@ -240,13 +243,13 @@ TEST(KvGroups, AttentionReadsTheQuerysGroupAsF16) {
         if (cpu_features().has_avx512_set()) {
             std::fill(got.begin(), got.end(), NAN);
             rows_avx512(a, 0, n_rows, scratch.data());
-            check("avx512 rows", 2e-5);
+            check("avx512 rows", 1e-5);
             blocks(block_avx512);
-            check("avx512 blocks", 2e-5);
+            check("avx512 blocks", 1e-5);
         }
         if (cpu_features().has_avx2_set()) {
             blocks(block_avx2);
-            check("avx2 blocks", 2e-5);
+            check("avx2 blocks", 1e-5);
         }
     }
 }

@@ -82,7 +82,7 @@ constexpr int kBlockTokens = 64;
 inline int64_t scratch_floats(int64_t n_kv, int head_dim, int group) {
     const int64_t rows_kernel = n_kv + 16 + 4 * int64_t(head_dim) + 64;
     const int64_t block_rows = int64_t(kBlockTokens) * group;
-    const int64_t block_kernel = block_rows * (2 * int64_t(head_dim) + 2) + 48 * int64_t(head_dim) + 64;
+    const int64_t block_kernel = block_rows * (2 * int64_t(head_dim) + 2) + 64 * int64_t(head_dim) + 64;
     return rows_kernel > block_kernel ? rows_kernel : block_kernel;
 }
 

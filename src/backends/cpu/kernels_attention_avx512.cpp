@@ -91,6 +91,43 @@ inline __m512 load_key(const Args& a, int64_t row, int64_t c, __mmask16 m) {
     return _mm512_add_ps(mn, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q)));
 }
 
+// Q4_CH: open_key() of a whole head (nv vectors) into dst, or zeros when !in.
+inline void open_key16(const Args& a, int32_t j, bool in, int64_t c0, int nv, float* dst) {
+    if (in && j >= a.new_first) {
+        const float* s = a.k_new + int64_t(j - a.new_first) * a.kv_width + c0;
+        for (int v = 0; v < nv; ++v)
+            _mm512_storeu_ps(dst + 16 * v,
+                             _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(s + 16 * v),
+                                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+    } else if (in && a.k_slot) {
+        const uint16_t* s = a.k_slot + int64_t(j % 64) * a.kv_width + c0;
+        for (int v = 0; v < nv; ++v)
+            _mm512_storeu_ps(dst + 16 * v,
+                             _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 16 * v))));
+    } else if (in) {
+        open_key(a, j, c0, 16 * nv, dst);
+    } else {
+        std::fill(dst, dst + 16 * nv, 0.0f);
+    }
+}
+
+// Q4_CH: the 16 rows from `row` (a multiple of 16) of channels [c0, c0 + head_dim) as codes, transposed:
+// kt[d * 16 + i] = element c0 + d of row + i. A channel's 16 codes are 8 bytes of its record.
+inline void decode_channels(const Args& a, int64_t row, int64_t c0, float* kt) {
+    const uint8_t* rec = static_cast<const uint8_t*>(a.k) + (row >> 6) * a.kv_width * 36 + c0 * 36;
+    const int off = 4 + int(row & 63) / 2;
+    for (int d = 0; d < a.head_dim; ++d, rec += 36) {
+        uint16_t dm[2];
+        std::memcpy(dm, rec, 4);
+        const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(rec + off));
+        const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
+        const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
+        const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
+        _mm512_storeu_ps(kt + d * 16, _mm512_add_ps(_mm512_set1_ps(fp16_to_fp32(dm[1])),
+                                                    _mm512_mul_ps(_mm512_set1_ps(fp16_to_fp32(dm[0])), q)));
+    }
+}
+
 }  // namespace
 
 void rows_avx512(const Args& a, int64_t r0, int64_t r1, float* scratch) {
@@ -180,8 +217,10 @@ void rows_avx512(const Args& a, int64_t r0, int64_t r1, float* scratch) {
 
 void block_avx512(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch) {
     const int hd = a.head_dim, G = a.group;
-    // Decode rows, odd head sizes and Q4_CH keys (read two ways, by the query's group): the row kernel.
-    if (hd % 16 != 0 || hd > 256 || t1 - t0 == 1 || a.k_type == Elem::kQ4_CH) {
+    // Q4_CH keys decode a tile's 16 rows of a channel from 8 bytes, and the rows that share the KV head
+    // share the tile: decode steps too take the tiles. Other decode rows and odd head sizes: the row kernel.
+    const bool grouped = a.k_type == Elem::kQ4_CH;
+    if (hd % 16 != 0 || hd > 256 || (t1 - t0 == 1 && !grouped)) {
         for (int64_t t = t0; t < t1; ++t) {
             const int64_t r = t * a.n_head + int64_t(hk) * G;
             rows_avx512(a, r, r + G, scratch);
@@ -198,35 +237,52 @@ void block_avx512(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch)
     float* tile = kt + 16 * hd;       // [16, head_dim] keys of the tile, row-major
     float* vt = tile + 16 * hd;       // [16, head_dim] values of the tile
     float* pbuf = vt + 16 * hd;       // [16] probabilities of one row
+    float* kt_open = pbuf + 16;       // Q4_CH: [head_dim, 16] the tile's keys as f16 values (kt: as codes)
     const int64_t head_off = int64_t(hk) * hd;
     int32_t kb, ke;
     start_block(a, t0, t1, hk, qs, acc, m, l, kb, ke);
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    for (int32_t j0 = kb; j0 < ke; j0 += 16) {
+    // Q4_CH tiles start at a multiple of 16: their rows lie in one group (the keys before kb are masked).
+    for (int32_t j0 = grouped ? kb & ~15 : kb; j0 < ke; j0 += 16) {
         const int nk = std::min(16, ke - j0);
         for (int i = 0; i < 16; ++i) {
             for (int v = 0; v < nv; ++v) {
                 const bool in = i < nk;
-                const int64_t kr = in ? kv_row(a, j0 + i) : 0, o = kr * a.kv_width + head_off + 16 * v;
-                _mm512_storeu_ps(tile + i * hd + 16 * v,
-                                 in ? load_key(a, kr, head_off + 16 * v, 0xffff) : _mm512_setzero_ps());
+                const int64_t o = (in ? kv_row(a, j0 + i) : 0) * a.kv_width + head_off + 16 * v;
+                if (!grouped)
+                    _mm512_storeu_ps(tile + i * hd + 16 * v, in ? load(a.k, o, a.k_type, 0xffff) : _mm512_setzero_ps());
                 _mm512_storeu_ps(vt + i * hd + 16 * v, in ? load(a.v, o, a.v_type, 0xffff) : _mm512_setzero_ps());
             }
         }
-        for (int d = 0; d < hd; ++d)
-            for (int i = 0; i < 16; ++i) kt[d * 16 + i] = tile[i * hd + d];
+        bool codes = false, open = false;  // Q4_CH: which of kt, kt_open hold the tile
+        if (!grouped)
+            for (int d = 0; d < hd; ++d)
+                for (int i = 0; i < 16; ++i) kt[d * 16 + i] = tile[i * hd + d];
         const __m512i keys = _mm512_add_epi32(_mm512_set1_epi32(j0), lane);
         for (int64_t r = 0; r < R; ++r) {
             const int32_t e = a.pos[t0 + r / G] + 1;
             const int32_t b = key_begin(a, e);
             if (j0 >= e || j0 + nk <= b) continue;
+            const float* ktr = kt;
+            if (grouped && open_begin(a, e) <= j0) {  // the query's own group: f16 values
+                if (!open) {
+                    for (int i = 0; i < 16; ++i) open_key16(a, j0 + i, i < nk, head_off, nv, tile + i * hd);
+                    for (int d = 0; d < hd; ++d)
+                        for (int i = 0; i < 16; ++i) kt_open[d * 16 + i] = tile[i * hd + d];
+                    open = true;
+                }
+                ktr = kt_open;
+            } else if (grouped && !codes) {
+                decode_channels(a, kv_row(a, j0), head_off, kt);
+                codes = true;
+            }
             const float* qr = qs + r * hd;
             __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
             for (int d = 0; d < hd; d += 4) {
-                s0 = _mm512_fmadd_ps(_mm512_set1_ps(qr[d]), _mm512_loadu_ps(kt + d * 16), s0);
-                s1 = _mm512_fmadd_ps(_mm512_set1_ps(qr[d + 1]), _mm512_loadu_ps(kt + (d + 1) * 16), s1);
-                s2 = _mm512_fmadd_ps(_mm512_set1_ps(qr[d + 2]), _mm512_loadu_ps(kt + (d + 2) * 16), s2);
-                s3 = _mm512_fmadd_ps(_mm512_set1_ps(qr[d + 3]), _mm512_loadu_ps(kt + (d + 3) * 16), s3);
+                s0 = _mm512_fmadd_ps(_mm512_set1_ps(qr[d]), _mm512_loadu_ps(ktr + d * 16), s0);
+                s1 = _mm512_fmadd_ps(_mm512_set1_ps(qr[d + 1]), _mm512_loadu_ps(ktr + (d + 1) * 16), s1);
+                s2 = _mm512_fmadd_ps(_mm512_set1_ps(qr[d + 2]), _mm512_loadu_ps(ktr + (d + 2) * 16), s2);
+                s3 = _mm512_fmadd_ps(_mm512_set1_ps(qr[d + 3]), _mm512_loadu_ps(ktr + (d + 3) * 16), s3);
             }
             const __m512 s = _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
             const __mmask16 valid = _mm512_cmpge_epi32_mask(keys, _mm512_set1_epi32(b)) &
