@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "backends/cpu/kernels_attention.h"
 #include "core/fp16.h"
@@ -75,7 +76,7 @@ inline __m256 load8(const void* base, int64_t off, Elem type) {
             const __m256 v = _mm256_permutevar8x32_ps(_mm256_loadu_ps(kQ3KVValues), _mm256_or_si256(m, _mm256_slli_epi32(s, 2)));
             return _mm256_mul_ps(v, _mm256_set1_ps(fp16_to_fp32(b->d)));
         }
-        case Elem::kQ4_CH:  // block_avx2 leaves Q4_CH keys to the reference
+        case Elem::kQ4_CH:  // keys only, decoded by channel (decode_channels)
             break;
     }
     return _mm256_setzero_ps();
@@ -100,6 +101,37 @@ inline const float* decode_row(const void* base, int64_t off, Elem type, int nv,
     return dst;
 }
 
+// Q4_CH: open_key() of a whole head (nv vectors of 8) into dst, the f16 rounding 8 at a time.
+inline void open_key8(const Args& a, int32_t j, int64_t c0, int nv, float* dst) {
+    if (j >= a.new_first) {
+        const float* s = a.k_new + int64_t(j - a.new_first) * a.kv_width + c0;
+        for (int v = 0; v < nv; ++v)
+            _mm256_storeu_ps(dst + 8 * v,
+                             _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(s + 8 * v),
+                                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+    } else if (a.k_slot) {
+        const uint16_t* s = a.k_slot + int64_t(j % 64) * a.kv_width + c0;
+        for (int v = 0; v < nv; ++v)
+            _mm256_storeu_ps(dst + 8 * v,
+                             _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 8 * v))));
+    } else {
+        open_key(a, j, c0, 8 * nv, dst);
+    }
+}
+
+// Q4_CH: rows [row, row + nk) (within one group) of channels [c0, c0 + head_dim) as codes, row-major into
+// kt (a row every head_dim floats).
+inline void decode_channels(const Args& a, int64_t row, int64_t c0, int nk, float* kt) {
+    const uint8_t* rec = static_cast<const uint8_t*>(a.k) + (row >> 6) * a.kv_width * 36 + c0 * 36;
+    const int i0 = int(row & 63);
+    for (int d = 0; d < a.head_dim; ++d, rec += 36) {
+        uint16_t dm[2];
+        std::memcpy(dm, rec, 4);
+        const float step = fp16_to_fp32(dm[0]), mn = fp16_to_fp32(dm[1]);
+        for (int i = 0; i < nk; ++i)
+            kt[i * a.head_dim + d] = mn + step * float((rec[4 + (i0 + i) / 2] >> (4 * ((i0 + i) & 1))) & 15);
+    }
+}
 
 // The block's rows (its tokens x the group's heads) walk the keys together, flash-style, in tiles of 8:
 // a tile's K and V rows are read in place (F32) or decoded to f32 once, for every row of the block, from
@@ -120,6 +152,8 @@ void block_tiles(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch) 
     float* l = m + R;                 // [R] running sum
     float* kt = l + R;                // [kTile, head_dim] keys of the tile
     float* vt = kt + kTile * hd;      // [kTile, head_dim] values of the tile
+    float* ko = vt + kTile * hd;      // Q4_CH: [kTile, head_dim] the tile's keys as f16 values (kt: as codes)
+    const bool grouped = a.k_type == Elem::kQ4_CH;
     const int64_t head_off = int64_t(hk) * hd;
     int32_t kb, ke;
     start_block(a, t0, t1, hk, qs, acc, m, l, kb, ke);
@@ -132,30 +166,48 @@ void block_tiles(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch) 
         const int nk = std::min(kTile, ke - j0);
         // The tile's rows: an F32 cache's in place, the others decoded once into kt / vt; past the last
         // key, zeros.
+        // Q4_CH keys: kt holds the tile as codes, ko as f16 values, each filled for the first row that
+        // reads it (the rows whose own group the tile is in read ko).
         const float* kr[kTile];
         const float* vr[kTile];
+        const float* kro[kTile];
         for (int i = 0; i < kTile; ++i) {
+            kro[i] = ko + i * hd;
             if (i >= nk) {
                 std::fill(kt + i * hd, kt + (i + 1) * hd, 0.0f);
+                std::fill(ko + i * hd, ko + (i + 1) * hd, 0.0f);
                 kr[i] = vr[i] = kt + i * hd;
                 continue;
             }
             const int64_t o = kv_row(a, j0 + i) * a.kv_width + head_off;
-            kr[i] = a.k_type == Elem::kF32 ? static_cast<const float*>(a.k) + o : decode_row(a.k, o, a.k_type, nv, kt + i * hd);
+            kr[i] = a.k_type == Elem::kF32 ? static_cast<const float*>(a.k) + o
+                    : grouped              ? kt + i * hd
+                                           : decode_row(a.k, o, a.k_type, nv, kt + i * hd);
             vr[i] = a.v_type == Elem::kF32 ? static_cast<const float*>(a.v) + o : decode_row(a.v, o, a.v_type, nv, vt + i * hd);
         }
+        bool codes = false, open = false;
         const __m256i keys = _mm256_add_epi32(_mm256_set1_epi32(j0), lane);
         for (int64_t r = 0; r < R; ++r) {
             const int32_t e = a.pos[t0 + r / G] + 1;
             const int32_t b = key_begin(a, e);
             if (j0 >= e || j0 + nk <= b) continue;
+            const float* const* krow = kr;
+            if (grouped && open_begin(a, e) <= j0) {
+                if (!open)
+                    for (int i = 0; i < nk; ++i) open_key8(a, j0 + i, head_off, nv, ko + i * hd);
+                open = true;
+                krow = kro;
+            } else if (grouped && !codes) {
+                decode_channels(a, kv_row(a, j0), head_off, nk, kt);
+                codes = true;
+            }
             // Scores: accumulator i holds key i's products, summed across lanes by one hadd tree.
             const float* qr = qs + r * hd;
             __m256 s[kTile];
             for (int i = 0; i < kTile; ++i) s[i] = _mm256_setzero_ps();
             for (int v = 0; v < nv; ++v) {
                 const __m256 qv = _mm256_loadu_ps(qr + 8 * v);
-                for (int i = 0; i < kTile; ++i) s[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[i] + 8 * v), s[i]);
+                for (int i = 0; i < kTile; ++i) s[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(krow[i] + 8 * v), s[i]);
             }
             const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(s[0], s[1]), _mm256_hadd_ps(s[2], s[3]));
             const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(s[4], s[5]), _mm256_hadd_ps(s[6], s[7]));
@@ -203,7 +255,6 @@ void block_tiles(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch) 
 }  // namespace
 
 void block_avx2(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch) {
-    if (a.k_type == Elem::kQ4_CH) return block_ref(a, t0, t1, hk, scratch);
     switch (a.head_dim) {
         case 32: return block_tiles<4>(a, t0, t1, hk, scratch);
         case 64: return block_tiles<8>(a, t0, t1, hk, scratch);
