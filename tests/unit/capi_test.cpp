@@ -404,8 +404,8 @@ TEST(CApi, ErrorsAreCodesWithMessages) {
     o.n_batch = -3;
     EXPECT_EQ(cera_engine_load(kModel.c_str(), &o, &e), CERA_ERR_INVALID_ARGUMENT) << cera_last_error();
     o = cera_engine_default_options();
-    const int seven = 7;
-    std::memcpy(&o.kv_type, &seven, sizeof seven);
+    const int past_the_last = CERA_KV_KIVI4 + 1;
+    std::memcpy(&o.kv_type, &past_the_last, sizeof past_the_last);
     EXPECT_EQ(cera_engine_load(kModel.c_str(), &o, &e), CERA_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(cera_engine_load(nullptr, nullptr, &e), CERA_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(e, nullptr);

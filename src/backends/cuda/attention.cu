@@ -49,8 +49,8 @@ __device__ __forceinline__ float block_max(float v, float* red) {
 using AttnK = DecodeAttnArgs;
 
 
-// Shared memory: q[head_dim], p[128], red[32], acc[128 * 2].
-template <class K>
+// Shared memory: q[head_dim], p[128], red[32], acc[128 * 2]. Keys of codec K, values of codec V.
+template <class K, class V>
 __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK a) {
     pdl_trigger();
     pdl_wait();
@@ -85,15 +85,15 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK a) {
     const bool active = g < G && d0 < hd;
     float acc[2] = {0.0f, 0.0f};
     float m = -INFINITY, l = 0.0f;
-    const int64_t row_bytes = kv_row_bytes(K::kCodec, kv_width), head = kv_row_bytes(K::kCodec, int64_t(hk) * hd);
-    const unsigned char* kc = static_cast<const unsigned char*>(a.k) + head;
-    const unsigned char* vc = static_cast<const unsigned char*>(a.v) + head;
+    const int64_t k_bytes = kv_row_bytes(K::kCodec, kv_width), v_bytes = kv_row_bytes(V::kCodec, kv_width);
+    const unsigned char* kc = static_cast<const unsigned char*>(a.k) + kv_row_bytes(K::kCodec, int64_t(hk) * hd);
+    const unsigned char* vc = static_cast<const unsigned char*>(a.v) + kv_row_bytes(V::kCodec, int64_t(hk) * hd);
     __syncthreads();
     for (int64_t c = lo; c < hi; c += kThreads) {
         const int64_t j = c + tid;
         float score = -INFINITY;
         if (j < hi) {
-            const unsigned char* kr = kc + kv_row(a, t, j) * row_bytes;
+            const unsigned char* kr = kc + kv_row(a, t, j) * k_bytes;
             float sacc = 0.0f;
             for (int d = 0; d < hd; d += 8) {
                 float kv[8];
@@ -114,10 +114,10 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK a) {
         const int n_keys = int(min(int64_t(kThreads), hi - c));
         if (active) {
             for (int jj = g; jj < n_keys; jj += G) {
-                const unsigned char* vr = vc + kv_row(a, t, c + jj) * row_bytes;
+                const unsigned char* vr = vc + kv_row(a, t, c + jj) * v_bytes;
                 const float pv = p_s[jj];
-                acc[0] = fmaf(pv, kv_load1<K>(vr, d0), acc[0]);
-                if (d0 + kThreads < hd) acc[1] = fmaf(pv, kv_load1<K>(vr, d0 + kThreads), acc[1]);
+                acc[0] = fmaf(pv, kv_load1<V>(vr, d0), acc[0]);
+                if (d0 + kThreads < hd) acc[1] = fmaf(pv, kv_load1<V>(vr, d0 + kThreads), acc[1]);
             }
         }
         __syncthreads();  // p_s is rewritten by the next chunk
@@ -501,8 +501,8 @@ namespace {
 // The decode kernel's chunk and split count for these arguments, or !ok (another kernel serves them).
 DecPlan dec_plan(const AttentionArgs& a) {
     DecPlan p;
-    if ((a.n_tokens > kDecMaxTokens && !a.each_seq) || !kv_staged(a.codec, a.head_dim) || a.head_dim > 256 ||
-        a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0)
+    if ((a.n_tokens > kDecMaxTokens && !a.each_seq) || a.codec != a.v_codec || !kv_staged(a.codec, a.head_dim) ||
+        a.head_dim > 256 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0)
         return p;
     const int G = a.n_head / a.n_head_kv, hd = a.head_dim;
     if (int64_t(G) * hd > 2 * kThreads * kDecMaxItems) return p;
@@ -545,7 +545,7 @@ size_t attention_scratch_floats(const AttentionArgs& a) {
 
 void attention(const AttentionArgs& a, Stream stream) {
     if (a.n_tokens == 0) return;
-    CERA_CHECK(a.head_dim % (kv_blocked(a.codec) ? 32 : 8) == 0 && a.head_dim <= 2 * kThreads &&
+    CERA_CHECK(a.head_dim % (kv_blocked(a.codec) || kv_blocked(a.v_codec) ? 32 : 8) == 0 && a.head_dim <= 2 * kThreads &&
                    a.n_head % a.n_head_kv == 0,
                "attention: head_dim %d (needs a multiple of 8, 32 for a block codec, <= 256), n_head %d, n_head_kv %d",
                a.head_dim, a.n_head, a.n_head_kv);
@@ -572,7 +572,9 @@ void attention(const AttentionArgs& a, Stream stream) {
     const dim3 grid(unsigned(a.n_head), unsigned(k.n_splits), unsigned(a.n_tokens));
     const size_t smem = sizeof(float) * (a.head_dim + kThreads + 32 + 2 * kThreads);
     // F32 caches: the f32 tiles; the others: tensor cores with Q and P split hi + lo (f32-grade sums).
-    if (k.n_splits == 1 && a.n_tokens >= kQT && (a.head_dim == 64 || a.head_dim == 128) && a.n_ctx < INT_MAX) {
+    // Keys and values of two codecs: the per-query kernel.
+    if (k.n_splits == 1 && a.n_tokens >= kQT && (a.head_dim == 64 || a.head_dim == 128) && a.n_ctx < INT_MAX &&
+        a.codec == a.v_codec) {
         if (a.codec != KvCodec::kF32) {
             const int G = a.n_head / a.n_head_kv;
             const dim3 mg(unsigned(a.n_head_kv), unsigned(ceil_div(a.n_tokens * G, kFaRows)));
@@ -584,7 +586,11 @@ void attention(const AttentionArgs& a, Stream stream) {
         else launch((attn_tile_kernel<128>), tg, kThreads, 0, s, k);
         return;
     }
-    with_kv_codec(a.codec, [&](auto c) { launch((attn_kernel<decltype(c)>), grid, kThreads, smem, s, k); });
+    with_kv_codec(a.codec, [&](auto c) {
+        with_kv_codec(a.v_codec, [&](auto v) {
+            launch((attn_kernel<decltype(c), decltype(v)>), grid, kThreads, smem, s, k);
+        });
+    });
     if (k.n_splits > 1) {
         launch(attn_combine_kernel, dim3(unsigned(a.n_head), unsigned(a.n_tokens)), 64, 0, s, k);
     }
