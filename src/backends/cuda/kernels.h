@@ -276,8 +276,8 @@ struct AttentionArgs {
     const float* q = nullptr;     // [n_tokens, n_head * head_dim]
     const void* k_cache = nullptr;  // [n_ctx, n_head_kv * head_dim]
     const void* v_cache = nullptr;
-    // Of the keys and of the values: the tuned decode and tensor-core prefill kernels take one codec for
-    // both, a pair of codecs takes the per-query kernel.
+    // Of the keys and of the values: the staged decode kernel and the per-query kernel take a pair of
+    // codecs, the warp decode kernel and the tensor-core prefill one codec for both.
     KvCodec codec = KvCodec::kF16, v_codec = KvCodec::kF16;
     const int32_t* pos = nullptr;  // [n_tokens]
     int64_t n_tokens = 0, n_ctx = 0;
