@@ -36,8 +36,8 @@ struct ScratchSpec {
 // The caches of one layer of one sequence.
 struct LayerCache {
     Tensor k, v;  // [n_ctx, n_head_kv * head_dim] of the KV type; empty for layers without attention
-    // Q4_CH keys (coded per channel over groups of 64 rows, core/quant/kv_groups.h): the exact rows of the
-    // groups being filled, f32 [n_head_kv * head_dim, 65 * slots]; empty for the other types.
+    // Q4_CH keys (coded per channel over groups of 64 rows, core/quant/kv_groups.h): the open groups (the
+    // rows of the groups being filled), f16 [n_head_kv * head_dim, 65 * slots]; empty for the other types.
     Tensor k_open;
     // The rows of k / v are stored rotated (core/rotation.h, the tq4 and tq3 cache types).
     bool rotated_k = false, rotated_v = false;

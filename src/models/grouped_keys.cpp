@@ -79,13 +79,13 @@ void read_key_rows(Backend& be, const LayerCache& c, int64_t begin, int64_t end,
     CERA_CHECK(c.k.type == GgmlType::kQ4_CH && begin % kG == 0 && end >= begin);
     const int64_t width = c.k.ne[0], g0 = begin / kG, g1 = (end + kG - 1) / kG;
     const size_t gb = kv_groups::group_bytes(width);
-    std::vector<uint8_t> cache(gb * size_t(g1));  // groups [0, g1); those before g0 stay unread
-    be.read(cache.data() + gb * size_t(g0), c.k, gb * size_t(g1 - g0), gb * size_t(g0));
+    std::vector<uint8_t> cache(gb * size_t(g1 - g0));  // groups [g0, g1)
+    be.read(cache.data(), c.k, cache.size(), gb * size_t(g0));
     const std::vector<uint16_t> open = read_open(be, c);
     out.assign(size_t(end - begin) * size_t(width), 0.0f);
     for (int64_t g = g0; g < g1; ++g) {
         const int n = int(std::min(end - g * kG, kG));
-        kv_groups::read_rows(cache.data() + gb * size_t(g), open.data(), slots_of(c), g, n, width,
+        kv_groups::read_rows(cache.data() + gb * size_t(g - g0), open.data(), slots_of(c), g, n, width,
                              out.data() + size_t(g * kG - begin) * size_t(width));
     }
 }
@@ -95,15 +95,15 @@ void write_key_rows(Backend& be, const LayerCache& c, int64_t begin, const std::
     const int64_t width = c.k.ne[0], n = int64_t(rows.size()) / width, g0 = begin / kG, g1 = (begin + n + kG - 1) / kG;
     if (n == 0) return;
     const size_t gb = kv_groups::group_bytes(width);
-    std::vector<uint8_t> cache(gb * size_t(g1));
+    std::vector<uint8_t> cache(gb * size_t(g1 - g0));  // groups [g0, g1)
     std::vector<uint16_t> open(size_t(c.k_open.n_elements()));
     kv_groups::clear_open(open.data(), width, slots_of(c));
     for (int64_t g = g0; g < g1; ++g) {
         const int m = int(std::min(begin + n - g * kG, kG));
-        kv_groups::write_rows(cache.data() + gb * size_t(g), open.data(), slots_of(c), g, m, width,
+        kv_groups::write_rows(cache.data() + gb * size_t(g - g0), open.data(), slots_of(c), g, m, width,
                               rows.data() + size_t(g * kG - begin) * size_t(width));
     }
-    be.write(c.k, cache.data() + gb * size_t(g0), gb * size_t(g1 - g0), gb * size_t(g0));
+    be.write(c.k, cache.data(), cache.size(), gb * size_t(g0));
     be.write(c.k_open, open.data(), open.size() * sizeof(uint16_t));
 }
 

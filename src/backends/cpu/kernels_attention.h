@@ -56,15 +56,28 @@ inline int64_t kv_row(const Args& a, int64_t j) {
 }
 
 // Q4_CH: the first key that a query at key range end reads as f16 (the start of its group of 64).
-inline int32_t open_begin(const Args& a, int32_t end) { return a.k_type == Elem::kQ4_CH ? (end - 1) / 64 * 64 : end; }
+inline int32_t open_begin(const Args& a, int32_t end) {
+    return a.k_type == Elem::kQ4_CH ? (end - 1) / kv_groups::kRows * kv_groups::kRows : end;
+}
+// Q4_CH: the key of position j as the step stored it (j >= new_first), or as its open group holds it.
+inline const float* new_key(const Args& a, int32_t j, int64_t c0) {
+    return a.k_new + int64_t(j - a.new_first) * a.kv_width + c0;
+}
+inline const uint16_t* slot_key(const Args& a, int32_t j, int64_t c0) {
+    return a.k_slot + int64_t(j % kv_groups::kRows) * a.kv_width + c0;
+}
+// Q4_CH: channel c's record of the group holding cache row `row`.
+inline const uint8_t* key_record(const Args& a, int64_t row, int64_t c) {
+    return static_cast<const uint8_t*>(a.k) + kv_groups::record_offset(row, c, a.kv_width);
+}
 
 // Q4_CH: elements [c0, c0 + n) of the key at position j (j >= open_begin of the query) as f16 values.
 inline void open_key(const Args& a, int32_t j, int64_t c0, int n, float* out) {
     if (j >= a.new_first) {
-        const float* s = a.k_new + int64_t(j - a.new_first) * a.kv_width + c0;
+        const float* s = new_key(a, j, c0);
         for (int d = 0; d < n; ++d) out[d] = fp16_to_fp32(fp32_to_fp16(s[d]));
     } else if (a.k_slot) {
-        const uint16_t* s = a.k_slot + int64_t(j % 64) * a.kv_width + c0;
+        const uint16_t* s = slot_key(a, j, c0);
         for (int d = 0; d < n; ++d) out[d] = fp16_to_fp32(s[d]);
     } else {
         for (int d = 0; d < n; ++d)

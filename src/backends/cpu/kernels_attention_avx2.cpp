@@ -104,13 +104,13 @@ inline const float* decode_row(const void* base, int64_t off, Elem type, int nv,
 // Q4_CH: open_key() of a whole head (nv vectors of 8) into dst, the f16 rounding 8 at a time.
 inline void open_key8(const Args& a, int32_t j, int64_t c0, int nv, float* dst) {
     if (j >= a.new_first) {
-        const float* s = a.k_new + int64_t(j - a.new_first) * a.kv_width + c0;
+        const float* s = new_key(a, j, c0);
         for (int v = 0; v < nv; ++v)
             _mm256_storeu_ps(dst + 8 * v,
                              _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(s + 8 * v),
                                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
     } else if (a.k_slot) {
-        const uint16_t* s = a.k_slot + int64_t(j % 64) * a.kv_width + c0;
+        const uint16_t* s = slot_key(a, j, c0);
         for (int v = 0; v < nv; ++v)
             _mm256_storeu_ps(dst + 8 * v,
                              _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 8 * v))));
@@ -122,9 +122,9 @@ inline void open_key8(const Args& a, int32_t j, int64_t c0, int nv, float* dst) 
 // Q4_CH: rows [row, row + nk) (within one group) of channels [c0, c0 + head_dim) as codes, row-major into
 // kt (a row every head_dim floats).
 inline void decode_channels(const Args& a, int64_t row, int64_t c0, int nk, float* kt) {
-    const uint8_t* rec = static_cast<const uint8_t*>(a.k) + (row >> 6) * a.kv_width * 36 + c0 * 36;
-    const int i0 = int(row & 63);
-    for (int d = 0; d < a.head_dim; ++d, rec += 36) {
+    const uint8_t* rec = key_record(a, row, c0);
+    const int i0 = int(row % kv_groups::kRows);
+    for (int d = 0; d < a.head_dim; ++d, rec += kv_groups::kChannelBytes) {
         uint16_t dm[2];
         std::memcpy(dm, rec, 4);
         const float step = fp16_to_fp32(dm[0]), mn = fp16_to_fp32(dm[1]);

@@ -79,10 +79,10 @@ inline __m512 load(const void* base, int64_t off, Elem type, __mmask16 m) {
 // holds the row's code (read as the top byte of the 4 bytes ending there, which stay inside the record).
 inline __m512 load_key(const Args& a, int64_t row, int64_t c, __mmask16 m) {
     if (a.k_type != Elem::kQ4_CH) return load(a.k, row * a.kv_width + c, a.k_type, m);
-    const uint8_t* rec = static_cast<const uint8_t*>(a.k) + (row >> 6) * a.kv_width * 36 + c * 36;
+    const uint8_t* rec = key_record(a, row, c);
     const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                           _mm512_set1_epi32(36));
-    const int i = int(row & 63);
+                                           _mm512_set1_epi32(int(kv_groups::kChannelBytes)));
+    const int i = int(row % kv_groups::kRows);
     const __m512i dm = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, rec, 1);
     __m512i q = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, rec + 1 + i / 2, 1);
     q = _mm512_and_si512(_mm512_srli_epi32(q, 24 + 4 * (i & 1)), _mm512_set1_epi32(15));
@@ -94,13 +94,13 @@ inline __m512 load_key(const Args& a, int64_t row, int64_t c, __mmask16 m) {
 // Q4_CH: open_key() of a whole head (nv vectors) into dst, or zeros when !in.
 inline void open_key16(const Args& a, int32_t j, bool in, int64_t c0, int nv, float* dst) {
     if (in && j >= a.new_first) {
-        const float* s = a.k_new + int64_t(j - a.new_first) * a.kv_width + c0;
+        const float* s = new_key(a, j, c0);
         for (int v = 0; v < nv; ++v)
             _mm512_storeu_ps(dst + 16 * v,
                              _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(s + 16 * v),
                                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
     } else if (in && a.k_slot) {
-        const uint16_t* s = a.k_slot + int64_t(j % 64) * a.kv_width + c0;
+        const uint16_t* s = slot_key(a, j, c0);
         for (int v = 0; v < nv; ++v)
             _mm512_storeu_ps(dst + 16 * v,
                              _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 16 * v))));
@@ -114,9 +114,9 @@ inline void open_key16(const Args& a, int32_t j, bool in, int64_t c0, int nv, fl
 // Q4_CH: the 16 rows from `row` (a multiple of 16) of channels [c0, c0 + head_dim) as codes, transposed:
 // kt[d * 16 + i] = element c0 + d of row + i. A channel's 16 codes are 8 bytes of its record.
 inline void decode_channels(const Args& a, int64_t row, int64_t c0, float* kt) {
-    const uint8_t* rec = static_cast<const uint8_t*>(a.k) + (row >> 6) * a.kv_width * 36 + c0 * 36;
-    const int off = 4 + int(row & 63) / 2;
-    for (int d = 0; d < a.head_dim; ++d, rec += 36) {
+    const uint8_t* rec = key_record(a, row, c0);
+    const int off = 4 + int(row % kv_groups::kRows) / 2;
+    for (int d = 0; d < a.head_dim; ++d, rec += kv_groups::kChannelBytes) {
         uint16_t dm[2];
         std::memcpy(dm, rec, 4);
         const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(rec + off));

@@ -89,7 +89,7 @@ void dequantize(const uint8_t* group, int n, int64_t width, float* x) {
 }
 
 float value(const uint8_t* cache, int64_t row, int64_t c, int64_t width) {
-    const uint8_t* rec = cache + size_t(row / kRows) * group_bytes(width) + size_t(c) * kChannelBytes;
+    const uint8_t* rec = cache + record_offset(row, c, width);
     const int i = int(row % kRows);
     return fp16_to_fp32(load_u16(rec + 2)) +
            fp16_to_fp32(load_u16(rec)) * float((rec[4 + i / 2] >> (4 * (i & 1))) & 15);

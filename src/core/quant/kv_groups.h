@@ -30,6 +30,10 @@ void quantize(const float* x, int n, int64_t width, uint8_t* group);
 // Rows [0, n) of a group as f32 [n, width].
 void dequantize(const uint8_t* group, int n, int64_t width, float* x);
 
+// The byte offset of channel c's record of the group holding cache row `row`.
+inline size_t record_offset(int64_t row, int64_t c, int64_t width) {
+    return size_t(row / kRows) * group_bytes(width) + size_t(c) * kChannelBytes;
+}
 // Element c of cache row `row` of a Q4_CH cache starting at `cache`.
 float value(const uint8_t* cache, int64_t row, int64_t c, int64_t width);
 
