@@ -16,13 +16,9 @@ namespace cera {
 
 BatchState::BatchState(const Model& model, const BatchStateOptions& o)
     : model_(model), be_(model.backend()), arch_(model.arch()) {
-    // Pipeline stages hold different layers, so their block bookkeeping (conv snapshots) would part.
-    if (model.pipeline())
-        throw_error(ErrorCode::kUnsupported,
-                    "the batched engine cannot run pipeline stages yet (a shape that does not divide among %d ranks)",
-                    model.world());
     // A split model: the other ranks' states take every call this one takes, so that their blocks, slots
-    // and steps are this one's; their steps run beside it, meeting in the collectives.
+    // and steps are this one's; their steps run beside it, meeting in the collectives. Pipeline stages
+    // hold different layers, so what the bookkeeping follows is the whole model's (recurrent_).
     for (int r = 1; r < model.world(); ++r) {
         ranks_.push_back(std::make_unique<BatchState>(model.rank_model(r), o));
         threads_.push_back(std::make_unique<RankThread>());
@@ -76,7 +72,7 @@ BatchState::BatchState(const Model& model, const BatchStateOptions& o)
     hash_.assign(size_t(n_blocks_), 0);
     stamp_.assign(size_t(n_blocks_), 0);
     block_tokens_.assign(size_t(n_blocks_ * block_), 0);
-    for (const LayerStateSpec& sp : arch_.state) recurrent_ |= sp.conv_channels > 0;
+    recurrent_ = arch_.info.n_conv_layers > 0;  // the whole model's, also on a pipeline stage without conv layers
     table_.assign(size_t(o.max_seqs * max_blocks_), 0);
     table_t_ = be_.alloc(GgmlType::kI32, {max_blocks_, int64_t(o.max_seqs)});
     const ModelInfo& info = arch_.info;
@@ -289,6 +285,7 @@ void BatchState::step(std::span<const Entry> entries, StepOutput& out, const std
             else
                 ranks_[size_t(r - 1)]->step(entries, rank_out_[size_t(r - 1)]);
         });
+        if (model_.pipeline()) std::swap(out, rank_out_.back());  // the last stage's outputs are the caller's
         return;
     }
     rank_step(entries, out, meanwhile);

@@ -125,8 +125,12 @@ std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& o
                         (long long)m->info_.n_layer);
         ModelOptions rest = ro;
         rest.on_load_progress = nullptr;
-        for (int r = 1; r < world; ++r) m->ranks_.push_back(load_rank(path, rest, Shard{r, world, pipeline}));
-        m->comm_ = make_host_communicator(world);
+        std::vector<Backend*> backends{m->backend_.get()};
+        for (int r = 1; r < world; ++r) {
+            m->ranks_.push_back(load_rank(path, rest, Shard{r, world, pipeline}));
+            backends.push_back(m->ranks_.back()->backend_.get());
+        }
+        m->comm_ = make_communicator(backends);
         m->pipeline_ = pipeline;
         for (int r = 1; r < world; ++r) {
             Model& rm = *m->ranks_[size_t(r - 1)];

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "backends/backend.h"
+#include "backends/collectives.h"
 #include "cera/error.h"
 
 namespace cera {
@@ -43,24 +44,5 @@ enum class Split {
     kCols,   // ne[0] divided: each rank multiplies a range of the inputs and holds a partial sum
     kVocab,  // ne[1] divided as evenly as it goes (Shard::begin, end): an LM head's rows of the vocabulary
 };
-
-// The ranks of one tensor-parallel model. Each rank calls the collectives from its own thread, in the
-// same order as every other rank, with its own backend's tensors.
-class Communicator {
- public:
-    virtual ~Communicator() = default;
-    virtual int world() const = 0;
-    // x (f32) becomes the sum of every rank's x, in rank order, on every rank.
-    virtual void all_reduce(int rank, Backend& be, const Tensor& x) = 0;
-    // full [rows, W] (f32) on every rank gets each rank's local [rows, w_r] at its columns [col0_r, col0_r +
-    // w_r) (the ranks' ranges tile [0, W)).
-    virtual void all_gather_cols(int rank, Backend& be, const Tensor& local, const Tensor& full, int64_t col0) = 0;
-    // Pipeline stages: rank + 1's recv() of x (f32, the same shape) gets what rank's send() of x holds.
-    virtual void send(int rank, Backend& be, const Tensor& x) = 0;
-    virtual void recv(int rank, Backend& be, const Tensor& x) = 0;
-};
-
-// The collectives of ranks whose tensors are host memory (CPU backends), one thread a rank.
-std::unique_ptr<Communicator> make_host_communicator(int world);
 
 }  // namespace cera

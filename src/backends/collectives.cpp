@@ -1,4 +1,4 @@
-#include "models/shard.h"
+#include "backends/collectives.h"
 
 #include <algorithm>
 #include <barrier>
@@ -104,6 +104,21 @@ class HostCommunicator final : public Communicator {
 std::unique_ptr<Communicator> make_host_communicator(int world) {
     CERA_CHECK(world >= 1, "make_host_communicator: world %d", world);
     return std::make_unique<HostCommunicator>(world);
+}
+
+// Defined by the CUDA backend (src/backends/cuda/collectives.cpp) when it is linked in, as
+// make_cuda_backend is.
+__attribute__((weak)) std::unique_ptr<Communicator> make_cuda_communicator(std::span<Backend* const> ranks);
+
+std::unique_ptr<Communicator> make_communicator(std::span<Backend* const> ranks) {
+    CERA_CHECK(!ranks.empty(), "make_communicator: no ranks");
+    const DeviceKind kind = ranks[0]->kind();
+    for (Backend* be : ranks)
+        CERA_CHECK(be->kind() == kind, "make_communicator: ranks on %s and %s", device_kind_name(kind),
+                   device_kind_name(be->kind()));
+    if (kind == DeviceKind::kCpu) return make_host_communicator(int(ranks.size()));
+    CERA_CHECK(&make_cuda_communicator != nullptr, "make_communicator: this build has no CUDA backend");
+    return make_cuda_communicator(ranks);
 }
 
 }  // namespace cera
