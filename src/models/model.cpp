@@ -100,10 +100,6 @@ std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& o
     if (opts.kv_type_k == GgmlType::kQ4_CH && opts.device != DeviceKind::kCpu)
         throw_error(ErrorCode::kUnsupported, "KV cache type kivi4 (keys per channel, Q4_CH): the CPU runs it, not %s",
                     device_kind_name(opts.device));
-    // The CUDA attention kernels read one codec for keys and values.
-    if (opts.device == DeviceKind::kCuda && opts.kv_type_k != opts.kv_type_v)
-        throw_error(ErrorCode::kUnsupported, "KV cache types %s/%s: CUDA takes the same type for keys and values",
-                    type_name(opts.kv_type_k), type_name(opts.kv_type_v));
     if (opts.n_batch < 1) throw_error(ErrorCode::kInvalidArgument, "n_batch = %d: must be at least 1", opts.n_batch);
     if (opts.n_ctx < 0) throw_error(ErrorCode::kInvalidArgument, "n_ctx = %d: must not be negative", opts.n_ctx);
     const int world = opts.tensor_parallel;
