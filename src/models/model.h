@@ -51,8 +51,11 @@ struct ModelOptions {
     // Sees the input of every product with a weight (CPU only; Model::weight_name() names the weight).
     MatmulObserver* observer = nullptr;
     // Ranks the model is split over (models/shard.h, docs/tensor-parallel.md): each a backend of its own
-    // with a share of every layer; 1 = no split. CPU ranks share n_threads among them.
+    // with a share of every layer; 1 = no split. CPU ranks share n_threads among them. CUDA rank r runs on
+    // gpu_ranks[r] (empty: gpu_index + r): NCCL joins ranks on devices of their own; ranks that all name
+    // one device (a split simulated on one GPU) meet through device copies, and run without graphs.
     int tensor_parallel = 1;
+    std::vector<int> gpu_ranks;
     static constexpr int kDefaultMaxCtx = 4096;
 };
 

@@ -311,6 +311,7 @@ void CudaBackend::record_moe_ffn(const Tensor& x, const Tensor& gate_exps, const
 
 void CudaBackend::run_step() {
     if (step_.nodes.empty()) return;
+    CUDA_CHECK(cudaSetDevice(device_));  // the ranks of a split model run on threads of their own
     cuda::fuse_step(step_, rules_, [this](Slot slot, size_t bytes) { return scratch(slot, bytes); });
     // The F16 expansion buffers, at their size for the step before any expansion is queued.
     expansions_.clear(), expanded_ = 0;
