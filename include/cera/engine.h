@@ -41,10 +41,14 @@ struct LoraOptions {
 };
 
 struct EngineOptions {
-    std::string device = "auto";              // "auto" (a CUDA GPU when usable, else the CPU), "cpu", "cuda", "cuda:N"
+    // "auto" (a CUDA GPU when usable, else the CPU), "cpu", "cuda", "cuda:N", or one device a rank of a
+    // split model: "cuda:0,cuda:1" (a device named more than once holds several ranks, through device
+    // copies: a split simulated on one GPU).
+    std::string device = "auto";
     int threads = 0;                          // CPU worker threads; 0 = the physical cores
-    // Ranks the model is split over (tensor parallelism, docs/tensor-parallel.md): 1 = none. CPU ranks
-    // for now, sharing `threads`; no LoRA adapters with a split.
+    // Ranks the model is split over (tensor parallelism, docs/tensor-parallel.md): 1 = none, or as many as
+    // `device` lists. CPU ranks share `threads`; CUDA ranks take cuda:N, cuda:N+1, ... unless `device`
+    // lists them. No LoRA adapters with a split.
     int tensor_parallel = 1;
     int32_t n_ctx = 0;                        // context length of each session; 0 = the model's, at most 4096
     KvCacheType kv_type_k = KvCacheType::kF32;  // KV cache storage of the keys

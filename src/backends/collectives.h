@@ -29,8 +29,9 @@ class Communicator {
 // The collectives of ranks whose tensors are host memory (CPU backends), one thread a rank.
 std::unique_ptr<Communicator> make_host_communicator(int world);
 
-// The collectives of these backends, rank r's at ranks[r]: host memory for CPU ranks; for CUDA ranks,
-// the CUDA backend's (make_cuda_communicator, not built yet).
+// The collectives of these backends, rank r's at ranks[r]: host memory for CPU ranks; for CUDA ranks
+// NCCL when each has a device of its own, device copies when they share one (a split simulated on one
+// GPU, whose backends must run without graphs: the ranks meet on the host inside their steps).
 std::unique_ptr<Communicator> make_communicator(std::span<Backend* const> ranks);
 
 }  // namespace cera

@@ -11,9 +11,12 @@ namespace cera::cli {
 
 void EngineFlags::add(CLI::App& app, unsigned parts) {
     app.add_option("-t,--threads", threads, "CPU threads (0: the physical cores)")->capture_default_str();
-    app.add_option("--device", device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+    app.add_option("--device,--devices", device,
+                   "auto, cpu, cuda, cuda:N, or one device a rank of a split model: cuda:0,cuda:1")
+        ->capture_default_str();
     app.add_option("--tensor-parallel", tensor_parallel,
-                   "split the model over N ranks (CPU ranks sharing the threads; no LoRA yet)")
+                   "split the model over N ranks (CPU ranks sharing the threads, CUDA ranks on cuda:0..N-1; "
+                   "no LoRA yet)")
         ->capture_default_str();
     app.add_flag("--no-warmup", no_warmup, "CUDA: skip the warm-up run at load (the first prompt then pays the device's set-up)");
     if (parts & kCtx)

@@ -1,6 +1,7 @@
 // Loading: the architecture registry, the common head tensors, load_model.
 #include "models/model.h"
 
+#include <algorithm>
 #include <cinttypes>
 
 #include "core/check.h"
@@ -100,25 +101,29 @@ std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& o
     if (opts.kv_type_k == GgmlType::kQ4_CH && opts.device != DeviceKind::kCpu)
         throw_error(ErrorCode::kUnsupported, "KV cache type kivi4 (keys per channel, Q4_CH): the CPU runs it, not %s",
                     device_kind_name(opts.device));
-    // The CUDA attention kernels read one codec for keys and values.
-    if (opts.device == DeviceKind::kCuda && opts.kv_type_k != opts.kv_type_v)
-        throw_error(ErrorCode::kUnsupported, "KV cache types %s/%s: CUDA takes the same type for keys and values",
-                    type_name(opts.kv_type_k), type_name(opts.kv_type_v));
     if (opts.n_batch < 1) throw_error(ErrorCode::kInvalidArgument, "n_batch = %d: must be at least 1", opts.n_batch);
     if (opts.n_ctx < 0) throw_error(ErrorCode::kInvalidArgument, "n_ctx = %d: must not be negative", opts.n_ctx);
     const int world = opts.tensor_parallel;
     if (world < 1 || world > 64)
         throw_error(ErrorCode::kInvalidArgument, "tensor_parallel = %d: expected 1 to 64 ranks", world);
     if (world == 1) return load_rank(path, opts, Shard{});
-    // One CPU backend a rank, the threads shared out; CUDA ranks need a collective of device memory.
-    if (opts.device != DeviceKind::kCpu)
-        throw_error(ErrorCode::kUnsupported, "tensor parallel on %s: only CPU ranks are built yet",
-                    device_kind_name(opts.device));
     if (opts.observer) throw_error(ErrorCode::kUnsupported, "tensor parallel: a matmul observer sees one rank only");
+    // One CPU backend a rank, the threads shared out; one CUDA backend a rank, on its device.
     ModelOptions ro = opts;
     ro.n_threads = std::max(1, (opts.n_threads > 0 ? opts.n_threads : cpu_features().physical_cores) / world);
+    std::vector<int> gpus = opts.gpu_ranks;
+    if (opts.device == DeviceKind::kCuda) {
+        if (gpus.empty())
+            for (int r = 0; r < world; ++r) gpus.push_back(opts.gpu_index + r);
+        if (int(gpus.size()) != world)
+            throw_error(ErrorCode::kInvalidArgument, "tensor parallel: %zu devices for %d ranks", gpus.size(), world);
+        // Ranks that share a device meet on the host inside their steps, which a graph cannot hold.
+        if (std::count(gpus.begin(), gpus.end(), gpus[0]) > 1) ro.cuda.graphs = false;
+    }
     auto load_ranks = [&](bool pipeline) {
-        std::unique_ptr<Model> m = load_rank(path, ro, Shard{0, world, pipeline});
+        ModelOptions first = ro;
+        if (!gpus.empty()) first.gpu_index = gpus[0];
+        std::unique_ptr<Model> m = load_rank(path, first, Shard{0, world, pipeline});
         m->opts_ = opts;
         if (pipeline && m->info_.n_layer < world)
             throw_error(ErrorCode::kUnsupported, "pipeline parallel: %d ranks for %lld layers", world,
@@ -127,6 +132,7 @@ std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& o
         rest.on_load_progress = nullptr;
         std::vector<Backend*> backends{m->backend_.get()};
         for (int r = 1; r < world; ++r) {
+            if (!gpus.empty()) rest.gpu_index = gpus[size_t(r)];
             m->ranks_.push_back(load_rank(path, rest, Shard{r, world, pipeline}));
             backends.push_back(m->ranks_.back()->backend_.get());
         }

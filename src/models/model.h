@@ -35,7 +35,7 @@ struct ModelOptions {
     int gpu_index = 0;                  // CUDA device
     int n_ctx = 0;                      // tokens per sequence; 0 = the model's context_length, at most kDefaultMaxCtx
     // KV cache storage of keys and values: kF32, kF16, kBF16, kQ8_0, kQ4_0 or kQ3_KV (the block types need
-    // rows of K of a multiple of 32, and on CUDA heads of a multiple of 32; on CUDA one type for both);
+    // rows of K of a multiple of 32, and on CUDA heads of a multiple of 32);
     // keys also kQ4_CH (CPU; rows of a multiple of 16; core/quant/kv_groups.h).
     GgmlType kv_type_k = GgmlType::kF32, kv_type_v = GgmlType::kF32;
     // Rows stored rotated (core/rotation.h; EngineOptions' tq4 and tq3): heads of a power of two.
@@ -51,8 +51,11 @@ struct ModelOptions {
     // Sees the input of every product with a weight (CPU only; Model::weight_name() names the weight).
     MatmulObserver* observer = nullptr;
     // Ranks the model is split over (models/shard.h, docs/tensor-parallel.md): each a backend of its own
-    // with a share of every layer; 1 = no split. CPU ranks share n_threads among them.
+    // with a share of every layer; 1 = no split. CPU ranks share n_threads among them. CUDA rank r runs on
+    // gpu_ranks[r] (empty: gpu_index + r): NCCL joins ranks on devices of their own; ranks that all name
+    // one device (a split simulated on one GPU) meet through device copies, and run without graphs.
     int tensor_parallel = 1;
+    std::vector<int> gpu_ranks;
     static constexpr int kDefaultMaxCtx = 4096;
 };
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "backends/device.h"
 #include "core/check.h"
@@ -25,6 +26,21 @@ DeviceChoice parse_device(const std::string& device) {
         return c;
     }
     if (device == "cpu") return c;
+    if (device.find(',') != std::string::npos) {  // one device a rank
+        size_t at = 0;
+        for (;;) {
+            const size_t end = std::min(device.find(',', at), device.size());
+            const std::string one = device.substr(at, end - at);
+            if (one.rfind("cuda:", 0) != 0)
+                throw_error(ErrorCode::kInvalidArgument, "device '%s': expected a list of cuda:N, one a rank",
+                            device.c_str());
+            c.gpu_ranks.push_back(parse_device(one).gpu_index);
+            if (end == device.size()) break;
+            at = end + 1;
+        }
+        c.kind = DeviceKind::kCuda, c.gpu_index = c.gpu_ranks[0];
+        return c;
+    }
     if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
         c.kind = DeviceKind::kCuda;
         if (device.size() > 5) {
@@ -38,7 +54,8 @@ DeviceChoice parse_device(const std::string& device) {
         }
         return c;
     }
-    throw_error(ErrorCode::kInvalidArgument, "device '%s': expected auto, cpu, cuda or cuda:N", device.c_str());
+    throw_error(ErrorCode::kInvalidArgument, "device '%s': expected auto, cpu, cuda, cuda:N or cuda:N,cuda:M,...",
+                device.c_str());
 }
 
 namespace {
@@ -128,6 +145,13 @@ std::unique_ptr<Model> load_engine_model(const std::string& path, const EngineOp
     mo.kv_rotate_v = options.kv_type_v == KvCacheType::kTq4 || options.kv_type_v == KvCacheType::kTq3;
     mo.device = dev.kind;
     mo.gpu_index = dev.gpu_index;
+    if (!dev.gpu_ranks.empty()) {  // a list of devices: one a rank
+        if (options.tensor_parallel != 1 && options.tensor_parallel != int(dev.gpu_ranks.size()))
+            throw_error(ErrorCode::kInvalidArgument, "device %s names %zu devices for %d ranks (tensor_parallel)",
+                        options.device.c_str(), dev.gpu_ranks.size(), options.tensor_parallel);
+        mo.tensor_parallel = int(dev.gpu_ranks.size());
+        mo.gpu_ranks = dev.gpu_ranks;
+    }
     mo.cuda.profile = options.gpu_profile;
     mo.lora_cache_bytes = options.lora_cache_bytes;
     mo.on_load_progress = options.on_load_progress;
@@ -136,9 +160,10 @@ std::unique_ptr<Model> load_engine_model(const std::string& path, const EngineOp
         const auto gpus = cuda_devices(&why);
         if (gpus.empty())
             throw_error(ErrorCode::kDevice, "device %s: no CUDA device (%s)", options.device.c_str(), why.c_str());
-        if (dev.gpu_index >= int(gpus.size()))
-            throw_error(ErrorCode::kDevice, "device %s: there are only %zu CUDA device(s)", options.device.c_str(),
-                        gpus.size());
+        for (int g : dev.gpu_ranks.empty() ? std::vector<int>{dev.gpu_index} : dev.gpu_ranks)
+            if (g >= int(gpus.size()))
+                throw_error(ErrorCode::kDevice, "device %s: there are only %zu CUDA device(s)", options.device.c_str(),
+                            gpus.size());
     }
     if (dev.automatic) {
         // A usable GPU first; a build or machine without one falls back to the CPU.

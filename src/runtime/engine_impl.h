@@ -72,11 +72,13 @@ struct Engine::Impl {
     void warm_up();  // EngineOptions::warmup
 };
 
-// Parses "auto", "cpu", "cuda", "cuda:N". Throws kInvalidArgument on anything else.
+// Parses "auto", "cpu", "cuda", "cuda:N", or a list "cuda:N,cuda:M,..." of a tensor-parallel model's
+// ranks' devices. Throws kInvalidArgument on anything else.
 struct DeviceChoice {
     bool automatic = false;
     DeviceKind kind = DeviceKind::kCpu;
     int gpu_index = 0;
+    std::vector<int> gpu_ranks;  // a list's devices, in rank order (empty for one device)
 };
 DeviceChoice parse_device(const std::string& device);
 

@@ -45,12 +45,14 @@ int32_t ahead_pick(ModelState& st, std::span<const int32_t> tokens) {
 std::pair<std::unique_ptr<Model>, std::unique_ptr<Model>> load_fixture_pair(const char* name,
                                                                             const char* file = "model.gguf",
                                                                             GgmlType kv = GgmlType::kF32,
-                                                                            bool rotate = false) {
+                                                                            bool rotate = false,
+                                                                            GgmlType kv_v = GgmlType::kI8,  // kI8: as kv
+                                                                            int rotate_v = -1) {
     const std::string path = test::data_path(std::string("fixtures/") + name + "/" + file);
     ModelOptions o;
     o.n_threads = 2, o.n_ctx = 256;
-    o.kv_type_k = o.kv_type_v = kv;
-    o.kv_rotate_k = o.kv_rotate_v = rotate;
+    o.kv_type_k = kv, o.kv_type_v = kv_v == GgmlType::kI8 ? kv : kv_v;
+    o.kv_rotate_k = rotate, o.kv_rotate_v = rotate_v < 0 ? rotate : rotate_v == 1;
     auto cpu = load_model(path, o);
     o.device = DeviceKind::kCuda;
     return {std::move(cpu), load_model(path, o)};
@@ -98,6 +100,8 @@ TEST(CudaModel, KvCacheTypesMatchCpu) {
         const char* file;
         GgmlType kv;
         bool rotate;
+        GgmlType v = GgmlType::kI8;  // the values' type (kI8: kv's) and rotation (-1: rotate's)
+        int rotate_v = -1;
     };
     for (const C& c : {C{"tiny-lfm2", "model.gguf", GgmlType::kBF16, false},
                        C{"tiny-lfm2", "model.gguf", GgmlType::kQ8_0, false},
@@ -110,9 +114,17 @@ TEST(CudaModel, KvCacheTypesMatchCpu) {
                        C{"tiny-llama-random", "model.gguf", GgmlType::kQ4_0, true},
                        C{"tiny-lfm2", "model.gguf", GgmlType::kQ3_KV, true},
                        C{"tiny-lfm2", "model-Q4_0.gguf", GgmlType::kQ3_KV, true},
-                       C{"tiny-llama-random", "model.gguf", GgmlType::kQ3_KV, true}}) {
-        SCOPED_TRACE(std::string(c.name) + "/" + c.file + " " + type_name(c.kv) + (c.rotate ? " rotated" : ""));
-        auto [cpu, gpu] = load_fixture_pair(c.name, c.file, c.kv, c.rotate);
+                       C{"tiny-llama-random", "model.gguf", GgmlType::kQ3_KV, true},
+                       // Keys and values apart: the per-query kernel, and the stores of both kinds.
+                       C{"tiny-lfm2", "model.gguf", GgmlType::kQ8_0, false, GgmlType::kF16},
+                       C{"tiny-lfm2", "model-Q4_0.gguf", GgmlType::kQ8_0, false, GgmlType::kQ4_0},
+                       C{"tiny-lfm2", "model-Q4_0.gguf", GgmlType::kF16, false, GgmlType::kQ8_0},
+                       C{"tiny-lfm2", "model.gguf", GgmlType::kQ4_0, true, GgmlType::kF16, 0},
+                       C{"tiny-llama-random", "model.gguf", GgmlType::kBF16, false, GgmlType::kQ4_0}}) {
+        const GgmlType v = c.v == GgmlType::kI8 ? c.kv : c.v;
+        SCOPED_TRACE(std::string(c.name) + "/" + c.file + " " + type_name(c.kv) + "/" + type_name(v) +
+                     (c.rotate ? " rotated" : ""));
+        auto [cpu, gpu] = load_fixture_pair(c.name, c.file, c.kv, c.rotate, c.v, c.rotate_v);
         const int64_t n_vocab = cpu->info().n_vocab;
         std::vector<int32_t> prompt = fixture_prompt(n_vocab);
         for (int i = 0; i < 40; ++i) prompt.push_back(prompt[size_t(i) % 11]);  // 51 tokens: the prefill kernels
@@ -124,8 +136,8 @@ TEST(CudaModel, KvCacheTypesMatchCpu) {
         double err = 0, mag = 0;
         for (size_t i = 0; i < lc.size(); ++i)
             err = std::max(err, double(std::fabs(lc[i] - lg[i]))), mag = std::max(mag, double(std::fabs(lc[i])));
-        std::printf("  [kv] %s/%s %s%s: prefill logits max |diff| %.2e (max |logit| %.2f)\n", c.name, c.file,
-                    type_name(c.kv), c.rotate ? " rotated" : "", err, mag);
+        std::printf("  [kv] %s/%s %s/%s%s: prefill logits max |diff| %.2e (max |logit| %.2f)\n", c.name, c.file,
+                    type_name(c.kv), type_name(v), c.rotate ? " rotated" : "", err, mag);
         const bool f32_file = std::string(c.file) == "model.gguf";
         // Q3_KV's steps are a quarter of the deviation: a key the backends round apart by a float's last bit
         // may change code at a bound, and move the logits by more than the other types.

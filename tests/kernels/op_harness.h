@@ -54,6 +54,15 @@ inline constexpr int64_t kTokenCounts[] = {1, 3, 17, 64};
 // Every KV cache type (the rotated ones are Q4_0 and Q3_KV rows).
 inline constexpr GgmlType kKvTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16,
                                         GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ3_KV};
+// Types of keys and values: each type for both, and each with the next one (the last with the first).
+inline std::vector<std::pair<GgmlType, GgmlType>> kv_pairs() {
+    std::vector<std::pair<GgmlType, GgmlType>> p;
+    for (size_t i = 0; i < std::size(kKvTypes); ++i) {
+        p.emplace_back(kKvTypes[i], kKvTypes[i]);
+        p.emplace_back(kKvTypes[i], kKvTypes[(i + 1) % std::size(kKvTypes)]);
+    }
+    return p;
+}
 
 // Every weight type the engine reads (core/quant's table less Q8_1 and Q8_K, activation formats).
 inline constexpr GgmlType kWeightTypes[] = {

@@ -289,8 +289,8 @@ TEST(OpHarness, KvStore) {
         for (int64_t n_ctx : kRowCounts) {
             for (int64_t nt : kTokenCounts) {
                 if (nt > n_ctx || n_ctx * width > kMaxElems) continue;
-                for (GgmlType kv : kKvTypes) {
-                    if (width % type_info(kv).block_size != 0) continue;
+                for (auto [kv, vt] : kv_pairs()) {
+                    if (width % type_info(kv).block_size != 0 || width % type_info(vt).block_size != 0) continue;
                     std::vector<float> k = randn(size_t(nt * width), rng), v = randn(size_t(nt * width), rng);
                     // A row of zeros whose first is -0: the block types' scale keeps the reference's sign.
                     if (nt > 1) std::fill(k.begin(), k.begin() + width, 0.0f), k[0] = -0.0f;
@@ -298,30 +298,31 @@ TEST(OpHarness, KvStore) {
                     std::iota(all.begin(), all.end(), 0);
                     std::shuffle(all.begin(), all.end(), rng);
                     const std::vector<int32_t> pos(all.begin(), all.begin() + nt);  // distinct, scattered
-                    const size_t rb = row_size(kv, width);
-                    const std::vector<uint8_t> before(size_t(n_ctx) * rb, 0x5A);
-                    std::vector<uint8_t> want_k(before), want_v(before);
+                    const size_t rb = row_size(kv, width), vrb = row_size(vt, width);
+                    const std::vector<uint8_t> before(size_t(n_ctx) * rb, 0x5A), v_before(size_t(n_ctx) * vrb, 0x5A);
+                    std::vector<uint8_t> want_k(before), want_v(v_before);
                     for (int64_t t = 0; t < nt; ++t)
-                        for (auto [src, dst] : {std::pair{&k, &want_k}, std::pair{&v, &want_v}}) {
+                        for (auto [src, dst, ty] : {std::tuple{&k, &want_k, kv}, std::tuple{&v, &want_v, vt}}) {
                             const float* row = src->data() + t * width;
-                            uint8_t* at = dst->data() + size_t(pos[size_t(t)]) * rb;
-                            if (kv == GgmlType::kF32) std::memcpy(at, row, rb);
-                            else quantize_row_ref(kv, row, at, width);
+                            const size_t b = row_size(ty, width);
+                            uint8_t* at = dst->data() + size_t(pos[size_t(t)]) * b;
+                            if (ty == GgmlType::kF32) std::memcpy(at, row, b);
+                            else quantize_row_ref(ty, row, at, width);
                         }
                     for (const Target& t : targets()) {
                         if (t.moe_only) continue;
                         OnBackend ob(t);
                         Tensor K = ob.f32({width, nt}, k), V = ob.f32({width, nt}, v), P = ob.i32({nt}, pos);
                         Tensor KC = ob.alloc(kv, {width, n_ctx}, before.data()),
-                               VC = ob.alloc(kv, {width, n_ctx}, before.data());
+                               VC = ob.alloc(vt, {width, n_ctx}, v_before.data());
                         ob.be().kv_store(K, V, P, KC, VC);
-                        Checker c(str(t.name, " kv_store ", type_name(kv), " width ", width, " n_ctx ", n_ctx,
-                                      " n_tokens ", nt));
+                        Checker c(str(t.name, " kv_store ", type_name(kv), "/", type_name(vt), " width ", width,
+                                      " n_ctx ", n_ctx, " n_tokens ", nt));
                         const auto got_k = ob.read<uint8_t>(KC), got_v = ob.read<uint8_t>(VC);
-                        for (size_t i = 0; i < got_k.size() && c.misses() < 8; ++i) {
+                        for (size_t i = 0; i < got_k.size() && c.misses() < 8; ++i)
                             c.eq(int(got_k[i]), int(want_k[i]), "k cache byte ", i);
+                        for (size_t i = 0; i < got_v.size() && c.misses() < 8; ++i)
                             c.eq(int(got_v[i]), int(want_v[i]), "v cache byte ", i);
-                        }
                     }
                 }
             }
@@ -363,14 +364,15 @@ TEST(OpHarness, Attention) {
     head_dims.insert(head_dims.end(), std::begin(narrow), std::end(narrow));
     int n_case = 0;
     for (int64_t hd : head_dims) {
-        for (GgmlType kv : kKvTypes) {
+        for (auto [kv, vt] : kv_pairs()) {
             for (int64_t n_ctx : {kRowCounts[2], kRowCounts[3], kLengths[7]}) {
                 for (int64_t nt : kTokenCounts) {
                     const Heads hh = (hd % 32 ? narrow_heads : heads)[size_t(n_case) % std::size(heads)];
                     const int window = windows[size_t(n_case / 3) % std::size(windows)];
                     ++n_case;
                     if (nt > n_ctx || nt * hh.n_head * n_ctx * hd > 2 * kMaxMacs) continue;
-                    if (type_info(kv).block_size > 1 && hh.n_head_kv * hd % 32 != 0) continue;
+                    if ((type_info(kv).block_size > 1 || type_info(vt).block_size > 1) && hh.n_head_kv * hd % 32 != 0)
+                        continue;
                     // Positions: decode at the end, at 0 and in the middle; a short run to the end; scattered;
                     // a prefill run from 0.
                     std::vector<int32_t> pos;
@@ -385,14 +387,14 @@ TEST(OpHarness, Attention) {
                     const int64_t kw = hh.n_head_kv * hd, qw = hh.n_head * hd;
                     // Cache contents: random rows in the cache's type (kb, vb), and the values they hold (kf, vf).
                     std::vector<float> kf = randn(size_t(n_ctx * kw), rng), vf = randn(size_t(n_ctx * kw), rng);
-                    std::vector<uint8_t> kb(size_t(n_ctx) * row_size(kv, kw)), vb(kb.size());
-                    for (auto [f, bytes] : {std::pair{&kf, &kb}, std::pair{&vf, &vb}}) {
-                        if (kv == GgmlType::kF32) {
+                    std::vector<uint8_t> kb(size_t(n_ctx) * row_size(kv, kw)), vb(size_t(n_ctx) * row_size(vt, kw));
+                    for (auto [f, bytes, ty] : {std::tuple{&kf, &kb, kv}, std::tuple{&vf, &vb, vt}}) {
+                        if (ty == GgmlType::kF32) {
                             std::memcpy(bytes->data(), f->data(), bytes->size());
                             continue;
                         }
-                        quantize_row_ref(kv, f->data(), bytes->data(), n_ctx * kw);
-                        dequantize_row_ref(kv, bytes->data(), f->data(), n_ctx * kw);
+                        quantize_row_ref(ty, f->data(), bytes->data(), n_ctx * kw);
+                        dequantize_row_ref(ty, bytes->data(), f->data(), n_ctx * kw);
                     }
                     // CUDA's tensor-core kernel rounds the decoded values of these types to f16.
                     const bool rounds16 = kv != GgmlType::kF32 && kv != GgmlType::kF16;
@@ -451,13 +453,13 @@ TEST(OpHarness, Attention) {
                         }
                     }
                     const std::string what =
-                        str("attention ", type_name(kv), " head_dim ", hd, " heads ", hh.n_head, "/", hh.n_head_kv,
+                        str("attention ", type_name(kv), "/", type_name(vt), " head_dim ", hd, " heads ", hh.n_head, "/", hh.n_head_kv,
                             " window ", window, " n_ctx ", n_ctx, " n_tokens ", nt);
                     for (const Target& t : targets()) {
                         if (t.moe_only || (t.cuda() && hd % 32 != 0)) continue;
                         OnBackend ob(t);
                         Tensor Q = ob.f32({qw, nt}, q), P = ob.i32({nt}, pos);
-                        Tensor KC = ob.alloc(kv, {kw, n_ctx}, kb.data()), VC = ob.alloc(kv, {kw, n_ctx}, vb.data());
+                        Tensor KC = ob.alloc(kv, {kw, n_ctx}, kb.data()), VC = ob.alloc(vt, {kw, n_ctx}, vb.data());
                         Tensor out = ob.alloc(GgmlType::kF32, {qw, nt});
                         AttentionParams ap;
                         ap.n_head = hh.n_head, ap.n_head_kv = hh.n_head_kv, ap.head_dim = int(hd), ap.scale = scale;
@@ -465,7 +467,9 @@ TEST(OpHarness, Attention) {
                         ob.be().attention(Q, KC, VC, P, ap, out);
                         const std::vector<float> y = ob.read(out);
                         Checker c(str(t.name, " ", what));
-                        const bool mma = t.cuda();
+                        // CUDA's kernels for one type (tensor cores, 8-bit q); a pair of types takes the
+                        // per-query kernel, in f32.
+                        const bool mma = t.cuda() && kv == vt;
                         for (int64_t r = 0; r < rows && c.misses() < 8; ++r) {
                             const std::vector<Key>& ks = keys[size_t(r)];
                             const int64_t n = int64_t(ks.size());

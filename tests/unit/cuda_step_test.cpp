@@ -322,7 +322,7 @@ struct Builder {
         if (rotated)
             for (const char* x : {"q", "k", "v"})
                 s.nodes.push_back(RotateNode{m.at(x), n * (x[0] == 'q' ? kHeads : kKvHeads), int(kHead), false});
-        s.nodes.push_back(KvStoreNode{m.at("k"), m.at("v"), n, kKvHeads * kHead, pp, m.at("kc"), m.at("vc"), KvCodec::kF32, kCtx});
+        s.nodes.push_back(KvStoreNode{m.at("k"), m.at("v"), n, kKvHeads * kHead, pp, m.at("kc"), m.at("vc"), KvCodec::kF32, KvCodec::kF32, kCtx});
         AttentionNode at;
         at.a.q = m.at("q"), at.a.n_tokens = n, at.a.n_head = int(kHeads), at.a.head_dim = int(kHead), at.a.out = m.at("attn");
         s.nodes.push_back(at);

@@ -278,20 +278,5 @@ TEST(ModelState, BlockKvCachesCloseToF32) {
     }
 }
 
-// CUDA reads one type for keys and values: a pair of types is refused at load, before any device is
-// looked for, naming both.
-TEST(ModelState, KeyAndValueTypesApartRefusedOnCuda) {
-    ModelOptions o;
-    o.device = DeviceKind::kCuda;
-    o.kv_type_k = GgmlType::kQ8_0, o.kv_type_v = GgmlType::kF16;
-    try {
-        load_model(fixture("tiny-lfm2"), o);
-        ADD_FAILURE() << "no error";
-    } catch (const Error& e) {
-        EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
-        EXPECT_TRUE(contains(e, "Q8_0") && contains(e, "F16") && contains(e, "same type")) << e.what();
-    }
-}
-
 }  // namespace
 }  // namespace cera

@@ -62,6 +62,17 @@ TEST(Engine, BadOptionsAndFilesThrow) {
     EXPECT_THROW(Engine::load("/no/such/model.gguf"), Error);
     EXPECT_THROW(Engine::load(test::source_path("models/tiny-lfm2-Q8_0.gguf"), {.device = "gpu"}), Error);
     EXPECT_THROW(Engine::load(test::source_path("models/tiny-lfm2-Q8_0.gguf"), {.device = "cuda:x"}), Error);
+    // One device a rank: a list of cuda:N only, as many as the ranks asked for.
+    for (const EngineOptions& o : {EngineOptions{.device = "cuda:0,cpu"}, EngineOptions{.device = "cuda:0,"},
+                                   EngineOptions{.device = "cuda:0,cuda:1", .tensor_parallel = 3}}) {
+        try {
+            Engine::load(test::source_path("models/tiny-lfm2-Q8_0.gguf"), o);
+            ADD_FAILURE() << o.device << ": no error";
+        } catch (const Error& e) {
+            EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+            EXPECT_NE(std::string(e.what()).find(o.device), std::string::npos) << e.what();
+        }
+    }
     try {
         Engine::load(test::source_path("models/tiny-lfm2-Q8_0.gguf"), {.device = "cuda"});
         SUCCEED() << "a CUDA device is present";

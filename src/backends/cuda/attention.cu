@@ -49,8 +49,8 @@ __device__ __forceinline__ float block_max(float v, float* red) {
 using AttnK = DecodeAttnArgs;
 
 
-// Shared memory: q[head_dim], p[128], red[32], acc[128 * 2].
-template <class K>
+// Shared memory: q[head_dim], p[128], red[32], acc[128 * 2]. Keys of codec K, values of codec V.
+template <class K, class V>
 __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK a) {
     pdl_trigger();
     pdl_wait();
@@ -85,15 +85,15 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK a) {
     const bool active = g < G && d0 < hd;
     float acc[2] = {0.0f, 0.0f};
     float m = -INFINITY, l = 0.0f;
-    const int64_t row_bytes = kv_row_bytes(K::kCodec, kv_width), head = kv_row_bytes(K::kCodec, int64_t(hk) * hd);
-    const unsigned char* kc = static_cast<const unsigned char*>(a.k) + head;
-    const unsigned char* vc = static_cast<const unsigned char*>(a.v) + head;
+    const int64_t k_bytes = kv_row_bytes(K::kCodec, kv_width), v_bytes = kv_row_bytes(V::kCodec, kv_width);
+    const unsigned char* kc = static_cast<const unsigned char*>(a.k) + kv_row_bytes(K::kCodec, int64_t(hk) * hd);
+    const unsigned char* vc = static_cast<const unsigned char*>(a.v) + kv_row_bytes(V::kCodec, int64_t(hk) * hd);
     __syncthreads();
     for (int64_t c = lo; c < hi; c += kThreads) {
         const int64_t j = c + tid;
         float score = -INFINITY;
         if (j < hi) {
-            const unsigned char* kr = kc + kv_row(a, t, j) * row_bytes;
+            const unsigned char* kr = kc + kv_row(a, t, j) * k_bytes;
             float sacc = 0.0f;
             for (int d = 0; d < hd; d += 8) {
                 float kv[8];
@@ -114,10 +114,10 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK a) {
         const int n_keys = int(min(int64_t(kThreads), hi - c));
         if (active) {
             for (int jj = g; jj < n_keys; jj += G) {
-                const unsigned char* vr = vc + kv_row(a, t, c + jj) * row_bytes;
+                const unsigned char* vr = vc + kv_row(a, t, c + jj) * v_bytes;
                 const float pv = p_s[jj];
-                acc[0] = fmaf(pv, kv_load1<K>(vr, d0), acc[0]);
-                if (d0 + kThreads < hd) acc[1] = fmaf(pv, kv_load1<K>(vr, d0 + kThreads), acc[1]);
+                acc[0] = fmaf(pv, kv_load1<V>(vr, d0), acc[0]);
+                if (d0 + kThreads < hd) acc[1] = fmaf(pv, kv_load1<V>(vr, d0 + kThreads), acc[1]);
             }
         }
         __syncthreads();  // p_s is rewritten by the next chunk
@@ -296,24 +296,25 @@ struct DecPlan {
 };
 
 // Shared memory: K rows (stride hd + 16 bytes: 16-byte reads of 8 different rows hit distinct banks),
-// V rows, q [G][hd] (pre-scaled), p [G][kc], m / l / corr [3][G].
-template <class K>
+// V rows, q [G][hd] (pre-scaled), p [G][kc], m / l / corr [3][G]. Keys of codec K, values of codec V.
+template <class K, class V>
 __global__ void __launch_bounds__(kThreads) attn_dec_kernel(const AttnK a) {
     pdl_trigger();
     extern __shared__ __align__(16) unsigned char dsm[];
     const int hk = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t t = blockIdx.z;
     const int hd = a.head_dim, G = a.n_head / a.n_head_kv, kc = a.kc, S = a.n_splits;
-    const KvRows<K> rows(hd);
+    const KvRows<K, V> rows(hd);
     const int krow = rows.krow, vrow = rows.vrow;
     unsigned char* k_s = dsm;
     unsigned char* v_s = k_s + size_t(kc) * krow;
     float* q_s = reinterpret_cast<float*>(v_s + size_t(kc) * vrow);
     float* p_s = q_s + G * hd;
     float* st_s = p_s + G * kc;  // m [G], l [G], corr [G]
-    const int64_t row_bytes = kv_row_bytes(K::kCodec, int64_t(a.n_head_kv) * hd);
+    const int64_t k_bytes = kv_row_bytes(K::kCodec, int64_t(a.n_head_kv) * hd),
+                  v_bytes = kv_row_bytes(V::kCodec, int64_t(a.n_head_kv) * hd);
     const unsigned char* kg = static_cast<const unsigned char*>(a.k) + kv_row_bytes(K::kCodec, int64_t(hk) * hd);
-    const unsigned char* vg = static_cast<const unsigned char*>(a.v) + kv_row_bytes(K::kCodec, int64_t(hk) * hd);
+    const unsigned char* vg = static_cast<const unsigned char*>(a.v) + kv_row_bytes(V::kCodec, int64_t(hk) * hd);
 
     // Positions are step inputs written by the host: everything up to the copies comes before the wait.
     int64_t begin, end;
@@ -328,9 +329,9 @@ __global__ void __launch_bounds__(kThreads) attn_dec_kernel(const AttnK a) {
             const int r = i / rows.pieces, c = i - r * rows.pieces;
             const int64_t j = lo + r;
             if (j < from || j >= to) continue;
-            const int64_t off = kv_row(a, t, j) * row_bytes;
-            rows.copy(k_s + r * krow, kg + off, c);
-            rows.copy(v_s + r * vrow, vg + off, c);
+            const int64_t row = kv_row(a, t, j);
+            rows.copy_k(k_s + r * krow, kg + row * k_bytes, c);
+            rows.copy_v(v_s + r * vrow, vg + row * v_bytes, c);
         }
         cp_async_commit();
     };
@@ -419,14 +420,14 @@ __global__ void __launch_bounds__(kThreads) attn_dec_kernel(const AttnK a) {
             float2 a0 = make_float2(o[r].x * corr, o[r].y * corr), a1 = make_float2(0.0f, 0.0f);
             int j = 0;
             for (; j + 1 < n; j += 2) {
-                const float2 v0 = kv_load2<K>(v_s + j * vrow, 2 * dp);
-                const float2 v1 = kv_load2<K>(v_s + (j + 1) * vrow, 2 * dp);
+                const float2 v0 = kv_load2<V>(v_s + j * vrow, 2 * dp);
+                const float2 v1 = kv_load2<V>(v_s + (j + 1) * vrow, 2 * dp);
                 const float p0 = pg[j], p1 = pg[j + 1];
                 a0.x = fmaf(p0, v0.x, a0.x), a0.y = fmaf(p0, v0.y, a0.y);
                 a1.x = fmaf(p1, v1.x, a1.x), a1.y = fmaf(p1, v1.y, a1.y);
             }
             if (j < n) {
-                const float2 v0 = kv_load2<K>(v_s + j * vrow, 2 * dp);
+                const float2 v0 = kv_load2<V>(v_s + j * vrow, 2 * dp);
                 a0.x = fmaf(pg[j], v0.x, a0.x), a0.y = fmaf(pg[j], v0.y, a0.y);
             }
             o[r] = make_float2(a0.x + a1.x, a0.y + a1.y);
@@ -501,16 +502,17 @@ namespace {
 // The decode kernel's chunk and split count for these arguments, or !ok (another kernel serves them).
 DecPlan dec_plan(const AttentionArgs& a) {
     DecPlan p;
-    if ((a.n_tokens > kDecMaxTokens && !a.each_seq) || !kv_staged(a.codec, a.head_dim) || a.head_dim > 256 ||
-        a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0)
+    if ((a.n_tokens > kDecMaxTokens && !a.each_seq) || !kv_staged(a.codec, a.head_dim) ||
+        !kv_staged(a.v_codec, a.head_dim) || a.head_dim > 256 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0)
         return p;
     const int G = a.n_head / a.n_head_kv, hd = a.head_dim;
     if (int64_t(G) * hd > 2 * kThreads * kDecMaxItems) return p;
-    const int64_t per_key = kv_staged_krow(a.codec, hd) + kv_staged_bytes(a.codec, hd) + 4 * G;
+    const int64_t per_key = kv_staged_krow(a.codec, hd) + kv_staged_bytes(a.v_codec, hd) + 4 * G;
     const int64_t fixed = int64_t(4) * G * hd + 12 * G + 16;
     // Chunks of 256 keys, 512 for the block codecs: their rows are half of F16's bytes or less, so a
     // chunk holds as many bytes, and fewer splits merge.
-    const int64_t kc = std::min<int64_t>(kv_blocked(a.codec) ? 512 : 256, (kDecSmem - fixed) / per_key / 32 * 32);
+    const int64_t kc = std::min<int64_t>(kv_blocked(a.codec) && kv_blocked(a.v_codec) ? 512 : 256,
+                                         (kDecSmem - fixed) / per_key / 32 * 32);
     if (kc < 32) return p;
     const int64_t by_len = std::max<int64_t>(1, ceil_div(attn_max_keys(a.n_ctx, a.sliding_window), kc));
     const int64_t by_sms = std::max<int64_t>(1, ceil_div(2 * sm_count(), int64_t(a.n_head_kv) * a.n_tokens));
@@ -524,10 +526,10 @@ DecPlan dec_plan(const AttentionArgs& a) {
 }
 
 
-template <class K>
+template <class K, class V>
 void launch_dec(const AttnK& k, const DecPlan& p, cudaStream_t s) {
-    allow_dynamic_smem<attn_dec_kernel<K>>(p.smem);
-    launch(attn_dec_kernel<K>, dim3(unsigned(k.n_head_kv), unsigned(p.splits), unsigned(k.n_tokens)), kThreads, p.smem,
+    allow_dynamic_smem<attn_dec_kernel<K, V>>(p.smem);
+    launch(attn_dec_kernel<K, V>, dim3(unsigned(k.n_head_kv), unsigned(p.splits), unsigned(k.n_tokens)), kThreads, p.smem,
            s, k);
 }
 
@@ -545,7 +547,7 @@ size_t attention_scratch_floats(const AttentionArgs& a) {
 
 void attention(const AttentionArgs& a, Stream stream) {
     if (a.n_tokens == 0) return;
-    CERA_CHECK(a.head_dim % (kv_blocked(a.codec) ? 32 : 8) == 0 && a.head_dim <= 2 * kThreads &&
+    CERA_CHECK(a.head_dim % (kv_blocked(a.codec) || kv_blocked(a.v_codec) ? 32 : 8) == 0 && a.head_dim <= 2 * kThreads &&
                    a.n_head % a.n_head_kv == 0,
                "attention: head_dim %d (needs a multiple of 8, 32 for a block codec, <= 256), n_head %d, n_head_kv %d",
                a.head_dim, a.n_head, a.n_head_kv);
@@ -563,8 +565,10 @@ void attention(const AttentionArgs& a, Stream stream) {
     if (const DecPlan p = dec_plan(a); p.ok) {
         CERA_CHECK(p.splits == 1 || a.partial != nullptr, "attention: the decode kernel needs its scratch");
         k.n_splits = p.splits, k.kc = p.kc;
-        if (attention_decode_warp(k, a.codec, s)) return;
-        with_kv_codec(a.codec, [&](auto c) { launch_dec<decltype(c)>(k, p, s); });
+        if (a.codec == a.v_codec && attention_decode_warp(k, a.codec, s)) return;
+        with_kv_codec(a.codec, [&](auto c) {
+            with_kv_codec(a.v_codec, [&](auto v) { launch_dec<decltype(c), decltype(v)>(k, p, s); });
+        });
         return;
     }
     CERA_CHECK(k.n_splits == 1 || a.partial != nullptr);
@@ -572,7 +576,9 @@ void attention(const AttentionArgs& a, Stream stream) {
     const dim3 grid(unsigned(a.n_head), unsigned(k.n_splits), unsigned(a.n_tokens));
     const size_t smem = sizeof(float) * (a.head_dim + kThreads + 32 + 2 * kThreads);
     // F32 caches: the f32 tiles; the others: tensor cores with Q and P split hi + lo (f32-grade sums).
-    if (k.n_splits == 1 && a.n_tokens >= kQT && (a.head_dim == 64 || a.head_dim == 128) && a.n_ctx < INT_MAX) {
+    // Keys and values of two codecs: the per-query kernel.
+    if (k.n_splits == 1 && a.n_tokens >= kQT && (a.head_dim == 64 || a.head_dim == 128) && a.n_ctx < INT_MAX &&
+        a.codec == a.v_codec) {
         if (a.codec != KvCodec::kF32) {
             const int G = a.n_head / a.n_head_kv;
             const dim3 mg(unsigned(a.n_head_kv), unsigned(ceil_div(a.n_tokens * G, kFaRows)));
@@ -584,7 +590,11 @@ void attention(const AttentionArgs& a, Stream stream) {
         else launch((attn_tile_kernel<128>), tg, kThreads, 0, s, k);
         return;
     }
-    with_kv_codec(a.codec, [&](auto c) { launch((attn_kernel<decltype(c)>), grid, kThreads, smem, s, k); });
+    with_kv_codec(a.codec, [&](auto c) {
+        with_kv_codec(a.v_codec, [&](auto v) {
+            launch((attn_kernel<decltype(c), decltype(v)>), grid, kThreads, smem, s, k);
+        });
+    });
     if (k.n_splits > 1) {
         launch(attn_combine_kernel, dim3(unsigned(a.n_head), unsigned(a.n_tokens)), 64, 0, s, k);
     }

@@ -125,8 +125,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decw_kernel(const DecodeA
         for (int64_t i = r0 * rows.pieces + tid; i < r1 * rows.pieces; i += kWarpThreads) {
             const int r = int(i / rows.pieces), c = int(i - int64_t(r) * rows.pieces);
             const int64_t off = kv_row(a, t, lo + r) * row_bytes;
-            rows.copy(k_s + r * krow, kg + off, c);
-            rows.copy(v_s + r * vrow, vg + off, c);
+            rows.copy_k(k_s + r * krow, kg + off, c);
+            rows.copy_v(v_s + r * vrow, vg + off, c);
         }
         cp_async_commit();
     };

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kv_codec.cuh"
@@ -71,17 +72,27 @@ CERA_HD constexpr int kv_staged_krow(KvCodec c, int hd) {
 // Whether heads of hd elements of codec c can be staged so.
 CERA_HD constexpr bool kv_staged(KvCodec c, int hd) { return kv_blocked(c) ? hd % 64 == 0 : hd % 8 == 0; }
 
-template <class K>
+// Keys of codec K, values of codec V: a row's pieces, the larger count of the two (pieces), and the
+// copy of piece c of a key row (a value row), none past its own count.
+template <class K, class V = K>
 struct KvRows {
-    int krow, vrow, pieces;
+    int krow, vrow, kpieces, vpieces, pieces;
     __device__ explicit KvRows(int hd)
         : krow(kv_staged_krow(K::kCodec, hd)),
-          vrow(kv_staged_bytes(K::kCodec, hd)),
-          pieces(kv_staged_bytes(K::kCodec, hd) / (kv_blocked(K::kCodec) ? 4 : 16)) {}
-    // Piece c of the row at src into the row at dst.
-    __device__ __forceinline__ void copy(unsigned char* dst, const unsigned char* src, int c) const {
-        if constexpr (kv_blocked(K::kCodec)) cp_async4(dst + 4 * c, src + 4 * c);
+          vrow(kv_staged_bytes(V::kCodec, hd)),
+          kpieces(kv_staged_bytes(K::kCodec, hd) / (kv_blocked(K::kCodec) ? 4 : 16)),
+          vpieces(kv_staged_bytes(V::kCodec, hd) / (kv_blocked(V::kCodec) ? 4 : 16)),
+          pieces(kpieces > vpieces ? kpieces : vpieces) {}
+    template <class C>
+    __device__ __forceinline__ static void piece(unsigned char* dst, const unsigned char* src, int c) {
+        if constexpr (kv_blocked(C::kCodec)) cp_async4(dst + 4 * c, src + 4 * c);
         else cp_async16v(dst + 16 * c, src + 16 * c);
+    }
+    __device__ __forceinline__ void copy_k(unsigned char* dst, const unsigned char* src, int c) const {
+        if (std::is_same_v<K, V> || c < kpieces) piece<K>(dst, src, c);
+    }
+    __device__ __forceinline__ void copy_v(unsigned char* dst, const unsigned char* src, int c) const {
+        if (std::is_same_v<K, V> || c < vpieces) piece<V>(dst, src, c);
     }
 };
 

@@ -96,6 +96,7 @@ Tensor CudaBackend::upload_weight(GgmlType type, std::span<const int64_t> ne, co
     Tensor t;
     t.device = DeviceKind::kCuda;
     for (size_t i = 0; i < 4; ++i) t.ne[i] = i < ne.size() ? ne[i] : 1;
+    CUDA_CHECK(cudaSetDevice(device_));
     t.data = weights_.upload(type, t.rows(), t.ne[0], host);
     t.type = type;  // kF16 when expanded (no kernel for the type)
     return t;
@@ -105,6 +106,7 @@ Tensor CudaBackend::alloc(GgmlType type, std::initializer_list<int64_t> ne) {
     CERA_CHECK(ne.size() >= 1 && ne.size() <= 4);
     CERA_CHECK(!capturing_, "alloc inside a recorded step");
     run_step();
+    CUDA_CHECK(cudaSetDevice(device_));
     Tensor t;
     t.type = type;
     t.device = DeviceKind::kCuda;
@@ -198,6 +200,7 @@ void CudaBackend::synchronize() {
 
 bool CudaBackend::step_begin(uint64_t key) {
     run_step();
+    CUDA_CHECK(cudaSetDevice(device_));
     CERA_CHECK(!capturing_, "step_begin inside a step");
     // The step's first kernel (eager or captured) waits for all the work queued before it.
     if (!sw_.graphs) return cuda::pdl_skip_next(), false;

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -98,6 +99,15 @@ class CudaBackend final : public Backend {
     void moe_ffn_lora(const Tensor& x, const Tensor& gate_exps, const Tensor& up_exps, const Tensor& down_exps,
                       const Tensor& ids, const Tensor& weights, std::span<const MoeLoraSegment> segs,
                       const Tensor& out) override;
+
+    // ------------------------------------------------------ collectives
+    // A tensor-parallel collective (collectives.cpp): fn runs on the backend's stream in the order of
+    // the recorded ops, when the step runs, on the thread that runs it.
+    void enqueue(std::function<void(cudaStream_t)> fn) {
+        record(OtherNode{[this, fn = std::move(fn)] { fn(stream_); }});
+    }
+    int device() const { return device_; }
+    bool graphs() const { return sw_.graphs; }
 
    private:
     // A step key: how often it was seen, and once recorded its graph.

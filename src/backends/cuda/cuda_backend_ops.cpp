@@ -65,20 +65,20 @@ void CudaBackend::norm_rope(const Tensor& x, int n_head, int head_dim, const Ten
 
 void CudaBackend::kv_store(const Tensor& k, const Tensor& v, const Tensor& pos, const Tensor& k_cache,
                            const Tensor& v_cache, const Tensor& k_open) {
-    cuda::KvCodec codec;
-    CERA_CHECK(!k_open && k_cache.type == v_cache.type && cuda::kv_codec_of(k_cache.type, codec) &&
-                   v.ne[0] == k.ne[0] && v.rows() == k.rows(),
-               "kv_store: k and v of one shape, caches of one type (F32, F16, BF16, Q8_0, Q4_0 or Q3_KV)");
-    record(KvStoreNode{k.as<float>(), v.as<float>(), k.rows(), k.ne[0], pos.as<const int32_t>(),
-                       k_cache.data, v_cache.data, codec, k_cache.ne[1]});
+    cuda::KvCodec codec, v_codec;
+    CERA_CHECK(!k_open && cuda::kv_codec_of(k_cache.type, codec) && cuda::kv_codec_of(v_cache.type, v_codec) &&
+                   v.ne[0] == k.ne[0] && v.rows() == k.rows() && v_cache.ne[1] == k_cache.ne[1],
+               "kv_store: k and v of one shape, caches of F32, F16, BF16, Q8_0, Q4_0 or Q3_KV");
+    record(KvStoreNode{k.as<float>(), v.as<float>(), k.rows(), k.ne[0], pos.as<const int32_t>(), k_cache.data,
+                       v_cache.data, codec, v_codec, k_cache.ne[1]});
 }
 
 void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& pos,
                             const AttentionParams& p, const Tensor& out) {
     AttentionNode n;
     cuda::AttentionArgs& a = n.a;
-    CERA_CHECK(k_cache.type == v_cache.type && cuda::kv_codec_of(k_cache.type, a.codec),
-               "attention: caches of one type (F32, F16, BF16, Q8_0, Q4_0 or Q3_KV)");
+    CERA_CHECK(cuda::kv_codec_of(k_cache.type, a.codec) && cuda::kv_codec_of(v_cache.type, a.v_codec),
+               "attention: caches of F32, F16, BF16, Q8_0, Q4_0 or Q3_KV");
     a.q = q.as<const float>(), a.k_cache = k_cache.data, a.v_cache = v_cache.data;
     a.pos = pos.as<const int32_t>();
     a.n_tokens = q.rows(), a.n_ctx = k_cache.ne[1];
@@ -311,6 +311,7 @@ void CudaBackend::record_moe_ffn(const Tensor& x, const Tensor& gate_exps, const
 
 void CudaBackend::run_step() {
     if (step_.nodes.empty()) return;
+    CUDA_CHECK(cudaSetDevice(device_));  // the ranks of a split model run on threads of their own
     cuda::fuse_step(step_, rules_, [this](Slot slot, size_t bytes) { return scratch(slot, bytes); });
     // The F16 expansion buffers, at their size for the step before any expansion is queued.
     expansions_.clear(), expanded_ = 0;
@@ -430,7 +431,7 @@ void CudaBackend::launch(RopeNode& n, const GemvArgs*) {
 }
 
 void CudaBackend::launch(KvStoreNode& n, const GemvArgs*) {
-    cuda::kv_store(n.k, n.v, n.n_tokens, n.width, n.pos, n.k_cache, n.v_cache, n.codec, n.n_ctx, stream_);
+    cuda::kv_store(n.k, n.v, n.n_tokens, n.width, n.pos, n.k_cache, n.v_cache, n.codec, n.v_codec, n.n_ctx, stream_);
 }
 
 void CudaBackend::launch(QkvRopeNode& n, const GemvArgs*) {

@@ -89,15 +89,15 @@ __device__ __forceinline__ void qkv_v_rows(const GemvK& a, const QkvRopeArgs& r,
     }
     for (int i = threadIdx.x; i < n; i += blockDim.x) sg.y[int64_t(yi) * sg.ldy + int64_t(head) * hd + off + i] = vs[i];
     if (p < 0 || p >= r.n_ctx) return;
-    unsigned char* cache = static_cast<unsigned char*>(r.v_cache) + p * kv_row_bytes(r.codec, int64_t(r.n_head_kv) * hd);
-    if (kv_blocked(r.codec)) {  // n is a multiple of 32 here: warp w quantizes the w-th block of 32
+    unsigned char* cache = static_cast<unsigned char*>(r.v_cache) + p * kv_row_bytes(r.v_codec, int64_t(r.n_head_kv) * hd);
+    if (kv_blocked(r.v_codec)) {  // n is a multiple of 32 here: warp w quantizes the w-th block of 32
         const int w = threadIdx.x >> 5;
         if (32 * w < n)
-            kv_put_block(r.codec, cache + kv_row_bytes(r.codec, int64_t(head) * hd + off + 32 * w),
+            kv_put_block(r.v_codec, cache + kv_row_bytes(r.v_codec, int64_t(head) * hd + off + 32 * w),
                          vs[32 * w + (threadIdx.x & 31)]);
         return;
     }
-    for (int i = threadIdx.x; i < n; i += blockDim.x) kv_put1(r.codec, cache, int64_t(head) * hd + off + i, vs[i]);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) kv_put1(r.v_codec, cache, int64_t(head) * hd + off + i, vs[i]);
 }
 
 // grid (n_head + 2 n_head_kv, n_tokens): block hh is q head hh, then the k heads, then the v heads.
@@ -133,9 +133,10 @@ __global__ void __launch_bounds__(512) gemv_qkv_rope_kernel(const GemvK a, const
     float* y = sg.y + int64_t(yi) * sg.ldy + int64_t(head) * hd;
     for (int i = lane; i < hd; i += 32) y[i] = ys[i];
     if (s == 0 || p < 0 || p >= r.n_ctx) return;
+    const KvCodec cc = s == 1 ? r.codec : r.v_codec;
     unsigned char* cache = static_cast<unsigned char*>(s == 1 ? r.k_cache : r.v_cache) +
-                           p * kv_row_bytes(r.codec, int64_t(r.n_head_kv) * hd) + kv_row_bytes(r.codec, int64_t(head) * hd);
-    kv_put_head(r.codec, ys, cache, hd);
+                           p * kv_row_bytes(cc, int64_t(r.n_head_kv) * hd) + kv_row_bytes(cc, int64_t(head) * hd);
+    kv_put_head(cc, ys, cache, hd);
 }
 
 // The q/k/v launch with its epilogue in the warps: blocks of 16 warps x 4 rows (64 rows: a head of 64,
@@ -222,10 +223,11 @@ __global__ void __launch_bounds__(kRowsWarps * 32) gemv_qkv_rope_rows_kernel(con
     const float out = !rot ? v : first ? v * c - o * sn : o * sn + v * c;
     if ((lane & 7) == 0) sg.y[int64_t(yi) * sg.ldy + hr0 + row] = out;
     if (s == 0 || p < 0 || p >= r.n_ctx) return;  // the same in the whole block
+    const KvCodec cc = s == 1 ? r.codec : r.v_codec;
     unsigned char* cache = static_cast<unsigned char*>(s == 1 ? r.k_cache : r.v_cache) +
-                           p * kv_row_bytes(r.codec, int64_t(r.n_head_kv) * hd);
-    if (!kv_blocked(r.codec)) {
-        if ((lane & 7) == 0) kv_put1(r.codec, cache, hr0 + row, out);
+                           p * kv_row_bytes(cc, int64_t(r.n_head_kv) * hd);
+    if (!kv_blocked(cc)) {
+        if ((lane & 7) == 0) kv_put1(cc, cache, hr0 + row, out);
         return;
     }
     // A quantized cache: the block's 64 rows are two whole blocks of 32 (qkv_rows_fit), rows 64 bb ..
@@ -237,7 +239,7 @@ __global__ void __launch_bounds__(kRowsWarps * 32) gemv_qkv_rope_rows_kernel(con
     if (warp >= 2) return;
     const int bb = blockIdx.x % per_head;
     const int qb = rope.mode == 2 && 64 * bb < n_rot ? bb + warp * (half / 32) : 2 * bb + warp;
-    kv_put_block(r.codec, cache + kv_row_bytes(r.codec, hr0 + 32 * qb), hs[32 * qb + lane]);
+    kv_put_block(cc, cache + kv_row_bytes(cc, hr0 + 32 * qb), hs[32 * qb + lane]);
 }
 
 // One token; grid n / 16 in clusters of two blocks (a 32-channel group of the 8-bit output).

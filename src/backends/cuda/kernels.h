@@ -228,10 +228,10 @@ CERA_HD constexpr int64_t kv_row_bytes(KvCodec c, int64_t n) {
 // Whether the codec stores blocks of 32 elements (quantized) rather than single elements.
 CERA_HD constexpr bool kv_blocked(KvCodec c) { return c == KvCodec::kQ8_0 || c == KvCodec::kQ4_0 || c == KvCodec::kQ3; }
 
-// cache[pos[t]] = src[t] for k and v ([n_ctx, width]), converted to the cache's codec (width a multiple
+// cache[pos[t]] = src[t] for k and v ([n_ctx, width]), converted to each cache's codec (width a multiple
 // of 32 for the block codecs, which quantize as the CPU's reference quantizers do: the same bytes).
 void kv_store(const float* k, const float* v, int64_t n_tokens, int64_t width, const int32_t* pos, void* k_cache,
-              void* v_cache, KvCodec codec, int64_t n_ctx, Stream stream);
+              void* v_cache, KvCodec codec, KvCodec v_codec, int64_t n_ctx, Stream stream);
 
 // norm_rope of q and of k, then kv_store of k and v, in one launch (one warp per head row).
 //   q: [n_tokens, n_head * head_dim]; k, v: [n_tokens, n_head_kv * head_dim]; q_norm, k_norm: [head_dim] or null
@@ -250,7 +250,7 @@ struct QkvRopeArgs {
     const int32_t* pos = nullptr;
     void* k_cache = nullptr;
     void* v_cache = nullptr;
-    KvCodec codec = KvCodec::kF16;
+    KvCodec codec = KvCodec::kF16, v_codec = KvCodec::kF16;  // of the keys, of the values
     int64_t n_ctx = 0;
     // gemv_qkv_rope_store: the warps' epilogue where it fits (-1 or 1, gemv_fused.cu qkv_rows_fit), or
     // warp 0's of a block a head (0, CudaVariants::qkv_head_blocks), so that tests can compare them.
@@ -276,7 +276,9 @@ struct AttentionArgs {
     const float* q = nullptr;     // [n_tokens, n_head * head_dim]
     const void* k_cache = nullptr;  // [n_ctx, n_head_kv * head_dim]
     const void* v_cache = nullptr;
-    KvCodec codec = KvCodec::kF16;
+    // Of the keys and of the values: the staged decode kernel and the per-query kernel take a pair of
+    // codecs, the warp decode kernel and the tensor-core prefill one codec for both.
+    KvCodec codec = KvCodec::kF16, v_codec = KvCodec::kF16;
     const int32_t* pos = nullptr;  // [n_tokens]
     int64_t n_tokens = 0, n_ctx = 0;
     int n_head = 0, n_head_kv = 0, head_dim = 0;

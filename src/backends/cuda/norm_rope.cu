@@ -105,7 +105,6 @@ __global__ void qkv_rope_store_kernel(const QkvRopeArgs a) {
         return;
     }
     const bool in_ctx = p >= 0 && p < a.n_ctx;
-    const int64_t row_bytes = kv_row_bytes(a.codec, kv_width);
     if (h < a.n_head + a.n_head_kv) {
         const int hk = h - a.n_head;
         float* kv = a.k + t * kv_width + int64_t(hk) * hd;
@@ -114,7 +113,8 @@ __global__ void qkv_rope_store_kernel(const QkvRopeArgs a) {
         __syncwarp();  // the lanes read each other's rotated values
         if (in_ctx)
             kv_put_head(a.codec, kv,
-                        static_cast<unsigned char*>(a.k_cache) + p * row_bytes + kv_row_bytes(a.codec, int64_t(hk) * hd),
+                        static_cast<unsigned char*>(a.k_cache) + p * kv_row_bytes(a.codec, kv_width) +
+                            kv_row_bytes(a.codec, int64_t(hk) * hd),
                         hd);
         return;
     }
@@ -122,32 +122,31 @@ __global__ void qkv_rope_store_kernel(const QkvRopeArgs a) {
     float* vh = a.v + t * kv_width + int64_t(hv) * hd;
     if (a.rotate_v) rotate_head_warp(vh, hd, false);
     if (in_ctx)
-        kv_put_head(a.codec, vh,
-                    static_cast<unsigned char*>(a.v_cache) + p * row_bytes + kv_row_bytes(a.codec, int64_t(hv) * hd), hd);
+        kv_put_head(a.v_codec, vh,
+                    static_cast<unsigned char*>(a.v_cache) + p * kv_row_bytes(a.v_codec, kv_width) +
+                        kv_row_bytes(a.v_codec, int64_t(hv) * hd),
+                    hd);
 }
 
 // One warp a 32-element group of a row (grid: groups a row, tokens): element codecs store element by
 // element, block codecs quantize the group as one block.
 __global__ void kv_store_kernel(const float* __restrict__ k, const float* __restrict__ v, int64_t n_tokens,
                                 int64_t width, const int32_t* __restrict__ pos, void* k_cache, void* v_cache,
-                                KvCodec codec, int64_t n_ctx) {
+                                KvCodec codec, KvCodec v_codec, int64_t n_ctx) {
     pdl_trigger();
     pdl_wait();
     const int64_t g = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5, t = blockIdx.y;
     const int lane = threadIdx.x & 31;
     const int64_t c = g * 32 + lane, p = pos[t];
     if (g * 32 >= width || p < 0 || p >= n_ctx) return;  // the same for the whole warp
-    const int64_t row = p * kv_row_bytes(codec, width);
-    unsigned char* kr = static_cast<unsigned char*>(k_cache) + row;
-    unsigned char* vr = static_cast<unsigned char*>(v_cache) + row;
-    if (kv_blocked(codec)) {
-        const int64_t at = kv_row_bytes(codec, g * 32);
-        kv_put_block(codec, kr + at, k[t * width + c]);
-        kv_put_block(codec, vr + at, v[t * width + c]);
-    } else if (c < width) {
-        kv_put1(codec, kr, c, k[t * width + c]);
-        kv_put1(codec, vr, c, v[t * width + c]);
-    }
+    auto put = [&](KvCodec cc, void* cache, float x) {
+        unsigned char* r = static_cast<unsigned char*>(cache) + p * kv_row_bytes(cc, width);
+        if (kv_blocked(cc)) kv_put_block(cc, r + kv_row_bytes(cc, g * 32), x);
+        else if (c < width) kv_put1(cc, r, c, x);
+    };
+    const bool in = c < width;
+    put(codec, k_cache, in ? k[t * width + c] : 0.0f);
+    put(v_codec, v_cache, in ? v[t * width + c] : 0.0f);
 }
 
 }  // namespace
@@ -170,11 +169,13 @@ void norm_rope(float* x, int64_t n_tokens, int n_head, int head_dim, const float
 }
 
 void kv_store(const float* k, const float* v, int64_t n_tokens, int64_t width, const int32_t* pos, void* k_cache,
-              void* v_cache, KvCodec codec, int64_t n_ctx, Stream stream) {
+              void* v_cache, KvCodec codec, KvCodec v_codec, int64_t n_ctx, Stream stream) {
     if (n_tokens == 0 || width == 0) return;
-    CERA_CHECK(!kv_blocked(codec) || width % 32 == 0, "kv_store: rows of %lld for a block codec", (long long)width);
+    CERA_CHECK((!kv_blocked(codec) && !kv_blocked(v_codec)) || width % 32 == 0, "kv_store: rows of %lld for a block codec",
+               (long long)width);
     const dim3 grid(unsigned(ceil_div(ceil_div(width, 32), 8)), unsigned(n_tokens));
-    launch(kv_store_kernel, grid, 256, 0, as_stream(stream), k, v, n_tokens, width, pos, k_cache, v_cache, codec, n_ctx);
+    launch(kv_store_kernel, grid, 256, 0, as_stream(stream), k, v, n_tokens, width, pos, k_cache, v_cache, codec,
+           v_codec, n_ctx);
 }
 
 __global__ void rope_table_kernel(RopeArgs r, int64_t rows, float2* table) {
@@ -202,8 +203,8 @@ void qkv_rope_store(const QkvRopeArgs& a, Stream stream) {
     for (const RopeArgs* r : {&a.q_rope, &a.k_rope})
         CERA_CHECK(r->mode == 0 || (r->n_rot % 2 == 0 && r->n_rot <= a.head_dim));
     const unsigned grid = unsigned(ceil_div(rows, 4));
-    CERA_CHECK(!kv_blocked(a.codec) || a.head_dim % 32 == 0, "qkv_rope_store: heads of %d for a block codec",
-               a.head_dim);
+    CERA_CHECK((!kv_blocked(a.codec) && !kv_blocked(a.v_codec)) || a.head_dim % 32 == 0,
+               "qkv_rope_store: heads of %d for a block codec", a.head_dim);
     CERA_CHECK(!(a.rotate_q || a.rotate_k || a.rotate_v) || rotation_fits(a.head_dim),
                "qkv_rope_store: heads of %d cannot be rotated", a.head_dim);
     launch(qkv_rope_store_kernel, grid, 128, 0, as_stream(stream), a);

@@ -75,7 +75,7 @@ struct KvStoreNode {
     const int32_t* pos = nullptr;
     void* k_cache = nullptr;
     void* v_cache = nullptr;
-    KvCodec codec = KvCodec::kF16;
+    KvCodec codec = KvCodec::kF16, v_codec = KvCodec::kF16;  // of the keys, of the values
     int64_t n_ctx = 0;
 };
 // Each head of x (n_heads of head_dim floats) through the rotated caches' rotation, or its inverse.

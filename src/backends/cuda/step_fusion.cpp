@@ -78,13 +78,13 @@ void writes(const Node& node, F&& f) {
             } else if constexpr (std::is_same_v<T, RopeNode>) {
                 f(n.x, floats(n.n_tokens * n.n_head * n.head_dim));
             } else if constexpr (std::is_same_v<T, KvStoreNode>) {
-                cache(n.k_cache, n.n_ctx, n.width, n.codec), cache(n.v_cache, n.n_ctx, n.width, n.codec);
+                cache(n.k_cache, n.n_ctx, n.width, n.codec), cache(n.v_cache, n.n_ctx, n.width, n.v_codec);
             } else if constexpr (std::is_same_v<T, QkvRopeNode>) {
                 const QkvRopeArgs& r = n.r;
                 if (r.q) f(r.q, floats(r.n_tokens * r.n_head * r.head_dim));
                 f(r.k, floats(r.n_tokens * r.n_head_kv * r.head_dim));
                 cache(r.k_cache, r.n_ctx, r.n_head_kv * r.head_dim, r.codec);
-                cache(r.v_cache, r.n_ctx, r.n_head_kv * r.head_dim, r.codec);
+                cache(r.v_cache, r.n_ctx, r.n_head_kv * r.head_dim, r.v_codec);
                 if (n.products) gemv(n.qkv[2]);
             } else if constexpr (std::is_same_v<T, ConvNode>) {
                 f(n.out, floats(n.n_tokens * n.n_embd));
@@ -326,7 +326,8 @@ void fuse_qkv_rope(Step& s, const FusionRules& r) {
         a.n_tokens = kv->n_tokens, a.n_head_kv = kr->n_head, a.head_dim = kr->head_dim;
         a.k_norm = kr->norm_w, a.k_eps = kr->eps, a.k_rope = kr->rope;
         if (qr) a.q = qr->x, a.n_head = qr->n_head, a.q_norm = qr->norm_w, a.q_eps = qr->eps, a.q_rope = qr->rope;
-        a.pos = kv->pos, a.k_cache = kv->k_cache, a.v_cache = kv->v_cache, a.codec = kv->codec, a.n_ctx = kv->n_ctx;
+        a.pos = kv->pos, a.k_cache = kv->k_cache, a.v_cache = kv->v_cache, a.codec = kv->codec, a.v_codec = kv->v_codec;
+        a.n_ctx = kv->n_ctx;
         a.rows_kernel = r.qkv_rows;
         const size_t first = qr ? top - 2 : top - 1;
         // The q/k/v products right before, when their launch can take the RoPEs and the store.
