@@ -244,6 +244,7 @@ void Engine::Impl::warm_up() {
     st->eval({.tokens = prompt, .head = HeadOutput::kGreedy});
     st->eval({.tokens = {&tok, 1}, .head = HeadOutput::kGreedy});
     if (options.warmup == EngineOptions::Warmup::kEverySize) model->backend().warm_up_products(options.n_batch);
+    if (vision) vision->warm_up();
 }
 
 const EngineInfo& Engine::info() const { return impl_->info; }

@@ -319,6 +319,21 @@ std::shared_ptr<const std::vector<float>> VisionEncoder::positions(const PatchGr
     return slot;
 }
 
+void VisionEncoder::warm_up() const {
+    const ProcessorConfig& pc = cfg_.proc;
+    const int side = std::max(pc.tile_size / pc.patch_size / pc.downsample, 1) * pc.downsample;
+    PatchGrid tile;
+    tile.grid_h = tile.grid_w = side;
+    const int64_t np = int64_t(side) * side, pdim = int64_t(pc.patch_size) * pc.patch_size * 3;
+    tile.patches.assign(size_t(np * pdim), 0.0f);
+    const int64_t cap = be_->kind() == DeviceKind::kCpu ? kBatchPatchesCpu : kBatchPatchesDevice;
+    const std::vector<PatchGrid> batch(size_t(std::max<int64_t>(cap / np, 1)), tile);
+    std::lock_guard<std::mutex> encoding(encode_mu_);
+    std::unique_lock<FifoMutex> lock(be_->exec_mutex());
+    (void)project(run_tower(batch, lock));
+    (void)project(run_tower({&tile, 1}, lock));
+}
+
 std::vector<float> VisionEncoder::tower(const PatchGrid& g) const {
     std::lock_guard<std::mutex> encoding(encode_mu_);
     std::unique_lock<FifoMutex> lock(be_->exec_mutex());

@@ -63,6 +63,11 @@ class VisionEncoder {
     std::vector<float> encode(const ProcessedImage& img) const;
     // The vision tower's output (after post_ln) of one piece: f32 [grid_h * grid_w, n_embd].
     std::vector<float> tower(const PatchGrid& g) const;
+    // Readies a device for the first image (EngineOptions::warmup): the tower and the projector run once
+    // over the largest batch of tiles an encode makes and once over a single piece, so that the
+    // activation buffers have the size no later encode grows them past (a growth would also start the
+    // recorded layer steps over), the kernels are loaded and the products have met their shapes.
+    void warm_up() const;
 
  private:
     VisionEncoder() = default;

@@ -186,6 +186,26 @@ TEST_P(VisionDevice, RepeatedEncodesGiveTheSameEmbeddings) {
     EXPECT_LE(max_abs_diff(d.enc->encode(small), one), 1e-6f);
 }
 
+// The warm-up at load (an engine's, on a device) leaves buffers at their largest and steps recorded on
+// them, but the embeddings of every later image are those of an encoder that never warmed up.
+TEST_P(VisionDevice, WarmUpLeavesTheEmbeddingsAsTheyAre) {
+    std::vector<std::vector<float>> cold;
+    std::vector<vision::ProcessedImage> images;
+    {
+        OnDevice d(GetParam());
+        for (const char* f : {"images/large-1000x700/image.png", "ref/test_image.png"}) {
+            images.push_back(vision::preprocess(vision::load_image_file(fx(f)), d.enc->config().proc));
+            cold.push_back(d.enc->encode(images.back()));
+        }
+    }
+    ASSERT_GT(images[0].pieces.size(), 2u);
+    OnDevice d(GetParam());
+    d.enc->warm_up();
+    for (int round = 0; round < 2; ++round)
+        for (size_t i = 0; i < images.size(); ++i)
+            EXPECT_LE(max_abs_diff(d.enc->encode(images[i]), cold[i]), 1e-6f) << "image " << i << ", round " << round;
+}
+
 // An encode gives the backend to a thread waiting for it between its layers and batches (a server's
 // batch steps do not wait out a whole image), takes it back after that thread's turn, and gives the
 // same embeddings. Here the waiter is this thread, which holds the backend first, waits until the
