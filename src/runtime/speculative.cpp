@@ -190,11 +190,22 @@ void Speculator::draft_with_model(std::span<const int32_t> tokens, int32_t k) {
         }
         s.tokens.resize(common);
     }
-    if (T - 1 > common) {
-        s.state->eval({.tokens = tokens.subspan(common, T - 1 - common)});
-        s.tokens.insert(s.tokens.end(), tokens.begin() + std::ptrdiff_t(common), tokens.end() - 1);
+    // The tokens the draft has not evaluated, before the last one: after a pass that kept every draft,
+    // the last draft (its pick was never evaluated). Up to kCatchUpInStep of them go into the first draft
+    // step, which then evaluates several tokens in about the time of one where a step's latency, not its
+    // arithmetic, sets its time. A longer run (the prompt, or the tokens of passes that prompt lookup
+    // drafted) is evaluated alone first, and so is any run for a recurrent draft, whose steps keep their
+    // tokens' states (at most its batch's rows of them).
+    constexpr size_t kCatchUpInStep = 8;
+    std::span<const int32_t> catch_up = tokens.subspan(common, T - 1 - common);
+    if (catch_up.size() > kCatchUpInStep || (!catch_up.empty() && s.state->has_recurrent_state())) {
+        s.state->eval({.tokens = catch_up});
+        s.tokens.insert(s.tokens.end(), catch_up.begin(), catch_up.end());
+        catch_up = {};
     }
     int32_t cur = tokens[T - 1];
+    step_.assign(catch_up.begin(), catch_up.end());
+    step_.push_back(cur);
     // A greedy draft sampler proposes each row's arg-max: only that id comes back from the draft model.
     const bool ids_only = draft_sampler_->picks_argmax();
     // As greedy decoding does (GenerateOptions::decode_ahead; by default on a device that runs behind the
@@ -204,19 +215,23 @@ void Speculator::draft_with_model(std::span<const int32_t> tokens, int32_t k) {
     // rollback instead, one step at a time.
     const bool chain = ids_only && !s.state->has_recurrent_state() &&
                        decodes_ahead(decode_ahead_, s.engine->impl().model->backend().asynchronous());
-    for (int32_t i = 0; i < k && s.state->position() < s.state->n_ctx(); ++i) {
+    for (int32_t i = 0; i < k; ++i) {
+        // Step 0 evaluates step_ (the catch-up and cur), the later ones cur alone.
+        const std::span<const int32_t> in =
+            i == 0 ? std::span<const int32_t>(step_) : std::span<const int32_t>(&cur, 1);
+        if (s.state->position() + int32_t(in.size()) > s.state->n_ctx()) break;
         if (ids_only) {
             int32_t id = 0;
             if (chain)
-                id = s.state->eval({.tokens = {&cur, 1}, .head = HeadOutput::kGreedy, .ahead = i + 1 < k}).token;
+                id = s.state->eval({.tokens = in, .head = HeadOutput::kGreedy, .ahead = i + 1 < k}).token;
             else
-                s.state->eval({.tokens = {&cur, 1}, .argmax = &id, .keep_states = true});
+                s.state->eval({.tokens = in, .argmax = &id, .keep_states = true});
             q_[size_t(i)].assign(1, TokenProb{id, 0.0f, 1.0f});
-            s.tokens.push_back(cur);
+            s.tokens.insert(s.tokens.end(), in.begin(), in.end());
             cur = id;
         } else {
-            s.state->eval({.tokens = {&cur, 1}, .logits = draft_logits_.data(), .keep_states = true});
-            s.tokens.push_back(cur);
+            s.state->eval({.tokens = in, .logits = draft_logits_.data(), .keep_states = true});
+            s.tokens.insert(s.tokens.end(), in.begin(), in.end());
             cur = draw_draft(*draft_sampler_, draft_logits_.data(), q_[size_t(i)]);
         }
         draft_.push_back(cur);

@@ -98,6 +98,7 @@ class Speculator {
     int decode_ahead_;
     std::unique_ptr<Sampler> draft_sampler_;
     std::vector<int32_t> draft_;             // the current draft
+    std::vector<int32_t> step_;              // draft_with_model(): its first step's tokens
     std::vector<std::vector<TokenProb>> q_;  // the proposal of each draft token (a point for lookup)
     std::vector<float> logits_;              // f32 [max_pass, n_vocab]: the verification's rows
     std::vector<float> draft_logits_;        // f32 [n_vocab]

@@ -104,6 +104,26 @@ TEST_P(SpeculativeGreedy, EqualsPlainGreedyByLookupAndWithADraftModel) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, SpeculativeGreedy, ::testing::ValuesIn(kModels));
 
+// A model drafting for itself keeps every draft: a row's values do not depend on the other rows of its
+// step. So each pass after the first begins with the last pass's final draft, which the draft has not
+// evaluated: tiny-qwen3 evaluates it in one step with the target's token, tiny-lfm2 (recurrent) alone
+// before it. Either way every draft stands and the tokens are the plain ones.
+TEST(SpeculativeDraft, AModelDraftingForItselfKeepsEveryDraft) {
+    for (const char* model : {"tiny-qwen3", "tiny-lfm2"}) {
+        auto engine = load(model);
+        auto draft = load(model);
+        const std::string prompt = prompt_text(model, 0);
+        const Generated plain = generate(engine, prompt, 48, {});
+        for (const int ahead : {0, 1}) {
+            SCOPED_TRACE(std::string(model) + (ahead ? ", steps queued ahead" : ""));
+            const Generated self = generate(engine, prompt, 48, {.draft = draft, .draft_max = 5}, 0.0f, 0, ahead);
+            EXPECT_EQ(self.tokens, plain.tokens);
+            EXPECT_GE(self.result.drafted_tokens, 35);
+            EXPECT_EQ(self.result.accepted_tokens, self.result.drafted_tokens);
+        }
+    }
+}
+
 // Keeping the conv states through a verification-sized evaluation, truncating back to each position, and
 // evaluating on from there gives the logits a state that never went past that position gives: evaluating
 // plainly, keeping states again (the run goes on from the kept state), or after a save and restore.
