@@ -39,10 +39,7 @@ class HostCommunicator final : public Communicator {
 
     void all_gather_cols(int rank, Backend& be, const Tensor& local, const Tensor& full, int64_t col0) override {
         (void)be;
-        CERA_CHECK(local.type == GgmlType::kF32 && full.type == GgmlType::kF32 && local.rows() == full.rows() &&
-                       col0 >= 0 && col0 + local.ne[0] <= full.ne[0],
-                   "all_gather_cols: rank %d's columns %lld + %lld of %lld", rank, (long long)col0,
-                   (long long)local.ne[0], (long long)full.ne[0]);
+        check_gather_cols(rank, local, full, col0);
         pieces_[size_t(rank)] = {local.as<const float>(), local.ne[0], col0};
         sync_.arrive_and_wait();
         const int64_t rows = full.rows(), width = full.ne[0];

@@ -9,6 +9,7 @@
 #include <span>
 
 #include "backends/backend.h"
+#include "core/check.h"
 
 namespace cera {
 
@@ -25,6 +26,15 @@ class Communicator {
     virtual void send(int rank, Backend& be, const Tensor& x) = 0;
     virtual void recv(int rank, Backend& be, const Tensor& x) = 0;
 };
+
+// Communicator::all_gather_cols's arguments: f32 tensors of the same rows, local's columns inside full's
+// from col0 (throws naming the rank's columns).
+inline void check_gather_cols(int rank, const Tensor& local, const Tensor& full, int64_t col0) {
+    CERA_CHECK(local.type == GgmlType::kF32 && full.type == GgmlType::kF32 && local.rows() == full.rows() &&
+                   col0 >= 0 && col0 + local.ne[0] <= full.ne[0],
+               "all_gather_cols: rank %d's columns %lld + %lld of %lld", rank, (long long)col0, (long long)local.ne[0],
+               (long long)full.ne[0]);
+}
 
 // The collectives of ranks whose tensors are host memory (CPU backends), one thread a rank.
 std::unique_ptr<Communicator> make_host_communicator(int world);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backends/device.h"
+#include "batched_side_by_side.h"
 #include "cera/error.h"
 #include "models/batch_state.h"
 #include "models/model.h"
@@ -116,41 +117,11 @@ TEST_P(CudaTensorParallelBatched, StepsMatchTheWholeModel) {
     BatchStateOptions bo;
     bo.max_seqs = 4, bo.kv_tokens = 1024, bo.max_step_tokens = 96;
     BatchState a(*whole, bo), b(*split, bo);
-    std::vector<int> sa, sb;
-    for (int i = 0; i < 3; ++i) sa.push_back(a.add_sequence()), sb.push_back(b.add_sequence());
-    ASSERT_EQ(sa, sb);
-    std::vector<std::vector<int32_t>> toks(3);
-    for (int i = 0; i < 3; ++i) toks[size_t(i)].assign(ids.begin() + 7 * i, ids.begin() + 7 * i + 40 + 20 * i);
-    std::vector<size_t> fed(3, 0);
-    double max_d = 0, max_abs = 0;
-    for (int step = 0; step < 10; ++step) {
-        std::vector<BatchState::Entry> es;
-        for (int i = 0; i < 3; ++i) {
-            const std::vector<int32_t>& t = toks[size_t(i)];
-            const size_t n = std::min<size_t>(24, t.size() - fed[size_t(i)]);
-            if (n == 0) continue;
-            es.push_back({sa[size_t(i)], std::span(t).subspan(fed[size_t(i)], n),
-                          fed[size_t(i)] + n == t.size() ? Pick::kLogits : Pick::kNone});
-            fed[size_t(i)] += n;
-        }
-        StepOutput oa, ob;
-        a.step(es, oa), b.step(es, ob);
-        ASSERT_EQ(oa.row_at, ob.row_at);
-        for (size_t e = 0; e < es.size(); ++e) {
-            if (es[e].pick != Pick::kLogits) continue;
-            const float* la = oa.logits.data() + oa.row_at[e];
-            const float* lb = ob.logits.data() + ob.row_at[e];
-            for (int64_t j = 0; j < n_vocab; ++j) {
-                max_d = std::max(max_d, double(std::fabs(la[j] - lb[j])));
-                max_abs = std::max(max_abs, double(std::fabs(la[j])));
-            }
-            const int i = int(std::find(sa.begin(), sa.end(), es[e].seq) - sa.begin());
-            toks[size_t(i)].push_back(int32_t(std::max_element(la, la + n_vocab) - la));
-        }
-    }
-    std::printf("  batched steps, %d ranks: max |dlogit| %.3g (max |logit| %.3g)\n", world, max_d, max_abs);
-    EXPECT_LT(max_d, 0.05 * max_abs);
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(a.position(sa[size_t(i)]), b.position(sb[size_t(i)]));
+    test::SideBySide run;
+    ASSERT_NO_FATAL_FAILURE(test::batched_side_by_side(a, b, ids, n_vocab, run));
+    std::printf("  batched steps, %d ranks: max |dlogit| %.3g (max |logit| %.3g)\n", world, run.max_dlogit,
+                run.max_logit);
+    EXPECT_LT(run.max_dlogit, 0.05 * run.max_logit);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CudaTensorParallelBatched, testing::Values(2, 3));

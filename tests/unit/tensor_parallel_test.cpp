@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "batched_side_by_side.h"
 #include "cera/error.h"
 #include "models/arch.h"
 #include "models/batch_state.h"
@@ -142,40 +143,11 @@ void batched_matches_whole(const std::string& m, int world) {
     BatchState a(*whole, bo), b(*split, bo);
     if (world == 2) EXPECT_EQ(b.pool_bytes(), a.pool_bytes());  // the ranks' halves of every layer's heads and channels
     const int64_t n_vocab = whole->info().n_vocab;
-    std::vector<int> sa, sb;
-    for (int i = 0; i < 3; ++i) sa.push_back(a.add_sequence()), sb.push_back(b.add_sequence());
-    ASSERT_EQ(sa, sb);
-    // Sequence i's prompt: ids from 7 i on, 40 + 20 i tokens, fed 24 a step; then decoding.
-    std::vector<std::vector<int32_t>> toks(3);
-    for (int i = 0; i < 3; ++i) toks[size_t(i)].assign(ids.begin() + 7 * i, ids.begin() + 7 * i + 40 + 20 * i);
-    std::vector<size_t> fed(3, 0);
-    double max_d = 0;
-    for (int step = 0; step < 10; ++step) {
-        std::vector<BatchState::Entry> es;
-        for (int i = 0; i < 3; ++i) {
-            const std::vector<int32_t>& t = toks[size_t(i)];
-            const size_t n = std::min<size_t>(24, t.size() - fed[size_t(i)]);
-            if (n == 0) continue;
-            es.push_back({sa[size_t(i)], std::span(t).subspan(fed[size_t(i)], n),
-                          fed[size_t(i)] + n == t.size() ? Pick::kLogits : Pick::kNone});
-            fed[size_t(i)] += n;
-        }
-        StepOutput oa, ob;
-        a.step(es, oa), b.step(es, ob);
-        ASSERT_EQ(oa.row_at, ob.row_at);
-        for (size_t e = 0; e < es.size(); ++e) {
-            if (es[e].pick != Pick::kLogits) continue;
-            const float* la = oa.logits.data() + oa.row_at[e];
-            const float* lb = ob.logits.data() + ob.row_at[e];
-            for (int64_t j = 0; j < n_vocab; ++j) max_d = std::max(max_d, double(std::fabs(la[j] - lb[j])));
-            // The whole model's pick is the next token of both.
-            const int i = int(std::find(sa.begin(), sa.end(), es[e].seq) - sa.begin());
-            toks[size_t(i)].push_back(int32_t(std::max_element(la, la + n_vocab) - la));
-        }
-    }
-    std::printf("  %s, %d ranks: batched steps, max |dlogit| %.3g\n", m.c_str(), world, max_d);
-    EXPECT_LT(max_d, 1e-4 * 25);
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(a.position(sa[size_t(i)]), b.position(sb[size_t(i)]));
+    test::SideBySide run;
+    ASSERT_NO_FATAL_FAILURE(test::batched_side_by_side(a, b, ids, n_vocab, run));
+    const std::vector<std::vector<int32_t>>& toks = run.tokens;
+    std::printf("  %s, %d ranks: batched steps, max |dlogit| %.3g\n", m.c_str(), world, run.max_dlogit);
+    EXPECT_LT(run.max_dlogit, 1e-4 * 25);
     // A fourth sequence repeating sequence 0's prompt takes its cached blocks on every rank, and goes on
     // from them as the whole model does (tiny-lfm2: the conv states of the prefix's end, on the stages
     // that hold conv layers).

@@ -84,9 +84,7 @@ class SharedDeviceComm final : public Communicator {
 
     void all_gather_cols(int rank, Backend& be, const Tensor& local, const Tensor& full, int64_t col0) override {
         check_f32(local, "all_gather_cols"), check_f32(full, "all_gather_cols");
-        CERA_CHECK(local.rows() == full.rows() && col0 >= 0 && col0 + local.ne[0] <= full.ne[0],
-                   "all_gather_cols: rank %d's columns %lld + %lld of %lld", rank, (long long)col0,
-                   (long long)local.ne[0], (long long)full.ne[0]);
+        check_gather_cols(rank, local, full, col0);
         rank_backend(be).enqueue([this, rank, local, full, col0](cudaStream_t s) {
             Post& me = posts_[size_t(rank)];
             me.p = local.as<float>(), me.n = local.ne[0], me.col0 = col0;
@@ -256,9 +254,7 @@ class NcclComm final : public Communicator {
     // then copied to its columns. The ranks learn each other's widths on the host, once a call.
     void all_gather_cols(int rank, Backend& be, const Tensor& local, const Tensor& full, int64_t col0) override {
         check_f32(local, "all_gather_cols"), check_f32(full, "all_gather_cols");
-        CERA_CHECK(local.rows() == full.rows() && col0 >= 0 && col0 + local.ne[0] <= full.ne[0],
-                   "all_gather_cols: rank %d's columns %lld + %lld of %lld", rank, (long long)col0,
-                   (long long)local.ne[0], (long long)full.ne[0]);
+        check_gather_cols(rank, local, full, col0);
         rank_backend(be).enqueue([this, rank, local, full, col0](cudaStream_t s) {
             layout_[size_t(rank)] = {local.ne[0], col0};
             sync_.arrive_and_wait();
