@@ -267,26 +267,37 @@ RgbImage resize_bilinear_aa(const RgbImage& img, int out_w, int out_h) {
 
 void resize_bilinear_aa_f32(const float* src, int in_h, int in_w, int ch, float* dst, int out_h, int out_w) {
     const AaTaps tx = aa_taps(in_w, out_w), ty = aa_taps(in_h, out_h);
-    std::vector<double> mid(size_t(in_h) * size_t(out_w) * size_t(ch), 0.0);
-    for (int y = 0; y < in_h; ++y)
-        for (int x = 0; x < out_w; ++x)
-            for (int j = 0; j < tx.size[size_t(x)]; ++j) {
-                const double w = tx.w[size_t(x) * size_t(tx.max_size) + size_t(j)];
-                const float* s = src + (size_t(y) * size_t(in_w) + size_t(tx.start[size_t(x)] + j)) * size_t(ch);
-                double* m = &mid[(size_t(y) * size_t(out_w) + size_t(x)) * size_t(ch)];
-                for (int c = 0; c < ch; ++c) m[c] += w * s[c];
+    const size_t n = size_t(ch);
+    std::vector<double> mid(size_t(in_h) * size_t(out_w) * n, 0.0);
+    // Each element sums its taps in their order, starting from 0, whatever the loop order or the
+    // split into parts: the result is the same on any number of threads. The channels are the inner
+    // loop of both passes (contiguous, vectorised); a grid's table is otherwise milliseconds of work.
+    const int grain = std::max(1, (1 << 20) / std::max(1, out_w * ch * std::max(tx.max_size, ty.max_size)));
+    parallel_parts(in_h, grain, [&](int y0, int y1) {
+        for (int y = y0; y < y1; ++y)
+            for (int x = 0; x < out_w; ++x) {
+                double* m = &mid[(size_t(y) * size_t(out_w) + size_t(x)) * n];
+                for (int j = 0; j < tx.size[size_t(x)]; ++j) {
+                    const double w = tx.w[size_t(x) * size_t(tx.max_size) + size_t(j)];
+                    const float* s = src + (size_t(y) * size_t(in_w) + size_t(tx.start[size_t(x)] + j)) * n;
+                    for (size_t c = 0; c < n; ++c) m[c] += w * s[c];
+                }
             }
-    for (int y = 0; y < out_h; ++y)
-        for (int x = 0; x < out_w; ++x) {
-            float* d = dst + (size_t(y) * size_t(out_w) + size_t(x)) * size_t(ch);
-            for (int c = 0; c < ch; ++c) {
-                double acc = 0.0;
-                for (int j = 0; j < ty.size[size_t(y)]; ++j)
-                    acc += ty.w[size_t(y) * size_t(ty.max_size) + size_t(j)] *
-                           mid[(size_t(ty.start[size_t(y)] + j) * size_t(out_w) + size_t(x)) * size_t(ch) + size_t(c)];
-                d[c] = float(acc);
+    });
+    parallel_parts(out_h, grain, [&](int y0, int y1) {
+        std::vector<double> acc(n);
+        for (int y = y0; y < y1; ++y)
+            for (int x = 0; x < out_w; ++x) {
+                std::fill(acc.begin(), acc.end(), 0.0);
+                for (int j = 0; j < ty.size[size_t(y)]; ++j) {
+                    const double w = ty.w[size_t(y) * size_t(ty.max_size) + size_t(j)];
+                    const double* m = &mid[(size_t(ty.start[size_t(y)] + j) * size_t(out_w) + size_t(x)) * n];
+                    for (size_t c = 0; c < n; ++c) acc[c] += w * m[c];
+                }
+                float* d = dst + (size_t(y) * size_t(out_w) + size_t(x)) * n;
+                for (size_t c = 0; c < n; ++c) d[c] = float(acc[c]);
             }
-        }
+    });
 }
 
 int piece_tokens(const PatchGrid& g, int f) { return ((g.grid_h + f - 1) / f) * ((g.grid_w + f - 1) / f); }
