@@ -62,10 +62,12 @@ struct EngineOptions {
     bool gpu_profile = false;             // CUDA: print GPU and host time per decode step when the engine goes
     // CUDA: how much of the device's one-time set-up load() pays, so that prompts do not (no effect on the
     // CPU). kFirstUse: a short prefill and a decode step on a scratch sequence (kernels load at their first
-    // launch, cuBLAS starts). kEverySize: also every batched product shape of a prompt chunk at every chunk
-    // size up to n_batch (cuBLAS loads the kernel it picks for a size when that size first runs, 2-15 ms
-    // for a prompt of a new length); for servers, whose prompts come in every length. It costs load time
-    // that grows with the model and with n_batch (0.6 s for lfm2-1.2b at 512).
+    // launch, cuBLAS starts), then every batched product shape of a prompt chunk at a ladder of chunk sizes
+    // up to n_batch, four a doubling (cuBLAS loads the kernel it picks for a size when that size first
+    // runs, 2-15 ms for a prompt of a new length; it picks one kernel for a range of sizes). kEverySize:
+    // every chunk size instead of the ladder; for servers, whose prompts come in every length. It costs
+    // load time that grows with the model and with n_batch (0.6 s for lfm2-1.2b at 512). With a vision
+    // projector, its encoder runs once and its products are readied for a ladder of patch counts.
     enum class Warmup { kNone, kFirstUse, kEverySize };
     Warmup warmup = Warmup::kFirstUse;
     // LoRA adapters applied together to every session and to every batcher request that names no adapter

@@ -145,6 +145,18 @@ void attention_full_via_host(Backend& be, const Tensor& q, const Tensor& k, cons
 void argmax_via_host(Backend& be, const Tensor& x, const Tensor& out);
 // Backend::argmax_feed's default: argmax(), then the pick and the next position through the host.
 void argmax_feed_via_host(Backend& be, const Tensor& x, const Tensor& out, const Tensor& ids, const Tensor& pos);
+// Token counts for Backend::warm_up_products: from 16 to `max` at four a doubling (n, 5n/4, 3n/2, 7n/4
+// for n a power of two), and `max`. Readying the products for these costs a few dozen products a shape
+// where every count costs hundreds; a library picks one kernel for a range of counts, so a step of a
+// count between two of these mostly finds its kernel loaded.
+inline std::vector<int64_t> product_count_ladder(int64_t max) {
+    std::vector<int64_t> out;
+    for (int64_t p = 16; p <= max; p *= 2)
+        for (int64_t q : {4, 5, 6, 7})
+            if (p * q / 4 <= max) out.push_back(p * q / 4);
+    if (max > 0 && (out.empty() || out.back() != max)) out.push_back(max);
+    return out;
+}
 // The ints of one Backend::short_conv_segments descriptor.
 constexpr int kConvSegInts = 6;
 // Backend::short_conv_segments's default.
@@ -434,10 +446,10 @@ class Backend {
         argmax_feed_via_host(*this, x, out, ids, pos);
     }
 
-    // Readies the batched products of every shape run so far for each token count up to max_tokens, so
-    // that a later step of a new size does not pay a library's first use of it (CUDA: cuBLAS loads the
-    // kernel it picks for a size when that size first runs). Called once at load, after a warm-up.
-    virtual void warm_up_products(int64_t max_tokens) { (void)max_tokens; }
+    // Readies the batched products of every shape run since the last call for each of `token_counts`, so
+    // that a later step of such a size does not pay a library's first use of it (CUDA: cuBLAS loads the
+    // kernel it picks for a size when that size first runs). Called at load, after a warm-up.
+    virtual void warm_up_products(std::span<const int64_t> token_counts) { (void)token_counts; }
 
     // The m best entries of one row of logits, for a sampler whose chain starts with a top-k: the
     // candidates are the entries above -inf (NaN never), ordered by value, descending, then by index,

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -235,15 +236,21 @@ std::shared_ptr<Engine> Engine::load(const std::string& path, const EngineOption
 
 void Engine::Impl::warm_up() {
     // 32 tokens take the prefill path of a chunk (GEMMs, tensor-core attention), the next one a decode
-    // step. For kEverySize, every product shape the chunk met is then readied for all prompt chunk sizes
-    // (not the LM head's: a chunk computes the logits of its last token only).
+    // step. Every product shape the chunk met is then readied for the chunk sizes a prompt brings: all
+    // of them up to n_batch for kEverySize, a ladder of them for kFirstUse (not the LM head's: a chunk
+    // computes the logits of its last token only).
     const int n_ctx = int(std::min<int64_t>(64, model->default_n_ctx()));
     auto st = model->create_state(n_ctx);
     const int32_t tok = tokenizer->bos() >= 0 ? tokenizer->bos() : 0;
     const std::vector<int32_t> prompt(size_t(std::min(32, n_ctx / 2)), tok);
     st->eval({.tokens = prompt, .head = HeadOutput::kGreedy});
     st->eval({.tokens = {&tok, 1}, .head = HeadOutput::kGreedy});
-    if (options.warmup == EngineOptions::Warmup::kEverySize) model->backend().warm_up_products(options.n_batch);
+    std::vector<int64_t> counts = product_count_ladder(options.n_batch);
+    if (options.warmup == EngineOptions::Warmup::kEverySize) {
+        counts.resize(size_t(options.n_batch));
+        std::iota(counts.begin(), counts.end(), int64_t(1));
+    }
+    model->backend().warm_up_products(counts);
     if (vision) vision->warm_up();
 }
 

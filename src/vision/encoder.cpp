@@ -332,6 +332,8 @@ void VisionEncoder::warm_up() const {
     std::unique_lock<FifoMutex> lock(be_->exec_mutex());
     (void)project(run_tower(batch, lock));
     (void)project(run_tower({&tile, 1}, lock));
+    // Pieces and tile batches come in many patch counts (a piece's with its aspect ratio).
+    be_->warm_up_products(product_count_ladder(cap));
 }
 
 std::vector<float> VisionEncoder::tower(const PatchGrid& g) const {

@@ -66,7 +66,8 @@ class VisionEncoder {
     // Readies a device for the first image (EngineOptions::warmup): the tower and the projector run once
     // over the largest batch of tiles an encode makes and once over a single piece, so that the
     // activation buffers have the size no later encode grows them past (a growth would also start the
-    // recorded layer steps over), the kernels are loaded and the products have met their shapes.
+    // recorded layer steps over), the kernels are loaded and the products are readied for a ladder of
+    // patch counts (Backend::warm_up_products).
     void warm_up() const;
 
  private:

@@ -191,9 +191,10 @@ void batcher_matches_sessions(const char* name, bool speculate) {
     EXPECT_EQ(batcher->stats().kv_blocks_free, batcher->stats().kv_blocks_total);
 }
 
-// EngineOptions::warmup runs steps on a scratch sequence at load (kEverySize: and cuBLAS products on
-// scratch operands at every chunk size): a session of a warmed engine generates, and samples, the tokens
-// a session of an engine loaded without it does, prompts of several lengths through prefill chunks.
+// EngineOptions::warmup runs steps on a scratch sequence at load, then cuBLAS products on scratch
+// operands at a ladder of chunk sizes (kEverySize: at every chunk size): a session of a warmed engine
+// generates, and samples, the tokens a session of an engine loaded without it does, prompts of several
+// lengths through prefill chunks.
 TEST(CudaBatch, WarmupLeavesGenerationUnchanged) {
     std::string why;
     if (cuda_devices(&why).empty()) GTEST_SKIP() << "no CUDA device (" << why << ")";

@@ -1,9 +1,10 @@
 // Backend::argmax (the greedy pick on the device) against a plain reference loop: the CPU backend's
 // override and the interface's default (host round trip), over row lengths around the unroll width,
 // ties, negative rows, -inf and NaN; and against the host Sampler's greedy pick on the same rows,
-// which the device path must reproduce exactly.
+// which the device path must reproduce exactly. Also the ladder of token counts a warm-up readies.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -300,6 +301,18 @@ TEST(BackendArgmax, SamplerPicksArgmaxOnlyWhenPlainGreedy) {
     p.presence_penalty = 0.0f;
     p.temperature = -1.0f;  // <= 0 is greedy
     EXPECT_TRUE(Sampler(p, 10).picks_argmax());
+}
+
+TEST(BackendWarmUp, ProductCountLadder) {
+    EXPECT_TRUE(product_count_ladder(0).empty());
+    EXPECT_EQ(product_count_ladder(8), std::vector<int64_t>({8}));
+    EXPECT_EQ(product_count_ladder(64), std::vector<int64_t>({16, 20, 24, 28, 32, 40, 48, 56, 64}));
+    EXPECT_EQ(product_count_ladder(100), std::vector<int64_t>({16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 100}));
+    // Every multiple of 1024 up to 8192 (the encoder's tile batches) is on the ladder.
+    const std::vector<int64_t> l = product_count_ladder(8192);
+    for (int64_t n = 1024; n <= 8192; n += 1024) EXPECT_NE(std::find(l.begin(), l.end(), n), l.end()) << n;
+    EXPECT_TRUE(std::is_sorted(l.begin(), l.end()));
+    EXPECT_EQ(l.back(), 8192);
 }
 
 }  // namespace

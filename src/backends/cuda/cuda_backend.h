@@ -88,7 +88,7 @@ class CudaBackend final : public Backend {
     void add(const Tensor& a, const Tensor& b, float scale, const Tensor& out) override;
     void scale(const Tensor& x, float s) override;
     void rotate_heads(const Tensor& x, int head_dim, bool inverse) override;
-    void warm_up_products(int64_t max_tokens) override;
+    void warm_up_products(std::span<const int64_t> token_counts) override;
     void top_logits(const Tensor& x, int32_t m, const Tensor& gather, const Tensor& out) override;
     void argmax(const Tensor& x, const Tensor& out) override;
     void argmax_feed(const Tensor& x, const Tensor& out, const Tensor& ids, const Tensor& pos) override;
@@ -178,9 +178,8 @@ class CudaBackend final : public Backend {
     // read that buffer is done, so the next product's expansion runs beside the current product.
     void expand(GemmNode& n);
     std::vector<GemmNode*> expansions_;  // the step's products that need one, in order
-    // {rows, k} of every F16 cuBLAS product run until warm_up_products, which ends the recording.
+    // {rows, k} of every F16 cuBLAS product run since the last warm_up_products (a model's handful).
     std::vector<std::pair<int64_t, int64_t>> gemm_shapes_;
-    bool record_shapes_ = true;
     size_t expanded_ = 0;               // how many of them are queued
     cudaStream_t side_ = nullptr;
     cudaEvent_t expand_done_[2] = {}, expand_free_[2] = {}, step_start_ = nullptr;

@@ -375,8 +375,7 @@ void CudaBackend::launch(GemmNode& n, const GemvArgs*) {
             if (!capturing_) CUDA_CHECK(cudaStreamWaitEvent(stream_, expand_done_[buf]));
             w16 = scratch_[buf ? kW16b : kW16a].ptr;
         }
-        if (record_shapes_ &&
-            std::find(gemm_shapes_.begin(), gemm_shapes_.end(), std::pair{rows, k}) == gemm_shapes_.end())
+        if (std::find(gemm_shapes_.begin(), gemm_shapes_.end(), std::pair{rows, k}) == gemm_shapes_.end())
             gemm_shapes_.push_back({rows, k});
         void* x16 = scratch(kX16, size_t(n_tokens * k) * 2);
         cuda::convert_f32_to_f16(n.x, n_tokens * k, x16, stream_);
@@ -388,11 +387,13 @@ void CudaBackend::launch(GemmNode& n, const GemvArgs*) {
     if (n.bias) cuda::add_bias(n.y, n.bias, n.n_tokens, n.rows, stream_);
 }
 
-void CudaBackend::warm_up_products(int64_t max_tokens) {
+void CudaBackend::warm_up_products(std::span<const int64_t> token_counts) {
     run_step();
     CERA_CHECK(!capturing_, "warm_up_products inside a step");
-    record_shapes_ = false;
     const std::vector<std::pair<int64_t, int64_t>> shapes = std::move(gemm_shapes_);
+    gemm_shapes_.clear();
+    int64_t max_tokens = 0;
+    for (int64_t n : token_counts) max_tokens = std::max(max_tokens, n);
     size_t w_elems = 0, x_elems = 0, y_elems = 0;
     for (const auto& [rows, k] : shapes) {
         w_elems = std::max(w_elems, size_t(rows * k));
@@ -410,10 +411,11 @@ void CudaBackend::warm_up_products(int64_t max_tokens) {
         CUDA_CHECK(cudaMemsetAsync(x, 0, x_elems * 2, stream_));
         const float one = 1.0f, zero = 0.0f;
         for (const auto& [rows, k] : shapes)
-            for (int64_t n = kGemvMaxTokens + 1; n <= max_tokens; ++n)
-                CUBLAS_CHECK(cuda::cublas().gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(n), int(k), &one,
-                                                    w, CUDA_R_16F, int(k), x, CUDA_R_16F, int(k), &zero, y, CUDA_R_32F,
-                                                    int(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+            for (int64_t n : token_counts)
+                if (n > kGemvMaxTokens)
+                    CUBLAS_CHECK(cuda::cublas().gemm_ex(
+                        cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(n), int(k), &one, w, CUDA_R_16F, int(k), x,
+                        CUDA_R_16F, int(k), &zero, y, CUDA_R_32F, int(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         CUDA_CHECK(cudaStreamSynchronize(stream_));
     } else {
         (void)cudaGetLastError();  // the failed allocation's error, not a sticky one
