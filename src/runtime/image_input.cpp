@@ -14,23 +14,20 @@ namespace {
 
 constexpr size_t kImageCacheEntries = 8;
 
+// The pixels and their size (state_io's hash64, over the bytes seeded by the size).
 uint64_t pixel_hash(const vision::RgbImage& img) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    auto mix = [&](uint8_t b) { h = (h ^ b) * 0x100000001b3ull; };
-    for (int v : {img.width, img.height})
-        for (int i = 0; i < 4; ++i) mix(uint8_t(v >> (8 * i)));
-    for (uint8_t b : img.rgb) mix(b);
-    return h;
+    const uint64_t size = uint64_t(uint32_t(img.width)) << 32 | uint32_t(img.height);
+    return hash64(img.rgb.data(), img.rgb.size(), size);
 }
 
 }  // namespace
 
 EncodedImage encode_image_pixels(const vision::VisionEncoder& enc, const Tokenizer& tok, int64_t n_embd,
-                                 const vision::RgbImage& img) {
+                                 const vision::RgbImage& img, uint64_t hash) {
     const vision::VisionConfig& vc = enc.config();
     const vision::ProcessedImage p = vision::preprocess(img, vc.proc);
     EncodedImage out;
-    out.hash = pixel_hash(img);
+    out.hash = hash;
     const std::vector<int32_t> marker = tok.encode("<image>", false, true);
     if (marker.size() != 1)
         throw_error(ErrorCode::kInvalidFile, "the model's vocabulary has no <image> token: not a vision model");
@@ -46,7 +43,8 @@ EncodedImage encode_image_pixels(const vision::VisionEncoder& enc, const Tokeniz
 
 EncodedImage encode_image(const vision::VisionEncoder& enc, const Tokenizer& tok, int64_t n_embd,
                           std::span<const uint8_t> file_bytes) {
-    return encode_image_pixels(enc, tok, n_embd, vision::decode_image(file_bytes));
+    const vision::RgbImage img = vision::decode_image(file_bytes);
+    return encode_image_pixels(enc, tok, n_embd, img, pixel_hash(img));
 }
 
 std::vector<uint8_t> read_image_file(const std::string& path) {
@@ -92,7 +90,7 @@ std::shared_ptr<const EncodedImage> Engine::Impl::encode_image(std::span<const u
                 return hit;
             }
     }
-    auto out = std::make_shared<const EncodedImage>(encode_image_pixels(*vision, *tokenizer, info.n_embd, img));
+    auto out = std::make_shared<const EncodedImage>(encode_image_pixels(*vision, *tokenizer, info.n_embd, img, hash));
     std::lock_guard<std::mutex> lock(image_mu);
     image_cache.push_back(out);
     if (image_cache.size() > kImageCacheEntries) image_cache.erase(image_cache.begin());
