@@ -245,10 +245,12 @@ void Engine::Impl::warm_up() {
     const std::vector<int32_t> prompt(size_t(std::min(32, n_ctx / 2)), tok);
     st->eval({.tokens = prompt, .head = HeadOutput::kGreedy});
     st->eval({.tokens = {&tok, 1}, .head = HeadOutput::kGreedy});
-    std::vector<int64_t> counts = product_count_ladder(options.n_batch);
+    std::vector<int64_t> counts;
     if (options.warmup == EngineOptions::Warmup::kEverySize) {
         counts.resize(size_t(options.n_batch));
         std::iota(counts.begin(), counts.end(), int64_t(1));
+    } else {
+        counts = product_count_ladder(options.n_batch);
     }
     model->backend().warm_up_products(counts);
     if (vision) vision->warm_up();
