@@ -113,8 +113,8 @@ CERA_API void cera_free(void *ptr);
 
 /* KV cache storage (keys and values alike): floats, or blocks of 32 with one scale (8-bit, 4-bit), or
  * 4-bit (TQ4) or 3.5-bit (TQ3) blocks of each head through a fixed random rotation, or KIVI's layout
- * (KIVI4: keys 4-bit per channel over 64 tokens, values 4-bit per token; CPU only). The block types need
- * rows of K and V of a multiple of 32 (KIVI4: 16); on CUDA, heads of a multiple of 32 (TQ4, TQ3: a power
+ * (KIVI4: keys 4-bit per channel over 64 tokens, values 4-bit per token; CPU only). The block types and
+ * KIVI4 need rows of K and V of a multiple of 32; on CUDA, heads of a multiple of 32 (TQ4, TQ3: a power
  * of two). */
 typedef enum cera_kv_type {
     CERA_KV_F32 = 0,

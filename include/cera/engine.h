@@ -24,8 +24,8 @@ namespace cera {
 // transform) in Q4_0 blocks, which spreads outlier channels and keeps 4 bits closer to F16; kTq3 stores
 // the rotated heads in 3.5 bits an element, a sign and a Gaussian-fitted magnitude (docs/kv-cache.md).
 // kKivi4 lays keys and values out as KIVI does: keys 4-bit per channel over groups of 64 tokens (a scale
-// and a minimum a channel), values 4-bit per token (Q4_0); the CPU runs it.
-// The block types need rows of K and V of a multiple of 32 (kKivi4: 16); on CUDA, heads of a multiple of
+// and a minimum a channel), values 4-bit per token (Q4_0's codes under a one-byte scale); the CPU runs it.
+// The block types and kKivi4 need rows of K and V of a multiple of 32; on CUDA, heads of a multiple of
 // 32 (kTq4, kTq3: a power of two).
 enum class KvCacheType { kF32, kF16, kBF16, kQ8_0, kQ4_0, kTq4, kTq3, kKivi4 };
 // "f32", "f16", "bf16", "q8_0", "q4_0", "tq4", "tq3", "kivi4"; parse_kv_cache_type throws cera::Error

@@ -105,7 +105,7 @@ struct AttentionParams {
     int sliding_window = 0;  // > 0: query at position p sees keys at positions (p - window, p]
     KvPaging paging;
     // Q4_CH keys (kivi4, core/quant/kv_groups.h): a query reads the keys of its own group of 64 positions
-    // as f16, from the step's keys (k_new: f32 [n_tokens, n_head_kv * head_dim], as given to kv_store)
+    // as Q8_0 rows, from the step's keys (k_new: f32 [n_tokens, n_head_kv * head_dim], as given to kv_store)
     // and the cache's open groups (LayerCache::k_open). Empty for the other types.
     Tensor k_new, k_open;
 };

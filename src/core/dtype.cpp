@@ -26,10 +26,11 @@ constexpr std::array kTypes = {
     TypeInfo{GgmlType::kTQ2_0, "TQ2_0", 256, 66, true},   TypeInfo{GgmlType::kMXFP4, "MXFP4", 32, 17, true},
 };
 
-// Q4_CH's blocks are nominal (9 bytes for 16 elements of a row): a row's bytes are 4.5 bits an element,
-// the codes laid out by groups of 64 rows.
+// Q4_CH's blocks are nominal (18 bytes for 32 elements of a row): a row's bytes are 4.5 bits an element,
+// the codes laid out by groups of 64 rows; the rows of its open groups are Q8_0 rows (kv_groups.h).
 constexpr TypeInfo kCacheTypes[] = {TypeInfo{GgmlType::kQ3_KV, "Q3_KV", 32, 14, true},
-                                    TypeInfo{GgmlType::kQ4_CH, "Q4_CH", 16, 9, true}};
+                                    TypeInfo{GgmlType::kQ4_CH, "Q4_CH", 32, 18, true},
+                                    TypeInfo{GgmlType::kQ4_KV, "Q4_KV", 32, 17, true}};
 
 }  // namespace
 

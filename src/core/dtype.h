@@ -45,6 +45,7 @@ enum class GgmlType : uint32_t {
     // ids below 256 (a saved state packs cache types in 8 bits).
     kQ3_KV = 200,  // the 3-bit rows of the tq3 KV cache (core/quant/blocks.h BlockQ3_KV)
     kQ4_CH = 201,  // the key rows of the kivi4 KV cache, coded per channel over 64 rows (core/quant/kv_groups.h)
+    kQ4_KV = 202,  // the value rows of the kivi4 KV cache (core/quant/blocks.h BlockQ4_KV)
 };
 
 // Static facts about a type: its GGUF name, elements per block, bytes per block.

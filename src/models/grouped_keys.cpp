@@ -3,8 +3,8 @@
 #include <cstring>
 
 #include "core/check.h"
-#include "core/fp16.h"
 #include "core/quant/kv_groups.h"
+#include "core/quant/quant.h"
 
 namespace cera {
 namespace {
@@ -13,9 +13,9 @@ constexpr int64_t kG = kv_groups::kRows;
 
 int slots_of(const LayerCache& c) { return int(c.k_open.ne[1] / (kG + 1)); }
 
-std::vector<uint16_t> read_open(Backend& be, const LayerCache& c) {
-    std::vector<uint16_t> open(size_t(c.k_open.n_elements()));
-    be.read(open.data(), c.k_open, open.size() * sizeof(uint16_t));
+std::vector<uint8_t> read_open(Backend& be, const LayerCache& c) {
+    std::vector<uint8_t> open(c.k_open.n_bytes());
+    be.read(open.data(), c.k_open, open.size());
     return open;
 }
 
@@ -26,10 +26,10 @@ int64_t key_cache_rows(GgmlType type, int64_t n_ctx) {
 }
 
 Tensor alloc_open_groups(Backend& be, int64_t width, int slots) {
-    Tensor t = be.alloc(GgmlType::kF16, {width, kv_groups::open_rows(slots)});
-    std::vector<uint16_t> host(size_t(t.n_elements()), 0);
+    Tensor t = be.alloc(GgmlType::kQ8_0, {width, kv_groups::open_rows(slots)});
+    std::vector<uint8_t> host(kv_groups::open_bytes(width, slots), 0);
     kv_groups::clear_open(host.data(), width, slots);
-    be.write(t, host.data(), host.size() * sizeof(uint16_t));
+    be.write(t, host.data(), host.size());
     return t;
 }
 
@@ -37,7 +37,7 @@ size_t saved_key_bytes(const LayerCache& c, int32_t n) {
     if (c.k.type != GgmlType::kQ4_CH) return c.k.row_bytes() * size_t(n);
     const int64_t width = c.k.ne[0];
     return kv_groups::group_bytes(width) * size_t((n + kG - 1) / kG) +
-           size_t(n % kG) * size_t(width) * sizeof(uint16_t);
+           size_t(n % kG) * kv_groups::open_row_bytes(width);
 }
 
 void save_keys(Backend& be, const LayerCache& c, int32_t n, uint8_t* out) {
@@ -46,14 +46,11 @@ void save_keys(Backend& be, const LayerCache& c, int32_t n, uint8_t* out) {
     const size_t gb = kv_groups::group_bytes(width);
     be.read(out, c.k, gb * size_t(groups));
     if (n % kG == 0) return;
-    // The last group's rows as stored (f16), not as coded: a restored state goes on exactly as this one would.
-    const std::vector<uint16_t> open = read_open(be, c);
-    std::vector<float> rows(size_t(n % kG) * size_t(width));
-    kv_groups::read_rows(out + gb * size_t(groups - 1), open.data(), slots_of(c), groups - 1, int(n % kG), width,
-                         rows.data());
-    std::vector<uint16_t> half(rows.size());
-    for (size_t i = 0; i < rows.size(); ++i) half[i] = fp32_to_fp16(rows[i]);
-    std::memcpy(out + gb * size_t(groups), half.data(), half.size() * sizeof(uint16_t));
+    // The last group's rows as its slot holds them, not as coded: a restored state goes on exactly as this
+    // one would.
+    const std::vector<uint8_t> open = read_open(be, c);
+    kv_groups::read_row_bytes(out + gb * size_t(groups - 1), open.data(), slots_of(c), groups - 1, int(n % kG), width,
+                              out + gb * size_t(groups));
 }
 
 void restore_keys(Backend& be, const LayerCache& c, int32_t n, const uint8_t* in) {
@@ -61,18 +58,15 @@ void restore_keys(Backend& be, const LayerCache& c, int32_t n, const uint8_t* in
     const int64_t width = c.k.ne[0], groups = (n + kG - 1) / kG;
     const size_t gb = kv_groups::group_bytes(width);
     be.write(c.k, in, gb * size_t(groups));
-    std::vector<uint16_t> open(size_t(c.k_open.n_elements()));
+    std::vector<uint8_t> open(c.k_open.n_bytes());
     kv_groups::clear_open(open.data(), width, slots_of(c));
     if (n % kG != 0) {
-        std::vector<uint8_t> group(in + gb * size_t(groups - 1), in + gb * size_t(groups));
-        std::vector<float> rows(size_t(n % kG) * size_t(width));
-        std::vector<uint16_t> half(rows.size());
-        std::memcpy(half.data(), in + gb * size_t(groups), half.size() * sizeof(uint16_t));
-        for (size_t i = 0; i < rows.size(); ++i) rows[i] = fp16_to_fp32(half[i]);
         // Coded again into a copy (the same bytes as the saved group's): the slot takes the rows.
-        kv_groups::write_rows(group.data(), open.data(), slots_of(c), groups - 1, int(n % kG), width, rows.data());
+        std::vector<uint8_t> group(in + gb * size_t(groups - 1), in + gb * size_t(groups));
+        kv_groups::write_rows(group.data(), open.data(), slots_of(c), groups - 1, int(n % kG), width,
+                              in + gb * size_t(groups));
     }
-    be.write(c.k_open, open.data(), open.size() * sizeof(uint16_t));
+    be.write(c.k_open, open.data(), open.size());
 }
 
 void read_key_rows(Backend& be, const LayerCache& c, int64_t begin, int64_t end, std::vector<float>& out) {
@@ -81,7 +75,7 @@ void read_key_rows(Backend& be, const LayerCache& c, int64_t begin, int64_t end,
     const size_t gb = kv_groups::group_bytes(width);
     std::vector<uint8_t> cache(gb * size_t(g1 - g0));  // groups [g0, g1)
     be.read(cache.data(), c.k, cache.size(), gb * size_t(g0));
-    const std::vector<uint16_t> open = read_open(be, c);
+    const std::vector<uint8_t> open = read_open(be, c);
     out.assign(size_t(end - begin) * size_t(width), 0.0f);
     for (int64_t g = g0; g < g1; ++g) {
         const int n = int(std::min(end - g * kG, kG));
@@ -96,15 +90,16 @@ void write_key_rows(Backend& be, const LayerCache& c, int64_t begin, const std::
     if (n == 0) return;
     const size_t gb = kv_groups::group_bytes(width);
     std::vector<uint8_t> cache(gb * size_t(g1 - g0));  // groups [g0, g1)
-    std::vector<uint16_t> open(size_t(c.k_open.n_elements()));
+    std::vector<uint8_t> open(c.k_open.n_bytes()), q(size_t(kG) * kv_groups::open_row_bytes(width));
     kv_groups::clear_open(open.data(), width, slots_of(c));
     for (int64_t g = g0; g < g1; ++g) {
         const int m = int(std::min(begin + n - g * kG, kG));
-        kv_groups::write_rows(cache.data() + gb * size_t(g - g0), open.data(), slots_of(c), g, m, width,
-                              rows.data() + size_t(g * kG - begin) * size_t(width));
+        quantize_row_ref(GgmlType::kQ8_0, rows.data() + size_t(g * kG - begin) * size_t(width), q.data(),
+                         int64_t(m) * width);
+        kv_groups::write_rows(cache.data() + gb * size_t(g - g0), open.data(), slots_of(c), g, m, width, q.data());
     }
     be.write(c.k, cache.data(), cache.size(), gb * size_t(g0));
-    be.write(c.k_open, open.data(), open.size() * sizeof(uint16_t));
+    be.write(c.k_open, open.data(), open.size());
 }
 
 }  // namespace cera

@@ -17,7 +17,7 @@ int64_t key_cache_rows(GgmlType type, int64_t n_ctx);
 Tensor alloc_open_groups(Backend& be, int64_t width, int slots);
 
 // Bytes of a layer's keys for positions [0, n) in a saved state: n rows, or for Q4_CH the groups that
-// hold them and the f16 rows of the last one if it is not full.
+// hold them and the Q8_0 rows of the last one if it is not full.
 size_t saved_key_bytes(const LayerCache& c, int32_t n);
 void save_keys(Backend& be, const LayerCache& c, int32_t n, uint8_t* out);
 // The inverse of save_keys; the open groups then hold the last group's rows.

@@ -91,16 +91,18 @@ const std::string& Model::weight_name(const Tensor& w) const {
 std::unique_ptr<Model> load_rank(const std::string& path, const ModelOptions& opts, Shard shard);
 
 std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& opts) {
-    for (GgmlType t : {opts.kv_type_k, opts.kv_type_v})
+    for (GgmlType t : {opts.kv_type_k, opts.kv_type_v}) {
         if (t != GgmlType::kF32 && t != GgmlType::kF16 && t != GgmlType::kBF16 && t != GgmlType::kQ8_0 &&
-            t != GgmlType::kQ4_0 && t != GgmlType::kQ3_KV && t != GgmlType::kQ4_CH)
+            t != GgmlType::kQ4_0 && t != GgmlType::kQ3_KV && t != GgmlType::kQ4_KV && t != GgmlType::kQ4_CH)
             throw_error(ErrorCode::kInvalidArgument,
-                        "KV cache type %s: expected F32, F16, BF16, Q8_0, Q4_0, Q3_KV or (keys) Q4_CH", type_name(t));
+                        "KV cache type %s: expected F32, F16, BF16, Q8_0, Q4_0, Q3_KV, Q4_KV or (keys) Q4_CH",
+                        type_name(t));
+        if ((t == GgmlType::kQ4_CH || t == GgmlType::kQ4_KV) && opts.device != DeviceKind::kCpu)
+            throw_error(ErrorCode::kUnsupported, "KV cache type kivi4 (%s): the CPU runs it, not %s", type_name(t),
+                        device_kind_name(opts.device));
+    }
     if (opts.kv_type_v == GgmlType::kQ4_CH)
-        throw_error(ErrorCode::kInvalidArgument, "KV cache type Q4_CH holds keys only (kivi4 keeps values in Q4_0)");
-    if (opts.kv_type_k == GgmlType::kQ4_CH && opts.device != DeviceKind::kCpu)
-        throw_error(ErrorCode::kUnsupported, "KV cache type kivi4 (keys per channel, Q4_CH): the CPU runs it, not %s",
-                    device_kind_name(opts.device));
+        throw_error(ErrorCode::kInvalidArgument, "KV cache type Q4_CH holds keys only (kivi4 keeps values in Q4_KV)");
     if (opts.n_batch < 1) throw_error(ErrorCode::kInvalidArgument, "n_batch = %d: must be at least 1", opts.n_batch);
     if (opts.n_ctx < 0) throw_error(ErrorCode::kInvalidArgument, "n_ctx = %d: must not be negative", opts.n_ctx);
     const int world = opts.tensor_parallel;

@@ -35,8 +35,8 @@ struct ModelOptions {
     int gpu_index = 0;                  // CUDA device
     int n_ctx = 0;                      // tokens per sequence; 0 = the model's context_length, at most kDefaultMaxCtx
     // KV cache storage of keys and values: kF32, kF16, kBF16, kQ8_0, kQ4_0 or kQ3_KV (the block types need
-    // rows of K of a multiple of 32, and on CUDA heads of a multiple of 32);
-    // keys also kQ4_CH (CPU; rows of a multiple of 16; core/quant/kv_groups.h).
+    // rows of K of a multiple of 32, and on CUDA heads of a multiple of 32); on the CPU also kQ4_KV, and for
+    // keys kQ4_CH (rows of a multiple of 32; core/quant/kv_groups.h): kivi4.
     GgmlType kv_type_k = GgmlType::kF32, kv_type_v = GgmlType::kF32;
     // Rows stored rotated (core/rotation.h; EngineOptions' tq4 and tq3): heads of a power of two.
     bool kv_rotate_k = false, kv_rotate_v = false;

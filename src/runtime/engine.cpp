@@ -121,7 +121,7 @@ static GgmlType kv_ggml_type(KvCacheType t, bool key) {
         case KvCacheType::kTq4: return GgmlType::kQ4_0;  // rows rotated first (ModelOptions::kv_rotate_*)
         case KvCacheType::kTq3: return GgmlType::kQ3_KV;  // rows rotated first
         case KvCacheType::kKivi4:
-            return key ? GgmlType::kQ4_CH : GgmlType::kQ4_0;  // KIVI: values per token
+            return key ? GgmlType::kQ4_CH : GgmlType::kQ4_KV;  // KIVI: values per token
     }
     throw_error(ErrorCode::kInvalidArgument, "KV cache type %d is none of f32, f16, bf16, q8_0, q4_0, tq4, tq3, kivi4",
                 int(t));

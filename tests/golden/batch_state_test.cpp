@@ -153,7 +153,7 @@ TEST(Batch, GroupedKeySequencesMatchEachAlone) {
         ModelOptions o;
         o.n_threads = 2;
         o.n_ctx = 512;
-        o.kv_type_k = GgmlType::kQ4_CH, o.kv_type_v = GgmlType::kQ4_0;
+        o.kv_type_k = GgmlType::kQ4_CH, o.kv_type_v = GgmlType::kQ4_KV;
         sequences_in_one_pass_match_each_alone(
             load_model(test::data_path(std::string("fixtures/") + name) + "/model.gguf", o), 5);
     }

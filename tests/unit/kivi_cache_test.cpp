@@ -6,12 +6,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "cera/engine.h"
 #include "cera/error.h"
 #include "cera/session.h"
+#include "models/batch_state.h"
 #include "models/model.h"
 #include "test_util.h"
 
@@ -23,7 +25,8 @@ std::string model_path(const std::string& name) {
                                  : test::data_path("fixtures/" + name + "/model.gguf");
 }
 
-std::unique_ptr<Model> load_kivi(const std::string& name, GgmlType k = GgmlType::kQ4_CH, GgmlType v = GgmlType::kQ4_0) {
+std::unique_ptr<Model> load_kivi(const std::string& name, GgmlType k = GgmlType::kQ4_CH,
+                                 GgmlType v = GgmlType::kQ4_KV) {
     ModelOptions o;
     o.n_threads = 2;
     o.kv_type_k = k, o.kv_type_v = v;
@@ -56,7 +59,7 @@ double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
 
 class KiviModels : public ::testing::TestWithParam<const char*> {};
 
-// A query reads its own group's keys as f16 and the full groups before as codes, whichever step stored
+// A query reads its own group's keys as Q8_0 rows and the full groups before as codes, whichever step stored
 // them: the prompt at once, in chunks that end inside groups, or one token a step give the same logits
 // up to the summation order of the matrix products (as an F32 cache does).
 TEST_P(KiviModels, StepsDoNotChangeTheLogits) {
@@ -74,7 +77,7 @@ TEST_P(KiviModels, StepsDoNotChangeTheLogits) {
 }
 
 // A state saved inside a group and restored goes on as the original does, bit for bit (the open group's
-// f16 rows are in the saved bytes), and a state saved at a group's end too.
+// Q8_0 rows are in the saved bytes), and a state saved at a group's end too.
 TEST_P(KiviModels, RestoredStatesGoOnExactly) {
     auto m = load_kivi(GetParam());
     const size_t n_vocab = size_t(m->info().n_vocab);
@@ -138,7 +141,7 @@ TEST(KiviCache, SpeculativeGreedyEqualsPlainGreedy) {
     EXPECT_GT(r.drafted_tokens, r.accepted_tokens);
 }
 
-// A context shift reads the moved keys back (f16 where a slot holds them, else decoded), ropes them to
+// A context shift reads the moved keys back (from the slot where one holds them, else decoded), ropes them to
 // their new positions and codes their groups again: the next logits stay close to those of the same
 // tokens evaluated afresh at those positions, as close as a kivi4 cache is to an F32 one.
 TEST(KiviCache, ContextShiftRecodesTheMovedKeys) {
@@ -170,6 +173,27 @@ TEST(KiviCache, ContextShiftRecodesTheMovedKeys) {
     EXPECT_GT(shift_err, 0.0);
 }
 
+// The cache's memory against an F16 one at a 4,096-token context, the open groups counted: 4.5 bits an
+// element of K and 4.25 of V, and two slots of 65 Q8_0 key rows a sequence and layer (docs/kv-cache.md).
+TEST(KiviCache, MemoryAgainstF16) {
+    auto pool = [](GgmlType k, GgmlType v) {
+        ModelOptions o;
+        o.n_threads = 1;
+        o.kv_type_k = k, o.kv_type_v = v;
+        const auto m = load_model(model_path("stories260K"), o);  // no short-conv states in the pool
+        BatchStateOptions bo;
+        bo.max_seqs = 1, bo.kv_tokens = 4096, bo.block_size = 64;
+        BatchState b(*m, bo);
+        return double(b.pool_bytes());
+    };
+    const double f16 = pool(GgmlType::kF16, GgmlType::kF16), kivi = pool(GgmlType::kQ4_CH, GgmlType::kQ4_KV);
+    const double width = 32, layers = 5;  // stories260K: 4 KV heads of 8, 5 layers
+    EXPECT_EQ(f16, 4096 * width * 2 * 2 * layers);
+    EXPECT_EQ(kivi, (4096 * width * (4.5 + 4.25) / 8 + 2 * 65 * width * 8.5 / 8) * layers);
+    std::printf("  kivi4 at 4,096 tokens: %.3fx smaller than F16\n", f16 / kivi);
+    EXPECT_GE(f16 / kivi, 3.5);
+}
+
 TEST(KiviCache, RefusedWhereItDoesNotRun) {
     auto code_of = [](const std::function<void()>& f, const char* word) {
         try {
@@ -187,7 +211,7 @@ TEST(KiviCache, RefusedWhereItDoesNotRun) {
                   [] {
                       ModelOptions o;
                       o.device = DeviceKind::kCuda;
-                      o.kv_type_k = GgmlType::kQ4_CH, o.kv_type_v = GgmlType::kQ4_0;
+                      o.kv_type_k = GgmlType::kQ4_CH, o.kv_type_v = GgmlType::kQ4_KV;
                       load_model(model_path("tiny-lfm2"), o);
                   },
                   "kivi4"),

@@ -1,7 +1,7 @@
 // Q4_CH, the kivi4 cache's keys (core/quant/kv_groups.h): groups coded per channel as defined, stores
 // that give the same bytes however the rows come in steps, rows rolled back and slots given up, and the
-// CPU attention kernels reading a query's own group as f16 and the groups before as codes, against an
-// attention computed here from that definition.
+// CPU attention kernels reading a query's own group as Q8_0 rows and the groups before as codes, against
+// an attention computed here from that definition.
 #include "core/quant/kv_groups.h"
 
 #include <gtest/gtest.h>
@@ -15,13 +15,24 @@
 #include "backends/cpu/kernels_attention.h"
 #include "core/cpu_features.h"
 #include "core/fp16.h"
+#include "core/quant/quant.h"
 
 namespace cera {
 namespace {
 
 using kv_groups::kRows;
 
-float f16(float x) { return fp16_to_fp32(fp32_to_fp16(x)); }
+// Rows of width as the open groups hold them: Q8_0 rows.
+std::vector<uint8_t> q8_rows(const float* x, int64_t n, int64_t width) {
+    std::vector<uint8_t> q(row_size(GgmlType::kQ8_0, width) * size_t(n));
+    quantize_row_ref(GgmlType::kQ8_0, x, q.data(), n * width);
+    return q;
+}
+std::vector<float> q8_round(const float* x, int64_t n, int64_t width) {
+    std::vector<float> y(size_t(n * width));
+    dequantize_row_ref(GgmlType::kQ8_0, q8_rows(x, n, width).data(), y.data(), n * width);
+    return y;
+}
 
 // Keys as small llama models make them: a few channels far from zero, token after token.
 std::vector<float> keys(int64_t rows, int64_t width, uint32_t seed) {
@@ -38,12 +49,9 @@ struct Cache {
     int64_t width;
     int slots;
     std::vector<uint8_t> codes;
-    std::vector<uint16_t> open;
+    std::vector<uint8_t> open;
     Cache(int64_t w, int64_t groups, int s)
-        : width(w),
-          slots(s),
-          codes(kv_groups::group_bytes(w) * size_t(groups)),
-          open(size_t(kv_groups::open_rows(s) * w)) {
+        : width(w), slots(s), codes(kv_groups::group_bytes(w) * size_t(groups)), open(kv_groups::open_bytes(w, s)) {
         kv_groups::clear_open(open.data(), width, slots);
     }
     void store(const float* k, int32_t first, int32_t n) {
@@ -94,7 +102,7 @@ TEST(KvGroups, GroupsFollowTheDefinition) {
 }
 
 // Rows stored one at a time, in uneven steps or all at once leave the same codes, the codes of a full
-// group are those of its f16 rows, and the open group holds the rows of the group being filled.
+// group are those of its Q8_0 rows, and the open group holds the rows of the group being filled.
 TEST(KvGroups, StoresDoNotDependOnHowRowsAreSplit) {
     const int64_t width = 32, n = 200;
     const std::vector<float> k = keys(n, width, 5);
@@ -106,17 +114,16 @@ TEST(KvGroups, StoresDoNotDependOnHowRowsAreSplit) {
     EXPECT_EQ(whole.codes, single.codes);
     EXPECT_EQ(whole.codes, steps.codes);
     for (int64_t g = 0; g < 3; ++g) {
-        std::vector<float> rows(size_t(kRows * width));
-        for (size_t i = 0; i < rows.size(); ++i) rows[i] = f16(k[size_t(g * kRows * width) + i]);
+        const std::vector<float> rows = q8_round(k.data() + g * kRows * width, kRows, width);
         std::vector<uint8_t> want(kv_groups::group_bytes(width));
         kv_groups::quantize(rows.data(), kRows, width, want.data());
         EXPECT_TRUE(std::equal(want.begin(), want.end(), whole.group(g))) << "group " << g;
     }
+    const std::vector<uint8_t> last = q8_rows(k.data() + 3 * kRows * width, n - 3 * kRows, width);
     for (Cache* c : {&whole, &single, &steps}) {
-        const uint16_t* open = kv_groups::find_open(c->open.data(), width, 2, 3, int(n - 3 * kRows));
+        const uint8_t* open = kv_groups::find_open(c->open.data(), width, 2, 3, int(n - 3 * kRows));
         ASSERT_NE(open, nullptr);
-        for (int64_t i = 0; i < (n - 3 * kRows) * width; ++i)
-            ASSERT_EQ(open[i], fp32_to_fp16(k[size_t(3 * kRows * width + i)])) << i;
+        EXPECT_TRUE(std::equal(last.begin(), last.end(), open));
         EXPECT_EQ(kv_groups::find_open(c->open.data(), width, 2, 3, int(n - 3 * kRows) + 1), nullptr);
     }
 }
@@ -124,41 +131,46 @@ TEST(KvGroups, StoresDoNotDependOnHowRowsAreSplit) {
 // A store at row r ends its group at r (a rollback); a group whose slot was given up to another group
 // reads its rows back from its codes.
 TEST(KvGroups, RollbacksAndSlotsGivenUp) {
-    const int64_t width = 16;
+    const int64_t width = 32;
     const std::vector<float> k = keys(3 * kRows, width, 9);
     Cache c(width, 3, 1);
     c.store(k.data(), 0, 41);
     std::vector<float> row30(k.begin() + 100 * width, k.begin() + 101 * width);
     c.store(row30.data(), 30, 1);
-    std::vector<float> rows(size_t(31 * width));
-    for (size_t i = 0; i < rows.size(); ++i) rows[i] = f16(i < 30 * size_t(width) ? k[i] : row30[i - 30 * width]);
+    std::vector<float> rows = q8_round(k.data(), 31, width);
+    const std::vector<float> r30 = q8_round(row30.data(), 1, width);
+    std::copy(r30.begin(), r30.end(), rows.begin() + 30 * width);
     std::vector<uint8_t> want(kv_groups::group_bytes(width));
     kv_groups::quantize(rows.data(), 31, width, want.data());
     EXPECT_TRUE(std::equal(want.begin(), want.end(), c.group(0)));
     EXPECT_NE(kv_groups::find_open(c.open.data(), width, 1, 0, 31), nullptr);
     EXPECT_EQ(kv_groups::find_open(c.open.data(), width, 1, 0, 32), nullptr);
 
-    // Group 2 takes the only slot; row 31 of group 0 then comes back to rows 0..30 as coded.
+    // Group 2 takes the only slot; row 31 of group 0 then comes back to rows 0..30 as coded (and held as
+    // Q8_0 rows from there on).
     c.store(k.data() + 2 * kRows * width, 2 * kRows, 5);
     EXPECT_EQ(kv_groups::find_open(c.open.data(), width, 1, 0, 1), nullptr);
     std::vector<float> back(size_t(32 * width));
     kv_groups::dequantize(c.group(0), 31, width, back.data());
-    for (int64_t i = 0; i < width; ++i) back[size_t(31 * width + i)] = f16(k[size_t(31 * width + i)]);
+    const std::vector<float> decoded = q8_round(back.data(), 31, width);
+    std::copy(decoded.begin(), decoded.end(), back.begin());
+    const std::vector<float> r31 = q8_round(k.data() + 31 * width, 1, width);
+    std::copy(r31.begin(), r31.end(), back.begin() + 31 * width);
     c.store(k.data() + 31 * width, 31, 1);
     kv_groups::quantize(back.data(), 32, width, want.data());
     EXPECT_TRUE(std::equal(want.begin(), want.end(), c.group(0)));
 }
 
-// The attention a query at position p computes over a kivi4 cache: keys of p's group as f16 values, the
+// The attention a query at position p computes over a kivi4 cache: keys of p's group as Q8_0 rows, the
 // keys before as the codes of their full groups, values exact (F32 here).
 void attention_by_definition(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
                              int n_head, int n_kv, int hd, int32_t pos0, int n_tokens, int window,
                              std::vector<float>& out) {
     const int64_t width = int64_t(n_kv) * hd, n_ctx = pos0 + n_tokens;
     std::vector<float> coded(k.size());
+    const std::vector<float> held = q8_round(k.data(), n_ctx, width);
     for (int64_t g = 0; g * kRows + kRows <= n_ctx; ++g) {
-        std::vector<float> rows(size_t(kRows * width));
-        for (size_t i = 0; i < rows.size(); ++i) rows[i] = f16(k[size_t(g * kRows * width) + i]);
+        const std::vector<float> rows(held.begin() + g * kRows * width, held.begin() + (g + 1) * kRows * width);
         std::vector<uint8_t> bytes(kv_groups::group_bytes(width));
         kv_groups::quantize(rows.data(), kRows, width, bytes.data());
         kv_groups::dequantize(bytes.data(), kRows, width, coded.data() + g * kRows * width);
@@ -174,7 +186,7 @@ void attention_by_definition(const std::vector<float>& q, const std::vector<floa
                 double dot = 0;
                 for (int d = 0; d < hd; ++d) {
                     const size_t i = size_t(j * width + hk * hd + d);
-                    dot += double(qv[d]) * (j / kRows == p / kRows ? f16(k[i]) : coded[i]);
+                    dot += double(qv[d]) * (j / kRows == p / kRows ? held[i] : coded[i]);
                 }
                 s.push_back(dot / std::sqrt(double(hd)));
             }
@@ -189,7 +201,7 @@ void attention_by_definition(const std::vector<float>& q, const std::vector<floa
     }
 }
 
-TEST(KvGroups, AttentionReadsTheQuerysGroupAsF16) {
+TEST(KvGroups, AttentionReadsTheQuerysGroupAsQ8_0Rows) {
     using namespace cpu_attention;
     struct Case {
         int n_head, n_kv, hd, n_tokens;
@@ -198,7 +210,7 @@ TEST(KvGroups, AttentionReadsTheQuerysGroupAsF16) {
     };
     for (const Case& cs :
          {Case{4, 2, 64, 1, 200, 0}, Case{4, 2, 64, 70, 30, 0}, Case{8, 4, 8, 150, 0, 0}, Case{4, 2, 32, 9, 127, 0},
-          Case{2, 1, 48, 5, 64, 0}, Case{4, 2, 64, 3, 300, 90}, Case{4, 4, 16, 1, 63, 0}}) {
+          Case{2, 2, 48, 5, 64, 0}, Case{4, 2, 64, 3, 300, 90}, Case{4, 4, 16, 1, 63, 0}}) {
         const int64_t width = int64_t(cs.n_kv) * cs.hd, n_ctx = cs.pos0 + cs.n_tokens;
         const std::vector<float> k = keys(n_ctx, width, uint32_t(cs.pos0 + cs.hd));
         const std::vector<float> v = keys(n_ctx, width, 77), q = keys(int64_t(cs.n_tokens) * cs.n_head, cs.hd, 3);
@@ -213,7 +225,10 @@ TEST(KvGroups, AttentionReadsTheQuerysGroupAsF16) {
         a.k_type = Elem::kQ4_CH, a.v_type = Elem::kF32;
         a.n_head = cs.n_head, a.group = cs.n_head / cs.n_kv, a.head_dim = cs.hd, a.kv_width = width;
         a.window = cs.window, a.scale = 1.0f / std::sqrt(float(cs.hd));
-        a.k_new = k.data() + cs.pos0 * width, a.new_first = cs.pos0;
+        // The step's keys as the backend hands them over (kv_groups::round_rows).
+        std::vector<float> k_new(size_t(cs.n_tokens * width));
+        kv_groups::round_rows(k.data() + cs.pos0 * width, cs.n_tokens, width, k_new.data());
+        a.k_new = k_new.data(), a.new_first = cs.pos0;
         a.k_slot =
             cs.pos0 % kRows ? kv_groups::find_open(c.open.data(), width, 2, cs.pos0 / kRows, cs.pos0 % kRows) : nullptr;
         ASSERT_TRUE(a.k_slot || cs.pos0 % kRows == 0);

@@ -260,7 +260,7 @@ TEST(ModelState, BlockKvCachesCloseToF32) {
           Case{GgmlType::kQ4_0, GgmlType::kQ4_0, 0.15, 0.85}, Case{GgmlType::kQ8_0, GgmlType::kF16, 0.02, 0.97},
           Case{GgmlType::kQ4_0, GgmlType::kQ4_0, 0.15, 0.85, true},
           Case{GgmlType::kQ3_KV, GgmlType::kQ3_KV, 0.2, 0.9, true},
-          Case{GgmlType::kQ4_CH, GgmlType::kQ4_0, 0.15, 0.85}}) {
+          Case{GgmlType::kQ4_CH, GgmlType::kQ4_KV, 0.15, 0.85}}) {
         const std::vector<float> got = logits(c.k, c.v, c.rotate);
         double sum = 0;
         int agree = 0;

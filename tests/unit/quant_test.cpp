@@ -5,8 +5,11 @@
 //  - the fixtures' quantized GGUFs (written by llama-quantize from their F32 twins): dequantized
 //    tensors stay within the format bound of the F32 weights, and quantizing the F32 weights here
 //    reproduces llama-quantize's bytes exactly.
+#include "core/quant/quant.h"
+
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -17,7 +20,6 @@
 #include "cera/error.h"
 #include "core/fp16.h"
 #include "core/quant/blocks.h"
-#include "core/quant/quant.h"
 #include "gguf/gguf.h"
 #include "test_util.h"
 
@@ -630,6 +632,83 @@ TEST(QuantQ3Kv, BlocksFollowTheDefinition) {
     std::printf("  Q3_KV relative mean square error on Gaussian blocks: %.4f\n", rel);
     EXPECT_LT(rel, 0.04);
     EXPECT_GT(rel, 0.025);
+}
+
+// Q4_KV (the kivi4 cache's value rows) against its definition: scale byte e is sign (bit 7) and k (bits 0-6),
+// the scale 2^((k - 88) / 4); a block takes k0, the largest k whose scale is at most max|x| / 8, or k0 + 1,
+// whichever codes q = clamp(floor(x / d + 8.5), 0, 15) leave the smaller squared error, with d's sign
+// opposite to the block's extreme (which so gets code 0, as Q4_0's does). A cache-only type: no GGUF id.
+TEST(QuantQ4Kv, BlocksFollowTheDefinition) {
+    EXPECT_EQ(type_info(uint32_t(GgmlType::kQ4_KV)), nullptr);
+    EXPECT_FALSE(type_from_name("Q4_KV").has_value());
+    EXPECT_EQ(type_info(GgmlType::kQ4_KV).type_size, 17u);
+    EXPECT_EQ(kQ4KVScales.v[0], 0.0f);
+    EXPECT_EQ(kQ4KVScales.v[128], 0.0f);
+    for (int e = 1; e < 256; ++e) {
+        if (e == 128) continue;
+        const double want = (e & 128 ? -1 : 1) * std::exp2(((e & 127) - 88) / 4.0);
+        EXPECT_NEAR(kQ4KVScales.v[e], want, std::fabs(want) * 1e-7) << e;
+    }
+    std::mt19937 rng(78);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int n_blocks = 3000;
+    std::vector<float> x(32 * size_t(n_blocks));
+    for (int b = 0; b < n_blocks; ++b) {
+        const float scale = std::ldexp(1.0f, int(b % 21) - 12) * (1.0f + float(b % 11) / 11.0f);
+        for (int j = 0; j < 32; ++j) x[32 * size_t(b) + j] = scale * nd(rng);
+        if (b % 7 == 3) x[32 * size_t(b) + size_t(b % 32)] *= 8.0f;  // an outlier
+    }
+    for (int j = 0; j < 32; ++j) x[j] = 0.0f;  // a block of zeros
+    std::vector<BlockQ4_KV> q(static_cast<size_t>(n_blocks));
+    quantize_row_ref(GgmlType::kQ4_KV, x.data(), q.data(), int64_t(x.size()));
+    const std::vector<float> y = dequantize(GgmlType::kQ4_KV, q.data(), int64_t(x.size()));
+    std::vector<uint8_t> q40(row_size(GgmlType::kQ4_0, int64_t(x.size())));
+    quantize_row_ref(GgmlType::kQ4_0, x.data(), q40.data(), int64_t(x.size()));
+    const std::vector<float> y40 = dequantize(GgmlType::kQ4_0, q40.data(), int64_t(x.size()));
+    auto codes_err = [](const float* xb, float d, int* codes) {
+        double err = 0;
+        for (int j = 0; j < 32; ++j) {
+            codes[j] = std::clamp(int(std::floor(xb[j] * (1.0f / d) + 8.5f)), 0, 15);
+            err += std::pow(double(xb[j]) - double(float(codes[j] - 8) * d), 2);
+        }
+        return err;
+    };
+    double err_kv = 0, err_40 = 0;
+    for (int b = 0; b < n_blocks; ++b) {
+        const float* xb = x.data() + 32 * size_t(b);
+        const BlockQ4_KV& blk = q[size_t(b)];
+        float amax = 0, mx = 0;
+        for (int j = 0; j < 32; ++j)
+            if (std::fabs(xb[j]) > amax) amax = std::fabs(xb[j]), mx = xb[j];
+        for (int j = 0; j < 32; ++j) {
+            const int c = j < 16 ? blk.qs[j] & 15 : blk.qs[j - 16] >> 4;
+            ASSERT_EQ(y[32 * size_t(b) + j], float(c - 8) * kQ4KVScales.v[blk.e]) << b << " " << j;
+        }
+        if (amax == 0) {
+            EXPECT_EQ(blk.e & 127, 0) << "a block of zeros";
+            continue;
+        }
+        int k0 = 1;
+        while (k0 < 127 && kQ4KVScales.v[k0 + 1] <= amax / 8) ++k0;
+        const int k = blk.e & 127;
+        ASSERT_TRUE(k == k0 || k == k0 + 1) << "block " << b << " k " << k << " k0 " << k0;
+        EXPECT_EQ(blk.e >> 7, mx > 0 ? 1 : 0) << "block " << b;
+        int mine[32], other[32];
+        const uint8_t sign = blk.e & 128;
+        const double e_mine = codes_err(xb, kQ4KVScales.v[blk.e], mine);
+        const double e_other = codes_err(xb, kQ4KVScales.v[(k == k0 ? k0 + 1 : k0) | sign], other);
+        EXPECT_LE(e_mine, e_other * (1 + 1e-5)) << "block " << b;
+        for (int j = 0; j < 32; ++j) EXPECT_EQ(mine[j], j < 16 ? blk.qs[j] & 15 : blk.qs[j - 16] >> 4) << b << " " << j;
+        double ss = 0;
+        for (int j = 0; j < 32; ++j) ss += double(xb[j]) * xb[j];
+        for (int j = 0; j < 32; ++j) {
+            err_kv += std::pow(double(y[32 * size_t(b) + j]) - xb[j], 2) / ss;
+            err_40 += std::pow(double(y40[32 * size_t(b) + j]) - xb[j], 2) / ss;
+        }
+    }
+    // One byte of scale in quarter octaves costs little against Q4_0's f16 scale.
+    std::printf("  relative square error, Q4_KV %.5f, Q4_0 %.5f\n", err_kv / n_blocks, err_40 / n_blocks);
+    EXPECT_LT(err_kv, 1.05 * err_40);
 }
 
 }  // namespace

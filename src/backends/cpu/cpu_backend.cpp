@@ -328,7 +328,7 @@ class CpuBackend final : public Backend {
         }
         if (grouped)
             kv_groups::store(k.as<const float>(), p, n_tokens, width, static_cast<uint8_t*>(k_cache.data),
-                             k_open.as<uint16_t>(), int(k_open.ne[1] / (kv_groups::kRows + 1)));
+                             static_cast<uint8_t*>(k_open.data), int(k_open.ne[1] / (kv_groups::kRows + 1)));
     }
 
     void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& pos,
@@ -375,14 +375,16 @@ class CpuBackend final : public Backend {
             CERA_CHECK(ap.k_new && ap.k_open && ap.k_new.rows() == n_tokens,
                        "attention: Q4_CH keys need k_new, k_open");
             const int slots = int(ap.k_open.ne[1] / (kv_groups::kRows + 1));
+            grow(open_keys_, size_t(n_tokens * a.kv_width));
+            kv_groups::round_rows(ap.k_new.as<const float>(), n_tokens, a.kv_width, open_keys_.data());
             for (size_t i = 0; i < seqs.size(); ++i) {
                 cpu_attention::Args& s = seqs[i];
-                s.k_new = ap.k_new.as<const float>() + first[i] * a.kv_width;
+                s.k_new = open_keys_.data() + first[i] * a.kv_width;
                 s.new_first = s.pos[0];
                 const int32_t in_group = s.new_first % kv_groups::kRows;
                 s.k_slot = in_group == 0 ? nullptr
                                          : kv_groups::find_open(
-                                               ap.k_open.as<const uint16_t>(), a.kv_width, slots,
+                                               static_cast<const uint8_t*>(ap.k_open.data), a.kv_width, slots,
                                                cpu_attention::kv_row(s, s.new_first) / kv_groups::kRows, in_group);
             }
         }
@@ -693,6 +695,8 @@ class CpuBackend final : public Backend {
             case GgmlType::kQ8_0: return cpu_attention::Elem::kQ8_0;
             case GgmlType::kQ4_0: return cpu_attention::Elem::kQ4_0;
             case GgmlType::kQ3_KV: return cpu_attention::Elem::kQ3_KV;
+            case GgmlType::kQ4_KV:
+                return cpu_attention::Elem::kQ4_KV;
             case GgmlType::kQ4_CH:
                 return cpu_attention::Elem::kQ4_CH;
             default: break;
@@ -723,6 +727,7 @@ class CpuBackend final : public Backend {
     std::map<uintptr_t, uintptr_t> held_;        // [begin, end) of mapped weights held in a packed or heap copy
     // Scratch, grown to the largest batch seen and then reused (no allocation in steady state).
     std::vector<float> rope_cs_, attn_scratch_, conv_pad_, route_scratch_, lora_tmp_;
+    std::vector<float> open_keys_;                // Q4_CH: the step's keys as the open groups hold them
     std::vector<cpu_attention::Args> attn_seqs_;  // attention(): one a sequence
     std::vector<int64_t> attn_first_, attn_units_;
     std::vector<float> enc_k_, enc_vt_, enc_q_, enc_s_;  // attention_full: one head's K, Vᵀ, Q, a block of S

@@ -47,10 +47,12 @@ void rows_ref(const Args& a, int64_t r0, int64_t r1, float* scratch) {
             }
             case Elem::kQ8_0:
             case Elem::kQ4_0:
-            case Elem::kQ3_KV: {
-                const GgmlType t = type == Elem::kQ8_0   ? GgmlType::kQ8_0
-                                   : type == Elem::kQ4_0 ? GgmlType::kQ4_0
-                                                         : GgmlType::kQ3_KV;
+            case Elem::kQ3_KV:
+            case Elem::kQ4_KV: {
+                const GgmlType t = type == Elem::kQ8_0    ? GgmlType::kQ8_0
+                                   : type == Elem::kQ4_0  ? GgmlType::kQ4_0
+                                   : type == Elem::kQ3_KV ? GgmlType::kQ3_KV
+                                                          : GgmlType::kQ4_KV;
                 const int64_t skip = off % 32;
                 dequantize_row_ref(t, static_cast<const uint8_t*>(base) + (off / 32) * row_size(t, 32), kv_buf,
                                    (skip + hd + 31) / 32 * 32);

@@ -11,20 +11,21 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "core/fp16.h"
 #include "core/quant/kv_groups.h"
 
 namespace cera::cpu_attention {
 
-// The cache element types. The block types (Q8_0, Q4_0, Q3_KV: 32 elements a block) cover a token's row
+// The cache element types. The block types (Q8_0, Q4_0, Q3_KV, Q4_KV: 32 elements a block) cover a token's row
 // of n_head_kv * head_dim elements, which must be a multiple of 32; heads narrower than a block share
 // one. The kernels read element offsets as block and place in the block.
 // Q4_CH (keys only) codes each channel over groups of 64 rows (core/quant/kv_groups.h): element c of row r
 // is in the group of r / 64, which needs the row's width (Args::kv_width).
-enum class Elem : uint8_t { kF32, kF16, kBF16, kQ8_0, kQ4_0, kQ3_KV, kQ4_CH };
+enum class Elem : uint8_t { kF32, kF16, kBF16, kQ8_0, kQ4_0, kQ3_KV, kQ4_KV, kQ4_CH };
 
-inline bool is_block(Elem e) { return e == Elem::kQ8_0 || e == Elem::kQ4_0 || e == Elem::kQ3_KV; }
+inline bool is_block(Elem e) { return e == Elem::kQ8_0 || e == Elem::kQ4_0 || e == Elem::kQ3_KV || e == Elem::kQ4_KV; }
 
 struct Args {
     const float* q = nullptr;      // f32 [n_tokens, n_head * head_dim]
@@ -41,12 +42,13 @@ struct Args {
     // 1 << block_shift rows; null: position j at row j.
     const int32_t* table = nullptr;
     int block_shift = 0;
-    // Q4_CH keys: a query at position p reads keys [64 (p / 64), p] as f16 (core/quant/kv_groups.h): those
-    // at positions from new_first on from k_new (the step's keys, row j - new_first), those before from
-    // k_slot (the open group of new_first's group, f16 rows by j % 64; null: none, the codes are read).
+    // Q4_CH keys: a query at position p reads keys [64 (p / 64), p] as Q8_0 rows (core/quant/kv_groups.h):
+    // those at positions from new_first on from k_new (the step's keys as kv_groups::round_rows leaves them,
+    // row j - new_first), those before from k_slot (the open group of new_first's group, Q8_0 rows by
+    // j % 64; null: none, the codes are read).
     const float* k_new = nullptr;
     int32_t new_first = 0;
-    const uint16_t* k_slot = nullptr;
+    const uint8_t* k_slot = nullptr;
 };
 
 // The cache row of position j.
@@ -55,7 +57,7 @@ inline int64_t kv_row(const Args& a, int64_t j) {
     return (int64_t(a.table[j >> a.block_shift]) << a.block_shift) | (j & ((int64_t(1) << a.block_shift) - 1));
 }
 
-// Q4_CH: the first key that a query at key range end reads as f16 (the start of its group of 64).
+// Q4_CH: the first key that a query at key range end reads as a Q8_0 row (the start of its group of 64).
 inline int32_t open_begin(const Args& a, int32_t end) {
     return a.k_type == Elem::kQ4_CH ? (end - 1) / kv_groups::kRows * kv_groups::kRows : end;
 }
@@ -63,22 +65,29 @@ inline int32_t open_begin(const Args& a, int32_t end) {
 inline const float* new_key(const Args& a, int32_t j, int64_t c0) {
     return a.k_new + int64_t(j - a.new_first) * a.kv_width + c0;
 }
-inline const uint16_t* slot_key(const Args& a, int32_t j, int64_t c0) {
-    return a.k_slot + int64_t(j % kv_groups::kRows) * a.kv_width + c0;
+// The Q8_0 row of the open group that holds position j (c0 is then its element offset).
+inline const uint8_t* slot_row(const Args& a, int32_t j) {
+    return a.k_slot + size_t(j % kv_groups::kRows) * kv_groups::open_row_bytes(a.kv_width);
 }
 // Q4_CH: channel c's record of the group holding cache row `row`.
 inline const uint8_t* key_record(const Args& a, int64_t row, int64_t c) {
     return static_cast<const uint8_t*>(a.k) + kv_groups::record_offset(row, c, a.kv_width);
 }
 
-// Q4_CH: elements [c0, c0 + n) of the key at position j (j >= open_begin of the query) as f16 values.
+// Q4_CH: elements [c0, c0 + n) of the key at position j (j >= open_begin of the query) as its open group
+// holds them.
 inline void open_key(const Args& a, int32_t j, int64_t c0, int n, float* out) {
     if (j >= a.new_first) {
         const float* s = new_key(a, j, c0);
-        for (int d = 0; d < n; ++d) out[d] = fp16_to_fp32(fp32_to_fp16(s[d]));
+        for (int d = 0; d < n; ++d) out[d] = s[d];
     } else if (a.k_slot) {
-        const uint16_t* s = slot_key(a, j, c0);
-        for (int d = 0; d < n; ++d) out[d] = fp16_to_fp32(s[d]);
+        const uint8_t* row = slot_row(a, j);
+        for (int d = 0; d < n; ++d) {  // Q8_0 blocks of 34 bytes: f16 scale, 32 int8
+            const uint8_t* b = row + (c0 + d) / 32 * 34;
+            uint16_t h;
+            std::memcpy(&h, b, 2);
+            out[d] = float(int8_t(b[2 + (c0 + d) % 32])) * fp16_to_fp32(h);
+        }
     } else {
         for (int d = 0; d < n; ++d)
             out[d] = kv_groups::value(static_cast<const uint8_t*>(a.k), kv_row(a, j), c0 + d, a.kv_width);

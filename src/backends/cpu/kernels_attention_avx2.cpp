@@ -65,6 +65,14 @@ inline __m256 load8(const void* base, int64_t off, Elem type) {
             const __m256i v = _mm256_sub_epi32(_mm256_cvtepu8_epi32(q), _mm256_set1_epi32(8));
             return _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(fp16_to_fp32(*reinterpret_cast<const uint16_t*>(b))));
         }
+        case Elem::kQ4_KV: {  // blocks of 17 bytes (BlockQ4_KV): a scale byte, nibbles as Q4_0's
+            const uint8_t* b = static_cast<const uint8_t*>(base) + (off >> 5) * 17;
+            __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 1 + (off & 15)));
+            if (off & 16) q = _mm_srli_epi16(q, 4);
+            q = _mm_and_si128(q, _mm_set1_epi8(0x0f));
+            const __m256i v = _mm256_sub_epi32(_mm256_cvtepu8_epi32(q), _mm256_set1_epi32(8));
+            return _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(kQ4KVScales.v[b[0]]));
+        }
         case Elem::kQ3_KV: {  // blocks of 14 bytes (BlockQ3_KV): f16 scale, 2-bit magnitudes, sign bits
             const auto* b = reinterpret_cast<const BlockQ3_KV*>(static_cast<const uint8_t*>(base) + (off >> 5) * 14);
             const int g = int(off & 31) >> 3;  // elements 8g .. 8g + 7
@@ -95,25 +103,22 @@ inline const float* decode_row(const void* base, int64_t off, Elem type, int nv,
         case Elem::kQ8_0: decode_row_as<Elem::kQ8_0>(base, off, nv, dst); break;
         case Elem::kQ4_0: decode_row_as<Elem::kQ4_0>(base, off, nv, dst); break;
         case Elem::kQ3_KV: decode_row_as<Elem::kQ3_KV>(base, off, nv, dst); break;
+        case Elem::kQ4_KV:
+            decode_row_as<Elem::kQ4_KV>(base, off, nv, dst);
+            break;
         case Elem::kQ4_CH:
             break;
     }
     return dst;
 }
 
-// Q4_CH: open_key() of a whole head (nv vectors of 8) into dst, the f16 rounding 8 at a time.
+// Q4_CH: open_key() of a whole head (nv vectors of 8) into dst, the slot's Q8_0 rows 8 at a time.
 inline void open_key8(const Args& a, int32_t j, int64_t c0, int nv, float* dst) {
     if (j >= a.new_first) {
-        const float* s = new_key(a, j, c0);
-        for (int v = 0; v < nv; ++v)
-            _mm256_storeu_ps(dst + 8 * v,
-                             _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(s + 8 * v),
-                                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+        std::memcpy(dst, new_key(a, j, c0), sizeof(float) * 8 * size_t(nv));
     } else if (a.k_slot) {
-        const uint16_t* s = slot_key(a, j, c0);
-        for (int v = 0; v < nv; ++v)
-            _mm256_storeu_ps(dst + 8 * v,
-                             _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 8 * v))));
+        const uint8_t* row = slot_row(a, j);
+        for (int v = 0; v < nv; ++v) _mm256_storeu_ps(dst + 8 * v, load8(row, c0 + 8 * v, Elem::kQ8_0));
     } else {
         open_key(a, j, c0, 8 * nv, dst);
     }
@@ -152,7 +157,8 @@ void block_tiles(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch) 
     float* l = m + R;                 // [R] running sum
     float* kt = l + R;                // [kTile, head_dim] keys of the tile
     float* vt = kt + kTile * hd;      // [kTile, head_dim] values of the tile
-    float* ko = vt + kTile * hd;      // Q4_CH: [kTile, head_dim] the tile's keys as f16 values (kt: as codes)
+    float* ko =
+        vt + kTile * hd;  // Q4_CH: [kTile, head_dim] the tile's keys as the open group holds them (kt: as codes)
     const bool grouped = a.k_type == Elem::kQ4_CH;
     const int64_t head_off = int64_t(hk) * hd;
     int32_t kb, ke;
@@ -166,7 +172,7 @@ void block_tiles(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch) 
         const int nk = std::min(kTile, ke - j0);
         // The tile's rows: an F32 cache's in place, the others decoded once into kt / vt; past the last
         // key, zeros.
-        // Q4_CH keys: kt holds the tile as codes, ko as f16 values, each filled for the first row that
+        // Q4_CH keys: kt holds the tile as codes, ko as the open group holds it, each filled for the first row that
         // reads it (the rows whose own group the tile is in read ko).
         const float* kr[kTile];
         const float* vr[kTile];

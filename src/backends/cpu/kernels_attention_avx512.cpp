@@ -53,6 +53,14 @@ inline __m512 load(const void* base, int64_t off, Elem type, __mmask16 m) {
             const __m512i v = _mm512_sub_epi32(_mm512_cvtepu8_epi32(q), _mm512_set1_epi32(8));
             return _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(fp16_to_fp32(*reinterpret_cast<const uint16_t*>(b))));
         }
+        case Elem::kQ4_KV: {  // blocks of 17 bytes (BlockQ4_KV): a scale byte, nibbles as Q4_0's
+            const uint8_t* b = static_cast<const uint8_t*>(base) + (off >> 5) * 17;
+            __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 1));
+            if (off & 16) q = _mm_srli_epi16(q, 4);
+            q = _mm_and_si128(q, _mm_set1_epi8(0x0f));
+            const __m512i v = _mm512_sub_epi32(_mm512_cvtepu8_epi32(q), _mm512_set1_epi32(8));
+            return _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(kQ4KVScales.v[b[0]]));
+        }
         case Elem::kQ3_KV: {  // blocks of 14 bytes (BlockQ3_KV): f16 scale, 2-bit magnitudes, sign bits
             const auto* b = reinterpret_cast<const BlockQ3_KV*>(static_cast<const uint8_t*>(base) + (off >> 5) * 14);
             const int h = int(off & 16) >> 4;  // elements 16h .. 16h + 15
@@ -94,16 +102,10 @@ inline __m512 load_key(const Args& a, int64_t row, int64_t c, __mmask16 m) {
 // Q4_CH: open_key() of a whole head (nv vectors) into dst, or zeros when !in.
 inline void open_key16(const Args& a, int32_t j, bool in, int64_t c0, int nv, float* dst) {
     if (in && j >= a.new_first) {
-        const float* s = new_key(a, j, c0);
-        for (int v = 0; v < nv; ++v)
-            _mm512_storeu_ps(dst + 16 * v,
-                             _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(s + 16 * v),
-                                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+        std::memcpy(dst, new_key(a, j, c0), sizeof(float) * 16 * size_t(nv));
     } else if (in && a.k_slot) {
-        const uint16_t* s = slot_key(a, j, c0);
-        for (int v = 0; v < nv; ++v)
-            _mm512_storeu_ps(dst + 16 * v,
-                             _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 16 * v))));
+        const uint8_t* row = slot_row(a, j);
+        for (int v = 0; v < nv; ++v) _mm512_storeu_ps(dst + 16 * v, load(row, c0 + 16 * v, Elem::kQ8_0, 0xffff));
     } else if (in) {
         open_key(a, j, c0, 16 * nv, dst);
     } else {
@@ -151,7 +153,7 @@ void rows_avx512(const Args& a, int64_t r0, int64_t r1, float* scratch) {
         for (int i = 0; i < nv; ++i)
             q[i] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask[i], qv + 16 * i), _mm512_set1_ps(a.scale));
         // Scores, four keys at a time to overlap the reductions; Q4_CH keys of the query's own group
-        // (from `open` on) as f16 values.
+        // (from `open` on) as the open group holds them.
         __m512 vmax = _mm512_set1_ps(-INFINITY);
         const int32_t open = std::max(begin, open_begin(a, end));
         int32_t j = begin;
@@ -237,7 +239,7 @@ void block_avx512(const Args& a, int64_t t0, int64_t t1, int hk, float* scratch)
     float* tile = kt + 16 * hd;       // [16, head_dim] keys of the tile, row-major
     float* vt = tile + 16 * hd;       // [16, head_dim] values of the tile
     float* pbuf = vt + 16 * hd;       // [16] probabilities of one row
-    float* kt_open = pbuf + 16;       // Q4_CH: [head_dim, 16] the tile's keys as f16 values (kt: as codes)
+    float* kt_open = pbuf + 16;  // Q4_CH: [head_dim, 16] the tile's keys as the open group holds them (kt: as codes)
     const int64_t head_off = int64_t(hk) * hd;
     int32_t kb, ke;
     start_block(a, t0, t1, hk, qs, acc, m, l, kb, ke);

@@ -9,6 +9,7 @@
 //   K-quants:   256-element super-blocks of 8 (or 16) sub-blocks with 6-bit (or 8-bit) sub-scales.
 //   IQ4_NL:     as Q4_0, the nibble an index into kIQ4NLValues.
 //   IQ4_XS:     8 sub-blocks of 32, each laid out as IQ4_NL's qs, with 6-bit sub-scales.
+//   Q4_KV:      as Q4_0, under a one-byte scale.
 #pragma once
 #include <stdint.h>
 
@@ -157,6 +158,32 @@ static_assert(sizeof(BlockQ4_0) == 18, "Q4_0 block size");
 static_assert(sizeof(BlockQ4_1) == 20, "Q4_1 block size");
 static_assert(sizeof(BlockQ5_0) == 22, "Q5_0 block size");
 static_assert(sizeof(BlockQ5_1) == 24, "Q5_1 block size");
+// Q4_KV, the value rows of the kivi4 KV cache (not a GGUF type): Q4_0's codes under a one-byte scale,
+// 4.25 bits an element. x = q4_kv_scale(e) * (q - 8), the code q of element j (0-15) in the low nibble of
+// qs[j], of element j + 16 in the high one. The scale byte e holds the scale's sign in bit 7 and in bits
+// 0-6 k, its size 2^((k - 88) / 4) in quarter octaves (about 2.8e-7 to 860), k = 0 meaning 0.
+struct BlockQ4_KV {
+    uint8_t e;
+    uint8_t qs[16];
+};
+constexpr float q4_kv_scale_of(int e) {
+    const int k = e & 127;
+    if (k == 0) return 0.0f;
+    constexpr float kQuarter[4] = {1.0f, 1.18920712f, 1.41421356f, 1.68179283f};  // 2^(r / 4)
+    const int q = k - 88, octave = (q >= 0 ? q : q - 3) / 4;                      // floor(q / 4)
+    float v = kQuarter[q - 4 * octave];
+    for (int o = octave; o > 0; --o) v *= 2.0f;  // exact: the same floats on every machine
+    for (int o = octave; o < 0; ++o) v *= 0.5f;
+    return (e & 128) ? -v : v;
+}
+struct Q4KVScaleTable {
+    float v[256];
+};
+constexpr Q4KVScaleTable kQ4KVScales = [] {
+    Q4KVScaleTable t{};
+    for (int e = 0; e < 256; ++e) t.v[e] = q4_kv_scale_of(e);
+    return t;
+}();
 static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 block size");
 static_assert(sizeof(BlockQ8_1) == 36, "Q8_1 block size");
 static_assert(sizeof(BlockQ2_K) == 84, "Q2_K block size");
@@ -167,6 +194,7 @@ static_assert(sizeof(BlockQ6_K) == 210, "Q6_K block size");
 static_assert(sizeof(BlockQ8_K) == 292, "Q8_K block size");
 static_assert(sizeof(BlockIQ4_NL) == 18, "IQ4_NL block size");
 static_assert(sizeof(BlockQ3_KV) == 14, "Q3_KV block size");
+static_assert(sizeof(BlockQ4_KV) == 17, "Q4_KV block size");
 static_assert(sizeof(BlockIQ4_XS) == 136, "IQ4_XS block size");
 
 // The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K block.

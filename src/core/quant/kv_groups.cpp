@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/dtype.h"
 #include "core/fp16.h"
+#include "core/quant/quant.h"
 
 namespace cera::kv_groups {
 namespace {
@@ -18,22 +20,24 @@ uint16_t load_u16(const uint8_t* p) {
     return v;
 }
 
-uint16_t* slot_rows(uint16_t* open, int64_t width, int slot) { return open + int64_t(slot) * (kRows + 1) * width; }
-const uint16_t* slot_rows(const uint16_t* open, int64_t width, int slot) {
-    return open + int64_t(slot) * (kRows + 1) * width;
+uint8_t* slot_rows(uint8_t* open, int64_t width, int slot) {
+    return open + size_t(slot) * size_t(kRows + 1) * open_row_bytes(width);
+}
+const uint8_t* slot_rows(const uint8_t* open, int64_t width, int slot) {
+    return open + size_t(slot) * size_t(kRows + 1) * open_row_bytes(width);
 }
 
-Header header(const uint16_t* open, int64_t width, int slot) {
+Header header(const uint8_t* open, int64_t width, int slot) {
     Header h;
-    std::memcpy(&h, slot_rows(open, width, slot) + kRows * width, sizeof h);
+    std::memcpy(&h, slot_rows(open, width, slot) + kRows * open_row_bytes(width), sizeof h);
     return h;
 }
 
-void set_header(uint16_t* open, int64_t width, int slot, const Header& h) {
-    std::memcpy(slot_rows(open, width, slot) + kRows * width, &h, sizeof h);
+void set_header(uint8_t* open, int64_t width, int slot, const Header& h) {
+    std::memcpy(slot_rows(open, width, slot) + kRows * open_row_bytes(width), &h, sizeof h);
 }
 
-int find(const uint16_t* open, int64_t width, int slots, int64_t g) {
+int find(const uint8_t* open, int64_t width, int slots, int64_t g) {
     for (int s = 0; s < slots; ++s)
         if (header(open, width, s).group == g) return s;
     return -1;
@@ -41,7 +45,7 @@ int find(const uint16_t* open, int64_t width, int slots, int64_t g) {
 
 // A slot for a new group: of those with a stamp below `fresh` (untouched by this call) if any, the empty
 // or full ones first, then the oldest.
-int take(const uint16_t* open, int64_t width, int slots, uint64_t fresh) {
+int take(const uint8_t* open, int64_t width, int slots, uint64_t fresh) {
     int best = -1;
     auto rank = [&](const Header& h) {
         return std::tuple(h.stamp >= fresh, !(h.group < 0 || h.valid == kRows), h.stamp);
@@ -51,13 +55,11 @@ int take(const uint16_t* open, int64_t width, int slots, uint64_t fresh) {
     return best;
 }
 
-uint64_t next_stamp(const uint16_t* open, int64_t width, int slots) {
+uint64_t next_stamp(const uint8_t* open, int64_t width, int slots) {
     uint64_t m = 0;
     for (int s = 0; s < slots; ++s) m = std::max(m, header(open, width, s).stamp);
     return m + 1;
 }
-
-float round_f16(float x) { return fp16_to_fp32(fp32_to_fp16(x)); }
 
 }  // namespace
 
@@ -95,20 +97,30 @@ float value(const uint8_t* cache, int64_t row, int64_t c, int64_t width) {
            fp16_to_fp32(load_u16(rec)) * float((rec[4 + i / 2] >> (4 * (i & 1))) & 15);
 }
 
-void clear_open(uint16_t* open, int64_t width, int slots) {
-    CERA_CHECK(width * 2 >= int64_t(sizeof(Header)), "kv groups: rows of %lld", (long long)width);
+void round_rows(const float* x, int64_t n, int64_t width, float* out) {
+    std::vector<uint8_t> q(open_row_bytes(width));
+    for (int64_t r = 0; r < n; ++r) {
+        quantize_row_ref(GgmlType::kQ8_0, x + r * width, q.data(), width);
+        dequantize_row_ref(GgmlType::kQ8_0, q.data(), out + r * width, width);
+    }
+}
+
+void clear_open(uint8_t* open, int64_t width, int slots) {
+    CERA_CHECK(width % 32 == 0 && open_row_bytes(width) >= sizeof(Header), "kv groups: rows of %lld", (long long)width);
     for (int s = 0; s < slots; ++s) set_header(open, width, s, Header{-1, 0, 0, 0});
 }
 
-const uint16_t* find_open(const uint16_t* open, int64_t width, int slots, int64_t g, int rows) {
+const uint8_t* find_open(const uint8_t* open, int64_t width, int slots, int64_t g, int rows) {
     const int s = find(open, width, slots, g);
     return s >= 0 && header(open, width, s).valid >= rows ? slot_rows(open, width, s) : nullptr;
 }
 
-void store(const float* k, const int32_t* rows, int64_t n_tokens, int64_t width, uint8_t* cache, uint16_t* open,
+void store(const float* k, const int32_t* rows, int64_t n_tokens, int64_t width, uint8_t* cache, uint8_t* open,
            int slots) {
     const uint64_t fresh = next_stamp(open, width, slots);
     uint64_t stamp = fresh;
+    const size_t rb = open_row_bytes(width);
+    std::vector<uint8_t> q(size_t(kRows) * rb);  // the group's rows as the slot holds them
     std::vector<float> x(size_t(kRows) * size_t(width));
     for (int64_t t = 0; t < n_tokens;) {
         const int64_t g = rows[t] / kRows;
@@ -120,37 +132,46 @@ void store(const float* k, const int32_t* rows, int64_t n_tokens, int64_t width,
         }
         const int n = first + int(u - t);
         uint8_t* group = cache + size_t(g) * group_bytes(width);
-        read_rows(group, open, slots, g, first, width, x.data());
-        for (int64_t i = 0; i < (u - t) * width; ++i) x[size_t(first * width + i)] = round_f16(k[t * width + i]);
+        read_row_bytes(group, open, slots, g, first, width, q.data());
+        quantize_row_ref(GgmlType::kQ8_0, k + t * width, q.data() + size_t(first) * rb, (u - t) * width);
+        dequantize_row_ref(GgmlType::kQ8_0, q.data(), x.data(), int64_t(n) * width);
         quantize(x.data(), n, width, group);
         int s = find(open, width, slots, g);
         if (s >= 0 || n < kRows) {
             if (s < 0) s = take(open, width, slots, fresh);
-            uint16_t* r = slot_rows(open, width, s);
-            for (int64_t i = 0; i < int64_t(n) * width; ++i) r[i] = fp32_to_fp16(x[size_t(i)]);
+            std::memcpy(slot_rows(open, width, s), q.data(), size_t(n) * rb);
             set_header(open, width, s, Header{g, n, 0, stamp++});
         }
         t = u;
     }
 }
 
-void read_rows(const uint8_t* group, const uint16_t* open, int slots, int64_t g, int n, int64_t width, float* x) {
+void read_rows(const uint8_t* group, const uint8_t* open, int slots, int64_t g, int n, int64_t width, float* x) {
     if (n == 0) return;
-    if (const uint16_t* r = find_open(open, width, slots, g, n)) {
-        for (int64_t i = 0; i < int64_t(n) * width; ++i) x[i] = fp16_to_fp32(r[i]);
-        return;
-    }
+    if (const uint8_t* r = find_open(open, width, slots, g, n))
+        return dequantize_row_ref(GgmlType::kQ8_0, r, x, int64_t(n) * width);
     dequantize(group, n, width, x);
 }
 
-void write_rows(uint8_t* group, uint16_t* open, int slots, int64_t g, int n, int64_t width, const float* x) {
+void read_row_bytes(const uint8_t* group, const uint8_t* open, int slots, int64_t g, int n, int64_t width, uint8_t* q) {
+    if (n == 0) return;
+    if (const uint8_t* r = find_open(open, width, slots, g, n)) {
+        std::memcpy(q, r, size_t(n) * open_row_bytes(width));
+        return;
+    }
+    std::vector<float> x(size_t(n) * size_t(width));
+    dequantize(group, n, width, x.data());
+    quantize_row_ref(GgmlType::kQ8_0, x.data(), q, int64_t(n) * width);
+}
+
+void write_rows(uint8_t* group, uint8_t* open, int slots, int64_t g, int n, int64_t width, const uint8_t* q) {
     CERA_CHECK(n >= 1 && n <= kRows, "kv group of %d rows", n);
     int s = find(open, width, slots, g);
     if (s < 0) s = take(open, width, slots, next_stamp(open, width, slots));
-    std::vector<float> r(size_t(n) * size_t(width));
-    uint16_t* h = slot_rows(open, width, s);
-    for (size_t i = 0; i < r.size(); ++i) h[i] = fp32_to_fp16(x[i]), r[i] = fp16_to_fp32(h[i]);
-    quantize(r.data(), n, width, group);
+    std::memcpy(slot_rows(open, width, s), q, size_t(n) * open_row_bytes(width));
+    std::vector<float> x(size_t(n) * size_t(width));
+    dequantize_row_ref(GgmlType::kQ8_0, q, x.data(), int64_t(n) * width);
+    quantize(x.data(), n, width, group);
     set_header(open, width, s, Header{g, n, 0, next_stamp(open, width, slots)});
 }
 

@@ -8,11 +8,12 @@
 //   bytes 0-1 d (f16), bytes 2-3 m (f16), bytes 4-35 the 64 codes q (row i's in byte 4 + i / 2, the low
 //   nibble for even i), the element m + d * q.
 //
-// A group's codes hold once all its rows are known. Until then (KIVI's full-precision residual) a query
-// reads the keys of its own group as f16: the rows of the group being filled stay in an open group (a
-// slot), and the rows a step stores come from the step itself. A query at position p so reads keys
-// [64 (p / 64), p] as f16 and the keys before as codes of full groups, however the positions were split
-// into steps: prefill, decode and speculative verification see the same keys.
+// A group's codes hold once all its rows are known. Until then (KIVI's residual, kept in Q8_0 rows here
+// rather than in full precision, at about half the bytes of f16 rows) a query reads the keys of its own group as Q8_0
+// rows: the rows of the group being filled stay in an open group (a slot), and the rows a step stores come from the
+// step itself, rounded the same way (round_rows). A query at position p so reads keys [64 (p / 64), p] as Q8_0 rows and
+// the keys before as codes of full groups, however the positions were split into steps: prefill, decode and speculative
+// verification see the same keys.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -37,8 +38,11 @@ inline size_t record_offset(int64_t row, int64_t c, int64_t width) {
 // Element c of cache row `row` of a Q4_CH cache starting at `cache`.
 float value(const uint8_t* cache, int64_t row, int64_t c, int64_t width);
 
-// Open groups: `slots` slots of kRows + 1 f16 rows of `width` each (width >= 12): a group's rows [0,
-// valid) as f16, then a header row (Header at its start).
+// A key row as the open groups hold it: through Q8_0 and back (n rows of width, x and out may be one).
+void round_rows(const float* x, int64_t n, int64_t width, float* out);
+
+// Open groups: `slots` slots of kRows + 1 Q8_0 rows of `width` (a multiple of 32) each: a group's rows
+// [0, valid), then a header row (Header at its start).
 struct Header {
     int64_t group;  // the group held, -1: none
     int32_t valid;  // its rows held
@@ -46,22 +50,26 @@ struct Header {
     uint64_t stamp;  // last store (older slots are taken first)
 };
 inline int64_t open_rows(int slots) { return int64_t(kRows + 1) * slots; }
-void clear_open(uint16_t* open, int64_t width, int slots);
-// The f16 rows of the slot holding group g with at least `rows` rows, or nullptr.
-const uint16_t* find_open(const uint16_t* open, int64_t width, int slots, int64_t g, int rows);
+inline size_t open_row_bytes(int64_t width) { return size_t(width / 32) * 34; }  // a Q8_0 row
+inline size_t open_bytes(int64_t width, int slots) { return size_t(open_rows(slots)) * open_row_bytes(width); }
+void clear_open(uint8_t* open, int64_t width, int slots);
+// The Q8_0 rows of the slot holding group g with at least `rows` rows, or nullptr.
+const uint8_t* find_open(const uint8_t* open, int64_t width, int slots, int64_t g, int rows);
 
 // cache rows[t] = k[t] for t in [0, n_tokens) (k: [n_tokens, width] f32; rows ascending by one within
-// each run of one group), rounded to f16: each group touched is coded again from its rows so far (those
-// before the run from its slot, or decoded when no slot has them) and the run's, dropping rows after
-// the run's end; a group left unfilled, or one a slot held, keeps its rows in a slot (taken from those
-// this call did not touch, groups already full first, then the least recently stored).
-void store(const float* k, const int32_t* rows, int64_t n_tokens, int64_t width, uint8_t* cache, uint16_t* open,
+// each run of one group), rounded as round_rows: each group touched is coded again from its rows so far
+// (those before the run from its slot, or decoded when no slot has them) and the run's, dropping rows
+// after the run's end; a group left unfilled, or one a slot held, keeps its rows in a slot (taken from
+// those this call did not touch, groups already full first, then the least recently stored).
+void store(const float* k, const int32_t* rows, int64_t n_tokens, int64_t width, uint8_t* cache, uint8_t* open,
            int slots);
 
 // Rows [0, n) of group g (its bytes at `group`) as f32: the slot's if one holds them, else decoded.
-void read_rows(const uint8_t* group, const uint16_t* open, int slots, int64_t g, int n, int64_t width, float* x);
-// Rows [0, n) of group g become x, rounded to f16 (1 <= n <= 64): coded at `group`, held in a slot.
+void read_rows(const uint8_t* group, const uint8_t* open, int slots, int64_t g, int n, int64_t width, float* x);
+// The same rows as Q8_0 rows (q: n * open_row_bytes(width)): the slot's bytes, else the decoded rows'.
+void read_row_bytes(const uint8_t* group, const uint8_t* open, int slots, int64_t g, int n, int64_t width, uint8_t* q);
+// Rows [0, n) of group g become the Q8_0 rows q (1 <= n <= 64): coded at `group`, held in a slot.
 // Whatever rewrites cache rows other than through store() empties the slots (clear_open) first.
-void write_rows(uint8_t* group, uint16_t* open, int slots, int64_t g, int n, int64_t width, const float* x);
+void write_rows(uint8_t* group, uint8_t* open, int slots, int64_t g, int n, int64_t width, const uint8_t* q);
 
 }  // namespace cera::kv_groups

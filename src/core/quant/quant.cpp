@@ -4,6 +4,7 @@
 // contraction), as ggml's reference quantizers are.
 #include "core/quant/quant.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -376,6 +377,60 @@ void quant_q3_kv(const float* x, void* dst, int64_t n) {
     }
 }
 
+// Q4_KV (blocks.h): Q4_0's codes under the nearest one-byte scales to max / -8 on either side; the one
+// whose codes leave the smaller squared error wins (the smaller scale clips the block's extreme a little,
+// the larger codes the rest more coarsely), the larger on a tie.
+void dequant_q4_kv(const void* src, float* y, int64_t n) {
+    const auto* x = static_cast<const BlockQ4_KV*>(src);
+    for (int64_t i = 0; i < n / 32; ++i, y += 32) {
+        const float d = kQ4KVScales.v[x[i].e];
+        for (int j = 0; j < 16; ++j) {
+            y[j] = float((x[i].qs[j] & 0xF) - 8) * d;
+            y[j + 16] = float((x[i].qs[j] >> 4) - 8) * d;
+        }
+    }
+}
+
+void quant_q4_kv(const float* x, void* dst, int64_t n) {
+    auto* y = static_cast<BlockQ4_KV*>(dst);
+    for (int64_t i = 0; i < n / 32; ++i, x += 32) {
+        float amax = 0.0f, max = 0.0f;  // max: the signed value of largest magnitude (first one wins)
+        for (int j = 0; j < 32; ++j)
+            if (amax < std::fabs(x[j])) amax = std::fabs(x[j]), max = x[j];
+        y[i].e = 0;
+        std::memset(y[i].qs, 0x88, sizeof y[i].qs);
+        if (amax == 0.0f) continue;
+        // k0: the largest k with scale(k) <= amax / 8 (1 if none); the candidates k0 and k0 + 1.
+        const float want = amax / 8.0f;
+        int lo = 1, hi = 127;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (kQ4KVScales.v[mid] <= want)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        const uint8_t sign = max > 0.0f ? 0x80 : 0;  // d = max / -8
+        float best = INFINITY;
+        for (int k = lo; k <= std::min(lo + 1, 127); ++k) {
+            const uint8_t e = uint8_t(k) | sign;
+            const float d = kQ4KVScales.v[e], id = 1.0f / d;
+            uint8_t qs[16];
+            float err = 0.0f;
+            for (int j = 0; j < 32; ++j) {
+                const int q = std::clamp(int(std::floor(x[j] * id + 8.5f)), 0, 15);
+                const float r = x[j] - float(q - 8) * d;
+                err += r * r;
+                if (j < 16)
+                    qs[j] = uint8_t(q);
+                else
+                    qs[j - 16] |= uint8_t(q << 4);
+            }
+            if (err <= best) best = err, y[i].e = e, std::memcpy(y[i].qs, qs, sizeof qs);
+        }
+    }
+}
+
 void dequant_q8_k(const void* src, float* y, int64_t n) {
     const auto* x = static_cast<const BlockQ8_K*>(src);
     for (int64_t i = 0; i < n / kQK_K; ++i)
@@ -407,6 +462,7 @@ constexpr QuantTraits kTraits[] = {
     {GgmlType::kIQ4_NL, 32, sizeof(BlockIQ4_NL), dequant_iq4_nl, unweighted<quant_iq4_nl>, quant_iq4_nl},
     {GgmlType::kIQ4_XS, kQK_K, sizeof(BlockIQ4_XS), dequant_iq4_xs, unweighted<quant_iq4_xs>, quant_iq4_xs},
     {GgmlType::kQ3_KV, 32, sizeof(BlockQ3_KV), dequant_q3_kv, quant_q3_kv, nullptr},
+    {GgmlType::kQ4_KV, 32, sizeof(BlockQ4_KV), dequant_q4_kv, quant_q4_kv, nullptr},
 };
 
 void check_row(const QuantTraits& t, int64_t n) {

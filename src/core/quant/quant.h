@@ -28,13 +28,13 @@ bool can_dequantize(GgmlType type);
 bool can_quantize(GgmlType type);
 
 // dst[0..n) = the values of the n elements at src. n must be a multiple of the block size.
-// Supported: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q8_1 Q2_K Q3_K Q4_K Q5_K Q6_K Q8_K IQ4_NL IQ4_XS Q3_KV;
+// Supported: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q8_1 Q2_K Q3_K Q4_K Q5_K Q6_K Q8_K IQ4_NL IQ4_XS Q3_KV Q4_KV;
 // any other type throws cera::Error(kUnsupported).
 void dequantize_row_ref(GgmlType type, const void* src, float* dst, int64_t n);
 
 // Writes row_size(type, n) bytes at dst. n must be a multiple of the block size.
 // Supported: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q8_1 Q2_K Q3_K Q4_K Q5_K Q6_K Q8_K (activation format)
-// IQ4_NL IQ4_XS Q3_KV;
+// IQ4_NL IQ4_XS Q3_KV Q4_KV;
 // any other type throws cera::Error(kUnsupported).
 void quantize_row_ref(GgmlType type, const float* src, void* dst, int64_t n);
 
