@@ -418,7 +418,8 @@ void quant_q4_kv(const float* x, void* dst, int64_t n) {
             uint8_t qs[16];
             float err = 0.0f;
             for (int j = 0; j < 32; ++j) {
-                const int q = std::clamp(int(std::floor(x[j] * id + 8.5f)), 0, 15);
+                // floor and clamp in one: truncation of the value clamped to [0, 15]
+                const int q = int(std::min(std::max(x[j] * id + 8.5f, 0.0f), 15.0f));
                 const float r = x[j] - float(q - 8) * d;
                 err += r * r;
                 if (j < 16)
