@@ -21,7 +21,7 @@ namespace {
 
 constexpr int64_t kLogitRows = 32;            // LM-head rows per pass when every position's logits are wanted
 constexpr uint32_t kStateMagic = 0x53524543;  // "CERS"
-constexpr uint32_t kStateVersion = 1;
+constexpr uint32_t kStateVersion = 2;  // 2: Q4_CH keys' open group saved as Q8_0 rows (f16 before)
 
 std::atomic<uint64_t> g_state_serial{1};
 
