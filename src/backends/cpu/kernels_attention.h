@@ -11,9 +11,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "core/fp16.h"
+#include "core/quant/blocks.h"
 #include "core/quant/kv_groups.h"
 
 namespace cera::cpu_attention {
@@ -81,12 +81,10 @@ inline void open_key(const Args& a, int32_t j, int64_t c0, int n, float* out) {
         const float* s = new_key(a, j, c0);
         for (int d = 0; d < n; ++d) out[d] = s[d];
     } else if (a.k_slot) {
-        const uint8_t* row = slot_row(a, j);
-        for (int d = 0; d < n; ++d) {  // Q8_0 blocks of 34 bytes: f16 scale, 32 int8
-            const uint8_t* b = row + (c0 + d) / 32 * 34;
-            uint16_t h;
-            std::memcpy(&h, b, 2);
-            out[d] = float(int8_t(b[2 + (c0 + d) % 32])) * fp16_to_fp32(h);
+        const auto* row = reinterpret_cast<const BlockQ8_0*>(slot_row(a, j));
+        for (int d = 0; d < n; ++d) {
+            const BlockQ8_0& b = row[(c0 + d) / 32];
+            out[d] = float(b.qs[(c0 + d) % 32]) * fp16_to_fp32(b.d);
         }
     } else {
         for (int d = 0; d < n; ++d)

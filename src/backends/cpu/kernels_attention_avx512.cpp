@@ -29,6 +29,16 @@ inline __m512 exp512(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+// Places off % 32 .. + 15 of a block's 16 bytes of nibbles qs (places 0-15 low, 16-31 high; code q + 8)
+// times the block's scale d: Q4_0's and Q4_KV's codes.
+inline __m512 nibbles(const uint8_t* qs, int64_t off, float d) {
+    __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    if (off & 16) q = _mm_srli_epi16(q, 4);
+    q = _mm_and_si128(q, _mm_set1_epi8(0x0f));
+    const __m512i v = _mm512_sub_epi32(_mm512_cvtepu8_epi32(q), _mm512_set1_epi32(8));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(d));
+}
+
 // 16 elements (those of mask m) from element offset off; for the block types off % 16 == 0 and m is full.
 inline __m512 load(const void* base, int64_t off, Elem type, __mmask16 m) {
     switch (type) {
@@ -45,21 +55,13 @@ inline __m512 load(const void* base, int64_t off, Elem type, __mmask16 m) {
             return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)),
                                  _mm512_set1_ps(fp16_to_fp32(*reinterpret_cast<const uint16_t*>(b))));
         }
-        case Elem::kQ4_0: {  // blocks of 18 bytes: f16 scale, 16 bytes of nibbles (low: 0-15, high: 16-31)
+        case Elem::kQ4_0: {  // blocks of 18 bytes: f16 scale, 16 bytes of nibbles
             const uint8_t* b = static_cast<const uint8_t*>(base) + (off >> 5) * 18;
-            __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
-            if (off & 16) q = _mm_srli_epi16(q, 4);
-            q = _mm_and_si128(q, _mm_set1_epi8(0x0f));
-            const __m512i v = _mm512_sub_epi32(_mm512_cvtepu8_epi32(q), _mm512_set1_epi32(8));
-            return _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(fp16_to_fp32(*reinterpret_cast<const uint16_t*>(b))));
+            return nibbles(b + 2, off, fp16_to_fp32(*reinterpret_cast<const uint16_t*>(b)));
         }
         case Elem::kQ4_KV: {  // blocks of 17 bytes (BlockQ4_KV): a scale byte, nibbles as Q4_0's
             const uint8_t* b = static_cast<const uint8_t*>(base) + (off >> 5) * 17;
-            __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 1));
-            if (off & 16) q = _mm_srli_epi16(q, 4);
-            q = _mm_and_si128(q, _mm_set1_epi8(0x0f));
-            const __m512i v = _mm512_sub_epi32(_mm512_cvtepu8_epi32(q), _mm512_set1_epi32(8));
-            return _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(kQ4KVScales.v[b[0]]));
+            return nibbles(b + 1, off, kQ4KVScales.v[b[0]]);
         }
         case Elem::kQ3_KV: {  // blocks of 14 bytes (BlockQ3_KV): f16 scale, 2-bit magnitudes, sign bits
             const auto* b = reinterpret_cast<const BlockQ3_KV*>(static_cast<const uint8_t*>(base) + (off >> 5) * 14);

@@ -18,6 +18,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace cera::kv_groups {
 
 constexpr int kRows = 64;             // cache rows a group
@@ -50,7 +52,7 @@ struct Header {
     uint64_t stamp;  // last store (older slots are taken first)
 };
 inline int64_t open_rows(int slots) { return int64_t(kRows + 1) * slots; }
-inline size_t open_row_bytes(int64_t width) { return size_t(width / 32) * 34; }  // a Q8_0 row
+inline size_t open_row_bytes(int64_t width) { return row_size(GgmlType::kQ8_0, width); }
 inline size_t open_bytes(int64_t width, int slots) { return size_t(open_rows(slots)) * open_row_bytes(width); }
 void clear_open(uint8_t* open, int64_t width, int slots);
 // The Q8_0 rows of the slot holding group g with at least `rows` rows, or nullptr.

@@ -41,15 +41,18 @@ void quant_bf16(const float* src, void* dst, int64_t n) {
 
 // ---- 32-element blocks ----
 
+// A block of 32 4-bit codes q + 8 (element j in the low nibble of qs[j], j + 16 in the high one) at scale d:
+// Q4_0's and Q4_KV's.
+void dequant_nibbles(const uint8_t* qs, float d, float* y) {
+    for (int j = 0; j < 16; ++j) {
+        y[j] = float((qs[j] & 0xF) - 8) * d;
+        y[j + 16] = float((qs[j] >> 4) - 8) * d;
+    }
+}
+
 void dequant_q4_0(const void* src, float* y, int64_t n) {
     const auto* x = static_cast<const BlockQ4_0*>(src);
-    for (int64_t i = 0; i < n / kQK4_0; ++i, y += kQK4_0) {
-        const float d = h2f(x[i].d);
-        for (int j = 0; j < kQK4_0 / 2; ++j) {
-            y[j] = float((x[i].qs[j] & 0xF) - 8) * d;
-            y[j + 16] = float((x[i].qs[j] >> 4) - 8) * d;
-        }
-    }
+    for (int64_t i = 0; i < n / kQK4_0; ++i, y += kQK4_0) dequant_nibbles(x[i].qs, h2f(x[i].d), y);
 }
 
 void quant_q4_0(const float* x, void* dst, int64_t n) {
@@ -382,13 +385,7 @@ void quant_q3_kv(const float* x, void* dst, int64_t n) {
 // the larger codes the rest more coarsely), the larger on a tie.
 void dequant_q4_kv(const void* src, float* y, int64_t n) {
     const auto* x = static_cast<const BlockQ4_KV*>(src);
-    for (int64_t i = 0; i < n / 32; ++i, y += 32) {
-        const float d = kQ4KVScales.v[x[i].e];
-        for (int j = 0; j < 16; ++j) {
-            y[j] = float((x[i].qs[j] & 0xF) - 8) * d;
-            y[j + 16] = float((x[i].qs[j] >> 4) - 8) * d;
-        }
-    }
+    for (int64_t i = 0; i < n / 32; ++i, y += 32) dequant_nibbles(x[i].qs, kQ4KVScales.v[x[i].e], y);
 }
 
 void quant_q4_kv(const float* x, void* dst, int64_t n) {
