@@ -535,6 +535,16 @@ TEST(JsonSchema, ClearErrors) {
     EXPECT_EQ(error_of(R"J({"type": "string", "pattern": "(a)\\1"})J").first, ErrorCode::kUnsupported);
     EXPECT_EQ(error_of(R"J({"type": "string", "pattern": "(?=a)"})J").first, ErrorCode::kUnsupported);
     EXPECT_EQ(error_of(R"({"$ref": "#/$defs/missing"})").first, ErrorCode::kInvalidArgument);
+    // A $ref that reaches itself before any '{' or '[' has no grammar (a left recursion); through an
+    // object or an array it is an ordinary recursive schema.
+    auto [c3, m3] = error_of(R"({"$defs": {"n": {"type": "object"}}, "$ref": "#"})");
+    EXPECT_EQ(c3, ErrorCode::kInvalidArgument);
+    EXPECT_EQ(m3, "JSON Schema at '/': $ref '#' comes back to itself before any '{' or '[' (a left recursion)");
+    EXPECT_EQ(error_of(R"({"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}],
+                           "$defs": {"a": {"allOf": [{"$ref": "#"}]}}})")
+                  .first,
+              ErrorCode::kInvalidArgument);
+    EXPECT_EQ(error_of(R"({"type": "array", "items": {"$ref": "#"}, "maxItems": 2})").second, "no error");
     EXPECT_EQ(error_of(R"({"type": "integer", "minimum": 5, "maximum": 4})").first, ErrorCode::kInvalidArgument);
     EXPECT_EQ(error_of(R"({"type": "array", "minItems": 3, "maxItems": 2})").first, ErrorCode::kInvalidArgument);
     EXPECT_EQ(error_of("false").first, ErrorCode::kInvalidArgument);

@@ -184,10 +184,16 @@ class Converter {
             if (!only_annotations(siblings))  // keywords beside a $ref apply too
                 return visit(merge(siblings, s, path), hint, path);
             auto it = refs_.find(ref);
-            if (it != refs_.end()) return it->second;
+            if (it != refs_.end()) {
+                if (at_start_.count(ref))
+                    invalid(path, "$ref '" + ref + "' comes back to itself before any '{' or '[' (a left recursion)");
+                return it->second;
+            }
             const std::string name = new_rule(ref == "#" ? "root-ref" : ref.substr(ref.rfind('/') + 1));
             refs_[ref] = name;
+            at_start_.insert(ref);
             rules_[name] = visit(resolve(ref, path + "/$ref"), name, ref.substr(1));
+            at_start_.erase(ref);
             return name;
         }
         if (s.contains("const")) return literal(s["const"].dump());
@@ -245,8 +251,16 @@ class Converter {
             else
                 return prim("value");
         }
-        if (type == "object") return object(s, hint, path);
-        if (type == "array") return array(s, hint, path);
+        if (type == "object" || type == "array") {  // the values inside come after a '{' or '['
+            std::set<std::string> outer;
+            std::swap(outer, at_start_);
+            struct Restore {
+                std::set<std::string>& to;
+                std::set<std::string>& from;
+                ~Restore() { std::swap(to, from); }
+            } restore{at_start_, outer};
+            return type == "object" ? object(s, hint, path) : array(s, hint, path);
+        }
         if (type == "string") return string(s, hint, path);
         if (type == "integer") return integer(s, hint, path);
         if (type == "number") return number(s, hint, path);
@@ -718,6 +732,7 @@ class Converter {
     const Json& root_;
     std::map<std::string, std::string> rules_;
     std::map<std::string, std::string> refs_;
+    std::set<std::string> at_start_;          // $refs being expanded with no '{' or '[' since: a visit back is a loop
     std::map<std::string, int> next_suffix_;  // new_rule: the next number to try after a name
     std::set<std::string> used_;
     int depth_ = 0;
