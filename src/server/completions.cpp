@@ -17,7 +17,7 @@
 namespace cera {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 const char* finish_name(FinishReason f) {
     switch (f) {

@@ -9,7 +9,7 @@
 
 namespace cera {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 void refuse(const std::string& message, const std::string& param, int status, const std::string& type,
             const std::string& code) {
@@ -380,6 +380,11 @@ std::vector<ChatMessage> messages(const json& j, const RequestLimits& limits, st
             }
         }
         if (const json* name = field(x, "name"); name && name->is_string()) c.name = name->get<std::string>();
+        // An assistant's earlier thinking, sent back as the server returned it (templates such as Qwen3's
+        // render it); "reasoning" is the newer name some clients use.
+        for (const char* key : {"reasoning_content", "reasoning"})
+            if (const json* r = field(x, key); r && r->is_string() && c.reasoning_content.empty())
+                c.reasoning_content = r->get<std::string>();
         out.push_back(std::move(c));
     }
     return out;

@@ -25,7 +25,7 @@ struct Refusal {
 [[noreturn]] void refuse(const std::string& message, const std::string& param = "", int status = 400,
                          const std::string& type = "invalid_request_error", const std::string& code = "");
 // {"error": {"message", "type", "param", "code"}}.
-nlohmann::json error_body(const Refusal& r);
+nlohmann::ordered_json error_body(const Refusal& r);
 
 // What the parser checks a request against.
 struct RequestLimits {
@@ -89,7 +89,7 @@ struct EmbeddingRequest {
 };
 
 // The body as a JSON object naming no other model; Refusal otherwise.
-nlohmann::json parse_body(std::string_view body, const RequestLimits& limits);
+nlohmann::ordered_json parse_body(std::string_view body, const RequestLimits& limits);
 CompletionRequest parse_completion(std::string_view body, bool chat, const RequestLimits& limits);
 // llama.cpp's /completion: n_predict for max_tokens (negative: none), llama.cpp's sampling defaults
 // (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05) where the body sets none, one choice; the other

@@ -29,7 +29,7 @@ std::vector<int32_t> chat_prompt(const Engine& engine, const ChatTemplate& tmpl,
     return ids;
 }
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 void send_json(httplib::Response& res, int status, const json& body) {
     res.status = status;

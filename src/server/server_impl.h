@@ -66,7 +66,7 @@ struct Server::Impl {
     void finish(const Exchange& x, const RequestLog& log);
 };
 
-void send_json(httplib::Response& res, int status, const nlohmann::json& body);
+void send_json(httplib::Response& res, int status, const nlohmann::ordered_json& body);
 double seconds_between(Clock::time_point a, Clock::time_point b);
 
 }  // namespace cera

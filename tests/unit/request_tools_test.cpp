@@ -90,6 +90,35 @@ TEST(RequestTools, ConversationWithCalls) {
     EXPECT_EQ(r.messages[3].name, "ping");
 }
 
+// Tools, arguments and schemas reach the template and the grammar in the client's key order (as Hugging
+// Face's apply_chat_template and OpenAI's structured outputs take them), not sorted; an assistant's
+// earlier reasoning reaches the template too.
+TEST(RequestTools, KeysKeepTheClientsOrder) {
+    const CompletionRequest r = parse_completion(
+        R"({"messages": [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "ok", "reasoning_content": "think first",
+             "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"zeta": 1, "alpha": 2}}}]},
+            {"role": "assistant", "content": "b", "reasoning": "newer name"}],
+            "tools": [{"type": "function", "function": {"name": "f", "description": "d", "parameters":
+              {"type": "object", "properties": {"zeta": {"type": "integer"}, "alpha": {"type": "integer"}}}}}]})",
+        true, kLimits);
+    EXPECT_EQ(r.tools_json,
+              R"([{"type":"function","function":{"name":"f","description":"d","parameters":)"
+              R"({"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"integer"}}}}}])");
+    EXPECT_EQ(r.tools[0].parameters_json,
+              R"({"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"integer"}}})");
+    EXPECT_EQ(r.messages[1].tool_calls[0].arguments_json, R"({"zeta":1,"alpha":2})");
+    EXPECT_EQ(r.messages[1].reasoning_content, "think first");
+    EXPECT_EQ(r.messages[2].reasoning_content, "newer name");
+
+    const CompletionRequest s = chat(R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "p",
+        "schema": {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                   "required": ["name", "age"], "additionalProperties": false}}})");
+    ASSERT_NE(s.options.grammar, nullptr);
+    EXPECT_EQ(s.options.grammar->match(R"({"name": "a", "age": 3})"), -1);
+    EXPECT_NE(s.options.grammar->match(R"({"age": 3, "name": "a"})"), -1);
+}
+
 TEST(RequestTools, BadToolsAreRefused) {
     EXPECT_NE(refused(R"(, "tools": {"a": 1})", "tools").find("non-empty list"), std::string::npos);
     EXPECT_NE(refused(R"(, "tools": [])", "tools").find("non-empty list"), std::string::npos);
