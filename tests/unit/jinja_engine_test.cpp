@@ -307,4 +307,49 @@ TEST(JinjaEngine, HostileInputNeverCrashes) {
     EXPECT_GT(errors, 0);
 }
 
+// Python's text semantics beyond ASCII, and its rounding and number parsing, as Jinja2 3.1 renders them
+// (expected strings from jinja2 with HF's settings): repr escapes of unprintable code points in printed
+// lists, splitlines' boundaries (which indent also uses), rsplit of whitespace from the right, Unicode
+// letter and digit predicates, round() of the exact decimal value with ties to even, int/float of strings.
+TEST(JinjaEngine, PythonTextAndNumberSemantics) {
+    const std::vector<std::pair<std::string, Value>> g = {{"s1", Value("a\u00a0b\u2028c")},
+                                                          {"s2", Value("x\x7fy\u200bz\U0001F600\u00e9'")},
+                                                          {"s3", Value("a\x0b"
+                                                                       "b\x0c"
+                                                                       "c\x1c"
+                                                                       "d\xc2\x85"
+                                                                       "e\u2028f\r\ng\rh\n")},
+                                                          {"s4", Value("l1\r\nl2\rl3\u2029l4")},
+                                                          {"s5", Value("  a b  c ")},
+                                                          {"s6", Value("caf\u00e9")},
+                                                          {"s7", Value("x1\u0663")},
+                                                          {"s8", Value("\u00b2\u2460")},
+                                                          {"s9", Value("\u00bd")}};
+    EXPECT_EQ(render("{{ [s1, s2] }}", g), "['a\\xa0b\\u2028c', \"x\\x7fy\\u200bz\U0001F600\u00e9'\"]");
+    EXPECT_EQ(render("{{ s3.splitlines() }}|{{ s3.splitlines(true) }}|{{ s3.splitlines(keepends=true) }}", g),
+              "['a', 'b', 'c', 'd', 'e', 'f', 'g', 'h']|"
+              "['a\\x0b', 'b\\x0c', 'c\\x1c', 'd\\x85', 'e\\u2028', 'f\\r\\n', 'g\\r', 'h\\n']|"
+              "['a\\x0b', 'b\\x0c', 'c\\x1c', 'd\\x85', 'e\\u2028', 'f\\r\\n', 'g\\r', 'h\\n']");
+    EXPECT_EQ(render("{{ s4 | indent(2) }}|{{ s4 | indent(2, true, true) }}|{{ 'a\n\nb\n' | indent }}", g),
+              "l1\n  l2\n  l3\n  l4|  l1\n  l2\n  l3\n  l4|a\n\n    b\n");
+    EXPECT_EQ(render("{{ s5.rsplit(none, 1) }}{{ s5.rsplit(maxsplit=2) }}{{ s5.rsplit() }}{{ s5.rsplit(none, 0) }}"
+                     "{{ ''.rsplit(none, 1) }}",
+                     g),
+              "['  a b', 'c']['  a', 'b', 'c']['a', 'b', 'c']['  a b  c'][]");
+    EXPECT_EQ(render("{{ s6.isalpha() }}{{ s7.isalnum() }}{{ s8.isdigit() }}{{ s9.isdigit() }}{{ s9.isalnum() }}"
+                     "{{ ''.isalpha() }}{{ 'a1'.isalpha() }}",
+                     g),
+              "TrueTrueTrueFalseTrueFalseFalse");
+    EXPECT_EQ(render("{{ 2.675|round(2) }} {{ 7|round(-1) }} {{ 15|round(-1) }} {{ 25|round(-1) }} {{ 2.5|round }} "
+                     "{{ 3.5|round }} {{ 1234.5678|round(-2) }} {{ (-0.5)|round }} {{ 0.125|round(2) }} "
+                     "{{ 0.375|round(2) }} {{ 99.95|round(1) }} {{ (-2.5)|round }} {{ 1e300|round(-299) }} "
+                     "{{ 0.5|round(-1) }} {{ 123|round(2) }} {{ -15|round(-1) }}"),
+              "2.67 10 20 20 2.0 4.0 1200.0 -0.0 0.12 0.38 100.0 -2.0 1e+300 0.0 123 -20");
+    EXPECT_EQ(render("{{ 2.1|round(0, 'ceil') }} {{ 2.15|round(1, 'floor') }} {{ 7|round(method='ceil') }}"),
+              "3.0 2.1 7.0");
+    EXPECT_EQ(render("{{ '0x1A'|int }} {{ '0x10'|float }} {{ '0x1A'|int(base=16) }} {{ ' 42.9 '|int }} "
+                     "{{ '1e3'|float }} {{ 'inf'|float }} {{ 'x'|float(1.5) }}"),
+              "0 0.0 26 42 1000.0 inf 1.5");
+}
+
 }  // namespace

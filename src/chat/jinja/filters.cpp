@@ -85,12 +85,60 @@ bool parse_int(const std::string& text, int64_t base, int64_t& out) {
     return true;
 }
 
+// Python float() of a string: strtod's decimal forms, "inf" and "nan" (no hexadecimal, which strtod takes).
 bool parse_float(const std::string& text, double& out) {
     std::string s = py_strip(text, true, true, nullptr);
-    if (s.empty()) return false;
+    if (s.empty() || s.find_first_of("xXpP") != std::string::npos) return false;
     char* end = nullptr;
     out = std::strtod(s.c_str(), &end);
     return end != s.c_str() && *end == '\0';
+}
+
+// Python's round(x, ndigits) of a float: x's exact decimal value rounded at 10^-ndigits, ties to even,
+// then the nearest double (glibc's printf writes a double's exact expansion).
+double py_round(double x, int64_t ndigits) {
+    if (!std::isfinite(x) || x == 0.0 || ndigits > 1100) return x;
+    ndigits = std::max<int64_t>(ndigits, -400);
+    char buf[1500];
+    std::snprintf(buf, sizeof(buf), "%.1100f", std::fabs(x));
+    std::string digits(buf);
+    const size_t point = digits.find('.');
+    digits.erase(point, 1);                         // all digits; the point stood before digits[point]
+    const int64_t keep = int64_t(point) + ndigits;  // digits kept
+    if (keep < 0) return std::copysign(0.0, x);
+    if (keep >= int64_t(digits.size())) return x;
+    const char next = digits[size_t(keep)];
+    const bool rest_zero = digits.find_first_not_of('0', size_t(keep) + 1) == std::string::npos;
+    const bool odd = keep > 0 && (digits[size_t(keep) - 1] - '0') % 2 == 1;
+    const bool up = next > '5' || (next == '5' && (!rest_zero || odd));
+    digits.resize(size_t(keep));
+    if (up) {
+        int64_t i = keep - 1;
+        for (; i >= 0 && digits[size_t(i)] == '9'; --i) digits[size_t(i)] = '0';
+        if (i >= 0)
+            ++digits[size_t(i)];
+        else
+            digits.insert(digits.begin(), '1');  // 9.5 -> 10: one digit more
+    }
+    if (digits.empty()) digits = "0";
+    // The kept digits count units of 10^-ndigits.
+    const std::string num = digits + "e" + std::to_string(-ndigits);
+    return std::copysign(std::strtod(num.c_str(), nullptr), x);
+}
+
+// round(i, ndigits) of an integer: itself, or for ndigits < 0 the nearest multiple of 10^-ndigits, ties to
+// even.
+int64_t py_round_int(int64_t v, int64_t ndigits) {
+    if (ndigits >= 0) return v;
+    if (ndigits < -18) return 0;
+    int64_t m = 1;
+    for (int64_t i = 0; i < -ndigits; ++i) m *= 10;
+    const int64_t q = v / m, r = v % m;  // r has v's sign
+    const int64_t twice = 2 * (r < 0 ? -r : r);
+    int64_t rounded = q;
+    if (twice > m || (twice == m && q % 2 != 0)) rounded += v < 0 ? -1 : 1;
+    if (rounded > INT64_MAX / m || rounded < INT64_MIN / m) eval_fail("integer overflow in round");
+    return rounded * m;
 }
 
 Value sorted_copy(Interpreter& in, ValueList items, bool reverse, bool case_sensitive, const Value& attribute) {
@@ -226,14 +274,13 @@ Value Interpreter::apply_filter(const std::string& name, const Value& v, CallArg
         int64_t precision = int_arg(arg(a, 0, "precision", Value(int64_t{0})), "round precision");
         std::string method = to_str(arg(a, 1, "method", Value("common")));
         if (!v.is_number()) eval_fail("round of a %s", v.type_name());
-        double scale = std::pow(10.0, static_cast<double>(std::clamp<int64_t>(precision, -30, 30)));
-        double x = v.as_float() * scale;
-        if (method == "common") x = std::nearbyint(x);  // Python's round(): half to even
-        else if (method == "ceil") x = std::ceil(x);
-        else if (method == "floor") x = std::floor(x);
-        else eval_fail("round method must be 'common', 'ceil' or 'floor'");
-        if (method == "common" && !v.is_float()) return Value(v.as_int());
-        return Value(x / scale);
+        if (method == "common")  // Python's round()
+            return v.is_float() ? Value(py_round(v.as_float(), precision)) : Value(py_round_int(v.as_int(), precision));
+        if (method != "ceil" && method != "floor") eval_fail("round method must be 'common', 'ceil' or 'floor'");
+        // Jinja: math.ceil / math.floor of value * 10**precision, divided by it again (a float).
+        const double scale = std::pow(10.0, static_cast<double>(std::clamp<int64_t>(precision, -30, 30)));
+        const double x = v.as_float() * scale;
+        return Value((method == "ceil" ? std::ceil(x) : std::floor(x)) / scale);
     }
     if (name == "items") {
         if (v.is_undefined()) return Value::list();
@@ -354,20 +401,13 @@ Value Interpreter::apply_filter(const std::string& name, const Value& v, CallArg
         std::string pad = w.is_string() ? w.as_string() : std::string(static_cast<size_t>(std::clamp<int64_t>(int_arg(w, "indent width"), 0, 256)), ' ');
         bool first = arg(a, 1, "first", Value(false)).truthy();
         bool blank = arg(a, 2, "blank", Value(false)).truthy();
-        std::string s = to_str(v);
-        std::string out;
-        size_t start = 0;
-        bool is_first = true;
-        while (true) {
-            size_t nl = s.find('\n', start);
-            std::string ln = s.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
-            bool indent_it = is_first ? first : (blank || !ln.empty());
-            if (indent_it) out += pad;
-            out += ln;
-            if (nl == std::string::npos) break;
-            out.push_back('\n');
-            start = nl + 1;
-            is_first = false;
+        // Jinja's indent: the text's lines (Python's splitlines of text + "\n") joined by "\n", every line
+        // after the first indented unless blank (all of them with blank=true), the first with first=true.
+        const std::vector<std::string> lines = py_splitlines(to_str(v) + "\n", false);
+        std::string out = first ? pad : "";
+        for (size_t i = 0; i < lines.size(); ++i) {
+            if (i > 0) out += (blank || !lines[i].empty()) ? "\n" + pad : "\n";
+            out += lines[i];
         }
         charge(out.size());
         return Value(std::move(out));

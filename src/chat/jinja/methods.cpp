@@ -1,6 +1,9 @@
 // Python methods of strings, lists and dicts as templates call them:
 // message.content.strip(), text.split('</think>'), d.items(), list.append(x).
+#include <utf8proc.h>
+
 #include <algorithm>
+#include <utility>
 
 #include "chat/jinja/builtins_util.h"
 #include "chat/jinja/error.h"
@@ -96,12 +99,35 @@ std::string str_format(const std::string& fmt, CallArgs& args) {
     return out;
 }
 
-template <typename Pred>
-bool all_chars(const std::string& s, Pred pred) {
-    if (s.empty()) return false;
-    for (char c : s)
-        if (!pred(static_cast<unsigned char>(c))) return false;
-    return true;
+// Python's str predicates over code points (false for an empty string; a byte outside UTF-8 fails them).
+template <class Pred>
+bool all_code_points(const std::string& s, Pred pred) {
+    const std::vector<char32_t> cps = utf8_decode(s);
+    return !cps.empty() && std::all_of(cps.begin(), cps.end(), [&](char32_t c) { return c < 0x110000 && pred(c); });
+}
+utf8proc_category_t category(char32_t c) { return utf8proc_category(static_cast<utf8proc_int32_t>(c)); }
+// str.isalpha: letters (categories Lu, Ll, Lt, Lm, Lo).
+bool py_alpha(char32_t c) {
+    const auto k = category(c);
+    return k == UTF8PROC_CATEGORY_LU || k == UTF8PROC_CATEGORY_LL || k == UTF8PROC_CATEGORY_LT ||
+           k == UTF8PROC_CATEGORY_LM || k == UTF8PROC_CATEGORY_LO;
+}
+// str.isalnum's numeric part: decimal digits, letter numbers and other numbers (Nd, Nl, No).
+bool py_numeric_category(char32_t c) {
+    const auto k = category(c);
+    return k == UTF8PROC_CATEGORY_ND || k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_NO;
+}
+// str.isdigit: decimal digits and the digits of Unicode's Numeric_Type=Digit (superscripts, subscripts,
+// circled and other compatibility digits), which utf8proc does not tabulate.
+bool py_digit(char32_t c) {
+    if (category(c) == UTF8PROC_CATEGORY_ND) return true;
+    static constexpr std::pair<char32_t, char32_t> kDigitRanges[] = {
+        {0xB2, 0xB3},     {0xB9, 0xB9},     {0x1369, 0x1371}, {0x19DA, 0x19DA}, {0x2070, 0x2070},   {0x2074, 0x2079},
+        {0x2080, 0x2089}, {0x2460, 0x2468}, {0x2474, 0x247C}, {0x2488, 0x2490}, {0x24EA, 0x24EA},   {0x24F5, 0x24FD},
+        {0x24FF, 0x24FF}, {0x2776, 0x277E}, {0x2780, 0x2788}, {0x278A, 0x2792}, {0x10A40, 0x10A43}, {0x1F100, 0x1F10A}};
+    for (const auto& [lo, hi] : kDigitRanges)
+        if (c >= lo && c <= hi) return true;
+    return false;
 }
 
 Value string_method(Interpreter& in, const std::string& s, const std::string& name, CallArgs& a) {
@@ -121,17 +147,11 @@ Value string_method(Interpreter& in, const std::string& s, const std::string& na
         return Value::list(std::move(out));
     }
     if (name == "splitlines") {
-        ValueList out;
-        size_t start = 0;
-        for (size_t i = 0; i < s.size(); ++i) {
-            if (s[i] == '\n' || s[i] == '\r') {
-                out.emplace_back(s.substr(start, i - start));
-                if (s[i] == '\r' && i + 1 < s.size() && s[i + 1] == '\n') ++i;
-                start = i + 1;
-            }
-        }
-        if (start < s.size()) out.emplace_back(s.substr(start));
+        check_args("splitlines()", a, 1, {"keepends"});
+        auto lines = py_splitlines(s, arg(a, 0, "keepends", Value(false)).truthy());
         in.charge(s.size());
+        ValueList out;
+        for (auto& l : lines) out.emplace_back(std::move(l));
         return Value::list(std::move(out));
     }
     if (name == "startswith" || name == "endswith") {
@@ -191,13 +211,10 @@ Value string_method(Interpreter& in, const std::string& s, const std::string& na
         }
         return Value(s);
     }
-    if (name == "isdigit") return Value(all_chars(s, [](unsigned char c) { return c >= '0' && c <= '9'; }));
-    if (name == "isalpha")
-        return Value(all_chars(s, [](unsigned char c) { return (c | 0x20) >= 'a' && (c | 0x20) <= 'z'; }));
+    if (name == "isdigit") return Value(all_code_points(s, py_digit));
+    if (name == "isalpha") return Value(all_code_points(s, py_alpha));
     if (name == "isalnum")
-        return Value(all_chars(s, [](unsigned char c) {
-            return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z');
-        }));
+        return Value(all_code_points(s, [](char32_t c) { return py_alpha(c) || py_numeric_category(c); }));
     if (name == "isspace") {
         auto cps = utf8_decode(s);
         return Value(!cps.empty() && std::all_of(cps.begin(), cps.end(), is_py_space));

@@ -153,8 +153,53 @@ std::vector<std::string> py_split(std::string_view s, const std::string* sep, in
     return out;
 }
 
+std::vector<std::string> py_splitlines(std::string_view s, bool keepends) {
+    std::vector<std::string> out;
+    size_t start = 0, i = 0;
+    auto byte = [&](size_t k) { return k < s.size() ? static_cast<unsigned char>(s[k]) : 0u; };
+    while (i < s.size()) {
+        const unsigned c = byte(i);
+        size_t n = 0;  // bytes of the line boundary at i
+        if (c == '\r')
+            n = byte(i + 1) == '\n' ? 2 : 1;
+        else if (c == '\n' || c == 0x0B || c == 0x0C || (c >= 0x1C && c <= 0x1E))
+            n = 1;
+        else if (c == 0xC2 && byte(i + 1) == 0x85)
+            n = 2;  // U+0085
+        else if (c == 0xE2 && byte(i + 1) == 0x80 && (byte(i + 2) == 0xA8 || byte(i + 2) == 0xA9))
+            n = 3;  // U+2028/9
+        if (n == 0) {
+            ++i;
+            continue;
+        }
+        out.emplace_back(s.substr(start, i + (keepends ? n : 0) - start));
+        i += n;
+        start = i;
+    }
+    if (start < s.size()) out.emplace_back(s.substr(start));
+    return out;
+}
+
 std::vector<std::string> py_rsplit(std::string_view s, const std::string* sep, int64_t maxsplit) {
-    if (!sep || maxsplit < 0) return py_split(s, sep, maxsplit);
+    if (maxsplit < 0) return py_split(s, sep, maxsplit);
+    if (!sep) {  // whitespace runs from the right, at most maxsplit of them
+        Decoded d = decode_with_offsets(s);
+        std::vector<std::string> rev;
+        size_t e = d.cps.size();
+        while (true) {
+            while (e > 0 && is_py_space(d.cps[e - 1])) --e;
+            if (e == 0) break;
+            if (static_cast<int64_t>(rev.size()) >= maxsplit) {  // the rest, its leading whitespace kept
+                rev.emplace_back(s.substr(0, d.offsets[e]));
+                break;
+            }
+            size_t b = e;
+            while (b > 0 && !is_py_space(d.cps[b - 1])) --b;
+            rev.emplace_back(s.substr(d.offsets[b], d.offsets[e] - d.offsets[b]));
+            e = b;
+        }
+        return std::vector<std::string>(rev.rbegin(), rev.rend());
+    }
     if (sep->empty()) eval_fail("rsplit(): empty separator");
     std::vector<std::string> rev;
     size_t end = s.size();
@@ -220,28 +265,51 @@ std::string py_capitalize(std::string_view s) {
     });
 }
 
+bool py_printable(char32_t cp) {
+    if (cp == ' ') return true;
+    switch (utf8proc_category(static_cast<utf8proc_int32_t>(cp))) {
+        case UTF8PROC_CATEGORY_CC:
+        case UTF8PROC_CATEGORY_CF:
+        case UTF8PROC_CATEGORY_CS:
+        case UTF8PROC_CATEGORY_CO:
+        case UTF8PROC_CATEGORY_CN:
+        case UTF8PROC_CATEGORY_ZL:
+        case UTF8PROC_CATEGORY_ZP:
+        case UTF8PROC_CATEGORY_ZS:
+            return false;
+        default:
+            return true;
+    }
+}
+
 std::string py_repr_string(std::string_view s) {
     bool has_single = s.find('\'') != std::string_view::npos;
     bool has_double = s.find('"') != std::string_view::npos;
     char quote = (has_single && !has_double) ? '"' : '\'';
     std::string out(1, quote);
-    for (char ch : s) {
-        unsigned char c = static_cast<unsigned char>(ch);
-        if (ch == quote || ch == '\\') {
+    const Decoded d = decode_with_offsets(s);
+    for (size_t i = 0; i < d.cps.size(); ++i) {
+        const char32_t cp = d.cps[i];
+        char buf[16];
+        if (cp == static_cast<char32_t>(quote) || cp == '\\') {
             out.push_back('\\');
-            out.push_back(ch);
-        } else if (ch == '\n') {
+            out.push_back(static_cast<char>(cp));
+        } else if (cp == '\n') {
             out += "\\n";
-        } else if (ch == '\r') {
+        } else if (cp == '\r') {
             out += "\\r";
-        } else if (ch == '\t') {
+        } else if (cp == '\t') {
             out += "\\t";
-        } else if (c < 0x20 || c == 0x7F) {
-            char buf[8];
-            std::snprintf(buf, sizeof(buf), "\\x%02x", c);
-            out += buf;
+        } else if (cp == 0xFFFFFFFF || py_printable(cp)) {  // (a byte outside UTF-8 stays as it is)
+            out.append(s.substr(d.offsets[i], d.offsets[i + 1] - d.offsets[i]));
         } else {
-            out.push_back(ch);
+            // Python's repr: \xhh below 0x100, \uhhhh below 0x10000, else \Uhhhhhhhh.
+            std::snprintf(buf, sizeof(buf),
+                          cp < 0x100     ? "\\x%02x"
+                          : cp < 0x10000 ? "\\u%04x"
+                                         : "\\U%08x",
+                          static_cast<unsigned>(cp));
+            out += buf;
         }
     }
     out.push_back(quote);

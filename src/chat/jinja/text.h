@@ -15,6 +15,8 @@ std::vector<char32_t> utf8_decode(std::string_view s);
 size_t utf8_length(std::string_view s);
 // Python's str.isspace() for one code point.
 bool is_py_space(char32_t cp);
+// Python's str.isprintable() of one code point (what repr() leaves unescaped).
+bool py_printable(char32_t cp);
 
 // str.strip/lstrip/rstrip: `chars` empty means whitespace.
 std::string py_strip(std::string_view s, bool left, bool right, const std::string* chars);
@@ -30,6 +32,8 @@ std::string py_title(std::string_view s);
 std::string py_capitalize(std::string_view s);
 // Python repr() of a string: quoted and escaped.
 std::string py_repr_string(std::string_view s);
+// Python's str.splitlines(keepends): lines end at \n, \r, \r\n, \v, \f, \x1c-\x1e, U+0085, U+2028, U+2029.
+std::vector<std::string> py_splitlines(std::string_view s, bool keepends);
 // Code point slice [start, stop) with step, indices already normalised by the caller.
 std::string utf8_slice(std::string_view s, const std::vector<int64_t>& indices);
 
