@@ -98,6 +98,53 @@ const std::vector<Case> kCases = {
                    "maxLength": 4}, "b": {"type": "string", "format": "binary"}}})",
      {R"({"n": null})", R"({"n": 5})", R"({"s": "x"})", R"({"pw": "abcd"})", R"({"b": "any text"})"},
      {R"({"n": 6})", R"({"s": null})", R"({"pw": "abcde"})", R"({"b": 1})"}},
+    // Keywords beside const / enum apply to their values.
+    {"enum with type", R"({"type": "string", "enum": ["a", 1, "bcd"], "maxLength": 2})", {"\"a\""}, {"1", "\"bcd\""}},
+    {"const with bounds", R"({"enum": [1, 5, 12.5], "minimum": 2, "exclusiveMaximum": 12.5})", {"5"}, {"1", "12.5"}},
+    {"enum under anyOf", R"({"enum": [1, "a"], "anyOf": [{"type": "string"}]})", {"\"a\""}, {"1"}},
+    // allOf: a property named in both branches takes both schemas, and a branch's additionalProperties
+    // applies to the other branch's properties.
+    {"allOf property schemas",
+     R"({"allOf": [{"properties": {"x": {"type": "integer"}}}, {"properties": {"x": {"minimum": 5}}}]})",
+     {R"({"x": 5})", R"({"x": 7})", "{}"},
+     {R"({"x": 5.5})", R"({"x": 4})"}},
+    {"allOf closed branch",
+     R"({"allOf": [{"properties": {"a": {"type": "integer"}}, "additionalProperties": false},
+                   {"properties": {"b": {"type": "integer"}}}]})",
+     {R"({"a": 1})", "{}"},
+     {R"({"b": 1})", R"({"a": 1, "b": 2})"}},
+    {"anyOf beside properties",
+     R"({"properties": {"x": {"type": "integer"}}, "anyOf": [{"properties": {"x": {"minimum": 0}}}]})",
+     {R"({"x": 0})"},
+     {R"({"x": 0.5})", R"({"x": -1})"}},
+    {"ref with siblings",
+     R"({"$defs": {"s": {"type": "string"}, "a": {"properties": {"x": {"type": "integer"}}}},
+         "properties": {"p": {"allOf": [{"$ref": "#/$defs/s", "maxLength": 2}]},
+                        "q": {"$ref": "#/$defs/a", "properties": {"x": {"minimum": 3}}}}})",
+     {R"({"p": "ab"})", R"({"q": {"x": 3}})"},
+     {R"({"p": "abc"})", R"({"q": {"x": 1}})", R"({"q": {"x": 3.5}})"}},
+    {"ref with siblings, recursive",
+     R"({"$defs": {"n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n", "maxProperties": 1}}}},
+         "$ref": "#/$defs/n"})",
+     {"{}", R"({"c": {"c": {}}})"},
+     {R"({"c": {"d": 1}})"}},
+    // A surrogate pair's escapes are one character; a lone surrogate is none.
+    {"surrogate pairs",
+     R"({"type": "string", "minLength": 2, "maxLength": 2})",
+     {R"("\ud83d\ude00x")", R"("ab")", R"("\u00e9\uFFFF")"},
+     {R"("\ud83d\ude00")", R"("\ud83dx")", R"("\ude00x")"}},
+    // Property names that JSON escapes: the listed spelling takes the property's schema, and is no extra key.
+    {"escaped property names",
+     R"({"properties": {"a\"b": {"type": "integer"}, "c\\d": {"type": "integer"}, "e\nf": {"type": "integer"}},
+         "additionalProperties": {"type": "string"}})",
+     {R"({"a\"b": 1})", R"({"c\\d": 2, "e\nf": 3})", R"({"a\"c": "s"})", R"({"x": "s"})"},
+     {R"({"a\"b": "s"})", R"({"c\\d": "s"})", R"({"e\nf": "s"})", R"({"a"b": 1})", R"({"c\qd": "s"})",
+      "{\"e\nf\": 3}"}},
+    // Integer bounds past the 16 digits integers are written in.
+    {"integer bounds at 16 digits",
+     R"({"type": "integer", "exclusiveMaximum": 10000000000000000, "minimum": 0})",
+     {"9999999999999999", "0"},
+     {"10000000000000000"}},
 };
 
 TEST(JsonSchema, AcceptsWhatTheSchemaAccepts) {
@@ -550,6 +597,19 @@ TEST(JsonSchema, ClearErrors) {
     EXPECT_EQ(error_of("false").first, ErrorCode::kInvalidArgument);
     EXPECT_EQ(error_of("{\"type\": ").first, ErrorCode::kParse);
     EXPECT_EQ(error_of(R"({"type": "bogus"})").first, ErrorCode::kInvalidArgument);
+    // Keywords beside enum / const that the converter cannot check are refused, not ignored.
+    EXPECT_EQ(error_of(R"({"enum": ["a", "b"], "pattern": "^a$"})").second,
+              "JSON Schema at '/': 'pattern' beside enum or const");
+    EXPECT_EQ(error_of(R"({"type": "integer", "enum": ["a", 1.5]})").first, ErrorCode::kInvalidArgument);
+    EXPECT_EQ(error_of(R"({"type": "integer", "minimum": 10000000000000000})").first, ErrorCode::kUnsupported);
+    EXPECT_EQ(error_of(R"({"type": "integer", "maximum": -1e17})").first, ErrorCode::kUnsupported);
+    EXPECT_EQ(error_of(R"({"properties": {"a\u0001": {}}, "additionalProperties": true})").first,
+              ErrorCode::kUnsupported);
+    EXPECT_EQ(error_of(R"({"type": "string", "pattern": "^x{3,2}$"})").first, ErrorCode::kParse);
+    EXPECT_EQ(error_of(R"({"allOf": [{"properties": {"a": {}}, "required": ["a"]},
+                                     {"properties": {"b": {}}, "additionalProperties": false}]})")
+                  .first,
+              ErrorCode::kInvalidArgument);
 }
 
 TEST(JsonSchema, RegexSubset) {
@@ -562,6 +622,11 @@ TEST(JsonSchema, RegexSubset) {
     EXPECT_EQ(g("^(?:x|y)+?$")->match("xyx"), -1);
     EXPECT_EQ(g("^\"q\\\\$")->match("\\\"q\\\\"), -1);  // '"' and '\' come out escaped, as JSON writes them
     EXPECT_EQ(g("mid")->match("  mid  "), -1);          // unanchored: a search
+    // ECMAScript's classes: \s and \S over Unicode white space, '.' short of every line terminator.
+    EXPECT_EQ(g("^\\s$")->match("\u00a0"), -1);
+    EXPECT_NE(g("^\\S$")->match("\u3000"), -1);
+    EXPECT_NE(g("^.$")->match("\u2028"), -1);
+    EXPECT_EQ(g("^.$")->match("\u2027"), -1);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <set>
 #include <vector>
 
+#include "chat/grammar/json_schema_merge.h"
 #include "chat/grammar/json_schema_rules.h"
 #include "chat/grammar/multiple_of.h"
 #include "chat/grammar/number_range.h"
@@ -22,12 +23,6 @@
 
 namespace cera::grammar {
 namespace {
-
-using Json = nlohmann::ordered_json;
-
-const std::set<std::string> kAnnotations = {"title",   "description", "$schema",    "$id",      "$comment",
-                                            "default", "examples",    "deprecated", "readOnly", "writeOnly",
-                                            "$defs",   "definitions", "strict"};
 
 // A GBNF string literal for bytes.
 std::string literal(const std::string& s) {
@@ -85,12 +80,16 @@ class Converter {
 
  private:
     [[noreturn]] static void unsupported(const std::string& path, const std::string& what) {
-        throw_error(ErrorCode::kUnsupported, "JSON Schema at '%s': %s", path.empty() ? "/" : path.c_str(),
-                    what.c_str());
+        schema_unsupported(path, what);
     }
-    [[noreturn]] static void invalid(const std::string& path, const std::string& what) {
-        throw_error(ErrorCode::kInvalidArgument, "JSON Schema at '%s': %s", path.empty() ? "/" : path.c_str(),
-                    what.c_str());
+    [[noreturn]] static void invalid(const std::string& path, const std::string& what) { schema_invalid(path, what); }
+    static int64_t count(const Json& s, const char* key, int64_t dflt, const std::string& path) {
+        return schema_count(s, key, dflt, path);
+    }
+    Json merge(const Json& a, const Json& b, const std::string& path) {
+        return merge_schemas(
+            a, b, path, [this](const std::string& r, const std::string& p) -> const Json& { return resolve(r, p); },
+            depth_);
     }
 
     std::string prim(const std::string& name) {
@@ -181,27 +180,22 @@ class Converter {
             const std::string ref = s["$ref"];
             Json siblings = s;
             siblings.erase("$ref");
-            if (!only_annotations(siblings))  // keywords beside a $ref apply too
-                return visit(merge(siblings, s, path), hint, path);
-            auto it = refs_.find(ref);
+            for (const auto& a : kAnnotations) siblings.erase(a);
+            // Keywords beside a $ref apply too: the pair is a rule of its own, so a recursion through it closes.
+            const std::string key = siblings.empty() ? ref : ref + " & " + siblings.dump();
+            auto it = refs_.find(key);
             if (it != refs_.end()) {
-                if (at_start_.count(ref))
+                if (at_start_.count(key))
                     invalid(path, "$ref '" + ref + "' comes back to itself before any '{' or '[' (a left recursion)");
                 return it->second;
             }
             const std::string name = new_rule(ref == "#" ? "root-ref" : ref.substr(ref.rfind('/') + 1));
-            refs_[ref] = name;
-            at_start_.insert(ref);
-            rules_[name] = visit(resolve(ref, path + "/$ref"), name, ref.substr(1));
-            at_start_.erase(ref);
+            refs_[key] = name;
+            at_start_.insert(key);
+            rules_[name] = siblings.empty() ? visit(resolve(ref, path + "/$ref"), name, ref.substr(1))
+                                            : visit(merge(siblings, s, path), name, path);
+            at_start_.erase(key);
             return name;
-        }
-        if (s.contains("const")) return literal(s["const"].dump());
-        if (s.contains("enum")) {
-            if (!s["enum"].is_array() || s["enum"].empty()) invalid(path, "enum must be a non-empty array");
-            std::string out;
-            for (const auto& v : s["enum"]) out += (out.empty() ? "" : " | ") + literal(v.dump());
-            return rule(hint, out);
         }
         for (const char* key : {"anyOf", "oneOf"}) {
             if (!s.contains(key)) continue;
@@ -223,6 +217,11 @@ class Converter {
             merged.erase("allOf");
             for (const auto& sub : s["allOf"]) merged = merge(merged, sub, path + "/allOf");
             return visit(merged, hint, path);
+        }
+        if (s.contains("const") || s.contains("enum")) {
+            std::string out;
+            for (const auto& v : enum_values(s, path)) out += (out.empty() ? "" : " | ") + literal(v.dump());
+            return rule(hint, out);
         }
         if (s.contains("type") && s["type"].is_array()) {
             std::string out;
@@ -269,44 +268,10 @@ class Converter {
         invalid(path, "unknown type " + s["type"].dump());
     }
 
-    static bool only_annotations(const Json& s) {
-        for (const auto& [k, v] : s.items())
-            if (!kAnnotations.count(k)) return false;
-        return true;
-    }
-
-    // allOf: the union of properties and required, the other keywords of both (equal where both have one).
-    Json merge(Json a, Json b, const std::string& path) {
-        if (b.is_object() && b.contains("$ref")) b = resolve(b["$ref"], path);
-        if (b.is_boolean() && b.get<bool>()) return a;
-        if (!b.is_object()) invalid(path, "allOf holds a schema that is not an object");
-        for (auto& [k, v] : b.items()) {
-            if (k == "properties" && a.contains(k)) {
-                for (auto& [pk, pv] : v.items()) a[k][pk] = pv;
-            } else if (k == "required" && a.contains(k)) {
-                for (auto& r : v)
-                    if (std::find(a[k].begin(), a[k].end(), r) == a[k].end()) a[k].push_back(r);
-            } else if (a.contains(k) && a[k] != v && !kAnnotations.count(k)) {
-                unsupported(path, "allOf with different values of '" + k + "'");
-            } else {
-                a[k] = v;
-            }
-        }
-        return a;
-    }
-
     std::string rule(const std::string& hint, const std::string& body) {
         const std::string name = new_rule(hint);
         rules_[name] = body;
         return name;
-    }
-
-    static int64_t count(const Json& s, const char* key, int64_t dflt, const std::string& path) {
-        if (!s.contains(key)) return dflt;
-        if (!s[key].is_number_integer() || s[key].get<int64_t>() < 0)
-            invalid(path, std::string(key) + " must be a non-negative integer");
-        if (s[key].get<int64_t>() > 10000) unsupported(path, std::string(key) + " above 10000");
-        return s[key].get<int64_t>();
     }
 
     static std::string repeat(const std::string& item, int64_t lo, int64_t hi) {
@@ -404,10 +369,20 @@ class Converter {
             if (!exclusive && s.contains(modifier) && s[modifier].is_boolean() && s[modifier].get<bool>())
                 exclusive = true;
             const double d = j.get<double>();
-            const double r = is_max ? std::floor(d) : std::ceil(d);
-            int64_t x = r >= double(kBig) ? kBig : r <= -double(kBig) ? -kBig : int64_t(r);
-            if (j.is_number_integer() && std::abs(d) < double(kBig)) x = j.get<int64_t>();
-            if (exclusive && r == d) x += is_max ? -1 : 1;
+            int64_t x;
+            bool integral = false;  // the bound is itself an integer (an exclusive one then moves by one)
+            if (j.is_number_integer() && std::fabs(d) <= 1e16) {
+                x = j.get<int64_t>(), integral = true;
+            } else if (std::fabs(d) >= 1e16) {  // (a double that far out is an integer, beyond the rule's reach)
+                x = d > 0 ? kBig + 1 : -kBig - 1;
+            } else {
+                const double r = is_max ? std::floor(d) : std::ceil(d);
+                x = int64_t(r), integral = r == d;
+            }
+            if (exclusive && integral) x += is_max ? -1 : 1;
+            if (is_max ? x < -kBig : x > kBig)
+                unsupported(path, std::string(key) + " " + j.dump() + " (integers here have at most 16 digits)");
+            x = std::clamp(x, -kBig, kBig);
             v = is_max ? std::min(v, x) : std::max(v, x);
             bounded = true;
         };
@@ -554,13 +529,14 @@ class Converter {
     }
 
     // A JSON string that is none of `names` (the keys of additional properties): one rule per prefix of
-    // the names, where the next character decides whether the key is still a prefix of one.
-    std::string other_key(const std::vector<std::string>& names, const std::string& hint) {
+    // the names, where the next character decides whether the key is still a prefix of one. A name's
+    // character that JSON escapes (a quote, a backslash, a control character) is matched in the escaped
+    // spelling that the listed property is written in, and that escape then no longer leaves the names.
+    std::string other_key(const std::vector<std::string>& names, const std::string& hint, const std::string& path) {
         if (names.empty()) return prim("string");
         std::vector<std::u32string> cps;
         for (const auto& n : names) cps.push_back(decode(n));
         const std::string any = prim("char") + "* \"\\\"\"";
-        const std::string escape = "\"\\\\\" ( [\"\\\\/bfnrt] | \"u\" " + prim("hex") + "{4} )";
         std::function<std::string(const std::u32string&)> node = [&](const std::u32string& prefix) -> std::string {
             std::set<char32_t> next;
             bool is_name = false;
@@ -571,14 +547,26 @@ class Converter {
                     else
                         next.insert(n[prefix.size()]);
                 }
-            std::string alts, excluded = "^\"\\\\\\x00-\\x1F";
+            std::string alts, excluded = "^\"\\\\\\x00-\\x1F", short_escapes = "\"\\\\/bfnrt";
             for (char32_t c : next) {
-                char buf[16];
-                std::snprintf(buf, sizeof buf, "\\U%08X", unsigned(c));
-                alts += (alts.empty() ? "" : " | ") + std::string("\"") + buf + "\" " + node(prefix + c);
-                excluded += buf;
+                std::string spelled;  // a GBNF literal of the character as the key holds it
+                if (c == '"' || c == '\\' || c < 0x20) {
+                    const std::string e = Json(std::string(1, char(c))).dump();  // "\"\\n\"" and the like
+                    if (e.size() != 4)
+                        unsupported(path, "a property name holding the control character U+00" +
+                                              std::string(1, "0123456789ABCDEF"[c >> 4]) + "0123456789ABCDEF"[c & 15]);
+                    spelled = literal(e.substr(1, 2));
+                    short_escapes.erase(short_escapes.find(e[2]), e[2] == '\\' ? 2 : 1);  // (\\ is two in a class)
+                } else {
+                    char buf[16];
+                    std::snprintf(buf, sizeof buf, "\\U%08X", unsigned(c));
+                    spelled = std::string("\"") + buf + "\"";
+                    excluded += buf;
+                }
+                alts += (alts.empty() ? "" : " | ") + spelled + " " + node(prefix + c);
             }
-            // An escape leaves the names behind too (an escaped spelling of a name is not caught).
+            // Any other escape leaves the names behind too (a \u spelling of a name's character is not caught).
+            const std::string escape = "\"\\\\\" ( [" + short_escapes + "] | \"u\" " + prim("hex") + "{4} )";
             alts += (alts.empty() ? "" : " | ") + ("( [" + excluded + "] | " + escape + " ) " + any);
             if (!is_name) alts += " | \"\\\"\"";
             return rule(hint + "-key", alts);
@@ -681,6 +669,11 @@ class Converter {
         if (s.contains("properties")) {
             if (!s["properties"].is_object()) invalid(path, "properties must be an object");
             for (const auto& [k, v] : s["properties"].items()) {
+                if (v.is_boolean() && !v.get<bool>()) {  // (allOf with a closed branch) a key that cannot appear
+                    if (required.count(k)) invalid(path, "the required property '" + k + "' can hold no value");
+                    names.push_back(k);  // nor as an additional property
+                    continue;
+                }
                 const std::string value = visit(v, hint + "-" + k, path + "/properties/" + k);
                 items.push_back(
                     {literal(Json(k).dump()) + " " + ws + " \":\" " + ws + " " + value, required.count(k) > 0});
@@ -694,7 +687,7 @@ class Converter {
         if (s.contains("additionalProperties") &&
             !(s["additionalProperties"].is_boolean() && !s["additionalProperties"].get<bool>())) {
             const std::string value = visit(s["additionalProperties"], hint + "-extra", path + "/additionalProperties");
-            extra = rule(hint + "-kv", other_key(names, hint) + " " + ws + " \":\" " + ws + " " + value);
+            extra = rule(hint + "-kv", other_key(names, hint, path) + " " + ws + " \":\" " + ws + " " + value);
         }
         const std::string sep = ws + " \",\" " + ws + " ";
         if (s.contains("minProperties") || s.contains("maxProperties"))

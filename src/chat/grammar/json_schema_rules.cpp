@@ -4,7 +4,10 @@ namespace cera::grammar {
 
 const std::map<std::string, std::string> kPrimitives = {
     {"ws", R"(( " " | "\n" [ \t]{0,16} )?)"},
-    {"char", R"([^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} ))"},
+    // One character of a JSON string: a surrogate pair's two escapes are one character (a string's length
+    // counts them once, as JSON Schema does), and a lone surrogate is none.
+    {"char",
+     R"([^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" ( [0-9a-cA-CeEfF] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2} | [dD] [89abAB] [0-9a-fA-F]{2} "\\u" [dD] [c-fC-F] [0-9a-fA-F]{2} ) ))"},
     {"string", R"("\"" char* "\"")"},
     {"integer", R"("-"? ( "0" | [1-9] [0-9]{0,15} ))"},
     {"number", R"("-"? ( "0" | [1-9] [0-9]{0,15} ) ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?)"},

@@ -84,7 +84,9 @@ Ranges negate(const Ranges& in) {
 
 const Ranges kDigit = {{'0', '9'}};
 const Ranges kWord = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
-const Ranges kSpace = {{'\t', '\r'}, {' ', ' '}};
+// ECMAScript's \s: its WhiteSpace and LineTerminator code points.
+const Ranges kSpace = {{'\t', '\r'},     {' ', ' '},       {0xA0, 0xA0},     {0x1680, 0x1680}, {0x2000, 0x200A},
+                       {0x2028, 0x2029}, {0x202F, 0x202F}, {0x205F, 0x205F}, {0x3000, 0x3000}, {0xFEFF, 0xFEFF}};
 
 class Regex {
  public:
@@ -147,6 +149,14 @@ class Regex {
             for (char d : inner)
                 if (!(d == ',' || (d >= '0' && d <= '9'))) fail("a bad repetition");
             if (inner.empty() || inner[0] == ',') fail("a bad repetition");
+            const size_t comma = inner.find(',');
+            auto number = [](std::string d) {  // digits without leading zeros, compared by length then text
+                d.erase(0, std::min(d.find_first_not_of('0'), d.size()));
+                return std::make_pair(d.size(), d);
+            };
+            if (comma != std::string::npos && comma + 1 < inner.size() &&
+                number(inner.substr(comma + 1)) < number(inner.substr(0, comma)))
+                fail("a repetition {m,n} with n < m");
             q = "{" + inner + "}";
             pos_ = close + 1;
         } else {
@@ -258,7 +268,8 @@ class Regex {
         if (c == '[') return char_class();
         if (c == '.') {
             ++pos_;
-            return json_class({{0, '\n' - 1}, {'\n' + 1, '\r' - 1}, {'\r' + 1, 0x10FFFF}});
+            // Anything but ECMAScript's line terminators: \n, \r, U+2028, U+2029.
+            return json_class({{0, '\n' - 1}, {'\n' + 1, '\r' - 1}, {'\r' + 1, 0x2027}, {0x202A, 0x10FFFF}});
         }
         if (c == '*' || c == '+' || c == '?' || c == '{') fail("'%c' follows nothing", c);
         if (c == '^' || c == '$') unsupported("an anchor inside the pattern");
