@@ -147,7 +147,8 @@ struct LogprobWriter {
             for (const TokenLogprob& t : lp.top) top[text(t.id).first] = value(t.logprob);
             tops.push_back(std::move(top));
             offsets.push_back(*offset);
-            *offset += engine.token_bytes(lp.token.id).size();
+            // In characters of the text, as clients slice it (a character's continuation bytes add none).
+            for (unsigned char c : engine.token_bytes(lp.token.id)) *offset += (c & 0xC0) != 0x80;
         }
         return {{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
     }
@@ -260,7 +261,7 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
             g.rendered_tokens = rendered;
             auto sink = std::make_shared<ChoiceSink>(ch, i, *engine, metrics);
             sink->ignore_eos = g.ignore_eos;
-            reqs.push_back(submit(prompt, g, std::move(sink), placed));
+            reqs.push_back(submit(prompt, g, std::move(sink), placed, chat ? "messages" : "prompt"));
         }
     } catch (...) {  // a choice refused: the others go too
         for (auto& r : reqs) r->cancel();

@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <memory>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "cera/error.h"
 #include "cera/grammar.h"
@@ -414,8 +416,21 @@ PromptInput completion_prompt(const json& j, const RequestLimits& limits) {
 
 json parse_body(std::string_view body, const RequestLimits& limits) {
     json j = json::parse(body, nullptr, false);
-    if (j.is_discarded()) refuse("the request body is not valid JSON");
+    if (j.is_discarded())
+        refuse(body.empty() ? "the request has no body (a JSON object)" : "the request body is not valid JSON");
     if (!j.is_object()) refuse("the request body must be a JSON object");
+    // Writing a value out (a schema, tools, arguments) recurses once a level, so depth is bounded first;
+    // the walk here is iterative.
+    constexpr size_t kMaxDepth = 256;
+    std::vector<std::pair<const json*, size_t>> stack{{&j, 1}};
+    while (!stack.empty()) {
+        const auto [v, depth] = stack.back();
+        stack.pop_back();
+        if (depth > kMaxDepth)
+            refuse("the request body is nested deeper than " + std::to_string(kMaxDepth) + " levels");
+        if (v->is_structured())
+            for (const json& c : *v) stack.emplace_back(&c, depth + 1);
+    }
     const json* m = field(j, "model");
     // (A value that is not a string is not echoed: dumping a deeply nested one would recurse as deep.)
     if (m && !m->is_string()) refuse("'model' must be a string", "model");

@@ -33,7 +33,9 @@ using json = nlohmann::ordered_json;
 
 void send_json(httplib::Response& res, int status, const json& body) {
     res.status = status;
-    res.set_content(body.dump(), "application/json");
+    // (Text from the model or the client that is not whole UTF-8, as a token that ends mid-character,
+    // comes out with U+FFFD in its place rather than failing the reply.)
+    res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
 double seconds_between(Clock::time_point a, Clock::time_point b) {
@@ -65,15 +67,18 @@ std::string base64_floats(const std::vector<float>& v) {
 }  // namespace
 
 std::shared_ptr<Request> Server::Impl::submit(const std::vector<int32_t>& prompt, const GenerateOptions& g,
-                                              std::shared_ptr<Sink> sink, std::span<const PromptImage> images) {
-    if (prompt.empty()) refuse("the prompt has no tokens", "prompt");
+                                              std::shared_ptr<Sink> sink, std::span<const PromptImage> images,
+                                              const char* prompt_param) {
+    if (prompt.empty()) refuse("the prompt has no tokens", prompt_param);
     try {
         return batcher->submit(prompt, g, std::move(sink), images);
     } catch (const Error& e) {
-        if (e.code() == ErrorCode::kOverCapacity) refuse(e.what(), "", 429, "server_error", "over_capacity");
+        std::string why = e.what();
+        if (why.rfind("submit: ", 0) == 0) why.erase(0, 8);  // the library call's name says nothing to a client
+        if (e.code() == ErrorCode::kOverCapacity) refuse(why, "", 429, "server_error", "over_capacity");
         if (e.code() == ErrorCode::kOutOfRange)  // the prompt leaves no room in a sequence
-            refuse(e.what(), "messages", 400, "invalid_request_error", "context_length_exceeded");
-        refuse(e.what());
+            refuse(why, prompt_param, 400, "invalid_request_error", "context_length_exceeded");
+        refuse(why);
     }
 }
 

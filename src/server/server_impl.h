@@ -60,8 +60,10 @@ struct Server::Impl {
     void complete(const httplib::Request& req, httplib::Response& res, bool chat, Exchange& x, bool native = false);
     void embeddings(const httplib::Request& req, httplib::Response& res, Exchange& x);
     // Submits one choice; a refusal for what the batcher refuses (429 when over capacity).
+    // prompt_param: the request field a prompt too long for a sequence is reported against.
     std::shared_ptr<Request> submit(const std::vector<int32_t>& prompt, const GenerateOptions& g,
-                                    std::shared_ptr<Sink> sink, std::span<const PromptImage> images = {});
+                                    std::shared_ptr<Sink> sink, std::span<const PromptImage> images = {},
+                                    const char* prompt_param = "messages");
     // Counts the request in the metrics and writes its log line.
     void finish(const Exchange& x, const RequestLog& log);
 };

@@ -145,9 +145,25 @@ TEST(ServeApi, CompletionLogprobsWithLogitBias) {
         EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), ref[i].logprob, 2e-3);
         EXPECT_EQ(lp["top_logprobs"][i].size(), 2u);
         EXPECT_EQ(lp["text_offset"][i], offset);
-        offset += serve_engine()->token_bytes(ref[i].token).size();
+        for (unsigned char c : serve_engine()->token_bytes(ref[i].token)) offset += (c & 0xC0) != 0x80;  // characters
     }
     EXPECT_TRUE(j["choices"][0]["text"].get<std::string>().rfind(serve_engine()->token_bytes(second), 0) == 0);
+}
+
+// A token that ends inside a UTF-8 character detokenizes with U+FFFD in place of the broken bytes, as a
+// reply's text does, not as a failed reply.
+TEST(ServeApi, DetokenizeOfPartOfACharacter) {
+    RunningServer r;
+    int32_t partial = -1;
+    for (int32_t id = 0; id < serve_engine()->info().n_vocab && partial < 0; ++id) {
+        const std::string b = serve_engine()->token_bytes(id);
+        if (b.size() == 1 && static_cast<unsigned char>(b[0]) >= 0xC2) partial = id;  // a lead byte alone
+    }
+    if (partial < 0) GTEST_SKIP() << "the vocabulary has no lone lead-byte token";
+    int status = 0;
+    const json j = r.post("/detokenize", {{"tokens", {partial}}}, &status);
+    EXPECT_EQ(status, 200) << j.dump();
+    EXPECT_EQ(j["content"], "\uFFFD") << j.dump();
 }
 
 // What a Session gives for the prompt with these sampling settings.
@@ -450,10 +466,13 @@ TEST(ServeApi, EveryRefusalHasItsStatusAndErrorBody) {
         {"/v1/chat/completions", "{" + user + R"(, "user": 5})", 400, "user", nullptr},
         {"/v1/chat/completions", "{" + user + R"(, "stream_options": 5})", 400, "stream_options", nullptr},
         {"/v1/chat/completions", "{" + user + R"(, "tools": []})", 400, "tools", nullptr},
-        {"/v1/chat/completions", "{" + user + R"(, "response_format": {"type": "xml"}})", 400, "response_format", nullptr},
+        {"/v1/chat/completions", "{" + user + R"(, "response_format": {"type": "xml"}})", 400, "response_format",
+         nullptr},
         {"/v1/chat/completions", "{" + user + R"(, "response_format": {"type": "json_schema"}})", 400,
          "response_format", nullptr},
-        {"/v1/chat/completions", "{" + user + R"(, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object", "frobnicate": 1}}}})",
+        {"/v1/chat/completions",
+         "{" + user +
+             R"(, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object", "frobnicate": 1}}}})",
          400, "response_format", nullptr},
         {"/v1/completions", R"({"prompt": "hi", "grammar": "root ::= undefined"})", 400, "grammar", nullptr},
         {"/v1/completions", R"({"prompt": "hi", "grammar": "root ::= \"a\"", "json_schema": {}})", 400,
@@ -461,8 +480,13 @@ TEST(ServeApi, EveryRefusalHasItsStatusAndErrorBody) {
         {"/v1/completions", R"({"prompt": "hi", "logprobs": true})", 400, "logprobs", nullptr},
         {"/v1/completions", R"({"prompt": "hi", "echo": true})", 400, "echo", nullptr},
         {"/v1/completions", R"({"prompt": "hi", "suffix": "x"})", 400, "suffix", nullptr},
-        {"/v1/completions", json{{"prompt", std::vector<int>(300, 1)}}.dump(), 400, "messages",
+        {"/v1/completions", json{{"prompt", std::vector<int>(300, 1)}}.dump(), 400, "prompt",
          "context_length_exceeded"},
+        // Nesting deeper than the server writes values out (a schema, tools) is refused before any use.
+        {"/v1/chat/completions",
+         "{" + user + R"(, "json_schema": {"x": )" + std::string(1000, '[') + std::string(1000, ']') + "}}", 400,
+         nullptr, nullptr},
+        {"/v1/chat/completions", "", 400, nullptr, nullptr},
         {"/v1/completions", R"({"prompt": "hi"})", 429, nullptr, "over_capacity"},
         {"/v1/embeddings", R"({"input": []})", 400, "input", nullptr},
         {"/v1/embeddings", R"({"input": ""})", 400, "input", nullptr},

@@ -119,6 +119,19 @@ TEST(RequestTools, KeysKeepTheClientsOrder) {
     EXPECT_NE(s.options.grammar->match(R"({"age": 3, "name": "a"})"), -1);
 }
 
+// Values nested deeper than 256 levels are refused before anything writes them out (that recurses).
+TEST(RequestTools, DeepNestingIsRefused) {
+    const std::string deep = std::string(300, '[') + std::string(300, ']');
+    try {
+        chat(R"(, "tools": [{"type": "function", "function": {"name": "f", "parameters": )" + deep + "}}]");
+        ADD_FAILURE() << "not refused";
+    } catch (const Refusal& r) {
+        EXPECT_EQ(r.status, 400);
+        EXPECT_NE(r.message.find("nested deeper than 256 levels"), std::string::npos) << r.message;
+    }
+    EXPECT_NO_THROW(chat(R"(, "metadata": )" + std::string(200, '[') + std::string(200, ']')));
+}
+
 TEST(RequestTools, BadToolsAreRefused) {
     EXPECT_NE(refused(R"(, "tools": {"a": 1})", "tools").find("non-empty list"), std::string::npos);
     EXPECT_NE(refused(R"(, "tools": [])", "tools").find("non-empty list"), std::string::npos);

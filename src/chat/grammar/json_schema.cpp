@@ -166,7 +166,7 @@ class Converter {
                                                         "maxProperties",
                                                         "uniqueItems",
                                                         "nullable"};
-            if (!known.count(k) && !kAnnotations.count(k)) unsupported(path, "the keyword '" + k + "'");
+            if (!known.count(k) && !is_annotation(k)) unsupported(path, "the keyword '" + k + "'");
         }
         if (s.contains("nullable")) {  // OpenAPI's (ajv's too): true adds null to the schema's values
             if (!s["nullable"].is_boolean()) invalid(path, "nullable must be a boolean");
@@ -180,7 +180,12 @@ class Converter {
             const std::string ref = s["$ref"];
             Json siblings = s;
             siblings.erase("$ref");
-            for (const auto& a : kAnnotations) siblings.erase(a);
+            for (auto it = siblings.begin(); it != siblings.end();) {
+                if (is_annotation(it.key()))
+                    it = siblings.erase(it);
+                else
+                    ++it;
+            }
             // Keywords beside a $ref apply too: the pair is a rule of its own, so a recursion through it closes.
             const std::string key = siblings.empty() ? ref : ref + " & " + siblings.dump();
             auto it = refs_.find(key);
@@ -432,7 +437,7 @@ class Converter {
         const Json items = s.contains("items") ? s["items"] : Json::object();
         if (!items.is_object()) unsupported(path, "uniqueItems on items other than an enum, a const, booleans or null");
         for (const auto& [k, v] : items.items())
-            if (k != "enum" && k != "const" && k != "type" && !kAnnotations.count(k))
+            if (k != "enum" && k != "const" && k != "type" && !is_annotation(k))
                 unsupported(path + "/items", "the keyword '" + k + "' beside uniqueItems");
         if (items.contains("enum") && items.contains("const")) unsupported(path + "/items", "enum and const together");
         const std::string type =

@@ -7,12 +7,18 @@
 
 namespace cera::grammar {
 
-const std::set<std::string> kAnnotations = {"title",   "description", "$schema",    "$id",      "$comment",
-                                            "default", "examples",    "deprecated", "readOnly", "writeOnly",
-                                            "$defs",   "definitions", "strict"};
+bool is_annotation(const std::string& keyword) {
+    // Annotations of JSON Schema and of OpenAPI (whose "x-" extensions are annotations too).
+    static const std::set<std::string> kAnnotations = {
+        "title",    "description",   "$schema",      "$id",      "$comment",         "$anchor",        "default",
+        "examples", "example",       "deprecated",   "readOnly", "writeOnly",        "$defs",          "definitions",
+        "strict",   "discriminator", "externalDocs", "xml",      "contentMediaType", "contentEncoding"};
+    return kAnnotations.count(keyword) > 0 || keyword.rfind("x-", 0) == 0;
+}
 
 void schema_unsupported(const std::string& path, const std::string& what) {
-    throw_error(ErrorCode::kUnsupported, "JSON Schema at '%s': %s", path.empty() ? "/" : path.c_str(), what.c_str());
+    throw_error(ErrorCode::kUnsupported, "JSON Schema at '%s': %s is not supported", path.empty() ? "/" : path.c_str(),
+                what.c_str());
 }
 
 void schema_invalid(const std::string& path, const std::string& what) {
@@ -51,7 +57,7 @@ std::vector<Json> enum_values(const Json& s, const std::string& path) {
         "const",      "enum",      "type",     "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
         "multipleOf", "minLength", "maxLength"};
     for (const auto& [k, v] : s.items())
-        if (!checked.count(k) && !kAnnotations.count(k)) schema_unsupported(path, "'" + k + "' beside enum or const");
+        if (!checked.count(k) && !is_annotation(k)) schema_unsupported(path, "'" + k + "' beside enum or const");
     auto is_type = [](const Json& v, const std::string& t) {
         if (t == "integer")
             return v.is_number_integer() || (v.is_number_float() && std::isfinite(v.get<double>()) &&
@@ -103,7 +109,7 @@ std::vector<Json> enum_values(const Json& s, const std::string& path) {
 
 bool only_annotations(const Json& s) {
     for (const auto& [k, v] : s.items())
-        if (!kAnnotations.count(k)) return false;
+        if (!is_annotation(k)) return false;
     return true;
 }
 
@@ -159,7 +165,7 @@ Json merge_schemas(Json a, Json b, const std::string& path, const Resolver& reso
             if (!v.is_array() || !a[k].is_array()) schema_invalid(path, "required must be an array");
             for (auto& r : v)
                 if (std::find(a[k].begin(), a[k].end(), r) == a[k].end()) a[k].push_back(r);
-        } else if (a.contains(k) && a[k] != v && !kAnnotations.count(k)) {
+        } else if (a.contains(k) && a[k] != v && !is_annotation(k)) {
             schema_unsupported(path, "allOf with different values of '" + k + "'");
         } else {
             a[k] = v;

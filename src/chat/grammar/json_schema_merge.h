@@ -13,8 +13,8 @@ namespace cera::grammar {
 
 using Json = nlohmann::ordered_json;
 
-// Keywords that say nothing about the values.
-extern const std::set<std::string> kAnnotations;
+// Whether a keyword says nothing about the values (title, description, examples, "x-" extensions, ...).
+bool is_annotation(const std::string& keyword);
 bool only_annotations(const Json& s);
 
 // The converter's errors, naming the schema path ("" is the root).
