@@ -47,7 +47,7 @@ int run_serve(const std::vector<std::string>& args) {
         ->capture_default_str();
     app.add_option("--max-body", so.max_body_bytes, "largest request body in bytes (413 above)")->capture_default_str();
     app.add_option("--http-threads", so.http_threads,
-                   "threads answering requests (0: 4 per sequence slot, at least 32)")
+                   "threads answering requests (0: 8 per sequence slot and 16 more, at least 64)")
         ->capture_default_str();
     ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch);
     app.add_option("--mmproj", ef.mmproj,

@@ -140,7 +140,7 @@ void Server::Impl::embeddings(const httplib::Request& req, httplib::Response& re
 
 void Server::Impl::routes() {
     http.set_payload_max_length(o.max_body_bytes);
-    const size_t threads = size_t(o.http_threads > 0 ? o.http_threads : std::max(32, 4 * o.batch.parallel));
+    const size_t threads = size_t(o.http_threads > 0 ? o.http_threads : std::max(64, 8 * o.batch.parallel + 16));
     http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     // A stream is many small writes: each goes out at once, not held for the previous one's ACK.
     http.set_tcp_nodelay(true);

@@ -24,8 +24,9 @@ struct ServeOptions {
     // A folder whose image files chat requests may name in image_url parts (file:// URLs or absolute
     // paths); empty: images come as data: URLs only. Needs a vision projector (EngineOptions::mmproj).
     std::string allow_local_images;
-    // Threads answering HTTP requests (a streaming request holds one until it ends); 0: 4 per sequence
-    // slot (batch.parallel), at least 32.
+    // Threads answering HTTP requests (a streaming request holds one until it ends, so requests waiting
+    // for a sequence slot hold one too); 0: 8 per sequence slot (batch.parallel) and 16 more, at least 64,
+    // so that /health and short requests still find one while many clients wait.
     int http_threads = 0;
     BatcherOptions batch;
 };
