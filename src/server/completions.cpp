@@ -235,7 +235,7 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
     std::vector<int32_t> prompt;
     std::vector<PromptImage> placed;
     if (chat) {
-        prompt = chat_prompt(*engine, tmpl, cr.messages, cr.tools_json);
+        prompt = chat_prompt(*engine, tmpl, cr.messages, cr.tools_json, cr.template_kwargs);
         if (engine->has_vision()) prompt = with_images(*engine, prompt, cr.images, placed);
     } else if (cr.prompt.is_ids)
         prompt = cr.prompt.ids;

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <memory>
 #include <random>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -477,6 +478,17 @@ CompletionRequest parse_completion(std::string_view body, bool chat, const Reque
     r.chat = chat;
     if (chat) {
         r.messages = messages(j, limits, r.images);
+        if (const json* kw = field(j, "chat_template_kwargs")) {
+            if (!kw->is_object()) refuse("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+            for (const auto& [k, v] : kw->items()) {
+                static const std::set<std::string> kOwn = {"messages", "tools", "add_generation_prompt", "bos_token",
+                                                           "eos_token"};
+                if (kOwn.count(k)) refuse("'chat_template_kwargs' cannot set '" + k + "'", "chat_template_kwargs");
+                if (!v.is_boolean() && !v.is_string())
+                    refuse("'chat_template_kwargs' values must be booleans or strings", "chat_template_kwargs");
+                r.template_kwargs[k] = v.is_boolean() ? (v.get<bool>() ? "true" : "false") : v.get<std::string>();
+            }
+        }
     } else {
         r.prompt = completion_prompt(j, limits);
         if (boolean(j, "echo", false)) refuse("'echo' is not supported", "echo");

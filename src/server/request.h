@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -80,6 +81,9 @@ struct CompletionRequest {
     std::string tools_json;
     std::vector<ToolDef> tools;
     ToolGrammarOptions tool_choice;
+    // chat_template_kwargs (as vLLM and llama.cpp take them, e.g. {"enable_thinking": false}): more
+    // template variables, booleans as "true" / "false".
+    std::map<std::string, std::string> template_kwargs;
 };
 
 // /v1/embeddings.

@@ -150,6 +150,36 @@ TEST(ServeApi, CompletionLogprobsWithLogitBias) {
     EXPECT_TRUE(j["choices"][0]["text"].get<std::string>().rfind(serve_engine()->token_bytes(second), 0) == 0);
 }
 
+// chat_template_kwargs reach the template as variables (booleans as booleans), as vLLM and llama.cpp
+// pass them: the prompt this template renders is longer with the flag set.
+TEST(ServeApi, ChatTemplateKwargsReachTheTemplate) {
+    ServeOptions o;
+    o.chat_template =
+        "{% if flag is true %}one two three four five {% endif %}{{ tone | default('') }}"
+        "{{ messages[0]['content'] }}";
+    RunningServer r(o);
+    auto prompt_tokens = [&](const json& kwargs) {
+        json body = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 1}, {"temperature", 0}};
+        if (!kwargs.is_null()) body["chat_template_kwargs"] = kwargs;
+        int status = 0;
+        const json j = r.post("/v1/chat/completions", body, &status);
+        EXPECT_EQ(status, 200) << j.dump();
+        return j["usage"]["prompt_tokens"].get<int>();
+    };
+    const int plain = prompt_tokens(nullptr);
+    EXPECT_EQ(prompt_tokens({{"flag", false}}), plain);
+    EXPECT_GT(prompt_tokens({{"flag", true}}), plain + 3);
+    EXPECT_GT(prompt_tokens({{"tone", "calm calm calm "}}), plain);
+    int status = 0;
+    r.post("/v1/chat/completions",
+           {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"chat_template_kwargs", {{"flag", 3}}}}, &status);
+    EXPECT_EQ(status, 400);
+    r.post("/v1/chat/completions",
+           {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"chat_template_kwargs", {{"messages", "x"}}}},
+           &status);
+    EXPECT_EQ(status, 400);
+}
+
 // A token that ends inside a UTF-8 character detokenizes with U+FFFD in place of the broken bytes, as a
 // reply's text does, not as a failed reply.
 TEST(ServeApi, DetokenizeOfPartOfACharacter) {
