@@ -98,6 +98,14 @@ const std::vector<Case> kCases = {
                    "maxLength": 4}, "b": {"type": "string", "format": "binary"}}})",
      {R"({"n": null})", R"({"n": 5})", R"({"s": "x"})", R"({"pw": "abcd"})", R"({"b": "any text"})"},
      {R"({"n": 6})", R"({"s": null})", R"({"pw": "abcde"})", R"({"b": 1})"}},
+    // An object schema that lists no properties is a free-form object; one that lists properties (even
+    // none) has no others unless additionalProperties says so.
+    {"free-form objects",
+     R"({"type": "object", "properties": {"meta": {"type": "object"}, "none": {"type": "object", "properties": {}},
+         "some": {"type": "object", "minProperties": 1}}})",
+     {R"({"meta": {}})", R"({"meta": {"a": 1, "b": [true, {"c": null}]}})", R"({"none": {}})",
+      R"({"some": {"k": "v"}})"},
+     {R"({"none": {"a": 1}})", R"({"some": {}})", R"({"meta": []})"}},
     // Keywords beside const / enum apply to their values.
     {"enum with type", R"({"type": "string", "enum": ["a", 1, "bcd"], "maxLength": 2})", {"\"a\""}, {"1", "\"bcd\""}},
     {"const with bounds", R"({"enum": [1, 5, 12.5], "minimum": 2, "exclusiveMaximum": 12.5})", {"5"}, {"1", "12.5"}},

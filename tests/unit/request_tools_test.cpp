@@ -145,7 +145,7 @@ TEST(RequestTools, BadToolsAreRefused) {
         refused(R"(, "tools": [{"function": {"name": "f"}}, {"function": {"name": "f"}}])", "tools").find("repeats"),
         std::string::npos);
     EXPECT_NE(
-        refused(R"(, "tools": [{"function": {"name": "f", "parameters": {"type": "object", "minProperties": 1}}}])",
+        refused(R"(, "tools": [{"function": {"name": "f", "parameters": {"type": "object", "minProperties": 3}}}])",
                 "tools")
             .find("tool 'f' parameters"),
         std::string::npos);

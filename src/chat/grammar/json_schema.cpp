@@ -689,9 +689,12 @@ class Converter {
             if (std::find(names.begin(), names.end(), r) == names.end())
                 unsupported(path, "required property '" + r + "' without a schema in properties");
         std::string extra;
-        if (s.contains("additionalProperties") &&
-            !(s["additionalProperties"].is_boolean() && !s["additionalProperties"].get<bool>())) {
-            const std::string value = visit(s["additionalProperties"], hint + "-extra", path + "/additionalProperties");
+        // Without additionalProperties, an object that lists properties has no others (the narrower reading
+        // llama.cpp takes too), and one that lists none is any object (a free-form object, not just {}).
+        const Json open =
+            s.contains("additionalProperties") ? s["additionalProperties"] : Json(!s.contains("properties"));
+        if (!(open.is_boolean() && !open.get<bool>())) {
+            const std::string value = visit(open, hint + "-extra", path + "/additionalProperties");
             extra = rule(hint + "-kv", other_key(names, hint, path) + " " + ws + " \":\" " + ws + " " + value);
         }
         const std::string sep = ws + " \",\" " + ws + " ";
