@@ -99,11 +99,12 @@ std::string str_format(const std::string& fmt, CallArgs& args) {
     return out;
 }
 
-// Python's str predicates over code points (false for an empty string; a byte outside UTF-8 fails them).
+// Python's str predicates over code points (false for an empty string; utf8_decode reads a byte outside
+// UTF-8 as the code point of its value).
 template <class Pred>
 bool all_code_points(const std::string& s, Pred pred) {
     const std::vector<char32_t> cps = utf8_decode(s);
-    return !cps.empty() && std::all_of(cps.begin(), cps.end(), [&](char32_t c) { return c < 0x110000 && pred(c); });
+    return !cps.empty() && std::all_of(cps.begin(), cps.end(), pred);
 }
 utf8proc_category_t category(char32_t c) { return utf8proc_category(static_cast<utf8proc_int32_t>(c)); }
 // str.isalpha: letters (categories Lu, Ll, Lt, Lm, Lo).
@@ -215,10 +216,7 @@ Value string_method(Interpreter& in, const std::string& s, const std::string& na
     if (name == "isalpha") return Value(all_code_points(s, py_alpha));
     if (name == "isalnum")
         return Value(all_code_points(s, [](char32_t c) { return py_alpha(c) || py_numeric_category(c); }));
-    if (name == "isspace") {
-        auto cps = utf8_decode(s);
-        return Value(!cps.empty() && std::all_of(cps.begin(), cps.end(), is_py_space));
-    }
+    if (name == "isspace") return Value(all_code_points(s, is_py_space));
     if (name == "isupper") return Value(py_upper(s) == s && py_lower(s) != s);
     if (name == "islower") return Value(py_lower(s) == s && py_upper(s) != s);
     eval_fail("string has no method '%s'", name.c_str());
