@@ -151,8 +151,11 @@ void Server::Impl::routes() {
         listen_fd = int(sock);
     });
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+        // Any origin may call the API (a browser page, as OpenAI's API allows); the key guards it, and a
+        // CORS preflight, which carries no key, only learns the methods.
+        res.set_header("Access-Control-Allow-Origin", "*");
         // The chat page loads without the key; it asks for one and sends it with its API calls.
-        if (o.api_key.empty() || req.path == "/health" || req.path == "/")
+        if (o.api_key.empty() || req.path == "/health" || req.path == "/" || req.method == "OPTIONS")
             return httplib::Server::HandlerResponse::Unhandled;
         if (req.get_header_value("Authorization") == "Bearer " + o.api_key)
             return httplib::Server::HandlerResponse::Unhandled;
@@ -161,6 +164,12 @@ void Server::Impl::routes() {
     });
     // Statuses no route produced (no such path, a body over the limit, a wrong method), and 401s.
     http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+        if (res.status == 404 && res.body.empty()) {
+            if (const std::string allow = methods_of(req.path); !allow.empty()) {
+                res.status = 405;
+                res.set_header("Allow", allow);
+            }
+        }
         const int s = res.status;
         if (!res.body.empty() && s != 401) return;  // a route's own error, counted and logged there
         if (res.body.empty()) {
@@ -202,8 +211,18 @@ void Server::Impl::routes() {
             }
         };
     };
-    http.Get("/", serve_chat_page);
-    http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    // Registers a route and records its method for methods_of.
+    auto on = [this](const char* method, const std::string& pattern, httplib::Server::Handler h) {
+        route_methods.emplace_back(std::regex(pattern), method);
+        if (std::strcmp(method, "GET") == 0)
+            http.Get(pattern, std::move(h));
+        else if (std::strcmp(method, "POST") == 0)
+            http.Post(pattern, std::move(h));
+        else
+            http.Delete(pattern, std::move(h));
+    };
+    on("GET", "/", serve_chat_page);
+    on("GET", "/health", [](const httplib::Request&, httplib::Response& res) {
         send_json(res, 200, {{"status", "ok"}});
     });
     // The served models: the base ("vision": chat messages may hold image_url parts, a projector is
@@ -223,98 +242,121 @@ void Server::Impl::routes() {
                             {"lora", {{"path", a.path}, {"scale", a.scale}, {"rank", a.rank}}}});
         return data;
     };
-    http.Get("/v1/models",
-             guarded("models", [model_objects](const httplib::Request&, httplib::Response& res, Exchange&) {
-                 send_json(res, 200, {{"object", "list"}, {"data", model_objects()}});
-             }));
-    http.Get(R"(/v1/models/(.+))",
-             guarded("models", [model_objects](const httplib::Request& req, httplib::Response& res, Exchange&) {
-                 const std::string id = req.matches[1];
-                 for (const json& m : model_objects())
-                     if (m["id"] == id) return send_json(res, 200, m);
-                 refuse("The model '" + id + "' does not exist", "model", 404, "invalid_request_error",
-                        "model_not_found");
-             }));
+    on("GET", "/v1/models",
+       guarded("models", [model_objects](const httplib::Request&, httplib::Response& res, Exchange&) {
+           send_json(res, 200, {{"object", "list"}, {"data", model_objects()}});
+       }));
+    on("GET", R"(/v1/models/(.+))",
+       guarded("models", [model_objects](const httplib::Request& req, httplib::Response& res, Exchange&) {
+           const std::string id = req.matches[1];
+           for (const json& m : model_objects())
+               if (m["id"] == id) return send_json(res, 200, m);
+           refuse("The model '" + id + "' does not exist", "model", 404, "invalid_request_error", "model_not_found");
+       }));
     // LoRA adapters while serving: POST /lora {"name", "path", "scale"?} loads one, DELETE /lora/NAME
     // unloads it (requests already running with it finish with it). Behind the API key like every route.
-    http.Post("/lora", guarded("lora", [this](const httplib::Request& req, httplib::Response& res, Exchange&) {
-                  const json j = json::parse(req.body, nullptr, false);
-                  if (!j.is_object()) refuse("the request body must be a JSON object");
-                  const json* name = j.contains("name") ? &j["name"] : nullptr;
-                  const json* path = j.contains("path") ? &j["path"] : nullptr;
-                  if (!name || !name->is_string() || name->get<std::string>().empty())
-                      refuse("'name' must be a non-empty string", "name");
-                  if (!path || !path->is_string()) refuse("'path' must be a string", "path");
-                  float scale = 1.0f;
-                  if (j.contains("scale")) {
-                      if (!j["scale"].is_number()) refuse("'scale' must be a number", "scale");
-                      scale = j["scale"].get<float>();
-                  }
-                  if (name->get<std::string>() == o.alias) refuse("'name' is the base model's id", "name");
-                  try {
-                      engine->load_adapter(name->get<std::string>(), path->get<std::string>(), scale);
-                  } catch (const Error& e) {
-                      refuse(e.what(), e.code() == ErrorCode::kInvalidArgument ? "name" : "path");
-                  }
-                  send_json(res, 200,
-                            {{"id", name->get<std::string>()},
-                             {"object", "model"},
-                             {"parent", o.alias},
-                             {"lora", {{"path", path->get<std::string>()}, {"scale", scale}}}});
-              }));
-    http.Delete(
-        R"(/lora/([^/]+))", guarded("lora", [this](const httplib::Request& req, httplib::Response& res, Exchange&) {
-            const std::string name = req.matches[1];
-            if (!engine->unload_adapter(name))
-                refuse("no LoRA adapter named '" + name + "'", "name", 404, "invalid_request_error", "model_not_found");
-            send_json(res, 200, {{"id", name}, {"object", "model"}, {"deleted", true}});
-        }));
+    on("POST", "/lora", guarded("lora", [this](const httplib::Request& req, httplib::Response& res, Exchange&) {
+           const json j = json::parse(req.body, nullptr, false);
+           if (!j.is_object()) refuse("the request body must be a JSON object");
+           const json* name = j.contains("name") ? &j["name"] : nullptr;
+           const json* path = j.contains("path") ? &j["path"] : nullptr;
+           if (!name || !name->is_string() || name->get<std::string>().empty())
+               refuse("'name' must be a non-empty string", "name");
+           if (!path || !path->is_string()) refuse("'path' must be a string", "path");
+           float scale = 1.0f;
+           if (j.contains("scale")) {
+               if (!j["scale"].is_number()) refuse("'scale' must be a number", "scale");
+               scale = j["scale"].get<float>();
+           }
+           if (name->get<std::string>() == o.alias) refuse("'name' is the base model's id", "name");
+           try {
+               engine->load_adapter(name->get<std::string>(), path->get<std::string>(), scale);
+           } catch (const Error& e) {
+               refuse(e.what(), e.code() == ErrorCode::kInvalidArgument ? "name" : "path");
+           }
+           send_json(res, 200,
+                     {{"id", name->get<std::string>()},
+                      {"object", "model"},
+                      {"parent", o.alias},
+                      {"lora", {{"path", path->get<std::string>()}, {"scale", scale}}}});
+       }));
+    on("DELETE", R"(/lora/([^/]+))",
+       guarded("lora", [this](const httplib::Request& req, httplib::Response& res, Exchange&) {
+           const std::string name = req.matches[1];
+           if (!engine->unload_adapter(name))
+               refuse("no LoRA adapter named '" + name + "'", "name", 404, "invalid_request_error", "model_not_found");
+           send_json(res, 200, {{"id", name}, {"object", "model"}, {"deleted", true}});
+       }));
     // llama.cpp's server properties, which tools written for it read (the context, the chat template).
     // The sampling defaults are those of a /completion request that sets none.
-    http.Get("/props", guarded("props", [this](const httplib::Request&, httplib::Response& res, Exchange&) {
-                 const SamplerParams s = parse_native_completion(R"({"prompt": "-"})", limits).options.sampling;
-                 auto text = [this](int32_t id) {
-                     return id < 0 ? std::string() : engine->detokenize(std::vector<int32_t>{id}, true);
-                 };
-                 json params = {{"n_predict", -1},
-                                {"temperature", s.temperature},
-                                {"top_k", s.top_k},
-                                {"top_p", s.top_p},
-                                {"min_p", s.min_p},
-                                {"repeat_penalty", s.repeat_penalty},
-                                {"presence_penalty", s.presence_penalty},
-                                {"frequency_penalty", s.frequency_penalty}};
-                 send_json(res, 200,
-                           {{"default_generation_settings", {{"n_ctx", batcher->n_ctx()}, {"params", params}}},
-                            {"total_slots", o.batch.parallel},
-                            {"model_alias", o.alias},
-                            {"model_path", engine->info().path},
-                            {"modalities", {{"vision", engine->has_vision()}, {"video", false}, {"audio", false}}},
-                            {"chat_template", tmpl.source()},
-                            {"bos_token", text(engine->bos_token())},
-                            {"eos_token", text(engine->eos_token())},
-                            {"build_info", "cera"}});
-             }));
-    http.Get("/metrics", guarded("metrics", [this](const httplib::Request&, httplib::Response& res, Exchange&) {
-                 res.status = 200;
-                 res.set_content(metrics.render(batcher->stats()), "text/plain; version=0.0.4");
-             }));
-    http.Post("/v1/chat/completions", guarded("chat", [this](const httplib::Request& q, httplib::Response& s,
-                                                             Exchange& x) { complete(q, s, true, x); }));
-    http.Post("/v1/completions", guarded("completion", [this](const httplib::Request& q, httplib::Response& s,
-                                                              Exchange& x) { complete(q, s, false, x); }));
-    http.Post("/completion", guarded("completion", [this](const httplib::Request& q, httplib::Response& s,
-                                                          Exchange& x) { complete(q, s, false, x, true); }));
-    http.Post("/v1/embeddings", guarded("embedding", [this](const httplib::Request& q, httplib::Response& s,
-                                                            Exchange& x) { embeddings(q, s, x); }));
-    http.Post("/tokenize", guarded("tokenize", [this](const httplib::Request& req, httplib::Response& res, Exchange&) {
-                  const TokenizeRequest t = parse_tokenize(req.body, limits);
-                  send_json(res, 200, {{"tokens", engine->tokenize(t.content, t.add_special, true)}});
-              }));
-    http.Post("/detokenize",
-              guarded("detokenize", [this](const httplib::Request& req, httplib::Response& res, Exchange&) {
-                  send_json(res, 200, {{"content", engine->detokenize(parse_detokenize(req.body, limits))}});
-              }));
+    on("GET", "/props", guarded("props", [this](const httplib::Request&, httplib::Response& res, Exchange&) {
+           const SamplerParams s = parse_native_completion(R"({"prompt": "-"})", limits).options.sampling;
+           auto text = [this](int32_t id) {
+               return id < 0 ? std::string() : engine->detokenize(std::vector<int32_t>{id}, true);
+           };
+           json params = {{"n_predict", -1},
+                          {"temperature", s.temperature},
+                          {"top_k", s.top_k},
+                          {"top_p", s.top_p},
+                          {"min_p", s.min_p},
+                          {"repeat_penalty", s.repeat_penalty},
+                          {"presence_penalty", s.presence_penalty},
+                          {"frequency_penalty", s.frequency_penalty}};
+           send_json(res, 200,
+                     {{"default_generation_settings", {{"n_ctx", batcher->n_ctx()}, {"params", params}}},
+                      {"total_slots", o.batch.parallel},
+                      {"model_alias", o.alias},
+                      {"model_path", engine->info().path},
+                      {"modalities", {{"vision", engine->has_vision()}, {"video", false}, {"audio", false}}},
+                      {"chat_template", tmpl.source()},
+                      {"bos_token", text(engine->bos_token())},
+                      {"eos_token", text(engine->eos_token())},
+                      {"build_info", "cera"}});
+       }));
+    on("GET", "/metrics", guarded("metrics", [this](const httplib::Request&, httplib::Response& res, Exchange&) {
+           res.status = 200;
+           res.set_content(metrics.render(batcher->stats()), "text/plain; version=0.0.4");
+       }));
+    on("POST", "/v1/chat/completions",
+       guarded("chat",
+               [this](const httplib::Request& q, httplib::Response& s, Exchange& x) { complete(q, s, true, x); }));
+    on("POST", "/v1/completions",
+       guarded("completion",
+               [this](const httplib::Request& q, httplib::Response& s, Exchange& x) { complete(q, s, false, x); }));
+    on("POST", "/completion",
+       guarded("completion", [this](const httplib::Request& q, httplib::Response& s, Exchange& x) {
+           complete(q, s, false, x, true);
+       }));
+    on("POST", "/v1/embeddings",
+       guarded("embedding",
+               [this](const httplib::Request& q, httplib::Response& s, Exchange& x) { embeddings(q, s, x); }));
+    on("POST", "/tokenize", guarded("tokenize", [this](const httplib::Request& req, httplib::Response& res, Exchange&) {
+           const TokenizeRequest t = parse_tokenize(req.body, limits);
+           send_json(res, 200, {{"tokens", engine->tokenize(t.content, t.add_special, true)}});
+       }));
+    on("POST", "/detokenize",
+       guarded("detokenize", [this](const httplib::Request& req, httplib::Response& res, Exchange&) {
+           send_json(res, 200, {{"content", engine->detokenize(parse_detokenize(req.body, limits))}});
+       }));
+    // CORS preflights: the methods of the path (404 for a path no route serves) and the headers asked for.
+    http.Options(R"(.*)", [this](const httplib::Request& req, httplib::Response& res) {
+        const std::string allow = methods_of(req.path);
+        if (allow.empty())
+            return send_json(res, 404, error_body({404, "no such endpoint", "invalid_request_error", "", ""}));
+        res.status = 204;
+        res.set_header("Access-Control-Allow-Methods", allow + ", OPTIONS");
+        const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+        res.set_header("Access-Control-Allow-Headers", asked.empty() ? "Authorization, Content-Type" : asked);
+        res.set_header("Access-Control-Max-Age", "86400");
+    });
+}
+
+std::string Server::Impl::methods_of(const std::string& path) const {
+    std::string allow;
+    for (const auto& [pattern, method] : route_methods)
+        if (std::regex_match(path, pattern) && allow.find(method) == std::string::npos)
+            allow += (allow.empty() ? "" : ", ") + method;
+    return allow;
 }
 
 Server::Server(std::shared_ptr<Engine> engine, const ServeOptions& options) : impl_(std::make_unique<Impl>()) {

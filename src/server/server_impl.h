@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 
 #include "cera/batcher.h"
@@ -53,8 +54,13 @@ struct Server::Impl {
     // steps take turns on the backend (Backend::exec_mutex).
     std::mutex embed_mu;
     std::unique_ptr<Session> embed_session;
+    // Each route's path pattern and method, for the methods a path takes: a path asked for with another
+    // method is a 405 with an Allow header, and a browser's CORS preflight is told them.
+    std::vector<std::pair<std::regex, std::string>> route_methods;
 
     void routes();
+    // "GET, POST" for the methods of the routes whose pattern matches path; empty for none.
+    std::string methods_of(const std::string& path) const;
     // /v1/chat/completions (chat), /v1/completions, or llama.cpp's /completion (native: its request
     // fields and its response shapes).
     void complete(const httplib::Request& req, httplib::Response& res, bool chat, Exchange& x, bool native = false);

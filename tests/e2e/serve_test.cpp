@@ -267,5 +267,57 @@ TEST(Serve, ApiKey) {
     EXPECT_EQ(r.client->Get("/v1/models", {{"Authorization", "Bearer sesame"}})->status, 200);
 }
 
+// A path asked for with a method it does not take is a 405 naming the methods it takes; a browser's
+// CORS preflight, which carries no key, learns them too, and every reply allows any origin.
+TEST(Serve, MethodsAndCorsPreflight) {
+    ServeOptions o;
+    o.api_key = "sesame";
+    Running r(o);
+    const httplib::Headers key = {{"Authorization", "Bearer sesame"}};
+    struct Case {
+        const char* method;
+        const char* path;
+        const char* allow;
+    };
+    for (const Case& c :
+         {Case{"GET", "/v1/chat/completions", "POST"}, Case{"DELETE", "/v1/models", "GET"},
+          Case{"POST", "/v1/models/tiny", "GET"}, Case{"GET", "/lora/x", "DELETE"}, Case{"PUT", "/tokenize", "POST"}}) {
+        httplib::Request req;
+        req.method = c.method;
+        req.path = c.path;
+        req.headers = key;
+        if (req.method != "GET" && req.method != "DELETE")
+            req.body = "{}", req.set_header("Content-Type", "application/json");
+        auto res = r.client->send(req);
+        ASSERT_TRUE(res) << c.method << " " << c.path;
+        EXPECT_EQ(res->status, 405) << c.method << " " << c.path << " -> " << res->body;
+        EXPECT_EQ(res->get_header_value("Allow"), c.allow) << c.method << " " << c.path;
+        const json e = json::parse(res->body, nullptr, false);
+        ASSERT_FALSE(e.is_discarded()) << res->body;
+        EXPECT_EQ(e["error"]["message"], "method not allowed");
+    }
+    EXPECT_EQ(r.client->Get("/v1/nothing", key)->status, 404);
+
+    auto pre =
+        r.client->Options("/v1/chat/completions", {{"Origin", "http://example.test"},
+                                                   {"Access-Control-Request-Method", "POST"},
+                                                   {"Access-Control-Request-Headers", "authorization,content-type"}});
+    ASSERT_TRUE(pre);
+    EXPECT_EQ(pre->status, 204);
+    EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Origin"), "*");
+    EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Methods"), "POST, OPTIONS");
+    EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Headers"), "authorization,content-type");
+    EXPECT_EQ(r.client->Options("/v1/nothing")->status, 404);
+
+    auto models = r.client->Get("/v1/models", {{"Authorization", "Bearer sesame"}, {"Origin", "http://example.test"}});
+    ASSERT_TRUE(models);
+    EXPECT_EQ(models->status, 200);
+    EXPECT_EQ(models->get_header_value("Access-Control-Allow-Origin"), "*");
+    auto refused = r.client->Get("/v1/models", {{"Origin", "http://example.test"}});
+    ASSERT_TRUE(refused);
+    EXPECT_EQ(refused->status, 401);
+    EXPECT_EQ(refused->get_header_value("Access-Control-Allow-Origin"), "*");
+}
+
 }  // namespace
 }  // namespace cera
