@@ -1,6 +1,6 @@
 // `cera serve -m MODEL [--host H] [--port P] [--api-key KEY] [--alias NAME] [--chat-template FILE]
 //              [--max-seqs N] [--kv-size TOKENS] [--max-body BYTES] [--http-threads N] [--lora NAME=PATH[:SCALE]]...
-//              [--mmproj FILE [--allow-local-images DIR]] [engine flags]`: an
+//              [--mmproj FILE [--allow-local-images DIR]] [--reasoning-format F] [engine flags]`: an
 // OpenAI-compatible HTTP server on the batched engine (server/server.h, docs/serving.md). SIGINT / SIGTERM
 // stop it: running requests are cancelled, exit 0.
 #include <CLI/CLI.hpp>
@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "cera/error.h"
+#include "chat/reasoning.h"
 #include "cli/command.h"
 #include "cli/engine_flags.h"
 #include "cli/model_path.h"
@@ -49,6 +50,11 @@ int run_serve(const std::vector<std::string>& args) {
     app.add_option("--http-threads", so.http_threads,
                    "threads answering requests (0: 8 per sequence slot and 16 more, at least 64)")
         ->capture_default_str();
+    std::string reasoning_format = "auto";
+    app.add_option("--reasoning-format", reasoning_format,
+                   "auto (or deepseek): a chat reply's <think> block as the message's reasoning_content; none: left "
+                   "in the content (a request's reasoning_format chooses for itself)")
+        ->capture_default_str();
     ef.add(app, EngineFlags::kCtx | EngineFlags::kKvType | EngineFlags::kBatch);
     app.add_option("--mmproj", ef.mmproj,
                    "vision projector GGUF (llama.cpp mmproj) of an LFM2-VL model: chat requests then take image_url "
@@ -71,6 +77,8 @@ int run_serve(const std::vector<std::string>& args) {
     if (int rc = parse_args(app, args, "serve"); rc >= 0) return rc;
     if (so.port < 0 || so.port > 65535) throw Error(ErrorCode::kInvalidArgument, "--port must be in 0..65535");
     if (so.http_threads < 0) throw Error(ErrorCode::kInvalidArgument, "--http-threads must be >= 0");
+    if (!parse_reasoning_format(reasoning_format, so.split_reasoning))
+        throw Error(ErrorCode::kInvalidArgument, "--reasoning-format must be none, auto or deepseek");
     if (!so.allow_local_images.empty()) {
         if (ef.mmproj.empty()) throw Error(ErrorCode::kInvalidArgument, "--allow-local-images needs --mmproj");
         if (!std::filesystem::is_directory(so.allow_local_images))

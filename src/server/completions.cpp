@@ -11,6 +11,7 @@
 #include <iterator>
 
 #include "cera/error.h"
+#include "chat/reasoning.h"
 #include "chat/tool_call_stream.h"
 #include "server/server_impl.h"
 
@@ -234,23 +235,30 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
         native ? parse_native_completion(req.body, limits) : parse_completion(req.body, chat, limits);
     std::vector<int32_t> prompt;
     std::vector<PromptImage> placed;
+    std::string prompt_text;
     if (chat) {
-        prompt = chat_prompt(*engine, tmpl, cr.messages, cr.tools_json, cr.template_kwargs);
+        prompt = chat_prompt(*engine, tmpl, cr.messages, cr.tools_json, cr.template_kwargs, &prompt_text);
         if (engine->has_vision()) prompt = with_images(*engine, prompt, cr.images, placed);
     } else if (cr.prompt.is_ids)
         prompt = cr.prompt.ids;
     else
         prompt = engine->tokenize(cr.prompt.text, engine->add_bos(), true);
 
-    // With tools, the format's markers that the vocabulary holds as control tokens stay in the text, so
-    // that the reply parses into calls.
+    // A chat reply's thinking, split from its content unless the request or the server says not to.
+    const bool split = chat && cr.split_reasoning.value_or(o.split_reasoning);
+    const bool in_thinking = split && prompt_opens_thinking(prompt_text);
+    // The thinking tags and, with tools, the format's markers that the vocabulary holds as control tokens
+    // stay in a chat reply's text, so that the reply parses into reasoning and calls.
     std::vector<int32_t> rendered;
+    std::vector<std::string> markers;
+    if (chat) markers = {"<think>", "</think>"};
     if (chat && !cr.tools.empty())
-        for (const std::string& marker : tool_call_markers(limits.tool_format)) {
-            const std::vector<int32_t> ids = engine->tokenize(marker, false, true);
-            if (ids.size() == 1 && engine->token_bytes(ids[0]).empty() && engine->token_text(ids[0]) == marker)
-                rendered.push_back(ids[0]);
-        }
+        for (const std::string& m : tool_call_markers(limits.tool_format)) markers.push_back(m);
+    for (const std::string& marker : markers) {
+        const std::vector<int32_t> ids = engine->tokenize(marker, false, true);
+        if (ids.size() == 1 && engine->token_bytes(ids[0]).empty() && engine->token_text(ids[0]) == marker)
+            rendered.push_back(ids[0]);
+    }
 
     auto ch = std::make_shared<Channel>(x.t0);
     std::vector<std::shared_ptr<Request>> reqs;
@@ -340,10 +348,11 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
         for (size_t i = 0; i < results.size(); ++i) {
             const GenerationResult& g = results[i];
             json c = {{"index", i}, {"finish_reason", finish_name(g.finish)}, {"logprobs", nullptr}};
+            const ReasoningDelta parts = split ? split_reasoning(g.text, in_thinking) : ReasoningDelta{"", g.text};
             if (with_tools) {
                 // The same parse as a stream's, so that both give the same content and calls.
                 auto ts = tool_stream(i);
-                std::string content = ts->push(g.text).content;
+                std::string content = ts->push(parts.content).content;
                 content += ts->finish().content;
                 const auto& calls = ts->result().calls;
                 c["message"] = {{"role", "assistant"},
@@ -354,9 +363,10 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
                     c["finish_reason"] = "tool_calls";
                 }
             } else if (chat)
-                c["message"] = {{"role", "assistant"}, {"content", g.text}, {"refusal", nullptr}};
+                c["message"] = {{"role", "assistant"}, {"content", parts.content}, {"refusal", nullptr}};
             else
                 c["text"] = g.text;
+            if (!parts.reasoning.empty()) c["message"]["reasoning_content"] = parts.reasoning;
             size_t offset = 0;
             if (want_logprobs) c["logprobs"] = logprobs(without_eog(*engine, g.logprobs), &offset);
             choices.push_back(std::move(c));
@@ -402,9 +412,11 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
         std::vector<bool> done;
         std::vector<size_t> offsets;                         // completions' text_offset of each choice's next token
         std::vector<std::shared_ptr<ToolCallStream>> tools;  // with tools: each choice's parse
+        std::vector<ReasoningStream> thinking;               // split: each choice's reasoning
         size_t n_done = 0;
     };
     auto p = std::make_shared<Progress>();
+    if (split) p->thinking.assign(reqs.size(), ReasoningStream(in_thinking));
     if (with_tools)
         for (size_t i = 0; i < reqs.size(); ++i) p->tools.push_back(tool_stream(i));
     p->results.resize(reqs.size());
@@ -429,13 +441,27 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
                 Channel::Event e = std::move(ch->events.front());
                 ch->events.pop_front();
                 lk.unlock();
-                const json lp = want_logprobs && !e.logprobs.empty()
-                                    ? logprobs(e.logprobs, &p->offsets[size_t(e.index)])
-                                    : json(nullptr);
+                json lp = want_logprobs && !e.logprobs.empty() ? logprobs(e.logprobs, &p->offsets[size_t(e.index)])
+                                                               : json(nullptr);
+                std::string text = e.text;
+                if (split) {
+                    // Reasoning deltas first (with the logprobs), then the content's.
+                    ReasoningStream& rs = p->thinking[size_t(e.index)];
+                    ReasoningDelta d = rs.push(e.text);
+                    if (e.done) {
+                        const ReasoningDelta rest = rs.finish();
+                        d.reasoning += rest.reasoning, d.content += rest.content;
+                    }
+                    if (!d.reasoning.empty()) {
+                        if (!write(chunk(e.index, {{"reasoning_content", d.reasoning}}, nullptr, lp))) return false;
+                        lp = nullptr;
+                    }
+                    text = std::move(d.content);
+                }
                 if (with_tools) {
                     // Content and tool-call deltas as the parse finds them; the logprobs ride on the first chunk.
                     ToolCallStream& ts = *p->tools[size_t(e.index)];
-                    ToolStreamDelta d = ts.push(e.text);
+                    ToolStreamDelta d = ts.push(text);
                     if (e.done) {
                         ToolStreamDelta rest = ts.finish();
                         d.content += rest.content;
@@ -447,8 +473,8 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
                     if (!d.calls.empty() &&
                         !write(chunk(e.index, {{"tool_calls", tool_call_deltas(d.calls)}}, nullptr, nullptr)))
                         return false;
-                } else if ((!e.text.empty() || !lp.is_null()) &&
-                           !write(chunk(e.index, chat ? json{{"content", e.text}} : json(e.text), nullptr, lp))) {
+                } else if ((!text.empty() || !lp.is_null()) &&
+                           !write(chunk(e.index, chat ? json{{"content", text}} : json(text), nullptr, lp))) {
                     return false;
                 }
                 if (e.done) {

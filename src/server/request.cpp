@@ -9,6 +9,7 @@
 
 #include "cera/error.h"
 #include "cera/grammar.h"
+#include "chat/reasoning.h"
 
 namespace cera {
 
@@ -488,6 +489,12 @@ CompletionRequest parse_completion(std::string_view body, bool chat, const Reque
                     refuse("'chat_template_kwargs' values must be booleans or strings", "chat_template_kwargs");
                 r.template_kwargs[k] = v.is_boolean() ? (v.get<bool>() ? "true" : "false") : v.get<std::string>();
             }
+        }
+        if (const json* f = field(j, "reasoning_format")) {
+            bool split = false;
+            if (!f->is_string() || !parse_reasoning_format(f->get<std::string>(), split))
+                refuse("'reasoning_format' must be \"none\", \"auto\" or \"deepseek\"", "reasoning_format");
+            r.split_reasoning = split;
         }
     } else {
         r.prompt = completion_prompt(j, limits);

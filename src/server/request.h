@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -84,6 +85,9 @@ struct CompletionRequest {
     // chat_template_kwargs (as vLLM and llama.cpp take them, e.g. {"enable_thinking": false}): more
     // template variables, booleans as "true" / "false".
     std::map<std::string, std::string> template_kwargs;
+    // reasoning_format (llama.cpp's): "none" keeps a reply's <think> block in its content, "auto" or
+    // "deepseek" splits it into reasoning_content; unset: the server's choice.
+    std::optional<bool> split_reasoning;
 };
 
 // /v1/embeddings.

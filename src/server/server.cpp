@@ -18,14 +18,16 @@ namespace cera {
 
 std::vector<int32_t> chat_prompt(const Engine& engine, const ChatTemplate& tmpl,
                                  const std::vector<ChatMessage>& messages, const std::string& tools_json,
-                                 const std::map<std::string, std::string>& kwargs) {
+                                 const std::map<std::string, std::string>& kwargs, std::string* text) {
     ChatTemplateOptions o;
     o.add_generation_prompt = true;
     o.tools_json = tools_json;
     o.extra_bool_or_string_kwargs = kwargs;
     if (engine.bos_token() >= 0) o.bos_token = engine.token_text(engine.bos_token());
     if (engine.eos_token() >= 0) o.eos_token = engine.token_text(engine.eos_token());
-    std::vector<int32_t> ids = engine.tokenize(tmpl.render(messages, o), false, true);
+    const std::string rendered = tmpl.render(messages, o);
+    if (text) *text = rendered;
+    std::vector<int32_t> ids = engine.tokenize(rendered, false, true);
     const int32_t bos = engine.bos_token();
     if (engine.add_bos() && bos >= 0 && (ids.empty() || ids.front() != bos)) ids.insert(ids.begin(), bos);
     return ids;

@@ -28,6 +28,9 @@ struct ServeOptions {
     // for a sequence slot hold one too); 0: 8 per sequence slot (batch.parallel) and 16 more, at least 64,
     // so that /health and short requests still find one while many clients wait.
     int http_threads = 0;
+    // Chat replies that start with <think>: the thinking as the message's reasoning_content, apart from
+    // its content (a request's reasoning_format "none" keeps it in the content); false: the text as is.
+    bool split_reasoning = true;
     BatcherOptions batch;
 };
 

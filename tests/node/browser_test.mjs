@@ -227,6 +227,42 @@ test("model text is shown as text; code fences become <pre><code>", async () => 
   await screenshot("chat_page_markdown");
 });
 
+test("a reply's reasoning shows apart, folded once the answer starts", async () => {
+  const reasoning = "The user asks <why>.\nStep two.";
+  const answer = "Because.";
+  await run(`const [reasoning, answer] = arguments;
+    window.fetch = async () => {
+      const enc = new TextEncoder();
+      const ev = (delta) => enc.encode('data: ' + JSON.stringify({choices: [{index: 0, delta}]}) + '\\n\\n');
+      const body = new ReadableStream({ async start(c) {
+        c.enqueue(ev({role: 'assistant', content: ''}));
+        for (const p of reasoning.match(/[\\s\\S]{1,5}/g)) c.enqueue(ev({reasoning_content: p}));
+        await new Promise((r) => setTimeout(r, 300));
+        for (const p of answer.match(/[\\s\\S]{1,3}/g)) c.enqueue(ev({content: p}));
+        c.enqueue(enc.encode('data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\\n\\ndata: [DONE]\\n\\n'));
+        c.close();
+      }});
+      return new Response(body, {status: 200, headers: {'Content-Type': 'text/event-stream'}});
+    };`, reasoning, answer);
+  const thinking = `const m = [...document.querySelectorAll('.msg.assistant')].pop();
+    const t = m && m.querySelector('.thinking');
+    return t ? {hidden: t.hidden, open: t.open, text: t.querySelector('.text').textContent,
+                elements: t.querySelector('.text').children.length} : null;`;
+  await type("#input", "Why?");
+  await click("#send");
+  const during = await waitFor("the reasoning", `const t = (() => { ${thinking} })(); return t && t.text === arguments[0] ? t : null`.replace("arguments[0]", JSON.stringify(reasoning)));
+  assert.equal(during.hidden, false);
+  assert.equal(during.open, true, "open while it thinks");
+  assert.equal(during.elements, 0, "shown as text");
+  const r = await waitFor("the answer", `const r = (() => { ${lastReply} })(); return r && r.state === 'done' ? r : null`);
+  assert.equal(r.text, answer, "the reply is the answer alone");
+  assert.equal(r.shown.trim(), answer);
+  const after = await run(thinking);
+  assert.equal(after.text, reasoning);
+  assert.equal(after.open, false, "folded once the answer came");
+  await screenshot("chat_page_reasoning");
+});
+
 test("copy and new chat", async () => {
   await run("[...document.querySelectorAll('.msg.assistant .copy')].pop().click()");
   await waitFor("the copied mark", "return [...document.querySelectorAll('.msg.assistant .copy')].pop().textContent === 'Copied'");

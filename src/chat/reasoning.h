@@ -1,0 +1,49 @@
+// A chat reply's reasoning apart from its answer, as DeepSeek's API and llama.cpp's server return it:
+// what a thinking model (Qwen3, DeepSeek-R1, LFM2.5 thinking) writes between <think> and </think> at
+// the start of its reply becomes reasoning_content, the rest content. The split runs while the text
+// streams in: a piece that may begin a tag waits for the next piece, and the stream's deltas join
+// into what split_reasoning() gives for the whole text.
+#pragma once
+#include <string>
+#include <string_view>
+
+namespace cera {
+
+struct ReasoningDelta {
+    std::string reasoning, content;
+    bool empty() const { return reasoning.empty() && content.empty(); }
+};
+
+class ReasoningStream {
+ public:
+    // in_thinking: the prompt ends inside an open <think> (a template that opens it for the model, as
+    // DeepSeek-R1's does), so the reply starts as reasoning; else it is reasoning only if it starts
+    // with <think> (whitespace before it aside).
+    explicit ReasoningStream(bool in_thinking);
+
+    // The next piece of generated text.
+    ReasoningDelta push(std::string_view text);
+    // The end of the text: what was held back. A reply that ends inside its thinking (cut at the
+    // token limit) keeps it as reasoning.
+    ReasoningDelta finish();
+
+ private:
+    enum class State { kStart, kThinking, kAfterThinking, kContent };
+    void advance(ReasoningDelta& d, bool final);
+
+    State state_;
+    bool reasoning_started_ = false;  // a non-blank character of reasoning was sent
+    std::string held_;                // text not sent yet
+};
+
+// Whether the rendered prompt leaves a <think> open for the reply.
+bool prompt_opens_thinking(std::string_view prompt);
+
+// A reasoning format's name as llama.cpp's --reasoning-format and request field take it: "none" (split
+// false), "auto" or "deepseek" (split true); false for any other.
+bool parse_reasoning_format(std::string_view name, bool& split);
+
+// The whole reply split at once (a reply without streaming): the same as a ReasoningStream's deltas.
+ReasoningDelta split_reasoning(std::string_view text, bool in_thinking);
+
+}  // namespace cera

@@ -1,0 +1,152 @@
+// Chat replies that think, on the bundled tiny model over real HTTP, made to write a <think> block by a
+// grammar: the block comes back as the message's reasoning_content and the rest as its content, plain
+// and streamed. The reference is the same reply's raw text (reasoning_format "none") taken apart by a
+// regular expression.
+#include <regex>
+
+#include "serve_util.h"
+
+namespace cera {
+namespace {
+
+using json = nlohmann::json;
+using test::RunningServer;
+
+std::string trimmed(const std::string& s) {
+    const size_t b = s.find_first_not_of(" \n"), e = s.find_last_not_of(" \n");
+    return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+json chat_body(const std::string& grammar, int max_tokens) {
+    return {{"messages", {{{"role", "user"}, {"content", "Think, then answer."}}}},
+            {"temperature", 0},
+            {"max_tokens", max_tokens},
+            {"grammar", grammar}};
+}
+
+// The reply's message, or null after a failed assertion.
+json message_of(RunningServer& r, const json& body) {
+    int status = 0;
+    const json j = r.post("/v1/chat/completions", body, &status);
+    EXPECT_EQ(status, 200) << j.dump();
+    if (status != 200) return nullptr;
+    return j["choices"][0]["message"];
+}
+
+struct Split {
+    std::string reasoning, content;
+    bool reasoning_first = true;  // streamed: no reasoning delta after a content delta
+};
+
+Split streamed(RunningServer& r, json body) {
+    body["stream"] = true;
+    auto res = r.client->Post("/v1/chat/completions", body.dump(), "application/json");
+    Split s;
+    if (!res) {
+        ADD_FAILURE() << "no answer";
+        return s;
+    }
+    EXPECT_EQ(res->status, 200) << res->body;
+    bool done = false;
+    for (const json& e : test::sse_events(res->body, &done)) {
+        const json& d = e["choices"][0]["delta"];
+        if (d.contains("reasoning_content")) {
+            s.reasoning += d["reasoning_content"].get<std::string>();
+            if (!s.content.empty()) s.reasoning_first = false;
+        }
+        if (d.contains("content") && d["content"].is_string()) s.content += d["content"].get<std::string>();
+    }
+    EXPECT_TRUE(done);
+    return s;
+}
+
+void expect_split(const json& message, const std::string& reasoning, const std::string& content) {
+    ASSERT_TRUE(message.is_object());
+    EXPECT_EQ(message["content"], content) << message.dump();
+    if (reasoning.empty())
+        EXPECT_FALSE(message.contains("reasoning_content")) << message.dump();
+    else
+        EXPECT_EQ(message["reasoning_content"], reasoning) << message.dump();
+}
+
+TEST(ServeReasoning, ThinkingBlockComesApartFromTheAnswer) {
+    RunningServer r;
+    const std::string g = R"(root ::= "<think>" [a-z ]{4,16} "</think>\n\n" [a-z]{2,10})";
+    json raw_body = chat_body(g, 60);
+    raw_body["reasoning_format"] = "none";
+    const json raw = message_of(r, raw_body);
+    ASSERT_TRUE(raw.is_object());
+    ASSERT_FALSE(raw.contains("reasoning_content"));
+    std::smatch m;
+    const std::string text = raw["content"];
+    ASSERT_TRUE(std::regex_match(text, m, std::regex(R"(<think>([a-z ]*)</think>\n\n([a-z]*))"))) << text;
+    const std::string reasoning = trimmed(m[1]), content = m[2];
+
+    expect_split(message_of(r, chat_body(g, 60)), reasoning, content);
+    json deepseek = chat_body(g, 60);
+    deepseek["reasoning_format"] = "deepseek";
+    expect_split(message_of(r, deepseek), reasoning, content);
+    const Split s = streamed(r, chat_body(g, 60));
+    EXPECT_EQ(s.reasoning, reasoning);
+    EXPECT_EQ(s.content, content);
+    EXPECT_TRUE(s.reasoning_first);
+
+    // Cut at the token limit while thinking: what it thought so far is reasoning, the content empty.
+    const std::string long_g = R"(root ::= "<think>" [a-z ]{200,220} "</think>" [a-z]{2,10})";
+    json cut_raw = chat_body(long_g, 16);
+    cut_raw["reasoning_format"] = "none";
+    const std::string cut_text = message_of(r, cut_raw)["content"];
+    ASSERT_EQ(cut_text.rfind("<think>", 0), 0u) << cut_text;
+    ASSERT_GT(trimmed(cut_text.substr(7)).size(), 0u) << cut_text;
+    int status = 0;
+    const json cut = r.post("/v1/chat/completions", chat_body(long_g, 16), &status);
+    EXPECT_EQ(cut["choices"][0]["finish_reason"], "length");
+    expect_split(cut["choices"][0]["message"], trimmed(cut_text.substr(7)), "");
+}
+
+TEST(ServeReasoning, TemplateThatOpensTheThinking) {
+    // A template that writes <think> itself (as DeepSeek-R1's does): the reply starts as reasoning.
+    ServeOptions o;
+    o.chat_template =
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: <think>\n{% endif %}";
+    RunningServer r(o);
+    const std::string g = R"(root ::= [a-z ]{4,16} "</think>" [a-z]{2,10})";
+    json raw_body = chat_body(g, 60);
+    raw_body["reasoning_format"] = "none";
+    const std::string text = message_of(r, raw_body)["content"];
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(text, m, std::regex(R"(([a-z ]*)</think>([a-z]*))"))) << text;
+    expect_split(message_of(r, chat_body(g, 60)), trimmed(m[1]), m[2]);
+    const Split s = streamed(r, chat_body(g, 60));
+    EXPECT_EQ(s.reasoning, trimmed(m[1]));
+    EXPECT_EQ(s.content, m[2]);
+}
+
+TEST(ServeReasoning, ServerOptionAndRequestField) {
+    ServeOptions o;
+    o.split_reasoning = false;  // --reasoning-format none
+    RunningServer r(o);
+    const std::string g = R"(root ::= "<think>" [a-z ]{4,16} "</think>\n\n" [a-z]{2,10})";
+    const json raw = message_of(r, chat_body(g, 60));
+    ASSERT_TRUE(raw.is_object());
+    EXPECT_FALSE(raw.contains("reasoning_content"));
+    const std::string text = raw["content"];
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(text, m, std::regex(R"(<think>([a-z ]*)</think>\n\n([a-z]*))"))) << text;
+    json body = chat_body(g, 60);
+    body["reasoning_format"] = "auto";
+    expect_split(message_of(r, body), trimmed(m[1]), m[2]);
+
+    for (const json& bad : {json("deepseek-legacy"), json(true), json("None")}) {
+        json b = chat_body(g, 8);
+        b["reasoning_format"] = bad;
+        int status = 0;
+        const json e = r.post("/v1/chat/completions", b, &status);
+        EXPECT_EQ(status, 400) << bad;
+        EXPECT_EQ(e["error"]["param"], "reasoning_format") << e.dump();
+    }
+}
+
+}  // namespace
+}  // namespace cera

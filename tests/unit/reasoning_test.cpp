@@ -1,0 +1,113 @@
+// The reply's reasoning apart from its answer: whole replies against their expected split, and every
+// way of cutting a reply into streamed pieces against the whole reply's split.
+#include "chat/reasoning.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+namespace cera {
+namespace {
+
+struct Case {
+    const char* text;
+    bool in_thinking;
+    const char* reasoning;
+    const char* content;
+};
+
+const std::vector<Case>& cases() {
+    static const std::vector<Case> c = {
+        {"<think>\nThe user greets me.\n</think>\n\nHello!", false, "The user greets me.", "Hello!"},
+        {"  \n<think>a</think>b", false, "a", "b"},
+        {"<think>\n\n</think>\n\nNo thinking this time.", false, "", "No thinking this time."},
+        {"<think>\nline one\n\nline two \n</think>answer\n", false, "line one\n\nline two", "answer\n"},
+        {"<think>cut off in the middle  \n", false, "cut off in the middle", ""},
+        {"<think>a < b and c </thin k> d</think>\n\n<b>x</b>", false, "a < b and c </thin k> d", "<b>x</b>"},
+        {"<think>x</think>y<think>z</think>", false, "x", "y<think>z</think>"},
+        {"<think>x</think>\n\n", false, "x", ""},
+        {"Hello <think>not a reasoning block</think>", false, "", "Hello <think>not a reasoning block</think>"},
+        {"<thin", false, "", "<thin"},
+        {"<thinking>x</thinking>", false, "", "<thinking>x</thinking>"},
+        {"\n", false, "", "\n"},
+        {"", false, "", ""},
+        {"Let me see: 2 + 2.\n</think>\n\n4", true, "Let me see: 2 + 2.", "4"},
+        {"\nstill thinking when cut", true, "still thinking when cut", ""},
+        {"</think>at once", true, "", "at once"},
+        {"<think>\nUnicode: \xc3\xa9\xe2\x80\x94\xf0\x9f\x98\x80\n</think>\n\xc3\xa9", false,
+         "Unicode: \xc3\xa9\xe2\x80\x94\xf0\x9f\x98\x80", "\xc3\xa9"},
+    };
+    return c;
+}
+
+TEST(Reasoning, WholeReplies) {
+    for (const Case& c : cases()) {
+        SCOPED_TRACE(c.text);
+        const ReasoningDelta d = split_reasoning(c.text, c.in_thinking);
+        EXPECT_EQ(d.reasoning, c.reasoning);
+        EXPECT_EQ(d.content, c.content);
+    }
+}
+
+// Streams the pieces; the deltas joined must be the whole reply's split.
+void expect_stream(const Case& c, const std::vector<std::string>& pieces) {
+    ReasoningStream s(c.in_thinking);
+    std::string reasoning, content;
+    for (const std::string& p : pieces) {
+        const ReasoningDelta d = s.push(p);
+        reasoning += d.reasoning, content += d.content;
+    }
+    const ReasoningDelta d = s.finish();
+    reasoning += d.reasoning, content += d.content;
+    EXPECT_EQ(reasoning, c.reasoning);
+    EXPECT_EQ(content, c.content);
+}
+
+TEST(Reasoning, StreamedPiecesJoinIntoTheWholeSplit) {
+    std::mt19937 rng(7);
+    for (const Case& c : cases()) {
+        const std::string text = c.text;
+        SCOPED_TRACE(text);
+        std::vector<std::string> bytes;
+        for (char ch : text) bytes.emplace_back(1, ch);
+        expect_stream(c, bytes);
+        for (size_t cut = 0; cut <= text.size(); ++cut) expect_stream(c, {text.substr(0, cut), text.substr(cut)});
+        for (int round = 0; round < 50; ++round) {
+            std::vector<std::string> pieces;
+            for (size_t i = 0; i < text.size();) {
+                const size_t n = std::uniform_int_distribution<size_t>(1, 6)(rng);
+                pieces.push_back(text.substr(i, n));
+                i += n;
+            }
+            expect_stream(c, pieces);
+        }
+    }
+}
+
+TEST(Reasoning, ContentStreamsAsSoonAsItIsKnown) {
+    // Once the reply is known not to think, each piece goes out as it comes.
+    ReasoningStream s(false);
+    EXPECT_EQ(s.push("Hi").content, "Hi");
+    EXPECT_EQ(s.push(" there").content, " there");
+    // Reasoning goes out too, all but a possible cut tag and the blanks before it.
+    ReasoningStream t(false);
+    EXPECT_TRUE(t.push("<thi").empty());
+    EXPECT_EQ(t.push("nk>\nstep one").reasoning, "step one");
+    EXPECT_TRUE(t.push("\n</thi").empty());
+    EXPECT_EQ(t.push("nk>\n\nDone").content, "Done");
+}
+
+TEST(Reasoning, PromptThatOpensThinking) {
+    EXPECT_TRUE(prompt_opens_thinking("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n"));
+    EXPECT_TRUE(
+        prompt_opens_thinking("<\xef\xbd\x9c"
+                              "Assistant\xef\xbd\x9c><think>"));
+    EXPECT_FALSE(prompt_opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+    EXPECT_FALSE(prompt_opens_thinking("<|im_start|>user\nwhat is <think>?<|im_end|>\n<|im_start|>assistant\n"));
+    EXPECT_FALSE(prompt_opens_thinking(""));
+}
+
+}  // namespace
+}  // namespace cera
