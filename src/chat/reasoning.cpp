@@ -103,6 +103,24 @@ bool prompt_opens_thinking(std::string_view prompt) {
     return t.size() >= kOpen.size() && t.substr(t.size() - kOpen.size()) == kOpen;
 }
 
+bool prompt_closes_thinking(std::string_view prompt) {
+    const std::string_view t = trim_end(prompt);
+    return t.size() >= kClose.size() && t.substr(t.size() - kClose.size()) == kClose;
+}
+
+std::shared_ptr<const Grammar> grammar_after_thinking(const Grammar& g, bool in_thinking) {
+    // Text without "</think>": the stretches between the '<'s, each one after a '<' not starting with
+    // "/think>" (it may be a beginning of it, or break it off at any character but another '<').
+    static constexpr const char* kThinking = R"(
+thinking--rest ::= thinking--text "</think>" [ \t\n]*
+thinking--text ::= [^<]* ( "<" thinking--seg )*
+thinking--seg ::= ( [^/<] [^<]* | "/" ( [^t<] [^<]* | "t" ( [^h<] [^<]* | "h" ( [^i<] [^<]* | "i" ( [^n<] [^<]* | "n" ( [^k<] [^<]* | "k" ( [^><] [^<]* )? )? )? )? )? )? )?
+)";
+    const std::string start = in_thinking ? "thinking--reply ::= thinking--rest root"
+                                          : "thinking--reply ::= ( \"<think>\" thinking--rest )? root";
+    return Grammar::parse(start + kThinking + g.gbnf(), "thinking--reply");
+}
+
 bool parse_reasoning_format(std::string_view name, bool& split) {
     if (name == "none") return split = false, true;
     if (name == "auto" || name == "deepseek") return split = true, true;

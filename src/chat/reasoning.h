@@ -4,8 +4,11 @@
 // streams in: a piece that may begin a tag waits for the next piece, and the stream's deltas join
 // into what split_reasoning() gives for the whole text.
 #pragma once
+#include <memory>
 #include <string>
 #include <string_view>
+
+#include "cera/grammar.h"
 
 namespace cera {
 
@@ -38,6 +41,17 @@ class ReasoningStream {
 
 // Whether the rendered prompt leaves a <think> open for the reply.
 bool prompt_opens_thinking(std::string_view prompt);
+
+// Whether the rendered prompt ends with a closed thinking block (Qwen3's with enable_thinking false):
+// the reply will not think.
+bool prompt_closes_thinking(std::string_view prompt);
+
+// A grammar for a reply that may think first: an optional <think> block (in_thinking: the rest of the
+// block the prompt opened, up to its </think>), the blanks after it, then g's language. The thinking
+// is free text without "</think>". Structured output and tool calls of a thinking model use it, so
+// that the model still thinks before the constrained answer. g applies from its first byte (not
+// lazy); its start rule is `root`.
+std::shared_ptr<const Grammar> grammar_after_thinking(const Grammar& g, bool in_thinking);
 
 // A reasoning format's name as llama.cpp's --reasoning-format and request field take it: "none" (split
 // false), "auto" or "deepseek" (split true); false for any other.

@@ -247,6 +247,14 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
     // A chat reply's thinking, split from its content unless the request or the server says not to.
     const bool split = chat && cr.split_reasoning.value_or(o.split_reasoning);
     const bool in_thinking = split && prompt_opens_thinking(prompt_text);
+    // A constrained answer (a schema, tool calls) of a model that may think first: the grammar lets it
+    // think, and the split keeps the thinking out of the answer. It may think where the prompt opened
+    // <think>, or where the template knows thinking and the prompt did not close it already.
+    GenerateOptions options = cr.options;
+    const bool may_think = in_thinking || (split && tmpl.source().find("<think>") != std::string::npos &&
+                                           !prompt_closes_thinking(prompt_text));
+    if (may_think && options.grammar && options.grammar->trigger().empty() && !cr.whole_reply_grammar)
+        options.grammar = grammar_after_thinking(*options.grammar, in_thinking);
     // The thinking tags and, with tools, the format's markers that the vocabulary holds as control tokens
     // stay in a chat reply's text, so that the reply parses into reasoning and calls.
     std::vector<int32_t> rendered;
@@ -264,7 +272,7 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
     std::vector<std::shared_ptr<Request>> reqs;
     try {
         for (int32_t i = 0; i < cr.n; ++i) {
-            GenerateOptions g = cr.options;
+            GenerateOptions g = options;
             g.sampling.seed += uint64_t(i);
             g.rendered_tokens = rendered;
             auto sink = std::make_shared<ChoiceSink>(ch, i, *engine, metrics);

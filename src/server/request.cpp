@@ -253,6 +253,7 @@ void generation(const json& j, const RequestLimits& limits, CompletionRequest& r
     }
     g.ignore_eos = boolean(j, "ignore_eos", false);  // as llama.cpp's server: load tools ask for exact lengths
     g.grammar = output_grammar(j);
+    r.whole_reply_grammar = g.grammar && field(j, "grammar");
     tools(j, limits, r);
     r.n = int32_t(integer(j, "n", 1, 1, kMaxChoices));
     if (const json* u = field(j, "user")) {

@@ -88,6 +88,9 @@ struct CompletionRequest {
     // reasoning_format (llama.cpp's): "none" keeps a reply's <think> block in its content, "auto" or
     // "deepseek" splits it into reasoning_content; unset: the server's choice.
     std::optional<bool> split_reasoning;
+    // The grammar is the client's GBNF ("grammar"), which describes the whole reply; the others
+    // (schemas, tool calls) describe the answer, after any thinking.
+    bool whole_reply_grammar = false;
 };
 
 // /v1/embeddings.

@@ -123,6 +123,72 @@ TEST(ServeReasoning, TemplateThatOpensTheThinking) {
     EXPECT_EQ(s.content, m[2]);
 }
 
+// A schema's answer comes after the thinking: where the template opened <think>, the grammar holds the
+// reply to free thinking until </think>, then the schema; where the prompt closed it (Qwen3's
+// enable_thinking false), the schema applies from the first token.
+TEST(ServeReasoning, StructuredAnswerAfterTheThinking) {
+    const json schema = {{"type", "object"},
+                         {"properties", {{"a", {{"type", "integer"}}}}},
+                         {"required", {"a"}},
+                         {"additionalProperties", false}};
+    auto body = [&](int max_tokens) {
+        json b = {{"messages", {{{"role", "user"}, {"content", "Give me a."}}}},
+                  {"temperature", 0},
+                  {"max_tokens", max_tokens},
+                  {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "a"}, {"schema", schema}}}}}};
+        return b;
+    };
+    {
+        ServeOptions o;
+        o.chat_template =
+            "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+            "{% if add_generation_prompt %}assistant: <think>\n{% endif %}";
+        RunningServer r(o);
+        int status = 0;
+        const json j = r.post("/v1/chat/completions", body(3), &status);
+        ASSERT_EQ(status, 200) << j.dump();
+        const json& m = j["choices"][0]["message"];
+        EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+        EXPECT_EQ(m["content"], "") << m.dump();  // three tokens of thinking, no answer yet
+        json none = body(3);
+        none["reasoning_format"] = "none";  // the text as is: the schema from the first token
+        const std::string raw = r.post("/v1/chat/completions", none)["choices"][0]["message"]["content"];
+        EXPECT_EQ(raw.rfind("{", 0), 0u) << raw;
+        // Split, the same three tokens would be reasoning too; the thinking is the model's free text instead.
+        EXPECT_NE(m.value("reasoning_content", std::string()), raw) << m.dump();
+    }
+    {
+        ServeOptions o;
+        o.chat_template =
+            "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+            "{% if add_generation_prompt %}assistant: {% if enable_thinking is defined and not enable_thinking %}"
+            "<think>\n\n</think>\n\n{% endif %}{% endif %}";
+        RunningServer r(o);
+        json b = body(3);
+        b["chat_template_kwargs"] = {{"enable_thinking", false}};
+        const json m = message_of(r, b);
+        ASSERT_TRUE(m.is_object());
+        EXPECT_EQ(m["content"].get<std::string>().rfind("{", 0), 0u) << m.dump();
+        EXPECT_FALSE(m.contains("reasoning_content"));
+        // Thinking allowed: a reply that finishes answers in the schema, thought or not; one cut at the
+        // token limit while thinking has no answer (this tiny story model starts a <think> here and
+        // writes a story in it).
+        int status = 0;
+        const json j = r.post("/v1/chat/completions", body(200), &status);
+        ASSERT_EQ(status, 200) << j.dump();
+        const json& full = j["choices"][0]["message"];
+        if (j["choices"][0]["finish_reason"] == "stop") {
+            const json answer = json::parse(full["content"].get<std::string>(), nullptr, false);
+            ASSERT_TRUE(answer.is_object()) << full.dump();
+            EXPECT_TRUE(answer["a"].is_number_integer()) << full.dump();
+        } else {
+            EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+            EXPECT_EQ(full["content"], "") << full.dump();
+            EXPECT_FALSE(full.value("reasoning_content", std::string()).empty()) << full.dump();
+        }
+    }
+}
+
 TEST(ServeReasoning, ServerOptionAndRequestField) {
     ServeOptions o;
     o.split_reasoning = false;  // --reasoning-format none

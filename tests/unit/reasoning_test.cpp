@@ -109,5 +109,42 @@ TEST(Reasoning, PromptThatOpensThinking) {
     EXPECT_FALSE(prompt_opens_thinking(""));
 }
 
+TEST(Reasoning, PromptThatClosesThinking) {
+    EXPECT_TRUE(prompt_closes_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+    EXPECT_FALSE(prompt_closes_thinking("<|im_start|>assistant\n"));
+    EXPECT_FALSE(prompt_closes_thinking("<|im_start|>assistant\n<think>\n"));
+}
+
+// The thinking before a constrained answer: any text without "</think>" (checked against that
+// definition on random texts over the tag's characters), the tag, blanks, then the answer's grammar.
+TEST(Reasoning, GrammarAfterThinking) {
+    const auto answer = Grammar::parse(R"(root ::= "x" [0-9]*)");
+    const auto open = grammar_after_thinking(*answer, false), opened = grammar_after_thinking(*answer, true);
+    std::mt19937 rng(11);
+    const std::string alphabet = "</thinka >\n";
+    for (int i = 0; i < 4000; ++i) {
+        std::string t;
+        const size_t n = std::uniform_int_distribution<size_t>(0, 14)(rng);
+        for (size_t k = 0; k < n; ++k)
+            t += alphabet[std::uniform_int_distribution<size_t>(0, alphabet.size() - 1)(rng)];
+        if (i % 3 == 0) t.insert(std::uniform_int_distribution<size_t>(0, t.size())(rng), "</think");
+        const bool free = t.find("</think>") == std::string::npos;
+        SCOPED_TRACE(t);
+        EXPECT_EQ(opened->match(t + "</think>x1") == -1, free);
+        EXPECT_EQ(opened->match(t + "</think>\n\nx") == -1, free);
+        EXPECT_EQ(open->match("<think>" + t + "</think>x") == -1, free);
+        if (free) EXPECT_NE(opened->match(t + "x"), -1);  // the opened block must close
+    }
+    EXPECT_EQ(open->match("x12"), -1);  // no thinking at all
+    EXPECT_NE(open->match("<think>a</think>y"), -1);
+    EXPECT_NE(open->match("<think>a</think>x</think>x"), -1);
+    EXPECT_EQ(open->match("<think>a"), 8);  // a beginning of a reply in the language
+    // The answer's own grammar: JSON mode.
+    const auto json = grammar_after_thinking(*Grammar::json(), false);
+    EXPECT_EQ(json->match("<think>\nThe user wants {an object}.\n</think>\n\n{\"a\": [1, 2]}"), -1);
+    EXPECT_EQ(json->match("{\"a\": 1}"), -1);
+    EXPECT_NE(json->match("<think>x</think>not json"), -1);
+}
+
 }  // namespace
 }  // namespace cera
