@@ -1,5 +1,5 @@
 // The official `openai` npm client against a `cera serve` on the bundled model, as an application
-// would use it: chat (plain and streamed), text completions, the model list, embeddings where the
+// would use it: chat (plain and streamed), a reply's thinking as reasoning_content, text completions, the model list, embeddings where the
 // server has the route, errors raised as the client's APIError subclasses with the right status,
 // and a stream that the client aborts (the server logs the request as cancelled and goes on serving).
 //
@@ -67,6 +67,28 @@ test("streamed chat gives the plain reply's text, then usage", async () => {
   assert.equal(text, plain.choices[0].message.content);
   assert.equal(finish, plain.choices[0].finish_reason);
   assert.deepEqual(usage, plain.usage);
+});
+
+test("a reply's thinking comes as reasoning_content, plain and streamed", async () => {
+  // llama.cpp's grammar field (passed through as is) makes the tiny model write a <think> block.
+  const body = {
+    model: "tiny", messages: question, max_tokens: 60, temperature: 0,
+    grammar: 'root ::= "<think>" [a-z]{3,12} "</think>\\n\\n" [a-z]{2,10}',
+  };
+  const raw = await client.chat.completions.create({ ...body, reasoning_format: "none" });
+  const m = raw.choices[0].message.content.match(/^<think>([a-z]*)<\/think>\n\n([a-z]*)$/);
+  assert.ok(m, raw.choices[0].message.content);
+  const plain = await client.chat.completions.create(body);
+  assert.equal(plain.choices[0].message.reasoning_content, m[1]);
+  assert.equal(plain.choices[0].message.content, m[2]);
+  let reasoning = "", content = "";
+  for await (const chunk of await client.chat.completions.create({ ...body, stream: true })) {
+    const d = chunk.choices.length ? chunk.choices[0].delta : {};
+    if (d.reasoning_content) reasoning += d.reasoning_content;
+    if (d.content) content += d.content;
+  }
+  assert.equal(reasoning, m[1]);
+  assert.equal(content, m[2]);
 });
 
 test("text completion, plain and streamed", async () => {
