@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "chat/grammar/grammar_impl.h"
+
 namespace cera {
 namespace {
 
@@ -109,6 +111,7 @@ bool prompt_closes_thinking(std::string_view prompt) {
 }
 
 std::shared_ptr<const Grammar> grammar_after_thinking(const Grammar& g, bool in_thinking) {
+    if (!g.trigger().empty()) return lazy_after_thinking(g, in_thinking);
     // Text without "</think>": the stretches between the '<'s, each one after a '<' not starting with
     // "/think>" (it may be a beginning of it, or break it off at any character but another '<').
     static constexpr const char* kThinking = R"(

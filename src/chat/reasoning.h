@@ -49,8 +49,9 @@ bool prompt_closes_thinking(std::string_view prompt);
 // A grammar for a reply that may think first: an optional <think> block (in_thinking: the rest of the
 // block the prompt opened, up to its </think>), the blanks after it, then g's language. The thinking
 // is free text without "</think>". Structured output and tool calls of a thinking model use it, so
-// that the model still thinks before the constrained answer. g applies from its first byte (not
-// lazy); its start rule is `root`.
+// that the model still thinks before the constrained answer. For a g that applies from its first
+// byte, its start rule is `root`; a lazy g (tool calls with tool_choice "auto") keeps its rules, and
+// its trigger counts only after the thinking block, which may mention it.
 std::shared_ptr<const Grammar> grammar_after_thinking(const Grammar& g, bool in_thinking);
 
 // A reasoning format's name as llama.cpp's --reasoning-format and request field take it: "none" (split

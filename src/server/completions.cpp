@@ -253,7 +253,7 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
     GenerateOptions options = cr.options;
     const bool may_think = in_thinking || (split && tmpl.source().find("<think>") != std::string::npos &&
                                            !prompt_closes_thinking(prompt_text));
-    if (may_think && options.grammar && options.grammar->trigger().empty() && !cr.whole_reply_grammar)
+    if (may_think && options.grammar && !cr.whole_reply_grammar)
         options.grammar = grammar_after_thinking(*options.grammar, in_thinking);
     // The thinking tags and, with tools, the format's markers that the vocabulary holds as control tokens
     // stay in a chat reply's text, so that the reply parses into reasoning and calls.

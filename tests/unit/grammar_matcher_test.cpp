@@ -452,5 +452,77 @@ TEST(GrammarMatcher, LazyGrammarMasksEqualTheReference) {
     EXPECT_GT(triggered, 50);
 }
 
+// The same lazy grammar after a thinking block (lazy_after_thinking): a trigger inside a <think> block
+// at the start of the text does not count. The reference finds the trigger from the block's end; the
+// vocabulary has no token that holds both a thinking tag's end and a trigger, the one place where the
+// masks are coarser (they allow such a token, and accept_token refuses it).
+TEST(GrammarMatcher, LazyGrammarAfterThinkingMasksEqualTheReference) {
+    std::vector<std::string> pieces = {
+        "<eos>", "<think>",     "</think>",      "<th",          "ink>",   "</",   "think", ">",
+        "<",     "<tool_call>", "</tool_call>",  "<tool",        "_call>", "abc",  "a",     "b",
+        " ",     "\n",          "x<tool_call>a", "<tool_call>1", "q",      "<ctl>"};
+    std::vector<bool> eog(pieces.size(), false), control(pieces.size(), false);
+    eog[0] = true;
+    control.back() = true;
+    const auto trie = std::make_shared<const TokenTrie>(pieces, eog, control);
+    const std::string trigger = "<tool_call>";
+    const auto lazy = Grammar::lazy(R"(root ::= "<tool_call>" [a-z]+ "</tool_call>")", trigger);
+    for (const bool opened : {false, true}) {
+        SCOPED_TRACE(opened ? "the prompt opened the thinking" : "the reply may open it");
+        const auto g = lazy_after_thinking(*lazy, opened);
+        // Where the trigger is looked for in s: after the leading block's </think>; npos while in it.
+        auto region = [&](const std::string& s) -> size_t {
+            const size_t b = std::min(s.find_first_not_of(" \n"), s.size());
+            if (!opened && s.compare(b, 7, "<think>") != 0)
+                return std::string("<think>").compare(0, s.size() - b, s, b) == 0 ? std::string::npos : 0;
+            const size_t close = s.find("</think>", opened ? 0 : b + 7);
+            return close == std::string::npos ? close : close + 8;
+        };
+        auto triggered_at = [&](const std::string& s) {
+            const size_t r = region(s);
+            return r == std::string::npos ? r : s.find(trigger, r);
+        };
+        std::mt19937_64 rng(opened ? 9 : 8);
+        auto m = make_matcher(*g, trie);
+        int thought = 0, triggered = 0;
+        for (int w = 0; w < 300; ++w) {
+            m->reset();
+            std::string text;
+            for (int step = 0; step < 24; ++step) {
+                const bool seen = triggered_at(text) != std::string::npos;
+                const uint64_t* mask = m->mask();
+                std::vector<int32_t> allowed;
+                for (int32_t id = 0; id < trie->n_vocab(); ++id) {
+                    bool want;
+                    if (trie->is_eog(id)) {
+                        want = g->match(text) == -1;
+                    } else if (trie->is_excluded(id)) {
+                        want = !seen;
+                    } else {
+                        const std::string s = text + trie->piece(id);
+                        const size_t at = triggered_at(s);
+                        want = at == std::string::npos || viable(*g, s.substr(at));
+                    }
+                    ASSERT_EQ(bit(mask, id), want) << "token '" << trie->piece(id) << "' after '" << text << "'";
+                    if (want) allowed.push_back(id);
+                }
+                if (allowed.empty()) break;
+                int32_t t = allowed[rng() % allowed.size()];
+                if (rng() % 4 == 0) t = int32_t(1 + rng() % 11);  // lean to the tags and the trigger
+                if (step == 0 && rng() % 2 == 0) t = 1;           // and to replies that think
+                if (!bit(mask, t)) continue;
+                ASSERT_TRUE(m->accept_token(t));
+                if (trie->is_eog(t)) break;
+                if (!trie->is_excluded(t)) text += trie->piece(t);
+                EXPECT_EQ(m->is_waiting(), triggered_at(text) == std::string::npos) << text;
+            }
+            thought += region(text) != 0 && text.find("</think>") != std::string::npos;
+            triggered += triggered_at(text) != std::string::npos;
+        }
+        EXPECT_GT(thought, 20);
+        EXPECT_GT(triggered, 20);
+    }
+}
+
 }  // namespace
 }  // namespace cera

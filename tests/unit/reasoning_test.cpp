@@ -146,5 +146,22 @@ TEST(Reasoning, GrammarAfterThinking) {
     EXPECT_NE(json->match("<think>x</think>not json"), -1);
 }
 
+// Tool calls with tool_choice "auto" (a lazy grammar): a trigger inside the thinking does not count.
+TEST(Reasoning, LazyTriggerAfterThinking) {
+    const auto calls = Grammar::lazy(R"(root ::= "<tool_call>" [a-z]+ "</tool_call>")", "<tool_call>");
+    const auto open = grammar_after_thinking(*calls, false), opened = grammar_after_thinking(*calls, true);
+    const std::string thought = "<think>\nI could use <tool_call> here, or answer.\n</think>\n\n";
+    EXPECT_NE(calls->match(thought + "<tool_call>abc</tool_call>"), -1);  // the plain lazy grammar fires early
+    EXPECT_EQ(open->match(thought + "<tool_call>abc</tool_call>"), -1);
+    EXPECT_EQ(open->match(thought + "Plain answer."), -1);
+    EXPECT_NE(open->match(thought + "<tool_call>ab1</tool_call>"), -1);
+    EXPECT_EQ(open->match("  <tool_call>abc</tool_call>"), -1);  // no thinking: as before
+    EXPECT_NE(open->match("<tool_call>a b</tool_call>"), -1);
+    EXPECT_EQ(open->match("<think>unfinished <tool_call> thought"), -1);
+    EXPECT_EQ(opened->match("thinking of <tool_call> now</think><tool_call>x</tool_call>"), -1);
+    EXPECT_NE(opened->match("thinking of</think><tool_call>x y</tool_call>"), -1);
+    EXPECT_EQ(opened->match("<tool_call> stays thought"), -1);
+}
+
 }  // namespace
 }  // namespace cera

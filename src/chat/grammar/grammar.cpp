@@ -42,7 +42,17 @@ const std::string& Grammar::trigger() const { return impl_->trigger; }
 int64_t Grammar::match(std::string_view text) const {
     size_t from = 0;
     if (!impl_->trigger.empty()) {
-        from = text.find(impl_->trigger);
+        using Thinking = grammar::MatcherOptions::Thinking;
+        if (impl_->thinking != Thinking::kNone) {  // the trigger counts after a leading thinking block
+            const size_t b = std::min(text.find_first_not_of(" \t\n\r"), text.size());
+            const bool opened = impl_->thinking == Thinking::kOpen || text.substr(b, 7) == "<think>";
+            if (opened) {
+                const size_t close = text.find("</think>", impl_->thinking == Thinking::kOpen ? 0 : b + 7);
+                if (close == std::string_view::npos) return -1;
+                from = close + 8;
+            }
+        }
+        from = text.find(impl_->trigger, from);
         if (from == std::string_view::npos) return -1;
     }
     grammar::Matcher m(impl_->def);
@@ -62,10 +72,21 @@ std::shared_ptr<grammar::PositionCache> Grammar::Impl::cache_for(
     return c;
 }
 
+std::shared_ptr<const Grammar> lazy_after_thinking(const Grammar& lazy, bool in_thinking) {
+    CERA_CHECK(!lazy.trigger().empty(), "lazy_after_thinking needs a lazy grammar");
+    auto impl = std::make_unique<Grammar::Impl>();
+    impl->def = lazy.impl().def;
+    impl->gbnf = lazy.gbnf();
+    impl->trigger = lazy.trigger();
+    impl->thinking =
+        in_thinking ? grammar::MatcherOptions::Thinking::kOpen : grammar::MatcherOptions::Thinking::kMayOpen;
+    return std::make_shared<const Grammar>(std::move(impl));
+}
+
 std::unique_ptr<grammar::Matcher> make_matcher(const Grammar& g, const std::shared_ptr<const grammar::TokenTrie>& trie,
                                                const grammar::MatcherOptions& options) {
     grammar::MatcherOptions o = options;
-    if (o.trigger.empty()) o.trigger = g.impl().trigger;
+    if (o.trigger.empty()) o.trigger = g.impl().trigger, o.thinking = g.impl().thinking;
     return std::make_unique<grammar::Matcher>(g.impl().cache_for(trie), o);
 }
 

@@ -96,6 +96,10 @@ void Matcher::reset() {
     cur_utf8_ = {};
     waiting_ = !options_.trigger.empty();
     seen_.clear();
+    think_ = options_.thinking == MatcherOptions::Thinking::kOpen      ? Think::kInside
+             : options_.thinking == MatcherOptions::Thinking::kMayOpen ? Think::kBefore
+                                                                       : Think::kPast;
+    think_text_.clear();
 }
 
 uint32_t Matcher::intern(uint32_t pos, uint32_t parent) {
@@ -246,17 +250,9 @@ bool Matcher::accept_token(int32_t id) {
     if (id < 0 || id >= trie_->n_vocab()) return false;
     if (waiting_) {
         if (trie_->is_eog(id) || trie_->is_excluded(id)) return true;
+        if (think_ != Think::kPast) return !follow_thinking(trie_->piece(id)) || find_trigger();
         seen_ += trie_->piece(id);
-        const size_t at = seen_.find(options_.trigger);
-        if (at == std::string::npos) {  // keep only what could still be the trigger's start
-            const size_t keep = options_.trigger.size() - 1;
-            if (seen_.size() > keep) seen_.erase(0, seen_.size() - keep);
-            return true;
-        }
-        waiting_ = false;
-        const std::string tail = seen_.substr(at);
-        seen_.clear();
-        return accept_bytes(tail) == tail.size();  // false: the token's text after the trigger cannot match
+        return find_trigger();
     }
     if (trie_->is_eog(id)) {
         if (!can_end()) return false;
@@ -635,9 +631,55 @@ const uint64_t* Matcher::waiting_mask() {
     return partial ? lazy_mask_.data() : base_mask_.data();
 }
 
+bool Matcher::find_trigger() {
+    const size_t at = seen_.find(options_.trigger);
+    if (at == std::string::npos) {  // keep only what could still be the trigger's start
+        const size_t keep = options_.trigger.size() - 1;
+        if (seen_.size() > keep) seen_.erase(0, seen_.size() - keep);
+        return true;
+    }
+    waiting_ = false;
+    const std::string tail = seen_.substr(at);
+    seen_.clear();
+    return accept_bytes(tail) == tail.size();  // false: the token's text after the trigger cannot match
+}
+
+bool Matcher::follow_thinking(const std::string& piece) {
+    static constexpr std::string_view kOpen = "<think>", kClose = "</think>";
+    think_text_ += piece;
+    if (think_ == Think::kBefore) {
+        const size_t b = think_text_.find_first_not_of(" \t\n\r");
+        think_text_.erase(0, b == std::string::npos ? think_text_.size() : b);
+        if (think_text_.compare(0, kOpen.size(), kOpen) == 0) {
+            think_text_.erase(0, kOpen.size());
+            think_ = Think::kInside;
+        } else if (kOpen.substr(0, think_text_.size()) == think_text_) {
+            seen_ = think_text_;  // undecided: as text before the trigger, for the masks
+            return false;
+        } else {  // no thinking: the text so far is where the trigger is looked for
+            think_ = Think::kPast;
+            seen_ = std::move(think_text_);
+            think_text_.clear();
+            return true;
+        }
+    }
+    const size_t close = think_text_.find(kClose);
+    if (close == std::string::npos) {
+        if (think_text_.size() > kClose.size()) think_text_.erase(0, think_text_.size() - (kClose.size() - 1));
+        seen_.clear();
+        return false;
+    }
+    think_ = Think::kPast;
+    seen_ = think_text_.substr(close + kClose.size());
+    think_text_.clear();
+    return true;
+}
+
 const uint64_t* Matcher::mask() {
     CERA_CHECK(trie_ != nullptr, "mask() on a matcher without a vocabulary");
-    if (waiting_) return waiting_mask();
+    // Inside the thinking block every token goes (one that ends the block and holds the trigger wrongly
+    // followed is refused by accept_token).
+    if (waiting_) return think_ == Think::kInside ? free_mask_.data() : waiting_mask();
     const uint64_t h = hash_state(cur_, cur_utf8_.val, cur_utf8_.rem);
     auto range = mask_cache_.equal_range(h);
     for (auto it = range.first; it != range.second; ++it)

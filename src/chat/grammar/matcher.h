@@ -111,6 +111,11 @@ struct MatcherOptions {
     // text may end anywhere; from the trigger's first byte on, the text must match the grammar (which
     // therefore starts with the trigger). Empty: the grammar applies from the first byte.
     std::string trigger;
+    // A lazy grammar's trigger counts only after a thinking block at the start of the text (a thinking
+    // model's reply, which may mention the trigger while it thinks): kMayOpen: the text may start, after
+    // blanks, with <think>; kOpen: it starts inside one (the prompt opened it). Either way the trigger is
+    // looked for from the block's </think> on.
+    enum class Thinking { kNone, kMayOpen, kOpen } thinking = Thinking::kNone;
 };
 
 class Matcher {
@@ -231,6 +236,12 @@ class Matcher {
 
     bool waiting_ = false;             // lazy: the trigger has not appeared yet
     std::string seen_;                 // lazy: the text's tail that may hold the start of the trigger
+    // lazy, MatcherOptions::thinking: where the text stands against its leading thinking block, and the
+    // text that decides it (blanks dropped before <think>; the tail that may begin </think> inside).
+    enum class Think { kBefore, kInside, kPast } think_ = Think::kPast;
+    std::string think_text_;
+    bool follow_thinking(const std::string& piece);  // false while the block is not over
+    bool find_trigger();                             // looks for the trigger in seen_
     std::vector<uint64_t> free_mask_;  // lazy: every token
     std::vector<uint64_t> base_mask_;  // lazy: every token but those holding the trigger wrongly followed
     std::vector<uint64_t> lazy_mask_;  // lazy: base_mask_'s rule after a text ending in part of the trigger
