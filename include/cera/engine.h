@@ -116,6 +116,13 @@ struct PrefixCacheStats {
 };
 
 // What a loaded model is and where it runs.
+// How Session::embed() reduces the per-token hidden states.
+enum class Pooling {
+    kMean,  // the mean over every token (BOS included): [n_embd]
+    kLast,  // the last token's: [n_embd]
+    kNone,  // every token's: [n_tokens, n_embd]
+};
+
 struct EngineInfo {
     std::string path;           // the GGUF file
     std::string architecture;   // general.architecture, e.g. "lfm2"
@@ -134,6 +141,12 @@ struct EngineInfo {
     int32_t n_ctx_train = 0;  // the context the model was trained with (<arch>.context_length)
     int32_t n_ctx = 0;        // the context of each session
     bool has_chat_template = false;
+    // The pooling the model's embeddings are made with (<arch>.pooling_type as llama.cpp writes it):
+    // the last token's for embedding models such as Qwen3-Embedding, the mean where the file names
+    // none. pooling_unsupported names one Session::embed does not do ("cls", "rank"); then the
+    // embedding commands refuse the model.
+    Pooling pooling = Pooling::kMean;
+    std::string pooling_unsupported;
 };
 
 // An image decoded and run through the engine's vision projector (Engine::encode_image): the tokens that

@@ -109,13 +109,6 @@ struct SampledLogprobs {
     std::vector<TokenLogprob> top;  // GenerateOptions::logprobs entries, most likely first
 };
 
-// How Session::embed() reduces the per-token hidden states.
-enum class Pooling {
-    kMean,  // the mean over every token (BOS included): [n_embd]
-    kLast,  // the last token's: [n_embd]
-    kNone,  // every token's: [n_tokens, n_embd]
-};
-
 struct GenerationResult {
     FinishReason finish = FinishReason::kNone;
     std::string stop_string;                // the stop string that ended generation (kStop)

@@ -1,7 +1,7 @@
 // `cera embed [-m FILE] (-p TEXT | --tokens IDS) [--per-token] [--no-bos] [--out FILE] [--json]`:
-// the last layer's hidden states after the final norm, mean-pooled over every token (BOS
-// included) by default, or one row per token. Text goes to stdout (one row per line, or
-// JSON); --out writes the raw float32 rows (little-endian, row-major) instead.
+// the last layer's hidden states after the final norm, pooled as the model was made to be (the mean
+// over every token, BOS included, unless the file names the last token's), or one row per token. Text goes to stdout
+// (one row per line, or JSON); --out writes the raw float32 rows (little-endian, row-major) instead.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <fstream>
@@ -51,8 +51,10 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 }
 
 int run_embed(const std::vector<std::string>& args) {
-    CLI::App app{"Prints the final-norm hidden states of a text: mean-pooled (BOS included) or per token.",
-                 "cera embed"};
+    CLI::App app{
+        "Prints the final-norm hidden states of a text: pooled as the model asks (the mean, BOS included, "
+        "by default) or per token.",
+        "cera embed"};
     std::string model, prompt, tokens_text, out_path;
     EngineFlags ef;
     bool per_token = false, no_bos = false, json = false, no_special = false;
@@ -61,7 +63,7 @@ int run_embed(const std::vector<std::string>& args) {
     auto* t_opt = app.add_option("--tokens", tokens_text, "token ids instead of text, used as given: \"1 2 3\"");
     p_opt->excludes(t_opt);
     app.add_flag("--per-token", per_token, "one row per token instead of the mean");
-    app.add_flag("--no-bos", no_bos, "do not add the BOS token to the text");
+    app.add_flag("--no-bos", no_bos, "do not add the BOS (and EOS) tokens the model asks for to the text");
     app.add_flag("--no-special", no_special, "tokenize special-token text as plain text");
     app.add_option("--out", out_path, "write raw float32 rows to FILE instead of text");
     app.add_flag("--json", json, "print JSON: {n_tokens, n_embd, tokens, embedding | embeddings}");
@@ -83,12 +85,14 @@ int run_embed(const std::vector<std::string>& args) {
     } else if (t_opt->count() > 0) {
         ids = parse_ids(tokens_text);
     } else {
-        if (!no_bos && engine->add_bos() && engine->bos_token() >= 0) ids.push_back(engine->bos_token());
-        const std::vector<int32_t> body = engine->tokenize(prompt, false, !no_special);
-        ids.insert(ids.end(), body.begin(), body.end());
+        ids = engine->tokenize(prompt, !no_bos, !no_special);
     }
     if (ids.empty()) throw Error(ErrorCode::kInvalidArgument, "no tokens to embed");
-    const Pooling pooling = per_token ? Pooling::kNone : Pooling::kMean;
+    const EngineInfo& info = engine->info();
+    if (!per_token && !info.pooling_unsupported.empty())
+        throw Error(ErrorCode::kUnsupported, "the model pools its embeddings by " + info.pooling_unsupported +
+                                                 ", which is not supported (--per-token gives every token's)");
+    const Pooling pooling = per_token ? Pooling::kNone : info.pooling;
     std::vector<float> v;
     if (image_session) {
         v = image_session->embed_sequence(pooling);
@@ -112,7 +116,7 @@ int run_embed(const std::vector<std::string>& args) {
         j["n_tokens"] = ids.size();
         j["n_embd"] = n_embd;
         j["tokens"] = ids;
-        j["pooling"] = per_token ? "none" : "mean";
+        j["pooling"] = per_token ? "none" : pooling == Pooling::kLast ? "last" : "mean";
         if (per_token) {
             nlohmann::json a = nlohmann::json::array();
             for (size_t r = 0; r < rows; ++r)
@@ -139,6 +143,6 @@ int run_embed(const std::vector<std::string>& args) {
 
 }  // namespace
 
-CERA_CLI_COMMAND(embed, "embed", "hidden-state embeddings of a text (mean-pooled or per token)", run_embed);
+CERA_CLI_COMMAND(embed, "embed", "hidden-state embeddings of a text (pooled or per token)", run_embed);
 
 }  // namespace cera::cli

@@ -389,14 +389,22 @@ class Engine {
 
     py::object embed(const std::string& text, const std::string& pooling) const {
         cera::Pooling p;
-        if (pooling == "mean")
+        const cera::EngineInfo& info = engine_->info();
+        if (pooling == "model") {
+            if (!info.pooling_unsupported.empty())
+                throw cera::Error(cera::ErrorCode::kUnsupported, "embed: the model pools its embeddings by " +
+                                                                     info.pooling_unsupported +
+                                                                     ", which is not supported");
+            p = info.pooling;
+        } else if (pooling == "mean")
             p = cera::Pooling::kMean;
         else if (pooling == "last")
             p = cera::Pooling::kLast;
         else if (pooling == "none")
             p = cera::Pooling::kNone;
         else
-            throw cera::Error(cera::ErrorCode::kInvalidArgument, "embed: pooling must be 'mean', 'last' or 'none'");
+            throw cera::Error(cera::ErrorCode::kInvalidArgument,
+                              "embed: pooling must be 'model', 'mean', 'last' or 'none'");
         const std::vector<int32_t> tokens = engine_->tokenize(text, true);
         std::vector<float> v;
         {
@@ -656,8 +664,9 @@ PYBIND11_MODULE(cera, m) {
         .def("adapters", &Engine::adapters, "The named adapters: dicts of name, path, scale, n_tensors and rank")
         .def("apply_chat_template", &Engine::apply_chat_template, "messages"_a, "add_generation_prompt"_a = true,
              "The messages rendered with the model's chat template, as text")
-        .def("embed", &Engine::embed, "text"_a, "pooling"_a = "mean",
-             "The last hidden states after the final norm, pooled ('mean', 'last' or 'none': one row per token); "
+        .def("embed", &Engine::embed, "text"_a, "pooling"_a = "model",
+             "The last hidden states after the final norm, pooled ('model': as the model asks, the mean unless "
+             "its file names the last token's; 'mean', 'last' or 'none': one row per token); "
              "a NumPy array when NumPy is importable, else a list")
         .def("tokenize", &Engine::tokenize, "text"_a, "add_bos"_a = true, "special"_a = true,
              "Text to token ids (add_bos: BOS where the model wants it; special: special-token text as its id)")

@@ -207,6 +207,24 @@ std::shared_ptr<Engine> Engine::load(const std::string& path, const EngineOption
     info.n_layer = int32_t(mi.n_layer);
     info.n_ctx_train = int32_t(mi.n_ctx_train);
     info.has_chat_template = f.has(gguf::keys::kChatTemplate);
+    switch (f.get_u32(mi.arch + ".pooling_type", 0)) {  // llama.cpp's: 0 none, 1 mean, 2 cls, 3 last, 4 rank
+        case 0:
+        case 1:
+            info.pooling = Pooling::kMean;
+            break;
+        case 2:
+            info.pooling_unsupported = "cls";
+            break;
+        case 3:
+            info.pooling = Pooling::kLast;
+            break;
+        case 4:
+            info.pooling_unsupported = "rank";
+            break;
+        default:
+            info.pooling_unsupported = "type " + std::to_string(f.get_u32(mi.arch + ".pooling_type"));
+            break;
+    }
     measure_weights(f, mi.arch, info);
     info.n_ctx = im.model->default_n_ctx();  // the context a session gets by default
     im.fingerprint = model_fingerprint(f);

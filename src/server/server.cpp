@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 
@@ -102,18 +103,14 @@ void Server::Impl::finish(const Exchange& x, const RequestLog& log) {
 
 void Server::Impl::embeddings(const httplib::Request& req, httplib::Response& res, Exchange& x) {
     const EmbeddingRequest er = parse_embedding(req.body, limits);
-    // Tokenized as `cera embed` does: BOS where the model wants one, special-token text parsed.
+    const EngineInfo& info = engine->info();
+    if (!info.pooling_unsupported.empty())
+        refuse("this model pools its embeddings by " + info.pooling_unsupported + ", which is not supported", "model");
+    // Tokenized as `cera embed` does: BOS and EOS where the model wants them, special-token text parsed.
     std::vector<std::vector<int32_t>> inputs;
     int64_t n_tokens = 0;
     for (const PromptInput& in : er.inputs) {
-        std::vector<int32_t> ids;
-        if (in.is_ids) {
-            ids = in.ids;
-        } else {
-            if (engine->add_bos() && engine->bos_token() >= 0) ids.push_back(engine->bos_token());
-            const std::vector<int32_t> body = engine->tokenize(in.text, false, true);
-            ids.insert(ids.end(), body.begin(), body.end());
-        }
+        const std::vector<int32_t> ids = in.is_ids ? in.ids : engine->tokenize(in.text, true, true);
         if (ids.empty()) refuse("an 'input' has no tokens", "input");
         if (int64_t(ids.size()) > batcher->n_ctx())
             refuse("an 'input' of " + std::to_string(ids.size()) + " tokens is longer than the context of " +
@@ -127,7 +124,12 @@ void Server::Impl::embeddings(const httplib::Request& req, httplib::Response& re
         std::lock_guard<std::mutex> lk(embed_mu);
         if (!embed_session) embed_session = std::make_unique<Session>(engine, batcher->n_ctx());
         for (size_t i = 0; i < inputs.size(); ++i) {
-            const std::vector<float> v = embed_session->embed(inputs[i], Pooling::kMean);
+            // Pooled as the model was made to be, and of length 1 as OpenAI's embeddings are.
+            std::vector<float> v = embed_session->embed(inputs[i], info.pooling);
+            double ss = 0.0;
+            for (float e : v) ss += double(e) * e;
+            const float inv = ss > 0.0 ? float(1.0 / std::sqrt(ss)) : 0.0f;
+            for (float& e : v) e *= inv;
             data.push_back(
                 {{"object", "embedding"}, {"index", i}, {"embedding", er.base64 ? json(base64_floats(v)) : json(v)}});
         }
