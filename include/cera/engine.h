@@ -185,6 +185,13 @@ class Engine {
     std::vector<int32_t> tokenize(std::string_view text, bool add_bos, bool parse_special = true) const;
     // Token ids -> text (special tokens render as their text when render_special).
     std::string detokenize(std::span<const int32_t> tokens, bool render_special = false) const;
+    // A fill-in-the-middle prompt for a code model whose vocabulary has FIM tokens (Qwen2.5-Coder's
+    // <|fim_prefix|>, CodeLlama's <PRE>, ...): BOS where the model wants it, then FIM-prefix, the
+    // prefix, FIM-suffix, the suffix, FIM-middle, after which the model writes the middle (ending with
+    // an end-of-generation token such as <|endoftext|> or <|fim_pad|>). The code's text is tokenized
+    // as plain text (special-token text in it stays text). Throws kUnsupported for a vocabulary without
+    // FIM tokens.
+    std::vector<int32_t> infill_prompt(std::string_view prefix, std::string_view suffix) const;
     // Whether the model wants BOS at the start of a sequence (tokenizer.ggml.add_bos_token).
     bool add_bos() const;
     int32_t bos_token() const;         // -1 when the model has none

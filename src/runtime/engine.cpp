@@ -348,6 +348,20 @@ std::string Engine::detokenize(std::span<const int32_t> tokens, bool render_spec
 
 std::string Engine::token_bytes(int32_t token) const { return impl_->tokenizer->token_to_piece(token, false); }
 
+std::vector<int32_t> Engine::infill_prompt(std::string_view prefix, std::string_view suffix) const {
+    const auto& d = impl_->tokenizer->vocab().data();
+    if (d.fim_pre < 0 || d.fim_suf < 0 || d.fim_mid < 0)
+        throw Error(ErrorCode::kUnsupported, "this model's vocabulary has no fill-in-the-middle tokens");
+    std::vector<int32_t> ids;
+    if (add_bos() && bos_token() >= 0) ids.push_back(bos_token());
+    ids.push_back(d.fim_pre);
+    for (int32_t t : tokenize(prefix, false, false)) ids.push_back(t);
+    ids.push_back(d.fim_suf);
+    for (int32_t t : tokenize(suffix, false, false)) ids.push_back(t);
+    ids.push_back(d.fim_mid);
+    return ids;
+}
+
 bool Engine::add_bos() const { return impl_->tokenizer->add_bos(); }
 int32_t Engine::bos_token() const { return impl_->tokenizer->bos(); }
 int32_t Engine::eos_token() const { return impl_->tokenizer->eos(); }

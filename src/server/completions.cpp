@@ -239,6 +239,14 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
     if (chat) {
         prompt = chat_prompt(*engine, tmpl, cr.messages, cr.tools_json, cr.template_kwargs, &prompt_text);
         if (engine->has_vision()) prompt = with_images(*engine, prompt, cr.images, placed);
+    } else if (cr.suffix) {
+        // Fill in the middle: the prompt is the code before the insertion, the suffix the code after it.
+        try {
+            prompt = engine->infill_prompt(cr.prompt.text, *cr.suffix);
+        } catch (const Error& e) {
+            if (e.code() != ErrorCode::kUnsupported) throw;
+            refuse(std::string("'suffix': ") + e.what(), "suffix");
+        }
     } else if (cr.prompt.is_ids)
         prompt = cr.prompt.ids;
     else

@@ -500,7 +500,11 @@ CompletionRequest parse_completion(std::string_view body, bool chat, const Reque
     } else {
         r.prompt = completion_prompt(j, limits);
         if (boolean(j, "echo", false)) refuse("'echo' is not supported", "echo");
-        if (field(j, "suffix")) refuse("'suffix' is not supported", "suffix");
+        if (const json* s = field(j, "suffix"); s && !s->is_null()) {
+            if (!s->is_string()) refuse("'suffix' must be a string", "suffix");
+            if (r.prompt.is_ids) refuse("'suffix' needs the prompt as text", "suffix");
+            r.suffix = s->get<std::string>();
+        }
         if (field(j, "best_of") && integer(j, "best_of", 1, 1, kMaxChoices) != 1)
             refuse("'best_of' above 1 is not supported", "best_of");
     }

@@ -70,6 +70,7 @@ struct CompletionRequest {
     std::vector<ChatMessage> messages;  // chat; an image part is an "<image>" marker in its message's content
     std::vector<ImageSource> images;    // chat: the image parts, in order
     PromptInput prompt;                 // completions
+    std::optional<std::string> suffix;  // completions: the text after the insertion (fill in the middle)
     GenerateOptions options;            // sampling, stop, max_tokens, logit_bias, logprobs (-1: none)
     bool seeded = false;                // the client gave a seed; else options.sampling.seed is random
     int32_t n = 1;                      // choices, each its own request with seed + index
