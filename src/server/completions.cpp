@@ -230,9 +230,11 @@ const char* native_stop_type(FinishReason f) {
 
 }  // namespace
 
-void Server::Impl::complete(const httplib::Request& req, httplib::Response& res, bool chat, Exchange& x, bool native) {
-    const CompletionRequest cr =
-        native ? parse_native_completion(req.body, limits) : parse_completion(req.body, chat, limits);
+void Server::Impl::complete(const httplib::Request& req, httplib::Response& res, bool chat, Exchange& x, bool native,
+                            bool infill) {
+    const CompletionRequest cr = infill   ? parse_native_infill(req.body, limits)
+                                 : native ? parse_native_completion(req.body, limits)
+                                          : parse_completion(req.body, chat, limits);
     std::vector<int32_t> prompt;
     std::vector<PromptImage> placed;
     std::string prompt_text;
@@ -245,8 +247,9 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
             prompt = engine->infill_prompt(cr.prompt.text, *cr.suffix);
         } catch (const Error& e) {
             if (e.code() != ErrorCode::kUnsupported) throw;
-            refuse(std::string("'suffix': ") + e.what(), "suffix");
+            refuse("'" + std::string(cr.suffix_param) + "': " + e.what(), cr.suffix_param);
         }
+        for (int32_t t : engine->tokenize(cr.middle, false, false)) prompt.push_back(t);
     } else if (cr.prompt.is_ids)
         prompt = cr.prompt.ids;
     else

@@ -474,6 +474,27 @@ CompletionRequest parse_native_completion(std::string_view body, const RequestLi
     return r;
 }
 
+CompletionRequest parse_native_infill(std::string_view body, const RequestLimits& limits) {
+    json j = parse_body(body, limits);
+    auto text = [&](const char* key) {
+        const json* f = field(j, key);
+        if (f && !f->is_string()) refuse(quoted(key) + " must be a string", key);
+        return f ? f->get<std::string>() : std::string();
+    };
+    const std::string prefix = text("input_prefix"), suffix = text("input_suffix"), middle = text("prompt");
+    if (const json* x = field(j, "input_extra"); x && !(x->is_array() && x->empty()))
+        refuse("'input_extra' (context from other files) is not supported", "input_extra");
+    for (const char* k : {"input_prefix", "input_suffix", "input_extra"}) j.erase(k);
+    j["prompt"] = "-";  // the shared fields' parse wants one; the prompt is built from the pieces
+    CompletionRequest r = parse_native_completion(j.dump(), limits);
+    r.prompt = PromptInput{};
+    r.prompt.text = prefix;
+    r.suffix = suffix;
+    r.middle = middle;
+    r.suffix_param = "input_suffix";
+    return r;
+}
+
 CompletionRequest parse_completion(std::string_view body, bool chat, const RequestLimits& limits) {
     const json j = parse_body(body, limits);
     CompletionRequest r;

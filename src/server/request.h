@@ -70,7 +70,12 @@ struct CompletionRequest {
     std::vector<ChatMessage> messages;  // chat; an image part is an "<image>" marker in its message's content
     std::vector<ImageSource> images;    // chat: the image parts, in order
     PromptInput prompt;                 // completions
-    std::optional<std::string> suffix;  // completions: the text after the insertion (fill in the middle)
+    // Fill in the middle: the text after the insertion (completions' suffix, /infill's input_suffix; the
+    // prompt's text is the code before it), the start of the middle (/infill's prompt), and the field
+    // a model without FIM tokens is refused against.
+    std::optional<std::string> suffix;
+    std::string middle;
+    const char* suffix_param = "suffix";
     GenerateOptions options;            // sampling, stop, max_tokens, logit_bias, logprobs (-1: none)
     bool seeded = false;                // the client gave a seed; else options.sampling.seed is random
     int32_t n = 1;                      // choices, each its own request with seed + index
@@ -107,6 +112,9 @@ CompletionRequest parse_completion(std::string_view body, bool chat, const Reque
 // (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05) where the body sets none, one choice; the other
 // fields as /v1/completions reads them. n_probs is refused.
 CompletionRequest parse_native_completion(std::string_view body, const RequestLimits& limits);
+// llama.cpp's /infill: input_prefix and input_suffix around the insertion, prompt the start of the
+// middle, the other fields as /completion reads them. A non-empty input_extra is refused.
+CompletionRequest parse_native_infill(std::string_view body, const RequestLimits& limits);
 EmbeddingRequest parse_embedding(std::string_view body, const RequestLimits& limits);
 // /tokenize: {"content": string, "add_special": bool}.
 struct TokenizeRequest {

@@ -331,6 +331,9 @@ void Server::Impl::routes() {
        guarded("completion", [this](const httplib::Request& q, httplib::Response& s, Exchange& x) {
            complete(q, s, false, x, true);
        }));
+    on("POST", "/infill", guarded("infill", [this](const httplib::Request& q, httplib::Response& s, Exchange& x) {
+           complete(q, s, false, x, true, true);
+       }));
     on("POST", "/v1/embeddings",
        guarded("embedding",
                [this](const httplib::Request& q, httplib::Response& s, Exchange& x) { embeddings(q, s, x); }));

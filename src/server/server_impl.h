@@ -62,8 +62,9 @@ struct Server::Impl {
     // "GET, POST" for the methods of the routes whose pattern matches path; empty for none.
     std::string methods_of(const std::string& path) const;
     // /v1/chat/completions (chat), /v1/completions, or llama.cpp's /completion (native: its request
-    // fields and its response shapes).
-    void complete(const httplib::Request& req, httplib::Response& res, bool chat, Exchange& x, bool native = false);
+    // fields and its response shapes) and /infill (native and infill: fill in the middle).
+    void complete(const httplib::Request& req, httplib::Response& res, bool chat, Exchange& x, bool native = false,
+                  bool infill = false);
     void embeddings(const httplib::Request& req, httplib::Response& res, Exchange& x);
     // Submits one choice; a refusal for what the batcher refuses (429 when over capacity).
     // prompt_param: the request field a prompt too long for a sequence is reported against.

@@ -1,8 +1,8 @@
 // Fill in the middle (/v1/completions with `suffix`) on a random model with StarCoder's vocabulary
 // (<fim_prefix>, <fim_suffix>, <fim_middle>): the prompt is those tokens around the code's plain-text
 // tokens, found here through the vocabulary's special-token texts, and the reply is what a Session
-// greedily writes after it, plain and streamed. A model without FIM tokens, and a suffix after token
-// ids, are refused.
+// greedily writes after it, plain and streamed; llama.cpp's /infill likewise. A model without FIM
+// tokens, and a suffix after token ids, are refused.
 #include "cera/session.h"
 #include "serve_util.h"
 
@@ -81,6 +81,44 @@ TEST(ServeInfill, PromptAroundTheCodeAndTheReplyAfterIt) {
     EXPECT_EQ(bad["error"]["param"], "suffix");
 }
 
+// llama.cpp's /infill: input_prefix and input_suffix around the insertion, prompt the middle's start.
+TEST(ServeInfill, LlamaCppInfillEndpoint) {
+    auto engine = fim_engine();
+    const std::string prefix = "int main() {\n    ", suffix = "\n}\n", middle = "return";
+    std::vector<int32_t> ids = engine->infill_prompt(prefix, suffix);
+    for (int32_t t : engine->tokenize(middle, false, false)) ids.push_back(t);
+    std::string greedy;
+    {
+        Session s(engine);
+        s.append_tokens(ids);
+        GenerateOptions g;
+        g.sampling.temperature = 0.0f;
+        g.max_tokens = 10;
+        NullSink sink;
+        greedy = s.generate(g, sink).text;
+    }
+    test::RunningServer r({}, 2, engine);
+    int status = 0;
+    const json j = r.post("/infill",
+                          {{"input_prefix", prefix},
+                           {"input_suffix", suffix},
+                           {"prompt", middle},
+                           {"n_predict", 10},
+                           {"temperature", 0},
+                           {"input_extra", json::array()}},
+                          &status);
+    ASSERT_EQ(status, 200) << j.dump();
+    EXPECT_EQ(j["content"], greedy);
+    EXPECT_EQ(j["tokens_evaluated"], ids.size());
+    EXPECT_EQ(j["stop"], true);
+    const json extra =
+        r.post("/infill", {{"input_prefix", "a"}, {"input_extra", {{{"filename", "x.c"}, {"text", "y"}}}}}, &status);
+    EXPECT_EQ(status, 400);
+    EXPECT_EQ(extra["error"]["param"], "input_extra");
+    r.post("/infill", {{"input_prefix", 3}}, &status);
+    EXPECT_EQ(status, 400);
+}
+
 TEST(ServeInfill, ModelWithoutFimTokensIsRefused) {
     test::RunningServer r;  // the bundled LFM2 model
     int status = 0;
@@ -88,6 +126,9 @@ TEST(ServeInfill, ModelWithoutFimTokensIsRefused) {
     EXPECT_EQ(status, 400);
     EXPECT_EQ(j["error"]["param"], "suffix");
     EXPECT_NE(j["error"]["message"].get<std::string>().find("fill-in-the-middle"), std::string::npos) << j.dump();
+    const json i = r.post("/infill", {{"input_prefix", "a"}, {"input_suffix", "b"}}, &status);
+    EXPECT_EQ(status, 400);
+    EXPECT_EQ(i["error"]["param"], "input_suffix");
 }
 
 }  // namespace

@@ -61,7 +61,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (stream.result().calls.size() != whole.calls.size()) fail("streamed and whole parses differ");
     }
     try {
-        switch (data[0] % 6) {
+        switch (data[0] % 7) {
             case 0:
                 check(cera::parse_completion(body, true, limits), limits);
                 break;
@@ -81,6 +81,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             case 5:
                 check(cera::parse_native_completion(body, limits), limits);
                 break;
+            case 6: {
+                const cera::CompletionRequest r = cera::parse_native_infill(body, limits);
+                check(r, limits);
+                if (!r.suffix || r.prompt.is_ids) fail("infill without its suffix, or with token ids");
+                break;
+            }
             default:
                 for (int32_t id : cera::parse_detokenize(body, limits))
                     if (id < 0 || id >= limits.n_vocab) fail("detokenize id outside the vocabulary");
