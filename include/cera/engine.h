@@ -149,6 +149,12 @@ struct EngineInfo {
     std::string pooling_unsupported;
 };
 
+// Another file's text given as context to a fill-in-the-middle prompt (Engine::infill_prompt).
+struct InfillFile {
+    std::string name;  // its path, or ""
+    std::string text;
+};
+
 // An image decoded and run through the engine's vision projector (Engine::encode_image): the tokens that
 // stand for it in a prompt and the embeddings of its image tokens. Opaque; shared, immutable.
 struct EncodedImage;
@@ -189,9 +195,13 @@ class Engine {
     // <|fim_prefix|>, CodeLlama's <PRE>, ...): BOS where the model wants it, then FIM-prefix, the
     // prefix, FIM-suffix, the suffix, FIM-middle, after which the model writes the middle (ending with
     // an end-of-generation token such as <|endoftext|> or <|fim_pad|>). The code's text is tokenized
-    // as plain text (special-token text in it stays text). Throws kUnsupported for a vocabulary without
-    // FIM tokens.
-    std::vector<int32_t> infill_prompt(std::string_view prefix, std::string_view suffix) const;
+    // as plain text (special-token text in it stays text). Other files' text (`context`) goes before
+    // FIM-prefix: with a file-separator token (Qwen2.5-Coder's <|file_sep|>), in the repository layout
+    // the model was trained on (a repository-name token and "project", then a separator, the name, a
+    // newline and the text for each file); without one, as plain text, each file ending in a newline.
+    // Throws kUnsupported for a vocabulary without FIM tokens.
+    std::vector<int32_t> infill_prompt(std::string_view prefix, std::string_view suffix,
+                                       std::span<const InfillFile> context = {}) const;
     // Whether the model wants BOS at the start of a sequence (tokenizer.ggml.add_bos_token).
     bool add_bos() const;
     int32_t bos_token() const;         // -1 when the model has none

@@ -348,12 +348,25 @@ std::string Engine::detokenize(std::span<const int32_t> tokens, bool render_spec
 
 std::string Engine::token_bytes(int32_t token) const { return impl_->tokenizer->token_to_piece(token, false); }
 
-std::vector<int32_t> Engine::infill_prompt(std::string_view prefix, std::string_view suffix) const {
+std::vector<int32_t> Engine::infill_prompt(std::string_view prefix, std::string_view suffix,
+                                           std::span<const InfillFile> context) const {
     const auto& d = impl_->tokenizer->vocab().data();
     if (d.fim_pre < 0 || d.fim_suf < 0 || d.fim_mid < 0)
         throw Error(ErrorCode::kUnsupported, "this model's vocabulary has no fill-in-the-middle tokens");
     std::vector<int32_t> ids;
+    auto text = [&](std::string_view s) {
+        for (int32_t t : tokenize(s, false, false)) ids.push_back(t);
+    };
     if (add_bos() && bos_token() >= 0) ids.push_back(bos_token());
+    if (!context.empty() && d.fim_sep >= 0) {
+        if (d.fim_rep >= 0) ids.push_back(d.fim_rep), text("project\n");
+        for (const InfillFile& f : context) {
+            ids.push_back(d.fim_sep);
+            text(f.name + "\n" + f.text + (f.text.empty() || f.text.back() == '\n' ? "" : "\n"));
+        }
+    } else {
+        for (const InfillFile& f : context) text(f.text + (f.text.empty() || f.text.back() == '\n' ? "" : "\n"));
+    }
     ids.push_back(d.fim_pre);
     for (int32_t t : tokenize(prefix, false, false)) ids.push_back(t);
     ids.push_back(d.fim_suf);

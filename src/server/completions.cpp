@@ -244,7 +244,7 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
     } else if (cr.suffix) {
         // Fill in the middle: the prompt is the code before the insertion, the suffix the code after it.
         try {
-            prompt = engine->infill_prompt(cr.prompt.text, *cr.suffix);
+            prompt = engine->infill_prompt(cr.prompt.text, *cr.suffix, cr.context);
         } catch (const Error& e) {
             if (e.code() != ErrorCode::kUnsupported) throw;
             refuse("'" + std::string(cr.suffix_param) + "': " + e.what(), cr.suffix_param);

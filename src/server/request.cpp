@@ -482,8 +482,17 @@ CompletionRequest parse_native_infill(std::string_view body, const RequestLimits
         return f ? f->get<std::string>() : std::string();
     };
     const std::string prefix = text("input_prefix"), suffix = text("input_suffix"), middle = text("prompt");
-    if (const json* x = field(j, "input_extra"); x && !(x->is_array() && x->empty()))
-        refuse("'input_extra' (context from other files) is not supported", "input_extra");
+    std::vector<InfillFile> context;
+    if (const json* x = field(j, "input_extra")) {
+        if (!x->is_array()) refuse("'input_extra' must be a list of {\"filename\", \"text\"} objects", "input_extra");
+        for (const json& c : *x) {
+            const json* name = c.is_object() ? field(c, "filename") : nullptr;
+            const json* body = c.is_object() ? field(c, "text") : nullptr;
+            if (!body || !body->is_string() || (name && !name->is_string()))
+                refuse("'input_extra' must be a list of {\"filename\", \"text\"} objects", "input_extra");
+            context.push_back({name ? name->get<std::string>() : std::string(), body->get<std::string>()});
+        }
+    }
     for (const char* k : {"input_prefix", "input_suffix", "input_extra"}) j.erase(k);
     j["prompt"] = "-";  // the shared fields' parse wants one; the prompt is built from the pieces
     CompletionRequest r = parse_native_completion(j.dump(), limits);
@@ -491,6 +500,7 @@ CompletionRequest parse_native_infill(std::string_view body, const RequestLimits
     r.prompt.text = prefix;
     r.suffix = suffix;
     r.middle = middle;
+    r.context = std::move(context);
     r.suffix_param = "input_suffix";
     return r;
 }

@@ -75,6 +75,7 @@ struct CompletionRequest {
     // a model without FIM tokens is refused against.
     std::optional<std::string> suffix;
     std::string middle;
+    std::vector<InfillFile> context;  // /infill's input_extra: other files' text
     const char* suffix_param = "suffix";
     GenerateOptions options;            // sampling, stop, max_tokens, logit_bias, logprobs (-1: none)
     bool seeded = false;                // the client gave a seed; else options.sampling.seed is random
@@ -113,7 +114,7 @@ CompletionRequest parse_completion(std::string_view body, bool chat, const Reque
 // fields as /v1/completions reads them. n_probs is refused.
 CompletionRequest parse_native_completion(std::string_view body, const RequestLimits& limits);
 // llama.cpp's /infill: input_prefix and input_suffix around the insertion, prompt the start of the
-// middle, the other fields as /completion reads them. A non-empty input_extra is refused.
+// middle, input_extra ([{filename, text}]) other files' text, the other fields as /completion reads them.
 CompletionRequest parse_native_infill(std::string_view body, const RequestLimits& limits);
 EmbeddingRequest parse_embedding(std::string_view body, const RequestLimits& limits);
 // /tokenize: {"content": string, "add_special": bool}.

@@ -1,8 +1,9 @@
 // Fill in the middle (/v1/completions with `suffix`) on a random model with StarCoder's vocabulary
 // (<fim_prefix>, <fim_suffix>, <fim_middle>): the prompt is those tokens around the code's plain-text
 // tokens, found here through the vocabulary's special-token texts, and the reply is what a Session
-// greedily writes after it, plain and streamed; llama.cpp's /infill likewise. A model without FIM
-// tokens, and a suffix after token ids, are refused.
+// greedily writes after it, plain and streamed; llama.cpp's /infill likewise, with other files' text
+// (input_extra) before the FIM tokens, in the repository layout where the vocabulary has a file
+// separator (Qwen's). A model without FIM tokens, and a suffix after token ids, are refused.
 #include "cera/session.h"
 #include "serve_util.h"
 
@@ -11,21 +12,26 @@ namespace {
 
 using json = nlohmann::json;
 
+// A tiny random model with the vocabulary of `vocab` (a GGUF under the test data).
+std::shared_ptr<Engine> synth_engine(const std::string& vocab, const std::string& name) {
+    const std::string path = std::string(CERA_BINARY_DIR) + "/serve_infill_" + name + ".gguf";
+    const test::ShellResult r =
+        test::run_shell(test::cera_bin() + " synth --arch llama --preset tiny --threads 2 " + "--vocab-from " +
+                        test::shell_quote(test::data_path(vocab)) + " -o " + test::shell_quote(path));
+    EXPECT_EQ(r.code, 0) << r.err;
+    EngineOptions o;
+    o.device = "cpu";
+    o.threads = 2;
+    o.n_ctx = 256;
+    return Engine::load(path, o);
+}
+
 std::shared_ptr<Engine> fim_engine() {
-    static std::shared_ptr<Engine> e = [] {
-        const std::string path = std::string(CERA_BINARY_DIR) + "/serve_infill_starcoder.gguf";
-        const test::ShellResult r = test::run_shell(
-            test::cera_bin() + " synth --arch llama --preset tiny --threads 2 --vocab-from " +
-            test::shell_quote(test::data_path("vocab/ggml-vocab-starcoder.gguf")) + " -o " + test::shell_quote(path));
-        EXPECT_EQ(r.code, 0) << r.err;
-        EngineOptions o;
-        o.device = "cpu";
-        o.threads = 2;
-        o.n_ctx = 256;
-        return Engine::load(path, o);
-    }();
+    static std::shared_ptr<Engine> e = synth_engine("vocab/ggml-vocab-starcoder.gguf", "starcoder");
     return e;
 }
+
+std::vector<int32_t> plain(const Engine& e, const std::string& text) { return e.tokenize(text, false, false); }
 
 int32_t special(const Engine& e, const std::string& text) {
     const std::vector<int32_t> ids = e.tokenize(text, false, true);
@@ -111,12 +117,73 @@ TEST(ServeInfill, LlamaCppInfillEndpoint) {
     EXPECT_EQ(j["content"], greedy);
     EXPECT_EQ(j["tokens_evaluated"], ids.size());
     EXPECT_EQ(j["stop"], true);
-    const json extra =
-        r.post("/infill", {{"input_prefix", "a"}, {"input_extra", {{{"filename", "x.c"}, {"text", "y"}}}}}, &status);
-    EXPECT_EQ(status, 400);
-    EXPECT_EQ(extra["error"]["param"], "input_extra");
+    // Other files' text (input_extra): this vocabulary has no file separator, so it goes before the
+    // FIM-prefix token as plain text, each file ending in a newline.
+    const std::vector<InfillFile> files = {{"util.h", "int helper(void);"}, {"", "#define N 4\n"}};
+    std::vector<int32_t> with_files;
+    const bool bos = engine->add_bos() && engine->bos_token() >= 0;
+    if (bos) with_files.push_back(engine->bos_token());
+    for (const std::string t : {"int helper(void);\n", "#define N 4\n"})
+        for (int32_t id : plain(*engine, t)) with_files.push_back(id);
+    const std::vector<int32_t> bare = engine->infill_prompt(prefix, suffix);
+    with_files.insert(with_files.end(), bare.begin() + (bos ? 1 : 0), bare.end());
+    EXPECT_EQ(engine->infill_prompt(prefix, suffix, files), with_files);
+    for (int32_t t : plain(*engine, middle)) with_files.push_back(t);
+    std::string greedy_files;
+    {
+        Session s(engine);
+        s.append_tokens(with_files);
+        GenerateOptions g;
+        g.sampling.temperature = 0.0f;
+        g.max_tokens = 10;
+        NullSink sink;
+        greedy_files = s.generate(g, sink).text;
+    }
+    const json extra = r.post(
+        "/infill",
+        {{"input_prefix", prefix},
+         {"input_suffix", suffix},
+         {"prompt", middle},
+         {"n_predict", 10},
+         {"temperature", 0},
+         {"input_extra", {{{"filename", "util.h"}, {"text", "int helper(void);"}}, {{"text", "#define N 4\n"}}}}},
+        &status);
+    ASSERT_EQ(status, 200) << extra.dump();
+    EXPECT_EQ(extra["content"], greedy_files);
+    EXPECT_EQ(extra["tokens_evaluated"], with_files.size());
+    for (const json& bad : {json("x"), json({1}), json({{{"filename", "a"}}}), json({{{"text", 2}}})}) {
+        const json e = r.post("/infill", {{"input_prefix", "a"}, {"input_extra", bad}}, &status);
+        EXPECT_EQ(status, 400) << bad;
+        EXPECT_EQ(e["error"]["param"], "input_extra") << bad;
+    }
     r.post("/infill", {{"input_prefix", 3}}, &status);
     EXPECT_EQ(status, 400);
+}
+
+// With a file separator (Qwen2.5-Coder's vocabulary): the repository layout before FIM-prefix.
+TEST(ServeInfill, OtherFilesInTheRepositoryLayout) {
+    auto engine = synth_engine("vocab-extra/qwen3-vocab-qwen2.gguf", "qwen");
+    auto id = [&](const char* t) {
+        const std::vector<int32_t> ids = engine->tokenize(t, false, true);
+        EXPECT_EQ(ids.size(), 1u) << t;
+        return ids.empty() ? -1 : ids[0];
+    };
+    std::vector<int32_t> want;
+    auto add = [&](const std::vector<int32_t>& v) { want.insert(want.end(), v.begin(), v.end()); };
+    if (engine->add_bos() && engine->bos_token() >= 0) want.push_back(engine->bos_token());
+    want.push_back(id("<|repo_name|>"));
+    add(plain(*engine, "project\n"));
+    want.push_back(id("<|file_sep|>"));
+    add(plain(*engine, "lib/a.py\ndef f():\n    return 1\n"));
+    want.push_back(id("<|file_sep|>"));
+    add(plain(*engine, "b.py\nimport a\n"));
+    want.push_back(id("<|fim_prefix|>"));
+    add(plain(*engine, "x = "));
+    want.push_back(id("<|fim_suffix|>"));
+    add(plain(*engine, "\n"));
+    want.push_back(id("<|fim_middle|>"));
+    const std::vector<InfillFile> files = {{"lib/a.py", "def f():\n    return 1"}, {"b.py", "import a\n"}};
+    EXPECT_EQ(engine->infill_prompt("x = ", "\n", files), want);
 }
 
 TEST(ServeInfill, ModelWithoutFimTokensIsRefused) {
