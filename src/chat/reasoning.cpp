@@ -29,6 +29,12 @@ size_t partial_tag_at_end(std::string_view s, std::string_view tag) {
     return 0;
 }
 
+// Whether the prompt ends with the tag (blanks after it aside).
+bool prompt_ends_with(std::string_view prompt, std::string_view tag) {
+    const std::string_view t = trim_end(prompt);
+    return t.size() >= tag.size() && t.substr(t.size() - tag.size()) == tag;
+}
+
 }  // namespace
 
 ReasoningStream::ReasoningStream(bool in_thinking) : state_(in_thinking ? State::kThinking : State::kStart) {}
@@ -100,15 +106,9 @@ void ReasoningStream::advance(ReasoningDelta& d, bool final) {
     }
 }
 
-bool prompt_opens_thinking(std::string_view prompt) {
-    const std::string_view t = trim_end(prompt);
-    return t.size() >= kOpen.size() && t.substr(t.size() - kOpen.size()) == kOpen;
-}
+bool prompt_opens_thinking(std::string_view prompt) { return prompt_ends_with(prompt, kOpen); }
 
-bool prompt_closes_thinking(std::string_view prompt) {
-    const std::string_view t = trim_end(prompt);
-    return t.size() >= kClose.size() && t.substr(t.size() - kClose.size()) == kClose;
-}
+bool prompt_closes_thinking(std::string_view prompt) { return prompt_ends_with(prompt, kClose); }
 
 std::shared_ptr<const Grammar> grammar_after_thinking(const Grammar& g, bool in_thinking) {
     if (!g.trigger().empty()) return lazy_after_thinking(g, in_thinking);

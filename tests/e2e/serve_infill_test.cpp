@@ -33,6 +33,17 @@ std::shared_ptr<Engine> fim_engine() {
 
 std::vector<int32_t> plain(const Engine& e, const std::string& text) { return e.tokenize(text, false, false); }
 
+// What a Session writes greedily after `ids`, at most n tokens.
+std::string greedy_after(const std::shared_ptr<Engine>& engine, const std::vector<int32_t>& ids, int n) {
+    Session s(engine);
+    s.append_tokens(ids);
+    GenerateOptions g;
+    g.sampling.temperature = 0.0f;
+    g.max_tokens = n;
+    NullSink sink;
+    return s.generate(g, sink).text;
+}
+
 int32_t special(const Engine& e, const std::string& text) {
     const std::vector<int32_t> ids = e.tokenize(text, false, true);
     EXPECT_EQ(ids.size(), 1u) << text;
@@ -54,16 +65,7 @@ TEST(ServeInfill, PromptAroundTheCodeAndTheReplyAfterIt) {
     EXPECT_EQ(ids, want);
     EXPECT_EQ(std::count(ids.begin(), ids.end(), special(*engine, "<fim_middle>")), 1);
 
-    std::string greedy;
-    {
-        Session s(engine);
-        s.append_tokens(ids);
-        GenerateOptions g;
-        g.sampling.temperature = 0.0f;
-        g.max_tokens = 12;
-        NullSink sink;
-        greedy = s.generate(g, sink).text;
-    }
+    const std::string greedy = greedy_after(engine, ids, 12);
     test::RunningServer r({}, 2, engine);
     const json body = {{"prompt", prefix}, {"suffix", suffix}, {"max_tokens", 12}, {"temperature", 0}};
     int status = 0;
@@ -93,16 +95,7 @@ TEST(ServeInfill, LlamaCppInfillEndpoint) {
     const std::string prefix = "int main() {\n    ", suffix = "\n}\n", middle = "return";
     std::vector<int32_t> ids = engine->infill_prompt(prefix, suffix);
     for (int32_t t : engine->tokenize(middle, false, false)) ids.push_back(t);
-    std::string greedy;
-    {
-        Session s(engine);
-        s.append_tokens(ids);
-        GenerateOptions g;
-        g.sampling.temperature = 0.0f;
-        g.max_tokens = 10;
-        NullSink sink;
-        greedy = s.generate(g, sink).text;
-    }
+    const std::string greedy = greedy_after(engine, ids, 10);
     test::RunningServer r({}, 2, engine);
     int status = 0;
     const json j = r.post("/infill",
@@ -129,16 +122,7 @@ TEST(ServeInfill, LlamaCppInfillEndpoint) {
     with_files.insert(with_files.end(), bare.begin() + (bos ? 1 : 0), bare.end());
     EXPECT_EQ(engine->infill_prompt(prefix, suffix, files), with_files);
     for (int32_t t : plain(*engine, middle)) with_files.push_back(t);
-    std::string greedy_files;
-    {
-        Session s(engine);
-        s.append_tokens(with_files);
-        GenerateOptions g;
-        g.sampling.temperature = 0.0f;
-        g.max_tokens = 10;
-        NullSink sink;
-        greedy_files = s.generate(g, sink).text;
-    }
+    const std::string greedy_files = greedy_after(engine, with_files, 10);
     const json extra = r.post(
         "/infill",
         {{"input_prefix", prefix},

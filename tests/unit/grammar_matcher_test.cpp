@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -393,6 +394,27 @@ TEST(GrammarMatcher, QwenVocabularyMasksEqualTheReference) {
 namespace cera {
 namespace {
 
+// The reference for a lazy grammar's mask after `text`: end where the whole text matches; a control
+// token while the trigger has not counted; any other token where the text with it holds no counting
+// trigger (trigger_at: where it starts, npos for none) or is viable from the trigger on.
+std::vector<bool> lazy_reference(const Grammar& g, const TokenTrie& trie, const std::string& text,
+                                 const std::function<size_t(const std::string&)>& trigger_at) {
+    std::vector<bool> want(size_t(trie.n_vocab()));
+    const bool seen = trigger_at(text) != std::string::npos;
+    for (int32_t id = 0; id < trie.n_vocab(); ++id) {
+        if (trie.is_eog(id)) {
+            want[size_t(id)] = g.match(text) == -1;
+        } else if (trie.is_excluded(id)) {
+            want[size_t(id)] = !seen;
+        } else {
+            const std::string s = text + trie.piece(id);
+            const size_t at = trigger_at(s);
+            want[size_t(id)] = at == std::string::npos || viable(g, s.substr(at));
+        }
+    }
+    return want;
+}
+
 // A lazy grammar (tool calls with tool_choice "auto"): before the trigger every token is allowed but
 // one that completes the trigger with bytes the grammar rejects; from the trigger on, the grammar's
 // masks. Random walks check each mask against that reference.
@@ -423,19 +445,12 @@ TEST(GrammarMatcher, LazyGrammarMasksEqualTheReference) {
         for (int step = 0; step < 16; ++step) {
             const uint64_t* mask = m->mask();
             std::vector<int32_t> allowed;
+            const std::vector<bool> want =
+                lazy_reference(*g, *trie, text, [](const std::string& t) { return t.find("{\""); });
             for (int32_t id = 0; id < trie->n_vocab(); ++id) {
-                bool want;
-                if (trie->is_eog(id)) {
-                    want = g->match(text) == -1;
-                } else if (trie->is_excluded(id)) {
-                    want = !seen;
-                } else {
-                    const std::string s = text + trie->piece(id);
-                    const size_t at = s.find("{\"");
-                    want = at == std::string::npos || viable(*g, s.substr(at));
-                }
-                ASSERT_EQ(bit(mask, id), want) << "token '" << trie->piece(id) << "' after '" << text << "'";
-                if (want) allowed.push_back(id);
+                ASSERT_EQ(bit(mask, id), want[size_t(id)])
+                    << "token '" << trie->piece(id) << "' after '" << text << "'";
+                if (want[size_t(id)]) allowed.push_back(id);
             }
             if (allowed.empty()) break;
             // Lean to the braces so that walks reach the trigger.
@@ -489,22 +504,13 @@ TEST(GrammarMatcher, LazyGrammarAfterThinkingMasksEqualTheReference) {
             m->reset();
             std::string text;
             for (int step = 0; step < 24; ++step) {
-                const bool seen = triggered_at(text) != std::string::npos;
                 const uint64_t* mask = m->mask();
                 std::vector<int32_t> allowed;
+                const std::vector<bool> want = lazy_reference(*g, *trie, text, triggered_at);
                 for (int32_t id = 0; id < trie->n_vocab(); ++id) {
-                    bool want;
-                    if (trie->is_eog(id)) {
-                        want = g->match(text) == -1;
-                    } else if (trie->is_excluded(id)) {
-                        want = !seen;
-                    } else {
-                        const std::string s = text + trie->piece(id);
-                        const size_t at = triggered_at(s);
-                        want = at == std::string::npos || viable(*g, s.substr(at));
-                    }
-                    ASSERT_EQ(bit(mask, id), want) << "token '" << trie->piece(id) << "' after '" << text << "'";
-                    if (want) allowed.push_back(id);
+                    ASSERT_EQ(bit(mask, id), want[size_t(id)])
+                        << "token '" << trie->piece(id) << "' after '" << text << "'";
+                    if (want[size_t(id)]) allowed.push_back(id);
                 }
                 if (allowed.empty()) break;
                 int32_t t = allowed[rng() % allowed.size()];
