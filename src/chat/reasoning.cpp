@@ -37,7 +37,8 @@ bool prompt_ends_with(std::string_view prompt, std::string_view tag) {
 
 }  // namespace
 
-ReasoningStream::ReasoningStream(bool in_thinking) : state_(in_thinking ? State::kThinking : State::kStart) {}
+ReasoningStream::ReasoningStream(bool in_thinking)
+    : state_(in_thinking ? State::kThinking : State::kStart), opened_(in_thinking) {}
 
 ReasoningDelta ReasoningStream::push(std::string_view text) {
     held_ += text;
@@ -61,6 +62,7 @@ void ReasoningStream::advance(ReasoningDelta& d, bool final) {
                 if (rest.substr(0, kOpen.size()) == kOpen) {
                     held_.erase(0, i + kOpen.size());
                     state_ = State::kThinking;
+                    opened_ = true;
                     continue;
                 }
                 // Blank so far, or the beginning of <think>: the next piece decides.

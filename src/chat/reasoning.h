@@ -29,12 +29,18 @@ class ReasoningStream {
     // The end of the text: what was held back. A reply that ends inside its thinking (cut at the
     // token limit) keeps it as reasoning.
     ReasoningDelta finish();
+    // Whether the text so far leaves the reply inside its thinking block; whether it is still blank or a
+    // beginning of <think> (the next piece decides); whether it opened a thinking block.
+    bool thinking() const { return state_ == State::kThinking; }
+    bool deciding() const { return state_ == State::kStart; }
+    bool opened() const { return opened_; }
 
  private:
     enum class State { kStart, kThinking, kAfterThinking, kContent };
     void advance(ReasoningDelta& d, bool final);
 
     State state_;
+    bool opened_;                     // the reply started inside a thinking block
     bool reasoning_started_ = false;  // a non-blank character of reasoning was sent
     std::string held_;                // text not sent yet
 };

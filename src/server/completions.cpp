@@ -3,6 +3,7 @@
 // they come. Log-probabilities come in the API's shape of each endpoint: chat's
 // {"content": [{token, logprob, bytes, top_logprobs}]} and completions' {tokens, token_logprobs,
 // top_logprobs, text_offset}.
+#include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -59,6 +60,7 @@ struct Channel {
     const Clock::time_point t0;
     Clock::time_point first_token{};
     int64_t tokens_out = 0;
+    int64_t reasoning_tokens = 0;  // the choices' tokens inside their thinking (usage's reasoning_tokens)
     std::atomic<bool> logged{false};
 };
 
@@ -67,12 +69,30 @@ struct Channel {
 struct ChoiceSink final : Sink {
     ChoiceSink(std::shared_ptr<Channel> c, int i, const Engine& e, Metrics& m)
         : ch(std::move(c)), index(i), engine(e), metrics(m) {}
-    void on_token(int32_t) override {
+    void on_token(int32_t id) override {
         const auto now = Clock::now();
         bool first = false;
+        int64_t reasoning = 0;
+        if (thinking) {
+            // A token counts as reasoning if the reply is inside its thinking before or after it, the
+            // tags included: the tokens of a reply still deciding (blanks, a beginning of <think>) count
+            // once it opens the block, and the answer's tokens never.
+            const bool deciding = thinking->deciding(), before = thinking->thinking();
+            std::string text = engine.token_bytes(id);
+            if (text.empty() && std::find(rendered.begin(), rendered.end(), id) != rendered.end())
+                text = engine.token_text(id);
+            (void)thinking->push(text);
+            if (thinking->deciding()) {
+                ++undecided;
+            } else {
+                reasoning = before || thinking->thinking() || (deciding && thinking->opened()) ? 1 + undecided : 0;
+                undecided = 0;
+            }
+        }
         {
             std::lock_guard<std::mutex> lk(ch->mu);
             ++ch->tokens_out;
+            ch->reasoning_tokens += reasoning;
             if (ch->first_token == Clock::time_point{}) first = true, ch->first_token = now;
         }
         if (first) metrics.time_to_first_token.observe(seconds_between(ch->t0, now));
@@ -99,6 +119,9 @@ struct ChoiceSink final : Sink {
     Clock::time_point last{};
     std::vector<SampledLogprobs> pending;
     bool ignore_eos = false;
+    std::unique_ptr<ReasoningStream> thinking;  // a split reply: where its thinking ends, token by token
+    std::vector<int32_t> rendered;              // control tokens whose text is part of the reply
+    int64_t undecided = 0;                      // tokens since the start while `thinking` is deciding
 };
 
 // Log-probabilities in the API's shapes. -inf (a banned token) reads as -9999, as OpenAI writes it.
@@ -288,6 +311,7 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
             g.rendered_tokens = rendered;
             auto sink = std::make_shared<ChoiceSink>(ch, i, *engine, metrics);
             sink->ignore_eos = g.ignore_eos;
+            if (split) sink->thinking = std::make_unique<ReasoningStream>(in_thinking), sink->rendered = rendered;
             reqs.push_back(submit(prompt, g, std::move(sink), placed, chat ? "messages" : "prompt"));
         }
     } catch (...) {  // a choice refused: the others go too
@@ -308,14 +332,18 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
     const bool want_logprobs = cr.options.logprobs >= 0;
     const int64_t n_prompt = int64_t(prompt.size());
     // usage: the prompt once (as OpenAI counts it), the choices' tokens summed; the metrics and the log.
-    auto account = [this, n_prompt, ch](const std::vector<GenerationResult>& results, const Exchange& x, int status,
-                                        const std::string& outcome) {
+    auto account = [this, n_prompt, ch, split](const std::vector<GenerationResult>& results, const Exchange& x,
+                                               int status, const std::string& outcome) {
         int64_t out = 0, cached = 0;
         for (const GenerationResult& g : results) out += g.generated_tokens, cached += g.cached_tokens;
         json usage = {{"prompt_tokens", n_prompt},
                       {"completion_tokens", out},
                       {"total_tokens", n_prompt + out},
                       {"prompt_tokens_details", {{"cached_tokens", results.empty() ? 0 : results[0].cached_tokens}}}};
+        if (split) {
+            std::lock_guard<std::mutex> lk(ch->mu);
+            usage["completion_tokens_details"] = {{"reasoning_tokens", ch->reasoning_tokens}};
+        }
         if (ch->logged.exchange(true)) return usage;
         Clock::time_point first;
         int64_t seen = 0;

@@ -69,6 +69,27 @@ void expect_split(const json& message, const std::string& reasoning, const std::
         EXPECT_EQ(message["reasoning_content"], reasoning) << message.dump();
 }
 
+// usage counts the reply's tokens up to the one that closes </think> as its reasoning tokens; the raw
+// reply's log-probabilities (raw_body: reasoning_format "none") give its tokens one by one.
+void expect_reasoning_tokens(RunningServer& r, json raw_body, const json& split_body, bool opened = false) {
+    raw_body["logprobs"] = true;
+    int status = 0;
+    const json raw = r.post("/v1/chat/completions", raw_body, &status);
+    ASSERT_EQ(status, 200) << raw.dump();
+    std::string so_far = opened ? "<think>" : "";
+    int64_t thinking_tokens = 0;
+    for (const json& t : raw["choices"][0]["logprobs"]["content"]) {
+        if (so_far.find("</think>") != std::string::npos) break;
+        so_far += t["token"].get<std::string>();
+        ++thinking_tokens;
+    }
+    ASSERT_NE(so_far.find("</think>"), std::string::npos) << raw.dump();
+    EXPECT_FALSE(raw["usage"].contains("completion_tokens_details"));
+    const json split = r.post("/v1/chat/completions", split_body, &status);
+    EXPECT_EQ(split["usage"]["completion_tokens_details"]["reasoning_tokens"], thinking_tokens) << split.dump();
+    EXPECT_LT(thinking_tokens, split["usage"]["completion_tokens"].get<int64_t>());
+}
+
 TEST(ServeReasoning, ThinkingBlockComesApartFromTheAnswer) {
     RunningServer r;
     const std::string g = R"(root ::= "<think>" [a-z ]{4,16} "</think>\n\n" [a-z]{2,10})";
@@ -83,6 +104,9 @@ TEST(ServeReasoning, ThinkingBlockComesApartFromTheAnswer) {
     const std::string reasoning = trimmed(m[1]), content = m[2];
 
     expect_split(message_of(r, chat_body(g, 60)), reasoning, content);
+
+    expect_reasoning_tokens(r, raw_body, chat_body(g, 60));
+
     json deepseek = chat_body(g, 60);
     deepseek["reasoning_format"] = "deepseek";
     expect_split(message_of(r, deepseek), reasoning, content);
@@ -101,6 +125,7 @@ TEST(ServeReasoning, ThinkingBlockComesApartFromTheAnswer) {
     int status = 0;
     const json cut = r.post("/v1/chat/completions", chat_body(long_g, 16), &status);
     EXPECT_EQ(cut["choices"][0]["finish_reason"], "length");
+    EXPECT_EQ(cut["usage"]["completion_tokens_details"]["reasoning_tokens"], cut["usage"]["completion_tokens"]);
     expect_split(cut["choices"][0]["message"], trimmed(cut_text.substr(7)), "");
 }
 
@@ -118,6 +143,7 @@ TEST(ServeReasoning, TemplateThatOpensTheThinking) {
     std::smatch m;
     ASSERT_TRUE(std::regex_match(text, m, std::regex(R"(([a-z ]*)</think>([a-z]*))"))) << text;
     expect_split(message_of(r, chat_body(g, 60)), trimmed(m[1]), m[2]);
+    expect_reasoning_tokens(r, raw_body, chat_body(g, 60), true);
     const Split s = streamed(r, chat_body(g, 60));
     EXPECT_EQ(s.reasoning, trimmed(m[1]));
     EXPECT_EQ(s.content, m[2]);
