@@ -118,15 +118,20 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decw_kernel(const DecodeA
     const int n_act = int(min(int64_t(S), n_chunks));
     if (s > 0 && s >= n_act) return;
     const int64_t safe = rows_written_before(a, t);  // rows below it: written by earlier steps
+    // The copies walk the (row, piece) pairs of a chunk kWarpThreads apart as a row step and a piece
+    // step with a carry, so that the loop issuing them holds no division.
+    const int tr = tid / rows.pieces, tc = tid - tr * rows.pieces;
+    const int rstep = kWarpThreads / rows.pieces, cstep = kWarpThreads - rstep * rows.pieces;
     auto copy_rows = [&](int st, int64_t lo, int n, int64_t from, int64_t to) {
         unsigned char* k_s = dsm + st * stage_bytes;
         unsigned char* v_s = k_s + size_t(kc) * krow;
-        const int64_t r0 = max(from, lo) - lo, r1 = min(to, lo + n) - lo;
-        for (int64_t i = r0 * rows.pieces + tid; i < r1 * rows.pieces; i += kWarpThreads) {
-            const int r = int(i / rows.pieces), c = int(i - int64_t(r) * rows.pieces);
+        const int r0 = int(max(from, lo) - lo), r1 = int(min(to, lo + n) - lo);
+        for (int r = r0 + tr, pc = tc; r < r1;) {
             const int64_t off = kv_row(a, t, lo + r) * row_bytes;
-            rows.copy_k(k_s + r * krow, kg + off, c);
-            rows.copy_v(v_s + r * vrow, vg + off, c);
+            rows.copy_k(k_s + r * krow, kg + off, pc);
+            rows.copy_v(v_s + r * vrow, vg + off, pc);
+            r += rstep, pc += cstep;
+            if (pc >= rows.pieces) pc -= rows.pieces, ++r;
         }
         cp_async_commit();
     };
