@@ -1,6 +1,6 @@
 // Server setup and the routes other than completions: auth, the error shape of refused and failed
-// requests, the per-request log line, /health, /v1/models, /tokenize, /detokenize, /v1/embeddings and
-// /metrics.
+// requests, the per-request log line, /health, /v1/models, /tokenize, /detokenize, /apply-template,
+// /v1/embeddings and /metrics.
 #include "server/server.h"
 
 #include <sys/socket.h>
@@ -246,11 +246,13 @@ void Server::Impl::routes() {
                             {"lora", {{"path", a.path}, {"scale", a.scale}, {"rank", a.rank}}}});
         return data;
     };
-    on("GET", "/v1/models",
+    // The OpenAI routes answer with and without the /v1 prefix (clients given the bare server address
+    // as their base URL), as llama.cpp's server does.
+    on("GET", "/(?:v1/)?models",
        guarded("models", [model_objects](const httplib::Request&, httplib::Response& res, Exchange&) {
            send_json(res, 200, {{"object", "list"}, {"data", model_objects()}});
        }));
-    on("GET", R"(/v1/models/(.+))",
+    on("GET", R"(/(?:v1/)?models/(.+))",
        guarded("models", [model_objects](const httplib::Request& req, httplib::Response& res, Exchange&) {
            const std::string id = req.matches[1];
            for (const json& m : model_objects())
@@ -321,10 +323,10 @@ void Server::Impl::routes() {
            res.status = 200;
            res.set_content(metrics.render(batcher->stats()), "text/plain; version=0.0.4");
        }));
-    on("POST", "/v1/chat/completions",
+    on("POST", "/(?:v1/)?chat/completions",
        guarded("chat",
                [this](const httplib::Request& q, httplib::Response& s, Exchange& x) { complete(q, s, true, x); }));
-    on("POST", "/v1/completions",
+    on("POST", "/(?:v1/)?completions",
        guarded("completion",
                [this](const httplib::Request& q, httplib::Response& s, Exchange& x) { complete(q, s, false, x); }));
     on("POST", "/completion",
@@ -334,9 +336,18 @@ void Server::Impl::routes() {
     on("POST", "/infill", guarded("infill", [this](const httplib::Request& q, httplib::Response& s, Exchange& x) {
            complete(q, s, false, x, true, true);
        }));
-    on("POST", "/v1/embeddings",
+    on("POST", "/(?:v1/)?embeddings",
        guarded("embedding",
                [this](const httplib::Request& q, httplib::Response& s, Exchange& x) { embeddings(q, s, x); }));
+    // A chat request's messages (and tools) rendered with the template, as its completion's prompt
+    // would be: {"prompt": text}. llama.cpp's /apply-template.
+    on("POST", "/apply-template",
+       guarded("apply-template", [this](const httplib::Request& req, httplib::Response& res, Exchange&) {
+           const CompletionRequest cr = parse_completion(req.body, true, limits);
+           std::string text;
+           (void)chat_prompt(*engine, tmpl, cr.messages, cr.tools_json, cr.template_kwargs, &text);
+           send_json(res, 200, {{"prompt", text}});
+       }));
     on("POST", "/tokenize", guarded("tokenize", [this](const httplib::Request& req, httplib::Response& res, Exchange&) {
            const TokenizeRequest t = parse_tokenize(req.body, limits);
            send_json(res, 200, {{"tokens", engine->tokenize(t.content, t.add_special, true)}});

@@ -180,6 +180,59 @@ TEST(ServeApi, ChatTemplateKwargsReachTheTemplate) {
     EXPECT_EQ(status, 400);
 }
 
+// /apply-template renders a chat request as its completion's prompt: the template's own text for these
+// messages, tools and kwargs.
+TEST(ServeApi, ApplyTemplateGivesThePromptText) {
+    ServeOptions o;
+    o.chat_template =
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}{% if tools %}tools={{ tools | length }} "
+        "{{ tools[0].function.name }}\n{% endif %}{% if loud is true %}LOUD\n{% endif %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}";
+    RunningServer r(o);
+    const json messages = {{{"role", "system"}, {"content", "be brief"}}, {{"role", "user"}, {"content", "hi"}}};
+    int status = 0;
+    json j = r.post("/apply-template", {{"messages", messages}}, &status);
+    EXPECT_EQ(status, 200) << j.dump();
+    EXPECT_EQ(j, json({{"prompt", "<system>be brief\n<user>hi\n<assistant>"}}));
+    const json tools = {{{"type", "function"}, {"function", {{"name", "add"}, {"parameters", {{"type", "object"}}}}}}};
+    j = r.post("/apply-template",
+               {{"messages", messages}, {"tools", tools}, {"chat_template_kwargs", {{"loud", true}}}}, &status);
+    EXPECT_EQ(status, 200) << j.dump();
+    EXPECT_EQ(j["prompt"], "<system>be brief\n<user>hi\ntools=1 add\nLOUD\n<assistant>");
+    // The same checks as a chat request's: no messages is a 400 naming them.
+    j = r.post("/apply-template", {{"prompt", "x"}}, &status);
+    EXPECT_EQ(status, 400);
+    EXPECT_NE(j.dump().find("messages"), std::string::npos) << j.dump();
+}
+
+// The OpenAI routes answer without the /v1 prefix too, with the same replies.
+TEST(ServeApi, RoutesWithoutTheV1Prefix) {
+    RunningServer r;
+    const json body = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 6}, {"temperature", 0}};
+    int status = 0;
+    const json a = r.post("/v1/chat/completions", body, &status);
+    ASSERT_EQ(status, 200) << a.dump();
+    const json b = r.post("/chat/completions", body, &status);
+    ASSERT_EQ(status, 200) << b.dump();
+    EXPECT_EQ(a["choices"], b["choices"]);
+    const json c = r.post("/completions", {{"prompt", "hi"}, {"max_tokens", 4}, {"temperature", 0}}, &status);
+    EXPECT_EQ(status, 200) << c.dump();
+    EXPECT_EQ(c["object"], "text_completion");
+    const json e = r.post("/embeddings", {{"input", "hi"}}, &status);
+    EXPECT_EQ(status, 200) << e.dump();
+    EXPECT_EQ(e["object"], "list");
+    auto models = r.client->Get("/models");
+    ASSERT_TRUE(models);
+    EXPECT_EQ(models->status, 200);
+    auto v1_models = r.client->Get("/v1/models");
+    ASSERT_TRUE(v1_models);
+    EXPECT_EQ(json::parse(models->body), json::parse(v1_models->body));
+    auto wrong = r.client->Get("/chat/completions");
+    ASSERT_TRUE(wrong);
+    EXPECT_EQ(wrong->status, 405);
+    EXPECT_EQ(wrong->get_header_value("Allow"), "POST");
+}
+
 // A token that ends inside a UTF-8 character detokenizes with U+FFFD in place of the broken bytes, as a
 // reply's text does, not as a failed reply.
 TEST(ServeApi, DetokenizeOfPartOfACharacter) {
