@@ -148,6 +148,24 @@ struct LogprobWriter {
         for (unsigned char c : bytes) b.push_back(int(c));
         return {{"token", s}, {"logprob", value(t.logprob)}, {"bytes", std::move(b)}};
     }
+    // llama.cpp's completion_probabilities for these tokens: each one's id, text, bytes and logprob, and
+    // its top_logprobs alike.
+    json native(const std::vector<SampledLogprobs>& lps) const {
+        auto with_id = [this](const TokenLogprob& t) {
+            json e = entry(t);
+            e["id"] = t.id;
+            return e;
+        };
+        json out = json::array();
+        for (const SampledLogprobs& lp : lps) {
+            json e = with_id(lp.token);
+            json top = json::array();
+            for (const TokenLogprob& t : lp.top) top.push_back(with_id(t));
+            e["top_logprobs"] = std::move(top);
+            out.push_back(std::move(e));
+        }
+        return out;
+    }
     // The "logprobs" value of a choice (or a chunk) for these tokens; offset: completions' text_offset of
     // the first, advanced past them.
     json operator()(const std::vector<SampledLogprobs>& lps, size_t* offset) const {
@@ -420,7 +438,10 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
         }
         const json usage = account(results, x, 200, outcome(results));
         if (native) {
-            send_json(res, 200, native_final(results[0], results[0].text));
+            json f = native_final(results[0], results[0].text);
+            if (want_logprobs)
+                f["completion_probabilities"] = logprobs.native(without_eog(*engine, results[0].logprobs));
+            send_json(res, 200, f);
             return;
         }
         send_json(res, 200,
@@ -437,8 +458,11 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
     // [DONE]. A client that goes away cancels every choice at once.
     const std::string object = chat ? "chat.completion.chunk" : "text_completion";
     auto chunk = [=, this](int index, const json& delta_or_text, const json& finish, const json& lp) {
-        if (native)  // llama.cpp's: the piece, and stop false until the last object
-            return "data: " + json{{"index", index}, {"content", delta_or_text}, {"stop", false}}.dump() + "\n\n";
+        if (native) {  // llama.cpp's: the piece (with its tokens' probabilities), stop false until the last object
+            json c = {{"index", index}, {"content", delta_or_text}, {"stop", false}};
+            if (!lp.is_null()) c["completion_probabilities"] = lp;
+            return "data: " + c.dump() + "\n\n";
+        }
         json c = {{"index", index}, {"finish_reason", finish}, {"logprobs", lp}};
         if (chat)
             c["delta"] = delta_or_text;
@@ -488,8 +512,9 @@ void Server::Impl::complete(const httplib::Request& req, httplib::Response& res,
                 Channel::Event e = std::move(ch->events.front());
                 ch->events.pop_front();
                 lk.unlock();
-                json lp = want_logprobs && !e.logprobs.empty() ? logprobs(e.logprobs, &p->offsets[size_t(e.index)])
-                                                               : json(nullptr);
+                json lp = !want_logprobs || e.logprobs.empty() ? json(nullptr)
+                          : native                             ? logprobs.native(e.logprobs)
+                                                               : logprobs(e.logprobs, &p->offsets[size_t(e.index)]);
                 std::string text = e.text;
                 if (split) {
                     // Reasoning deltas first (with the logprobs), then the content's.

@@ -456,9 +456,12 @@ std::string adapter_of(const json& j, const RequestLimits& limits) {
 
 CompletionRequest parse_native_completion(std::string_view body, const RequestLimits& limits) {
     json j = parse_body(body, limits);
-    if (const json* p = field(j, "n_probs"); p && !(p->is_number_integer() && p->get<int64_t>() == 0))
-        refuse("'n_probs' is not supported", "n_probs");
-    for (const char* k : {"n", "logprobs", "top_logprobs", "echo", "suffix", "best_of", "stream_options"}) j.erase(k);
+    // n_probs: each sampled token's log-probability and its n_probs most likely alternatives, as the
+    // OpenAI completions' logprobs count them.
+    const int64_t n_probs = integer(j, "n_probs", 0, 0, kMaxTopLogprobs);
+    for (const char* k : {"n", "logprobs", "top_logprobs", "echo", "suffix", "best_of", "stream_options", "n_probs"})
+        j.erase(k);
+    if (n_probs > 0) j["logprobs"] = n_probs;
     if (const json* n = field(j, "n_predict")) {
         if (!n->is_number_integer()) refuse("'n_predict' must be an integer", "n_predict");
         if (n->get<int64_t>() >= 0 && !field(j, "max_tokens")) j["max_tokens"] = *n;

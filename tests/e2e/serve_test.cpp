@@ -207,7 +207,44 @@ TEST(Serve, LlamaCppCompletionEndpoint) {
     EXPECT_EQ(json::parse(res->body)["stop_type"], "word");
     EXPECT_EQ(json::parse(res->body)["stopping_word"], word);
     EXPECT_EQ(json::parse(res->body)["content"], want.substr(0, want.find(word)));
-    res = r.client->Post("/completion", R"({"prompt": "x", "n_probs": 3})", "application/json");
+    // n_probs: each token's id, text and log-probability with its 3 likeliest alternatives, the same
+    // figures as the OpenAI completions' logprobs of the request (checked against the model's logits in
+    // serve_api_test), plain and streamed.
+    const json probe = {{"prompt", "Once upon a time"}, {"n_predict", 12}, {"temperature", 0}, {"n_probs", 3}};
+    res = r.client->Post("/completion", probe.dump(), "application/json");
+    ASSERT_TRUE(res && res->status == 200) << (res ? res->body : "no answer");
+    const json probs = json::parse(res->body)["completion_probabilities"];
+    ASSERT_EQ(probs.size(), 12u) << res->body;
+    res = r.client->Post(
+        "/v1/completions",
+        json{{"prompt", "Once upon a time"}, {"max_tokens", 12}, {"temperature", 0}, {"logprobs", 3}}.dump(),
+        "application/json");
+    ASSERT_TRUE(res && res->status == 200);
+    const json oai = json::parse(res->body)["choices"][0]["logprobs"];
+    std::string joined;
+    for (size_t i = 0; i < probs.size(); ++i) {
+        const json& p = probs[i];
+        joined += p["token"].get<std::string>();
+        EXPECT_EQ(p["token"], oai["tokens"][i]);
+        EXPECT_NEAR(p["logprob"].get<double>(), oai["token_logprobs"][i].get<double>(), 1e-6);
+        ASSERT_EQ(p["top_logprobs"].size(), 3u);
+        EXPECT_EQ(p["top_logprobs"][0]["id"], p["id"]);  // greedy: the likeliest
+        EXPECT_EQ(engine()->token_bytes(p["id"].get<int32_t>()), p["token"].get<std::string>());
+        for (const json& t : p["top_logprobs"])
+            EXPECT_NEAR(t["logprob"].get<double>(), oai["top_logprobs"][i][t["token"].get<std::string>()].get<double>(),
+                        1e-6);
+    }
+    EXPECT_EQ(joined, want);
+    json streamed_probe = probe;
+    streamed_probe["stream"] = true;
+    res = r.client->Post("/completion", streamed_probe.dump(), "application/json");
+    ASSERT_TRUE(res && res->status == 200);
+    json streamed = json::array();
+    for (const json& e : test::sse_events(res->body))
+        if (e.contains("completion_probabilities"))
+            for (const json& p : e["completion_probabilities"]) streamed.push_back(p);
+    EXPECT_EQ(streamed, probs);
+    res = r.client->Post("/completion", R"({"prompt": "x", "n_probs": 1000})", "application/json");
     ASSERT_TRUE(res);
     EXPECT_EQ(res->status, 400);
     EXPECT_EQ(json::parse(res->body)["error"]["param"], "n_probs");
