@@ -121,6 +121,17 @@ TEST(JinjaEngine, Filters) {
               "x|y|351|ABCabc|a::b|1-2-3|dflte0|46x|['a', 'b']|12x|43-13|5.0|3|2.572.03.0|Hello world|Hello World");
     EXPECT_EQ(render("{% set users = [{'name': 'a', 'admin': true, 'age': 30}, {'name': 'b', 'admin': false, 'age': 20}, {'name': 'c', 'admin': true, 'age': 25}] %}{{ users|selectattr('admin')|map(attribute='name')|join(',') }}|{{ users|rejectattr('admin')|map(attribute='name')|list }}|{{ users|selectattr('age', 'gt', 22)|map(attribute='name')|join }}|{{ users|sort(attribute='age')|map(attribute='name')|join }}|{{ users|sum(attribute='age') }}|{{ users|max(attribute='age')|attr('name') }}{{ (users|min(attribute='age')).name }}|{{ [3,1,2]|sort }}{{ [3,1,2]|sort(reverse=true) }}|{{ [1,2,1,3]|unique|list }}|{{ [1,2,3]|reverse|list }}{{ 'abc'|reverse }}|{{ {'b': 1, 'a': 2}|dictsort|map('first')|join }}|{{ [1,2,3,4,5]|select('odd')|list }}{{ [1,2,3]|reject('equalto', 2)|list }}|{{ ['a','b']|map('upper')|list }}|{{ [1,2,3,4,5]|batch(2)|list }}|{{ 'a\nb\n\nc'|indent(2) }}|{{ 'a\nb'|indent(2, true) }}|{{ 'one two  three'|wordcount }}|{{ '%s=%d'|format('x', 3) }}|{{ '<a&b>'|escape }}"),
               "a,c|['b']|ac|bca|75|b|[1, 2, 3][3, 2, 1]|[1, 2, 3]|[3, 2, 1]cba|ab|[1, 3, 5][1, 3]|['A', 'B']|[[1, 2], [3, 4], [5]]|a\n  b\n\n  c|  a\n  b|3|x=3|&lt;a&amp;b&gt;");
+    // truncate and slice, against jinja2 3.1's output for the same template.
+    EXPECT_EQ(
+        render("{{ 'foo bar baz qux quux corge'|truncate(12) }}|{{ 'foo bar baz qux quux corge'|truncate(12, true) }}|"
+               "{{ 'foo bar baz qux'|truncate(11, false, '~', 0) }}|{{ 'short'|truncate(3, leeway=5) }}|"
+               "{{ 'äöü äöü äöü äöü'|truncate(9, end='…', leeway=0) }}|"
+               "{{ [1,2,3,4,5]|slice(3)|list }}|{{ [1,2,3,4]|slice(2, 'x')|list }}|"
+               "{{ [1,2,3,4,5]|slice(2, fill_with=0)|list }}|{{ []|slice(2)|list }}"),
+        "foo bar...|foo bar b...|foo bar~|short|äöü äöü…|[[1, 2], [3, 4], [5]]|"
+        "[[1, 2, 'x'], [3, 4, 'x']]|[[1, 2, 3], [4, 5, 0]]|[[], []]");
+    EXPECT_TRUE(contains(render_error("{{ 'abc'|truncate(1) }}").what(), "truncate: expected length >= 3"));
+    EXPECT_TRUE(contains(render_error("{{ [1]|slice(0) }}").what(), "slice count must be positive"));
     EXPECT_EQ(render("{{ range(3)|list }}{{ range(1, 7, 2)|list }}{{ range(5, 0, -2)|list }}{{ dict(a=1, b='x') }}"),
               "[0, 1, 2][1, 3, 5][5, 3, 1]{'a': 1, 'b': 'x'}");
 }

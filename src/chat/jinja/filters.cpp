@@ -412,6 +412,47 @@ Value Interpreter::apply_filter(const std::string& name, const Value& v, CallArg
         charge(out.size());
         return Value(std::move(out));
     }
+    if (name == "truncate") {
+        // Jinja's: unchanged within length + leeway characters, else cut to length - len(end) (at the
+        // last space unless killwords) with end appended.
+        check_args("truncate", a, 4, {"length", "killwords", "end", "leeway"});
+        const int64_t length = int_arg(arg(a, 0, "length", Value(int64_t{255})), "truncate length");
+        const bool killwords = arg(a, 1, "killwords", Value(false)).truthy();
+        const std::string end = to_str(arg(a, 2, "end", Value(std::string("..."))));
+        const int64_t leeway = int_arg(arg(a, 3, "leeway", Value(int64_t{5})), "truncate leeway");
+        const int64_t end_len = int64_t(utf8_length(end));
+        if (length < end_len) eval_fail("truncate: expected length >= %lld", (long long)end_len);
+        if (leeway < 0) eval_fail("truncate: expected leeway >= 0");
+        const std::string s = to_str(v);
+        if (int64_t(utf8_length(s)) <= length + leeway) return Value(s);
+        std::vector<int64_t> head(static_cast<size_t>(length - end_len));
+        for (size_t i = 0; i < head.size(); ++i) head[i] = int64_t(i);
+        std::string out = utf8_slice(s, head);
+        if (!killwords) {
+            const std::string space = " ";
+            out = py_rsplit(out, &space, 1)[0];
+        }
+        return Value(out + end);
+    }
+    if (name == "slice") {
+        // Jinja's: the items in `slices` lists of consecutive items, the first len % slices one longer;
+        // with fill_with, the shorter ones padded with it.
+        check_args("slice", a, 2, {"slices", "fill_with"});
+        const int64_t slices = int_arg(arg(a, 0, "slices"), "slice count");
+        if (slices <= 0 || slices > (1 << 20)) eval_fail("slice count must be positive");
+        const Value fill = arg(a, 1, "fill_with", Value::none());
+        const ValueList items = iterate(v);
+        const int64_t n = int64_t(items.size()), per = n / slices, extra = n % slices;
+        ValueList out;
+        for (int64_t i = 0, start = 0; i < slices; ++i) {
+            const int64_t len = per + (i < extra ? 1 : 0);
+            ValueList part(items.begin() + start, items.begin() + start + len);
+            start += len;
+            if (!fill.is_none() && i >= extra) part.push_back(fill);
+            out.push_back(Value::list(std::move(part)));
+        }
+        return Value::list(std::move(out));
+    }
     if (name == "wordcount") return Value(static_cast<int64_t>(py_split(to_str(v), nullptr, -1).size()));
     if (name == "center") {
         int64_t width = int_arg(arg(a, 0, "width", Value(int64_t{80})), "center width");
