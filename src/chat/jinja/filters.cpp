@@ -439,7 +439,7 @@ Value Interpreter::apply_filter(const std::string& name, const Value& v, CallArg
         // with fill_with, the shorter ones padded with it.
         check_args("slice", a, 2, {"slices", "fill_with"});
         const int64_t slices = int_arg(arg(a, 0, "slices"), "slice count");
-        if (slices <= 0 || slices > (1 << 20)) eval_fail("slice count must be positive");
+        if (slices <= 0 || slices > (1 << 20)) eval_fail("slice count must be between 1 and %d", 1 << 20);
         const Value fill = arg(a, 1, "fill_with", Value::none());
         const ValueList items = iterate(v);
         const int64_t n = int64_t(items.size()), per = n / slices, extra = n % slices;
