@@ -358,19 +358,16 @@ std::vector<int32_t> Engine::infill_prompt(std::string_view prefix, std::string_
         for (int32_t t : tokenize(s, false, false)) ids.push_back(t);
     };
     if (add_bos() && bos_token() >= 0) ids.push_back(bos_token());
-    if (!context.empty() && d.fim_sep >= 0) {
-        if (d.fim_rep >= 0) ids.push_back(d.fim_rep), text("project\n");
-        for (const InfillFile& f : context) {
-            ids.push_back(d.fim_sep);
-            text(f.name + "\n" + f.text + (f.text.empty() || f.text.back() == '\n' ? "" : "\n"));
-        }
-    } else {
-        for (const InfillFile& f : context) text(f.text + (f.text.empty() || f.text.back() == '\n' ? "" : "\n"));
+    const bool repo = d.fim_sep >= 0;  // the files as a repository's, else as plain text before the prefix
+    if (repo && !context.empty() && d.fim_rep >= 0) ids.push_back(d.fim_rep), text("project\n");
+    for (const InfillFile& f : context) {
+        if (repo) ids.push_back(d.fim_sep);
+        text((repo ? f.name + "\n" : std::string()) + f.text + (f.text.empty() || f.text.back() == '\n' ? "" : "\n"));
     }
     ids.push_back(d.fim_pre);
-    for (int32_t t : tokenize(prefix, false, false)) ids.push_back(t);
+    text(prefix);
     ids.push_back(d.fim_suf);
-    for (int32_t t : tokenize(suffix, false, false)) ids.push_back(t);
+    text(suffix);
     ids.push_back(d.fim_mid);
     return ids;
 }

@@ -148,38 +148,29 @@ struct LogprobWriter {
         for (unsigned char c : bytes) b.push_back(int(c));
         return {{"token", s}, {"logprob", value(t.logprob)}, {"bytes", std::move(b)}};
     }
-    // llama.cpp's completion_probabilities for these tokens: each one's id, text, bytes and logprob, and
-    // its top_logprobs alike.
-    json native(const std::vector<SampledLogprobs>& lps) const {
-        auto with_id = [this](const TokenLogprob& t) {
+    // Each token's entry with its top_logprobs alike (with_id: each with its "id" too): a chat choice's
+    // logprobs content, and llama.cpp's completion_probabilities.
+    json entries(const std::vector<SampledLogprobs>& lps, bool with_id) const {
+        auto one = [&](const TokenLogprob& t) {
             json e = entry(t);
-            e["id"] = t.id;
+            if (with_id) e["id"] = t.id;
             return e;
         };
         json out = json::array();
         for (const SampledLogprobs& lp : lps) {
-            json e = with_id(lp.token);
+            json e = one(lp.token);
             json top = json::array();
-            for (const TokenLogprob& t : lp.top) top.push_back(with_id(t));
+            for (const TokenLogprob& t : lp.top) top.push_back(one(t));
             e["top_logprobs"] = std::move(top);
             out.push_back(std::move(e));
         }
         return out;
     }
+    json native(const std::vector<SampledLogprobs>& lps) const { return entries(lps, true); }
     // The "logprobs" value of a choice (or a chunk) for these tokens; offset: completions' text_offset of
     // the first, advanced past them.
     json operator()(const std::vector<SampledLogprobs>& lps, size_t* offset) const {
-        if (chat) {
-            json content = json::array();
-            for (const SampledLogprobs& lp : lps) {
-                json e = entry(lp.token);
-                json top = json::array();
-                for (const TokenLogprob& t : lp.top) top.push_back(entry(t));
-                e["top_logprobs"] = std::move(top);
-                content.push_back(std::move(e));
-            }
-            return {{"content", std::move(content)}, {"refusal", nullptr}};
-        }
+        if (chat) return {{"content", entries(lps, false)}, {"refusal", nullptr}};
         json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
         for (const SampledLogprobs& lp : lps) {
             const std::string s = text(lp.token.id).first;

@@ -11,6 +11,7 @@ namespace cera {
 namespace {
 
 using json = nlohmann::json;
+using test::greedy_after;
 
 // A tiny random model with the vocabulary of `vocab` (a GGUF under the test data).
 std::shared_ptr<Engine> synth_engine(const std::string& vocab, const std::string& name) {
@@ -32,17 +33,6 @@ std::shared_ptr<Engine> fim_engine() {
 }
 
 std::vector<int32_t> plain(const Engine& e, const std::string& text) { return e.tokenize(text, false, false); }
-
-// What a Session writes greedily after `ids`, at most n tokens.
-std::string greedy_after(const std::shared_ptr<Engine>& engine, const std::vector<int32_t>& ids, int n) {
-    Session s(engine);
-    s.append_tokens(ids);
-    GenerateOptions g;
-    g.sampling.temperature = 0.0f;
-    g.max_tokens = n;
-    NullSink sink;
-    return s.generate(g, sink).text;
-}
 
 int32_t special(const Engine& e, const std::string& text) {
     const std::vector<int32_t> ids = e.tokenize(text, false, true);

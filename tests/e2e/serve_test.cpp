@@ -49,13 +49,7 @@ struct Running {
 };
 
 std::string session_text(const std::vector<int32_t>& prompt, int max_tokens) {
-    Session s(engine());
-    s.append_tokens(prompt);
-    GenerateOptions g;
-    g.sampling.temperature = 0.0f;
-    g.max_tokens = max_tokens;
-    NullSink sink;
-    return s.generate(g, sink).text;
+    return test::greedy_after(engine(), prompt, max_tokens);
 }
 
 const char* const kMessages = R"([{"role": "system", "content": "You are terse."},

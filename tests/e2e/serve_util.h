@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cera/engine.h"
+#include "cera/session.h"
 #include "server/server.h"
 #include "test_util.h"
 
@@ -86,6 +87,18 @@ inline std::vector<nlohmann::json> sse_events(const std::string& body, bool* don
         out.push_back(nlohmann::json::parse(data));
     }
     return out;
+}
+
+// What a Session of `engine` writes greedily after `ids`, at most n tokens: the reference a server
+// reply at temperature 0 is held to.
+inline std::string greedy_after(const std::shared_ptr<Engine>& engine, const std::vector<int32_t>& ids, int n) {
+    Session s(engine);
+    s.append_tokens(ids);
+    GenerateOptions g;
+    g.sampling.temperature = 0.0f;
+    g.max_tokens = n;
+    NullSink sink;
+    return s.generate(g, sink).text;
 }
 
 }  // namespace cera::test

@@ -415,6 +415,16 @@ std::vector<bool> lazy_reference(const Grammar& g, const TokenTrie& trie, const 
     return want;
 }
 
+// Each bit of a lazy matcher's mask after `text` against the reference `want` (the first difference
+// fails); `allowed` gets the ids it allows.
+void expect_reference_mask(const uint64_t* mask, const std::vector<bool>& want, const TokenTrie& trie,
+                           const std::string& text, std::vector<int32_t>& allowed) {
+    for (int32_t id = 0; id < trie.n_vocab(); ++id) {
+        ASSERT_EQ(bit(mask, id), want[size_t(id)]) << "token '" << trie.piece(id) << "' after '" << text << "'";
+        if (want[size_t(id)]) allowed.push_back(id);
+    }
+}
+
 // A lazy grammar (tool calls with tool_choice "auto"): before the trigger every token is allowed but
 // one that completes the trigger with bytes the grammar rejects; from the trigger on, the grammar's
 // masks. Random walks check each mask against that reference.
@@ -447,11 +457,7 @@ TEST(GrammarMatcher, LazyGrammarMasksEqualTheReference) {
             std::vector<int32_t> allowed;
             const std::vector<bool> want =
                 lazy_reference(*g, *trie, text, [](const std::string& t) { return t.find("{\""); });
-            for (int32_t id = 0; id < trie->n_vocab(); ++id) {
-                ASSERT_EQ(bit(mask, id), want[size_t(id)])
-                    << "token '" << trie->piece(id) << "' after '" << text << "'";
-                if (want[size_t(id)]) allowed.push_back(id);
-            }
+            ASSERT_NO_FATAL_FAILURE(expect_reference_mask(mask, want, *trie, text, allowed));
             if (allowed.empty()) break;
             // Lean to the braces so that walks reach the trigger.
             int32_t t = allowed[rng() % allowed.size()];
@@ -507,11 +513,7 @@ TEST(GrammarMatcher, LazyGrammarAfterThinkingMasksEqualTheReference) {
                 const uint64_t* mask = m->mask();
                 std::vector<int32_t> allowed;
                 const std::vector<bool> want = lazy_reference(*g, *trie, text, triggered_at);
-                for (int32_t id = 0; id < trie->n_vocab(); ++id) {
-                    ASSERT_EQ(bit(mask, id), want[size_t(id)])
-                        << "token '" << trie->piece(id) << "' after '" << text << "'";
-                    if (want[size_t(id)]) allowed.push_back(id);
-                }
+                ASSERT_NO_FATAL_FAILURE(expect_reference_mask(mask, want, *trie, text, allowed));
                 if (allowed.empty()) break;
                 int32_t t = allowed[rng() % allowed.size()];
                 if (rng() % 4 == 0) t = int32_t(1 + rng() % 11);  // lean to the tags and the trigger
